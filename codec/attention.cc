@@ -1,0 +1,164 @@
+#include "codec/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "codec/half.h"
+#include "codec/hadamard.h"
+
+namespace driftkv {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Raises the running max of head h to `m`, rescaling its state.
+void Rescale(AttentionScratch* s, int h, float m, int d) {
+  if (m <= s->max[h]) return;
+  const float factor = s->max[h] == kNegInf ? 0.0f : std::exp(s->max[h] - m);
+  s->max[h] = m;
+  s->denom[h] *= factor;
+  s->offset[h] *= factor;
+  float* a = s->acc_rot.data() + static_cast<size_t>(h) * d;
+  float* r = s->acc_raw.data() + static_cast<size_t>(h) * d;
+  for (int j = 0; j < d; ++j) {
+    a[j] *= factor;
+    r[j] *= factor;
+  }
+}
+
+}  // namespace
+
+absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
+                                 const Bf16Tokens& window, const float* query, int q_heads,
+                                 float softmax_scale, float* out, float* lse,
+                                 AttentionScratch* s) {
+  const int kv_heads = codec.config().kv_heads, d = codec.config().head_dim, n = codec.n();
+  if (q_heads < 1 || q_heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", q_heads, " is not a multiple of kv_heads ", kv_heads));
+  }
+  const int group = q_heads / kv_heads;
+  const size_t qd = static_cast<size_t>(q_heads) * d;
+  s->q_rot.assign(query, query + qd);
+  HadamardHeads(s->q_rot.data(), q_heads, d);
+  s->q_sum.assign(q_heads, 0.0f);
+  for (int h = 0; h < q_heads; ++h) {
+    for (int j = 0; j < d; ++j) s->q_sum[h] += s->q_rot[h * d + j];
+  }
+  s->q_mu.resize(q_heads);
+  s->mu.resize(n);
+  s->levels.resize(n);
+  s->acc_rot.assign(qd, 0.0f);
+  s->acc_raw.assign(qd, 0.0f);
+  s->offset.assign(q_heads, 0.0f);
+  s->max.assign(q_heads, kNegInf);
+  s->denom.assign(q_heads, 0.0f);
+  s->k_raw.resize(n);
+
+  for (const CompressedBlock& b : blocks) {
+    DQuantCodec::LoadMean(b.mean_record, n, s->mu.data());
+    for (int h = 0; h < q_heads; ++h) {
+      const float* q = s->q_rot.data() + h * d;
+      const float* mu = s->mu.data() + (h / group) * d;
+      float acc = 0.0f;
+      for (int j = 0; j < d; ++j) acc += q[j] * mu[j];
+      s->q_mu[h] = acc;
+    }
+    // Scores of the block, eq. (8).
+    s->scores.resize(static_cast<size_t>(b.tokens) * q_heads);
+    for (int t = 0; t < b.tokens; ++t) {
+      float sc, off;
+      absl::Status st = codec.key_codec().DecodeSymbols(b.key_records + t * codec.key_stride(),
+                                                        s->levels.data(), &sc, &off);
+      if (!st.ok()) return absl::DataLossError(absl::StrCat("key record of token ", t, " in block: ", st.message()));
+      for (int h = 0; h < q_heads; ++h) {
+        const float* q = s->q_rot.data() + h * d;
+        const uint8_t* m = s->levels.data() + (h / group) * d;
+        float dot = 0.0f;
+        for (int j = 0; j < d; ++j) dot += q[j] * static_cast<float>(m[j]);
+        s->scores[t * q_heads + h] = softmax_scale * (sc * dot + off * s->q_sum[h] + s->q_mu[h]);
+      }
+    }
+    for (int h = 0; h < q_heads; ++h) {
+      float m = kNegInf;
+      for (int t = 0; t < b.tokens; ++t) m = std::max(m, s->scores[t * q_heads + h]);
+      Rescale(s, h, m, d);
+    }
+    // Values, eq. (9).
+    for (int t = 0; t < b.tokens; ++t) {
+      float sc, off;
+      absl::Status st = codec.value_codec().DecodeSymbols(b.value_records + t * codec.value_stride(),
+                                                          s->levels.data(), &sc, &off);
+      if (!st.ok()) return absl::DataLossError(absl::StrCat("value record of token ", t, " in block: ", st.message()));
+      for (int h = 0; h < q_heads; ++h) {
+        const float w = std::exp(s->scores[t * q_heads + h] - s->max[h]);
+        s->denom[h] += w;
+        s->offset[h] += w * off;
+        const float ws = w * sc;
+        float* a = s->acc_rot.data() + h * d;
+        const uint8_t* m = s->levels.data() + (h / group) * d;
+        for (int j = 0; j < d; ++j) a[j] += ws * static_cast<float>(m[j]);
+      }
+    }
+  }
+
+  // The bf16 window, in the model's domain.
+  for (int64_t t = 0; t < window.tokens; ++t) {
+    const uint16_t* k = window.keys + t * n;
+    for (int j = 0; j < n; ++j) s->k_raw[j] = Bf16ToFloat(k[j]);
+    for (int h = 0; h < q_heads; ++h) {
+      const float* q = query + h * d;
+      const float* kk = s->k_raw.data() + (h / group) * d;
+      float dot = 0.0f;
+      for (int j = 0; j < d; ++j) dot += q[j] * kk[j];
+      const float score = softmax_scale * dot;
+      Rescale(s, h, score, d);
+      const float w = std::exp(score - s->max[h]);
+      s->denom[h] += w;
+      const uint16_t* v = window.values + t * n + (h / group) * d;
+      float* r = s->acc_raw.data() + h * d;
+      for (int j = 0; j < d; ++j) r[j] += w * Bf16ToFloat(v[j]);
+    }
+  }
+
+  for (int h = 0; h < q_heads; ++h) {
+    float* a = s->acc_rot.data() + h * d;
+    for (int j = 0; j < d; ++j) a[j] += s->offset[h];
+    HadamardInPlace(a, d);
+    const float inv = s->denom[h] > 0.0f ? 1.0f / s->denom[h] : 0.0f;
+    const float* r = s->acc_raw.data() + h * d;
+    for (int j = 0; j < d; ++j) out[h * d + j] = (a[j] + r[j]) * inv;
+    lse[h] = s->denom[h] > 0.0f ? s->max[h] + std::log(s->denom[h]) : kNegInf;
+  }
+  return absl::OkStatus();
+}
+
+void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,
+                        int head_dim, const float* query, int q_heads, double softmax_scale,
+                        double* out, double* lse) {
+  const int d = head_dim, n = kv_heads * head_dim, group = q_heads / kv_heads;
+  std::vector<double> scores(tokens);
+  for (int h = 0; h < q_heads; ++h) {
+    const int kh = h / group;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t t = 0; t < tokens; ++t) {
+      double dot = 0.0;
+      for (int j = 0; j < d; ++j) dot += static_cast<double>(query[h * d + j]) * keys[t * n + kh * d + j];
+      scores[t] = softmax_scale * dot;
+      m = std::max(m, scores[t]);
+    }
+    double denom = 0.0;
+    for (int j = 0; j < d; ++j) out[h * d + j] = 0.0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const double w = std::exp(scores[t] - m);
+      denom += w;
+      for (int j = 0; j < d; ++j) out[h * d + j] += w * values[t * n + kh * d + j];
+    }
+    for (int j = 0; j < d; ++j) out[h * d + j] = denom > 0 ? out[h * d + j] / denom : 0.0;
+    lse[h] = denom > 0 ? m + std::log(denom) : -std::numeric_limits<double>::infinity();
+  }
+}
+
+}  // namespace driftkv

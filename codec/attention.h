@@ -1,0 +1,66 @@
+// Decode attention of one query token over a compressed KV history, on the
+// CPU, without materialising a dequantised cache (paper eq. 7-9).
+//
+// Keys: with q' = H q (the query rotated like the keys),
+//   q . k_t = s_t * sum_j q'_j m_tj + o_t * sum_j q'_j + sum_j q'_j mu_j,
+// so the contraction runs over integer levels m_tj and the affine terms are
+// applied once per token. Values: sum_t a_t v'_t = sum_t (a_t s_t) m_t + sum_t a_t o_t,
+// accumulated in the rotated domain and rotated back once at the end.
+// Each token's key and value streams are decoded once and serve all query
+// heads of their KV head (GQA). The newest tokens may be held uncompressed
+// in bf16 (the "window") and are attended to in the model's domain.
+//
+// Softmax is online over blocks: (max, denominator, accumulator) per query
+// head. An empty history gives out = 0 and lse = -inf, the identity of the
+// merge rule below.
+#ifndef DRIFTKV_CODEC_ATTENTION_H_
+#define DRIFTKV_CODEC_ATTENTION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "codec/dquant_codec.h"
+
+namespace driftkv {
+
+// Up to one mean window of compressed tokens, records contiguous.
+struct CompressedBlock {
+  const uint8_t* key_records = nullptr;    // tokens * key_stride bytes
+  const uint8_t* value_records = nullptr;  // tokens * value_stride bytes
+  const uint8_t* mean_record = nullptr;    // mean_stride bytes
+  int tokens = 0;
+};
+
+// Uncompressed tokens, bf16 bits, [tokens][kv_heads][head_dim].
+struct Bf16Tokens {
+  const uint16_t* keys = nullptr;
+  const uint16_t* values = nullptr;
+  int64_t tokens = 0;
+};
+
+struct AttentionScratch {
+  CodecScratch codec;
+  std::vector<float> q_rot, q_sum, q_mu, mu, scores, acc_rot, acc_raw, offset, max, denom, k_raw;
+  std::vector<uint8_t> levels;
+};
+
+// query: [q_heads][head_dim] floats; q_heads a multiple of kv_heads (query
+// head h reads KV head h / (q_heads / kv_heads)). out: [q_heads][head_dim];
+// lse: [q_heads], natural-log sum of exp(scale * q.k) over all tokens.
+// Returns DataLoss if a record is corrupt (outputs then unspecified).
+absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
+                                 const Bf16Tokens& window, const float* query, int q_heads,
+                                 float softmax_scale, float* out, float* lse,
+                                 AttentionScratch* scratch);
+
+// Reference attention over float keys/values [tokens][kv_heads][head_dim] in
+// double precision (tests and the error measurements).
+void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,
+                        int head_dim, const float* query, int q_heads, double softmax_scale,
+                        double* out, double* lse);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_CODEC_ATTENTION_H_

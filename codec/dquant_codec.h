@@ -1,0 +1,114 @@
+// The D-Quant codec of one model shape: keys and values of a token at one
+// layer are two streams of n = kv_heads * head_dim values each.
+//
+// Keys:   k -> Hadamard per head -> minus the window's channel mean -> stream.
+// Values: v -> Hadamard per head -> stream.
+// The key channel mean is taken over a window of W consecutive tokens
+// (positions [wW, (w+1)W) of a layer, in the rotated domain), quantised to
+// INT8 with one fp32 scale, and stored once per window in a "mean record":
+//   [0:4)    scale  fp32 LE, mu_j = q_j * scale
+//   [4:4+n)  q      int8, channel j = head * head_dim + dim
+//   [4+n:mean_stride) zero padding to a multiple of 4
+// The encoder subtracts the dequantised mean, so decode adds back exactly
+// what was removed. A window may hold fewer than W tokens (the tail of a
+// sequence); its mean is then over the tokens it holds.
+//
+// All functions are thread-compatible: a const DQuantCodec may be shared by
+// threads that each pass their own scratch.
+#ifndef DRIFTKV_CODEC_DQUANT_CODEC_H_
+#define DRIFTKV_CODEC_DQUANT_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "codec/stream_codec.h"
+
+namespace driftkv {
+
+// Defaults of the paper for n = 1024: 331/231 payload bytes, 8/6 levels.
+constexpr int kDefaultKeyLevels = 8;
+constexpr int kDefaultValueLevels = 6;
+constexpr int kReferenceStreamLength = 1024;
+constexpr int kReferenceKeyBytes = 331;
+constexpr int kReferenceValueBytes = 231;
+constexpr double kDefaultAlpha = 1.4;
+constexpr int kDefaultMeanWindow = 128;
+constexpr int kMeanHeaderBytes = 4;
+
+struct DQuantConfig {
+  int kv_heads = 0;
+  int head_dim = 0;
+  int key_levels = kDefaultKeyLevels;
+  int value_levels = kDefaultValueLevels;
+  // Payload bytes per stream; 0 picks the reference bits per value for this
+  // n (331 * n / 1024 and 231 * n / 1024, rounded), but never less than the
+  // smallest payload that can hold a stream.
+  int key_bytes = 0;
+  int value_bytes = 0;
+  double alpha = kDefaultAlpha;
+  int mean_window = kDefaultMeanWindow;
+
+  int n() const { return kv_heads * head_dim; }
+  // Range checks of every field, with messages naming field and value.
+  absl::Status Validate() const;
+};
+
+// Everything one thread needs to encode or decode; reuse across calls.
+struct CodecScratch {
+  StreamScratch stream;
+  std::vector<float> rows;     // rotated tokens of one window
+  std::vector<float> row;      // one rotated, mean-free stream
+  std::vector<uint8_t> symbols;
+};
+
+class DQuantCodec {
+ public:
+  static absl::StatusOr<DQuantCodec> Create(const DQuantConfig& config);
+
+  const DQuantConfig& config() const { return config_; }
+  int n() const { return config_.n(); }
+  const StreamCodec& key_codec() const { return keys_; }
+  const StreamCodec& value_codec() const { return values_; }
+  size_t key_stride() const { return keys_.stride(); }
+  size_t value_stride() const { return values_.stride(); }
+  size_t mean_stride() const;
+  // Stored bits per value of keys and values, every byte counted: records
+  // plus one mean record per full window.
+  double key_bits_per_value() const;
+  double value_bits_per_value() const;
+
+  // Encodes `count` tokens (1 <= count <= mean_window) forming one mean
+  // window. keys/values are [count][kv_heads][head_dim] floats in the model's
+  // domain. Writes count records to each record array and one mean record.
+  // On error nothing useful is written and the status names the token.
+  absl::Status EncodeWindow(const float* keys, const float* values, int count,
+                            uint8_t* key_records, uint8_t* value_records, uint8_t* mean_record,
+                            CodecScratch* scratch, StreamStats* key_stats,
+                            StreamStats* value_stats) const;
+
+  // Reconstructs one token into the model's domain ([kv_heads][head_dim]).
+  absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out,
+                         CodecScratch* scratch) const;
+  absl::Status DecodeValue(const uint8_t* record, float* out, CodecScratch* scratch) const;
+
+  // The dequantised mean of a mean record, in the rotated domain (n floats).
+  static void LoadMean(const uint8_t* mean_record, int n, float* mu);
+
+ private:
+  DQuantCodec(const DQuantConfig& c, StreamCodec k, StreamCodec v)
+      : config_(c), keys_(std::move(k)), values_(std::move(v)) {}
+
+  DQuantConfig config_;
+  StreamCodec keys_;
+  StreamCodec values_;
+};
+
+// The resolved payload size for a stream of n values (see key_bytes).
+int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_CODEC_DQUANT_CODEC_H_

@@ -1,0 +1,101 @@
+#include "codec/rans.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace driftkv {
+
+absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table) {
+  if (levels < kMinLevels || levels > kMaxLevels) {
+    return absl::InvalidArgumentError(absl::StrCat("levels ", levels, " out of range [", kMinLevels, ", ", kMaxLevels, "]"));
+  }
+  uint32_t sum = 0;
+  for (int m = 0; m < levels; ++m) {
+    if (freq[m] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("frequency of level ", m, " is 0"));
+    }
+    sum += freq[m];
+  }
+  if (sum != kProbScale) {
+    return absl::InvalidArgumentError(absl::StrCat("frequencies sum to ", sum, ", not ", kProbScale));
+  }
+  *table = RansTable();
+  table->levels = levels;
+  uint32_t c = 0;
+  for (int m = 0; m < levels; ++m) {
+    table->freq[m] = freq[m];
+    table->cum[m] = static_cast<uint16_t>(c);
+    table->cost_bits[m] = static_cast<float>(-std::log2(static_cast<double>(freq[m]) / kProbScale));
+    for (uint32_t z = c; z < c + freq[m]; ++z) {
+      table->decode[z] = (static_cast<uint32_t>(freq[m]) << kEntryFreqShift) |
+                         ((z - c) << kEntryBiasShift) |
+                         (static_cast<uint32_t>(m) << kEntrySymbolShift);
+    }
+    c += freq[m];
+  }
+  return absl::OkStatus();
+}
+
+size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table,
+                  uint8_t* payload, size_t capacity, uint8_t* scratch) {
+  // Bytes are written backwards from the end of scratch.
+  uint8_t* const end = scratch + n + kStateBytes;
+  uint8_t* ptr = end;
+  uint32_t x = kStateLow;
+  for (int i = n - 1; i >= 0; --i) {
+    const uint32_t f = table.freq[symbols[i]];
+    // Keep x < 2^23 * f so that the encoded state stays below 2^31. Since
+    // x < 2^31 and f >= 1, at most one byte leaves per symbol.
+    const uint32_t x_max = (kStateLow >> kProbBits << 8) * f;
+    if (x >= x_max) {
+      *--ptr = static_cast<uint8_t>(x & 0xff);
+      x >>= 8;
+    }
+    x = ((x / f) << kProbBits) + (x % f) + table.cum[symbols[i]];
+  }
+  ptr -= kStateBytes;
+  ptr[0] = static_cast<uint8_t>(x);
+  ptr[1] = static_cast<uint8_t>(x >> 8);
+  ptr[2] = static_cast<uint8_t>(x >> 16);
+  ptr[3] = static_cast<uint8_t>(x >> 24);
+  const size_t used = static_cast<size_t>(end - ptr);
+  if (used <= capacity) {
+    std::memcpy(payload, ptr, used);
+    std::memset(payload + used, 0, capacity - used);
+  }
+  return used;
+}
+
+absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
+                        const RansTable& table, uint8_t* symbols) {
+  if (capacity < static_cast<size_t>(kStateBytes)) {
+    std::memset(symbols, 0, n);
+    return absl::DataLossError(absl::StrCat("payload of ", capacity, " bytes cannot hold the rANS state"));
+  }
+  uint32_t x = static_cast<uint32_t>(payload[0]) | (static_cast<uint32_t>(payload[1]) << 8) |
+               (static_cast<uint32_t>(payload[2]) << 16) | (static_cast<uint32_t>(payload[3]) << 24);
+  bool bad_state = x < kStateLow || x >= kStateHigh;
+  if (bad_state) x = kStateLow;  // keep decoding deterministic and in range
+  size_t ptr = kStateBytes;
+  for (int i = 0; i < n; ++i) {
+    const DecodeEntry e = table.decode[x & (kProbScale - 1)];
+    symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
+    x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
+    if (x < kStateLow) {
+      // Past the end only a corrupt stream reads; it reads zeros.
+      const uint32_t byte = ptr < capacity ? payload[ptr] : 0u;
+      x = (x << 8) | byte;
+      ++ptr;
+    }
+  }
+  if (bad_state) return absl::DataLossError("rANS initial state out of range");
+  if (ptr > capacity) {
+    return absl::DataLossError(absl::StrCat("rANS stream runs past its ", capacity, "-byte payload"));
+  }
+  if (x != kStateLow) return absl::DataLossError("rANS final state mismatch");
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv
