@@ -1,0 +1,134 @@
+#include "tools/eval_lib.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "codec/attention.h"
+#include "codec/half.h"
+
+namespace driftkv {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// attention of every query over tokens [0, pos] of the stored layer.
+absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
+                              const EncodedLayer& enc, const std::vector<float>& khat,
+                              const std::vector<float>& vhat, EvalAccumulator* acc) {
+  const int d = codec.head_dim(), n = codec.n(), qh = in.q_heads;
+  if (qh < 1 || qh % codec.kv_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", qh, " is not a multiple of kv_heads ", codec.kv_heads()));
+  }
+  if (in.query_tokens > in.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("query tokens ", in.query_tokens, " exceed tokens ", in.tokens));
+  }
+  const double scale = in.softmax_scale > 0 ? in.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d));
+  const auto* dq = dynamic_cast<const DQuantKvCodec*>(&codec);
+  std::vector<double> ref(static_cast<size_t>(qh) * d), ref_lse(qh), alt(ref.size()), alt_lse(qh);
+  std::vector<float> out(ref.size()), lse(qh);
+  AttentionScratch scratch;
+  const int bt = codec.block_tokens();
+  for (int64_t i = 0; i < in.query_tokens; ++i) {
+    const int64_t pos = in.tokens - in.query_tokens + i;
+    const float* q = in.queries + i * qh * d;
+    ReferenceAttention(in.keys, in.values, pos + 1, codec.kv_heads(), d, q, qh, scale, ref.data(), ref_lse.data());
+    if (dq != nullptr) {
+      std::vector<CompressedBlock> blocks;
+      const int64_t covered = std::min<int64_t>(pos + 1, enc.compressed);
+      for (int64_t t0 = 0; t0 < covered; t0 += bt) {
+        CompressedBlock b;
+        b.key_records = enc.key_records.data() + t0 * codec.key_stride();
+        b.value_records = enc.value_records.data() + t0 * codec.value_stride();
+        b.mean_record = enc.side.data() + (t0 / bt) * codec.side_stride();
+        b.tokens = static_cast<int>(std::min<int64_t>(bt, covered - t0));
+        blocks.push_back(b);
+      }
+      Bf16Tokens window;
+      window.keys = enc.window_keys.data();
+      window.values = enc.window_values.data();
+      window.tokens = std::max<int64_t>(0, pos + 1 - enc.compressed);
+      absl::Status st = CompressedAttention(dq->codec(), blocks, window, q, qh, static_cast<float>(scale),
+                                            out.data(), lse.data(), &scratch);
+      if (!st.ok()) return st;
+      for (size_t j = 0; j < out.size(); ++j) alt[j] = out[j];
+    } else {
+      ReferenceAttention(khat.data(), vhat.data(), pos + 1, codec.kv_heads(), d, q, qh, scale, alt.data(), alt_lse.data());
+    }
+    for (size_t j = 0; j < ref.size(); ++j) {
+      acc->attn_err += (ref[j] - alt[j]) * (ref[j] - alt[j]);
+      acc->attn_sum += ref[j] * ref[j];
+    }
+  }
+  (void)n;
+  acc->has_attention = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalAccumulator* acc,
+                           EncodedLayer* encoded) {
+  const int64_t n = codec.n();
+  EncodedLayer enc;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = EncodeLayer(codec, in.keys, in.values, in.tokens, in.residual, in.threads, &enc, &acc->stats);
+  if (!st.ok()) return st;
+  acc->encode_seconds += Seconds(t0);
+  acc->encoded_streams += 2 * enc.compressed;
+
+  std::vector<float> khat(in.tokens * n), vhat(in.tokens * n);
+  const auto t1 = std::chrono::steady_clock::now();
+  st = DecodeLayer(codec, enc, khat.data(), vhat.data());
+  if (!st.ok()) return st;
+  acc->decode_seconds += Seconds(t1);
+
+  for (int64_t i = 0; i < in.tokens * n; ++i) {
+    const double dk = static_cast<double>(in.keys[i]) - khat[i];
+    const double dv = static_cast<double>(in.values[i]) - vhat[i];
+    acc->err_k += dk * dk;
+    acc->sum_k += static_cast<double>(in.keys[i]) * in.keys[i];
+    acc->err_v += dv * dv;
+    acc->sum_v += static_cast<double>(in.values[i]) * in.values[i];
+  }
+  acc->key_bytes += enc.key_bytes();
+  acc->value_bytes += enc.value_bytes();
+  acc->values += in.tokens * n;
+  if (in.queries != nullptr && in.query_tokens > 0) {
+    st = MeasureAttention(codec, in, enc, khat, vhat, acc);
+    if (!st.ok()) return st;
+  }
+  if (encoded != nullptr) *encoded = std::move(enc);
+  return absl::OkStatus();
+}
+
+std::string EvalJson(const KvCodec& codec, const EvalAccumulator& a) {
+  const StreamStats& k = a.stats.keys;
+  const StreamStats& v = a.stats.values;
+  auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
+  const double bk = ratio(8.0 * a.key_bytes, a.values), bv = ratio(8.0 * a.value_bytes, a.values);
+  std::string json = absl::StrFormat(
+      "{\"codec\":\"%s\",\"bits_per_value\":{\"k\":%.6f,\"v\":%.6f,\"mean\":%.6f},"
+      "\"nmse_k\":%.6g,\"nmse_v\":%.6g,\"drift_rate_k\":%.6g,\"drift_rate_v\":%.6g,"
+      "\"max_drift_levels\":%d,\"budget_utilization_k\":%.6g,\"budget_utilization_v\":%.6g,"
+      "\"overflow_retries\":%d,\"fallback_streams\":%d,\"constant_streams\":%d,\"streams\":%d,"
+      "\"encode_streams_per_s\":%.1f,\"decode_streams_per_s\":%.1f",
+      codec.name(), bk, bv, 0.5 * (bk + bv), ratio(a.err_k, a.sum_k), ratio(a.err_v, a.sum_v),
+      ratio(k.moved, k.symbols), ratio(v.moved, v.symbols), std::max(k.max_move, v.max_move),
+      ratio(k.bytes_used, k.bytes_budget), ratio(v.bytes_used, v.bytes_budget),
+      static_cast<int>(k.retries + v.retries), static_cast<int>(k.fallbacks + v.fallbacks),
+      static_cast<int>(k.constant + v.constant), static_cast<int>(a.encoded_streams),
+      ratio(a.encoded_streams, a.encode_seconds), ratio(a.encoded_streams, a.decode_seconds));
+  if (a.has_attention) {
+    absl::StrAppendFormat(&json, ",\"attn_rel_err\":%.6g", std::sqrt(ratio(a.attn_err, a.attn_sum)));
+  }
+  json += "}";
+  return json;
+}
+
+}  // namespace driftkv

@@ -1,0 +1,58 @@
+// The measurements of `driftkv-codec eval`, for any KvCodec, one layer at a
+// time, accumulated over layers.
+//
+// Definitions (docs/quality.md repeats them):
+//   nmse_k = sum (k - khat)^2 / sum k^2 over the whole tensor (likewise v);
+//   attn_rel_err = ||o - ohat|| / ||o|| over all queries and heads, where o
+//     is causal attention in float64 over the original keys/values and ohat
+//     the same attention over the stored cache (for D-Quant through the
+//     compressed-domain path of codec/attention.h, otherwise over the
+//     decoded cache); query i of Tq sits at position T - Tq + i;
+//   bits per value: every stored byte (records, side records, bf16 window)
+//     * 8 / values.
+#ifndef DRIFTKV_TOOLS_EVAL_LIB_H_
+#define DRIFTKV_TOOLS_EVAL_LIB_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "codec/kv_codec.h"
+#include "codec/layer.h"
+
+namespace driftkv {
+
+struct EvalLayerInput {
+  const float* keys = nullptr;    // [tokens][kv_heads][head_dim]
+  const float* values = nullptr;
+  int64_t tokens = 0;
+  const float* queries = nullptr;  // [query_tokens][q_heads][head_dim] or null
+  int64_t query_tokens = 0;
+  int q_heads = 0;
+  int64_t residual = 0;          // newest tokens kept in bf16
+  double softmax_scale = 0.0;    // 0: 1 / sqrt(head_dim)
+  int threads = 1;               // encode threads (timings are per thread at 1)
+};
+
+struct EvalAccumulator {
+  CodecStats stats;
+  double err_k = 0, sum_k = 0, err_v = 0, sum_v = 0;
+  double attn_err = 0, attn_sum = 0;
+  bool has_attention = false;
+  int64_t key_bytes = 0, value_bytes = 0, values = 0;  // values per tensor
+  double encode_seconds = 0, decode_seconds = 0;
+  int64_t encoded_streams = 0;
+};
+
+// Encodes, decodes and measures one layer; adds to `acc`. If `encoded` is
+// not null it receives the encoded layer (for the pool file).
+absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalAccumulator* acc,
+                           EncodedLayer* encoded);
+
+// The JSON object of `driftkv-codec eval` (one line, keys documented in
+// docs/quality.md).
+std::string EvalJson(const KvCodec& codec, const EvalAccumulator& acc);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_TOOLS_EVAL_LIB_H_
