@@ -1,0 +1,69 @@
+// The compute backend of the service: encodes pages, decodes tokens and runs
+// batched decode attention over pages of a PagePool plus bf16 windows.
+//
+// The handler owns all state and locking; a backend is stateless between
+// calls apart from caches it keeps for itself, and its methods may be called
+// concurrently from many RPC threads (on disjoint pages when writing).
+// Pointers are host memory: the CPU backend computes in place; a device
+// backend (CUDA, kernels/) mirrors the arena on the device and uses the same
+// page ids and layout (see page_pool.h).
+#ifndef DRIFTKV_SERVICE_BACKEND_H_
+#define DRIFTKV_SERVICE_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "codec/attention.h"
+#include "codec/kv_codec.h"
+#include "service/page_pool.h"
+
+namespace driftkv {
+
+// Encode P = page_tokens tokens into one page.
+struct EncodeJob {
+  const float* keys = nullptr;    // [P][kv_heads][head_dim], host
+  const float* values = nullptr;  // same shape
+  PageId page = -1;
+  CodecStats stats;               // out: this page's stream statistics
+};
+
+// One decode-attention item.
+struct AttendJob {
+  absl::Span<const PageId> pages;  // full pages, oldest first
+  Bf16Tokens window;               // the newest tokens, after the pages
+  const float* query = nullptr;    // [q_heads][head_dim]
+  int q_heads = 0;
+  float softmax_scale = 0.0f;
+  float* out = nullptr;            // [q_heads][head_dim]
+  float* lse = nullptr;            // [q_heads]
+  absl::Status status;             // out
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Encodes every job; returns the first failure (InvalidArgument naming the
+  // token). Pages of failed jobs hold garbage; the caller frees them.
+  virtual absl::Status EncodePages(absl::Span<EncodeJob> jobs) = 0;
+
+  // Reconstructs tokens [first, first + count) of a page into float
+  // [count][kv_heads][head_dim] arrays. DataLoss on a corrupt record.
+  virtual absl::Status DecodeTokens(PageId page, int first, int count, float* keys,
+                                    float* values) = 0;
+
+  // Runs every job; each job's status says how it went.
+  virtual void Attend(absl::Span<AttendJob> jobs) = 0;
+};
+
+// The CPU backend; codec and pool must outlive it. `threads` bounds the
+// threads one call fans out to (0: hardware concurrency).
+std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
+                                        int threads = 0);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_BACKEND_H_

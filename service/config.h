@@ -1,0 +1,50 @@
+// The server's configuration: the ServerConfig text-format message of
+// proto/config.proto, resolved into plain options with every default filled
+// in and every field range-checked.
+#ifndef DRIFTKV_SERVICE_CONFIG_H_
+#define DRIFTKV_SERVICE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "codec/dquant_codec.h"
+#include "proto/config.pb.h"
+
+namespace driftkv {
+
+constexpr int kDefaultWindowTokens = 128;
+constexpr uint64_t kDefaultMaxSequences = 4096;
+constexpr uint64_t kDefaultMaxMessageBytes = 64ull << 20;
+constexpr int kDefaultMaxBatch = 1024;
+constexpr int kDefaultReadChunkTokens = 256;
+constexpr int kMaxLayers = 4096;
+constexpr int kMaxSequenceIdBytes = 256;
+
+struct ServiceOptions {
+  std::string listen = "0.0.0.0:50051";
+  std::string metrics_listen = "0.0.0.0:9464";  // empty: no exposer
+  std::string backend = "cpu";
+  int layers = 0;
+  DQuantConfig codec;            // kv_heads, head_dim, levels, bytes, alpha, mean_window
+  uint64_t pool_bytes = 0;
+  int window_tokens = kDefaultWindowTokens;  // R
+  uint64_t max_sequences = kDefaultMaxSequences;
+  double ttl_seconds = 0.0;      // 0: never expire
+  uint64_t max_message_bytes = kDefaultMaxMessageBytes;
+  int max_batch = kDefaultMaxBatch;
+  int read_chunk_tokens = kDefaultReadChunkTokens;
+
+  int page_tokens() const { return codec.mean_window; }
+};
+
+// Reads a text-format ServerConfig; the error names the file and the line.
+absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
+
+// Fills defaults and checks every field; InvalidArgument names the field
+// and its value ("model.head_dim 96 must be a power of two ...").
+absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& config);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_CONFIG_H_

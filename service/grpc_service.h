@@ -1,0 +1,43 @@
+// The thin gRPC layer: unpacks each call, hands it to the Handler, converts
+// absl::Status to grpc::Status once, and records the RPC's latency by method
+// and status code. No decisions are taken here.
+#ifndef DRIFTKV_SERVICE_GRPC_SERVICE_H_
+#define DRIFTKV_SERVICE_GRPC_SERVICE_H_
+
+#include "proto/driftkv.grpc.pb.h"
+#include "service/handler.h"
+#include "service/metrics.h"
+
+namespace driftkv {
+
+class KvCacheService final : public v1::KvCache::Service {
+ public:
+  // Both must outlive the service.
+  KvCacheService(Handler* handler, Metrics* metrics) : handler_(handler), metrics_(metrics) {}
+
+  grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
+                      v1::AppendResponse* response) override;
+  grpc::Status Attend(grpc::ServerContext* context, const v1::AttendRequest* request,
+                      v1::AttendResponse* response) override;
+  grpc::Status Read(grpc::ServerContext* context, const v1::ReadRequest* request,
+                    grpc::ServerWriter<v1::ReadChunk>* writer) override;
+  grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                       v1::ReleaseResponse* response) override;
+  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request,
+                    v1::InfoResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                     v1::StatsResponse* response) override;
+
+ private:
+  Handler* const handler_;
+  Metrics* const metrics_;
+};
+
+// absl::Status -> grpc::Status (the code numbers are the same by design).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+// "OK", "INVALID_ARGUMENT", ...
+const char* StatusCodeName(grpc::StatusCode code);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_GRPC_SERVICE_H_

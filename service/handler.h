@@ -1,0 +1,162 @@
+// The service's logic, without a network: validates each request, decides,
+// and changes the pool; returns absl::Status (grpc_service.h converts it at
+// the edge). Tested directly by tests/service_handler_test.cc.
+//
+// State: a table of sequences; each sequence holds, per layer, the ids of
+// its full pages (oldest first) and a bf16 window of the newest tokens.
+// Invariants of a layer with `length` tokens:
+//   length = pages.size() * P + window tokens,
+//   window tokens in [0, R + P), and >= R once any page exists;
+//   page i holds tokens [i P, (i + 1) P) = one key-mean window.
+// When an append makes the window hold >= R + P tokens, its oldest P tokens
+// are encoded into a new page, as often as needed. Encoding reads the bf16
+// values, so a token's stored form does not depend on how it was chunked.
+//
+// Rejected requests change nothing: every check runs and every page is
+// reserved (all-or-nothing) before the first mutation.
+//
+// Locking: table_mu_ guards the table; Sequence::mu guards one sequence.
+// Order: table_mu_ before any Sequence::mu; several sequences are locked in
+// ascending id order. Attention runs under the sequences' reader locks, so
+// many Attend calls on one sequence run at once; Append and decode steps
+// take the writer lock. Release and expiry mark a sequence released under
+// its writer lock; a holder of a stale pointer sees the mark and answers
+// NOT_FOUND.
+#ifndef DRIFTKV_SERVICE_HANDLER_H_
+#define DRIFTKV_SERVICE_HANDLER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "codec/dquant_codec.h"
+#include "proto/driftkv.pb.h"
+#include "service/backend.h"
+#include "service/config.h"
+#include "service/metrics.h"
+#include "service/page_pool.h"
+
+namespace driftkv {
+
+constexpr const char* kServerVersion = "0.1.0";
+
+class Handler {
+ public:
+  using Clock = std::function<absl::Time()>;
+
+  // Builds the codec, the pool arena and the backend. `metrics` must outlive
+  // the handler; `clock` (for TTLs) defaults to absl::Now.
+  static absl::StatusOr<std::unique_ptr<Handler>> Create(const ServiceOptions& options,
+                                                         Metrics* metrics, Clock clock = nullptr);
+
+  // One chunk of an Append stream; adds to `totals` when accepted.
+  absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals);
+  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response);
+  // Streams the answer through `sink`, which returns false to stop (the
+  // client went away: Cancelled).
+  absl::Status Read(const v1::ReadRequest& request,
+                    const std::function<bool(const v1::ReadChunk&)>& sink);
+  absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response);
+  void Info(v1::InfoResponse* response) const;
+  void Stats(v1::StatsResponse* response) const;
+
+  // Releases sequences idle for longer than the TTL (none if it is 0);
+  // returns how many. The server calls it periodically.
+  int ExpireIdle();
+
+  const ServiceOptions& options() const { return options_; }
+  const DQuantCodec& codec() const { return codec_; }
+  const PagePool& pool() const { return *pool_; }
+
+ private:
+  struct Layer {
+    std::vector<PageId> pages;
+    std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
+    std::vector<uint16_t> window_values;
+    int64_t length = 0;
+  };
+  struct Sequence {
+    explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
+    const std::string id;
+    absl::Mutex mu;
+    std::vector<Layer> layers ABSL_GUARDED_BY(mu);
+    bool released ABSL_GUARDED_BY(mu) = false;
+    std::atomic<int64_t> last_access_ns{0};
+  };
+  using SequencePtr = std::shared_ptr<Sequence>;
+
+  // How one append of `count` tokens starting at `first` lands on a layer.
+  struct AppendPlan {
+    int64_t skip = 0;   // leading tokens already stored
+    int64_t fresh = 0;  // tokens to store
+    int64_t pages = 0;  // pages to encode
+  };
+
+  Handler(const ServiceOptions& options, DQuantCodec codec, Metrics* metrics, Clock clock)
+      : options_(options), codec_(std::move(codec)), metrics_(metrics), clock_(std::move(clock)) {}
+
+  // Largest |x| accepted in keys and values: after the Hadamard rotation and
+  // the mean subtraction a value can grow by 2 sqrt(head_dim), and the
+  // record's fp16 grid must still hold it.
+  float value_limit() const;
+  int n() const { return codec_.n(); }
+  absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
+  absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
+
+  SequencePtr Find(const std::string& id) ABSL_LOCKS_EXCLUDED(table_mu_);
+  // Finds or creates; *created tells which. RESOURCE_EXHAUSTED at max_sequences.
+  absl::StatusOr<SequencePtr> FindOrCreate(const std::string& id, bool* created)
+      ABSL_LOCKS_EXCLUDED(table_mu_);
+  // Drops a sequence this call created if it is still empty.
+  void DropIfEmpty(const SequencePtr& seq) ABSL_LOCKS_EXCLUDED(table_mu_);
+  // Frees a sequence's pages and windows. REQUIRES: seq->mu held, not released.
+  void FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages);
+
+  // Where `count` tokens at `first` land; OUT_OF_RANGE on a gap.
+  // `length` and `window` are the layer's token counts (or, in a batch, what
+  // they will be after the earlier items of the batch).
+  absl::StatusOr<AppendPlan> PlanAppend(int64_t length, int64_t window, absl::string_view where,
+                                        const std::string& id, uint32_t layer, uint64_t first,
+                                        int64_t count) const;
+  // Stores plan.fresh tokens (float [count][n], already bf16-representable
+  // or not: they are rounded to bf16 here) using `pages` reserved pages.
+  // On failure nothing of the layer changed; the caller frees the pages.
+  absl::Status ApplyAppend(Layer* layer, const AppendPlan& plan, const float* keys,
+                           const float* values, const std::vector<PageId>& pages);
+
+  void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
+  void PublishGauges();
+
+  const ServiceOptions options_;
+  const DQuantCodec codec_;
+  Metrics* const metrics_;
+  const Clock clock_;
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<Backend> backend_;
+
+  mutable absl::Mutex table_mu_;
+  absl::flat_hash_map<std::string, SequencePtr> table_ ABSL_GUARDED_BY(table_mu_);
+
+  // Totals over all sequences (read by Stats and the gauges).
+  std::atomic<int64_t> tokens_compressed_{0};
+  std::atomic<int64_t> tokens_window_{0};
+  std::atomic<uint64_t> sequences_expired_{0};
+  std::atomic<uint64_t> sequences_released_{0};
+  std::atomic<uint64_t> tokens_ingested_{0};
+  std::atomic<uint64_t> bytes_ingested_{0};
+  std::atomic<uint64_t> attention_tokens_{0};
+  mutable absl::Mutex stats_mu_;
+  CodecStats codec_stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_HANDLER_H_

@@ -1,0 +1,115 @@
+#include "service/metrics.h"
+
+namespace driftkv {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+constexpr const char* kStream[2] = {"key", "value"};
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::Registry& r = *registry_;
+  auto& util = BuildHistogram()
+                   .Name("driftkv_budget_utilization_ratio")
+                   .Help("rANS bytes used / container budget per encoded page (mean over the "
+                         "page's streams), by stream")
+                   .Register(r);
+  auto& coded = BuildCounter()
+                    .Name("driftkv_symbols_coded_total")
+                    .Help("Quantisation symbols entropy-coded, by stream")
+                    .Register(r);
+  auto& moved = BuildCounter()
+                    .Name("driftkv_symbols_moved_total")
+                    .Help("Symbols moved off their nearest level by drift, by stream")
+                    .Register(r);
+  auto& retries = BuildCounter()
+                      .Name("driftkv_encode_retries_total")
+                      .Help("Stream re-solves because the real rANS length overflowed, by stream")
+                      .Register(r);
+  auto& fallbacks = BuildCounter()
+                        .Name("driftkv_encode_fallbacks_total")
+                        .Help("Streams that needed the cheapest-level fallback, by stream")
+                        .Register(r);
+  const Histogram::BucketBoundaries ratio = {0.80, 0.85, 0.90, 0.92, 0.94, 0.96,
+                                             0.97, 0.98, 0.99, 0.995, 1.0};
+  for (int s = 0; s < 2; ++s) {
+    budget_utilization[s] = &util.Add({{"stream", kStream[s]}}, ratio);
+    symbols_coded[s] = &coded.Add({{"stream", kStream[s]}});
+    symbols_moved[s] = &moved.Add({{"stream", kStream[s]}});
+    encode_retries[s] = &retries.Add({{"stream", kStream[s]}});
+    encode_fallbacks[s] = &fallbacks.Add({{"stream", kStream[s]}});
+  }
+  pages_encoded = &BuildCounter().Name("driftkv_pages_encoded_total")
+                       .Help("Pages encoded from the bf16 window").Register(r).Add({});
+
+  pool_capacity_bytes = &BuildGauge().Name("driftkv_pool_capacity_bytes")
+                             .Help("Bytes of the page arena").Register(r).Add({});
+  pool_bytes_in_use = &BuildGauge().Name("driftkv_pool_used_bytes")
+                           .Help("Bytes of the page arena held by pages in use").Register(r).Add({});
+  pool_capacity_pages = &BuildGauge().Name("driftkv_pool_capacity_pages")
+                             .Help("Pages in the arena").Register(r).Add({});
+  pool_pages_in_use = &BuildGauge().Name("driftkv_pool_used_pages")
+                           .Help("Pages in use").Register(r).Add({});
+  auto& stored = BuildGauge().Name("driftkv_tokens_stored")
+                     .Help("Tokens stored over all sequences and layers, by form").Register(r);
+  tokens_compressed = &stored.Add({{"form", "compressed"}});
+  tokens_window = &stored.Add({{"form", "bf16_window"}});
+  window_bytes = &BuildGauge().Name("driftkv_window_bytes")
+                      .Help("Bytes of bf16 keys and values held by the windows").Register(r).Add({});
+  sequences = &BuildGauge().Name("driftkv_sequences").Help("Live sequences").Register(r).Add({});
+  sequences_created = &BuildCounter().Name("driftkv_sequences_created_total")
+                           .Help("Sequences created by a first chunk").Register(r).Add({});
+  sequences_released = &BuildCounter().Name("driftkv_sequences_released_total")
+                            .Help("Sequences freed by Release").Register(r).Add({});
+  sequences_expired = &BuildCounter().Name("driftkv_sequences_expired_total")
+                           .Help("Sequences freed after idling longer than the TTL").Register(r).Add({});
+  ingested_bytes = &BuildCounter().Name("driftkv_ingested_bytes_total")
+                        .Help("Raw key+value bytes of new tokens received").Register(r).Add({});
+  ingested_tokens = &BuildCounter().Name("driftkv_ingested_tokens_total")
+                         .Help("New tokens stored (per layer)").Register(r).Add({});
+  duplicate_tokens = &BuildCounter().Name("driftkv_duplicate_tokens_total")
+                          .Help("Tokens received again and acknowledged without storing")
+                          .Register(r).Add({});
+  rejected_chunks = &BuildCounter().Name("driftkv_rejected_chunks_total")
+                         .Help("Append chunks and decode steps rejected").Register(r).Add({});
+  attention_tokens = &BuildCounter().Name("driftkv_attention_tokens_total")
+                          .Help("Tokens attended over (sum over items)").Register(r).Add({});
+  attention_items = &BuildCounter().Name("driftkv_attention_items_total")
+                         .Help("Attention items computed").Register(r).Add({});
+  rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
+                      .Help("RPC latency by method and gRPC status code").Register(r);
+}
+
+void Metrics::RecordPage(const CodecStats& stats) {
+  const StreamStats* s[2] = {&stats.keys, &stats.values};
+  for (int i = 0; i < 2; ++i) {
+    if (s[i]->bytes_budget > 0) {
+      budget_utilization[i]->Observe(static_cast<double>(s[i]->bytes_used) / s[i]->bytes_budget);
+    }
+    symbols_coded[i]->Increment(static_cast<double>(s[i]->symbols));
+    symbols_moved[i]->Increment(static_cast<double>(s[i]->moved));
+    encode_retries[i]->Increment(static_cast<double>(s[i]->retries));
+    encode_fallbacks[i]->Increment(static_cast<double>(s[i]->fallbacks));
+  }
+  pages_encoded->Increment();
+}
+
+void Metrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {
+  static const Histogram::BucketBoundaries kBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+  prometheus::Histogram* h;
+  {
+    // Family::Add returns the existing metric for known labels.
+    absl::MutexLock lock(&mu_);
+    h = &rpc_seconds_->Add({{"method", method}, {"code", code}}, kBuckets);
+  }
+  h->Observe(seconds);
+}
+
+}  // namespace driftkv

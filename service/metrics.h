@@ -1,0 +1,68 @@
+// The Prometheus metrics of driftkv-server (docs/metrics.md lists them with
+// their meaning). All names start with driftkv_ and carry their unit.
+// Counters and histograms are updated by the handler and the gRPC layer;
+// gauges are set after each mutation. prometheus-cpp metrics are
+// thread-safe, so no lock is needed around them.
+#ifndef DRIFTKV_SERVICE_METRICS_H_
+#define DRIFTKV_SERVICE_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "codec/kv_codec.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace driftkv {
+
+class Metrics {
+ public:
+  Metrics();
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One page encoded: budget utilisation (bytes used / budget, mean over the
+  // page's streams), symbols, moves, retries and fallbacks, by stream.
+  void RecordPage(const CodecStats& stats);
+  // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
+  void RecordRpc(const std::string& method, const std::string& code, double seconds);
+
+  // By stream kind (label stream="key"/"value").
+  prometheus::Histogram* budget_utilization[2];
+  prometheus::Counter* symbols_coded[2];
+  prometheus::Counter* symbols_moved[2];
+  prometheus::Counter* encode_retries[2];
+  prometheus::Counter* encode_fallbacks[2];
+  prometheus::Counter* pages_encoded;
+
+  prometheus::Gauge* pool_capacity_bytes;
+  prometheus::Gauge* pool_bytes_in_use;
+  prometheus::Gauge* pool_capacity_pages;
+  prometheus::Gauge* pool_pages_in_use;
+  prometheus::Gauge* tokens_compressed;  // driftkv_tokens_stored{form="compressed"}
+  prometheus::Gauge* tokens_window;      // driftkv_tokens_stored{form="bf16_window"}
+  prometheus::Gauge* window_bytes;
+  prometheus::Gauge* sequences;
+  prometheus::Counter* sequences_created;
+  prometheus::Counter* sequences_released;
+  prometheus::Counter* sequences_expired;
+  prometheus::Counter* ingested_bytes;
+  prometheus::Counter* ingested_tokens;
+  prometheus::Counter* duplicate_tokens;
+  prometheus::Counter* attention_tokens;
+  prometheus::Counter* attention_items;
+  prometheus::Counter* rejected_chunks;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>* rpc_seconds_;
+  absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_METRICS_H_

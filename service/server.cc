@@ -1,0 +1,80 @@
+#include "service/server.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace driftkv {
+
+absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options,
+                                                                    ServerHooks hooks) {
+  std::unique_ptr<DriftkvServer> s(new DriftkvServer());
+  s->metrics_ = std::make_unique<Metrics>();
+  absl::StatusOr<std::unique_ptr<Handler>> handler =
+      Handler::Create(options, s->metrics_.get(), hooks.clock);
+  if (!handler.ok()) return handler.status();
+  s->handler_ = *std::move(handler);
+  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  if (!hooks.interceptors.empty()) {
+    builder.experimental().SetInterceptorCreators(std::move(hooks.interceptors));
+  }
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
+
+  if (!options.metrics_listen.empty()) {
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      s->Shutdown(absl::ZeroDuration());
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    const std::vector<int> ports = s->exposer_->GetListeningPorts();
+    s->metrics_port_ = ports.empty() ? 0 : ports[0];
+  }
+
+  if (options.ttl_seconds > 0.0 && hooks.start_reaper) {
+    // Checks a few times per TTL, at most once a second.
+    const absl::Duration period =
+        std::min(absl::Seconds(1), absl::Seconds(options.ttl_seconds) / 4);
+    DriftkvServer* self = s.get();
+    s->reaper_ = std::thread([self, period] {
+      while (!self->stop_.WaitForNotificationWithTimeout(period)) self->handler_->ExpireIdle();
+    });
+  }
+  return s;
+}
+
+void DriftkvServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+  }
+  exposer_.reset();
+}
+
+DriftkvServer::~DriftkvServer() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace driftkv
