@@ -50,8 +50,17 @@ absl::StatusOr<StreamCodec> MakeStreamCodec(int n, int levels, int bytes, int re
 }  // namespace
 
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
-  const int scaled = static_cast<int>(std::lround(static_cast<double>(reference_bytes) * n /
-                                                  kReferenceStreamLength));
+  // Keep the reference's stored bits per value: the record stride is the
+  // reference stride's share for n, rounded to the nearest multiple of 4
+  // (ties up), and the payload may not exceed its share of the reference
+  // payload. At n = 1024 this is the reference itself.
+  const int64_t by_payload = (2 * static_cast<int64_t>(reference_bytes) * n + kReferenceStreamLength) /
+                             (2 * kReferenceStreamLength);
+  const int64_t share = static_cast<int64_t>(RecordStride(reference_bytes)) * n;  // x 1/1024
+  const int64_t stride = (share + kReferenceStreamLength * kRecordAlign / 2) /
+                         (kReferenceStreamLength * kRecordAlign) * kRecordAlign;
+  const int scaled = static_cast<int>(
+      std::max<int64_t>(0, std::min(by_payload, stride - kRecordHeaderBytes)));
   uint16_t freq[kMaxLevels];
   if (!ModelFrequencies(n, levels, alpha, freq).ok()) return scaled;
   absl::StatusOr<int> min_bytes = StreamCodec::MinPayloadBytes(n, levels, freq);

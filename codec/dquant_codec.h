@@ -44,7 +44,8 @@ struct DQuantConfig {
   int key_levels = kDefaultKeyLevels;
   int value_levels = kDefaultValueLevels;
   // Payload bytes per stream; 0 picks the reference bits per value for this
-  // n (331 * n / 1024 and 231 * n / 1024, rounded), but never less than the
+  // n: 331 and 231 at n = 1024, otherwise a record of the reference's
+  // share of bytes (see DefaultPayloadBytes), but never less than the
   // smallest payload that can hold a stream.
   int key_bytes = 0;
   int value_bytes = 0;

@@ -155,6 +155,12 @@ absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch*
       s = (n * sxm - sm * sx) / det;
       o = (sx - s * sm) / n;
     }
+    if (std::isfinite(o) && std::fabs(o) > kHalfMax && smm > 0.0) {
+      // The fit wants an origin fp16 cannot hold (a lone outlier drifted
+      // towards the centre): pin o to the fp16 limit and refit s alone.
+      o = std::clamp<double>(o, -kHalfMax, kHalfMax);
+      s = (sxm - o * sm) / smm;
+    }
     if (!(s > 0.0) || !std::isfinite(s) || !std::isfinite(o)) {
       s = s0;
       o = lo;
