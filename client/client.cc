@@ -1,0 +1,206 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "service/tensor.h"
+
+namespace driftkv {
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(o.max_message_bytes);
+  args.SetMaxSendMessageSize(o.max_message_bytes);
+  return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+Client::Client(ClientOptions options) : Client(MakeChannel(options), options) {}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : options_(std::move(options)), channel_(std::move(channel)),
+      stub_(v1::KvCache::NewStub(channel_)) {}
+
+void Client::SetDeadline(grpc::ClientContext* context) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(absl::ToInt64Microseconds(options_.timeout)));
+}
+
+template <typename Call>
+grpc::Status Client::WithRetries(bool idempotent, Call call) {
+  const int attempts = idempotent ? std::max(1, options_.max_attempts) : 1;
+  absl::Duration backoff = options_.initial_backoff;
+  thread_local std::mt19937 rng(std::random_device{}());
+  grpc::Status st;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    if (attempt > 0) {
+      ++retries_;
+      // Full jitter: sleep uniformly in [backoff / 2, backoff].
+      std::uniform_real_distribution<double> jitter(0.5, 1.0);
+      absl::SleepFor(backoff * jitter(rng));
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+    st = call(attempt);
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+  }
+  return st;
+}
+
+absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChunk> chunks) {
+  v1::AppendResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer =
+        stub_->Append(&context, &response);
+    for (const v1::AppendChunk& c : chunks) {
+      if (!writer->Write(c)) break;  // the server ended the call; Finish says why
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& request) {
+  bool idempotent = true;
+  for (const v1::AttendItem& it : request.items()) {
+    if ((!it.new_key().empty() || !it.new_value().empty()) && !it.has_new_token_index()) {
+      idempotent = false;
+    }
+  }
+  v1::AttendResponse response;
+  grpc::Status st = WithRetries(idempotent, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    return stub_->Attend(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::ReadChunk>> Client::Read(const v1::ReadRequest& request) {
+  std::vector<v1::ReadChunk> chunks;
+  uint64_t next = request.first_token();
+  grpc::Status st = WithRetries(true, [&](int) {
+    // Resume after the chunks already received.
+    v1::ReadRequest resumed = request;
+    resumed.set_first_token(next);
+    if (request.token_count() != 0) {
+      const uint64_t done = next - request.first_token();
+      if (done == request.token_count()) return grpc::Status::OK;
+      resumed.set_token_count(request.token_count() - done);
+    }
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    std::unique_ptr<grpc::ClientReader<v1::ReadChunk>> reader = stub_->Read(&context, resumed);
+    v1::ReadChunk chunk;
+    while (reader->Read(&chunk)) {
+      next = chunk.first_token() + chunk.token_count();
+      chunks.push_back(std::move(chunk));
+    }
+    return reader->Finish();
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return chunks;
+}
+
+absl::StatusOr<v1::ReleaseResponse> Client::Release(const std::string& sequence_id) {
+  v1::ReleaseRequest request;
+  request.set_sequence_id(sequence_id);
+  v1::ReleaseResponse response;
+  grpc::Status st = WithRetries(true, [&](int attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    grpc::Status s = stub_->Release(&context, request, &response);
+    // A repeat that finds nothing: the lost first answer had freed it.
+    if (attempt > 0 && s.error_code() == grpc::StatusCode::NOT_FOUND) return grpc::Status::OK;
+    return s;
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::InfoResponse> Client::Info() {
+  v1::InfoResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub_->Info(&context, v1::InfoRequest(), &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::StatsResponse> Client::Stats() {
+  v1::StatsResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub_->Stats(&context, v1::StatsRequest(), &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<Client::Tensors> Client::ReadFloat(const std::string& sequence_id, uint32_t layer,
+                                                  uint64_t first_token, uint64_t token_count) {
+  v1::ReadRequest request;
+  request.set_sequence_id(sequence_id);
+  request.set_layer(layer);
+  request.set_first_token(first_token);
+  request.set_token_count(token_count);
+  request.set_dtype(v1::DTYPE_F32);
+  absl::StatusOr<std::vector<v1::ReadChunk>> chunks = Read(request);
+  if (!chunks.ok()) return chunks.status();
+  Tensors t;
+  for (const v1::ReadChunk& c : *chunks) {
+    const size_t floats = c.keys().size() / sizeof(float);
+    const size_t at = t.keys.size();
+    t.keys.resize(at + floats);
+    t.values.resize(at + floats);
+    std::memcpy(t.keys.data() + at, c.keys().data(), floats * sizeof(float));
+    std::memcpy(t.values.data() + at, c.values().data(), floats * sizeof(float));
+    t.tokens += c.token_count();
+    t.compressed_tokens += c.compressed_tokens();
+  }
+  return t;
+}
+
+v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                          uint32_t count, const float* keys, const float* values, size_t n,
+                          v1::DType dtype) {
+  v1::AppendChunk c;
+  c.set_sequence_id(sequence_id);
+  c.set_layer(layer);
+  c.set_first_token(first_token);
+  c.set_token_count(count);
+  c.set_dtype(dtype);
+  FloatToTensor(keys, static_cast<size_t>(count) * n, dtype, c.mutable_keys());
+  FloatToTensor(values, static_cast<size_t>(count) * n, dtype, c.mutable_values());
+  return c;
+}
+
+std::vector<float> OutputFloats(const v1::AttendResult& result) {
+  std::vector<float> out(result.output().size() / sizeof(float));
+  std::memcpy(out.data(), result.output().data(), out.size() * sizeof(float));
+  return out;
+}
+
+}  // namespace driftkv

@@ -1,0 +1,96 @@
+// driftkv::Client: the C++ client library of driftkv.v1.KvCache.
+//
+// Every call has a deadline (ClientOptions::timeout, per attempt) and
+// returns absl::StatusOr with the server's status code and message.
+// Retries happen only where repeating the call is harmless, and only on
+// UNAVAILABLE (the request may not have reached the server, or its answer
+// was lost):
+//   Append   retried: chunks carry token positions, and tokens already
+//            stored are acknowledged without storing them again;
+//   Attend   retried when no item appends a token, or every item that does
+//            sets new_token_index; otherwise never (a repeat would append twice);
+//   Read     retried, resuming after the last chunk received;
+//   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
+//   Info, Stats retried.
+// Thread-safe: one Client may be shared by many threads.
+#ifndef DRIFTKV_CLIENT_CLIENT_H_
+#define DRIFTKV_CLIENT_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/driftkv.grpc.pb.h"
+
+namespace driftkv {
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";
+  absl::Duration timeout = absl::Seconds(30);  // deadline of each attempt
+  int max_attempts = 4;                        // retried calls: first try + 3 retries
+  absl::Duration initial_backoff = absl::Milliseconds(20);
+  absl::Duration max_backoff = absl::Seconds(1);
+  int max_message_bytes = 64 << 20;            // send and receive limit
+};
+
+class Client {
+ public:
+  explicit Client(ClientOptions options);
+  // Over an existing channel (tests: in-process servers).
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // Streams `chunks` in one Append call.
+  absl::StatusOr<v1::AppendResponse> Append(absl::Span<const v1::AppendChunk> chunks);
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request);
+  // Collects every chunk of the answer.
+  absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);
+  absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
+  absl::StatusOr<v1::InfoResponse> Info();
+  absl::StatusOr<v1::StatsResponse> Stats();
+
+  // Reconstructed keys/values of one layer as float [tokens][kv_heads][head_dim].
+  struct Tensors {
+    std::vector<float> keys, values;
+    uint64_t tokens = 0;
+    uint64_t compressed_tokens = 0;
+  };
+  absl::StatusOr<Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer,
+                                    uint64_t first_token, uint64_t token_count);
+
+  // Attempts beyond the first, over the client's life (tests, diagnostics).
+  int64_t retries() const { return retries_.load(); }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  // Runs `call` up to max_attempts times while it answers UNAVAILABLE
+  // (only once when `idempotent` is false), with exponential backoff.
+  template <typename Call>
+  grpc::Status WithRetries(bool idempotent, Call call);
+  void SetDeadline(grpc::ClientContext* context) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  std::atomic<int64_t> retries_{0};
+};
+
+// Builds one Append chunk from float tokens [count][n], converted to `dtype`.
+v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                          uint32_t count, const float* keys, const float* values, size_t n,
+                          v1::DType dtype);
+
+// Output floats of one AttendResult ([q_heads][head_dim]).
+std::vector<float> OutputFloats(const v1::AttendResult& result);
+
+// grpc::Status -> absl::Status (same code numbers), message kept.
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_CLIENT_CLIENT_H_
