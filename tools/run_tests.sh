@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test: `bazel test //...`, then the codec tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer. GPU tests print
+# "skipped: no GPU" and pass on machines without one. Ends with the line
+# "N passed, N failed" (one count per test target and configuration).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+passed=0
+failed=0
+log=$(mktemp)
+run() {  # run LABEL BAZEL-ARGS...
+  local label=$1
+  shift
+  echo "== $label: bazel test $*"
+  bazel --batch test "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local p f
+  p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+  f=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' "$log")
+  if ((rc != 0 && f == 0)); then
+    f=1  # the build itself failed
+    echo "== $label: bazel exited with $rc before reporting tests"
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+}
+
+run "all tests" //... --test_output=errors
+run "codec tests under ASan+UBSan" --config=asan //tests:codec_tests --test_output=errors
+rm -f "$log"
+echo "$passed passed, $failed failed"
+((failed == 0))
