@@ -1,0 +1,548 @@
+// The handler without a network: storage rule, attention against the
+// codec's own pipeline, idempotent appends, every bad input with its exact
+// status code (and an unchanged pool), release and TTL expiry.
+#include "service/handler.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "service/tensor.h"
+#include "tests/service_test_util.h"
+
+namespace driftkv {
+namespace {
+
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+
+constexpr int kN = 128, kD = 64, kKvHeads = 2;
+
+class HandlerTest : public ::testing::Test {
+ protected:
+  void Make(ServiceOptions o = SmallOptions()) {
+    options_ = o;
+    absl::StatusOr<std::unique_ptr<Handler>> h =
+        Handler::Create(o, &metrics_, [this] { return now_; });
+    ASSERT_TRUE(h.ok()) << h.status();
+    h_ = *std::move(h);
+  }
+  void SetUp() override { Make(); }
+
+  v1::AppendChunk Chunk(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
+                        const testing::Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
+    v1::AppendChunk c;
+    c.set_sequence_id(seq);
+    c.set_layer(layer);
+    c.set_first_token(first);
+    c.set_token_count(count);
+    c.set_dtype(dtype);
+    FloatToTensor(kv.keys.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_keys());
+    FloatToTensor(kv.values.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_values());
+    return c;
+  }
+  absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int tokens,
+                    int chunk = 97) {
+    v1::AppendResponse r;
+    for (int t = 0; t < tokens; t += chunk) {
+      absl::Status st = h_->Append(Chunk(seq, layer, t, std::min(chunk, tokens - t), kv), &r);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  v1::AttendItem Item(const std::string& seq, uint32_t layer, const std::vector<float>& q,
+                      int q_heads) {
+    v1::AttendItem it;
+    it.set_sequence_id(seq);
+    it.set_layer(layer);
+    it.set_dtype(v1::DTYPE_F32);
+    it.set_q_heads(q_heads);
+    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it.mutable_query());
+    return it;
+  }
+  v1::StatsResponse Stats() {
+    v1::StatsResponse s;
+    h_->Stats(&s);
+    return s;
+  }
+  // The state a rejected request must leave untouched.
+  std::string Snapshot() {
+    v1::StatsResponse s = Stats();
+    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/",
+                        s.tokens_window(), "/", s.tokens_ingested());
+  }
+
+  ServiceOptions options_;
+  Metrics metrics_;
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  std::unique_ptr<Handler> h_;
+};
+
+TEST_F(HandlerTest, StorageRuleKeepsWindowBetweenRAndRPlusP) {
+  const testing::Kv kv = SyntheticKv(300, kN, 1);
+  // R = P = 32. Windows stay in [R, R + P) once a page exists.
+  for (int tokens : {1, 31, 63, 64, 65, 97, 300}) {
+    const std::string seq = absl::StrCat("s", tokens);
+    ASSERT_TRUE(Push(seq, 0, kv, tokens, 13).ok());
+  }
+  v1::StatsResponse s = Stats();
+  // Pages: 63 -> 0, 64 -> 1 (32 left), 65 -> 1, 97 -> 2 (33 left), 300 -> 8 (44 left).
+  EXPECT_EQ(s.pages_in_use(), 0 + 0 + 0 + 1 + 1 + 2 + 8);
+  EXPECT_EQ(s.tokens_compressed(), (1 + 1 + 2 + 8) * 32u);
+  EXPECT_EQ(s.tokens_compressed() + s.tokens_window(), 1u + 31 + 63 + 64 + 65 + 97 + 300);
+  EXPECT_EQ(s.sequences(), 7u);
+}
+
+TEST_F(HandlerTest, AttentionMatchesCodecPipelineAndFloatReference) {
+  const int tokens = 300, q_heads = 4;  // GQA: 2 query heads per KV head
+  const testing::Kv kv = SyntheticKv(tokens, kN, 2);
+  ASSERT_TRUE(Push("a", 1, kv, tokens).ok());
+  const std::vector<float> q = SyntheticQuery(q_heads, kD, 3);
+  v1::AttendRequest req;
+  *req.add_items() = Item("a", 1, q, q_heads);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  ASSERT_EQ(resp.results_size(), 1);
+  const v1::AttendResult& r = resp.results(0);
+  EXPECT_EQ(r.tokens(), 300u);
+  EXPECT_EQ(r.compressed_tokens(), 256u);
+  std::vector<float> out(q_heads * kD);
+  ASSERT_EQ(r.output().size(), out.size() * 4);
+  std::memcpy(out.data(), r.output().data(), r.output().size());
+  const float scale = 1.0f / 8.0f;
+  testing::Attention local = testing::CodecPipeline(h_->codec(), kv.keys.data(), kv.values.data(),
+                                                    tokens, 32, q.data(), q_heads, scale);
+  ASSERT_EQ(local.out.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], local.out[i], 1e-5) << i;
+  for (int h = 0; h < q_heads; ++h) EXPECT_NEAR(r.lse(h), local.lse[h], 1e-4);
+  const double err = testing::RelativeError(out, kv.keys.data(), kv.values.data(), tokens,
+                                            kKvHeads, kD, q.data(), q_heads, scale);
+  // At ~2.3 bits per value on Gaussian noise the codec's own error is large;
+  // the service must add nothing to it (garbage or zeros would give >= 1).
+  const double local_err = testing::RelativeError(local.out, kv.keys.data(), kv.values.data(),
+                                                  tokens, kKvHeads, kD, q.data(), q_heads, scale);
+  EXPECT_LE(err, local_err * 1.0001 + 1e-6);
+  EXPECT_LT(err, 0.8);
+  EXPECT_GT(err, 1e-4);  // compressed pages are lossy: the check can fail
+}
+
+TEST_F(HandlerTest, WindowOnlyAttentionIsBf16Exact) {
+  const testing::Kv kv = SyntheticKv(40, kN, 4);
+  ASSERT_TRUE(Push("w", 0, kv, 40).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 5);
+  v1::AttendRequest req;
+  *req.add_items() = Item("w", 0, q, 2);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  std::vector<float> out(2 * kD);
+  std::memcpy(out.data(), resp.results(0).output().data(), out.size() * 4);
+  EXPECT_LT(testing::RelativeError(out, kv.keys.data(), kv.values.data(), 40, kKvHeads, kD,
+                                   q.data(), 2, 0.125),
+            0.01);
+}
+
+TEST_F(HandlerTest, ChunkingDoesNotChangeStoredTokens) {
+  const testing::Kv kv = SyntheticKv(200, kN, 6);
+  ASSERT_TRUE(Push("one", 0, kv, 200, 200).ok());
+  ASSERT_TRUE(Push("many", 0, kv, 200, 7).ok());
+  std::vector<std::string> got[2];
+  int i = 0;
+  for (const char* seq : {"one", "many"}) {
+    v1::ReadRequest rr;
+    rr.set_sequence_id(seq);
+    rr.set_layer(0);
+    ASSERT_TRUE(h_->Read(rr, [&](const v1::ReadChunk& c) {
+                    got[i].push_back(c.keys() + c.values());
+                    return true;
+                  }).ok());
+    ++i;
+  }
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0].size(), 1u);  // 200 tokens < read_chunk_tokens 256
+}
+
+TEST_F(HandlerTest, RepeatedChunkIsAcknowledgedNotStoredTwice) {
+  const testing::Kv kv = SyntheticKv(150, kN, 7);
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(Chunk("d", 0, 0, 100, kv), &r).ok());
+  const std::string before = Snapshot();
+  ASSERT_TRUE(h_->Append(Chunk("d", 0, 0, 100, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(Chunk("d", 0, 40, 60, kv), &r).ok());
+  EXPECT_EQ(Snapshot(), before);
+  EXPECT_EQ(r.tokens_stored(), 100u);
+  EXPECT_EQ(r.tokens_duplicate(), 160u);
+  // A chunk overlapping the end stores only its new tail.
+  ASSERT_TRUE(h_->Append(Chunk("d", 0, 90, 60, kv), &r).ok());
+  EXPECT_EQ(r.tokens_stored(), 150u);
+  EXPECT_EQ(r.tokens_duplicate(), 170u);
+  EXPECT_EQ(r.chunks(), 4u);
+  EXPECT_EQ(Stats().tokens_compressed() + Stats().tokens_window(), 150u);
+}
+
+TEST_F(HandlerTest, DecodeStepAppendsThenAttendsAndIsIdempotentWithIndex) {
+  const testing::Kv kv = SyntheticKv(101, kN, 8);
+  ASSERT_TRUE(Push("s", 0, kv, 100).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 9);
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  *it = Item("s", 0, q, 2);
+  FloatToTensor(kv.keys.data() + 100 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+  FloatToTensor(kv.values.data() + 100 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+  it->set_new_token_index(100);
+  v1::AttendResponse first, again;
+  ASSERT_TRUE(h_->Attend(req, &first).ok());
+  EXPECT_EQ(first.results(0).tokens(), 101u);
+  const std::string after = Snapshot();
+  ASSERT_TRUE(h_->Attend(req, &again).ok());  // a retry: not stored twice
+  EXPECT_EQ(Snapshot(), after);
+  EXPECT_EQ(again.results(0).output(), first.results(0).output());
+  // Same as appending the token and attending.
+  ASSERT_TRUE(Push("t", 0, kv, 101).ok());
+  v1::AttendRequest plain;
+  *plain.add_items() = Item("t", 0, q, 2);
+  v1::AttendResponse ref;
+  ASSERT_TRUE(h_->Attend(plain, &ref).ok());
+  EXPECT_EQ(ref.results(0).output(), first.results(0).output());
+  // A step past the end is a gap.
+  it->set_new_token_index(105);
+  v1::AttendResponse gap;
+  absl::Status st = h_->Attend(req, &gap);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "new_token_index 105 leaves a gap")) << st;
+  EXPECT_EQ(Snapshot(), Snapshot());
+}
+
+TEST_F(HandlerTest, BatchWithStepsOnOneLayerAppliesThemInOrder) {
+  const testing::Kv kv = SyntheticKv(66, kN, 10);
+  ASSERT_TRUE(Push("b", 0, kv, 63).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 11);
+  v1::AttendRequest req;
+  for (int t = 63; t < 66; ++t) {  // crosses R + P = 64: one page encoded
+    v1::AttendItem* it = req.add_items();
+    *it = Item("b", 0, q, 2);
+    FloatToTensor(kv.keys.data() + t * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+    FloatToTensor(kv.values.data() + t * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+  }
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  // Every step of a batch is applied (in item order) before any attention:
+  // all three items see the three new tokens.
+  EXPECT_EQ(resp.results(0).tokens(), 66u);
+  EXPECT_EQ(resp.results(0).output(), resp.results(2).output());
+  EXPECT_EQ(resp.results(2).tokens(), 66u);
+  EXPECT_EQ(resp.results(2).compressed_tokens(), 32u);
+  EXPECT_EQ(Stats().pages_in_use(), 1u);
+}
+
+TEST_F(HandlerTest, ReadReturnsBf16WindowAndDecodedPages) {
+  const int tokens = 100;
+  const testing::Kv kv = SyntheticKv(tokens, kN, 12);
+  ASSERT_TRUE(Push("r", 1, kv, tokens).ok());
+  v1::ReadRequest rr;
+  rr.set_sequence_id("r");
+  rr.set_layer(1);
+  rr.set_first_token(10);
+  rr.set_token_count(85);
+  std::vector<float> keys, values;
+  uint64_t compressed = 0;
+  ASSERT_TRUE(h_->Read(rr, [&](const v1::ReadChunk& c) {
+                  EXPECT_EQ(c.dtype(), v1::DTYPE_F32);
+                  const size_t at = keys.size();
+                  keys.resize(at + c.keys().size() / 4);
+                  values.resize(at + c.values().size() / 4);
+                  std::memcpy(keys.data() + at, c.keys().data(), c.keys().size());
+                  std::memcpy(values.data() + at, c.values().data(), c.values().size());
+                  compressed += c.compressed_tokens();
+                  return true;
+                }).ok());
+  ASSERT_EQ(keys.size(), 85u * kN);
+  EXPECT_EQ(compressed, 54u);  // tokens 10..63 live in the two pages
+  double num = 0, den = 0;
+  for (int t = 0; t < 85; ++t) {
+    for (int j = 0; j < kN; ++j) {
+      const float orig = kv.keys[(10 + t) * kN + j];
+      if (10 + t >= 64) {
+        EXPECT_EQ(keys[t * kN + j], Bf16ToFloat(FloatToBf16(orig)));
+      } else {
+        num += (keys[t * kN + j] - orig) * (keys[t * kN + j] - orig);
+        den += orig * orig;
+      }
+    }
+  }
+  // 8 levels min-max on Gaussian noise: about 0.2 of the noise, less of the keys.
+  EXPECT_LT(std::sqrt(num / den), 0.3);
+  EXPECT_GT(std::sqrt(num / den), 1e-3);
+}
+
+// Every bad input of issue 4, with its exact code; none changes the state.
+TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
+  const testing::Kv kv = SyntheticKv(100, kN, 13);
+  ASSERT_TRUE(Push("x", 0, kv, 70).ok());
+  const std::string before = Snapshot();
+  const std::vector<float> q = SyntheticQuery(2, kD, 14);
+  v1::AppendResponse ar;
+  auto append_code = [&](v1::AppendChunk c, absl::StatusCode code, const std::string& text) {
+    absl::Status st = h_->Append(c, &ar);
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), text)) << st.message() << " lacks " << text;
+    EXPECT_EQ(Snapshot(), before);
+  };
+  auto attend_code = [&](v1::AttendItem it, absl::StatusCode code, const std::string& text) {
+    v1::AttendRequest req;
+    *req.add_items() = it;
+    v1::AttendResponse resp;
+    absl::Status st = h_->Attend(req, &resp);
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), text)) << st.message() << " lacks " << text;
+    EXPECT_EQ(Snapshot(), before);
+  };
+  using C = absl::StatusCode;
+  // Unknown sequence.
+  attend_code(Item("nope", 0, q, 2), C::kNotFound, "items[0].sequence_id \"nope\" not found");
+  append_code(Chunk("nope", 0, 5, 3, kv), C::kNotFound, "sequence_id \"nope\" not found");
+  v1::ReleaseResponse rel;
+  v1::ReleaseRequest rreq;
+  rreq.set_sequence_id("nope");
+  EXPECT_EQ(h_->Release(rreq, &rel).code(), C::kNotFound);
+  v1::ReadRequest read;
+  read.set_sequence_id("nope");
+  EXPECT_EQ(h_->Read(read, [](const v1::ReadChunk&) { return true; }).code(), C::kNotFound);
+  // Layer out of range.
+  append_code(Chunk("x", 2, 70, 1, kv), C::kInvalidArgument, "layer 2 out of range [0, 2)");
+  attend_code(Item("x", 7, q, 2), C::kInvalidArgument, "items[0].layer 7 out of range [0, 2)");
+  // Byte length not matching the shape.
+  v1::AppendChunk c = Chunk("x", 0, 70, 2, kv);
+  c.mutable_values()->resize(c.values().size() - 4);
+  append_code(c, C::kInvalidArgument, "values has 1020 bytes; token_count 2 x kv_heads 2 x head_dim 64 in f32 needs 1024");
+  v1::AttendItem short_q = Item("x", 0, q, 2);
+  short_q.mutable_query()->resize(100);
+  attend_code(short_q, C::kInvalidArgument, "items[0].query has 100 bytes");
+  // Unknown dtype.
+  c = Chunk("x", 0, 70, 2, kv);
+  c.set_dtype(static_cast<v1::DType>(7));
+  append_code(c, C::kInvalidArgument, "keys: dtype 7");
+  c.set_dtype(v1::DTYPE_UNSPECIFIED);
+  append_code(c, C::kInvalidArgument, "DTYPE_UNSPECIFIED");
+  // NaN / Inf in keys, values, queries.
+  for (int which = 0; which < 2; ++which) {
+    testing::Kv bad = kv;
+    (which == 0 ? bad.keys : bad.values)[70 * kN + 5] = std::nanf("");
+    append_code(Chunk("x", 0, 70, 1, bad), C::kInvalidArgument,
+                absl::StrCat(which == 0 ? "keys" : "values", " element 5 is nan"));
+    (which == 0 ? bad.keys : bad.values)[70 * kN + 5] = INFINITY;
+    append_code(Chunk("x", 0, 70, 1, bad), C::kInvalidArgument, "element 5 is inf");
+  }
+  std::vector<float> bad_q = q;
+  bad_q[3] = -INFINITY;
+  attend_code(Item("x", 0, bad_q, 2), C::kInvalidArgument, "items[0].query element 3 is -inf");
+  // Values the fp16 grid of a record could not hold.
+  testing::Kv huge = kv;
+  huge.keys[70 * kN] = 1e6f;
+  append_code(Chunk("x", 0, 70, 1, huge), C::kInvalidArgument, "keys element 0 is 1e+06; |x| must be <=");
+  // q_heads not a multiple of kv_heads.
+  attend_code(Item("x", 0, SyntheticQuery(3, kD, 1), 3), C::kInvalidArgument,
+              "items[0].q_heads 3 is not a positive multiple of kv_heads 2");
+  // A gap in token indices.
+  append_code(Chunk("x", 0, 71, 5, kv), C::kOutOfRange,
+              "first_token 71 leaves a gap: layer 0 of sequence_id \"x\" holds 70 tokens");
+  // Attend on an empty layer (the sequence exists, layer 1 holds nothing).
+  attend_code(Item("x", 1, q, 2), C::kFailedPrecondition, "layer 1 of sequence_id \"x\" holds no tokens");
+  // token_count 0, empty batch, bad scale, half a decode step.
+  append_code(Chunk("x", 0, 70, 0, kv), C::kInvalidArgument, "token_count 0");
+  v1::AttendRequest empty;
+  v1::AttendResponse resp;
+  EXPECT_EQ(h_->Attend(empty, &resp).code(), C::kInvalidArgument);
+  v1::AttendItem scaled = Item("x", 0, q, 2);
+  scaled.set_softmax_scale(NAN);
+  attend_code(scaled, C::kInvalidArgument, "softmax_scale nan");
+  v1::AttendItem half_step = Item("x", 0, q, 2);
+  FloatToTensor(kv.keys.data(), kN, v1::DTYPE_F32, half_step.mutable_new_key());
+  attend_code(half_step, C::kInvalidArgument, "items[0].new_value has 0 bytes");
+  // A rejected first chunk does not create its sequence.
+  v1::AppendChunk fresh = Chunk("newseq", 0, 0, 2, kv);
+  fresh.mutable_keys()->resize(3);
+  append_code(fresh, C::kInvalidArgument, "keys has 3 bytes");
+  // The handler keeps serving.
+  ASSERT_TRUE(Push("x", 0, kv, 100).ok());
+  EXPECT_EQ(Stats().tokens_compressed() + Stats().tokens_window(), 100u);
+}
+
+TEST_F(HandlerTest, FullPoolIsResourceExhaustedNamingCapacityAndChangesNothing) {
+  ServiceOptions o = SmallOptions();
+  Make(o);
+  const size_t stride = h_->pool().page_stride();
+  o.pool_bytes = 3 * stride + stride / 2;  // rounds down to 3 pages
+  Make(o);
+  ASSERT_EQ(h_->pool().capacity_pages(), 3);
+  const testing::Kv kv = SyntheticKv(200, kN, 15);
+  ASSERT_TRUE(Push("p", 0, kv, 127, 127).ok());  // 2 pages (63 in the window)
+  const std::string before = Snapshot();
+  v1::AppendResponse r;
+  // 70 more tokens: 133 in the window -> 3 pages needed, 1 free.
+  absl::Status st = h_->Append(Chunk("p", 0, 127, 70, kv), &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "pool full: capacity 3 pages")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), absl::StrCat(3 * stride, " bytes"))) << st;
+  EXPECT_EQ(Snapshot(), before);
+  // A new sequence rejected for lack of pages is not created either.
+  st = h_->Append(Chunk("q", 1, 0, 200, kv), &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(Snapshot(), before);
+  // What fits still goes in.
+  EXPECT_TRUE(h_->Append(Chunk("p", 0, 127, 32, kv), &r).ok());
+  EXPECT_EQ(Stats().pages_in_use(), 3u);
+}
+
+TEST_F(HandlerTest, ReleaseReturnsPoolToEmpty) {
+  const testing::Kv kv = SyntheticKv(300, kN, 16);
+  ASSERT_TRUE(Push("a", 0, kv, 300).ok());
+  ASSERT_TRUE(Push("a", 1, kv, 150).ok());
+  ASSERT_TRUE(Push("b", 0, kv, 90).ok());
+  EXPECT_GT(Stats().pages_in_use(), 0u);
+  for (const char* s : {"a", "b"}) {
+    v1::ReleaseRequest req;
+    req.set_sequence_id(s);
+    v1::ReleaseResponse resp;
+    ASSERT_TRUE(h_->Release(req, &resp).ok());
+    EXPECT_EQ(resp.tokens_freed(), s[0] == 'a' ? 450u : 90u);
+  }
+  v1::StatsResponse st = Stats();
+  EXPECT_EQ(st.pages_in_use(), 0u);
+  EXPECT_EQ(st.sequences(), 0u);
+  EXPECT_EQ(st.tokens_compressed(), 0u);
+  EXPECT_EQ(st.tokens_window(), 0u);
+  EXPECT_EQ(st.sequences_released(), 2u);
+  EXPECT_EQ(h_->pool().pages_in_use(), 0);
+  // The name can be used again from token 0.
+  EXPECT_TRUE(Push("a", 0, kv, 10).ok());
+}
+
+TEST_F(HandlerTest, IdleSequencesExpireAfterTtl) {
+  ServiceOptions o = SmallOptions();
+  o.ttl_seconds = 60;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(100, kN, 17);
+  ASSERT_TRUE(Push("old", 0, kv, 100).ok());
+  now_ += absl::Seconds(40);
+  ASSERT_TRUE(Push("new", 0, kv, 100).ok());
+  EXPECT_EQ(h_->ExpireIdle(), 0);
+  now_ += absl::Seconds(30);  // old idle 70 s, new 30 s
+  EXPECT_EQ(h_->ExpireIdle(), 1);
+  v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.sequences(), 1u);
+  EXPECT_EQ(s.sequences_expired(), 1u);
+  EXPECT_EQ(s.pages_in_use(), 2u);  // only "new"'s pages
+  v1::AttendRequest req;
+  *req.add_items() = Item("old", 0, SyntheticQuery(2, kD, 1), 2);
+  v1::AttendResponse resp;
+  EXPECT_EQ(h_->Attend(req, &resp).code(), absl::StatusCode::kNotFound);
+  // Attending counts as use.
+  now_ += absl::Seconds(50);
+  req.mutable_items(0)->set_sequence_id("new");
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  now_ += absl::Seconds(50);
+  EXPECT_EQ(h_->ExpireIdle(), 0);
+  now_ += absl::Seconds(11);
+  EXPECT_EQ(h_->ExpireIdle(), 1);
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+}
+
+TEST_F(HandlerTest, MaxSequencesIsResourceExhausted) {
+  ServiceOptions o = SmallOptions();
+  o.max_sequences = 2;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(4, kN, 18);
+  ASSERT_TRUE(Push("1", 0, kv, 4).ok());
+  ASSERT_TRUE(Push("2", 0, kv, 4).ok());
+  absl::Status st = Push("3", 0, kv, 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(st.message(), "max_sequences 2")) << st;
+}
+
+TEST_F(HandlerTest, ConcurrentAppendAttendReleaseKeepSequencesWhole) {
+  const int threads = 6, tokens = 160;
+  const testing::Kv kv = SyntheticKv(tokens, kN, 19);
+  const std::vector<float> q = SyntheticQuery(2, kD, 20);
+  ASSERT_TRUE(Push("shared", 0, kv, 64).ok());
+  std::vector<std::thread> pool;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const std::string own = absl::StrCat("own", t);
+      for (int round = 0; round < 3; ++round) {
+        if (!Push(own, t % 2, kv, tokens, 17 + t).ok()) ++failures;
+        // Everyone appends the same shared tokens (idempotent) and attends.
+        v1::AppendResponse r;
+        for (int s = 64; s < tokens; s += 8) {
+          if (!h_->Append(Chunk("shared", 0, s, 8, kv), &r).ok()) ++failures;
+          v1::AttendRequest req;
+          *req.add_items() = Item("shared", 0, q, 2);
+          *req.add_items() = Item(own, t % 2, q, 2);
+          v1::AttendResponse resp;
+          absl::Status st = h_->Attend(req, &resp);
+          if (!st.ok() || resp.results(0).tokens() < static_cast<uint64_t>(s + 8)) ++failures;
+        }
+        v1::ReleaseRequest rel;
+        rel.set_sequence_id(own);
+        v1::ReleaseResponse rr;
+        if (!h_->Release(rel, &rr).ok() || rr.tokens_freed() != static_cast<uint64_t>(tokens)) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.sequences(), 1u);
+  EXPECT_EQ(s.tokens_compressed() + s.tokens_window(), static_cast<uint64_t>(tokens));
+  // The shared sequence equals a single-threaded build of it.
+  ASSERT_TRUE(Push("solo", 0, kv, tokens).ok());
+  v1::AttendRequest req;
+  *req.add_items() = Item("shared", 0, q, 2);
+  *req.add_items() = Item("solo", 0, q, 2);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  EXPECT_EQ(resp.results(0).output(), resp.results(1).output());
+}
+
+TEST(ConfigTest, InvalidConfigsAreRefusedNamingTheField) {
+  v1::ServerConfig c;
+  c.mutable_model()->set_layers(4);
+  c.mutable_model()->set_kv_heads(4);
+  c.mutable_model()->set_head_dim(128);
+  c.set_pool_bytes(1 << 20);
+  EXPECT_TRUE(ResolveConfig(c).ok());
+  v1::ServerConfig bad = c;
+  bad.mutable_model()->set_head_dim(96);
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "head_dim 96"));
+  bad = c;
+  bad.mutable_model()->set_layers(0);
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "model.layers 0"));
+  bad = c;
+  bad.set_pool_bytes(0);
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "pool_bytes 0"));
+  bad = c;
+  bad.set_backend("tpu");
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "backend \"tpu\""));
+  bad = c;
+  bad.mutable_codec()->set_key_levels(40);
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "key_levels 40"));
+  bad = c;
+  bad.set_ttl_seconds(-1);
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "ttl_seconds -1"));
+  // A pool smaller than one page is refused when the handler starts.
+  absl::StatusOr<ServiceOptions> o = ResolveConfig(c);
+  o->pool_bytes = 100;
+  Metrics m;
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(*o, &m);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "pool_bytes 100 is smaller than one page"));
+}
+
+}  // namespace
+}  // namespace driftkv
