@@ -1,6 +1,7 @@
 #include "codec/rans.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -76,15 +77,29 @@ absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
   }
   uint32_t x = static_cast<uint32_t>(payload[0]) | (static_cast<uint32_t>(payload[1]) << 8) |
                (static_cast<uint32_t>(payload[2]) << 16) | (static_cast<uint32_t>(payload[3]) << 24);
-  bool bad_state = x < kStateLow || x >= kStateHigh;
+  const bool bad_state = x < kStateLow || x >= kStateHigh;
   if (bad_state) x = kStateLow;  // keep decoding deterministic and in range
+  // Each symbol pulls at most one byte, so the first (capacity - 4) symbols
+  // cannot run past the payload: decode those without a bounds check, and
+  // the rest (only a corrupt stream reads that far) with one that reads zeros.
   size_t ptr = kStateBytes;
-  for (int i = 0; i < n; ++i) {
+  const int unchecked = static_cast<int>(std::min<size_t>(n, capacity - kStateBytes));
+  int i = 0;
+  for (; i < unchecked; ++i) {
+    const DecodeEntry e = table.decode[x & (kProbScale - 1)];
+    symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
+    x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
+    // Branch-free renormalisation: the byte is loaded either way.
+    const uint32_t need = x < kStateLow;
+    const uint32_t shifted = (x << 8) | payload[ptr];
+    x = need ? shifted : x;
+    ptr += need;
+  }
+  for (; i < n; ++i) {
     const DecodeEntry e = table.decode[x & (kProbScale - 1)];
     symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
     x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
     if (x < kStateLow) {
-      // Past the end only a corrupt stream reads; it reads zeros.
       const uint32_t byte = ptr < capacity ? payload[ptr] : 0u;
       x = (x << 8) | byte;
       ++ptr;

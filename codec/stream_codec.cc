@@ -206,9 +206,7 @@ absl::Status StreamCodec::DecodeSymbols(const uint8_t* record, uint8_t* symbols,
   if (st.ok() && (!std::isfinite(*scale) || !std::isfinite(*offset) || *scale < 0.0f)) {
     st = absl::DataLossError("record grid (scale/offset) is not finite");
   }
-  for (int i = 0; i < n_; ++i) {
-    if (symbols[i] >= table_.levels) symbols[i] = 0;  // unreachable with a valid table
-  }
+  // Symbols come from the table, so they are < levels even for corrupt data.
   return st;
 }
 
