@@ -142,8 +142,13 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
       in.q_heads = t.q_heads;
     }
     EncodedLayer enc;
-    st = EvaluateLayer(**codec, in, &acc, pool_out.empty() ? nullptr : &enc);
+    EvalAccumulator layer_acc;
+    st = EvaluateLayer(**codec, in, &layer_acc, pool_out.empty() ? nullptr : &enc);
     if (!st.ok()) return absl::Status(st.code(), absl::StrCat("layer ", l, ": ", st.message()));
+    if (print_json && f.Has("per-layer")) {
+      std::printf("{\"layer\":%lld,%s\n", static_cast<long long>(l), EvalJson(**codec, layer_acc).c_str() + 1);
+    }
+    acc.Add(layer_acc);
     if (!pool_out.empty()) pool.layers.push_back(std::move(enc));
   }
   if (print_json) std::printf("%s\n", EvalJson(**codec, acc).c_str());
@@ -161,7 +166,7 @@ int Eval(int argc, char** argv) {
   Flags f;
   absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"keys", "values", "shape", "dtype", "queries",
                                                            "q-heads", "residual", "threads"}),
-                            {"json"});
+                            {"json", "per-layer"});
   if (!st.ok()) return Fail(st);
   Tensors t;
   st = LoadTensors(f, true, &t);
@@ -300,7 +305,7 @@ int Usage() {
   std::fprintf(stderr,
                "usage: driftkv-codec eval|encode|decode|sweep|demo [flags]\n"
                "  eval   --keys K --values V --shape [L,]T,H,D [--dtype f32|f16|bf16]\n"
-               "         [--queries Q --q-heads N] [--residual R] [--json] [codec flags]\n"
+               "         [--queries Q --q-heads N] [--residual R] [--json] [--per-layer] [codec flags]\n"
                "  encode --keys K --values V --shape [L,]T,H,D [--residual R] --out POOL [codec flags]\n"
                "  decode --in POOL --out PREFIX [--dtype f32]   (writes PREFIX.k, PREFIX.v)\n"
                "  sweep  --codec A,B,... --keys K --values V [--queries Q] --shape ... --out DIR\n"

@@ -42,6 +42,23 @@ struct EvalAccumulator {
   int64_t key_bytes = 0, value_bytes = 0, values = 0;  // values per tensor
   double encode_seconds = 0, decode_seconds = 0;
   int64_t encoded_streams = 0;
+
+  void Add(const EvalAccumulator& o) {
+    stats.Add(o.stats);
+    err_k += o.err_k;
+    sum_k += o.sum_k;
+    err_v += o.err_v;
+    sum_v += o.sum_v;
+    attn_err += o.attn_err;
+    attn_sum += o.attn_sum;
+    has_attention |= o.has_attention;
+    key_bytes += o.key_bytes;
+    value_bytes += o.value_bytes;
+    values += o.values;
+    encode_seconds += o.encode_seconds;
+    decode_seconds += o.decode_seconds;
+    encoded_streams += o.encoded_streams;
+  }
 };
 
 // Encodes, decodes and measures one layer; adds to `acc`. If `encoded` is
