@@ -4,7 +4,7 @@ Bazel 4.2.3 offline has no usable proto toolchain, so a genrule runs
 /usr/bin/protoc with the gRPC C++ plugin and a cc_library wraps the output.
 """
 
-def driftkv_proto_library(name, srcs, grpc = True, deps = []):
+def driftkv_proto_library(name, srcs, grpc = True, deps = [], testonly = False):
     """Generates <name> (a cc_library) from srcs (.proto files in this package).
 
     Args:
@@ -12,6 +12,7 @@ def driftkv_proto_library(name, srcs, grpc = True, deps = []):
       srcs: .proto files; imports are resolved from the workspace root.
       grpc: also generate *.grpc.pb.{h,cc} for services.
       deps: other driftkv_proto_library targets whose protos srcs import.
+      testonly: for protos used only by tests.
     """
     outs_h = []
     outs_cc = []
@@ -28,6 +29,7 @@ def driftkv_proto_library(name, srcs, grpc = True, deps = []):
         srcs = srcs,
         outs = outs_h + outs_cc,
         cmd = "/usr/bin/protoc -I. --cpp_out=$(GENDIR) " + grpc_flags + "$(SRCS)",
+        testonly = testonly,
     )
     native.cc_library(
         name = name,
@@ -35,4 +37,5 @@ def driftkv_proto_library(name, srcs, grpc = True, deps = []):
         hdrs = outs_h,
         deps = deps + ["@system//:protobuf"] + (["@system//:grpc++"] if grpc else []),
         copts = ["-Wno-unused-parameter"],
+        testonly = testonly,
     )

@@ -1,0 +1,374 @@
+// The service over gRPC: an in-process server on a loopback port the OS
+// picks, driven by driftkv::Client. Status codes over the wire, the oversize
+// message limit, idempotent retries (answers lost on purpose by a server
+// interceptor), the health service, concurrent clients, and /metrics
+// scraped over HTTP.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "service/server.h"
+#include "service/tensor.h"
+#include "tests/grpc_health_v1.grpc.pb.h"
+#include "tests/service_http.h"
+#include "tests/service_test_util.h"
+
+namespace driftkv {
+namespace {
+
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+
+constexpr int kN = 128, kD = 64;
+
+// Replaces the status of the first `budget` calls of `method` with
+// UNAVAILABLE after the handler ran: the answer is "lost" in transit.
+class LoseAnswers : public grpc::experimental::Interceptor {
+ public:
+  LoseAnswers(std::atomic<int>* budget, bool matches) : budget_(budget), matches_(matches) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (matches_ &&
+        m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
+        budget_->fetch_sub(1) > 0) {
+      m->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: answer lost"));
+    }
+    m->Proceed();
+  }
+
+ private:
+  std::atomic<int>* budget_;
+  bool matches_;
+};
+
+class LoseAnswersFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  LoseAnswersFactory(std::string method, std::atomic<int>* budget)
+      : method_(std::move(method)), budget_(budget) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new LoseAnswers(budget_, absl::EndsWith(info->method(), method_));
+  }
+
+ private:
+  std::string method_;
+  std::atomic<int>* budget_;
+};
+
+class GrpcTest : public ::testing::Test {
+ protected:
+  void Start(ServiceOptions o = SmallOptions(), ServerHooks hooks = {}) {
+    client_.reset();
+    server_.reset();
+    absl::StatusOr<std::unique_ptr<DriftkvServer>> s = DriftkvServer::Start(o, std::move(hooks));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    ClientOptions co;
+    co.target = absl::StrCat("127.0.0.1:", server_->port());
+    co.timeout = absl::Seconds(20);
+    client_ = std::make_unique<Client>(co);
+  }
+  void SetUp() override { Start(); }
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown(absl::Seconds(1));
+  }
+
+  std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer,
+                                      const testing::Kv& kv, int first, int tokens, int chunk) {
+    std::vector<v1::AppendChunk> out;
+    for (int t = first; t < first + tokens; t += chunk) {
+      const int c = std::min(chunk, first + tokens - t);
+      out.push_back(MakeChunk(seq, layer, t, c, kv.keys.data() + t * kN, kv.values.data() + t * kN,
+                              kN, v1::DTYPE_BF16));
+    }
+    return out;
+  }
+  v1::AttendItem Item(const std::string& seq, uint32_t layer, const std::vector<float>& q,
+                      int q_heads) {
+    v1::AttendItem it;
+    it.set_sequence_id(seq);
+    it.set_layer(layer);
+    it.set_dtype(v1::DTYPE_F32);
+    it.set_q_heads(q_heads);
+    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it.mutable_query());
+    return it;
+  }
+  uint64_t Stored() {
+    absl::StatusOr<v1::StatsResponse> s = client_->Stats();
+    return s.ok() ? s->tokens_compressed() + s->tokens_window() : ~0ull;
+  }
+
+  std::unique_ptr<DriftkvServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(GrpcTest, RoundTripOfEveryMethod) {
+  absl::StatusOr<v1::InfoResponse> info = client_->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->layers(), 2u);
+  EXPECT_EQ(info->kv_heads(), 2u);
+  EXPECT_EQ(info->head_dim(), 64u);
+  EXPECT_EQ(info->page_tokens(), 32u);
+  EXPECT_EQ(info->backend(), "cpu");
+  EXPECT_GT(info->capacity_pages(), 0u);
+
+  const testing::Kv kv = SyntheticKv(200, kN, 1);
+  absl::StatusOr<v1::AppendResponse> a = client_->Append(Chunks("seq", 1, kv, 0, 200, 64));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->chunks(), 4u);
+  EXPECT_EQ(a->tokens_stored(), 200u);
+
+  v1::AttendRequest req;
+  const std::vector<float> q = SyntheticQuery(4, kD, 2);
+  *req.add_items() = Item("seq", 1, q, 4);
+  absl::StatusOr<v1::AttendResponse> r = client_->Attend(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->results_size(), 1);
+  EXPECT_EQ(r->results(0).tokens(), 200u);
+  EXPECT_EQ(r->results(0).lse_size(), 4);
+  EXPECT_EQ(OutputFloats(r->results(0)).size(), 4u * kD);
+
+  // Read with a small chunk size: several messages, resumable.
+  absl::StatusOr<Client::Tensors> t = client_->ReadFloat("seq", 1, 5, 190);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->tokens, 190u);
+  EXPECT_EQ(t->keys.size(), 190u * kN);
+
+  absl::StatusOr<v1::ReleaseResponse> rel = client_->Release("seq");
+  ASSERT_TRUE(rel.ok()) << rel.status();
+  EXPECT_EQ(rel->tokens_freed(), 200u);
+  absl::StatusOr<v1::StatsResponse> s = client_->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->pages_in_use(), 0u);
+  EXPECT_EQ(s->sequences(), 0u);
+  EXPECT_EQ(client_->retries(), 0);
+}
+
+TEST_F(GrpcTest, StatusCodesAndMessagesCrossTheWire) {
+  const testing::Kv kv = SyntheticKv(100, kN, 3);
+  ASSERT_TRUE(client_->Append(Chunks("s", 0, kv, 0, 50, 50)).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 4);
+  v1::AttendRequest req;
+  *req.add_items() = Item("ghost", 0, q, 2);
+  absl::Status st = client_->Attend(req).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(st.message(), "\"ghost\" not found")) << st;
+  req.mutable_items(0)->set_sequence_id("s");
+  req.mutable_items(0)->set_layer(1);
+  EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kFailedPrecondition);
+  req.mutable_items(0)->set_layer(5);
+  EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kInvalidArgument);
+  // The second chunk of a stream has a gap: the first stays, the status says which.
+  std::vector<v1::AppendChunk> chunks = Chunks("s", 0, kv, 50, 10, 10);
+  std::vector<v1::AppendChunk> gap = Chunks("s", 0, kv, 70, 10, 10);
+  chunks.push_back(gap[0]);
+  st = client_->Append(chunks).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(absl::StrContains(st.message(), "chunk 1 of the stream (1 accepted before it)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "first_token 70 leaves a gap")) << st;
+  EXPECT_EQ(Stored(), 60u);
+  EXPECT_EQ(client_->retries(), 0);  // none of these is retried
+}
+
+TEST_F(GrpcTest, OversizeMessageIsResourceExhaustedAndServerKeepsServing) {
+  ServiceOptions o = SmallOptions();
+  o.max_message_bytes = 64 << 10;
+  Start(o);
+  const testing::Kv kv = SyntheticKv(200, kN, 5);
+  // 200 tokens x 128 x 2 bytes x 2 = 100 KiB > 64 KiB.
+  absl::Status st = client_->Append(Chunks("big", 0, kv, 0, 200, 200)).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_EQ(Stored(), 0u);
+  EXPECT_TRUE(client_->Append(Chunks("big", 0, kv, 0, 200, 50)).ok());
+  EXPECT_EQ(Stored(), 200u);
+}
+
+TEST_F(GrpcTest, FullPoolOverTheWire) {
+  ServiceOptions o = SmallOptions();
+  o.pool_bytes = 4096;  // one page of 2880 bytes
+  Start(o);
+  const testing::Kv kv = SyntheticKv(200, kN, 6);
+  absl::Status st = client_->Append(Chunks("p", 0, kv, 0, 200, 200)).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(st.message(), "pool full: capacity 1 pages")) << st;
+  EXPECT_EQ(client_->retries(), 0);
+  EXPECT_EQ(Stored(), 0u);
+}
+
+TEST_F(GrpcTest, LostAppendAnswerIsRetriedAndStoredOnce) {
+  std::atomic<int> budget{2};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Append", &budget));
+  Start(SmallOptions(), std::move(hooks));
+  const testing::Kv kv = SyntheticKv(150, kN, 7);
+  absl::StatusOr<v1::AppendResponse> a = client_->Append(Chunks("r", 0, kv, 0, 150, 40));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(client_->retries(), 2);
+  EXPECT_EQ(a->tokens_stored(), 0u);       // the third attempt found everything stored
+  EXPECT_EQ(a->tokens_duplicate(), 150u);
+  EXPECT_EQ(Stored(), 150u);
+  absl::StatusOr<v1::StatsResponse> s = client_->Stats();
+  EXPECT_EQ(s->tokens_ingested(), 150u);
+}
+
+TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
+  std::atomic<int> budget{1};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Attend", &budget));
+  Start(SmallOptions(), std::move(hooks));
+  const testing::Kv kv = SyntheticKv(52, kN, 8);
+  ASSERT_TRUE(client_->Append(Chunks("d", 0, kv, 0, 50, 50)).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 9);
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  *it = Item("d", 0, q, 2);
+  FloatToTensor(kv.keys.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+  FloatToTensor(kv.values.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+  // No index: a repeat could store the token twice, so the loss is reported.
+  absl::Status st = client_->Attend(req).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client_->retries(), 0);
+  EXPECT_EQ(Stored(), 51u);  // the server did store it once
+  // With the index the client retries, and the repeat is acknowledged.
+  budget = 1;
+  FloatToTensor(kv.keys.data() + 51 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+  it->mutable_new_key()->erase(0, kN * 4);
+  it->mutable_new_value()->clear();
+  FloatToTensor(kv.values.data() + 51 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+  it->set_new_token_index(51);
+  absl::StatusOr<v1::AttendResponse> r = client_->Attend(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(client_->retries(), 1);
+  EXPECT_EQ(r->results(0).tokens(), 52u);
+  EXPECT_EQ(Stored(), 52u);
+}
+
+TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
+  std::atomic<int> budget{1};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Release", &budget));
+  Start(SmallOptions(), std::move(hooks));
+  const testing::Kv kv = SyntheticKv(100, kN, 10);
+  ASSERT_TRUE(client_->Append(Chunks("x", 0, kv, 0, 100, 100)).ok());
+  EXPECT_TRUE(client_->Release("x").ok());
+  EXPECT_EQ(client_->retries(), 1);
+  EXPECT_EQ(client_->Stats()->pages_in_use(), 0u);
+  EXPECT_EQ(client_->Release("x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(GrpcTest, HealthServiceAnswersServing) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  for (const char* service : {"", "driftkv.v1.KvCache"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status st = stub->Check(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("no.such.Service");
+  grpc::health::v1::HealthCheckResponse resp;
+  EXPECT_EQ(stub->Check(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
+  const int threads = 6, tokens = 130;
+  const testing::Kv kv = SyntheticKv(tokens + threads * 40, kN, 11);
+  const std::vector<float> q = SyntheticQuery(2, kD, 12);
+  ASSERT_TRUE(client_->Append(Chunks("shared", 1, kv, 0, tokens, 64)).ok());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ClientOptions co = client_->options();
+      Client c(co);  // one channel per thread, as separate workers would
+      const std::string own = absl::StrCat("own", t);
+      if (!c.Append(Chunks(own, 0, kv, 0, tokens, 33)).ok()) ++failures;
+      for (int step = 0; step < 20; ++step) {
+        v1::AttendRequest req;
+        v1::AttendItem* it = req.add_items();
+        *it = Item(own, 0, q, 2);
+        const int pos = tokens + step;
+        FloatToTensor(kv.keys.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+        FloatToTensor(kv.values.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+        it->set_new_token_index(pos);
+        *req.add_items() = Item("shared", 1, q, 2);
+        absl::StatusOr<v1::AttendResponse> r = c.Attend(req);
+        if (!r.ok() || r->results(0).tokens() != static_cast<uint64_t>(pos + 1)) ++failures;
+        if (r.ok() && r->results(1).tokens() < static_cast<uint64_t>(tokens)) ++failures;
+      }
+      // Everyone also appends the same tokens to the shared layer.
+      if (!c.Append(Chunks("shared", 1, kv, tokens, 40, 8)).ok()) ++failures;
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  absl::StatusOr<v1::StatsResponse> s = client_->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->sequences(), threads + 1u);
+  EXPECT_EQ(s->tokens_compressed() + s->tokens_window(),
+            static_cast<uint64_t>(threads * (tokens + 20) + tokens + 40));
+}
+
+TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
+  ServiceOptions o = SmallOptions();
+  o.metrics_listen = "127.0.0.1:0";
+  Start(o);
+  ASSERT_GT(server_->metrics_port(), 0);
+  const std::string before = testing::HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_TRUE(absl::StrContains(before, "200 OK")) << before.substr(0, 200);
+  const testing::Kv kv = SyntheticKv(300, kN, 13);
+  ASSERT_TRUE(client_->Append(Chunks("m", 0, kv, 0, 300, 100)).ok());
+  v1::AttendRequest req;
+  *req.add_items() = Item("m", 0, SyntheticQuery(2, kD, 14), 2);
+  ASSERT_TRUE(client_->Attend(req).ok());
+  req.mutable_items(0)->set_layer(9);
+  ASSERT_FALSE(client_->Attend(req).ok());
+  const std::string after = testing::HttpGet(server_->metrics_port(), "/metrics");
+  // Every metric of docs/metrics.md is present.
+  for (const char* name :
+       {"driftkv_budget_utilization_ratio_bucket", "driftkv_symbols_coded_total",
+        "driftkv_symbols_moved_total", "driftkv_encode_retries_total",
+        "driftkv_encode_fallbacks_total", "driftkv_pages_encoded_total",
+        "driftkv_pool_capacity_bytes", "driftkv_pool_used_bytes", "driftkv_pool_capacity_pages",
+        "driftkv_pool_used_pages", "driftkv_tokens_stored", "driftkv_window_bytes",
+        "driftkv_sequences", "driftkv_sequences_created_total", "driftkv_sequences_released_total",
+        "driftkv_sequences_expired_total", "driftkv_ingested_bytes_total",
+        "driftkv_ingested_tokens_total", "driftkv_duplicate_tokens_total",
+        "driftkv_rejected_chunks_total", "driftkv_attention_tokens_total",
+        "driftkv_attention_items_total", "driftkv_rpc_duration_seconds_bucket"}) {
+    EXPECT_TRUE(absl::StrContains(after, name)) << name;
+  }
+  using testing::MetricValue;
+  // 300 tokens, R = P = 32: 8 pages of 32 tokens x 128 symbols, per stream.
+  EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"key\"}"), 8 * 32 * 128);
+  EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"value\"}"), 8 * 32 * 128);
+  EXPECT_GT(MetricValue(after, "driftkv_symbols_moved_total{stream=\"key\"}"), 0);
+  EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"key\"}"), 8);
+  EXPECT_EQ(MetricValue(after, "driftkv_pool_used_pages"), 8);
+  EXPECT_EQ(MetricValue(after, "driftkv_pool_used_bytes"), 8.0 * server_->handler().pool().page_stride());
+  EXPECT_EQ(MetricValue(after, "driftkv_tokens_stored{form=\"compressed\"}"), 256);
+  EXPECT_EQ(MetricValue(after, "driftkv_tokens_stored{form=\"bf16_window\"}"), 44);
+  EXPECT_EQ(MetricValue(after, "driftkv_ingested_tokens_total"), 300);
+  EXPECT_EQ(MetricValue(after, "driftkv_ingested_bytes_total"), 300.0 * kN * 2 * 2);
+  EXPECT_EQ(MetricValue(after, "driftkv_attention_tokens_total"), 300);
+  EXPECT_EQ(MetricValue(after, "driftkv_sequences"), 1);
+  EXPECT_EQ(MetricValue(before, "driftkv_sequences"), 0);
+  EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"Attend\"} 1"))
+      << after;
+  EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Append\"} 1"));
+}
+
+}  // namespace
+}  // namespace driftkv
