@@ -1,0 +1,67 @@
+"""Minimal byte-level BPE encoder for the eval model's tokenizer.json.
+
+Only what `kl_eval.py` needs: the GPT-2 byte-level pre-tokenizer (regex
+split, bytes mapped to printable unicode), then BPE merges by rank. No
+normalizer, no added-token splitting (the text never contains
+<|endoftext|>). Python's `re` has no \\p{L}/\\p{N}; letters are
+[^\\W\\d_] and numbers \\d, which differs from the reference only on
+non-decimal numeric characters (none in the held-out novel). kl_eval.py
+checks the result against the token ids stored in fixture_public.json.
+"""
+import json
+import re
+
+_PATTERN = re.compile(
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+
+
+def _bytes_to_unicode():
+    """GPT-2's reversible map from the 256 bytes to printable characters."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+class ByteLevelBPE:
+    def __init__(self, path):
+        with open(path) as f:
+            spec = json.load(f)
+        model = spec["model"]
+        if model["type"] != "BPE" or spec["pre_tokenizer"]["type"] != "ByteLevel":
+            raise ValueError(f"{path}: not a byte-level BPE tokenizer")
+        self.vocab = model["vocab"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+        self.byte_map = _bytes_to_unicode()
+        self.cache = {}
+
+    def _bpe(self, word):
+        if word in self.cache:
+            return self.cache[word]
+        parts = list(word)
+        while len(parts) > 1:
+            best, best_rank = None, None
+            for i in range(len(parts) - 1):
+                r = self.ranks.get((parts[i], parts[i + 1]))
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best is None:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        ids = [self.vocab[p] for p in parts]
+        self.cache[word] = ids
+        return ids
+
+    def encode(self, text):
+        ids = []
+        for piece in _PATTERN.findall(text):
+            word = "".join(self.byte_map[b] for b in piece.encode("utf-8"))
+            ids.extend(self._bpe(word))
+        return ids

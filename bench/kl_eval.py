@@ -1,0 +1,285 @@
+#!/usr/bin/python3
+"""Model-level KL evaluation of the KV codecs (issue 3, D-Quant Appendix B
+protocol scaled to the 1024-token eval model).
+
+For each window of held-out *Persuasion* (Austen; never seen in training):
+  1. tokens = BOS + 1023 consecutive tokens of the novel;
+  2. the unquantized model runs the whole window; its post-RoPE keys and
+     values of the first `--context` (768) positions, every layer, are the
+     cache;
+  3. each codec encodes that cache and decodes it, through
+     `driftkv-codec encode` / `decode` (all windows and layers in one call);
+  4. the model runs positions [768, 1024) again, teacher-forced on the true
+     text, attending to the reconstructed cache of [0, 768) and to its own
+     exact keys/values of [768, pos]; the per-position forward KL
+     KL(p_ref || p_codec) of the next-token distributions is averaged over
+     the 256 positions: one number per window ("document").
+Reported per codec: bits per value (from the codec, all metadata), mean KL,
+and against a reference codec the geometric mean over documents of the
+per-document KL ratio with a paired bootstrap 95% interval (--bootstrap
+resamples of the documents). Appendix B: dquant vs `fixed` at matched
+storage, and the extra bits per value `fixed` needs to reach dquant's KL
+(log-KL interpolated along the lower envelope of fixed's level grid).
+
+Runs on the CPU with Debian's python3-torch (1.13); uses /usr/bin/python3.
+usage: bench/kl_eval.py --codec-bin PATH/driftkv-codec [--windows 24]
+       [--residual 0] [--out DIR] [--threads 2]
+"""
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bpe import ByteLevelBPE  # noqa: E402
+from llama import Llama  # noqa: E402
+
+EVAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "eval")
+WINDOW = 1024  # model context; BOS + 1023 text tokens
+
+
+def persuasion_text(path):
+    """The novel as janeaustenr stores it (lines joined by newlines)."""
+    if path and os.path.exists(path):
+        return open(path).read()
+    out = path or os.path.join(tempfile.gettempdir(), "persuasion.txt")
+    if not os.path.exists("/usr/lib/R/site-library/janeaustenr"):
+        subprocess.run(["apt-get", "install", "-y", "r-cran-janeaustenr"], check=True)
+    subprocess.run(["Rscript", "-e", f'writeLines(janeaustenr::persuasion, "{out}")'], check=True)
+    return open(out).read()
+
+
+def check_tokens(ids, fixture_json):
+    """The fixture's token ids index the tokenized novel: our tokenizer and
+    text must reproduce them exactly."""
+    fx = json.load(open(fixture_json))
+    for s in fx["sequences"]:
+        a, b = s["text_token_range"]
+        if ids[a:b] != s["token_ids"][1:]:
+            raise SystemExit(f"tokenizer/text mismatch on fixture sequence {s['index']}")
+
+
+def fixed_bytes(n, m):
+    """BaseMBytes of codec/baselines/base_m.h: bytes holding M^n - 1."""
+    return ((m ** n - 1).bit_length() + 7) // 8
+
+
+def configs(n, dq_bits):
+    """(name, flags, tag) of every evaluated configuration. dq_bits maps
+    dquant tags to (key bits, value bits) measured on this cache, so the
+    matched `fixed` levels are the largest whose storage fits."""
+    mean_stride = (n + 4 + 3) // 4 * 4
+    out = [("dquant", [], "default")]
+    # The sweep's 1.96 point (tools/sweep_points.cc).
+    kb, vb = 2.69 / 2.265 * 1.96, 1.84 / 2.265 * 1.96
+    lk = min(16, max(3, round(2 ** (kb + 0.31))))
+    lv = min(16, max(3, round(2 ** (vb + 0.74))))
+    pk = int((kb * n / 8 - mean_stride / 128) // 4) * 4 - 4
+    pv = int((vb * n / 8) // 4) * 4 - 4
+    out.append(("dquant", ["--k-bytes", str(pk), "--v-bytes", str(pv), "--k-levels", str(lk),
+                           "--v-levels", str(lv)], "b1.96"))
+    for tag, (bk, bv) in dq_bits.items():
+        mk = max(m for m in range(2, 65)
+                 if 8 * (4 + fixed_bytes(n, m) + mean_stride / 128) / n <= bk + 1e-9)
+        mv = max(m for m in range(2, 65) if 8 * (4 + fixed_bytes(n, m)) / n <= bv + 1e-9)
+        out.append(("fixed", ["--k-levels", str(mk), "--v-levels", str(mv)], "matched-" + tag))
+    for name in ("int", "kivi", "oscar", "turbo"):
+        out.append((name, ["--bits", "2", "--group", "128"], "default"))
+    out += [("fp8", [], "default"), ("bf16", [], "default")]
+    for mk, mv in ((4, 3), (6, 4), (7, 5), (8, 6), (10, 7)):
+        out.append(("fixed", ["--k-levels", str(mk), "--v-levels", str(mv)], "grid"))
+    return out
+
+
+def run_codec(binary, name, flags, kv_prefix, shape, residual, work):
+    pool = os.path.join(work, "pool")
+    cmd = [binary, "encode", "--codec", name, *flags, "--keys", kv_prefix + ".k",
+           "--values", kv_prefix + ".v", "--shape", shape, "--residual", str(residual),
+           "--out", pool, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}\n{r.stderr}")
+    stats = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("{")))
+    out = os.path.join(work, "decoded")
+    r = subprocess.run([binary, "decode", "--in", pool, "--out", out], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"decode {name}: {r.stderr}")
+    k = np.fromfile(out + ".k", dtype=np.float32)
+    v = np.fromfile(out + ".v", dtype=np.float32)
+    return stats, k, v, " ".join([os.path.basename(binary), "encode", "--codec", name, *flags])
+
+
+def kl_per_doc(model, windows, ref_logp, k, v, ctx, layers, heads, hd):
+    """Mean forward KL over the continuation of each window."""
+    k = torch.from_numpy(k).view(len(windows), layers, ctx, heads, hd)
+    v = torch.from_numpy(v).view(len(windows), layers, ctx, heads, hd)
+    out = []
+    for w, ids in enumerate(windows):
+        past = [(k[w, l], v[w, l]) for l in range(layers)]
+        logits = model.forward_continuation(ids[ctx:], ctx, past)
+        logq = torch.log_softmax(logits.double(), -1)
+        logp = ref_logp[w]
+        out.append(float((logp.exp() * (logp - logq)).sum(-1).mean()))
+    return out
+
+
+def geo_ratio(a, b, resamples, rng):
+    """Geometric mean of a_i / b_i and its paired-bootstrap 95% interval."""
+    logs = [math.log(x / y) for x, y in zip(a, b)]
+    n = len(logs)
+    means = sorted(sum(logs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return math.exp(sum(logs) / n), math.exp(lo), math.exp(hi), sum(l < 0 for l in logs)
+
+
+def extra_bits(curve, target):
+    """Bits at which the lower envelope of (bits, kl) first reaches target."""
+    env = []
+    for x, y in sorted(curve):
+        if not env or y < env[-1][1]:
+            env.append((x, y))
+    for i, (x, y) in enumerate(env):
+        if y <= target:
+            if i == 0:
+                return x
+            x0, y0 = env[i - 1]
+            return x0 + (math.log(y0 / target) / math.log(y0 / y)) * (x - x0)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--codec-bin", required=True)
+    ap.add_argument("--eval-dir", default=EVAL_DIR)
+    ap.add_argument("--text", default="", help="Persuasion as plain text (default: from janeaustenr)")
+    ap.add_argument("--windows", type=int, default=24)
+    ap.add_argument("--context", type=int, default=768)
+    ap.add_argument("--residual", type=int, default=0)
+    ap.add_argument("--bootstrap", type=int, default=20000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t_start = time.time()
+
+    model = Llama(os.path.join(args.eval_dir, "model"))
+    tok = ByteLevelBPE(os.path.join(args.eval_dir, "model", "tokenizer.json"))
+    ids = tok.encode(persuasion_text(args.text))
+    check_tokens(ids, os.path.join(args.eval_dir, "fixture_public.json"))
+    span = WINDOW - 1
+    starts = [round(i * (len(ids) - span) / max(1, args.windows - 1)) for i in range(args.windows)]
+    windows = [torch.tensor([0] + ids[s:s + span]) for s in starts]
+    ctx, layers = args.context, model.layers
+    heads, hd = model.kv_heads, model.head_dim
+    print(f"{len(ids)} tokens of Persuasion; {len(windows)} windows, context {ctx}, "
+          f"KL over {WINDOW - ctx} positions; residual {args.residual}", file=sys.stderr)
+
+    work = tempfile.mkdtemp(prefix="kl_eval_")
+    ref_logp = []
+    k_all = np.empty((len(windows), layers, ctx, heads, hd), dtype=np.float32)
+    v_all = np.empty_like(k_all)
+    for w, wids in enumerate(windows):
+        logits, kv = model.forward_full(wids)
+        ref_logp.append(torch.log_softmax(logits[ctx:].double(), -1))
+        for l, (k, v) in enumerate(kv):
+            k_all[w, l] = k[:ctx].numpy()
+            v_all[w, l] = v[:ctx].numpy()
+    prefix = os.path.join(work, "cache")
+    k_all.tofile(prefix + ".k")
+    v_all.tofile(prefix + ".v")
+    shape = f"{len(windows) * layers},{ctx},{heads},{hd}"
+    print(f"reference passes: {time.time() - t_start:.0f} s", file=sys.stderr)
+
+    results = []
+    dq_bits = {}
+    pending = configs(heads * hd, {})
+    done = set()
+    while pending:
+        name, flags, tag = pending.pop(0)
+        key = (name, tuple(flags))
+        if key in done:
+            continue
+        done.add(key)
+        t0 = time.time()
+        stats, k, v, cmd = run_codec(args.codec_bin, name, flags, prefix, shape, args.residual, work)
+        kl = kl_per_doc(model, windows, ref_logp, k, v, ctx, layers, heads, hd)
+        bits = stats["bits_per_value"]
+        results.append({"codec": name, "flags": flags, "tag": tag, "command": cmd,
+                        "bits_k": bits["k"], "bits_v": bits["v"], "bits": bits["mean"],
+                        "nmse_k": stats["nmse_k"], "nmse_v": stats["nmse_v"], "kl": kl})
+        print(f"{name:7s} {' '.join(flags):40s} {bits['mean']:.3f} b/v  mean KL "
+              f"{sum(kl) / len(kl):.5f}  ({time.time() - t0:.0f} s)", file=sys.stderr)
+        if name == "dquant":
+            dq_bits[tag] = (bits["k"], bits["v"])
+            if len(dq_bits) == 2:  # both dquant points known: add matched fixed
+                pending = [c for c in configs(heads * hd, dq_bits) if c[2].startswith("matched")] + pending
+
+    rng = random.Random(args.seed)
+    by_tag = {(r["codec"], r["tag"]): r for r in results}
+    comparisons = []
+    base = by_tag[("int", "default")]
+    for r in results:
+        if r is base or r["tag"] == "grid":
+            continue
+        g, lo, hi, wins = geo_ratio(r["kl"], base["kl"], args.bootstrap, rng)
+        comparisons.append({"a": f"{r['codec']} {r['tag']}", "b": "int INT2 g128",
+                            "ratio": g, "lo": lo, "hi": hi, "wins": wins})
+    fixed_curve = [(r["bits"], sum(r["kl"]) / len(r["kl"])) for r in results if r["codec"] == "fixed"]
+    appendix_b = []
+    for tag in ("default", "b1.96"):
+        d, f = by_tag.get(("dquant", tag)), by_tag.get(("fixed", "matched-" + tag))
+        if not d or not f:
+            continue
+        g, lo, hi, wins = geo_ratio(d["kl"], f["kl"], args.bootstrap, rng)
+        mean_d = sum(d["kl"]) / len(d["kl"])
+        x = extra_bits(fixed_curve, mean_d)
+        appendix_b.append({"dquant": tag, "dquant_bits": d["bits"], "fixed_bits": f["bits"],
+                           "fixed_flags": f["flags"], "ratio": g, "lo": lo, "hi": hi,
+                           "dquant_better_docs": wins, "docs": len(d["kl"]),
+                           "extra_bits": None if x is None else x - d["bits"]})
+
+    lines = [f"Model KL, {len(windows)} windows of Persuasion, context {ctx}, KL over "
+             f"{WINDOW - ctx} positions, residual {args.residual}, CPU "
+             f"(torch {torch.__version__}, {args.threads} threads), {time.time() - t_start:.0f} s",
+             "", "| codec | tag | bits K | bits V | bits | mean KL (nats/token) |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['codec']} {' '.join(r['flags'])} | {r['tag']} | {r['bits_k']:.3f} | "
+                     f"{r['bits_v']:.3f} | {r['bits']:.3f} | {sum(r['kl']) / len(r['kl']):.5f} |")
+    lines += ["", "| codec | vs | geometric-mean KL ratio | bootstrap 95% | docs where lower |",
+              "|---|---|---|---|---|"]
+    for c in comparisons:
+        lines.append(f"| {c['a']} | {c['b']} | {c['ratio']:.3f} | [{c['lo']:.3f}, {c['hi']:.3f}] | "
+                     f"{c['wins']}/{len(windows)} |")
+    lines += ["", "| dquant point | bits dquant / fixed | fixed levels | KL ratio dquant/fixed | "
+              "bootstrap 95% | docs dquant lower | extra bits fixed needs |",
+              "|---|---|---|---|---|---|---|"]
+    for a in appendix_b:
+        extra = "not reached" if a["extra_bits"] is None else f"{a['extra_bits']:+.3f}"
+        lines.append(f"| {a['dquant']} | {a['dquant_bits']:.3f} / {a['fixed_bits']:.3f} | "
+                     f"{' '.join(a['fixed_flags'])} | {a['ratio']:.3f} | [{a['lo']:.3f}, {a['hi']:.3f}] | "
+                     f"{a['dquant_better_docs']}/{a['docs']} | {extra} |")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "kl.md"), "w") as f:
+            f.write(report + "\n")
+        with open(os.path.join(args.out, "kl.json"), "w") as f:
+            json.dump({"args": vars(args), "windows": starts, "results": results,
+                       "comparisons": comparisons, "appendix_b": appendix_b}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
