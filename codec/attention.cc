@@ -42,7 +42,7 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
   const int group = q_heads / kv_heads;
   const size_t qd = static_cast<size_t>(q_heads) * d;
   s->q_rot.assign(query, query + qd);
-  HadamardHeads(s->q_rot.data(), q_heads, d);
+  codec.Rotate(s->q_rot.data(), q_heads);
   s->q_sum.assign(q_heads, 0.0f);
   for (int h = 0; h < q_heads; ++h) {
     for (int j = 0; j < d; ++j) s->q_sum[h] += s->q_rot[h * d + j];
@@ -126,7 +126,7 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
   for (int h = 0; h < q_heads; ++h) {
     float* a = s->acc_rot.data() + h * d;
     for (int j = 0; j < d; ++j) a[j] += s->offset[h];
-    HadamardInPlace(a, d);
+    codec.Rotate(a, 1);
     const float inv = s->denom[h] > 0.0f ? 1.0f / s->denom[h] : 0.0f;
     const float* r = s->acc_raw.data() + h * d;
     for (int j = 0; j < d; ++j) out[h * d + j] = (a[j] + r[j]) * inv;

@@ -71,7 +71,7 @@ absl::Status DQuantConfig::Validate() const {
   if (kv_heads < 1 || kv_heads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("kv_heads ", kv_heads, " out of range [1, 1024]"));
   }
-  if (!IsPowerOfTwo(head_dim) || head_dim > kMaxHeadDim) {
+  if (head_dim < 1 || head_dim > kMaxHeadDim || (hadamard && !IsPowerOfTwo(head_dim))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "head_dim ", head_dim, " must be a power of two in [1, ", kMaxHeadDim,
         "] (the Hadamard rotation needs it)"));
@@ -133,7 +133,7 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
                                        uint8_t* mean_record, CodecScratch* scratch,
                                        StreamStats* key_stats, StreamStats* value_stats) const {
   const int n = this->n();
-  const int heads = config_.kv_heads, d = config_.head_dim;
+  const int heads = config_.kv_heads;
   if (count < 1 || count > config_.mean_window) {
     return absl::InvalidArgumentError(absl::StrCat("window of ", count, " tokens out of range [1, ",
                                                    config_.mean_window, "]"));
@@ -147,7 +147,7 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
   scratch->row.resize(n);
   float* rows = scratch->rows.data();
   std::memcpy(rows, keys, sizeof(float) * count * n);
-  for (int t = 0; t < count; ++t) HadamardHeads(rows + static_cast<size_t>(t) * n, heads, d);
+  for (int t = 0; t < count; ++t) Rotate(rows + static_cast<size_t>(t) * n, heads);
   std::vector<double> mean(n, 0.0);
   for (int t = 0; t < count; ++t) {
     const float* r = rows + static_cast<size_t>(t) * n;
@@ -178,7 +178,7 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
   }
   for (int t = 0; t < count; ++t) {
     std::memcpy(row, values + static_cast<size_t>(t) * n, sizeof(float) * n);
-    HadamardHeads(row, heads, d);
+    Rotate(row, heads);
     st = values_.Encode(row, value_records + t * value_stride(), &scratch->stream, value_stats);
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("value of token ", t, ": ", st.message()));
   }
@@ -194,7 +194,7 @@ absl::Status DQuantCodec::DecodeKey(const uint8_t* record, const uint8_t* mean_r
   absl::Status st = keys_.DecodeSymbols(record, scratch->symbols.data(), &s, &o);
   LoadMean(mean_record, n, scratch->row.data());
   for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(scratch->symbols[j]) + scratch->row[j];
-  HadamardHeads(out, config_.kv_heads, config_.head_dim);
+  Rotate(out, config_.kv_heads);
   return st;
 }
 
@@ -204,7 +204,7 @@ absl::Status DQuantCodec::DecodeValue(const uint8_t* record, float* out, CodecSc
   float s, o;
   absl::Status st = values_.DecodeSymbols(record, scratch->symbols.data(), &s, &o);
   for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(scratch->symbols[j]);
-  HadamardHeads(out, config_.kv_heads, config_.head_dim);
+  Rotate(out, config_.kv_heads);
   return st;
 }
 

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/hadamard.h"
 #include "codec/stream_codec.h"
 
 namespace driftkv {
@@ -51,6 +52,9 @@ struct DQuantConfig {
   int value_bytes = 0;
   double alpha = kDefaultAlpha;
   int mean_window = kDefaultMeanWindow;
+  // Rotate each head by the normalised Hadamard matrix (the paper) or not
+  // (identity: the caller applies its own transform, e.g. WUSH-KV).
+  bool hadamard = true;
 
   int n() const { return kv_heads * head_dim; }
   // Range checks of every field, with messages naming field and value.
@@ -94,6 +98,12 @@ class DQuantCodec {
   absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out,
                          CodecScratch* scratch) const;
   absl::Status DecodeValue(const uint8_t* record, float* out, CodecScratch* scratch) const;
+
+  // Applies the codec's per-head rotation to `heads` rows of head_dim
+  // values (its own inverse): Hadamard, or nothing.
+  void Rotate(float* x, int heads) const {
+    if (config_.hadamard) HadamardHeads(x, heads, config_.head_dim);
+  }
 
   // The dequantised mean of a mean record, in the rotated domain (n floats).
   static void LoadMean(const uint8_t* mean_record, int n, float* mu);

@@ -60,7 +60,7 @@ std::string FormatCodecOptions(const CodecOptions& o) {
                       " key_bytes=", o.key_bytes, " value_bytes=", o.value_bytes,
                       " alpha=", o.alpha, " mean_window=", o.mean_window, " bits=", o.bits,
                       " group=", o.group, " kappa_k=", o.kappa_k, " kappa_v=", o.kappa_v,
-                      " seed=", o.seed);
+                      " seed=", o.seed, " rotation=", o.rotation);
 }
 
 absl::StatusOr<CodecOptions> ParseCodecOptions(const std::string& text) {
@@ -84,6 +84,7 @@ absl::StatusOr<CodecOptions> ParseCodecOptions(const std::string& text) {
     else if (k == "kappa_k") ok = absl::SimpleAtod(v, &o.kappa_k);
     else if (k == "kappa_v") ok = absl::SimpleAtod(v, &o.kappa_v);
     else if (k == "seed") ok = absl::SimpleAtoi(v, &o.seed);
+    else if (k == "rotation") o.rotation = v;
     else return absl::InvalidArgumentError(absl::StrCat("unknown codec option \"", k, "\""));
     if (!ok) return absl::InvalidArgumentError(absl::StrCat("codec option ", k, "=\"", v, "\" is not a number"));
   }

@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeDQuant(const CodecOptions& o) {
   c.value_bytes = o.value_bytes;
   c.alpha = o.alpha;
   c.mean_window = o.mean_window;
+  c.hadamard = o.rotation == "hadamard";
+  if (o.rotation != "hadamard" && o.rotation != "identity") {
+    return absl::InvalidArgumentError(absl::StrCat("rotation \"", o.rotation, "\" unknown; use hadamard or identity"));
+  }
   absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(c);
   if (!codec.ok()) return codec.status();
   return std::unique_ptr<KvCodec>(new DQuantKvCodec(*std::move(codec)));

@@ -29,6 +29,9 @@ struct CodecOptions {
   double kappa_k = 0.96;
   double kappa_v = 0.92;
   uint64_t seed = 0x5eed;  // turbo's random rotation
+  // The per-head rotation before quantisation: "hadamard" (default) or
+  // "identity" (for callers that apply their own transform, e.g. WUSH).
+  std::string rotation = "hadamard";
 };
 
 // The names MakeKvCodec accepts, in a stable order.

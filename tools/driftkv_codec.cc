@@ -31,10 +31,11 @@ namespace {
 
 const std::set<std::string> kCodecFlags = {"codec", "k-levels", "v-levels", "k-bytes", "v-bytes",
                                            "alpha", "mean-window", "bits", "group", "kappa-k",
-                                           "kappa-v", "seed"};
+                                           "kappa-v", "seed", "rotation"};
 
 absl::Status CodecFromFlags(const Flags& f, int kv_heads, int head_dim, CodecOptions* o) {
   o->name = f.Str("codec", "dquant");
+  o->rotation = f.Str("rotation", "hadamard");
   o->kv_heads = kv_heads;
   o->head_dim = head_dim;
   absl::Status st;
@@ -311,7 +312,8 @@ int Usage() {
                "  sweep  --codec A,B,... --keys K --values V [--queries Q] --shape ... --out DIR\n"
                "  demo   (synthetic KV)\n"
                "codec flags: --codec NAME --k-levels 8 --v-levels 6 --k-bytes 331 --v-bytes 231\n"
-               "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n");
+               "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
+               "  --rotation hadamard|identity\n");
   return 2;
 }
 
