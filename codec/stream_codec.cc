@@ -210,6 +210,25 @@ absl::Status StreamCodec::DecodeSymbols(const uint8_t* record, uint8_t* symbols,
   return st;
 }
 
+absl::Status StreamCodec::DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols,
+                                             float* scale, float* offset) const {
+  if (count != 2) return DecodeSymbols(records, symbols, scale, offset);
+  const uint8_t* b = records + stride();
+  absl::Status sa, sb;
+  RansDecodePair(records + kRecordHeaderBytes, b + kRecordHeaderBytes, payload_bytes_, n_, table_,
+                 symbols, symbols + n_, &sa, &sb);
+  for (int k = 0; k < 2; ++k) {
+    const uint8_t* r = records + k * stride();
+    scale[k] = HalfToFloat(LoadU16(r));
+    offset[k] = HalfToFloat(LoadU16(r + 2));
+    if (!std::isfinite(scale[k]) || !std::isfinite(offset[k]) || scale[k] < 0.0f) {
+      (k == 0 ? sa : sb).Update(absl::DataLossError("record grid (scale/offset) is not finite"));
+    }
+  }
+  sa.Update(sb);
+  return sa;
+}
+
 absl::Status StreamCodec::Decode(const uint8_t* record, float* x) const {
   std::vector<uint8_t> symbols(n_);
   float s, o;

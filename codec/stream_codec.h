@@ -93,6 +93,13 @@ class StreamCodec {
   absl::Status DecodeSymbols(const uint8_t* record, uint8_t* symbols, float* scale,
                              float* offset) const;
 
+  // Decodes `count` (1 or 2) consecutive records of a contiguous array
+  // (stride() apart) at once; two streams decode nearly twice as fast as
+  // one after the other. symbols: count * n; scale/offset: count each.
+  // Returns the first error.
+  absl::Status DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols,
+                                  float* scale, float* offset) const;
+
   // Decodes to values o + s * m.
   absl::Status Decode(const uint8_t* record, float* x) const;
 

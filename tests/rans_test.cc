@@ -92,6 +92,32 @@ TEST(Rans, CorruptPayloadsNeverReadOutOfBounds) {
   EXPECT_GT(detected, 2990);
 }
 
+TEST(Rans, PairDecoderEqualsSingleDecoder) {
+  std::mt19937_64 rng(21);
+  const uint16_t f[8] = {1, 3, 30, 94, 94, 30, 3, 1};
+  RansTable table;
+  ASSERT_TRUE(BuildRansTable(f, 8, &table).ok());
+  const int n = 700;
+  for (int iter = 0; iter < 500; ++iter) {
+    const size_t cap = 200 + rng() % 200;
+    std::vector<uint8_t> a(cap), b(cap), scratch(n + kStateBytes), sym(n);
+    for (auto* p : {&a, &b}) {
+      for (auto& s : sym) s = EntrySymbol(table.decode[rng() & 255]);
+      RansEncode(sym.data(), n, table, p->data(), cap, scratch.data());
+      if (iter % 4 == 0) (*p)[rng() % cap] ^= 0x5a;  // corrupt some
+    }
+    std::vector<uint8_t> pa(n), pb(n), ua(n), ub(n);
+    absl::Status sa, sb;
+    RansDecodePair(a.data(), b.data(), cap, n, table, pa.data(), pb.data(), &sa, &sb);
+    const absl::Status ta = RansDecode(a.data(), cap, n, table, ua.data());
+    const absl::Status tb = RansDecode(b.data(), cap, n, table, ub.data());
+    ASSERT_EQ(pa, ua);
+    ASSERT_EQ(pb, ub);
+    ASSERT_EQ(sa.ok(), ta.ok());
+    ASSERT_EQ(sb.ok(), tb.ok());
+  }
+}
+
 TEST(Rans, RejectsBadTables) {
   RansTable t;
   const uint16_t zero[3] = {0, 128, 128};
