@@ -1,0 +1,383 @@
+// GPU benchmark of issue 5: fused D-Quant decode attention vs the project's
+// bf16 paged kernel (SDPA is timed by bench/sdpa_bench.py in the same run),
+// GPU encode throughput, and the capacity figures.
+//
+// Inputs: a few thousand distinct tokens are encoded on the CPU (codec/, about
+// 50 us per stream and core) into kDistinctPages pages, which are then
+// replicated on the GPU to fill every page of the pool; page tables are
+// random permutations. To keep repeated launches from measuring the 60 MB L2,
+// each launch uses another of R replicas of the whole batch (R chosen so the
+// replicas total >= 512 MB). Times are CUDA-event medians over --reps
+// launches after warm-up; each launch includes the split-merge kernel.
+//
+//   bench_gpu [--shapes=1x8192,32x8192,...] [--reps=30] [--csv=FILE]
+//             [--encode_tokens=32768] [--window=128]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codec/dquant_codec.h"
+#include "codec/half.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/device_buffer.h"
+#include "kernels/encode.h"
+#include "kernels/host_pool.h"
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+constexpr int kKvHeads = 8, kHeadDim = 128, kQHeads = 32, kN = kKvHeads * kHeadDim;
+constexpr int kDistinctPages = 32;  // 4096 distinct tokens
+constexpr double kRotateBytes = 512.0 * (1 << 20);
+
+#define CHECK_CUDA(x)                                                              \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+#define CHECK_OK(x)                                                                \
+  do {                                                                             \
+    absl::Status s_ = (x);                                                         \
+    if (!s_.ok()) {                                                                \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+struct Shape {
+  int batch, context;
+};
+
+template <typename F>
+double MedianMs(int reps, F launch) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) launch(i);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    launch(i);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+// Distinct D-Quant pages encoded on the CPU with all host cores.
+std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const DQuantPageLayout& lay) {
+  std::vector<uint8_t> pages(static_cast<size_t>(kDistinctPages) * lay.page_bytes, 0);
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w) {
+    pool.emplace_back([&, w] {
+      std::mt19937_64 rng(1000 + w);
+      CodecScratch scratch;
+      std::vector<float> k, v;
+      for (int pg = w; pg < kDistinctPages; pg += threads) {
+        RandomKv(kPageTokens, kN, &rng, &k, &v);
+        uint8_t* page = pages.data() + static_cast<size_t>(pg) * lay.page_bytes;
+        StreamStats ks, vs;
+        CHECK_OK(codec.EncodeWindow(k.data(), v.data(), kPageTokens, page, page + lay.value_offset,
+                                    page + lay.mean_offset, &scratch, &ks, &vs));
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  return pages;
+}
+
+// Fills `count` pages of `page_bytes` at pool_dev by cycling the distinct pages.
+void Replicate(const DeviceBuffer& distinct, size_t page_bytes, uint8_t* pool_dev, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    CHECK_CUDA(cudaMemcpyAsync(pool_dev + i * page_bytes, distinct.get<uint8_t>() + (i % kDistinctPages) * page_bytes,
+                               page_bytes, cudaMemcpyDeviceToDevice));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+struct Result {
+  Shape shape;
+  double dquant_ms, bf16_ms, dquant_bytes, bf16_bytes;
+  int dquant_splits_hint;
+};
+
+Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout& lay, const DeviceBuffer& dq_distinct,
+                const DeviceBuffer& bf_distinct, const DeviceBuffer& tables, int window, int reps) {
+  Result r{};
+  r.shape = s;
+  const int comp = s.context - window;
+  const int dq_pages = (comp + kPageTokens - 1) / kPageTokens;
+  const int bf_pages = (s.context + kPageTokens - 1) / kPageTokens;
+  const size_t bf_page_bytes = Bf16PageBytes(kKvHeads, kHeadDim);
+  const double dq_set = static_cast<double>(s.batch) * dq_pages * lay.page_bytes;
+  const double bf_set = static_cast<double>(s.batch) * bf_pages * bf_page_bytes;
+  const int rdq = std::max(1, static_cast<int>(std::ceil(kRotateBytes / dq_set)));
+  const int rbf = std::max(1, static_cast<int>(std::ceil(kRotateBytes / bf_set)));
+  std::mt19937_64 rng(s.batch * 131 + s.context);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  std::vector<float> query(static_cast<size_t>(s.batch) * kQHeads * kHeadDim);
+  for (float& q : query) q = normal(rng);
+  DeviceBuffer dquery, out, lse;
+  CHECK_CUDA(dquery.Upload(query) ? cudaSuccess : cudaErrorMemoryAllocation);
+  out.Resize(query.size() * 4);
+  lse.Resize(static_cast<size_t>(s.batch) * kQHeads * 4);
+
+  // ---- D-Quant ----
+  {
+    const size_t total = static_cast<size_t>(rdq) * s.batch * dq_pages;
+    DeviceBuffer pool(total * lay.page_bytes);
+    Replicate(dq_distinct, lay.page_bytes, pool.get<uint8_t>(), total);
+    std::vector<int32_t> perm(total);
+    for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> start(s.batch), tokens(s.batch, comp), wt(s.batch, window);
+    for (int i = 0; i < s.batch; ++i) start[i] = i * dq_pages;
+    std::vector<uint16_t> wk(static_cast<size_t>(s.batch) * kMaxWindow * kN);
+    for (auto& x : wk) x = FloatToBf16(normal(rng));
+    DeviceBuffer dperm, dstart, dtok, dwk, dwt, ws;
+    dperm.Upload(perm);
+    dstart.Upload(start);
+    dtok.Upload(tokens);
+    dwk.Upload(wk);
+    dwt.Upload(wt);
+    ws.Resize(AttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, dq_pages));
+    DQuantAttentionParams p;
+    p.pool_dev = pool.get<uint8_t>();
+    p.layout = lay;
+    p.tables_dev = tables.get<uint32_t>();
+    p.items = s.batch;
+    p.q_heads = kQHeads;
+    p.max_pages = dq_pages;
+    p.page_start_dev = dstart.get<int32_t>();
+    p.tokens_dev = dtok.get<int32_t>();
+    p.window_k_dev = dwk.get<uint16_t>();
+    p.window_v_dev = dwk.get<uint16_t>();
+    p.window_tokens_dev = dwt.get<int32_t>();
+    p.query_dev = dquery.get<float>();
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    p.out_dev = out.get<float>();
+    p.lse_dev = lse.get<float>();
+    p.workspace_dev = ws.get<void>();
+    r.dquant_ms = MedianMs(reps, [&](int i) {
+      p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rdq) * s.batch * dq_pages;
+      CHECK_OK(LaunchDQuantAttention(p, nullptr));
+    });
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> h;
+    out.Download(&h);
+    for (float x : h) {
+      if (!std::isfinite(x)) {
+        std::fprintf(stderr, "non-finite D-Quant output\n");
+        std::exit(1);
+      }
+    }
+    // Bytes the kernel must read: records and mean records of the compressed
+    // tokens, plus the bf16 window.
+    r.dquant_bytes = static_cast<double>(s.batch) *
+                     (static_cast<double>(comp) * (lay.key_stride + lay.value_stride) +
+                      static_cast<double>(dq_pages) * lay.mean_stride + 2.0 * window * kN * 2);
+  }
+  // ---- bf16 ----
+  {
+    const size_t total = static_cast<size_t>(rbf) * s.batch * bf_pages;
+    DeviceBuffer pool(total * bf_page_bytes);
+    Replicate(bf_distinct, bf_page_bytes, pool.get<uint8_t>(), total);
+    std::vector<int32_t> perm(total);
+    for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> start(s.batch), tokens(s.batch, s.context);
+    for (int i = 0; i < s.batch; ++i) start[i] = i * bf_pages;
+    DeviceBuffer dperm, dstart, dtok, ws;
+    dperm.Upload(perm);
+    dstart.Upload(start);
+    dtok.Upload(tokens);
+    ws.Resize(AttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, bf_pages));
+    Bf16AttentionParams p;
+    p.pool_dev = pool.get<uint8_t>();
+    p.kv_heads = kKvHeads;
+    p.head_dim = kHeadDim;
+    p.items = s.batch;
+    p.q_heads = kQHeads;
+    p.max_pages = bf_pages;
+    p.page_start_dev = dstart.get<int32_t>();
+    p.tokens_dev = dtok.get<int32_t>();
+    p.query_dev = dquery.get<float>();
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    p.out_dev = out.get<float>();
+    p.lse_dev = lse.get<float>();
+    p.workspace_dev = ws.get<void>();
+    r.bf16_ms = MedianMs(reps, [&](int i) {
+      p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rbf) * s.batch * bf_pages;
+      CHECK_OK(LaunchBf16Attention(p, nullptr));
+    });
+    r.bf16_bytes = static_cast<double>(s.batch) * s.context * kN * 2 * 2;
+  }
+  return r;
+}
+
+void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
+  EncodeParams ep;
+  CHECK_OK(MakeEncodeAlphabets(codec, &ep));
+  std::mt19937_64 rng(7);
+  std::vector<float> k, v;
+  RandomKv(4096, kN, &rng, &k, &v);  // tiled: the GPU encodes each token's own copy
+  std::vector<float> kk(static_cast<size_t>(tokens) * kN), vv(kk.size());
+  for (size_t i = 0; i < kk.size(); ++i) {
+    kk[i] = k[i % k.size()];
+    vv[i] = v[i % v.size()];
+  }
+  const int pages = (tokens + kPageTokens - 1) / kPageTokens;
+  std::vector<int32_t> ids(pages);
+  for (int i = 0; i < pages; ++i) ids[i] = i;
+  DeviceBuffer dk, dv, dids, pool, stats;
+  dk.Upload(kk);
+  dv.Upload(vv);
+  dids.Upload(ids);
+  pool.Resize(static_cast<size_t>(pages) * ep.layout.page_bytes);
+  stats.Resize(sizeof(EncodeStreamStats) * 2 * tokens);
+  ep.keys_dev = dk.get<float>();
+  ep.values_dev = dv.get<float>();
+  ep.tokens = tokens;
+  ep.pages_dev = dids.get<int32_t>();
+  ep.pool_dev = pool.get<uint8_t>();
+  ep.stats_dev = stats.get<EncodeStreamStats>();
+  const double ms = MedianMs(reps, [&](int) { CHECK_OK(LaunchEncode(ep, nullptr)); });
+  std::vector<EncodeStreamStats> st(2 * tokens);
+  CHECK_CUDA(cudaMemcpy(st.data(), stats.get<void>(), st.size() * sizeof(EncodeStreamStats), cudaMemcpyDeviceToHost));
+  long retries = 0, fallbacks = 0, errors = 0;
+  double used_k = 0, used_v = 0;
+  for (int i = 0; i < 2 * tokens; ++i) {
+    retries += st[i].retries;
+    fallbacks += st[i].fallback != 0;
+    errors += st[i].error;
+    (i % 2 == 0 ? used_k : used_v) += st[i].bytes_used;
+  }
+  std::printf("\nGPU encode (n = %d, %d tokens = %d streams, mean window incl.): %.3f ms median of %d\n", kN, tokens,
+              2 * tokens, ms, reps);
+  std::printf("  %.3g streams/s, %.3g tokens/s (per layer); retries %ld, fallbacks %ld, errors %ld; "
+              "mean bytes used keys %.1f / %d, values %.1f / %d\n",
+              2 * tokens / (ms * 1e-3), tokens / (ms * 1e-3), retries, fallbacks, errors, used_k / tokens,
+              ep.keys.payload_bytes, used_v / tokens, ep.values.payload_bytes);
+}
+
+void Capacity(const DQuantPageLayout& lay, int window) {
+  constexpr int kLayers = 32;
+  constexpr double kPool = 64.0 * (1ull << 30);
+  const double bf16_tok = 2.0 * kN * 2;  // bytes per token per layer
+  auto dquant_seq = [&](int context) {   // bytes per sequence, every layer, every side table
+    const int comp = std::max(0, context - window);
+    const int pages = (comp + kPageTokens - 1) / kPageTokens;
+    return kLayers * (static_cast<double>(pages) * lay.page_bytes + window * bf16_tok + pages * 4.0 /*page table*/);
+  };
+  auto bf16_seq = [&](int context) {
+    const int pages = (context + kPageTokens - 1) / kPageTokens;
+    return kLayers * (static_cast<double>(pages) * Bf16PageBytes(kKvHeads, kHeadDim) + pages * 4.0);
+  };
+  std::printf("\nCapacity (32 layers, 8 kv heads x 128, pages of 128 tokens, D-Quant page %zu B incl. mean record "
+              "and padding, bf16 window %d tokens, page tables 4 B/page):\n",
+              lay.page_bytes, window);
+  const int b16 = static_cast<int>(kPool / bf16_seq(8192)), bdq = static_cast<int>(kPool / dquant_seq(8192));
+  std::printf("  8K-token sequences in a 64 GiB pool: bf16 %d, D-Quant %d (%.2fx)\n", b16, bdq,
+              static_cast<double>(bdq) / b16);
+  const double t16 = 65536.0 / (bf16_seq(65536) / (1ull << 30)), tdq = 65536.0 / (dquant_seq(65536) / (1ull << 30));
+  std::printf("  tokens per GiB at 64K-token sequences: bf16 %.0f, D-Quant %.0f (%.2fx)\n", t16, tdq, tdq / t16);
+  std::printf("  bytes per token per layer: bf16 %.0f, D-Quant records %d + %d + mean %.2f = %.2f (page %.2f)\n", bf16_tok,
+              lay.key_stride, lay.value_stride, lay.mean_stride / 128.0,
+              lay.key_stride + lay.value_stride + lay.mean_stride / 128.0, lay.page_bytes / 128.0);
+}
+
+int Main(int argc, char** argv) {
+  std::vector<Shape> shapes = {{1, 8192}, {32, 8192}, {64, 8192}, {128, 8192}, {1, 131072}, {16, 32768}};
+  int reps = 30, encode_tokens = 32768, window = kMaxWindow;
+  std::string csv;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
+    else if (a.rfind("--csv=", 0) == 0) csv = a.substr(6);
+    else if (a.rfind("--encode_tokens=", 0) == 0) encode_tokens = std::stoi(a.substr(16));
+    else if (a.rfind("--window=", 0) == 0) window = std::stoi(a.substr(9));
+    else if (a.rfind("--shapes=", 0) == 0) {
+      shapes.clear();
+      std::string l = a.substr(9);
+      size_t pos = 0;
+      while (pos < l.size()) {
+        size_t e = l.find(',', pos);
+        if (e == std::string::npos) e = l.size();
+        const std::string tok = l.substr(pos, e - pos);
+        const size_t x = tok.find('x');
+        shapes.push_back({std::stoi(tok.substr(0, x)), std::stoi(tok.substr(x + 1))});
+        pos = e + 1;
+      }
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (!GpuAvailable()) {
+    std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  DQuantConfig cfg;
+  cfg.kv_heads = kKvHeads;
+  cfg.head_dim = kHeadDim;
+  auto codec = DQuantCodec::Create(cfg);
+  CHECK_OK(codec.status());
+  DQuantPageLayout lay;
+  CHECK_OK(MakeDQuantPageLayout(*codec, &lay));
+  std::vector<uint32_t> tab(512);
+  PackDecodeTable(codec->key_codec().table(), tab.data());
+  PackDecodeTable(codec->value_codec().table(), tab.data() + 256);
+  DeviceBuffer tables, dq_distinct, bf_distinct;
+  tables.Upload(tab);
+  dq_distinct.Upload(EncodeDistinctPages(*codec, lay));
+  {
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> bf(static_cast<size_t>(kDistinctPages) * Bf16PageBytes(kKvHeads, kHeadDim) / 2);
+    for (auto& x : bf) x = FloatToBf16(normal(rng));
+    bf_distinct.Upload(bf);
+  }
+  FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
+  if (out) std::fprintf(out, "batch,context,dquant_ms,bf16_ms,dquant_bytes,bf16_bytes\n");
+  std::printf("\n%6s %8s | %10s %8s | %10s %8s | %s\n", "batch", "context", "D-Quant ms", "GB/s", "bf16 ms", "GB/s",
+              "bf16/D-Quant");
+  for (const Shape& s : shapes) {
+    const Result r = RunShape(s, *codec, lay, dq_distinct, bf_distinct, tables, window, reps);
+    std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %.2fx\n", s.batch, s.context, r.dquant_ms,
+                r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms, r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.dquant_ms);
+    std::fflush(stdout);
+    if (out) std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms, r.dquant_bytes, r.bf16_bytes);
+  }
+  if (out) std::fclose(out);
+  if (encode_tokens > 0) EncodeThroughput(*codec, encode_tokens, std::max(5, reps / 3));
+  Capacity(lay, window);
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace driftkv
+
+int main(int argc, char** argv) { return driftkv::gpu::Main(argc, argv); }

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA (bf16, enable_gqa=True) for the shapes of bench_gpu, in the
+same run, and the side-by-side table with bench_gpu's CSV.
+
+Each timed call uses another of R replicas of K/V (R so that the replicas
+total >= 512 MB: no L2 reuse between calls); CUDA-event median over --reps
+calls after warm-up.
+
+  python3 bench/sdpa_bench.py --cxx bench.csv [--reps 30] [--out table.md]
+"""
+import argparse
+import csv
+import math
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(1, 8192), (32, 8192), (64, 8192), (128, 8192), (1, 131072), (16, 32768)]
+QH, KVH, D = 32, 8, 128
+
+
+def time_sdpa(batch, context, reps):
+    kv_bytes = 2 * batch * KVH * context * D * 2
+    r = max(1, math.ceil(512 * 2**20 / kv_bytes))
+    g = torch.Generator(device="cuda").manual_seed(batch * 7 + context)
+    q = torch.randn(batch, QH, 1, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    ks = [torch.randn(batch, KVH, context, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(r)]
+    vs = [torch.randn(batch, KVH, context, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(r)]
+    for i in range(5):
+        F.scaled_dot_product_attention(q, ks[i % r], vs[i % r], enable_gqa=True)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        F.scaled_dot_product_attention(q, ks[i % r], vs[i % r], enable_gqa=True)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    del ks, vs
+    torch.cuda.empty_cache()
+    return times[len(times) // 2], kv_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cxx", help="bench_gpu --csv output")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    cxx = {}
+    if args.cxx:
+        with open(args.cxx) as f:
+            for row in csv.DictReader(f):
+                cxx[(int(row["batch"]), int(row["context"]))] = row
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    lines = ["| batch | context | SDPA ms | SDPA GB/s | bf16 kernel ms | GB/s | D-Quant ms | compressed GB/s | SDPA/D-Quant | SDPA/bf16 kernel |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for batch, context in SHAPES:
+        ms, nbytes = time_sdpa(batch, context, args.reps)
+        row = cxx.get((batch, context))
+        if row:
+            dq, bf = float(row["dquant_ms"]), float(row["bf16_ms"])
+            dqb, bfb = float(row["dquant_bytes"]), float(row["bf16_bytes"])
+            lines.append(f"| {batch} | {context} | {ms:.4f} | {nbytes / ms / 1e6:.0f} | {bf:.4f} | {bfb / bf / 1e6:.0f} | "
+                         f"{dq:.4f} | {dqb / dq / 1e6:.0f} | {ms / dq:.2f}x | {ms / bf:.2f}x |")
+        else:
+            lines.append(f"| {batch} | {context} | {ms:.4f} | {nbytes / ms / 1e6:.0f} | | | | | | |")
+        print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

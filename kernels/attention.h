@@ -1,0 +1,123 @@
+// GPU decode attention over paged KV pools: the fused D-Quant kernel (on the
+// compressed records, paper eq. 8-9 and Sec. 4.5) and the bf16 baseline.
+//
+// POOLS. A pool is one cudaMalloc'ed array of fixed-size pages; a page holds
+// kPageTokens = 128 consecutive tokens of one (sequence, layer), which is
+// also the D-Quant key-mean window, so each page carries exactly one mean
+// record. Page layouts (byte offsets inside a page, all 16-byte aligned):
+//
+//   D-Quant  [0, 128*key_stride)            key records, token t at t*key_stride
+//            [value_offset, +128*value_stride)  value records
+//            [mean_offset, +mean_stride)    the window's mean record
+//            zero padding to page_bytes (>= 128 bytes of slack: the kernel
+//            reads ahead of a record by up to 80 bytes)
+//   bf16     [0, 128*n*2)  keys   [token][kv_head][head_dim] bf16 bits
+//            [128*n*2, 256*n*2) values, same shape
+//
+// Record formats are codec/stream_codec.h and codec/dquant_codec.h, unchanged.
+//
+// BATCH. An item is one (sequence, layer, query token): a query
+// [q_heads][head_dim] float, and the pages of its history listed in a page
+// table. item i owns page_table[page_start[i] .. page_start[i] + pages_i),
+// pages_i = ceil(tokens[i] / 128); every page but the last is full. D-Quant
+// items may also carry a bf16 window (the newest tokens, uncompressed):
+// window_tokens[i] <= kMaxWindow tokens at window_k + i * kMaxWindow * n
+// (same for window_v), [token][kv_head][head_dim] bf16 bits. Outputs: out
+// [items][q_heads][head_dim] float (model domain) and lse [items][q_heads]
+// (natural log of the softmax denominator; -inf and out = 0 when an item has
+// no tokens, the identity of the merge rule).
+//
+// Every pointer ending in _dev is device memory. Launchers check their
+// parameters, enqueue on `stream` and return InvalidArgument for shapes they
+// have no kernel for, Internal for CUDA errors; they never synchronize.
+// Kernels exist for head_dim in {64, 128} and q_heads / kv_heads in {2, 4},
+// q_heads <= 32 and kv_heads * head_dim <= 1024.
+#ifndef DRIFTKV_KERNELS_ATTENTION_H_
+#define DRIFTKV_KERNELS_ATTENTION_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+
+namespace driftkv {
+namespace gpu {
+
+constexpr int kPageTokens = 128;
+constexpr int kMaxWindow = 128;
+
+// Byte layout of a D-Quant page for one codec configuration.
+struct DQuantPageLayout {
+  int kv_heads = 0;
+  int head_dim = 0;
+  int key_stride = 0;    // bytes per key record
+  int value_stride = 0;  // bytes per value record
+  int mean_stride = 0;   // bytes per mean record
+  size_t value_offset = 0;
+  size_t mean_offset = 0;
+  size_t page_bytes = 0;
+
+  int n() const { return kv_heads * head_dim; }
+};
+
+// MakeDQuantPageLayout (kernels/codec_bridge.h) fills this from a codec.
+
+inline size_t Bf16PageBytes(int kv_heads, int head_dim) {
+  return static_cast<size_t>(2) * kPageTokens * kv_heads * head_dim * sizeof(uint16_t);
+}
+
+struct DQuantAttentionParams {
+  const uint8_t* pool_dev = nullptr;
+  DQuantPageLayout layout;
+  const uint32_t* tables_dev = nullptr;  // 512 words: key, value (PackDecodeTable)
+  int items = 0;
+  int q_heads = 0;
+  int max_pages = 0;                      // max over items of pages_i (host value)
+  const int32_t* page_table_dev = nullptr;
+  const int32_t* page_start_dev = nullptr;  // [items]
+  const int32_t* tokens_dev = nullptr;      // [items] compressed tokens
+  const uint16_t* window_k_dev = nullptr;   // may be null when no item has a window
+  const uint16_t* window_v_dev = nullptr;
+  const int32_t* window_tokens_dev = nullptr;  // [items] or null
+  const float* query_dev = nullptr;         // [items][q_heads][head_dim]
+  float softmax_scale = 0.0f;
+  float* out_dev = nullptr;                 // [items][q_heads][head_dim]
+  float* lse_dev = nullptr;                 // [items][q_heads]
+  void* workspace_dev = nullptr;            // AttentionWorkspaceBytes(...)
+  int splits = 0;                           // 0: chosen by the launcher
+};
+
+struct Bf16AttentionParams {
+  const uint8_t* pool_dev = nullptr;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int items = 0;
+  int q_heads = 0;
+  int max_pages = 0;
+  const int32_t* page_table_dev = nullptr;
+  const int32_t* page_start_dev = nullptr;
+  const int32_t* tokens_dev = nullptr;
+  const float* query_dev = nullptr;
+  float softmax_scale = 0.0f;
+  float* out_dev = nullptr;
+  float* lse_dev = nullptr;
+  void* workspace_dev = nullptr;
+  int splits = 0;
+};
+
+// Workspace for the split-KV partial states: enough for any launch with at
+// most `items` items, q_heads heads, head_dim and max_pages pages.
+size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages);
+
+absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream);
+absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stream);
+
+// True when a CUDA device is usable (tests print "skipped: no GPU" otherwise).
+bool GpuAvailable();
+
+}  // namespace gpu
+}  // namespace driftkv
+
+#endif  // DRIFTKV_KERNELS_ATTENTION_H_

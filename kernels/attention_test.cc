@@ -1,0 +1,251 @@
+// GPU attention kernels against the CPU references on fresh random inputs.
+// Error rule (flash-attention's): ||gpu - ref64|| <= k * ||naive32 - ref64|| +
+// floor * ||ref64||, where ref64 is float64 attention over exactly the values
+// the kernel must see (decoded records and bf16 window) and naive32 a plain
+// fp32 implementation over the same values. Outputs are poisoned (NaN) before
+// every launch, so an unwritten element fails.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "codec/attention.h"
+#include "codec/dquant_codec.h"
+#include "gtest/gtest.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/device_buffer.h"
+#include "kernels/host_pool.h"
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+constexpr double kErrFactor = 4.0;
+constexpr double kErrFloor = 2e-5;
+
+#define SKIP_WITHOUT_GPU()                 \
+  do {                                     \
+    if (!GpuAvailable()) {                 \
+      std::printf("skipped: no GPU\n");    \
+      GTEST_SKIP() << "skipped: no GPU";   \
+    }                                      \
+  } while (0)
+
+// Plain fp32 attention of one item: two passes, no online rescaling.
+void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens,
+                         int kv_heads, int d, const float* q, int q_heads, float scale, float* out) {
+  const int n = kv_heads * d, group = q_heads / kv_heads;
+  std::vector<float> s(tokens);
+  for (int h = 0; h < q_heads; ++h) {
+    const int g = h / group;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int t = 0; t < tokens; ++t) {
+      float dot = 0.0f;
+      for (int j = 0; j < d; ++j) dot += q[h * d + j] * k[static_cast<size_t>(t) * n + g * d + j];
+      s[t] = scale * dot;
+      m = std::max(m, s[t]);
+    }
+    float l = 0.0f;
+    for (int j = 0; j < d; ++j) out[h * d + j] = 0.0f;
+    for (int t = 0; t < tokens; ++t) {
+      const float w = std::exp(s[t] - m);
+      l += w;
+      for (int j = 0; j < d; ++j) out[h * d + j] += w * v[static_cast<size_t>(t) * n + g * d + j];
+    }
+    for (int j = 0; j < d; ++j) out[h * d + j] = tokens > 0 ? out[h * d + j] / l : 0.0f;
+  }
+}
+
+double Norm(const std::vector<double>& a) {
+  double s = 0.0;
+  for (double x : a) s += x * x;
+  return std::sqrt(s);
+}
+
+template <typename T>
+double DiffNorm(const T* a, const std::vector<double>& ref) {
+  double s = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) s += (a[i] - ref[i]) * (a[i] - ref[i]);
+  return std::sqrt(s);
+}
+
+// Checks one item's GPU output against the references; returns the error ratio.
+void CheckItem(const float* gpu_out, float gpu_lse, const std::vector<float>& keys,
+               const std::vector<float>& values, int tokens, int kv_heads, int d, const float* q,
+               int q_heads, float scale, const char* what, int item) {
+  const size_t od = static_cast<size_t>(q_heads) * d;
+  std::vector<double> ref(od), lse(q_heads);
+  ReferenceAttention(keys.data(), values.data(), tokens, kv_heads, d, q, q_heads, scale, ref.data(), lse.data());
+  std::vector<float> naive(od);
+  NaiveFloatAttention(keys, values, tokens, kv_heads, d, q, q_heads, scale, naive.data());
+  for (size_t i = 0; i < od; ++i) ASSERT_TRUE(std::isfinite(gpu_out[i])) << what << " item " << item << " element " << i << " not written";
+  const double err = DiffNorm(gpu_out, ref), naive_err = DiffNorm(naive.data(), ref);
+  const double bound = kErrFactor * naive_err + kErrFloor * Norm(ref);
+  EXPECT_LE(err, bound) << what << " item " << item << " tokens " << tokens << ": error " << err
+                        << " vs naive fp32 " << naive_err << ", |ref| " << Norm(ref);
+  if (tokens > 0) {
+    EXPECT_NEAR(gpu_lse, lse[0], 1e-3 * (1.0 + std::fabs(lse[0]))) << what << " lse, item " << item;
+  }
+}
+
+struct DQuantCase {
+  int kv_heads, head_dim, q_heads;
+  std::vector<int> tokens, window;
+  int splits;
+};
+
+void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
+  DQuantConfig cfg;
+  cfg.kv_heads = c.kv_heads;
+  cfg.head_dim = c.head_dim;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  HostDQuantBatch b;
+  ASSERT_TRUE(BuildDQuantBatch(*codec, c.q_heads, c.tokens, c.window, /*shuffle=*/true, seed, &b).ok());
+  const int items = b.items(), d = c.head_dim, n = b.layout.n();
+  std::vector<uint32_t> tables(512);
+  PackDecodeTable(codec->key_codec().table(), tables.data());
+  PackDecodeTable(codec->value_codec().table(), tables.data() + 256);
+  DeviceBuffer pool, tab, pt, ps, tok, wk, wv, wt, q, out, lse, ws;
+  ASSERT_TRUE(pool.Upload(b.pool) && tab.Upload(tables) && pt.Upload(b.page_table) && ps.Upload(b.page_start) &&
+              tok.Upload(b.tokens) && wk.Upload(b.window_k) && wv.Upload(b.window_v) && wt.Upload(b.window_tokens) &&
+              q.Upload(b.query));
+  ASSERT_TRUE(out.Resize(static_cast<size_t>(items) * c.q_heads * d * 4) && lse.Resize(static_cast<size_t>(items) * c.q_heads * 4));
+  ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(items, c.q_heads, d, b.max_pages)));
+  cudaMemset(out.get<void>(), 0xff, out.bytes());  // NaN poison
+  cudaMemset(lse.get<void>(), 0xff, lse.bytes());
+  DQuantAttentionParams p;
+  p.pool_dev = pool.get<uint8_t>();
+  p.layout = b.layout;
+  p.tables_dev = tab.get<uint32_t>();
+  p.items = items;
+  p.q_heads = c.q_heads;
+  p.max_pages = b.max_pages;
+  p.page_table_dev = pt.get<int32_t>();
+  p.page_start_dev = ps.get<int32_t>();
+  p.tokens_dev = tok.get<int32_t>();
+  p.window_k_dev = wk.get<uint16_t>();
+  p.window_v_dev = wv.get<uint16_t>();
+  p.window_tokens_dev = wt.get<int32_t>();
+  p.query_dev = q.get<float>();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.out_dev = out.get<float>();
+  p.lse_dev = lse.get<float>();
+  p.workspace_dev = ws.get<void>();
+  p.splits = c.splits;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  absl::Status st = LaunchDQuantAttention(p, stream);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+  std::vector<float> h_out, h_lse;
+  ASSERT_TRUE(out.Download(&h_out) && lse.Download(&h_lse));
+  std::vector<float> cpu_out(static_cast<size_t>(c.q_heads) * d), cpu_lse(c.q_heads);
+  for (int i = 0; i < items; ++i) {
+    const float* go = h_out.data() + static_cast<size_t>(i) * c.q_heads * d;
+    CheckItem(go, h_lse[static_cast<size_t>(i) * c.q_heads], b.ref_keys[i], b.ref_values[i],
+              b.tokens[i] + b.window_tokens[i], c.kv_heads, d, b.query.data() + static_cast<size_t>(i) * c.q_heads * d,
+              c.q_heads, p.softmax_scale, "dquant", i);
+    // And the CPU fused path of codec/attention.h agrees too.
+    ASSERT_TRUE(CpuCompressedAttention(*codec, b, i, p.softmax_scale, cpu_out.data(), cpu_lse.data()).ok());
+    double diff = 0.0, norm = 0.0;
+    for (size_t j = 0; j < cpu_out.size(); ++j) {
+      diff = std::max(diff, static_cast<double>(std::fabs(go[j] - cpu_out[j])));
+      norm = std::max(norm, static_cast<double>(std::fabs(cpu_out[j])));
+    }
+    EXPECT_LE(diff, 1e-4 * (norm + 1e-3)) << "GPU vs CPU CompressedAttention, item " << i;
+  }
+  (void)n;
+}
+
+TEST(DQuantAttentionGpu, Gqa32x8Dim128OddSizes) {
+  SKIP_WITHOUT_GPU();
+  RunDQuantCase({8, 128, 32, {1, 97, 4095}, {0, 5, 128}, 0}, 1);
+  RunDQuantCase({8, 128, 32, {4095, 1}, {17, 0}, 1}, 2);  // one split: no merge
+}
+
+TEST(DQuantAttentionGpu, Gqa8x4Dim64SeveralBatchSizes) {
+  SKIP_WITHOUT_GPU();
+  RunDQuantCase({4, 64, 8, {97}, {3}, 0}, 3);
+  RunDQuantCase({4, 64, 8, {1, 97, 640, 1000, 129, 2048, 4095, 300}, {0, 1, 2, 128, 0, 64, 5, 9}, 0}, 4);
+}
+
+TEST(DQuantAttentionGpu, Gqa16x8Dim128AndGqa8x4Dim128) {
+  SKIP_WITHOUT_GPU();
+  RunDQuantCase({8, 128, 16, {513, 97}, {0, 7}, 0}, 5);
+  RunDQuantCase({4, 128, 16, {700}, {100}, 3}, 6);
+  RunDQuantCase({8, 64, 32, {250, 1}, {4, 0}, 0}, 7);
+}
+
+TEST(DQuantAttentionGpu, WindowOnlyAndEmpty) {
+  SKIP_WITHOUT_GPU();
+  RunDQuantCase({8, 128, 32, {0, 0}, {5, 0}, 0}, 8);
+}
+
+void RunBf16Case(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, int splits, uint64_t seed) {
+  HostBf16Batch b;
+  BuildBf16Batch(kv_heads, d, q_heads, tokens, /*shuffle=*/true, seed, &b);
+  const int items = b.items();
+  DeviceBuffer pool, pt, ps, tok, q, out, lse, ws;
+  ASSERT_TRUE(pool.Upload(b.pool) && pt.Upload(b.page_table) && ps.Upload(b.page_start) && tok.Upload(b.tokens) &&
+              q.Upload(b.query));
+  ASSERT_TRUE(out.Resize(static_cast<size_t>(items) * q_heads * d * 4) && lse.Resize(static_cast<size_t>(items) * q_heads * 4));
+  ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(items, q_heads, d, b.max_pages)));
+  cudaMemset(out.get<void>(), 0xff, out.bytes());
+  cudaMemset(lse.get<void>(), 0xff, lse.bytes());
+  Bf16AttentionParams p;
+  p.pool_dev = pool.get<uint8_t>();
+  p.kv_heads = kv_heads;
+  p.head_dim = d;
+  p.items = items;
+  p.q_heads = q_heads;
+  p.max_pages = b.max_pages;
+  p.page_table_dev = pt.get<int32_t>();
+  p.page_start_dev = ps.get<int32_t>();
+  p.tokens_dev = tok.get<int32_t>();
+  p.query_dev = q.get<float>();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.out_dev = out.get<float>();
+  p.lse_dev = lse.get<float>();
+  p.workspace_dev = ws.get<void>();
+  p.splits = splits;
+  absl::Status st = LaunchBf16Attention(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> h_out, h_lse;
+  ASSERT_TRUE(out.Download(&h_out) && lse.Download(&h_lse));
+  for (int i = 0; i < items; ++i) {
+    CheckItem(h_out.data() + static_cast<size_t>(i) * q_heads * d, h_lse[static_cast<size_t>(i) * q_heads], b.ref_keys[i],
+              b.ref_values[i], b.tokens[i], kv_heads, d, b.query.data() + static_cast<size_t>(i) * q_heads * d, q_heads,
+              p.softmax_scale, "bf16", i);
+  }
+}
+
+TEST(Bf16AttentionGpu, OddSizesAndBatches) {
+  SKIP_WITHOUT_GPU();
+  RunBf16Case(8, 128, 32, {1, 97, 4095}, 0, 11);
+  RunBf16Case(8, 128, 32, {4095}, 1, 12);
+  RunBf16Case(4, 64, 8, {1, 97, 640, 1000, 129, 2048, 4095, 300}, 0, 13);
+  RunBf16Case(8, 128, 16, {513, 97}, 3, 14);
+  RunBf16Case(4, 64, 16, {200, 64}, 0, 15);
+}
+
+TEST(AttentionLaunchers, RejectUnsupportedShapes) {
+  SKIP_WITHOUT_GPU();
+  Bf16AttentionParams p;
+  p.items = 1;
+  p.kv_heads = 8;
+  p.head_dim = 96;
+  p.q_heads = 32;
+  p.max_pages = 1;
+  EXPECT_FALSE(LaunchBf16Attention(p, nullptr).ok());
+  p.head_dim = 128;
+  p.q_heads = 30;
+  EXPECT_FALSE(LaunchBf16Attention(p, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace driftkv

@@ -1,0 +1,34 @@
+// Host glue between the CPU codec (codec/) and the CUDA kernels: page
+// layouts, GPU decode tables and encoder alphabets built from a DQuantCodec.
+// Kept out of the headers nvcc compiles, so that the CUDA build needs no
+// codec headers.
+#ifndef DRIFTKV_KERNELS_CODEC_BRIDGE_H_
+#define DRIFTKV_KERNELS_CODEC_BRIDGE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "codec/dquant_codec.h"
+#include "codec/rans.h"
+#include "kernels/attention.h"
+#include "kernels/encode.h"
+
+namespace driftkv {
+namespace gpu {
+
+// Fails unless the codec's mean window is kPageTokens.
+absl::Status MakeDQuantPageLayout(const DQuantCodec& codec, DQuantPageLayout* layout);
+
+// The GPU form of a decode table: one 32-bit word per z = x mod 256,
+//   [7:0] f   [15:8] bias = z - c   [31:16] the level m as fp16 bits,
+// so that one lookup gives the state update and, packed two at a time with
+// one byte permute, the tensor-core operand. 256 entries per alphabet.
+void PackDecodeTable(const RansTable& table, uint32_t out[256]);
+
+// Layout and both alphabets of `codec` into p (the rest of p untouched).
+absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p);
+
+}  // namespace gpu
+}  // namespace driftkv
+
+#endif  // DRIFTKV_KERNELS_CODEC_BRIDGE_H_

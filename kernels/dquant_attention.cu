@@ -1,0 +1,561 @@
+// Fused D-Quant decode attention on the compressed pool (paper eq. 8-9,
+// Sec. 4.5). One block of 256 threads walks chunks of 4 pages (512 tokens)
+// of one item; blocks of one item split its chunks (split-KV) and the merge
+// kernel combines their (max, sum, acc) states.
+//
+// Per chunk, token-centric: thread i owns tokens A = (page i/128, slot i%128)
+// and B = (page 2 + i/128, same slot), so a warp owns 64 tokens; each stream
+// is decoded exactly once and serves every query head.
+//  1. Keys. The two rANS chains of a thread run interleaved (ILP). Decoded
+//     levels go, as fp16 pairs, into a per-warp tile [64 tokens][32 channels];
+//     tensor cores contract it with the rotated query split into fp16 hi + lo
+//     halves (columns 0..G-1 hi, G..2G-1 lo of the G heads of the KV head),
+//     an fp32-exact product since levels are small integers. Score =
+//     scale * (s_t * dot + o_t * sum q' + q' . mu) (eq. 8).
+//  2. Softmax over the chunk per head, online against the block's running
+//     max; the weights are pre-multiplied by each token's value scale s_t.
+//  3. Values. Levels of the thread's two tokens at one channel form one fp16
+//     pair, the K dimension of an MMA whose other operand is the weights
+//     (hi/lo again); the channel-partitioned accumulator lives in shared
+//     memory. The offsets enter as sum_t a_t o_t (eq. 9).
+// Payload bytes come from global memory in 16-byte blocks into a per-token
+// ring of 4 blocks in shared memory ([word][token], conflict-free), one block
+// pair prefetched in registers; a group of 4 symbols reads a 4-byte window
+// (at most one byte per symbol is consumed, rans.h) and renormalizes with a
+// predicated byte permute: no loops, no branches per symbol.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/device_common.cuh"
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunkPages = 4;
+constexpr int kChunkTokens = kChunkPages * kPageTokens;  // 512, 2 per thread
+constexpr int kWarpTokens = 64;
+constexpr int kSlab = 32;             // channels decoded between two MMA rounds
+constexpr int kKeyRowWords = 20;      // 16 words of fp16 pairs + 4 pad: ldmatrix conflict-free
+constexpr int kValRowWords = 36;      // 32 words (64 tokens) + 4 pad
+constexpr int kStageWords = 1280;     // max(64 * 20, 32 * 36)
+constexpr int kRingBlocks = 4;        // 16-byte blocks per token in the ring
+constexpr int kRingWords = 4 * kRingBlocks;
+constexpr int kMaxQHeads = 32;
+constexpr int kMaxN = 1024;
+constexpr uint32_t kStateLowDev = 1u << 23;
+constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | win.byte[k]
+
+// Shared memory, in 32-bit words.
+constexpr int kTableWords = 256 * 32;  // one alphabet, replicated per lane
+constexpr int kOffTable = 0;
+constexpr int kOffStage = kOffTable + kTableWords;
+constexpr int kOffRing = kOffStage + kWarps * kStageWords;
+constexpr int kOffScore = kOffRing + kWarps * kRingWords * kWarpTokens;
+constexpr int kOffAcc = kOffScore + kMaxQHeads * kChunkTokens;
+constexpr int kOffQFrag = kOffAcc + kMaxQHeads * 128;
+constexpr int kOffTok = kOffQFrag + (kMaxN / 16) * 32 * 2;  // ks, ko, vs, vo
+constexpr int kOffQSum = kOffTok + 4 * kChunkTokens;
+constexpr int kOffQMu = kOffQSum + kMaxQHeads;
+constexpr int kOffRun = kOffQMu + kChunkPages * kMaxQHeads;  // m, l, off
+constexpr int kOffValid = kOffRun + 3 * kMaxQHeads;
+constexpr int kSmemWords = kOffValid + kChunkTokens / 4;
+constexpr size_t kSmemBytes = static_cast<size_t>(kSmemWords) * 4;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one H100/H200 block");
+
+struct Tok {
+  const uint8_t* page;  // 16-byte aligned page base
+  uint32_t x;           // rANS state
+  uint32_t p;           // next payload byte, relative to page
+  uint32_t lb;          // next 16-byte block not yet in the ring
+  uint4 pf0, pf1;       // blocks lb and lb + 1, prefetched
+};
+
+__device__ __forceinline__ uint4 LoadBlock(const uint8_t* page, uint32_t b) {
+  return __ldg(reinterpret_cast<const uint4*>(page) + b);
+}
+
+__device__ __forceinline__ void RingStore(uint32_t* ring, int slot, uint32_t b, uint4 v) {
+  uint32_t* r = ring + (4 * (b & 3)) * kWarpTokens + slot;
+  r[0] = v.x;
+  r[kWarpTokens] = v.y;
+  r[2 * kWarpTokens] = v.z;
+  r[3 * kWarpTokens] = v.w;
+}
+
+__device__ __forceinline__ uint32_t RingWord(const uint32_t* ring, int slot, uint32_t w) {
+  return ring[(w & (kRingWords - 1)) * kWarpTokens + slot];
+}
+
+// Starts a record at page offset `rec` (4-byte aligned): fills the ring,
+// primes the prefetch, returns the header word (fp16 scale | fp16 offset << 16).
+__device__ __forceinline__ uint32_t TokStart(Tok& t, uint32_t* ring, int slot, uint32_t rec) {
+  t.lb = rec >> 4;
+#pragma unroll
+  for (int k = 0; k < kRingBlocks; ++k) RingStore(ring, slot, t.lb + k, LoadBlock(t.page, t.lb + k));
+  t.lb += kRingBlocks;
+  t.pf0 = LoadBlock(t.page, t.lb);
+  t.pf1 = LoadBlock(t.page, t.lb + 1);
+  const uint32_t header = RingWord(ring, slot, rec >> 2);
+  t.x = RingWord(ring, slot, (rec >> 2) + 1);
+  t.p = rec + 8;
+  return header;
+}
+
+// Makes the ring hold bytes [p, p + 36), all a slab of 32 symbols can read.
+// After the first slab at most two new blocks are needed per slab.
+__device__ __forceinline__ void TokRefill(Tok& t, uint32_t* ring, int slot) {
+  const uint32_t eb = ((t.p + 35) >> 4) + 1;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (t.lb < eb) {
+      RingStore(ring, slot, t.lb, t.pf0);
+      ++t.lb;
+      t.pf0 = t.pf1;
+      t.pf1 = LoadBlock(t.page, t.lb + 1);
+    }
+  }
+}
+
+// The 4-byte window at p.
+__device__ __forceinline__ uint32_t TokWindow(const Tok& t, const uint32_t* ring, int slot) {
+  const uint32_t w = t.p >> 2;
+  return __funnelshift_r(RingWord(ring, slot, w), RingWord(ring, slot, w + 1), t.p << 3);
+}
+
+// One rANS decode step (rans.h): returns the table entry (level in [31:16]).
+__device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& sel,
+                                         const uint32_t* table_lane) {
+  const uint32_t e = table_lane[(x & 255u) * 32];
+  x = (e & 255u) * (x >> 8) + ((e >> 8) & 255u);
+  if (x < kStateLowDev) {
+    x = __byte_perm(x, win, sel);
+    ++sel;
+  }
+  return e;
+}
+
+// Decodes 4 symbols of each of A and B.
+__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, int slot_a,
+                                        int slot_b, const uint32_t* table_lane, uint32_t ea[4],
+                                        uint32_t eb[4]) {
+  const uint32_t wa = TokWindow(a, ring, slot_a), wb = TokWindow(b, ring, slot_b);
+  uint32_t sa = kSelBase, sb = kSelBase;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    ea[k] = Step(a.x, wa, sa, table_lane);
+    eb[k] = Step(b.x, wb, sb, table_lane);
+  }
+  a.p += sa - kSelBase;
+  b.p += sb - kSelBase;
+}
+
+__device__ __forceinline__ uint32_t PackLevels(uint32_t lo_entry, uint32_t hi_entry) {
+  return __byte_perm(lo_entry, hi_entry, 0x7632);
+}
+
+// q' (hi + lo) of head h, channel c of its KV head, read back from the
+// fragment array (used for q' . mu once per page).
+template <int D, int G>
+__device__ __forceinline__ float QValue(const uint32_t* qfrag, int h, int c) {
+  const int gch = (h / G) * D + c, ks = gch >> 4, r = gch & 15;
+  const int t = (r & 7) >> 1, reg = r >> 3, half = r & 1, n = h % G;
+  const uint32_t whi = qfrag[(ks * 32 + n * 4 + t) * 2 + reg];
+  const uint32_t wlo = qfrag[(ks * 32 + (n + G) * 4 + t) * 2 + reg];
+  const uint16_t hi = static_cast<uint16_t>(half ? whi >> 16 : whi & 0xffff);
+  const uint16_t lo = static_cast<uint16_t>(half ? wlo >> 16 : wlo & 0xffff);
+  return HalfBitsToFloat(hi) + HalfBitsToFloat(lo);
+}
+
+struct KernelArgs {
+  DQuantAttentionParams p;
+  PartialLayout part;
+  Workspace ws;
+  int chunks_per_split;
+};
+
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs args) {
+  const DQuantAttentionParams& p = args.p;
+  extern __shared__ uint32_t smem[];
+  uint32_t* table = smem + kOffTable;
+  float* score = reinterpret_cast<float*>(smem + kOffScore);
+  float* acc = reinterpret_cast<float*>(smem + kOffAcc);
+  uint32_t* qfrag = smem + kOffQFrag;
+  float* ks = reinterpret_cast<float*>(smem + kOffTok);
+  float* ko = ks + kChunkTokens;
+  float* vs = ko + kChunkTokens;
+  float* vo = vs + kChunkTokens;
+  float* qsum = reinterpret_cast<float*>(smem + kOffQSum);
+  float* qmu = reinterpret_cast<float*>(smem + kOffQMu);
+  float* mrun = reinterpret_cast<float*>(smem + kOffRun);
+  float* lrun = mrun + kMaxQHeads;
+  float* orun = lrun + kMaxQHeads;
+  uint8_t* valid = reinterpret_cast<uint8_t*>(smem + kOffValid);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int item = blockIdx.y, split = blockIdx.x;
+  const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
+  const DQuantPageLayout& lay = p.layout;
+  uint32_t* stage = smem + kOffStage + warp * kStageWords;
+  uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
+  const uint32_t* table_lane = table + lane;
+
+  const int tokens = p.tokens_dev[item];
+  const int pages = (tokens + kPageTokens - 1) / kPageTokens;
+  const int chunks = (pages + kChunkPages - 1) / kChunkPages;
+  const int c_begin = split * args.chunks_per_split;
+  const int c_end = min(chunks, c_begin + args.chunks_per_split);
+
+  // Prologue: rotated query (in the score area), its fp16 hi/lo fragments, sums.
+  {
+    const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
+    for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
+    for (int len = 1; len < D; len <<= 1) {
+      __syncthreads();
+      for (int i = tid; i < q_heads * D / 2; i += kThreads) {
+        const int h = i / (D / 2), r = i % (D / 2);
+        const int j = (r / len) * 2 * len + (r % len);
+        float* x = score + h * D;
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+    __syncthreads();
+    const float norm = rsqrtf(static_cast<float>(D));
+    for (int i = tid; i < q_heads * D; i += kThreads) score[i] *= norm;
+    __syncthreads();
+    for (int i = tid; i < (n / 16) * 32; i += kThreads) {
+      const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
+      uint32_t w[2];
+#pragma unroll
+      for (int reg = 0; reg < 2; ++reg) {
+        uint16_t half[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ch = kstep * 16 + 2 * t + 8 * reg + e;
+          const int g = ch / D;
+          uint16_t hi = 0, lo = 0;
+          if (col < 2 * G) {
+            SplitHalf(score[(g * G + (col % G)) * D + ch % D], &hi, &lo);
+          }
+          half[e] = col < G ? hi : (col < 2 * G ? lo : 0);
+        }
+        w[reg] = half[0] | (static_cast<uint32_t>(half[1]) << 16);
+      }
+      qfrag[i * 2] = w[0];
+      qfrag[i * 2 + 1] = w[1];
+    }
+    if (warp < kWarps) {
+      for (int h = warp; h < q_heads; h += kWarps) {
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += score[h * D + d];
+        s = WarpSum(s);
+        if (lane == 0) {
+          qsum[h] = s;
+          mrun[h] = kNegInf;
+          lrun[h] = 0.0f;
+          orun[h] = 0.0f;
+        }
+      }
+    }
+    for (int i = tid; i < q_heads * D; i += kThreads) acc[i] = 0.0f;
+    __syncthreads();
+  }
+
+  const int slot_a = lane, slot_b = 32 + lane;
+  const int idx = tid & (kPageTokens - 1);
+  const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
+  const float scale = p.softmax_scale;
+
+  for (int c = c_begin; c < c_end; ++c) {
+    // Pages of the chunk; an absent token decodes a present record and is masked.
+    const int32_t* pt = p.page_table_dev + p.page_start_dev[item] + c * kChunkPages;
+    const int first_page = c * kChunkPages;
+    auto page_ptr = [&](int k) -> const uint8_t* {
+      const int k_ok = first_page + k < pages ? k : 0;
+      return p.pool_dev + static_cast<size_t>(pt[k_ok]) * lay.page_bytes;
+    };
+    auto token_valid = [&](int k) {
+      return first_page + k < pages && (first_page + k) * kPageTokens + idx < tokens;
+    };
+    const int kA = tid >> 7, kB = 2 + (tid >> 7);
+    const bool va = token_valid(kA), vb = token_valid(kB);
+    Tok a, b;
+    a.page = page_ptr(va ? kA : 0);
+    b.page = page_ptr(vb ? kB : 0);
+    const uint32_t ia = va ? idx : 0, ib = vb ? idx : 0;
+
+    // Table: keys.
+    for (int i = tid; i < kTableWords; i += kThreads) table[i] = p.tables_dev[i >> 5];
+    // q' . mu for each page of the chunk.
+    for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
+      const int k = j / q_heads, h = j % q_heads;
+      float s = 0.0f;
+      if (first_page + k < pages) {
+        const uint8_t* mean = p.pool_dev + static_cast<size_t>(pt[k]) * lay.page_bytes + lay.mean_offset;
+        const float mscale = __ldg(reinterpret_cast<const float*>(mean));
+        const int8_t* q8 = reinterpret_cast<const int8_t*>(mean + 4) + (h / G) * D;
+        for (int d = lane; d < D; d += 32) s += QValue<D, G>(qfrag, h, d) * static_cast<float>(q8[d]);
+        s = WarpSum(s) * mscale;
+      }
+      if (lane == 0) qmu[k * kMaxQHeads + h] = s;
+    }
+    // Value headers (scale, offset) of both tokens.
+    {
+      const uint32_t ha = __ldg(reinterpret_cast<const uint32_t*>(a.page + lay.value_offset + ia * lay.value_stride));
+      const uint32_t hb = __ldg(reinterpret_cast<const uint32_t*>(b.page + lay.value_offset + ib * lay.value_stride));
+      vs[ta] = HalfBitsToFloat(ha & 0xffff);
+      vo[ta] = HalfBitsToFloat(ha >> 16);
+      vs[tb] = HalfBitsToFloat(hb & 0xffff);
+      vo[tb] = HalfBitsToFloat(hb >> 16);
+      valid[ta] = va;
+      valid[tb] = vb;
+    }
+    __syncthreads();
+
+    // ---- 1. keys ----
+    {
+      const uint32_t ha = TokStart(a, ring, slot_a, ia * lay.key_stride);
+      const uint32_t hb = TokStart(b, ring, slot_b, ib * lay.key_stride);
+      ks[ta] = HalfBitsToFloat(ha & 0xffff);
+      ko[ta] = HalfBitsToFloat(ha >> 16);
+      ks[tb] = HalfBitsToFloat(hb & 0xffff);
+      ko[tb] = HalfBitsToFloat(hb >> 16);
+      for (int g = 0; g < kv_heads; ++g) {
+        float dacc[4][4] = {};
+        for (int slab = 0; slab < D / kSlab; ++slab) {
+          TokRefill(a, ring, slot_a);
+          TokRefill(b, ring, slot_b);
+#pragma unroll
+          for (int q8 = 0; q8 < kSlab / 8; ++q8) {
+            uint32_t e0[4], e1[4], f0[4], f1[4];
+            Decode4(a, b, ring, slot_a, slot_b, table_lane, e0, f0);
+            Decode4(a, b, ring, slot_a, slot_b, table_lane, e1, f1);
+            const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
+                                        PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
+            const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
+                                        PackLevels(f1[0], f1[1]), PackLevels(f1[2], f1[3]));
+            *reinterpret_cast<uint4*>(stage + slot_a * kKeyRowWords + q8 * 4) = wa;
+            *reinterpret_cast<uint4*>(stage + slot_b * kKeyRowWords + q8 * 4) = wb;
+          }
+          __syncwarp();
+#pragma unroll
+          for (int k2 = 0; k2 < 2; ++k2) {
+            const int kstep = (g * D + slab * kSlab) / 16 + k2;
+            const uint2 bq = *reinterpret_cast<const uint2*>(qfrag + (kstep * 32 + lane) * 2);
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+              uint32_t af[4];
+              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+              LdMatrixX4(af, stage + row * kKeyRowWords + k2 * 8 + (lane >> 4) * 4);
+              Mma16816(dacc[mt], af, bq.x, bq.y);
+            }
+          }
+          __syncwarp();
+        }
+        // Scores of the G heads of KV head g: column n + G (lo) is in lane ^ (G/2).
+        const int t4 = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          float part[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, dacc[mt][r], G / 2);
+          if (2 * t4 < G) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
+              const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
+              const int h = g * G + 2 * t4 + (r & 1);
+              const float dot = dacc[mt][r] + part[r];
+              score[h * kChunkTokens + tok] =
+                  valid[tok] ? scale * (ks[tok] * dot + ko[tok] * qsum[h] + qmu[(tok >> 7) * kMaxQHeads + h])
+                             : kNegInf;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- 2. softmax over the chunk, weights pre-multiplied by s_t ----
+    for (int h = warp; h < q_heads; h += kWarps) {
+      float* sc = score + h * kChunkTokens;
+      float cmax = kNegInf;
+      for (int t = lane; t < kChunkTokens; t += 32) cmax = fmaxf(cmax, sc[t]);
+      cmax = WarpMax(cmax);
+      const float m_old = mrun[h];
+      const float m_new = fmaxf(m_old, cmax);
+      float sum = 0.0f, osum = 0.0f;
+      for (int t = lane; t < kChunkTokens; t += 32) {
+        const float s = sc[t];
+        const float w = s == kNegInf ? 0.0f : __expf(s - m_new);
+        sum += w;
+        osum += w * vo[t];
+        sc[t] = w * vs[t];
+      }
+      sum = WarpSum(sum);
+      osum = WarpSum(osum);
+      const float f = m_old == kNegInf ? (m_new == kNegInf ? 1.0f : 0.0f) : __expf(m_old - m_new);
+      for (int d = lane; d < D; d += 32) acc[h * D + d] *= f;
+      if (lane == 0) {
+        mrun[h] = m_new;
+        lrun[h] = lrun[h] * f + sum;
+        orun[h] = orun[h] * f + osum;
+      }
+    }
+    // Table: values.
+    for (int i = tid; i < kTableWords; i += kThreads) table[i] = p.tables_dev[256 + (i >> 5)];
+    __syncthreads();
+
+    // ---- 3. values ----
+    {
+      TokStart(a, ring, slot_a, static_cast<uint32_t>(lay.value_offset) + ia * lay.value_stride);
+      TokStart(b, ring, slot_b, static_cast<uint32_t>(lay.value_offset) + ib * lay.value_stride);
+      const int t4 = lane & 3, col = lane >> 2;
+      for (int g = 0; g < kv_heads; ++g) {
+        // Weight fragments of the warp's 64 tokens (virtual k = 2 * lane + {A, B}).
+        uint32_t wf[4][2];
+#pragma unroll
+        for (int k4 = 0; k4 < 4; ++k4) {
+#pragma unroll
+          for (int reg = 0; reg < 2; ++reg) {
+            const int src = 8 * k4 + t4 + 4 * reg;
+            const int tok_a = warp * 32 + src, tok_b = kChunkTokens / 2 + warp * 32 + src;
+            uint16_t ha = 0, la = 0, hb = 0, lb = 0;
+            if (col < 2 * G) {
+              const int h = g * G + col % G;
+              SplitHalf(score[h * kChunkTokens + tok_a], &ha, &la);
+              SplitHalf(score[h * kChunkTokens + tok_b], &hb, &lb);
+            }
+            const uint16_t xa = col < G ? ha : la, xb = col < G ? hb : lb;
+            wf[k4][reg] = col < 2 * G ? (xa | (static_cast<uint32_t>(xb) << 16)) : 0u;
+          }
+        }
+        for (int slab = 0; slab < D / kSlab; ++slab) {
+          TokRefill(a, ring, slot_a);
+          TokRefill(b, ring, slot_b);
+#pragma unroll
+          for (int q4 = 0; q4 < kSlab / 4; ++q4) {
+            uint32_t e[4], f[4];
+            Decode4(a, b, ring, slot_a, slot_b, table_lane, e, f);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) stage[(q4 * 4 + k) * kValRowWords + lane] = PackLevels(e[k], f[k]);
+          }
+          __syncwarp();
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4] = {};
+#pragma unroll
+            for (int k4 = 0; k4 < 4; ++k4) {
+              uint32_t af[4];
+              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+              LdMatrixX4(af, stage + row * kValRowWords + k4 * 8 + (lane >> 4) * 4);
+              Mma16816(d, af, wf[k4][0], wf[k4][1]);
+            }
+            float part[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, d[r], G / 2);
+            if (2 * t4 < G) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int h = g * G + 2 * t4 + (r & 1);
+                const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (r >> 1) * 8;
+                atomicAdd(acc + h * D + ch, d[r] + part[r]);
+              }
+            }
+          }
+          __syncwarp();
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Partial state: acc + (sum a_t o_t) on every channel, in the rotated domain.
+  for (int h = warp; h < q_heads; h += kWarps) {
+    const size_t mi = args.part.ml_index(item, split, h);
+    if (lane == 0) {
+      args.ws.m[mi] = mrun[h];
+      args.ws.l[mi] = lrun[h];
+    }
+    for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, h) + d] = acc[h * D + d] + orun[h];
+  }
+}
+
+template <int D, int G>
+absl::Status Launch(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  auto kernel = DQuantAttentionKernel<D, G>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmemBytes));
+  if (e != cudaSuccess) return CudaStatus(e, "cudaFuncSetAttribute(D-Quant attention)");
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
+  return CudaStatus(cudaGetLastError(), "D-Quant attention launch");
+}
+
+absl::Status Dispatch(int head_dim, int group, const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  switch (head_dim * 16 + group) {
+    case 128 * 16 + 4: return Launch<128, 4>(args, grid, stream);
+    case 128 * 16 + 2: return Launch<128, 2>(args, grid, stream);
+    case 64 * 16 + 4: return Launch<64, 4>(args, grid, stream);
+    case 64 * 16 + 2: return Launch<64, 2>(args, grid, stream);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("no D-Quant kernel for head_dim ", head_dim,
+                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream) {
+  const DQuantPageLayout& l = p.layout;
+  if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
+  if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0 || p.q_heads > kMaxQHeads) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " / kv_heads ", l.kv_heads,
+                                                   ": need a multiple, at most ", kMaxQHeads));
+  }
+  if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
+  if (l.page_bytes % 16 != 0 || l.value_offset % 16 != 0 || l.key_stride % 4 != 0 || l.value_stride % 4 != 0) {
+    return absl::InvalidArgumentError("page layout not aligned (use MakeDQuantPageLayout)");
+  }
+  if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
+  const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
+  int splits = p.splits;
+  if (splits <= 0) {
+    // Enough blocks for two waves of 132 SMs, never more than one per chunk.
+    splits = std::min(chunks, std::max(1, (2 * 132 + p.items - 1) / p.items));
+  }
+  splits = std::min(splits, chunks);
+  KernelArgs args;
+  args.p = p;
+  args.chunks_per_split = (chunks + splits - 1) / splits;
+  splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
+  args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
+  args.ws = CarveWorkspace(p.workspace_dev, args.part);
+  const dim3 grid(splits, p.items);
+  const int group = p.q_heads / l.kv_heads;
+  absl::Status st = Dispatch(l.head_dim, group, args, grid, stream);
+  if (!st.ok()) return st;
+  MergeParams m;
+  m.part = args.part;
+  m.m_dev = args.ws.m;
+  m.l_dev = args.ws.l;
+  m.acc_dev = args.ws.acc;
+  m.rotated = true;
+  m.kv_heads = l.kv_heads;
+  m.window_k_dev = p.window_k_dev;
+  m.window_v_dev = p.window_v_dev;
+  m.window_tokens_dev = p.window_tokens_dev;
+  m.query_dev = p.query_dev;
+  m.softmax_scale = p.softmax_scale;
+  m.out_dev = p.out_dev;
+  m.lse_dev = p.lse_dev;
+  return LaunchMerge(m, stream);
+}
+
+}  // namespace gpu
+}  // namespace driftkv

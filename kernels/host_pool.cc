@@ -1,0 +1,177 @@
+#include "kernels/host_pool.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "codec/half.h"
+
+namespace driftkv {
+namespace gpu {
+
+void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
+              std::vector<float>* values) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  std::vector<float> bias(n);
+  for (int j = 0; j < n; ++j) bias[j] = 2.0f * normal(*rng);
+  keys->resize(static_cast<size_t>(tokens) * n);
+  values->resize(static_cast<size_t>(tokens) * n);
+  for (int t = 0; t < tokens; ++t) {
+    for (int j = 0; j < n; ++j) {
+      float k = bias[j] + normal(*rng);
+      if (uni(*rng) < 0.002f) k *= 8.0f;
+      (*keys)[static_cast<size_t>(t) * n + j] = k;
+      (*values)[static_cast<size_t>(t) * n + j] = normal(*rng);
+    }
+  }
+}
+
+absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
+                              const std::vector<int>& window, bool shuffle, uint64_t seed,
+                              HostDQuantBatch* b) {
+  absl::Status st = MakeDQuantPageLayout(codec, &b->layout);
+  if (!st.ok()) return st;
+  const DQuantPageLayout& lay = b->layout;
+  const int n = lay.n(), d = lay.head_dim, items = static_cast<int>(tokens.size());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  b->q_heads = q_heads;
+  b->tokens = std::vector<int32_t>(tokens.begin(), tokens.end());
+  b->window_tokens = std::vector<int32_t>(window.begin(), window.end());
+  b->page_start.resize(items);
+  int total_pages = 0;
+  b->max_pages = 0;
+  for (int i = 0; i < items; ++i) {
+    if (window[i] < 0 || window[i] > kMaxWindow) {
+      return absl::InvalidArgumentError(absl::StrCat("window ", window[i], " out of range"));
+    }
+    const int pages = (tokens[i] + kPageTokens - 1) / kPageTokens;
+    b->page_start[i] = total_pages;
+    total_pages += pages;
+    b->max_pages = std::max(b->max_pages, pages);
+  }
+  std::vector<int32_t> perm(total_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffle) std::shuffle(perm.begin(), perm.end(), rng);
+  b->page_table = perm;
+  b->pool.assign(static_cast<size_t>(std::max(total_pages, 1)) * lay.page_bytes, 0);
+  b->window_k.assign(static_cast<size_t>(items) * kMaxWindow * n, 0);
+  b->window_v.assign(static_cast<size_t>(items) * kMaxWindow * n, 0);
+  b->query.resize(static_cast<size_t>(items) * q_heads * d);
+  for (float& q : b->query) q = normal(rng);
+  b->ref_keys.resize(items);
+  b->ref_values.resize(items);
+  CodecScratch scratch;
+  std::vector<float> keys, values;
+  for (int i = 0; i < items; ++i) {
+    RandomKv(tokens[i] + window[i], n, &rng, &keys, &values);
+    std::vector<float>& rk = b->ref_keys[i];
+    std::vector<float>& rv = b->ref_values[i];
+    rk.resize(static_cast<size_t>(tokens[i] + window[i]) * n);
+    rv.resize(rk.size());
+    for (int t0 = 0, pg = 0; t0 < tokens[i]; t0 += kPageTokens, ++pg) {
+      const int count = std::min(kPageTokens, tokens[i] - t0);
+      uint8_t* page = b->pool.data() + static_cast<size_t>(b->page_table[b->page_start[i] + pg]) * lay.page_bytes;
+      StreamStats ks, vs;
+      st = codec.EncodeWindow(keys.data() + static_cast<size_t>(t0) * n, values.data() + static_cast<size_t>(t0) * n,
+                              count, page, page + lay.value_offset, page + lay.mean_offset, &scratch, &ks, &vs);
+      if (!st.ok()) return st;
+      for (int t = 0; t < count; ++t) {
+        st = codec.DecodeKey(page + static_cast<size_t>(t) * lay.key_stride, page + lay.mean_offset,
+                             rk.data() + static_cast<size_t>(t0 + t) * n, &scratch);
+        if (st.ok()) {
+          st = codec.DecodeValue(page + lay.value_offset + static_cast<size_t>(t) * lay.value_stride,
+                                 rv.data() + static_cast<size_t>(t0 + t) * n, &scratch);
+        }
+        if (!st.ok()) return st;
+      }
+    }
+    for (int t = 0; t < window[i]; ++t) {
+      for (int j = 0; j < n; ++j) {
+        const size_t src = static_cast<size_t>(tokens[i] + t) * n + j;
+        const size_t dst = (static_cast<size_t>(i) * kMaxWindow + t) * n + j;
+        b->window_k[dst] = FloatToBf16(keys[src]);
+        b->window_v[dst] = FloatToBf16(values[src]);
+        rk[src] = Bf16ToFloat(b->window_k[dst]);
+        rv[src] = Bf16ToFloat(b->window_v[dst]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
+                                    float softmax_scale, float* out, float* lse) {
+  const DQuantPageLayout& lay = b.layout;
+  std::vector<CompressedBlock> blocks;
+  for (int t0 = 0, pg = 0; t0 < b.tokens[item]; t0 += kPageTokens, ++pg) {
+    const uint8_t* page = b.pool.data() + static_cast<size_t>(b.page_table[b.page_start[item] + pg]) * lay.page_bytes;
+    CompressedBlock blk;
+    blk.key_records = page;
+    blk.value_records = page + lay.value_offset;
+    blk.mean_record = page + lay.mean_offset;
+    blk.tokens = std::min(kPageTokens, b.tokens[item] - t0);
+    blocks.push_back(blk);
+  }
+  Bf16Tokens win;
+  const size_t off = static_cast<size_t>(item) * kMaxWindow * lay.n();
+  win.keys = b.window_k.data() + off;
+  win.values = b.window_v.data() + off;
+  win.tokens = b.window_tokens[item];
+  AttentionScratch scratch;
+  return CompressedAttention(codec, blocks, win, b.query.data() + static_cast<size_t>(item) * b.q_heads * lay.head_dim,
+                             b.q_heads, softmax_scale, out, lse, &scratch);
+}
+
+void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,
+                    bool shuffle, uint64_t seed, HostBf16Batch* b) {
+  const int n = kv_heads * head_dim, items = static_cast<int>(tokens.size());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  b->kv_heads = kv_heads;
+  b->head_dim = head_dim;
+  b->q_heads = q_heads;
+  b->tokens = std::vector<int32_t>(tokens.begin(), tokens.end());
+  b->page_start.resize(items);
+  int total = 0;
+  b->max_pages = 0;
+  for (int i = 0; i < items; ++i) {
+    const int pages = (tokens[i] + kPageTokens - 1) / kPageTokens;
+    b->page_start[i] = total;
+    total += pages;
+    b->max_pages = std::max(b->max_pages, pages);
+  }
+  b->page_table.resize(total);
+  std::iota(b->page_table.begin(), b->page_table.end(), 0);
+  if (shuffle) std::shuffle(b->page_table.begin(), b->page_table.end(), rng);
+  const size_t page_bytes = Bf16PageBytes(kv_heads, head_dim);
+  // Unused slots of a last page hold NaN: the kernel must never read them into a result.
+  b->pool.assign(static_cast<size_t>(std::max(total, 1)) * page_bytes, 0xff);
+  b->query.resize(static_cast<size_t>(items) * q_heads * head_dim);
+  for (float& q : b->query) q = normal(rng);
+  b->ref_keys.resize(items);
+  b->ref_values.resize(items);
+  std::vector<float> keys, values;
+  for (int i = 0; i < items; ++i) {
+    RandomKv(tokens[i], n, &rng, &keys, &values);
+    b->ref_keys[i].resize(keys.size());
+    b->ref_values[i].resize(values.size());
+    for (int t = 0; t < tokens[i]; ++t) {
+      uint16_t* page = reinterpret_cast<uint16_t*>(
+          b->pool.data() + static_cast<size_t>(b->page_table[b->page_start[i] + t / kPageTokens]) * page_bytes);
+      for (int j = 0; j < n; ++j) {
+        const size_t src = static_cast<size_t>(t) * n + j;
+        const uint16_t kb = FloatToBf16(keys[src]), vb = FloatToBf16(values[src]);
+        page[static_cast<size_t>(t % kPageTokens) * n + j] = kb;
+        page[static_cast<size_t>(kPageTokens + t % kPageTokens) * n + j] = vb;
+        b->ref_keys[i][src] = Bf16ToFloat(kb);
+        b->ref_values[i][src] = Bf16ToFloat(vb);
+      }
+    }
+  }
+}
+
+}  // namespace gpu
+}  // namespace driftkv

@@ -1,0 +1,70 @@
+// Host-side construction of paged D-Quant and bf16 pools, for the GPU tests
+// and the benchmark: random KV histories encoded with the CPU codec
+// (codec/dquant_codec.h) into the page layout of kernels/attention.h, plus
+// the model-domain values the references need.
+#ifndef DRIFTKV_KERNELS_HOST_POOL_H_
+#define DRIFTKV_KERNELS_HOST_POOL_H_
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "codec/attention.h"
+#include "codec/dquant_codec.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+
+namespace driftkv {
+namespace gpu {
+
+// Random KV of `tokens` tokens, [tokens][kv_heads][head_dim]: keys with a
+// per-channel bias (so the window mean matters) and occasional outliers,
+// values standard normal.
+void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
+              std::vector<float>* values);
+
+struct HostDQuantBatch {
+  DQuantPageLayout layout;
+  int q_heads = 0;
+  int max_pages = 0;
+  std::vector<uint8_t> pool;             // pages, page_bytes each
+  std::vector<int32_t> page_table;
+  std::vector<int32_t> page_start;       // [items]
+  std::vector<int32_t> tokens;           // [items] compressed tokens
+  std::vector<int32_t> window_tokens;    // [items]
+  std::vector<uint16_t> window_k, window_v;  // [items][kMaxWindow][n] bf16
+  std::vector<float> query;              // [items][q_heads][head_dim]
+  // Per item, model domain, [tokens + window][n]: the decoded compressed
+  // tokens (what the kernel must attend to), then the window as floats.
+  std::vector<std::vector<float>> ref_keys, ref_values;
+  int items() const { return static_cast<int>(tokens.size()); }
+};
+
+// Encodes one random history per item (compressed tokens[i], window[i] <=
+// kMaxWindow) into pages; with shuffle, pages are placed in random order.
+absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
+                              const std::vector<int>& window, bool shuffle, uint64_t seed,
+                              HostDQuantBatch* batch);
+
+// CPU reference of item i with codec/attention.h CompressedAttention (the
+// same algorithm in fp32 on the CPU).
+absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
+                                    float softmax_scale, float* out, float* lse);
+
+struct HostBf16Batch {
+  int kv_heads = 0, head_dim = 0, q_heads = 0, max_pages = 0;
+  std::vector<uint8_t> pool;
+  std::vector<int32_t> page_table, page_start, tokens;
+  std::vector<float> query;
+  std::vector<std::vector<float>> ref_keys, ref_values;  // bf16 values as floats
+  int items() const { return static_cast<int>(tokens.size()); }
+};
+
+void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,
+                    bool shuffle, uint64_t seed, HostBf16Batch* batch);
+
+}  // namespace gpu
+}  // namespace driftkv
+
+#endif  // DRIFTKV_KERNELS_HOST_POOL_H_

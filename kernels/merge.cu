@@ -1,0 +1,144 @@
+// The split-KV merge kernel, the shared host helpers of the attention
+// launchers, and the host-side layout of D-Quant pages.
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/device_common.cuh"
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+constexpr int kMergeThreads = 128;
+
+__device__ float BlockReduceMax(float v, float* red) {
+  v = WarpMax(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < kMergeThreads / 32; ++i) r = fmaxf(r, red[i]);
+  return r;
+}
+
+__device__ float BlockReduceSum(float v, float* red) {
+  v = WarpSum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+  for (int i = 0; i < kMergeThreads / 32; ++i) r += red[i];
+  return r;
+}
+
+// One block per (item, query head); thread d < head_dim owns channel d.
+// 1. merge the splits' (m, l, acc); 2. if rotated, acc <- H acc (butterflies
+// in the order of codec/hadamard.cc); 3. fold in the bf16 window tokens in
+// the model domain; 4. out = acc / l.
+__global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
+  const int item = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
+  const int d_count = p.part.head_dim;
+  __shared__ float a[kMergeThreads];
+  __shared__ float red[kMergeThreads / 32];
+  __shared__ float score[kMaxWindow];
+  __shared__ float q[kMergeThreads];
+
+  float m = kNegInf;
+  for (int s = 0; s < p.part.splits; ++s) m = fmaxf(m, p.m_dev[p.part.ml_index(item, s, h)]);
+  float l = 0.0f, acc = 0.0f;
+  for (int s = 0; s < p.part.splits; ++s) {
+    const float ms = p.m_dev[p.part.ml_index(item, s, h)];
+    if (ms == kNegInf) continue;
+    const float f = __expf(ms - m);
+    l += f * p.l_dev[p.part.ml_index(item, s, h)];
+    if (tid < d_count) acc += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
+  }
+  if (p.rotated) {
+    a[tid] = acc;
+    for (int len = 1; len < d_count; len <<= 1) {
+      __syncthreads();
+      float v = 0.0f;
+      if (tid < d_count) {
+        const float x = a[tid], y = a[tid ^ len];
+        v = (tid & len) ? y - x : x + y;
+      }
+      __syncthreads();
+      if (tid < d_count) a[tid] = v;
+    }
+    __syncthreads();
+    acc = a[tid] * static_cast<float>(1.0 / sqrt(static_cast<double>(d_count)));
+  }
+
+  const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
+  if (w > 0) {
+    const int q_heads = p.part.q_heads, group = q_heads / p.kv_heads, g = h / group;
+    const int n = p.kv_heads * d_count;
+    if (tid < d_count) q[tid] = p.query_dev[(static_cast<size_t>(item) * q_heads + h) * d_count + tid];
+    __syncthreads();
+    const uint16_t* wk = p.window_k_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
+    const uint16_t* wv = p.window_v_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
+    float s = kNegInf;
+    if (tid < w) {
+      float dot = 0.0f;
+      for (int d = 0; d < d_count; ++d) dot += q[d] * Bf16ToFloatDev(wk[static_cast<size_t>(tid) * n + d]);
+      s = p.softmax_scale * dot;
+      score[tid] = s;
+    }
+    const float m2 = fmaxf(m, BlockReduceMax(s, red));
+    const float f = m == kNegInf ? 0.0f : __expf(m - m2);
+    const float e = tid < w ? __expf(s - m2) : 0.0f;
+    if (tid < w) score[tid] = e;
+    l = l * f + BlockReduceSum(e, red);  // (syncs make score[] visible)
+    acc *= f;
+    if (tid < d_count) {
+      for (int t = 0; t < w; ++t) acc += score[t] * Bf16ToFloatDev(wv[static_cast<size_t>(t) * n + tid]);
+    }
+    m = m2;
+  }
+  if (tid < d_count) {
+    p.out_dev[(static_cast<size_t>(item) * p.part.q_heads + h) * d_count + tid] = l > 0.0f ? acc / l : 0.0f;
+  }
+  if (tid == 0) p.lse_dev[static_cast<size_t>(item) * p.part.q_heads + h] = l > 0.0f ? m + logf(l) : kNegInf;
+}
+
+}  // namespace
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+bool GpuAvailable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
+  float* base = static_cast<float*>(ws);
+  const size_t c = part.count();
+  return Workspace{base, base + c, base + 2 * c};
+}
+
+size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
+  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
+  return static_cast<size_t>(items) * splits * q_heads * (2 + head_dim) * sizeof(float);
+}
+
+absl::Status LaunchMerge(const MergeParams& p, cudaStream_t stream) {
+  if (p.part.head_dim > kMergeThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim ", p.part.head_dim, " exceeds ", kMergeThreads));
+  }
+  MergeKernel<<<dim3(p.part.q_heads, p.part.items), kMergeThreads, 0, stream>>>(p);
+  return CudaStatus(cudaGetLastError(), "merge kernel launch");
+}
+
+}  // namespace gpu
+}  // namespace driftkv
