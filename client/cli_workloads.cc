@@ -23,6 +23,8 @@
 #include "codec/half.h"
 #include "service/tensor.h"
 
+ABSL_FLAG(double, query_focus, 0.25,
+          "synthetic queries: weight of the past key they copy (higher: sharper attention)");
 ABSL_FLAG(int, sequences, 8, "bench: concurrent sequences (one client thread each)");
 ABSL_FLAG(int, steps, 32, "bench/demo: decode steps per sequence");
 ABSL_FLAG(std::string, fixture, "/work/shared/eval/fixture_public",
@@ -52,8 +54,9 @@ void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::
   const int n = kv_heads * head_dim;
   std::mt19937 rng(seed);
   std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> offset(n), drift(n);
+  std::vector<float> offset(n), drift(n), value_offset(n);
   for (int j = 0; j < n; ++j) {
+    value_offset[j] = 0.5f * g(rng);  // values have channel structure too
     // Two outlier channels per head (a low-frequency RoPE pair in real keys).
     const int c = j % head_dim;
     offset[j] = 0.6f * g(rng) + ((c == head_dim / 2 - 1 || c == head_dim - 1) ? 8.0f : 0.0f);
@@ -65,7 +68,7 @@ void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::
     const float phase = std::sin(t * 0.01f);
     for (int j = 0; j < n; ++j) {
       (*keys)[static_cast<size_t>(t) * n + j] = offset[j] + drift[j] * phase + g(rng);
-      (*values)[static_cast<size_t>(t) * n + j] = 0.5f * g(rng);
+      (*values)[static_cast<size_t>(t) * n + j] = value_offset[j] + 0.5f * g(rng);
     }
   }
 }
@@ -79,7 +82,8 @@ std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, in
   std::vector<float> q(static_cast<size_t>(q_heads) * head_dim);
   for (int h = 0; h < q_heads; ++h) {
     const float* k = keys.data() + static_cast<size_t>(pick(rng)) * n + (h / group) * head_dim;
-    for (int j = 0; j < head_dim; ++j) q[h * head_dim + j] = 0.5f * k[j] + g(rng);
+    const float focus = static_cast<float>(absl::GetFlag(FLAGS_query_focus));
+    for (int j = 0; j < head_dim; ++j) q[h * head_dim + j] = focus * k[j] + g(rng);
   }
   return q;
 }
@@ -290,7 +294,8 @@ int Demo(Client& client) {
   if (!pushed.ok()) return Fail(pushed.status());
   const double push_s = SecondsSince(t0);
   const double raw = 2.0 * layers * tokens * n * 2;
-  std::printf("1. pushed %d tokens x %d layers (%.1f MB bf16) in %.3f s: %.1f MB/s, %.0f tokens/s\n", tokens,
+  std::printf("1. pushed %d tokens x %d layers of synthetic keys/values (%.1f MB bf16) in %.3f s: %.1f MB/s, "
+              "%.0f tokens/s\n", tokens,
               layers, raw / 1e6, push_s, raw / push_s / 1e6, tokens / push_s);
 
   // 2. Decode steps: each appends one token per layer and attends.
