@@ -35,7 +35,8 @@ absl::Status CheckTensorBytes(absl::string_view field, int dtype, size_t bytes, 
   const size_t width = DTypeBytes(dtype);
   if (width == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": dtype ", dtype, " (", DTypeName(dtype), ") is not one of BF16, FP16, F32"));
+        field, ": ", dtype == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED" : absl::StrCat("dtype ", dtype),
+        " is not one of BF16, FP16, F32"));
   }
   if (bytes != elements * width) {
     return absl::InvalidArgumentError(absl::StrCat(field, " has ", bytes, " bytes; ", shape,
