@@ -118,7 +118,9 @@ TEST(StreamCodec, SingleHugeOutlierDegradesGracefully) {
   EXPECT_LT(err / (30000.0 * 30000.0), 0.1);
   EXPECT_GT(y[17], 15000.0f);
   for (int i = 0; i < 1024; ++i) {
-    if (i != 17) ASSERT_LE(std::fabs(y[i]), 300.0f) << i;
+    if (i != 17) {
+      ASSERT_LE(std::fabs(y[i]), 300.0f) << i;
+    }
   }
 }
 
