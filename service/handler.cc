@@ -282,6 +282,12 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
 }
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response) {
+  absl::Status st = AttendImpl(request, response);
+  if (!st.ok()) metrics_->rejected_chunks->Increment();
+  return st;
+}
+
+absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response) {
   const int items = request.items_size();
   if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
   if (items > options_.max_batch) {
@@ -458,7 +464,6 @@ absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendRespons
   if (!st.ok()) {
     unlock_all();
     if (total_pages > 0 || used > 0) PublishGauges();
-    metrics_->rejected_chunks->Increment();
     return st;
   }
 

@@ -132,6 +132,7 @@ class Handler {
   absl::Status ApplyAppend(Layer* layer, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages);
 
+  absl::Status AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response);
   void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
   void PublishGauges();
 

@@ -75,8 +75,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   duplicate_tokens = &BuildCounter().Name("driftkv_duplicate_tokens_total")
                           .Help("Tokens received again and acknowledged without storing")
                           .Register(r).Add({});
-  rejected_chunks = &BuildCounter().Name("driftkv_rejected_chunks_total")
-                         .Help("Append chunks and decode steps rejected").Register(r).Add({});
+  rejected_chunks = &BuildCounter().Name("driftkv_rejected_requests_total")
+                         .Help("Append chunks and Attend requests rejected").Register(r).Add({});
   attention_tokens = &BuildCounter().Name("driftkv_attention_tokens_total")
                           .Help("Tokens attended over (sum over items)").Register(r).Add({});
   attention_items = &BuildCounter().Name("driftkv_attention_items_total")

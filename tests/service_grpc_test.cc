@@ -346,7 +346,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
         "driftkv_sequences", "driftkv_sequences_created_total", "driftkv_sequences_released_total",
         "driftkv_sequences_expired_total", "driftkv_ingested_bytes_total",
         "driftkv_ingested_tokens_total", "driftkv_duplicate_tokens_total",
-        "driftkv_rejected_chunks_total", "driftkv_attention_tokens_total",
+        "driftkv_rejected_requests_total", "driftkv_attention_tokens_total",
         "driftkv_attention_items_total", "driftkv_rpc_duration_seconds_bucket"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }
@@ -365,6 +365,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   EXPECT_EQ(MetricValue(after, "driftkv_attention_tokens_total"), 300);
   EXPECT_EQ(MetricValue(after, "driftkv_sequences"), 1);
   EXPECT_EQ(MetricValue(before, "driftkv_sequences"), 0);
+  EXPECT_EQ(MetricValue(after, "driftkv_rejected_requests_total"), 1);  // the layer-9 Attend
   EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"Attend\"} 1"))
       << after;
   EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Append\"} 1"));
