@@ -41,7 +41,12 @@ std::vector<std::string> KvCodecNames() {
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeKvCodec(const CodecOptions& o) {
   const int h = o.kv_heads, d = o.head_dim;
   if (o.name == "dquant") return MakeDQuant(o);
-  if (o.name == "int") return baselines::MakeIntCodec(h, d, o.bits, o.group);
+  if (o.name == "int") {
+    if (o.rotation != "hadamard" && o.rotation != "identity") {
+      return absl::InvalidArgumentError(absl::StrCat("rotation \"", o.rotation, "\" unknown; use hadamard or identity"));
+    }
+    return baselines::MakeIntCodec(h, d, o.bits, o.group, o.rotation == "hadamard");
+  }
   if (o.name == "kivi") return baselines::KiviCodec::Create(h, d, o.bits, o.group);
   if (o.name == "oscar") {
     return baselines::MakeOscarCodec(h, d, o.bits, o.group, o.kappa_k, o.kappa_v);

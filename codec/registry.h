@@ -31,6 +31,7 @@ struct CodecOptions {
   uint64_t seed = 0x5eed;  // turbo's random rotation
   // The per-head rotation before quantisation: "hadamard" (default) or
   // "identity" (for callers that apply their own transform, e.g. WUSH).
+  // Honoured by dquant and int; the other codecs always use their own.
   std::string rotation = "hadamard";
 };
 

@@ -46,13 +46,13 @@ absl::Status GroupAffineCodec::DecodeStream(bool key, const uint8_t* record, flo
 }
 
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits,
-                                                      int group) {
+                                                      int group, bool rotate) {
   GroupSpec spec;
   spec.n = kv_heads * head_dim;
   spec.group = group;
   spec.bits = bits;
   absl::StatusOr<std::unique_ptr<GroupAffineCodec>> c =
-      GroupAffineCodec::Create("int", kv_heads, head_dim, /*rotate=*/true, spec, spec);
+      GroupAffineCodec::Create("int", kv_heads, head_dim, rotate, spec, spec);
   if (!c.ok()) return c.status();
   return std::unique_ptr<KvCodec>(std::move(*c));
 }

@@ -49,8 +49,10 @@ class GroupAffineCodec : public TokenwiseCodec {
 };
 
 // QuaRot-style: rotation, `bits` (1..8) for keys and values, `group` | n.
+// rotate = false (CodecOptions.rotation "identity") skips the Hadamard
+// rotation, for callers that apply their own transform (WUSH-KV).
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits,
-                                                      int group);
+                                                      int group, bool rotate = true);
 
 }  // namespace baselines
 }  // namespace driftkv
