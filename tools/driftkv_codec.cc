@@ -10,6 +10,7 @@
 //   driftkv-codec demo         (built-in synthetic KV, human-readable)
 // Codec flags: --codec NAME --k-levels --v-levels --k-bytes --v-bytes
 // --alpha --mean-window --bits --group --kappa-k --kappa-v --seed.
+// Transform flags (eval, encode, decode): tools/transform_flags.h.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -25,6 +26,7 @@
 #include "tools/flags.h"
 #include "tools/raw_io.h"
 #include "tools/sweep.h"
+#include "tools/transform_flags.h"
 
 namespace driftkv {
 namespace {
@@ -118,6 +120,9 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
   CodecOptions options;
   absl::Status st = CodecFromFlags(f, static_cast<int>(t.heads), static_cast<int>(t.dim), &options);
   if (!st.ok()) return st;
+  absl::StatusOr<TransformChoice> transform = TransformFromFlags(f);
+  if (!transform.ok()) return transform.status();
+  options = StoredOptions(options, *transform);
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(options);
   if (!codec.ok()) return codec.status();
   int64_t residual = 0;
@@ -144,7 +149,9 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
     }
     EncodedLayer enc;
     EvalAccumulator layer_acc;
-    st = EvaluateLayer(**codec, in, &layer_acc, pool_out.empty() ? nullptr : &enc);
+    absl::StatusOr<std::unique_ptr<KvCodec>> layer_codec = MakeCodecForLayer(options, *transform, l);
+    if (!layer_codec.ok()) return layer_codec.status();
+    st = EvaluateLayer(**layer_codec, in, &layer_acc, pool_out.empty() ? nullptr : &enc);
     if (!st.ok()) return absl::Status(st.code(), absl::StrCat("layer ", l, ": ", st.message()));
     if (print_json && f.Has("per-layer")) {
       std::printf("{\"layer\":%lld,%s\n", static_cast<long long>(l), EvalJson(**codec, layer_acc).c_str() + 1);
@@ -165,9 +172,9 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
 
 int Eval(int argc, char** argv) {
   Flags f;
-  absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"keys", "values", "shape", "dtype", "queries",
-                                                           "q-heads", "residual", "threads"}),
-                            {"json", "per-layer"});
+  absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "queries",
+                                                                          "q-heads", "residual", "threads"}),
+                            With(TransformSwitches(), {"json", "per-layer"}));
   if (!st.ok()) return Fail(st);
   Tensors t;
   st = LoadTensors(f, true, &t);
@@ -177,9 +184,9 @@ int Eval(int argc, char** argv) {
 
 int Encode(int argc, char** argv) {
   Flags f;
-  absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"keys", "values", "shape", "dtype", "residual",
-                                                           "threads", "out"}),
-                            {"json"});
+  absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "residual",
+                                                                          "threads", "out"}),
+                            With(TransformSwitches(), {"json"}));
   if (!st.ok()) return Fail(st);
   if (!f.Has("out")) return Fail(absl::InvalidArgumentError("--out POOL is required"));
   Tensors t;
@@ -190,17 +197,25 @@ int Encode(int argc, char** argv) {
 
 int Decode(int argc, char** argv) {
   Flags f;
-  absl::Status st = f.Parse(argc, argv, {"in", "out", "dtype"}, {});
+  absl::Status st = f.Parse(argc, argv, With(TransformValueFlags(), {"in", "out", "dtype"}), TransformSwitches());
   if (!st.ok()) return Fail(st);
   if (!f.Has("in") || !f.Has("out")) return Fail(absl::InvalidArgumentError("--in POOL and --out PREFIX are required"));
   absl::StatusOr<Dtype> dtype = ParseDtype(f.Str("dtype", "f32"));
   if (!dtype.ok()) return Fail(dtype.status());
   absl::StatusOr<Pool> pool = ReadPoolFile(f.Str("in"));
   if (!pool.ok()) return Fail(pool.status());
+  absl::StatusOr<TransformChoice> transform = TransformFromFlags(f);
+  if (!transform.ok()) return Fail(transform.status());
+  if (transform->given && StoredOptions(pool->options, *transform).rotation != pool->options.rotation) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--transform ", f.Str("transform"), " does not match the pool's rotation ",
+                                                        pool->options.rotation)));
+  }
   const int64_t per_layer = pool->tokens * pool->codec->n();
   std::vector<float> keys(per_layer * pool->layers.size()), values(keys.size());
   for (size_t l = 0; l < pool->layers.size(); ++l) {
-    st = DecodeLayer(*pool->codec, pool->layers[l], keys.data() + l * per_layer, values.data() + l * per_layer);
+    absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeCodecForLayer(pool->options, *transform, l);
+    if (!codec.ok()) return Fail(codec.status());
+    st = DecodeLayer(**codec, pool->layers[l], keys.data() + l * per_layer, values.data() + l * per_layer);
     if (!st.ok()) return Fail(absl::DataLossError(absl::StrCat("layer ", l, ": ", st.message())));
   }
   st = WriteRawTensor(f.Str("out") + ".k", *dtype, keys.data(), keys.size());
@@ -313,7 +328,9 @@ int Usage() {
                "  demo   (synthetic KV)\n"
                "codec flags: --codec NAME --k-levels 8 --v-levels 6 --k-bytes 331 --v-bytes 231\n"
                "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
-               "  --rotation hadamard|identity\n");
+               "  --rotation hadamard|identity\n"
+               "transform flags (eval, encode, decode): --transform identity|hadamard|wush\n"
+               "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n");
   return 2;
 }
 

@@ -1,0 +1,53 @@
+// The transform flags of driftkv-codec (issue 6):
+//   --transform identity|hadamard|wush   (default: the codec's own rotation)
+//   --transforms FILE                    (driftkv-calibrate's output; wush)
+//   --layer L        the transforms of model layer L for every tensor layer;
+//                    without it, tensor layer i uses model layer
+//                    i % (layers in the file), which fits files laid out
+//                    [sequence][layer] (the fixture, bench/kl_eval.py)
+//   --values-folded  T_V is folded into the model's weights: values pass
+//                    through untransformed
+// Codecs are built per tensor layer, since the transforms differ by layer.
+#ifndef DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
+#define DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "codec/registry.h"
+#include "codec/transform.h"
+#include "tools/flags.h"
+
+namespace driftkv {
+
+// Value flags and switches to add to a command's Flags::Parse sets.
+const std::set<std::string>& TransformValueFlags();
+const std::set<std::string>& TransformSwitches();
+// `flags` plus TransformValueFlags().
+std::set<std::string> WithTransformFlags(std::set<std::string> flags);
+
+struct TransformChoice {
+  bool given = false;  // --transform was passed
+  TransformKind kind = TransformKind::kHadamard;
+  TransformSet set;    // loaded for wush
+  int layer = -1;      // --layer, or -1
+  bool values_folded = false;
+};
+
+// InvalidArgument on a bad combination (wush without --transforms, --rotation
+// together with --transform, ...); the file's own errors otherwise.
+absl::StatusOr<TransformChoice> TransformFromFlags(const Flags& f);
+
+// The options as stored in a pool: rotation "identity" unless the transform
+// is hadamard (unchanged when no --transform was given).
+CodecOptions StoredOptions(CodecOptions options, const TransformChoice& t);
+
+// The codec for tensor layer `index` (see --layer above).
+absl::StatusOr<std::unique_ptr<KvCodec>> MakeCodecForLayer(const CodecOptions& options, const TransformChoice& t,
+                                                           int64_t index);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
