@@ -3,7 +3,9 @@
 // Serves driftkv.v1.KvCache for one model shape. The config is a
 // ServerConfig in protobuf text format (deploy/driftkv-server.textproto);
 // flags override its fields. SIGINT/SIGTERM shut down gracefully.
-#include <csignal>
+#include <pthread.h>
+#include <signal.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -12,7 +14,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/synchronization/notification.h"
 #include "service/config.h"
 #include "service/server.h"
 
@@ -20,21 +21,6 @@ ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
 ABSL_FLAG(std::string, listen, "", "gRPC address, overrides the config's listen");
 ABSL_FLAG(std::string, metrics, "", "Prometheus address, overrides metrics_listen (\"none\": off)");
 ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu)");
-
-namespace {
-
-absl::Notification* g_stop = nullptr;
-
-void OnSignal(int) {
-  // Notify is not async-signal-safe in theory; a waiting thread polls the
-  // flag below instead of relying on it alone.
-  static volatile std::sig_atomic_t once = 0;
-  if (once) return;
-  once = 1;
-  if (g_stop != nullptr) g_stop->Notify();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
@@ -61,6 +47,13 @@ int main(int argc, char** argv) {
     std::cerr << "driftkv-server: invalid config " << path << ": " << options.status().message() << "\n";
     return 2;
   }
+  // SIGINT/SIGTERM are blocked in every thread (the server's threads inherit
+  // the mask) and taken synchronously by sigwait below: no signal handler runs.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   absl::StatusOr<std::unique_ptr<driftkv::DriftkvServer>> server =
       driftkv::DriftkvServer::Start(*options);
   if (!server.ok()) {
@@ -82,12 +75,9 @@ int main(int argc, char** argv) {
   std::printf("\n");
   std::fflush(stdout);
 
-  absl::Notification stop;
-  g_stop = &stop;
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
-  stop.WaitForNotification();
-  std::printf("driftkv-server: shutting down\n");
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  std::printf("driftkv-server: %s, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
   (*server)->Shutdown(absl::Seconds(10));
   return 0;
