@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "service/tensor.h"
@@ -369,6 +370,69 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"Attend\"} 1"))
       << after;
   EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Append\"} 1"));
+}
+
+// Server reflection (grpc.reflection.v1alpha) lists the services. Debian
+// ships no stubs for it, so the test speaks it with a generic call: the
+// request {list_services: ""} is field 7, a string, of length 0.
+TEST_F(GrpcTest, ReflectionListsServices) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto wait = [&cq](intptr_t expected) {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && reinterpret_cast<intptr_t>(tag) == expected && ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(wait(2));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(wait(3));
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(wait(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(wait(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_TRUE(absl::StrContains(bytes, "driftkv.v1.KvCache")) << bytes;
+  EXPECT_TRUE(absl::StrContains(bytes, "grpc.health.v1.Health")) << bytes;
+  cq.Shutdown();
+}
+
+// The server's own TTL thread (not a test clock) releases idle sequences.
+TEST_F(GrpcTest, TtlReaperReleasesIdleSequences) {
+  ServiceOptions o = SmallOptions();
+  o.ttl_seconds = 0.3;
+  Start(o);
+  const testing::Kv kv = SyntheticKv(100, kN, 15);
+  ASSERT_TRUE(client_->Append(Chunks("idle", 0, kv, 0, 100, 100)).ok());
+  EXPECT_EQ(client_->Stats()->sequences(), 1u);
+  absl::StatusOr<v1::StatsResponse> s;
+  for (int i = 0; i < 50; ++i) {  // up to 5 s; expected after ~0.3-0.4 s
+    absl::SleepFor(absl::Milliseconds(100));
+    s = client_->Stats();
+    if (s.ok() && s->sequences() == 0) break;
+  }
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->sequences(), 0u);
+  EXPECT_EQ(s->sequences_expired(), 1u);
+  EXPECT_EQ(s->pages_in_use(), 0u);
+  v1::AttendRequest req;
+  *req.add_items() = Item("idle", 0, SyntheticQuery(2, kD, 16), 2);
+  EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
