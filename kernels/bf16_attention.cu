@@ -138,11 +138,24 @@ __global__ void __launch_bounds__(kThreads) Bf16AttentionKernel(KernelArgs args)
       const float f = fac[vh];
 #pragma unroll
       for (int e = 0; e < kDpt; ++e) acc[e] *= f;
+      // kDpt consecutive bf16 per thread in one load (2, 4 or 8 bytes).
       for (int t = 0; t < valid; ++t) {
         const float a = w[vh][t];
         const uint16_t* vr = vbuf + (buf * kTile + t) * kRow + d0;
+        if constexpr (kDpt == 4) {
+          const uint2 v = *reinterpret_cast<const uint2*>(vr);
+          acc[0] += a * __uint_as_float(v.x << 16);
+          acc[1] += a * __uint_as_float(v.x & 0xffff0000u);
+          acc[2] += a * __uint_as_float(v.y << 16);
+          acc[3] += a * __uint_as_float(v.y & 0xffff0000u);
+        } else if constexpr (kDpt == 2) {
+          const uint32_t v = *reinterpret_cast<const uint32_t*>(vr);
+          acc[0] += a * __uint_as_float(v << 16);
+          acc[1] += a * __uint_as_float(v & 0xffff0000u);
+        } else {
 #pragma unroll
-        for (int e = 0; e < kDpt; ++e) acc[e] += a * Bf16ToFloatDev(vr[e]);
+          for (int e = 0; e < kDpt; ++e) acc[e] += a * Bf16ToFloatDev(vr[e]);
+        }
       }
     }
     __syncthreads();

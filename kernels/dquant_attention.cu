@@ -78,6 +78,9 @@ __device__ __forceinline__ uint4 LoadBlock(const uint8_t* page, uint32_t b) {
   return __ldg(reinterpret_cast<const uint4*>(page) + b);
 }
 
+// Ring layout: word w of the token in slot s at byte ((w & 15) * 64 + s) * 4
+// of the warp's ring, i.e. offset ((p << 6) & 0xf00) | (s << 2) for byte p:
+// the 16 words of a token sit in one bank (its lane), conflict-free.
 __device__ __forceinline__ void RingStore(uint32_t* ring, int slot, uint32_t b, uint4 v) {
   uint32_t* r = ring + (4 * (b & 3)) * kWarpTokens + slot;
   r[0] = v.x;
@@ -88,6 +91,10 @@ __device__ __forceinline__ void RingStore(uint32_t* ring, int slot, uint32_t b, 
 
 __device__ __forceinline__ uint32_t RingWord(const uint32_t* ring, int slot, uint32_t w) {
   return ring[(w & (kRingWords - 1)) * kWarpTokens + slot];
+}
+
+__device__ __forceinline__ uint32_t RingAt(const uint32_t* ring, uint32_t byte_offset) {
+  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(ring) + byte_offset);
 }
 
 // Starts a record at page offset `rec` (4-byte aligned): fills the ring,
@@ -120,34 +127,41 @@ __device__ __forceinline__ void TokRefill(Tok& t, uint32_t* ring, int slot) {
   }
 }
 
-// The 4-byte window at p.
-__device__ __forceinline__ uint32_t TokWindow(const Tok& t, const uint32_t* ring, int slot) {
-  const uint32_t w = t.p >> 2;
-  return __funnelshift_r(RingWord(ring, slot, w), RingWord(ring, slot, w + 1), t.p << 3);
+// The 4-byte window at p: two ring words and a funnel shift by 8 * (p & 3).
+__device__ __forceinline__ uint32_t TokWindow(const Tok& t, const uint32_t* ring, uint32_t slot4) {
+  const uint32_t a = t.p << 6;
+  const uint32_t w0 = RingAt(ring, (a & 0xf00u) | slot4);
+  const uint32_t w1 = RingAt(ring, ((a + 0x100u) & 0xf00u) | slot4);
+  return __funnelshift_r(w0, w1, t.p << 3);
 }
 
-// One rANS decode step (rans.h): returns the table entry (level in [31:16]).
-__device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& sel,
-                                         const uint32_t* table_lane) {
-  const uint32_t e = table_lane[(x & 255u) * 32];
-  x = (e & 255u) * (x >> 8) + ((e >> 8) & 255u);
-  if (x < kStateLowDev) {
-    x = __byte_perm(x, win, sel);
-    ++sel;
-  }
+// One rANS decode step (rans.h) on the lane's copy of the table (byte offset
+// z * 128 + lane * 4): returns the entry (level as fp16 in [31:16]).
+//   x' = f * (x >> 8) + bias;  if x' < 2^23: x' = (x' << 8) | win.byte[sel - kSelBase]
+// The renormalization is predicated (setp + two @p instructions), never a
+// branch, and consumes at most one byte (rans.h).
+__device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& sel, const uint32_t* table,
+                                         uint32_t lane4) {
+  const uint32_t off = ((x << 7) & 0x7f80u) | lane4;
+  const uint32_t e = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(table) + off);
+  x = (e & 255u) * (x >> 8) + __byte_perm(e, 0u, 0x4441);
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
+      "@p add.u32 %1, %1, 1;\n\t}"
+      : "+r"(x), "+r"(sel)
+      : "r"(win));
   return e;
 }
 
 // Decodes 4 symbols of each of A and B.
-__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, int slot_a,
-                                        int slot_b, const uint32_t* table_lane, uint32_t ea[4],
-                                        uint32_t eb[4]) {
-  const uint32_t wa = TokWindow(a, ring, slot_a), wb = TokWindow(b, ring, slot_b);
+__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, uint32_t slot4_a,
+                                        uint32_t slot4_b, const uint32_t* table, uint32_t lane4,
+                                        uint32_t ea[4], uint32_t eb[4]) {
+  const uint32_t wa = TokWindow(a, ring, slot4_a), wb = TokWindow(b, ring, slot4_b);
   uint32_t sa = kSelBase, sb = kSelBase;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    ea[k] = Step(a.x, wa, sa, table_lane);
-    eb[k] = Step(b.x, wb, sb, table_lane);
+    ea[k] = Step(a.x, wa, sa, table, lane4);
+    eb[k] = Step(b.x, wb, sb, table, lane4);
   }
   a.p += sa - kSelBase;
   b.p += sb - kSelBase;
@@ -202,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const DQuantPageLayout& lay = p.layout;
   uint32_t* stage = smem + kOffStage + warp * kStageWords;
   uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
-  const uint32_t* table_lane = table + lane;
+  const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
 
   const int tokens = p.tokens_dev[item];
   const int pages = (tokens + kPageTokens - 1) / kPageTokens;
@@ -268,9 +282,12 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   }
 
   const int slot_a = lane, slot_b = 32 + lane;
+  const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
   const int idx = tid & (kPageTokens - 1);
   const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
   const float scale = p.softmax_scale;
+  static_assert(kThreads == 256, "one table entry per thread");
+  const uint32_t key_word = p.tables_dev[tid], value_word = p.tables_dev[256 + tid];
 
   for (int c = c_begin; c < c_end; ++c) {
     // Pages of the chunk; an absent token decodes a present record and is masked.
@@ -290,8 +307,11 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     b.page = page_ptr(vb ? kB : 0);
     const uint32_t ia = va ? idx : 0, ib = vb ? idx : 0;
 
-    // Table: keys.
-    for (int i = tid; i < kTableWords; i += kThreads) table[i] = p.tables_dev[i >> 5];
+    // Table: keys, entry z replicated into the 32 banks (z * 32 + lane).
+    {
+      const uint4 e = make_uint4(key_word, key_word, key_word, key_word);
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+    }
     // q' . mu for each page of the chunk.
     for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
       const int k = j / q_heads, h = j % q_heads;
@@ -334,8 +354,8 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 #pragma unroll
           for (int q8 = 0; q8 < kSlab / 8; ++q8) {
             uint32_t e0[4], e1[4], f0[4], f1[4];
-            Decode4(a, b, ring, slot_a, slot_b, table_lane, e0, f0);
-            Decode4(a, b, ring, slot_a, slot_b, table_lane, e1, f1);
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e0, f0);
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e1, f1);
             const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
                                         PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
             const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
@@ -409,7 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
       }
     }
     // Table: values.
-    for (int i = tid; i < kTableWords; i += kThreads) table[i] = p.tables_dev[256 + (i >> 5)];
+    {
+      const uint4 e = make_uint4(value_word, value_word, value_word, value_word);
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+    }
     __syncthreads();
 
     // ---- 3. values ----
@@ -442,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 #pragma unroll
           for (int q4 = 0; q4 < kSlab / 4; ++q4) {
             uint32_t e[4], f[4];
-            Decode4(a, b, ring, slot_a, slot_b, table_lane, e, f);
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e, f);
 #pragma unroll
             for (int k = 0; k < 4; ++k) stage[(q4 * 4 + k) * kValRowWords + lane] = PackLevels(e[k], f[k]);
           }
