@@ -76,6 +76,28 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
   return response;
 }
 
+std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_timeout) {
+  std::unique_ptr<AppendStream> s(new AppendStream());
+  const absl::Duration t = stream_timeout > absl::ZeroDuration() ? stream_timeout : options_.timeout;
+  s->context_.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::microseconds(absl::ToInt64Microseconds(t)));
+  s->writer_ = stub_->Append(&s->context_, &s->response_);
+  return s;
+}
+
+bool Client::AppendStream::Write(const v1::AppendChunk& chunk) {
+  return !finished_ && writer_->Write(chunk);
+}
+
+absl::StatusOr<v1::AppendResponse> Client::AppendStream::Finish() {
+  if (finished_) return absl::FailedPreconditionError("Finish called twice");
+  finished_ = true;
+  writer_->WritesDone();
+  grpc::Status st = writer_->Finish();
+  if (!st.ok()) return FromGrpc(st);
+  return response_;
+}
+
 absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& request) {
   bool idempotent = true;
   for (const v1::AttendItem& it : request.items()) {

@@ -47,6 +47,27 @@ class Client {
 
   // Streams `chunks` in one Append call.
   absl::StatusOr<v1::AppendResponse> Append(absl::Span<const v1::AppendChunk> chunks);
+
+  // An open Append stream, for chunks produced over time (layer-wise ingest
+  // while the prefill still runs). Not retried: when Finish fails with
+  // UNAVAILABLE, resend the chunks with Append() (stored tokens are only
+  // acknowledged). The deadline covers the whole stream. Not thread-safe.
+  class AppendStream {
+   public:
+    // False when the server has ended the call; Finish() says why.
+    bool Write(const v1::AppendChunk& chunk);
+    absl::StatusOr<v1::AppendResponse> Finish();
+
+   private:
+    friend class Client;
+    AppendStream() = default;
+    grpc::ClientContext context_;
+    v1::AppendResponse response_;
+    std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer_;
+    bool finished_ = false;
+  };
+  // `stream_timeout` bounds the whole stream (default: options().timeout).
+  std::unique_ptr<AppendStream> OpenAppend(absl::Duration stream_timeout = absl::ZeroDuration());
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request);
   // Collects every chunk of the answer.
   absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);

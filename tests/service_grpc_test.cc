@@ -135,6 +135,14 @@ TEST_F(GrpcTest, RoundTripOfEveryMethod) {
   EXPECT_EQ(r->results(0).lse_size(), 4);
   EXPECT_EQ(OutputFloats(r->results(0)).size(), 4u * kD);
 
+  // An open stream: layer 0 chunk by chunk, as a prefill produces them.
+  std::unique_ptr<Client::AppendStream> stream = client_->OpenAppend();
+  for (const v1::AppendChunk& c : Chunks("seq", 0, kv, 0, 100, 30)) ASSERT_TRUE(stream->Write(c));
+  absl::StatusOr<v1::AppendResponse> streamed = stream->Finish();
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(streamed->chunks(), 4u);
+  EXPECT_EQ(streamed->tokens_stored(), 100u);
+
   // Read with a small chunk size: several messages, resumable.
   absl::StatusOr<Client::Tensors> t = client_->ReadFloat("seq", 1, 5, 190);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -143,7 +151,7 @@ TEST_F(GrpcTest, RoundTripOfEveryMethod) {
 
   absl::StatusOr<v1::ReleaseResponse> rel = client_->Release("seq");
   ASSERT_TRUE(rel.ok()) << rel.status();
-  EXPECT_EQ(rel->tokens_freed(), 200u);
+  EXPECT_EQ(rel->tokens_freed(), 300u);
   absl::StatusOr<v1::StatsResponse> s = client_->Stats();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->pages_in_use(), 0u);
@@ -248,6 +256,24 @@ TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
   EXPECT_EQ(client_->retries(), 1);
   EXPECT_EQ(r->results(0).tokens(), 52u);
   EXPECT_EQ(Stored(), 52u);
+}
+
+TEST_F(GrpcTest, LostReadAnswerResumesAfterTheLastChunk) {
+  std::atomic<int> budget{2};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Read", &budget));
+  Start(SmallOptions(), std::move(hooks));
+  const testing::Kv kv = SyntheticKv(300, kN, 17);
+  ASSERT_TRUE(client_->Append(Chunks("r", 1, kv, 0, 300, 100)).ok());
+  absl::StatusOr<Client::Tensors> part = client_->ReadFloat("r", 1, 10, 250);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->tokens, 250u);
+  absl::StatusOr<Client::Tensors> all = client_->ReadFloat("r", 1, 0, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->tokens, 300u);
+  EXPECT_EQ(client_->retries(), 2);
+  // What the resumed reads returned is what one clean read returns.
+  EXPECT_TRUE(std::equal(part->keys.begin(), part->keys.end(), all->keys.begin() + 10 * kN));
 }
 
 TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {

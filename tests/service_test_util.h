@@ -31,6 +31,7 @@ inline ServiceOptions SmallOptions(uint64_t pool_pages_bytes = 8u << 20) {
   o.window_tokens = 32;
   o.pool_bytes = pool_pages_bytes;
   o.max_sequences = 64;
+  o.read_chunk_tokens = 64;  // Reads of a few hundred tokens span several messages
   return o;
 }
 
