@@ -112,6 +112,13 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     }
     o.read_chunk_tokens = static_cast<int>(c.read_chunk_tokens());
   }
+  if (c.has_backend_threads()) {
+    if (c.backend_threads() > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backend_threads ", c.backend_threads(), " out of range [0, 1024]"));
+    }
+    o.backend_threads = static_cast<int>(c.backend_threads());
+  }
   if (c.pool_bytes() == 0) {
     return absl::InvalidArgumentError("pool_bytes 0: the pool capacity must be set");
   }

@@ -34,6 +34,7 @@ struct ServiceOptions {
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
   int max_batch = kDefaultMaxBatch;
   int read_chunk_tokens = kDefaultReadChunkTokens;
+  int backend_threads = 0;       // 0: hardware concurrency (at most 16)
 
   int page_tokens() const { return codec.mean_window; }
 };

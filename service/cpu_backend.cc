@@ -2,6 +2,8 @@
 // when a call carries more than one page or item.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,10 @@ void ParallelFor(int n, int threads, Fn fn) {
   worker();
   for (std::thread& th : pool) th.join();
 }
+
+// Split an item over threads only in runs of at least this many pages, so
+// that each part's work outweighs the thread hand-off and the merge.
+constexpr size_t kMinPagesPerPart = 8;
 
 class CpuBackend : public Backend {
  public:
@@ -75,16 +81,86 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Items run on separate threads. When there are fewer items than threads,
+  // a long item is also split over its pages ("split-KV"): each part
+  // attends to a contiguous run of pages (the last part also to the bf16
+  // window) and the parts' (output, lse) states are merged:
+  //   lse = M + ln sum_k exp(lse_k - M),  M = max_k lse_k,
+  //   out = sum_k exp(lse_k - lse) out_k.
+  // An empty part has lse = -inf and weight 0, the identity of the merge.
   void Attend(absl::Span<AttendJob> jobs) override {
-    ParallelFor(static_cast<int>(jobs.size()), threads_, [&](int i) {
+    struct Part {
+      int job = 0;
+      size_t first = 0, end = 0;  // pages [first, end)
+      bool window = false;
+      std::vector<float> out, lse;
+      absl::Status status;
+    };
+    std::vector<Part> parts;
+    const int per_job = std::max<int>(1, threads_ / std::max<int>(1, static_cast<int>(jobs.size())));
+    for (int j = 0; j < static_cast<int>(jobs.size()); ++j) {
+      const size_t pages = jobs[j].pages.size();
+      const int n = static_cast<int>(std::max<size_t>(
+          1, std::min<size_t>(per_job, pages / kMinPagesPerPart)));
+      for (int k = 0; k < n; ++k) {
+        Part p;
+        p.job = j;
+        p.first = pages * k / n;
+        p.end = pages * (k + 1) / n;
+        p.window = k == n - 1;
+        parts.push_back(std::move(p));
+      }
+    }
+    const bool split = parts.size() > jobs.size();
+    ParallelFor(static_cast<int>(parts.size()), threads_, [&](int i) {
       thread_local AttentionScratch scratch;
       thread_local std::vector<CompressedBlock> blocks;
-      AttendJob& j = jobs[i];
+      Part& p = parts[i];
+      AttendJob& j = jobs[p.job];
       blocks.clear();
-      for (PageId p : j.pages) blocks.push_back(pool_.block(p));
-      j.status = CompressedAttention(codec_, blocks, j.window, j.query, j.q_heads,
-                                     j.softmax_scale, j.out, j.lse, &scratch);
+      for (size_t k = p.first; k < p.end; ++k) blocks.push_back(pool_.block(j.pages[k]));
+      float* out = j.out;
+      float* lse = j.lse;
+      if (split) {
+        p.out.resize(static_cast<size_t>(j.q_heads) * codec_.config().head_dim);
+        p.lse.resize(j.q_heads);
+        out = p.out.data();
+        lse = p.lse.data();
+      }
+      p.status = CompressedAttention(codec_, blocks, p.window ? j.window : Bf16Tokens{}, j.query,
+                                     j.q_heads, j.softmax_scale, out, lse, &scratch);
     });
+    if (!split) {
+      for (size_t i = 0; i < parts.size(); ++i) jobs[parts[i].job].status = parts[i].status;
+      return;
+    }
+    const int d = codec_.config().head_dim;
+    for (size_t begin = 0; begin < parts.size();) {
+      size_t end = begin;
+      while (end < parts.size() && parts[end].job == parts[begin].job) ++end;
+      AttendJob& j = jobs[parts[begin].job];
+      j.status = absl::OkStatus();
+      for (size_t k = begin; k < end && j.status.ok(); ++k) j.status = parts[k].status;
+      for (int h = 0; h < j.q_heads; ++h) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (size_t k = begin; k < end; ++k) m = std::max(m, parts[k].lse[h]);
+        float* o = j.out + static_cast<size_t>(h) * d;
+        std::fill(o, o + d, 0.0f);
+        if (m == -std::numeric_limits<float>::infinity()) {
+          j.lse[h] = m;
+          continue;
+        }
+        double denom = 0.0;
+        for (size_t k = begin; k < end; ++k) denom += std::exp(static_cast<double>(parts[k].lse[h]) - m);
+        j.lse[h] = m + static_cast<float>(std::log(denom));
+        for (size_t k = begin; k < end; ++k) {
+          const float w = static_cast<float>(std::exp(static_cast<double>(parts[k].lse[h]) - m) / denom);
+          const float* po = parts[k].out.data() + static_cast<size_t>(h) * d;
+          for (int e = 0; e < d; ++e) o[e] += w * po[e];
+        }
+      }
+      begin = end;
+    }
   }
 
  private:

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   if (options.backend != "cpu") {
     return absl::InvalidArgumentError(absl::StrCat("backend \"", options.backend, "\" unknown"));
   }
-  h->backend_ = MakeCpuBackend(&h->codec_, h->pool_.get());
+  h->backend_ = MakeCpuBackend(&h->codec_, h->pool_.get(), options.backend_threads);
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
   h->PublishGauges();

@@ -130,6 +130,59 @@ TEST_F(HandlerTest, AttentionMatchesCodecPipelineAndFloatReference) {
   EXPECT_GT(err, 1e-4);  // compressed pages are lossy: the check can fail
 }
 
+// 700 tokens = 20 pages: with 4 threads one item is split into 2 parts
+// (split-KV) whose states are merged; the result must equal the one-pass
+// codec pipeline up to float rounding, and lse too.
+TEST_F(HandlerTest, SplitKvAttentionEqualsOnePass) {
+  ServiceOptions o = SmallOptions();
+  o.backend_threads = 4;
+  Make(o);
+  const int tokens = 700, q_heads = 4;
+  const testing::Kv kv = SyntheticKv(tokens, kN, 21);
+  ASSERT_TRUE(Push("long", 0, kv, tokens, 256).ok());
+  const std::vector<float> q = SyntheticQuery(q_heads, kD, 22);
+  v1::AttendRequest req;
+  *req.add_items() = Item("long", 0, q, q_heads);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  EXPECT_EQ(resp.results(0).compressed_tokens(), 640u);
+  std::vector<float> out(q_heads * kD);
+  std::memcpy(out.data(), resp.results(0).output().data(), out.size() * 4);
+  testing::Attention local = testing::CodecPipeline(h_->codec(), kv.keys.data(), kv.values.data(),
+                                                    tokens, 32, q.data(), q_heads, 0.125f);
+  // Both against float64 attention over the decoded cache (read back):
+  // the split may not be less accurate than the one pass, beyond a floor.
+  std::vector<float> dk, dv;
+  v1::ReadRequest rr;
+  rr.set_sequence_id("long");
+  ASSERT_TRUE(h_->Read(rr, [&](const v1::ReadChunk& c) {
+                  const size_t at = dk.size();
+                  dk.resize(at + c.keys().size() / 4);
+                  dv.resize(at + c.values().size() / 4);
+                  std::memcpy(dk.data() + at, c.keys().data(), c.keys().size());
+                  std::memcpy(dv.data() + at, c.values().data(), c.values().size());
+                  return true;
+                }).ok());
+  std::vector<double> ref(out.size()), ref_lse(q_heads);
+  ReferenceAttention(dk.data(), dv.data(), tokens, kKvHeads, kD, q.data(), q_heads, 0.125,
+                     ref.data(), ref_lse.data());
+  double split_err = 0, one_err = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    split_err += (out[i] - ref[i]) * (out[i] - ref[i]);
+    one_err += (local.out[i] - ref[i]) * (local.out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  split_err = std::sqrt(split_err / den);
+  one_err = std::sqrt(one_err / den);
+  std::printf("vs float64 over the decoded cache: split %.3g, one pass %.3g\n", split_err, one_err);
+  EXPECT_LE(split_err, 2 * one_err + 1e-5);
+  for (int h = 0; h < q_heads; ++h) EXPECT_NEAR(resp.results(0).lse(h), local.lse[h], 1e-4);
+  // Two items on 4 threads: 2 parts each, still equal.
+  *req.add_items() = Item("long", 0, q, q_heads);
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  EXPECT_EQ(resp.results(0).output(), resp.results(1).output());
+}
+
 TEST_F(HandlerTest, WindowOnlyAttentionIsBf16Exact) {
   const testing::Kv kv = SyntheticKv(40, kN, 4);
   ASSERT_TRUE(Push("w", 0, kv, 40).ok());
