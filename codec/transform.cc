@@ -7,26 +7,20 @@
 namespace driftkv {
 namespace {
 
-// out = m x (or m^T x) for one d-vector, double accumulation. x may alias
-// out: it is copied first.
-void MatVec(const float* m, bool transpose, const float* x, int d, float* out) {
-  double in[4096];
-  for (int j = 0; j < d; ++j) in[j] = x[j];
-  if (!transpose) {
-    for (int i = 0; i < d; ++i) {
-      const float* row = m + static_cast<size_t>(i) * d;
-      double s = 0.0;
-      for (int j = 0; j < d; ++j) s += row[j] * in[j];
-      out[i] = static_cast<float>(s);
-    }
-  } else {
-    double acc[4096] = {0};
-    for (int j = 0; j < d; ++j) {
-      const float* row = m + static_cast<size_t>(j) * d;
-      for (int i = 0; i < d; ++i) acc[i] += row[i] * in[j];
-    }
-    for (int i = 0; i < d; ++i) out[i] = static_cast<float>(acc[i]);
+// out = m x (transpose = false) or m^T x, for one d-vector. Both run as
+// axpy over rows of a row-major matrix (`rows_of` = m^T for m x, m itself
+// for m^T x), so the inner loop is contiguous and vectorises; float sums of
+// d terms, whose rounding (~d * 2^-24 relative) is far below any codec's
+// error. x may alias out: it is copied first.
+void MatVec(const float* rows_of, const float* x, int d, float* out) {
+  float in[4096], acc[4096];
+  for (int j = 0; j < d; ++j) in[j] = x[j], acc[j] = 0.0f;
+  for (int j = 0; j < d; ++j) {
+    const float* row = rows_of + static_cast<size_t>(j) * d;
+    const float xj = in[j];
+    for (int i = 0; i < d; ++i) acc[i] += row[i] * xj;
   }
+  for (int i = 0; i < d; ++i) out[i] = acc[i];
 }
 
 }  // namespace
@@ -47,8 +41,18 @@ absl::StatusOr<LayerTransform> LayerTransform::FromSet(const TransformSet& set, 
   LayerTransform t;
   t.kv_heads_ = set.kv_heads;
   t.head_dim_ = set.head_dim;
-  const float* first = set.matrix(layer, 0, Mat::kKey);
-  t.data_.assign(first, first + static_cast<size_t>(set.kv_heads) * 4 * set.matrix_floats());
+  // Stored transposed: MatVec(m^T rows) computes m x.
+  const int d = set.head_dim;
+  t.data_.resize(static_cast<size_t>(set.kv_heads) * 4 * set.matrix_floats());
+  for (int h = 0; h < set.kv_heads; ++h) {
+    for (int m = 0; m < 4; ++m) {
+      const float* src = set.matrix(layer, h, static_cast<Mat>(m));
+      float* dst = t.data_.data() + (static_cast<size_t>(h) * 4 + m) * set.matrix_floats();
+      for (int i = 0; i < d; ++i) {
+        for (int j = 0; j < d; ++j) dst[j * d + i] = src[i * d + j];
+      }
+    }
+  }
   return t;
 }
 
@@ -57,23 +61,30 @@ void LayerTransform::Apply(Mat m, const float* x, int64_t tokens, float* out) co
   for (int64_t t = 0; t < tokens; ++t) {
     for (int h = 0; h < kv_heads_; ++h) {
       const size_t off = (static_cast<size_t>(t) * kv_heads_ + h) * d;
-      MatVec(matrix(h, m), false, x + off, d, out + off);
+      MatVec(matrix(h, m), x + off, d, out + off);
     }
   }
 }
 
 void LayerTransform::Queries(const float* q, int q_heads, float* out) const {
   const int group = q_heads / kv_heads_;
-  // T_K^-T q: multiply by the transpose of the stored inverse.
+  // T_K^-T q: data_ holds (T_K^-1)^T, whose transpose's rows are T_K^-1's.
+  std::vector<float> inv(static_cast<size_t>(head_dim_) * head_dim_);
   for (int h = 0; h < q_heads; ++h) {
-    MatVec(matrix(h / group, Mat::kKeyInverse), true, q + h * head_dim_, head_dim_, out + h * head_dim_);
+    if (h % group == 0) {
+      const float* t = matrix(h / group, Mat::kKeyInverse);
+      for (int i = 0; i < head_dim_; ++i) {
+        for (int j = 0; j < head_dim_; ++j) inv[j * head_dim_ + i] = t[i * head_dim_ + j];
+      }
+    }
+    MatVec(inv.data(), q + h * head_dim_, head_dim_, out + h * head_dim_);
   }
 }
 
 void LayerTransform::Outputs(const float* o, int q_heads, float* out) const {
   const int group = q_heads / kv_heads_;
   for (int h = 0; h < q_heads; ++h) {
-    MatVec(matrix(h / group, Mat::kValueInverse), false, o + h * head_dim_, head_dim_, out + h * head_dim_);
+    MatVec(matrix(h / group, Mat::kValueInverse), o + h * head_dim_, head_dim_, out + h * head_dim_);
   }
 }
 

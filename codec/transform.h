@@ -51,7 +51,7 @@ class LayerTransform {
 
  private:
   int kv_heads_ = 0, head_dim_ = 0;
-  std::vector<float> data_;  // [kv_heads][4][head_dim][head_dim]
+  std::vector<float> data_;  // [kv_heads][4][head_dim][head_dim], each transposed
   const float* matrix(int head, Mat m) const {
     return data_.data() + (static_cast<size_t>(head) * 4 + static_cast<int>(m)) * head_dim_ * head_dim_;
   }

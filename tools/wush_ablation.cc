@@ -96,6 +96,7 @@ absl::Status RunJobs(const std::vector<Job>& jobs, const std::vector<Config>& co
           if (!st.ok() && status[j].ok()) status[j] = st;
         }
       }
+      std::fprintf(stderr, "job %zu of %zu done\n", j + 1, jobs.size());
     }
   };
   std::vector<std::thread> pool;

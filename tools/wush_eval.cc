@@ -89,18 +89,22 @@ absl::Status MeasureAblation(const KvCodec& codec, const AblationInput& in, cons
       acc->attn_den[mode] += static_cast<double>(reference[j]) * reference[j];
     }
     if (in.wo == nullptr) continue;
+    // ||W_O (o - ohat)||^2 and ||W_O o||^2, per query; float dots over
+    // q_heads * head_dim (contiguous, vectorised), summed in double.
+    std::vector<float> diff(width);
     for (int64_t i = 0; i < in.query_tokens; ++i) {
       const float* r = reference.data() + i * width;
       const float* a = o.data() + i * width;
+      for (int64_t j = 0; j < width; ++j) diff[j] = r[j] - a[j];
       for (int64_t e = 0; e < in.hidden; ++e) {
         const float* w = in.wo + e * width;
-        double yr = 0.0, ya = 0.0;
+        float yr = 0.0f, yd = 0.0f;
         for (int64_t j = 0; j < width; ++j) {
-          yr += static_cast<double>(w[j]) * r[j];
-          ya += static_cast<double>(w[j]) * a[j];
+          yr += w[j] * r[j];
+          yd += w[j] * diff[j];
         }
-        acc->module_num[mode] += (yr - ya) * (yr - ya);
-        acc->module_den[mode] += yr * yr;
+        acc->module_num[mode] += static_cast<double>(yd) * yd;
+        acc->module_den[mode] += static_cast<double>(yr) * yr;
       }
     }
   }
