@@ -5,10 +5,7 @@
 //
 // Per chunk, token-centric: thread i owns tokens A = (page i/128, slot i%128)
 // and B = (page 2 + i/128, same slot), so a warp owns 64 tokens; each stream
-// is decoded exactly once and serves every query head. KV-head groups are
-// pipelined: while the keys of group g are decoded, so are the values of
-// group g - 1 (whose softmax weights are known), so each thread runs four
-// independent rANS chains and only two groups of scores are live.
+// is decoded exactly once and serves every query head.
 //  1. Keys. The two rANS chains of a thread run interleaved (ILP). Decoded
 //     levels go, as fp16 pairs, into a per-warp tile [64 tokens][32 channels];
 //     tensor cores contract it with the rotated query split into fp16 hi + lo
@@ -41,33 +38,27 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunkPages = 4;
 constexpr int kChunkTokens = kChunkPages * kPageTokens;  // 512, 2 per thread
 constexpr int kWarpTokens = 64;
-constexpr int kSlab = 16;             // channels decoded between two MMA rounds
-constexpr int kKeyRowWords = 12;      // 8 words of fp16 pairs + 4 pad: ldmatrix conflict-free
+constexpr int kSlab = 32;             // channels decoded between two MMA rounds
+constexpr int kKeyRowWords = 20;      // 16 words of fp16 pairs + 4 pad: ldmatrix conflict-free
 constexpr int kValRowWords = 36;      // 32 words (64 tokens) + 4 pad
-constexpr int kKeyStageWords = kWarpTokens * kKeyRowWords;
-constexpr int kValStageWords = kSlab * kValRowWords;
+constexpr int kStageWords = 1280;     // max(64 * 20, 32 * 36)
 constexpr int kRingBlocks = 4;        // 16-byte blocks per token in the ring
 constexpr int kRingWords = 4 * kRingBlocks;
-constexpr int kWarpRingWords = kRingWords * kWarpTokens;
 constexpr int kMaxQHeads = 32;
-constexpr int kMaxGroup = 4;
 constexpr int kMaxN = 1024;
 constexpr uint32_t kStateLowDev = 1u << 23;
 constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | win.byte[k]
 
 // Shared memory, in 32-bit words.
 constexpr int kTableWords = 256 * 32;  // one alphabet, replicated per lane
-constexpr int kOffKTable = 0;
-constexpr int kOffVTable = kOffKTable + kTableWords;
-constexpr int kOffKStage = kOffVTable + kTableWords;
-constexpr int kOffVStage = kOffKStage + kWarps * kKeyStageWords;
-constexpr int kOffKRing = kOffVStage + kWarps * kValStageWords;
-constexpr int kOffVRing = kOffKRing + kWarps * kWarpRingWords;
-constexpr int kOffScore = kOffVRing + kWarps * kWarpRingWords;  // [2][kMaxGroup][512]
-constexpr int kOffAcc = kOffScore + 2 * kMaxGroup * kChunkTokens;
+constexpr int kOffTable = 0;
+constexpr int kOffStage = kOffTable + kTableWords;
+constexpr int kOffRing = kOffStage + kWarps * kStageWords;
+constexpr int kOffScore = kOffRing + kWarps * kRingWords * kWarpTokens;
+constexpr int kOffAcc = kOffScore + kMaxQHeads * kChunkTokens;
 constexpr int kOffQFrag = kOffAcc + kMaxQHeads * 128;
-constexpr int kOffTok = kOffQFrag + (kMaxN / 16) * 32 * 2;  // vs, vo
-constexpr int kOffQSum = kOffTok + 2 * kChunkTokens;
+constexpr int kOffTok = kOffQFrag + (kMaxN / 16) * 32 * 2;  // ks, ko, vs, vo
+constexpr int kOffQSum = kOffTok + 4 * kChunkTokens;
 constexpr int kOffQMu = kOffQSum + kMaxQHeads;
 constexpr int kOffRun = kOffQMu + kChunkPages * kMaxQHeads;  // m, l, off
 constexpr int kOffValid = kOffRun + 3 * kMaxQHeads;
@@ -121,10 +112,10 @@ __device__ __forceinline__ uint32_t TokStart(Tok& t, uint32_t* ring, int slot, u
   return header;
 }
 
-// Makes the ring hold bytes [p, p + kSlab + 4), all a slab of kSlab symbols can read.
+// Makes the ring hold bytes [p, p + 36), all a slab of 32 symbols can read.
 // After the first slab at most two new blocks are needed per slab.
 __device__ __forceinline__ void TokRefill(Tok& t, uint32_t* ring, int slot) {
-  const uint32_t eb = ((t.p + kSlab + 3) >> 4) + 1;
+  const uint32_t eb = ((t.p + 35) >> 4) + 1;
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     if (t.lb < eb) {
@@ -161,6 +152,21 @@ __device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& se
   return e;
 }
 
+// Decodes 4 symbols of each of A and B.
+__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, uint32_t slot4_a,
+                                        uint32_t slot4_b, const uint32_t* table, uint32_t lane4,
+                                        uint32_t ea[4], uint32_t eb[4]) {
+  const uint32_t wa = TokWindow(a, ring, slot4_a), wb = TokWindow(b, ring, slot4_b);
+  uint32_t sa = kSelBase, sb = kSelBase;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    ea[k] = Step(a.x, wa, sa, table, lane4);
+    eb[k] = Step(b.x, wb, sb, table, lane4);
+  }
+  a.p += sa - kSelBase;
+  b.p += sb - kSelBase;
+}
+
 __device__ __forceinline__ uint32_t PackLevels(uint32_t lo_entry, uint32_t hi_entry) {
   return __byte_perm(lo_entry, hi_entry, 0x7632);
 }
@@ -178,13 +184,6 @@ __device__ __forceinline__ float QValue(const uint32_t* qfrag, int h, int c) {
   return HalfBitsToFloat(hi) + HalfBitsToFloat(lo);
 }
 
-
-__device__ __forceinline__ void Window4(const Tok& a, const Tok& b, const uint32_t* ring, uint32_t s4a,
-                                        uint32_t s4b, uint32_t* wa, uint32_t* wb) {
-  *wa = TokWindow(a, ring, s4a);
-  *wb = TokWindow(b, ring, s4b);
-}
-
 struct KernelArgs {
   DQuantAttentionParams p;
   PartialLayout part;
@@ -192,118 +191,17 @@ struct KernelArgs {
   int chunks_per_split;
 };
 
-// Per-thread decode state of one chunk.
-struct Streams {
-  Tok ka, kb, va, vb;  // key and value streams of tokens A and B
-};
-
-// One slab (kSlab channels) of the keys of group gk and/or the values of
-// group gk - 1: decode (4 chains interleaved when both), stage the levels as
-// fp16 pairs, contract on the tensor cores.
-template <int D, int G, bool kKeys, bool kValues>
-__device__ __forceinline__ void Slab(Streams& s, int gk, int slab, const uint32_t* ktable,
-                                     const uint32_t* vtable, uint32_t* kring, uint32_t* vring,
-                                     uint32_t* kstage, uint32_t* vstage, const uint32_t* qfrag,
-                                     float dacc[4][4], const uint32_t wf[4][2], float* acc, int lane) {
-  const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
-  const uint32_t s4a = lane4, s4b = lane4 + 128;
-  const int slot_a = lane, slot_b = 32 + lane;
-  if (kKeys) {
-    TokRefill(s.ka, kring, slot_a);
-    TokRefill(s.kb, kring, slot_b);
-  }
-  if (kValues) {
-    TokRefill(s.va, vring, slot_a);
-    TokRefill(s.vb, vring, slot_b);
-  }
-#pragma unroll
-  for (int q8 = 0; q8 < kSlab / 8; ++q8) {
-    uint32_t ka[8], kb[8], va[8], vb[8];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t wka = 0, wkb = 0, wva = 0, wvb = 0;
-      uint32_t ska = kSelBase, skb = kSelBase, sva = kSelBase, svb = kSelBase;
-      if (kKeys) Window4(s.ka, s.kb, kring, s4a, s4b, &wka, &wkb);
-      if (kValues) Window4(s.va, s.vb, vring, s4a, s4b, &wva, &wvb);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (kKeys) {
-          ka[half * 4 + k] = Step(s.ka.x, wka, ska, ktable, lane4);
-          kb[half * 4 + k] = Step(s.kb.x, wkb, skb, ktable, lane4);
-        }
-        if (kValues) {
-          va[half * 4 + k] = Step(s.va.x, wva, sva, vtable, lane4);
-          vb[half * 4 + k] = Step(s.vb.x, wvb, svb, vtable, lane4);
-        }
-      }
-      if (kKeys) {
-        s.ka.p += ska - kSelBase;
-        s.kb.p += skb - kSelBase;
-      }
-      if (kValues) {
-        s.va.p += sva - kSelBase;
-        s.vb.p += svb - kSelBase;
-      }
-    }
-    if (kKeys) {
-      const uint4 wa = make_uint4(PackLevels(ka[0], ka[1]), PackLevels(ka[2], ka[3]), PackLevels(ka[4], ka[5]),
-                                  PackLevels(ka[6], ka[7]));
-      const uint4 wb = make_uint4(PackLevels(kb[0], kb[1]), PackLevels(kb[2], kb[3]), PackLevels(kb[4], kb[5]),
-                                  PackLevels(kb[6], kb[7]));
-      *reinterpret_cast<uint4*>(kstage + slot_a * kKeyRowWords + q8 * 4) = wa;
-      *reinterpret_cast<uint4*>(kstage + slot_b * kKeyRowWords + q8 * 4) = wb;
-    }
-    if (kValues) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) vstage[(q8 * 8 + k) * kValRowWords + lane] = PackLevels(va[k], vb[k]);
-    }
-  }
-  __syncwarp();
-  const int arow = (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 4;
-  if (kKeys) {
-    const int kstep = (gk * D + slab * kSlab) / 16;
-    const uint2 bq = *reinterpret_cast<const uint2*>(qfrag + (kstep * 32 + lane) * 2);
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      uint32_t af[4];
-      LdMatrixX4(af, kstage + (mt * 16 + arow) * kKeyRowWords + acol);
-      Mma16816(dacc[mt], af, bq.x, bq.y);
-    }
-  }
-  if (kValues) {
-    float d[4] = {};
-#pragma unroll
-    for (int k4 = 0; k4 < 4; ++k4) {
-      uint32_t af[4];
-      LdMatrixX4(af, vstage + arow * kValRowWords + k4 * 8 + acol);
-      Mma16816(d, af, wf[k4][0], wf[k4][1]);
-    }
-    const int t4 = lane & 3, gv = gk - 1;
-    float part[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, d[r], G / 2);
-    if (2 * t4 < G) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h = gv * G + 2 * t4 + (r & 1);
-        const int ch = slab * kSlab + (lane >> 2) + (r >> 1) * 8;
-        atomicAdd(acc + h * D + ch, d[r] + part[r]);
-      }
-    }
-  }
-  __syncwarp();
-}
-
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs args) {
   const DQuantAttentionParams& p = args.p;
   extern __shared__ uint32_t smem[];
-  uint32_t* ktable = smem + kOffKTable;
-  uint32_t* vtable = smem + kOffVTable;
-  float* score = reinterpret_cast<float*>(smem + kOffScore);  // [2][kMaxGroup][512]
+  uint32_t* table = smem + kOffTable;
+  float* score = reinterpret_cast<float*>(smem + kOffScore);
   float* acc = reinterpret_cast<float*>(smem + kOffAcc);
   uint32_t* qfrag = smem + kOffQFrag;
-  float* vs = reinterpret_cast<float*>(smem + kOffTok);
+  float* ks = reinterpret_cast<float*>(smem + kOffTok);
+  float* ko = ks + kChunkTokens;
+  float* vs = ko + kChunkTokens;
   float* vo = vs + kChunkTokens;
   float* qsum = reinterpret_cast<float*>(smem + kOffQSum);
   float* qmu = reinterpret_cast<float*>(smem + kOffQMu);
@@ -316,10 +214,9 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int item = blockIdx.y, split = blockIdx.x;
   const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
   const DQuantPageLayout& lay = p.layout;
-  uint32_t* kstage = smem + kOffKStage + warp * kKeyStageWords;
-  uint32_t* vstage = smem + kOffVStage + warp * kValStageWords;
-  uint32_t* kring = smem + kOffKRing + warp * kWarpRingWords;
-  uint32_t* vring = smem + kOffVRing + warp * kWarpRingWords;
+  uint32_t* stage = smem + kOffStage + warp * kStageWords;
+  uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
+  const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
 
   const int tokens = p.tokens_dev[item];
   const int pages = (tokens + kPageTokens - 1) / kPageTokens;
@@ -327,26 +224,16 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int c_begin = split * args.chunks_per_split;
   const int c_end = min(chunks, c_begin + args.chunks_per_split);
 
-  // Prologue: both tables (entry z replicated into the 32 banks: z * 32 + lane),
-  // the rotated query (in the key stage area, free until the first chunk), its
-  // fp16 hi/lo fragments, sums.
+  // Prologue: rotated query (in the score area), its fp16 hi/lo fragments, sums.
   {
-    static_assert(kThreads == 256, "one table entry per thread");
-    const uint32_t kw = p.tables_dev[tid], vw = p.tables_dev[256 + tid];
-    for (int k = 0; k < 8; ++k) {
-      reinterpret_cast<uint4*>(ktable)[tid * 8 + k] = make_uint4(kw, kw, kw, kw);
-      reinterpret_cast<uint4*>(vtable)[tid * 8 + k] = make_uint4(vw, vw, vw, vw);
-    }
-    static_assert(kWarps * kKeyStageWords >= kMaxQHeads * 128, "query fits the key stage");
-    float* qrot = reinterpret_cast<float*>(smem + kOffKStage);
     const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
-    for (int i = tid; i < q_heads * D; i += kThreads) qrot[i] = q[i];
+    for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
     for (int len = 1; len < D; len <<= 1) {
       __syncthreads();
       for (int i = tid; i < q_heads * D / 2; i += kThreads) {
         const int h = i / (D / 2), r = i % (D / 2);
         const int j = (r / len) * 2 * len + (r % len);
-        float* x = qrot + h * D;
+        float* x = score + h * D;
         const float a = x[j], b = x[j + len];
         x[j] = a + b;
         x[j + len] = a - b;
@@ -354,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     }
     __syncthreads();
     const float norm = rsqrtf(static_cast<float>(D));
-    for (int i = tid; i < q_heads * D; i += kThreads) qrot[i] *= norm;
+    for (int i = tid; i < q_heads * D; i += kThreads) score[i] *= norm;
     __syncthreads();
     for (int i = tid; i < (n / 16) * 32; i += kThreads) {
       const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
@@ -367,7 +254,9 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
           const int ch = kstep * 16 + 2 * t + 8 * reg + e;
           const int g = ch / D;
           uint16_t hi = 0, lo = 0;
-          if (col < 2 * G) SplitHalf(qrot[(g * G + (col % G)) * D + ch % D], &hi, &lo);
+          if (col < 2 * G) {
+            SplitHalf(score[(g * G + (col % G)) * D + ch % D], &hi, &lo);
+          }
           half[e] = col < G ? hi : (col < 2 * G ? lo : 0);
         }
         w[reg] = half[0] | (static_cast<uint32_t>(half[1]) << 16);
@@ -375,24 +264,30 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
       qfrag[i * 2] = w[0];
       qfrag[i * 2 + 1] = w[1];
     }
-    for (int h = warp; h < q_heads; h += kWarps) {
-      float s = 0.0f;
-      for (int d = lane; d < D; d += 32) s += qrot[h * D + d];
-      s = WarpSum(s);
-      if (lane == 0) {
-        qsum[h] = s;
-        mrun[h] = kNegInf;
-        lrun[h] = 0.0f;
-        orun[h] = 0.0f;
+    if (warp < kWarps) {
+      for (int h = warp; h < q_heads; h += kWarps) {
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += score[h * D + d];
+        s = WarpSum(s);
+        if (lane == 0) {
+          qsum[h] = s;
+          mrun[h] = kNegInf;
+          lrun[h] = 0.0f;
+          orun[h] = 0.0f;
+        }
       }
     }
     for (int i = tid; i < q_heads * D; i += kThreads) acc[i] = 0.0f;
     __syncthreads();
   }
 
+  const int slot_a = lane, slot_b = 32 + lane;
+  const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
   const int idx = tid & (kPageTokens - 1);
   const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
   const float scale = p.softmax_scale;
+  static_assert(kThreads == 256, "one table entry per thread");
+  const uint32_t key_word = p.tables_dev[tid], value_word = p.tables_dev[256 + tid];
 
   for (int c = c_begin; c < c_end; ++c) {
     // Pages of the chunk; an absent token decodes a present record and is masked.
@@ -407,47 +302,147 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     };
     const int kA = tid >> 7, kB = 2 + (tid >> 7);
     const bool va = token_valid(kA), vb = token_valid(kB);
-    Streams s;
-    s.ka.page = s.va.page = page_ptr(va ? kA : 0);
-    s.kb.page = s.vb.page = page_ptr(vb ? kB : 0);
+    Tok a, b;
+    a.page = page_ptr(va ? kA : 0);
+    b.page = page_ptr(vb ? kB : 0);
     const uint32_t ia = va ? idx : 0, ib = vb ? idx : 0;
 
+    // Table: keys, entry z replicated into the 32 banks (z * 32 + lane).
+    {
+      const uint4 e = make_uint4(key_word, key_word, key_word, key_word);
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+    }
     // q' . mu for each page of the chunk.
     for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
       const int k = j / q_heads, h = j % q_heads;
-      float sum = 0.0f;
+      float s = 0.0f;
       if (first_page + k < pages) {
         const uint8_t* mean = p.pool_dev + static_cast<size_t>(pt[k]) * lay.page_bytes + lay.mean_offset;
         const float mscale = __ldg(reinterpret_cast<const float*>(mean));
         const int8_t* q8 = reinterpret_cast<const int8_t*>(mean + 4) + (h / G) * D;
-        for (int d = lane; d < D; d += 32) sum += QValue<D, G>(qfrag, h, d) * static_cast<float>(q8[d]);
-        sum = WarpSum(sum) * mscale;
+        for (int d = lane; d < D; d += 32) s += QValue<D, G>(qfrag, h, d) * static_cast<float>(q8[d]);
+        s = WarpSum(s) * mscale;
       }
-      if (lane == 0) qmu[k * kMaxQHeads + h] = sum;
+      if (lane == 0) qmu[k * kMaxQHeads + h] = s;
     }
-    valid[ta] = va;
-    valid[tb] = vb;
-    const uint32_t vrec_a = static_cast<uint32_t>(lay.value_offset) + ia * lay.value_stride;
-    const uint32_t vrec_b = static_cast<uint32_t>(lay.value_offset) + ib * lay.value_stride;
-    const uint32_t kh_a = TokStart(s.ka, kring, lane, ia * lay.key_stride);
-    const uint32_t kh_b = TokStart(s.kb, kring, 32 + lane, ib * lay.key_stride);
-    const uint32_t vh_a = TokStart(s.va, vring, lane, vrec_a);
-    const uint32_t vh_b = TokStart(s.vb, vring, 32 + lane, vrec_b);
-    vs[ta] = HalfBitsToFloat(vh_a & 0xffff);
-    vo[ta] = HalfBitsToFloat(vh_a >> 16);
-    vs[tb] = HalfBitsToFloat(vh_b & 0xffff);
-    vo[tb] = HalfBitsToFloat(vh_b >> 16);
-    const float ks_a = HalfBitsToFloat(kh_a & 0xffff), ko_a = HalfBitsToFloat(kh_a >> 16);
-    const float ks_b = HalfBitsToFloat(kh_b & 0xffff), ko_b = HalfBitsToFloat(kh_b >> 16);
+    // Value headers (scale, offset) of both tokens.
+    {
+      const uint32_t ha = __ldg(reinterpret_cast<const uint32_t*>(a.page + lay.value_offset + ia * lay.value_stride));
+      const uint32_t hb = __ldg(reinterpret_cast<const uint32_t*>(b.page + lay.value_offset + ib * lay.value_stride));
+      vs[ta] = HalfBitsToFloat(ha & 0xffff);
+      vo[ta] = HalfBitsToFloat(ha >> 16);
+      vs[tb] = HalfBitsToFloat(hb & 0xffff);
+      vo[tb] = HalfBitsToFloat(hb >> 16);
+      valid[ta] = va;
+      valid[tb] = vb;
+    }
     __syncthreads();
 
-    const int t4 = lane & 3, col = lane >> 2;
-    for (int g = 0; g <= kv_heads; ++g) {
-      const bool do_k = g < kv_heads, do_v = g > 0;
-      // Weight fragments of the values of group g - 1 (virtual k = 2 * lane + {A, B}).
-      uint32_t wf[4][2] = {};
-      if (do_v) {
-        const float* sc = score + ((g - 1) & 1) * kMaxGroup * kChunkTokens;
+    // ---- 1. keys ----
+    {
+      const uint32_t ha = TokStart(a, ring, slot_a, ia * lay.key_stride);
+      const uint32_t hb = TokStart(b, ring, slot_b, ib * lay.key_stride);
+      ks[ta] = HalfBitsToFloat(ha & 0xffff);
+      ko[ta] = HalfBitsToFloat(ha >> 16);
+      ks[tb] = HalfBitsToFloat(hb & 0xffff);
+      ko[tb] = HalfBitsToFloat(hb >> 16);
+      for (int g = 0; g < kv_heads; ++g) {
+        float dacc[4][4] = {};
+        for (int slab = 0; slab < D / kSlab; ++slab) {
+          TokRefill(a, ring, slot_a);
+          TokRefill(b, ring, slot_b);
+#pragma unroll
+          for (int q8 = 0; q8 < kSlab / 8; ++q8) {
+            uint32_t e0[4], e1[4], f0[4], f1[4];
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e0, f0);
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e1, f1);
+            const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
+                                        PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
+            const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
+                                        PackLevels(f1[0], f1[1]), PackLevels(f1[2], f1[3]));
+            *reinterpret_cast<uint4*>(stage + slot_a * kKeyRowWords + q8 * 4) = wa;
+            *reinterpret_cast<uint4*>(stage + slot_b * kKeyRowWords + q8 * 4) = wb;
+          }
+          __syncwarp();
+#pragma unroll
+          for (int k2 = 0; k2 < 2; ++k2) {
+            const int kstep = (g * D + slab * kSlab) / 16 + k2;
+            const uint2 bq = *reinterpret_cast<const uint2*>(qfrag + (kstep * 32 + lane) * 2);
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) {
+              uint32_t af[4];
+              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+              LdMatrixX4(af, stage + row * kKeyRowWords + k2 * 8 + (lane >> 4) * 4);
+              Mma16816(dacc[mt], af, bq.x, bq.y);
+            }
+          }
+          __syncwarp();
+        }
+        // Scores of the G heads of KV head g: column n + G (lo) is in lane ^ (G/2).
+        const int t4 = lane & 3;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          float part[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, dacc[mt][r], G / 2);
+          if (2 * t4 < G) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
+              const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
+              const int h = g * G + 2 * t4 + (r & 1);
+              const float dot = dacc[mt][r] + part[r];
+              score[h * kChunkTokens + tok] =
+                  valid[tok] ? scale * (ks[tok] * dot + ko[tok] * qsum[h] + qmu[(tok >> 7) * kMaxQHeads + h])
+                             : kNegInf;
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- 2. softmax over the chunk, weights pre-multiplied by s_t ----
+    for (int h = warp; h < q_heads; h += kWarps) {
+      float* sc = score + h * kChunkTokens;
+      float cmax = kNegInf;
+      for (int t = lane; t < kChunkTokens; t += 32) cmax = fmaxf(cmax, sc[t]);
+      cmax = WarpMax(cmax);
+      const float m_old = mrun[h];
+      const float m_new = fmaxf(m_old, cmax);
+      float sum = 0.0f, osum = 0.0f;
+      for (int t = lane; t < kChunkTokens; t += 32) {
+        const float s = sc[t];
+        const float w = s == kNegInf ? 0.0f : __expf(s - m_new);
+        sum += w;
+        osum += w * vo[t];
+        sc[t] = w * vs[t];
+      }
+      sum = WarpSum(sum);
+      osum = WarpSum(osum);
+      const float f = m_old == kNegInf ? (m_new == kNegInf ? 1.0f : 0.0f) : __expf(m_old - m_new);
+      for (int d = lane; d < D; d += 32) acc[h * D + d] *= f;
+      if (lane == 0) {
+        mrun[h] = m_new;
+        lrun[h] = lrun[h] * f + sum;
+        orun[h] = orun[h] * f + osum;
+      }
+    }
+    // Table: values.
+    {
+      const uint4 e = make_uint4(value_word, value_word, value_word, value_word);
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+    }
+    __syncthreads();
+
+    // ---- 3. values ----
+    {
+      TokStart(a, ring, slot_a, static_cast<uint32_t>(lay.value_offset) + ia * lay.value_stride);
+      TokStart(b, ring, slot_b, static_cast<uint32_t>(lay.value_offset) + ib * lay.value_stride);
+      const int t4 = lane & 3, col = lane >> 2;
+      for (int g = 0; g < kv_heads; ++g) {
+        // Weight fragments of the warp's 64 tokens (virtual k = 2 * lane + {A, B}).
+        uint32_t wf[4][2];
 #pragma unroll
         for (int k4 = 0; k4 < 4; ++k4) {
 #pragma unroll
@@ -456,84 +451,52 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
             const int tok_a = warp * 32 + src, tok_b = kChunkTokens / 2 + warp * 32 + src;
             uint16_t ha = 0, la = 0, hb = 0, lb = 0;
             if (col < 2 * G) {
-              SplitHalf(sc[(col % G) * kChunkTokens + tok_a], &ha, &la);
-              SplitHalf(sc[(col % G) * kChunkTokens + tok_b], &hb, &lb);
+              const int h = g * G + col % G;
+              SplitHalf(score[h * kChunkTokens + tok_a], &ha, &la);
+              SplitHalf(score[h * kChunkTokens + tok_b], &hb, &lb);
             }
             const uint16_t xa = col < G ? ha : la, xb = col < G ? hb : lb;
             wf[k4][reg] = col < 2 * G ? (xa | (static_cast<uint32_t>(xb) << 16)) : 0u;
           }
         }
-      }
-      float dacc[4][4] = {};
-      for (int slab = 0; slab < D / kSlab; ++slab) {
-        if (do_k && do_v) {
-          Slab<D, G, true, true>(s, g, slab, ktable, vtable, kring, vring, kstage, vstage, qfrag, dacc, wf, acc, lane);
-        } else if (do_k) {
-          Slab<D, G, true, false>(s, g, slab, ktable, vtable, kring, vring, kstage, vstage, qfrag, dacc, wf, acc, lane);
-        } else {
-          Slab<D, G, false, true>(s, g, slab, ktable, vtable, kring, vring, kstage, vstage, qfrag, dacc, wf, acc, lane);
-        }
-      }
-      if (do_k) {
-        // Scores of the G heads of KV head g: column n + G (lo) is in lane ^ (G/2).
-        float* sc = score + (g & 1) * kMaxGroup * kChunkTokens;
+        for (int slab = 0; slab < D / kSlab; ++slab) {
+          TokRefill(a, ring, slot_a);
+          TokRefill(b, ring, slot_b);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          float part[4];
+          for (int q4 = 0; q4 < kSlab / 4; ++q4) {
+            uint32_t e[4], f[4];
+            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e, f);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, dacc[mt][r], G / 2);
-          // Rows mt * 16 + lane / 4 (+ 8): key scale/offset from the decoding lane.
-          const int src0 = (mt & 1) * 16 + (lane >> 2);
-          const float ks0 = __shfl_sync(0xffffffffu, mt < 2 ? ks_a : ks_b, src0);
-          const float ko0 = __shfl_sync(0xffffffffu, mt < 2 ? ko_a : ko_b, src0);
-          const float ks1 = __shfl_sync(0xffffffffu, mt < 2 ? ks_a : ks_b, src0 + 8);
-          const float ko1 = __shfl_sync(0xffffffffu, mt < 2 ? ko_a : ko_b, src0 + 8);
-          if (2 * t4 < G) {
+            for (int k = 0; k < 4; ++k) stage[(q4 * 4 + k) * kValRowWords + lane] = PackLevels(e[k], f[k]);
+          }
+          __syncwarp();
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
-              const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
-              const int hl = 2 * t4 + (r & 1), h = g * G + hl;
-              const float dot = dacc[mt][r] + part[r];
-              const float ksv = r < 2 ? ks0 : ks1, kov = r < 2 ? ko0 : ko1;
-              sc[hl * kChunkTokens + tok] =
-                  valid[tok] ? scale * (ksv * dot + kov * qsum[h] + qmu[(tok >> 7) * kMaxQHeads + h]) : kNegInf;
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4] = {};
+#pragma unroll
+            for (int k4 = 0; k4 < 4; ++k4) {
+              uint32_t af[4];
+              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+              LdMatrixX4(af, stage + row * kValRowWords + k4 * 8 + (lane >> 4) * 4);
+              Mma16816(d, af, wf[k4][0], wf[k4][1]);
+            }
+            float part[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, d[r], G / 2);
+            if (2 * t4 < G) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const int h = g * G + 2 * t4 + (r & 1);
+                const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (r >> 1) * 8;
+                atomicAdd(acc + h * D + ch, d[r] + part[r]);
+              }
             }
           }
+          __syncwarp();
         }
       }
-      __syncthreads();
-      // Softmax over the chunk for the heads of group g, weights times s_t.
-      if (do_k) {
-        for (int hl = warp; hl < G; hl += kWarps) {
-          const int h = g * G + hl;
-          float* sc = score + (g & 1) * kMaxGroup * kChunkTokens + hl * kChunkTokens;
-          float cmax = kNegInf;
-          for (int t = lane; t < kChunkTokens; t += 32) cmax = fmaxf(cmax, sc[t]);
-          cmax = WarpMax(cmax);
-          const float m_old = mrun[h];
-          const float m_new = fmaxf(m_old, cmax);
-          float sum = 0.0f, osum = 0.0f;
-          for (int t = lane; t < kChunkTokens; t += 32) {
-            const float sv = sc[t];
-            const float w = sv == kNegInf ? 0.0f : __expf(sv - m_new);
-            sum += w;
-            osum += w * vo[t];
-            sc[t] = w * vs[t];
-          }
-          sum = WarpSum(sum);
-          osum = WarpSum(osum);
-          const float f = m_old == kNegInf ? (m_new == kNegInf ? 1.0f : 0.0f) : __expf(m_old - m_new);
-          for (int d = lane; d < D; d += 32) acc[h * D + d] *= f;
-          if (lane == 0) {
-            mrun[h] = m_new;
-            lrun[h] = lrun[h] * f + sum;
-            orun[h] = orun[h] * f + osum;
-          }
-        }
-      }
-      __syncthreads();
     }
+    __syncthreads();
   }
 
   // Partial state: acc + (sum a_t o_t) on every channel, in the rotated domain.
