@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# driftkv-calibrate and driftkv-codec --transform end to end (issue 6):
+# deterministic transforms file of the documented size, eval/encode/decode
+# with WUSH, and clear messages on bad input.
+#   wush_cli_test.sh CALIBRATE CODEC SYNTH
+set -euo pipefail
+cal=$1
+codec=$2
+synth=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+shape=2,256,2,64
+for s in 1 2 3; do
+  "$synth" --out "$tmp/s$s" --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed $s >/dev/null
+done
+args=(--keys "$tmp/s1.k" --values "$tmp/s1.v" --queries "$tmp/s1.q"
+      --keys "$tmp/s2.k" --values "$tmp/s2.v" --queries "$tmp/s2.q" --shape $shape --q-heads 4)
+"$cal" "${args[@]}" --out "$tmp/a.xfm" 2>/dev/null
+"$cal" "${args[@]}" --out "$tmp/b.xfm" 2>/dev/null
+cmp -s "$tmp/a.xfm" "$tmp/b.xfm" || fail "calibration is not deterministic"
+size=$(stat -c %s "$tmp/a.xfm")
+[ "$size" = $((56 + 16 * 2 * 2 * 64 * 64)) ] || fail "transforms file is $size bytes"
+[ "$(head -c 7 "$tmp/a.xfm")" = "DKVXFRM" ] || fail "magic"
+
+# Bad input: wrong shape, unequal triples, missing queries statistics.
+msg=$("$cal" --keys "$tmp/s1.k" --values "$tmp/s1.v" --queries "$tmp/s1.q" --shape 2,255,2,64 --q-heads 4 \
+  --out "$tmp/x" 2>&1) && fail "wrong shape accepted"
+grep -q "bytes; --shape 2,255,2,64" <<<"$msg" || fail "shape message: $msg"
+msg=$("$cal" --keys "$tmp/s1.k" --values "$tmp/s1.v" --shape $shape --q-heads 4 --out "$tmp/x" 2>&1) &&
+  fail "missing --queries accepted"
+grep -q "need as many --keys, --values and --queries" <<<"$msg" || fail "triple message: $msg"
+msg=$("$cal" "${args[@]}" --wo "$tmp/s1.k" --hidden 3 --out "$tmp/x" 2>&1) && fail "bad W_O accepted"
+grep -q "\[L\]\[E\]\[N\*D\] needs" <<<"$msg" || fail "W_O message: $msg"
+
+# eval / encode / decode through the transform.
+ev=(--keys "$tmp/s3.k" --values "$tmp/s3.v" --shape $shape --codec int --bits 2)
+out=$("$codec" eval "${ev[@]}" --queries "$tmp/s3.q" --q-heads 4 --transform wush --transforms "$tmp/a.xfm" --json)
+grep -q '"attn_rel_err"' <<<"$out" || fail "eval output: $out"
+"$codec" encode "${ev[@]}" --transform wush --transforms "$tmp/a.xfm" --out "$tmp/p" 2>/dev/null
+"$codec" decode --in "$tmp/p" --out "$tmp/d" --transform wush --transforms "$tmp/a.xfm" 2>/dev/null
+[ -s "$tmp/d.k" ] || fail "decode wrote nothing"
+msg=$("$codec" decode --in "$tmp/p" --out "$tmp/d" --transform hadamard 2>&1) && fail "mismatched decode accepted"
+grep -q "does not match the pool's rotation identity" <<<"$msg" || fail "decode message: $msg"
+msg=$("$codec" eval "${ev[@]}" --transform wush 2>&1) && fail "wush without file accepted"
+grep -q "needs --transforms FILE" <<<"$msg" || fail "message: $msg"
+msg=$("$codec" eval "${ev[@]}" --transform wush --transforms "$tmp/a.xfm" --layer 2 2>&1) && fail "bad layer accepted"
+grep -q "out of range \[0, 2)" <<<"$msg" || fail "layer message: $msg"
+head -c 1000 "$tmp/a.xfm" >"$tmp/cut.xfm"
+msg=$("$codec" eval "${ev[@]}" --transform wush --transforms "$tmp/cut.xfm" 2>&1) && fail "truncated file accepted"
+grep -q "needs" <<<"$msg" || fail "truncation message: $msg"
+echo "PASS"
