@@ -25,6 +25,7 @@
 
 ABSL_FLAG(double, query_focus, 0.25,
           "synthetic queries: weight of the past key they copy (higher: sharper attention)");
+ABSL_FLAG(int, streams, 4, "bench/demo/push: concurrent Append calls per sequence (layers split between them)");
 ABSL_FLAG(int, sequences, 8, "bench: concurrent sequences (one client thread each)");
 ABSL_FLAG(int, steps, 32, "bench/demo: decode steps per sequence");
 ABSL_FLAG(std::string, fixture, "/work/shared/eval/fixture_public",
@@ -176,9 +177,11 @@ int Bench(Client& client) {
     }
   }
   const std::vector<float> q = SyntheticQuery(keys[0], tokens, kv_heads, d, q_heads, 7);
-  std::printf("bench: %d sequences x %d layers x %d tokens (kv_heads %d, head_dim %d, bf16), then %d decode steps "
-              "of %d items (one per layer, q_heads %d), server %s\n",
-              seqs, layers, tokens, kv_heads, d, steps, layers, q_heads, absl::GetFlag(FLAGS_server).c_str());
+  std::printf("bench: %d sequences x %d layers x %d tokens (kv_heads %d, head_dim %d, bf16; %d-token chunks, %d "
+              "concurrent Append calls per sequence), then %d decode steps of %d items (one per layer, q_heads %d), "
+              "server %s\n",
+              seqs, layers, tokens, kv_heads, d, chunk, absl::GetFlag(FLAGS_streams), steps, layers, q_heads,
+              absl::GetFlag(FLAGS_server).c_str());
 
   std::atomic<int> failures{0};
   std::atomic<int64_t> ingested{0};
@@ -195,7 +198,8 @@ int Bench(Client& client) {
       const size_t per_call = static_cast<size_t>(layers) * 4;
       for (size_t i = 0; i < mine.size(); i += per_call) {
         const size_t m = std::min(per_call, mine.size() - i);
-        absl::StatusOr<v1::AppendResponse> r = clients[s]->Append(absl::MakeConstSpan(mine).subspan(i, m));
+        absl::StatusOr<v1::AppendResponse> r = clients[s]->AppendConcurrently(
+            absl::MakeConstSpan(mine).subspan(i, m), absl::GetFlag(FLAGS_streams));
         if (!r.ok()) {
           if (failures++ == 0) std::cerr << "\nappend: " << r.status() << "\n";
           return;
@@ -290,7 +294,7 @@ int Demo(Client& client) {
     }
   }
   auto t0 = Clock::now();
-  absl::StatusOr<v1::AppendResponse> pushed = client.Append(chunks);
+  absl::StatusOr<v1::AppendResponse> pushed = client.AppendConcurrently(chunks, absl::GetFlag(FLAGS_streams));
   if (!pushed.ok()) return Fail(pushed.status());
   const double push_s = SecondsSince(t0);
   const double raw = 2.0 * layers * tokens * n * 2;

@@ -76,6 +76,28 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
   return response;
 }
 
+absl::StatusOr<v1::AppendResponse> Client::AppendConcurrently(
+    absl::Span<const v1::AppendChunk> chunks, int streams) {
+  streams = std::max(1, streams);
+  std::vector<std::vector<v1::AppendChunk>> groups(streams);
+  for (const v1::AppendChunk& c : chunks) groups[c.layer() % streams].push_back(c);
+  std::vector<absl::StatusOr<v1::AppendResponse>> results(streams, v1::AppendResponse());
+  std::vector<std::thread> threads;
+  for (int g = 0; g < streams; ++g) {
+    if (groups[g].empty()) continue;
+    threads.emplace_back([&, g] { results[g] = Append(groups[g]); });
+  }
+  for (std::thread& t : threads) t.join();
+  v1::AppendResponse total;
+  for (const auto& r : results) {
+    if (!r.ok()) return r.status();
+    total.set_chunks(total.chunks() + r->chunks());
+    total.set_tokens_stored(total.tokens_stored() + r->tokens_stored());
+    total.set_tokens_duplicate(total.tokens_duplicate() + r->tokens_duplicate());
+  }
+  return total;
+}
+
 std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_timeout) {
   std::unique_ptr<AppendStream> s(new AppendStream());
   const absl::Duration t = stream_timeout > absl::ZeroDuration() ? stream_timeout : options_.timeout;

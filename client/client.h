@@ -48,6 +48,15 @@ class Client {
   // Streams `chunks` in one Append call.
   absl::StatusOr<v1::AppendResponse> Append(absl::Span<const v1::AppendChunk> chunks);
 
+  // Append over up to `streams` concurrent calls, chunks grouped by layer
+  // (layer % streams), each group in its original order. Layers are
+  // independent in the service, so this is the same as Append(chunks) but
+  // lets the server encode several layers at once. Totals are summed; on
+  // failure the first error is returned (other groups may have been stored:
+  // resend, it is idempotent).
+  absl::StatusOr<v1::AppendResponse> AppendConcurrently(absl::Span<const v1::AppendChunk> chunks,
+                                                        int streams);
+
   // An open Append stream, for chunks produced over time (layer-wise ingest
   // while the prefill still runs). Not retried: when Finish fails with
   // UNAVAILABLE, resend the chunks with Append() (stored tokens are only

@@ -143,6 +143,15 @@ TEST_F(GrpcTest, RoundTripOfEveryMethod) {
   EXPECT_EQ(streamed->chunks(), 4u);
   EXPECT_EQ(streamed->tokens_stored(), 100u);
 
+  // Layers over concurrent calls.
+  std::vector<v1::AppendChunk> both = Chunks("seq2", 0, kv, 0, 200, 50);
+  for (const v1::AppendChunk& c : Chunks("seq2", 1, kv, 0, 120, 50)) both.push_back(c);
+  absl::StatusOr<v1::AppendResponse> conc = client_->AppendConcurrently(both, 2);
+  ASSERT_TRUE(conc.ok()) << conc.status();
+  EXPECT_EQ(conc->chunks(), 7u);
+  EXPECT_EQ(conc->tokens_stored(), 320u);
+  ASSERT_TRUE(client_->Release("seq2").ok());
+
   // Read with a small chunk size: several messages, resumable.
   absl::StatusOr<Client::Tensors> t = client_->ReadFloat("seq", 1, 5, 190);
   ASSERT_TRUE(t.ok()) << t.status();
