@@ -67,6 +67,9 @@ __global__ void __launch_bounds__(kThreads) Bf16AttentionKernel(KernelArgs args)
     mrun[tid] = kNegInf;
     lrun[tid] = 0.0f;
   }
+  // A split with no tiles skips the loop and its barriers: without this one
+  // its epilogue could read mrun/lrun before they are set (racecheck found it).
+  __syncthreads();
 
   auto tile_tokens = [&](int j) {
     const int first = (pg_begin + j / 2) * kPageTokens + (j % 2) * kTile;
