@@ -116,7 +116,10 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
     pool_->Free(l.pages);
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
-    l = Layer();
+    l.pages.clear();
+    l.window_keys = {};
+    l.window_values = {};
+    l.length = 0;
   }
 }
 
@@ -235,7 +238,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     Sequence* seq = found->get();
     AppendPlan plan;
     {
-      absl::MutexLock lock(&seq->mu);
+      absl::ReaderMutexLock seq_lock(&seq->mu);
       if (seq->released) {
         // Released between lookup and lock: this chunk starts a new one.
         if (attempt < 3) continue;
@@ -243,6 +246,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
                                                " was released while appending; retry"));
       }
       Layer& layer = seq->layers[c.layer()];
+      absl::MutexLock layer_lock(&layer.mu);
       absl::StatusOr<AppendPlan> planned =
           PlanAppend(layer.length, static_cast<int64_t>(layer.window_keys.size() / n()),
                      "first_token", c.sequence_id(), c.layer(), c.first_token(), c.token_count());
@@ -375,25 +379,33 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     entry.second = entry.second || work[i].step;
     work[i].seq = entry.first.get();
   }
-  std::vector<std::pair<Sequence*, bool>> locked;
-  auto unlock_all = [&locked] {
-    for (auto& [s, writer] : locked) {
-      if (writer) {
-        s->mu.Unlock();
-      } else {
-        s->mu.ReaderUnlock();
-      }
-    }
-    locked.clear();
-  };
-  for (auto& [id, entry] : seqs) {
+  // All sequences (readers, id order), then all layers ((id, layer) order).
+  std::map<std::pair<std::string, uint32_t>, std::pair<Layer*, bool>> layer_locks;
+  for (int i = 0; i < items; ++i) {
+    const v1::AttendItem& it = request.items(i);
+    auto& entry = layer_locks[{it.sequence_id(), it.layer()}];
+    entry.first = &work[i].seq->layers[it.layer()];
+    entry.second = entry.second || work[i].step;
+  }
+  for (auto& [id, entry] : seqs) entry.first->mu.ReaderLock();
+  for (auto& [key, entry] : layer_locks) {
     if (entry.second) {
       entry.first->mu.Lock();
     } else {
       entry.first->mu.ReaderLock();
     }
-    locked.emplace_back(entry.first.get(), entry.second);
   }
+  auto unlock_all = [&] {
+    for (auto& [key, entry] : layer_locks) {
+      if (entry.second) {
+        entry.first->mu.Unlock();
+      } else {
+        entry.first->mu.ReaderUnlock();
+      }
+    }
+    for (auto& [id, entry] : seqs) entry.first->mu.ReaderUnlock();
+    layer_locks.clear();  // `seqs` keeps the sequences alive until we return
+  };
   absl::Status st;
   int64_t total_pages = 0;
   // 3. Plan every decode step and check every layer is non-empty, on
@@ -492,7 +504,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     attended += layer.length;
   }
   backend_->Attend(absl::MakeSpan(jobs));
-  for (auto& [s, writer] : locked) Touch(s);
+  for (auto& [id, entry] : seqs) Touch(entry.first.get());
   unlock_all();
   for (int i = 0; i < items; ++i) {
     if (!jobs[i].status.ok()) {
@@ -534,7 +546,9 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
       return absl::NotFoundError(
           absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
     }
-    const uint64_t length = seq->layers[request.layer()].length;
+    Layer& layer = seq->layers[request.layer()];
+    absl::ReaderMutexLock layer_lock(&layer.mu);
+    const uint64_t length = layer.length;
     if (request.first_token() > length) {
       return absl::OutOfRangeError(absl::StrCat("first_token ", request.first_token(),
                                                 " is past the end of layer ", request.layer(),
@@ -559,7 +573,8 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()),
                                                " was released during Read"));
       }
-      const Layer& layer = seq->layers[request.layer()];
+      Layer& layer = seq->layers[request.layer()];
+      absl::ReaderMutexLock layer_lock(&layer.mu);
       const int64_t paged = static_cast<int64_t>(layer.pages.size()) * p;
       for (int64_t t = 0; t < count;) {
         const int64_t tok = static_cast<int64_t>(pos) + t;

@@ -15,13 +15,18 @@
 // Rejected requests change nothing: every check runs and every page is
 // reserved (all-or-nothing) before the first mutation.
 //
-// Locking: table_mu_ guards the table; Sequence::mu guards one sequence.
-// Order: table_mu_ before any Sequence::mu; several sequences are locked in
-// ascending id order. Attention runs under the sequences' reader locks, so
-// many Attend calls on one sequence run at once; Append and decode steps
-// take the writer lock. Release and expiry mark a sequence released under
-// its writer lock; a holder of a stale pointer sees the mark and answers
-// NOT_FOUND.
+// Locking, outermost first:
+//   table_mu_          the table of sequences;
+//   Sequence::mu       readers: any operation on the sequence's layers;
+//                      writer: Release, expiry, dropping a failed new sequence
+//                      (which therefore wait for operations in flight);
+//   Layer::mu          readers: Attend (without steps) and Read of the layer;
+//                      writer: Append and decode steps on the layer.
+// Several sequences are locked in ascending id order, all Sequence::mu
+// before any Layer::mu, and layers in ascending (id, layer) order. So
+// the layers of one sequence ingest in parallel, many Attend calls on one
+// layer run at once, and nothing is torn: a holder of a stale pointer sees
+// the `released` mark and answers NOT_FOUND.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
 #define DRIFTKV_SERVICE_HANDLER_H_
 
@@ -77,7 +82,9 @@ class Handler {
   const PagePool& pool() const { return *pool_; }
 
  private:
+  // Fields guarded by mu, or by the sequence's writer lock.
   struct Layer {
+    absl::Mutex mu;
     std::vector<PageId> pages;
     std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
     std::vector<uint16_t> window_values;
@@ -87,7 +94,7 @@ class Handler {
     explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
     const std::string id;
     absl::Mutex mu;
-    std::vector<Layer> layers ABSL_GUARDED_BY(mu);
+    std::vector<Layer> layers;  // fixed size; see Layer
     bool released ABSL_GUARDED_BY(mu) = false;
     std::atomic<int64_t> last_access_ns{0};
   };
