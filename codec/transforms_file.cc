@@ -40,7 +40,7 @@ std::string SerializeTransforms(const TransformSet& s) {
   Put(&out, s.kv_heads, 4);
   Put(&out, s.head_dim, 4);
   Put(&out, s.flags, 4);
-  Put(&out, 0, 4);
+  Put(&out, s.key_center_window, 4);
   uint64_t g;
   std::memcpy(&g, &s.gamma, 8);
   Put(&out, g, 8);
@@ -84,6 +84,7 @@ absl::StatusOr<TransformSet> ParseTransforms(const std::string& in) {
   s.kv_heads = static_cast<int>(h);
   s.head_dim = static_cast<int>(d);
   s.flags = static_cast<uint32_t>(Get(in, 24, 4));
+  s.key_center_window = static_cast<uint32_t>(Get(in, 28, 4));
   const uint64_t g = Get(in, 32, 8);
   std::memcpy(&s.gamma, &g, 8);
   s.calibration_tokens = Get(in, 40, 8);

@@ -8,7 +8,9 @@
 //   [16:20)  u32 kv_heads H
 //   [20:24)  u32 head_dim D (a power of two)
 //   [24:28)  u32 flags: bit 0 = value Hessian from W_O (else identity)
-//   [28:32)  u32 zero
+//   [28:32)  u32 key centering window W (0: none): the key Gram matrix was
+//            taken over k - (mean of its block of W tokens), as D-Quant
+//            subtracts its window channel mean before quantizing
 //   [32:40)  f64 damping gamma
 //   [40:48)  u64 calibration key tokens per layer (summed over the inputs)
 //   [48:48+16*L*H*D*D) for l in [0, L), h in [0, H): four D x D row-major
@@ -40,6 +42,7 @@ enum class Mat { kKey = 0, kKeyInverse = 1, kValue = 2, kValueInverse = 3 };
 struct TransformSet {
   int layers = 0, kv_heads = 0, head_dim = 0;
   uint32_t flags = 0;
+  uint32_t key_center_window = 0;
   double gamma = 0.0;
   uint64_t calibration_tokens = 0;
   std::vector<float> data;  // [layers][kv_heads][4][head_dim][head_dim]

@@ -209,6 +209,33 @@ TEST(CalibrationTest, DeterministicAndFileRoundTrips) {
   EXPECT_NE(ParseTransforms(magic).status().message().find("magic"), std::string::npos);
 }
 
+// With --center-keys W the key statistics ignore each W-token block's mean:
+// keys shifted by a constant per block give the same transforms.
+TEST(CalibrationTest, CenteredKeysIgnoreBlockMeans) {
+  const int H = 1, N = 2, D = 16;
+  const int64_t T = 64;
+  std::vector<float> k = Gaussian(T * D, 11), v = Gaussian(T * D, 12), q = Gaussian(T * N * D, 13);
+  std::vector<float> shifted = k;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < D; ++j) shifted[t * D + j] += (t < 32 ? 5.0f : -3.0f) * (j % 3);
+  }
+  std::vector<float> out[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<WushCalibrator> c = WushCalibrator::Create(1, H, N, D);
+    c->set_key_center_window(32);
+    ASSERT_TRUE(c->AddLayer(0, i ? shifted.data() : k.data(), v.data(), T, q.data(), T).ok());
+    absl::StatusOr<TransformSet> s = c->Build();
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->key_center_window, 32u);
+    absl::StatusOr<TransformSet> back = ParseTransforms(SerializeTransforms(*s));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->key_center_window, 32u);
+    out[i] = s->data;
+  }
+  // Equal up to the float rounding of the shifted keys.
+  for (size_t i = 0; i < out[0].size(); ++i) EXPECT_NEAR(out[0][i], out[1][i], 1e-3 * (1 + std::fabs(out[0][i])));
+}
+
 TEST(CalibrationTest, ClearErrors) {
   EXPECT_EQ(WushCalibrator::Create(1, 3, 4, 64).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WushCalibrator::Create(1, 2, 4, 48).status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,5 +1,7 @@
 #include "tools/calibrate_lib.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
 
@@ -38,7 +40,25 @@ absl::Status WushCalibrator::AddLayer(int layer, const float* keys, const float*
   const int64_t kv_stride = static_cast<int64_t>(kv_heads_) * d, q_stride = static_cast<int64_t>(q_heads_) * d;
   for (int h = 0; h < kv_heads_; ++h) {
     HeadStats& s = at(layer, h);
-    s.key_gram.Add(keys + h * d, tokens, kv_stride, 1.0);
+    if (key_center_window_ > 0) {
+      std::vector<float> block;
+      for (int64_t t0 = 0; t0 < tokens; t0 += key_center_window_) {
+        const int64_t count = std::min<int64_t>(key_center_window_, tokens - t0);
+        std::vector<double> mean(d, 0.0);
+        for (int64_t t = t0; t < t0 + count; ++t) {
+          for (int j = 0; j < d; ++j) mean[j] += keys[t * kv_stride + h * d + j];
+        }
+        block.resize(count * d);
+        for (int64_t t = 0; t < count; ++t) {
+          for (int j = 0; j < d; ++j) {
+            block[t * d + j] = static_cast<float>(keys[(t0 + t) * kv_stride + h * d + j] - mean[j] / count);
+          }
+        }
+        s.key_gram.Add(block.data(), count, d, 1.0);
+      }
+    } else {
+      s.key_gram.Add(keys + h * d, tokens, kv_stride, 1.0);
+    }
     s.value_gram.Add(values + h * d, tokens, kv_stride, 1.0);
     for (int g = h * group; query_tokens > 0 && g < (h + 1) * group; ++g) {
       s.key_hessian.Add(queries + g * d, query_tokens, q_stride, 2.0);
@@ -72,6 +92,7 @@ absl::StatusOr<TransformSet> WushCalibrator::Build(double gamma) const {
   bool all_wo = true;
   for (bool b : has_wo_) all_wo &= b;
   set.flags = all_wo ? kTransformsFlagValueWo : 0;
+  set.key_center_window = static_cast<uint32_t>(key_center_window_);
   set.calibration_tokens = key_tokens_[0];
   set.Resize();
   const int d = head_dim_;

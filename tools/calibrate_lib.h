@@ -23,6 +23,12 @@ class WushCalibrator {
   // g / (q_heads / kv_heads)); head_dim a power of two.
   static absl::StatusOr<WushCalibrator> Create(int layers, int kv_heads, int q_heads, int head_dim);
 
+  // W > 0: the key Gram matrix is taken over keys minus the mean of their
+  // block of W tokens (blocks counted from the first token of each AddLayer
+  // call), which is what D-Quant quantizes after its window channel mean;
+  // then each call should hold whole sequences of a multiple of W tokens.
+  void set_key_center_window(int w) { key_center_window_ = w; }
+
   // keys, values: [tokens][kv_heads][head_dim]; queries: [query_tokens]
   // [q_heads][head_dim] (null when query_tokens == 0). Adds to `layer`.
   absl::Status AddLayer(int layer, const float* keys, const float* values, int64_t tokens,
@@ -47,6 +53,7 @@ class WushCalibrator {
   std::vector<HeadStats> stats_;
   std::vector<bool> has_wo_;
   std::vector<int64_t> key_tokens_;
+  int key_center_window_ = 0;
 };
 
 }  // namespace driftkv

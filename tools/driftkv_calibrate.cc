@@ -3,10 +3,14 @@
 //   driftkv-calibrate --keys K --values V --queries Q [--keys K2 --values V2
 //                     --queries Q2 ...] --shape L,T,H,D --q-heads N
 //                     [--dtype f16] [--wo W --hidden E] [--gamma 0.01]
+//                     [--center-keys W]
 //                     --out TRANSFORMS
 // K, V: [L][T][H][D]; Q: [L][Tq][N][D] (Tq from the file size, may differ
 // per triple); W: [L][E][N*D] o_proj weights, f32 or --dtype (told apart by
-// the file size). Files are raw little-endian, as for driftkv-codec. Reads
+// the file size). --center-keys W takes the key Gram matrix over keys minus
+// their W-token block mean (for D-Quant, whose window mean W is 128;
+// sequences in K must then be multiples of W tokens long). Files are raw
+// little-endian, as for driftkv-codec. Reads
 // one layer of one file at a time; the output is the transforms file of
 // codec/transforms_file.h.
 #include <chrono>
@@ -101,7 +105,7 @@ absl::Status Run(int argc, char** argv) {
   if (!st.ok()) return st;
   Flags f;
   st = f.Parse(static_cast<int>(rest.size()), rest.data(),
-               {"shape", "q-heads", "dtype", "wo", "hidden", "gamma", "out"}, {});
+               {"shape", "q-heads", "dtype", "wo", "hidden", "gamma", "out", "center-keys"}, {});
   if (!st.ok()) return st;
   if (!f.Has("shape") || !f.Has("q-heads") || !f.Has("out")) {
     return absl::InvalidArgumentError("--shape L,T,H,D, --q-heads N and --out TRANSFORMS are required");
@@ -113,6 +117,9 @@ absl::Status Run(int argc, char** argv) {
   int q_heads = 0;
   int64_t hidden = 0;
   double gamma = kWushDefaultGamma;
+  int center = 0;
+  st.Update(f.Num("center-keys", &center));
+  if (center < 0) return absl::InvalidArgumentError(absl::StrCat("--center-keys ", center, " must be >= 0"));
   st.Update(f.Num("q-heads", &q_heads));
   st.Update(f.Num("hidden", &hidden));
   st.Update(f.Num("gamma", &gamma));
@@ -122,6 +129,7 @@ absl::Status Run(int argc, char** argv) {
   absl::StatusOr<WushCalibrator> cal =
       WushCalibrator::Create(static_cast<int>(L), static_cast<int>(H), q_heads, static_cast<int>(D));
   if (!cal.ok()) return cal.status();
+  cal->set_key_center_window(center);
   const auto start = std::chrono::steady_clock::now();
 
   const int64_t per_layer = T * H * D, q_row = static_cast<int64_t>(q_heads) * D;
