@@ -10,7 +10,7 @@
 //            [value_offset, +128*value_stride)  value records
 //            [mean_offset, +mean_stride)    the window's mean record
 //            zero padding to page_bytes (>= 128 bytes of slack: the kernel
-//            reads ahead of a record by up to 80 bytes)
+//            reads ahead of a record by up to 100 bytes)
 //   bf16     [0, 128*n*2)  keys   [token][kv_head][head_dim] bf16 bits
 //            [128*n*2, 256*n*2) values, same shape
 //
