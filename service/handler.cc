@@ -458,6 +458,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   size_t used = 0;
   for (int i = 0; i < items && st.ok(); ++i) {
     Item& w = work[i];
+    if (w.step && w.plan.fresh == 0) metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.step || w.plan.fresh == 0) continue;
     std::vector<PageId> pages(reserved.begin() + used, reserved.begin() + used + w.plan.pages);
     st = ApplyAppend(&w.seq->layers[request.items(i).layer()], w.plan, w.key.data(),
