@@ -5,10 +5,11 @@
 //   wush-ablation --keys K --values V --queries Q --windows W --shape L,T,H,D
 //                 --q-heads N [--dtype f16] --transforms F [--wo WO --hidden E]
 // K, V: [W][L][T][H][D]; Q: [W][L][Tq][N][D]; WO: [L][E][N*D] f32.
-// Synthetic spike case (tools/spike_synth.h): calibrates on draw --seed,
-// evaluates on draws --seed+1 .. --seed+--draws:
-//   wush-ablation --synthetic-spike [--draws 4] [--seed 1] [--spike 40]
-//                 [--spike-probability 0.005] [--query-read 6]
+// Synthetic spike case (tools/spike_synth.h): calibrates on --calib-draws
+// draws, evaluates on --draws others:
+//   wush-ablation --synthetic-spike [--draws 4] [--calib-draws 8] [--seed 1]
+//                 [--spike 40] [--spike-probability 0.005] [--query-read 6]
+//                 [--center-keys W]
 // Prints one markdown table: per transform and codec, stored bits per value,
 // attention error with keys only / values only / both quantized, module
 // error (with W_O) and the per-layer attention error (both quantized).
@@ -217,9 +218,11 @@ absl::Status RunReal(const Flags& f) {
 }
 
 absl::Status RunSpike(const Flags& f) {
-  int draws = 4, threads = 2;
+  int draws = 4, threads = 2, calib_draws = 8, center = 0;
   uint64_t seed = 1;
   absl::Status st = f.Num("draws", &draws);
+  st.Update(f.Num("calib-draws", &calib_draws));
+  st.Update(f.Num("center-keys", &center));
   st.Update(f.Num("seed", &seed));
   st.Update(f.Num("threads", &threads));
   if (!st.ok()) return st;
@@ -229,11 +232,18 @@ absl::Status RunSpike(const Flags& f) {
   st.Update(f.Num("spike-probability", &o.spike_probability));
   st.Update(f.Num("query-read", &o.query_read));
   if (!st.ok()) return st;
-  const SpikeCase cal = MakeSpikeCase(o);
+  // Calibration draws use seeds seed, seed + 1000, ...: disjoint from the
+  // evaluation draws seed + 1 .. seed + draws.
   absl::StatusOr<WushCalibrator> c = WushCalibrator::Create(1, o.kv_heads, o.q_heads, o.head_dim);
   if (!c.ok()) return c.status();
-  st = c->AddLayer(0, cal.keys.data(), cal.values.data(), o.tokens, cal.queries.data(), o.query_tokens);
-  if (!st.ok()) return st;
+  c->set_key_center_window(center);
+  for (int i = 0; i < calib_draws; ++i) {
+    SpikeOptions co = o;
+    co.seed = seed + 1000 * i;
+    const SpikeCase cal = MakeSpikeCase(co);
+    st = c->AddLayer(0, cal.keys.data(), cal.values.data(), o.tokens, cal.queries.data(), o.query_tokens);
+    if (!st.ok()) return st;
+  }
   absl::StatusOr<TransformSet> set = c->Build();
   if (!set.ok()) return set.status();
   std::vector<SpikeCase> cases;
@@ -260,9 +270,11 @@ absl::Status RunSpike(const Flags& f) {
   st = RunJobs(jobs, configs, *set, threads, &r);
   if (!st.ok()) return st;
   std::printf("synthetic spike case: %lld tokens, %d kv heads x %d, %d query heads, spike %.0f on coordinate 0 with "
-              "probability %.3f, queries read it with mean %.1f; calibrated on seed %llu, evaluated on %d other draws\n\n",
+              "probability %.3f, queries read it with mean %.1f; calibrated on %d draws (%d tokens), evaluated on %d other "
+              "draws%s\n\n",
               static_cast<long long>(o.tokens), o.kv_heads, o.head_dim, o.q_heads, o.spike, o.spike_probability,
-              o.query_read, static_cast<unsigned long long>(seed), draws);
+              o.query_read, calib_draws, calib_draws * static_cast<int>(o.tokens), draws,
+              center ? absl::StrCat(", keys centered over ", center, "-token blocks").c_str() : "");
   Print(configs, 1, false, r);
   return absl::OkStatus();
 }
@@ -274,7 +286,8 @@ int main(int argc, char** argv) {
   driftkv::Flags f;
   absl::Status st = f.Parse(argc - 1, argv + 1,
                             {"keys", "values", "queries", "windows", "shape", "q-heads", "dtype", "transforms", "wo",
-                             "hidden", "threads", "draws", "seed", "spike", "spike-probability", "query-read"},
+                             "hidden", "threads", "draws", "seed", "spike", "spike-probability", "query-read", "calib-draws",
+                             "center-keys"},
                             {"synthetic-spike"});
   if (st.ok()) st = f.Has("synthetic-spike") ? driftkv::RunSpike(f) : driftkv::RunReal(f);
   if (!st.ok()) {
