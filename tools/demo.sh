@@ -8,7 +8,8 @@
 #   tools/demo.sh [extra `driftkv demo` flags, e.g. --tokens 2048 --steps 64]
 #
 # Environment: DRIFTKV_PORT (gRPC, default 50051), DRIFTKV_METRICS_PORT
-# (default 9464), BAZEL (default bazel), BAZEL_FLAGS (extra build flags).
+# (default 9464), BAZEL (default bazel; may carry startup options, e.g.
+# "bazel --output_base=/tmp/ob"), BAZEL_FLAGS (extra build and info flags).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,8 +18,8 @@ PORT="${DRIFTKV_PORT:-50051}"
 METRICS_PORT="${DRIFTKV_METRICS_PORT:-9464}"
 
 echo "== building driftkv-server and driftkv"
-"$BAZEL" build ${BAZEL_FLAGS:-} //service:driftkv-server //client:driftkv
-BIN="$("$BAZEL" info ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)"
+$BAZEL build ${BAZEL_FLAGS:-} //service:driftkv-server //client:driftkv
+BIN="$($BAZEL info ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)"
 
 LOG="$(mktemp -t driftkv-server.XXXXXX.log)"
 echo "== starting driftkv-server on 127.0.0.1:${PORT} (log: ${LOG})"
