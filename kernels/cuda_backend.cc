@@ -1,0 +1,298 @@
+#include "kernels/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/encode.h"
+
+namespace driftkv {
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+}
+
+// A growable device buffer (grows only; freed with the backend).
+class Scratch {
+ public:
+  ~Scratch() { cudaFree(ptr_); }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= size_) return absl::OkStatus();
+    cudaFree(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+    absl::Status st = Cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc (scratch)");
+    if (st.ok()) size_ = bytes;
+    return st;
+  }
+  template <typename T>
+  T* get() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device)
+      : codec_(*codec), pool_(*pool), device_(device) {}
+  ~CudaBackend() override {
+    cudaFree(arena_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (!st.ok()) return st;
+    const DQuantConfig& c = codec_.config();
+    layout_.kv_heads = c.kv_heads;
+    layout_.head_dim = c.head_dim;
+    layout_.key_stride = static_cast<int>(codec_.key_stride());
+    layout_.value_stride = static_cast<int>(codec_.value_stride());
+    layout_.mean_stride = static_cast<int>(codec_.mean_stride());
+    layout_.value_offset = static_cast<size_t>(pool_.value_records(0) - pool_.key_records(0));
+    layout_.mean_offset = static_cast<size_t>(pool_.mean_record(0) - pool_.key_records(0));
+    layout_.page_bytes = pool_.page_stride();
+    if (pool_.page_tokens() != gpu::kPageTokens || layout_.value_offset % 16 != 0 || layout_.page_bytes % 16 != 0 ||
+        layout_.key_stride % 4 != 0 || layout_.value_stride % 4 != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "page layout unsupported by the CUDA kernels: ", pool_.page_tokens(), " tokens per page (need ",
+          gpu::kPageTokens, "), value offset ", layout_.value_offset, ", stride ", layout_.page_bytes));
+    }
+    // The kernel reads up to 100 bytes past a record; the mean record after
+    // the value records absorbs that, but only if it is long enough.
+    if (layout_.mean_stride < 128) {
+      return absl::FailedPreconditionError(absl::StrCat("mean record of ", layout_.mean_stride,
+                                                        " bytes leaves too little read-ahead slack"));
+    }
+    st = gpu::MakeEncodeAlphabets(codec_, &encode_);
+    if (!st.ok()) return st;
+    encode_.layout = layout_;
+    std::vector<uint32_t> tables(512);
+    gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
+    gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
+    st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st.ok()) st = Cuda(cudaMalloc(&arena_, pool_.capacity_bytes()), "cudaMalloc (page arena)");
+    if (st.ok()) st = tables_.Reserve(tables.size() * 4);
+    if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
+    return st;
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
+    if (jobs.empty()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    const int P = pool_.page_tokens(), n = layout_.n();
+    const size_t page_floats = static_cast<size_t>(P) * n;
+    const size_t in_bytes = jobs.size() * page_floats * sizeof(float);
+    const int tokens = static_cast<int>(jobs.size()) * P;
+    absl::Status st = keys_in_.Reserve(in_bytes);
+    if (st.ok()) st = values_in_.Reserve(in_bytes);
+    if (st.ok()) st = pages_.Reserve(jobs.size() * sizeof(int32_t));
+    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
+    if (!st.ok()) return st;
+    std::vector<int32_t> ids(jobs.size());
+    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
+      ids[j] = jobs[j].page;
+      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_), "upload keys");
+      if (st.ok()) {
+        st = Cuda(cudaMemcpyAsync(values_in_.get<float>() + j * page_floats, jobs[j].values,
+                                  page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload values");
+      }
+    }
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (!st.ok()) return st;
+    gpu::EncodeParams ep = encode_;
+    ep.keys_dev = keys_in_.get<float>();
+    ep.values_dev = values_in_.get<float>();
+    ep.tokens = tokens;
+    ep.pages_dev = pages_.get<int32_t>();
+    ep.pool_dev = static_cast<uint8_t*>(arena_);
+    ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
+    st = gpu::LaunchEncode(ep, stream_);
+    if (!st.ok()) return st;
+    // Mirror the encoded pages into the host arena.
+    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
+      st = Cuda(cudaMemcpyAsync(pool_.key_records(jobs[j].page),
+                                static_cast<uint8_t*>(arena_) + static_cast<size_t>(jobs[j].page) * layout_.page_bytes,
+                                layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download page");
+    }
+    std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
+                                cudaMemcpyDeviceToHost, stream_), "download stats");
+    }
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "encode");
+    if (!st.ok()) return st;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      CodecStats cs;
+      for (int t = 0; t < P; ++t) {
+        for (int kind = 0; kind < 2; ++kind) {
+          const gpu::EncodeStreamStats& s = stats[2 * (j * P + t) + kind];
+          if (s.error) {
+            return absl::InvalidArgumentError(absl::StrCat(kind == 0 ? "key" : "value", " of token ", t, " of job ", j,
+                                                           ": a value is not finite or exceeds the fp16 range"));
+          }
+          StreamStats& ss = kind == 0 ? cs.keys : cs.values;
+          ss.streams += 1;
+          ss.symbols += n;
+          ss.bytes_used += s.bytes_used;
+          ss.bytes_budget += kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes;
+          ss.retries += s.retries;
+          ss.fallbacks += s.fallback != 0;
+        }
+      }
+      jobs[j].stats = cs;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeTokens(PageId page, int first, int count, float* keys, float* values) override {
+    // The host arena mirrors the device one: decode there, exactly as the CPU does.
+    CodecScratch scratch;
+    const int n = layout_.n();
+    for (int i = 0; i < count; ++i) {
+      const int t = first + i;
+      absl::Status st = codec_.DecodeKey(pool_.key_records(page) + static_cast<size_t>(t) * layout_.key_stride,
+                                         pool_.mean_record(page), keys + static_cast<size_t>(i) * n, &scratch);
+      if (st.ok()) {
+        st = codec_.DecodeValue(pool_.value_records(page) + static_cast<size_t>(t) * layout_.value_stride,
+                                values + static_cast<size_t>(i) * n, &scratch);
+      }
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  void Attend(absl::Span<AttendJob> jobs) override {
+    // One launch per run of jobs with equal (q_heads, softmax_scale).
+    size_t begin = 0;
+    while (begin < jobs.size()) {
+      size_t end = begin + 1;
+      while (end < jobs.size() && jobs[end].q_heads == jobs[begin].q_heads &&
+             jobs[end].softmax_scale == jobs[begin].softmax_scale) {
+        ++end;
+      }
+      const absl::Status st = AttendRun(jobs.subspan(begin, end - begin));
+      if (!st.ok()) {
+        for (size_t i = begin; i < end; ++i) jobs[i].status = st;
+      }
+      begin = end;
+    }
+  }
+
+ private:
+  absl::Status AttendRun(absl::Span<AttendJob> jobs) {
+    absl::MutexLock lock(&mu_);
+    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
+    const int P = pool_.page_tokens();
+    std::vector<int32_t> table, start(items), tokens(items), wtok(items);
+    int max_pages = 0;
+    for (int i = 0; i < items; ++i) {
+      const AttendJob& j = jobs[i];
+      if (j.window.tokens > gpu::kMaxWindow) {
+        return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
+      }
+      start[i] = static_cast<int32_t>(table.size());
+      for (PageId p : j.pages) table.push_back(p);
+      tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
+      wtok[i] = static_cast<int32_t>(j.window.tokens);
+      max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
+    }
+    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
+    const size_t wsz = static_cast<size_t>(items) * gpu::kMaxWindow * n;
+    std::vector<float> query(qsz);
+    std::vector<uint16_t> wk(wsz, 0), wv(wsz, 0);
+    for (int i = 0; i < items; ++i) {
+      std::memcpy(query.data() + static_cast<size_t>(i) * q_heads * d, jobs[i].query, sizeof(float) * q_heads * d);
+      const size_t wn = static_cast<size_t>(wtok[i]) * n;
+      if (wn > 0) {
+        std::memcpy(wk.data() + static_cast<size_t>(i) * gpu::kMaxWindow * n, jobs[i].window.keys, wn * 2);
+        std::memcpy(wv.data() + static_cast<size_t>(i) * gpu::kMaxWindow * n, jobs[i].window.values, wn * 2);
+      }
+    }
+    const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
+    absl::Status st = a_table_.Reserve(std::max<size_t>(table.size(), 1) * 4);
+    if (st.ok()) st = a_small_.Reserve(static_cast<size_t>(items) * 4 * 3);
+    if (st.ok()) st = a_query_.Reserve(qsz * 4);
+    if (st.ok()) st = a_wk_.Reserve(wsz * 2);
+    if (st.ok()) st = a_wv_.Reserve(wsz * 2);
+    if (st.ok()) st = a_out_.Reserve((qsz + static_cast<size_t>(items) * q_heads) * 4);
+    if (st.ok()) st = a_ws_.Reserve(ws_bytes);
+    if (!st.ok()) return st;
+    int32_t* small = a_small_.get<int32_t>();
+    auto up = [&](void* dst, const void* src, size_t bytes, const char* what) {
+      if (st.ok() && bytes > 0) st = Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), what);
+    };
+    up(a_table_.get<void>(), table.data(), table.size() * 4, "upload page table");
+    up(small, start.data(), items * 4, "upload page starts");
+    up(small + items, tokens.data(), items * 4, "upload token counts");
+    up(small + 2 * items, wtok.data(), items * 4, "upload window sizes");
+    up(a_query_.get<void>(), query.data(), qsz * 4, "upload queries");
+    up(a_wk_.get<void>(), wk.data(), wsz * 2, "upload window keys");
+    up(a_wv_.get<void>(), wv.data(), wsz * 2, "upload window values");
+    if (!st.ok()) return st;
+    gpu::DQuantAttentionParams p;
+    p.pool_dev = static_cast<const uint8_t*>(arena_);
+    p.layout = layout_;
+    p.tables_dev = tables_.get<uint32_t>();
+    p.items = items;
+    p.q_heads = q_heads;
+    p.max_pages = max_pages;
+    p.page_table_dev = a_table_.get<int32_t>();
+    p.page_start_dev = small;
+    p.tokens_dev = small + items;
+    p.window_tokens_dev = small + 2 * items;
+    p.window_k_dev = a_wk_.get<uint16_t>();
+    p.window_v_dev = a_wv_.get<uint16_t>();
+    p.query_dev = a_query_.get<float>();
+    p.softmax_scale = jobs[0].softmax_scale;
+    p.out_dev = a_out_.get<float>();
+    p.lse_dev = a_out_.get<float>() + qsz;
+    p.workspace_dev = a_ws_.get<void>();
+    st = gpu::LaunchDQuantAttention(p, stream_);
+    if (!st.ok()) return st;
+    std::vector<float> out(qsz + static_cast<size_t>(items) * q_heads);
+    st = Cuda(cudaMemcpyAsync(out.data(), a_out_.get<void>(), out.size() * 4, cudaMemcpyDeviceToHost, stream_), "download output");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
+    if (!st.ok()) return st;
+    for (int i = 0; i < items; ++i) {
+      std::memcpy(jobs[i].out, out.data() + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
+      std::memcpy(jobs[i].lse, out.data() + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
+      jobs[i].status = absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  const DQuantCodec& codec_;
+  const PagePool& pool_;
+  const int device_;
+  gpu::DQuantPageLayout layout_;
+  gpu::EncodeParams encode_;
+  cudaStream_t stream_ = nullptr;
+  void* arena_ = nullptr;
+  absl::Mutex mu_;
+  Scratch tables_, keys_in_, values_in_, pages_, stats_;
+  Scratch a_table_, a_small_, a_query_, a_wk_, a_wv_, a_out_, a_ws_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device) {
+  if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
+  auto b = std::make_unique<CudaBackend>(codec, pool, device);
+  absl::Status st = b->Init();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace driftkv
