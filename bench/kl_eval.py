@@ -24,6 +24,11 @@ storage, and the extra bits per value `fixed` needs to reach dquant's KL
 Runs on the CPU with Debian's python3-torch (1.13); uses /usr/bin/python3.
 usage: bench/kl_eval.py --codec-bin PATH/driftkv-codec [--windows 24]
        [--residual 0] [--out DIR] [--threads 2]
+       [--only keys|values] [--config "NAME FLAGS..." ...]
+--only replaces just the keys (or just the values) by the reconstruction,
+the other stays exact (a diagnostic of where the divergence comes from);
+--config evaluates only the listed configurations (the first is the
+reference of the ratios), instead of the standard set.
 """
 import argparse
 import json
@@ -168,6 +173,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="")
+    ap.add_argument("--only", choices=["both", "keys", "values"], default="both")
+    ap.add_argument("--config", action="append", default=[],
+                    help='"NAME FLAGS..." e.g. "fixed --k-levels 5 --v-levels 3"')
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -202,7 +210,8 @@ def main():
 
     results = []
     dq_bits = {}
-    pending = configs(heads * hd, {})
+    custom = [(c.split()[0], c.split()[1:], f"config{i}") for i, c in enumerate(args.config)]
+    pending = custom or configs(heads * hd, {})
     done = set()
     while pending:
         name, flags, tag = pending.pop(0)
@@ -212,6 +221,10 @@ def main():
         done.add(key)
         t0 = time.time()
         stats, k, v, cmd = run_codec(args.codec_bin, name, flags, prefix, shape, args.residual, work)
+        if args.only == "keys":
+            v = v_all.reshape(-1)
+        elif args.only == "values":
+            k = k_all.reshape(-1)
         kl = kl_per_doc(model, windows, ref_logp, k, v, ctx, layers, heads, hd)
         bits = stats["bits_per_value"]
         results.append({"codec": name, "flags": flags, "tag": tag, "command": cmd,
@@ -219,7 +232,7 @@ def main():
                         "nmse_k": stats["nmse_k"], "nmse_v": stats["nmse_v"], "kl": kl})
         print(f"{name:7s} {' '.join(flags):40s} {bits['mean']:.3f} b/v  mean KL "
               f"{sum(kl) / len(kl):.5f}  ({time.time() - t0:.0f} s)", file=sys.stderr)
-        if name == "dquant":
+        if name == "dquant" and not custom:
             dq_bits[tag] = (bits["k"], bits["v"])
             if len(dq_bits) == 2:  # both dquant points known: add matched fixed
                 pending = [c for c in configs(heads * hd, dq_bits) if c[2].startswith("matched")] + pending
@@ -227,12 +240,13 @@ def main():
     rng = random.Random(args.seed)
     by_tag = {(r["codec"], r["tag"]): r for r in results}
     comparisons = []
-    base = by_tag[("int", "default")]
+    base = results[0] if custom else by_tag[("int", "default")]
     for r in results:
         if r is base or r["tag"] == "grid":
             continue
         g, lo, hi, wins = geo_ratio(r["kl"], base["kl"], args.bootstrap, rng)
-        comparisons.append({"a": f"{r['codec']} {r['tag']}", "b": "int INT2 g128",
+        comparisons.append({"a": f"{r['codec']} {r['tag']}",
+                            "b": base["command"] if custom else "int INT2 g128",
                             "ratio": g, "lo": lo, "hi": hi, "wins": wins})
     fixed_curve = [(r["bits"], sum(r["kl"]) / len(r["kl"])) for r in results if r["codec"] == "fixed"]
     appendix_b = []
@@ -249,7 +263,7 @@ def main():
                            "extra_bits": None if x is None else x - d["bits"]})
 
     lines = [f"Model KL, {len(windows)} windows of Persuasion, context {ctx}, KL over "
-             f"{WINDOW - ctx} positions, residual {args.residual}, CPU "
+             f"{WINDOW - ctx} positions, residual {args.residual}, replaced: {args.only}, CPU "
              f"(torch {torch.__version__}, {args.threads} threads), {time.time() - t_start:.0f} s",
              "", "| codec | tag | bits K | bits V | bits | mean KL (nats/token) |",
              "|---|---|---|---|---|---|"]
