@@ -11,6 +11,9 @@ The transforms must be calibrated on text disjoint from these windows
 (driftkv-codec's rule without --layer).
 
 usage: bench/wush_kl.py --codec-bin PATH/driftkv-codec --transforms F [--windows 24] [--out DIR]
+       [--codecs int,dquant] [--kinds identity,hadamard,wush]
+(--codecs keeps the CODECS entries whose label starts with one of the names;
+the WUSH/Hadamard ratio table needs both kinds in the same run.)
 """
 import argparse
 import json
@@ -62,6 +65,8 @@ def main():
     ap.add_argument("--bootstrap", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="")
+    ap.add_argument("--codecs", default="int,dquant")
+    ap.add_argument("--kinds", default="identity,hadamard,wush")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -90,8 +95,10 @@ def main():
     lines = [f"Model KL, {len(windows)} windows of Persuasion (bench/kl_eval.py's), context {ctx}, "
              f"KL over {WINDOW - ctx} positions, no bf16 window", "",
              "| codec | transform | bits/value | mean KL (nats/token) |", "|---|---|---|---|"]
-    for name, flags, label in CODECS:
-        for transform in ("identity", "hadamard", "wush"):
+    codecs = [c for c in CODECS if any(c[2].startswith(p) for p in args.codecs.split(","))]
+    kinds = args.kinds.split(",")
+    for name, flags, label in codecs:
+        for transform in kinds:
             stats, k, v = run(args.codec_bin, name, flags, transform, args.transforms, prefix, shape, work)
             kl = kl_per_doc(model, windows, ref_logp, k, v, ctx, L, H, D)
             results[(label, transform)] = (stats["bits_per_value"]["mean"], kl)
@@ -101,7 +108,7 @@ def main():
     rng = random.Random(0)
     lines += ["", "| codec | WUSH vs Hadamard: geometric-mean KL ratio | bootstrap 95% | windows where WUSH lower |",
               "|---|---|---|---|"]
-    for _, _, label in CODECS:
+    for _, _, label in (codecs if "hadamard" in kinds and "wush" in kinds else []):
         g, lo, hi, wins = geo_ratio(results[(label, "wush")][1], results[(label, "hadamard")][1], args.bootstrap, rng)
         lines.append(f"| {label} | {g:.3f} | [{lo:.3f}, {hi:.3f}] | {wins}/{len(windows)} |")
     report = "\n".join(lines)
