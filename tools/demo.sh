@@ -13,6 +13,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+tools/install_deps.sh  # the Debian packages it builds with, if missing
 BAZEL="${BAZEL:-bazel}"
 PORT="${DRIFTKV_PORT:-50051}"
 METRICS_PORT="${DRIFTKV_METRICS_PORT:-9464}"
