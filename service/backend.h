@@ -10,10 +10,13 @@
 #ifndef DRIFTKV_SERVICE_BACKEND_H_
 #define DRIFTKV_SERVICE_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "codec/attention.h"
 #include "codec/kv_codec.h"
@@ -63,6 +66,27 @@ class Backend {
 // threads one call fans out to (0: hardware concurrency).
 std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
                                         int threads = 0);
+
+// Backends by name, for ServiceOptions::backend / --backend. "cpu" is always
+// there; another backend registers itself from its library, e.g. with a
+// static initializer in a cc_library(alwayslink = True) that a server binary
+// links:
+//   static const bool kRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
+//     return MakeCudaBackend(a.codec, a.pool);
+//   });
+struct BackendArgs {
+  const DQuantCodec* codec = nullptr;  // must outlive the backend
+  const PagePool* pool = nullptr;      // must outlive the backend
+  int threads = 0;                     // ServiceOptions::backend_threads
+};
+using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
+// Returns true (for use in static initializers); a second registration of a
+// name replaces the first.
+bool RegisterBackend(const std::string& name, BackendFactory factory);
+// InvalidArgument naming the registered backends when `name` is unknown;
+// otherwise what the factory returns.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args);
+std::vector<std::string> BackendNames();
 
 }  // namespace driftkv
 

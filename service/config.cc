@@ -47,10 +47,8 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     o.metrics_listen = c.metrics_listen();
   }
   if (!c.backend().empty()) o.backend = c.backend();
-  if (o.backend != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend \"", o.backend, "\" is not available in this build (available: cpu)"));
-  }
+  // The backend's name is checked against the registered backends when the
+  // handler starts (service/backend.h).
   if (c.model().layers() < 1 || c.model().layers() > kMaxLayers) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.layers ", c.model().layers(), " out of range [1, ", kMaxLayers, "]"));

@@ -4,10 +4,13 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "service/backend.h"
 
 namespace driftkv {
@@ -179,6 +182,59 @@ class CpuBackend : public Backend {
 std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
                                         int threads) {
   return std::make_unique<CpuBackend>(codec, pool, threads);
+}
+
+namespace {
+
+struct Registry {
+  absl::Mutex mu;
+  std::map<std::string, BackendFactory> factories ABSL_GUARDED_BY(mu);
+};
+
+// Never destroyed: registrations may run from static initializers of any
+// translation unit, and lookups until exit.
+Registry& GetRegistry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();
+    reg->factories["cpu"] = [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      return MakeCpuBackend(a.codec, a.pool, a.threads);
+    };
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+bool RegisterBackend(const std::string& name, BackendFactory factory) {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  r.factories[name] = std::move(factory);
+  return true;
+}
+
+std::vector<std::string> BackendNames() {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, f] : r.factories) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args) {
+  BackendFactory factory;
+  {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    auto it = r.factories.find(name);
+    if (it != r.factories.end()) factory = it->second;
+  }
+  if (!factory) {
+    return absl::InvalidArgumentError(absl::StrCat("backend \"", name,
+                                                   "\" is not available in this build (available: ",
+                                                   absl::StrJoin(BackendNames(), ", "), ")"));
+  }
+  return factory(args);
 }
 
 }  // namespace driftkv

@@ -42,10 +42,10 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(&h->codec_, options.pool_bytes);
   if (!pool.ok()) return pool.status();
   h->pool_ = *std::move(pool);
-  if (options.backend != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("backend \"", options.backend, "\" unknown"));
-  }
-  h->backend_ = MakeCpuBackend(&h->codec_, h->pool_.get(), options.backend_threads);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(
+      options.backend, BackendArgs{&h->codec_, h->pool_.get(), options.backend_threads});
+  if (!backend.ok()) return backend.status();
+  h->backend_ = *std::move(backend);
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
   h->PublishGauges();

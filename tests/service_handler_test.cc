@@ -633,9 +633,7 @@ TEST(ConfigTest, InvalidConfigsAreRefusedNamingTheField) {
   bad = c;
   bad.set_pool_bytes(0);
   EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "pool_bytes 0"));
-  bad = c;
-  bad.set_backend("tpu");
-  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "backend \"tpu\""));
+
   bad = c;
   bad.mutable_codec()->set_key_levels(40);
   EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "key_levels 40"));
@@ -649,6 +647,35 @@ TEST(ConfigTest, InvalidConfigsAreRefusedNamingTheField) {
   absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(*o, &m);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(h.status().message(), "pool_bytes 100 is smaller than one page"));
+  // An unknown backend is refused when the handler starts, naming the ones there are.
+  o->pool_bytes = 1 << 20;
+  o->backend = "tpu";
+  h = Handler::Create(*o, &m);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(h.status().message(),
+                                "backend \"tpu\" is not available in this build (available: cpu)"))
+      << h.status();
+}
+
+// A backend registered by name is used by the handler (the CUDA backend
+// plugs in this way).
+TEST(BackendRegistryTest, RegisteredBackendIsUsed) {
+  static std::atomic<int> made{0};  // the registry outlives this test
+  RegisterBackend("counting-cpu", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    ++made;
+    return MakeCpuBackend(a.codec, a.pool, a.threads);
+  });
+  ServiceOptions o = SmallOptions();
+  o.backend = "counting-cpu";
+  Metrics m;
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &m);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(made.load(), 1);
+  v1::InfoResponse info;
+  (*h)->Info(&info);
+  EXPECT_EQ(info.backend(), "cpu");  // the backend's own name
+  const std::vector<std::string> names = BackendNames();
+  EXPECT_NE(std::find(names.begin(), names.end(), "counting-cpu"), names.end());
 }
 
 }  // namespace
