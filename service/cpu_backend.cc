@@ -1,5 +1,5 @@
-// The CPU backend: codec calls on the host, fanned out over a few threads
-// when a call carries more than one page or item.
+// The CPU backend: codec calls on the host, fanned out over a pool of
+// threads shared by all calls when a call carries more than one page or item.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -12,29 +12,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "service/backend.h"
+#include "service/thread_pool.h"
 
 namespace driftkv {
 namespace {
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads (the caller's
-// included). Work is claimed one index at a time, so uneven items balance.
-template <typename Fn>
-void ParallelFor(int n, int threads, Fn fn) {
-  const int t = std::max(1, std::min(n, threads));
-  if (t == 1) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<int> next{0};
-  auto worker = [&] {
-    for (int i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(t - 1);
-  for (int i = 1; i < t; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& th : pool) th.join();
-}
 
 // Split an item over threads only in runs of at least this many pages, so
 // that each part's work outweighs the thread hand-off and the merge.
@@ -43,13 +24,14 @@ constexpr size_t kMinPagesPerPart = 8;
 class CpuBackend : public Backend {
  public:
   CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads)
-      : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()) {}
+      : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()),
+        workers_(threads_) {}
 
   std::string name() const override { return "cpu"; }
 
   absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
     std::vector<absl::Status> status(jobs.size());
-    ParallelFor(static_cast<int>(jobs.size()), threads_, [&](int i) {
+    workers_.ParallelFor(static_cast<int>(jobs.size()), [&](int i) {
       thread_local CodecScratch scratch;
       EncodeJob& j = jobs[i];
       j.stats = CodecStats();
@@ -115,7 +97,7 @@ class CpuBackend : public Backend {
       }
     }
     const bool split = parts.size() > jobs.size();
-    ParallelFor(static_cast<int>(parts.size()), threads_, [&](int i) {
+    workers_.ParallelFor(static_cast<int>(parts.size()), [&](int i) {
       thread_local AttentionScratch scratch;
       thread_local std::vector<CompressedBlock> blocks;
       Part& p = parts[i];
@@ -175,6 +157,7 @@ class CpuBackend : public Backend {
   const DQuantCodec& codec_;
   const PagePool& pool_;
   const int threads_;
+  ThreadPool workers_;  // shared by all calls
 };
 
 }  // namespace
