@@ -211,7 +211,7 @@ def main():
     results = []
     dq_bits = {}
     custom = [(c.split()[0], c.split()[1:], f"config{i}") for i, c in enumerate(args.config)]
-    pending = custom or configs(heads * hd, {})
+    pending = list(custom) or configs(heads * hd, {})
     done = set()
     while pending:
         name, flags, tag = pending.pop(0)
