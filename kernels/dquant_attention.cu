@@ -50,14 +50,19 @@ constexpr uint32_t kStateLowDev = 1u << 23;
 constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | win.byte[k]
 
 // Shared memory, in 32-bit words.
-constexpr int kTableWords = 256 * 32;  // one alphabet, replicated per lane
+// Decode table: entry z of lane l at word z * 64 + l (256-byte rows), so the
+// byte address z << 8 | l << 2 is one byte permute of the state. Words 32..63
+// of each row (the gaps) hold the accumulator (rows 0..127) and the query
+// fragments (rows 128..255), see Gap().
+constexpr int kTableRowWords = 64;
+constexpr int kTableWords = 256 * kTableRowWords;
 constexpr int kOffTable = 0;
+constexpr int kGapAcc = 0;              // gap index of the accumulator (4096 words)
+constexpr int kGapQFrag = 128 * 32;     // gap index of the query fragments (4096 words)
 constexpr int kOffStage = kOffTable + kTableWords;
 constexpr int kOffRing = kOffStage + kWarps * kStageWords;
 constexpr int kOffScore = kOffRing + kWarps * kRingWords * kWarpTokens;
-constexpr int kOffAcc = kOffScore + kMaxQHeads * kChunkTokens;
-constexpr int kOffQFrag = kOffAcc + kMaxQHeads * 128;
-constexpr int kOffTok = kOffQFrag + (kMaxN / 16) * 32 * 2;  // ks, ko, vs, vo
+constexpr int kOffTok = kOffScore + kMaxQHeads * kChunkTokens;  // ks, ko, vs, vo
 constexpr int kOffQSum = kOffTok + 4 * kChunkTokens;
 constexpr int kOffQMu = kOffQSum + kMaxQHeads;
 constexpr int kOffRun = kOffQMu + kChunkPages * kMaxQHeads;  // m, l, off
@@ -65,6 +70,20 @@ constexpr int kOffValid = kOffRun + 3 * kMaxQHeads;
 constexpr int kSmemWords = kOffValid + kChunkTokens / 4;
 constexpr size_t kSmemBytes = static_cast<size_t>(kSmemWords) * 4;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one H100/H200 block");
+static_assert(kMaxQHeads * 128 <= 128 * 32 && (kMaxN / 16) * 32 * 2 <= 128 * 32, "gaps of the table");
+
+// Word of gap index i (i < 8192): row i / 32, word 32 + i % 32. Pairs (2k, 2k + 1)
+// stay adjacent, so 8-byte accesses keep working.
+__device__ __forceinline__ int Gap(int i) { return ((i >> 5) << 6) + 32 + (i & 31); }
+
+// A float or word array stored in the table's gaps.
+template <typename T>
+struct GapArray {
+  T* base;  // the table
+  int first;
+  __device__ __forceinline__ T& operator[](int i) const { return base[Gap(first + i)]; }
+  __device__ __forceinline__ T* ptr(int i) const { return base + Gap(first + i); }
+};
 
 struct Tok {
   const uint8_t* page;  // 16-byte aligned page base
@@ -136,13 +155,13 @@ __device__ __forceinline__ uint32_t TokWindow(const Tok& t, const uint32_t* ring
 }
 
 // One rANS decode step (rans.h) on the lane's copy of the table (byte offset
-// z * 128 + lane * 4): returns the entry (level as fp16 in [31:16]).
+// z * 256 + lane * 4): returns the entry (level as fp16 in [31:16]).
 //   x' = f * (x >> 8) + bias;  if x' < 2^23: x' = (x' << 8) | win.byte[sel - kSelBase]
 // The renormalization is predicated (setp + two @p instructions), never a
 // branch, and consumes at most one byte (rans.h).
 __device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& sel, const uint32_t* table,
                                          uint32_t lane4) {
-  const uint32_t off = ((x << 7) & 0x7f80u) | lane4;
+  const uint32_t off = __byte_perm(x, lane4, 0x5504);  // (x & 255) << 8 | lane4
   const uint32_t e = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(table) + off);
   x = (e & 255u) * (x >> 8) + __byte_perm(e, 0u, 0x4441);
   asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
@@ -174,7 +193,7 @@ __device__ __forceinline__ uint32_t PackLevels(uint32_t lo_entry, uint32_t hi_en
 // q' (hi + lo) of head h, channel c of its KV head, read back from the
 // fragment array (used for q' . mu once per page).
 template <int D, int G>
-__device__ __forceinline__ float QValue(const uint32_t* qfrag, int h, int c) {
+__device__ __forceinline__ float QValue(const GapArray<uint32_t>& qfrag, int h, int c) {
   const int gch = (h / G) * D + c, ks = gch >> 4, r = gch & 15;
   const int t = (r & 7) >> 1, reg = r >> 3, half = r & 1, n = h % G;
   const uint32_t whi = qfrag[(ks * 32 + n * 4 + t) * 2 + reg];
@@ -197,8 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   extern __shared__ uint32_t smem[];
   uint32_t* table = smem + kOffTable;
   float* score = reinterpret_cast<float*>(smem + kOffScore);
-  float* acc = reinterpret_cast<float*>(smem + kOffAcc);
-  uint32_t* qfrag = smem + kOffQFrag;
+  const GapArray<float> acc{reinterpret_cast<float*>(smem + kOffTable), kGapAcc};
+  const GapArray<uint32_t> qfrag{smem + kOffTable, kGapQFrag};
   float* ks = reinterpret_cast<float*>(smem + kOffTok);
   float* ko = ks + kChunkTokens;
   float* vs = ko + kChunkTokens;
@@ -307,10 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     b.page = page_ptr(vb ? kB : 0);
     const uint32_t ia = va ? idx : 0, ib = vb ? idx : 0;
 
-    // Table: keys, entry z replicated into the 32 banks (z * 32 + lane).
+    // Table: keys, entry z replicated into the 32 banks (words z * 64 + lane, lane < 32).
     {
       const uint4 e = make_uint4(key_word, key_word, key_word, key_word);
-      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
     }
     // q' . mu for each page of the chunk.
     for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
@@ -367,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 #pragma unroll
           for (int k2 = 0; k2 < 2; ++k2) {
             const int kstep = (g * D + slab * kSlab) / 16 + k2;
-            const uint2 bq = *reinterpret_cast<const uint2*>(qfrag + (kstep * 32 + lane) * 2);
+            const uint2 bq = *reinterpret_cast<const uint2*>(qfrag.ptr((kstep * 32 + lane) * 2));
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt) {
               uint32_t af[4];
@@ -431,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     // Table: values.
     {
       const uint4 e = make_uint4(value_word, value_word, value_word, value_word);
-      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * 8 + k] = e;
+      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
     }
     __syncthreads();
 
@@ -488,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
               for (int r = 0; r < 4; ++r) {
                 const int h = g * G + 2 * t4 + (r & 1);
                 const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (r >> 1) * 8;
-                atomicAdd(acc + h * D + ch, d[r] + part[r]);
+                atomicAdd(acc.ptr(h * D + ch), d[r] + part[r]);
               }
             }
           }
