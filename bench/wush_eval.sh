@@ -21,6 +21,12 @@ cd "$work"
   --keys data/calib0.k.f16 --values data/calib0.v.f16 --queries data/calib0.q.f16 \
   --keys data/calib1.k.f16 --values data/calib1.v.f16 --queries data/calib1.q.f16 \
   --shape 4,8192,4,128 --q-heads 8 --dtype f16 --wo data/wo.f32 --hidden 512 --out wush.xfm
+# The D-Quant variant: key Gram over 128-token-window-mean-free keys.
+"$bin/driftkv-calibrate" \
+  --keys data/calib0.k.f16 --values data/calib0.v.f16 --queries data/calib0.q.f16 \
+  --keys data/calib1.k.f16 --values data/calib1.v.f16 --queries data/calib1.q.f16 \
+  --shape 4,8192,4,128 --q-heads 8 --dtype f16 --wo data/wo.f32 --hidden 512 --center-keys 128 \
+  --out wush_c128.xfm
 
 # 3. driftkv-codec eval (attn_rel_err) on the fixture (2 windows) and on all
 #    8 evaluation windows, every codec point and transform.
@@ -46,9 +52,27 @@ done | tee eval_cli.txt
 "$bin/wush-ablation" --keys data/eval.k.f16 --values data/eval.v.f16 --queries data/eval.q.f16 \
   --windows 8 --shape 4,1024,4,128 --q-heads 8 --dtype f16 --transforms wush.xfm \
   --wo data/wo.f32 --hidden 512 --threads 2 | tee ablation.md
+"$bin/wush-ablation" --keys data/eval.k.f16 --values data/eval.v.f16 --queries data/eval.q.f16 \
+  --windows 8 --shape 4,1024,4,128 --q-heads 8 --dtype f16 --transforms wush_c128.xfm \
+  --wo data/wo.f32 --hidden 512 --threads 2 | tee ablation_c128.md
 
 # 5. The synthetic spike case.
 "$bin/wush-ablation" --synthetic-spike --draws 4 | tee spike.md
+"$bin/wush-ablation" --synthetic-spike --draws 4 --center-keys 128 | tee spike_c128.md
 
 # 6. Model KL (bench/kl_eval.py's 24 windows, disjoint from calibration).
 /usr/bin/python3 "$here/wush_kl.py" --codec-bin "$bin/driftkv-codec" --transforms wush.xfm --out kl
+/usr/bin/python3 "$here/wush_kl.py" --codec-bin "$bin/driftkv-codec" --transforms wush_c128.xfm \
+  --codecs dquant --kinds wush --out kl_c128
+# Centred WUSH vs Hadamard for dquant, paired over the 24 windows.
+(cd "$here" && /usr/bin/python3 - "$work" <<'PY'
+import json, random, sys
+from kl_eval import geo_ratio
+a = json.load(open(sys.argv[1] + "/kl/wush_kl.json"))
+c = json.load(open(sys.argv[1] + "/kl_c128/wush_kl.json"))
+rng = random.Random(0)
+for lab in ("dquant default", "dquant 1.96 point"):
+    g, lo, hi, wins = geo_ratio(c[lab + "|wush"]["kl"], a[lab + "|hadamard"]["kl"], 20000, rng)
+    print(f"{lab}: centred WUSH / Hadamard KL {g:.3f} [{lo:.3f}, {hi:.3f}], lower in {wins}/24")
+PY
+)
