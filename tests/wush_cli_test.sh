@@ -31,6 +31,9 @@ grep -q "bytes; --shape 2,255,2,64" <<<"$msg" || fail "shape message: $msg"
 msg=$("$cal" --keys "$tmp/s1.k" --values "$tmp/s1.v" --shape $shape --q-heads 4 --out "$tmp/x" 2>&1) &&
   fail "missing --queries accepted"
 grep -q "need as many --keys, --values and --queries" <<<"$msg" || fail "triple message: $msg"
+msg=$("$cal" --keys "$tmp/nope.k" --values "$tmp/s1.v" --queries "$tmp/s1.q" --shape $shape --q-heads 4 \
+  --out "$tmp/x" 2>&1) && fail "missing file accepted"
+grep -q "cannot open $tmp/nope.k" <<<"$msg" || fail "missing file message: $msg"
 msg=$("$cal" "${args[@]}" --wo "$tmp/s1.k" --hidden 3 --out "$tmp/x" 2>&1) && fail "bad W_O accepted"
 grep -q "\[L\]\[E\]\[N\*D\] needs" <<<"$msg" || fail "W_O message: $msg"
 

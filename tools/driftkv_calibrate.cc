@@ -135,6 +135,9 @@ absl::Status Run(int argc, char** argv) {
   const int64_t per_layer = T * H * D, q_row = static_cast<int64_t>(q_heads) * D;
   const int eb = DtypeBytes(*dtype);
   for (const Triple& t : triples) {
+    for (const std::string* p : {&t.keys, &t.values, &t.queries}) {
+      if (FileBytes(*p) < 0) return absl::NotFoundError(absl::StrCat("cannot open ", *p));
+    }
     for (const std::string* p : {&t.keys, &t.values}) {
       if (FileBytes(*p) != L * per_layer * eb) {
         return absl::InvalidArgumentError(absl::StrCat(*p, " has ", FileBytes(*p), " bytes; --shape ", f.Str("shape"),
@@ -161,6 +164,7 @@ absl::Status Run(int argc, char** argv) {
   if (f.Has("wo")) {
     if (hidden <= 0) return absl::InvalidArgumentError("--wo needs --hidden E (E > 0)");
     const int64_t per = hidden * q_row, bytes = FileBytes(f.Str("wo"));
+    if (bytes < 0) return absl::NotFoundError(absl::StrCat("cannot open ", f.Str("wo")));
     Dtype wdt = Dtype::kF32;
     if (bytes != L * per * 4) {
       if (bytes != L * per * eb) {
