@@ -12,6 +12,7 @@
 #include "codec/linalg.h"
 #include "codec/registry.h"
 #include "codec/transform.h"
+#include "codec/transform_attention.h"
 #include "codec/transforms_file.h"
 #include "codec/wush.h"
 #include "gtest/gtest.h"
@@ -183,6 +184,49 @@ TEST(TransformStageTest, WrappedCodecDecodesToTheModelDomain) {
   }
   EXPECT_LT(ek / sk, 1e-3);  // INT8: small error only if T^-1 undid T
   EXPECT_LT(ev / sv, 1e-3);
+}
+
+// D-Quant behind WUSH, attended in the compressed domain (q' = T_K^-T q,
+// o = T_V^-1 o', bf16 window in the model's domain), equals float64
+// attention over the decoded cache.
+TEST(TransformStageTest, CompressedAttentionMatchesDecodedCache) {
+  const TransformSet set = Calibrated(10, true);
+  CodecOptions o;
+  o.kv_heads = 2;
+  o.head_dim = 64;
+  absl::StatusOr<std::unique_ptr<KvCodec>> made = MakeTransformedCodec(o, TransformKind::kWush, &set, 1, false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const auto& codec = dynamic_cast<const TransformedKvCodec&>(**made);
+  const int64_t T = 300, window = 44, n = 128;
+  const int N = 4, d = 64;
+  const std::vector<float> k = Gaussian(T * n, 20), v = Gaussian(T * n, 21), q = Gaussian(N * d, 22, 0.5f);
+  EncodedLayer enc;
+  ASSERT_TRUE(EncodeLayer(codec, k.data(), v.data(), T, window, 1, &enc, nullptr).ok());
+  std::vector<float> kh(T * n), vh(T * n);
+  ASSERT_TRUE(DecodeLayer(codec, enc, kh.data(), vh.data()).ok());
+  std::vector<CompressedBlock> blocks;
+  const int bt = codec.block_tokens();
+  for (int64_t t0 = 0; t0 < enc.compressed; t0 += bt) {
+    CompressedBlock b;
+    b.key_records = enc.key_records.data() + t0 * codec.key_stride();
+    b.value_records = enc.value_records.data() + t0 * codec.value_stride();
+    b.mean_record = enc.side.data() + (t0 / bt) * codec.side_stride();
+    b.tokens = static_cast<int>(std::min<int64_t>(bt, enc.compressed - t0));
+    blocks.push_back(b);
+  }
+  Bf16Tokens w;
+  w.keys = enc.window_keys.data();
+  w.values = enc.window_values.data();
+  w.tokens = window;
+  std::vector<float> out(N * d), lse(N);
+  AttentionScratch scratch;
+  ASSERT_TRUE(TransformedCompressedAttention(codec, blocks, w, q.data(), N, 0.125f, out.data(), lse.data(), &scratch).ok());
+  std::vector<double> ref(N * d), ref_lse(N);
+  ReferenceAttention(kh.data(), vh.data(), T, 2, d, q.data(), N, 0.125, ref.data(), ref_lse.data());
+  double err = 0.0, norm = 0.0;
+  for (int i = 0; i < N * d; ++i) err += (out[i] - ref[i]) * (out[i] - ref[i]), norm += ref[i] * ref[i];
+  EXPECT_LT(std::sqrt(err / norm), 1e-4);
+  for (int h = 0; h < N; ++h) EXPECT_NEAR(lse[h], ref_lse[h], 1e-3);
 }
 
 TEST(CalibrationTest, DeterministicAndFileRoundTrips) {
