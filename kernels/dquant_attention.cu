@@ -421,7 +421,8 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     }
     __syncthreads();
 
-    // ---- 2. softmax over the chunk, weights pre-multiplied by s_t ----
+    // ---- 2. softmax over the chunk, weights pre-multiplied by s_t, stored
+    // split into fp16 hi | lo << 16 in place of the scores ----
     for (int h = warp; h < q_heads; h += kWarps) {
       float* sc = score + h * kChunkTokens;
       float cmax = kNegInf;
@@ -435,7 +436,9 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
         const float w = s == kNegInf ? 0.0f : __expf(s - m_new);
         sum += w;
         osum += w * vo[t];
-        sc[t] = w * vs[t];
+        uint16_t whi, wlo;
+        SplitHalf(w * vs[t], &whi, &wlo);
+        reinterpret_cast<uint32_t*>(sc)[t] = whi | (static_cast<uint32_t>(wlo) << 16);
       }
       sum = WarpSum(sum);
       osum = WarpSum(osum);
@@ -468,14 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
           for (int reg = 0; reg < 2; ++reg) {
             const int src = 8 * k4 + t4 + 4 * reg;
             const int tok_a = warp * 32 + src, tok_b = kChunkTokens / 2 + warp * 32 + src;
-            uint16_t ha = 0, la = 0, hb = 0, lb = 0;
+            uint32_t w = 0u;
             if (col < 2 * G) {
-              const int h = g * G + col % G;
-              SplitHalf(score[h * kChunkTokens + tok_a], &ha, &la);
-              SplitHalf(score[h * kChunkTokens + tok_b], &hb, &lb);
+              const uint32_t* wsplit = reinterpret_cast<const uint32_t*>(score) + (g * G + col % G) * kChunkTokens;
+              w = __byte_perm(wsplit[tok_a], wsplit[tok_b], col < G ? 0x5410 : 0x7632);
             }
-            const uint16_t xa = col < G ? ha : la, xb = col < G ? hb : lb;
-            wf[k4][reg] = col < 2 * G ? (xa | (static_cast<uint32_t>(xb) << 16)) : 0u;
+            wf[k4][reg] = w;
           }
         }
         for (int slab = 0; slab < D / kSlab; ++slab) {
@@ -499,16 +500,16 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
               LdMatrixX4(af, stage + row * kValRowWords + k4 * 8 + (lane >> 4) * 4);
               Mma16816(d, af, wf[k4][0], wf[k4][1]);
             }
-            float part[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, d[r], G / 2);
-            if (2 * t4 < G) {
-#pragma unroll
-              for (int r = 0; r < 4; ++r) {
-                const int h = g * G + 2 * t4 + (r & 1);
-                const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (r >> 1) * 8;
-                atomicAdd(acc.ptr(h * D + ch), d[r] + part[r]);
-              }
+            // hi (lane t4 < G/2) + lo (lane t4 ^ G/2) of heads 2 t4', 2 t4' + 1: the
+            // low lane adds rows 0..7, its partner rows 8..15 (2 atomics per lane).
+            const bool low = (t4 & (G / 2)) == 0;
+            const float r0 = __shfl_xor_sync(0xffffffffu, low ? d[2] : d[0], G / 2);
+            const float r1 = __shfl_xor_sync(0xffffffffu, low ? d[3] : d[1], G / 2);
+            if (t4 < G) {
+              const int h = g * G + 2 * (t4 & (G / 2 - 1));
+              const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (low ? 0 : 8);
+              atomicAdd(acc.ptr(h * D + ch), (low ? d[0] : d[2]) + r0);
+              atomicAdd(acc.ptr((h + 1) * D + ch), (low ? d[1] : d[3]) + r1);
             }
           }
           __syncwarp();
