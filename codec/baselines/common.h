@@ -38,9 +38,10 @@ void UnpackBits(const uint8_t* in, int count, int bits, uint8_t* codes);
 // An asymmetric min-max grid with `levels` levels whose step and origin are
 // fp16 values: x ~ zero + scale * m, m in [0, levels). Quantize() rounds to
 // the nearest level of the stored (fp16) grid, so the decoder sees exactly
-// the grid the encoder rounded to; the error of an in-range value is at most
-// scale / 2 plus the fp16 rounding of the origin, which is folded in by
-// clamping to [0, levels).
+// the grid the encoder rounded to. For x in the range [lo, hi] the grid was
+// made from, |x - xhat| <= s / 2 + |lo| 2^-11 + (levels - 1) s 2^-11 (half
+// a step, plus the fp16 rounding of the origin and of the step accumulated
+// over the levels); tests/baseline_codecs_test.cc checks this bound.
 struct HalfGrid {
   float scale = 0.0f;  // 0 for a constant group: every level decodes to zero
   float zero = 0.0f;
