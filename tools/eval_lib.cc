@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "codec/attention.h"
 #include "codec/half.h"
+#include "codec/transform_attention.h"
 
 namespace driftkv {
 namespace {
@@ -30,6 +31,11 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
   }
   const double scale = in.softmax_scale > 0 ? in.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d));
   const auto* dq = dynamic_cast<const DQuantKvCodec*>(&codec);
+  // D-Quant behind a WUSH stage also attends in the compressed domain.
+  const auto* tq = dynamic_cast<const TransformedKvCodec*>(&codec);
+  if (tq != nullptr && (tq->values_folded() || dynamic_cast<const DQuantKvCodec*>(&tq->inner()) == nullptr)) {
+    tq = nullptr;
+  }
   std::vector<double> ref(static_cast<size_t>(qh) * d), ref_lse(qh), alt(ref.size()), alt_lse(qh);
   std::vector<float> out(ref.size()), lse(qh);
   AttentionScratch scratch;
@@ -38,7 +44,7 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
     const int64_t pos = in.tokens - in.query_tokens + i;
     const float* q = in.queries + i * qh * d;
     ReferenceAttention(in.keys, in.values, pos + 1, codec.kv_heads(), d, q, qh, scale, ref.data(), ref_lse.data());
-    if (dq != nullptr) {
+    if (dq != nullptr || tq != nullptr) {
       std::vector<CompressedBlock> blocks;
       const int64_t covered = std::min<int64_t>(pos + 1, enc.compressed);
       for (int64_t t0 = 0; t0 < covered; t0 += bt) {
@@ -53,8 +59,11 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
       window.keys = enc.window_keys.data();
       window.values = enc.window_values.data();
       window.tokens = std::max<int64_t>(0, pos + 1 - enc.compressed);
-      absl::Status st = CompressedAttention(dq->codec(), blocks, window, q, qh, static_cast<float>(scale),
-                                            out.data(), lse.data(), &scratch);
+      absl::Status st =
+          dq != nullptr ? CompressedAttention(dq->codec(), blocks, window, q, qh, static_cast<float>(scale),
+                                              out.data(), lse.data(), &scratch)
+                        : TransformedCompressedAttention(*tq, blocks, window, q, qh, static_cast<float>(scale),
+                                                         out.data(), lse.data(), &scratch);
       if (!st.ok()) return st;
       for (size_t j = 0; j < out.size(); ++j) alt[j] = out[j];
     } else {

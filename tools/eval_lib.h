@@ -5,8 +5,9 @@
 //   nmse_k = sum (k - khat)^2 / sum k^2 over the whole tensor (likewise v);
 //   attn_rel_err = ||o - ohat|| / ||o|| over all queries and heads, where o
 //     is causal attention in float64 over the original keys/values and ohat
-//     the same attention over the stored cache (for D-Quant through the
-//     compressed-domain path of codec/attention.h, otherwise over the
+//     the same attention over the stored cache (for D-Quant, also behind a
+//     WUSH transform, through the compressed-domain path of
+//     codec/attention.h / codec/transform_attention.h, otherwise over the
 //     decoded cache); query i of Tq sits at position T - Tq + i;
 //   bits per value: every stored byte (records, side records, bf16 window)
 //     * 8 / values.
