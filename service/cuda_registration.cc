@@ -1,0 +1,15 @@
+// Registers the CUDA backend (kernels/cuda_backend.h) as "cuda" for
+// driftkv-server-cuda: `--backend cuda` (or backend: "cuda" in the config).
+// Linked with alwayslink so that the static initializer runs.
+#include "kernels/cuda_backend.h"
+#include "service/backend.h"
+
+namespace driftkv {
+namespace {
+
+const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
+  return MakeCudaBackend(a.codec, a.pool);
+});
+
+}  // namespace
+}  // namespace driftkv
