@@ -53,4 +53,7 @@ grep -q "out of range \[0, 2)" <<<"$msg" || fail "layer message: $msg"
 head -c 1000 "$tmp/a.xfm" >"$tmp/cut.xfm"
 msg=$("$codec" eval "${ev[@]}" --transform wush --transforms "$tmp/cut.xfm" 2>&1) && fail "truncated file accepted"
 grep -q "needs" <<<"$msg" || fail "truncation message: $msg"
+"$codec" sweep --codec int "${ev[@]:0:6}" --queries "$tmp/s3.q" --q-heads 4 --transform wush \
+  --transforms "$tmp/a.xfm" --out "$tmp/sweep" --no-plot 2>/dev/null
+[ "$(grep -c '^data,int,' "$tmp/sweep/sweep.csv")" -ge 5 ] || fail "sweep rows: $(cat "$tmp/sweep/sweep.csv")"
 echo "PASS"

@@ -10,7 +10,7 @@
 //   driftkv-codec demo         (built-in synthetic KV, human-readable)
 // Codec flags: --codec NAME --k-levels --v-levels --k-bytes --v-bytes
 // --alpha --mean-window --bits --group --kappa-k --kappa-v --seed.
-// Transform flags (eval, encode, decode): tools/transform_flags.h.
+// Transform flags (eval, encode, decode, sweep): tools/transform_flags.h.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -329,7 +329,7 @@ int Usage() {
                "codec flags: --codec NAME --k-levels 8 --v-levels 6 --k-bytes 331 --v-bytes 231\n"
                "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
                "  --rotation hadamard|identity\n"
-               "transform flags (eval, encode, decode): --transform identity|hadamard|wush\n"
+               "transform flags (eval, encode, decode, sweep): --transform identity|hadamard|wush\n"
                "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n");
   return 2;
 }

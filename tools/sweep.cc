@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "tools/flags.h"
 #include "tools/raw_io.h"
 #include "tools/sweep_points.h"
+#include "tools/transform_flags.h"
 
 namespace driftkv {
 namespace {
@@ -78,7 +80,7 @@ struct Row {
 };
 
 // Evaluates one point over all layers; the CSV row (without the label).
-Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual) {
+Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual, const TransformChoice& transform) {
   Row row;
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(p.options);
   if (!codec.ok()) {
@@ -99,7 +101,9 @@ Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual) {
       e.query_tokens = in.query_tokens;
       e.q_heads = in.q_heads;
     }
-    absl::Status st = EvaluateLayer(**codec, e, &acc, nullptr);
+    // --transform: one codec per layer (tools/transform_flags.h).
+    absl::StatusOr<std::unique_ptr<KvCodec>> layer_codec = MakeCodecForLayer(p.options, transform, l);
+    absl::Status st = layer_codec.ok() ? EvaluateLayer(**layer_codec, e, &acc, nullptr) : layer_codec.status();
     if (!st.ok()) {
       std::fprintf(stderr, "sweep: %s %s failed at layer %lld: %s\n", p.options.name.c_str(),
                    p.config.c_str(), static_cast<long long>(l), std::string(st.message()).c_str());
@@ -133,12 +137,23 @@ constexpr char kHeader[] =
 
 int RunSweep(int argc, char** argv) {
   Flags f;
+  std::set<std::string> switches = TransformSwitches();
+  switches.insert("no-plot");
   absl::Status st = f.Parse(argc - 1, argv + 1,
-                            {"codec", "keys", "values", "queries", "q-heads", "shape", "dtype",
-                             "residual", "out", "label", "jobs", "plot-script"},
-                            {"no-plot"});
+                            WithTransformFlags({"codec", "keys", "values", "queries", "q-heads", "shape", "dtype",
+                                                "residual", "out", "label", "jobs", "plot-script"}),
+                            switches);
   Input in;
   if (st.ok()) st = Load(f, &in);
+  TransformChoice transform;
+  if (st.ok()) {
+    absl::StatusOr<TransformChoice> t = TransformFromFlags(f);
+    if (t.ok()) {
+      transform = *std::move(t);
+    } else {
+      st = t.status();
+    }
+  }
   int64_t residual = 0;
   int jobs = 2;
   if (st.ok()) st.Update(f.Num("residual", &residual));
@@ -170,7 +185,7 @@ int RunSweep(int argc, char** argv) {
   std::mutex log_mu;
   auto worker = [&] {
     for (size_t i; (i = next++) < points.size();) {
-      rows[i] = Evaluate(in, points[i], residual);
+      rows[i] = Evaluate(in, points[i], residual, transform);
       std::lock_guard<std::mutex> lock(log_mu);
       std::fprintf(stderr, "sweep [%zu/%zu] %s %s %s\n", i + 1, points.size(),
                    points[i].options.name.c_str(), points[i].config.c_str(),

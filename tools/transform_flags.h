@@ -1,4 +1,5 @@
-// The transform flags of driftkv-codec (issue 6):
+// The transform flags of driftkv-codec eval, encode, decode and sweep
+// (issue 6):
 //   --transform identity|hadamard|wush   (default: the codec's own rotation)
 //   --transforms FILE                    (driftkv-calibrate's output; wush)
 //   --layer L        the transforms of model layer L for every tensor layer;
