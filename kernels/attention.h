@@ -46,7 +46,10 @@ namespace driftkv {
 namespace gpu {
 
 constexpr int kPageTokens = 128;
-constexpr int kMaxWindow = 128;
+// The service keeps up to window_tokens + page_tokens - 1 = 255 bf16 tokens
+// per (sequence, layer) with the defaults; the merge kernel scores them
+// kMergeThreads at a time.
+constexpr int kMaxWindow = 256;
 
 // Byte layout of a D-Quant page for one codec configuration.
 struct DQuantPageLayout {

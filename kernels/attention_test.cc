@@ -163,6 +163,8 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
 TEST(DQuantAttentionGpu, Gqa32x8Dim128OddSizes) {
   SKIP_WITHOUT_GPU();
   RunDQuantCase({8, 128, 32, {1, 97, 4095}, {0, 5, 128}, 0}, 1);
+  // The service's window reaches window_tokens + page_tokens - 1 = 255 tokens.
+  RunDQuantCase({8, 128, 32, {97, 4095, 1}, {129, 255, 200}, 0}, 9);
   RunDQuantCase({8, 128, 32, {4095, 1}, {17, 0}, 1}, 2);  // one split: no merge
 }
 

@@ -36,7 +36,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
   auto cpu = MakeCpuBackend(&c, pool->get(), 4);
 
   const std::vector<int> seq_pages = {1, 5, 9};
-  const std::vector<int> windows = {0, 7, 127};
+  const std::vector<int> windows = {0, 7, 255};  // up to window_tokens + page_tokens - 1
   std::mt19937_64 rng(77);
   std::vector<std::vector<PageId>> pages(seq_pages.size());
   std::vector<std::vector<float>> keys(seq_pages.size()), values(seq_pages.size());

@@ -12,6 +12,7 @@ namespace gpu {
 namespace {
 
 constexpr int kMergeThreads = 128;
+static_assert(kMaxWindow % kMergeThreads == 0, "window tokens are scored kMergeThreads at a time");
 
 __device__ float BlockReduceMax(float v, float* red) {
   v = WarpMax(v);
@@ -81,17 +82,22 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     __syncthreads();
     const uint16_t* wk = p.window_k_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
     const uint16_t* wv = p.window_v_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
+    // Window token t is scored by thread t mod kMergeThreads (a window may
+    // hold up to kMaxWindow = 2 kMergeThreads tokens).
     float s = kNegInf;
-    if (tid < w) {
+    for (int t = tid; t < w; t += kMergeThreads) {
       float dot = 0.0f;
-      for (int d = 0; d < d_count; ++d) dot += q[d] * Bf16ToFloatDev(wk[static_cast<size_t>(tid) * n + d]);
-      s = p.softmax_scale * dot;
-      score[tid] = s;
+      for (int d = 0; d < d_count; ++d) dot += q[d] * Bf16ToFloatDev(wk[static_cast<size_t>(t) * n + d]);
+      score[t] = p.softmax_scale * dot;
+      s = fmaxf(s, score[t]);
     }
     const float m2 = fmaxf(m, BlockReduceMax(s, red));
     const float f = m == kNegInf ? 0.0f : __expf(m - m2);
-    const float e = tid < w ? __expf(s - m2) : 0.0f;
-    if (tid < w) score[tid] = e;
+    float e = 0.0f;
+    for (int t = tid; t < w; t += kMergeThreads) {
+      score[t] = __expf(score[t] - m2);
+      e += score[t];
+    }
     l = l * f + BlockReduceSum(e, red);  // (syncs make score[] visible)
     acc *= f;
     if (tid < d_count) {
