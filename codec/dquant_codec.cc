@@ -131,7 +131,8 @@ void DQuantCodec::LoadMean(const uint8_t* mean_record, int n, float* mu) {
 absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, int count,
                                        uint8_t* key_records, uint8_t* value_records,
                                        uint8_t* mean_record, CodecScratch* scratch,
-                                       StreamStats* key_stats, StreamStats* value_stats) const {
+                                       StreamStats* key_stats, StreamStats* value_stats,
+                                       StreamStats* key_each, StreamStats* value_each) const {
   const int n = this->n();
   const int heads = config_.kv_heads;
   if (count < 1 || count > config_.mean_window) {
@@ -173,14 +174,20 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
   for (int t = 0; t < count; ++t) {
     const float* r = rows + static_cast<size_t>(t) * n;
     for (int j = 0; j < n; ++j) row[j] = r[j] - mu[j];
-    st = keys_.Encode(row, key_records + t * key_stride(), &scratch->stream, key_stats);
+    StreamStats one;
+    st = keys_.Encode(row, key_records + t * key_stride(), &scratch->stream, &one);
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("key of token ", t, ": ", st.message()));
+    if (key_stats != nullptr) key_stats->Add(one);
+    if (key_each != nullptr) key_each[t] = one;
   }
   for (int t = 0; t < count; ++t) {
     std::memcpy(row, values + static_cast<size_t>(t) * n, sizeof(float) * n);
     Rotate(row, heads);
-    st = values_.Encode(row, value_records + t * value_stride(), &scratch->stream, value_stats);
+    StreamStats one;
+    st = values_.Encode(row, value_records + t * value_stride(), &scratch->stream, &one);
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("value of token ", t, ": ", st.message()));
+    if (value_stats != nullptr) value_stats->Add(one);
+    if (value_each != nullptr) value_each[t] = one;
   }
   return absl::OkStatus();
 }

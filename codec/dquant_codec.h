@@ -89,10 +89,13 @@ class DQuantCodec {
   // window. keys/values are [count][kv_heads][head_dim] floats in the model's
   // domain. Writes count records to each record array and one mean record.
   // On error nothing useful is written and the status names the token.
+  // If key_each / value_each are not null they receive each token's own
+  // stream statistics (arrays of `count`), e.g. for per-stream histograms.
   absl::Status EncodeWindow(const float* keys, const float* values, int count,
                             uint8_t* key_records, uint8_t* value_records, uint8_t* mean_record,
                             CodecScratch* scratch, StreamStats* key_stats,
-                            StreamStats* value_stats) const;
+                            StreamStats* value_stats, StreamStats* key_each = nullptr,
+                            StreamStats* value_each = nullptr) const;
 
   // Reconstructs one token into the model's domain ([kv_heads][head_dim]).
   absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out,
