@@ -30,6 +30,9 @@ struct EncodeJob {
   const float* values = nullptr;  // same shape
   PageId page = -1;
   CodecStats stats;               // out: this page's stream statistics
+  // out, optional: each stream's rANS bytes used / payload bytes, keys and
+  // values (P each); a backend that leaves them empty reports only `stats`.
+  std::vector<float> key_utilization, value_utilization;
 };
 
 // One decode-attention item.

@@ -34,11 +34,21 @@ class CpuBackend : public Backend {
     workers_.ParallelFor(static_cast<int>(jobs.size()), [&](int i) {
       thread_local CodecScratch scratch;
       EncodeJob& j = jobs[i];
+      thread_local std::vector<StreamStats> k_each, v_each;
       j.stats = CodecStats();
-      status[i] = codec_.EncodeWindow(j.keys, j.values, pool_.page_tokens(),
-                                      pool_.key_records(j.page), pool_.value_records(j.page),
-                                      pool_.mean_record(j.page), &scratch, &j.stats.keys,
-                                      &j.stats.values);
+      const int p = pool_.page_tokens();
+      k_each.assign(p, StreamStats());
+      v_each.assign(p, StreamStats());
+      status[i] = codec_.EncodeWindow(j.keys, j.values, p, pool_.key_records(j.page),
+                                      pool_.value_records(j.page), pool_.mean_record(j.page),
+                                      &scratch, &j.stats.keys, &j.stats.values, k_each.data(),
+                                      v_each.data());
+      j.key_utilization.resize(p);
+      j.value_utilization.resize(p);
+      for (int t = 0; t < p; ++t) {
+        j.key_utilization[t] = static_cast<float>(k_each[t].bytes_used) / k_each[t].bytes_budget;
+        j.value_utilization[t] = static_cast<float>(v_each[t].bytes_used) / v_each[t].bytes_budget;
+      }
     });
     for (const absl::Status& st : status) {
       if (!st.ok()) return st;

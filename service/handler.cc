@@ -180,7 +180,7 @@ absl::Status Handler::ApplyAppend(Layer* layer, const AppendPlan& plan, const fl
     }
     absl::MutexLock lock(&stats_mu_);
     for (const EncodeJob& j : jobs) {
-      metrics_->RecordPage(j.stats);
+      metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
       codec_stats_.Add(j.stats);
     }
   }

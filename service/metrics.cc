@@ -85,10 +85,14 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                       .Help("RPC latency by method and gRPC status code").Register(r);
 }
 
-void Metrics::RecordPage(const CodecStats& stats) {
+void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_util,
+                         const std::vector<float>& value_util) {
   const StreamStats* s[2] = {&stats.keys, &stats.values};
+  const std::vector<float>* each[2] = {&key_util, &value_util};
   for (int i = 0; i < 2; ++i) {
-    if (s[i]->bytes_budget > 0) {
+    if (!each[i]->empty()) {
+      for (float u : *each[i]) budget_utilization[i]->Observe(u);
+    } else if (s[i]->bytes_budget > 0) {
       budget_utilization[i]->Observe(static_cast<double>(s[i]->bytes_used) / s[i]->bytes_budget);
     }
     symbols_coded[i]->Increment(static_cast<double>(s[i]->symbols));

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "codec/kv_codec.h"
@@ -27,7 +28,10 @@ class Metrics {
 
   // One page encoded: budget utilisation (bytes used / budget, mean over the
   // page's streams), symbols, moves, retries and fallbacks, by stream.
-  void RecordPage(const CodecStats& stats);
+  // `key_util` / `value_util`: per-stream budget utilisation when the backend
+  // reports it (one histogram sample per stream); empty: one sample per page.
+  void RecordPage(const CodecStats& stats, const std::vector<float>& key_util,
+                  const std::vector<float>& value_util);
   // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
 

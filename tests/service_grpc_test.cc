@@ -391,7 +391,9 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"key\"}"), 8 * 32 * 128);
   EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"value\"}"), 8 * 32 * 128);
   EXPECT_GT(MetricValue(after, "driftkv_symbols_moved_total{stream=\"key\"}"), 0);
-  EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"key\"}"), 8);
+  // One utilisation sample per encoded stream: 8 pages x 32 tokens.
+  EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"key\"}"), 8 * 32);
+  EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"value\"}"), 8 * 32);
   EXPECT_EQ(MetricValue(after, "driftkv_pool_used_pages"), 8);
   EXPECT_EQ(MetricValue(after, "driftkv_pool_used_bytes"), 8.0 * server_->handler().pool().page_stride());
   EXPECT_EQ(MetricValue(after, "driftkv_tokens_stored{form=\"compressed\"}"), 256);
