@@ -1,14 +1,17 @@
 // Registers the CUDA backend (kernels/cuda_backend.h) as "cuda" for
 // driftkv-server-cuda: `--backend cuda` (or backend: "cuda" in the config).
 // Linked with alwayslink so that the static initializer runs.
+#include "absl/flags/flag.h"
 #include "kernels/cuda_backend.h"
 #include "service/backend.h"
+
+ABSL_FLAG(int, device, 0, "CUDA device index for --backend cuda");
 
 namespace driftkv {
 namespace {
 
 const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
-  return MakeCudaBackend(a.codec, a.pool);
+  return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device));
 });
 
 }  // namespace
