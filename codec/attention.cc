@@ -156,6 +156,22 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
   return absl::OkStatus();
 }
 
+std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer,
+                                         int64_t tokens) {
+  const int bt = codec.block_tokens();
+  tokens = std::min(tokens, layer.compressed);
+  std::vector<CompressedBlock> blocks;
+  for (int64_t t0 = 0; t0 < tokens; t0 += bt) {
+    CompressedBlock b;
+    b.key_records = layer.key_records.data() + t0 * codec.key_stride();
+    b.value_records = layer.value_records.data() + t0 * codec.value_stride();
+    b.mean_record = layer.side.data() + (t0 / bt) * codec.side_stride();
+    b.tokens = static_cast<int>(std::min<int64_t>(bt, tokens - t0));
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
 void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,
                         int head_dim, const float* query, int q_heads, double softmax_scale,
                         double* out, double* lse) {

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "codec/dquant_codec.h"
+#include "codec/layer.h"
 
 namespace driftkv {
 
@@ -45,6 +46,12 @@ struct AttentionScratch {
   std::vector<float> q_rot, q_sum, q_mu, mu, scores, acc_rot, acc_raw, offset, max, denom, k_raw;
   std::vector<uint8_t> levels;
 };
+
+// The blocks holding the first `tokens` (at most layer.compressed) compressed
+// tokens of a layer stored contiguously by `codec`; the last may be partial.
+// The pointers alias `layer`, which must outlive them.
+std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer,
+                                         int64_t tokens);
 
 // query: [q_heads][head_dim] floats; q_heads a multiple of kv_heads (query
 // head h reads KV head h / (q_heads / kv_heads)). out: [q_heads][head_dim];

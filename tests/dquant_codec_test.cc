@@ -95,15 +95,7 @@ TEST(DQuant, CompressedAttentionEqualsAttentionOverDecodedCache) {
         ASSERT_TRUE(DecodeLayer(*codec, enc, kh.data(), vh.data()).ok());
         std::vector<float> q = Normal(q_heads * 64, 99);
         for (float& x : q) x *= 0.3f;
-        std::vector<CompressedBlock> blocks;
-        for (int64_t t0 = 0; t0 < enc.compressed; t0 += 32) {
-          CompressedBlock b;
-          b.key_records = enc.key_records.data() + t0 * codec->key_stride();
-          b.value_records = enc.value_records.data() + t0 * codec->value_stride();
-          b.mean_record = enc.side.data() + (t0 / 32) * codec->side_stride();
-          b.tokens = static_cast<int>(std::min<int64_t>(32, enc.compressed - t0));
-          blocks.push_back(b);
-        }
+        const std::vector<CompressedBlock> blocks = LayerBlocks(*codec, enc, enc.compressed);
         Bf16Tokens win{enc.window_keys.data(), enc.window_values.data(), enc.window};
         std::vector<float> out(q_heads * 64, NAN), lse(q_heads, NAN);
         AttentionScratch scratch;
@@ -150,10 +142,7 @@ TEST(DQuant, IdentityRotation) {
   // n = 1024 figure (0.062); a broken path gives O(1).
   EXPECT_LT(err / sum, 0.15);
   const auto& dq = static_cast<const DQuantKvCodec&>(**codec).codec();
-  std::vector<CompressedBlock> blocks;
-  for (int64_t t0 = 0; t0 < T; t0 += 128) {
-    blocks.push_back({enc.key_records.data(), enc.value_records.data(), enc.side.data(), static_cast<int>(T)});
-  }
+  const std::vector<CompressedBlock> blocks = LayerBlocks(**codec, enc, enc.compressed);
   std::vector<float> q = Normal(4 * 48, 5), out(4 * 48), lse(4);
   AttentionScratch s;
   ASSERT_TRUE(CompressedAttention(dq, blocks, Bf16Tokens{}, q.data(), 4, 0.14f, out.data(), lse.data(), &s).ok());

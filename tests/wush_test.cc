@@ -204,16 +204,7 @@ TEST(TransformStageTest, CompressedAttentionMatchesDecodedCache) {
   ASSERT_TRUE(EncodeLayer(codec, k.data(), v.data(), T, window, 1, &enc, nullptr).ok());
   std::vector<float> kh(T * n), vh(T * n);
   ASSERT_TRUE(DecodeLayer(codec, enc, kh.data(), vh.data()).ok());
-  std::vector<CompressedBlock> blocks;
-  const int bt = codec.block_tokens();
-  for (int64_t t0 = 0; t0 < enc.compressed; t0 += bt) {
-    CompressedBlock b;
-    b.key_records = enc.key_records.data() + t0 * codec.key_stride();
-    b.value_records = enc.value_records.data() + t0 * codec.value_stride();
-    b.mean_record = enc.side.data() + (t0 / bt) * codec.side_stride();
-    b.tokens = static_cast<int>(std::min<int64_t>(bt, enc.compressed - t0));
-    blocks.push_back(b);
-  }
+  const std::vector<CompressedBlock> blocks = LayerBlocks(codec, enc, enc.compressed);
   Bf16Tokens w;
   w.keys = enc.window_keys.data();
   w.values = enc.window_values.data();

@@ -39,22 +39,12 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
   std::vector<double> ref(static_cast<size_t>(qh) * d), ref_lse(qh), alt(ref.size()), alt_lse(qh);
   std::vector<float> out(ref.size()), lse(qh);
   AttentionScratch scratch;
-  const int bt = codec.block_tokens();
   for (int64_t i = 0; i < in.query_tokens; ++i) {
     const int64_t pos = in.tokens - in.query_tokens + i;
     const float* q = in.queries + i * qh * d;
     ReferenceAttention(in.keys, in.values, pos + 1, codec.kv_heads(), d, q, qh, scale, ref.data(), ref_lse.data());
     if (dq != nullptr || tq != nullptr) {
-      std::vector<CompressedBlock> blocks;
-      const int64_t covered = std::min<int64_t>(pos + 1, enc.compressed);
-      for (int64_t t0 = 0; t0 < covered; t0 += bt) {
-        CompressedBlock b;
-        b.key_records = enc.key_records.data() + t0 * codec.key_stride();
-        b.value_records = enc.value_records.data() + t0 * codec.value_stride();
-        b.mean_record = enc.side.data() + (t0 / bt) * codec.side_stride();
-        b.tokens = static_cast<int>(std::min<int64_t>(bt, covered - t0));
-        blocks.push_back(b);
-      }
+      const std::vector<CompressedBlock> blocks = LayerBlocks(codec, enc, pos + 1);
       Bf16Tokens window;
       window.keys = enc.window_keys.data();
       window.values = enc.window_values.data();

@@ -107,12 +107,7 @@ BENCHMARK(BM_DecodeStreamToFloats)->Arg(0)->Arg(1);
 // over 512 compressed tokens.
 void BM_CompressedAttention(benchmark::State& state) {
   const Fixture& f = Fixture::Get();
-  std::vector<CompressedBlock> blocks;
-  for (int t0 = 0; t0 < kTokens; t0 += 128) {
-    blocks.push_back({f.layer.key_records.data() + t0 * f.codec->key_stride(),
-                      f.layer.value_records.data() + t0 * f.codec->value_stride(),
-                      f.layer.side.data() + (t0 / 128) * f.codec->side_stride(), 128});
-  }
+  const std::vector<CompressedBlock> blocks = LayerBlocks(*f.codec, f.layer, kTokens);
   std::vector<float> q(32 * kDim, 0.05f), out(32 * kDim), lse(32);
   AttentionScratch scratch;
   for (auto _ : state) {
