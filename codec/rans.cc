@@ -69,39 +69,33 @@ size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table,
   return used;
 }
 
-absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
-                        const RansTable& table, uint8_t* symbols) {
-  if (capacity < static_cast<size_t>(kStateBytes)) {
-    std::memset(symbols, 0, n);
-    return absl::DataLossError(absl::StrCat("payload of ", capacity, " bytes cannot hold the rANS state"));
-  }
-  uint32_t x = static_cast<uint32_t>(payload[0]) | (static_cast<uint32_t>(payload[1]) << 8) |
-               (static_cast<uint32_t>(payload[2]) << 16) | (static_cast<uint32_t>(payload[3]) << 24);
-  const bool bad_state = x < kStateLow || x >= kStateHigh;
-  if (bad_state) x = kStateLow;  // keep decoding deterministic and in range
-  // Each symbol pulls at most one byte, so the first (capacity - 4) symbols
-  // cannot run past the payload: decode those without a bounds check, and
-  // the rest (only a corrupt stream reads that far) with one that reads zeros.
-  size_t ptr = kStateBytes;
-  const int unchecked = static_cast<int>(std::min<size_t>(n, capacity - kStateBytes));
-  int i = 0;
-  for (; i < unchecked; ++i) {
-    const DecodeEntry e = table.decode[x & (kProbScale - 1)];
-    symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
-    x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
-    // Branch-free renormalisation: the byte is loaded either way.
-    const uint32_t need = x < kStateLow;
-    const uint32_t shifted = (x << 8) | payload[ptr];
-    x = need ? shifted : x;
-    ptr += need;
-  }
+namespace {
+
+// The initial state of a payload; out of range (corrupt) states are replaced
+// by kStateLow so that decoding stays deterministic and in range.
+uint32_t LoadState(const uint8_t* p, bool* bad) {
+  const uint32_t x = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                     (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  *bad = x < kStateLow || x >= kStateHigh;
+  return *bad ? kStateLow : x;
+}
+
+// Each symbol pulls at most one byte, so the first (capacity - 4) symbols
+// cannot run past the payload: callers decode those without a bounds check.
+int UncheckedSymbols(size_t capacity, int n) {
+  return static_cast<int>(std::min<size_t>(n, capacity - kStateBytes));
+}
+
+// Decodes symbols [i, n) with a bounds check (only a corrupt stream reads
+// past the payload; it reads zeros there) and checks how the stream ended.
+absl::Status FinishDecode(const uint8_t* payload, size_t capacity, int n, int i, uint32_t x,
+                          size_t ptr, bool bad_state, const RansTable& table, uint8_t* symbols) {
   for (; i < n; ++i) {
     const DecodeEntry e = table.decode[x & (kProbScale - 1)];
     symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
     x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
     if (x < kStateLow) {
-      const uint32_t byte = ptr < capacity ? payload[ptr] : 0u;
-      x = (x << 8) | byte;
+      x = (x << 8) | (ptr < capacity ? payload[ptr] : 0u);
       ++ptr;
     }
   }
@@ -113,6 +107,32 @@ absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
+                        const RansTable& table, uint8_t* symbols) {
+  if (capacity < static_cast<size_t>(kStateBytes)) {
+    std::memset(symbols, 0, n);
+    return absl::DataLossError(absl::StrCat("payload of ", capacity, " bytes cannot hold the rANS state"));
+  }
+  bool bad_state;
+  uint32_t x = LoadState(payload, &bad_state);
+  size_t ptr = kStateBytes;
+  const int unchecked = UncheckedSymbols(capacity, n);
+  int i = 0;
+  for (; i < unchecked; ++i) {
+    const DecodeEntry e = table.decode[x & (kProbScale - 1)];
+    symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
+    x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
+    // Branch-free renormalisation: the byte is loaded either way.
+    const uint32_t need = x < kStateLow;
+    const uint32_t shifted = (x << 8) | payload[ptr];
+    x = need ? shifted : x;
+    ptr += need;
+  }
+  return FinishDecode(payload, capacity, n, i, x, ptr, bad_state, table, symbols);
+}
+
 void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n,
                     const RansTable& table, uint8_t* sa, uint8_t* sb, absl::Status* status_a,
                     absl::Status* status_b) {
@@ -121,19 +141,12 @@ void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n
     *status_b = RansDecode(pb, capacity, n, table, sb);
     return;
   }
-  auto load = [](const uint8_t* p) {
-    return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-           (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
-  };
-  uint32_t xa = load(pa), xb = load(pb);
-  const bool bad_a = xa < kStateLow || xa >= kStateHigh;
-  const bool bad_b = xb < kStateLow || xb >= kStateHigh;
-  if (bad_a) xa = kStateLow;
-  if (bad_b) xb = kStateLow;
+  bool bad_a, bad_b;
+  uint32_t xa = LoadState(pa, &bad_a), xb = LoadState(pb, &bad_b);
   size_t qa = kStateBytes, qb = kStateBytes;
-  const int unchecked = static_cast<int>(std::min<size_t>(n, capacity - kStateBytes));
+  const int unchecked = UncheckedSymbols(capacity, n);
   int i = 0;
-  for (; i < unchecked; ++i) {  // see RansDecode: no byte load can leave the payload here
+  for (; i < unchecked; ++i) {  // the two chains of RansDecode's loop, interleaved
     const DecodeEntry ea = table.decode[xa & (kProbScale - 1)];
     const DecodeEntry eb = table.decode[xb & (kProbScale - 1)];
     sa[i] = static_cast<uint8_t>(EntrySymbol(ea));
@@ -147,23 +160,8 @@ void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n
     qa += na;
     qb += nb;
   }
-  auto finish = [&](const uint8_t* p, uint32_t x, size_t q, bool bad, uint8_t* s) {
-    for (int j = i; j < n; ++j) {
-      const DecodeEntry e = table.decode[x & (kProbScale - 1)];
-      s[j] = static_cast<uint8_t>(EntrySymbol(e));
-      x = EntryFreq(e) * (x >> kProbBits) + EntryBias(e);
-      if (x < kStateLow) {
-        x = (x << 8) | (q < capacity ? p[q] : 0u);
-        ++q;
-      }
-    }
-    if (bad) return absl::DataLossError("rANS initial state out of range");
-    if (q > capacity) return absl::DataLossError(absl::StrCat("rANS stream runs past its ", capacity, "-byte payload"));
-    if (x != kStateLow) return absl::DataLossError("rANS final state mismatch");
-    return absl::OkStatus();
-  };
-  *status_a = finish(pa, xa, qa, bad_a, sa);
-  *status_b = finish(pb, xb, qb, bad_b, sb);
+  *status_a = FinishDecode(pa, capacity, n, i, xa, qa, bad_a, table, sa);
+  *status_b = FinishDecode(pb, capacity, n, i, xb, qb, bad_b, table, sb);
 }
 
 }  // namespace driftkv
