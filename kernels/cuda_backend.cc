@@ -156,7 +156,7 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeTokens(PageId page, int first, int count, float* keys, float* values) override {
+  absl::Status DecodeTokens(PageId page, int /*layer*/, int first, int count, float* keys, float* values) override {
     // The host arena mirrors the device one: decode there, exactly as the CPU does.
     CodecScratch scratch;
     const int n = layout_.n();

@@ -63,7 +63,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
   // Every GPU-written token decodes on the host.
   std::vector<float> k(static_cast<size_t>(P) * n), v(k.size());
   for (const auto& ps : pages) {
-    for (PageId p : ps) ASSERT_TRUE((*cuda)->DecodeTokens(p, 0, P, k.data(), v.data()).ok());
+    for (PageId p : ps) ASSERT_TRUE((*cuda)->DecodeTokens(p, 0, 0, P, k.data(), v.data()).ok());
   }
 
   std::normal_distribution<float> normal(0.0f, 1.0f);

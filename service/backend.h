@@ -20,15 +20,27 @@
 #include "absl/types/span.h"
 #include "codec/attention.h"
 #include "codec/kv_codec.h"
+#include "codec/transforms_file.h"
 #include "service/page_pool.h"
 
 namespace driftkv {
+
+// TRANSFORMS. With BackendArgs::transforms set (WUSH-KV, issue 6) the codec
+// was built with rotation "identity" and the backend owns the transform
+// stage of codec/transform.h, using layer `layer` of the set: keys are
+// stored as T_K k and values as T_V v (values untouched when values_folded);
+// DecodeTokens returns the model domain (T^-1 applied); Attend scores the
+// pages with q' = T_K^-T q, maps the pages' output back with T_V^-1 and
+// attends the bf16 window (model domain) with q itself, merging the two by
+// their log-sum-exp (codec/transform_attention.h). Without transforms the
+// layer fields are ignored.
 
 // Encode P = page_tokens tokens into one page.
 struct EncodeJob {
   const float* keys = nullptr;    // [P][kv_heads][head_dim], host
   const float* values = nullptr;  // same shape
   PageId page = -1;
+  int layer = 0;                  // selects the transform; see TRANSFORMS
   CodecStats stats;               // out: this page's stream statistics
   // out, optional: each stream's rANS bytes used / payload bytes, keys and
   // values (P each); a backend that leaves them empty reports only `stats`.
@@ -42,6 +54,7 @@ struct AttendJob {
   const float* query = nullptr;    // [q_heads][head_dim]
   int q_heads = 0;
   float softmax_scale = 0.0f;
+  int layer = 0;                   // selects the transform; see TRANSFORMS
   float* out = nullptr;            // [q_heads][head_dim]
   float* lse = nullptr;            // [q_heads]
   absl::Status status;             // out
@@ -56,9 +69,10 @@ class Backend {
   // token). Pages of failed jobs hold garbage; the caller frees them.
   virtual absl::Status EncodePages(absl::Span<EncodeJob> jobs) = 0;
 
-  // Reconstructs tokens [first, first + count) of a page into float
-  // [count][kv_heads][head_dim] arrays. DataLoss on a corrupt record.
-  virtual absl::Status DecodeTokens(PageId page, int first, int count, float* keys,
+  // Reconstructs tokens [first, first + count) of a page of layer `layer`
+  // into float [count][kv_heads][head_dim] arrays (model domain). DataLoss
+  // on a corrupt record.
+  virtual absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
                                     float* values) = 0;
 
   // Runs every job; each job's status says how it went.
@@ -81,6 +95,11 @@ struct BackendArgs {
   const DQuantCodec* codec = nullptr;  // must outlive the backend
   const PagePool* pool = nullptr;      // must outlive the backend
   int threads = 0;                     // ServiceOptions::backend_threads
+  // WUSH-KV transforms (see TRANSFORMS), or null for the codec's own
+  // rotation. Must outlive the backend; its kv_heads/head_dim match the
+  // codec's and it has a matrix set for every layer the handler serves.
+  const TransformSet* transforms = nullptr;
+  bool values_folded = false;          // T_V is folded into the model's weights
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
 // Returns true (for use in static initializers); a second registration of a

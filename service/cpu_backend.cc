@@ -56,7 +56,7 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeTokens(PageId page, int first, int count, float* keys,
+  absl::Status DecodeTokens(PageId page, int /*layer*/, int first, int count, float* keys,
                             float* values) override {
     thread_local CodecScratch scratch;
     const int n = codec_.n();
@@ -190,6 +190,7 @@ Registry& GetRegistry() {
   static Registry* r = [] {
     auto* reg = new Registry();
     reg->factories["cpu"] = [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      if (a.transforms != nullptr) return absl::UnimplementedError("the cpu backend has no WUSH transform stage yet");
       return MakeCpuBackend(a.codec, a.pool, a.threads);
     };
     return reg;

@@ -10,7 +10,8 @@ ABSL_FLAG(int, device, 0, "CUDA device index for --backend cuda");
 namespace driftkv {
 namespace {
 
-const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
+const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+  if (a.transforms != nullptr) return absl::UnimplementedError("the cuda backend has no WUSH transform stage yet");
   return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device));
 });
 

@@ -146,7 +146,7 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
   return plan;
 }
 
-absl::Status Handler::ApplyAppend(Layer* layer, const AppendPlan& plan, const float* keys,
+absl::Status Handler::ApplyAppend(Layer* layer, int layer_index, const AppendPlan& plan, const float* keys,
                                   const float* values, const std::vector<PageId>& pages) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
@@ -171,6 +171,7 @@ absl::Status Handler::ApplyAppend(Layer* layer, const AppendPlan& plan, const fl
       jobs[i].keys = fk.data() + i * p * n;
       jobs[i].values = fv.data() + i * p * n;
       jobs[i].page = pages[i];
+      jobs[i].layer = layer_index;
     }
     const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
     absl::Status st = backend_->EncodePages(absl::MakeSpan(jobs));
@@ -259,7 +260,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
         if (st.ok()) pages = *std::move(reserved);
       }
       if (st.ok()) {
-        st = ApplyAppend(&layer, plan, keys.data(), values.data(), pages);
+        st = ApplyAppend(&layer, static_cast<int>(c.layer()), plan, keys.data(), values.data(), pages);
         if (!st.ok()) pool_->Free(pages);
       }
       if (st.ok()) Touch(seq);
@@ -461,7 +462,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     if (w.step && w.plan.fresh == 0) metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.step || w.plan.fresh == 0) continue;
     std::vector<PageId> pages(reserved.begin() + used, reserved.begin() + used + w.plan.pages);
-    st = ApplyAppend(&w.seq->layers[request.items(i).layer()], w.plan, w.key.data(),
+    st = ApplyAppend(&w.seq->layers[request.items(i).layer()], static_cast<int>(request.items(i).layer()), w.plan, w.key.data(),
                      w.value.data(), pages);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
@@ -498,6 +499,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     j.query = work[i].query.data();
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;
+    j.layer = static_cast<int>(it.layer());
     j.out = reinterpret_cast<float*>(r->mutable_output()->data());
     j.lse = lse[i].data();
     r->set_tokens(layer.length);
@@ -582,7 +584,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         if (tok < paged) {
           const int64_t in_page = tok % p;
           const int64_t run = std::min(count - t, p - in_page);
-          st = backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(in_page),
+          st = backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(request.layer()), static_cast<int>(in_page),
                                       static_cast<int>(run), keys.data() + t * n,
                                       values.data() + t * n);
           if (!st.ok()) return st;

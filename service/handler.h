@@ -136,7 +136,7 @@ class Handler {
   // Stores plan.fresh tokens (float [count][n], already bf16-representable
   // or not: they are rounded to bf16 here) using `pages` reserved pages.
   // On failure nothing of the layer changed; the caller frees the pages.
-  absl::Status ApplyAppend(Layer* layer, const AppendPlan& plan, const float* keys,
+  absl::Status ApplyAppend(Layer* layer, int layer_index, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages);
 
   absl::Status AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response);
