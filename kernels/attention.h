@@ -90,6 +90,16 @@ struct DQuantAttentionParams {
   float* lse_dev = nullptr;                 // [items][q_heads]
   void* workspace_dev = nullptr;            // AttentionWorkspaceBytes(...)
   int splits = 0;                           // 0: chosen by the launcher
+  // WUSH-KV (kernels/transform.h): null for the codec's Hadamard rotation.
+  // Otherwise the pages hold T_K k and T_V v (codec rotation "identity"):
+  // the launcher maps each item's query to q' = T_K^-T q for the pages (in
+  // the workspace), the merge maps the pages' output back with T_V^-1
+  // (skipped when values_folded) and attends the window, which is in the
+  // model domain, with the query as given.
+  const float* transforms_dev = nullptr;    // device form, [layers][kv_heads][4][D][D]
+  int transform_layers = 0;
+  const int32_t* layer_dev = nullptr;       // [items], each in [0, transform_layers)
+  bool values_folded = false;
 };
 
 struct Bf16AttentionParams {
@@ -110,8 +120,9 @@ struct Bf16AttentionParams {
   int splits = 0;
 };
 
-// Workspace for the split-KV partial states: enough for any launch with at
-// most `items` items, q_heads heads, head_dim and max_pages pages.
+// Workspace for the split-KV partial states (and the transformed queries of
+// a WUSH launch): enough for any launch with at most `items` items, q_heads
+// heads, head_dim and max_pages pages.
 size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages);
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream);

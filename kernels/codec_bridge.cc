@@ -1,7 +1,10 @@
 #include "kernels/codec_bridge.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "codec/half.h"
+#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -53,6 +56,28 @@ absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p) {
   fill(codec.key_codec(), &p->keys);
   fill(codec.value_codec(), &p->values);
   return absl::OkStatus();
+}
+
+std::vector<float> PackTransforms(const TransformSet& set) {
+  const size_t d = static_cast<size_t>(set.head_dim), dd = d * d;
+  std::vector<float> out(static_cast<size_t>(set.layers) * set.kv_heads * 4 * dd);
+  for (int l = 0; l < set.layers; ++l) {
+    for (int h = 0; h < set.kv_heads; ++h) {
+      float* dst = out.data() + (static_cast<size_t>(l) * set.kv_heads + h) * 4 * dd;
+      // A[j][i] = T[i][j] for x' = T x; T_K^-1 as stored for q' = T_K^-T q.
+      const Mat transposed[3] = {Mat::kKey, Mat::kValue, Mat::kValueInverse};
+      const int slot[3] = {kTfKey, kTfValue, kTfOutput};
+      for (int m = 0; m < 3; ++m) {
+        const float* src = set.matrix(l, h, transposed[m]);
+        for (size_t i = 0; i < d; ++i) {
+          for (size_t j = 0; j < d; ++j) dst[slot[m] * dd + j * d + i] = src[i * d + j];
+        }
+      }
+      const float* kinv = set.matrix(l, h, Mat::kKeyInverse);
+      std::copy(kinv, kinv + dd, dst + kTfQuery * dd);
+    }
+  }
+  return out;
 }
 
 }  // namespace gpu

@@ -6,10 +6,12 @@
 #define DRIFTKV_KERNELS_CODEC_BRIDGE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "codec/dquant_codec.h"
 #include "codec/rans.h"
+#include "codec/transforms_file.h"
 #include "kernels/attention.h"
 #include "kernels/encode.h"
 
@@ -24,6 +26,9 @@ absl::Status MakeDQuantPageLayout(const DQuantCodec& codec, DQuantPageLayout* la
 // so that one lookup gives the state update and, packed two at a time with
 // one byte permute, the tensor-core operand. 256 entries per alphabet.
 void PackDecodeTable(const RansTable& table, uint32_t out[256]);
+
+// The device form of kernels/transform.h for every layer of `set`.
+std::vector<float> PackTransforms(const TransformSet& set);
 
 // Layout and both alphabets of `codec` into p (the rest of p untouched).
 absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p);

@@ -6,9 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/transform.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
+#include "kernels/transform.h"
 
 namespace driftkv {
 namespace {
@@ -41,8 +43,9 @@ class Scratch {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device)
-      : codec_(*codec), pool_(*pool), device_(device) {}
+  CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device, const TransformSet* transforms,
+              bool values_folded)
+      : codec_(*codec), pool_(*pool), device_(device), transforms_(transforms), values_folded_(values_folded) {}
   ~CudaBackend() override {
     cudaFree(arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -75,6 +78,11 @@ class CudaBackend : public Backend {
     st = gpu::MakeEncodeAlphabets(codec_, &encode_);
     if (!st.ok()) return st;
     encode_.layout = layout_;
+    encode_.rotate = transforms_ == nullptr;
+    if (transforms_ != nullptr) {
+      st = InitTransforms();
+      if (!st.ok()) return st;
+    }
     std::vector<uint32_t> tables(512);
     gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
     gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
@@ -87,8 +95,61 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
 
+  absl::Status InitTransforms() {
+    const TransformSet& t = *transforms_;
+    if (c_hadamard()) {
+      return absl::FailedPreconditionError("WUSH transforms need a codec built with rotation \"identity\"");
+    }
+    if (t.kv_heads != layout_.kv_heads || t.head_dim != layout_.head_dim || t.layers < 1) {
+      return absl::FailedPreconditionError(absl::StrCat("transforms of ", t.layers, " layers x ", t.kv_heads, " x ",
+                                                        t.head_dim, " do not fit the codec's ", layout_.kv_heads, " x ",
+                                                        layout_.head_dim));
+    }
+    for (int l = 0; l < t.layers; ++l) {
+      absl::StatusOr<LayerTransform> lt = LayerTransform::FromSet(t, l);
+      if (!lt.ok()) return lt.status();
+      host_transforms_.push_back(*std::move(lt));
+    }
+    const std::vector<float> packed = gpu::PackTransforms(t);
+    absl::Status st = transforms_dev_.Reserve(packed.size() * sizeof(float));
+    if (st.ok()) {
+      st = Cuda(cudaMemcpy(transforms_dev_.get<void>(), packed.data(), packed.size() * sizeof(float),
+                           cudaMemcpyHostToDevice), "upload transforms");
+    }
+    return st;
+  }
+
+  bool c_hadamard() const { return codec_.config().hadamard; }
+
+  absl::Status CheckLayer(int layer) const {
+    if (transforms_ == nullptr || (layer >= 0 && layer < transforms_->layers)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no transform (the set has ",
+                                                   transforms_->layers, " layers)"));
+  }
+
+  // x [rows][kv_heads][head_dim] on the device <- matrix m of each row's layer.
+  absl::Status TransformOnDevice(float* x_dev, int rows, const int32_t* layer_dev, int rows_per_layer, int m) {
+    gpu::HeadTransformParams tp;
+    tp.mats_dev = transforms_dev_.get<float>();
+    tp.layers = transforms_->layers;
+    tp.kv_heads = layout_.kv_heads;
+    tp.head_dim = layout_.head_dim;
+    tp.matrix = m;
+    tp.in_dev = x_dev;
+    tp.out_dev = x_dev;
+    tp.rows = rows;
+    tp.heads = layout_.kv_heads;
+    tp.layer_dev = layer_dev;
+    tp.rows_per_layer = rows_per_layer;
+    return gpu::LaunchHeadTransform(tp, stream_);
+  }
+
   absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
     if (jobs.empty()) return absl::OkStatus();
+    for (const EncodeJob& j : jobs) {
+      absl::Status st = CheckLayer(j.layer);
+      if (!st.ok()) return st;
+    }
     absl::MutexLock lock(&mu_);
     const int P = pool_.page_tokens(), n = layout_.n();
     const size_t page_floats = static_cast<size_t>(P) * n;
@@ -96,12 +157,13 @@ class CudaBackend : public Backend {
     const int tokens = static_cast<int>(jobs.size()) * P;
     absl::Status st = keys_in_.Reserve(in_bytes);
     if (st.ok()) st = values_in_.Reserve(in_bytes);
-    if (st.ok()) st = pages_.Reserve(jobs.size() * sizeof(int32_t));
+    if (st.ok()) st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
     if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
     if (!st.ok()) return st;
-    std::vector<int32_t> ids(jobs.size());
+    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
     for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
       ids[j] = jobs[j].page;
+      ids[jobs.size() + j] = jobs[j].layer;
       st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_), "upload keys");
       if (st.ok()) {
@@ -110,6 +172,11 @@ class CudaBackend : public Backend {
       }
     }
     if (st.ok()) st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (st.ok() && transforms_ != nullptr) {
+      const int32_t* layers_dev = pages_.get<int32_t>() + jobs.size();
+      st = TransformOnDevice(keys_in_.get<float>(), tokens, layers_dev, P, gpu::kTfKey);
+      if (st.ok() && !values_folded_) st = TransformOnDevice(values_in_.get<float>(), tokens, layers_dev, P, gpu::kTfValue);
+    }
     if (!st.ok()) return st;
     gpu::EncodeParams ep = encode_;
     ep.keys_dev = keys_in_.get<float>();
@@ -156,7 +223,9 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeTokens(PageId page, int /*layer*/, int first, int count, float* keys, float* values) override {
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    absl::Status lst = CheckLayer(layer);
+    if (!lst.ok()) return lst;
     // The host arena mirrors the device one: decode there, exactly as the CPU does.
     CodecScratch scratch;
     const int n = layout_.n();
@@ -169,6 +238,11 @@ class CudaBackend : public Backend {
                                 values + static_cast<size_t>(i) * n, &scratch);
       }
       if (!st.ok()) return st;
+    }
+    if (transforms_ != nullptr) {
+      const LayerTransform& t = host_transforms_[layer];
+      t.Apply(Mat::kKeyInverse, keys, count, keys);
+      if (!values_folded_) t.Apply(Mat::kValueInverse, values, count, values);
     }
     return absl::OkStatus();
   }
@@ -195,10 +269,13 @@ class CudaBackend : public Backend {
     absl::MutexLock lock(&mu_);
     const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
     const int P = pool_.page_tokens();
-    std::vector<int32_t> table, start(items), tokens(items), wtok(items);
+    std::vector<int32_t> table, start(items), tokens(items), wtok(items), layers(items);
     int max_pages = 0;
     for (int i = 0; i < items; ++i) {
       const AttendJob& j = jobs[i];
+      absl::Status lst = CheckLayer(j.layer);
+      if (!lst.ok()) return lst;
+      layers[i] = j.layer;
       if (j.window.tokens > gpu::kMaxWindow) {
         return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
       }
@@ -222,7 +299,7 @@ class CudaBackend : public Backend {
     }
     const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
     absl::Status st = a_table_.Reserve(std::max<size_t>(table.size(), 1) * 4);
-    if (st.ok()) st = a_small_.Reserve(static_cast<size_t>(items) * 4 * 3);
+    if (st.ok()) st = a_small_.Reserve(static_cast<size_t>(items) * 4 * 4);
     if (st.ok()) st = a_query_.Reserve(qsz * 4);
     if (st.ok()) st = a_wk_.Reserve(wsz * 2);
     if (st.ok()) st = a_wv_.Reserve(wsz * 2);
@@ -237,6 +314,7 @@ class CudaBackend : public Backend {
     up(small, start.data(), items * 4, "upload page starts");
     up(small + items, tokens.data(), items * 4, "upload token counts");
     up(small + 2 * items, wtok.data(), items * 4, "upload window sizes");
+    if (transforms_ != nullptr) up(small + 3 * items, layers.data(), items * 4, "upload layers");
     up(a_query_.get<void>(), query.data(), qsz * 4, "upload queries");
     up(a_wk_.get<void>(), wk.data(), wsz * 2, "upload window keys");
     up(a_wv_.get<void>(), wv.data(), wsz * 2, "upload window values");
@@ -259,6 +337,12 @@ class CudaBackend : public Backend {
     p.out_dev = a_out_.get<float>();
     p.lse_dev = a_out_.get<float>() + qsz;
     p.workspace_dev = a_ws_.get<void>();
+    if (transforms_ != nullptr) {
+      p.transforms_dev = transforms_dev_.get<float>();
+      p.transform_layers = transforms_->layers;
+      p.layer_dev = small + 3 * items;
+      p.values_folded = values_folded_;
+    }
     st = gpu::LaunchDQuantAttention(p, stream_);
     if (!st.ok()) return st;
     std::vector<float> out(qsz + static_cast<size_t>(items) * q_heads);
@@ -276,20 +360,24 @@ class CudaBackend : public Backend {
   const DQuantCodec& codec_;
   const PagePool& pool_;
   const int device_;
+  const TransformSet* const transforms_;  // null: the codec's Hadamard
+  const bool values_folded_;
+  std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   gpu::DQuantPageLayout layout_;
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;
   absl::Mutex mu_;
-  Scratch tables_, keys_in_, values_in_, pages_, stats_;
+  Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   Scratch a_table_, a_small_, a_query_, a_wk_, a_wv_, a_out_, a_ws_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
+                                                         const TransformSet* transforms, bool values_folded) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
-  auto b = std::make_unique<CudaBackend>(codec, pool, device);
+  auto b = std::make_unique<CudaBackend>(codec, pool, device, transforms, values_folded);
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

@@ -6,8 +6,10 @@
 // launch of the fused D-Quant kernel (kernels/attention.h). CUDA errors
 // become statuses; nothing aborts. Calls are serialized on one stream.
 //
-// Wiring `driftkv-server --backend cuda` to MakeCudaBackend is left to
-// service/ (not part of this change).
+// With WUSH transforms the keys/values are transformed on the GPU before
+// the encoder, queries before the fused kernel and outputs in its merge
+// (kernels/transform.h), bit-identically to the CPU's LayerTransform; Read
+// (DecodeTokens) decodes and inverts on the host.
 #ifndef DRIFTKV_KERNELS_CUDA_BACKEND_H_
 #define DRIFTKV_KERNELS_CUDA_BACKEND_H_
 
@@ -20,10 +22,13 @@
 
 namespace driftkv {
 
-// codec and pool must outlive the backend. Fails (FailedPrecondition) when no
-// GPU is usable, or when the pool's layout is not one the kernels take.
+// codec and pool (and transforms, if given) must outlive the backend. Fails
+// (FailedPrecondition) when no GPU is usable, when the pool's layout is not
+// one the kernels take, or when `transforms` (WUSH-KV, service/backend.h
+// TRANSFORMS) does not match the codec (shape, rotation "identity").
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool,
-                                                         int device = 0);
+                                                         int device = 0, const TransformSet* transforms = nullptr,
+                                                         bool values_folded = false);
 
 }  // namespace driftkv
 

@@ -3,10 +3,15 @@
 // (pages + bf16 window) agrees with the CPU backend's.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "codec/half.h"
+#include "codec/registry.h"
+#include "codec/transform.h"
+#include "codec/transform_attention.h"
+#include "codec/wush.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_backend.h"
@@ -104,6 +109,194 @@ TEST(CudaBackend, MatchesCpuBackend) {
   }
   EXPECT_LE(diff, 1e-4 * norm) << "max |gpu - cpu| " << diff << ", max |cpu| " << norm;
   for (size_t i = 0; i < lse_gpu.size(); ++i) EXPECT_NEAR(lse_gpu[i], lse_cpu[i], 1e-4 * (1 + std::fabs(lse_cpu[i])));
+}
+
+
+// A WUSH transform set of `layers` x 8 KV heads x 128 from random SPD
+// statistics (well conditioned, not orthogonal).
+TransformSet RandomWushSet(int layers, uint64_t seed) {
+  const int H = 8, D = 128;
+  TransformSet set;
+  set.layers = layers;
+  set.kv_heads = H;
+  set.head_dim = D;
+  set.gamma = kWushDefaultGamma;
+  set.Resize();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto spd = [&] {
+    std::vector<double> a(D * D), m(D * D, 0.0);
+    for (double& x : a) x = normal(rng);
+    for (int i = 0; i < D; ++i) {
+      for (int j = 0; j < D; ++j) {
+        for (int k = 0; k < D; ++k) m[i * D + j] += a[i * D + k] * a[j * D + k] / D;
+      }
+      m[i * D + i] += 0.1;
+    }
+    return m;
+  };
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < H; ++h) {
+      for (int kind = 0; kind < 2; ++kind) {
+        absl::StatusOr<WushTransform> t = BuildWushTransform(spd(), spd(), D);
+        EXPECT_TRUE(t.ok()) << t.status();
+        float* fwd = set.matrix(l, h, kind == 0 ? Mat::kKey : Mat::kValue);
+        float* inv = set.matrix(l, h, kind == 0 ? Mat::kKeyInverse : Mat::kValueInverse);
+        for (int i = 0; i < D * D; ++i) fwd[i] = static_cast<float>(t->t[i]), inv[i] = static_cast<float>(t->inv[i]);
+      }
+    }
+  }
+  return set;
+}
+
+// WUSH on the GPU: pages bit-identical to the CPU transform stage (T applied
+// by LayerTransform, then the identity-rotation codec), Read in the model
+// domain, attention equal to TransformedCompressedAttention, items of two
+// layers in one launch.
+TEST(CudaBackend, WushMatchesCpuTransformStage) {
+  if (!gpu::GpuAvailable()) {
+    std::printf("skipped: no GPU\n");
+    GTEST_SKIP() << "skipped: no GPU";
+  }
+  const TransformSet set = RandomWushSet(2, 5);
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  cfg.hadamard = false;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 32, d = 128;
+  auto pool = PagePool::Create(&c, 12ull * 80000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, &set, false);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+
+  // A Hadamard codec is refused with transforms.
+  {
+    DQuantConfig hc = cfg;
+    hc.hadamard = true;
+    auto had = DQuantCodec::Create(hc);
+    ASSERT_TRUE(had.ok());
+    auto hpool = PagePool::Create(&*had, 2ull * 80000);
+    ASSERT_TRUE(hpool.ok());
+    EXPECT_EQ(MakeCudaBackend(&*had, hpool->get(), 0, &set, false).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+
+  const std::vector<int> seq_pages = {3, 2};
+  const std::vector<int> seq_layer = {0, 1};
+  const std::vector<int> windows = {0, 9};
+  std::mt19937_64 rng(91);
+  std::vector<std::vector<PageId>> pages(2);
+  std::vector<std::vector<float>> keys(2), values(2);
+  std::vector<EncodeJob> jobs;
+  for (int s = 0; s < 2; ++s) {
+    auto r = (*pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    pages[s] = *r;
+    gpu::RandomKv(seq_pages[s] * P, n, &rng, &keys[s], &values[s]);
+    for (int k = 0; k < seq_pages[s]; ++k) {
+      EncodeJob j;
+      j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
+      j.values = values[s].data() + static_cast<size_t>(k) * P * n;
+      j.page = pages[s][k];
+      j.layer = seq_layer[s];
+      jobs.push_back(j);
+    }
+  }
+  EncodeJob bad = jobs[0];
+  bad.layer = 2;
+  EXPECT_EQ((*cuda)->EncodePages(absl::MakeSpan(&bad, 1)).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status st = (*cuda)->EncodePages(absl::MakeSpan(jobs));
+  ASSERT_TRUE(st.ok()) << st;
+
+  // Bit-identical pages: T on the host (LayerTransform), then EncodeWindow.
+  std::vector<uint8_t> kr(P * c.key_stride()), vr(P * c.value_stride()), mr(c.mean_stride());
+  std::vector<float> tk(static_cast<size_t>(P) * n), tv(tk.size());
+  CodecScratch scratch;
+  for (const EncodeJob& j : jobs) {
+    const LayerTransform lt = *LayerTransform::FromSet(set, j.layer);
+    lt.Apply(Mat::kKey, j.keys, P, tk.data());
+    lt.Apply(Mat::kValue, j.values, P, tv.data());
+    StreamStats ks, vs;
+    ASSERT_TRUE(c.EncodeWindow(tk.data(), tv.data(), P, kr.data(), vr.data(), mr.data(), &scratch, &ks, &vs).ok());
+    EXPECT_EQ(std::memcmp(kr.data(), (*pool)->key_records(j.page), kr.size()), 0) << "key records of page " << j.page;
+    EXPECT_EQ(std::memcmp(vr.data(), (*pool)->value_records(j.page), vr.size()), 0) << "value records of page " << j.page;
+    EXPECT_EQ(std::memcmp(mr.data(), (*pool)->mean_record(j.page), mr.size()), 0) << "mean record of page " << j.page;
+  }
+  // Read gives the model domain back, within the codec's error.
+  {
+    std::vector<float> k(static_cast<size_t>(P) * n), v(k.size());
+    ASSERT_TRUE((*cuda)->DecodeTokens(jobs[3].page, 1, 0, P, k.data(), v.data()).ok());
+    double ek = 0, nk = 0, ev = 0, nv = 0;
+    for (size_t i = 0; i < k.size(); ++i) {
+      ek += (k[i] - jobs[3].keys[i]) * (k[i] - jobs[3].keys[i]), nk += jobs[3].keys[i] * jobs[3].keys[i];
+      ev += (v[i] - jobs[3].values[i]) * (v[i] - jobs[3].values[i]), nv += jobs[3].values[i] * jobs[3].values[i];
+    }
+    EXPECT_LT(ek / nk, 0.2);
+    EXPECT_LT(ev / nv, 0.3);
+    std::printf("WUSH read nmse: keys %.4f values %.4f\n", ek / nk, ev / nv);
+  }
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> wk(2), wv(2);
+  std::vector<std::vector<float>> q(2);
+  std::vector<float> out_gpu(2 * q_heads * d, NAN), lse_gpu(2 * q_heads, NAN);
+  std::vector<AttendJob> ag(2);
+  for (int s = 0; s < 2; ++s) {
+    wk[s].resize(static_cast<size_t>(windows[s]) * n);
+    wv[s].resize(wk[s].size());
+    for (auto& x : wk[s]) x = FloatToBf16(normal(rng));
+    for (auto& x : wv[s]) x = FloatToBf16(normal(rng));
+    q[s].resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : q[s]) x = normal(rng);
+    AttendJob& j = ag[s];
+    j.pages = pages[s];
+    j.window = Bf16Tokens{wk[s].data(), wv[s].data(), windows[s]};
+    j.query = q[s].data();
+    j.q_heads = q_heads;
+    j.softmax_scale = 1.0f / std::sqrt(128.0f);
+    j.layer = seq_layer[s];
+    j.out = out_gpu.data() + s * q_heads * d;
+    j.lse = lse_gpu.data() + s * q_heads;
+  }
+  (*cuda)->Attend(absl::MakeSpan(ag));
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(ag[s].status.ok()) << ag[s].status;
+    CodecOptions o;
+    o.kv_heads = 8;
+    o.head_dim = 128;
+    auto tc = MakeTransformedCodec(o, TransformKind::kWush, &set, seq_layer[s], false);
+    ASSERT_TRUE(tc.ok()) << tc.status();
+    const auto* tkv = dynamic_cast<const TransformedKvCodec*>(tc->get());
+    ASSERT_NE(tkv, nullptr);
+    std::vector<CompressedBlock> blocks;
+    for (PageId p : pages[s]) {
+      blocks.push_back(CompressedBlock{(*pool)->key_records(p), (*pool)->value_records(p), (*pool)->mean_record(p), P});
+    }
+    std::vector<float> out_ref(q_heads * d), lse_ref(q_heads);
+    AttentionScratch as;
+    ASSERT_TRUE(TransformedCompressedAttention(*tkv, blocks, ag[s].window, q[s].data(), q_heads,
+                                               ag[s].softmax_scale, out_ref.data(), lse_ref.data(), &as)
+                    .ok());
+    double diff = 0, norm = 0;
+    for (int i = 0; i < q_heads * d; ++i) {
+      const float g = out_gpu[s * q_heads * d + i];
+      ASSERT_TRUE(std::isfinite(g)) << i;
+      diff = std::max(diff, static_cast<double>(std::fabs(g - out_ref[i])));
+      norm = std::max(norm, static_cast<double>(std::fabs(out_ref[i])));
+    }
+    EXPECT_LE(diff, 1e-4 * norm) << "sequence " << s << ": max |gpu - cpu| " << diff << ", max |cpu| " << norm;
+    for (int h = 0; h < q_heads; ++h) {
+      EXPECT_NEAR(lse_gpu[s * q_heads + h], lse_ref[h], 1e-4 * (1 + std::fabs(lse_ref[h])));
+    }
+  }
+  // An item whose layer has no transform fails alone, with its layer named.
+  AttendJob j = ag[0];
+  j.layer = 7;
+  (*cuda)->Attend(absl::MakeSpan(&j, 1));
+  EXPECT_EQ(j.status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

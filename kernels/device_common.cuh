@@ -60,6 +60,21 @@ __device__ __forceinline__ float HalfBitsToFloat(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
 
+// The WUSH transform matrices (kernels/transform.h, "DEVICE FORM").
+__device__ __forceinline__ const float* TransformMatrixAt(const float* mats, int layer, int kv_head, int m,
+                                                          int kv_heads, int d) {
+  return mats + ((static_cast<size_t>(layer) * kv_heads + kv_head) * 4 + m) * d * d;
+}
+
+// Channel i of A x for a vector x in shared memory: sum_j A[j][i] x[j] in j
+// order with separate multiply and add, as codec/transform.cc's MatVec
+// (bit-identical results; the reads A[j][i] are coalesced across i).
+__device__ __forceinline__ float TransformedChannel(const float* a, const float* x, int i, int d) {
+  float acc = 0.0f;
+  for (int j = 0; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(a[static_cast<size_t>(j) * d + i], x[j]));
+  return acc;
+}
+
 // fp16 hi/lo split of a float: hi = fp16(v), lo = fp16(v - hi); hi + lo
 // carries about 22 significant bits, so a tensor-core product against exact
 // small integers (the decoded levels) is accurate to fp32 level.
@@ -92,6 +107,10 @@ struct MergeParams {
   const float* l_dev;
   const float* acc_dev;
   bool rotated;  // acc is in the Hadamard domain: rotate back after merging
+  // Or, when not null, acc is T_V v domain: map back with matrix 3 of
+  // (layer_dev[item], kv head) of these transforms (kernels/transform.h).
+  const float* out_transform_dev = nullptr;
+  const int32_t* layer_dev = nullptr;
   int kv_heads;
   const uint16_t* window_k_dev;  // optional bf16 window (D-Quant)
   const uint16_t* window_v_dev;

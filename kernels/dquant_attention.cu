@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -208,6 +209,7 @@ struct KernelArgs {
   PartialLayout part;
   Workspace ws;
   int chunks_per_split;
+  bool rotate_query;  // false: p.query_dev already holds q' (WUSH)
 };
 
 template <int D, int G>
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   {
     const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
-    for (int len = 1; len < D; len <<= 1) {
+    for (int len = 1; args.rotate_query && len < D; len <<= 1) {
       __syncthreads();
       for (int i = tid; i < q_heads * D / 2; i += kThreads) {
         const int h = i / (D / 2), r = i % (D / 2);
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
       }
     }
     __syncthreads();
-    const float norm = rsqrtf(static_cast<float>(D));
+    const float norm = args.rotate_query ? rsqrtf(static_cast<float>(D)) : 1.0f;
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] *= norm;
     __syncthreads();
     for (int i = tid; i < (n / 16) * 32; i += kThreads) {
@@ -579,6 +581,28 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
+  args.rotate_query = p.transforms_dev == nullptr;
+  if (p.transforms_dev != nullptr) {
+    if (p.layer_dev == nullptr || p.transform_layers < 1) {
+      return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
+    }
+    // q' = T_K^-T q per item into the workspace, after the partial states.
+    float* q_pages = args.ws.acc + args.part.count() * l.head_dim;
+    HeadTransformParams tp;
+    tp.mats_dev = p.transforms_dev;
+    tp.layers = p.transform_layers;
+    tp.kv_heads = l.kv_heads;
+    tp.head_dim = l.head_dim;
+    tp.matrix = kTfQuery;
+    tp.in_dev = p.query_dev;
+    tp.out_dev = q_pages;
+    tp.rows = p.items;
+    tp.heads = p.q_heads;
+    tp.layer_dev = p.layer_dev;
+    absl::Status st = LaunchHeadTransform(tp, stream);
+    if (!st.ok()) return st;
+    args.p.query_dev = q_pages;
+  }
   const dim3 grid(splits, p.items);
   const int group = p.q_heads / l.kv_heads;
   absl::Status st = Dispatch(l.head_dim, group, args, grid, stream);
@@ -588,7 +612,11 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   m.m_dev = args.ws.m;
   m.l_dev = args.ws.l;
   m.acc_dev = args.ws.acc;
-  m.rotated = true;
+  m.rotated = p.transforms_dev == nullptr;
+  if (p.transforms_dev != nullptr && !p.values_folded) {
+    m.out_transform_dev = p.transforms_dev;
+    m.layer_dev = p.layer_dev;
+  }
   m.kv_heads = l.kv_heads;
   m.window_k_dev = p.window_k_dev;
   m.window_v_dev = p.window_v_dev;

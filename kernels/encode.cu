@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
 
   for (int i = lane; i < n; i += 32) s.x[i] = src[i];
   __syncwarp();
-  HadamardRowWarp(s.x, n, d, lane);
+  if (p.rotate) HadamardRowWarp(s.x, n, d, lane);
   if (is_key) {
     const uint8_t* mean = page + lay.mean_offset;
     const float mscale = *reinterpret_cast<const float*>(mean);
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
   double sum[kPer] = {};
   for (int t = 0; t < count; ++t) {
     for (int i = tid; i < n; i += kMeanThreads) row[i] = p.keys_dev[static_cast<size_t>(first + t) * n + i];
-    for (int len = 1; len < d; len <<= 1) {
+    for (int len = 1; p.rotate && len < d; len <<= 1) {
       __syncthreads();
       for (int pidx = tid; pidx < n / 2; pidx += kMeanThreads) {
         const int h = pidx / (d / 2), r = pidx % (d / 2);
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int i = tid + k * kMeanThreads;
-      if (i < n) sum[k] += static_cast<double>(row[i] * norm);
+      if (i < n) sum[k] += static_cast<double>(p.rotate ? row[i] * norm : row[i]);
     }
     __syncthreads();
   }

@@ -51,6 +51,10 @@ struct EncodeParams {
   EncodeAlphabet values;
   const float* keys_dev = nullptr;     // [tokens][kv_heads][head_dim], model domain
   const float* values_dev = nullptr;
+  // false: no Hadamard rotation (a codec built with rotation "identity",
+  // e.g. behind the WUSH transform of kernels/transform.h, which the caller
+  // applies to keys_dev/values_dev first).
+  bool rotate = true;
   int tokens = 0;                      // token t goes to page pages[t / 128], slot t % 128
   const int32_t* pages_dev = nullptr;  // [ceil(tokens / 128)]
   uint8_t* pool_dev = nullptr;

@@ -38,7 +38,8 @@ __device__ float BlockReduceSum(float v, float* red) {
 
 // One block per (item, query head); thread d < head_dim owns channel d.
 // 1. merge the splits' (m, l, acc); 2. if rotated, acc <- H acc (butterflies
-// in the order of codec/hadamard.cc); 3. fold in the bf16 window tokens in
+// in the order of codec/hadamard.cc), or with a WUSH transform acc <- T_V^-1
+// acc (kernels/transform.h); 3. fold in the bf16 window tokens in
 // the model domain; 4. out = acc / l.
 __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
   const int item = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
@@ -58,7 +59,18 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     l += f * p.l_dev[p.part.ml_index(item, s, h)];
     if (tid < d_count) acc += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
   }
-  if (p.rotated) {
+  if (p.out_transform_dev != nullptr) {
+    // acc <- T_V^-1 acc of this head's (layer, KV head); linear, so it may
+    // run before the division by l.
+    a[tid] = tid < d_count ? acc : 0.0f;
+    __syncthreads();
+    if (tid < d_count) {
+      const int kv = h / (p.part.q_heads / p.kv_heads);
+      acc = TransformedChannel(TransformMatrixAt(p.out_transform_dev, p.layer_dev[item], kv, 3, p.kv_heads, d_count),
+                               a, tid, d_count);
+    }
+    __syncthreads();
+  } else if (p.rotated) {
     a[tid] = acc;
     for (int len = 1; len < d_count; len <<= 1) {
       __syncthreads();
@@ -135,7 +147,7 @@ Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
 
 size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
   const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
-  return static_cast<size_t>(items) * splits * q_heads * (2 + head_dim) * sizeof(float);
+  return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
 }
 
 absl::Status LaunchMerge(const MergeParams& p, cudaStream_t stream) {

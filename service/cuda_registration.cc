@@ -11,8 +11,7 @@ namespace driftkv {
 namespace {
 
 const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
-  if (a.transforms != nullptr) return absl::UnimplementedError("the cuda backend has no WUSH transform stage yet");
-  return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device));
+  return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device), a.transforms, a.values_folded);
 });
 
 }  // namespace
