@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/str_split.h"
 
 namespace driftkv {
@@ -91,12 +92,64 @@ absl::StatusOr<CodecOptions> ParseCodecOptions(const std::string& text) {
   return o;
 }
 
+namespace {
+
+constexpr int kChecksumHexDigits = 16;  // a u64
+
+bool IsTransformKey(absl::string_view k) {
+  return k == "transform" || k == "transform_layer" || k == "values_folded" || k == "transforms_fnv";
+}
+
+std::string FormatPoolTransform(const PoolTransform& t) {
+  if (t.kind.empty()) return "";
+  std::string out = absl::StrCat(" transform=", t.kind);
+  if (t.kind == "wush") {
+    absl::StrAppend(&out, " transform_layer=", t.layer, " values_folded=", t.values_folded ? 1 : 0,
+                    " transforms_fnv=", absl::Hex(t.transforms_checksum, absl::kZeroPad16));
+  }
+  return out;
+}
+
+// Splits the options text into the codec's options and the transform's.
+absl::Status ParseOptionsText(const std::string& text, CodecOptions* options, PoolTransform* t) {
+  std::string codec_text;
+  for (absl::string_view item : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    const std::string& k = kv.first;
+    const std::string& v = kv.second;
+    if (!IsTransformKey(k)) {
+      absl::StrAppend(&codec_text, codec_text.empty() ? "" : " ", item);
+      continue;
+    }
+    bool ok = true;
+    int folded = 0;
+    if (k == "transform") {
+      ok = v == "identity" || v == "hadamard" || v == "wush";
+      t->kind = v;
+    } else if (k == "transform_layer") {
+      ok = absl::SimpleAtoi(v, &t->layer);
+    } else if (k == "values_folded") {
+      ok = absl::SimpleAtoi(v, &folded) && (folded == 0 || folded == 1);
+      t->values_folded = folded == 1;
+    } else {
+      ok = v.size() == kChecksumHexDigits && absl::SimpleHexAtoi(v, &t->transforms_checksum);
+    }
+    if (!ok) return absl::InvalidArgumentError(absl::StrCat("pool option ", k, "=\"", v, "\" is invalid"));
+  }
+  absl::StatusOr<CodecOptions> o = ParseCodecOptions(codec_text);
+  if (!o.ok()) return o.status();
+  *options = *std::move(o);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> SerializePool(const Pool& pool) {
   const KvCodec& c = *pool.codec;
   if (pool.layers.empty()) return absl::InvalidArgumentError("pool has no layers");
   const int64_t compressed = pool.layers[0].compressed;
   const Geometry g = LayerGeometry(c, pool.tokens, compressed);
-  const std::string options = FormatCodecOptions(pool.options);
+  const std::string options = FormatCodecOptions(pool.options) + FormatPoolTransform(pool.transform);
   const int64_t header = (kPoolFixedHeaderBytes + options.size() + 63) / 64 * 64;
   std::string out(header + g.layer_stride * pool.layers.size(), '\0');
   std::memcpy(&out[0], kPoolMagic, 8);
@@ -157,10 +210,10 @@ absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
   if (kPoolFixedHeaderBytes + static_cast<uint64_t>(options_bytes) > header || header > bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("pool header size ", header, " or options size ", options_bytes, " is inconsistent"));
   }
-  absl::StatusOr<CodecOptions> options = ParseCodecOptions(bytes.substr(kPoolFixedHeaderBytes, options_bytes));
-  if (!options.ok()) return options.status();
   Pool pool;
-  pool.options = *options;
+  absl::Status st = ParseOptionsText(bytes.substr(kPoolFixedHeaderBytes, options_bytes), &pool.options,
+                                     &pool.transform);
+  if (!st.ok()) return st;
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(pool.options);
   if (!codec.ok()) return codec.status();
   pool.codec = *std::move(codec);

@@ -14,7 +14,8 @@
 //   [52:56)   options_bytes    [56:64)  layer_stride (u64)
 //   [64:96)   key frequencies, 16 x u16 (D-Quant; zero otherwise)
 //   [96:128)  value frequencies, 16 x u16
-//   [128:128+options_bytes) codec options, "key=value" text, space separated
+//   [128:128+options_bytes) codec options, "key=value" text, space separated,
+//            then the transform stage's keys when one was given (PoolTransform)
 //   zero padding to header_bytes (a multiple of 64)
 //   layer l at header_bytes + l * layer_stride:
 //     key records   [compressed][key_stride]
@@ -44,8 +45,25 @@ constexpr char kPoolMagic[8] = {'D', 'K', 'V', 'P', 'O', 'O', 'L', '\0'};
 constexpr uint32_t kPoolVersion = 1;
 constexpr int kPoolFixedHeaderBytes = 128;
 
+// The transform stage (codec/transform.h) the pool was written behind,
+// stored after the codec options as
+//   transform=KIND [transform_layer=L values_folded=0|1 transforms_fnv=HEX16]
+// (the bracketed keys for wush only), so that a reader can insist on the
+// same stage. Files without these keys (kind "") predate them or were
+// written without --transform: the codec's `rotation` option says it all.
+struct PoolTransform {
+  std::string kind;                  // "", "identity", "hadamard" or "wush"
+  int layer = -1;                    // wush: the file's layer used for every tensor layer, or -1
+                                     // (tensor layer i used layer i % the file's layers)
+  bool values_folded = false;        // wush: values were stored untransformed
+  uint64_t transforms_checksum = 0;  // wush: the transforms file's trailing FNV-1a 64
+};
+
 struct Pool {
   CodecOptions options;
+  PoolTransform transform;
+  // Built from `options` alone: for wush the inner codec (rotation
+  // identity); its records decode to the transformed domain.
   std::unique_ptr<KvCodec> codec;
   int64_t tokens = 0;
   std::vector<EncodedLayer> layers;

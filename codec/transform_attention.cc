@@ -8,28 +8,30 @@
 
 namespace driftkv {
 
-absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
-                                            absl::Span<const CompressedBlock> blocks, const Bf16Tokens& window,
-                                            const float* query, int q_heads, float softmax_scale, float* out,
-                                            float* lse, AttentionScratch* scratch) {
-  const auto* dq = dynamic_cast<const DQuantKvCodec*>(&codec.inner());
-  if (dq == nullptr || codec.values_folded()) {
-    return absl::InvalidArgumentError(absl::StrCat("compressed-domain attention needs a D-Quant inner codec with "
-                                                   "transformed values, not ", codec.inner().name()));
+absl::Status TransformedCompressedAttention(const DQuantCodec& codec, const LayerTransform& transform,
+                                            bool values_folded, absl::Span<const CompressedBlock> blocks,
+                                            const Bf16Tokens& window, const float* query, int q_heads,
+                                            float softmax_scale, float* out, float* lse,
+                                            AttentionScratch* scratch) {
+  const DQuantConfig& c = codec.config();
+  if (c.hadamard || c.kv_heads != transform.kv_heads() || c.head_dim != transform.head_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transformed attention needs a D-Quant codec without rotation of ", transform.kv_heads(), " kv heads x ",
+        transform.head_dim(), "; the codec has ", c.kv_heads, " x ", c.head_dim,
+        c.hadamard ? " with its Hadamard rotation" : ""));
   }
-  if (q_heads < 1 || q_heads % codec.kv_heads() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("q_heads ", q_heads, " is not a multiple of kv_heads ", codec.kv_heads()));
+  if (q_heads < 1 || q_heads % c.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", q_heads, " is not a multiple of kv_heads ", c.kv_heads));
   }
-  const int d = codec.head_dim();
+  const int d = c.head_dim;
   const size_t qd = static_cast<size_t>(q_heads) * d;
   std::vector<float> q2(qd), out1(qd), out2(qd), lse1(q_heads), lse2(q_heads);
-  codec.transform().Queries(query, q_heads, q2.data());
-  absl::Status st = CompressedAttention(dq->codec(), blocks, Bf16Tokens(), q2.data(), q_heads, softmax_scale,
+  transform.Queries(query, q_heads, q2.data());
+  absl::Status st = CompressedAttention(codec, blocks, Bf16Tokens(), q2.data(), q_heads, softmax_scale,
                                         out1.data(), lse1.data(), scratch);
   if (!st.ok()) return st;
-  codec.transform().Outputs(out1.data(), q_heads, out1.data());
-  st = CompressedAttention(dq->codec(), {}, window, query, q_heads, softmax_scale, out2.data(), lse2.data(), scratch);
+  if (!values_folded) transform.Outputs(out1.data(), q_heads, out1.data());
+  st = CompressedAttention(codec, {}, window, query, q_heads, softmax_scale, out2.data(), lse2.data(), scratch);
   if (!st.ok()) return st;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int h = 0; h < q_heads; ++h) {
@@ -44,6 +46,19 @@ absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
     lse[h] = m + std::log(w1 + w2);
   }
   return absl::OkStatus();
+}
+
+absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
+                                            absl::Span<const CompressedBlock> blocks, const Bf16Tokens& window,
+                                            const float* query, int q_heads, float softmax_scale, float* out,
+                                            float* lse, AttentionScratch* scratch) {
+  const auto* dq = dynamic_cast<const DQuantKvCodec*>(&codec.inner());
+  if (dq == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compressed-domain attention needs a D-Quant inner codec, not ", codec.inner().name()));
+  }
+  return TransformedCompressedAttention(dq->codec(), codec.transform(), codec.values_folded(), blocks, window,
+                                        query, q_heads, softmax_scale, out, lse, scratch);
 }
 
 }  // namespace driftkv

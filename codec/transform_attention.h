@@ -7,6 +7,13 @@
 //   out = (e^lse1 * out1 + e^lse2 * out2) / (e^lse1 + e^lse2),
 //   lse = log(e^lse1 + e^lse2),
 // where an empty part has lse = -inf and drops out.
+//
+// Folded values (values_folded: T_V is folded into the model's v_proj and
+// o_proj): the model emits v' = T_V v, which is what is cached, both in the
+// compressed blocks (stored untouched) and in the bf16 window. Both parts'
+// outputs are then in the same (folded) domain, o' is not mapped, and the
+// merge, a convex combination, stays in that domain; the model's folded
+// o_proj maps it back. Scores are unaffected: keys are transformed as usual.
 #ifndef DRIFTKV_CODEC_TRANSFORM_ATTENTION_H_
 #define DRIFTKV_CODEC_TRANSFORM_ATTENTION_H_
 
@@ -17,10 +24,18 @@
 
 namespace driftkv {
 
-// Same contract as CompressedAttention; InvalidArgument if the codec's inner
-// codec is not D-Quant or its values are folded (then o' is already in the
-// model's domain but the window's values would not be: the caller owns that
-// case).
+// Same contract as CompressedAttention. `codec` must have been built
+// without its own rotation (DQuantConfig::hadamard false: the Hadamard
+// factor is inside T) and match the transform's kv_heads and head_dim;
+// InvalidArgument otherwise, or if q_heads is not a multiple of kv_heads.
+absl::Status TransformedCompressedAttention(const DQuantCodec& codec, const LayerTransform& transform,
+                                            bool values_folded, absl::Span<const CompressedBlock> blocks,
+                                            const Bf16Tokens& window, const float* query, int q_heads,
+                                            float softmax_scale, float* out, float* lse,
+                                            AttentionScratch* scratch);
+
+// The same for a TransformedKvCodec; InvalidArgument if its inner codec is
+// not D-Quant.
 absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
                                             absl::Span<const CompressedBlock> blocks, const Bf16Tokens& window,
                                             const float* query, int q_heads, float softmax_scale, float* out,

@@ -55,6 +55,11 @@ std::string SerializeTransforms(const TransformSet& s) {
   return out;
 }
 
+uint64_t TransformsChecksum(const TransformSet& set) {
+  const std::string bytes = SerializeTransforms(set);
+  return Get(bytes, bytes.size() - 8, 8);
+}
+
 absl::StatusOr<TransformSet> ParseTransforms(const std::string& in) {
   if (in.size() < kTransformsHeaderBytes + 8) {
     return absl::DataLossError(absl::StrCat("transforms file is ", in.size(), " bytes, shorter than its header"));

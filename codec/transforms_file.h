@@ -58,6 +58,11 @@ struct TransformSet {
 };
 
 std::string SerializeTransforms(const TransformSet& set);
+// The file's trailing FNV-1a 64 for `set`: what SerializeTransforms writes
+// last, so for a set read from a file it is that file's checksum (parsing
+// and serialising round-trip byte for byte). Identifies the transforms a
+// pool or a server was built with.
+uint64_t TransformsChecksum(const TransformSet& set);
 // DataLoss naming the field on a bad magic, version, size or checksum.
 absl::StatusOr<TransformSet> ParseTransforms(const std::string& bytes);
 

@@ -77,10 +77,16 @@ class Backend {
 
   // Runs every job; each job's status says how it went.
   virtual void Attend(absl::Span<AttendJob> jobs) = 0;
+
+  // True when one Attend over many jobs costs much less than several over
+  // few (one kernel launch each): the handler then merges concurrent calls
+  // (service/attend_batcher.h).
+  virtual bool PrefersBatchedAttend() const { return false; }
 };
 
-// The CPU backend; codec and pool must outlive it. `threads` bounds the
-// threads one call fans out to (0: hardware concurrency).
+// The CPU backend without transforms; codec and pool must outlive it.
+// `threads` bounds the threads one call fans out to (0: hardware
+// concurrency). The BackendArgs overload below also takes transforms.
 std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
                                         int threads = 0);
 
@@ -102,6 +108,11 @@ struct BackendArgs {
   bool values_folded = false;          // T_V is folded into the model's weights
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
+
+// The CPU backend ("cpu") with everything BackendArgs carries; with
+// transforms it precomputes each layer's LayerTransform (InvalidArgument if
+// the set's shape differs from the codec's or the codec rotates).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& args);
 // Returns true (for use in static initializers); a second registration of a
 // name replaces the first.
 bool RegisterBackend(const std::string& name, BackendFactory factory);

@@ -21,7 +21,90 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string errors;
 };
 
+// Sets o's transform fields (and codec.hadamard) from c.codec, reading the
+// transforms file for wush. REQUIRES: o->layers and o->codec's shape set.
+absl::Status ResolveTransform(const v1::ServerConfig& c, ServiceOptions* o) {
+  const v1::CodecSettings& s = c.codec();
+  const std::string name = s.transform().empty() ? "hadamard" : s.transform();
+  absl::StatusOr<TransformKind> kind = ParseTransformKind(name);
+  if (!kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec.transform \"", name, "\" unknown; use identity, hadamard or wush"));
+  }
+  o->transform = *kind;
+  o->codec.hadamard = *kind == TransformKind::kHadamard;
+  if (*kind != TransformKind::kWush) {
+    if (!s.transforms_file().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file \"", s.transforms_file(),
+                                                     "\" is only used with codec.transform \"wush\", not \"",
+                                                     name, "\""));
+    }
+    if (s.values_folded()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "codec.values_folded true needs codec.transform \"wush\", not \"", name, "\""));
+    }
+    return absl::OkStatus();
+  }
+  if (s.transforms_file().empty()) {
+    return absl::InvalidArgumentError(
+        "codec.transforms_file is required with codec.transform \"wush\" (driftkv-calibrate writes it)");
+  }
+  absl::StatusOr<TransformSet> set = ReadTransformsFile(s.transforms_file());
+  if (!set.ok()) {
+    // Missing, unreadable and corrupt files alike are a bad config.
+    return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file: ", set.status().message()));
+  }
+  o->transforms_file = s.transforms_file();
+  o->transforms = std::make_shared<const TransformSet>(*std::move(set));
+  o->values_folded = s.values_folded();
+  return ValidateTransform(*o);
+}
+
 }  // namespace
+
+const char* TransformName(TransformKind kind) {
+  switch (kind) {
+    case TransformKind::kIdentity:
+      return "identity";
+    case TransformKind::kHadamard:
+      return "hadamard";
+    case TransformKind::kWush:
+      return "wush";
+  }
+  return "?";
+}
+
+absl::Status ValidateTransform(const ServiceOptions& o) {
+  const char* name = TransformName(o.transform);
+  if (o.codec.hadamard != (o.transform == TransformKind::kHadamard)) {
+    return absl::InvalidArgumentError(absl::StrCat("codec.transform \"", name, "\" needs the codec's own rotation ",
+                                                   o.codec.hadamard ? "off" : "on"));
+  }
+  if (o.transform != TransformKind::kWush) {
+    if (o.transforms != nullptr || o.values_folded) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "codec.transforms_file and codec.values_folded need codec.transform \"wush\", not \"", name, "\""));
+    }
+    return absl::OkStatus();
+  }
+  if (o.transforms == nullptr) {
+    return absl::InvalidArgumentError("codec.transform \"wush\" needs codec.transforms_file");
+  }
+  const TransformSet& t = *o.transforms;
+  const struct {
+    const char* what;
+    int file, model;
+  } dims[] = {{"layers", t.layers, o.layers},
+              {"kv_heads", t.kv_heads, o.codec.kv_heads},
+              {"head_dim", t.head_dim, o.codec.head_dim}};
+  for (const auto& d : dims) {
+    if (d.file != d.model) {
+      return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file \"", o.transforms_file, "\" has ",
+                                                     d.what, " ", d.file, " but model.", d.what, " is ", d.model));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
@@ -71,6 +154,7 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     // DQuantConfig names its own fields; say where they live in the config.
     return absl::InvalidArgumentError(absl::StrCat("model/codec: ", st.message()));
   }
+  if (absl::Status st = ResolveTransform(c, &o); !st.ok()) return st;
   if (c.has_window_tokens()) {
     if (c.window_tokens() > 1u << 20) {
       return absl::InvalidArgumentError(

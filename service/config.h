@@ -5,10 +5,13 @@
 #define DRIFTKV_SERVICE_CONFIG_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
+#include "codec/transform.h"
+#include "codec/transforms_file.h"
 #include "proto/config.pb.h"
 
 namespace driftkv {
@@ -35,6 +38,15 @@ struct ServiceOptions {
   int max_batch = kDefaultMaxBatch;
   int read_chunk_tokens = kDefaultReadChunkTokens;
   int backend_threads = 0;       // 0: hardware concurrency (at most 16)
+  // The transform stage (codec.transform). codec.hadamard is true exactly
+  // for kHadamard. With kWush, `transforms` holds the set read from
+  // `transforms_file` (shared: the handler keeps a reference for its
+  // backend's lifetime) and values_folded may be set; otherwise both are
+  // null/false. ValidateTransform checks these relations.
+  TransformKind transform = TransformKind::kHadamard;
+  std::string transforms_file;
+  std::shared_ptr<const TransformSet> transforms;
+  bool values_folded = false;
 
   int page_tokens() const { return codec.mean_window; }
 };
@@ -45,6 +57,14 @@ absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
 // Fills defaults and checks every field; InvalidArgument names the field
 // and its value ("model.head_dim 96 must be a power of two ...").
 absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& config);
+
+// "identity", "hadamard" or "wush".
+const char* TransformName(TransformKind kind);
+
+// The transform fields of resolved options agree with each other and with
+// the model shape (see ServiceOptions::transform); InvalidArgument naming
+// the config field otherwise. ResolveConfig and Handler::Create call it.
+absl::Status ValidateTransform(const ServiceOptions& options);
 
 }  // namespace driftkv
 

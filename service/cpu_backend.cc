@@ -1,5 +1,8 @@
 // The CPU backend: codec calls on the host, fanned out over a pool of
 // threads shared by all calls when a call carries more than one page or item.
+// With WUSH transforms (backend.h, TRANSFORMS) it runs the transform stage
+// of codec/transform.h around the codec, with one LayerTransform per layer
+// built at construction, and attends through TransformedCompressedAttention.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/transform.h"
+#include "codec/transform_attention.h"
 #include "service/backend.h"
 #include "service/thread_pool.h"
 
@@ -23,9 +28,11 @@ constexpr size_t kMinPagesPerPart = 8;
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads)
+  // `layers` (one per model layer) empty: the codec's own rotation.
+  CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads,
+             std::vector<LayerTransform> layers, bool values_folded)
       : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()),
-        workers_(threads_) {}
+        layers_(std::move(layers)), values_folded_(values_folded), workers_(threads_) {}
 
   std::string name() const override { return "cpu"; }
 
@@ -35,11 +42,29 @@ class CpuBackend : public Backend {
       thread_local CodecScratch scratch;
       EncodeJob& j = jobs[i];
       thread_local std::vector<StreamStats> k_each, v_each;
+      thread_local std::vector<float> tk, tv;  // the transformed page (inputs are const)
       j.stats = CodecStats();
       const int p = pool_.page_tokens();
+      const float* keys = j.keys;
+      const float* values = j.values;
+      if (!layers_.empty()) {
+        absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
+        if (!t.ok()) {
+          status[i] = t.status();
+          return;
+        }
+        tk.resize(static_cast<size_t>(p) * codec_.n());
+        (*t)->Apply(Mat::kKey, keys, p, tk.data());
+        keys = tk.data();
+        if (!values_folded_) {
+          tv.resize(tk.size());
+          (*t)->Apply(Mat::kValue, values, p, tv.data());
+          values = tv.data();
+        }
+      }
       k_each.assign(p, StreamStats());
       v_each.assign(p, StreamStats());
-      status[i] = codec_.EncodeWindow(j.keys, j.values, p, pool_.key_records(j.page),
+      status[i] = codec_.EncodeWindow(keys, values, p, pool_.key_records(j.page),
                                       pool_.value_records(j.page), pool_.mean_record(j.page),
                                       &scratch, &j.stats.keys, &j.stats.values, k_each.data(),
                                       v_each.data());
@@ -56,9 +81,15 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeTokens(PageId page, int /*layer*/, int first, int count, float* keys,
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
                             float* values) override {
     thread_local CodecScratch scratch;
+    const LayerTransform* transform = nullptr;
+    if (!layers_.empty()) {
+      absl::StatusOr<const LayerTransform*> t = Transform(layer);
+      if (!t.ok()) return t.status();
+      transform = *t;
+    }
     const int n = codec_.n();
     const uint8_t* mean = pool_.mean_record(page);
     for (int t = 0; t < count; ++t) {
@@ -72,6 +103,10 @@ class CpuBackend : public Backend {
       if (!st.ok()) {
         return absl::DataLossError(absl::StrCat("page ", page, " token ", i, ": ", st.message()));
       }
+    }
+    if (transform != nullptr) {
+      transform->Apply(Mat::kKeyInverse, keys, count, keys);
+      if (!values_folded_) transform->Apply(Mat::kValueInverse, values, count, values);
     }
     return absl::OkStatus();
   }
@@ -122,8 +157,18 @@ class CpuBackend : public Backend {
         out = p.out.data();
         lse = p.lse.data();
       }
-      p.status = CompressedAttention(codec_, blocks, p.window ? j.window : Bf16Tokens{}, j.query,
-                                     j.q_heads, j.softmax_scale, out, lse, &scratch);
+      const Bf16Tokens window = p.window ? j.window : Bf16Tokens{};
+      if (layers_.empty()) {
+        p.status = CompressedAttention(codec_, blocks, window, j.query, j.q_heads, j.softmax_scale, out, lse,
+                                       &scratch);
+        return;
+      }
+      // Each part maps its own pages' output back before the merge below;
+      // that merge is a convex combination, so it commutes with T_V^-1.
+      absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
+      p.status = t.ok() ? TransformedCompressedAttention(codec_, **t, values_folded_, blocks, window, j.query,
+                                                         j.q_heads, j.softmax_scale, out, lse, &scratch)
+                        : t.status();
     });
     if (!split) {
       for (size_t i = 0; i < parts.size(); ++i) jobs[parts[i].job].status = parts[i].status;
@@ -164,9 +209,19 @@ class CpuBackend : public Backend {
     return hw == 0 ? 1 : static_cast<int>(std::min(hw, 16u));
   }
 
+  absl::StatusOr<const LayerTransform*> Transform(int layer) const {
+    if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range [0, ", layers_.size(), ") of the transforms"));
+    }
+    return &layers_[layer];
+  }
+
   const DQuantCodec& codec_;
   const PagePool& pool_;
   const int threads_;
+  const std::vector<LayerTransform> layers_;  // per model layer; empty without transforms
+  const bool values_folded_;
   ThreadPool workers_;  // shared by all calls
 };
 
@@ -174,7 +229,28 @@ class CpuBackend : public Backend {
 
 std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
                                         int threads) {
-  return std::make_unique<CpuBackend>(codec, pool, threads);
+  return std::make_unique<CpuBackend>(codec, pool, threads, std::vector<LayerTransform>(), false);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
+  if (a.transforms == nullptr) return MakeCpuBackend(a.codec, a.pool, a.threads);
+  const TransformSet& set = *a.transforms;
+  if (a.codec->config().hadamard || set.kv_heads != a.codec->config().kv_heads ||
+      set.head_dim != a.codec->config().head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transforms of ", set.kv_heads, " kv heads x ", set.head_dim, " need a codec of that shape without rotation; "
+        "the codec has ", a.codec->config().kv_heads, " x ", a.codec->config().head_dim,
+        a.codec->config().hadamard ? " with its Hadamard rotation" : ""));
+  }
+  std::vector<LayerTransform> layers;
+  layers.reserve(set.layers);
+  for (int l = 0; l < set.layers; ++l) {
+    absl::StatusOr<LayerTransform> t = LayerTransform::FromSet(set, l);
+    if (!t.ok()) return t.status();
+    layers.push_back(*std::move(t));
+  }
+  return std::unique_ptr<Backend>(
+      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded));
 }
 
 namespace {
@@ -189,10 +265,7 @@ struct Registry {
 Registry& GetRegistry() {
   static Registry* r = [] {
     auto* reg = new Registry();
-    reg->factories["cpu"] = [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
-      if (a.transforms != nullptr) return absl::UnimplementedError("the cpu backend has no WUSH transform stage yet");
-      return MakeCpuBackend(a.codec, a.pool, a.threads);
-    };
+    reg->factories["cpu"] = [](const BackendArgs& a) { return MakeCpuBackend(a); };
     return reg;
   }();
   return *r;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/half.h"
+#include "service/attend_batcher.h"
 #include "service/tensor.h"
 
 namespace driftkv {
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
                                                          Metrics* metrics, Clock clock) {
   absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(options.codec);
   if (!codec.ok()) return codec.status();
+  if (absl::Status st = ValidateTransform(options); !st.ok()) return st;
   if (options.layers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("layers ", options.layers, " must be >= 1"));
   }
@@ -39,13 +41,29 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   if (!clock) clock = [] { return absl::Now(); };
   std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics, std::move(clock)));
+  h->transform_gain_ = TransformGain(options);
+  if (options.transforms != nullptr) h->transforms_checksum_ = TransformsChecksum(*options.transforms);
   absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(&h->codec_, options.pool_bytes);
   if (!pool.ok()) return pool.status();
   h->pool_ = *std::move(pool);
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(
-      options.backend, BackendArgs{&h->codec_, h->pool_.get(), options.backend_threads});
+  // h->options_ holds a reference to the transform set, and is destroyed
+  // after backend_ (declared before it): the set outlives the backend.
+  BackendArgs args;
+  args.codec = &h->codec_;
+  args.pool = h->pool_.get();
+  args.threads = options.backend_threads;
+  args.transforms = h->options_.transforms.get();
+  args.values_folded = h->options_.values_folded;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend, args);
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);
+  if (h->backend_->PrefersBatchedAttend()) {
+    Metrics* m = h->metrics_;
+    h->backend_ = std::make_unique<BatchingBackend>(std::move(h->backend_), [m](int calls, int jobs) {
+      m->attend_batch_calls->Observe(calls);
+      m->attend_batch_items->Observe(jobs);
+    });
+  }
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
   h->PublishGauges();
@@ -53,7 +71,36 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
 }
 
 float Handler::value_limit() const {
-  return static_cast<float>(kHalfMax / (2.0 * std::sqrt(static_cast<double>(codec_.config().head_dim))));
+  return static_cast<float>(kHalfMax / (2.0 * transform_gain_));
+}
+
+double Handler::TransformGain(const ServiceOptions& o) {
+  switch (o.transform) {
+    case TransformKind::kIdentity:
+      return 1.0;
+    case TransformKind::kHadamard:
+      // Every entry of the normalised Hadamard matrix is +-1/sqrt(d).
+      return std::sqrt(static_cast<double>(o.codec.head_dim));
+    case TransformKind::kWush:
+      break;
+  }
+  const TransformSet& t = *o.transforms;
+  const int d = t.head_dim;
+  double gain = 1.0;  // folded values pass untransformed
+  for (int l = 0; l < t.layers; ++l) {
+    for (int h = 0; h < t.kv_heads; ++h) {
+      for (Mat m : {Mat::kKey, Mat::kValue}) {
+        if (m == Mat::kValue && o.values_folded) continue;
+        const float* a = t.matrix(l, h, m);
+        for (int i = 0; i < d; ++i) {
+          double row = 0.0;
+          for (int j = 0; j < d; ++j) row += std::fabs(static_cast<double>(a[i * d + j]));
+          gain = std::max(gain, row);
+        }
+      }
+    }
+  }
+  return gain;
 }
 
 absl::Status Handler::CheckLayer(absl::string_view field, uint32_t layer) const {
@@ -719,6 +766,12 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_max_batch(options_.max_batch);
   r->set_max_sequences(options_.max_sequences);
   r->set_ttl_seconds(options_.ttl_seconds);
+  r->set_transform(TransformName(options_.transform));
+  if (options_.transforms != nullptr) {
+    r->set_transforms_checksum(transforms_checksum_);
+    r->set_transforms_calibration_tokens(options_.transforms->calibration_tokens);
+    r->set_values_folded(options_.values_folded);
+  }
 }
 
 void Handler::Stats(v1::StatsResponse* r) const {

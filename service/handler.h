@@ -110,10 +110,16 @@ class Handler {
   Handler(const ServiceOptions& options, DQuantCodec codec, Metrics* metrics, Clock clock)
       : options_(options), codec_(std::move(codec)), metrics_(metrics), clock_(std::move(clock)) {}
 
-  // Largest |x| accepted in keys and values: after the Hadamard rotation and
-  // the mean subtraction a value can grow by 2 sqrt(head_dim), and the
-  // record's fp16 grid must still hold it.
+  // Largest |x| accepted in keys and values: after the transform stage and
+  // the mean subtraction a value can grow by 2 G, and the record's fp16 grid
+  // must still hold it. G = TransformGain: the largest absolute row sum of
+  // the stage's matrices (|(T x)_i| <= sum_j |T_ij| max|x|): sqrt(head_dim)
+  // for Hadamard, 1 for identity, the maximum over every T_K and T_V (T_K
+  // only with folded values) of the transforms file for wush. Without it a
+  // token accepted into the bf16 window could fail to encode later and
+  // block its layer.
   float value_limit() const;
+  static double TransformGain(const ServiceOptions& options);
   int n() const { return codec_.n(); }
   absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
   absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
@@ -143,8 +149,10 @@ class Handler {
   void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
   void PublishGauges();
 
-  const ServiceOptions options_;
+  const ServiceOptions options_;  // keeps options_.transforms alive for backend_
   const DQuantCodec codec_;
+  double transform_gain_ = 1.0;          // see value_limit()
+  uint64_t transforms_checksum_ = 0;     // TransformsChecksum(*options_.transforms), for Info
   Metrics* const metrics_;
   const Clock clock_;
   std::unique_ptr<PagePool> pool_;

@@ -64,13 +64,19 @@ int main(int argc, char** argv) {
   (*server)->handler().Info(&info);
   std::printf(
       "driftkv-server %s: backend %s, %u layers x %u kv_heads x %u head_dim, dquant %.3f/%.3f "
-      "bits per key/value, pool %llu pages x %llu bytes (%llu tokens each), window %u tokens\n"
-      "listening on port %d (gRPC)",
+      "bits per key/value, pool %llu pages x %llu bytes (%llu tokens each), window %u tokens, transform %s",
       info.server_version().c_str(), info.backend().c_str(), info.layers(), info.kv_heads(),
       info.head_dim(), info.key_bits_per_value(), info.value_bits_per_value(),
       static_cast<unsigned long long>(info.capacity_pages()),
       static_cast<unsigned long long>(info.page_bytes()), static_cast<unsigned long long>(info.page_tokens()),
-      info.window_tokens(), (*server)->port());
+      info.window_tokens(), info.transform().c_str());
+  if (info.transform() == "wush") {
+    std::printf(" (%s, checksum %016llx, %llu calibration tokens per layer%s)", options->transforms_file.c_str(),
+                static_cast<unsigned long long>(info.transforms_checksum()),
+                static_cast<unsigned long long>(info.transforms_calibration_tokens()),
+                info.values_folded() ? ", values folded" : "");
+  }
+  std::printf("\nlistening on port %d (gRPC)", (*server)->port());
   if ((*server)->metrics_port() != 0) std::printf(", metrics on port %d (/metrics)", (*server)->metrics_port());
   std::printf("\n");
   std::fflush(stdout);

@@ -133,6 +133,7 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
   EvalAccumulator acc;
   Pool pool;
   pool.options = options;
+  pool.transform = PoolTransformOf(*transform);
   pool.tokens = t.tokens;
   const int64_t per_layer = t.tokens * t.heads * t.dim;
   for (int64_t l = 0; l < t.layers; ++l) {
@@ -206,10 +207,8 @@ int Decode(int argc, char** argv) {
   if (!pool.ok()) return Fail(pool.status());
   absl::StatusOr<TransformChoice> transform = TransformFromFlags(f);
   if (!transform.ok()) return Fail(transform.status());
-  if (transform->given && StoredOptions(pool->options, *transform).rotation != pool->options.rotation) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--transform ", f.Str("transform"), " does not match the pool's rotation ",
-                                                        pool->options.rotation)));
-  }
+  st = MatchPoolTransform(pool->options, pool->transform, f, &*transform);
+  if (!st.ok()) return Fail(st);
   const int64_t per_layer = pool->tokens * pool->codec->n();
   std::vector<float> keys(per_layer * pool->layers.size()), values(keys.size());
   for (size_t l = 0; l < pool->layers.size(); ++l) {

@@ -33,7 +33,7 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
   const auto* dq = dynamic_cast<const DQuantKvCodec*>(&codec);
   // D-Quant behind a WUSH stage also attends in the compressed domain.
   const auto* tq = dynamic_cast<const TransformedKvCodec*>(&codec);
-  if (tq != nullptr && (tq->values_folded() || dynamic_cast<const DQuantKvCodec*>(&tq->inner()) == nullptr)) {
+  if (tq != nullptr && dynamic_cast<const DQuantKvCodec*>(&tq->inner()) == nullptr) {
     tq = nullptr;
   }
   std::vector<double> ref(static_cast<size_t>(qh) * d), ref_lse(qh), alt(ref.size()), alt_lse(qh);

@@ -49,7 +49,58 @@ absl::StatusOr<TransformChoice> TransformFromFlags(const Flags& f) {
                                                    ") of ", f.Str("transforms")));
   }
   t.values_folded = f.Has("values-folded");
+  t.checksum = TransformsChecksum(t.set);
   return t;
+}
+
+PoolTransform PoolTransformOf(const TransformChoice& t) {
+  PoolTransform p;
+  if (!t.given) return p;
+  p.kind = t.kind == TransformKind::kWush ? "wush" : t.kind == TransformKind::kHadamard ? "hadamard" : "identity";
+  if (t.kind == TransformKind::kWush) {
+    p.layer = t.layer;
+    p.values_folded = t.values_folded;
+    p.transforms_checksum = t.checksum;
+  }
+  return p;
+}
+
+absl::Status MatchPoolTransform(const CodecOptions& options, const PoolTransform& stored, const Flags& f,
+                                TransformChoice* t) {
+  if (t->given && StoredOptions(options, *t).rotation != options.rotation) {
+    return absl::InvalidArgumentError(absl::StrCat("--transform ", f.Str("transform"),
+                                                   " does not match the pool's rotation ", options.rotation));
+  }
+  if (stored.kind.empty()) return absl::OkStatus();
+  const bool wush = t->given && t->kind == TransformKind::kWush;
+  if (stored.kind != "wush") {
+    if (wush) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the pool was encoded with --transform ", stored.kind, ", not wush"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string stored_sum = absl::StrCat(absl::Hex(stored.transforms_checksum, absl::kZeroPad16));
+  if (!wush) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pool was encoded with --transform wush (transforms file checksum ", stored_sum,
+        "); decode it with --transform wush --transforms FILE"));
+  }
+  if (t->checksum != stored.transforms_checksum) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transforms ", f.Str("transforms"), " has checksum ", absl::Hex(t->checksum, absl::kZeroPad16),
+        " but the pool was encoded with transforms of checksum ", stored_sum));
+  }
+  if (f.Has("layer") && t->layer != stored.layer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layer ", t->layer, " differs from the pool's transform_layer ", stored.layer));
+  }
+  if (f.Has("values-folded") && !stored.values_folded) {
+    return absl::InvalidArgumentError("--values-folded, but the pool's values were encoded transformed");
+  }
+  t->layer = stored.layer;
+  t->values_folded = stored.values_folded;
+  return absl::OkStatus();
 }
 
 CodecOptions StoredOptions(CodecOptions options, const TransformChoice& t) {

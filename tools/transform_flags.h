@@ -9,6 +9,8 @@
 //   --values-folded  T_V is folded into the model's weights: values pass
 //                    through untransformed
 // Codecs are built per tensor layer, since the transforms differ by layer.
+// A pool records its transform (codec/pool_file.h, PoolTransform); decode
+// checks the flags against it and takes --layer and --values-folded from it.
 #ifndef DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
 #define DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
 
@@ -17,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "codec/pool_file.h"
 #include "codec/registry.h"
 #include "codec/transform.h"
 #include "tools/flags.h"
@@ -35,6 +38,7 @@ struct TransformChoice {
   TransformSet set;    // loaded for wush
   int layer = -1;      // --layer, or -1
   bool values_folded = false;
+  uint64_t checksum = 0;  // wush: the transforms file's FNV-1a 64
 };
 
 // InvalidArgument on a bad combination (wush without --transforms, --rotation
@@ -44,6 +48,18 @@ absl::StatusOr<TransformChoice> TransformFromFlags(const Flags& f);
 // The options as stored in a pool: rotation "identity" unless the transform
 // is hadamard (unchanged when no --transform was given).
 CodecOptions StoredOptions(CodecOptions options, const TransformChoice& t);
+
+// What a pool written with `t` records (kind "" when no --transform).
+PoolTransform PoolTransformOf(const TransformChoice& t);
+
+// Decoding a pool with `options` and `stored`: InvalidArgument when the
+// flags name another transform than the pool was written with (another
+// rotation; a wush pool without --transform wush; a transforms file whose
+// checksum differs, naming both; a --layer or --values-folded the pool does
+// not record). For wush, t->layer and t->values_folded are then set from
+// the pool. Pools that record no transform are decoded as the flags say.
+absl::Status MatchPoolTransform(const CodecOptions& options, const PoolTransform& stored, const Flags& f,
+                                TransformChoice* t);
 
 // The codec for tensor layer `index` (see --layer above).
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeCodecForLayer(const CodecOptions& options, const TransformChoice& t,
