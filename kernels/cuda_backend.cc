@@ -94,6 +94,7 @@ class CudaBackend : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  bool PrefersBatchedAttend() const override { return true; }
 
   absl::Status InitTransforms() {
     const TransformSet& t = *transforms_;

@@ -81,6 +81,17 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                           .Help("Tokens attended over (sum over items)").Register(r).Add({});
   attention_items = &BuildCounter().Name("driftkv_attention_items_total")
                          .Help("Attention items computed").Register(r).Add({});
+  attend_batch_calls = &BuildHistogram()
+                            .Name("driftkv_attend_batch_calls")
+                            .Help("Attend calls merged into one backend call (one kernel launch on the "
+                                  "cuda backend); backends that run calls separately observe nothing")
+                            .Register(r)
+                            .Add({}, Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
+  attend_batch_items = &BuildHistogram()
+                            .Name("driftkv_attend_batch_items")
+                            .Help("Attention items per merged backend call")
+                            .Register(r)
+                            .Add({}, Histogram::BucketBoundaries{1, 4, 16, 64, 256, 1024, 4096});
   rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
                       .Help("RPC latency by method and gRPC status code").Register(r);
 }
