@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # driftkv-calibrate and driftkv-codec --transform end to end (issue 6):
 # deterministic transforms file of the documented size, eval/encode/decode
-# with WUSH, and clear messages on bad input.
+# with WUSH, pools that record their transform, and clear messages on bad
+# input.
 #   wush_cli_test.sh CALIBRATE CODEC SYNTH
 set -euo pipefail
 cal=$1
@@ -46,6 +47,43 @@ grep -q '"attn_rel_err"' <<<"$out" || fail "eval output: $out"
 [ -s "$tmp/d.k" ] || fail "decode wrote nothing"
 msg=$("$codec" decode --in "$tmp/p" --out "$tmp/d" --transform hadamard 2>&1) && fail "mismatched decode accepted"
 grep -q "does not match the pool's rotation identity" <<<"$msg" || fail "decode message: $msg"
+
+# The pool records its transform (kind, layer, values_folded, the transforms
+# file's checksum); decode insists on the same file and takes the rest from it.
+"$cal" --keys "$tmp/s3.k" --values "$tmp/s3.v" --queries "$tmp/s3.q" --shape $shape --q-heads 4 \
+  --out "$tmp/c.xfm" 2>/dev/null
+fnv_a=$(tail -c 8 "$tmp/a.xfm" | od -An -tx8 | tr -d ' \n')
+fnv_c=$(tail -c 8 "$tmp/c.xfm" | od -An -tx8 | tr -d ' \n')
+[ "$fnv_a" != "$fnv_c" ] || fail "two calibrations share a checksum"
+"$codec" encode "${ev[@]}" --transform wush --transforms "$tmp/a.xfm" --layer 1 --values-folded \
+  --out "$tmp/pf" 2>/dev/null
+grep -aq "transform=wush transform_layer=1 values_folded=1 transforms_fnv=$fnv_a" "$tmp/pf" ||
+  fail "pool options: $(head -c 600 "$tmp/pf" | tail -c 472 | tr -d '\0')"
+grep -aq "transform=wush transform_layer=-1 values_folded=0 transforms_fnv=$fnv_a" "$tmp/p" ||
+  fail "pool options without --layer: $(head -c 600 "$tmp/p" | tail -c 472 | tr -d '\0')"
+msg=$("$codec" decode --in "$tmp/pf" --out "$tmp/df" 2>&1) && fail "wush pool decoded without --transforms"
+grep -q "encoded with --transform wush (transforms file checksum $fnv_a); decode it with --transform wush --transforms FILE" \
+  <<<"$msg" || fail "no-transforms message: $msg"
+msg=$("$codec" decode --in "$tmp/pf" --out "$tmp/df" --transform identity 2>&1) && fail "identity decode of a wush pool accepted"
+grep -q "encoded with --transform wush" <<<"$msg" || fail "identity message: $msg"
+msg=$("$codec" decode --in "$tmp/pf" --out "$tmp/df" --transform wush --transforms "$tmp/c.xfm" 2>&1) &&
+  fail "other transforms file accepted"
+grep -q -- "--transforms $tmp/c.xfm has checksum $fnv_c but the pool was encoded with transforms of checksum $fnv_a" \
+  <<<"$msg" || fail "checksum message: $msg"
+msg=$("$codec" decode --in "$tmp/pf" --out "$tmp/df" --transform wush --transforms "$tmp/a.xfm" --layer 0 2>&1) &&
+  fail "other --layer accepted"
+grep -q -- "--layer 0 differs from the pool's transform_layer 1" <<<"$msg" || fail "layer mismatch message: $msg"
+msg=$("$codec" decode --in "$tmp/p" --out "$tmp/df" --transform wush --transforms "$tmp/a.xfm" --values-folded 2>&1) &&
+  fail "--values-folded accepted for transformed values"
+grep -q "values were encoded transformed" <<<"$msg" || fail "folded mismatch message: $msg"
+# Layer and folding come from the pool: the same output as when given.
+"$codec" decode --in "$tmp/pf" --out "$tmp/df" --transform wush --transforms "$tmp/a.xfm" 2>/dev/null
+"$codec" decode --in "$tmp/pf" --out "$tmp/dg" --transform wush --transforms "$tmp/a.xfm" --layer 1 --values-folded 2>/dev/null
+cmp -s "$tmp/df.k" "$tmp/dg.k" && cmp -s "$tmp/df.v" "$tmp/dg.v" || fail "decode without --layer/--values-folded differs"
+"$codec" decode --in "$tmp/pf" --out "$tmp/dh" --transform wush --transforms "$tmp/a.xfm" --layer 1 2>/dev/null
+cmp -s "$tmp/df.v" "$tmp/dh.v" || fail "folded values not taken from the pool"
+cmp -s "$tmp/df.k" "$tmp/d.k" && fail "layer 1 decode equals the per-layer decode"
+
 msg=$("$codec" eval "${ev[@]}" --transform wush 2>&1) && fail "wush without file accepted"
 grep -q "needs --transforms FILE" <<<"$msg" || fail "message: $msg"
 msg=$("$codec" eval "${ev[@]}" --transform wush --transforms "$tmp/a.xfm" --layer 2 2>&1) && fail "bad layer accepted"
