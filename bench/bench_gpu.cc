@@ -28,6 +28,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
 #include "kernels/host_pool.h"
+#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -57,6 +58,15 @@ constexpr double kRotateBytes = 512.0 * (1 << 20);
 struct Shape {
   int batch, context;
 };
+
+// Random matrices in the device form of kernels/transform.h, one layer:
+// timing only (the transform's cost does not depend on its values).
+std::vector<float> RandomTransforms(std::mt19937_64* rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(kHeadDim)));
+  std::vector<float> m(static_cast<size_t>(kKvHeads) * 4 * kHeadDim * kHeadDim);
+  for (float& x : m) x = normal(*rng);
+  return m;
+}
 
 template <typename F>
 double MedianMs(int reps, F launch) {
@@ -116,6 +126,7 @@ void Replicate(const DeviceBuffer& distinct, size_t page_bytes, uint8_t* pool_de
 struct Result {
   Shape shape;
   double dquant_ms, bf16_ms, dquant_bytes, bf16_bytes;
+  double wush_ms;  // the D-Quant launch with a WUSH transform stage
   int dquant_splits_hint;
 };
 
@@ -180,6 +191,19 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout
     r.dquant_ms = MedianMs(reps, [&](int i) {
       p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rdq) * s.batch * dq_pages;
       CHECK_OK(LaunchDQuantAttention(p, nullptr));
+    });
+    // The same launch through a WUSH transform stage (query pre-transform
+    // kernel, output transform in the merge): its overhead, side by side.
+    DeviceBuffer dmats, dlayers;
+    dmats.Upload(RandomTransforms(&rng));
+    dlayers.Upload(std::vector<int32_t>(s.batch, 0));
+    DQuantAttentionParams pw = p;
+    pw.transforms_dev = dmats.get<float>();
+    pw.transform_layers = 1;
+    pw.layer_dev = dlayers.get<int32_t>();
+    r.wush_ms = MedianMs(reps, [&](int i) {
+      pw.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rdq) * s.batch * dq_pages;
+      CHECK_OK(LaunchDQuantAttention(pw, nullptr));
     });
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> h;
@@ -261,6 +285,32 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
   ep.pool_dev = pool.get<uint8_t>();
   ep.stats_dev = stats.get<EncodeStreamStats>();
   const double ms = MedianMs(reps, [&](int) { CHECK_OK(LaunchEncode(ep, nullptr)); });
+  // The WUSH stage in front of the encoder: T_K on the keys, T_V on the
+  // values (kernels/transform.h), timed alone on the same tokens.
+  DeviceBuffer dmats, dlayer, tk, tv;
+  dmats.Upload(RandomTransforms(&rng));
+  dlayer.Upload(std::vector<int32_t>(1, 0));
+  tk.Resize(kk.size() * 4);
+  tv.Resize(kk.size() * 4);
+  HeadTransformParams tp;
+  tp.mats_dev = dmats.get<float>();
+  tp.layers = 1;
+  tp.kv_heads = kKvHeads;
+  tp.head_dim = kHeadDim;
+  tp.rows = tokens;
+  tp.heads = kKvHeads;
+  tp.layer_dev = dlayer.get<int32_t>();
+  tp.rows_per_layer = tokens;
+  const double tms = MedianMs(reps, [&](int) {
+    tp.matrix = kTfKey;
+    tp.in_dev = dk.get<float>();
+    tp.out_dev = tk.get<float>();
+    CHECK_OK(LaunchHeadTransform(tp, nullptr));
+    tp.matrix = kTfValue;
+    tp.in_dev = dv.get<float>();
+    tp.out_dev = tv.get<float>();
+    CHECK_OK(LaunchHeadTransform(tp, nullptr));
+  });
   std::vector<EncodeStreamStats> st(2 * tokens);
   CHECK_CUDA(cudaMemcpy(st.data(), stats.get<void>(), st.size() * sizeof(EncodeStreamStats), cudaMemcpyDeviceToHost));
   long retries = 0, fallbacks = 0, errors = 0;
@@ -277,6 +327,8 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
               "mean bytes used keys %.1f / %d, values %.1f / %d\n",
               2 * tokens / (ms * 1e-3), tokens / (ms * 1e-3), retries, fallbacks, errors, used_k / tokens,
               ep.keys.payload_bytes, used_v / tokens, ep.values.payload_bytes);
+  std::printf("  WUSH transform of the same keys and values (before the encoder): %.3f ms, %+.1f%% of the encode\n",
+              tms, 100.0 * tms / ms);
 }
 
 void Capacity(const DQuantPageLayout& lay, int window) {
@@ -360,15 +412,19 @@ int Main(int argc, char** argv) {
     bf_distinct.Upload(bf);
   }
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
-  if (out) std::fprintf(out, "batch,context,dquant_ms,bf16_ms,dquant_bytes,bf16_bytes\n");
-  std::printf("\n%6s %8s | %10s %8s | %10s %8s | %s\n", "batch", "context", "D-Quant ms", "GB/s", "bf16 ms", "GB/s",
-              "bf16/D-Quant");
+  if (out) std::fprintf(out, "batch,context,dquant_ms,bf16_ms,dquant_bytes,bf16_bytes,wush_ms\n");
+  std::printf("\n%6s %8s | %10s %8s | %10s %8s | %12s | %s\n", "batch", "context", "D-Quant ms", "GB/s", "bf16 ms", "GB/s",
+              "bf16/D-Quant", "D-Quant+WUSH ms");
   for (const Shape& s : shapes) {
     const Result r = RunShape(s, *codec, lay, dq_distinct, bf_distinct, tables, window, reps);
-    std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %.2fx\n", s.batch, s.context, r.dquant_ms,
-                r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms, r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.dquant_ms);
+    std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %11.2fx | %.4f (%+.1f%%)\n", s.batch, s.context, r.dquant_ms,
+                r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms, r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.dquant_ms,
+                r.wush_ms, 100.0 * (r.wush_ms / r.dquant_ms - 1.0));
     std::fflush(stdout);
-    if (out) std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms, r.dquant_bytes, r.bf16_bytes);
+    if (out) {
+      std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f,%.6f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms, r.dquant_bytes,
+                   r.bf16_bytes, r.wush_ms);
+    }
   }
   if (out) std::fclose(out);
   if (encode_tokens > 0) EncodeThroughput(*codec, encode_tokens, std::max(5, reps / 3));

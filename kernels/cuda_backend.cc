@@ -203,6 +203,8 @@ class CudaBackend : public Backend {
     if (!st.ok()) return st;
     for (size_t j = 0; j < jobs.size(); ++j) {
       CodecStats cs;
+      jobs[j].key_utilization.assign(P, 0.0f);
+      jobs[j].value_utilization.assign(P, 0.0f);
       for (int t = 0; t < P; ++t) {
         for (int kind = 0; kind < 2; ++kind) {
           const gpu::EncodeStreamStats& s = stats[2 * (j * P + t) + kind];
@@ -217,6 +219,12 @@ class CudaBackend : public Backend {
           ss.bytes_budget += kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes;
           ss.retries += s.retries;
           ss.fallbacks += s.fallback != 0;
+          ss.moved += s.moved;
+          ss.max_move = std::max(ss.max_move, static_cast<int>(s.max_move));
+          ss.constant += s.constant;
+          std::vector<float>& util = kind == 0 ? jobs[j].key_utilization : jobs[j].value_utilization;
+          util[t] = static_cast<float>(s.bytes_used) /
+                    (kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes);
         }
       }
       jobs[j].stats = cs;

@@ -64,6 +64,16 @@ TEST(CudaBackend, MatchesCpuBackend) {
   for (const EncodeJob& j : jobs) {
     EXPECT_EQ(j.stats.keys.streams, P);
     EXPECT_LE(j.stats.keys.bytes_used, j.stats.keys.bytes_budget);
+    // Drift statistics and per-stream utilisation reach the metrics.
+    EXPECT_GT(j.stats.values.moved, 0);
+    EXPECT_GE(j.stats.values.max_move, 1);
+    ASSERT_EQ(j.key_utilization.size(), static_cast<size_t>(P));
+    ASSERT_EQ(j.value_utilization.size(), static_cast<size_t>(P));
+    for (int t = 0; t < P; ++t) {
+      EXPECT_GT(j.key_utilization[t], 0.5f);
+      EXPECT_LE(j.key_utilization[t], 1.0f);
+      EXPECT_LE(j.value_utilization[t], 1.0f);
+    }
   }
   // Every GPU-written token decodes on the host.
   std::vector<float> k(static_cast<size_t>(P) * n), v(k.size());

@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
   lo = -WarpMax(-lo);
   hi = WarpMax(hi);
   bad = __any_sync(0xffffffffu, bad);
-  EncodeStreamStats st{0, 0, 0, static_cast<int8_t>(bad ? 1 : 0)};
+  EncodeStreamStats st{0, 0, 0, static_cast<int8_t>(bad ? 1 : 0), 0, 0, 0};
   const int levels = al.levels, C = al.payload_bytes;
   float scale = 0.0f, offset = RoundToHalfDev(lo);
   if (!bad && hi > lo) {
@@ -313,6 +313,21 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     used = RansEncodeLane0(s.sym, n, al, s.scratch, lane);
   }
   st.bytes_used = used;
+  if (scale > 0.0f) {
+    // Drift statistics on the final symbols, as StreamCodec::Encode counts them.
+    int moved = 0, max_move = 0;
+    for (int i = lane; i < n; i += 32) {
+      const float u = s.u[i];
+      const int nearest = !(u > 0.5f) ? 0 : (u >= static_cast<float>(levels - 1) ? levels - 1 : static_cast<int>(ceilf(u - 0.5f)));
+      const int d = abs(static_cast<int>(s.sym[i]) - nearest);
+      moved += d != 0;
+      max_move = max(max_move, d);
+    }
+    st.moved = static_cast<int16_t>(__reduce_add_sync(0xffffffffu, moved));
+    st.max_move = static_cast<int8_t>(__reduce_max_sync(0xffffffffu, max_move));
+  } else if (!bad) {
+    st.constant = 1;
+  }
   // Record: header, payload (used bytes, then zeros), zero padding.
   const int stride = is_key ? lay.key_stride : lay.value_stride;
   const uint8_t* bytes = s.scratch + n + 4 - used;

@@ -43,6 +43,9 @@ struct EncodeStreamStats {
   int16_t retries;      // re-solves after a real length over C
   int8_t fallback;      // 1: cheapest-level fallback, 2: one-symbol stream
   int8_t error;         // 1: a value not finite or beyond the fp16 range
+  int16_t moved;        // symbols differing from nearest rounding (codec/stream_codec.h StreamStats)
+  int8_t max_move;      // largest |m - nearest| in levels
+  int8_t constant;      // 1: max == min (or the grid underflowed fp16): scale 0
 };
 
 struct EncodeParams {

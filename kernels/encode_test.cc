@@ -77,10 +77,12 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
   // CPU pool (pages in order).
   std::vector<uint8_t> cpu_pool(static_cast<size_t>(pages) * lay.page_bytes, 0);
   CodecScratch scratch;
+  StreamStats cpu_stats[2];
   for (int w = 0; w < pages; ++w) {
     const int count = std::min(kPageTokens, tokens - w * kPageTokens);
     uint8_t* page = cpu_pool.data() + static_cast<size_t>(w) * lay.page_bytes;
-    StreamStats ks, vs;
+    StreamStats& ks = cpu_stats[0];
+    StreamStats& vs = cpu_stats[1];
     ASSERT_TRUE(codec->EncodeWindow(keys.data() + static_cast<size_t>(w) * kPageTokens * n,
                                     values.data() + static_cast<size_t>(w) * kPageTokens * n, count, page,
                                     page + lay.value_offset, page + lay.mean_offset, &scratch, &ks, &vs).ok());
@@ -105,9 +107,25 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
   ASSERT_TRUE(dpool.Download(&gpu_pool));
   std::vector<EncodeStreamStats> stats(2 * tokens);
   ASSERT_EQ(cudaMemcpy(stats.data(), dstats.get<void>(), stats.size() * sizeof(EncodeStreamStats), cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t moved[2] = {0, 0}, constant[2] = {0, 0};
+  int max_move[2] = {0, 0};
   for (int s = 0; s < 2 * tokens; ++s) {
     ASSERT_EQ(stats[s].error, 0) << "stream " << s;
     ASSERT_LE(stats[s].bytes_used, s % 2 == 0 ? lay.key_stride - 4 : lay.value_stride - 4);
+    moved[s % 2] += stats[s].moved;
+    constant[s % 2] += stats[s].constant;
+    max_move[s % 2] = std::max<int>(max_move[s % 2], stats[s].max_move);
+  }
+  // Drift statistics (the service's metrics) agree with the CPU encoder's:
+  // the encoders make the same decisions up to float rounding in the refit.
+  for (int k = 0; k < 2; ++k) {
+    std::printf("%s: moved gpu %lld cpu %lld, max move %d / %d, constant %lld / %lld\n", k == 0 ? "keys" : "values",
+                static_cast<long long>(moved[k]), static_cast<long long>(cpu_stats[k].moved), max_move[k],
+                cpu_stats[k].max_move, static_cast<long long>(constant[k]),
+                static_cast<long long>(cpu_stats[k].constant));
+    EXPECT_LE(std::abs(moved[k] - cpu_stats[k].moved), 0.02 * cpu_stats[k].moved + 8);
+    EXPECT_LE(std::abs(max_move[k] - cpu_stats[k].max_move), 1);
+    EXPECT_EQ(constant[k], cpu_stats[k].constant);
   }
 
   // Mean records equal the CPU's.
