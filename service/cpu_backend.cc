@@ -163,8 +163,9 @@ class CpuBackend : public Backend {
                                        &scratch);
         return;
       }
-      // Each part maps its own pages' output back before the merge below;
-      // that merge is a convex combination, so it commutes with T_V^-1.
+      // Each part maps its own pages' output back with T_V^-1; the merge
+      // below is a convex combination of the parts, so that equals mapping
+      // the merged output once.
       absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
       p.status = t.ok() ? TransformedCompressedAttention(codec_, **t, values_folded_, blocks, window, j.query,
                                                          j.q_heads, j.softmax_scale, out, lse, &scratch)
