@@ -201,6 +201,9 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     }
     o.backend_threads = static_cast<int>(c.backend_threads());
   }
+  if (c.has_attend_batching()) {
+    o.attend_batching = c.attend_batching();
+  }
   if (c.pool_bytes() == 0) {
     return absl::InvalidArgumentError("pool_bytes 0: the pool capacity must be set");
   }

@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend, args);
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);
-  if (h->backend_->PrefersBatchedAttend()) {
+  if (options.attend_batching && h->backend_->PrefersBatchedAttend()) {
     Metrics* m = h->metrics_;
     h->backend_ = std::make_unique<BatchingBackend>(std::move(h->backend_), [m](int calls, int jobs) {
       m->attend_batch_calls->Observe(calls);
