@@ -11,17 +11,24 @@
 # the WUSH stage, bf16 kernel) and SDPA side by side; the fixture through the
 # service on the CPU and CUDA backends, Hadamard and WUSH; concurrent decode
 # clients against the CUDA backend with and without Attend batching.
+# SECTIONS (default "tests bench fixture batching") picks the parts to run.
 set -uo pipefail
 B=.device/bundle/run
+SECTIONS=${SECTIONS:-tests bench fixture batching}
+on() { [[ " $SECTIONS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+if on tests; then
 echo "== tests"
 $B attention_test 2>&1 | tail -3
 $B encode_test 2>&1 | grep -E "moved|PASSED|FAILED|Failure" | head -20
 $B cuda_backend_test 2>&1 | grep -E "nmse|PASSED|FAILED|Failure|Expected|actual|Which" | head -30
+fi
+if on bench; then
 echo "== bench_gpu"
 $B bench_gpu --csv=$OUT/bench.csv > $OUT/bench_gpu.txt 2>&1
 tail -25 $OUT/bench_gpu.txt
 python3 bench/sdpa_bench.py --cxx $OUT/bench.csv --out $OUT/table.md 2>&1 | tail -12
+fi
 
 config() {  # config(backend transform batching) -> path
   local f=$OUT/cfg_$1_$2_$3.textproto
@@ -38,6 +45,7 @@ serve() {  # serve(config, port): starts the server in the background
   echo "server on $2 did not start"; cat $OUT/server_$2.log
 }
 port=50100
+if on fixture; then
 echo "== fixture through the service"
 for backend in cpu cuda; do
   for tf in hadamard wush; do
@@ -49,14 +57,17 @@ for backend in cpu cuda; do
     kill -INT %1; wait
   done
 done
+fi
+if on batching; then
 echo "== concurrent decode clients, cuda backend"
-for mode in batch nobatch; do
+for mode in batch nobatch batch; do
   port=$(( port + 1 ))
   serve "$(config cuda hadamard $mode)" $port
   for seqs in 1 8 32 64; do
     echo "-- $mode, $seqs sequences"
-    $B driftkv --server 127.0.0.1:$port bench --sequences $seqs --tokens 2048 --steps 32 2>&1 | grep -iE "attend|decode|step" | head -4
+    $B driftkv --server 127.0.0.1:$port bench --sequences $seqs --tokens 2048 --steps 64 2>&1 | grep -iE "attend|decode|step" | head -4
   done
   curl -s 127.0.0.1:$(( port + 1000 ))/metrics | grep -E "^driftkv_attend_batch_(calls|items)_(sum|count)"
   kill -INT %1; wait
 done
+fi

@@ -84,6 +84,9 @@ struct DQuantAttentionParams {
   const uint16_t* window_k_dev = nullptr;   // may be null when no item has a window
   const uint16_t* window_v_dev = nullptr;
   const int32_t* window_tokens_dev = nullptr;  // [items] or null
+  // [items] or null: item i's window starts at token window_start_dev[i] of
+  // window_k/v (windows packed back to back); null: at i * kMaxWindow.
+  const int32_t* window_start_dev = nullptr;
   const float* query_dev = nullptr;         // [items][q_heads][head_dim]
   float softmax_scale = 0.0f;
   float* out_dev = nullptr;                 // [items][q_heads][head_dim]

@@ -41,6 +41,29 @@ class Scratch {
   size_t size_ = 0;
 };
 
+// A growable pinned host buffer (cudaMallocHost), for staging copies.
+class PinnedScratch {
+ public:
+  ~PinnedScratch() { cudaFreeHost(ptr_); }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= size_) return absl::OkStatus();
+    // Grow by half again, so that slowly growing batches reallocate rarely.
+    const size_t want = std::max(bytes, size_ + size_ / 2);
+    cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+    absl::Status st = Cuda(cudaMallocHost(&ptr_, want), "cudaMallocHost (staging)");
+    if (st.ok()) size_ = want;
+    return st;
+  }
+  template <typename T>
+  T* get() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device, const TransformSet* transforms,
@@ -294,40 +317,52 @@ class CudaBackend : public Backend {
       wtok[i] = static_cast<int32_t>(j.window.tokens);
       max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
     }
-    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    const size_t wsz = static_cast<size_t>(items) * gpu::kMaxWindow * n;
-    std::vector<float> query(qsz);
-    std::vector<uint16_t> wk(wsz, 0), wv(wsz, 0);
+    // Everything the launch reads from the host, packed into one pinned
+    // staging buffer and uploaded with one copy: the per-item ints, the page
+    // table, the queries and the windows back to back (only their real
+    // tokens). Pinned and reused: no page faults, full-speed DMA.
+    std::vector<int32_t> wstart(items);
+    size_t total_w = 0;
     for (int i = 0; i < items; ++i) {
-      std::memcpy(query.data() + static_cast<size_t>(i) * q_heads * d, jobs[i].query, sizeof(float) * q_heads * d);
-      const size_t wn = static_cast<size_t>(wtok[i]) * n;
-      if (wn > 0) {
-        std::memcpy(wk.data() + static_cast<size_t>(i) * gpu::kMaxWindow * n, jobs[i].window.keys, wn * 2);
-        std::memcpy(wv.data() + static_cast<size_t>(i) * gpu::kMaxWindow * n, jobs[i].window.values, wn * 2);
-      }
+      wstart[i] = static_cast<int32_t>(total_w);
+      total_w += static_cast<size_t>(wtok[i]);
     }
+    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
+    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
+    const size_t off_table = align(static_cast<size_t>(items) * 5 * 4);
+    const size_t off_query = off_table + align(std::max<size_t>(table.size(), 1) * 4);
+    const size_t off_wk = off_query + align(qsz * 4);
+    const size_t off_wv = off_wk + align(std::max<size_t>(total_w, 1) * n * 2);
+    const size_t stage_bytes = off_wv + align(std::max<size_t>(total_w, 1) * n * 2);
+    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
     const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
-    absl::Status st = a_table_.Reserve(std::max<size_t>(table.size(), 1) * 4);
-    if (st.ok()) st = a_small_.Reserve(static_cast<size_t>(items) * 4 * 4);
-    if (st.ok()) st = a_query_.Reserve(qsz * 4);
-    if (st.ok()) st = a_wk_.Reserve(wsz * 2);
-    if (st.ok()) st = a_wv_.Reserve(wsz * 2);
-    if (st.ok()) st = a_out_.Reserve((qsz + static_cast<size_t>(items) * q_heads) * 4);
+    absl::Status st = a_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = host_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = a_out_.Reserve(out_bytes);
+    if (st.ok()) st = host_out_.Reserve(out_bytes);
     if (st.ok()) st = a_ws_.Reserve(ws_bytes);
     if (!st.ok()) return st;
-    int32_t* small = a_small_.get<int32_t>();
-    auto up = [&](void* dst, const void* src, size_t bytes, const char* what) {
-      if (st.ok() && bytes > 0) st = Cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), what);
-    };
-    up(a_table_.get<void>(), table.data(), table.size() * 4, "upload page table");
-    up(small, start.data(), items * 4, "upload page starts");
-    up(small + items, tokens.data(), items * 4, "upload token counts");
-    up(small + 2 * items, wtok.data(), items * 4, "upload window sizes");
-    if (transforms_ != nullptr) up(small + 3 * items, layers.data(), items * 4, "upload layers");
-    up(a_query_.get<void>(), query.data(), qsz * 4, "upload queries");
-    up(a_wk_.get<void>(), wk.data(), wsz * 2, "upload window keys");
-    up(a_wv_.get<void>(), wv.data(), wsz * 2, "upload window values");
+    uint8_t* h = host_stage_.get<uint8_t>();
+    int32_t* hs = reinterpret_cast<int32_t*>(h);
+    std::memcpy(hs, start.data(), items * 4);
+    std::memcpy(hs + items, tokens.data(), items * 4);
+    std::memcpy(hs + 2 * items, wtok.data(), items * 4);
+    std::memcpy(hs + 3 * items, layers.data(), items * 4);
+    std::memcpy(hs + 4 * items, wstart.data(), items * 4);
+    std::memcpy(h + off_table, table.data(), table.size() * 4);
+    for (int i = 0; i < items; ++i) {
+      std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query, sizeof(float) * q_heads * d);
+      const size_t wn = static_cast<size_t>(wtok[i]) * n;
+      if (wn > 0) {
+        std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
+        std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
+      }
+    }
+    uint8_t* dstage = a_stage_.get<uint8_t>();
+    const size_t used = total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
+    st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     if (!st.ok()) return st;
+    int32_t* small = reinterpret_cast<int32_t*>(dstage);
     gpu::DQuantAttentionParams p;
     p.pool_dev = static_cast<const uint8_t*>(arena_);
     p.layout = layout_;
@@ -335,13 +370,14 @@ class CudaBackend : public Backend {
     p.items = items;
     p.q_heads = q_heads;
     p.max_pages = max_pages;
-    p.page_table_dev = a_table_.get<int32_t>();
+    p.page_table_dev = reinterpret_cast<const int32_t*>(dstage + off_table);
     p.page_start_dev = small;
     p.tokens_dev = small + items;
     p.window_tokens_dev = small + 2 * items;
-    p.window_k_dev = a_wk_.get<uint16_t>();
-    p.window_v_dev = a_wv_.get<uint16_t>();
-    p.query_dev = a_query_.get<float>();
+    p.window_start_dev = small + 4 * items;
+    p.window_k_dev = reinterpret_cast<const uint16_t*>(dstage + off_wk);
+    p.window_v_dev = reinterpret_cast<const uint16_t*>(dstage + off_wv);
+    p.query_dev = reinterpret_cast<const float*>(dstage + off_query);
     p.softmax_scale = jobs[0].softmax_scale;
     p.out_dev = a_out_.get<float>();
     p.lse_dev = a_out_.get<float>() + qsz;
@@ -354,13 +390,14 @@ class CudaBackend : public Backend {
     }
     st = gpu::LaunchDQuantAttention(p, stream_);
     if (!st.ok()) return st;
-    std::vector<float> out(qsz + static_cast<size_t>(items) * q_heads);
-    st = Cuda(cudaMemcpyAsync(out.data(), a_out_.get<void>(), out.size() * 4, cudaMemcpyDeviceToHost, stream_), "download output");
+    const float* out = host_out_.get<float>();
+    st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
+              "download output");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
     if (!st.ok()) return st;
     for (int i = 0; i < items; ++i) {
-      std::memcpy(jobs[i].out, out.data() + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
-      std::memcpy(jobs[i].lse, out.data() + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
+      std::memcpy(jobs[i].out, out + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
+      std::memcpy(jobs[i].lse, out + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
       jobs[i].status = absl::OkStatus();
     }
     return absl::OkStatus();
@@ -378,7 +415,8 @@ class CudaBackend : public Backend {
   void* arena_ = nullptr;
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
-  Scratch a_table_, a_small_, a_query_, a_wk_, a_wv_, a_out_, a_ws_;
+  Scratch a_stage_, a_out_, a_ws_;
+  PinnedScratch host_stage_, host_out_;
 };
 
 }  // namespace

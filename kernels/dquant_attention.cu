@@ -621,6 +621,7 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   m.window_k_dev = p.window_k_dev;
   m.window_v_dev = p.window_v_dev;
   m.window_tokens_dev = p.window_tokens_dev;
+  m.window_start_dev = p.window_start_dev;
   m.query_dev = p.query_dev;
   m.softmax_scale = p.softmax_scale;
   m.out_dev = p.out_dev;

@@ -92,8 +92,10 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     const int n = p.kv_heads * d_count;
     if (tid < d_count) q[tid] = p.query_dev[(static_cast<size_t>(item) * q_heads + h) * d_count + tid];
     __syncthreads();
-    const uint16_t* wk = p.window_k_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
-    const uint16_t* wv = p.window_v_dev + static_cast<size_t>(item) * kMaxWindow * n + g * d_count;
+    const size_t first = p.window_start_dev != nullptr ? static_cast<size_t>(p.window_start_dev[item])
+                                                       : static_cast<size_t>(item) * kMaxWindow;
+    const uint16_t* wk = p.window_k_dev + first * n + g * d_count;
+    const uint16_t* wv = p.window_v_dev + first * n + g * d_count;
     // Window token t is scored by thread t mod kMergeThreads (a window may
     // hold up to kMaxWindow = 2 kMergeThreads tokens).
     float s = kNegInf;
