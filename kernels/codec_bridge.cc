@@ -1,8 +1,10 @@
 #include "kernels/codec_bridge.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/hadamard.h"
 #include "codec/half.h"
 #include "kernels/transform.h"
 
@@ -61,6 +63,18 @@ absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p) {
 std::vector<float> PackTransforms(const TransformSet& set) {
   const size_t d = static_cast<size_t>(set.head_dim), dd = d * d;
   std::vector<float> out(static_cast<size_t>(set.layers) * set.kv_heads * 4 * dd);
+  // The codec's per-head Hadamard as a matrix: column k is H e_k
+  // (codec/hadamard.h), entries +-1/sqrt(d) taken by sign in double.
+  std::vector<double> had(dd);
+  {
+    std::vector<float> e(d);
+    for (size_t k = 0; k < d; ++k) {
+      std::fill(e.begin(), e.end(), 0.0f);
+      e[k] = 1.0f;
+      HadamardHeads(e.data(), 1, static_cast<int>(d));
+      for (size_t i = 0; i < d; ++i) had[i * d + k] = (e[i] > 0 ? 1.0 : -1.0) / std::sqrt(static_cast<double>(d));
+    }
+  }
   for (int l = 0; l < set.layers; ++l) {
     for (int h = 0; h < set.kv_heads; ++h) {
       float* dst = out.data() + (static_cast<size_t>(l) * set.kv_heads + h) * 4 * dd;
@@ -73,8 +87,16 @@ std::vector<float> PackTransforms(const TransformSet& set) {
           for (size_t j = 0; j < d; ++j) dst[slot[m] * dd + j * d + i] = src[i * d + j];
         }
       }
+      // Query: M = H T_K^-T, M[i][j] = sum_k H[i][k] T_K^-1[j][k], in double;
+      // stored as A[j][i] = M[i][j].
       const float* kinv = set.matrix(l, h, Mat::kKeyInverse);
-      std::copy(kinv, kinv + dd, dst + kTfQuery * dd);
+      for (size_t i = 0; i < d; ++i) {
+        for (size_t j = 0; j < d; ++j) {
+          double m = 0.0;
+          for (size_t k = 0; k < d; ++k) m += had[i * d + k] * kinv[j * d + k];
+          dst[kTfQuery * dd + j * d + i] = static_cast<float>(m);
+        }
+      }
     }
   }
   return out;

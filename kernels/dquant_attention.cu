@@ -209,7 +209,6 @@ struct KernelArgs {
   PartialLayout part;
   Workspace ws;
   int chunks_per_split;
-  bool rotate_query;  // false: p.query_dev already holds q' (WUSH)
 };
 
 template <int D, int G>
@@ -249,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   {
     const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
-    for (int len = 1; args.rotate_query && len < D; len <<= 1) {
+    for (int len = 1; len < D; len <<= 1) {
       __syncthreads();
       for (int i = tid; i < q_heads * D / 2; i += kThreads) {
         const int h = i / (D / 2), r = i % (D / 2);
@@ -261,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
       }
     }
     __syncthreads();
-    const float norm = args.rotate_query ? rsqrtf(static_cast<float>(D)) : 1.0f;
+    const float norm = rsqrtf(static_cast<float>(D));
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] *= norm;
     __syncthreads();
     for (int i = tid; i < (n / 16) * 32; i += kThreads) {
@@ -581,12 +580,13 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  args.rotate_query = p.transforms_dev == nullptr;
   if (p.transforms_dev != nullptr) {
     if (p.layer_dev == nullptr || p.transform_layers < 1) {
       return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
     }
-    // q' = T_K^-T q per item into the workspace, after the partial states.
+    // H q' = H T_K^-T q per item into the workspace, after the partial
+    // states; the kernel's own Hadamard of the query then yields q', so the
+    // fused kernel is the same for both transforms.
     float* q_pages = args.ws.acc + args.part.count() * l.head_dim;
     HeadTransformParams tp;
     tp.mats_dev = p.transforms_dev;

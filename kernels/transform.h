@@ -5,10 +5,14 @@
 // DEVICE FORM. For every (layer, kv head) four float matrices A, each used as
 //   out[i] = sum_{j = 0..D-1} A[j * D + i] * x[j]     (j ascending, no FMA)
 // which is exactly the order and rounding of codec/transform.cc MatVec, so
-// the GPU's transformed vectors are bit-identical to LayerTransform's and a
-// page encoded on the GPU equals the one TransformedKvCodec writes:
+// the GPU's transformed keys and values are bit-identical to
+// LayerTransform's and a page encoded on the GPU equals the one
+// TransformedKvCodec writes:
 //   kTfKey    = T_K^T        (k' = T_K k)
-//   kTfQuery  = T_K^-1       (q' = T_K^-T q)
+//   kTfQuery  = (H T_K^-T)^T (H q' with q' = T_K^-T q; the fused kernel
+//                             applies its Hadamard H to every query, and
+//                             H H = I; float rounding differs from
+//                             LayerTransform::Queries by ~1e-7 relative)
 //   kTfValue  = T_V^T        (v' = T_V v)
 //   kTfOutput = (T_V^-1)^T   (o = T_V^-1 o')
 // Matrix (layer, head, m) starts at ((layer * kv_heads + head) * 4 + m) * D * D.
