@@ -42,6 +42,22 @@ grep -q "\[L\]\[E\]\[N\*D\] needs" <<<"$msg" || fail "W_O message: $msg"
 ev=(--keys "$tmp/s3.k" --values "$tmp/s3.v" --shape $shape --codec int --bits 2)
 out=$("$codec" eval "${ev[@]}" --queries "$tmp/s3.q" --q-heads 4 --transform wush --transforms "$tmp/a.xfm" --json)
 grep -q '"attn_rel_err"' <<<"$out" || fail "eval output: $out"
+# --values-folded: eval folds the model's values itself (v' = T_V v) and
+# measures in the model's domain, so nmse_v and attn_rel_err are those of
+# the unfolded transform up to float rounding (not those of unrotated values).
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }'; }
+for c in "int --bits 2" dquant; do
+  # shellcheck disable=SC2086
+  un=$("$codec" eval "${ev[@]:0:6}" --codec $c --queries "$tmp/s3.q" --q-heads 4 --transform wush \
+    --transforms "$tmp/a.xfm" --json)
+  # shellcheck disable=SC2086
+  fo=$("$codec" eval "${ev[@]:0:6}" --codec $c --queries "$tmp/s3.q" --q-heads 4 --transform wush \
+    --transforms "$tmp/a.xfm" --values-folded --json)
+  for key in nmse_k nmse_v attn_rel_err; do
+    close "$(field $key "$fo")" "$(field $key "$un")" || fail "$c --values-folded $key: $fo vs unfolded $un"
+  done
+done
 "$codec" encode "${ev[@]}" --transform wush --transforms "$tmp/a.xfm" --out "$tmp/p" 2>/dev/null
 "$codec" decode --in "$tmp/p" --out "$tmp/d" --transform wush --transforms "$tmp/a.xfm" 2>/dev/null
 [ -s "$tmp/d.k" ] || fail "decode wrote nothing"

@@ -17,6 +17,7 @@
 #include "codec/wush.h"
 #include "gtest/gtest.h"
 #include "tools/calibrate_lib.h"
+#include "tools/eval_lib.h"
 #include "tools/spike_synth.h"
 #include "tools/wush_eval.h"
 
@@ -218,6 +219,62 @@ TEST(TransformStageTest, CompressedAttentionMatchesDecodedCache) {
   for (int i = 0; i < N * d; ++i) err += (out[i] - ref[i]) * (out[i] - ref[i]), norm += ref[i] * ref[i];
   EXPECT_LT(std::sqrt(err / norm), 1e-4);
   for (int h = 0; h < N; ++h) EXPECT_NEAR(lse[h], ref_lse[h], 1e-3);
+}
+
+// --values-folded in driftkv-codec eval (issue 6): EvaluateLayer simulates
+// the folded model (stores v' = T_V v, maps vhat' and the attention output
+// o' back by T_V^-1) and reports the unfolded codec's errors up to float
+// rounding, through the decoded cache (int) and D-Quant's compressed-domain
+// path; given v' itself (values_already_folded, encode's case) the same.
+// Coding the model's v unrotated instead (the evaluation before) fails this.
+TEST(FoldedValuesEvalTest, ModelDomainErrorsMatchUnfolded) {
+  const TransformSet set = Calibrated(30, true);
+  const int64_t T = 300, Tq = 40, n = 128;
+  const int N = 4;
+  std::vector<float> k = Gaussian(T * n, 31), v = Gaussian(T * n, 32), q = Gaussian(Tq * N * 64, 33, 0.5f);
+  // Uneven value channels, so that no orthogonal-like map codes them alike.
+  for (int64_t i = 0; i < T * n; ++i) v[i] *= 0.25f + 2.0f * ((i % 64) % 7 == 0);
+  absl::StatusOr<LayerTransform> t = LayerTransform::FromSet(set, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<float> vf(v.size());
+  t->Apply(Mat::kValue, v.data(), T, vf.data());
+  auto rel = [](double a, double b) { return std::abs(a - b) / b; };
+  for (const char* name : {"int", "dquant"}) {
+    for (int64_t residual : {0, 44}) {
+      SCOPED_TRACE(std::string(name) + " residual " + std::to_string(residual));
+      CodecOptions o;
+      o.name = name;
+      o.bits = 2;
+      o.kv_heads = 2;
+      o.head_dim = 64;
+      absl::StatusOr<std::unique_ptr<KvCodec>> unfolded = MakeTransformedCodec(o, TransformKind::kWush, &set, 1, false);
+      absl::StatusOr<std::unique_ptr<KvCodec>> folded = MakeTransformedCodec(o, TransformKind::kWush, &set, 1, true);
+      ASSERT_TRUE(unfolded.ok() && folded.ok());
+      EvalLayerInput in;
+      in.keys = k.data();
+      in.values = v.data();
+      in.tokens = T;
+      in.queries = q.data();
+      in.query_tokens = Tq;
+      in.q_heads = N;
+      in.residual = residual;
+      EvalAccumulator a, b, c;
+      ASSERT_TRUE(EvaluateLayer(**unfolded, in, &a, nullptr).ok());
+      ASSERT_TRUE(EvaluateLayer(**folded, in, &b, nullptr).ok());
+      EvalLayerInput given = in;
+      given.values = vf.data();
+      given.values_already_folded = true;
+      ASSERT_TRUE(EvaluateLayer(**folded, given, &c, nullptr).ok());
+      // The window holds bf16(v') instead of bf16(v): a little more slack.
+      const double tol = residual > 0 ? 1e-3 : 1e-5;
+      EXPECT_EQ(a.err_k, b.err_k);
+      EXPECT_LT(rel(b.err_v / b.sum_v, a.err_v / a.sum_v), tol);
+      EXPECT_LT(rel(b.attn_err / b.attn_sum, a.attn_err / a.attn_sum), tol);
+      EXPECT_LT(rel(c.err_v / c.sum_v, a.err_v / a.sum_v), tol);
+      EXPECT_LT(rel(c.attn_err / c.attn_sum, a.attn_err / a.attn_sum), tol);
+      EXPECT_EQ(a.value_bytes, b.value_bytes);
+    }
+  }
 }
 
 TEST(CalibrationTest, DeterministicAndFileRoundTrips) {

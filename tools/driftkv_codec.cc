@@ -143,6 +143,10 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
     in.tokens = t.tokens;
     in.residual = residual;
     in.threads = threads;
+    // --values-folded: eval is given the model's values and simulates the
+    // folded model (tools/eval_lib.h); encode stores the values as given,
+    // already folded, as the folded model emits them.
+    in.values_already_folded = !pool_out.empty();
     if (!t.queries.empty()) {
       in.queries = t.queries.data() + l * t.query_tokens * t.q_heads * t.dim;
       in.query_tokens = t.query_tokens;
@@ -329,7 +333,9 @@ int Usage() {
                "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
                "  --rotation hadamard|identity\n"
                "transform flags (eval, encode, decode, sweep): --transform identity|hadamard|wush\n"
-               "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n");
+               "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n"
+               "  (--values-folded: eval and sweep fold the given model values themselves, v' = T_V v,\n"
+               "  and report errors in the model's domain; encode stores the given values as folded)\n");
   return 2;
 }
 

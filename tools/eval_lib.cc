@@ -18,10 +18,14 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-// attention of every query over tokens [0, pos] of the stored layer.
-absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
+// attention of every query over tokens [0, pos] of the stored layer, against
+// float64 attention over in.keys and `values` (the model's). `unfold` (folded
+// values only): vhat is in the folded domain and the stored layer's output
+// o' is mapped back by T_V^-1 before the comparison.
+absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in, const float* values,
                               const EncodedLayer& enc, const std::vector<float>& khat,
-                              const std::vector<float>& vhat, EvalAccumulator* acc) {
+                              const std::vector<float>& vhat, const LayerTransform* unfold,
+                              EvalAccumulator* acc) {
   const int d = codec.head_dim(), n = codec.n(), qh = in.q_heads;
   if (qh < 1 || qh % codec.kv_heads() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("q_heads ", qh, " is not a multiple of kv_heads ", codec.kv_heads()));
@@ -42,7 +46,7 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
   for (int64_t i = 0; i < in.query_tokens; ++i) {
     const int64_t pos = in.tokens - in.query_tokens + i;
     const float* q = in.queries + i * qh * d;
-    ReferenceAttention(in.keys, in.values, pos + 1, codec.kv_heads(), d, q, qh, scale, ref.data(), ref_lse.data());
+    ReferenceAttention(in.keys, values, pos + 1, codec.kv_heads(), d, q, qh, scale, ref.data(), ref_lse.data());
     if (dq != nullptr || tq != nullptr) {
       const std::vector<CompressedBlock> blocks = LayerBlocks(codec, enc, pos + 1);
       Bf16Tokens window;
@@ -54,10 +58,16 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
                                               out.data(), lse.data(), &scratch)
                         : TransformedCompressedAttention(*tq, blocks, window, q, qh, static_cast<float>(scale),
                                                          out.data(), lse.data(), &scratch);
-      if (!st.ok()) return st;
+      // Folded: o' = T_V o, what the folded o_proj reads; o = T_V^-1 o'.
+      if (unfold != nullptr) unfold->Outputs(out.data(), qh, out.data());
       for (size_t j = 0; j < out.size(); ++j) alt[j] = out[j];
     } else {
       ReferenceAttention(khat.data(), vhat.data(), pos + 1, codec.kv_heads(), d, q, qh, scale, alt.data(), alt_lse.data());
+      if (unfold != nullptr) {  // the same mapping, in float as above
+        for (size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(alt[j]);
+        unfold->Outputs(out.data(), qh, out.data());
+        for (size_t j = 0; j < out.size(); ++j) alt[j] = out[j];
+      }
     }
     for (size_t j = 0; j < ref.size(); ++j) {
       acc->attn_err += (ref[j] - alt[j]) * (ref[j] - alt[j]);
@@ -74,9 +84,27 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in,
 absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalAccumulator* acc,
                            EncodedLayer* encoded) {
   const int64_t n = codec.n();
+  // Folded values (eval_lib.h): `stored` goes to the codec (v'), `model` is
+  // the reference (v).
+  const auto* folded = dynamic_cast<const TransformedKvCodec*>(&codec);
+  if (folded != nullptr && !folded->values_folded()) folded = nullptr;
+  const LayerTransform* unfold = folded != nullptr ? &folded->transform() : nullptr;
+  std::vector<float> converted;
+  const float* stored = in.values;
+  const float* model = in.values;
+  if (unfold != nullptr) {
+    converted.resize(in.tokens * n);
+    unfold->Apply(in.values_already_folded ? Mat::kValueInverse : Mat::kValue, in.values, in.tokens,
+                  converted.data());
+    if (in.values_already_folded) {
+      model = converted.data();
+    } else {
+      stored = converted.data();
+    }
+  }
   EncodedLayer enc;
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = EncodeLayer(codec, in.keys, in.values, in.tokens, in.residual, in.threads, &enc, &acc->stats);
+  absl::Status st = EncodeLayer(codec, in.keys, stored, in.tokens, in.residual, in.threads, &enc, &acc->stats);
   if (!st.ok()) return st;
   acc->encode_seconds += Seconds(t0);
   acc->encoded_streams += 2 * enc.compressed;
@@ -86,20 +114,28 @@ absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalA
   st = DecodeLayer(codec, enc, khat.data(), vhat.data());
   if (!st.ok()) return st;
   acc->decode_seconds += Seconds(t1);
+  // Folded: vhat is vhat'; the model's reconstruction is T_V^-1 vhat' (the
+  // same product an unfolded TransformedKvCodec's DecodeBlock computes).
+  std::vector<float> vhat_model;
+  if (unfold != nullptr) {
+    vhat_model.resize(vhat.size());
+    unfold->Apply(Mat::kValueInverse, vhat.data(), in.tokens, vhat_model.data());
+  }
+  const float* vm = unfold != nullptr ? vhat_model.data() : vhat.data();
 
   for (int64_t i = 0; i < in.tokens * n; ++i) {
     const double dk = static_cast<double>(in.keys[i]) - khat[i];
-    const double dv = static_cast<double>(in.values[i]) - vhat[i];
+    const double dv = static_cast<double>(model[i]) - vm[i];
     acc->err_k += dk * dk;
     acc->sum_k += static_cast<double>(in.keys[i]) * in.keys[i];
     acc->err_v += dv * dv;
-    acc->sum_v += static_cast<double>(in.values[i]) * in.values[i];
+    acc->sum_v += static_cast<double>(model[i]) * model[i];
   }
   acc->key_bytes += enc.key_bytes();
   acc->value_bytes += enc.value_bytes();
   acc->values += in.tokens * n;
   if (in.queries != nullptr && in.query_tokens > 0) {
-    st = MeasureAttention(codec, in, enc, khat, vhat, acc);
+    st = MeasureAttention(codec, in, model, enc, khat, vhat, unfold, acc);
     if (!st.ok()) return st;
   }
   if (encoded != nullptr) *encoded = std::move(enc);

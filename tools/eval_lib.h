@@ -11,6 +11,22 @@
 //     decoded cache); query i of Tq sits at position T - Tq + i;
 //   bits per value: every stored byte (records, side records, bf16 window)
 //     * 8 / values.
+// Folded values (a TransformedKvCodec with values_folded(): T_V folded into
+// v_proj/o_proj, tools/transform_flags.h): the codec stores v' = T_V v as
+// given and attention over the store yields o' = T_V o, which the folded
+// o_proj consumes. EvaluateLayer simulates that model and still measures in
+// the model's domain, with the same denominators as without folding:
+//   - `values` are the model's v (eval, sweep): v' = T_V v is computed here
+//     (LayerTransform::Apply, the very product an unfolded TransformedKvCodec
+//     feeds its inner codec) and stored; or, with values_already_folded
+//     (encode), `values` are v' and are stored as given, the model's v being
+//     T_V^-1 v';
+//   - nmse_v compares T_V^-1 vhat' with v;
+//   - attention runs over the stored (folded) cache, as the folded model
+//     does, and its output o' is mapped back by T_V^-1 before it is compared
+//     with float64 attention over the model's k and v.
+// Without this the codec would code the model's v unrotated and the errors
+// would be those of no value transform at all.
 #ifndef DRIFTKV_TOOLS_EVAL_LIB_H_
 #define DRIFTKV_TOOLS_EVAL_LIB_H_
 
@@ -33,6 +49,8 @@ struct EvalLayerInput {
   int64_t residual = 0;          // newest tokens kept in bf16
   double softmax_scale = 0.0;    // 0: 1 / sqrt(head_dim)
   int threads = 1;               // encode threads (timings are per thread at 1)
+  // Folded-values codecs only (see above): `values` already hold v' = T_V v.
+  bool values_already_folded = false;
 };
 
 struct EvalAccumulator {

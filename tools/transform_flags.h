@@ -7,7 +7,15 @@
 //                    i % (layers in the file), which fits files laid out
 //                    [sequence][layer] (the fixture, bench/kl_eval.py)
 //   --values-folded  T_V is folded into the model's weights: values pass
-//                    through untransformed
+//                    through untransformed. encode stores the given values
+//                    as they are (a folded model emits v' = T_V v) and
+//                    decode returns v'. eval and sweep are given the model's
+//                    own values and simulate the folded model: they store
+//                    v' = T_V v and report nmse_v and attn_rel_err in the
+//                    model's domain (T_V^-1 applied to vhat' and to the
+//                    attention output o', as the folded o_proj does),
+//                    comparable with the unfolded figures
+//                    (tools/eval_lib.h).
 // Codecs are built per tensor layer, since the transforms differ by layer.
 // A pool records its transform (codec/pool_file.h, PoolTransform); decode
 // checks the flags against it and takes --layer and --values-folded from it.
