@@ -267,6 +267,12 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
       sc = (n * sxm - sm * sx) / det;
       o = (sx - sc * sm) / n;
     }
+    if (isfinite(o) && fabs(o) > kHalfMaxDev && smm > 0.0) {
+      // As StreamCodec::Encode: the fit wants an origin fp16 cannot hold (a
+      // lone outlier drifted towards the centre): pin o, refit s alone.
+      o = fmin(fmax(o, -static_cast<double>(kHalfMaxDev)), static_cast<double>(kHalfMaxDev));
+      sc = (sxm - o * sm) / smm;
+    }
     if (!(sc > 0.0) || !isfinite(sc) || !isfinite(o)) {
       sc = s0;
       o = lo;

@@ -128,6 +128,18 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
     EXPECT_EQ(constant[k], cpu_stats[k].constant);
   }
 
+  // Records equal the CPU's, byte for byte (same decisions, same rounding).
+  int differing = 0;
+  for (int t = 0; t < tokens; ++t) {
+    const size_t page = static_cast<size_t>(t / kPageTokens) * lay.page_bytes;
+    const int slot = t % kPageTokens;
+    differing += std::memcmp(gpu_pool.data() + page + slot * lay.key_stride,
+                             cpu_pool.data() + page + slot * lay.key_stride, lay.key_stride) != 0;
+    differing += std::memcmp(gpu_pool.data() + page + lay.value_offset + slot * lay.value_stride,
+                             cpu_pool.data() + page + lay.value_offset + slot * lay.value_stride, lay.value_stride) != 0;
+  }
+  EXPECT_EQ(differing, 0) << "records differing from the CPU encoder's, of " << 2 * tokens;
+
   // Mean records equal the CPU's.
   for (int w = 0; w < pages; ++w) {
     const size_t off = static_cast<size_t>(w) * lay.page_bytes + lay.mean_offset;
@@ -190,6 +202,60 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
   std::printf("NMSE keys GPU %.6g CPU %.6g; values GPU %.6g CPU %.6g\n", gk, ck, gv, cv);
   EXPECT_NEAR(gk, ck, 0.03 * ck);
   EXPECT_NEAR(gv, cv, 0.03 * cv);
+}
+
+// A lone outlier of 30000 among zeros, no rotation (as behind a WUSH
+// transform): drift moves the outlier inwards and the refit must pin the
+// origin at the fp16 limit exactly as the CPU encoder does
+// (stream_codec_test SingleHugeOutlierDegradesGracefully).
+TEST(EncodeGpu, LoneOutlierPinsTheOriginLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  cfg.hadamard = false;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  EncodeParams ep;
+  ASSERT_TRUE(MakeEncodeAlphabets(*codec, &ep).ok());
+  ep.rotate = false;
+  const DQuantPageLayout lay = ep.layout;
+  const int n = lay.n(), tokens = 2;
+  std::vector<float> keys(tokens * n, 0.0f), values(tokens * n, 0.0f);
+  keys[17] = 30000.0f;
+  values[17] = 30000.0f;
+  values[n + 900] = -30000.0f;
+  std::vector<uint8_t> cpu_pool(lay.page_bytes, 0);
+  CodecScratch scratch;
+  StreamStats ks, vs;
+  ASSERT_TRUE(codec->EncodeWindow(keys.data(), values.data(), tokens, cpu_pool.data(), cpu_pool.data() + lay.value_offset,
+                                  cpu_pool.data() + lay.mean_offset, &scratch, &ks, &vs).ok());
+  std::vector<int32_t> ids = {0};
+  DeviceBuffer dk, dv, dpages, dpool;
+  ASSERT_TRUE(dk.Upload(keys) && dv.Upload(values) && dpages.Upload(ids) && dpool.Resize(lay.page_bytes));
+  cudaMemset(dpool.get<void>(), 0, dpool.bytes());
+  ep.keys_dev = dk.get<float>();
+  ep.values_dev = dv.get<float>();
+  ep.tokens = tokens;
+  ep.pages_dev = dpages.get<int32_t>();
+  ep.pool_dev = dpool.get<uint8_t>();
+  ASSERT_TRUE(LaunchEncode(ep, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> gpu_pool;
+  ASSERT_TRUE(dpool.Download(&gpu_pool));
+  for (int t = 0; t < tokens; ++t) {
+    EXPECT_EQ(0, std::memcmp(gpu_pool.data() + t * lay.key_stride, cpu_pool.data() + t * lay.key_stride, lay.key_stride))
+        << "key record " << t;
+    EXPECT_EQ(0, std::memcmp(gpu_pool.data() + lay.value_offset + t * lay.value_stride,
+                             cpu_pool.data() + lay.value_offset + t * lay.value_stride, lay.value_stride))
+        << "value record " << t;
+  }
+  std::vector<float> y(n);
+  ASSERT_TRUE(codec->DecodeValue(gpu_pool.data() + lay.value_offset, y.data(), &scratch).ok());
+  EXPECT_GT(y[17], 15000.0f);
+  for (int i = 0; i < n; ++i) {
+    if (i != 17) ASSERT_LE(std::fabs(y[i]), 300.0f) << i;
+  }
 }
 
 TEST(EncodeGpu, OddSizesGqa8x128) {
