@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "codec/transform.h"
@@ -67,8 +68,9 @@ class PinnedScratch {
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device, const TransformSet* transforms,
-              bool values_folded)
-      : codec_(*codec), pool_(*pool), device_(device), transforms_(transforms), values_folded_(values_folded) {}
+              bool values_folded, size_t window_cache_bytes)
+      : codec_(*codec), pool_(*pool), device_(device), transforms_(transforms), values_folded_(values_folded),
+        window_cache_bytes_(window_cache_bytes) {}
   ~CudaBackend() override {
     cudaFree(arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -102,6 +104,8 @@ class CudaBackend : public Backend {
     if (!st.ok()) return st;
     encode_.layout = layout_;
     encode_.rotate = transforms_ == nullptr;
+    st = InitWindowCache(window_cache_bytes_);
+    if (!st.ok()) return st;
     if (transforms_ != nullptr) {
       st = InitTransforms();
       if (!st.ok()) return st;
@@ -144,6 +148,109 @@ class CudaBackend : public Backend {
   }
 
   bool c_hadamard() const { return codec_.config().hadamard; }
+
+  // WINDOW CACHE. The bf16 windows live in host memory (the handler's);
+  // uploading every item's whole window with every launch dominated a
+  // batched launch (docs/bench_service.md). So windows are kept in a device
+  // arena of fixed slots of kMaxWindow tokens, keyed by AttendJob::window_id:
+  // a launch uploads only the tokens a slot lacks (usually the one new
+  // token; all of them after the window moved past a page, or on a miss).
+  // Slots are recycled least recently used. If a launch cannot place every
+  // windowed item (no id, or more items than slots), it stages all its
+  // windows as before.
+  struct WindowSlot {
+    uint64_t id = 0;       // 0: free
+    int64_t first = 0;     // absolute index of the slot's token 0
+    int64_t tokens = 0;    // valid tokens in the slot
+    uint64_t last_use = 0;
+  };
+  struct WindowUpload {
+    int item, slot;
+    int64_t from;  // first token of the item's window to upload
+    int64_t count;
+  };
+
+  absl::Status InitWindowCache(size_t bytes) {
+    const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * layout_.n() * 2;
+    const int slots = static_cast<int>(std::min<size_t>(bytes / (2 * slot_bytes), 1 << 16));
+    if (slots == 0) return absl::OkStatus();
+    absl::Status st = window_k_.Reserve(slots * slot_bytes);
+    if (st.ok()) st = window_v_.Reserve(slots * slot_bytes);
+    if (!st.ok()) return st;
+    window_slots_.assign(slots, WindowSlot());
+    return absl::OkStatus();
+  }
+
+  // Plans slots for every item with a window; false (and no change) when
+  // some item cannot be cached. Commits the slots' new contents on success.
+  // After a failed upload the slots' contents are unknown: forget them all.
+  void InvalidateWindowCache() {
+    for (WindowSlot& w : window_slots_) w = WindowSlot();
+    slot_index_.clear();
+  }
+
+  bool PlanWindowSlots(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of,
+                       std::vector<WindowUpload>* uploads) {
+    if (window_slots_.empty()) return false;
+    ++launch_;
+    const int items = static_cast<int>(jobs.size());
+    slot_of->assign(items, -1);
+    uploads->clear();
+    std::vector<std::pair<int, WindowSlot>> commits;
+    absl::flat_hash_map<uint64_t, int> taken;  // ids placed by this launch
+    size_t free_scan = 0;
+    for (int i = 0; i < items; ++i) {
+      const AttendJob& j = jobs[i];
+      if (j.window.tokens == 0) continue;
+      if (j.window_id == 0) return false;
+      if (auto t = taken.find(j.window_id); t != taken.end()) {
+        // Two items of one (sequence, layer) in one launch: the handler
+        // holds the layer's read lock for both, so they see one window.
+        const WindowSlot& w = window_slots_[t->second];
+        const auto c = std::find_if(commits.begin(), commits.end(), [&](const auto& e) { return e.first == t->second; });
+        if (c == commits.end() || c->second.first != j.window_first || c->second.tokens != j.window.tokens) return false;
+        (void)w;
+        (*slot_of)[i] = t->second;
+        continue;
+      }
+      int slot = -1;
+      if (auto it = slot_index_.find(j.window_id); it != slot_index_.end()) slot = it->second;
+      if (slot >= 0) {
+        const WindowSlot& w = window_slots_[slot];
+        if (w.first == j.window_first && w.tokens <= j.window.tokens) {
+          if (j.window.tokens > w.tokens) uploads->push_back({i, slot, w.tokens, j.window.tokens - w.tokens});
+        } else {
+          uploads->push_back({i, slot, 0, j.window.tokens});
+        }
+      } else {
+        // A free slot, else the least recently used one not used by this launch.
+        for (; free_scan < window_slots_.size() && window_slots_[free_scan].id != 0; ++free_scan) {
+        }
+        if (free_scan < window_slots_.size()) {
+          slot = static_cast<int>(free_scan++);
+        } else {
+          uint64_t oldest = launch_;
+          for (size_t k = 0; k < window_slots_.size(); ++k) {
+            if (window_slots_[k].last_use < oldest) oldest = window_slots_[k].last_use, slot = static_cast<int>(k);
+          }
+          if (slot < 0) return false;
+        }
+        uploads->push_back({i, slot, 0, j.window.tokens});
+      }
+      WindowSlot w{j.window_id, j.window_first, j.window.tokens, launch_};
+      window_slots_[slot].last_use = launch_;  // not evicted again by this launch
+      commits.push_back({slot, w});
+      taken[j.window_id] = slot;
+      (*slot_of)[i] = slot;
+    }
+    for (const auto& [slot, w] : commits) {
+      const WindowSlot& old = window_slots_[slot];
+      if (old.id != 0 && old.id != w.id) slot_index_.erase(old.id);
+      window_slots_[slot] = w;
+      slot_index_[w.id] = slot;
+    }
+    return true;
+  }
 
   absl::Status CheckLayer(int layer) const {
     if (transforms_ == nullptr || (layer >= 0 && layer < transforms_->layers)) return absl::OkStatus();
@@ -299,6 +406,14 @@ class CudaBackend : public Backend {
  private:
   absl::Status AttendRun(absl::Span<AttendJob> jobs) {
     absl::MutexLock lock(&mu_);
+    absl::Status st = AttendRunLocked(jobs);
+    // A failure may come after window slots were planned and before their
+    // tokens arrived: forget the cache rather than trust it.
+    if (!st.ok()) InvalidateWindowCache();
+    return st;
+  }
+
+  absl::Status AttendRunLocked(absl::Span<AttendJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
     const int P = pool_.page_tokens();
     std::vector<int32_t> table, start(items), tokens(items), wtok(items), layers(items);
@@ -321,11 +436,21 @@ class CudaBackend : public Backend {
     // staging buffer and uploaded with one copy: the per-item ints, the page
     // table, the queries and the windows back to back (only their real
     // tokens). Pinned and reused: no page faults, full-speed DMA.
+    // Windows: device slots (only missing tokens are uploaded), or, when
+    // the launch cannot be cached, all of them staged back to back.
     std::vector<int32_t> wstart(items);
+    std::vector<int> slot_of;
+    std::vector<WindowUpload> uploads;
+    const bool cached = PlanWindowSlots(jobs, &slot_of, &uploads);
     size_t total_w = 0;
-    for (int i = 0; i < items; ++i) {
-      wstart[i] = static_cast<int32_t>(total_w);
-      total_w += static_cast<size_t>(wtok[i]);
+    if (cached) {
+      for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
+      for (const WindowUpload& u : uploads) total_w += static_cast<size_t>(u.count);
+    } else {
+      for (int i = 0; i < items; ++i) {
+        wstart[i] = static_cast<int32_t>(total_w);
+        total_w += static_cast<size_t>(wtok[i]);
+      }
     }
     auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
     const size_t qsz = static_cast<size_t>(items) * q_heads * d;
@@ -353,15 +478,38 @@ class CudaBackend : public Backend {
     for (int i = 0; i < items; ++i) {
       std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query, sizeof(float) * q_heads * d);
       const size_t wn = static_cast<size_t>(wtok[i]) * n;
-      if (wn > 0) {
+      if (!cached && wn > 0) {
         std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
         std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
       }
     }
     uint8_t* dstage = a_stage_.get<uint8_t>();
-    const size_t used = total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
+    const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
     st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     if (!st.ok()) return st;
+    if (cached) {
+      // Missing tokens: packed into the pinned buffer, then one copy per
+      // slot and tensor straight into the slot.
+      size_t at = 0;
+      const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
+      for (const WindowUpload& u : uploads) {
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
+        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
+        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
+        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
+        st = Cuda(cudaMemcpyAsync(window_k_.get<uint8_t>() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice,
+                                  stream_), "upload window keys");
+        if (st.ok()) {
+          st = Cuda(cudaMemcpyAsync(window_v_.get<uint8_t>() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice,
+                                    stream_), "upload window values");
+        }
+        if (!st.ok()) {
+          InvalidateWindowCache();
+          return st;
+        }
+        at += bytes;
+      }
+    }
     int32_t* small = reinterpret_cast<int32_t*>(dstage);
     gpu::DQuantAttentionParams p;
     p.pool_dev = static_cast<const uint8_t*>(arena_);
@@ -375,8 +523,8 @@ class CudaBackend : public Backend {
     p.tokens_dev = small + items;
     p.window_tokens_dev = small + 2 * items;
     p.window_start_dev = small + 4 * items;
-    p.window_k_dev = reinterpret_cast<const uint16_t*>(dstage + off_wk);
-    p.window_v_dev = reinterpret_cast<const uint16_t*>(dstage + off_wv);
+    p.window_k_dev = cached ? window_k_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wk);
+    p.window_v_dev = cached ? window_v_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wv);
     p.query_dev = reinterpret_cast<const float*>(dstage + off_query);
     p.softmax_scale = jobs[0].softmax_scale;
     p.out_dev = a_out_.get<float>();
@@ -408,6 +556,7 @@ class CudaBackend : public Backend {
   const int device_;
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
+  const size_t window_cache_bytes_;
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   gpu::DQuantPageLayout layout_;
   gpu::EncodeParams encode_;
@@ -416,15 +565,20 @@ class CudaBackend : public Backend {
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   Scratch a_stage_, a_out_, a_ws_;
+  Scratch window_k_, window_v_;          // [slots][kMaxWindow][n] bf16
+  std::vector<WindowSlot> window_slots_;
+  absl::flat_hash_map<uint64_t, int> slot_index_;  // window_id -> slot
+  uint64_t launch_ = 0;
   PinnedScratch host_stage_, host_out_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
-                                                         const TransformSet* transforms, bool values_folded) {
+                                                         const TransformSet* transforms, bool values_folded,
+                                                         size_t window_cache_bytes) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
-  auto b = std::make_unique<CudaBackend>(codec, pool, device, transforms, values_folded);
+  auto b = std::make_unique<CudaBackend>(codec, pool, device, transforms, values_folded, window_cache_bytes);
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

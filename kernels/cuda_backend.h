@@ -26,9 +26,14 @@ namespace driftkv {
 // (FailedPrecondition) when no GPU is usable, when the pool's layout is not
 // one the kernels take, or when `transforms` (WUSH-KV, service/backend.h
 // TRANSFORMS) does not match the codec (shape, rotation "identity").
+// `window_cache_bytes` of device memory keep the bf16 windows between calls
+// (see WINDOW CACHE in cuda_backend.cc; 0: upload every window with every
+// launch).
+constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool,
                                                          int device = 0, const TransformSet* transforms = nullptr,
-                                                         bool values_folded = false);
+                                                         bool values_folded = false,
+                                                         size_t window_cache_bytes = kDefaultWindowCacheBytes);
 
 }  // namespace driftkv
 

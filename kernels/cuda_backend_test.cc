@@ -309,5 +309,108 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
   EXPECT_EQ(j.status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+
+// The device window cache (cuda_backend.cc, WINDOW CACHE): windows that grow
+// by a token per step, move past a page, repeat within a launch, and more
+// windows than slots (the staging fallback) give the CPU backend's results
+// at every step.
+TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
+  if (!gpu::GpuAvailable()) {
+    std::printf("skipped: no GPU\n");
+    GTEST_SKIP() << "skipped: no GPU";
+  }
+  DQuantConfig cfg;
+  cfg.kv_heads = 4;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
+  auto pool = PagePool::Create(&c, 8ull * 40000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, 3 * 2 * slot_bytes);  // 3 slots
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+
+  // One encoded page shared by every sequence; windows of up to 640 tokens
+  // of history, viewed 128..255 at a time.
+  auto r = (*pool)->Reserve(1);
+  ASSERT_TRUE(r.ok());
+  const std::vector<PageId> pages = *r;
+  std::mt19937_64 rng(5);
+  {
+    std::vector<float> k, v;
+    gpu::RandomKv(P, n, &rng, &k, &v);
+    EncodeJob j;
+    j.keys = k.data();
+    j.values = v.data();
+    j.page = pages[0];
+    std::vector<EncodeJob> js = {j};
+    ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(js)).ok());
+  }
+  constexpr int kSeqs = 5, kHistory = 640;
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> hk(kSeqs), hv(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    hk[s].resize(static_cast<size_t>(kHistory) * n);
+    hv[s].resize(hk[s].size());
+    for (auto& x : hk[s]) x = FloatToBf16(g(rng));
+    for (auto& x : hv[s]) x = FloatToBf16(g(rng));
+  }
+  std::vector<int64_t> first(kSeqs, 0), count(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) count[s] = 128 + 20 * s;
+  std::vector<float> q(static_cast<size_t>(q_heads) * d);
+  int checked = 0;
+  for (int step = 0; step < 40; ++step) {
+    // Sequences 0-2 every step (fit the 3 slots), all 5 every 4th step
+    // (fallback), sequence 1 twice in one launch every 5th step.
+    std::vector<int> which = {0, 1, 2};
+    if (step % 4 == 3) which = {0, 1, 2, 3, 4};
+    if (step % 5 == 4) which = {1, 0, 1};
+    std::vector<AttendJob> ag(which.size()), ac(which.size());
+    std::vector<float> og(which.size() * q_heads * d, NAN), oc(og.size(), NAN);
+    std::vector<float> lg(which.size() * q_heads, NAN), lc(lg.size(), NAN);
+    for (float& x : q) x = g(rng);
+    for (size_t i = 0; i < which.size(); ++i) {
+      const int s = which[i];
+      for (int side = 0; side < 2; ++side) {
+        AttendJob& j = side == 0 ? ag[i] : ac[i];
+        j.pages = pages;
+        j.window = Bf16Tokens{hk[s].data() + first[s] * n, hv[s].data() + first[s] * n, count[s]};
+        j.window_id = 100 + s;
+        j.window_first = first[s];
+        j.query = q.data();
+        j.q_heads = q_heads;
+        j.softmax_scale = 1.0f / std::sqrt(128.0f);
+        j.out = (side == 0 ? og : oc).data() + i * q_heads * d;
+        j.lse = (side == 0 ? lg : lc).data() + i * q_heads;
+      }
+    }
+    (*cuda)->Attend(absl::MakeSpan(ag));
+    cpu->Attend(absl::MakeSpan(ac));
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < og.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(og[i])) << "step " << step;
+      diff = std::max(diff, static_cast<double>(std::fabs(og[i] - oc[i])));
+      norm = std::max(norm, static_cast<double>(std::fabs(oc[i])));
+    }
+    for (size_t i = 0; i < which.size(); ++i) ASSERT_TRUE(ag[i].status.ok()) << ag[i].status;
+    EXPECT_LE(diff, 1e-4 * norm) << "step " << step;
+    ++checked;
+    // Grow every window by one token; a window past 255 tokens moves on by
+    // a page, as the handler's does when it encodes one.
+    for (int s = 0; s < kSeqs; ++s) {
+      if (count[s] + 1 > 255) {
+        first[s] += 128;
+        count[s] -= 128;
+      }
+      ++count[s];
+      ASSERT_LE(first[s] + count[s], kHistory);
+    }
+  }
+  EXPECT_EQ(checked, 40);
+}
+
 }  // namespace
 }  // namespace driftkv

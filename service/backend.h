@@ -51,6 +51,13 @@ struct EncodeJob {
 struct AttendJob {
   absl::Span<const PageId> pages;  // full pages, oldest first
   Bf16Tokens window;               // the newest tokens, after the pages
+  // Names the window's content for backends that keep windows on the
+  // device between calls: window_id is nonzero and unique to one (sequence,
+  // layer) for the process's life, window_first is the absolute index of
+  // window.keys[0] in that layer. A stored token never changes, so (id,
+  // first, tokens) determines the content. 0: nothing to cache.
+  uint64_t window_id = 0;
+  int64_t window_first = 0;
   const float* query = nullptr;    // [q_heads][head_dim]
   int q_heads = 0;
   float softmax_scale = 0.0f;

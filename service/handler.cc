@@ -543,6 +543,8 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     j.pages = absl::MakeConstSpan(layer.pages);
     j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
                           static_cast<int64_t>(layer.window_keys.size() / n())};
+    j.window_id = layer.id;
+    j.window_first = static_cast<int64_t>(layer.pages.size()) * pool_->page_tokens();
     j.query = work[i].query.data();
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;

@@ -84,6 +84,8 @@ class Handler {
  private:
   // Fields guarded by mu, or by the sequence's writer lock.
   struct Layer {
+    // Unique for the process's life (AttendJob::window_id).
+    const uint64_t id = NewLayerId();
     absl::Mutex mu;
     std::vector<PageId> pages;
     std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
@@ -99,6 +101,10 @@ class Handler {
     std::atomic<int64_t> last_access_ns{0};
   };
   using SequencePtr = std::shared_ptr<Sequence>;
+  static uint64_t NewLayerId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // How one append of `count` tokens starting at `first` lands on a layer.
   struct AppendPlan {
