@@ -383,7 +383,8 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
         "driftkv_sequences_expired_total", "driftkv_ingested_bytes_total",
         "driftkv_ingested_tokens_total", "driftkv_duplicate_tokens_total",
         "driftkv_rejected_requests_total", "driftkv_attention_tokens_total",
-        "driftkv_attention_items_total", "driftkv_rpc_duration_seconds_bucket"}) {
+        "driftkv_attention_items_total", "driftkv_attend_batch_calls_count",
+        "driftkv_attend_batch_items_count", "driftkv_rpc_duration_seconds_bucket"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }
   using testing::MetricValue;
@@ -391,6 +392,8 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"key\"}"), 8 * 32 * 128);
   EXPECT_EQ(MetricValue(after, "driftkv_symbols_coded_total{stream=\"value\"}"), 8 * 32 * 128);
   EXPECT_GT(MetricValue(after, "driftkv_symbols_moved_total{stream=\"key\"}"), 0);
+  // The CPU backend runs calls separately: nothing is merged or observed.
+  EXPECT_EQ(MetricValue(after, "driftkv_attend_batch_calls_count"), 0);
   // One utilisation sample per encoded stream: 8 pages x 32 tokens.
   EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"key\"}"), 8 * 32);
   EXPECT_EQ(MetricValue(after, "driftkv_budget_utilization_ratio_count{stream=\"value\"}"), 8 * 32);
