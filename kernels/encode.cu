@@ -53,7 +53,8 @@ __device__ void BuildAssignmentDev(const float* cost, int levels, double lambda,
   int count = 0;
   for (int m = 0; m < levels; ++m) {
     if (isinf(cost[m])) continue;
-    const double b = static_cast<double>(m) * m + lambda * cost[m];
+    // No fused multiply-add: the CPU rounds lambda * cost before the sum.
+    const double b = __dadd_rn(static_cast<double>(m) * m, __dmul_rn(lambda, cost[m]));
     double x = -HUGE_VAL;
     while (count > 0) {
       const int top = a->level[count - 1];
@@ -85,13 +86,18 @@ __device__ double AssignCost(const float* u, int n, const Asg* a, uint8_t* sym, 
   const int nb = a->count - 1;
 #pragma unroll
   for (int b = 0; b < kEncodeMaxLevels - 1; ++b) brk[b] = b < nb ? a->breaks[b] : HUGE_VALF;
-  float c = 0.0f;
+  // Summed in double, where a sum of up to 1024 float costs (below 2^5,
+  // 24-bit mantissas) is exact in any order: the total equals the CPU's
+  // (codec/drift.cc AssignmentCost, exact too), so budget comparisons at a
+  // near-tie go the same way on both. A float sum here made about one
+  // stream in a thousand drift differently (measured in service_gpu_test).
+  double c = 0.0;
   for (int i = lane; i < n; i += 32) {
     const float v = u[i];
     int j = 0;
 #pragma unroll
     for (int b = 0; b < kEncodeMaxLevels - 1; ++b) j += v > brk[b];
-    c += a->icost[j];
+    c += static_cast<double>(a->icost[j]);
     if (sym != nullptr) sym[i] = static_cast<uint8_t>(a->level[j]);
   }
   __syncwarp();
@@ -227,7 +233,10 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     const uint8_t* mean = page + lay.mean_offset;
     const float mscale = *reinterpret_cast<const float*>(mean);
     const int8_t* q = reinterpret_cast<const int8_t*>(mean + 4);
-    for (int i = lane; i < n; i += 32) s.x[i] = s.x[i] - static_cast<float>(q[i]) * mscale;
+    // mu = q * scale rounded, then x - mu rounded, as the CPU (codec/
+    // dquant_codec.cc LoadMean): a fused multiply-add here, which nvcc
+    // emits by default, rounds once and made rare streams differ.
+    for (int i = lane; i < n; i += 32) s.x[i] = __fsub_rn(s.x[i], __fmul_rn(static_cast<float>(q[i]), mscale));
     __syncwarp();
   }
   float lo = HUGE_VALF, hi = -HUGE_VALF;

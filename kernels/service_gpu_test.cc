@@ -3,9 +3,9 @@
 // prefill and the same decode steps from several concurrent clients (so the
 // CUDA server merges Attend calls into shared launches). Every Attend output must
 // equal float64 attention over that server's own decoded cache (Read) to
-// 1e-4, the two servers' outputs agree, and nearly every token reads back
-// identically from both (the encoders make the same decisions but for rare
-// ties), with the Hadamard rotation and with a WUSH transforms file.
+// 1e-4, the two servers' outputs agree to 1e-4, and every token reads back
+// identically from both (the GPU encoder writes the CPU's records), with
+// the Hadamard rotation and with a WUSH transforms file.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -228,10 +228,10 @@ void RunBoth(const std::string& transforms_file) {
 
         }
       }
-      // Read: the GPU encoder makes the CPU encoder's decisions, so nearly
-      // every token reads back identically (a stream may still differ where
-      // the two encoders' sums, taken in different orders, break a tie in
-      // drift differently; such a record is valid on both and equally good).
+      // Read: the GPU encoder makes the CPU encoder's decisions with the same
+      // roundings (no fused multiply-adds where the CPU rounds twice; costs
+      // summed exactly), so every token reads back identically. Before that
+      // was so, 1 token in 780 of one WUSH sequence differed here.
       for (int l = 0; l < kLayers; ++l) {
         absl::StatusOr<Client::Tensors> x = c_cpu.ReadFloat(seq, l, 0, 0), y = c_gpu.ReadFloat(seq, l, 0, 0);
         if (!x.ok() || !y.ok() || x->keys.size() != y->keys.size()) {
@@ -256,8 +256,8 @@ void RunBoth(const std::string& transforms_file) {
                 s, std::sqrt(self_diff[s] / self_norm[s]), std::sqrt(diff[s] / norm[s]), differing_tokens[s],
                 read_tokens[s]);
     EXPECT_LT(std::sqrt(self_diff[s] / self_norm[s]), 1e-4) << "sequence " << s;
-    EXPECT_LT(std::sqrt(diff[s] / norm[s]), 1e-2) << "sequence " << s;
-    EXPECT_LE(differing_tokens[s] * 100, read_tokens[s]) << "sequence " << s;
+    EXPECT_LT(std::sqrt(diff[s] / norm[s]), 1e-4) << "sequence " << s;
+    EXPECT_EQ(differing_tokens[s], 0) << "sequence " << s;
   }
   std::printf("%s: cuda vs cpu relative L2 difference, sequence 0: %.3g\n",
               transforms_file.empty() ? "hadamard" : "wush", std::sqrt(diff[0] / norm[0]));
