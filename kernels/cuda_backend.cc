@@ -21,39 +21,33 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
 }
 
-// A growable device buffer (grows only; freed with the backend).
-class Scratch {
- public:
-  ~Scratch() { cudaFree(ptr_); }
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= size_) return absl::OkStatus();
-    cudaFree(ptr_);
-    ptr_ = nullptr;
-    size_ = 0;
-    absl::Status st = Cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc (scratch)");
-    if (st.ok()) size_ = bytes;
-    return st;
-  }
-  template <typename T>
-  T* get() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
+// Where a GrowableBuffer lives. Pinned staging grows by half again, so that
+// slowly growing batches reallocate rarely; device scratch grows to fit.
+struct DeviceMemory {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void Free(void* p) { cudaFree(p); }
+  static constexpr const char* kWhat = "cudaMalloc (scratch)";
+  static constexpr bool kGrowByHalf = false;
+};
+struct PinnedHostMemory {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void Free(void* p) { cudaFreeHost(p); }
+  static constexpr const char* kWhat = "cudaMallocHost (staging)";
+  static constexpr bool kGrowByHalf = true;
 };
 
-// A growable pinned host buffer (cudaMallocHost), for staging copies.
-class PinnedScratch {
+// A buffer that only grows; freed with the backend.
+template <typename Memory>
+class GrowableBuffer {
  public:
-  ~PinnedScratch() { cudaFreeHost(ptr_); }
+  ~GrowableBuffer() { Memory::Free(ptr_); }
   absl::Status Reserve(size_t bytes) {
     if (bytes <= size_) return absl::OkStatus();
-    // Grow by half again, so that slowly growing batches reallocate rarely.
-    const size_t want = std::max(bytes, size_ + size_ / 2);
-    cudaFreeHost(ptr_);
+    const size_t want = Memory::kGrowByHalf ? std::max(bytes, size_ + size_ / 2) : bytes;
+    Memory::Free(ptr_);
     ptr_ = nullptr;
     size_ = 0;
-    absl::Status st = Cuda(cudaMallocHost(&ptr_, want), "cudaMallocHost (staging)");
+    absl::Status st = Cuda(Memory::Alloc(&ptr_, want), Memory::kWhat);
     if (st.ok()) size_ = want;
     return st;
   }
@@ -64,6 +58,8 @@ class PinnedScratch {
   void* ptr_ = nullptr;
   size_t size_ = 0;
 };
+using Scratch = GrowableBuffer<DeviceMemory>;
+using PinnedScratch = GrowableBuffer<PinnedHostMemory>;
 
 class CudaBackend : public Backend {
  public:
