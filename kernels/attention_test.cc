@@ -13,6 +13,7 @@
 #include "codec/dquant_codec.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/host_pool.h"
@@ -23,14 +24,6 @@ namespace {
 
 constexpr double kErrFactor = 4.0;
 constexpr double kErrFloor = 2e-5;
-
-#define SKIP_WITHOUT_GPU()                 \
-  do {                                     \
-    if (!GpuAvailable()) {                 \
-      std::printf("skipped: no GPU\n");    \
-      GTEST_SKIP() << "skipped: no GPU";   \
-    }                                      \
-  } while (0)
 
 // Plain fp32 attention of one item: two passes, no online rescaling.
 void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens,

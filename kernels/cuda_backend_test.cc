@@ -11,10 +11,10 @@
 #include "codec/registry.h"
 #include "codec/transform.h"
 #include "codec/transform_attention.h"
-#include "codec/wush.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
 #include "service/backend.h"
 #include "service/page_pool.h"
@@ -23,10 +23,7 @@ namespace driftkv {
 namespace {
 
 TEST(CudaBackend, MatchesCpuBackend) {
-  if (!gpu::GpuAvailable()) {
-    std::printf("skipped: no GPU\n");
-    GTEST_SKIP() << "skipped: no GPU";
-  }
+  SKIP_WITHOUT_GPU();
   DQuantConfig cfg;
   cfg.kv_heads = 8;
   cfg.head_dim = 128;
@@ -122,53 +119,13 @@ TEST(CudaBackend, MatchesCpuBackend) {
 }
 
 
-// A WUSH transform set of `layers` x 8 KV heads x 128 from random SPD
-// statistics (well conditioned, not orthogonal).
-TransformSet RandomWushSet(int layers, uint64_t seed) {
-  const int H = 8, D = 128;
-  TransformSet set;
-  set.layers = layers;
-  set.kv_heads = H;
-  set.head_dim = D;
-  set.gamma = kWushDefaultGamma;
-  set.Resize();
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  auto spd = [&] {
-    std::vector<double> a(D * D), m(D * D, 0.0);
-    for (double& x : a) x = normal(rng);
-    for (int i = 0; i < D; ++i) {
-      for (int j = 0; j < D; ++j) {
-        for (int k = 0; k < D; ++k) m[i * D + j] += a[i * D + k] * a[j * D + k] / D;
-      }
-      m[i * D + i] += 0.1;
-    }
-    return m;
-  };
-  for (int l = 0; l < layers; ++l) {
-    for (int h = 0; h < H; ++h) {
-      for (int kind = 0; kind < 2; ++kind) {
-        absl::StatusOr<WushTransform> t = BuildWushTransform(spd(), spd(), D);
-        EXPECT_TRUE(t.ok()) << t.status();
-        float* fwd = set.matrix(l, h, kind == 0 ? Mat::kKey : Mat::kValue);
-        float* inv = set.matrix(l, h, kind == 0 ? Mat::kKeyInverse : Mat::kValueInverse);
-        for (int i = 0; i < D * D; ++i) fwd[i] = static_cast<float>(t->t[i]), inv[i] = static_cast<float>(t->inv[i]);
-      }
-    }
-  }
-  return set;
-}
-
 // WUSH on the GPU: pages bit-identical to the CPU transform stage (T applied
 // by LayerTransform, then the identity-rotation codec), Read in the model
 // domain, attention equal to TransformedCompressedAttention, items of two
 // layers in one launch.
 TEST(CudaBackend, WushMatchesCpuTransformStage) {
-  if (!gpu::GpuAvailable()) {
-    std::printf("skipped: no GPU\n");
-    GTEST_SKIP() << "skipped: no GPU";
-  }
-  const TransformSet set = RandomWushSet(2, 5);
+  SKIP_WITHOUT_GPU();
+  const TransformSet set = gpu::RandomWushSet(2, 8, 128, 5);
   DQuantConfig cfg;
   cfg.kv_heads = 8;
   cfg.head_dim = 128;
@@ -315,10 +272,7 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
 // windows than slots (the staging fallback) give the CPU backend's results
 // at every step.
 TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
-  if (!gpu::GpuAvailable()) {
-    std::printf("skipped: no GPU\n");
-    GTEST_SKIP() << "skipped: no GPU";
-  }
+  SKIP_WITHOUT_GPU();
   DQuantConfig cfg;
   cfg.kv_heads = 4;
   cfg.head_dim = 128;

@@ -12,6 +12,7 @@
 #include "codec/hadamard.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
@@ -20,14 +21,6 @@
 namespace driftkv {
 namespace gpu {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                 \
-  do {                                     \
-    if (!GpuAvailable()) {                 \
-      std::printf("skipped: no GPU\n");    \
-      GTEST_SKIP() << "skipped: no GPU";   \
-    }                                      \
-  } while (0)
 
 struct Pools {
   std::vector<uint8_t> gpu_pool, cpu_pool;

@@ -19,9 +19,9 @@
 #include "codec/attention.h"
 #include "codec/half.h"
 #include "codec/transforms_file.h"
-#include "codec/wush.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/gpu_test_util.h"
 #include "service/server.h"
 #include "service/tensor.h"
 
@@ -42,37 +42,7 @@ std::vector<float> Bf16Gaussian(size_t count, float offset_scale, uint64_t seed)
 }
 
 std::string WriteRandomTransforms() {
-  TransformSet set;
-  set.layers = kLayers;
-  set.kv_heads = kKvHeads;
-  set.head_dim = kD;
-  set.gamma = kWushDefaultGamma;
-  set.calibration_tokens = 1;
-  set.Resize();
-  std::mt19937_64 rng(17);
-  std::normal_distribution<double> g(0.0, 1.0);
-  auto spd = [&] {
-    std::vector<double> a(kD * kD), m(kD * kD, 0.0);
-    for (double& x : a) x = g(rng);
-    for (int i = 0; i < kD; ++i) {
-      for (int j = 0; j < kD; ++j) {
-        for (int k = 0; k < kD; ++k) m[i * kD + j] += a[i * kD + k] * a[j * kD + k] / kD;
-      }
-      m[i * kD + i] += 0.1;
-    }
-    return m;
-  };
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKvHeads; ++h) {
-      for (int kind = 0; kind < 2; ++kind) {
-        absl::StatusOr<WushTransform> t = BuildWushTransform(spd(), spd(), kD);
-        EXPECT_TRUE(t.ok()) << t.status();
-        float* fwd = set.matrix(l, h, kind == 0 ? Mat::kKey : Mat::kValue);
-        float* inv = set.matrix(l, h, kind == 0 ? Mat::kKeyInverse : Mat::kValueInverse);
-        for (int i = 0; i < kD * kD; ++i) fwd[i] = static_cast<float>(t->t[i]), inv[i] = static_cast<float>(t->inv[i]);
-      }
-    }
-  }
+  const TransformSet set = gpu::RandomWushSet(kLayers, kKvHeads, kD, 17);
   const std::string path = absl::StrCat(::testing::TempDir(), "/service_gpu_test.xfm");
   EXPECT_TRUE(WriteTransformsFile(path, set).ok());
   return path;
@@ -264,18 +234,12 @@ void RunBoth(const std::string& transforms_file) {
 }
 
 TEST(ServiceGpu, CudaServerMatchesCpuServer) {
-  if (!gpu::GpuAvailable()) {
-    std::printf("skipped: no GPU\n");
-    GTEST_SKIP() << "skipped: no GPU";
-  }
+  SKIP_WITHOUT_GPU();
   RunBoth("");
 }
 
 TEST(ServiceGpu, CudaServerMatchesCpuServerWithWush) {
-  if (!gpu::GpuAvailable()) {
-    std::printf("skipped: no GPU\n");
-    GTEST_SKIP() << "skipped: no GPU";
-  }
+  SKIP_WITHOUT_GPU();
   RunBoth(WriteRandomTransforms());
 }
 
