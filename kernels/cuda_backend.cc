@@ -121,7 +121,7 @@ class CudaBackend : public Backend {
 
   absl::Status InitTransforms() {
     const TransformSet& t = *transforms_;
-    if (c_hadamard()) {
+    if (codec_.config().hadamard) {
       return absl::FailedPreconditionError("WUSH transforms need a codec built with rotation \"identity\"");
     }
     if (t.kv_heads != layout_.kv_heads || t.head_dim != layout_.head_dim || t.layers < 1) {
@@ -142,8 +142,6 @@ class CudaBackend : public Backend {
     }
     return st;
   }
-
-  bool c_hadamard() const { return codec_.config().hadamard; }
 
   // WINDOW CACHE. The bf16 windows live in host memory (the handler's);
   // uploading every item's whole window with every launch dominated a
@@ -177,14 +175,16 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Plans slots for every item with a window; false (and no change) when
-  // some item cannot be cached. Commits the slots' new contents on success.
   // After a failed upload the slots' contents are unknown: forget them all.
   void InvalidateWindowCache() {
     for (WindowSlot& w : window_slots_) w = WindowSlot();
     slot_index_.clear();
   }
 
+  // Plans slots for every item with a window; false when some item cannot
+  // be cached. A slot taken from another window is forgotten at once (that
+  // window is no longer found, even later in this launch); the slots'
+  // new contents are recorded on success, after every item is placed.
   bool PlanWindowSlots(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of,
                        std::vector<WindowUpload>* uploads) {
     if (window_slots_.empty()) return false;
@@ -193,8 +193,7 @@ class CudaBackend : public Backend {
     slot_of->assign(items, -1);
     uploads->clear();
     std::vector<std::pair<int, WindowSlot>> commits;
-    absl::flat_hash_map<uint64_t, int> taken;  // ids placed by this launch
-    size_t free_scan = 0;
+    absl::flat_hash_map<uint64_t, size_t> taken;  // window id -> its entry in commits
     for (int i = 0; i < items; ++i) {
       const AttendJob& j = jobs[i];
       if (j.window.tokens == 0) continue;
@@ -202,16 +201,14 @@ class CudaBackend : public Backend {
       if (auto t = taken.find(j.window_id); t != taken.end()) {
         // Two items of one (sequence, layer) in one launch: the handler
         // holds the layer's read lock for both, so they see one window.
-        const WindowSlot& w = window_slots_[t->second];
-        const auto c = std::find_if(commits.begin(), commits.end(), [&](const auto& e) { return e.first == t->second; });
-        if (c == commits.end() || c->second.first != j.window_first || c->second.tokens != j.window.tokens) return false;
-        (void)w;
-        (*slot_of)[i] = t->second;
+        const auto& [slot, w] = commits[t->second];
+        if (w.first != j.window_first || w.tokens != j.window.tokens) return false;
+        (*slot_of)[i] = slot;
         continue;
       }
       int slot = -1;
-      if (auto it = slot_index_.find(j.window_id); it != slot_index_.end()) slot = it->second;
-      if (slot >= 0) {
+      if (auto it = slot_index_.find(j.window_id); it != slot_index_.end()) {
+        slot = it->second;
         const WindowSlot& w = window_slots_[slot];
         if (w.first == j.window_first && w.tokens <= j.window.tokens) {
           if (j.window.tokens > w.tokens) uploads->push_back({i, slot, w.tokens, j.window.tokens - w.tokens});
@@ -219,29 +216,27 @@ class CudaBackend : public Backend {
           uploads->push_back({i, slot, 0, j.window.tokens});
         }
       } else {
-        // A free slot, else the least recently used one not used by this launch.
-        for (; free_scan < window_slots_.size() && window_slots_[free_scan].id != 0; ++free_scan) {
-        }
-        if (free_scan < window_slots_.size()) {
-          slot = static_cast<int>(free_scan++);
-        } else {
-          uint64_t oldest = launch_;
-          for (size_t k = 0; k < window_slots_.size(); ++k) {
-            if (window_slots_[k].last_use < oldest) oldest = window_slots_[k].last_use, slot = static_cast<int>(k);
+        // A free slot, else the least recently used one; never one this
+        // launch has already taken.
+        for (size_t k = 0; k < window_slots_.size(); ++k) {
+          const WindowSlot& w = window_slots_[k];
+          if (w.last_use == launch_) continue;
+          if (slot < 0 || (w.id == 0) > (window_slots_[slot].id == 0) ||
+              ((w.id == 0) == (window_slots_[slot].id == 0) && w.last_use < window_slots_[slot].last_use)) {
+            slot = static_cast<int>(k);
           }
-          if (slot < 0) return false;
         }
+        if (slot < 0) return false;
+        if (window_slots_[slot].id != 0) slot_index_.erase(window_slots_[slot].id);
+        window_slots_[slot] = WindowSlot();
         uploads->push_back({i, slot, 0, j.window.tokens});
       }
-      WindowSlot w{j.window_id, j.window_first, j.window.tokens, launch_};
-      window_slots_[slot].last_use = launch_;  // not evicted again by this launch
-      commits.push_back({slot, w});
-      taken[j.window_id] = slot;
+      window_slots_[slot].last_use = launch_;
+      taken[j.window_id] = commits.size();
+      commits.push_back({slot, WindowSlot{j.window_id, j.window_first, j.window.tokens, launch_}});
       (*slot_of)[i] = slot;
     }
     for (const auto& [slot, w] : commits) {
-      const WindowSlot& old = window_slots_[slot];
-      if (old.id != 0 && old.id != w.id) slot_index_.erase(old.id);
       window_slots_[slot] = w;
       slot_index_[w.id] = slot;
     }

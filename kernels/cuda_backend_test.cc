@@ -318,10 +318,14 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
   int checked = 0;
   for (int step = 0; step < 40; ++step) {
     // Sequences 0-2 every step (fit the 3 slots), all 5 every 4th step
-    // (fallback), sequence 1 twice in one launch every 5th step.
+    // (fallback), sequence 1 twice in one launch every 5th step, and every
+    // 6th a new window that evicts one the same launch reads.
     std::vector<int> which = {0, 1, 2};
     if (step % 4 == 3) which = {0, 1, 2, 3, 4};
     if (step % 5 == 4) which = {1, 0, 1};
+    // A miss that takes the least recently used slot, whose window is read
+    // later in the same launch (which must then miss too, not read the slot).
+    if (step % 6 == 5) which = {3, 2};  // sequence 2 holds the least recently used slot
     std::vector<AttendJob> ag(which.size()), ac(which.size());
     std::vector<float> og(which.size() * q_heads * d, NAN), oc(og.size(), NAN);
     std::vector<float> lg(which.size() * q_heads, NAN), lc(lg.size(), NAN);
