@@ -27,8 +27,40 @@ float DotLevels(const float* q, const uint8_t* m, int d) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+}  // namespace
+
+absl::Status AttentionCore::Begin(const float* query, int q_heads, float softmax_scale) {
+  const int kv_heads = codec_.config().kv_heads, d = codec_.config().head_dim, n = codec_.n();
+  if (q_heads < 1 || q_heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", q_heads, " is not a multiple of kv_heads ", kv_heads));
+  }
+  query_ = query;
+  q_heads_ = q_heads;
+  group_ = q_heads / kv_heads;
+  softmax_scale_ = softmax_scale;
+  AttentionScratch* s = s_;
+  const size_t qd = static_cast<size_t>(q_heads) * d;
+  s->q_rot.assign(query, query + qd);
+  codec_.Rotate(s->q_rot.data(), q_heads);
+  s->q_sum.assign(q_heads, 0.0f);
+  for (int h = 0; h < q_heads; ++h) {
+    for (int j = 0; j < d; ++j) s->q_sum[h] += s->q_rot[h * d + j];
+  }
+  s->q_mu.resize(q_heads);
+  s->mu.resize(n);
+  s->acc_rot.assign(qd, 0.0f);
+  s->acc_raw.assign(qd, 0.0f);
+  s->offset.assign(q_heads, 0.0f);
+  s->max.assign(q_heads, kNegInf);
+  s->denom.assign(q_heads, 0.0f);
+  s->k_raw.resize(n);
+  return absl::OkStatus();
+}
+
 // Raises the running max of head h to `m`, rescaling its state.
-void Rescale(AttentionScratch* s, int h, float m, int d) {
+void AttentionCore::Rescale(int h, float m) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim;
   if (m <= s->max[h]) return;
   const float factor = s->max[h] == kNegInf ? 0.0f : std::exp(s->max[h] - m);
   s->max[h] = m;
@@ -42,100 +74,80 @@ void Rescale(AttentionScratch* s, int h, float m, int d) {
   }
 }
 
-}  // namespace
-
-absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
-                                 const Bf16Tokens& window, const float* query, int q_heads,
-                                 float softmax_scale, float* out, float* lse,
-                                 AttentionScratch* s) {
-  const int kv_heads = codec.config().kv_heads, d = codec.config().head_dim, n = codec.n();
-  if (q_heads < 1 || q_heads % kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", q_heads, " is not a multiple of kv_heads ", kv_heads));
+void AttentionCore::BeginBlock(const uint8_t* mean_record, int tokens) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim, n = codec_.n(), group = group_;
+  block_tokens_ = tokens;
+  DQuantCodec::LoadMean(mean_record, n, s->mu.data());
+  for (int h = 0; h < q_heads_; ++h) {
+    const float* q = s->q_rot.data() + h * d;
+    const float* mu = s->mu.data() + (h / group) * d;
+    float acc = 0.0f;
+    for (int j = 0; j < d; ++j) acc += q[j] * mu[j];
+    s->q_mu[h] = acc;
   }
-  const int group = q_heads / kv_heads;
-  const size_t qd = static_cast<size_t>(q_heads) * d;
-  s->q_rot.assign(query, query + qd);
-  codec.Rotate(s->q_rot.data(), q_heads);
-  s->q_sum.assign(q_heads, 0.0f);
-  for (int h = 0; h < q_heads; ++h) {
-    for (int j = 0; j < d; ++j) s->q_sum[h] += s->q_rot[h * d + j];
-  }
-  s->q_mu.resize(q_heads);
-  s->mu.resize(n);
-  s->levels.resize(2 * static_cast<size_t>(n));
-  s->acc_rot.assign(qd, 0.0f);
-  s->acc_raw.assign(qd, 0.0f);
-  s->offset.assign(q_heads, 0.0f);
-  s->max.assign(q_heads, kNegInf);
-  s->denom.assign(q_heads, 0.0f);
-  s->k_raw.resize(n);
+  s->scores.resize(static_cast<size_t>(tokens) * q_heads_);
+}
 
-  for (const CompressedBlock& b : blocks) {
-    DQuantCodec::LoadMean(b.mean_record, n, s->mu.data());
+// Scores, eq. (8).
+void AttentionCore::KeyTokens(int t0, int count, const uint8_t* levels, const float* sc,
+                              const float* off) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
+  const float softmax_scale = softmax_scale_;
+  for (int k = 0; k < count; ++k) {
+    const int t = t0 + k;
     for (int h = 0; h < q_heads; ++h) {
       const float* q = s->q_rot.data() + h * d;
-      const float* mu = s->mu.data() + (h / group) * d;
-      float acc = 0.0f;
-      for (int j = 0; j < d; ++j) acc += q[j] * mu[j];
-      s->q_mu[h] = acc;
-    }
-    // Scores of the block, eq. (8).
-    // Tokens go two at a time so that their rANS chains interleave.
-    s->scores.resize(static_cast<size_t>(b.tokens) * q_heads);
-    for (int t0 = 0; t0 < b.tokens; t0 += 2) {
-      const int pair = std::min(2, b.tokens - t0);
-      float sc[2], off[2];
-      absl::Status st = codec.key_codec().DecodeSymbolsUpTo2(b.key_records + t0 * codec.key_stride(), pair,
-                                                             s->levels.data(), sc, off);
-      if (!st.ok()) return absl::DataLossError(absl::StrCat("key record of token ", t0, " in block: ", st.message()));
-      for (int k = 0; k < pair; ++k) {
-        const int t = t0 + k;
-        for (int h = 0; h < q_heads; ++h) {
-          const float* q = s->q_rot.data() + h * d;
-          const uint8_t* m = s->levels.data() + k * n + (h / group) * d;
-          const float dot = DotLevels(q, m, d);
-          s->scores[t * q_heads + h] = softmax_scale * (sc[k] * dot + off[k] * s->q_sum[h] + s->q_mu[h]);
-        }
-      }
-    }
-    for (int h = 0; h < q_heads; ++h) {
-      float m = kNegInf;
-      for (int t = 0; t < b.tokens; ++t) m = std::max(m, s->scores[t * q_heads + h]);
-      Rescale(s, h, m, d);
-    }
-    // Values, eq. (9).
-    for (int t0 = 0; t0 < b.tokens; t0 += 2) {
-      const int pair = std::min(2, b.tokens - t0);
-      float sc[2], off[2];
-      absl::Status st = codec.value_codec().DecodeSymbolsUpTo2(b.value_records + t0 * codec.value_stride(),
-                                                               pair, s->levels.data(), sc, off);
-      if (!st.ok()) return absl::DataLossError(absl::StrCat("value record of token ", t0, " in block: ", st.message()));
-      for (int k = 0; k < pair; ++k) {
-        const int t = t0 + k;
-        for (int h = 0; h < q_heads; ++h) {
-          const float w = std::exp(s->scores[t * q_heads + h] - s->max[h]);
-          s->denom[h] += w;
-          s->offset[h] += w * off[k];
-          const float ws = w * sc[k];
-          float* a = s->acc_rot.data() + h * d;
-          const uint8_t* m = s->levels.data() + k * n + (h / group) * d;
-          for (int j = 0; j < d; ++j) a[j] += ws * static_cast<float>(m[j]);
-        }
-      }
+      const uint8_t* m = levels + static_cast<size_t>(k) * n + (h / group) * d;
+      const float dot = DotLevels(q, m, d);
+      s->scores[t * q_heads + h] = softmax_scale * (sc[k] * dot + off[k] * s->q_sum[h] + s->q_mu[h]);
     }
   }
+}
 
-  // The bf16 window, in the model's domain.
+void AttentionCore::EndKeys() {
+  AttentionScratch* s = s_;
+  for (int h = 0; h < q_heads_; ++h) {
+    float m = kNegInf;
+    for (int t = 0; t < block_tokens_; ++t) m = std::max(m, s->scores[t * q_heads_ + h]);
+    Rescale(h, m);
+  }
+}
+
+// Values, eq. (9).
+void AttentionCore::ValueTokens(int t0, int count, const uint8_t* levels, const float* sc,
+                                const float* off) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
+  for (int k = 0; k < count; ++k) {
+    const int t = t0 + k;
+    for (int h = 0; h < q_heads; ++h) {
+      const float w = std::exp(s->scores[t * q_heads + h] - s->max[h]);
+      s->denom[h] += w;
+      s->offset[h] += w * off[k];
+      const float ws = w * sc[k];
+      float* a = s->acc_rot.data() + h * d;
+      const uint8_t* m = levels + static_cast<size_t>(k) * n + (h / group) * d;
+      for (int j = 0; j < d; ++j) a[j] += ws * static_cast<float>(m[j]);
+    }
+  }
+}
+
+// The bf16 window, in the model's domain.
+void AttentionCore::Window(const Bf16Tokens& window) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim, n = codec_.n(), group = group_;
   for (int64_t t = 0; t < window.tokens; ++t) {
     const uint16_t* k = window.keys + t * n;
     for (int j = 0; j < n; ++j) s->k_raw[j] = Bf16ToFloat(k[j]);
-    for (int h = 0; h < q_heads; ++h) {
-      const float* q = query + h * d;
+    for (int h = 0; h < q_heads_; ++h) {
+      const float* q = query_ + h * d;
       const float* kk = s->k_raw.data() + (h / group) * d;
       float dot = 0.0f;
       for (int j = 0; j < d; ++j) dot += q[j] * kk[j];
-      const float score = softmax_scale * dot;
-      Rescale(s, h, score, d);
+      const float score = softmax_scale_ * dot;
+      Rescale(h, score);
       const float w = std::exp(score - s->max[h]);
       s->denom[h] += w;
       const uint16_t* v = window.values + t * n + (h / group) * d;
@@ -143,16 +155,54 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
       for (int j = 0; j < d; ++j) r[j] += w * Bf16ToFloat(v[j]);
     }
   }
+}
 
-  for (int h = 0; h < q_heads; ++h) {
+void AttentionCore::Finish(float* out, float* lse) {
+  AttentionScratch* s = s_;
+  const int d = codec_.config().head_dim;
+  for (int h = 0; h < q_heads_; ++h) {
     float* a = s->acc_rot.data() + h * d;
     for (int j = 0; j < d; ++j) a[j] += s->offset[h];
-    codec.Rotate(a, 1);
+    codec_.Rotate(a, 1);
     const float inv = s->denom[h] > 0.0f ? 1.0f / s->denom[h] : 0.0f;
     const float* r = s->acc_raw.data() + h * d;
     for (int j = 0; j < d; ++j) out[h * d + j] = (a[j] + r[j]) * inv;
     lse[h] = s->denom[h] > 0.0f ? s->max[h] + std::log(s->denom[h]) : kNegInf;
   }
+}
+
+absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
+                                 const Bf16Tokens& window, const float* query, int q_heads,
+                                 float softmax_scale, float* out, float* lse,
+                                 AttentionScratch* s) {
+  AttentionCore core(codec, s);
+  absl::Status st = core.Begin(query, q_heads, softmax_scale);
+  if (!st.ok()) return st;
+  const int n = codec.n();
+  s->levels.resize(2 * static_cast<size_t>(n));
+  for (const CompressedBlock& b : blocks) {
+    core.BeginBlock(b.mean_record, b.tokens);
+    // Tokens go two at a time so that their rANS chains interleave.
+    for (int t0 = 0; t0 < b.tokens; t0 += 2) {
+      const int pair = std::min(2, b.tokens - t0);
+      float sc[2], off[2];
+      st = codec.key_codec().DecodeSymbolsUpTo2(b.key_records + t0 * codec.key_stride(), pair,
+                                                s->levels.data(), sc, off);
+      if (!st.ok()) return absl::DataLossError(absl::StrCat("key record of token ", t0, " in block: ", st.message()));
+      core.KeyTokens(t0, pair, s->levels.data(), sc, off);
+    }
+    core.EndKeys();
+    for (int t0 = 0; t0 < b.tokens; t0 += 2) {
+      const int pair = std::min(2, b.tokens - t0);
+      float sc[2], off[2];
+      st = codec.value_codec().DecodeSymbolsUpTo2(b.value_records + t0 * codec.value_stride(), pair,
+                                                  s->levels.data(), sc, off);
+      if (!st.ok()) return absl::DataLossError(absl::StrCat("value record of token ", t0, " in block: ", st.message()));
+      core.ValueTokens(t0, pair, s->levels.data(), sc, off);
+    }
+  }
+  core.Window(window);
+  core.Finish(out, lse);
   return absl::OkStatus();
 }
 

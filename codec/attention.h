@@ -53,6 +53,48 @@ struct AttentionScratch {
 std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer,
                                          int64_t tokens);
 
+// The arithmetic of CompressedAttention once a block's symbols are decoded:
+// scores (eq. 8), the online softmax and the value sums (eq. 9), the bf16
+// window and the final rotation. CompressedAttention and LevelAttention
+// (codec/level_attention.h) both run it, so the same tokens give the same
+// bits whichever tier holds them. Calls, in this order:
+//   Begin;
+//   per block: BeginBlock; KeyTokens over the block's tokens in order (any
+//     split into calls); EndKeys; ValueTokens over the tokens in order;
+//   Window (any number of tokens, also none); Finish.
+// Levels are not range-checked here (the decoders produce levels < M).
+class AttentionCore {
+ public:
+  // `codec` and `scratch` must outlive the core; the core owns no memory.
+  AttentionCore(const DQuantCodec& codec, AttentionScratch* scratch)
+      : codec_(codec), s_(scratch) {}
+
+  // query [q_heads][head_dim] floats, kept by pointer until Finish.
+  // InvalidArgument if q_heads is not a positive multiple of kv_heads.
+  absl::Status Begin(const float* query, int q_heads, float softmax_scale);
+  // A block of `tokens` tokens sharing `mean_record` (4 + n bytes).
+  void BeginBlock(const uint8_t* mean_record, int tokens);
+  // Tokens [t, t + count) of the block: levels [count][n] in channel order,
+  // the grids scale[count], offset[count] of their key (value) records.
+  void KeyTokens(int t, int count, const uint8_t* levels, const float* scale,
+                 const float* offset);
+  void EndKeys();
+  void ValueTokens(int t, int count, const uint8_t* levels, const float* scale,
+                   const float* offset);
+  void Window(const Bf16Tokens& window);
+  // out [q_heads][head_dim], lse [q_heads] (see CompressedAttention).
+  void Finish(float* out, float* lse);
+
+ private:
+  void Rescale(int h, float m);
+
+  const DQuantCodec& codec_;
+  AttentionScratch* s_;
+  const float* query_ = nullptr;
+  int q_heads_ = 0, group_ = 1, block_tokens_ = 0;
+  float softmax_scale_ = 0.0f;
+};
+
 // query: [q_heads][head_dim] floats; q_heads a multiple of kv_heads (query
 // head h reads KV head h / (q_heads / kv_heads)). out: [q_heads][head_dim];
 // lse: [q_heads], natural-log sum of exp(scale * q.k) over all tokens.
