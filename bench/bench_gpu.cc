@@ -23,11 +23,14 @@
 
 #include "codec/dquant_codec.h"
 #include "codec/half.h"
+#include "codec/level_page.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
 #include "kernels/host_pool.h"
+#include "kernels/level_attention.h"
+#include "kernels/level_promote.h"
 #include "kernels/transform.h"
 
 namespace driftkv {
@@ -126,12 +129,44 @@ void Replicate(const DeviceBuffer& distinct, size_t page_bytes, uint8_t* pool_de
 struct Result {
   Shape shape;
   double dquant_ms, bf16_ms, dquant_bytes, bf16_bytes;
+  double hot_ms, hot_bytes;  // level pages (the hot tier)
   double wush_ms;  // the D-Quant launch with a WUSH transform stage
   int dquant_splits_hint;
 };
 
+// Promotes `count` cold pages (ids 0..count-1 of cold_dev) to level pages
+// (ids 0..count-1 of hot_dev) on the device.
+PromoteParams PromoteAll(const DQuantCodec& codec, const DQuantPageLayout& lay, const LevelPageLayout& hl,
+                         const uint8_t* cold_dev, uint8_t* hot_dev, int count, DeviceBuffer* ids, DeviceBuffer* toks,
+                         DeviceBuffer* tabs) {
+  std::vector<int32_t> id(count), tk(count, kPageTokens);
+  for (int i = 0; i < count; ++i) id[i] = i;
+  std::vector<uint32_t> t(512);
+  for (int z = 0; z < 256; ++z) {
+    t[z] = codec.key_codec().table().decode[z];
+    t[256 + z] = codec.value_codec().table().decode[z];
+  }
+  ids->Upload(id);
+  toks->Upload(tk);
+  tabs->Upload(t);
+  PromoteParams pp;
+  pp.cold_pool_dev = cold_dev;
+  pp.cold = lay;
+  pp.hot_pool_dev = hot_dev;
+  pp.hot = hl;
+  pp.tables_dev = tabs->get<uint32_t>();
+  pp.key_payload = codec.key_codec().payload_bytes();
+  pp.value_payload = codec.value_codec().payload_bytes();
+  pp.pages = count;
+  pp.cold_pages_dev = ids->get<int32_t>();
+  pp.hot_pages_dev = ids->get<int32_t>();
+  pp.tokens_dev = toks->get<int32_t>();
+  return pp;
+}
+
 Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout& lay, const DeviceBuffer& dq_distinct,
-                const DeviceBuffer& bf_distinct, const DeviceBuffer& tables, int window, int reps) {
+                const LevelPageLayout& hl, const DeviceBuffer& hot_distinct, const DeviceBuffer& bf_distinct,
+                const DeviceBuffer& tables, int window, int reps) {
   Result r{};
   r.shape = s;
   const int comp = s.context - window;
@@ -219,6 +254,59 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout
     r.dquant_bytes = static_cast<double>(s.batch) *
                      (static_cast<double>(comp) * (lay.key_stride + lay.value_stride) +
                       static_cast<double>(dq_pages) * lay.mean_stride + 2.0 * window * kN * 2);
+  }
+  // ---- level pages (hot tier), the same tokens and window ----
+  {
+    const double hot_set = static_cast<double>(s.batch) * dq_pages * hl.page_bytes;
+    const int rh = std::max(1, static_cast<int>(std::ceil(kRotateBytes / hot_set)));
+    const size_t total = static_cast<size_t>(rh) * s.batch * dq_pages;
+    DeviceBuffer pool(total * hl.page_bytes);
+    Replicate(hot_distinct, hl.page_bytes, pool.get<uint8_t>(), total);
+    std::vector<int32_t> perm(total);
+    for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> start(s.batch), tokens(s.batch, comp), wt(s.batch, window);
+    for (int i = 0; i < s.batch; ++i) start[i] = i * dq_pages;
+    std::vector<uint16_t> wk(static_cast<size_t>(s.batch) * kMaxWindow * kN);
+    for (auto& x : wk) x = FloatToBf16(normal(rng));
+    DeviceBuffer dperm, dstart, dtok, dwk, dwt, ws;
+    dperm.Upload(perm);
+    dstart.Upload(start);
+    dtok.Upload(tokens);
+    dwk.Upload(wk);
+    dwt.Upload(wt);
+    ws.Resize(LevelAttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, dq_pages));
+    LevelAttentionParams p;
+    p.pool_dev = pool.get<uint8_t>();
+    p.layout = hl;
+    p.items = s.batch;
+    p.q_heads = kQHeads;
+    p.max_pages = dq_pages;
+    p.page_start_dev = dstart.get<int32_t>();
+    p.tokens_dev = dtok.get<int32_t>();
+    p.window_k_dev = dwk.get<uint16_t>();
+    p.window_v_dev = dwk.get<uint16_t>();
+    p.window_tokens_dev = dwt.get<int32_t>();
+    p.query_dev = dquery.get<float>();
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    p.out_dev = out.get<float>();
+    p.lse_dev = lse.get<float>();
+    p.workspace_dev = ws.get<void>();
+    r.hot_ms = MedianMs(reps, [&](int i) {
+      p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rh) * s.batch * dq_pages;
+      CHECK_OK(LaunchLevelAttention(p, nullptr));
+    });
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> h;
+    out.Download(&h);
+    for (float x : h) {
+      if (!std::isfinite(x)) {
+        std::fprintf(stderr, "non-finite level-page output\n");
+        std::exit(1);
+      }
+    }
+    r.hot_bytes = static_cast<double>(s.batch) *
+                  (static_cast<double>(dq_pages) * (hl.blocks_offset + hl.kv_heads * hl.head_bytes()) + 2.0 * window * kN * 2);
   }
   // ---- bf16 ----
   {
@@ -331,7 +419,22 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
               tms, 100.0 * tms / ms);
 }
 
-void Capacity(const DQuantPageLayout& lay, int window) {
+// Promotion of one 8K-token sequence (32 layers: 64 full pages each) from
+// cold to level pages on the device.
+void PromotionTime(const DQuantCodec& codec, const DQuantPageLayout& lay, const LevelPageLayout& hl,
+                   const DeviceBuffer& dq_distinct, int reps) {
+  constexpr int kPages = 32 * 64;
+  DeviceBuffer cold(static_cast<size_t>(kPages) * lay.page_bytes), hot(static_cast<size_t>(kPages) * hl.page_bytes);
+  Replicate(dq_distinct, lay.page_bytes, cold.get<uint8_t>(), kPages);
+  DeviceBuffer ids, toks, tabs;
+  PromoteParams pp = PromoteAll(codec, lay, hl, cold.get<uint8_t>(), hot.get<uint8_t>(), kPages, &ids, &toks, &tabs);
+  const double ms = MedianMs(reps, [&](int) { CHECK_OK(LaunchPromote(pp, nullptr)); });
+  std::printf("\nPromotion of one 8K-token sequence (32 layers x 64 pages x 128 tokens, 8 x 128): %.3f ms median of %d "
+              "(%.1f GB/s of level pages written)\n",
+              ms, reps, kPages * static_cast<double>(hl.page_bytes) / (ms * 1e6));
+}
+
+void Capacity(const DQuantPageLayout& lay, const LevelPageLayout& hl, int window) {
   constexpr int kLayers = 32;
   constexpr double kPool = 64.0 * (1ull << 30);
   const double bf16_tok = 2.0 * kN * 2;  // bytes per token per layer
@@ -355,6 +458,10 @@ void Capacity(const DQuantPageLayout& lay, int window) {
   std::printf("  bytes per token per layer: bf16 %.0f, D-Quant records %d + %d + mean %.2f = %.2f (page %.2f)\n", bf16_tok,
               lay.key_stride, lay.value_stride, lay.mean_stride / 128.0,
               lay.key_stride + lay.value_stride + lay.mean_stride / 128.0, lay.page_bytes / 128.0);
+  std::printf("  level page (hot tier) %zu B = %.2f B per token: %.2fx bf16 tokens per byte (cold page %.2fx); "
+              "hot page / cold page %.3f\n",
+              hl.page_bytes, hl.page_bytes / 128.0, bf16_tok * 128.0 / hl.page_bytes, bf16_tok * 128.0 / lay.page_bytes,
+              static_cast<double>(hl.page_bytes) / lay.page_bytes);
 }
 
 int Main(int argc, char** argv) {
@@ -405,6 +512,16 @@ int Main(int argc, char** argv) {
   DeviceBuffer tables, dq_distinct, bf_distinct;
   tables.Upload(tab);
   dq_distinct.Upload(EncodeDistinctPages(*codec, lay));
+  auto hl = MakeLevelPageLayout(*codec);
+  CHECK_OK(hl.status());
+  DeviceBuffer hot_distinct(static_cast<size_t>(kDistinctPages) * hl->page_bytes);
+  {
+    DeviceBuffer ids, toks, tabs;
+    PromoteParams pp = PromoteAll(*codec, lay, *hl, dq_distinct.get<uint8_t>(), hot_distinct.get<uint8_t>(),
+                                  kDistinctPages, &ids, &toks, &tabs);
+    CHECK_OK(LaunchPromote(pp, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
   {
     std::mt19937_64 rng(5);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -413,23 +530,24 @@ int Main(int argc, char** argv) {
     bf_distinct.Upload(bf);
   }
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
-  if (out) std::fprintf(out, "batch,context,dquant_ms,bf16_ms,dquant_bytes,bf16_bytes,wush_ms\n");
-  std::printf("\n%6s %8s | %10s %8s | %10s %8s | %12s | %s\n", "batch", "context", "D-Quant ms", "GB/s", "bf16 ms", "GB/s",
-              "bf16/D-Quant", "D-Quant+WUSH ms");
+  if (out) std::fprintf(out, "batch,context,dquant_ms,bf16_ms,dquant_bytes,bf16_bytes,wush_ms,hot_ms,hot_bytes\n");
+  std::printf("\n%6s %8s | %10s %8s | %10s %8s | %10s %8s | %12s | %s\n", "batch", "context", "hot ms", "GB/s",
+              "D-Quant ms", "GB/s", "bf16 ms", "GB/s", "bf16/hot", "D-Quant+WUSH ms");
   for (const Shape& s : shapes) {
-    const Result r = RunShape(s, *codec, lay, dq_distinct, bf_distinct, tables, window, reps);
-    std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %11.2fx | %.4f (%+.1f%%)\n", s.batch, s.context, r.dquant_ms,
-                r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms, r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.dquant_ms,
-                r.wush_ms, 100.0 * (r.wush_ms / r.dquant_ms - 1.0));
+    const Result r = RunShape(s, *codec, lay, dq_distinct, *hl, hot_distinct, bf_distinct, tables, window, reps);
+    std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %10.4f %8.0f | %11.2fx | %.4f (%+.1f%%)\n", s.batch, s.context,
+                r.hot_ms, r.hot_bytes / (r.hot_ms * 1e6), r.dquant_ms, r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms,
+                r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.hot_ms, r.wush_ms, 100.0 * (r.wush_ms / r.dquant_ms - 1.0));
     std::fflush(stdout);
     if (out) {
-      std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f,%.6f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms, r.dquant_bytes,
-                   r.bf16_bytes, r.wush_ms);
+      std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f,%.6f,%.6f,%.0f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms,
+                   r.dquant_bytes, r.bf16_bytes, r.wush_ms, r.hot_ms, r.hot_bytes);
     }
   }
   if (out) std::fclose(out);
   if (encode_tokens > 0) EncodeThroughput(*codec, encode_tokens, std::max(5, reps / 3));
-  Capacity(lay, window);
+  PromotionTime(*codec, lay, *hl, dq_distinct, std::max(5, reps / 3));
+  Capacity(lay, *hl, window);
   return 0;
 }
 

@@ -66,9 +66,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "codec/dquant_codec.h"
+
+// The layout arithmetic below is shared with the CUDA kernels.
+#ifdef __CUDACC__
+#define DRIFTKV_HD __host__ __device__
+#else
+#define DRIFTKV_HD
+#endif
 
 namespace driftkv {
+
+class DQuantCodec;  // codec/dquant_codec.h (not included: the CUDA kernels read this header)
 
 constexpr int kLevelPageTokens = 128;
 constexpr int kLevelHeadersBytes = 1024;  // key then value headers
@@ -86,22 +94,22 @@ struct LevelPageLayout {
   size_t value_block_bytes = 0;  // per KV head
   size_t page_bytes = 0;
 
-  int n() const { return kv_heads * head_dim; }
-  size_t head_bytes() const { return key_block_bytes + value_block_bytes; }
-  size_t key_block(int h) const { return blocks_offset + h * head_bytes(); }
-  size_t value_block(int h) const { return key_block(h) + key_block_bytes; }
+  DRIFTKV_HD int n() const { return kv_heads * head_dim; }
+  DRIFTKV_HD size_t head_bytes() const { return key_block_bytes + value_block_bytes; }
+  DRIFTKV_HD size_t key_block(int h) const { return blocks_offset + h * head_bytes(); }
+  DRIFTKV_HD size_t value_block(int h) const { return key_block(h) + key_block_bytes; }
 };
 
 // Words (32-bit) of lane data in value k-step group `group` (0, 1, 2), padded
 // to a multiple of 4; and the first uint4 of the group in the lane's order.
-inline int LevelValueGroupKsteps(int group) { return group < 2 ? 3 : 2; }
-inline int LevelValueGroupWords(int head_dim, int group) {
+DRIFTKV_HD inline int LevelValueGroupKsteps(int group) { return group < 2 ? 3 : 2; }
+DRIFTKV_HD inline int LevelValueGroupWords(int head_dim, int group) {
   const int pairs = LevelValueGroupKsteps(group) * (head_dim / 16) * 4;
   const int triples = (pairs + 2) / 3;
   const int words = (triples + 1) / 2;
   return (words + 3) / 4 * 4;
 }
-inline int LevelValueGroupFirstVec(int head_dim, int group) {
+DRIFTKV_HD inline int LevelValueGroupFirstVec(int head_dim, int group) {
   int v = 0;
   for (int g = 0; g < group; ++g) v += LevelValueGroupWords(head_dim, g) / 4;
   return v;

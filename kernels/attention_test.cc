@@ -22,66 +22,6 @@ namespace driftkv {
 namespace gpu {
 namespace {
 
-constexpr double kErrFactor = 4.0;
-constexpr double kErrFloor = 2e-5;
-
-// Plain fp32 attention of one item: two passes, no online rescaling.
-void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens,
-                         int kv_heads, int d, const float* q, int q_heads, float scale, float* out) {
-  const int n = kv_heads * d, group = q_heads / kv_heads;
-  std::vector<float> s(tokens);
-  for (int h = 0; h < q_heads; ++h) {
-    const int g = h / group;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int t = 0; t < tokens; ++t) {
-      float dot = 0.0f;
-      for (int j = 0; j < d; ++j) dot += q[h * d + j] * k[static_cast<size_t>(t) * n + g * d + j];
-      s[t] = scale * dot;
-      m = std::max(m, s[t]);
-    }
-    float l = 0.0f;
-    for (int j = 0; j < d; ++j) out[h * d + j] = 0.0f;
-    for (int t = 0; t < tokens; ++t) {
-      const float w = std::exp(s[t] - m);
-      l += w;
-      for (int j = 0; j < d; ++j) out[h * d + j] += w * v[static_cast<size_t>(t) * n + g * d + j];
-    }
-    for (int j = 0; j < d; ++j) out[h * d + j] = tokens > 0 ? out[h * d + j] / l : 0.0f;
-  }
-}
-
-double Norm(const std::vector<double>& a) {
-  double s = 0.0;
-  for (double x : a) s += x * x;
-  return std::sqrt(s);
-}
-
-template <typename T>
-double DiffNorm(const T* a, const std::vector<double>& ref) {
-  double s = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) s += (a[i] - ref[i]) * (a[i] - ref[i]);
-  return std::sqrt(s);
-}
-
-// Checks one item's GPU output against the references; returns the error ratio.
-void CheckItem(const float* gpu_out, float gpu_lse, const std::vector<float>& keys,
-               const std::vector<float>& values, int tokens, int kv_heads, int d, const float* q,
-               int q_heads, float scale, const char* what, int item) {
-  const size_t od = static_cast<size_t>(q_heads) * d;
-  std::vector<double> ref(od), lse(q_heads);
-  ReferenceAttention(keys.data(), values.data(), tokens, kv_heads, d, q, q_heads, scale, ref.data(), lse.data());
-  std::vector<float> naive(od);
-  NaiveFloatAttention(keys, values, tokens, kv_heads, d, q, q_heads, scale, naive.data());
-  for (size_t i = 0; i < od; ++i) ASSERT_TRUE(std::isfinite(gpu_out[i])) << what << " item " << item << " element " << i << " not written";
-  const double err = DiffNorm(gpu_out, ref), naive_err = DiffNorm(naive.data(), ref);
-  const double bound = kErrFactor * naive_err + kErrFloor * Norm(ref);
-  EXPECT_LE(err, bound) << what << " item " << item << " tokens " << tokens << ": error " << err
-                        << " vs naive fp32 " << naive_err << ", |ref| " << Norm(ref);
-  if (tokens > 0) {
-    EXPECT_NEAR(gpu_lse, lse[0], 1e-3 * (1.0 + std::fabs(lse[0]))) << what << " lse, item " << item;
-  }
-}
-
 struct DQuantCase {
   int kv_heads, head_dim, q_heads;
   std::vector<int> tokens, window;

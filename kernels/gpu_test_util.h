@@ -1,13 +1,17 @@
 // Shared pieces of the GPU tests: the "skipped: no GPU" rule (CI has no GPU;
-// the same binaries run on the GPU machine) and a random WUSH transform set.
+// the same binaries run on the GPU machine), a random WUSH transform set, and
+// the error rule every attention kernel is checked with.
 #ifndef DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
 #define DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include "codec/attention.h"
 #include "codec/transforms_file.h"
 #include "codec/wush.h"
 #include "gtest/gtest.h"
@@ -62,6 +66,70 @@ inline TransformSet RandomWushSet(int layers, int kv_heads, int head_dim, uint64
     }
   }
   return set;
+}
+
+constexpr double kErrFactor = 4.0;
+constexpr double kErrFloor = 2e-5;
+
+// Plain fp32 attention of one item: two passes, no online rescaling.
+inline void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens,
+                         int kv_heads, int d, const float* q, int q_heads, float scale, float* out) {
+  const int n = kv_heads * d, group = q_heads / kv_heads;
+  std::vector<float> s(tokens);
+  for (int h = 0; h < q_heads; ++h) {
+    const int g = h / group;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int t = 0; t < tokens; ++t) {
+      float dot = 0.0f;
+      for (int j = 0; j < d; ++j) dot += q[h * d + j] * k[static_cast<size_t>(t) * n + g * d + j];
+      s[t] = scale * dot;
+      m = std::max(m, s[t]);
+    }
+    float l = 0.0f;
+    for (int j = 0; j < d; ++j) out[h * d + j] = 0.0f;
+    for (int t = 0; t < tokens; ++t) {
+      const float w = std::exp(s[t] - m);
+      l += w;
+      for (int j = 0; j < d; ++j) out[h * d + j] += w * v[static_cast<size_t>(t) * n + g * d + j];
+    }
+    for (int j = 0; j < d; ++j) out[h * d + j] = tokens > 0 ? out[h * d + j] / l : 0.0f;
+  }
+}
+
+inline double Norm(const std::vector<double>& a) {
+  double s = 0.0;
+  for (double x : a) s += x * x;
+  return std::sqrt(s);
+}
+
+template <typename T>
+inline double DiffNorm(const T* a, const std::vector<double>& ref) {
+  double s = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) s += (a[i] - ref[i]) * (a[i] - ref[i]);
+  return std::sqrt(s);
+}
+
+// Checks one item's GPU output against the references. Error rule
+// (flash-attention's): ||gpu - ref64|| <= kErrFactor * ||naive32 - ref64|| +
+// kErrFloor * ||ref64||, where ref64 is float64 attention over exactly the
+// values the kernel must see and naive32 a plain fp32 implementation over the
+// same values; every element must have been written (outputs are poisoned).
+inline void CheckItem(const float* gpu_out, float gpu_lse, const std::vector<float>& keys,
+               const std::vector<float>& values, int tokens, int kv_heads, int d, const float* q,
+               int q_heads, float scale, const char* what, int item) {
+  const size_t od = static_cast<size_t>(q_heads) * d;
+  std::vector<double> ref(od), lse(q_heads);
+  ReferenceAttention(keys.data(), values.data(), tokens, kv_heads, d, q, q_heads, scale, ref.data(), lse.data());
+  std::vector<float> naive(od);
+  NaiveFloatAttention(keys, values, tokens, kv_heads, d, q, q_heads, scale, naive.data());
+  for (size_t i = 0; i < od; ++i) ASSERT_TRUE(std::isfinite(gpu_out[i])) << what << " item " << item << " element " << i << " not written";
+  const double err = DiffNorm(gpu_out, ref), naive_err = DiffNorm(naive.data(), ref);
+  const double bound = kErrFactor * naive_err + kErrFloor * Norm(ref);
+  EXPECT_LE(err, bound) << what << " item " << item << " tokens " << tokens << ": error " << err
+                        << " vs naive fp32 " << naive_err << ", |ref| " << Norm(ref);
+  if (tokens > 0) {
+    EXPECT_NEAR(gpu_lse, lse[0], 1e-3 * (1.0 + std::fabs(lse[0]))) << what << " lse, item " << item;
+  }
 }
 
 }  // namespace gpu

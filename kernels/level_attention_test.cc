@@ -1,0 +1,227 @@
+// The hot tier on the GPU: promotion of cold pages gives the CPU's level
+// pages byte for byte, attention on level pages meets the float64 rule of
+// gpu_test_util.h over the same decoded tokens, and an item's output is
+// bit-identical alone, inside a large mixed batch, and on a second run.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "codec/dquant_codec.h"
+#include "codec/level_page.h"
+#include "gtest/gtest.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/device_buffer.h"
+#include "kernels/gpu_test_util.h"
+#include "kernels/host_pool.h"
+#include "kernels/level_attention.h"
+#include "kernels/level_promote.h"
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+// A cold batch and the same pages as level pages (CPU PromotePage), page ids
+// unchanged.
+struct HotBatch {
+  HostDQuantBatch cold;
+  LevelPageLayout hot;
+  std::vector<uint8_t> hot_pool;
+  std::vector<int32_t> page_tokens;  // tokens held by each page id
+};
+
+void BuildHotBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
+                   const std::vector<int>& window, uint64_t seed, HotBatch* b) {
+  ASSERT_TRUE(BuildDQuantBatch(codec, q_heads, tokens, window, /*shuffle=*/true, seed, &b->cold).ok());
+  auto lay = MakeLevelPageLayout(codec);
+  ASSERT_TRUE(lay.ok()) << lay.status();
+  b->hot = *lay;
+  const DQuantPageLayout& cl = b->cold.layout;
+  const size_t pages = b->cold.pool.size() / cl.page_bytes;
+  b->hot_pool.assign(pages * b->hot.page_bytes, 0xee);
+  b->page_tokens.assign(pages, 0);
+  for (int i = 0; i < b->cold.items(); ++i) {
+    const int np = (b->cold.tokens[i] + kPageTokens - 1) / kPageTokens;
+    for (int k = 0; k < np; ++k) {
+      const int id = b->cold.page_table[b->cold.page_start[i] + k];
+      b->page_tokens[id] = std::min(kPageTokens, b->cold.tokens[i] - k * kPageTokens);
+    }
+  }
+  for (size_t id = 0; id < pages; ++id) {
+    if (b->page_tokens[id] == 0) continue;
+    const uint8_t* page = b->cold.pool.data() + id * cl.page_bytes;
+    absl::Status st = PromotePage(codec, b->hot, page, page + cl.value_offset, page + cl.mean_offset,
+                                  b->page_tokens[id], b->hot_pool.data() + id * b->hot.page_bytes);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+}
+
+struct HotRun {
+  std::vector<float> out, lse;
+};
+
+// Runs the level kernel on items [first, first + count) of the batch.
+void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int q_heads, int first, int count, HotRun* r) {
+  const HostDQuantBatch& c = b.cold;
+  const int d = b.hot.head_dim;
+  std::vector<int32_t> start(c.page_start.begin() + first, c.page_start.begin() + first + count);
+  std::vector<int32_t> tok(c.tokens.begin() + first, c.tokens.begin() + first + count);
+  std::vector<int32_t> wt(c.window_tokens.begin() + first, c.window_tokens.begin() + first + count);
+  std::vector<int32_t> wstart(count);
+  for (int i = 0; i < count; ++i) wstart[i] = (first + i) * kMaxWindow;
+  const size_t qd = static_cast<size_t>(q_heads) * d;
+  std::vector<float> q(c.query.begin() + first * qd, c.query.begin() + (first + count) * qd);
+  int max_pages = 0;
+  for (int t : tok) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
+  DeviceBuffer pt, ps, dt, wk, wv, dwt, dws, dq, out, lse, ws;
+  ASSERT_TRUE(pt.Upload(c.page_table) && ps.Upload(start) && dt.Upload(tok) && wk.Upload(c.window_k) &&
+              wv.Upload(c.window_v) && dwt.Upload(wt) && dws.Upload(wstart) && dq.Upload(q));
+  ASSERT_TRUE(out.Resize(count * qd * 4) && lse.Resize(static_cast<size_t>(count) * q_heads * 4));
+  ASSERT_TRUE(ws.Resize(LevelAttentionWorkspaceBytes(count, q_heads, d, max_pages)));
+  cudaMemset(out.get<void>(), 0xff, out.bytes());
+  cudaMemset(lse.get<void>(), 0xff, lse.bytes());
+  LevelAttentionParams p;
+  p.pool_dev = pool.get<uint8_t>();
+  p.layout = b.hot;
+  p.items = count;
+  p.q_heads = q_heads;
+  p.max_pages = max_pages;
+  p.page_table_dev = pt.get<int32_t>();
+  p.page_start_dev = ps.get<int32_t>();
+  p.tokens_dev = dt.get<int32_t>();
+  p.window_k_dev = wk.get<uint16_t>();
+  p.window_v_dev = wv.get<uint16_t>();
+  p.window_tokens_dev = dwt.get<int32_t>();
+  p.window_start_dev = dws.get<int32_t>();
+  p.query_dev = dq.get<float>();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.out_dev = out.get<float>();
+  p.lse_dev = lse.get<float>();
+  p.workspace_dev = ws.get<void>();
+  absl::Status st = LaunchLevelAttention(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(out.Download(&r->out) && lse.Download(&r->lse));
+}
+
+void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, const std::vector<int>& window,
+             uint64_t seed) {
+  DQuantConfig cfg;
+  cfg.kv_heads = kv_heads;
+  cfg.head_dim = d;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  HotBatch b;
+  BuildHotBatch(*codec, q_heads, tokens, window, seed, &b);
+  if (::testing::Test::HasFatalFailure()) return;
+  const HostDQuantBatch& c = b.cold;
+
+  // Promotion on the device, every used page, against the CPU's bytes.
+  {
+    std::vector<int32_t> ids, toks;
+    for (size_t id = 0; id < b.page_tokens.size(); ++id) {
+      if (b.page_tokens[id] > 0) ids.push_back(static_cast<int32_t>(id)), toks.push_back(b.page_tokens[id]);
+    }
+    std::vector<uint32_t> tables(512);
+    for (int z = 0; z < 256; ++z) {
+      tables[z] = codec->key_codec().table().decode[z];
+      tables[256 + z] = codec->value_codec().table().decode[z];
+    }
+    DeviceBuffer cold, hot, dtab, dids, dtok, dstat;
+    ASSERT_TRUE(cold.Upload(c.pool) && dtab.Upload(tables) && dids.Upload(ids) && dtok.Upload(toks) &&
+                dstat.Resize(ids.size() * 4));
+    std::vector<uint8_t> poison(b.hot_pool.size(), 0xa5);
+    ASSERT_TRUE(hot.Upload(poison));
+    PromoteParams pp;
+    pp.cold_pool_dev = cold.get<uint8_t>();
+    pp.cold = c.layout;
+    pp.hot_pool_dev = hot.get<uint8_t>();
+    pp.hot = b.hot;
+    pp.tables_dev = dtab.get<uint32_t>();
+    pp.key_payload = codec->key_codec().payload_bytes();
+    pp.value_payload = codec->value_codec().payload_bytes();
+    pp.pages = static_cast<int>(ids.size());
+    pp.cold_pages_dev = dids.get<int32_t>();
+    pp.hot_pages_dev = dids.get<int32_t>();
+    pp.tokens_dev = dtok.get<int32_t>();
+    pp.status_dev = dstat.get<int32_t>();
+    absl::Status st = LaunchPromote(pp, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> got;
+    std::vector<int32_t> status;
+    ASSERT_TRUE(hot.Download(&got) && dstat.Download(&status));
+    for (size_t k = 0; k < ids.size(); ++k) {
+      EXPECT_EQ(status[k], 0) << "page " << ids[k];
+      const size_t off = static_cast<size_t>(ids[k]) * b.hot.page_bytes;
+      ASSERT_EQ(0, std::memcmp(got.data() + off, b.hot_pool.data() + off, b.hot.page_bytes))
+          << "GPU promotion differs from PromotePage, page " << ids[k] << " (" << toks[k] << " tokens)";
+    }
+  }
+
+  // Attention on the level pages.
+  DeviceBuffer pool;
+  ASSERT_TRUE(pool.Upload(b.hot_pool));
+  const int items = c.items();
+  HotRun all;
+  RunLevel(b, pool, q_heads, 0, items, &all);
+  if (::testing::Test::HasFatalFailure()) return;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const size_t qd = static_cast<size_t>(q_heads) * d;
+  for (int i = 0; i < items; ++i) {
+    CheckItem(all.out.data() + i * qd, all.lse[static_cast<size_t>(i) * q_heads], c.ref_keys[i], c.ref_values[i],
+              c.tokens[i] + c.window_tokens[i], kv_heads, d, c.query.data() + i * qd, q_heads, scale, "level", i);
+  }
+  // Batch invariance: each item alone, and the whole batch again.
+  HotRun again;
+  RunLevel(b, pool, q_heads, 0, items, &again);
+  EXPECT_EQ(0, std::memcmp(again.out.data(), all.out.data(), all.out.size() * 4)) << "second run differs";
+  EXPECT_EQ(0, std::memcmp(again.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second run lse differs";
+  for (int i = 0; i < items; ++i) {
+    HotRun one;
+    RunLevel(b, pool, q_heads, i, 1, &one);
+    EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + i * qd, qd * 4)) << "item " << i << " alone differs";
+    EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + static_cast<size_t>(i) * q_heads, q_heads * 4))
+        << "item " << i << " alone: lse differs";
+  }
+}
+
+TEST(LevelAttentionGpu, Gqa32x8Dim128) {
+  SKIP_WITHOUT_GPU();
+  RunCase(8, 128, 32, {1, 97, 4095, 1024}, {0, 5, 128, 255}, 1);
+}
+
+TEST(LevelAttentionGpu, Gqa8x4Dim64) {
+  SKIP_WITHOUT_GPU();
+  RunCase(4, 64, 8, {97, 640, 1, 2048, 300, 129}, {3, 0, 128, 9, 64, 1}, 2);
+}
+
+TEST(LevelAttentionGpu, Gqa8x4Dim128AndGqa32x8Dim64) {
+  SKIP_WITHOUT_GPU();
+  RunCase(4, 128, 8, {700, 5}, {100, 0}, 3);
+  RunCase(8, 64, 32, {250, 1, 1500}, {4, 0, 17}, 4);
+}
+
+TEST(LevelAttentionGpu, WindowOnlyAndEmpty) {
+  SKIP_WITHOUT_GPU();
+  RunCase(8, 128, 32, {0, 0, 5}, {5, 0, 0}, 5);
+}
+
+// A long sequence split many ways inside a batch of mixed lengths: every
+// item alone equals itself in the batch.
+TEST(LevelAttentionGpu, BatchInvarianceLong) {
+  SKIP_WITHOUT_GPU();
+  std::vector<int> tokens, window;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 12; ++i) {
+    tokens.push_back(static_cast<int>(rng() % 9000));
+    window.push_back(static_cast<int>(rng() % 256));
+  }
+  tokens[3] = 40000;
+  RunCase(8, 128, 32, tokens, window, 6);
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace driftkv
