@@ -1,0 +1,65 @@
+#include "codec/level_attention.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "codec/half.h"
+#include "codec/level_page.h"
+
+namespace driftkv {
+namespace {
+
+// A header's grid, as StreamCodec::DecodeSymbols reads it from a record:
+// fp16 scale in the low half, fp16 offset in the high half.
+bool LoadGrid(uint32_t header, float* scale, float* offset) {
+  *scale = HalfToFloat(static_cast<uint16_t>(header));
+  *offset = HalfToFloat(static_cast<uint16_t>(header >> 16));
+  return std::isfinite(*scale) && std::isfinite(*offset) && *scale >= 0.0f;
+}
+
+}  // namespace
+
+absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages,
+                            const Bf16Tokens& window, const float* query, int q_heads,
+                            float softmax_scale, float* out, float* lse,
+                            LevelAttentionScratch* s) {
+  absl::StatusOr<LevelPageLayout> layout = MakeLevelPageLayout(codec);
+  if (!layout.ok()) return layout.status();
+  AttentionCore core(codec, &s->attention);
+  absl::Status st = core.Begin(query, q_heads, softmax_scale);
+  if (!st.ok()) return st;
+  const size_t n = codec.n();
+  s->key_levels.resize(kLevelPageTokens * n);
+  s->value_levels.resize(kLevelPageTokens * n);
+  s->key_headers.resize(kLevelPageTokens);
+  s->value_headers.resize(kLevelPageTokens);
+  s->mean_record.resize(kMeanHeaderBytes + n);
+  for (std::vector<float>* v : {&s->key_scale, &s->key_offset, &s->value_scale, &s->value_offset}) {
+    v->resize(kLevelPageTokens);
+  }
+  for (size_t p = 0; p < pages.size(); ++p) {
+    const int tokens = pages[p].tokens;
+    if (tokens < 1 || tokens > kLevelPageTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("level page ", p, ": tokens ", tokens, " out of range [1, ", kLevelPageTokens, "]"));
+    }
+    UnpackLevelPage(*layout, pages[p].page, s->key_levels.data(), s->value_levels.data(),
+                    s->key_headers.data(), s->value_headers.data(), s->mean_record.data());
+    for (int t = 0; t < tokens; ++t) {
+      const bool key_ok = LoadGrid(s->key_headers[t], &s->key_scale[t], &s->key_offset[t]);
+      if (!key_ok || !LoadGrid(s->value_headers[t], &s->value_scale[t], &s->value_offset[t])) {
+        return absl::DataLossError(absl::StrCat("level page ", p, ": ", key_ok ? "value" : "key",
+                                                " grid (scale/offset) of token ", t, " is not finite"));
+      }
+    }
+    core.BeginBlock(s->mean_record.data(), tokens);
+    core.KeyTokens(0, tokens, s->key_levels.data(), s->key_scale.data(), s->key_offset.data());
+    core.EndKeys();
+    core.ValueTokens(0, tokens, s->value_levels.data(), s->value_scale.data(), s->value_offset.data());
+  }
+  core.Window(window);
+  core.Finish(out, lse);
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv
