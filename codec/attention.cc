@@ -5,6 +5,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "codec/half.h"
 #include "codec/hadamard.h"
@@ -13,18 +17,56 @@ namespace driftkv {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kMaxGroup = 4;  // query heads whose dot products share one pass over m
 
-// q . m for integer levels m. Eight independent partial sums in a fixed
-// order: the compiler can vectorise without -ffast-math, and the result does
-// not depend on the machine.
-float DotLevels(const float* q, const uint8_t* m, int d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// Dot products of `count` query heads (rows of q, head_dim d apart) with
+// one KV head's levels m, as floats (exact: levels are small integers).
+// Each sum runs in eight partial sums, acc[k] over j = k mod 8 in order of j,
+// combined as ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)): a fixed
+// order, so the result does not depend on the machine or on how the loop is
+// vectorised (no -ffast-math, no contraction). The SSE path below performs
+// exactly these operations, eight partial sums in two registers, and shares
+// the loads of m among up to four heads (the heads of a GQA group).
+template <int kHeads>
+void DotHeadsFixed(const float* q, const float* m, int d, float* dots) {
+  float acc[kHeads][8] = {};
   int j = 0;
+#if defined(__SSE2__)
+  __m128 lo[kHeads], hi[kHeads];
+  for (int h = 0; h < kHeads; ++h) lo[h] = hi[h] = _mm_setzero_ps();
   for (; j + 8 <= d; j += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += q[j + k] * static_cast<float>(m[j + k]);
+    const __m128 m0 = _mm_loadu_ps(m + j), m1 = _mm_loadu_ps(m + j + 4);
+    for (int h = 0; h < kHeads; ++h) {
+      lo[h] = _mm_add_ps(lo[h], _mm_mul_ps(_mm_loadu_ps(q + h * d + j), m0));
+      hi[h] = _mm_add_ps(hi[h], _mm_mul_ps(_mm_loadu_ps(q + h * d + j + 4), m1));
+    }
   }
-  for (; j < d; ++j) acc[j & 7] += q[j] * static_cast<float>(m[j]);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (int h = 0; h < kHeads; ++h) {
+    _mm_storeu_ps(acc[h], lo[h]);
+    _mm_storeu_ps(acc[h] + 4, hi[h]);
+  }
+#else
+  for (; j + 8 <= d; j += 8) {
+    for (int h = 0; h < kHeads; ++h) {
+      for (int k = 0; k < 8; ++k) acc[h][k] += q[h * d + j + k] * m[j + k];
+    }
+  }
+#endif
+  for (int h = 0; h < kHeads; ++h) {
+    for (int i = j; i < d; ++i) acc[h][i & 7] += q[h * d + i] * m[i];
+    const float* a = acc[h];
+    dots[h] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+  }
+}
+
+void DotHeads(const float* q, int count, const float* m, int d, float* dots) {
+  int h = 0;
+  for (; h + 4 <= count; h += 4) DotHeadsFixed<4>(q + h * d, m, d, dots + h);
+  for (; h < count; ++h) DotHeadsFixed<1>(q + h * d, m, d, dots + h);
+}
+
+void LevelsToFloat(const uint8_t* m, int n, float* out) {
+  for (int j = 0; j < n; ++j) out[j] = static_cast<float>(m[j]);
 }
 
 }  // namespace
@@ -54,6 +96,7 @@ absl::Status AttentionCore::Begin(const float* query, int q_heads, float softmax
   s->max.assign(q_heads, kNegInf);
   s->denom.assign(q_heads, 0.0f);
   s->k_raw.resize(n);
+  s->level_f.resize(n);
   return absl::OkStatus();
 }
 
@@ -95,13 +138,20 @@ void AttentionCore::KeyTokens(int t0, int count, const uint8_t* levels, const fl
   AttentionScratch* s = s_;
   const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
   const float softmax_scale = softmax_scale_;
+  float* mf = s->level_f.data();
+  float dots[kMaxGroup];
   for (int k = 0; k < count; ++k) {
     const int t = t0 + k;
-    for (int h = 0; h < q_heads; ++h) {
-      const float* q = s->q_rot.data() + h * d;
-      const uint8_t* m = levels + static_cast<size_t>(k) * n + (h / group) * d;
-      const float dot = DotLevels(q, m, d);
-      s->scores[t * q_heads + h] = softmax_scale * (sc[k] * dot + off[k] * s->q_sum[h] + s->q_mu[h]);
+    LevelsToFloat(levels + static_cast<size_t>(k) * n, n, mf);
+    for (int h0 = 0; h0 < q_heads; h0 += group) {  // one KV head, its `group` query heads
+      for (int g0 = 0; g0 < group; g0 += kMaxGroup) {
+        const int heads = std::min(kMaxGroup, group - g0);
+        DotHeads(s->q_rot.data() + static_cast<size_t>(h0 + g0) * d, heads, mf + (h0 / group) * d, d, dots);
+        for (int i = 0; i < heads; ++i) {
+          const int h = h0 + g0 + i;
+          s->scores[t * q_heads + h] = softmax_scale * (sc[k] * dots[i] + off[k] * s->q_sum[h] + s->q_mu[h]);
+        }
+      }
     }
   }
 }
@@ -120,16 +170,18 @@ void AttentionCore::ValueTokens(int t0, int count, const uint8_t* levels, const 
                                 const float* off) {
   AttentionScratch* s = s_;
   const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
+  float* mf = s->level_f.data();
   for (int k = 0; k < count; ++k) {
     const int t = t0 + k;
+    LevelsToFloat(levels + static_cast<size_t>(k) * n, n, mf);
     for (int h = 0; h < q_heads; ++h) {
       const float w = std::exp(s->scores[t * q_heads + h] - s->max[h]);
       s->denom[h] += w;
       s->offset[h] += w * off[k];
       const float ws = w * sc[k];
       float* a = s->acc_rot.data() + h * d;
-      const uint8_t* m = levels + static_cast<size_t>(k) * n + (h / group) * d;
-      for (int j = 0; j < d; ++j) a[j] += ws * static_cast<float>(m[j]);
+      const float* m = mf + (h / group) * d;
+      for (int j = 0; j < d; ++j) a[j] += ws * m[j];
     }
   }
 }

@@ -44,6 +44,7 @@ struct Bf16Tokens {
 struct AttentionScratch {
   CodecScratch codec;
   std::vector<float> q_rot, q_sum, q_mu, mu, scores, acc_rot, acc_raw, offset, max, denom, k_raw;
+  std::vector<float> level_f;  // one token's levels as floats
   std::vector<uint8_t> levels;
 };
 

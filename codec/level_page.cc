@@ -4,6 +4,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SSSE3__)
+#include <tmmintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "codec/dquant_codec.h"
 #include "codec/rans.h"
@@ -64,26 +68,31 @@ size_t WordOffset(int lane, int w) {
 
 // THE MAPPING (one definition for pack and unpack). The pairs of lane `lane`
 // of one KV head in the order the page stores them, as the offset of each
-// pair's lower value in levels [token][n] of head 0 (head h adds
-// h * head_dim). The upper value is the next channel for keys (+1) and the
-// next token for values (+n). 2 * head_dim pairs.
+// pair's lower value in a level array where token t, channel c (of the head)
+// is at t * token_stride + c * channel_stride. The upper value is the next
+// channel for keys, the next token for values. 2 * head_dim pairs.
 //   A fragment: register r of lane 4g + t holds row g + 8 (r & 1), columns
 //   c, c + 1 with c = 2t + 8 (r >> 1).
 //   Keys:   index mt * (D / 4) + ks * 4 + r = token 16 mt + row, channel 16 ks + c.
 //   Values: index (ks * MT + mt) * 4 + r = channel 16 mt + row, token 16 ks + c.
-void LanePairs(bool keys, int lane, int n, int head_dim, int32_t* lower) {
+// The lanes of a quad (4g + t, t = 0..3) differ only in t: their i-th pairs
+// are 2t columns apart, so the quad's i-th pairs are 8 consecutive levels
+// along the fragment's columns (keys: channels, values: tokens). The fast
+// unpack below relies on this.
+void LanePairs(bool keys, int lane, int token_stride, int channel_stride, int head_dim, int32_t* lower) {
   const int g = lane / 4, t = lane % 4;
+  const int row_stride = keys ? token_stride : channel_stride;  // A's rows: key tokens, value channels
+  const int col_stride = keys ? channel_stride : token_stride;
   int32_t frag[kRegs];  // row and column of each register, as a level offset
   for (int r = 0; r < kRegs; ++r) {
-    const int row = g + 8 * (r & 1), col = 2 * t + 8 * (r >> 1);
-    frag[r] = keys ? row * n + col : col * n + row;
+    frag[r] = (g + 8 * (r & 1)) * row_stride + (2 * t + 8 * (r >> 1)) * col_stride;
   }
   // Either way the outer loop runs over the page's 8 token tiles (key m-tiles,
   // value k-steps) and the inner one over the head's channel tiles.
   int i = 0;
   for (int a = 0; a < kPageTiles; ++a) {
     for (int b = 0; b < head_dim / kTile; ++b) {
-      const int32_t base = kTile * a * n + kTile * b;
+      const int32_t base = kTile * (a * token_stride + b * channel_stride);
       for (int r = 0; r < kRegs; ++r) lower[i++] = base + frag[r];
     }
   }
@@ -112,7 +121,7 @@ void PackKeys(const LevelPageLayout& layout, int tokens, const uint8_t* levels, 
   const int n = layout.n(), d = layout.head_dim, pairs = 2 * d;
   std::vector<int32_t> lower(pairs);
   for (int lane = 0; lane < kLanes; ++lane) {
-    LanePairs(true, lane, n, d, lower.data());
+    LanePairs(true, lane, n, 1, d, lower.data());
     for (int h = 0; h < layout.kv_heads; ++h) {
       uint8_t* block = page + layout.key_block(h);
       const uint8_t* lv = levels + static_cast<size_t>(h) * d;
@@ -136,42 +145,11 @@ void PackKeys(const LevelPageLayout& layout, int tokens, const uint8_t* levels, 
   }
 }
 
-void UnpackKeys(const LevelPageLayout& layout, const uint8_t* page, uint8_t* levels) {
-  const int n = layout.n(), d = layout.head_dim, pairs = 2 * d;
-  std::vector<int32_t> lower(pairs);
-  for (int lane = 0; lane < kLanes; ++lane) {
-    LanePairs(true, lane, n, d, lower.data());
-    for (int h = 0; h < layout.kv_heads; ++h) {
-      const uint8_t* block = page + layout.key_block(h);
-      uint8_t* lv = levels + static_cast<size_t>(h) * d;
-      for (int grp = 0; grp < pairs / kKeyGroupPairs; ++grp) {
-        uint32_t w[kKeyGroupWords];
-        for (int k = 0; k < kKeyGroupWords; ++k) w[k] = LoadLe32(block + WordOffset(lane, grp * kKeyGroupWords + k));
-        const int32_t* o = lower.data() + grp * kKeyGroupPairs;
-        for (int k = 0; k < kKeyGroupWords; ++k) {
-          for (int f = 0; f < kKeyWordPairs; ++f) {
-            const uint32_t x = (w[k] >> (kKeyBits * f)) & kKeyMask2;  // lower | upper << 16
-            uint8_t* p = lv + o[k * kKeyWordPairs + f];
-            p[0] = static_cast<uint8_t>(x);
-            p[1] = static_cast<uint8_t>(x >> 16);
-          }
-        }
-        // Pair 15: bit b in bits 15 (lower) and 31 (upper) of word b.
-        const uint32_t x = ((w[0] >> 15) & 0x00010001u) | ((w[1] >> 14) & 0x00020002u) |
-                           ((w[2] >> 13) & 0x00040004u);
-        uint8_t* p = lv + o[kKeyGroupPairs - 1];
-        p[0] = static_cast<uint8_t>(x);
-        p[1] = static_cast<uint8_t>(x >> 16);
-      }
-    }
-  }
-}
-
 void PackValues(const LevelPageLayout& layout, int tokens, const uint8_t* levels, uint8_t* page) {
   const int n = layout.n(), d = layout.head_dim;
   std::vector<int32_t> lower(2 * d);
   for (int lane = 0; lane < kLanes; ++lane) {
-    LanePairs(false, lane, n, d, lower.data());
+    LanePairs(false, lane, n, 1, d, lower.data());
     for (int h = 0; h < layout.kv_heads; ++h) {
       uint8_t* block = page + layout.value_block(h);
       const uint8_t* lv = levels + static_cast<size_t>(h) * d;
@@ -202,29 +180,189 @@ void PackValues(const LevelPageLayout& layout, int tokens, const uint8_t* levels
   }
 }
 
-void UnpackValues(const LevelPageLayout& layout, const uint8_t* page, uint8_t* levels) {
-  const int n = layout.n(), d = layout.head_dim;
-  std::vector<int32_t> lower(2 * d);
-  for (int lane = 0; lane < kLanes; ++lane) {
-    LanePairs(false, lane, n, d, lower.data());
-    for (int h = 0; h < layout.kv_heads; ++h) {
-      const uint8_t* block = page + layout.value_block(h);
-      uint8_t* lv = levels + static_cast<size_t>(h) * d;
-      const int32_t* o = lower.data();
-      for (int grp = 0; grp < kValueGroups; ++grp) {
-        const int count = ValueGroupPairs(d, grp);
-        const int first_word = LevelValueGroupFirstVec(d, grp) * kVecWords;
-        for (int j = 0; kTriplePairs * j < count; ++j) {
-          const uint32_t word = LoadLe32(block + WordOffset(lane, first_word + j / 2));
-          uint32_t digit[kTriplePairs];
-          Base6Digits((word >> (8 * (j & 1))) & 0x00ff00ffu, digit);
-          for (int dg = 0; dg < kTriplePairs && kTriplePairs * j + dg < count; ++dg) {
-            uint8_t* p = lv + o[kTriplePairs * j + dg];
-            p[0] = static_cast<uint8_t>(digit[dg]);        // token 2c
-            p[n] = static_cast<uint8_t>(digit[dg] >> 16);  // token 2c + 1
+// ---------------------------------------------------------------------------
+// Unpacking, the hot path: one quad (lanes 4g + t, t = 0..3) at a time. The
+// quad's words are transposed so that one 4-wide operation decodes the same
+// pair of its four lanes: 8 levels, consecutive along the fragment columns,
+// written with one 8-byte store (see LanePairs). Keys go straight to
+// [token][n]; values, consecutive along tokens, go to a [channel][token]
+// tile of the head that is then transposed. The primitives have an SSSE3
+// and a portable version; everything else is shared.
+
+#if defined(__SSSE3__)
+
+// One 32-bit word of each lane of a quad, lane 4g + t in element t.
+using Quad = __m128i;
+
+inline Quad QuadShr(Quad x, int s) { return _mm_srli_epi32(x, s); }
+inline Quad QuadAnd(Quad x, uint32_t m) { return _mm_and_si128(x, _mm_set1_epi32(static_cast<int>(m))); }
+inline Quad QuadOr(Quad a, Quad b) { return _mm_or_si128(a, b); }
+
+// Words 4j .. 4j + 3 of the quad's lanes (uint4 j of each, 64 contiguous
+// bytes) into q[0..4), transposed: q[c] element t = lane 4g + t's word 4j + c.
+inline void LoadQuadVec(const uint8_t* block, int g, int j, Quad* q) {
+  const uint8_t* p = block + (static_cast<size_t>(j) * kLanes + 4 * g) * kVecBytes;
+  const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  const __m128i a2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32));
+  const __m128i a3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 48));
+  const __m128i t0 = _mm_unpacklo_epi32(a0, a1), t1 = _mm_unpacklo_epi32(a2, a3);
+  const __m128i t2 = _mm_unpackhi_epi32(a0, a1), t3 = _mm_unpackhi_epi32(a2, a3);
+  q[0] = _mm_unpacklo_epi64(t0, t1);
+  q[1] = _mm_unpackhi_epi64(t0, t1);
+  q[2] = _mm_unpacklo_epi64(t2, t3);
+  q[3] = _mm_unpackhi_epi64(t2, t3);
+}
+
+// Byte 0 (lower level) and byte 2 (upper level) of element t to p[2t] and
+// p[2t + 1]: one 8-byte store.
+inline void StoreQuadPairs(Quad x, uint8_t* p) {
+  const __m128i pick = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_shuffle_epi8(x, pick));
+}
+
+// Base6Digits on each element, in 16-bit lanes (no mask needed there).
+inline void QuadBase6(Quad x, Quad digit[3]) {
+  const __m128i l2 = _mm_srli_epi16(_mm_mullo_epi16(x, _mm_set1_epi16(57)), 11);
+  const __m128i r = _mm_sub_epi16(x, _mm_mullo_epi16(l2, _mm_set1_epi16(36)));
+  const __m128i l1 = _mm_srli_epi16(_mm_mullo_epi16(r, _mm_set1_epi16(43)), 8);
+  digit[0] = _mm_sub_epi16(r, _mm_mullo_epi16(l1, _mm_set1_epi16(6)));
+  digit[1] = l1;
+  digit[2] = l2;
+}
+
+// dst[t * dst_stride + c] = src[c * src_stride + t] for a 16 x 16 block:
+// four rounds of byte interleaving, each rotating the 8-bit (register,
+// byte) address left by one bit, so four swap its halves.
+inline void Transpose16(const uint8_t* src, size_t src_stride, uint8_t* dst, size_t dst_stride) {
+  __m128i a[16], b[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * src_stride));
+  auto round = [](const __m128i* in, __m128i* out) {
+    for (int i = 0; i < 8; ++i) {
+      out[2 * i] = _mm_unpacklo_epi8(in[i], in[i + 8]);
+      out[2 * i + 1] = _mm_unpackhi_epi8(in[i], in[i + 8]);
+    }
+  };
+  round(a, b);
+  round(b, a);
+  round(a, b);
+  round(b, a);
+  for (int i = 0; i < 16; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * dst_stride), a[i]);
+}
+
+#else  // portable primitives, same results
+
+struct Quad {
+  uint32_t v[4];
+};
+
+inline Quad QuadShr(Quad x, int s) {
+  for (uint32_t& e : x.v) e >>= s;
+  return x;
+}
+inline Quad QuadAnd(Quad x, uint32_t m) {
+  for (uint32_t& e : x.v) e &= m;
+  return x;
+}
+inline Quad QuadOr(Quad a, Quad b) {
+  for (int t = 0; t < 4; ++t) a.v[t] |= b.v[t];
+  return a;
+}
+inline void LoadQuadVec(const uint8_t* block, int g, int j, Quad* q) {
+  for (int t = 0; t < 4; ++t) {
+    for (int c = 0; c < kVecWords; ++c) q[c].v[t] = LoadLe32(block + WordOffset(4 * g + t, kVecWords * j + c));
+  }
+}
+inline void StoreQuadPairs(Quad x, uint8_t* p) {
+  for (int t = 0; t < 4; ++t) {
+    p[2 * t] = static_cast<uint8_t>(x.v[t]);
+    p[2 * t + 1] = static_cast<uint8_t>(x.v[t] >> 16);
+  }
+}
+inline void QuadBase6(Quad x, Quad digit[3]) {
+  for (int t = 0; t < 4; ++t) {
+    uint32_t d[3];
+    Base6Digits(x.v[t], d);
+    for (int k = 0; k < 3; ++k) digit[k].v[t] = d[k];
+  }
+}
+inline void Transpose16(const uint8_t* src, size_t src_stride, uint8_t* dst, size_t dst_stride) {
+  for (int t = 0; t < 16; ++t) {
+    for (int c = 0; c < 16; ++c) dst[t * dst_stride + c] = src[c * src_stride + t];
+  }
+}
+
+#endif
+
+constexpr int kQuads = kLanes / 4;
+constexpr int kMaxHeadDim = 128;
+constexpr int kMaxLanePairs = 2 * kMaxHeadDim;
+constexpr int kMaxLaneWords = kMaxLanePairs / kKeyGroupPairs * kKeyGroupWords;  // keys: 48 >= values' 44
+
+void UnpackKeys(const LevelPageLayout& layout, const uint8_t* page, uint8_t* levels) {
+  const int n = layout.n(), d = layout.head_dim, pairs = 2 * d;
+  const int vecs = pairs / kKeyGroupPairs * kKeyGroupWords / kVecWords;
+  int32_t lower[kQuads][kMaxLanePairs];  // of lane 4g; lane 4g + t is 2t channels further
+  for (int g = 0; g < kQuads; ++g) LanePairs(true, 4 * g, n, 1, d, lower[g]);
+  Quad words[kMaxLaneWords];
+  for (int h = 0; h < layout.kv_heads; ++h) {
+    const uint8_t* block = page + layout.key_block(h);
+    uint8_t* out = levels + static_cast<size_t>(h) * d;
+    for (int g = 0; g < kQuads; ++g) {
+      for (int j = 0; j < vecs; ++j) LoadQuadVec(block, g, j, words + kVecWords * j);
+      for (int grp = 0; grp < pairs / kKeyGroupPairs; ++grp) {
+        const Quad* w = words + grp * kKeyGroupWords;
+        const int32_t* o = lower[g] + grp * kKeyGroupPairs;
+        for (int k = 0; k < kKeyGroupWords; ++k) {
+          for (int f = 0; f < kKeyWordPairs; ++f) {
+            StoreQuadPairs(QuadAnd(QuadShr(w[k], kKeyBits * f), kKeyMask2), out + o[k * kKeyWordPairs + f]);
           }
         }
+        // Pair 15: bit b in bits 15 (lower) and 31 (upper) of word b.
+        const Quad x = QuadOr(QuadOr(QuadAnd(QuadShr(w[0], 15), 0x00010001u), QuadAnd(QuadShr(w[1], 14), 0x00020002u)),
+                              QuadAnd(QuadShr(w[2], 13), 0x00040004u));
+        StoreQuadPairs(x, out + o[kKeyGroupPairs - 1]);
+      }
+    }
+  }
+}
+
+void UnpackValues(const LevelPageLayout& layout, const uint8_t* page, uint8_t* levels) {
+  const int n = layout.n(), d = layout.head_dim;
+  const int vecs = LevelValueGroupFirstVec(d, kValueGroups);
+  int32_t lower[kQuads][kMaxLanePairs];  // in the tile; lane 4g + t is 2t tokens further
+  for (int g = 0; g < kQuads; ++g) LanePairs(false, 4 * g, 1, kLevelPageTokens, d, lower[g]);
+  uint8_t tile[kMaxHeadDim * kLevelPageTokens];  // [channel][token] of one head
+  Quad words[kMaxLaneWords];
+  for (int h = 0; h < layout.kv_heads; ++h) {
+    const uint8_t* block = page + layout.value_block(h);
+    for (int g = 0; g < kQuads; ++g) {
+      for (int j = 0; j < vecs; ++j) LoadQuadVec(block, g, j, words + kVecWords * j);
+      const int32_t* o = lower[g];
+      for (int grp = 0; grp < kValueGroups; ++grp) {
+        const int count = ValueGroupPairs(d, grp);
+        const Quad* w = words + LevelValueGroupFirstVec(d, grp) * kVecWords;
+        // Triple 2w in bytes 0 and 2 of word w, triple 2w + 1 in bytes 1 and 3.
+        auto triple = [&](int j, int digits) {
+          Quad digit[kTriplePairs];  // lower level in byte 0, upper in byte 2
+          QuadBase6(QuadAnd(QuadShr(w[j / 2], 8 * (j & 1)), 0x00ff00ffu), digit);
+          for (int dg = 0; dg < digits; ++dg) StoreQuadPairs(digit[dg], tile + o[kTriplePairs * j + dg]);
+        };
+        const int full = count / kTriplePairs;
+        int j = 0;
+        for (; j + 2 <= full; j += 2) {
+          triple(j, kTriplePairs);
+          triple(j + 1, kTriplePairs);
+        }
+        for (; j < full; ++j) triple(j, kTriplePairs);
+        if (count % kTriplePairs != 0) triple(full, count % kTriplePairs);
         o += count;
+      }
+    }
+    uint8_t* out = levels + static_cast<size_t>(h) * d;
+    for (int c = 0; c < d; c += 16) {
+      for (int t = 0; t < kLevelPageTokens; t += 16) {
+        Transpose16(tile + c * kLevelPageTokens + t, kLevelPageTokens, out + static_cast<size_t>(t) * n + c, n);
       }
     }
   }
