@@ -102,8 +102,8 @@ struct LevelPageLayout {
 
 // Words (32-bit) of lane data in value k-step group `group` (0, 1, 2), padded
 // to a multiple of 4; and the first uint4 of the group in the lane's order.
-DRIFTKV_HD inline int LevelValueGroupKsteps(int group) { return group < 2 ? 3 : 2; }
-DRIFTKV_HD inline int LevelValueGroupWords(int head_dim, int group) {
+DRIFTKV_HD constexpr int LevelValueGroupKsteps(int group) { return group < 2 ? 3 : 2; }
+DRIFTKV_HD constexpr int LevelValueGroupWords(int head_dim, int group) {
   const int pairs = LevelValueGroupKsteps(group) * (head_dim / 16) * 4;
   const int triples = (pairs + 2) / 3;
   const int words = (triples + 1) / 2;

@@ -187,6 +187,13 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
   }
 }
 
+TEST(LevelAttentionGpu, DequantisersExhaustive) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<int> bad = LevelDecodeSelfTest();
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(*bad, 0);
+}
+
 TEST(LevelAttentionGpu, Gqa32x8Dim128) {
   SKIP_WITHOUT_GPU();
   RunCase(8, 128, 32, {1, 97, 4095, 1024}, {0, 5, 128, 255}, 1);
