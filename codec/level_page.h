@@ -17,7 +17,8 @@
 //   blocks_offset = 1040 + n, then per KV head h:
 //     key block   [blocks_offset + h * head_bytes, + key_block_bytes)
 //     value block [.. + key_block_bytes, + value_block_bytes)
-//   zero padding to page_bytes (a multiple of 64)
+//   zero padding to page_bytes, the smallest multiple of 64 that holds the
+//   blocks (96,320 bytes at 8 x 128)
 // Tokens a partial page does not hold have zero headers and level 0.
 //
 // FRAGMENT ORDER. Both blocks are laid out as [j][lane][16 bytes]: uint4 j
@@ -51,13 +52,19 @@
 // pairs of the last triple count as 0). Word w of a group holds bytes
 // E_2w, E_2w+1, O_2w, O_2w+1 (byte 0 first), so (W & 0x00ff00ff) is
 // triple 2w and ((W >> 8) & 0x00ff00ff) triple 2w+1, each as the two packed
-// 16-bit lanes a SIMD base-6 decode works on. A group's words are padded
-// with zero words to a multiple of 4; the groups follow each other.
+// 16-bit lanes a SIMD base-6 decode works on; when a group has an odd number
+// of triples (head_dim 64, group 2: 11) the last word's second triple is 0.
+// A group's words are padded with zero words to a multiple of 4; the groups
+// follow each other. value_block_bytes = 512 x the group uint4s: 5632 at
+// head_dim 128 (16 + 16 + 12 words a lane), 3072 at 64 (8 + 8 + 8).
 //
 // Conversions with the cold page are exact both ways: the symbols of a cold
 // record are the levels here (PromotePage), and rANS-coding the levels again
-// gives the cold record byte for byte (DemotePage), because the stream
-// already fitted its payload when it was first encoded.
+// gives the cold record byte for byte (DemotePage), because rANS coding is
+// deterministic and the stream already fitted its payload when it was first
+// encoded. "Byte for byte" holds for records as the encoders write them (the
+// payload's unused tail and the stride padding zero); a record with other
+// bytes there decodes the same and demotes to that canonical record.
 #ifndef DRIFTKV_CODEC_LEVEL_PAGE_H_
 #define DRIFTKV_CODEC_LEVEL_PAGE_H_
 
@@ -124,8 +131,11 @@ absl::StatusOr<LevelPageLayout> MakeLevelPageLayout(int kv_heads, int head_dim);
 absl::StatusOr<LevelPageLayout> MakeLevelPageLayout(const DQuantCodec& codec);
 
 // Levels of `tokens` (<= 128) tokens, [token][n] one byte each in channel
-// order (j = head * head_dim + dim), plus the tokens' 4-byte headers and the
-// mean record, into a level page (every byte of page[0, page_bytes) written).
+// order (j = head * head_dim + dim; keys < 8, values < 6), plus the tokens'
+// 4-byte headers (a record's first 4 bytes read as a little-endian uint32:
+// scale bits in [15:0], offset bits in [31:16]) and the mean record, into a
+// level page (every byte of page[0, page_bytes) written). `layout` comes from
+// MakeLevelPageLayout.
 void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key_levels,
                    const uint8_t* value_levels, const uint32_t* key_headers,
                    const uint32_t* value_headers, const uint8_t* mean_record, uint8_t* page);
@@ -138,15 +148,19 @@ void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t
 
 // Cold records (a CompressedBlock's arrays: `tokens` key records at
 // key_stride, value records at value_stride, one mean record) to a level
-// page. DataLoss naming the token if a record does not decode.
+// page. DataLoss naming the token if a record does not decode (the page is
+// then left untouched); InvalidArgument if tokens is outside [1, 128] or the
+// layout is not MakeLevelPageLayout(codec).
 absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
                          const uint8_t* key_records, const uint8_t* value_records,
                          const uint8_t* mean_record, int tokens, uint8_t* page);
 
 // A level page back to cold records (tokens * stride bytes each, and the
 // codec's mean_stride bytes of mean record, padding zeroed): rANS codes the
-// known levels without drift. DataLoss if a stream does not fit its payload
-// (a page not made from fitting records).
+// known levels without drift. DataLoss if a level is out of the codec's range
+// (a corrupt field, e.g. a value byte >= 216) or a stream does not fit its
+// payload (a page not made from fitting records); the outputs are then
+// unspecified. InvalidArgument as PromotePage.
 absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
                         const uint8_t* page, int tokens, uint8_t* key_records,
                         uint8_t* value_records, uint8_t* mean_record);
