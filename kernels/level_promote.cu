@@ -19,40 +19,113 @@ namespace {
 constexpr int kThreads = kLevelPageTokens;
 static_assert(kProbScale == 256, "one table lookup per byte of state");
 
-// Reads the payload of one record a byte at a time through 32-bit loads
-// (records are 4-byte aligned), zeros past the payload.
-struct Payload {
-  const uint32_t* words;  // payload start (record + 4)
-  int size;               // C
-  int ptr;
-  __device__ uint32_t Next() {
-    const int p = ptr++;
-    return p < size ? (__ldg(words + (p >> 2)) >> (8 * (p & 3))) & 255u : 0u;
+constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | window byte k
+
+// A record's payload, read forward through a two-word buffer that covers
+// bytes [4a, 4a + 8): one 32-bit load per 4 bytes consumed (records are
+// 4-byte aligned; the reads may pass the payload's end, staying inside the
+// page, whose mean record follows the last value record).
+struct PayloadReader {
+  const uint32_t* words;  // payload start
+  uint32_t a;             // buffer starts at word a
+  uint32_t w0, w1;
+  __device__ void Start(const uint32_t* payload, uint32_t p) {
+    words = payload;
+    a = p >> 2;
+    w0 = __ldg(words + a);
+    w1 = __ldg(words + a + 1);
+  }
+  // The 4 bytes at byte offset p (p >= 4a, p < 4a + 8 after advancing).
+  __device__ uint32_t Window(uint32_t p) {
+    if ((p >> 2) != a) {
+      a = p >> 2;
+      w0 = w1;
+      w1 = __ldg(words + a + 1);
+    }
+    return __funnelshift_r(w0, w1, 8 * (p & 3));
   }
 };
 
-// Token and channel (within the head) of the lower value of key pair e of
-// group grp, m-tile mt, lane l (codec/level_page.h).
-__device__ __forceinline__ void KeyPairAt(int mt, int grp, int e, int l, int* tok, int* ch) {
-  const int q = grp * 16 + e, ks = q >> 2, r = q & 3, g = l >> 2, t = l & 3;
-  *tok = 16 * mt + g + 8 * (r & 1);
-  *ch = 16 * ks + 2 * t + 8 * (r >> 1);
+// Decodes 4 symbols (rans.h) from state x; the at most 4 renormalisation
+// bytes come from one 4-byte window (a predicated byte permute consumes the
+// next one), the levels into the bytes of the returned word.
+__device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadReader& rd, const uint32_t* table) {
+  const uint32_t win = rd.Window(ptr);
+  uint32_t sel = kSelBase, out = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t e = table[x & 255u];
+    out |= ((e >> 16) & 15u) << (8 * k);
+    x = (e & 255u) * (x >> 8) + ((e >> 8) & 255u);
+    asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
+        "@p add.u32 %1, %1, 1;\n\t}"
+        : "+r"(x), "+r"(sel)
+        : "r"(win));
+  }
+  ptr += sel - kSelBase;
+  return out;
 }
 
-// Token (lower) and channel of value pair i of k-step group gr, lane l.
+// Packs the key block of one head from levels lv[token][row_bytes]: task =
+// (lane l, group index gi of the lane's order), the group's three words.
 template <int D>
-__device__ __forceinline__ void ValuePairAt(int gr, int i, int l, int* tok, int* ch) {
-  constexpr int mts = D / 16;
-  const int pidx = gr * 3 * mts * 4 + i;
-  const int ks = pidx / (4 * mts), mt = (pidx / 4) % mts, r = pidx & 3, g = l >> 2, t = l & 3;
-  *ch = 16 * mt + g + 8 * (r & 1);
-  *tok = 16 * ks + 2 * t + 8 * (r >> 1);
+__device__ __forceinline__ void PackKeyGroup(const uint8_t* lv, int row_bytes, int l, int gi, uint32_t* out) {
+  constexpr int gpm = D / 64;
+  const int mt = gi / gpm, grp = gi % gpm, g = l >> 2, t = l & 3;
+  const uint8_t* base = lv + (16 * mt + g) * row_bytes + 64 * grp + 2 * t;
+  uint32_t w[3] = {0, 0, 0};
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    // pair e: k-step grp * 4 + e / 4, register r = e % 4 (token + 8 (r & 1),
+    // channel + 8 (r >> 1)); lower channel even, so one 16-bit read.
+    const int r = e & 3;
+    const uint32_t two = *reinterpret_cast<const uint16_t*>(base + 8 * (r & 1) * row_bytes + 16 * (e >> 2) + 8 * (r >> 1));
+    const uint32_t lo = two & 255u, hi = two >> 8;
+    if (e < 15) {
+      w[e / 5] |= (lo << (3 * (e % 5))) | (hi << (16 + 3 * (e % 5)));
+    } else {
+#pragma unroll
+      for (int b = 0; b < 3; ++b) w[b] |= (((lo >> b) & 1u) << 15) | (((hi >> b) & 1u) << 31);
+    }
+  }
+  const int w0 = gi * 3;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) out[((w0 + k) / 4 * 32 + l) * 4 + (w0 + k) % 4] = w[k];
 }
 
-// One block per (page, kind): thread t owns token t's record of that kind.
-// Head by head (the stream runs head-major, so the rANS state carries over),
-// the block decodes head_dim symbols per token into shared memory, then
-// packs that head's block of the level page.
+// Packs value k-step group GR of one head for lane l.
+template <int D, int GR>
+__device__ __forceinline__ void PackValueGroup(const uint8_t* lv, int row_bytes, int l, uint32_t* out) {
+  constexpr int MT = D / 16;
+  constexpr int kPairs = LevelValueGroupKsteps(GR) * MT * 4;
+  constexpr int kFirst = GR * 3 * MT * 4;
+  constexpr int kWords = LevelValueGroupWords(D, GR);
+  constexpr int kVec0 = GR == 0 ? 0 : (GR == 1 ? 1 : 2) * (LevelValueGroupWords(D, 0) / 4);
+  const int g = l >> 2, t = l & 3;
+  const uint8_t* base = lv + (2 * t) * row_bytes + g;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t e = 0, od = 0;
+#pragma unroll
+      for (int d = 0; d < 3; ++d) {
+        const int i = 3 * (2 * w + half) + d;
+        if (i < kPairs) {
+          const int P = kFirst + i, ks = P / (4 * MT), mt = (P / 4) % MT, r = P & 3;
+          const uint8_t* at = base + (16 * ks + 8 * (r >> 1)) * row_bytes + 16 * mt + 8 * (r & 1);
+          const uint32_t pw = d == 0 ? 1u : (d == 1 ? 6u : 36u);
+          e += at[0] * pw;
+          od += at[row_bytes] * pw;
+        }
+      }
+      word |= (e << (8 * half)) | (od << (16 + 8 * half));
+    }
+    out[((kVec0 + w / 4) * 32 + l) * 4 + w % 4] = word;
+  }
+}
+
 __global__ void ClearStatus(int32_t* s, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) s[i] = 0x7fffffff;
@@ -62,15 +135,25 @@ __global__ void FinishStatus(int32_t* s, int n) {
   if (i < n && s[i] == 0x7fffffff) s[i] = 0;
 }
 
+// One block per (page, kind): thread t owns token t's record of that kind.
+// Head by head (the stream runs head-major, so the rANS state carries over),
+// the block decodes head_dim symbols per token into shared memory, then
+// packs that head's block of the level page: key groups (3 words) or value
+// k-step groups, one per thread, all index arithmetic constant but a base.
 template <int D>
 __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
-  extern __shared__ uint32_t lvw[];  // [128][row_words] levels, 4 per word
+  constexpr int kRowBytes = D + 4;  // rows in different banks
+  __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
   __shared__ uint32_t table[256];
+  // One head's block, packed here and written out with 16-byte stores.
+  constexpr int kBlockWords = 48 * D / 4;  // the key block; the value block is not larger
+  static_assert(32 * (LevelValueGroupWords(D, 0) + LevelValueGroupWords(D, 1) + LevelValueGroupWords(D, 2)) <= kBlockWords,
+                "value block fits the staging area");
+  __shared__ __align__(16) uint32_t staged[kBlockWords];
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const DQuantPageLayout& cl = p.cold;
   const int n = hl.kv_heads * D;
-  constexpr int row_words = D / 4 + 1;  // odd: a row per bank, conflict-free
   const int tokens = p.tokens_dev[page];
   const uint8_t* cold = p.cold_pool_dev + static_cast<size_t>(p.cold_pages_dev[page]) * cl.page_bytes;
   uint8_t* hot = p.hot_pool_dev + static_cast<size_t>(p.hot_pages_dev[page]) * hl.page_bytes;
@@ -92,85 +175,39 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   }
   __syncthreads();
 
-  Payload pay{reinterpret_cast<const uint32_t*>(rec + 4), kind == 0 ? p.key_payload : p.value_payload, 4};
-  uint32_t x = 0;
-  bool ok = true;
-  if (has) {
-    x = __ldg(pay.words);
-    ok = x >= kStateLow && x < kStateHigh;
-  }
-  uint32_t* row = lvw + tid * row_words;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(rec + 4);
+  const uint32_t payload = kind == 0 ? p.key_payload : p.value_payload;
+  uint32_t x = has ? __ldg(words) : kStateLow;
+  const bool start_ok = x >= kStateLow && x < kStateHigh;
+  uint32_t ptr = 4;
+  PayloadReader rd;
+  if (has) rd.Start(words, ptr);
+  uint32_t* row = reinterpret_cast<uint32_t*>(lv + tid * kRowBytes);
   for (int h = 0; h < hl.kv_heads; ++h) {
-    // Decode this head's symbols, four to a word.
 #pragma unroll 4
-    for (int j = 0; j < D; j += 4) {
-      uint32_t w = 0;
-      if (has) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t e = table[x & 255u];
-          w |= ((e >> 16) & 15u) << (8 * k);
-          x = (e & 255u) * (x >> 8) + ((e >> 8) & 255u);
-          if (x < kStateLow) {
-            ok = ok && pay.ptr < pay.size;
-            x = (x << 8) | pay.Next();
-          }
-        }
-      }
-      row[j / 4] = w;
-    }
+    for (int j = 0; j < D / 4; ++j) row[j] = has ? Decode4(x, ptr, rd, table) : 0u;
     __syncthreads();
-    const uint8_t* lv = reinterpret_cast<const uint8_t*>(lvw);
-    auto level = [&](int tok, int ch) -> uint32_t { return lv[tok * row_words * 4 + ch]; };
     if (kind == 0) {
-      // Key words of head h: 32 lanes x 3D/8 words, [vec][lane][4 words].
-      constexpr int lane_words = 3 * D / 8, gpm = D / 64;
-      uint32_t* out = reinterpret_cast<uint32_t*>(hot + hl.blocks_offset + h * head_bytes);
-      for (int o = tid; o < 32 * lane_words; o += kThreads) {
-        const int vec = o / 128, l = (o / 4) % 32, c = o % 4;
-        const int w = vec * 4 + c;
-        const int mt = w / (3 * gpm), grp = (w / 3) % gpm, k = w % 3;
-        uint32_t word = 0;
-        for (int sub = 0; sub < 5; ++sub) {
-          int tok, ch;
-          KeyPairAt(mt, grp, 5 * k + sub, l, &tok, &ch);
-          word |= (level(tok, ch) << (3 * sub)) | (level(tok, ch + 1) << (16 + 3 * sub));
-        }
-        int tok, ch;
-        KeyPairAt(mt, grp, 15, l, &tok, &ch);
-        word |= (((level(tok, ch) >> k) & 1u) << 15) | (((level(tok, ch + 1) >> k) & 1u) << 31);
-        out[o] = word;
+      // 32 lanes x (8 m-tiles x D/64 groups) tasks.
+      for (int task = tid; task < 32 * 8 * (D / 64); task += kThreads) {
+        PackKeyGroup<D>(lv, kRowBytes, task % 32, task / 32, staged);
       }
     } else {
-      constexpr int mts = D / 16;
-      constexpr int vecs = (LevelValueGroupWords(D, 0) + LevelValueGroupWords(D, 1) + LevelValueGroupWords(D, 2)) / 4;
-      uint32_t* out = reinterpret_cast<uint32_t*>(hot + hl.blocks_offset + h * head_bytes + hl.key_block_bytes);
-      for (int o = tid; o < vecs * 128; o += kThreads) {
-        const int vec = o / 128, l = (o / 4) % 32, c = o % 4;
-        int gr = 0, v0 = 0;
-        while (gr < 2 && vec >= v0 + LevelValueGroupWords(D, gr) / 4) v0 += LevelValueGroupWords(D, gr++) / 4;
-        const int w = (vec - v0) * 4 + c;
-        const int pairs = LevelValueGroupKsteps(gr) * mts * 4;
-        uint32_t word = 0;
-        for (int half = 0; half < 2; ++half) {
-          uint32_t e = 0, od = 0, pw = 1;
-          for (int d = 0; d < 3; ++d, pw *= 6) {
-            const int i = 3 * (2 * w + half) + d;
-            if (i >= pairs) break;
-            int tok, ch;
-            ValuePairAt<D>(gr, i, l, &tok, &ch);
-            e += level(tok, ch) * pw;
-            od += level(tok + 1, ch) * pw;
-          }
-          word |= (e << (8 * half)) | (od << (16 + 8 * half));
-        }
-        out[o] = word;
-      }
+      const int l = tid % 32, gr = tid / 32;
+      if (gr == 0) PackValueGroup<D, 0>(lv, kRowBytes, l, staged);
+      if (gr == 1) PackValueGroup<D, 1>(lv, kRowBytes, l, staged);
+      if (gr == 2) PackValueGroup<D, 2>(lv, kRowBytes, l, staged);
     }
     __syncthreads();
+    {
+      const size_t bytes = kind == 0 ? hl.key_block_bytes : hl.value_block_bytes;
+      uint4* out = reinterpret_cast<uint4*>(hot + hl.blocks_offset + h * head_bytes + (kind == 0 ? 0 : hl.key_block_bytes));
+      for (size_t i = tid; i < bytes / 16; i += kThreads) out[i] = reinterpret_cast<const uint4*>(staged)[i];
+    }
   }
   // The lowest failing token of either kind (1-based), by integer atomicMin.
-  if (has && !(ok && x == kStateLow) && p.status_dev != nullptr) atomicMin(p.status_dev + page, tid + 1);
+  const bool ok = start_ok && x == kStateLow && ptr <= payload;
+  if (has && !ok && p.status_dev != nullptr) atomicMin(p.status_dev + page, tid + 1);
 }
 
 }  // namespace
@@ -185,11 +222,10 @@ absl::Status LaunchPromote(const PromoteParams& p, cudaStream_t stream) {
     // "No failure" is the largest value, so that atomicMin keeps the first bad token.
     ClearStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
   }
-  const size_t smem = static_cast<size_t>(kLevelPageTokens) * (p.hot.head_dim / 4 + 1) * 4;
   if (p.hot.head_dim == 128) {
-    PromoteKernel<128><<<dim3(p.pages, 2), kThreads, smem, stream>>>(p);
+    PromoteKernel<128><<<dim3(p.pages, 2), kThreads, 0, stream>>>(p);
   } else {
-    PromoteKernel<64><<<dim3(p.pages, 2), kThreads, smem, stream>>>(p);
+    PromoteKernel<64><<<dim3(p.pages, 2), kThreads, 0, stream>>>(p);
   }
   if (p.status_dev != nullptr) FinishStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
   return CudaStatus(cudaGetLastError(), "promote launch");
