@@ -342,20 +342,14 @@ void UnpackValues(const LevelPageLayout& layout, const uint8_t* page, uint8_t* l
       for (int grp = 0; grp < kValueGroups; ++grp) {
         const int count = ValueGroupPairs(d, grp);
         const Quad* w = words + LevelValueGroupFirstVec(d, grp) * kVecWords;
-        // Triple 2w in bytes 0 and 2 of word w, triple 2w + 1 in bytes 1 and 3.
-        auto triple = [&](int j, int digits) {
+        // Triple j: bytes 0 and 2 (j even) or 1 and 3 (j odd) of word j / 2.
+        for (int j = 0; kTriplePairs * j < count; ++j) {
           Quad digit[kTriplePairs];  // lower level in byte 0, upper in byte 2
           QuadBase6(QuadAnd(QuadShr(w[j / 2], 8 * (j & 1)), 0x00ff00ffu), digit);
-          for (int dg = 0; dg < digits; ++dg) StoreQuadPairs(digit[dg], tile + o[kTriplePairs * j + dg]);
-        };
-        const int full = count / kTriplePairs;
-        int j = 0;
-        for (; j + 2 <= full; j += 2) {
-          triple(j, kTriplePairs);
-          triple(j + 1, kTriplePairs);
+          for (int dg = 0; dg < kTriplePairs && kTriplePairs * j + dg < count; ++dg) {
+            StoreQuadPairs(digit[dg], tile + o[kTriplePairs * j + dg]);
+          }
         }
-        for (; j < full; ++j) triple(j, kTriplePairs);
-        if (count % kTriplePairs != 0) triple(full, count % kTriplePairs);
         o += count;
       }
     }
