@@ -61,7 +61,7 @@ void DotHeadsFixed(const float* q, const float* m, int d, float* dots) {
 
 void DotHeads(const float* q, int count, const float* m, int d, float* dots) {
   int h = 0;
-  for (; h + 4 <= count; h += 4) DotHeadsFixed<4>(q + h * d, m, d, dots + h);
+  for (; h + kMaxGroup <= count; h += kMaxGroup) DotHeadsFixed<kMaxGroup>(q + h * d, m, d, dots + h);
   for (; h < count; ++h) DotHeadsFixed<1>(q + h * d, m, d, dots + h);
 }
 

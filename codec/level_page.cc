@@ -370,6 +370,10 @@ absl::Status CheckShape(const DQuantCodec& codec, const LevelPageLayout& layout,
   }
   absl::StatusOr<LevelPageLayout> own = MakeLevelPageLayout(codec);
   if (!own.ok()) return own.status();
+  if (layout.blocks_offset != own->blocks_offset || layout.key_block_bytes != own->key_block_bytes ||
+      layout.value_block_bytes != own->value_block_bytes || layout.page_bytes != own->page_bytes) {
+    return absl::InvalidArgumentError("level page layout is not MakeLevelPageLayout(codec)");
+  }
   if (tokens < 1 || tokens > kLevelPageTokens) {
     return absl::InvalidArgumentError(absl::StrCat("tokens ", tokens, " out of range [1, ", kLevelPageTokens, "]"));
   }
