@@ -6,6 +6,7 @@
 // every launch, so an unwritten element fails.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -112,6 +113,83 @@ TEST(DQuantAttentionGpu, Gqa16x8Dim128AndGqa8x4Dim128) {
   RunDQuantCase({8, 128, 16, {513, 97}, {0, 7}, 0}, 5);
   RunDQuantCase({4, 128, 16, {700}, {100}, 3}, 6);
   RunDQuantCase({8, 64, 32, {250, 1}, {4, 0}, 0}, 7);
+}
+
+// Items [first, first + count) of a batch through the fused kernel with the
+// launcher's own split choice; returns out and lse.
+void RunDQuantItems(const DQuantCodec& codec, const HostDQuantBatch& b, const DeviceBuffer& pool, int first,
+                    int count, std::vector<float>* h_out, std::vector<float>* h_lse) {
+  const int d = b.layout.head_dim;
+  const size_t qd = static_cast<size_t>(b.q_heads) * d;
+  std::vector<uint32_t> tables(512);
+  PackDecodeTable(codec.key_codec().table(), tables.data());
+  PackDecodeTable(codec.value_codec().table(), tables.data() + 256);
+  std::vector<int32_t> start(b.page_start.begin() + first, b.page_start.begin() + first + count);
+  std::vector<int32_t> tok(b.tokens.begin() + first, b.tokens.begin() + first + count);
+  std::vector<int32_t> wt(b.window_tokens.begin() + first, b.window_tokens.begin() + first + count);
+  std::vector<int32_t> wstart(count);
+  for (int i = 0; i < count; ++i) wstart[i] = (first + i) * kMaxWindow;
+  std::vector<float> q(b.query.begin() + first * qd, b.query.begin() + (first + count) * qd);
+  int max_pages = 0;
+  for (int t : tok) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
+  DeviceBuffer tab, pt, ps, dt, wk, wv, dwt, dws, dq, out, lse, ws;
+  ASSERT_TRUE(tab.Upload(tables) && pt.Upload(b.page_table) && ps.Upload(start) && dt.Upload(tok) &&
+              wk.Upload(b.window_k) && wv.Upload(b.window_v) && dwt.Upload(wt) && dws.Upload(wstart) && dq.Upload(q));
+  ASSERT_TRUE(out.Resize(count * qd * 4) && lse.Resize(static_cast<size_t>(count) * b.q_heads * 4));
+  ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(count, b.q_heads, d, std::max(1, max_pages))));
+  DQuantAttentionParams p;
+  p.pool_dev = pool.get<uint8_t>();
+  p.layout = b.layout;
+  p.tables_dev = tab.get<uint32_t>();
+  p.items = count;
+  p.q_heads = b.q_heads;
+  p.max_pages = max_pages;
+  p.page_table_dev = pt.get<int32_t>();
+  p.page_start_dev = ps.get<int32_t>();
+  p.tokens_dev = dt.get<int32_t>();
+  p.window_k_dev = wk.get<uint16_t>();
+  p.window_v_dev = wv.get<uint16_t>();
+  p.window_tokens_dev = dwt.get<int32_t>();
+  p.window_start_dev = dws.get<int32_t>();
+  p.query_dev = dq.get<float>();
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.out_dev = out.get<float>();
+  p.lse_dev = lse.get<float>();
+  p.workspace_dev = ws.get<void>();
+  absl::Status st = LaunchDQuantAttention(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(out.Download(h_out) && lse.Download(h_lse));
+}
+
+// The cold kernel's answer for an item does not depend on what rides beside
+// it: each item alone equals itself in a batch of mixed lengths, and a second
+// run of the batch equals the first, bit for bit.
+TEST(DQuantAttentionGpu, BatchInvariance) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  std::vector<int> tokens = {3000, 97, 9000, 1, 2500, 640, 0, 8300};
+  std::vector<int> window = {128, 5, 255, 0, 17, 128, 3, 64};
+  HostDQuantBatch b;
+  ASSERT_TRUE(BuildDQuantBatch(*codec, 32, tokens, window, /*shuffle=*/true, 21, &b).ok());
+  DeviceBuffer pool;
+  ASSERT_TRUE(pool.Upload(b.pool));
+  const size_t qd = static_cast<size_t>(b.q_heads) * cfg.head_dim;
+  std::vector<float> out, lse, again_out, again_lse;
+  RunDQuantItems(*codec, b, pool, 0, b.items(), &out, &lse);
+  RunDQuantItems(*codec, b, pool, 0, b.items(), &again_out, &again_lse);
+  EXPECT_EQ(0, std::memcmp(out.data(), again_out.data(), out.size() * 4)) << "second run differs";
+  for (int i = 0; i < b.items(); ++i) {
+    std::vector<float> one_out, one_lse;
+    RunDQuantItems(*codec, b, pool, i, 1, &one_out, &one_lse);
+    EXPECT_EQ(0, std::memcmp(one_out.data(), out.data() + i * qd, qd * 4)) << "item " << i << " alone differs";
+    EXPECT_EQ(0, std::memcmp(one_lse.data(), lse.data() + static_cast<size_t>(i) * b.q_heads, b.q_heads * 4))
+        << "item " << i << " alone: lse differs";
+  }
 }
 
 TEST(DQuantAttentionGpu, WindowOnlyAndEmpty) {

@@ -68,7 +68,8 @@ constexpr int kOffQSum = kOffTok + 4 * kChunkTokens;
 constexpr int kOffQMu = kOffQSum + kMaxQHeads;
 constexpr int kOffRun = kOffQMu + kChunkPages * kMaxQHeads;  // m, l, off
 constexpr int kOffValid = kOffRun + 3 * kMaxQHeads;
-constexpr int kSmemWords = kOffValid + kChunkTokens / 4;
+constexpr int kOffRed = kOffValid + kChunkTokens / 4;  // [warp][2 m-tiles][32 lanes][2] value partials
+constexpr int kSmemWords = kOffRed + kWarps * 128;
 constexpr size_t kSmemBytes = static_cast<size_t>(kSmemWords) * 4;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one H100/H200 block");
 static_assert(kMaxQHeads * 128 <= 128 * 32 && (kMaxN / 16) * 32 * 2 <= 128 * 32, "gaps of the table");
@@ -204,6 +205,11 @@ __device__ __forceinline__ float QValue(const GapArray<uint32_t>& qfrag, int h, 
   return HalfBitsToFloat(hi) + HalfBitsToFloat(lo);
 }
 
+// Chunks (of 4 pages) per split of an item with `chunks` chunks: one chunk a
+// split up to 128 chunks (64K tokens), then at most 128 splits, so that one
+// long sequence still fills the GPU; a function of the item alone.
+__host__ __device__ inline int DQuantChunksPerSplit(int chunks) { return chunks <= 128 ? 1 : (chunks + 127) / 128; }
+
 struct KernelArgs {
   DQuantAttentionParams p;
   PartialLayout part;
@@ -241,8 +247,12 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int tokens = p.tokens_dev[item];
   const int pages = (tokens + kPageTokens - 1) / kPageTokens;
   const int chunks = (pages + kChunkPages - 1) / kChunkPages;
-  const int c_begin = split * args.chunks_per_split;
-  const int c_end = min(chunks, c_begin + args.chunks_per_split);
+  // Chunks per split: the launcher's override, or a function of this item's
+  // own length (batch invariance).
+  const int cps = args.chunks_per_split > 0 ? args.chunks_per_split : DQuantChunksPerSplit(chunks);
+  const int c_begin = split * cps;
+  const int c_end = min(chunks, c_begin + cps);
+  float* red = reinterpret_cast<float*>(smem + kOffRed);
 
   // Prologue: rotated query (in the score area), its fp16 hi/lo fragments, sums.
   {
@@ -502,18 +512,29 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
               Mma16816(d, af, wf[k4][0], wf[k4][1]);
             }
             // hi (lane t4 < G/2) + lo (lane t4 ^ G/2) of heads 2 t4', 2 t4' + 1: the
-            // low lane adds rows 0..7, its partner rows 8..15 (2 atomics per lane).
+            // low lane holds rows 0..7, its partner rows 8..15; each warp's
+            // sums go to its slot of `red`, added below in warp order.
             const bool low = (t4 & (G / 2)) == 0;
             const float r0 = __shfl_xor_sync(0xffffffffu, low ? d[2] : d[0], G / 2);
             const float r1 = __shfl_xor_sync(0xffffffffu, low ? d[3] : d[1], G / 2);
-            if (t4 < G) {
-              const int h = g * G + 2 * (t4 & (G / 2 - 1));
-              const int ch = slab * kSlab + mt * 16 + (lane >> 2) + (low ? 0 : 8);
-              atomicAdd(acc.ptr(h * D + ch), (low ? d[0] : d[2]) + r0);
-              atomicAdd(acc.ptr((h + 1) * D + ch), (low ? d[1] : d[3]) + r1);
+            red[(warp * 2 + mt) * 64 + lane * 2] = (low ? d[0] : d[2]) + r0;
+            red[(warp * 2 + mt) * 64 + lane * 2 + 1] = (low ? d[1] : d[3]) + r1;
+          }
+          // The warps' partial sums of this slab into the accumulator, in
+          // warp order: no float atomics, so the sum order never changes.
+          __syncthreads();
+          if (tid < 128) {
+            const int mt = tid >> 6, ln = (tid >> 1) & 31, j = tid & 1, tr = ln & 3;
+            if (tr < G) {
+              float sum = 0.0f;
+#pragma unroll
+              for (int w = 0; w < kWarps; ++w) sum += red[(w * 2 + mt) * 64 + ln * 2 + j];
+              const int h = g * G + 2 * (tr & (G / 2 - 1)) + j;
+              const int ch = slab * kSlab + mt * 16 + (ln >> 2) + ((tr & (G / 2)) == 0 ? 0 : 8);
+              acc[h * D + ch] += sum;
             }
           }
-          __syncwarp();
+          __syncthreads();
         }
       }
     }
@@ -568,16 +589,21 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   }
   if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
   const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
-  int splits = p.splits;
-  if (splits <= 0) {
-    // Enough blocks for two waves of 132 SMs, never more than one per chunk.
-    splits = std::min(chunks, std::max(1, (2 * 132 + p.items - 1) / p.items));
-  }
-  splits = std::min(splits, chunks);
   KernelArgs args;
   args.p = p;
-  args.chunks_per_split = (chunks + splits - 1) / splits;
-  splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
+  int splits;
+  if (p.splits > 0) {
+    // An explicit split count (tests): the same chunk count for every item.
+    splits = std::min(p.splits, chunks);
+    args.chunks_per_split = (chunks + splits - 1) / splits;
+    splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
+  } else {
+    // Per item, from its own length; the grid covers every length up to the
+    // longest (a shorter item may have more splits).
+    args.chunks_per_split = 0;
+    splits = 1;
+    for (int c = 1; c <= chunks; ++c) splits = std::max(splits, (c + DQuantChunksPerSplit(c) - 1) / DQuantChunksPerSplit(c));
+  }
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
   if (p.transforms_dev != nullptr) {

@@ -630,7 +630,12 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return absl::InvalidArgumentError("level page layout not aligned (use MakeLevelPageLayout)");
   }
   if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
-  const int splits = std::max(1, (p.max_pages + LevelPagesPerSplit(p.max_pages) - 1) / LevelPagesPerSplit(p.max_pages));
+  // Splits of the longest item need not be the most (the split size grows
+  // with the length): the grid covers every length up to max_pages.
+  int splits = 1;
+  for (int pages = 1; pages <= p.max_pages; ++pages) {
+    splits = std::max(splits, (pages + LevelPagesPerSplit(pages) - 1) / LevelPagesPerSplit(pages));
+  }
   KernelArgs args;
   args.p = p;
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};

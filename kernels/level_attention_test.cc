@@ -229,6 +229,13 @@ TEST(LevelAttentionGpu, BatchInvarianceLong) {
   RunCase(8, 128, 32, tokens, window, 6);
 }
 
+// 257 pages take 29 splits of 9 pages, 256 pages 32 splits of 8: the grid
+// must cover the shorter item's splits too.
+TEST(LevelAttentionGpu, ShorterItemWithMoreSplits) {
+  SKIP_WITHOUT_GPU();
+  RunCase(4, 64, 8, {257 * 128, 256 * 128 - 5, 100}, {3, 0, 7}, 8);
+}
+
 }  // namespace
 }  // namespace gpu
 }  // namespace driftkv
