@@ -7,8 +7,9 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "backends/attend_batcher.h"
+#include "backends/registry.h"
 #include "codec/half.h"
-#include "service/attend_batcher.h"
 #include "service/tensor.h"
 
 namespace driftkv {

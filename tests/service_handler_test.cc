@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
 #include "gtest/gtest.h"
 #include "service/tensor.h"
 #include "tests/service_test_util.h"

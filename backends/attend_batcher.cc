@@ -1,4 +1,4 @@
-#include "service/attend_batcher.h"
+#include "backends/attend_batcher.h"
 
 #include <utility>
 #include <vector>

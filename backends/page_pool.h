@@ -11,8 +11,8 @@
 //
 // Reserve() is all-or-nothing: either every page asked for is handed out or
 // none is, and RESOURCE_EXHAUSTED names the capacity. Thread-safe.
-#ifndef DRIFTKV_SERVICE_PAGE_POOL_H_
-#define DRIFTKV_SERVICE_PAGE_POOL_H_
+#ifndef DRIFTKV_BACKENDS_PAGE_POOL_H_
+#define DRIFTKV_BACKENDS_PAGE_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -76,4 +76,4 @@ class PagePool {
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_SERVICE_PAGE_POOL_H_
+#endif  // DRIFTKV_BACKENDS_PAGE_POOL_H_

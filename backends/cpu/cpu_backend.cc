@@ -1,23 +1,18 @@
-// The CPU backend: codec calls on the host, fanned out over a pool of
-// threads shared by all calls when a call carries more than one page or item.
-// With WUSH transforms (backend.h, TRANSFORMS) it runs the transform stage
-// of codec/transform.h around the codec, with one LayerTransform per layer
-// built at construction, and attends through TransformedCompressedAttention.
+#include "backends/cpu/cpu_backend.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+#include "backends/cpu/thread_pool.h"
 #include "codec/transform.h"
 #include "codec/transform_attention.h"
-#include "service/backend.h"
-#include "service/thread_pool.h"
 
 namespace driftkv {
 namespace {
@@ -252,57 +247,6 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
   }
   return std::unique_ptr<Backend>(
       std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded));
-}
-
-namespace {
-
-struct Registry {
-  absl::Mutex mu;
-  std::map<std::string, BackendFactory> factories ABSL_GUARDED_BY(mu);
-};
-
-// Never destroyed: registrations may run from static initializers of any
-// translation unit, and lookups until exit.
-Registry& GetRegistry() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    reg->factories["cpu"] = [](const BackendArgs& a) { return MakeCpuBackend(a); };
-    return reg;
-  }();
-  return *r;
-}
-
-}  // namespace
-
-bool RegisterBackend(const std::string& name, BackendFactory factory) {
-  Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
-  r.factories[name] = std::move(factory);
-  return true;
-}
-
-std::vector<std::string> BackendNames() {
-  Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
-  std::vector<std::string> names;
-  for (const auto& [name, f] : r.factories) names.push_back(name);
-  return names;
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args) {
-  BackendFactory factory;
-  {
-    Registry& r = GetRegistry();
-    absl::MutexLock lock(&r.mu);
-    auto it = r.factories.find(name);
-    if (it != r.factories.end()) factory = it->second;
-  }
-  if (!factory) {
-    return absl::InvalidArgumentError(absl::StrCat("backend \"", name,
-                                                   "\" is not available in this build (available: ",
-                                                   absl::StrJoin(BackendNames(), ", "), ")"));
-  }
-  return factory(args);
 }
 
 }  // namespace driftkv

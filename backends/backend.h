@@ -5,12 +5,13 @@
 // calls apart from caches it keeps for itself, and its methods may be called
 // concurrently from many RPC threads (on disjoint pages when writing).
 // Pointers are host memory: the CPU backend computes in place; a device
-// backend (CUDA, kernels/) mirrors the arena on the device and uses the same
-// page ids and layout (see page_pool.h).
-#ifndef DRIFTKV_SERVICE_BACKEND_H_
-#define DRIFTKV_SERVICE_BACKEND_H_
+// backend (CUDA, backends/cuda/) mirrors the arena on the device and uses
+// the same page ids and layout (see page_pool.h). Backends are made by name
+// through backends/registry.h; each lives in its own folder below backends/
+// with its own registration target.
+#ifndef DRIFTKV_BACKENDS_BACKEND_H_
+#define DRIFTKV_BACKENDS_BACKEND_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +22,7 @@
 #include "codec/attention.h"
 #include "codec/kv_codec.h"
 #include "codec/transforms_file.h"
-#include "service/page_pool.h"
+#include "backends/page_pool.h"
 
 namespace driftkv {
 
@@ -87,47 +88,10 @@ class Backend {
 
   // True when one Attend over many jobs costs much less than several over
   // few (one kernel launch each): the handler then merges concurrent calls
-  // (service/attend_batcher.h).
+  // (backends/attend_batcher.h).
   virtual bool PrefersBatchedAttend() const { return false; }
 };
 
-// The CPU backend without transforms; codec and pool must outlive it.
-// `threads` bounds the threads one call fans out to (0: hardware
-// concurrency). The BackendArgs overload below also takes transforms.
-std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
-                                        int threads = 0);
-
-// Backends by name, for ServiceOptions::backend / --backend. "cpu" is always
-// there; another backend registers itself from its library, e.g. with a
-// static initializer in a cc_library(alwayslink = True) that a server binary
-// links:
-//   static const bool kRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
-//     return MakeCudaBackend(a.codec, a.pool);
-//   });
-struct BackendArgs {
-  const DQuantCodec* codec = nullptr;  // must outlive the backend
-  const PagePool* pool = nullptr;      // must outlive the backend
-  int threads = 0;                     // ServiceOptions::backend_threads
-  // WUSH-KV transforms (see TRANSFORMS), or null for the codec's own
-  // rotation. Must outlive the backend; its kv_heads/head_dim match the
-  // codec's and it has a matrix set for every layer the handler serves.
-  const TransformSet* transforms = nullptr;
-  bool values_folded = false;          // T_V is folded into the model's weights
-};
-using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
-
-// The CPU backend ("cpu") with everything BackendArgs carries; with
-// transforms it precomputes each layer's LayerTransform (InvalidArgument if
-// the set's shape differs from the codec's or the codec rotates).
-absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& args);
-// Returns true (for use in static initializers); a second registration of a
-// name replaces the first.
-bool RegisterBackend(const std::string& name, BackendFactory factory);
-// InvalidArgument naming the registered backends when `name` is unknown;
-// otherwise what the factory returns.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args);
-std::vector<std::string> BackendNames();
-
 }  // namespace driftkv
 
-#endif  // DRIFTKV_SERVICE_BACKEND_H_
+#endif  // DRIFTKV_BACKENDS_BACKEND_H_

@@ -7,17 +7,18 @@
 #include <random>
 #include <vector>
 
+#include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/page_pool.h"
 #include "codec/half.h"
 #include "codec/registry.h"
 #include "codec/transform.h"
 #include "codec/transform_attention.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
-#include "kernels/cuda_backend.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
-#include "service/backend.h"
-#include "service/page_pool.h"
 
 namespace driftkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "service/page_pool.h"
+#include "backends/page_pool.h"
 
 #include <cstring>
 #include <limits>

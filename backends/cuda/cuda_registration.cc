@@ -1,9 +1,9 @@
-// Registers the CUDA backend (kernels/cuda_backend.h) as "cuda" for
+// Registers the CUDA backend (backends/cuda/cuda_backend.h) as "cuda" for
 // driftkv-server-cuda: `--backend cuda` (or backend: "cuda" in the config).
 // Linked with alwayslink so that the static initializer runs.
 #include "absl/flags/flag.h"
-#include "kernels/cuda_backend.h"
-#include "service/backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/registry.h"
 
 ABSL_FLAG(int, device, 0, "CUDA device index for --backend cuda");
 

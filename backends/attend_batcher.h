@@ -9,8 +9,8 @@
 // load, launches grow with the arrival rate instead of queueing one per RPC.
 // The jobs' pointers are the callers' and stay valid: each caller waits for
 // its own jobs.
-#ifndef DRIFTKV_SERVICE_ATTEND_BATCHER_H_
-#define DRIFTKV_SERVICE_ATTEND_BATCHER_H_
+#ifndef DRIFTKV_BACKENDS_ATTEND_BATCHER_H_
+#define DRIFTKV_BACKENDS_ATTEND_BATCHER_H_
 
 #include <cstdint>
 #include <deque>
@@ -19,7 +19,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "service/backend.h"
+#include "backends/backend.h"
 
 namespace driftkv {
 
@@ -65,4 +65,4 @@ class BatchingBackend : public Backend {
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_SERVICE_ATTEND_BATCHER_H_
+#endif  // DRIFTKV_BACKENDS_ATTEND_BATCHER_H_

@@ -1,4 +1,4 @@
-#include "service/thread_pool.h"
+#include "backends/cpu/thread_pool.h"
 
 namespace driftkv {
 

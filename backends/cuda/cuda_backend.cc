@@ -1,4 +1,4 @@
-#include "kernels/cuda_backend.h"
+#include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
 #include <cstring>

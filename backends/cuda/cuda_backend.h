@@ -1,4 +1,4 @@
-// The CUDA backend of the service (service/backend.h): the page arena is
+// The CUDA backend of the service (backends/backend.h): the page arena is
 // mirrored in device memory (one cudaMalloc, same page ids and layout as the
 // host PagePool), pages are encoded on the GPU (kernels/encode.h) and copied
 // back to the host arena so that host readers (DecodeTokens, persistence, the
@@ -10,21 +10,21 @@
 // the encoder, queries before the fused kernel and outputs in its merge
 // (kernels/transform.h), bit-identically to the CPU's LayerTransform; Read
 // (DecodeTokens) decodes and inverts on the host.
-#ifndef DRIFTKV_KERNELS_CUDA_BACKEND_H_
-#define DRIFTKV_KERNELS_CUDA_BACKEND_H_
+#ifndef DRIFTKV_BACKENDS_CUDA_CUDA_BACKEND_H_
+#define DRIFTKV_BACKENDS_CUDA_CUDA_BACKEND_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
-#include "service/backend.h"
-#include "service/page_pool.h"
+#include "backends/backend.h"
+#include "backends/page_pool.h"
 
 namespace driftkv {
 
 // codec and pool (and transforms, if given) must outlive the backend. Fails
 // (FailedPrecondition) when no GPU is usable, when the pool's layout is not
-// one the kernels take, or when `transforms` (WUSH-KV, service/backend.h
+// one the kernels take, or when `transforms` (WUSH-KV, backends/backend.h
 // TRANSFORMS) does not match the codec (shape, rotation "identity").
 // `window_cache_bytes` of device memory keep the bf16 windows between calls
 // (see WINDOW CACHE in cuda_backend.cc; 0: upload every window with every
@@ -37,4 +37,4 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* code
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_CUDA_BACKEND_H_
+#endif  // DRIFTKV_BACKENDS_CUDA_CUDA_BACKEND_H_
