@@ -7,15 +7,11 @@
 
 namespace driftkv {
 
-absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const DQuantCodec* codec,
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& layout,
                                                            uint64_t capacity_bytes) {
   std::unique_ptr<PagePool> pool(new PagePool());
-  const int p = codec->config().mean_window;
-  pool->page_tokens_ = p;
-  pool->value_offset_ = static_cast<size_t>(p) * codec->key_stride();
-  pool->mean_offset_ = pool->value_offset_ + static_cast<size_t>(p) * codec->value_stride();
-  const size_t end = pool->mean_offset_ + codec->mean_stride();
-  pool->stride_ = (end + kPageAlign - 1) / kPageAlign * kPageAlign;
+  pool->layout_ = layout;
+  pool->stride_ = layout.page_bytes;
   const uint64_t pages = capacity_bytes / pool->stride_;
   if (pages == 0) {
     return absl::InvalidArgumentError(absl::StrCat("pool_bytes ", capacity_bytes,
@@ -55,7 +51,7 @@ absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count) {
   if (count > free) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool full: capacity ", capacity_, " pages (", capacity_bytes(), " bytes, ",
-        page_tokens_, " tokens per page), ", capacity_ - free, " in use, ", count,
+        layout_.page_tokens, " tokens per page), ", capacity_ - free, " in use, ", count,
         " more needed; release sequences or raise pool_bytes"));
   }
   out.assign(free_.end() - count, free_.end());

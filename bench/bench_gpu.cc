@@ -92,7 +92,7 @@ double MedianMs(int reps, F launch) {
 }
 
 // Distinct D-Quant pages encoded on the CPU with all host cores.
-std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const DQuantPageLayout& lay) {
+std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const PageLayout& lay) {
   std::vector<uint8_t> pages(static_cast<size_t>(kDistinctPages) * lay.page_bytes, 0);
   const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
@@ -130,7 +130,7 @@ struct Result {
   int dquant_splits_hint;
 };
 
-Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout& lay, const DeviceBuffer& dq_distinct,
+Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay, const DeviceBuffer& dq_distinct,
                 const DeviceBuffer& bf_distinct, const DeviceBuffer& tables, int window, int reps) {
   Result r{};
   r.shape = s;
@@ -331,7 +331,7 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
               tms, 100.0 * tms / ms);
 }
 
-void Capacity(const DQuantPageLayout& lay, int window) {
+void Capacity(const PageLayout& lay, int window) {
   constexpr int kLayers = 32;
   constexpr double kPool = 64.0 * (1ull << 30);
   const double bf16_tok = 2.0 * kN * 2;  // bytes per token per layer
@@ -397,8 +397,8 @@ int Main(int argc, char** argv) {
   cfg.head_dim = kHeadDim;
   auto codec = DQuantCodec::Create(cfg);
   CHECK_OK(codec.status());
-  DQuantPageLayout lay;
-  CHECK_OK(MakeDQuantPageLayout(*codec, &lay));
+  const PageLayout lay = codec->page_layout();  // the service's pages (codec/page_layout.h)
+  if (const std::string error = GpuPageLayoutError(lay, PageUse::kAttend); !error.empty()) CHECK_OK(absl::InvalidArgumentError(error));
   std::vector<uint32_t> tab(512);
   PackDecodeTable(codec->key_codec().table(), tab.data());
   PackDecodeTable(codec->value_codec().table(), tab.data() + 256);

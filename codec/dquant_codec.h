@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "codec/hadamard.h"
+#include "codec/page_layout.h"
 #include "codec/stream_codec.h"
 
 namespace driftkv {
@@ -80,6 +81,9 @@ class DQuantCodec {
   size_t key_stride() const { return keys_.stride(); }
   size_t value_stride() const { return values_.stride(); }
   size_t mean_stride() const;
+  // The page of one mean window (codec/page_layout.h): mean_window tokens'
+  // key and value records and the window's mean record.
+  PageLayout page_layout() const;
   // Stored bits per value of keys and values, every byte counted: records
   // plus one mean record per full window.
   double key_bits_per_value() const;

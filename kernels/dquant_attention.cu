@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int item = blockIdx.y, split = blockIdx.x;
   const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   uint32_t* stage = smem + kOffStage + warp * kStageWords;
   uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
   const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
@@ -556,16 +556,14 @@ absl::Status Dispatch(int head_dim, int group, const KernelArgs& args, dim3 grid
 }  // namespace
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream) {
-  const DQuantPageLayout& l = p.layout;
+  const PageLayout& l = p.layout;
   if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
   if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0 || p.q_heads > kMaxQHeads) {
     return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " / kv_heads ", l.kv_heads,
                                                    ": need a multiple, at most ", kMaxQHeads));
   }
   if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
-  if (l.page_bytes % 16 != 0 || l.value_offset % 16 != 0 || l.key_stride % 4 != 0 || l.value_stride % 4 != 0) {
-    return absl::InvalidArgumentError("page layout not aligned (use MakeDQuantPageLayout)");
-  }
+  if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty()) return absl::InvalidArgumentError(error);
   if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
   const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
   int splits = p.splits;

@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
   const int stream = blockIdx.x * kEncWarps + warp;
   if (stream >= 2 * p.tokens) return;
   WarpSmem& s = smem_all[warp];
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, d = lay.head_dim;
   const int t = stream >> 1;
   const bool is_key = (stream & 1) == 0;
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
 __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
   __shared__ float row[kMaxN];
   __shared__ double red[kMeanThreads / 32];
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, d = lay.head_dim, w = blockIdx.x, tid = threadIdx.x;
   const int first = w * kPageTokens, count = min(kPageTokens, p.tokens - first);
   constexpr int kPer = kMaxN / kMeanThreads;
@@ -417,7 +417,7 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
 __global__ void DecodeRecordsKernel(DecodeRecordsParams p) {
   const int stream = blockIdx.x * blockDim.x + threadIdx.x;
   if (stream >= 2 * p.tokens) return;
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, t = stream >> 1;
   const bool is_key = (stream & 1) == 0;
   const uint8_t* page = p.pool_dev + static_cast<size_t>(p.pages_dev[t / kPageTokens]) * lay.page_bytes;
@@ -464,6 +464,9 @@ absl::Status LaunchEncode(const EncodeParams& p, cudaStream_t stream) {
   const int n = p.layout.n();
   if (n < 32 || n > kMaxN || n % 32 != 0 || p.layout.head_dim < 2) {
     return absl::InvalidArgumentError(absl::StrCat("stream length ", n, " unsupported by the GPU encoder (32..1024, multiple of 32)"));
+  }
+  if (const std::string error = GpuPageLayoutError(p.layout, PageUse::kEncode); !error.empty()) {
+    return absl::InvalidArgumentError(error);
   }
   if (p.tokens < 0) return absl::InvalidArgumentError(absl::StrCat("tokens ", p.tokens, " < 0"));
   if (p.tokens == 0) return absl::OkStatus();

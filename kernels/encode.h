@@ -49,7 +49,7 @@ struct EncodeStreamStats {
 };
 
 struct EncodeParams {
-  DQuantPageLayout layout;
+  PageLayout layout;
   EncodeAlphabet keys;
   EncodeAlphabet values;
   const float* keys_dev = nullptr;     // [tokens][kv_heads][head_dim], model domain
@@ -69,7 +69,7 @@ struct EncodeParams {
 // computed in the CPU's operation order; ok [tokens][2] = 1 when the stream
 // passes the checks of codec/rans.cc RansDecode.
 struct DecodeRecordsParams {
-  DQuantPageLayout layout;
+  PageLayout layout;
   const uint8_t* pool_dev = nullptr;
   const int32_t* pages_dev = nullptr;
   int tokens = 0;

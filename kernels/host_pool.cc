@@ -31,9 +31,11 @@ void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
 absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
                               const std::vector<int>& window, bool shuffle, uint64_t seed,
                               HostDQuantBatch* b) {
-  absl::Status st = MakeDQuantPageLayout(codec, &b->layout);
-  if (!st.ok()) return st;
-  const DQuantPageLayout& lay = b->layout;
+  b->layout = codec.page_layout();
+  const std::string error = GpuPageLayoutError(b->layout, PageUse::kAttend);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
+  absl::Status st;
+  const PageLayout& lay = b->layout;
   const int n = lay.n(), d = lay.head_dim, items = static_cast<int>(tokens.size());
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -104,7 +106,7 @@ absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::
 
 absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
                                     float softmax_scale, float* out, float* lse) {
-  const DQuantPageLayout& lay = b.layout;
+  const PageLayout& lay = b.layout;
   std::vector<CompressedBlock> blocks;
   for (int t0 = 0, pg = 0; t0 < b.tokens[item]; t0 += kPageTokens, ++pg) {
     const uint8_t* page = b.pool.data() + static_cast<size_t>(b.page_table[b.page_start[item] + pg]) * lay.page_bytes;

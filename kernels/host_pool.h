@@ -25,7 +25,7 @@ void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
               std::vector<float>* values);
 
 struct HostDQuantBatch {
-  DQuantPageLayout layout;
+  PageLayout layout;
   int q_heads = 0;
   int max_pages = 0;
   std::vector<uint8_t> pool;             // pages, page_bytes each

@@ -1,7 +1,7 @@
-// The split-KV merge kernel, the shared host helpers of the attention
-// launchers, and the host-side layout of D-Quant pages.
+// The split-KV merge kernel: one launch after each attention kernel merges
+// the splits' partial states, maps the output back to the model domain and
+// folds in the bf16 window.
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
@@ -158,31 +158,6 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
 }
 
 }  // namespace
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-bool GpuAvailable() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
-  float* base = static_cast<float*>(ws);
-  const size_t c = part.count();
-  return Workspace{base, base + c, base + 2 * c};
-}
-
-size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
-  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
-  return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
-}
 
 absl::Status LaunchMerge(const MergeParams& p, cudaStream_t stream) {
   if (p.part.head_dim > kMergeThreads) {

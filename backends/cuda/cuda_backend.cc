@@ -75,30 +75,13 @@ class CudaBackend : public Backend {
   absl::Status Init() {
     absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (!st.ok()) return st;
-    const DQuantConfig& c = codec_.config();
-    layout_.kv_heads = c.kv_heads;
-    layout_.head_dim = c.head_dim;
-    layout_.key_stride = static_cast<int>(codec_.key_stride());
-    layout_.value_stride = static_cast<int>(codec_.value_stride());
-    layout_.mean_stride = static_cast<int>(codec_.mean_stride());
-    layout_.value_offset = static_cast<size_t>(pool_.value_records(0) - pool_.key_records(0));
-    layout_.mean_offset = static_cast<size_t>(pool_.mean_record(0) - pool_.key_records(0));
-    layout_.page_bytes = pool_.page_stride();
-    if (pool_.page_tokens() != gpu::kPageTokens || layout_.value_offset % 16 != 0 || layout_.page_bytes % 16 != 0 ||
-        layout_.key_stride % 4 != 0 || layout_.value_stride % 4 != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "page layout unsupported by the CUDA kernels: ", pool_.page_tokens(), " tokens per page (need ",
-          gpu::kPageTokens, "), value offset ", layout_.value_offset, ", stride ", layout_.page_bytes));
-    }
-    // The kernel reads up to 100 bytes past a record; the mean record after
-    // the value records absorbs that, but only if it is long enough.
-    if (layout_.mean_stride < 128) {
-      return absl::FailedPreconditionError(absl::StrCat("mean record of ", layout_.mean_stride,
-                                                        " bytes leaves too little read-ahead slack"));
+    // The device arena has the host pool's layout (codec/page_layout.h).
+    layout_ = pool_.layout();
+    if (const std::string error = gpu::GpuPageLayoutError(layout_, gpu::PageUse::kAttend); !error.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("page layout unsupported by the CUDA kernels: ", error));
     }
     st = gpu::MakeEncodeAlphabets(codec_, &encode_);
     if (!st.ok()) return st;
-    encode_.layout = layout_;
     encode_.rotate = transforms_ == nullptr;
     st = InitWindowCache(window_cache_bytes_);
     if (!st.ok()) return st;
@@ -549,7 +532,7 @@ class CudaBackend : public Backend {
   const bool values_folded_;
   const size_t window_cache_bytes_;
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
-  gpu::DQuantPageLayout layout_;
+  PageLayout layout_;
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;

@@ -32,7 +32,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
   ASSERT_TRUE(codec.ok());
   const int n = codec->n(), P = cfg.mean_window, q_heads = 32, d = 128;
   DQuantCodec c = *codec;
-  auto pool = PagePool::Create(&c, 40ull * 80000);  // about 40 pages
+  auto pool = PagePool::Create(c.page_layout(), 40ull * 80000);  // about 40 pages
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto cuda = MakeCudaBackend(&c, pool->get());
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -135,7 +135,7 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
   ASSERT_TRUE(codec.ok());
   DQuantCodec c = *codec;
   const int n = c.n(), P = cfg.mean_window, q_heads = 32, d = 128;
-  auto pool = PagePool::Create(&c, 12ull * 80000);
+  auto pool = PagePool::Create(c.page_layout(), 12ull * 80000);
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto cuda = MakeCudaBackend(&c, pool->get(), 0, &set, false);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -146,7 +146,7 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
     hc.hadamard = true;
     auto had = DQuantCodec::Create(hc);
     ASSERT_TRUE(had.ok());
-    auto hpool = PagePool::Create(&*had, 2ull * 80000);
+    auto hpool = PagePool::Create(had->page_layout(), 2ull * 80000);
     ASSERT_TRUE(hpool.ok());
     EXPECT_EQ(MakeCudaBackend(&*had, hpool->get(), 0, &set, false).status().code(),
               absl::StatusCode::kFailedPrecondition);
@@ -281,7 +281,7 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
   ASSERT_TRUE(codec.ok());
   DQuantCodec c = *codec;
   const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
-  auto pool = PagePool::Create(&c, 8ull * 40000);
+  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
   ASSERT_TRUE(pool.ok()) << pool.status();
   const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
   auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, 3 * 2 * slot_bytes);  // 3 slots
