@@ -22,13 +22,13 @@
 #include <vector>
 
 #include "codec/dquant_codec.h"
-#include "codec/half.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
 #include "kernels/host_pool.h"
 #include "kernels/transform.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
@@ -102,7 +102,7 @@ std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const PageLay
       CodecScratch scratch;
       std::vector<float> k, v;
       for (int pg = w; pg < kDistinctPages; pg += threads) {
-        RandomKv(kPageTokens, kN, &rng, &k, &v);
+        RandomKv(kPageTokens, kKvHeads, kHeadDim, &rng, &k, &v);
         uint8_t* page = pages.data() + static_cast<size_t>(pg) * lay.page_bytes;
         StreamStats ks, vs;
         CHECK_OK(codec.EncodeWindow(k.data(), v.data(), kPageTokens, page, page + lay.value_offset,
@@ -263,7 +263,7 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
   CHECK_OK(MakeEncodeAlphabets(codec, &ep));
   std::mt19937_64 rng(7);
   std::vector<float> k, v;
-  RandomKv(4096, kN, &rng, &k, &v);  // tiled: the GPU encodes each token's own copy
+  RandomKv(4096, kKvHeads, kHeadDim, &rng, &k, &v);  // tiled: the GPU encodes each token's own copy
   std::vector<float> kk(static_cast<size_t>(tokens) * kN), vv(kk.size());
   for (size_t i = 0; i < kk.size(); ++i) {
     kk[i] = k[i % k.size()];

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
 #include "codec/hadamard.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
-#include "codec/half.h"
 #include "kernels/transform.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {

@@ -1,6 +1,6 @@
 // Device helpers shared by the attention and encode kernels: tensor-core
 // fragments (mma.sync m16n8k16, fp16 in, fp32 accumulate), ldmatrix, warp
-// reductions, fp16/bf16 bit conversions matching codec/half.h, and the
+// reductions, fp16/bf16 bit conversions matching wire/half.h, and the
 // split-KV partial state with its merge kernel.
 #ifndef DRIFTKV_KERNELS_DEVICE_COMMON_CUH_
 #define DRIFTKV_KERNELS_DEVICE_COMMON_CUH_

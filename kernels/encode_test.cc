@@ -12,10 +12,10 @@
 #include "codec/hadamard.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
-#include "kernels/gpu_test_util.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
 
 namespace driftkv {
@@ -65,7 +65,7 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
   const int n = lay.n(), pages = (tokens + kPageTokens - 1) / kPageTokens;
   std::mt19937_64 rng(seed);
   std::vector<float> keys, values;
-  RandomKv(tokens, n, &rng, &keys, &values);
+  RandomKv(tokens, kv_heads, head_dim, &rng, &keys, &values);
 
   // CPU pool (pages in order).
   std::vector<uint8_t> cpu_pool(static_cast<size_t>(pages) * lay.page_bytes, 0);

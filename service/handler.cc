@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "backends/attend_batcher.h"
 #include "backends/registry.h"
-#include "codec/half.h"
-#include "service/tensor.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

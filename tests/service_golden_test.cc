@@ -1,5 +1,5 @@
 // Golden figures of the service on the CPU backend, recorded before the
-// source tree was restructured: for fixed synthetic tokens (tools/synth_kv.h,
+// source tree was restructured: for fixed synthetic tokens (eval/synthetic_kv.h,
 // seeded) pushed through the handler, the FNV-1a 64 checksums of the whole
 // page arena, of everything Read returns and of the Attend outputs must
 // stay what they were. A refactoring that moves one stored byte, one decoded
@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/wush.h"
+#include "eval/synthetic_kv.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
-#include "service/tensor.h"
 #include "tests/service_test_util.h"
-#include "tools/synth_kv.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

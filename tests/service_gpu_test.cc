@@ -17,13 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "codec/attention.h"
-#include "codec/half.h"
 #include "codec/transforms_file.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/gpu_test_util.h"
 #include "service/server.h"
-#include "service/tensor.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

@@ -11,7 +11,6 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/page_pool.h"
-#include "codec/half.h"
 #include "codec/registry.h"
 #include "codec/transform.h"
 #include "codec/transform_attention.h"
@@ -19,6 +18,7 @@
 #include "kernels/attention.h"
 #include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -48,7 +48,7 @@ TEST(CudaBackend, MatchesCpuBackend) {
     auto r = (*pool)->Reserve(seq_pages[s]);
     ASSERT_TRUE(r.ok());
     pages[s] = *r;
-    gpu::RandomKv(seq_pages[s] * P, n, &rng, &keys[s], &values[s]);
+    gpu::RandomKv(seq_pages[s] * P, c.config().kv_heads, c.config().head_dim, &rng, &keys[s], &values[s]);
     for (int k = 0; k < seq_pages[s]; ++k) {
       EncodeJob j;
       j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
@@ -163,7 +163,7 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
     auto r = (*pool)->Reserve(seq_pages[s]);
     ASSERT_TRUE(r.ok());
     pages[s] = *r;
-    gpu::RandomKv(seq_pages[s] * P, n, &rng, &keys[s], &values[s]);
+    gpu::RandomKv(seq_pages[s] * P, c.config().kv_heads, c.config().head_dim, &rng, &keys[s], &values[s]);
     for (int k = 0; k < seq_pages[s]; ++k) {
       EncodeJob j;
       j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
@@ -296,7 +296,7 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
   std::mt19937_64 rng(5);
   {
     std::vector<float> k, v;
-    gpu::RandomKv(P, n, &rng, &k, &v);
+    gpu::RandomKv(P, c.config().kv_heads, c.config().head_dim, &rng, &k, &v);
     EncodeJob j;
     j.keys = k.data();
     j.values = v.data();

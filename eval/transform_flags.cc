@@ -1,4 +1,4 @@
-#include "tools/transform_flags.h"
+#include "eval/transform_flags.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,7 +1,7 @@
 // A small "--name value" / "--name=value" parser for the command-line tools:
 // every flag must be known, every value parsed, and errors name the flag.
-#ifndef DRIFTKV_TOOLS_FLAGS_H_
-#define DRIFTKV_TOOLS_FLAGS_H_
+#ifndef DRIFTKV_EVAL_FLAGS_H_
+#define DRIFTKV_EVAL_FLAGS_H_
 
 #include <map>
 #include <set>
@@ -70,4 +70,4 @@ class Flags {
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_FLAGS_H_
+#endif  // DRIFTKV_EVAL_FLAGS_H_

@@ -1,4 +1,4 @@
-#include "tools/synth_kv.h"
+#include "eval/synthetic_kv.h"
 
 #include <cmath>
 #include <random>
@@ -15,8 +15,22 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : gen_(seed) {}
   double Uniform() { return (static_cast<double>(gen_() >> 11) + 0.5) * 0x1.0p-53; }
+  double UniformFromZero() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
   double Normal() {
     return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(2.0 * kPi * Uniform());
+  }
+  // Box-Muller with both outputs used (cos, then sin): kind "spike".
+  double NormalPaired() {
+    if (has_pair_) {
+      has_pair_ = false;
+      return pair_;
+    }
+    const double u1 = Uniform();
+    const double u2 = UniformFromZero();
+    const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * kPi * u2;
+    pair_ = r * std::sin(a);
+    has_pair_ = true;
+    return r * std::cos(a);
   }
   // Marsaglia-Tsang; shape >= 1 (dof > 2 is validated).
   double Gamma(double shape) {
@@ -40,6 +54,8 @@ class Rng {
 
  private:
   std::mt19937_64 gen_;
+  bool has_pair_ = false;
+  double pair_ = 0.0;
 };
 
 // Rotate-half RoPE of one head in place: pairs (i, i + d/2), frequency
@@ -133,5 +149,49 @@ SynthKv GenerateSynth(const SynthParams& p) {
   for (int l = 0; l < p.layers; ++l) GenerateLayer(p, l, &out);
   return out;
 }
+
+SynthKv SynthLayer(int tokens, int kv_heads, int head_dim, uint64_t seed) {
+  SynthParams p;
+  p.layers = 1;
+  p.tokens = tokens;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  p.query_tokens = 0;
+  p.seed = seed;
+  return GenerateSynth(p);
+}
+
+SpikeCase MakeSpikeCase(const SpikeOptions& o) {
+  Rng rng(o.seed);
+  const int d = o.head_dim;
+  const int64_t n = static_cast<int64_t>(o.kv_heads) * d;
+  SpikeCase c;
+  c.keys.resize(o.tokens * n);
+  c.values.resize(o.tokens * n);
+  // Channel scales decaying from 2 to 0.5: an anisotropic (RoPE-like) bulk.
+  std::vector<double> scale(d);
+  for (int j = 0; j < d; ++j) scale[j] = 2.0 * std::pow(0.25, static_cast<double>(j) / (d - 1));
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    for (int h = 0; h < o.kv_heads; ++h) {
+      float* k = c.keys.data() + t * n + h * d;
+      float* v = c.values.data() + t * n + h * d;
+      for (int j = 0; j < d; ++j) {
+        k[j] = static_cast<float>(scale[j] * rng.NormalPaired());
+        v[j] = static_cast<float>(rng.NormalPaired());
+      }
+      if (rng.UniformFromZero() < o.spike_probability) k[0] += static_cast<float>(o.spike);
+    }
+  }
+  c.queries.resize(o.query_tokens * o.q_heads * d);
+  for (int64_t i = 0; i < o.query_tokens; ++i) {
+    for (int g = 0; g < o.q_heads; ++g) {
+      float* q = c.queries.data() + (i * o.q_heads + g) * d;
+      for (int j = 0; j < d; ++j) q[j] = static_cast<float>(0.5 * rng.NormalPaired());
+      q[0] += static_cast<float>(o.query_read + 0.5 * rng.NormalPaired());
+    }
+  }
+  return c;
+}
+
 
 }  // namespace driftkv

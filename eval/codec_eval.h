@@ -12,7 +12,7 @@
 //   bits per value: every stored byte (records, side records, bf16 window)
 //     * 8 / values.
 // Folded values (a TransformedKvCodec with values_folded(): T_V folded into
-// v_proj/o_proj, tools/transform_flags.h): the codec stores v' = T_V v as
+// v_proj/o_proj, eval/transform_flags.h): the codec stores v' = T_V v as
 // given and attention over the store yields o' = T_V o, which the folded
 // o_proj consumes. EvaluateLayer simulates that model and still measures in
 // the model's domain, with the same denominators as without folding:
@@ -27,8 +27,8 @@
 //     with float64 attention over the model's k and v.
 // Without this the codec would code the model's v unrotated and the errors
 // would be those of no value transform at all.
-#ifndef DRIFTKV_TOOLS_EVAL_LIB_H_
-#define DRIFTKV_TOOLS_EVAL_LIB_H_
+#ifndef DRIFTKV_EVAL_CODEC_EVAL_H_
+#define DRIFTKV_EVAL_CODEC_EVAL_H_
 
 #include <cstdint>
 #include <string>
@@ -91,4 +91,4 @@ std::string EvalJson(const KvCodec& codec, const EvalAccumulator& acc);
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_EVAL_LIB_H_
+#endif  // DRIFTKV_EVAL_CODEC_EVAL_H_

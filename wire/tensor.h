@@ -1,8 +1,8 @@
 // Tensors on the wire: little-endian bf16, fp16 or f32 elements in C order
 // (proto/driftkv.proto). Conversions to and from float for the server and
 // the client library. This build assumes a little-endian host (x86-64, arm64).
-#ifndef DRIFTKV_SERVICE_TENSOR_H_
-#define DRIFTKV_SERVICE_TENSOR_H_
+#ifndef DRIFTKV_WIRE_TENSOR_H_
+#define DRIFTKV_WIRE_TENSOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -34,4 +34,4 @@ absl::Status CheckValues(absl::string_view field, const float* x, size_t element
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_SERVICE_TENSOR_H_
+#endif  // DRIFTKV_WIRE_TENSOR_H_

@@ -1,6 +1,6 @@
 // `driftkv-codec sweep`: rate-distortion sweep of several codecs (issue 3).
-#ifndef DRIFTKV_TOOLS_SWEEP_H_
-#define DRIFTKV_TOOLS_SWEEP_H_
+#ifndef DRIFTKV_EVAL_SWEEP_H_
+#define DRIFTKV_EVAL_SWEEP_H_
 
 namespace driftkv {
 
@@ -9,4 +9,4 @@ int RunSweep(int argc, char** argv);
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_SWEEP_H_
+#endif  // DRIFTKV_EVAL_SWEEP_H_

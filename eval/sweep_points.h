@@ -16,8 +16,8 @@
 //   fp8, bf16: their one configuration.
 // The INT2 / group 128 points of int, kivi, oscar and turbo's 2-bit point
 // carry tag "default".
-#ifndef DRIFTKV_TOOLS_SWEEP_POINTS_H_
-#define DRIFTKV_TOOLS_SWEEP_POINTS_H_
+#ifndef DRIFTKV_EVAL_SWEEP_POINTS_H_
+#define DRIFTKV_EVAL_SWEEP_POINTS_H_
 
 #include <string>
 #include <vector>
@@ -39,4 +39,4 @@ absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::strin
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_SWEEP_POINTS_H_
+#endif  // DRIFTKV_EVAL_SWEEP_POINTS_H_

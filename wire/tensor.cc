@@ -1,10 +1,10 @@
-#include "service/tensor.h"
+#include "wire/tensor.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 

@@ -1,4 +1,4 @@
-#include "tools/sweep.h"
+#include "eval/sweep.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,11 +18,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "codec/registry.h"
-#include "tools/eval_lib.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
-#include "tools/sweep_points.h"
-#include "tools/transform_flags.h"
+#include "eval/codec_eval.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
+#include "eval/sweep_points.h"
+#include "eval/transform_flags.h"
 
 namespace driftkv {
 namespace {
@@ -101,7 +101,7 @@ Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual, const Trans
       e.query_tokens = in.query_tokens;
       e.q_heads = in.q_heads;
     }
-    // --transform: one codec per layer (tools/transform_flags.h).
+    // --transform: one codec per layer (eval/transform_flags.h).
     absl::StatusOr<std::unique_ptr<KvCodec>> layer_codec = MakeCodecForLayer(p.options, transform, l);
     absl::Status st = layer_codec.ok() ? EvaluateLayer(**layer_codec, e, &acc, nullptr) : layer_codec.status();
     if (!st.ok()) {

@@ -12,8 +12,8 @@
 //                                                 with W_O)
 // Attention runs in float (softmax max-shifted); its own rounding (~1e-6
 // relative) is far below the errors measured.
-#ifndef DRIFTKV_TOOLS_WUSH_EVAL_H_
-#define DRIFTKV_TOOLS_WUSH_EVAL_H_
+#ifndef DRIFTKV_EVAL_WUSH_EVAL_H_
+#define DRIFTKV_EVAL_WUSH_EVAL_H_
 
 #include <cstdint>
 #include <vector>
@@ -56,4 +56,4 @@ absl::Status MeasureAblation(const KvCodec& codec, const AblationInput& in, cons
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_WUSH_EVAL_H_
+#endif  // DRIFTKV_EVAL_WUSH_EVAL_H_

@@ -1,4 +1,4 @@
-#include "tools/eval_lib.h"
+#include "eval/codec_eval.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "codec/attention.h"
-#include "codec/half.h"
 #include "codec/transform_attention.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 

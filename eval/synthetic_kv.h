@@ -1,5 +1,7 @@
-// Synthetic KV tensors for the quality benchmark (issue 3), written as raw
-// f32 files that `driftkv-codec eval|sweep` read.
+// THE synthetic KV generator of driftkv: every test, benchmark, demo and CLI
+// workload that needs KV tensors "with the structure of real ones" draws
+// them here (the synth-kv tool writes them as raw f32 files for
+// `driftkv-codec eval|sweep`).
 //
 // kind "iid": keys, values and queries i.i.d. N(0, 1): the easy case where
 // every rotation is useless and min-max grids see pure Gaussians.
@@ -24,11 +26,22 @@
 //     q = RoPE(query_align * mu / |mu| * sqrt(head_dim) + N(0, I)) at the
 //     query's position, so queries favour the persistent key directions and
 //     attention is peaked but not one-hot.
+//
+// kind "spike" (MakeSpikeCase): the failure mode of the Hadamard rotation
+// that WUSH fixes. Keys are Gaussian with channel scales decaying from 2 to
+// 0.5 (an anisotropic, RoPE-like bulk) except for rare large spikes
+// concentrated in coordinate 0 of a KV head, and queries read that
+// coordinate, so the spiky tokens carry much of the attention. A Hadamard
+// rotation spreads a spike of size S into d coefficients of size
+// ~S/sqrt(d) on top of the Gaussian part, which a 2-bit min-max grid
+// quantizes badly; WUSH sees the spike direction in the Gram matrix and the
+// query Hessian. Its normal draws use both outputs of each Box-Muller pair.
+//
 // Layer l uses seed + l; all randomness comes from std::mt19937_64 with
-// distributions computed here (Box-Muller), so a seed gives the same files
-// everywhere.
-#ifndef DRIFTKV_TOOLS_SYNTH_KV_H_
-#define DRIFTKV_TOOLS_SYNTH_KV_H_
+// distributions computed here (Box-Muller), so a seed gives the same data
+// everywhere (not so std::normal_distribution, which the library defines).
+#ifndef DRIFTKV_EVAL_SYNTHETIC_KV_H_
+#define DRIFTKV_EVAL_SYNTHETIC_KV_H_
 
 #include <cstdint>
 #include <string>
@@ -66,6 +79,31 @@ struct SynthKv {
 absl::Status ValidateSynth(const SynthParams& p);
 SynthKv GenerateSynth(const SynthParams& p);  // p must validate
 
+// One layer of kind "llm" with the defaults but the given shape and seed:
+// keys and values [tokens][kv_heads][head_dim], no queries.
+SynthKv SynthLayer(int tokens, int kv_heads, int head_dim, uint64_t seed);
+
+struct SpikeOptions {
+  int64_t tokens = 1024;
+  int kv_heads = 2;
+  int q_heads = 4;
+  int head_dim = 128;
+  int64_t query_tokens = 128;  // positions tokens - query_tokens ...
+  double spike_probability = 0.005;
+  double spike = 40.0;         // added to coordinate 0 of a spiky key
+  double query_read = 6.0;     // mean of query coordinate 0 (others: sd 0.5)
+  uint64_t seed = 1;
+};
+
+struct SpikeCase {
+  std::vector<float> keys, values;  // [tokens][kv_heads][head_dim]
+  std::vector<float> queries;       // [query_tokens][q_heads][head_dim]
+};
+
+// Kind "spike" (see above); deterministic for given options.
+SpikeCase MakeSpikeCase(const SpikeOptions& o);
+
+
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_SYNTH_KV_H_
+#endif  // DRIFTKV_EVAL_SYNTHETIC_KV_H_

@@ -4,8 +4,8 @@
 // window stores raw bf16, so these conversions are part of the format: they
 // must give the same bits on every backend. They are written with integer
 // operations only (no F16C intrinsics) so that the CUDA backend can mirror them.
-#ifndef DRIFTKV_CODEC_HALF_H_
-#define DRIFTKV_CODEC_HALF_H_
+#ifndef DRIFTKV_WIRE_HALF_H_
+#define DRIFTKV_WIRE_HALF_H_
 
 #include <cstdint>
 #include <cstring>
@@ -50,4 +50,4 @@ inline float Bf16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_HALF_H_
+#endif  // DRIFTKV_WIRE_HALF_H_

@@ -1,4 +1,4 @@
-#include "tools/raw_io.h"
+#include "eval/raw_io.h"
 
 #include <cstdio>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

@@ -14,7 +14,7 @@
 //   demo     pushes a synthetic context, attends decode steps, compares with
 //            exact attention, prints compression, error, throughput
 //   fixture  --fixture PREFIX: the same with real keys/values/queries
-//            (/work/shared/eval/fixture_public.{k,v,q}.bin)
+//            (e.g. ../shared/eval/fixture_public.{k,v,q}.bin)
 #include <unistd.h>
 
 #include <chrono>
@@ -29,8 +29,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "client/cli.h"
-#include "service/tensor.h"
+#include "cli/cli.h"
+#include "wire/tensor.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "driftkv-server address");
 ABSL_FLAG(double, timeout_s, 60.0, "deadline of each RPC attempt, seconds");
@@ -57,11 +57,6 @@ ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
 namespace driftkv {
 namespace cli {
 namespace {
-
-int Fail(const absl::Status& st) {
-  std::cerr << "driftkv: " << absl::StatusCodeToString(st.code()) << ": " << st.message() << "\n";
-  return 1;
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t skip, int64_t bytes) {
   std::ifstream in(path, std::ios::binary);

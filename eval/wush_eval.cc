@@ -1,4 +1,4 @@
-#include "tools/wush_eval.h"
+#include "eval/wush_eval.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "tools/calibrate_lib.h"
+#include "eval/wush_calibrator.h"
 
 #include <algorithm>
 

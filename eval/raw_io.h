@@ -1,8 +1,8 @@
 // Raw tensor files: little-endian, row-major, no header; dtype f32, f16 or
 // bf16. Sizes are checked against the expected element count so that a
 // wrong --shape or --dtype is caught before any coding starts.
-#ifndef DRIFTKV_TOOLS_RAW_IO_H_
-#define DRIFTKV_TOOLS_RAW_IO_H_
+#ifndef DRIFTKV_EVAL_RAW_IO_H_
+#define DRIFTKV_EVAL_RAW_IO_H_
 
 #include <cstdint>
 #include <string>
@@ -31,4 +31,4 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& text);
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_RAW_IO_H_
+#endif  // DRIFTKV_EVAL_RAW_IO_H_

@@ -3,8 +3,8 @@
 // values and output projections, then builds the transforms file.
 // Only d x d sums are kept (4 per head), never the activations: memory is
 // O(layers * kv_heads * d^2) whatever the amount of calibration text.
-#ifndef DRIFTKV_TOOLS_CALIBRATE_LIB_H_
-#define DRIFTKV_TOOLS_CALIBRATE_LIB_H_
+#ifndef DRIFTKV_EVAL_WUSH_CALIBRATOR_H_
+#define DRIFTKV_EVAL_WUSH_CALIBRATOR_H_
 
 #include <cstdint>
 #include <string>
@@ -58,4 +58,4 @@ class WushCalibrator {
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_CALIBRATE_LIB_H_
+#endif  // DRIFTKV_EVAL_WUSH_CALIBRATOR_H_

@@ -1,4 +1,4 @@
-#include "tools/sweep_points.h"
+#include "eval/sweep_points.h"
 
 #include <algorithm>
 #include <cmath>

@@ -15,12 +15,12 @@
 //                    model's domain (T_V^-1 applied to vhat' and to the
 //                    attention output o', as the folded o_proj does),
 //                    comparable with the unfolded figures
-//                    (tools/eval_lib.h).
+//                    (eval/codec_eval.h).
 // Codecs are built per tensor layer, since the transforms differ by layer.
 // A pool records its transform (codec/pool_file.h, PoolTransform); decode
 // checks the flags against it and takes --layer and --values-folded from it.
-#ifndef DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
-#define DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
+#ifndef DRIFTKV_EVAL_TRANSFORM_FLAGS_H_
+#define DRIFTKV_EVAL_TRANSFORM_FLAGS_H_
 
 #include <memory>
 #include <set>
@@ -30,7 +30,7 @@
 #include "codec/pool_file.h"
 #include "codec/registry.h"
 #include "codec/transform.h"
-#include "tools/flags.h"
+#include "eval/flags.h"
 
 namespace driftkv {
 
@@ -75,4 +75,4 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeCodecForLayer(const CodecOptions& o
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_TOOLS_TRANSFORM_FLAGS_H_
+#endif  // DRIFTKV_EVAL_TRANSFORM_FLAGS_H_

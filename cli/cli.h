@@ -1,9 +1,11 @@
-// Shared pieces of the `driftkv` CLI (driftkv_main.cc, cli_workloads.cc):
-// flags, synthetic KV with the structure of real caches, exact attention
-// computed by the client, progress lines on a terminal, percentiles.
-#ifndef DRIFTKV_CLIENT_CLI_H_
-#define DRIFTKV_CLIENT_CLI_H_
+// Shared pieces of the `driftkv` CLI (driftkv_main.cc for the one-RPC
+// commands; bench.cc, demo.cc, fixture.cc for the workloads): flags,
+// synthetic KV (eval/synthetic_kv.h), exact attention computed by the
+// client, progress lines on a terminal, percentiles.
+#ifndef DRIFTKV_CLI_CLI_H_
+#define DRIFTKV_CLI_CLI_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,15 +22,30 @@ ABSL_DECLARE_FLAG(int, chunk_tokens);
 ABSL_DECLARE_FLAG(int, q_heads);
 ABSL_DECLARE_FLAG(uint32_t, seed);
 ABSL_DECLARE_FLAG(std::string, metrics_url);
+ABSL_DECLARE_FLAG(int, streams);
+ABSL_DECLARE_FLAG(int, steps);
 
 namespace driftkv {
 namespace cli {
 
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t);
+
 ClientOptions OptionsFromFlags();
 
-// Synthetic keys/values of one layer, [tokens][kv_heads][head_dim]: keys
-// carry per-channel offsets with a few strong outlier channels (as RoPE'd
-// keys do) and a slow drift, values are near-Gaussian.
+// Prints "driftkv: CODE: message" on stderr; returns 1 (the exit code).
+int Fail(const absl::Status& st);
+
+// A decode step: append (key, value) at `index` and attend with q, bf16.
+v1::AttendItem StepItem(const std::string& seq, uint32_t layer, const float* key, const float* value,
+                        size_t n, uint64_t index, const std::vector<float>& q, int q_heads);
+
+// Rounds through bf16, as the queries and steps travel.
+std::vector<float> Bf16(const float* x, size_t count);
+
+// Synthetic keys/values of one layer, [tokens][kv_heads][head_dim]: kind
+// "llm" of the synthetic generator (eval/synthetic_kv.h; per-channel key
+// means, outlier channels, uneven token norms, RoPE, heavy-tailed values).
 void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::vector<float>* keys,
                     std::vector<float>* values);
 // A query [q_heads][head_dim] that attends sharply to a few earlier tokens
@@ -66,4 +83,4 @@ int Fixture(Client& client);
 }  // namespace cli
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CLIENT_CLI_H_
+#endif  // DRIFTKV_CLI_CLI_H_
