@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/format_constants.h"
 #include "codec/hadamard.h"
 #include "codec/page_layout.h"
 #include "codec/stream_codec.h"
@@ -38,7 +39,7 @@ constexpr int kReferenceKeyBytes = 331;
 constexpr int kReferenceValueBytes = 231;
 constexpr double kDefaultAlpha = 1.4;
 constexpr int kDefaultMeanWindow = 128;
-constexpr int kMeanHeaderBytes = 4;
+// kMeanHeaderBytes: codec/format_constants.h.
 
 struct DQuantConfig {
   int kv_heads = 0;

@@ -19,12 +19,12 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "codec/format_constants.h"
 #include "kernels/attention.h"
 
 namespace driftkv {
 namespace gpu {
 
-constexpr int kEncodeMaxLevels = 16;  // codec/rans.h kMaxLevels
 
 // One alphabet as the encoder needs it (host-built by MakeEncodeAlphabets
 // of kernels/codec_bridge.h, passed by value).
@@ -32,9 +32,9 @@ struct EncodeAlphabet {
   int levels = 0;
   int payload_bytes = 0;  // C
   int cheapest = 0;       // lowest-index level of maximum frequency
-  uint16_t freq[kEncodeMaxLevels] = {};
-  uint16_t cum[kEncodeMaxLevels] = {};
-  float cost_bits[kEncodeMaxLevels] = {};
+  uint16_t freq[kMaxLevels] = {};
+  uint16_t cum[kMaxLevels] = {};
+  float cost_bits[kMaxLevels] = {};
 };
 
 // Per-stream outcome, [tokens][2] (keys, values), optional.

@@ -72,18 +72,8 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     __syncthreads();
   } else if (p.rotated) {
     a[tid] = acc;
-    for (int len = 1; len < d_count; len <<= 1) {
-      __syncthreads();
-      float v = 0.0f;
-      if (tid < d_count) {
-        const float x = a[tid], y = a[tid ^ len];
-        v = (tid & len) ? y - x : x + y;
-      }
-      __syncthreads();
-      if (tid < d_count) a[tid] = v;
-    }
-    __syncthreads();
-    acc = a[tid] * static_cast<float>(1.0 / sqrt(static_cast<double>(d_count)));
+    HadamardRows(a, 1, d_count, tid, kMergeThreads, BlockSync());
+    acc = a[tid];
   }
 
   const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
