@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/lse_merge.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
 
@@ -12,6 +13,10 @@ namespace gpu {
 namespace {
 
 constexpr int kMergeThreads = 128;
+
+struct FastExp {
+  __device__ float operator()(float x) const { return __expf(x); }
+};
 static_assert(kMaxWindow % kMergeThreads == 0, "window tokens are scored kMergeThreads at a time");
 
 __device__ float BlockReduceMax(float v, float* red) {
@@ -49,13 +54,13 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
   __shared__ float score[kMaxWindow];
   __shared__ float q[kMergeThreads];
 
+  // The splits' states merge by codec/lse_merge.h.
   float m = kNegInf;
   for (int s = 0; s < p.part.splits; ++s) m = fmaxf(m, p.m_dev[p.part.ml_index(item, s, h)]);
   float l = 0.0f, acc = 0.0f;
   for (int s = 0; s < p.part.splits; ++s) {
-    const float ms = p.m_dev[p.part.ml_index(item, s, h)];
-    if (ms == kNegInf) continue;
-    const float f = __expf(ms - m);
+    const float f = LseWeight<float>(p.m_dev[p.part.ml_index(item, s, h)], m, FastExp());
+    if (f == 0.0f) continue;
     l += f * p.l_dev[p.part.ml_index(item, s, h)];
     if (tid < d_count) acc += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
   }
@@ -111,7 +116,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     float s = kNegInf;
     for (int t = tid; t < w; t += kMergeThreads) s = fmaxf(s, score[t]);
     const float m2 = fmaxf(m, BlockReduceMax(s, red));
-    const float f = m == kNegInf ? 0.0f : __expf(m - m2);
+    const float f = LseWeight<float>(m, m2, FastExp());  // the splits' merged state, then the window
     float e = 0.0f;
     for (int t = tid; t < w; t += kMergeThreads) {
       score[t] = __expf(score[t] - m2);

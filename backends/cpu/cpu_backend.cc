@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
 #include "backends/cpu/thread_pool.h"
+#include "backends/host_decode.h"
 #include "codec/transform.h"
 #include "codec/transform_attention.h"
 
@@ -85,34 +86,15 @@ class CpuBackend : public Backend {
       if (!t.ok()) return t.status();
       transform = *t;
     }
-    const int n = codec_.n();
-    const uint8_t* mean = pool_.mean_record(page);
-    for (int t = 0; t < count; ++t) {
-      const int i = first + t;
-      absl::Status st = codec_.DecodeKey(pool_.key_records(page) + i * codec_.key_stride(), mean,
-                                         keys + static_cast<size_t>(t) * n, &scratch);
-      if (st.ok()) {
-        st = codec_.DecodeValue(pool_.value_records(page) + i * codec_.value_stride(),
-                                values + static_cast<size_t>(t) * n, &scratch);
-      }
-      if (!st.ok()) {
-        return absl::DataLossError(absl::StrCat("page ", page, " token ", i, ": ", st.message()));
-      }
-    }
-    if (transform != nullptr) {
-      transform->Apply(Mat::kKeyInverse, keys, count, keys);
-      if (!values_folded_) transform->Apply(Mat::kValueInverse, values, count, values);
-    }
-    return absl::OkStatus();
+    return DecodePageTokens(codec_, pool_, page, first, count, transform, values_folded_, keys, values, &scratch);
   }
 
   // Items run on separate threads. When there are fewer items than threads,
   // a long item is also split over its pages ("split-KV"): each part
   // attends to a contiguous run of pages (the last part also to the bf16
-  // window) and the parts' (output, lse) states are merged:
-  //   lse = M + ln sum_k exp(lse_k - M),  M = max_k lse_k,
-  //   out = sum_k exp(lse_k - lse) out_k.
-  // An empty part has lse = -inf and weight 0, the identity of the merge.
+  // window) and the parts' (output, lse) states are merged by
+  // MergeAttentionParts (codec/lse_merge.h; an empty part has lse = -inf
+  // and weight 0, the identity of the merge).
   void Attend(absl::Span<AttendJob> jobs) override {
     struct Part {
       int job = 0;
@@ -177,24 +159,12 @@ class CpuBackend : public Backend {
       AttendJob& j = jobs[parts[begin].job];
       j.status = absl::OkStatus();
       for (size_t k = begin; k < end && j.status.ok(); ++k) j.status = parts[k].status;
-      for (int h = 0; h < j.q_heads; ++h) {
-        float m = -std::numeric_limits<float>::infinity();
-        for (size_t k = begin; k < end; ++k) m = std::max(m, parts[k].lse[h]);
-        float* o = j.out + static_cast<size_t>(h) * d;
-        std::fill(o, o + d, 0.0f);
-        if (m == -std::numeric_limits<float>::infinity()) {
-          j.lse[h] = m;
-          continue;
-        }
-        double denom = 0.0;
-        for (size_t k = begin; k < end; ++k) denom += std::exp(static_cast<double>(parts[k].lse[h]) - m);
-        j.lse[h] = m + static_cast<float>(std::log(denom));
-        for (size_t k = begin; k < end; ++k) {
-          const float w = static_cast<float>(std::exp(static_cast<double>(parts[k].lse[h]) - m) / denom);
-          const float* po = parts[k].out.data() + static_cast<size_t>(h) * d;
-          for (int e = 0; e < d; ++e) o[e] += w * po[e];
-        }
+      std::vector<const float*> outs, lses;
+      for (size_t k = begin; k < end; ++k) {
+        outs.push_back(parts[k].out.data());
+        lses.push_back(parts[k].lse.data());
       }
+      MergeAttentionParts(outs.data(), lses.data(), static_cast<int>(outs.size()), j.q_heads, d, j.out, j.lse);
       begin = end;
     }
   }

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/host_decode.h"
 #include "codec/transform.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
@@ -341,23 +342,9 @@ class CudaBackend : public Backend {
     if (!lst.ok()) return lst;
     // The host arena mirrors the device one: decode there, exactly as the CPU does.
     CodecScratch scratch;
-    const int n = layout_.n();
-    for (int i = 0; i < count; ++i) {
-      const int t = first + i;
-      absl::Status st = codec_.DecodeKey(pool_.key_records(page) + static_cast<size_t>(t) * layout_.key_stride,
-                                         pool_.mean_record(page), keys + static_cast<size_t>(i) * n, &scratch);
-      if (st.ok()) {
-        st = codec_.DecodeValue(pool_.value_records(page) + static_cast<size_t>(t) * layout_.value_stride,
-                                values + static_cast<size_t>(i) * n, &scratch);
-      }
-      if (!st.ok()) return st;
-    }
-    if (transforms_ != nullptr) {
-      const LayerTransform& t = host_transforms_[layer];
-      t.Apply(Mat::kKeyInverse, keys, count, keys);
-      if (!values_folded_) t.Apply(Mat::kValueInverse, values, count, values);
-    }
-    return absl::OkStatus();
+    return DecodePageTokens(codec_, pool_, page, first, count,
+                            transforms_ != nullptr ? &host_transforms_[layer] : nullptr, values_folded_, keys, values,
+                            &scratch);
   }
 
   void Attend(absl::Span<AttendJob> jobs) override {
