@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "codec/dquant_codec.h"
-#include "codec/half.h"
 #include "codec/level_page.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
@@ -32,6 +31,7 @@
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 #include "kernels/transform.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
@@ -95,7 +95,7 @@ double MedianMs(int reps, F launch) {
 }
 
 // Distinct D-Quant pages encoded on the CPU with all host cores.
-std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const DQuantPageLayout& lay) {
+std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const PageLayout& lay) {
   std::vector<uint8_t> pages(static_cast<size_t>(kDistinctPages) * lay.page_bytes, 0);
   const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
@@ -105,7 +105,7 @@ std::vector<uint8_t> EncodeDistinctPages(const DQuantCodec& codec, const DQuantP
       CodecScratch scratch;
       std::vector<float> k, v;
       for (int pg = w; pg < kDistinctPages; pg += threads) {
-        RandomKv(kPageTokens, kN, &rng, &k, &v);
+        RandomKv(kPageTokens, kKvHeads, kHeadDim, &rng, &k, &v);
         uint8_t* page = pages.data() + static_cast<size_t>(pg) * lay.page_bytes;
         StreamStats ks, vs;
         CHECK_OK(codec.EncodeWindow(k.data(), v.data(), kPageTokens, page, page + lay.value_offset,
@@ -136,7 +136,7 @@ struct Result {
 
 // Promotes `count` cold pages (ids 0..count-1 of cold_dev) to level pages
 // (ids 0..count-1 of hot_dev) on the device.
-PromoteParams PromoteAll(const DQuantCodec& codec, const DQuantPageLayout& lay, const LevelPageLayout& hl,
+PromoteParams PromoteAll(const DQuantCodec& codec, const PageLayout& lay, const LevelPageLayout& hl,
                          const uint8_t* cold_dev, uint8_t* hot_dev, int count, DeviceBuffer* ids, DeviceBuffer* toks,
                          DeviceBuffer* tabs) {
   std::vector<int32_t> id(count), tk(count, kPageTokens);
@@ -164,7 +164,7 @@ PromoteParams PromoteAll(const DQuantCodec& codec, const DQuantPageLayout& lay, 
   return pp;
 }
 
-Result RunShape(const Shape& s, const DQuantCodec& codec, const DQuantPageLayout& lay, const DeviceBuffer& dq_distinct,
+Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay, const DeviceBuffer& dq_distinct,
                 const LevelPageLayout& hl, const DeviceBuffer& hot_distinct, const DeviceBuffer& bf_distinct,
                 const DeviceBuffer& tables, int window, int reps) {
   Result r{};
@@ -351,7 +351,7 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
   CHECK_OK(MakeEncodeAlphabets(codec, &ep));
   std::mt19937_64 rng(7);
   std::vector<float> k, v;
-  RandomKv(4096, kN, &rng, &k, &v);  // tiled: the GPU encodes each token's own copy
+  RandomKv(4096, kKvHeads, kHeadDim, &rng, &k, &v);  // tiled: the GPU encodes each token's own copy
   std::vector<float> kk(static_cast<size_t>(tokens) * kN), vv(kk.size());
   for (size_t i = 0; i < kk.size(); ++i) {
     kk[i] = k[i % k.size()];
@@ -421,7 +421,7 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
 
 // Promotion of one 8K-token sequence (32 layers: 64 full pages each) from
 // cold to level pages on the device.
-void PromotionTime(const DQuantCodec& codec, const DQuantPageLayout& lay, const LevelPageLayout& hl,
+void PromotionTime(const DQuantCodec& codec, const PageLayout& lay, const LevelPageLayout& hl,
                    const DeviceBuffer& dq_distinct, int reps) {
   constexpr int kPages = 32 * 64;
   DeviceBuffer cold(static_cast<size_t>(kPages) * lay.page_bytes), hot(static_cast<size_t>(kPages) * hl.page_bytes);
@@ -434,7 +434,7 @@ void PromotionTime(const DQuantCodec& codec, const DQuantPageLayout& lay, const 
               ms, reps, kPages * static_cast<double>(hl.page_bytes) / (ms * 1e6));
 }
 
-void Capacity(const DQuantPageLayout& lay, const LevelPageLayout& hl, int window) {
+void Capacity(const PageLayout& lay, const LevelPageLayout& hl, int window) {
   constexpr int kLayers = 32;
   constexpr double kPool = 64.0 * (1ull << 30);
   const double bf16_tok = 2.0 * kN * 2;  // bytes per token per layer
@@ -504,8 +504,8 @@ int Main(int argc, char** argv) {
   cfg.head_dim = kHeadDim;
   auto codec = DQuantCodec::Create(cfg);
   CHECK_OK(codec.status());
-  DQuantPageLayout lay;
-  CHECK_OK(MakeDQuantPageLayout(*codec, &lay));
+  const PageLayout lay = codec->page_layout();  // the service's pages (codec/page_layout.h)
+  if (const std::string error = GpuPageLayoutError(lay, PageUse::kAttend); !error.empty()) CHECK_OK(absl::InvalidArgumentError(error));
   std::vector<uint32_t> tab(512);
   PackDecodeTable(codec->key_codec().table(), tab.data());
   PackDecodeTable(codec->value_codec().table(), tab.data() + 256);

@@ -2,7 +2,7 @@
 # One GPU call (run on the GPU machine from the repository root, with
 # .device/bundle made by ../shared/tools/bundle-for-device from
 # //kernels:attention_test, //kernels:cuda_backend_test,
-# //service:driftkv-server-cuda and //client:driftkv; OUT names a folder for
+# //service:driftkv-server-cuda and //cli:driftkv; OUT names a folder for
 # the server log): kernel tests, backend test, then the service demo on the
 # CUDA backend with the default config (bf16 window up to 255 tokens).
 set -uo pipefail

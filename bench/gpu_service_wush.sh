@@ -3,7 +3,7 @@
 # folder for results). Needs, made on the development machine:
 #   .device/bundle   ../shared/tools/bundle-for-device of //kernels:attention_test,
 #                    //kernels:encode_test, //kernels:cuda_backend_test,
-#                    //bench:bench_gpu, //service:driftkv-server-cuda, //client:driftkv
+#                    //bench:bench_gpu, //service:driftkv-server-cuda, //cli:driftkv
 #   .device/eval/fixture_public.{k,v,q}.bin   copied from ../shared/eval/
 #   .device/wush.xfm a transforms file for the fixture model (4 x 4 x 128),
 #                    driftkv-calibrate on calibration text (docs/quality.md)

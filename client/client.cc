@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "service/tensor.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

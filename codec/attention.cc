@@ -10,8 +10,9 @@
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
 #include "codec/hadamard.h"
+#include "codec/lse_merge.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -272,6 +273,29 @@ std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLaye
     blocks.push_back(b);
   }
   return blocks;
+}
+
+void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads,
+                         int head_dim, float* out, float* lse) {
+  const auto exp = [](double x) { return std::exp(x); };
+  for (int h = 0; h < q_heads; ++h) {
+    float m = kNegInf;
+    for (int k = 0; k < parts; ++k) m = std::max(m, lses[k][h]);
+    float* o = out + static_cast<size_t>(h) * head_dim;
+    std::fill(o, o + head_dim, 0.0f);
+    if (m == kNegInf) {
+      lse[h] = m;
+      continue;
+    }
+    double denom = 0.0;
+    for (int k = 0; k < parts; ++k) denom += LseWeight<double>(lses[k][h], m, exp);
+    lse[h] = m + static_cast<float>(std::log(denom));
+    for (int k = 0; k < parts; ++k) {
+      const float w = static_cast<float>(LseWeight<double>(lses[k][h], m, exp) / denom);
+      const float* po = outs[k] + static_cast<size_t>(h) * head_dim;
+      for (int e = 0; e < head_dim; ++e) o[e] += w * po[e];
+    }
+  }
 }
 
 void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,

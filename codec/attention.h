@@ -105,6 +105,14 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
                                  float softmax_scale, float* out, float* lse,
                                  AttentionScratch* scratch);
 
+// Merges `parts` normalised partial outputs of the same q_heads query
+// heads over disjoint tokens by their log-sum-exp (codec/lse_merge.h):
+// outs[k] is [q_heads][head_dim], lses[k] is [q_heads]; out and lse as for
+// CompressedAttention (may not alias the parts). Weights and the
+// denominator in double.
+void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads,
+                         int head_dim, float* out, float* lse);
+
 // Reference attention over float keys/values [tokens][kv_heads][head_dim] in
 // double precision (tests and the error measurements).
 void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,

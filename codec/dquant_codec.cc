@@ -116,6 +116,11 @@ size_t DQuantCodec::mean_stride() const {
   return (static_cast<size_t>(n()) + kMeanHeaderBytes + 3) / 4 * 4;
 }
 
+PageLayout DQuantCodec::page_layout() const {
+  return MakePageLayout(config_.mean_window, config_.kv_heads, config_.head_dim, static_cast<int>(key_stride()),
+                        static_cast<int>(value_stride()), static_cast<int>(mean_stride()));
+}
+
 double DQuantCodec::key_bits_per_value() const {
   return 8.0 * (key_stride() + static_cast<double>(mean_stride()) / config_.mean_window) / n();
 }

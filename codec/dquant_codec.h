@@ -24,7 +24,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/format_constants.h"
 #include "codec/hadamard.h"
+#include "codec/page_layout.h"
 #include "codec/stream_codec.h"
 
 namespace driftkv {
@@ -37,7 +39,7 @@ constexpr int kReferenceKeyBytes = 331;
 constexpr int kReferenceValueBytes = 231;
 constexpr double kDefaultAlpha = 1.4;
 constexpr int kDefaultMeanWindow = 128;
-constexpr int kMeanHeaderBytes = 4;
+// kMeanHeaderBytes: codec/format_constants.h.
 
 struct DQuantConfig {
   int kv_heads = 0;
@@ -80,6 +82,9 @@ class DQuantCodec {
   size_t key_stride() const { return keys_.stride(); }
   size_t value_stride() const { return values_.stride(); }
   size_t mean_stride() const;
+  // The page of one mean window (codec/page_layout.h): mean_window tokens'
+  // key and value records and the window's mean record.
+  PageLayout page_layout() const;
   // Stored bits per value of keys and values, every byte counted: records
   // plus one mean record per full window.
   double key_bits_per_value() const;

@@ -22,17 +22,18 @@
 #include <cmath>
 #include <cstdint>
 
+#include "codec/format_constants.h"
+
 namespace driftkv {
 
-constexpr int kMaxLevelsForDrift = 16;
-constexpr int kDriftBisectionSteps = 12;
-constexpr double kDriftBracketOctaves = 40.0;
+// kDriftBisectionSteps and kDriftBracketOctaves: codec/format_constants.h.
+constexpr int kMaxLevelsForDrift = kMaxLevels;
 
 // Step function u -> level for one lambda: level[j] on (break[j-1], break[j]].
 struct Assignment {
   int count = 0;              // number of envelope levels
-  int level[16] = {};         // increasing level indices
-  float breaks[15] = {};      // increasing; count - 1 of them
+  int level[kMaxLevels] = {};     // increasing level indices
+  float breaks[kMaxLevels - 1] = {};  // increasing; count - 1 of them
 
   int Assign(float u) const {
     int j = 0;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
+#include "wire/half.h"
 #include "codec/level_page.h"
 
 namespace driftkv {

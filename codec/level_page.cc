@@ -9,6 +9,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "codec/page_layout.h"
 #include "codec/dquant_codec.h"
 #include "codec/rans.h"
 #include "codec/stream_codec.h"
@@ -25,7 +26,6 @@ constexpr int kPageTiles = kLevelPageTokens / kTile;   // 8 token tiles in a pag
 constexpr int kRegs = 4;                               // a0..a3, one pair each
 constexpr int kHeaderBytes = 4;                        // fp16 scale + fp16 offset
 constexpr int kValueHeadersOffset = kLevelPageTokens * kHeaderBytes;  // 512
-constexpr int kPageAlign = 64;
 static_assert(2 * kValueHeadersOffset == kLevelHeadersBytes, "key then value headers");
 static_assert(kLevelMeanLevelsOffset == kLevelMeanOffset + kMeanHeaderBytes, "fp32 scale, then int8");
 

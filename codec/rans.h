@@ -26,19 +26,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "codec/format_constants.h"
 
 namespace driftkv {
 
-constexpr int kProbBits = 8;
-constexpr uint32_t kProbScale = 1u << kProbBits;  // 256 table entries
-constexpr uint32_t kStateLow = 1u << 23;          // L
-constexpr uint32_t kStateHigh = kStateLow << 8;   // 2^31, exclusive
-constexpr int kStateBytes = 4;                    // flushed final state
-constexpr int kStateBits = 8 * kStateBytes;       // sigma of the paper
-constexpr int kMaxLevels = 16;
-constexpr int kMinLevels = 2;
-static_assert(kStateLow % kProbScale == 0, "L must be a multiple of 2^p");
-static_assert(kStateHigh <= (1u << 31), "state must leave headroom below 2^32");
+// kProbBits, kStateLow, kStateHigh, kStateBytes, kMaxLevels, ...: in
+// codec/format_constants.h, shared with the GPU kernels.
 
 // One entry of the 256-entry decode table, indexed by z = x mod 256:
 //   [7:0]   f       frequency of the symbol whose interval holds z (1..255)
@@ -46,9 +39,6 @@ static_assert(kStateHigh <= (1u << 31), "state must leave headroom below 2^32");
 //   [19:16] symbol  the level index m (0..15)
 //   [31:20] zero
 using DecodeEntry = uint32_t;
-constexpr int kEntryFreqShift = 0;
-constexpr int kEntryBiasShift = 8;
-constexpr int kEntrySymbolShift = 16;
 
 inline uint32_t EntryFreq(DecodeEntry e) { return (e >> kEntryFreqShift) & 0xffu; }
 inline uint32_t EntryBias(DecodeEntry e) { return (e >> kEntryBiasShift) & 0xffu; }

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/drift.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

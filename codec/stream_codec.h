@@ -30,13 +30,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/format_constants.h"
 #include "codec/rans.h"
 
 namespace driftkv {
 
-constexpr int kRecordHeaderBytes = 4;  // fp16 scale + fp16 offset
-constexpr int kRecordAlign = 4;
-constexpr int kMaxRetries = 16;
+// kRecordHeaderBytes (fp16 scale + fp16 offset), kRecordAlign and
+// kMaxRetries: codec/format_constants.h.
 
 inline size_t RecordStride(int payload_bytes) {
   return (static_cast<size_t>(payload_bytes) + kRecordHeaderBytes + kRecordAlign - 1) /

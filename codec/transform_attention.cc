@@ -33,18 +33,9 @@ absl::Status TransformedCompressedAttention(const DQuantCodec& codec, const Laye
   if (!values_folded) transform.Outputs(out1.data(), q_heads, out1.data());
   st = CompressedAttention(codec, {}, window, query, q_heads, softmax_scale, out2.data(), lse2.data(), scratch);
   if (!st.ok()) return st;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int h = 0; h < q_heads; ++h) {
-    const float m = std::max(lse1[h], lse2[h]);
-    if (m == kNegInf) {
-      for (int j = 0; j < d; ++j) out[h * d + j] = 0.0f;
-      lse[h] = kNegInf;
-      continue;
-    }
-    const float w1 = std::exp(lse1[h] - m), w2 = std::exp(lse2[h] - m), inv = 1.0f / (w1 + w2);
-    for (int j = 0; j < d; ++j) out[h * d + j] = (w1 * out1[h * d + j] + w2 * out2[h * d + j]) * inv;
-    lse[h] = m + std::log(w1 + w2);
-  }
+  const float* outs[2] = {out1.data(), out2.data()};
+  const float* lses[2] = {lse1.data(), lse2.data()};
+  MergeAttentionParts(outs, lses, 2, q_heads, d, out, lse);
   return absl::OkStatus();
 }
 

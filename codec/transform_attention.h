@@ -3,10 +3,8 @@
 // q' = T_K^-T q for the compressed blocks, whose output o' is mapped back by
 // T_V^-1; the bf16 window holds model-domain tokens and is attended with q
 // itself. The two parts are separate softmax states merged by their
-// log-sum-exp:
-//   out = (e^lse1 * out1 + e^lse2 * out2) / (e^lse1 + e^lse2),
-//   lse = log(e^lse1 + e^lse2),
-// where an empty part has lse = -inf and drops out.
+// log-sum-exp (MergeAttentionParts, codec/lse_merge.h); an empty part has
+// lse = -inf and drops out.
 //
 // Folded values (values_folded: T_V is folded into the model's v_proj and
 // o_proj): the model emits v' = T_V v, which is what is cached, both in the

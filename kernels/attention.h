@@ -4,17 +4,11 @@
 // POOLS. A pool is one cudaMalloc'ed array of fixed-size pages; a page holds
 // kPageTokens = 128 consecutive tokens of one (sequence, layer), which is
 // also the D-Quant key-mean window, so each page carries exactly one mean
-// record. Page layouts (byte offsets inside a page, all 16-byte aligned):
-//
-//   D-Quant  [0, 128*key_stride)            key records, token t at t*key_stride
-//            [value_offset, +128*value_stride)  value records
-//            [mean_offset, +mean_stride)    the window's mean record
-//            zero padding to page_bytes (>= 128 bytes of slack: the kernel
-//            reads ahead of a record by up to 100 bytes)
-//   bf16     [0, 128*n*2)  keys   [token][kv_head][head_dim] bf16 bits
-//            [128*n*2, 256*n*2) values, same shape
-//
-// Record formats are codec/stream_codec.h and codec/dquant_codec.h, unchanged.
+// record. D-Quant pages have THE page layout of codec/page_layout.h (the
+// same as the service's page pool; GpuPageLayoutError says what the kernels
+// need of it). bf16 pages (the baseline kernel):
+//   [0, 128*n*2)  keys   [token][kv_head][head_dim] bf16 bits
+//   [128*n*2, 256*n*2) values, same shape
 //
 // BATCH. An item is one (sequence, layer, query token): a query
 // [q_heads][head_dim] float, and the pages of its history listed in a page
@@ -37,10 +31,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "codec/page_layout.h"
 
 namespace driftkv {
 namespace gpu {
@@ -51,21 +47,16 @@ constexpr int kPageTokens = 128;
 // kMergeThreads at a time.
 constexpr int kMaxWindow = 256;
 
-// Byte layout of a D-Quant page for one codec configuration.
-struct DQuantPageLayout {
-  int kv_heads = 0;
-  int head_dim = 0;
-  int key_stride = 0;    // bytes per key record
-  int value_stride = 0;  // bytes per value record
-  int mean_stride = 0;   // bytes per mean record
-  size_t value_offset = 0;
-  size_t mean_offset = 0;
-  size_t page_bytes = 0;
-
-  int n() const { return kv_heads * head_dim; }
-};
-
-// MakeDQuantPageLayout (kernels/codec_bridge.h) fills this from a codec.
+// What a kernel does with pages: the encoder writes them, the attention
+// kernel reads them with read-ahead.
+enum class PageUse { kEncode, kAttend };
+// Empty when the kernels take pages of `layout` (codec/page_layout.h) for
+// `use`: page_tokens == kPageTokens, 16-byte aligned offsets and page
+// stride, 4-byte aligned record strides, and for kAttend a mean record of
+// at least kGpuReadAheadBytes (the decoders' read-ahead past the last value
+// record lands in it; only n = 64 is too small). Otherwise what is wrong,
+// naming the field and its value.
+std::string GpuPageLayoutError(const PageLayout& layout, PageUse use);
 
 inline size_t Bf16PageBytes(int kv_heads, int head_dim) {
   return static_cast<size_t>(2) * kPageTokens * kv_heads * head_dim * sizeof(uint16_t);
@@ -73,7 +64,7 @@ inline size_t Bf16PageBytes(int kv_heads, int head_dim) {
 
 struct DQuantAttentionParams {
   const uint8_t* pool_dev = nullptr;
-  DQuantPageLayout layout;
+  PageLayout layout;                      // codec/page_layout.h
   const uint32_t* tables_dev = nullptr;  // 512 words: key, value (PackDecodeTable)
   int items = 0;
   int q_heads = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 
 namespace driftkv {
 namespace gpu {
@@ -173,28 +174,6 @@ __global__ void __launch_bounds__(kThreads) Bf16AttentionKernel(KernelArgs args)
   for (int e = 0; e < kDpt; ++e) args.ws.acc[mi * D + d0 + e] = acc[e];
 }
 
-template <int D, int G>
-absl::Status Launch(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  auto kernel = Bf16AttentionKernel<D, G>;
-  constexpr size_t smem = SmemBytes<D>();
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess) return CudaStatus(e, "cudaFuncSetAttribute(bf16 attention)");
-  kernel<<<grid, kThreads, smem, stream>>>(args);
-  return CudaStatus(cudaGetLastError(), "bf16 attention launch");
-}
-
-absl::Status Dispatch(int head_dim, int group, const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  switch (head_dim * 16 + group) {
-    case 128 * 16 + 4: return Launch<128, 4>(args, grid, stream);
-    case 128 * 16 + 2: return Launch<128, 2>(args, grid, stream);
-    case 64 * 16 + 4: return Launch<64, 4>(args, grid, stream);
-    case 64 * 16 + 2: return Launch<64, 2>(args, grid, stream);
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("no bf16 kernel for head_dim ", head_dim,
-                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
-  }
-}
-
 }  // namespace
 
 absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stream) {
@@ -202,36 +181,25 @@ absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stre
   if (p.kv_heads < 1 || p.q_heads % p.kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " is not a multiple of kv_heads ", p.kv_heads));
   }
+  // About four waves of blocks (one per item, KV head and split), at least
+  // two pages per split.
   const int pages = std::max(1, p.max_pages);
-  int splits = p.splits;
-  if (splits <= 0) {
-    // About four waves of blocks over 132 SMs, at least 2 pages per split.
-    const int blocks_per_split = p.items * p.kv_heads;
-    splits = std::max(1, std::min((pages + 1) / 2, (4 * 132 + blocks_per_split - 1) / blocks_per_split));
-  }
-  splits = std::min(splits, pages);
+  const SplitPlan plan = PlanSplits(pages, p.splits, p.items * p.kv_heads, 4, 2);
   KernelArgs args;
   args.p = p;
-  args.pages_per_split = (pages + splits - 1) / splits;
-  splits = (pages + args.pages_per_split - 1) / args.pages_per_split;
-  args.part = PartialLayout{p.items, splits, p.q_heads, p.head_dim};
+  args.pages_per_split = plan.units_per_split;
+  args.part = PartialLayout{p.items, plan.splits, p.q_heads, p.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  const dim3 grid(splits, p.kv_heads, p.items);
+  const dim3 grid(plan.splits, p.kv_heads, p.items);
   const int group = p.q_heads / p.kv_heads;
-  absl::Status st = Dispatch(p.head_dim, group, args, grid, stream);
+  absl::Status st = DispatchHeadDimGroup(p.head_dim, group, "bf16", [&](auto d, auto g) {
+    constexpr int kD = decltype(d)::value, kG = decltype(g)::value;
+    return LaunchKernel(Bf16AttentionKernel<kD, kG>, grid, kThreads, SmemBytes<kD>(), stream, "bf16 attention",
+                        args);
+  });
   if (!st.ok()) return st;
-  MergeParams m{};
-  m.part = args.part;
-  m.m_dev = args.ws.m;
-  m.l_dev = args.ws.l;
-  m.acc_dev = args.ws.acc;
-  m.rotated = false;
-  m.kv_heads = p.kv_heads;
-  m.query_dev = p.query_dev;
-  m.softmax_scale = p.softmax_scale;
-  m.out_dev = p.out_dev;
-  m.lse_dev = p.lse_dev;
-  return LaunchMerge(m, stream);
+  return LaunchMerge(MergeFor(args.part, args.ws, p.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev),
+                     stream);
 }
 
 }  // namespace gpu

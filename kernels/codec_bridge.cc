@@ -5,31 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
-#include "codec/half.h"
 #include "kernels/transform.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
-
-absl::Status MakeDQuantPageLayout(const DQuantCodec& codec, DQuantPageLayout* layout) {
-  const DQuantConfig& c = codec.config();
-  if (c.mean_window != kPageTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("mean_window ", c.mean_window,
-                                                   " must equal the GPU page size ", kPageTokens));
-  }
-  DQuantPageLayout l;
-  l.kv_heads = c.kv_heads;
-  l.head_dim = c.head_dim;
-  l.key_stride = static_cast<int>(codec.key_stride());
-  l.value_stride = static_cast<int>(codec.value_stride());
-  l.mean_stride = static_cast<int>(codec.mean_stride());
-  auto up16 = [](size_t v) { return (v + 15) / 16 * 16; };
-  l.value_offset = up16(static_cast<size_t>(kPageTokens) * l.key_stride);
-  l.mean_offset = up16(l.value_offset + static_cast<size_t>(kPageTokens) * l.value_stride);
-  l.page_bytes = (l.mean_offset + l.mean_stride + 128 + 255) / 256 * 256;
-  *layout = l;
-  return absl::OkStatus();
-}
 
 void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
   for (int z = 0; z < 256; ++z) {
@@ -41,8 +21,9 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
 }
 
 absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p) {
-  absl::Status st = MakeDQuantPageLayout(codec, &p->layout);
-  if (!st.ok()) return st;
+  const std::string error = GpuPageLayoutError(codec.page_layout(), PageUse::kEncode);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
+  p->layout = codec.page_layout();
   auto fill = [](const StreamCodec& sc, EncodeAlphabet* a) {
     const RansTable& t = sc.table();
     a->levels = t.levels;

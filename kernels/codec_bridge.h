@@ -1,5 +1,6 @@
-// Host glue between the CPU codec (codec/) and the CUDA kernels: page
-// layouts, GPU decode tables and encoder alphabets built from a DQuantCodec.
+// Host glue between the CPU codec (codec/) and the CUDA kernels: GPU decode
+// tables, encoder alphabets and transforms built from a DQuantCodec (pages
+// have the codec's own layout, DQuantCodec::page_layout()).
 // Kept out of the headers nvcc compiles, so that the CUDA build needs no
 // codec headers.
 #ifndef DRIFTKV_KERNELS_CODEC_BRIDGE_H_
@@ -18,9 +19,6 @@
 namespace driftkv {
 namespace gpu {
 
-// Fails unless the codec's mean window is kPageTokens.
-absl::Status MakeDQuantPageLayout(const DQuantCodec& codec, DQuantPageLayout* layout);
-
 // The GPU form of a decode table: one 32-bit word per z = x mod 256,
 //   [7:0] f   [15:8] bias = z - c   [31:16] the level m as fp16 bits,
 // so that one lookup gives the state update and, packed two at a time with
@@ -30,7 +28,9 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]);
 // The device form of kernels/transform.h for every layer of `set`.
 std::vector<float> PackTransforms(const TransformSet& set);
 
-// Layout and both alphabets of `codec` into p (the rest of p untouched).
+// Layout and both alphabets of `codec` into p (the rest of p untouched);
+// InvalidArgument when the kernels do not take the codec's pages
+// (GpuPageLayoutError, e.g. a mean window other than kPageTokens).
 absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p);
 
 }  // namespace gpu

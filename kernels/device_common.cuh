@@ -1,6 +1,6 @@
 // Device helpers shared by the attention and encode kernels: tensor-core
 // fragments (mma.sync m16n8k16, fp16 in, fp32 accumulate), ldmatrix, warp
-// reductions, fp16/bf16 bit conversions matching codec/half.h, and the
+// reductions, fp16/bf16 bit conversions matching wire/half.h, and the
 // split-KV partial state with its merge kernel.
 #ifndef DRIFTKV_KERNELS_DEVICE_COMMON_CUH_
 #define DRIFTKV_KERNELS_DEVICE_COMMON_CUH_
@@ -73,6 +73,41 @@ __device__ __forceinline__ float TransformedChannel(const float* a, const float*
   float acc = 0.0f;
   for (int j = 0; j < d; ++j) acc = __fadd_rn(acc, __fmul_rn(a[static_cast<size_t>(j) * d + i], x[j]));
   return acc;
+}
+
+// Barriers for HadamardRows: the threads of a block, or of a warp.
+struct BlockSync {
+  __device__ void operator()() const { __syncthreads(); }
+};
+struct WarpSync {
+  __device__ void operator()() const { __syncwarp(); }
+};
+
+// THE device Hadamard: the normalised Walsh-Hadamard transform of
+// codec/hadamard.h in place on `rows` consecutive rows of d floats at x
+// (shared memory; d a power of two), by `threads` cooperating threads of
+// which this one is `tid`, with `sync` their barrier; every one of them
+// must call it. The butterflies (a + b, a - b) run stage by stage in the
+// order of codec/hadamard.cc and the scale is 1/sqrt(d) rounded from
+// double, as on the CPU, so the results are bit-identical to HadamardHeads.
+// Syncs before the first stage and after the scaling.
+template <typename Sync>
+__device__ __forceinline__ void HadamardRows(float* x, int rows, int d, int tid, int threads, Sync sync) {
+  sync();
+  const int pairs = rows * d / 2, half = d / 2;
+  for (int len = 1; len < d; len <<= 1) {
+    for (int p = tid; p < pairs; p += threads) {
+      const int h = p / half, r = p % half;
+      const int j = h * d + (r / len) * 2 * len + (r % len);
+      const float a = x[j], b = x[j + len];
+      x[j] = a + b;
+      x[j + len] = a - b;
+    }
+    sync();
+  }
+  const float norm = static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
+  for (int i = tid; i < rows * d; i += threads) x[i] *= norm;
+  sync();
 }
 
 // fp16 hi/lo split of a float: hi = fp16(v), lo = fp16(v - hi); hi + lo

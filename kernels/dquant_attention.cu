@@ -26,8 +26,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/format_constants.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/transform.h"
 
 namespace driftkv {
@@ -47,7 +49,6 @@ constexpr int kRingBlocks = 4;        // 16-byte blocks per token in the ring
 constexpr int kRingWords = 4 * kRingBlocks;
 constexpr int kMaxQHeads = 32;
 constexpr int kMaxN = 1024;
-constexpr uint32_t kStateLowDev = 1u << 23;
 constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | win.byte[k]
 
 // Shared memory, in 32-bit words.
@@ -161,6 +162,8 @@ __device__ __forceinline__ uint32_t TokWindow(const Tok& t, const uint32_t* ring
 //   x' = f * (x >> 8) + bias;  if x' < 2^23: x' = (x' << 8) | win.byte[sel - kSelBase]
 // The renormalization is predicated (setp + two @p instructions), never a
 // branch, and consumes at most one byte (rans.h).
+static_assert(kStateLow == 0x800000u, "Step's inline PTX compares the state with the literal 0x800000 = kStateLow");
+static_assert(kProbBits == 8, "Step indexes the table by x & 255 and renormalises by one byte");
 __device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& sel, const uint32_t* table,
                                          uint32_t lane4) {
   const uint32_t off = __byte_perm(x, lane4, 0x5504);  // (x & 255) << 8 | lane4
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int item = blockIdx.y, split = blockIdx.x;
   const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   uint32_t* stage = smem + kOffStage + warp * kStageWords;
   uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
   const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
@@ -258,21 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   {
     const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
-    for (int len = 1; len < D; len <<= 1) {
-      __syncthreads();
-      for (int i = tid; i < q_heads * D / 2; i += kThreads) {
-        const int h = i / (D / 2), r = i % (D / 2);
-        const int j = (r / len) * 2 * len + (r % len);
-        float* x = score + h * D;
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
-    }
-    __syncthreads();
-    const float norm = rsqrtf(static_cast<float>(D));
-    for (int i = tid; i < q_heads * D; i += kThreads) score[i] *= norm;
-    __syncthreads();
+    HadamardRows(score, q_heads, D, tid, kThreads, BlockSync());
     for (int i = tid; i < (n / 16) * 32; i += kThreads) {
       const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
       uint32_t w[2];
@@ -552,42 +541,19 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   }
 }
 
-template <int D, int G>
-absl::Status Launch(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  auto kernel = DQuantAttentionKernel<D, G>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmemBytes));
-  if (e != cudaSuccess) return CudaStatus(e, "cudaFuncSetAttribute(D-Quant attention)");
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(args);
-  return CudaStatus(cudaGetLastError(), "D-Quant attention launch");
-}
-
-absl::Status Dispatch(int head_dim, int group, const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  switch (head_dim * 16 + group) {
-    case 128 * 16 + 4: return Launch<128, 4>(args, grid, stream);
-    case 128 * 16 + 2: return Launch<128, 2>(args, grid, stream);
-    case 64 * 16 + 4: return Launch<64, 4>(args, grid, stream);
-    case 64 * 16 + 2: return Launch<64, 2>(args, grid, stream);
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("no D-Quant kernel for head_dim ", head_dim,
-                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
-  }
-}
-
 }  // namespace
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream) {
-  const DQuantPageLayout& l = p.layout;
+  const PageLayout& l = p.layout;
   if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
   if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0 || p.q_heads > kMaxQHeads) {
     return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " / kv_heads ", l.kv_heads,
                                                    ": need a multiple, at most ", kMaxQHeads));
   }
   if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
-  if (l.page_bytes % 16 != 0 || l.value_offset % 16 != 0 || l.key_stride % 4 != 0 || l.value_stride % 4 != 0) {
-    return absl::InvalidArgumentError("page layout not aligned (use MakeDQuantPageLayout)");
-  }
+  if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty()) return absl::InvalidArgumentError(error);
   if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
+  // Chunks of kChunkPages pages per item.
   const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
   KernelArgs args;
   args.p = p;
@@ -631,27 +597,21 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   }
   const dim3 grid(splits, p.items);
   const int group = p.q_heads / l.kv_heads;
-  absl::Status st = Dispatch(l.head_dim, group, args, grid, stream);
+  absl::Status st = DispatchHeadDimGroup(l.head_dim, group, "D-Quant", [&](auto d, auto g) {
+    return LaunchKernel(DQuantAttentionKernel<decltype(d)::value, decltype(g)::value>, grid, kThreads, kSmemBytes,
+                        stream, "D-Quant attention", args);
+  });
   if (!st.ok()) return st;
-  MergeParams m;
-  m.part = args.part;
-  m.m_dev = args.ws.m;
-  m.l_dev = args.ws.l;
-  m.acc_dev = args.ws.acc;
+  MergeParams m = MergeFor(args.part, args.ws, l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev);
   m.rotated = p.transforms_dev == nullptr;
   if (p.transforms_dev != nullptr && !p.values_folded) {
     m.out_transform_dev = p.transforms_dev;
     m.layer_dev = p.layer_dev;
   }
-  m.kv_heads = l.kv_heads;
   m.window_k_dev = p.window_k_dev;
   m.window_v_dev = p.window_v_dev;
   m.window_tokens_dev = p.window_tokens_dev;
   m.window_start_dev = p.window_start_dev;
-  m.query_dev = p.query_dev;
-  m.softmax_scale = p.softmax_scale;
-  m.out_dev = p.out_dev;
-  m.lse_dev = p.lse_dev;
   return LaunchMerge(m, stream);
 }
 

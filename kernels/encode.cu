@@ -6,8 +6,11 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/format_constants.h"
 #include "kernels/device_common.cuh"
 #include "kernels/encode.h"
+#include "kernels/launch.cuh"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
@@ -17,11 +20,10 @@ constexpr int kEncThreads = 128;
 constexpr int kEncWarps = kEncThreads / 32;
 constexpr int kMaxN = 1024;
 constexpr int kMeanThreads = 256;
-constexpr int kBisectionSteps = 12;   // codec/drift.h
-constexpr double kBracketOctaves = 40.0;
-constexpr int kMaxRetriesDev = 16;    // codec/stream_codec.h
-constexpr uint32_t kStateLowDev = 1u << 23;
-constexpr float kHalfMaxDev = 65504.0f;
+// The search and format constants (kDriftBisectionSteps,
+// kDriftBracketOctaves, kMaxRetries, kStateLow, kMaxLevels) come from
+// codec/format_constants.h and kHalfMax from wire/half.h, the CPU codec's
+// own definitions.
 
 __device__ __forceinline__ float RoundToHalfDev(float f) { return __half2float(__float2half_rn(f)); }
 
@@ -42,14 +44,14 @@ __device__ double WarpMinD(double v) {
 // plus the cost of each interval, in shared memory.
 struct Asg {
   int count;
-  int level[kEncodeMaxLevels];
-  float breaks[kEncodeMaxLevels - 1];
-  float icost[kEncodeMaxLevels];
+  int level[kMaxLevels];
+  float breaks[kMaxLevels - 1];
+  float icost[kMaxLevels];
 };
 
 // codec/drift.cc BuildAssignment, run by one lane.
 __device__ void BuildAssignmentDev(const float* cost, int levels, double lambda, Asg* a) {
-  double start[kEncodeMaxLevels], intercept[kEncodeMaxLevels];
+  double start[kMaxLevels], intercept[kMaxLevels];
   int count = 0;
   for (int m = 0; m < levels; ++m) {
     if (isinf(cost[m])) continue;
@@ -82,10 +84,10 @@ __device__ void Build(const float* cost, int levels, double lambda, Asg* a, int 
 
 // Sum of ideal costs of assignment `a` over u[0..n); writes symbols if asked.
 __device__ double AssignCost(const float* u, int n, const Asg* a, uint8_t* sym, int lane) {
-  float brk[kEncodeMaxLevels - 1];
+  float brk[kMaxLevels - 1];
   const int nb = a->count - 1;
 #pragma unroll
-  for (int b = 0; b < kEncodeMaxLevels - 1; ++b) brk[b] = b < nb ? a->breaks[b] : HUGE_VALF;
+  for (int b = 0; b < kMaxLevels - 1; ++b) brk[b] = b < nb ? a->breaks[b] : HUGE_VALF;
   // Summed in double, where a sum of up to 1024 float costs (below 2^5,
   // 24-bit mantissas) is exact in any order: the total equals the CPU's
   // (codec/drift.cc AssignmentCost, exact too), so budget comparisons at a
@@ -96,7 +98,7 @@ __device__ double AssignCost(const float* u, int n, const Asg* a, uint8_t* sym, 
     const float v = u[i];
     int j = 0;
 #pragma unroll
-    for (int b = 0; b < kEncodeMaxLevels - 1; ++b) j += v > brk[b];
+    for (int b = 0; b < kMaxLevels - 1; ++b) j += v > brk[b];
     c += static_cast<double>(a->icost[j]);
     if (sym != nullptr) sym[i] = static_cast<uint8_t>(a->level[j]);
   }
@@ -126,7 +128,7 @@ __device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, doub
   max_d = WarpMaxD(max_d);
   min_d = WarpMinD(min_d);
   double hi = log2(8.0 * fmax(max_d - min_d, 1e-30));
-  double lo = hi - kBracketOctaves;
+  double lo = hi - kDriftBracketOctaves;
   Build(al.cost_bits, al.levels, exp2(hi), a, lane);
   double top_cost = AssignCost(u, n, a, nullptr, lane);
   for (int widen = 0; top_cost > budget && widen < 16; ++widen) {
@@ -136,7 +138,7 @@ __device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, doub
     top_cost = AssignCost(u, n, a, nullptr, lane);
   }
   if (top_cost > budget) {
-    float masked[kEncodeMaxLevels];
+    float masked[kMaxLevels];
     float min_cost = al.cost_bits[0];
     for (int m = 1; m < al.levels; ++m) min_cost = fminf(min_cost, al.cost_bits[m]);
     for (int m = 0; m < al.levels; ++m) masked[m] = al.cost_bits[m] == min_cost ? 0.0f : HUGE_VALF;
@@ -147,7 +149,7 @@ __device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, doub
     __syncwarp();
     return AssignCost(u, n, a, sym, lane);
   }
-  for (int step = 0; step < kBisectionSteps; ++step) {
+  for (int step = 0; step < kDriftBisectionSteps; ++step) {
     const double mu = 0.5 * (lo + hi);
     Build(al.cost_bits, al.levels, exp2(mu), a, lane);
     const double c = AssignCost(u, n, a, nullptr, lane);
@@ -164,10 +166,10 @@ __device__ int RansEncodeLane0(const uint8_t* sym, int n, const EncodeAlphabet& 
   if (lane == 0) {
     uint8_t* const end = scratch + n + 4;
     uint8_t* ptr = end;
-    uint32_t x = kStateLowDev;
+    uint32_t x = kStateLow;
     for (int i = n - 1; i >= 0; --i) {
       const uint32_t f = al.freq[sym[i]];
-      if (x >= kStateLowDev * f) {
+      if (x >= kStateLow * f) {
         *--ptr = static_cast<uint8_t>(x & 0xff);
         x >>= 8;
       }
@@ -193,29 +195,13 @@ struct WarpSmem {
   Asg asg;
 };
 
-__device__ void HadamardRowWarp(float* x, int n, int d, int lane) {
-  for (int len = 1; len < d; len <<= 1) {
-    for (int pidx = lane; pidx < n / 2; pidx += 32) {
-      const int h = pidx / (d / 2), r = pidx % (d / 2);
-      const int j = h * d + (r / len) * 2 * len + (r % len);
-      const float a = x[j], b = x[j + len];
-      x[j] = a + b;
-      x[j + len] = a - b;
-    }
-    __syncwarp();
-  }
-  const float norm = static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
-  for (int i = lane; i < n; i += 32) x[i] *= norm;
-  __syncwarp();
-}
-
 __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
   __shared__ WarpSmem smem_all[kEncWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int stream = blockIdx.x * kEncWarps + warp;
   if (stream >= 2 * p.tokens) return;
   WarpSmem& s = smem_all[warp];
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, d = lay.head_dim;
   const int t = stream >> 1;
   const bool is_key = (stream & 1) == 0;
@@ -228,7 +214,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
 
   for (int i = lane; i < n; i += 32) s.x[i] = src[i];
   __syncwarp();
-  if (p.rotate) HadamardRowWarp(s.x, n, d, lane);
+  if (p.rotate) HadamardRows(s.x, n / d, d, lane, 32, WarpSync());
   if (is_key) {
     const uint8_t* mean = page + lay.mean_offset;
     const float mscale = *reinterpret_cast<const float*>(mean);
@@ -243,7 +229,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
   bool bad = false;
   for (int i = lane; i < n; i += 32) {
     const float v = s.x[i];
-    bad |= !isfinite(v) || fabsf(v) > kHalfMaxDev;
+    bad |= !isfinite(v) || fabsf(v) > kHalfMax;
     lo = fminf(lo, v);
     hi = fmaxf(hi, v);
   }
@@ -276,18 +262,18 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
       sc = (n * sxm - sm * sx) / det;
       o = (sx - sc * sm) / n;
     }
-    if (isfinite(o) && fabs(o) > kHalfMaxDev && smm > 0.0) {
+    if (isfinite(o) && fabs(o) > kHalfMax && smm > 0.0) {
       // As StreamCodec::Encode: the fit wants an origin fp16 cannot hold (a
       // lone outlier drifted towards the centre): pin o, refit s alone.
-      o = fmin(fmax(o, -static_cast<double>(kHalfMaxDev)), static_cast<double>(kHalfMaxDev));
+      o = fmin(fmax(o, -static_cast<double>(kHalfMax)), static_cast<double>(kHalfMax));
       sc = (sxm - o * sm) / smm;
     }
     if (!(sc > 0.0) || !isfinite(sc) || !isfinite(o)) {
       sc = s0;
       o = lo;
     }
-    scale = RoundToHalfDev(static_cast<float>(fmin(sc, static_cast<double>(kHalfMaxDev))));
-    offset = RoundToHalfDev(static_cast<float>(fmax(fmin(o, static_cast<double>(kHalfMaxDev)), -static_cast<double>(kHalfMaxDev))));
+    scale = RoundToHalfDev(static_cast<float>(fmin(sc, static_cast<double>(kHalfMax))));
+    offset = RoundToHalfDev(static_cast<float>(fmax(fmin(o, static_cast<double>(kHalfMax)), -static_cast<double>(kHalfMax))));
   }
   int used = 0;
   bool done = false;
@@ -295,7 +281,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     for (int i = lane; i < n; i += 32) s.u[i] = (s.x[i] - offset) / scale;
     __syncwarp();
     double budget = 8.0 * C - 32;
-    for (int attempt = 0; attempt < kMaxRetriesDev && !done; ++attempt) {
+    for (int attempt = 0; attempt < kMaxRetries && !done; ++attempt) {
       const double cost = DriftDev(s.u, n, al, budget, s.sym, &s.asg, lane);
       used = RansEncodeLane0(s.sym, n, al, s.scratch, lane);
       if (used <= C) {
@@ -308,7 +294,7 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     }
     if (!done) {
       st.fallback = 1;
-      float masked[kEncodeMaxLevels];
+      float masked[kMaxLevels];
       float min_cost = al.cost_bits[0];
       for (int m = 1; m < levels; ++m) min_cost = fminf(min_cost, al.cost_bits[m]);
       for (int m = 0; m < levels; ++m) masked[m] = al.cost_bits[m] == min_cost ? 0.0f : HUGE_VALF;
@@ -363,29 +349,22 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
 __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
   __shared__ float row[kMaxN];
   __shared__ double red[kMeanThreads / 32];
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, d = lay.head_dim, w = blockIdx.x, tid = threadIdx.x;
   const int first = w * kPageTokens, count = min(kPageTokens, p.tokens - first);
   constexpr int kPer = kMaxN / kMeanThreads;
   double sum[kPer] = {};
   for (int t = 0; t < count; ++t) {
     for (int i = tid; i < n; i += kMeanThreads) row[i] = p.keys_dev[static_cast<size_t>(first + t) * n + i];
-    for (int len = 1; p.rotate && len < d; len <<= 1) {
+    if (p.rotate) {
+      HadamardRows(row, n / d, d, tid, kMeanThreads, BlockSync());
+    } else {
       __syncthreads();
-      for (int pidx = tid; pidx < n / 2; pidx += kMeanThreads) {
-        const int h = pidx / (d / 2), r = pidx % (d / 2);
-        const int j = h * d + (r / len) * 2 * len + (r % len);
-        const float a = row[j], b = row[j + len];
-        row[j] = a + b;
-        row[j + len] = a - b;
-      }
     }
-    __syncthreads();
-    const float norm = static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int i = tid + k * kMeanThreads;
-      if (i < n) sum[k] += static_cast<double>(p.rotate ? row[i] * norm : row[i]);
+      if (i < n) sum[k] += static_cast<double>(row[i]);
     }
     __syncthreads();
   }
@@ -417,7 +396,7 @@ __global__ void __launch_bounds__(kMeanThreads) MeanKernel(EncodeParams p) {
 __global__ void DecodeRecordsKernel(DecodeRecordsParams p) {
   const int stream = blockIdx.x * blockDim.x + threadIdx.x;
   if (stream >= 2 * p.tokens) return;
-  const DQuantPageLayout& lay = p.layout;
+  const PageLayout& lay = p.layout;
   const int n = lay.kv_heads * lay.head_dim, t = stream >> 1;
   const bool is_key = (stream & 1) == 0;
   const uint8_t* page = p.pool_dev + static_cast<size_t>(p.pages_dev[t / kPageTokens]) * lay.page_bytes;
@@ -430,8 +409,8 @@ __global__ void DecodeRecordsKernel(DecodeRecordsParams p) {
   const float o = HalfBitsToFloat(static_cast<uint16_t>(rec[2] | (rec[3] << 8)));
   const uint8_t* pay = rec + 4;
   uint32_t x = pay[0] | (pay[1] << 8) | (pay[2] << 16) | (static_cast<uint32_t>(pay[3]) << 24);
-  bool ok = x >= kStateLowDev && x < (kStateLowDev << 8);
-  if (!ok) x = kStateLowDev;
+  bool ok = x >= kStateLow && x < (kStateLow << 8);
+  if (!ok) x = kStateLow;
   int ptr = 4;
   const float* mu_scale = reinterpret_cast<const float*>(page + lay.mean_offset);
   const int8_t* q = reinterpret_cast<const int8_t*>(page + lay.mean_offset + 4);
@@ -440,7 +419,7 @@ __global__ void DecodeRecordsKernel(DecodeRecordsParams p) {
     const uint32_t e = table[x & 255];
     const float m = HalfBitsToFloat(static_cast<uint16_t>(e >> 16));
     x = (e & 255) * (x >> 8) + ((e >> 8) & 255);
-    if (x < kStateLowDev) {
+    if (x < kStateLow) {
       x = (x << 8) | (ptr < C ? pay[ptr] : 0u);
       ++ptr;
     }
@@ -448,7 +427,7 @@ __global__ void DecodeRecordsKernel(DecodeRecordsParams p) {
     if (is_key) v = __fadd_rn(v, __fmul_rn(static_cast<float>(q[i]), *mu_scale));
     out[i] = v;
   }
-  ok = ok && ptr <= C && x == kStateLowDev && isfinite(s) && isfinite(o) && s >= 0.0f;
+  ok = ok && ptr <= C && x == kStateLow && isfinite(s) && isfinite(o) && s >= 0.0f;
   p.ok_dev[stream] = ok ? 1 : 0;
 }
 
@@ -464,6 +443,9 @@ absl::Status LaunchEncode(const EncodeParams& p, cudaStream_t stream) {
   const int n = p.layout.n();
   if (n < 32 || n > kMaxN || n % 32 != 0 || p.layout.head_dim < 2) {
     return absl::InvalidArgumentError(absl::StrCat("stream length ", n, " unsupported by the GPU encoder (32..1024, multiple of 32)"));
+  }
+  if (const std::string error = GpuPageLayoutError(p.layout, PageUse::kEncode); !error.empty()) {
+    return absl::InvalidArgumentError(error);
   }
   if (p.tokens < 0) return absl::InvalidArgumentError(absl::StrCat("tokens ", p.tokens, " < 0"));
   if (p.tokens == 0) return absl::OkStatus();

@@ -19,12 +19,12 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "codec/format_constants.h"
 #include "kernels/attention.h"
 
 namespace driftkv {
 namespace gpu {
 
-constexpr int kEncodeMaxLevels = 16;  // codec/rans.h kMaxLevels
 
 // One alphabet as the encoder needs it (host-built by MakeEncodeAlphabets
 // of kernels/codec_bridge.h, passed by value).
@@ -32,9 +32,9 @@ struct EncodeAlphabet {
   int levels = 0;
   int payload_bytes = 0;  // C
   int cheapest = 0;       // lowest-index level of maximum frequency
-  uint16_t freq[kEncodeMaxLevels] = {};
-  uint16_t cum[kEncodeMaxLevels] = {};
-  float cost_bits[kEncodeMaxLevels] = {};
+  uint16_t freq[kMaxLevels] = {};
+  uint16_t cum[kMaxLevels] = {};
+  float cost_bits[kMaxLevels] = {};
 };
 
 // Per-stream outcome, [tokens][2] (keys, values), optional.
@@ -49,7 +49,7 @@ struct EncodeStreamStats {
 };
 
 struct EncodeParams {
-  DQuantPageLayout layout;
+  PageLayout layout;
   EncodeAlphabet keys;
   EncodeAlphabet values;
   const float* keys_dev = nullptr;     // [tokens][kv_heads][head_dim], model domain
@@ -69,7 +69,7 @@ struct EncodeParams {
 // computed in the CPU's operation order; ok [tokens][2] = 1 when the stream
 // passes the checks of codec/rans.cc RansDecode.
 struct DecodeRecordsParams {
-  DQuantPageLayout layout;
+  PageLayout layout;
   const uint8_t* pool_dev = nullptr;
   const int32_t* pages_dev = nullptr;
   int tokens = 0;

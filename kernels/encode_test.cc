@@ -12,10 +12,10 @@
 #include "codec/hadamard.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
-#include "kernels/gpu_test_util.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
 #include "kernels/encode.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
 
 namespace driftkv {
@@ -27,7 +27,7 @@ struct Pools {
 };
 
 // NMSE of decoded (model domain) vs input, over all tokens, keys and values.
-void Nmse(const DQuantCodec& codec, const DQuantPageLayout& lay, const std::vector<uint8_t>& pool, int tokens,
+void Nmse(const DQuantCodec& codec, const PageLayout& lay, const std::vector<uint8_t>& pool, int tokens,
           const std::vector<float>& keys, const std::vector<float>& values, double* nk, double* nv) {
   const int n = lay.n();
   CodecScratch scratch;
@@ -61,11 +61,11 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
   ASSERT_TRUE(codec.ok()) << codec.status();
   EncodeParams ep;
   ASSERT_TRUE(MakeEncodeAlphabets(*codec, &ep).ok());
-  const DQuantPageLayout lay = ep.layout;
+  const PageLayout lay = ep.layout;
   const int n = lay.n(), pages = (tokens + kPageTokens - 1) / kPageTokens;
   std::mt19937_64 rng(seed);
   std::vector<float> keys, values;
-  RandomKv(tokens, n, &rng, &keys, &values);
+  RandomKv(tokens, kv_heads, head_dim, &rng, &keys, &values);
 
   // CPU pool (pages in order).
   std::vector<uint8_t> cpu_pool(static_cast<size_t>(pages) * lay.page_bytes, 0);
@@ -212,7 +212,7 @@ TEST(EncodeGpu, LoneOutlierPinsTheOriginLikeTheCpu) {
   EncodeParams ep;
   ASSERT_TRUE(MakeEncodeAlphabets(*codec, &ep).ok());
   ep.rotate = false;
-  const DQuantPageLayout lay = ep.layout;
+  const PageLayout lay = ep.layout;
   const int n = lay.n(), tokens = 2;
   std::vector<float> keys(tokens * n, 0.0f), values(tokens * n, 0.0f);
   keys[17] = 30000.0f;

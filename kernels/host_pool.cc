@@ -5,35 +5,27 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
+#include "eval/synthetic_kv.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
 
-void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
+void RandomKv(int tokens, int kv_heads, int head_dim, std::mt19937_64* rng, std::vector<float>* keys,
               std::vector<float>* values) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  std::vector<float> bias(n);
-  for (int j = 0; j < n; ++j) bias[j] = 2.0f * normal(*rng);
-  keys->resize(static_cast<size_t>(tokens) * n);
-  values->resize(static_cast<size_t>(tokens) * n);
-  for (int t = 0; t < tokens; ++t) {
-    for (int j = 0; j < n; ++j) {
-      float k = bias[j] + normal(*rng);
-      if (uni(*rng) < 0.002f) k *= 8.0f;
-      (*keys)[static_cast<size_t>(t) * n + j] = k;
-      (*values)[static_cast<size_t>(t) * n + j] = normal(*rng);
-    }
-  }
+  SynthKv kv = SynthLayer(tokens, kv_heads, head_dim, (*rng)());
+  *keys = std::move(kv.keys);
+  *values = std::move(kv.values);
 }
 
 absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
                               const std::vector<int>& window, bool shuffle, uint64_t seed,
                               HostDQuantBatch* b) {
-  absl::Status st = MakeDQuantPageLayout(codec, &b->layout);
-  if (!st.ok()) return st;
-  const DQuantPageLayout& lay = b->layout;
+  b->layout = codec.page_layout();
+  const std::string error = GpuPageLayoutError(b->layout, PageUse::kAttend);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
+  absl::Status st;
+  const PageLayout& lay = b->layout;
   const int n = lay.n(), d = lay.head_dim, items = static_cast<int>(tokens.size());
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -66,7 +58,7 @@ absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::
   CodecScratch scratch;
   std::vector<float> keys, values;
   for (int i = 0; i < items; ++i) {
-    RandomKv(tokens[i] + window[i], n, &rng, &keys, &values);
+    RandomKv(tokens[i] + window[i], lay.kv_heads, lay.head_dim, &rng, &keys, &values);
     std::vector<float>& rk = b->ref_keys[i];
     std::vector<float>& rv = b->ref_values[i];
     rk.resize(static_cast<size_t>(tokens[i] + window[i]) * n);
@@ -104,7 +96,7 @@ absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::
 
 absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
                                     float softmax_scale, float* out, float* lse) {
-  const DQuantPageLayout& lay = b.layout;
+  const PageLayout& lay = b.layout;
   std::vector<CompressedBlock> blocks;
   for (int t0 = 0, pg = 0; t0 < b.tokens[item]; t0 += kPageTokens, ++pg) {
     const uint8_t* page = b.pool.data() + static_cast<size_t>(b.page_table[b.page_start[item] + pg]) * lay.page_bytes;
@@ -155,7 +147,7 @@ void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<i
   b->ref_values.resize(items);
   std::vector<float> keys, values;
   for (int i = 0; i < items; ++i) {
-    RandomKv(tokens[i], n, &rng, &keys, &values);
+    RandomKv(tokens[i], kv_heads, head_dim, &rng, &keys, &values);
     b->ref_keys[i].resize(keys.size());
     b->ref_values[i].resize(values.size());
     for (int t = 0; t < tokens[i]; ++t) {

@@ -18,14 +18,15 @@
 namespace driftkv {
 namespace gpu {
 
-// Random KV of `tokens` tokens, [tokens][kv_heads][head_dim]: keys with a
-// per-channel bias (so the window mean matters) and occasional outliers,
-// values standard normal.
-void RandomKv(int tokens, int n, std::mt19937_64* rng, std::vector<float>* keys,
+// KV of `tokens` tokens, [tokens][kv_heads][head_dim], from the synthetic
+// generator (eval/synthetic_kv.h, kind "llm": per-channel key means, so the
+// window mean matters, outlier channels, uneven token norms) seeded by the
+// next draw of `rng`.
+void RandomKv(int tokens, int kv_heads, int head_dim, std::mt19937_64* rng, std::vector<float>* keys,
               std::vector<float>* values);
 
 struct HostDQuantBatch {
-  DQuantPageLayout layout;
+  PageLayout layout;
   int q_heads = 0;
   int max_pages = 0;
   std::vector<uint8_t> pool;             // pages, page_bytes each

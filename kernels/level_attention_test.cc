@@ -37,7 +37,7 @@ void BuildHotBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>
   auto lay = MakeLevelPageLayout(codec);
   ASSERT_TRUE(lay.ok()) << lay.status();
   b->hot = *lay;
-  const DQuantPageLayout& cl = b->cold.layout;
+  const PageLayout& cl = b->cold.layout;
   const size_t pages = b->cold.pool.size() / cl.page_bytes;
   b->hot_pool.assign(pages * b->hot.page_bytes, 0xee);
   b->page_tokens.assign(pages, 0);

@@ -8,7 +8,7 @@
 // word per thread at a time, coalesced writes). About 17 KB of shared memory
 // a block, so many blocks share an SM and hide the decode's serial latency.
 #include "absl/strings/str_cat.h"
-#include "codec/rans.h"
+#include "codec/format_constants.h"
 #include "kernels/device_common.cuh"
 #include "kernels/level_promote.h"
 
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   __shared__ __align__(16) uint32_t staged[kBlockWords];
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
-  const DQuantPageLayout& cl = p.cold;
+  const PageLayout& cl = p.cold;
   const int n = hl.kv_heads * D;
   const int tokens = p.tokens_dev[page];
   const uint8_t* cold = p.cold_pool_dev + static_cast<size_t>(p.cold_pages_dev[page]) * cl.page_bytes;

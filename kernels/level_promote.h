@@ -1,4 +1,4 @@
-// Promotion of cold D-Quant pages (kernels/attention.h DQuantPageLayout) to
+// Promotion of cold D-Quant pages (kernels/attention.h PageLayout) to
 // level pages (codec/level_page.h) on the device, byte-identical to the
 // CPU's PromotePage.
 #ifndef DRIFTKV_KERNELS_LEVEL_PROMOTE_H_
@@ -17,7 +17,7 @@ namespace gpu {
 
 struct PromoteParams {
   const uint8_t* cold_pool_dev = nullptr;
-  DQuantPageLayout cold;
+  PageLayout cold;
   uint8_t* hot_pool_dev = nullptr;
   LevelPageLayout hot;
   // 512 words: the key then the value decode table, codec/rans.h's

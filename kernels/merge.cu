@@ -1,9 +1,10 @@
-// The split-KV merge kernel, the shared host helpers of the attention
-// launchers, and the host-side layout of D-Quant pages.
+// The split-KV merge kernel: one launch after each attention kernel merges
+// the splits' partial states, maps the output back to the model domain and
+// folds in the bf16 window.
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "codec/lse_merge.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
 
@@ -12,6 +13,10 @@ namespace gpu {
 namespace {
 
 constexpr int kMergeThreads = 128;
+
+struct FastExp {
+  __device__ float operator()(float x) const { return __expf(x); }
+};
 static_assert(kMaxWindow % kMergeThreads == 0, "window tokens are scored kMergeThreads at a time");
 
 __device__ float BlockReduceMax(float v, float* red) {
@@ -49,13 +54,13 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
   __shared__ float score[kMaxWindow];
   __shared__ float q[kMergeThreads];
 
+  // The splits' states merge by codec/lse_merge.h.
   float m = kNegInf;
   for (int s = 0; s < p.part.splits; ++s) m = fmaxf(m, p.m_dev[p.part.ml_index(item, s, h)]);
   float l = 0.0f, acc = 0.0f;
   for (int s = 0; s < p.part.splits; ++s) {
-    const float ms = p.m_dev[p.part.ml_index(item, s, h)];
-    if (ms == kNegInf) continue;
-    const float f = __expf(ms - m);
+    const float f = LseWeight<float>(p.m_dev[p.part.ml_index(item, s, h)], m, FastExp());
+    if (f == 0.0f) continue;
     l += f * p.l_dev[p.part.ml_index(item, s, h)];
     if (tid < d_count) acc += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
   }
@@ -72,18 +77,8 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     __syncthreads();
   } else if (p.rotated) {
     a[tid] = acc;
-    for (int len = 1; len < d_count; len <<= 1) {
-      __syncthreads();
-      float v = 0.0f;
-      if (tid < d_count) {
-        const float x = a[tid], y = a[tid ^ len];
-        v = (tid & len) ? y - x : x + y;
-      }
-      __syncthreads();
-      if (tid < d_count) a[tid] = v;
-    }
-    __syncthreads();
-    acc = a[tid] * static_cast<float>(1.0 / sqrt(static_cast<double>(d_count)));
+    HadamardRows(a, 1, d_count, tid, kMergeThreads, BlockSync());
+    acc = a[tid];
   }
 
   const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
@@ -120,7 +115,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     float s = kNegInf;
     for (int t = tid; t < w; t += kMergeThreads) s = fmaxf(s, score[t]);
     const float m2 = fmaxf(m, BlockReduceMax(s, red));
-    const float f = m == kNegInf ? 0.0f : __expf(m - m2);
+    const float f = LseWeight<float>(m, m2, FastExp());  // the splits' merged state, then the window
     float e = 0.0f;
     for (int t = tid; t < w; t += kMergeThreads) {
       score[t] = __expf(score[t] - m2);
@@ -152,31 +147,6 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
 }
 
 }  // namespace
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-bool GpuAvailable() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
-Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
-  float* base = static_cast<float*>(ws);
-  const size_t c = part.count();
-  return Workspace{base, base + c, base + 2 * c};
-}
-
-size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
-  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
-  return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
-}
 
 absl::Status LaunchMerge(const MergeParams& p, cudaStream_t stream) {
   if (p.part.head_dim > kMergeThreads) {

@@ -131,7 +131,7 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   }
   if (!c.backend().empty()) o.backend = c.backend();
   // The backend's name is checked against the registered backends when the
-  // handler starts (service/backend.h).
+  // handler starts (backends/backend.h).
   if (c.model().layers() < 1 || c.model().layers() > kMaxLayers) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.layers ", c.model().layers(), " out of range [1, ", kMaxLayers, "]"));

@@ -38,7 +38,7 @@ struct ServiceOptions {
   int max_batch = kDefaultMaxBatch;
   int read_chunk_tokens = kDefaultReadChunkTokens;
   int backend_threads = 0;       // 0: hardware concurrency (at most 16)
-  bool attend_batching = true;   // service/attend_batcher.h, where the backend prefers it
+  bool attend_batching = true;   // backends/attend_batcher.h, where the backend prefers it
   // The transform stage (codec.transform). codec.hadamard is true exactly
   // for kHadamard. With kWush, `transforms` holds the set read from
   // `transforms_file` (shared: the handler keeps a reference for its

@@ -7,9 +7,10 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
-#include "service/attend_batcher.h"
-#include "service/tensor.h"
+#include "backends/attend_batcher.h"
+#include "backends/registry.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -43,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics, std::move(clock)));
   h->transform_gain_ = TransformGain(options);
   if (options.transforms != nullptr) h->transforms_checksum_ = TransformsChecksum(*options.transforms);
-  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(&h->codec_, options.pool_bytes);
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(h->codec_.page_layout(), options.pool_bytes);
   if (!pool.ok()) return pool.status();
   h->pool_ = *std::move(pool);
   // h->options_ holds a reference to the transform set, and is destroyed

@@ -42,12 +42,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "backends/backend.h"
+#include "backends/page_pool.h"
 #include "codec/dquant_codec.h"
 #include "proto/driftkv.pb.h"
-#include "service/backend.h"
 #include "service/config.h"
 #include "service/metrics.h"
-#include "service/page_pool.h"
 
 namespace driftkv {
 

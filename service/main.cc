@@ -20,7 +20,7 @@
 ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
 ABSL_FLAG(std::string, listen, "", "gRPC address, overrides the config's listen");
 ABSL_FLAG(std::string, metrics, "", "Prometheus address, overrides metrics_listen (\"none\": off)");
-ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see service/backend.h)");
+ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see backends/backend.h)");
 
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);

@@ -59,7 +59,7 @@ class Metrics {
   prometheus::Counter* duplicate_tokens;
   prometheus::Counter* attention_tokens;
   prometheus::Counter* attention_items;
-  prometheus::Histogram* attend_batch_calls;  // service/attend_batcher.h
+  prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
   prometheus::Counter* rejected_chunks;
 

@@ -1,7 +1,7 @@
 // BatchingBackend: calls that arrive while a batch runs are merged into the
 // next inner Attend, each caller gets back exactly its own jobs' outputs and
 // statuses, and an idle backend runs a call at once, alone.
-#include "service/attend_batcher.h"
+#include "backends/attend_batcher.h"
 
 #include <thread>
 #include <vector>

@@ -8,11 +8,11 @@
 #include "codec/attention.h"
 #include "codec/dquant_codec.h"
 #include "codec/hadamard.h"
-#include "codec/half.h"
 #include "codec/layer.h"
 #include "codec/pool_file.h"
 #include "codec/registry.h"
 #include "gtest/gtest.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "codec/half.h"
+#include "wire/half.h"
 
 #include <cmath>
 #include <random>

@@ -14,7 +14,7 @@
 
 #include "codec/attention.h"
 #include "codec/dquant_codec.h"
-#include "codec/half.h"
+#include "wire/half.h"
 #include "codec/level_attention.h"
 #include "codec/level_page.h"
 #include "codec/rans.h"

@@ -17,8 +17,8 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
-#include "service/tensor.h"
 #include "tests/service_test_util.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

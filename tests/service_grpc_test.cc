@@ -14,10 +14,10 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
-#include "service/tensor.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
 #include "tests/service_http.h"
 #include "tests/service_test_util.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

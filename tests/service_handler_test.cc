@@ -9,9 +9,11 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
 #include "gtest/gtest.h"
-#include "service/tensor.h"
 #include "tests/service_test_util.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {

@@ -12,8 +12,10 @@
 
 #include "codec/attention.h"
 #include "codec/dquant_codec.h"
-#include "codec/half.h"
+#include "eval/service_replay.h"
+#include "eval/synthetic_kv.h"
 #include "service/config.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace testing {
@@ -35,26 +37,29 @@ inline ServiceOptions SmallOptions(uint64_t pool_pages_bytes = 8u << 20) {
   return o;
 }
 
-// Keys: per-channel offsets plus Gaussian noise, channel 3 of each head an
-// outlier; values: Gaussian. [tokens][n], deterministic for a seed.
+// Keys and values [tokens][n] of one layer of n / 64 KV heads x 64 from the
+// synthetic generator (eval/synthetic_kv.h, kind "llm"): per-channel key
+// means with outlier channels and RoPE, but even token norms, no attention
+// sink and near-Gaussian values, so that the tests' error bounds measure
+// the service rather than the data's tails. Deterministic for a seed.
+// REQUIRES: n a multiple of 64.
 struct Kv {
   std::vector<float> keys, values;
 };
 inline Kv SyntheticKv(int tokens, int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> offset(n);
-  for (int j = 0; j < n; ++j) offset[j] = 0.5f * g(rng) + (j % 64 == 3 ? 6.0f : 0.0f);
-  Kv kv;
-  kv.keys.resize(static_cast<size_t>(tokens) * n);
-  kv.values.resize(kv.keys.size());
-  for (int t = 0; t < tokens; ++t) {
-    for (int j = 0; j < n; ++j) {
-      kv.keys[t * n + j] = offset[j] + g(rng);
-      kv.values[t * n + j] = 0.8f * g(rng);
-    }
-  }
-  return kv;
+  SynthParams p;
+  p.layers = 1;
+  p.tokens = tokens;
+  p.kv_heads = n / 64;
+  p.head_dim = 64;
+  p.query_tokens = 0;
+  p.seed = seed;
+  p.token_norm_sigma = 0.0;
+  p.sink_scale = 1.0;
+  p.channel_spread = 0.0;
+  p.value_dof = 30.0;
+  SynthKv s = GenerateSynth(p);
+  return Kv{std::move(s.keys), std::move(s.values)};
 }
 
 inline std::vector<float> SyntheticQuery(int q_heads, int d, uint32_t seed) {
@@ -71,51 +76,22 @@ inline std::vector<float> RoundBf16(const float* x, size_t count) {
   return out;
 }
 
-// The service's storage rule replayed with the codec alone: tokens [0, tokens)
-// of one layer, full pages of P below the window, the newest ones in bf16.
-// Returns attention output [q_heads][d] and lse.
+// The service's storage rule replayed with the codec alone
+// (eval/service_replay.h) for tokens [0, tokens) of one layer. Returns
+// attention output [q_heads][d] and lse (empty on an error).
 struct Attention {
   std::vector<float> out, lse;
 };
 inline Attention CodecPipeline(const DQuantCodec& codec, const float* keys, const float* values,
                                int tokens, int window_tokens, const float* query, int q_heads,
                                float scale) {
-  const int n = codec.n(), p = codec.config().mean_window;
-  const int pages = tokens >= window_tokens + p ? (tokens - window_tokens) / p : 0;
-  const std::vector<float> k = RoundBf16(keys, static_cast<size_t>(tokens) * n);
-  const std::vector<float> v = RoundBf16(values, static_cast<size_t>(tokens) * n);
-  std::vector<uint8_t> kr(static_cast<size_t>(pages) * p * codec.key_stride());
-  std::vector<uint8_t> vr(static_cast<size_t>(pages) * p * codec.value_stride());
-  std::vector<uint8_t> mr(static_cast<size_t>(pages) * codec.mean_stride());
-  CodecScratch scratch;
-  StreamStats ks, vs;
-  std::vector<CompressedBlock> blocks;
-  for (int i = 0; i < pages; ++i) {
-    absl::Status st = codec.EncodeWindow(
-        k.data() + static_cast<size_t>(i) * p * n, v.data() + static_cast<size_t>(i) * p * n, p,
-        kr.data() + static_cast<size_t>(i) * p * codec.key_stride(),
-        vr.data() + static_cast<size_t>(i) * p * codec.value_stride(),
-        mr.data() + i * codec.mean_stride(), &scratch, &ks, &vs);
-    if (!st.ok()) return {};
-    blocks.push_back({kr.data() + static_cast<size_t>(i) * p * codec.key_stride(),
-                      vr.data() + static_cast<size_t>(i) * p * codec.value_stride(),
-                      mr.data() + i * codec.mean_stride(), p});
-  }
-  const int w = tokens - pages * p;
-  std::vector<uint16_t> wk(static_cast<size_t>(w) * n), wv(wk.size());
-  for (size_t i = 0; i < wk.size(); ++i) {
-    wk[i] = FloatToBf16(keys[static_cast<size_t>(pages) * p * n + i]);
-    wv[i] = FloatToBf16(values[static_cast<size_t>(pages) * p * n + i]);
-  }
+  absl::StatusOr<ServiceReplay> replay = ServiceReplay::Encode(codec, window_tokens, keys, values, tokens);
+  if (!replay.ok()) return {};
   Attention a;
   a.out.resize(static_cast<size_t>(q_heads) * codec.config().head_dim);
   a.lse.resize(q_heads);
   AttentionScratch as;
-  if (!CompressedAttention(codec, blocks, Bf16Tokens{wk.data(), wv.data(), w}, query, q_heads,
-                           scale, a.out.data(), a.lse.data(), &as)
-           .ok()) {
-    return {};
-  }
+  if (!replay->Attend(tokens, query, q_heads, scale, a.out.data(), a.lse.data(), &as).ok()) return {};
   return a;
 }
 

@@ -26,8 +26,8 @@
 #include "codec/wush.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
-#include "service/tensor.h"
 #include "tests/service_test_util.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -324,12 +324,15 @@ TEST_F(WushServiceTest, ReadIsTheModelDomainForEveryTransform) {
     // 8 key levels: about 0.2 of the noise; 6 value levels on Gaussian
     // values: about 0.6. Keys stored as T_K k and read without T_K^-1 would
     // be off by more than their own size. Random statistics give no WUSH
-    // gain, but no large loss either.
+    // gain, but no large loss either. (No rotation at all, "identity", does
+    // lose on keys whose outlier channels RoPE moves within a window.)
     if (kind == TransformKind::kHadamard) hadamard_ek = ek, hadamard_ev = ev;
     EXPECT_LT(ek, 0.3);
     EXPECT_LT(ev, 0.8);
-    EXPECT_LT(ek, 1.25 * hadamard_ek);
-    EXPECT_LT(ev, 1.25 * hadamard_ev);
+    if (kind == TransformKind::kWush) {
+      EXPECT_LT(ek, 1.25 * hadamard_ek);
+      EXPECT_LT(ev, 1.25 * hadamard_ev);
+    }
     EXPECT_GT(ek, 1e-3);  // lossy: the comparison can fail
     for (size_t i = paged; i < keys.size(); ++i) {
       ASSERT_EQ(keys[i], Bf16ToFloat(FloatToBf16(kv.keys[i]))) << i;  // the window as pushed

@@ -15,11 +15,11 @@
 #include "codec/transform_attention.h"
 #include "codec/transforms_file.h"
 #include "codec/wush.h"
+#include "eval/codec_eval.h"
+#include "eval/synthetic_kv.h"
+#include "eval/wush_calibrator.h"
+#include "eval/wush_eval.h"
 #include "gtest/gtest.h"
-#include "tools/calibrate_lib.h"
-#include "tools/eval_lib.h"
-#include "tools/spike_synth.h"
-#include "tools/wush_eval.h"
 
 namespace driftkv {
 namespace {
@@ -363,7 +363,7 @@ TEST(CalibrationTest, ClearErrors) {
   EXPECT_EQ(MakeKvCodec(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The seed's failure mode (tools/spike_synth.h): WUSH, calibrated on eight
+// The seed's failure mode (eval/synthetic_kv.h): WUSH, calibrated on eight
 // draws, beats Hadamard with int --bits 2 on another draw.
 TEST(SpikeCaseTest, WushBeatsHadamardWithInt2) {
   SpikeOptions so;

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "codec/dquant_codec.h"
 #include "codec/prob_model.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
 
 namespace driftkv {
 namespace {

@@ -19,7 +19,7 @@ PORT="${DRIFTKV_PORT:-50051}"
 METRICS_PORT="${DRIFTKV_METRICS_PORT:-9464}"
 
 echo "== building driftkv-server and driftkv"
-$BAZEL build ${BAZEL_FLAGS:-} //service:driftkv-server //client:driftkv
+$BAZEL build ${BAZEL_FLAGS:-} //service:driftkv-server //cli:driftkv
 BIN="$($BAZEL info ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)"
 
 LOG="$(mktemp -t driftkv-server.XXXXXX.log)"

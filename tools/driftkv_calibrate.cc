@@ -20,11 +20,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
 #include "codec/transforms_file.h"
-#include "tools/calibrate_lib.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
+#include "eval/wush_calibrator.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {

@@ -6,14 +6,13 @@
 //                        [--residual R] --out POOL
 //   driftkv-codec decode --in POOL --out PREFIX [--dtype f32]
 //                        (writes PREFIX.k and PREFIX.v, [L][T][H][D])
-//   driftkv-codec sweep  ...   (see tools/sweep.h)
+//   driftkv-codec sweep  ...   (see eval/sweep.h)
 //   driftkv-codec demo         (built-in synthetic KV, human-readable)
 // Codec flags: --codec NAME --k-levels --v-levels --k-bytes --v-bytes
 // --alpha --mean-window --bits --group --kappa-k --kappa-v --seed.
-// Transform flags (eval, encode, decode, sweep): tools/transform_flags.h.
+// Transform flags (eval, encode, decode, sweep): eval/transform_flags.h.
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,11 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "codec/pool_file.h"
 #include "codec/registry.h"
-#include "tools/eval_lib.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
-#include "tools/sweep.h"
-#include "tools/transform_flags.h"
+#include "eval/codec_eval.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
+#include "eval/sweep.h"
+#include "eval/synthetic_kv.h"
+#include "eval/transform_flags.h"
 
 namespace driftkv {
 namespace {
@@ -144,7 +144,7 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
     in.residual = residual;
     in.threads = threads;
     // --values-folded: eval is given the model's values and simulates the
-    // folded model (tools/eval_lib.h); encode stores the values as given,
+    // folded model (eval/codec_eval.h); encode stores the values as given,
     // already folded, as the folded model emits them.
     in.values_already_folded = !pool_out.empty();
     if (!t.queries.empty()) {
@@ -230,59 +230,38 @@ int Decode(int argc, char** argv) {
   return 0;
 }
 
-// Built-in synthetic KV: i.i.d. normal, and a structured case with per-channel
-// key means, a few outlier channels and uneven token norms, queries that
-// look at the keys.
-void Synthetic(bool structured, int64_t tokens, int heads, int dim, int q_heads, int64_t tq,
-               Tensors* t) {
-  std::mt19937_64 rng(structured ? 2 : 1);
-  std::normal_distribution<float> normal;
-  const int64_t n = heads * dim;
-  t->tokens = tokens;
-  t->heads = heads;
-  t->dim = dim;
-  t->keys.resize(tokens * n);
-  t->values.resize(tokens * n);
-  std::vector<float> mean(n, 0.0f), spread(n, 1.0f);
-  if (structured) {
-    for (int64_t j = 0; j < n; ++j) mean[j] = 0.5f * normal(rng);
-    for (int h = 0; h < heads; ++h) {
-      mean[h * dim + 3] = 6.0f;  // one strong outlier channel per head
-      spread[h * dim + 5] = 4.0f;
-    }
-  }
-  for (int64_t t0 = 0; t0 < tokens; ++t0) {
-    const float norm = structured ? std::exp(0.4f * normal(rng)) : 1.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      t->keys[t0 * n + j] = mean[j] + spread[j] * normal(rng);
-      t->values[t0 * n + j] = norm * normal(rng);
-    }
-  }
-  t->q_heads = q_heads;
-  t->query_tokens = tq;
-  t->queries.resize(tq * q_heads * dim);
-  const int group = q_heads / heads;
-  for (int64_t i = 0; i < tq; ++i) {
-    const int64_t pos = tokens - tq + i;
-    for (int h = 0; h < q_heads; ++h) {
-      // Queries correlated with a random earlier key so attention is peaked.
-      const int64_t target = static_cast<int64_t>(std::uniform_int_distribution<int64_t>(0, pos)(rng));
-      for (int j = 0; j < dim; ++j) {
-        t->queries[(i * q_heads + h) * dim + j] =
-            0.15f * t->keys[target * n + (h / group) * dim + j] + 0.5f * normal(rng);
-      }
-    }
-  }
+// Built-in synthetic KV (eval/synthetic_kv.h): kind "iid", and kind "llm"
+// (per-channel key means, outlier channels, uneven token norms, RoPE,
+// queries that look at the keys); one layer each.
+Tensors Synthetic(bool structured, int tokens, int heads, int dim, int query_tokens) {
+  SynthParams p;
+  p.kind = structured ? "llm" : "iid";
+  p.layers = 1;
+  p.tokens = tokens;
+  p.kv_heads = heads;
+  p.head_dim = dim;
+  p.query_tokens = query_tokens;
+  p.seed = structured ? 2 : 1;
+  SynthKv kv = GenerateSynth(p);
+  Tensors t;
+  t.tokens = tokens;
+  t.heads = heads;
+  t.dim = dim;
+  t.keys = std::move(kv.keys);
+  t.values = std::move(kv.values);
+  t.queries = std::move(kv.queries);
+  t.q_heads = kv.q_heads;
+  t.query_tokens = query_tokens;
+  return t;
 }
 
 int Demo(int argc, char** argv) {
   Flags f;
   absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"residual", "threads"}), {});
   if (!st.ok()) return Fail(st);
-  std::printf("driftkv codec demo: D-Quant on built-in synthetic KV (512 tokens, 8 kv heads x 128, 32 query heads)\n\n");
+  std::printf("driftkv codec demo: D-Quant on built-in synthetic KV (512 tokens, 8 kv heads x 128, 16 query heads)\n\n");
   for (int structured = 0; structured < 2; ++structured) {
-    Tensors t;
-    Synthetic(structured, 512, 8, 128, 32, 32, &t);
+    const Tensors t = Synthetic(structured, 512, 8, 128, 32);
     CodecOptions options;
     st = CodecFromFlags(f, 8, 128, &options);
     if (!st.ok()) return Fail(st);
@@ -302,7 +281,7 @@ int Demo(int argc, char** argv) {
     const StreamStats& k = acc.stats.keys;
     const StreamStats& v = acc.stats.values;
     const double bk = 8.0 * acc.key_bytes / acc.values, bv = 8.0 * acc.value_bytes / acc.values;
-    std::printf("%s\n", structured ? "LLM-like (channel means, outlier channels, uneven token norms)"
+    std::printf("%s\n", structured ? "LLM-like (channel means, outlier channels, uneven token norms, RoPE)"
                                    : "i.i.d. standard normal");
     std::printf("  bits per value      keys %.3f  values %.3f  mean %.3f  (%.1fx smaller than bf16)\n", bk, bv,
                 0.5 * (bk + bv), 32.0 / (bk + bv));

@@ -1,4 +1,4 @@
-// synth-kv: writes the synthetic KV tensors of tools/synth_kv.h as raw f32
+// synth-kv: writes the synthetic KV tensors of eval/synthetic_kv.h as raw f32
 // files PREFIX.k, PREFIX.v ([L][T][H][D]) and PREFIX.q ([L][Tq][2H][D]), and
 // prints the matching `driftkv-codec` flags.
 //
@@ -11,9 +11,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
-#include "tools/synth_kv.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
+#include "eval/synthetic_kv.h"
 
 int main(int argc, char** argv) {
   using driftkv::Flags;

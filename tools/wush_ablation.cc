@@ -5,7 +5,7 @@
 //   wush-ablation --keys K --values V --queries Q --windows W --shape L,T,H,D
 //                 --q-heads N [--dtype f16] --transforms F [--wo WO --hidden E]
 // K, V: [W][L][T][H][D]; Q: [W][L][Tq][N][D]; WO: [L][E][N*D] f32.
-// Synthetic spike case (tools/spike_synth.h): calibrates on --calib-draws
+// Synthetic spike case (eval/synthetic_kv.h): calibrates on --calib-draws
 // draws, evaluates on --draws others:
 //   wush-ablation --synthetic-spike [--draws 4] [--calib-draws 8] [--seed 1]
 //                 [--spike 40] [--spike-probability 0.005] [--query-read 6]
@@ -25,11 +25,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "codec/transform.h"
-#include "tools/calibrate_lib.h"
-#include "tools/flags.h"
-#include "tools/raw_io.h"
-#include "tools/spike_synth.h"
-#include "tools/wush_eval.h"
+#include "eval/wush_calibrator.h"
+#include "eval/flags.h"
+#include "eval/raw_io.h"
+#include "eval/synthetic_kv.h"
+#include "eval/wush_eval.h"
 
 namespace driftkv {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace baselines {

@@ -10,7 +10,7 @@
 #include "codec/baselines/common.h"
 #include "codec/dquant_codec.h"
 #include "codec/hadamard.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace baselines {

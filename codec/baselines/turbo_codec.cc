@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/baselines/common.h"
-#include "codec/half.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace baselines {

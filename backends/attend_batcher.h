@@ -1,0 +1,68 @@
+// Batches concurrent Attend calls into one backend call (issue 5: "concurrent
+// Attend RPCs batched into one launch when they arrive together").
+//
+// A combining queue, no timer: a call that finds the backend idle runs at
+// once, alone (no added latency when idle). Calls that arrive while a batch
+// is running queue up; when it finishes, the thread that ran it takes every
+// queued call as the next batch and runs their jobs as one Backend::Attend
+// (one kernel launch on the CUDA backend), then wakes their callers. Under
+// load, launches grow with the arrival rate instead of queueing one per RPC.
+// The jobs' pointers are the callers' and stay valid: each caller waits for
+// its own jobs.
+#ifndef DRIFTKV_BACKENDS_ATTEND_BATCHER_H_
+#define DRIFTKV_BACKENDS_ATTEND_BATCHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+
+namespace driftkv {
+
+// Wraps `inner`; EncodePages and DecodeTokens pass through.
+class BatchingBackend : public Backend {
+ public:
+  // Called once per inner Attend with the number of calls and jobs merged
+  // (for metrics); may be empty.
+  using BatchObserver = std::function<void(int calls, int jobs)>;
+
+  BatchingBackend(std::unique_ptr<Backend> inner, BatchObserver observer)
+      : inner_(std::move(inner)), observer_(std::move(observer)) {}
+
+  std::string name() const override { return inner_->name(); }
+  absl::Status EncodePages(absl::Span<EncodeJob> jobs) override { return inner_->EncodePages(jobs); }
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    return inner_->DecodeTokens(page, layer, first, count, keys, values);
+  }
+  void Attend(absl::Span<AttendJob> jobs) override;
+  bool PrefersBatchedAttend() const override { return true; }
+
+  // Calls waiting for the running batch to finish (for tests).
+  int queued() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(queue_.size());
+  }
+
+ private:
+  struct Call {
+    absl::Span<AttendJob> jobs;
+    bool done = false;
+  };
+
+  // Runs `batch` as one inner call and marks its calls done. mu_ not held.
+  void RunBatch(const std::deque<Call*>& batch);
+
+  std::unique_ptr<Backend> inner_;
+  BatchObserver observer_;
+  absl::Mutex mu_;
+  std::deque<Call*> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_ATTEND_BATCHER_H_

@@ -1,0 +1,97 @@
+// The compute backend of the service: encodes pages, decodes tokens and runs
+// batched decode attention over pages of a PagePool plus bf16 windows.
+//
+// The handler owns all state and locking; a backend is stateless between
+// calls apart from caches it keeps for itself, and its methods may be called
+// concurrently from many RPC threads (on disjoint pages when writing).
+// Pointers are host memory: the CPU backend computes in place; a device
+// backend (CUDA, backends/cuda/) mirrors the arena on the device and uses
+// the same page ids and layout (see page_pool.h). Backends are made by name
+// through backends/registry.h; each lives in its own folder below backends/
+// with its own registration target.
+#ifndef DRIFTKV_BACKENDS_BACKEND_H_
+#define DRIFTKV_BACKENDS_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "codec/attention.h"
+#include "codec/kv_codec.h"
+#include "codec/transforms_file.h"
+#include "backends/page_pool.h"
+
+namespace driftkv {
+
+// TRANSFORMS. With BackendArgs::transforms set (WUSH-KV, issue 6) the codec
+// was built with rotation "identity" and the backend owns the transform
+// stage of codec/transform.h, using layer `layer` of the set: keys are
+// stored as T_K k and values as T_V v (values untouched when values_folded);
+// DecodeTokens returns the model domain (T^-1 applied); Attend scores the
+// pages with q' = T_K^-T q, maps the pages' output back with T_V^-1 and
+// attends the bf16 window (model domain) with q itself, merging the two by
+// their log-sum-exp (codec/transform_attention.h). Without transforms the
+// layer fields are ignored.
+
+// Encode P = page_tokens tokens into one page.
+struct EncodeJob {
+  const float* keys = nullptr;    // [P][kv_heads][head_dim], host
+  const float* values = nullptr;  // same shape
+  PageId page = -1;
+  int layer = 0;                  // selects the transform; see TRANSFORMS
+  CodecStats stats;               // out: this page's stream statistics
+  // out, optional: each stream's rANS bytes used / payload bytes, keys and
+  // values (P each); a backend that leaves them empty reports only `stats`.
+  std::vector<float> key_utilization, value_utilization;
+};
+
+// One decode-attention item.
+struct AttendJob {
+  absl::Span<const PageId> pages;  // full pages, oldest first
+  Bf16Tokens window;               // the newest tokens, after the pages
+  // Names the window's content for backends that keep windows on the
+  // device between calls: window_id is nonzero and unique to one (sequence,
+  // layer) for the process's life, window_first is the absolute index of
+  // window.keys[0] in that layer. A stored token never changes, so (id,
+  // first, tokens) determines the content. 0: nothing to cache.
+  uint64_t window_id = 0;
+  int64_t window_first = 0;
+  const float* query = nullptr;    // [q_heads][head_dim]
+  int q_heads = 0;
+  float softmax_scale = 0.0f;
+  int layer = 0;                   // selects the transform; see TRANSFORMS
+  float* out = nullptr;            // [q_heads][head_dim]
+  float* lse = nullptr;            // [q_heads]
+  absl::Status status;             // out
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Encodes every job; returns the first failure (InvalidArgument naming the
+  // token). Pages of failed jobs hold garbage; the caller frees them.
+  virtual absl::Status EncodePages(absl::Span<EncodeJob> jobs) = 0;
+
+  // Reconstructs tokens [first, first + count) of a page of layer `layer`
+  // into float [count][kv_heads][head_dim] arrays (model domain). DataLoss
+  // on a corrupt record.
+  virtual absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
+                                    float* values) = 0;
+
+  // Runs every job; each job's status says how it went.
+  virtual void Attend(absl::Span<AttendJob> jobs) = 0;
+
+  // True when one Attend over many jobs costs much less than several over
+  // few (one kernel launch each): the handler then merges concurrent calls
+  // (backends/attend_batcher.h).
+  virtual bool PrefersBatchedAttend() const { return false; }
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_BACKEND_H_

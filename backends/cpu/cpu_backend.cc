@@ -1,0 +1,222 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+#include "backends/cpu/thread_pool.h"
+#include "backends/host_decode.h"
+#include "codec/transform.h"
+#include "codec/transform_attention.h"
+
+namespace driftkv {
+namespace {
+
+// Split an item over threads only in runs of at least this many pages, so
+// that each part's work outweighs the thread hand-off and the merge.
+constexpr size_t kMinPagesPerPart = 8;
+
+class CpuBackend : public Backend {
+ public:
+  // `layers` (one per model layer) empty: the codec's own rotation.
+  CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads,
+             std::vector<LayerTransform> layers, bool values_folded)
+      : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()),
+        layers_(std::move(layers)), values_folded_(values_folded), workers_(threads_) {}
+
+  std::string name() const override { return "cpu"; }
+
+  absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
+    std::vector<absl::Status> status(jobs.size());
+    workers_.ParallelFor(static_cast<int>(jobs.size()), [&](int i) {
+      thread_local CodecScratch scratch;
+      EncodeJob& j = jobs[i];
+      thread_local std::vector<StreamStats> k_each, v_each;
+      thread_local std::vector<float> tk, tv;  // the transformed page (inputs are const)
+      j.stats = CodecStats();
+      const int p = pool_.page_tokens();
+      const float* keys = j.keys;
+      const float* values = j.values;
+      if (!layers_.empty()) {
+        absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
+        if (!t.ok()) {
+          status[i] = t.status();
+          return;
+        }
+        tk.resize(static_cast<size_t>(p) * codec_.n());
+        (*t)->Apply(Mat::kKey, keys, p, tk.data());
+        keys = tk.data();
+        if (!values_folded_) {
+          tv.resize(tk.size());
+          (*t)->Apply(Mat::kValue, values, p, tv.data());
+          values = tv.data();
+        }
+      }
+      k_each.assign(p, StreamStats());
+      v_each.assign(p, StreamStats());
+      status[i] = codec_.EncodeWindow(keys, values, p, pool_.key_records(j.page),
+                                      pool_.value_records(j.page), pool_.mean_record(j.page),
+                                      &scratch, &j.stats.keys, &j.stats.values, k_each.data(),
+                                      v_each.data());
+      j.key_utilization.resize(p);
+      j.value_utilization.resize(p);
+      for (int t = 0; t < p; ++t) {
+        j.key_utilization[t] = static_cast<float>(k_each[t].bytes_used) / k_each[t].bytes_budget;
+        j.value_utilization[t] = static_cast<float>(v_each[t].bytes_used) / v_each[t].bytes_budget;
+      }
+    });
+    for (const absl::Status& st : status) {
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
+                            float* values) override {
+    thread_local CodecScratch scratch;
+    const LayerTransform* transform = nullptr;
+    if (!layers_.empty()) {
+      absl::StatusOr<const LayerTransform*> t = Transform(layer);
+      if (!t.ok()) return t.status();
+      transform = *t;
+    }
+    return DecodePageTokens(codec_, pool_, page, first, count, transform, values_folded_, keys, values, &scratch);
+  }
+
+  // Items run on separate threads. When there are fewer items than threads,
+  // a long item is also split over its pages ("split-KV"): each part
+  // attends to a contiguous run of pages (the last part also to the bf16
+  // window) and the parts' (output, lse) states are merged by
+  // MergeAttentionParts (codec/lse_merge.h; an empty part has lse = -inf
+  // and weight 0, the identity of the merge).
+  void Attend(absl::Span<AttendJob> jobs) override {
+    struct Part {
+      int job = 0;
+      size_t first = 0, end = 0;  // pages [first, end)
+      bool window = false;
+      std::vector<float> out, lse;
+      absl::Status status;
+    };
+    std::vector<Part> parts;
+    const int per_job = std::max<int>(1, threads_ / std::max<int>(1, static_cast<int>(jobs.size())));
+    for (int j = 0; j < static_cast<int>(jobs.size()); ++j) {
+      const size_t pages = jobs[j].pages.size();
+      const int n = static_cast<int>(std::max<size_t>(
+          1, std::min<size_t>(per_job, pages / kMinPagesPerPart)));
+      for (int k = 0; k < n; ++k) {
+        Part p;
+        p.job = j;
+        p.first = pages * k / n;
+        p.end = pages * (k + 1) / n;
+        p.window = k == n - 1;
+        parts.push_back(std::move(p));
+      }
+    }
+    const bool split = parts.size() > jobs.size();
+    workers_.ParallelFor(static_cast<int>(parts.size()), [&](int i) {
+      thread_local AttentionScratch scratch;
+      thread_local std::vector<CompressedBlock> blocks;
+      Part& p = parts[i];
+      AttendJob& j = jobs[p.job];
+      blocks.clear();
+      for (size_t k = p.first; k < p.end; ++k) blocks.push_back(pool_.block(j.pages[k]));
+      float* out = j.out;
+      float* lse = j.lse;
+      if (split) {
+        p.out.resize(static_cast<size_t>(j.q_heads) * codec_.config().head_dim);
+        p.lse.resize(j.q_heads);
+        out = p.out.data();
+        lse = p.lse.data();
+      }
+      const Bf16Tokens window = p.window ? j.window : Bf16Tokens{};
+      if (layers_.empty()) {
+        p.status = CompressedAttention(codec_, blocks, window, j.query, j.q_heads, j.softmax_scale, out, lse,
+                                       &scratch);
+        return;
+      }
+      // Each part maps its own pages' output back with T_V^-1; the merge
+      // below is a convex combination of the parts, so that equals mapping
+      // the merged output once.
+      absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
+      p.status = t.ok() ? TransformedCompressedAttention(codec_, **t, values_folded_, blocks, window, j.query,
+                                                         j.q_heads, j.softmax_scale, out, lse, &scratch)
+                        : t.status();
+    });
+    if (!split) {
+      for (size_t i = 0; i < parts.size(); ++i) jobs[parts[i].job].status = parts[i].status;
+      return;
+    }
+    const int d = codec_.config().head_dim;
+    for (size_t begin = 0; begin < parts.size();) {
+      size_t end = begin;
+      while (end < parts.size() && parts[end].job == parts[begin].job) ++end;
+      AttendJob& j = jobs[parts[begin].job];
+      j.status = absl::OkStatus();
+      for (size_t k = begin; k < end && j.status.ok(); ++k) j.status = parts[k].status;
+      std::vector<const float*> outs, lses;
+      for (size_t k = begin; k < end; ++k) {
+        outs.push_back(parts[k].out.data());
+        lses.push_back(parts[k].lse.data());
+      }
+      MergeAttentionParts(outs.data(), lses.data(), static_cast<int>(outs.size()), j.q_heads, d, j.out, j.lse);
+      begin = end;
+    }
+  }
+
+ private:
+  static int DefaultThreads() {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(std::min(hw, 16u));
+  }
+
+  absl::StatusOr<const LayerTransform*> Transform(int layer) const {
+    if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range [0, ", layers_.size(), ") of the transforms"));
+    }
+    return &layers_[layer];
+  }
+
+  const DQuantCodec& codec_;
+  const PagePool& pool_;
+  const int threads_;
+  const std::vector<LayerTransform> layers_;  // per model layer; empty without transforms
+  const bool values_folded_;
+  ThreadPool workers_;  // shared by all calls
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
+                                        int threads) {
+  return std::make_unique<CpuBackend>(codec, pool, threads, std::vector<LayerTransform>(), false);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
+  if (a.transforms == nullptr) return MakeCpuBackend(a.codec, a.pool, a.threads);
+  const TransformSet& set = *a.transforms;
+  if (a.codec->config().hadamard || set.kv_heads != a.codec->config().kv_heads ||
+      set.head_dim != a.codec->config().head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transforms of ", set.kv_heads, " kv heads x ", set.head_dim, " need a codec of that shape without rotation; "
+        "the codec has ", a.codec->config().kv_heads, " x ", a.codec->config().head_dim,
+        a.codec->config().hadamard ? " with its Hadamard rotation" : ""));
+  }
+  std::vector<LayerTransform> layers;
+  layers.reserve(set.layers);
+  for (int l = 0; l < set.layers; ++l) {
+    absl::StatusOr<LayerTransform> t = LayerTransform::FromSet(set, l);
+    if (!t.ok()) return t.status();
+    layers.push_back(*std::move(t));
+  }
+  return std::unique_ptr<Backend>(
+      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded));
+}
+
+}  // namespace driftkv

@@ -1,0 +1,548 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/host_decode.h"
+#include "codec/transform.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/encode.h"
+#include "kernels/transform.h"
+
+namespace driftkv {
+namespace {
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+}
+
+// Where a GrowableBuffer lives. Pinned staging grows by half again, so that
+// slowly growing batches reallocate rarely; device scratch grows to fit.
+struct DeviceMemory {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void Free(void* p) { cudaFree(p); }
+  static constexpr const char* kWhat = "cudaMalloc (scratch)";
+  static constexpr bool kGrowByHalf = false;
+};
+struct PinnedHostMemory {
+  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void Free(void* p) { cudaFreeHost(p); }
+  static constexpr const char* kWhat = "cudaMallocHost (staging)";
+  static constexpr bool kGrowByHalf = true;
+};
+
+// A buffer that only grows; freed with the backend.
+template <typename Memory>
+class GrowableBuffer {
+ public:
+  ~GrowableBuffer() { Memory::Free(ptr_); }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= size_) return absl::OkStatus();
+    const size_t want = Memory::kGrowByHalf ? std::max(bytes, size_ + size_ / 2) : bytes;
+    Memory::Free(ptr_);
+    ptr_ = nullptr;
+    size_ = 0;
+    absl::Status st = Cuda(Memory::Alloc(&ptr_, want), Memory::kWhat);
+    if (st.ok()) size_ = want;
+    return st;
+  }
+  template <typename T>
+  T* get() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+using Scratch = GrowableBuffer<DeviceMemory>;
+using PinnedScratch = GrowableBuffer<PinnedHostMemory>;
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device, const TransformSet* transforms,
+              bool values_folded, size_t window_cache_bytes)
+      : codec_(*codec), pool_(*pool), device_(device), transforms_(transforms), values_folded_(values_folded),
+        window_cache_bytes_(window_cache_bytes) {}
+  ~CudaBackend() override {
+    cudaFree(arena_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (!st.ok()) return st;
+    // The device arena has the host pool's layout (codec/page_layout.h).
+    layout_ = pool_.layout();
+    if (const std::string error = gpu::GpuPageLayoutError(layout_, gpu::PageUse::kAttend); !error.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("page layout unsupported by the CUDA kernels: ", error));
+    }
+    st = gpu::MakeEncodeAlphabets(codec_, &encode_);
+    if (!st.ok()) return st;
+    encode_.rotate = transforms_ == nullptr;
+    st = InitWindowCache(window_cache_bytes_);
+    if (!st.ok()) return st;
+    if (transforms_ != nullptr) {
+      st = InitTransforms();
+      if (!st.ok()) return st;
+    }
+    std::vector<uint32_t> tables(512);
+    gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
+    gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
+    st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st.ok()) st = Cuda(cudaMalloc(&arena_, pool_.capacity_bytes()), "cudaMalloc (page arena)");
+    if (st.ok()) st = tables_.Reserve(tables.size() * 4);
+    if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
+    return st;
+  }
+
+  std::string name() const override { return "cuda"; }
+  bool PrefersBatchedAttend() const override { return true; }
+
+  absl::Status InitTransforms() {
+    const TransformSet& t = *transforms_;
+    if (codec_.config().hadamard) {
+      return absl::FailedPreconditionError("WUSH transforms need a codec built with rotation \"identity\"");
+    }
+    if (t.kv_heads != layout_.kv_heads || t.head_dim != layout_.head_dim || t.layers < 1) {
+      return absl::FailedPreconditionError(absl::StrCat("transforms of ", t.layers, " layers x ", t.kv_heads, " x ",
+                                                        t.head_dim, " do not fit the codec's ", layout_.kv_heads, " x ",
+                                                        layout_.head_dim));
+    }
+    for (int l = 0; l < t.layers; ++l) {
+      absl::StatusOr<LayerTransform> lt = LayerTransform::FromSet(t, l);
+      if (!lt.ok()) return lt.status();
+      host_transforms_.push_back(*std::move(lt));
+    }
+    const std::vector<float> packed = gpu::PackTransforms(t);
+    absl::Status st = transforms_dev_.Reserve(packed.size() * sizeof(float));
+    if (st.ok()) {
+      st = Cuda(cudaMemcpy(transforms_dev_.get<void>(), packed.data(), packed.size() * sizeof(float),
+                           cudaMemcpyHostToDevice), "upload transforms");
+    }
+    return st;
+  }
+
+  // WINDOW CACHE. The bf16 windows live in host memory (the handler's);
+  // uploading every item's whole window with every launch dominated a
+  // batched launch (docs/bench_service.md). So windows are kept in a device
+  // arena of fixed slots of kMaxWindow tokens, keyed by AttendJob::window_id:
+  // a launch uploads only the tokens a slot lacks (usually the one new
+  // token; all of them after the window moved past a page, or on a miss).
+  // Slots are recycled least recently used. If a launch cannot place every
+  // windowed item (no id, or more items than slots), it stages all its
+  // windows as before.
+  struct WindowSlot {
+    uint64_t id = 0;       // 0: free
+    int64_t first = 0;     // absolute index of the slot's token 0
+    int64_t tokens = 0;    // valid tokens in the slot
+    uint64_t last_use = 0;
+  };
+  struct WindowUpload {
+    int item, slot;
+    int64_t from;  // first token of the item's window to upload
+    int64_t count;
+  };
+
+  absl::Status InitWindowCache(size_t bytes) {
+    const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * layout_.n() * 2;
+    const int slots = static_cast<int>(std::min<size_t>(bytes / (2 * slot_bytes), 1 << 16));
+    if (slots == 0) return absl::OkStatus();
+    absl::Status st = window_k_.Reserve(slots * slot_bytes);
+    if (st.ok()) st = window_v_.Reserve(slots * slot_bytes);
+    if (!st.ok()) return st;
+    window_slots_.assign(slots, WindowSlot());
+    return absl::OkStatus();
+  }
+
+  // After a failed upload the slots' contents are unknown: forget them all.
+  void InvalidateWindowCache() {
+    for (WindowSlot& w : window_slots_) w = WindowSlot();
+    slot_index_.clear();
+  }
+
+  // Plans slots for every item with a window; false when some item cannot
+  // be cached. A slot taken from another window is forgotten at once (that
+  // window is no longer found, even later in this launch); the slots'
+  // new contents are recorded on success, after every item is placed.
+  bool PlanWindowSlots(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of,
+                       std::vector<WindowUpload>* uploads) {
+    if (window_slots_.empty()) return false;
+    ++launch_;
+    const int items = static_cast<int>(jobs.size());
+    slot_of->assign(items, -1);
+    uploads->clear();
+    std::vector<std::pair<int, WindowSlot>> commits;
+    absl::flat_hash_map<uint64_t, size_t> taken;  // window id -> its entry in commits
+    for (int i = 0; i < items; ++i) {
+      const AttendJob& j = jobs[i];
+      if (j.window.tokens == 0) continue;
+      if (j.window_id == 0) return false;
+      if (auto t = taken.find(j.window_id); t != taken.end()) {
+        // Two items of one (sequence, layer) in one launch: the handler
+        // holds the layer's read lock for both, so they see one window.
+        const auto& [slot, w] = commits[t->second];
+        if (w.first != j.window_first || w.tokens != j.window.tokens) return false;
+        (*slot_of)[i] = slot;
+        continue;
+      }
+      int slot = -1;
+      if (auto it = slot_index_.find(j.window_id); it != slot_index_.end()) {
+        slot = it->second;
+        const WindowSlot& w = window_slots_[slot];
+        if (w.first == j.window_first && w.tokens <= j.window.tokens) {
+          if (j.window.tokens > w.tokens) uploads->push_back({i, slot, w.tokens, j.window.tokens - w.tokens});
+        } else {
+          uploads->push_back({i, slot, 0, j.window.tokens});
+        }
+      } else {
+        // A free slot, else the least recently used one; never one this
+        // launch has already taken.
+        for (size_t k = 0; k < window_slots_.size(); ++k) {
+          const WindowSlot& w = window_slots_[k];
+          if (w.last_use == launch_) continue;
+          if (slot < 0 || (w.id == 0) > (window_slots_[slot].id == 0) ||
+              ((w.id == 0) == (window_slots_[slot].id == 0) && w.last_use < window_slots_[slot].last_use)) {
+            slot = static_cast<int>(k);
+          }
+        }
+        if (slot < 0) return false;
+        if (window_slots_[slot].id != 0) slot_index_.erase(window_slots_[slot].id);
+        window_slots_[slot] = WindowSlot();
+        uploads->push_back({i, slot, 0, j.window.tokens});
+      }
+      window_slots_[slot].last_use = launch_;
+      taken[j.window_id] = commits.size();
+      commits.push_back({slot, WindowSlot{j.window_id, j.window_first, j.window.tokens, launch_}});
+      (*slot_of)[i] = slot;
+    }
+    for (const auto& [slot, w] : commits) {
+      window_slots_[slot] = w;
+      slot_index_[w.id] = slot;
+    }
+    return true;
+  }
+
+  absl::Status CheckLayer(int layer) const {
+    if (transforms_ == nullptr || (layer >= 0 && layer < transforms_->layers)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no transform (the set has ",
+                                                   transforms_->layers, " layers)"));
+  }
+
+  // x [rows][kv_heads][head_dim] on the device <- matrix m of each row's layer.
+  absl::Status TransformOnDevice(float* x_dev, int rows, const int32_t* layer_dev, int rows_per_layer, int m) {
+    gpu::HeadTransformParams tp;
+    tp.mats_dev = transforms_dev_.get<float>();
+    tp.layers = transforms_->layers;
+    tp.kv_heads = layout_.kv_heads;
+    tp.head_dim = layout_.head_dim;
+    tp.matrix = m;
+    tp.in_dev = x_dev;
+    tp.out_dev = x_dev;
+    tp.rows = rows;
+    tp.heads = layout_.kv_heads;
+    tp.layer_dev = layer_dev;
+    tp.rows_per_layer = rows_per_layer;
+    return gpu::LaunchHeadTransform(tp, stream_);
+  }
+
+  absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
+    if (jobs.empty()) return absl::OkStatus();
+    for (const EncodeJob& j : jobs) {
+      absl::Status st = CheckLayer(j.layer);
+      if (!st.ok()) return st;
+    }
+    absl::MutexLock lock(&mu_);
+    const int P = pool_.page_tokens(), n = layout_.n();
+    const size_t page_floats = static_cast<size_t>(P) * n;
+    const size_t in_bytes = jobs.size() * page_floats * sizeof(float);
+    const int tokens = static_cast<int>(jobs.size()) * P;
+    absl::Status st = keys_in_.Reserve(in_bytes);
+    if (st.ok()) st = values_in_.Reserve(in_bytes);
+    if (st.ok()) st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
+    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
+    if (!st.ok()) return st;
+    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
+    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
+      ids[j] = jobs[j].page;
+      ids[jobs.size() + j] = jobs[j].layer;
+      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_), "upload keys");
+      if (st.ok()) {
+        st = Cuda(cudaMemcpyAsync(values_in_.get<float>() + j * page_floats, jobs[j].values,
+                                  page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload values");
+      }
+    }
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (st.ok() && transforms_ != nullptr) {
+      const int32_t* layers_dev = pages_.get<int32_t>() + jobs.size();
+      st = TransformOnDevice(keys_in_.get<float>(), tokens, layers_dev, P, gpu::kTfKey);
+      if (st.ok() && !values_folded_) st = TransformOnDevice(values_in_.get<float>(), tokens, layers_dev, P, gpu::kTfValue);
+    }
+    if (!st.ok()) return st;
+    gpu::EncodeParams ep = encode_;
+    ep.keys_dev = keys_in_.get<float>();
+    ep.values_dev = values_in_.get<float>();
+    ep.tokens = tokens;
+    ep.pages_dev = pages_.get<int32_t>();
+    ep.pool_dev = static_cast<uint8_t*>(arena_);
+    ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
+    st = gpu::LaunchEncode(ep, stream_);
+    if (!st.ok()) return st;
+    // Mirror the encoded pages into the host arena.
+    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
+      st = Cuda(cudaMemcpyAsync(pool_.key_records(jobs[j].page),
+                                static_cast<uint8_t*>(arena_) + static_cast<size_t>(jobs[j].page) * layout_.page_bytes,
+                                layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download page");
+    }
+    std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
+                                cudaMemcpyDeviceToHost, stream_), "download stats");
+    }
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "encode");
+    if (!st.ok()) return st;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      CodecStats cs;
+      jobs[j].key_utilization.assign(P, 0.0f);
+      jobs[j].value_utilization.assign(P, 0.0f);
+      for (int t = 0; t < P; ++t) {
+        for (int kind = 0; kind < 2; ++kind) {
+          const gpu::EncodeStreamStats& s = stats[2 * (j * P + t) + kind];
+          if (s.error) {
+            return absl::InvalidArgumentError(absl::StrCat(kind == 0 ? "key" : "value", " of token ", t, " of job ", j,
+                                                           ": a value is not finite or exceeds the fp16 range"));
+          }
+          StreamStats& ss = kind == 0 ? cs.keys : cs.values;
+          ss.streams += 1;
+          ss.symbols += n;
+          ss.bytes_used += s.bytes_used;
+          ss.bytes_budget += kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes;
+          ss.retries += s.retries;
+          ss.fallbacks += s.fallback != 0;
+          ss.moved += s.moved;
+          ss.max_move = std::max(ss.max_move, static_cast<int>(s.max_move));
+          ss.constant += s.constant;
+          std::vector<float>& util = kind == 0 ? jobs[j].key_utilization : jobs[j].value_utilization;
+          util[t] = static_cast<float>(s.bytes_used) /
+                    (kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes);
+        }
+      }
+      jobs[j].stats = cs;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    absl::Status lst = CheckLayer(layer);
+    if (!lst.ok()) return lst;
+    // The host arena mirrors the device one: decode there, exactly as the CPU does.
+    CodecScratch scratch;
+    return DecodePageTokens(codec_, pool_, page, first, count,
+                            transforms_ != nullptr ? &host_transforms_[layer] : nullptr, values_folded_, keys, values,
+                            &scratch);
+  }
+
+  void Attend(absl::Span<AttendJob> jobs) override {
+    // One launch per run of jobs with equal (q_heads, softmax_scale).
+    size_t begin = 0;
+    while (begin < jobs.size()) {
+      size_t end = begin + 1;
+      while (end < jobs.size() && jobs[end].q_heads == jobs[begin].q_heads &&
+             jobs[end].softmax_scale == jobs[begin].softmax_scale) {
+        ++end;
+      }
+      const absl::Status st = AttendRun(jobs.subspan(begin, end - begin));
+      if (!st.ok()) {
+        for (size_t i = begin; i < end; ++i) jobs[i].status = st;
+      }
+      begin = end;
+    }
+  }
+
+ private:
+  absl::Status AttendRun(absl::Span<AttendJob> jobs) {
+    absl::MutexLock lock(&mu_);
+    absl::Status st = AttendRunLocked(jobs);
+    // A failure may come after window slots were planned and before their
+    // tokens arrived: forget the cache rather than trust it.
+    if (!st.ok()) InvalidateWindowCache();
+    return st;
+  }
+
+  absl::Status AttendRunLocked(absl::Span<AttendJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
+    const int P = pool_.page_tokens();
+    std::vector<int32_t> table, start(items), tokens(items), wtok(items), layers(items);
+    int max_pages = 0;
+    for (int i = 0; i < items; ++i) {
+      const AttendJob& j = jobs[i];
+      absl::Status lst = CheckLayer(j.layer);
+      if (!lst.ok()) return lst;
+      layers[i] = j.layer;
+      if (j.window.tokens > gpu::kMaxWindow) {
+        return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
+      }
+      start[i] = static_cast<int32_t>(table.size());
+      for (PageId p : j.pages) table.push_back(p);
+      tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
+      wtok[i] = static_cast<int32_t>(j.window.tokens);
+      max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
+    }
+    // Everything the launch reads from the host, packed into one pinned
+    // staging buffer and uploaded with one copy: the per-item ints, the page
+    // table, the queries and the windows back to back (only their real
+    // tokens). Pinned and reused: no page faults, full-speed DMA.
+    // Windows: device slots (only missing tokens are uploaded), or, when
+    // the launch cannot be cached, all of them staged back to back.
+    std::vector<int32_t> wstart(items);
+    std::vector<int> slot_of;
+    std::vector<WindowUpload> uploads;
+    const bool cached = PlanWindowSlots(jobs, &slot_of, &uploads);
+    size_t total_w = 0;
+    if (cached) {
+      for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
+      for (const WindowUpload& u : uploads) total_w += static_cast<size_t>(u.count);
+    } else {
+      for (int i = 0; i < items; ++i) {
+        wstart[i] = static_cast<int32_t>(total_w);
+        total_w += static_cast<size_t>(wtok[i]);
+      }
+    }
+    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
+    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
+    const size_t off_table = align(static_cast<size_t>(items) * 5 * 4);
+    const size_t off_query = off_table + align(std::max<size_t>(table.size(), 1) * 4);
+    const size_t off_wk = off_query + align(qsz * 4);
+    const size_t off_wv = off_wk + align(std::max<size_t>(total_w, 1) * n * 2);
+    const size_t stage_bytes = off_wv + align(std::max<size_t>(total_w, 1) * n * 2);
+    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
+    const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
+    absl::Status st = a_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = host_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = a_out_.Reserve(out_bytes);
+    if (st.ok()) st = host_out_.Reserve(out_bytes);
+    if (st.ok()) st = a_ws_.Reserve(ws_bytes);
+    if (!st.ok()) return st;
+    uint8_t* h = host_stage_.get<uint8_t>();
+    int32_t* hs = reinterpret_cast<int32_t*>(h);
+    std::memcpy(hs, start.data(), items * 4);
+    std::memcpy(hs + items, tokens.data(), items * 4);
+    std::memcpy(hs + 2 * items, wtok.data(), items * 4);
+    std::memcpy(hs + 3 * items, layers.data(), items * 4);
+    std::memcpy(hs + 4 * items, wstart.data(), items * 4);
+    std::memcpy(h + off_table, table.data(), table.size() * 4);
+    for (int i = 0; i < items; ++i) {
+      std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query, sizeof(float) * q_heads * d);
+      const size_t wn = static_cast<size_t>(wtok[i]) * n;
+      if (!cached && wn > 0) {
+        std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
+        std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
+      }
+    }
+    uint8_t* dstage = a_stage_.get<uint8_t>();
+    const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
+    st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+    if (!st.ok()) return st;
+    if (cached) {
+      // Missing tokens: packed into the pinned buffer, then one copy per
+      // slot and tensor straight into the slot.
+      size_t at = 0;
+      const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
+      for (const WindowUpload& u : uploads) {
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
+        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
+        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
+        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
+        st = Cuda(cudaMemcpyAsync(window_k_.get<uint8_t>() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice,
+                                  stream_), "upload window keys");
+        if (st.ok()) {
+          st = Cuda(cudaMemcpyAsync(window_v_.get<uint8_t>() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice,
+                                    stream_), "upload window values");
+        }
+        if (!st.ok()) {
+          InvalidateWindowCache();
+          return st;
+        }
+        at += bytes;
+      }
+    }
+    int32_t* small = reinterpret_cast<int32_t*>(dstage);
+    gpu::DQuantAttentionParams p;
+    p.pool_dev = static_cast<const uint8_t*>(arena_);
+    p.layout = layout_;
+    p.tables_dev = tables_.get<uint32_t>();
+    p.items = items;
+    p.q_heads = q_heads;
+    p.max_pages = max_pages;
+    p.page_table_dev = reinterpret_cast<const int32_t*>(dstage + off_table);
+    p.page_start_dev = small;
+    p.tokens_dev = small + items;
+    p.window_tokens_dev = small + 2 * items;
+    p.window_start_dev = small + 4 * items;
+    p.window_k_dev = cached ? window_k_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wk);
+    p.window_v_dev = cached ? window_v_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wv);
+    p.query_dev = reinterpret_cast<const float*>(dstage + off_query);
+    p.softmax_scale = jobs[0].softmax_scale;
+    p.out_dev = a_out_.get<float>();
+    p.lse_dev = a_out_.get<float>() + qsz;
+    p.workspace_dev = a_ws_.get<void>();
+    if (transforms_ != nullptr) {
+      p.transforms_dev = transforms_dev_.get<float>();
+      p.transform_layers = transforms_->layers;
+      p.layer_dev = small + 3 * items;
+      p.values_folded = values_folded_;
+    }
+    st = gpu::LaunchDQuantAttention(p, stream_);
+    if (!st.ok()) return st;
+    const float* out = host_out_.get<float>();
+    st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
+              "download output");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
+    if (!st.ok()) return st;
+    for (int i = 0; i < items; ++i) {
+      std::memcpy(jobs[i].out, out + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
+      std::memcpy(jobs[i].lse, out + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
+      jobs[i].status = absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  const DQuantCodec& codec_;
+  const PagePool& pool_;
+  const int device_;
+  const TransformSet* const transforms_;  // null: the codec's Hadamard
+  const bool values_folded_;
+  const size_t window_cache_bytes_;
+  std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
+  PageLayout layout_;
+  gpu::EncodeParams encode_;
+  cudaStream_t stream_ = nullptr;
+  void* arena_ = nullptr;
+  absl::Mutex mu_;
+  Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
+  Scratch a_stage_, a_out_, a_ws_;
+  Scratch window_k_, window_v_;          // [slots][kMaxWindow][n] bf16
+  std::vector<WindowSlot> window_slots_;
+  absl::flat_hash_map<uint64_t, int> slot_index_;  // window_id -> slot
+  uint64_t launch_ = 0;
+  PinnedScratch host_stage_, host_out_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
+                                                         const TransformSet* transforms, bool values_folded,
+                                                         size_t window_cache_bytes) {
+  if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
+  auto b = std::make_unique<CudaBackend>(codec, pool, device, transforms, values_folded, window_cache_bytes);
+  absl::Status st = b->Init();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace driftkv

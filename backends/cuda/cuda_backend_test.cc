@@ -1,0 +1,375 @@
+// The CUDA backend against the CPU backend on one PagePool: pages encoded on
+// the GPU are mirrored to the host, decode there, and attention over them
+// (pages + bf16 window) agrees with the CPU backend's.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/page_pool.h"
+#include "codec/registry.h"
+#include "codec/transform.h"
+#include "codec/transform_attention.h"
+#include "gtest/gtest.h"
+#include "kernels/attention.h"
+#include "kernels/gpu_test_util.h"
+#include "kernels/host_pool.h"
+#include "wire/half.h"
+
+namespace driftkv {
+namespace {
+
+TEST(CudaBackend, MatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  const int n = codec->n(), P = cfg.mean_window, q_heads = 32, d = 128;
+  DQuantCodec c = *codec;
+  auto pool = PagePool::Create(c.page_layout(), 40ull * 80000);  // about 40 pages
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto cuda = MakeCudaBackend(&c, pool->get());
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+
+  const std::vector<int> seq_pages = {1, 5, 9};
+  const std::vector<int> windows = {0, 7, 255};  // up to window_tokens + page_tokens - 1
+  std::mt19937_64 rng(77);
+  std::vector<std::vector<PageId>> pages(seq_pages.size());
+  std::vector<std::vector<float>> keys(seq_pages.size()), values(seq_pages.size());
+  std::vector<EncodeJob> jobs;
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    auto r = (*pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    pages[s] = *r;
+    gpu::RandomKv(seq_pages[s] * P, c.config().kv_heads, c.config().head_dim, &rng, &keys[s], &values[s]);
+    for (int k = 0; k < seq_pages[s]; ++k) {
+      EncodeJob j;
+      j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
+      j.values = values[s].data() + static_cast<size_t>(k) * P * n;
+      j.page = pages[s][k];
+      jobs.push_back(j);
+    }
+  }
+  absl::Status st = (*cuda)->EncodePages(absl::MakeSpan(jobs));
+  ASSERT_TRUE(st.ok()) << st;
+  for (const EncodeJob& j : jobs) {
+    EXPECT_EQ(j.stats.keys.streams, P);
+    EXPECT_LE(j.stats.keys.bytes_used, j.stats.keys.bytes_budget);
+    // Drift statistics and per-stream utilisation reach the metrics.
+    EXPECT_GT(j.stats.values.moved, 0);
+    EXPECT_GE(j.stats.values.max_move, 1);
+    ASSERT_EQ(j.key_utilization.size(), static_cast<size_t>(P));
+    ASSERT_EQ(j.value_utilization.size(), static_cast<size_t>(P));
+    for (int t = 0; t < P; ++t) {
+      EXPECT_GT(j.key_utilization[t], 0.5f);
+      EXPECT_LE(j.key_utilization[t], 1.0f);
+      EXPECT_LE(j.value_utilization[t], 1.0f);
+    }
+  }
+  // Every GPU-written token decodes on the host.
+  std::vector<float> k(static_cast<size_t>(P) * n), v(k.size());
+  for (const auto& ps : pages) {
+    for (PageId p : ps) ASSERT_TRUE((*cuda)->DecodeTokens(p, 0, 0, P, k.data(), v.data()).ok());
+  }
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> wk(seq_pages.size()), wv(seq_pages.size());
+  std::vector<std::vector<float>> q(seq_pages.size());
+  std::vector<float> out_gpu(seq_pages.size() * q_heads * d, NAN), out_cpu(out_gpu.size(), NAN);
+  std::vector<float> lse_gpu(seq_pages.size() * q_heads, NAN), lse_cpu(lse_gpu.size(), NAN);
+  std::vector<AttendJob> ag(seq_pages.size()), ac(seq_pages.size());
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    wk[s].resize(static_cast<size_t>(windows[s]) * n);
+    wv[s].resize(wk[s].size());
+    for (auto& x : wk[s]) x = FloatToBf16(normal(rng));
+    for (auto& x : wv[s]) x = FloatToBf16(normal(rng));
+    q[s].resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : q[s]) x = normal(rng);
+    for (int which = 0; which < 2; ++which) {
+      AttendJob& j = which == 0 ? ag[s] : ac[s];
+      j.pages = pages[s];
+      j.window = Bf16Tokens{wk[s].data(), wv[s].data(), windows[s]};
+      j.query = q[s].data();
+      j.q_heads = q_heads;
+      j.softmax_scale = 1.0f / std::sqrt(128.0f);
+      j.out = (which == 0 ? out_gpu : out_cpu).data() + s * q_heads * d;
+      j.lse = (which == 0 ? lse_gpu : lse_cpu).data() + s * q_heads;
+    }
+  }
+  (*cuda)->Attend(absl::MakeSpan(ag));
+  cpu->Attend(absl::MakeSpan(ac));
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    ASSERT_TRUE(ag[s].status.ok()) << ag[s].status;
+    ASSERT_TRUE(ac[s].status.ok()) << ac[s].status;
+  }
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < out_gpu.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out_gpu[i])) << i;
+    diff = std::max(diff, static_cast<double>(std::fabs(out_gpu[i] - out_cpu[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(out_cpu[i])));
+  }
+  EXPECT_LE(diff, 1e-4 * norm) << "max |gpu - cpu| " << diff << ", max |cpu| " << norm;
+  for (size_t i = 0; i < lse_gpu.size(); ++i) EXPECT_NEAR(lse_gpu[i], lse_cpu[i], 1e-4 * (1 + std::fabs(lse_cpu[i])));
+}
+
+
+// WUSH on the GPU: pages bit-identical to the CPU transform stage (T applied
+// by LayerTransform, then the identity-rotation codec), Read in the model
+// domain, attention equal to TransformedCompressedAttention, items of two
+// layers in one launch.
+TEST(CudaBackend, WushMatchesCpuTransformStage) {
+  SKIP_WITHOUT_GPU();
+  const TransformSet set = gpu::RandomWushSet(2, 8, 128, 5);
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  cfg.hadamard = false;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 32, d = 128;
+  auto pool = PagePool::Create(c.page_layout(), 12ull * 80000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, &set, false);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+
+  // A Hadamard codec is refused with transforms.
+  {
+    DQuantConfig hc = cfg;
+    hc.hadamard = true;
+    auto had = DQuantCodec::Create(hc);
+    ASSERT_TRUE(had.ok());
+    auto hpool = PagePool::Create(had->page_layout(), 2ull * 80000);
+    ASSERT_TRUE(hpool.ok());
+    EXPECT_EQ(MakeCudaBackend(&*had, hpool->get(), 0, &set, false).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+
+  const std::vector<int> seq_pages = {3, 2};
+  const std::vector<int> seq_layer = {0, 1};
+  const std::vector<int> windows = {0, 9};
+  std::mt19937_64 rng(91);
+  std::vector<std::vector<PageId>> pages(2);
+  std::vector<std::vector<float>> keys(2), values(2);
+  std::vector<EncodeJob> jobs;
+  for (int s = 0; s < 2; ++s) {
+    auto r = (*pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    pages[s] = *r;
+    gpu::RandomKv(seq_pages[s] * P, c.config().kv_heads, c.config().head_dim, &rng, &keys[s], &values[s]);
+    for (int k = 0; k < seq_pages[s]; ++k) {
+      EncodeJob j;
+      j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
+      j.values = values[s].data() + static_cast<size_t>(k) * P * n;
+      j.page = pages[s][k];
+      j.layer = seq_layer[s];
+      jobs.push_back(j);
+    }
+  }
+  EncodeJob bad = jobs[0];
+  bad.layer = 2;
+  EXPECT_EQ((*cuda)->EncodePages(absl::MakeSpan(&bad, 1)).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status st = (*cuda)->EncodePages(absl::MakeSpan(jobs));
+  ASSERT_TRUE(st.ok()) << st;
+
+  // Bit-identical pages: T on the host (LayerTransform), then EncodeWindow.
+  std::vector<uint8_t> kr(P * c.key_stride()), vr(P * c.value_stride()), mr(c.mean_stride());
+  std::vector<float> tk(static_cast<size_t>(P) * n), tv(tk.size());
+  CodecScratch scratch;
+  for (const EncodeJob& j : jobs) {
+    const LayerTransform lt = *LayerTransform::FromSet(set, j.layer);
+    lt.Apply(Mat::kKey, j.keys, P, tk.data());
+    lt.Apply(Mat::kValue, j.values, P, tv.data());
+    StreamStats ks, vs;
+    ASSERT_TRUE(c.EncodeWindow(tk.data(), tv.data(), P, kr.data(), vr.data(), mr.data(), &scratch, &ks, &vs).ok());
+    EXPECT_EQ(std::memcmp(kr.data(), (*pool)->key_records(j.page), kr.size()), 0) << "key records of page " << j.page;
+    EXPECT_EQ(std::memcmp(vr.data(), (*pool)->value_records(j.page), vr.size()), 0) << "value records of page " << j.page;
+    EXPECT_EQ(std::memcmp(mr.data(), (*pool)->mean_record(j.page), mr.size()), 0) << "mean record of page " << j.page;
+  }
+  // Read gives the model domain back, within the codec's error.
+  {
+    std::vector<float> k(static_cast<size_t>(P) * n), v(k.size());
+    ASSERT_TRUE((*cuda)->DecodeTokens(jobs[3].page, 1, 0, P, k.data(), v.data()).ok());
+    double ek = 0, nk = 0, ev = 0, nv = 0;
+    for (size_t i = 0; i < k.size(); ++i) {
+      ek += (k[i] - jobs[3].keys[i]) * (k[i] - jobs[3].keys[i]), nk += jobs[3].keys[i] * jobs[3].keys[i];
+      ev += (v[i] - jobs[3].values[i]) * (v[i] - jobs[3].values[i]), nv += jobs[3].values[i] * jobs[3].values[i];
+    }
+    EXPECT_LT(ek / nk, 0.2);
+    EXPECT_LT(ev / nv, 0.3);
+    std::printf("WUSH read nmse: keys %.4f values %.4f\n", ek / nk, ev / nv);
+  }
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> wk(2), wv(2);
+  std::vector<std::vector<float>> q(2);
+  std::vector<float> out_gpu(2 * q_heads * d, NAN), lse_gpu(2 * q_heads, NAN);
+  std::vector<AttendJob> ag(2);
+  for (int s = 0; s < 2; ++s) {
+    wk[s].resize(static_cast<size_t>(windows[s]) * n);
+    wv[s].resize(wk[s].size());
+    for (auto& x : wk[s]) x = FloatToBf16(normal(rng));
+    for (auto& x : wv[s]) x = FloatToBf16(normal(rng));
+    q[s].resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : q[s]) x = normal(rng);
+    AttendJob& j = ag[s];
+    j.pages = pages[s];
+    j.window = Bf16Tokens{wk[s].data(), wv[s].data(), windows[s]};
+    j.query = q[s].data();
+    j.q_heads = q_heads;
+    j.softmax_scale = 1.0f / std::sqrt(128.0f);
+    j.layer = seq_layer[s];
+    j.out = out_gpu.data() + s * q_heads * d;
+    j.lse = lse_gpu.data() + s * q_heads;
+  }
+  (*cuda)->Attend(absl::MakeSpan(ag));
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(ag[s].status.ok()) << ag[s].status;
+    CodecOptions o;
+    o.kv_heads = 8;
+    o.head_dim = 128;
+    auto tc = MakeTransformedCodec(o, TransformKind::kWush, &set, seq_layer[s], false);
+    ASSERT_TRUE(tc.ok()) << tc.status();
+    const auto* tkv = dynamic_cast<const TransformedKvCodec*>(tc->get());
+    ASSERT_NE(tkv, nullptr);
+    std::vector<CompressedBlock> blocks;
+    for (PageId p : pages[s]) {
+      blocks.push_back(CompressedBlock{(*pool)->key_records(p), (*pool)->value_records(p), (*pool)->mean_record(p), P});
+    }
+    std::vector<float> out_ref(q_heads * d), lse_ref(q_heads);
+    AttentionScratch as;
+    ASSERT_TRUE(TransformedCompressedAttention(*tkv, blocks, ag[s].window, q[s].data(), q_heads,
+                                               ag[s].softmax_scale, out_ref.data(), lse_ref.data(), &as)
+                    .ok());
+    double diff = 0, norm = 0;
+    for (int i = 0; i < q_heads * d; ++i) {
+      const float g = out_gpu[s * q_heads * d + i];
+      ASSERT_TRUE(std::isfinite(g)) << i;
+      diff = std::max(diff, static_cast<double>(std::fabs(g - out_ref[i])));
+      norm = std::max(norm, static_cast<double>(std::fabs(out_ref[i])));
+    }
+    EXPECT_LE(diff, 1e-4 * norm) << "sequence " << s << ": max |gpu - cpu| " << diff << ", max |cpu| " << norm;
+    for (int h = 0; h < q_heads; ++h) {
+      EXPECT_NEAR(lse_gpu[s * q_heads + h], lse_ref[h], 1e-4 * (1 + std::fabs(lse_ref[h])));
+    }
+  }
+  // An item whose layer has no transform fails alone, with its layer named.
+  AttendJob j = ag[0];
+  j.layer = 7;
+  (*cuda)->Attend(absl::MakeSpan(&j, 1));
+  EXPECT_EQ(j.status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// The device window cache (cuda_backend.cc, WINDOW CACHE): windows that grow
+// by a token per step, move past a page, repeat within a launch, and more
+// windows than slots (the staging fallback) give the CPU backend's results
+// at every step.
+TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 4;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
+  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, 3 * 2 * slot_bytes);  // 3 slots
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+
+  // One encoded page shared by every sequence; windows of up to 640 tokens
+  // of history, viewed 128..255 at a time.
+  auto r = (*pool)->Reserve(1);
+  ASSERT_TRUE(r.ok());
+  const std::vector<PageId> pages = *r;
+  std::mt19937_64 rng(5);
+  {
+    std::vector<float> k, v;
+    gpu::RandomKv(P, c.config().kv_heads, c.config().head_dim, &rng, &k, &v);
+    EncodeJob j;
+    j.keys = k.data();
+    j.values = v.data();
+    j.page = pages[0];
+    std::vector<EncodeJob> js = {j};
+    ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(js)).ok());
+  }
+  constexpr int kSeqs = 5, kHistory = 640;
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> hk(kSeqs), hv(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    hk[s].resize(static_cast<size_t>(kHistory) * n);
+    hv[s].resize(hk[s].size());
+    for (auto& x : hk[s]) x = FloatToBf16(g(rng));
+    for (auto& x : hv[s]) x = FloatToBf16(g(rng));
+  }
+  std::vector<int64_t> first(kSeqs, 0), count(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) count[s] = 128 + 20 * s;
+  std::vector<float> q(static_cast<size_t>(q_heads) * d);
+  int checked = 0;
+  for (int step = 0; step < 40; ++step) {
+    // Sequences 0-2 every step (fit the 3 slots), all 5 every 4th step
+    // (fallback), sequence 1 twice in one launch every 5th step, and every
+    // 6th a new window that evicts one the same launch reads.
+    std::vector<int> which = {0, 1, 2};
+    if (step % 4 == 3) which = {0, 1, 2, 3, 4};
+    if (step % 5 == 4) which = {1, 0, 1};
+    // A miss that takes the least recently used slot, whose window is read
+    // later in the same launch (which must then miss too, not read the slot).
+    if (step % 6 == 5) which = {3, 2};  // sequence 2 holds the least recently used slot
+    std::vector<AttendJob> ag(which.size()), ac(which.size());
+    std::vector<float> og(which.size() * q_heads * d, NAN), oc(og.size(), NAN);
+    std::vector<float> lg(which.size() * q_heads, NAN), lc(lg.size(), NAN);
+    for (float& x : q) x = g(rng);
+    for (size_t i = 0; i < which.size(); ++i) {
+      const int s = which[i];
+      for (int side = 0; side < 2; ++side) {
+        AttendJob& j = side == 0 ? ag[i] : ac[i];
+        j.pages = pages;
+        j.window = Bf16Tokens{hk[s].data() + first[s] * n, hv[s].data() + first[s] * n, count[s]};
+        j.window_id = 100 + s;
+        j.window_first = first[s];
+        j.query = q.data();
+        j.q_heads = q_heads;
+        j.softmax_scale = 1.0f / std::sqrt(128.0f);
+        j.out = (side == 0 ? og : oc).data() + i * q_heads * d;
+        j.lse = (side == 0 ? lg : lc).data() + i * q_heads;
+      }
+    }
+    (*cuda)->Attend(absl::MakeSpan(ag));
+    cpu->Attend(absl::MakeSpan(ac));
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < og.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(og[i])) << "step " << step;
+      diff = std::max(diff, static_cast<double>(std::fabs(og[i] - oc[i])));
+      norm = std::max(norm, static_cast<double>(std::fabs(oc[i])));
+    }
+    for (size_t i = 0; i < which.size(); ++i) ASSERT_TRUE(ag[i].status.ok()) << ag[i].status;
+    EXPECT_LE(diff, 1e-4 * norm) << "step " << step;
+    ++checked;
+    // Grow every window by one token; a window past 255 tokens moves on by
+    // a page, as the handler's does when it encodes one.
+    for (int s = 0; s < kSeqs; ++s) {
+      if (count[s] + 1 > 255) {
+        first[s] += 128;
+        count[s] -= 128;
+      }
+      ++count[s];
+      ASSERT_LE(first[s] + count[s], kHistory);
+    }
+  }
+  EXPECT_EQ(checked, 40);
+}
+
+}  // namespace
+}  // namespace driftkv

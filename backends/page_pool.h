@@ -1,0 +1,68 @@
+// The page arena: one preallocated block of `capacity` pages of one
+// PageLayout (codec/page_layout.h: key records, value records and the
+// key-mean record of one window of P tokens, page p at arena + p *
+// page_bytes). A full page is one CompressedBlock of attention.
+//
+// Reserve() is all-or-nothing: either every page asked for is handed out or
+// none is, and RESOURCE_EXHAUSTED names the capacity. Thread-safe.
+#ifndef DRIFTKV_BACKENDS_PAGE_POOL_H_
+#define DRIFTKV_BACKENDS_PAGE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "codec/attention.h"
+#include "codec/page_layout.h"
+
+namespace driftkv {
+
+using PageId = int32_t;
+
+class PagePool {
+ public:
+  // `capacity_bytes` is rounded down to whole pages; fails when that leaves
+  // no page (the message names both sizes).
+  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout,
+                                                           uint64_t capacity_bytes);
+
+  const PageLayout& layout() const { return layout_; }
+  int page_tokens() const { return layout_.page_tokens; }
+  size_t page_stride() const { return stride_; }
+  int64_t capacity_pages() const { return capacity_; }
+  uint64_t capacity_bytes() const { return static_cast<uint64_t>(capacity_) * stride_; }
+  int64_t pages_in_use() const;
+
+  // Hands out `count` pages, or none: RESOURCE_EXHAUSTED "pool full: ...".
+  absl::StatusOr<std::vector<PageId>> Reserve(int64_t count);
+  // Returns pages to the free list. REQUIRES: each was reserved and not yet freed.
+  void Free(const std::vector<PageId>& pages);
+
+  uint8_t* key_records(PageId p) const { return base(p); }
+  uint8_t* value_records(PageId p) const { return base(p) + layout_.value_offset; }
+  uint8_t* mean_record(PageId p) const { return base(p) + layout_.mean_offset; }
+  // The full page as one attention block.
+  CompressedBlock block(PageId p) const {
+    return CompressedBlock{key_records(p), value_records(p), mean_record(p), layout_.page_tokens};
+  }
+
+ private:
+  PagePool() = default;
+  uint8_t* base(PageId p) const { return arena_.get() + static_cast<size_t>(p) * stride_; }
+
+  PageLayout layout_;
+  size_t stride_ = 0;  // layout_.page_bytes
+  int64_t capacity_ = 0;
+  std::unique_ptr<uint8_t[]> arena_;
+
+  mutable absl::Mutex mu_;
+  std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // LIFO: recently freed pages are warm
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_PAGE_POOL_H_

@@ -1,0 +1,51 @@
+// Backends by name, for the config's `backend` field and --backend.
+//
+// Each backend lives in its own folder (backends/cpu/, backends/cuda/) and
+// registers itself from a cc_library(alwayslink = True) registration target
+// that a server binary links, with one static initializer:
+//   static const bool kRegistered = RegisterBackend("cuda", [](const BackendArgs& a) {
+//     return MakeCudaBackend(a);
+//   });
+// The service links //backends/cpu:registration always, so "cpu" is always
+// there; driftkv-server-cuda also links //backends/cuda:registration.
+#ifndef DRIFTKV_BACKENDS_REGISTRY_H_
+#define DRIFTKV_BACKENDS_REGISTRY_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backends/backend.h"
+#include "backends/page_pool.h"
+#include "codec/dquant_codec.h"
+#include "codec/transforms_file.h"
+
+namespace driftkv {
+
+// What a backend is built from.
+struct BackendArgs {
+  const DQuantCodec* codec = nullptr;  // must outlive the backend
+  const PagePool* pool = nullptr;      // must outlive the backend
+  int threads = 0;                     // ServiceOptions::backend_threads
+  // WUSH-KV transforms (see TRANSFORMS in backend.h), or null for the
+  // codec's own rotation. Must outlive the backend; its kv_heads/head_dim
+  // match the codec's and it has a matrix set for every layer the handler
+  // serves.
+  const TransformSet* transforms = nullptr;
+  bool values_folded = false;          // T_V is folded into the model's weights
+};
+using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
+
+// Returns true (for use in static initializers); a second registration of a
+// name replaces the first.
+bool RegisterBackend(const std::string& name, BackendFactory factory);
+// InvalidArgument naming the registered backends when `name` is unknown;
+// otherwise what the factory returns.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args);
+std::vector<std::string> BackendNames();
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_REGISTRY_H_

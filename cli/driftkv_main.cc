@@ -1,0 +1,258 @@
+// driftkv: command-line client of driftkv-server.
+//
+//   driftkv [--server HOST:PORT] COMMAND [flags]
+//   push     --sequence S (--synthetic --tokens T | --keys F --values F) [--layers L]
+//            F holds [layers][T][kv_heads][head_dim] (all layers, layer-major) or,
+//            when it contains "{layer}", one [T][kv_heads][head_dim] file per layer;
+//            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file
+//   attend   --sequence S --layer L (--queries F [Q][q_heads][head_dim] f32 | --synthetic)
+//            [--q_heads Q] [--out F]: prints the output norm and lse per query
+//   read     --sequence S --layer L [--first N] [--count N] --out_keys F --out_values F (f32)
+//   release  --sequence S
+//   stats    model shape, codec, capacity and usage
+//   bench    --sequences N --tokens T --steps S: ingest and Attend throughput
+//   demo     pushes a synthetic context, attends decode steps, compares with
+//            exact attention, prints compression, error, throughput
+//   fixture  --fixture PREFIX: the same with real keys/values/queries
+//            (e.g. ../shared/eval/fixture_public.{k,v,q}.bin)
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "cli/cli.h"
+#include "wire/tensor.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "driftkv-server address");
+ABSL_FLAG(double, timeout_s, 60.0, "deadline of each RPC attempt, seconds");
+ABSL_FLAG(std::string, sequence, "seq0", "sequence id");
+ABSL_FLAG(int, tokens, 1024, "tokens per layer (synthetic push, bench, demo)");
+ABSL_FLAG(int, chunk_tokens, 256, "tokens per Append chunk");
+ABSL_FLAG(int, q_heads, 0, "query heads (0: 2 x kv_heads)");
+ABSL_FLAG(uint32_t, seed, 1, "seed of synthetic data");
+ABSL_FLAG(std::string, metrics_url, "http://127.0.0.1:9464/metrics", "printed by demo");
+ABSL_FLAG(bool, synthetic, false, "push/attend synthetic data");
+ABSL_FLAG(std::string, keys, "", "push: key file");
+ABSL_FLAG(std::string, values, "", "push: value file");
+ABSL_FLAG(std::string, file_dtype, "fp16", "push: element type of the files (fp16, bf16, f32)");
+ABSL_FLAG(int64_t, skip_bytes, 0, "push: bytes to skip at the start of each file");
+ABSL_FLAG(int, layers, 0, "push: layers to push (0: all of the server's)");
+ABSL_FLAG(int, layer, 0, "attend/read: layer");
+ABSL_FLAG(std::string, queries, "", "attend: f32 query file [Q][q_heads][head_dim]");
+ABSL_FLAG(std::string, out, "", "attend: f32 output file [Q][q_heads][head_dim]");
+ABSL_FLAG(uint64_t, first, 0, "read: first token");
+ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end)");
+ABSL_FLAG(std::string, out_keys, "", "read: f32 key file");
+ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
+
+namespace driftkv {
+namespace cli {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t skip, int64_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  in.seekg(skip);
+  std::string data(bytes, '\0');
+  in.read(data.data(), bytes);
+  if (in.gcount() != bytes) {
+    return absl::OutOfRangeError(absl::StrCat(path, " holds fewer than ", skip + bytes,
+                                              " bytes (needed ", bytes, " after skipping ", skip, ")"));
+  }
+  return data;
+}
+
+absl::Status WriteFile(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), bytes);
+  return out ? absl::OkStatus() : absl::UnavailableError(absl::StrCat("cannot write ", path));
+}
+
+int Push(Client& client, const v1::InfoResponse& info) {
+  const int layers = absl::GetFlag(FLAGS_layers) > 0 ? absl::GetFlag(FLAGS_layers) : info.layers();
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  const size_t n = static_cast<size_t>(info.kv_heads()) * info.head_dim();
+  const std::string seq = absl::GetFlag(FLAGS_sequence);
+  const int chunk = absl::GetFlag(FLAGS_chunk_tokens);
+  v1::DType dtype = v1::DTYPE_BF16;
+  const std::string fd = absl::GetFlag(FLAGS_file_dtype);
+  if (fd == "fp16") dtype = v1::DTYPE_FP16;
+  else if (fd == "f32") dtype = v1::DTYPE_F32;
+  else if (fd != "bf16") return Fail(absl::InvalidArgumentError(absl::StrCat("--file_dtype ", fd, " is not fp16, bf16 or f32")));
+  const bool synthetic = absl::GetFlag(FLAGS_synthetic);
+  if (!synthetic && (absl::GetFlag(FLAGS_keys).empty() || absl::GetFlag(FLAGS_values).empty())) {
+    return Fail(absl::InvalidArgumentError("push needs --synthetic or --keys and --values"));
+  }
+  const int64_t layer_bytes = static_cast<int64_t>(tokens) * n * DTypeBytes(dtype);
+  Progress progress("push", static_cast<int64_t>(layers) * tokens);
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t stored = 0, duplicate = 0;
+  for (int l = 0; l < layers; ++l) {
+    std::vector<float> keys(tokens * n), values(tokens * n);
+    if (synthetic) {
+      SyntheticLayer(tokens, info.kv_heads(), info.head_dim(), absl::GetFlag(FLAGS_seed) * 1000 + l,
+                     &keys, &values);
+    } else {
+      std::string paths[2] = {absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_values)};
+      int64_t offset = absl::GetFlag(FLAGS_skip_bytes);
+      for (std::string& p : paths) {
+        if (p.find("{layer}") != std::string::npos) {
+          p = absl::StrReplaceAll(p, {{"{layer}", absl::StrCat(l)}});
+        }
+      }
+      if (paths[0] == absl::GetFlag(FLAGS_keys)) offset += l * layer_bytes;  // one file, layer-major
+      for (int kv = 0; kv < 2; ++kv) {
+        absl::StatusOr<std::string> raw = ReadFile(paths[kv], offset, layer_bytes);
+        if (!raw.ok()) return Fail(raw.status());
+        TensorToFloat(*raw, dtype, tokens * n, (kv == 0 ? keys : values).data());
+      }
+    }
+    std::vector<v1::AppendChunk> chunks;
+    for (int t = 0; t < tokens; t += chunk) {
+      const int c = std::min(chunk, tokens - t);
+      chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+    }
+    absl::StatusOr<v1::AppendResponse> r = client.Append(chunks);
+    if (!r.ok()) return Fail(r.status());
+    stored += r->tokens_stored();
+    duplicate += r->tokens_duplicate();
+    progress.Update(static_cast<int64_t>(l + 1) * tokens);
+  }
+  progress.Done();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("pushed %s: %d layers x %d tokens (%llu stored, %llu already stored) in %.3f s, %.1f MB/s raw\n",
+              seq.c_str(), layers, tokens, static_cast<unsigned long long>(stored),
+              static_cast<unsigned long long>(duplicate), s, 2.0 * layers * layer_bytes / s / 1e6);
+  return 0;
+}
+
+int Attend(Client& client, const v1::InfoResponse& info) {
+  const int d = info.head_dim();
+  const int q_heads = absl::GetFlag(FLAGS_q_heads) > 0 ? absl::GetFlag(FLAGS_q_heads) : 2 * info.kv_heads();
+  std::vector<float> queries;
+  int count = 1;
+  if (!absl::GetFlag(FLAGS_queries).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_queries), std::ios::binary | std::ios::ate);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot open ", absl::GetFlag(FLAGS_queries))));
+    const int64_t bytes = in.tellg();
+    const int64_t per = static_cast<int64_t>(q_heads) * d * 4;
+    if (bytes % per != 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(absl::GetFlag(FLAGS_queries), " has ", bytes,
+                                                          " bytes, not a multiple of q_heads x head_dim x 4 = ", per)));
+    }
+    count = static_cast<int>(bytes / per);
+    queries.resize(bytes / 4);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(queries.data()), bytes);
+  } else {
+    std::mt19937 rng(absl::GetFlag(FLAGS_seed));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    queries.resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : queries) x = g(rng);
+  }
+  v1::AttendRequest req;
+  for (int i = 0; i < count; ++i) {
+    v1::AttendItem* it = req.add_items();
+    it->set_sequence_id(absl::GetFlag(FLAGS_sequence));
+    it->set_layer(absl::GetFlag(FLAGS_layer));
+    it->set_dtype(v1::DTYPE_F32);
+    it->set_q_heads(q_heads);
+    FloatToTensor(queries.data() + static_cast<size_t>(i) * q_heads * d, static_cast<size_t>(q_heads) * d,
+                  v1::DTYPE_F32, it->mutable_query());
+  }
+  absl::StatusOr<v1::AttendResponse> r = client.Attend(req);
+  if (!r.ok()) return Fail(r.status());
+  std::vector<float> all;
+  for (int i = 0; i < count; ++i) {
+    const std::vector<float> o = OutputFloats(r->results(i));
+    all.insert(all.end(), o.begin(), o.end());
+    double norm = 0;
+    for (float x : o) norm += x * x;
+    std::printf("query %d: %llu tokens (%llu compressed), |out| %.6g, lse[0] %.6g\n", i,
+                static_cast<unsigned long long>(r->results(i).tokens()),
+                static_cast<unsigned long long>(r->results(i).compressed_tokens()), std::sqrt(norm),
+                r->results(i).lse(0));
+  }
+  if (!absl::GetFlag(FLAGS_out).empty()) {
+    absl::Status st = WriteFile(absl::GetFlag(FLAGS_out), all.data(), all.size() * 4);
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
+}
+
+int Read(Client& client) {
+  absl::StatusOr<Client::Tensors> t =
+      client.ReadFloat(absl::GetFlag(FLAGS_sequence), absl::GetFlag(FLAGS_layer),
+                       absl::GetFlag(FLAGS_first), absl::GetFlag(FLAGS_count));
+  if (!t.ok()) return Fail(t.status());
+  std::printf("read %llu tokens (%llu from compressed pages)\n",
+              static_cast<unsigned long long>(t->tokens), static_cast<unsigned long long>(t->compressed_tokens));
+  if (!absl::GetFlag(FLAGS_out_keys).empty()) {
+    absl::Status st = WriteFile(absl::GetFlag(FLAGS_out_keys), t->keys.data(), t->keys.size() * 4);
+    if (!st.ok()) return Fail(st);
+  }
+  if (!absl::GetFlag(FLAGS_out_values).empty()) {
+    absl::Status st = WriteFile(absl::GetFlag(FLAGS_out_values), t->values.data(), t->values.size() * 4);
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
+}
+
+int Release(Client& client) {
+  absl::StatusOr<v1::ReleaseResponse> r = client.Release(absl::GetFlag(FLAGS_sequence));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("released %s: %llu tokens, %llu pages\n", absl::GetFlag(FLAGS_sequence).c_str(),
+              static_cast<unsigned long long>(r->tokens_freed()), static_cast<unsigned long long>(r->pages_freed()));
+  return 0;
+}
+
+int PrintStats(Client& client, const v1::InfoResponse& info) {
+  absl::StatusOr<v1::StatsResponse> s = client.Stats();
+  if (!s.ok()) return Fail(s.status());
+  std::printf("info:  %s", info.DebugString().c_str());
+  std::printf("stats: %s", s->DebugString().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace driftkv
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "driftkv [--server HOST:PORT] push|attend|read|release|stats|bench|demo|fixture [flags]\n"
+      "see the top of client/driftkv_main.cc or docs/api.md");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << "usage: " << absl::ProgramUsageMessage() << "\n";
+    return 2;
+  }
+  const std::string cmd = args[1];
+  driftkv::Client client(driftkv::cli::OptionsFromFlags());
+  absl::StatusOr<driftkv::v1::InfoResponse> info = client.Info();
+  if (!info.ok()) {
+    std::cerr << "driftkv: cannot reach " << absl::GetFlag(FLAGS_server) << ": "
+              << info.status().message() << "\n";
+    return 1;
+  }
+  using namespace driftkv::cli;
+  if (cmd == "push") return Push(client, *info);
+  if (cmd == "attend") return Attend(client, *info);
+  if (cmd == "read") return Read(client);
+  if (cmd == "release") return Release(client);
+  if (cmd == "stats") return PrintStats(client, *info);
+  if (cmd == "bench") return Bench(client);
+  if (cmd == "demo") return Demo(client);
+  if (cmd == "fixture") return Fixture(client);
+  std::cerr << "driftkv: unknown command " << cmd << "\nusage: " << absl::ProgramUsageMessage() << "\n";
+  return 2;
+}

@@ -1,0 +1,96 @@
+// Host helpers shared by every launcher of kernels/: CUDA errors as
+// statuses, the device query, the workspace of split-KV partial states and
+// the check of the page layout the kernels read.
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
+
+namespace driftkv {
+namespace gpu {
+
+std::string GpuPageLayoutError(const PageLayout& l, PageUse use) {
+  if (l.page_tokens != kPageTokens) {
+    return absl::StrCat("pages of ", l.page_tokens, " tokens (mean_window); the kernels take ", kPageTokens);
+  }
+  if (l.value_offset % 16 != 0 || l.mean_offset % 16 != 0 || l.page_bytes % 16 != 0) {
+    return absl::StrCat("page offsets not 16-byte aligned: value records at ", l.value_offset, ", mean record at ",
+                        l.mean_offset, ", page stride ", l.page_bytes);
+  }
+  if (l.key_stride % 4 != 0 || l.value_stride % 4 != 0) {
+    return absl::StrCat("record strides ", l.key_stride, "/", l.value_stride, " not multiples of 4");
+  }
+  if (use == PageUse::kAttend && l.mean_stride < kGpuReadAheadBytes) {
+    return absl::StrCat("mean record of ", l.mean_stride, " bytes is shorter than the decoders' read-ahead of ",
+                        kGpuReadAheadBytes, " bytes past the last value record");
+  }
+  return "";
+}
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+bool GpuAvailable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
+  float* base = static_cast<float*>(ws);
+  const size_t c = part.count();
+  return Workspace{base, base + c, base + 2 * c};
+}
+
+size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
+  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
+  return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
+}
+
+int SmCount() {
+  static std::mutex mu;
+  static std::vector<int> counts;  // per device, 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(counts.size())) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+      cudaGetLastError();
+      return 1;
+    }
+    counts[device] = sms;
+  }
+  return counts[device];
+}
+
+SplitPlan PlanSplits(int units, int requested, int blocks_per_split, int waves, int min_units_per_split) {
+  units = std::max(units, 1);
+  int splits = requested;
+  if (splits <= 0) {
+    const int target = (waves * SmCount() + blocks_per_split - 1) / std::max(blocks_per_split, 1);
+    splits = std::max(1, std::min((units + min_units_per_split - 1) / min_units_per_split, target));
+  }
+  splits = std::min(splits, units);
+  SplitPlan plan;
+  plan.units_per_split = (units + splits - 1) / splits;
+  plan.splits = (units + plan.units_per_split - 1) / plan.units_per_split;
+  return plan;
+}
+
+}  // namespace gpu
+}  // namespace driftkv

@@ -1,0 +1,89 @@
+// The host side every attention launcher shares (nvcc only): the device's
+// multiprocessor count, the split-KV plan, the one dispatch switch over the
+// (head_dim, GQA group) instances, the launch with its shared-memory
+// attribute, and the merge launch that follows every attention kernel.
+#ifndef DRIFTKV_KERNELS_LAUNCH_CUH_
+#define DRIFTKV_KERNELS_LAUNCH_CUH_
+
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/device_common.cuh"
+
+namespace driftkv {
+namespace gpu {
+
+// Multiprocessors of the current device (cudaDeviceGetAttribute, read once
+// per device and cached); 1 when the query fails.
+int SmCount();
+
+// How a launch splits each item's `units` (pages or chunks of pages) over
+// blocks: `splits` blocks per item, each taking `units_per_split`
+// consecutive units (the last may take fewer). `requested` > 0 is taken as
+// is (at most one split per unit); otherwise enough splits for `waves`
+// waves of blocks over the device's multiprocessors, given
+// `blocks_per_split` blocks per split index (items x whatever else the grid
+// spans), with at least `min_units_per_split` units each.
+struct SplitPlan {
+  int splits = 1;
+  int units_per_split = 1;
+};
+SplitPlan PlanSplits(int units, int requested, int blocks_per_split, int waves, int min_units_per_split);
+
+// The one dispatch switch of the attention kernels: calls
+// launch(std::integral_constant<int, D>, std::integral_constant<int, G>)
+// for the instantiated (head_dim, group) pairs, InvalidArgument naming
+// `what` otherwise.
+template <typename Launch>
+absl::Status DispatchHeadDimGroup(int head_dim, int group, const char* what, Launch&& launch) {
+  using I128 = std::integral_constant<int, 128>;
+  using I64 = std::integral_constant<int, 64>;
+  using G4 = std::integral_constant<int, 4>;
+  using G2 = std::integral_constant<int, 2>;
+  switch (head_dim * 16 + group) {
+    case 128 * 16 + 4: return launch(I128(), G4());
+    case 128 * 16 + 2: return launch(I128(), G2());
+    case 64 * 16 + 4: return launch(I64(), G4());
+    case 64 * 16 + 2: return launch(I64(), G2());
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("no ", what, " kernel for head_dim ", head_dim,
+                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
+  }
+}
+
+// Sets the kernel's dynamic shared memory limit to `smem` and launches it.
+template <typename Args>
+absl::Status LaunchKernel(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                          const char* what, const Args& args) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("cudaFuncSetAttribute(", what, ")").c_str());
+  kernel<<<grid, threads, smem, stream>>>(args);
+  return CudaStatus(cudaGetLastError(), absl::StrCat(what, " launch").c_str());
+}
+
+// The merge of the splits' partial states in `ws` into out_dev / lse_dev
+// (the part of MergeParams every launcher fills; a launcher adds the
+// rotation, the transform and the window).
+inline MergeParams MergeFor(const PartialLayout& part, const Workspace& ws, int kv_heads, const float* query_dev,
+                            float softmax_scale, float* out_dev, float* lse_dev) {
+  MergeParams m{};
+  m.part = part;
+  m.m_dev = ws.m;
+  m.l_dev = ws.l;
+  m.acc_dev = ws.acc;
+  m.rotated = false;
+  m.kv_heads = kv_heads;
+  m.query_dev = query_dev;
+  m.softmax_scale = softmax_scale;
+  m.out_dev = out_dev;
+  m.lse_dev = lse_dev;
+  return m;
+}
+
+}  // namespace gpu
+}  // namespace driftkv
+
+#endif  // DRIFTKV_KERNELS_LAUNCH_CUH_

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Golden pool files: what `driftkv-codec encode` writes must not change
+# (same bytes for the same inputs and flags), and what `decode` returns for
+# them must not change either. The files in tests/testdata/ were written
+# with the commands below before the restructuring of the source tree; a
+# refactoring that changes one byte fails here.
+#
+#   synth-kv --out s --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7
+#   synth-kv --out c --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8
+#   driftkv-calibrate --keys c.k --values c.v --queries c.q --shape 2,256,2,64 --q-heads 4 --out c.xfm
+#   driftkv-codec encode --keys s.k --values s.v --shape 2,300,2,64 --residual 44 \
+#       --out golden_dquant.dkv
+#   driftkv-codec encode --keys s.k --values s.v --shape 2,300,2,64 --residual 44 \
+#       --transform wush --transforms c.xfm --out golden_wush.dkv
+#
+#   golden_pool_test.sh SYNTH CALIBRATE CODEC GOLDEN_DQUANT GOLDEN_WUSH
+set -euo pipefail
+synth=$1
+cal=$2
+codec=$3
+golden_dquant=$4
+golden_wush=$5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+sum() { sha256sum "$1" | cut -d' ' -f1; }
+expect_sum() {  # expect_sum FILE SHA256 WHAT
+  [ "$(sum "$1")" = "$2" ] || fail "$3 changed: sha256 $(sum "$1"), expected $2"
+}
+
+"$synth" --out "$tmp/s" --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7 >/dev/null
+"$synth" --out "$tmp/c" --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8 >/dev/null
+# The inputs first, so that a failure says whether the generator or the codec moved.
+expect_sum "$tmp/s.k" c02f694d27ded5136278304a7420649885876babba42cd9110f1f9ecc72f1960 "synthetic keys (seed 7)"
+expect_sum "$tmp/s.v" d2d27e1f23d435561ee30a7c982c88ce03ac60a8476f17d4ecdd314a33161276 "synthetic values (seed 7)"
+expect_sum "$tmp/c.k" e118a6d7aabd90723886e3bb305a31b791ec20c8cd1f849d884f6fd8e794c3fe "synthetic keys (seed 8)"
+"$cal" --keys "$tmp/c.k" --values "$tmp/c.v" --queries "$tmp/c.q" --shape 2,256,2,64 --q-heads 4 \
+  --out "$tmp/c.xfm" 2>/dev/null
+expect_sum "$tmp/c.xfm" c1d82b27f953656b005349d0540212f021758feedc22a32c8777fd538b1c117a "transforms file"
+
+enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44)
+"$codec" "${enc[@]}" --out "$tmp/dquant.dkv" >/dev/null
+cmp "$tmp/dquant.dkv" "$golden_dquant" || fail "the D-Quant pool file differs from the golden one"
+"$codec" "${enc[@]}" --transform wush --transforms "$tmp/c.xfm" --out "$tmp/wush.dkv" >/dev/null
+cmp "$tmp/wush.dkv" "$golden_wush" || fail "the WUSH pool file differs from the golden one"
+
+# Decoding the committed files (not the fresh ones) gives the same floats as before.
+"$codec" decode --in "$golden_dquant" --out "$tmp/rd" >/dev/null
+expect_sum "$tmp/rd.k" 1f527b4bc19caa0220fa0980a0467013d2a43e3e2d8035e7625e7d9e6a9f4d49 "decoded D-Quant keys"
+expect_sum "$tmp/rd.v" f20b67454a6ab37d92418e11237403f14bbc0af2a656aeac5ba3f639944de834 "decoded D-Quant values"
+"$codec" decode --in "$golden_wush" --out "$tmp/rw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
+expect_sum "$tmp/rw.k" fb6ca70a48ecf3a6e5c5aaeff924b1f3d28f36315beb9400ca1ffa85f97d25c7 "decoded WUSH keys"
+expect_sum "$tmp/rw.v" 0f8f41fca63a19618a2dee443434f26145ec2106532475d77c2391f36e77d9f8 "decoded WUSH values"
+echo PASS

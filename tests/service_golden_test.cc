@@ -1,0 +1,208 @@
+// Golden figures of the service on the CPU backend, recorded before the
+// source tree was restructured: for fixed synthetic tokens (eval/synthetic_kv.h,
+// seeded) pushed through the handler, the FNV-1a 64 checksums of the whole
+// page arena, of everything Read returns and of the Attend outputs must
+// stay what they were. A refactoring that moves one stored byte, one decoded
+// float or one attention output bit fails here. On a mismatch the test
+// prints the new values in the form of the table below.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codec/wush.h"
+#include "eval/synthetic_kv.h"
+#include "gtest/gtest.h"
+#include "service/handler.h"
+#include "tests/service_test_util.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+constexpr int kLayers = 2, kKvHeads = 2, kD = 64, kN = kKvHeads * kD, kQHeads = 4;
+constexpr int kTokens = 700;
+
+uint64_t Fnv1a(const void* data, size_t bytes, uint64_t h = 0xcbf29ce484222325ull) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+struct Golden {
+  uint64_t arena, read, attend;
+  uint64_t page_bytes, capacity_pages;
+};
+
+// Random SPD d x d: A A^T / d + 0.5 I (well conditioned).
+std::vector<double> RandomSpd(int d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> g;
+  std::vector<double> a(static_cast<size_t>(d) * d), m(a.size(), 0.0);
+  for (double& x : a) x = g(rng);
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j < d; ++j) {
+      for (int k = 0; k < d; ++k) m[i * d + j] += a[i * d + k] * a[j * d + k] / d;
+    }
+    m[i * d + i] += 0.5;
+  }
+  return m;
+}
+
+std::shared_ptr<const TransformSet> WushSet() {
+  auto s = std::make_shared<TransformSet>();
+  s->layers = kLayers;
+  s->kv_heads = kKvHeads;
+  s->head_dim = kD;
+  s->gamma = kWushDefaultGamma;
+  s->calibration_tokens = 1000;
+  s->Resize();
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (Mat m : {Mat::kKey, Mat::kValue}) {
+        const uint64_t at = 77 + 100 * l + 10 * h + static_cast<int>(m);
+        absl::StatusOr<WushTransform> t = BuildWushTransform(RandomSpd(kD, at), RandomSpd(kD, at + 5000), kD);
+        EXPECT_TRUE(t.ok()) << t.status();
+        const Mat inv = m == Mat::kKey ? Mat::kKeyInverse : Mat::kValueInverse;
+        for (int i = 0; i < kD * kD; ++i) {
+          s->matrix(l, h, m)[i] = static_cast<float>(t->t[i]);
+          s->matrix(l, h, inv)[i] = static_cast<float>(t->inv[i]);
+        }
+      }
+    }
+  }
+  return s;
+}
+
+// Pushes the same tokens into `o`'s handler and returns the checksums.
+// `attend`: whether to attend (a split-KV item and a one-pass item).
+Golden RunService(ServiceOptions o) {
+  Metrics metrics;
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics);
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (!h.ok()) return {};
+  SynthParams sp;
+  sp.layers = kLayers;
+  sp.tokens = kTokens;
+  sp.kv_heads = kKvHeads;
+  sp.head_dim = kD;
+  sp.query_tokens = 4;
+  sp.seed = 31;
+  const SynthKv kv = GenerateSynth(sp);
+  for (int l = 0; l < kLayers; ++l) {
+    v1::AppendResponse totals;
+    for (int t = 0; t < kTokens; t += 97) {
+      const int count = std::min(97, kTokens - t);
+      v1::AppendChunk c;
+      c.set_sequence_id("golden");
+      c.set_layer(l);
+      c.set_first_token(t);
+      c.set_token_count(count);
+      c.set_dtype(v1::DTYPE_F32);
+      const size_t at = (static_cast<size_t>(l) * kTokens + t) * kN;
+      FloatToTensor(kv.keys.data() + at, static_cast<size_t>(count) * kN, v1::DTYPE_F32, c.mutable_keys());
+      FloatToTensor(kv.values.data() + at, static_cast<size_t>(count) * kN, v1::DTYPE_F32, c.mutable_values());
+      absl::Status st = (*h)->Append(c, &totals);
+      EXPECT_TRUE(st.ok()) << st;
+    }
+  }
+  Golden g{};
+  const PagePool& pool = (*h)->pool();
+  g.arena = Fnv1a(pool.key_records(0), pool.capacity_bytes());
+  g.page_bytes = pool.page_stride();
+  g.capacity_pages = static_cast<uint64_t>(pool.capacity_pages());
+  v1::ReadRequest rr;
+  rr.set_sequence_id("golden");
+  rr.set_dtype(v1::DTYPE_F32);
+  g.read = 0xcbf29ce484222325ull;
+  for (int l = 0; l < kLayers; ++l) {
+    rr.set_layer(l);
+    absl::Status st = (*h)->Read(rr, [&](const v1::ReadChunk& c) {
+      g.read = Fnv1a(c.keys().data(), c.keys().size(), g.read);
+      g.read = Fnv1a(c.values().data(), c.values().size(), g.read);
+      return true;
+    });
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  v1::AttendRequest req;
+  for (int l = 0; l < kLayers; ++l) {
+    v1::AttendItem* it = req.add_items();
+    it->set_sequence_id("golden");
+    it->set_layer(l);
+    it->set_dtype(v1::DTYPE_F32);
+    it->set_q_heads(kQHeads);
+    FloatToTensor(kv.queries.data() + static_cast<size_t>(l) * sp.query_tokens * kQHeads * kD,
+                  static_cast<size_t>(kQHeads) * kD, v1::DTYPE_F32, it->mutable_query());
+  }
+  v1::AttendResponse resp;
+  absl::Status st = (*h)->Attend(req, &resp);
+  EXPECT_TRUE(st.ok()) << st;
+  g.attend = 0xcbf29ce484222325ull;
+  for (const v1::AttendResult& r : resp.results()) {
+    g.attend = Fnv1a(r.output().data(), r.output().size(), g.attend);
+    for (float x : r.lse()) g.attend = Fnv1a(&x, sizeof(x), g.attend);
+  }
+  return g;
+}
+
+void Expect(const char* name, const Golden& got, const Golden& want, bool check_attend) {
+  const bool same = got.arena == want.arena && got.read == want.read &&
+                    (!check_attend || got.attend == want.attend) && got.page_bytes == want.page_bytes &&
+                    got.capacity_pages == want.capacity_pages;
+  if (!same) {
+    std::printf("%s: {0x%016llxull, 0x%016llxull, 0x%016llxull, %llu, %llu}\n", name,
+                static_cast<unsigned long long>(got.arena), static_cast<unsigned long long>(got.read),
+                static_cast<unsigned long long>(got.attend), static_cast<unsigned long long>(got.page_bytes),
+                static_cast<unsigned long long>(got.capacity_pages));
+  }
+  EXPECT_EQ(got.arena, want.arena) << name << ": page arena bytes";
+  EXPECT_EQ(got.read, want.read) << name << ": Read";
+  if (check_attend) EXPECT_EQ(got.attend, want.attend) << name << ": Attend outputs";
+  EXPECT_EQ(got.page_bytes, want.page_bytes) << name << ": page stride";
+  EXPECT_EQ(got.capacity_pages, want.capacity_pages) << name << ": pages in the pool";
+}
+
+ServiceOptions Options(int page_tokens, int window_tokens) {
+  ServiceOptions o = testing::SmallOptions(1u << 20);
+  o.codec.mean_window = page_tokens;
+  o.window_tokens = window_tokens;
+  o.backend_threads = 4;  // long items are split over threads (split-KV merge)
+  return o;
+}
+
+// Pages of 32 tokens, window 32 (the handler tests' shape): 21 pages a layer.
+TEST(ServiceGoldenTest, SmallPagesHadamard) {
+  Expect("small", RunService(Options(32, 32)), {0x5a41d01f496251bfull, 0xcd684cb27e26acf1ull, 0xad6cd7fdb7fbec15ull, 2624, 399}, true);
+}
+
+// Pages of 128 tokens (the GPU kernels' page) and the default window.
+TEST(ServiceGoldenTest, DefaultPagesHadamard) {
+  Expect("default", RunService(Options(128, 128)), {0x2c7e4f44e5827b8eull, 0x78feb645737d2756ull, 0xd401dcf00e9a87c6ull, 9920, 105}, true);
+}
+
+TEST(ServiceGoldenTest, IdentityTransform) {
+  ServiceOptions o = Options(32, 32);
+  o.transform = TransformKind::kIdentity;
+  o.codec.hadamard = false;
+  Expect("identity", RunService(o), {0x02fb89dc0b8f939aull, 0x0ad372ba86c76997ull, 0x0a49c4d280757fb3ull, 2624, 399}, true);
+}
+
+// WUSH: pages and Read are pinned; Attend is checked by service_wush_test.
+TEST(ServiceGoldenTest, WushTransform) {
+  ServiceOptions o = Options(32, 32);
+  o.transform = TransformKind::kWush;
+  o.codec.hadamard = false;
+  o.transforms = WushSet();
+  o.transforms_file = "golden.xfm";
+  Expect("wush", RunService(o), {0x7299ac3374d2d021ull, 0x76c5fc4f6c607264ull, 0x1bd9a0462c1909b8ull, 2624, 399}, false);
+}
+
+}  // namespace
+}  // namespace driftkv

@@ -1,0 +1,37 @@
+// Tensors on the wire: little-endian bf16, fp16 or f32 elements in C order
+// (proto/driftkv.proto). Conversions to and from float for the server and
+// the client library. This build assumes a little-endian host (x86-64, arm64).
+#ifndef DRIFTKV_WIRE_TENSOR_H_
+#define DRIFTKV_WIRE_TENSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "proto/driftkv.pb.h"
+
+namespace driftkv {
+
+// Bytes per element; 0 for DTYPE_UNSPECIFIED and unknown values.
+size_t DTypeBytes(int dtype);
+// "bf16", "fp16", "f32" or "dtype 7".
+std::string DTypeName(int dtype);
+
+// Checks dtype and length: InvalidArgument naming `field` ("items[2].query").
+absl::Status CheckTensorBytes(absl::string_view field, int dtype, size_t bytes, size_t elements,
+                              absl::string_view shape);
+
+// Converts `elements` values; REQUIRES: CheckTensorBytes passed.
+void TensorToFloat(absl::string_view bytes, int dtype, size_t elements, float* out);
+// Appends `elements` values in `dtype` (round to nearest even) to `out`.
+void FloatToTensor(const float* x, size_t elements, int dtype, std::string* out);
+
+// Checks every value is finite and |x| <= limit; InvalidArgument naming the
+// field, the element index and the value.
+absl::Status CheckValues(absl::string_view field, const float* x, size_t elements, float limit);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_WIRE_TENSOR_H_
