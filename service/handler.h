@@ -151,7 +151,19 @@ class Handler {
   absl::Status ApplyAppend(Layer* layer, int layer_index, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages);
 
+  // Attend in steps (handler_attend.cc): validate, lock, plan and apply
+  // the decode steps, attend.
+  struct AttendWork;
+  class AttendLocks;
   absl::Status AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response);
+  absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work) const;
+  // REQUIRES: the batch's locks held (AttendLocks).
+  absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
+                               int64_t* total_pages) const;
+  // Reserves total_pages pages, applies the planned steps; *used: pages
+  // stored (the rest are freed). REQUIRES: the batch's locks held.
+  absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
+                                int64_t total_pages, size_t* used);
   void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
   void PublishGauges();
 

@@ -1,0 +1,154 @@
+// Handler::Release, idle expiry, the gauges, Info and Stats.
+#include "service/handler.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "service/handler_internal.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+
+using handler_internal::Quoted;
+
+absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response) {
+  absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
+  if (!st.ok()) return st;
+  SequencePtr seq;
+  {
+    absl::MutexLock lock(&table_mu_);
+    auto it = table_.find(request.sequence_id());
+    if (it != table_.end()) {
+      seq = it->second;
+      table_.erase(it);
+    }
+  }
+  if (seq == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
+  }
+  uint64_t tokens = 0, pages = 0;
+  {
+    absl::MutexLock lock(&seq->mu);
+    if (seq->released) {
+      return absl::NotFoundError(
+          absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
+    }
+    FreeLocked(seq.get(), &tokens, &pages);
+    seq->released = true;
+  }
+  response->set_tokens_freed(tokens);
+  response->set_pages_freed(pages);
+  ++sequences_released_;
+  metrics_->sequences_released->Increment();
+  PublishGauges();
+  return absl::OkStatus();
+}
+
+int Handler::ExpireIdle() {
+  if (options_.ttl_seconds <= 0.0) return 0;
+  const int64_t cutoff = absl::ToUnixNanos(clock_() - absl::Seconds(options_.ttl_seconds));
+  std::vector<SequencePtr> idle;
+  {
+    absl::MutexLock lock(&table_mu_);
+    for (auto it = table_.begin(); it != table_.end();) {
+      if (it->second->last_access_ns.load() < cutoff) {
+        idle.push_back(it->second);
+        table_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  int expired = 0;
+  for (const SequencePtr& seq : idle) {
+    absl::MutexLock lock(&seq->mu);
+    if (seq->released) continue;
+    uint64_t tokens = 0, pages = 0;
+    FreeLocked(seq.get(), &tokens, &pages);
+    seq->released = true;
+    ++expired;
+  }
+  if (expired > 0) {
+    sequences_expired_ += expired;
+    metrics_->sequences_expired->Increment(expired);
+    PublishGauges();
+  }
+  return expired;
+}
+
+void Handler::PublishGauges() {
+  const int64_t in_use = pool_->pages_in_use();
+  metrics_->pool_pages_in_use->Set(static_cast<double>(in_use));
+  metrics_->pool_bytes_in_use->Set(static_cast<double>(in_use) * pool_->page_stride());
+  metrics_->tokens_compressed->Set(static_cast<double>(tokens_compressed_.load()));
+  metrics_->tokens_window->Set(static_cast<double>(tokens_window_.load()));
+  metrics_->window_bytes->Set(4.0 * n() * tokens_window_.load());
+  size_t sequences;
+  {
+    absl::MutexLock lock(&table_mu_);
+    sequences = table_.size();
+  }
+  metrics_->sequences->Set(static_cast<double>(sequences));
+}
+
+void Handler::Info(v1::InfoResponse* r) const {
+  const DQuantConfig& c = codec_.config();
+  r->set_server_version(kServerVersion);
+  r->set_backend(backend_->name());
+  r->set_layers(options_.layers);
+  r->set_kv_heads(c.kv_heads);
+  r->set_head_dim(c.head_dim);
+  r->set_codec("dquant");
+  r->set_key_levels(c.key_levels);
+  r->set_value_levels(c.value_levels);
+  r->set_key_payload_bytes(c.key_bytes);
+  r->set_value_payload_bytes(c.value_bytes);
+  r->set_alpha(c.alpha);
+  r->set_page_tokens(pool_->page_tokens());
+  r->set_window_tokens(options_.window_tokens);
+  r->set_page_bytes(pool_->page_stride());
+  r->set_capacity_pages(pool_->capacity_pages());
+  r->set_capacity_bytes(pool_->capacity_bytes());
+  r->set_key_bits_per_value(codec_.key_bits_per_value());
+  r->set_value_bits_per_value(codec_.value_bits_per_value());
+  r->set_max_message_bytes(options_.max_message_bytes);
+  r->set_max_batch(options_.max_batch);
+  r->set_max_sequences(options_.max_sequences);
+  r->set_ttl_seconds(options_.ttl_seconds);
+  r->set_transform(TransformName(options_.transform));
+  if (options_.transforms != nullptr) {
+    r->set_transforms_checksum(transforms_checksum_);
+    r->set_transforms_calibration_tokens(options_.transforms->calibration_tokens);
+    r->set_values_folded(options_.values_folded);
+  }
+}
+
+void Handler::Stats(v1::StatsResponse* r) const {
+  {
+    absl::MutexLock lock(&table_mu_);
+    r->set_sequences(table_.size());
+  }
+  const int64_t in_use = pool_->pages_in_use();
+  r->set_pages_in_use(in_use);
+  r->set_capacity_pages(pool_->capacity_pages());
+  r->set_bytes_in_use(static_cast<uint64_t>(in_use) * pool_->page_stride());
+  r->set_capacity_bytes(pool_->capacity_bytes());
+  r->set_tokens_compressed(tokens_compressed_.load());
+  r->set_tokens_window(tokens_window_.load());
+  r->set_window_bytes(static_cast<uint64_t>(4) * n() * tokens_window_.load());
+  r->set_sequences_expired(sequences_expired_.load());
+  r->set_sequences_released(sequences_released_.load());
+  r->set_tokens_ingested(tokens_ingested_.load());
+  r->set_bytes_ingested(bytes_ingested_.load());
+  r->set_attention_tokens(attention_tokens_.load());
+  absl::MutexLock lock(&stats_mu_);
+  r->set_symbols_key(codec_stats_.keys.symbols);
+  r->set_symbols_moved_key(codec_stats_.keys.moved);
+  r->set_symbols_value(codec_stats_.values.symbols);
+  r->set_symbols_moved_value(codec_stats_.values.moved);
+  r->set_encode_retries(codec_stats_.keys.retries + codec_stats_.values.retries);
+}
+
+}  // namespace driftkv

@@ -1,0 +1,283 @@
+// Handler::Attend: validates every item, locks the sequences and layers in
+// order, applies the decode steps all-or-nothing, then runs every item as
+// one backend call.
+#include "service/handler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "service/handler_internal.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+
+using handler_internal::kMaxTokenIndex;
+using handler_internal::Quoted;
+
+// One item of an Attend request, validated and decoded.
+struct Handler::AttendWork {
+  std::vector<float> query, key, value;  // key/value: the decode step's token
+  bool step = false;                     // the item appends a token first
+  float scale = 0.0f;
+  Sequence* seq = nullptr;
+  AppendPlan plan;
+};
+
+// The locks of one Attend batch, taken in the order of handler.h: every
+// sequence (readers, id order), then every layer ((id, layer) order;
+// writers where a decode step appends).
+class Handler::AttendLocks {
+ public:
+  // Finds the items' sequences; NOT_FOUND naming the first missing one.
+  absl::Status Find(Handler* h, const v1::AttendRequest& request, std::vector<AttendWork>* work) {
+    for (int i = 0; i < request.items_size(); ++i) {
+      auto& entry = seqs_[request.items(i).sequence_id()];
+      if (entry.first == nullptr) {
+        entry.first = h->Find(request.items(i).sequence_id());
+        if (entry.first == nullptr) {
+          return absl::NotFoundError(absl::StrCat("items[", i, "].sequence_id ",
+                                                  Quoted(request.items(i).sequence_id()), " not found"));
+        }
+      }
+      entry.second = entry.second || (*work)[i].step;
+      (*work)[i].seq = entry.first.get();
+    }
+    for (int i = 0; i < request.items_size(); ++i) {
+      const v1::AttendItem& it = request.items(i);
+      auto& entry = layers_[{it.sequence_id(), it.layer()}];
+      entry.first = &(*work)[i].seq->layers[it.layer()];
+      entry.second = entry.second || (*work)[i].step;
+    }
+    return absl::OkStatus();
+  }
+  void Lock() {
+    for (auto& [id, entry] : seqs_) entry.first->mu.ReaderLock();
+    for (auto& [key, entry] : layers_) {
+      if (entry.second) {
+        entry.first->mu.Lock();
+      } else {
+        entry.first->mu.ReaderLock();
+      }
+    }
+  }
+  void Unlock() {
+    for (auto& [key, entry] : layers_) {
+      if (entry.second) {
+        entry.first->mu.Unlock();
+      } else {
+        entry.first->mu.ReaderUnlock();
+      }
+    }
+    for (auto& [id, entry] : seqs_) entry.first->mu.ReaderUnlock();
+    layers_.clear();  // seqs_ keeps the sequences alive until the call returns
+  }
+  void TouchAll(Handler* h) {
+    for (auto& [id, entry] : seqs_) h->Touch(entry.first.get());
+  }
+
+ private:
+  std::map<std::string, std::pair<SequencePtr, bool>> seqs_;                // sequence, any step
+  std::map<std::pair<std::string, uint32_t>, std::pair<Layer*, bool>> layers_;  // layer, any step
+};
+
+absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response) {
+  absl::Status st = AttendImpl(request, response);
+  if (!st.ok()) metrics_->rejected_chunks->Increment();
+  return st;
+}
+
+absl::Status Handler::ValidateAttendItem(const v1::AttendItem& it, int i, AttendWork* w) const {
+  const int d = codec_.config().head_dim, kv_heads = codec_.config().kv_heads;
+  const std::string where = absl::StrCat("items[", i, "]");
+  absl::Status st = CheckSequenceId(where + ".sequence_id", it.sequence_id());
+  if (st.ok()) st = CheckLayer(where + ".layer", it.layer());
+  if (st.ok() && (it.q_heads() == 0 || it.q_heads() % kv_heads != 0)) {
+    st = absl::InvalidArgumentError(absl::StrCat(where, ".q_heads ", it.q_heads(),
+                                                 " is not a positive multiple of kv_heads ", kv_heads));
+  }
+  if (st.ok() && it.q_heads() > 65536) {
+    st = absl::InvalidArgumentError(absl::StrCat(where, ".q_heads ", it.q_heads(), " exceeds 65536"));
+  }
+  const size_t qe = static_cast<size_t>(it.q_heads()) * d;
+  if (st.ok()) {
+    st = CheckTensorBytes(where + ".query", it.dtype(), it.query().size(), qe,
+                          absl::StrCat("q_heads ", it.q_heads(), " x head_dim ", d));
+  }
+  if (st.ok()) {
+    w->query.resize(qe);
+    TensorToFloat(it.query(), it.dtype(), qe, w->query.data());
+    st = CheckValues(where + ".query", w->query.data(), qe, std::numeric_limits<float>::max());
+  }
+  w->step = !it.new_key().empty() || !it.new_value().empty();
+  if (st.ok() && w->step) {
+    const std::string shape = absl::StrCat("1 token x kv_heads ", kv_heads, " x head_dim ", d);
+    st = CheckTensorBytes(where + ".new_key", it.dtype(), it.new_key().size(), n(), shape);
+    if (st.ok()) st = CheckTensorBytes(where + ".new_value", it.dtype(), it.new_value().size(), n(), shape);
+    if (st.ok()) {
+      w->key.resize(n());
+      w->value.resize(n());
+      TensorToFloat(it.new_key(), it.dtype(), n(), w->key.data());
+      TensorToFloat(it.new_value(), it.dtype(), n(), w->value.data());
+      st = CheckValues(where + ".new_key", w->key.data(), n(), value_limit());
+      if (st.ok()) st = CheckValues(where + ".new_value", w->value.data(), n(), value_limit());
+    }
+  }
+  if (st.ok() && !w->step && it.has_new_token_index()) {
+    st = absl::InvalidArgumentError(absl::StrCat(
+        where, ".new_token_index ", it.new_token_index(), " is set but new_key/new_value are empty"));
+  }
+  if (st.ok() && it.has_new_token_index() && it.new_token_index() > kMaxTokenIndex) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat(where, ".new_token_index ", it.new_token_index(), " exceeds ", kMaxTokenIndex));
+  }
+  w->scale = it.has_softmax_scale() ? it.softmax_scale() : 1.0f / std::sqrt(static_cast<float>(d));
+  if (st.ok() && !(std::isfinite(w->scale) && w->scale > 0.0f)) {
+    st = absl::InvalidArgumentError(absl::StrCat(where, ".softmax_scale ", w->scale, " must be finite and > 0"));
+  }
+  return st;
+}
+
+absl::Status Handler::PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
+                                      int64_t* total_pages) const {
+  // Simulated (length, window) per layer: items of one batch may share a layer.
+  std::map<std::pair<Sequence*, uint32_t>, std::pair<int64_t, int64_t>> sim;
+  for (int i = 0; i < request.items_size(); ++i) {
+    const v1::AttendItem& it = request.items(i);
+    AttendWork& w = (*work)[i];
+    if (w.seq->released) {
+      return absl::NotFoundError(
+          absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found (released)"));
+    }
+    const Layer& layer = w.seq->layers[it.layer()];
+    auto key = std::make_pair(w.seq, it.layer());
+    auto found = sim.find(key);
+    if (found == sim.end()) {
+      found = sim.emplace(key, std::make_pair(layer.length, static_cast<int64_t>(layer.window_keys.size() / n())))
+                  .first;
+    }
+    auto& [length, window] = found->second;
+    if (w.step) {
+      const uint64_t first = it.has_new_token_index() ? it.new_token_index() : length;
+      absl::StatusOr<AppendPlan> plan = PlanAppend(length, window, absl::StrCat("items[", i, "].new_token_index"),
+                                                   it.sequence_id(), it.layer(), first, 1);
+      if (!plan.ok()) return plan.status();
+      w.plan = *plan;
+      length += plan->fresh;
+      window += plan->fresh - plan->pages * pool_->page_tokens();
+      *total_pages += plan->pages;
+    }
+    if (length == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("items[", i, "]: layer ", it.layer(), " of sequence_id ",
+                                                        Quoted(it.sequence_id()),
+                                                        " holds no tokens; nothing to attend to"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
+                                       int64_t total_pages, size_t* used) {
+  absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(total_pages);
+  if (!reserved.ok()) return reserved.status();
+  absl::Status st;
+  for (int i = 0; i < request.items_size() && st.ok(); ++i) {
+    AttendWork& w = (*work)[i];
+    const v1::AttendItem& it = request.items(i);
+    if (w.step && w.plan.fresh == 0) metrics_->duplicate_tokens->Increment();  // a repeated step
+    if (!w.step || w.plan.fresh == 0) continue;
+    std::vector<PageId> pages(reserved->begin() + *used, reserved->begin() + *used + w.plan.pages);
+    st = ApplyAppend(&w.seq->layers[it.layer()], static_cast<int>(it.layer()), w.plan, w.key.data(), w.value.data(),
+                     pages);
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
+      break;
+    }
+    *used += pages.size();
+    tokens_ingested_ += 1;
+    bytes_ingested_ += 2 * n() * DTypeBytes(it.dtype());
+    metrics_->ingested_tokens->Increment();
+    metrics_->ingested_bytes->Increment(2.0 * n() * DTypeBytes(it.dtype()));
+  }
+  if (*used < reserved->size()) pool_->Free(std::vector<PageId>(reserved->begin() + *used, reserved->end()));
+  return st;
+}
+
+absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response) {
+  const int items = request.items_size();
+  if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
+  if (items > options_.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("items has ", items, " entries; max_batch is ", options_.max_batch));
+  }
+  // 1. Validate every item before touching any state.
+  std::vector<AttendWork> work(items);
+  for (int i = 0; i < items; ++i) {
+    absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
+    if (!st.ok()) return st;
+  }
+  // 2. Find the sequences and lock them and their layers in order.
+  AttendLocks locks;
+  if (absl::Status st = locks.Find(this, request, &work); !st.ok()) return st;
+  locks.Lock();
+  // 3. Plan every decode step on simulated lengths; 4. reserve all pages
+  // at once, then apply the steps.
+  int64_t total_pages = 0;
+  size_t used = 0;
+  absl::Status st = PlanAttendSteps(request, &work, &total_pages);
+  if (st.ok()) st = ApplyAttendSteps(request, &work, total_pages, &used);
+  if (!st.ok()) {
+    locks.Unlock();
+    if (total_pages > 0 || used > 0) PublishGauges();
+    return st;
+  }
+
+  // 5. Attention, every item at once.
+  const int d = codec_.config().head_dim;
+  std::vector<AttendJob> jobs(items);
+  response->clear_results();
+  std::vector<std::vector<float>> lse(items);
+  uint64_t attended = 0;
+  for (int i = 0; i < items; ++i) {
+    const v1::AttendItem& it = request.items(i);
+    const Layer& layer = work[i].seq->layers[it.layer()];
+    v1::AttendResult* r = response->add_results();
+    r->mutable_output()->resize(static_cast<size_t>(it.q_heads()) * d * sizeof(float));
+    lse[i].resize(it.q_heads());
+    AttendJob& j = jobs[i];
+    j.pages = absl::MakeConstSpan(layer.pages);
+    j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
+                          static_cast<int64_t>(layer.window_keys.size() / n())};
+    j.window_id = layer.id;
+    j.window_first = static_cast<int64_t>(layer.pages.size()) * pool_->page_tokens();
+    j.query = work[i].query.data();
+    j.q_heads = static_cast<int>(it.q_heads());
+    j.softmax_scale = work[i].scale;
+    j.layer = static_cast<int>(it.layer());
+    j.out = reinterpret_cast<float*>(r->mutable_output()->data());
+    j.lse = lse[i].data();
+    r->set_tokens(layer.length);
+    r->set_compressed_tokens(layer.pages.size() * pool_->page_tokens());
+    attended += layer.length;
+  }
+  backend_->Attend(absl::MakeSpan(jobs));
+  locks.TouchAll(this);
+  locks.Unlock();
+  for (int i = 0; i < items; ++i) {
+    if (!jobs[i].status.ok()) {
+      return absl::Status(jobs[i].status.code(), absl::StrCat("items[", i, "]: ", jobs[i].status.message()));
+    }
+    response->mutable_results(i)->mutable_lse()->Assign(lse[i].begin(), lse[i].end());
+  }
+  attention_tokens_ += attended;
+  metrics_->attention_tokens->Increment(static_cast<double>(attended));
+  metrics_->attention_items->Increment(items);
+  if (total_pages > 0 || used > 0 ||
+      std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return w.step; })) {
+    PublishGauges();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv
