@@ -36,6 +36,25 @@ namespace driftkv {
 // their log-sum-exp (codec/transform_attention.h). Without transforms the
 // layer fields are ignored.
 
+// HOT TIER. When the service runs a hot tier (BackendArgs::hot_pool set), a
+// layer's pages live in exactly one of two pools: the cold pool of D-Quant
+// pages (codec/page_layout.h) or the hot pool of level pages of the same
+// symbols stored fixed-width (codec/level_page.h). The handler decides; the
+// backend moves pages between the pools, exactly:
+//   PromotePages: cold page `from` -> hot page `to` (the symbols decoded
+//                 from the rANS records); the cold page is left as it is and
+//                 the caller frees it afterwards.
+//   DemotePages:  hot page `from` -> cold page `to`, byte-identical to the
+//                 cold page it was promoted from (rANS of the known levels,
+//                 no drift search); the caller frees the hot page afterwards.
+// AttendJob::hot says which pool a job's pages are in; DecodeHotTokens reads
+// hot pages. Read and Attend give the same answer from either tier.
+struct TierMove {
+  PageId from = -1;
+  PageId to = -1;
+  int tokens = 0;  // tokens the page holds (page_tokens for full pages)
+};
+
 // Encode P = page_tokens tokens into one page.
 struct EncodeJob {
   const float* keys = nullptr;    // [P][kv_heads][head_dim], host
@@ -63,6 +82,7 @@ struct AttendJob {
   int q_heads = 0;
   float softmax_scale = 0.0f;
   int layer = 0;                   // selects the transform; see TRANSFORMS
+  bool hot = false;                // `pages` are level pages of the hot pool; see HOT TIER
   float* out = nullptr;            // [q_heads][head_dim]
   float* lse = nullptr;            // [q_heads]
   absl::Status status;             // out
@@ -83,8 +103,22 @@ class Backend {
   virtual absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
                                     float* values) = 0;
 
-  // Runs every job; each job's status says how it went.
+  // Runs every job; each job's status says how it went. A batch may mix hot
+  // and cold jobs.
   virtual void Attend(absl::Span<AttendJob> jobs) = 0;
+
+  // The hot tier (see HOT TIER); a backend without one returns Unimplemented.
+  virtual bool SupportsHotTier() const { return false; }
+  virtual absl::Status PromotePages(absl::Span<const TierMove> moves) {
+    return absl::UnimplementedError(name() + " backend has no hot tier");
+  }
+  virtual absl::Status DemotePages(absl::Span<const TierMove> moves) {
+    return absl::UnimplementedError(name() + " backend has no hot tier");
+  }
+  // DecodeTokens for a page of the hot pool.
+  virtual absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) {
+    return absl::UnimplementedError(name() + " backend has no hot tier");
+  }
 
   // True when one Attend over many jobs costs much less than several over
   // few (one kernel launch each): the handler then merges concurrent calls

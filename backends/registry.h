@@ -35,6 +35,9 @@ struct BackendArgs {
   // serves.
   const TransformSet* transforms = nullptr;
   bool values_folded = false;          // T_V is folded into the model's weights
+  // The hot tier's pool of level pages (HOT TIER in backend.h), or null when
+  // the service runs without one. Must outlive the backend.
+  const PagePool* hot_pool = nullptr;
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
 
