@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "codec/transforms_file.h"
-#include "codec/wush.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 

@@ -9,7 +9,7 @@
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
-#include "codec/transform.h"
+#include "codec/transform/transform.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
