@@ -1,5 +1,6 @@
-// Batches concurrent Attend calls into one backend call (issue 5: "concurrent
-// Attend RPCs batched into one launch when they arrive together").
+// Batches concurrent Attend calls into one backend call: concurrent Attend
+// RPCs that arrive together share one launch on a backend that prefers
+// batches (Backend::PrefersBatchedAttend).
 //
 // A combining queue, no timer: a call that finds the backend idle runs at
 // once, alone (no added latency when idle). Calls that arrive while a batch

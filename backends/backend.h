@@ -19,21 +19,21 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "codec/attention.h"
-#include "codec/kv_codec.h"
-#include "codec/transforms_file.h"
 #include "backends/page_pool.h"
+#include "codec/compressed_attention.h"
+#include "codec/kv_codec.h"
+#include "codec/transform/transforms_file.h"
 
 namespace driftkv {
 
-// TRANSFORMS. With BackendArgs::transforms set (WUSH-KV, issue 6) the codec
+// TRANSFORMS. With BackendArgs::transforms set (WUSH-KV) the codec
 // was built with rotation "identity" and the backend owns the transform
-// stage of codec/transform.h, using layer `layer` of the set: keys are
+// stage of codec/transform/transform.h, using layer `layer` of the set: keys are
 // stored as T_K k and values as T_V v (values untouched when values_folded);
 // DecodeTokens returns the model domain (T^-1 applied); Attend scores the
 // pages with q' = T_K^-T q, maps the pages' output back with T_V^-1 and
 // attends the bf16 window (model domain) with q itself, merging the two by
-// their log-sum-exp (codec/transform_attention.h). Without transforms the
+// their log-sum-exp (codec/transform/transform_attention.h). Without transforms the
 // layer fields are ignored.
 
 // HOT TIER. When the service runs a hot tier (BackendArgs::hot_pool set), a

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "backends/page_pool.h"
 #include "codec/dquant_codec.h"
-#include "codec/transform.h"
+#include "codec/transform/transform.h"
 
 namespace driftkv {
 

@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/page_layout.h"
 
 namespace driftkv {

@@ -20,7 +20,7 @@
 #include "backends/backend.h"
 #include "backends/page_pool.h"
 #include "codec/dquant_codec.h"
-#include "codec/transforms_file.h"
+#include "codec/transform/transforms_file.h"
 
 namespace driftkv {
 

@@ -1,4 +1,4 @@
-// GPU benchmark of issue 5: fused D-Quant decode attention vs the project's
+// GPU benchmark (docs/bench_gpu.md): fused D-Quant decode attention vs the project's
 // bf16 paged kernel (SDPA is timed by bench/sdpa_bench.py in the same run),
 // GPU encode throughput, and the capacity figures.
 //

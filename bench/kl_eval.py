@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Model-level KL evaluation of the KV codecs (issue 3, D-Quant Appendix B
+"""Model-level KL evaluation of the KV codecs (docs/quality.md, D-Quant Appendix B
 protocol scaled to the 1024-token eval model).
 
 For each window of held-out *Persuasion* (Austen; never seen in training):

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Markdown tables of docs/quality.md (issue 3) from the sweep CSVs of
+"""Markdown tables of docs/quality.md (the baselines and sweeps) from the sweep CSVs of
 `driftkv-codec sweep` and the kl.json of kl_eval.py.
 
 usage: quality_tables.py --sweep LABEL=DIR/sweep.csv [--sweep ...] [--kl kl.json]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Captures calibration and evaluation tensors for WUSH-KV (issue 6) from the
+"""Captures calibration and evaluation tensors for WUSH-KV (docs/quality.md) from the
 eval model on held-out *Persuasion*, keeping the two sets of text apart.
 
 Text: Persuasion from Debian's r-cran-janeaustenr, tokenized in one piece

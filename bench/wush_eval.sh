@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the WUSH-KV figures of docs/quality.md (issue 6).
+# Reproduces the WUSH-KV figures of docs/quality.md.
 #   bench/wush_eval.sh BIN_DIR WORK_DIR
 # BIN_DIR holds driftkv-calibrate, driftkv-codec and wush-ablation (e.g.
 # bazel-bin/tools); WORK_DIR receives the captured tensors (~350 MB), the

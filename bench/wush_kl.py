@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Model-level KL of codecs behind the identity, Hadamard and WUSH transforms
-(issue 6), with bench/kl_eval.py's protocol and windows: 24 windows of
+(docs/quality.md), with bench/kl_eval.py's protocol and windows: 24 windows of
 held-out Persuasion, cache of the first 768 positions encoded and decoded by
 `driftkv-codec encode|decode --transform T [--transforms F]`, forward KL of
 the next-token distributions over positions 768..1023, per window.

@@ -14,7 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/cli.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "eval/synthetic_kv.h"
 #include "wire/half.h"
 #include "wire/tensor.h"

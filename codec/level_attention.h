@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 
 namespace driftkv {

@@ -1,6 +1,6 @@
 // THE log-sum-exp merge of partial attention: one definition for the CPU
 // backend's split-KV parts, the WUSH stage's pages + window
-// (codec/transform_attention.cc) and the GPU merge kernel
+// (codec/transform/transform_attention.cc) and the GPU merge kernel
 // (kernels/merge.cu). Self-contained so that nvcc compiles it too.
 //
 // A partial softmax state of one query head over a set of tokens is

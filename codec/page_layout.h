@@ -19,7 +19,7 @@
 // (codec/dquant_codec.h), each a multiple of 4 bytes. Page p of an arena
 // starts at p * page_bytes. The records are those of codec/stream_codec.h
 // and codec/dquant_codec.h, unchanged; a full page is one CompressedBlock
-// of codec/attention.h.
+// of codec/compressed_attention.h.
 //
 // What the GPU kernels need, and why this layout gives it
 // (GpuPageLayoutError in kernels/attention.h checks it at every launch):

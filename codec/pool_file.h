@@ -36,7 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "codec/layer.h"
+#include "codec/encoded_layer.h"
 #include "codec/registry.h"
 
 namespace driftkv {
@@ -45,7 +45,7 @@ constexpr char kPoolMagic[8] = {'D', 'K', 'V', 'P', 'O', 'O', 'L', '\0'};
 constexpr uint32_t kPoolVersion = 1;
 constexpr int kPoolFixedHeaderBytes = 128;
 
-// The transform stage (codec/transform.h) the pool was written behind,
+// The transform stage (codec/transform/transform.h) the pool was written behind,
 // stored after the codec options as
 //   transform=KIND [transform_layer=L values_folded=0|1 transforms_fnv=HEX16]
 // (the bracketed keys for wush only), so that a reader can insist on the

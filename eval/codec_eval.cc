@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "codec/attention.h"
-#include "codec/transform_attention.h"
+#include "codec/compressed_attention.h"
+#include "codec/transform/transform_attention.h"
 #include "wire/half.h"
 
 namespace driftkv {

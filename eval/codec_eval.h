@@ -7,7 +7,7 @@
 //     is causal attention in float64 over the original keys/values and ohat
 //     the same attention over the stored cache (for D-Quant, also behind a
 //     WUSH transform, through the compressed-domain path of
-//     codec/attention.h / codec/transform_attention.h, otherwise over the
+//     codec/compressed_attention.h / codec/transform/transform_attention.h, otherwise over the
 //     decoded cache); query i of Tq sits at position T - Tq + i;
 //   bits per value: every stored byte (records, side records, bf16 window)
 //     * 8 / values.
@@ -34,8 +34,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "codec/encoded_layer.h"
 #include "codec/kv_codec.h"
-#include "codec/layer.h"
 
 namespace driftkv {
 

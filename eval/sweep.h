@@ -1,4 +1,4 @@
-// `driftkv-codec sweep`: rate-distortion sweep of several codecs (issue 3).
+// `driftkv-codec sweep`: rate-distortion sweep of several codecs (docs/quality.md).
 #ifndef DRIFTKV_EVAL_SWEEP_H_
 #define DRIFTKV_EVAL_SWEEP_H_
 

@@ -1,5 +1,4 @@
-// The transform flags of driftkv-codec eval, encode, decode and sweep
-// (issue 6):
+// The transform flags of driftkv-codec eval, encode, decode and sweep:
 //   --transform identity|hadamard|wush   (default: the codec's own rotation)
 //   --transforms FILE                    (driftkv-calibrate's output; wush)
 //   --layer L        the transforms of model layer L for every tensor layer;
@@ -29,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "codec/pool_file.h"
 #include "codec/registry.h"
-#include "codec/transform.h"
+#include "codec/transform/transform.h"
 #include "eval/flags.h"
 
 namespace driftkv {

@@ -1,5 +1,5 @@
-// WUSH-KV calibration (issue 6): accumulates, per (layer, KV head), the
-// second-order statistics of codec/wush.h from captured queries, keys,
+// WUSH-KV calibration: accumulates, per (layer, KV head), the
+// second-order statistics of codec/transform/wush.h from captured queries, keys,
 // values and output projections, then builds the transforms file.
 // Only d x d sums are kept (4 per head), never the activations: memory is
 // O(layers * kv_heads * d^2) whatever the amount of calibration text.
@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "codec/transforms_file.h"
-#include "codec/wush.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
 
 namespace driftkv {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "codec/layer.h"
+#include "codec/encoded_layer.h"
 
 namespace driftkv {
 

@@ -1,5 +1,5 @@
-// The measurements of the WUSH-KV ablation (issue 6, seed's "controlled
-// ablation"): one layer's keys/values go through a codec (any transform),
+// The measurements of the WUSH-KV ablation (docs/quality.md, a controlled
+// ablation): one layer's keys/values go through a codec (any transform),
 // and causal attention of the given queries is computed over
 //   K: quantized keys, exact values;  V: exact keys, quantized values;
 //   KV: both quantized,

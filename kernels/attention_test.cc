@@ -10,13 +10,13 @@
 #include <limits>
 #include <vector>
 
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
-#include "kernels/gpu_test_util.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/device_buffer.h"
+#include "kernels/gpu_test_util.h"
 #include "kernels/host_pool.h"
 
 namespace driftkv {
@@ -82,7 +82,7 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
     CheckItem(go, h_lse[static_cast<size_t>(i) * c.q_heads], b.ref_keys[i], b.ref_values[i],
               b.tokens[i] + b.window_tokens[i], c.kv_heads, d, b.query.data() + static_cast<size_t>(i) * c.q_heads * d,
               c.q_heads, p.softmax_scale, "dquant", i);
-    // And the CPU fused path of codec/attention.h agrees too.
+    // And the CPU fused path of codec/compressed_attention.h agrees too.
     ASSERT_TRUE(CpuCompressedAttention(*codec, b, i, p.softmax_scale, cpu_out.data(), cpu_lse.data()).ok());
     double diff = 0.0, norm = 0.0;
     for (size_t j = 0; j < cpu_out.size(); ++j) {

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "codec/dquant_codec.h"
 #include "codec/rans.h"
-#include "codec/transforms_file.h"
+#include "codec/transform/transforms_file.h"
 #include "kernels/attention.h"
 #include "kernels/encode.h"
 

@@ -67,7 +67,7 @@ __device__ __forceinline__ const float* TransformMatrixAt(const float* mats, int
 }
 
 // Channel i of A x for a vector x in shared memory: sum_j A[j][i] x[j] in j
-// order with separate multiply and add, as codec/transform.cc's MatVec
+// order with separate multiply and add, as codec/transform/transform.cc's MatVec
 // (bit-identical results; the reads A[j][i] are coalesced across i).
 __device__ __forceinline__ float TransformedChannel(const float* a, const float* x, int i, int d) {
   float acc = 0.0f;

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "codec/attention.h"
-#include "codec/transforms_file.h"
-#include "codec/wush.h"
+#include "codec/compressed_attention.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
@@ -48,7 +48,7 @@ absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::
                               const std::vector<int>& window, bool shuffle, uint64_t seed,
                               HostDQuantBatch* batch);
 
-// CPU reference of item i with codec/attention.h CompressedAttention (the
+// CPU reference of item i with codec/compressed_attention.h CompressedAttention (the
 // same algorithm in fp32 on the CPU).
 absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
                                     float softmax_scale, float* out, float* lse);

@@ -1,10 +1,10 @@
-// The WUSH-KV transform stage on the GPU (issue 6): per-(layer, KV head)
+// The WUSH-KV transform stage on the GPU: per-(layer, KV head)
 // D x D matrices applied to keys and values before the encoder, to queries
 // before the fused attention kernel, and to its output in the merge kernel.
 //
 // DEVICE FORM. For every (layer, kv head) four float matrices A, each used as
 //   out[i] = sum_{j = 0..D-1} A[j * D + i] * x[j]     (j ascending, no FMA)
-// which is exactly the order and rounding of codec/transform.cc MatVec, so
+// which is exactly the order and rounding of codec/transform/transform.cc MatVec, so
 // the GPU's transformed keys and values are bit-identical to
 // LayerTransform's and a page encoded on the GPU equals the one
 // TransformedKvCodec writes:

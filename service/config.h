@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
-#include "codec/transform.h"
-#include "codec/transforms_file.h"
+#include "codec/transform/transform.h"
+#include "codec/transform/transforms_file.h"
 #include "proto/config.pb.h"
 
 namespace driftkv {

@@ -136,7 +136,7 @@ void Handler::DropIfEmpty(const SequencePtr& seq) {
   absl::MutexLock table_lock(&table_mu_);
   absl::MutexLock lock(&seq->mu);
   if (seq->released) return;
-  for (const Layer& l : seq->layers) {
+  for (const LayerState& l : seq->layers) {
     if (l.length != 0) return;
   }
   auto it = table_.find(seq->id);
@@ -146,7 +146,7 @@ void Handler::DropIfEmpty(const SequencePtr& seq) {
 
 void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
   const int64_t p = pool_->page_tokens();
-  for (Layer& l : seq->layers) {
+  for (LayerState& l : seq->layers) {
     *tokens += l.length;
     *pages += l.pages.size();
     pool_->Free(l.pages);

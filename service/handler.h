@@ -20,10 +20,10 @@
 //   Sequence::mu       readers: any operation on the sequence's layers;
 //                      writer: Release, expiry, dropping a failed new sequence
 //                      (which therefore wait for operations in flight);
-//   Layer::mu          readers: Attend (without steps) and Read of the layer;
+//   LayerState::mu     readers: Attend (without steps) and Read of the layer;
 //                      writer: Append and decode steps on the layer.
 // Several sequences are locked in ascending id order, all Sequence::mu
-// before any Layer::mu, and layers in ascending (id, layer) order. So
+// before any LayerState::mu, and layers in ascending (id, layer) order. So
 // the layers of one sequence ingest in parallel, many Attend calls on one
 // layer run at once, and nothing is torn: a holder of a stale pointer sees
 // the `released` mark and answers NOT_FOUND.
@@ -82,8 +82,9 @@ class Handler {
   const PagePool& pool() const { return *pool_; }
 
  private:
-  // Fields guarded by mu, or by the sequence's writer lock.
-  struct Layer {
+  // One model layer of one sequence: its pages and bf16 window. Fields
+  // guarded by mu, or by the sequence's writer lock.
+  struct LayerState {
     // Unique for the process's life (AttendJob::window_id).
     const uint64_t id = NewLayerId();
     absl::Mutex mu;
@@ -96,7 +97,7 @@ class Handler {
     explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
     const std::string id;
     absl::Mutex mu;
-    std::vector<Layer> layers;  // fixed size; see Layer
+    std::vector<LayerState> layers;  // fixed size; see LayerState
     bool released ABSL_GUARDED_BY(mu) = false;
     std::atomic<int64_t> last_access_ns{0};
   };
@@ -148,7 +149,7 @@ class Handler {
   // Stores plan.fresh tokens (float [count][n], already bf16-representable
   // or not: they are rounded to bf16 here) using `pages` reserved pages.
   // On failure nothing of the layer changed; the caller frees the pages.
-  absl::Status ApplyAppend(Layer* layer, int layer_index, const AppendPlan& plan, const float* keys,
+  absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages);
 
   // Attend in steps (handler_attend.cc): validate, lock, plan and apply

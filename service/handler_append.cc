@@ -38,7 +38,7 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
   return plan;
 }
 
-absl::Status Handler::ApplyAppend(Layer* layer, int layer_index, const AppendPlan& plan, const float* keys,
+absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
                                   const float* values, const std::vector<PageId>& pages) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
@@ -138,7 +138,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
                                                " was released while appending; retry"));
       }
-      Layer& layer = seq->layers[c.layer()];
+      LayerState& layer = seq->layers[c.layer()];
       absl::MutexLock layer_lock(&layer.mu);
       absl::StatusOr<AppendPlan> planned =
           PlanAppend(layer.length, static_cast<int64_t>(layer.window_keys.size() / n()),

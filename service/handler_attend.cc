@@ -80,7 +80,7 @@ class Handler::AttendLocks {
 
  private:
   std::map<std::string, std::pair<SequencePtr, bool>> seqs_;                // sequence, any step
-  std::map<std::pair<std::string, uint32_t>, std::pair<Layer*, bool>> layers_;  // layer, any step
+  std::map<std::pair<std::string, uint32_t>, std::pair<LayerState*, bool>> layers_;  // layer, any step
 };
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response) {
@@ -151,7 +151,7 @@ absl::Status Handler::PlanAttendSteps(const v1::AttendRequest& request, std::vec
       return absl::NotFoundError(
           absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found (released)"));
     }
-    const Layer& layer = w.seq->layers[it.layer()];
+    const LayerState& layer = w.seq->layers[it.layer()];
     auto key = std::make_pair(w.seq, it.layer());
     auto found = sim.find(key);
     if (found == sim.end()) {
@@ -241,7 +241,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   uint64_t attended = 0;
   for (int i = 0; i < items; ++i) {
     const v1::AttendItem& it = request.items(i);
-    const Layer& layer = work[i].seq->layers[it.layer()];
+    const LayerState& layer = work[i].seq->layers[it.layer()];
     v1::AttendResult* r = response->add_results();
     r->mutable_output()->resize(static_cast<size_t>(it.q_heads()) * d * sizeof(float));
     lse[i].resize(it.q_heads());

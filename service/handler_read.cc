@@ -36,7 +36,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
       return absl::NotFoundError(
           absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
     }
-    Layer& layer = seq->layers[request.layer()];
+    LayerState& layer = seq->layers[request.layer()];
     absl::ReaderMutexLock layer_lock(&layer.mu);
     const uint64_t length = layer.length;
     if (request.first_token() > length) {
@@ -63,7 +63,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()),
                                                " was released during Read"));
       }
-      Layer& layer = seq->layers[request.layer()];
+      LayerState& layer = seq->layers[request.layer()];
       absl::ReaderMutexLock layer_lock(&layer.mu);
       const int64_t paged = static_cast<int64_t>(layer.pages.size()) * p;
       for (int64_t t = 0; t < count;) {

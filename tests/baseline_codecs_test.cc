@@ -11,8 +11,8 @@
 #include "codec/baselines/group_affine.h"
 #include "codec/baselines/turbo_codec.h"
 #include "codec/dquant_codec.h"
+#include "codec/encoded_layer.h"
 #include "codec/hadamard.h"
-#include "codec/layer.h"
 #include "codec/registry.h"
 #include "gtest/gtest.h"
 

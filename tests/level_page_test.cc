@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "wire/half.h"
 #include "codec/level_attention.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "codec/wush.h"
+#include "codec/transform/wush.h"
 #include "eval/synthetic_kv.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "codec/attention.h"
-#include "codec/transforms_file.h"
+#include "codec/compressed_attention.h"
+#include "codec/transform/transforms_file.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/gpu_test_util.h"

@@ -333,7 +333,7 @@ TEST_F(HandlerTest, ReadReturnsBf16WindowAndDecodedPages) {
   EXPECT_GT(std::sqrt(num / den), 1e-3);
 }
 
-// Every bad input of issue 4, with its exact code; none changes the state.
+// Every bad input of docs/api.md, with its exact code; none changes the state.
 TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   const testing::Kv kv = SyntheticKv(100, kN, 13);
   ASSERT_TRUE(Push("x", 0, kv, 70).ok());

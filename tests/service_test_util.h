@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "eval/service_replay.h"
 #include "eval/synthetic_kv.h"

@@ -1,4 +1,4 @@
-// WUSH-KV transforms in the service (issue 6), CPU backend, without a
+// WUSH-KV transforms in the service, CPU backend, without a
 // network: pages are bit-identical to what TransformedKvCodec/EncodeLayer
 // writes for the same tokens, Read returns the model's domain, Attend equals
 // TransformedCompressedAttention (one pass and split-KV), folded values are
@@ -17,13 +17,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "codec/attention.h"
-#include "codec/layer.h"
+#include "codec/compressed_attention.h"
+#include "codec/encoded_layer.h"
 #include "codec/registry.h"
-#include "codec/transform.h"
-#include "codec/transform_attention.h"
-#include "codec/transforms_file.h"
-#include "codec/wush.h"
+#include "codec/transform/transform.h"
+#include "codec/transform/transform_attention.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
 #include "tests/service_test_util.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# driftkv-calibrate and driftkv-codec --transform end to end (issue 6):
+# driftkv-calibrate and driftkv-codec --transform end to end:
 # deterministic transforms file of the documented size, eval/encode/decode
 # with WUSH, pools that record their transform, and clear messages on bad
 # input.

@@ -1,4 +1,4 @@
-// WUSH-KV (issue 6): the linear algebra, the transform construction, the
+// WUSH-KV: the linear algebra, the transform construction, the
 // exactness of the transform stage without quantization, calibration
 // determinism, the transforms file, error messages, and the synthetic spike
 // case where WUSH must beat Hadamard with int --bits 2.
@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "codec/attention.h"
-#include "codec/layer.h"
-#include "codec/linalg.h"
+#include "codec/compressed_attention.h"
+#include "codec/encoded_layer.h"
 #include "codec/registry.h"
-#include "codec/transform.h"
-#include "codec/transform_attention.h"
-#include "codec/transforms_file.h"
-#include "codec/wush.h"
+#include "codec/transform/linalg.h"
+#include "codec/transform/transform.h"
+#include "codec/transform/transform_attention.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
 #include "eval/codec_eval.h"
 #include "eval/synthetic_kv.h"
 #include "eval/wush_calibrator.h"
@@ -221,7 +221,7 @@ TEST(TransformStageTest, CompressedAttentionMatchesDecodedCache) {
   for (int h = 0; h < N; ++h) EXPECT_NEAR(lse[h], ref_lse[h], 1e-3);
 }
 
-// --values-folded in driftkv-codec eval (issue 6): EvaluateLayer simulates
+// --values-folded in driftkv-codec eval: EvaluateLayer simulates
 // the folded model (stores v' = T_V v, maps vhat' and the attention output
 // o' back by T_V^-1) and reports the unfolded codec's errors up to float
 // rounding, through the decoded cache (int) and D-Quant's compressed-domain

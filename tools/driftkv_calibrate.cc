@@ -1,4 +1,4 @@
-// driftkv-calibrate: WUSH-KV transforms from captured activations (issue 6).
+// driftkv-calibrate: WUSH-KV transforms from captured activations.
 //
 //   driftkv-calibrate --keys K --values V --queries Q [--keys K2 --values V2
 //                     --queries Q2 ...] --shape L,T,H,D --q-heads N
@@ -12,7 +12,7 @@
 // sequences in K must then be multiples of W tokens long). Files are raw
 // little-endian, as for driftkv-codec. Reads
 // one layer of one file at a time; the output is the transforms file of
-// codec/transforms_file.h.
+// codec/transform/transforms_file.h.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "codec/transforms_file.h"
+#include "codec/transform/transforms_file.h"
 #include "eval/flags.h"
 #include "eval/raw_io.h"
 #include "eval/wush_calibrator.h"

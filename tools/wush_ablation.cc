@@ -1,5 +1,5 @@
 // wush-ablation: attention and module-output error of codecs behind the
-// identity, Hadamard and WUSH transforms (issue 6, docs/quality.md).
+// identity, Hadamard and WUSH transforms (docs/quality.md).
 //
 // Real tensors (the fixture's layout, several windows of all layers):
 //   wush-ablation --keys K --values V --queries Q --windows W --shape L,T,H,D
@@ -24,11 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "codec/transform.h"
-#include "eval/wush_calibrator.h"
+#include "codec/transform/transform.h"
 #include "eval/flags.h"
 #include "eval/raw_io.h"
 #include "eval/synthetic_kv.h"
+#include "eval/wush_calibrator.h"
 #include "eval/wush_eval.h"
 
 namespace driftkv {

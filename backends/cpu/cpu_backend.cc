@@ -12,8 +12,8 @@
 #include "backends/backend.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/host_decode.h"
-#include "codec/transform.h"
-#include "codec/transform_attention.h"
+#include "codec/transform/transform.h"
+#include "codec/transform/transform_attention.h"
 
 namespace driftkv {
 namespace {

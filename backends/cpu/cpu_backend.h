@@ -1,7 +1,7 @@
 // The CPU backend ("cpu"): codec calls on the host, fanned out over a pool
 // of threads shared by all calls when a call carries more than one page or
 // item. With WUSH transforms (backends/backend.h, TRANSFORMS) it runs the
-// transform stage of codec/transform.h around the codec, with one
+// transform stage of codec/transform/transform.h around the codec, with one
 // LayerTransform per layer built at construction, and attends through
 // TransformedCompressedAttention.
 #ifndef DRIFTKV_BACKENDS_CPU_CPU_BACKEND_H_

@@ -4,11 +4,12 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
-#include "codec/transform.h"
+#include "codec/transform/transform.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
@@ -17,50 +18,31 @@
 namespace driftkv {
 namespace {
 
-absl::Status Cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
-}
+using cuda_backend::Cuda;
+using cuda_backend::PinnedScratch;
+using cuda_backend::Scratch;
 
-// Where a GrowableBuffer lives. Pinned staging grows by half again, so that
-// slowly growing batches reallocate rarely; device scratch grows to fit.
-struct DeviceMemory {
-  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-  static void Free(void* p) { cudaFree(p); }
-  static constexpr const char* kWhat = "cudaMalloc (scratch)";
-  static constexpr bool kGrowByHalf = false;
-};
-struct PinnedHostMemory {
-  static cudaError_t Alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
-  static void Free(void* p) { cudaFreeHost(p); }
-  static constexpr const char* kWhat = "cudaMallocHost (staging)";
-  static constexpr bool kGrowByHalf = true;
-};
-
-// A buffer that only grows; freed with the backend.
-template <typename Memory>
-class GrowableBuffer {
- public:
-  ~GrowableBuffer() { Memory::Free(ptr_); }
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= size_) return absl::OkStatus();
-    const size_t want = Memory::kGrowByHalf ? std::max(bytes, size_ + size_ / 2) : bytes;
-    Memory::Free(ptr_);
-    ptr_ = nullptr;
-    size_ = 0;
-    absl::Status st = Cuda(Memory::Alloc(&ptr_, want), Memory::kWhat);
-    if (st.ok()) size_ = want;
-    return st;
+// The inputs of one attention launch, packed into one pinned staging
+// buffer and uploaded with one copy (pinned and reused: no page faults,
+// full-speed DMA). Byte offsets, each region 256-byte aligned:
+//   [0, table)            5 x [items] int32: page_start, tokens,
+//                         window_tokens, layer, window_start
+//   [table, query)        the page table, int32
+//   [query, window_keys)  the queries, [items][q_heads][head_dim] float
+//   [window_keys, window_values), [window_values, bytes)
+//                         bf16 window tokens: the missing tokens of cached
+//                         windows, or every window back to back
+struct StagingLayout {
+  StagingLayout(int items, size_t table_entries, size_t query_floats, size_t window_tokens, int n) {
+    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
+    table = align(static_cast<size_t>(items) * 5 * 4);
+    query = table + align(std::max<size_t>(table_entries, 1) * 4);
+    window_keys = query + align(query_floats * 4);
+    window_values = window_keys + align(std::max<size_t>(window_tokens, 1) * n * 2);
+    bytes = window_values + align(std::max<size_t>(window_tokens, 1) * n * 2);
   }
-  template <typename T>
-  T* get() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
+  size_t table, query, window_keys, window_values, bytes;
 };
-using Scratch = GrowableBuffer<DeviceMemory>;
-using PinnedScratch = GrowableBuffer<PinnedHostMemory>;
 
 class CudaBackend : public Backend {
  public:
@@ -84,7 +66,7 @@ class CudaBackend : public Backend {
     st = gpu::MakeEncodeAlphabets(codec_, &encode_);
     if (!st.ok()) return st;
     encode_.rotate = transforms_ == nullptr;
-    st = InitWindowCache(window_cache_bytes_);
+    st = windows_.Init(window_cache_bytes_, layout_.n());
     if (!st.ok()) return st;
     if (transforms_ != nullptr) {
       st = InitTransforms();
@@ -125,106 +107,6 @@ class CudaBackend : public Backend {
                            cudaMemcpyHostToDevice), "upload transforms");
     }
     return st;
-  }
-
-  // WINDOW CACHE. The bf16 windows live in host memory (the handler's);
-  // uploading every item's whole window with every launch dominated a
-  // batched launch (docs/bench_service.md). So windows are kept in a device
-  // arena of fixed slots of kMaxWindow tokens, keyed by AttendJob::window_id:
-  // a launch uploads only the tokens a slot lacks (usually the one new
-  // token; all of them after the window moved past a page, or on a miss).
-  // Slots are recycled least recently used. If a launch cannot place every
-  // windowed item (no id, or more items than slots), it stages all its
-  // windows as before.
-  struct WindowSlot {
-    uint64_t id = 0;       // 0: free
-    int64_t first = 0;     // absolute index of the slot's token 0
-    int64_t tokens = 0;    // valid tokens in the slot
-    uint64_t last_use = 0;
-  };
-  struct WindowUpload {
-    int item, slot;
-    int64_t from;  // first token of the item's window to upload
-    int64_t count;
-  };
-
-  absl::Status InitWindowCache(size_t bytes) {
-    const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * layout_.n() * 2;
-    const int slots = static_cast<int>(std::min<size_t>(bytes / (2 * slot_bytes), 1 << 16));
-    if (slots == 0) return absl::OkStatus();
-    absl::Status st = window_k_.Reserve(slots * slot_bytes);
-    if (st.ok()) st = window_v_.Reserve(slots * slot_bytes);
-    if (!st.ok()) return st;
-    window_slots_.assign(slots, WindowSlot());
-    return absl::OkStatus();
-  }
-
-  // After a failed upload the slots' contents are unknown: forget them all.
-  void InvalidateWindowCache() {
-    for (WindowSlot& w : window_slots_) w = WindowSlot();
-    slot_index_.clear();
-  }
-
-  // Plans slots for every item with a window; false when some item cannot
-  // be cached. A slot taken from another window is forgotten at once (that
-  // window is no longer found, even later in this launch); the slots'
-  // new contents are recorded on success, after every item is placed.
-  bool PlanWindowSlots(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of,
-                       std::vector<WindowUpload>* uploads) {
-    if (window_slots_.empty()) return false;
-    ++launch_;
-    const int items = static_cast<int>(jobs.size());
-    slot_of->assign(items, -1);
-    uploads->clear();
-    std::vector<std::pair<int, WindowSlot>> commits;
-    absl::flat_hash_map<uint64_t, size_t> taken;  // window id -> its entry in commits
-    for (int i = 0; i < items; ++i) {
-      const AttendJob& j = jobs[i];
-      if (j.window.tokens == 0) continue;
-      if (j.window_id == 0) return false;
-      if (auto t = taken.find(j.window_id); t != taken.end()) {
-        // Two items of one (sequence, layer) in one launch: the handler
-        // holds the layer's read lock for both, so they see one window.
-        const auto& [slot, w] = commits[t->second];
-        if (w.first != j.window_first || w.tokens != j.window.tokens) return false;
-        (*slot_of)[i] = slot;
-        continue;
-      }
-      int slot = -1;
-      if (auto it = slot_index_.find(j.window_id); it != slot_index_.end()) {
-        slot = it->second;
-        const WindowSlot& w = window_slots_[slot];
-        if (w.first == j.window_first && w.tokens <= j.window.tokens) {
-          if (j.window.tokens > w.tokens) uploads->push_back({i, slot, w.tokens, j.window.tokens - w.tokens});
-        } else {
-          uploads->push_back({i, slot, 0, j.window.tokens});
-        }
-      } else {
-        // A free slot, else the least recently used one; never one this
-        // launch has already taken.
-        for (size_t k = 0; k < window_slots_.size(); ++k) {
-          const WindowSlot& w = window_slots_[k];
-          if (w.last_use == launch_) continue;
-          if (slot < 0 || (w.id == 0) > (window_slots_[slot].id == 0) ||
-              ((w.id == 0) == (window_slots_[slot].id == 0) && w.last_use < window_slots_[slot].last_use)) {
-            slot = static_cast<int>(k);
-          }
-        }
-        if (slot < 0) return false;
-        if (window_slots_[slot].id != 0) slot_index_.erase(window_slots_[slot].id);
-        window_slots_[slot] = WindowSlot();
-        uploads->push_back({i, slot, 0, j.window.tokens});
-      }
-      window_slots_[slot].last_use = launch_;
-      taken[j.window_id] = commits.size();
-      commits.push_back({slot, WindowSlot{j.window_id, j.window_first, j.window.tokens, launch_}});
-      (*slot_of)[i] = slot;
-    }
-    for (const auto& [slot, w] : commits) {
-      window_slots_[slot] = w;
-      slot_index_[w.id] = slot;
-    }
-    return true;
   }
 
   absl::Status CheckLayer(int layer) const {
@@ -370,7 +252,7 @@ class CudaBackend : public Backend {
     absl::Status st = AttendRunLocked(jobs);
     // A failure may come after window slots were planned and before their
     // tokens arrived: forget the cache rather than trust it.
-    if (!st.ok()) InvalidateWindowCache();
+    if (!st.ok()) windows_.Invalidate();
     return st;
   }
 
@@ -393,33 +275,28 @@ class CudaBackend : public Backend {
       wtok[i] = static_cast<int32_t>(j.window.tokens);
       max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
     }
-    // Everything the launch reads from the host, packed into one pinned
-    // staging buffer and uploaded with one copy: the per-item ints, the page
-    // table, the queries and the windows back to back (only their real
-    // tokens). Pinned and reused: no page faults, full-speed DMA.
-    // Windows: device slots (only missing tokens are uploaded), or, when
-    // the launch cannot be cached, all of them staged back to back.
+    // Everything the launch reads from the host goes through one staging
+    // buffer (StagingLayout). Windows: device slots (only missing tokens are
+    // uploaded), or, when the launch cannot be cached, all of them staged
+    // back to back.
     std::vector<int32_t> wstart(items);
     std::vector<int> slot_of;
-    std::vector<WindowUpload> uploads;
-    const bool cached = PlanWindowSlots(jobs, &slot_of, &uploads);
+    std::vector<cuda_backend::WindowCache::Upload> uploads;
+    const bool cached = windows_.Plan(jobs, &slot_of, &uploads);
     size_t total_w = 0;
     if (cached) {
       for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
-      for (const WindowUpload& u : uploads) total_w += static_cast<size_t>(u.count);
+      for (const cuda_backend::WindowCache::Upload& u : uploads) total_w += static_cast<size_t>(u.count);
     } else {
       for (int i = 0; i < items; ++i) {
         wstart[i] = static_cast<int32_t>(total_w);
         total_w += static_cast<size_t>(wtok[i]);
       }
     }
-    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
     const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    const size_t off_table = align(static_cast<size_t>(items) * 5 * 4);
-    const size_t off_query = off_table + align(std::max<size_t>(table.size(), 1) * 4);
-    const size_t off_wk = off_query + align(qsz * 4);
-    const size_t off_wv = off_wk + align(std::max<size_t>(total_w, 1) * n * 2);
-    const size_t stage_bytes = off_wv + align(std::max<size_t>(total_w, 1) * n * 2);
+    const StagingLayout stage(items, table.size(), qsz, total_w, n);
+    const size_t off_table = stage.table, off_query = stage.query, off_wk = stage.window_keys;
+    const size_t off_wv = stage.window_values, stage_bytes = stage.bytes;
     const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
     const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
     absl::Status st = a_stage_.Reserve(stage_bytes);
@@ -452,20 +329,20 @@ class CudaBackend : public Backend {
       // Missing tokens: packed into the pinned buffer, then one copy per
       // slot and tensor straight into the slot.
       size_t at = 0;
-      const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
-      for (const WindowUpload& u : uploads) {
+      const size_t slot_bytes = windows_.slot_bytes();
+      for (const cuda_backend::WindowCache::Upload& u : uploads) {
         const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
         std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
         std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
         const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-        st = Cuda(cudaMemcpyAsync(window_k_.get<uint8_t>() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice,
+        st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice,
                                   stream_), "upload window keys");
         if (st.ok()) {
-          st = Cuda(cudaMemcpyAsync(window_v_.get<uint8_t>() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice,
+          st = Cuda(cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice,
                                     stream_), "upload window values");
         }
         if (!st.ok()) {
-          InvalidateWindowCache();
+          windows_.Invalidate();
           return st;
         }
         at += bytes;
@@ -484,8 +361,8 @@ class CudaBackend : public Backend {
     p.tokens_dev = small + items;
     p.window_tokens_dev = small + 2 * items;
     p.window_start_dev = small + 4 * items;
-    p.window_k_dev = cached ? window_k_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wk);
-    p.window_v_dev = cached ? window_v_.get<uint16_t>() : reinterpret_cast<const uint16_t*>(dstage + off_wv);
+    p.window_k_dev = cached ? reinterpret_cast<const uint16_t*>(windows_.keys_dev()) : reinterpret_cast<const uint16_t*>(dstage + off_wk);
+    p.window_v_dev = cached ? reinterpret_cast<const uint16_t*>(windows_.values_dev()) : reinterpret_cast<const uint16_t*>(dstage + off_wv);
     p.query_dev = reinterpret_cast<const float*>(dstage + off_query);
     p.softmax_scale = jobs[0].softmax_scale;
     p.out_dev = a_out_.get<float>();
@@ -526,10 +403,7 @@ class CudaBackend : public Backend {
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   Scratch a_stage_, a_out_, a_ws_;
-  Scratch window_k_, window_v_;          // [slots][kMaxWindow][n] bf16
-  std::vector<WindowSlot> window_slots_;
-  absl::flat_hash_map<uint64_t, int> slot_index_;  // window_id -> slot
-  uint64_t launch_ = 0;
+  cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
   PinnedScratch host_stage_, host_out_;
 };
 

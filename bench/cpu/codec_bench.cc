@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
-#include "codec/layer.h"
+#include "codec/encoded_layer.h"
 #include "codec/registry.h"
 
 namespace driftkv {

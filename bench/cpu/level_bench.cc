@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "codec/level_attention.h"
 #include "codec/level_page.h"

@@ -1,4 +1,4 @@
-#include "codec/attention.h"
+#include "codec/compressed_attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "codec/transform_attention.h"
+#include "codec/transform/transform_attention.h"
 
 #include <cmath>
 #include <limits>

@@ -2,8 +2,8 @@
 // fixed-stride records (blocks of block_tokens() sharing a side record), the
 // newest `window` tokens raw in bf16. This is the unit the pool file and the
 // evaluation tools work on; the service keeps the same pieces in pages.
-#ifndef DRIFTKV_CODEC_LAYER_H_
-#define DRIFTKV_CODEC_LAYER_H_
+#ifndef DRIFTKV_CODEC_ENCODED_LAYER_H_
+#define DRIFTKV_CODEC_ENCODED_LAYER_H_
 
 #include <cstdint>
 #include <vector>
@@ -41,4 +41,4 @@ absl::Status DecodeLayer(const KvCodec& codec, const EncodedLayer& layer, float*
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_LAYER_H_
+#endif  // DRIFTKV_CODEC_ENCODED_LAYER_H_

@@ -1,13 +1,13 @@
 // Small dense linear algebra in double precision for the WUSH-KV transforms
-// (codec/wush.h): Cholesky, symmetric eigendecomposition, triangular solves.
+// (codec/transform/wush.h): Cholesky, symmetric eigendecomposition, triangular solves.
 // Matrices are d x d, row-major, a[i * d + j]; d is a head dimension (<= a
 // few hundred), so O(d^3) Jacobi sweeps are cheap and no LAPACK is needed.
 //
 // Determinism: every routine runs a fixed sequence of floating-point
 // operations that depends only on its input, so the same statistics give
 // bit-identical transforms on every run and thread count.
-#ifndef DRIFTKV_CODEC_LINALG_H_
-#define DRIFTKV_CODEC_LINALG_H_
+#ifndef DRIFTKV_CODEC_TRANSFORM_LINALG_H_
+#define DRIFTKV_CODEC_TRANSFORM_LINALG_H_
 
 #include <vector>
 
@@ -41,4 +41,4 @@ void SolveLowerTransposed(const double* l, int d, double* x, int cols);
 }  // namespace linalg
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_LINALG_H_
+#endif  // DRIFTKV_CODEC_TRANSFORM_LINALG_H_

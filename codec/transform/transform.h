@@ -1,8 +1,8 @@
-// The transform stage in front of any KvCodec (issue 6): "identity",
+// The transform stage in front of any KvCodec: "identity",
 // "hadamard" (the codecs' own per-head rotation, the default) or "wush"
 // (per-(layer, KV head) matrices from a transforms file).
 //
-// With T_K, T_V of one KV head (codec/wush.h):
+// With T_K, T_V of one KV head (codec/transform/wush.h):
 //   keys    k' = T_K k      stored;  queries q' = T_K^-T q, so q'.k' = q.k;
 //   values  v' = T_V v      stored;  outputs o = T_V^-1 o', since attention
 //                                    output is linear in the values.
@@ -14,8 +14,8 @@
 // Outputs(); both routes give the same numbers up to float rounding.
 // If the user folds T_V into the model's v_proj and o_proj weights, the
 // value half is skipped (values_folded).
-#ifndef DRIFTKV_CODEC_TRANSFORM_H_
-#define DRIFTKV_CODEC_TRANSFORM_H_
+#ifndef DRIFTKV_CODEC_TRANSFORM_TRANSFORM_H_
+#define DRIFTKV_CODEC_TRANSFORM_TRANSFORM_H_
 
 #include <memory>
 #include <string>
@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "codec/kv_codec.h"
 #include "codec/registry.h"
-#include "codec/transforms_file.h"
+#include "codec/transform/transforms_file.h"
 
 namespace driftkv {
 
@@ -102,4 +102,4 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeTransformedCodec(CodecOptions optio
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_TRANSFORM_H_
+#endif  // DRIFTKV_CODEC_TRANSFORM_TRANSFORM_H_

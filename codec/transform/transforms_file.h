@@ -18,8 +18,8 @@
 //   last 8   u64 FNV-1a 64 of every byte before it
 // A reader checks magic, version, sizes and the checksum and reports which
 // failed; no field is trusted before the checksum matches.
-#ifndef DRIFTKV_CODEC_TRANSFORMS_FILE_H_
-#define DRIFTKV_CODEC_TRANSFORMS_FILE_H_
+#ifndef DRIFTKV_CODEC_TRANSFORM_TRANSFORMS_FILE_H_
+#define DRIFTKV_CODEC_TRANSFORM_TRANSFORMS_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -71,4 +71,4 @@ absl::StatusOr<TransformSet> ReadTransformsFile(const std::string& path);
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_TRANSFORMS_FILE_H_
+#endif  // DRIFTKV_CODEC_TRANSFORM_TRANSFORMS_FILE_H_

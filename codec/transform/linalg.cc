@@ -1,4 +1,4 @@
-#include "codec/linalg.h"
+#include "codec/transform/linalg.h"
 
 #include <algorithm>
 #include <cmath>

@@ -18,8 +18,8 @@
 // quantized coordinates are balanced in size and in sensitivity.
 // Damping relative to the mean diagonal makes the construction invariant to
 // rescaling M or H, as the seed requires (gamma = 1e-2 by default).
-#ifndef DRIFTKV_CODEC_WUSH_H_
-#define DRIFTKV_CODEC_WUSH_H_
+#ifndef DRIFTKV_CODEC_TRANSFORM_WUSH_H_
+#define DRIFTKV_CODEC_TRANSFORM_WUSH_H_
 
 #include <cstdint>
 #include <vector>
@@ -65,4 +65,4 @@ absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_WUSH_H_
+#endif  // DRIFTKV_CODEC_TRANSFORM_WUSH_H_

@@ -1,4 +1,4 @@
-#include "codec/transforms_file.h"
+#include "codec/transform/transforms_file.h"
 
 #include <cstring>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "codec/transform.h"
+#include "codec/transform/transform.h"
 
 #include <cstring>
 

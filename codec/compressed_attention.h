@@ -13,8 +13,8 @@
 // Softmax is online over blocks: (max, denominator, accumulator) per query
 // head. An empty history gives out = 0 and lse = -inf, the identity of the
 // merge rule below.
-#ifndef DRIFTKV_CODEC_ATTENTION_H_
-#define DRIFTKV_CODEC_ATTENTION_H_
+#ifndef DRIFTKV_CODEC_COMPRESSED_ATTENTION_H_
+#define DRIFTKV_CODEC_COMPRESSED_ATTENTION_H_
 
 #include <cstdint>
 #include <vector>
@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "codec/dquant_codec.h"
-#include "codec/layer.h"
+#include "codec/encoded_layer.h"
 
 namespace driftkv {
 
@@ -121,4 +121,4 @@ void ReferenceAttention(const float* keys, const float* values, int64_t tokens, 
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_ATTENTION_H_
+#endif  // DRIFTKV_CODEC_COMPRESSED_ATTENTION_H_

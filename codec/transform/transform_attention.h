@@ -1,4 +1,4 @@
-// Compressed-domain decode attention (codec/attention.h) through a WUSH
+// Compressed-domain decode attention (codec/compressed_attention.h) through a WUSH
 // transform stage whose inner codec is D-Quant: the query is mapped to
 // q' = T_K^-T q for the compressed blocks, whose output o' is mapped back by
 // T_V^-1; the bf16 window holds model-domain tokens and is attended with q
@@ -12,13 +12,13 @@
 // outputs are then in the same (folded) domain, o' is not mapped, and the
 // merge, a convex combination, stays in that domain; the model's folded
 // o_proj maps it back. Scores are unaffected: keys are transformed as usual.
-#ifndef DRIFTKV_CODEC_TRANSFORM_ATTENTION_H_
-#define DRIFTKV_CODEC_TRANSFORM_ATTENTION_H_
+#ifndef DRIFTKV_CODEC_TRANSFORM_TRANSFORM_ATTENTION_H_
+#define DRIFTKV_CODEC_TRANSFORM_TRANSFORM_ATTENTION_H_
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "codec/attention.h"
-#include "codec/transform.h"
+#include "codec/compressed_attention.h"
+#include "codec/transform/transform.h"
 
 namespace driftkv {
 
@@ -41,4 +41,4 @@ absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_CODEC_TRANSFORM_ATTENTION_H_
+#endif  // DRIFTKV_CODEC_TRANSFORM_TRANSFORM_ATTENTION_H_

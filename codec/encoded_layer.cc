@@ -1,4 +1,4 @@
-#include "codec/layer.h"
+#include "codec/encoded_layer.h"
 
 #include <algorithm>
 #include <mutex>

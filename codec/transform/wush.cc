@@ -1,10 +1,10 @@
-#include "codec/wush.h"
+#include "codec/transform/wush.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
-#include "codec/linalg.h"
+#include "codec/transform/linalg.h"
 
 namespace driftkv {
 namespace {
