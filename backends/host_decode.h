@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "backends/page_pool.h"
 #include "codec/dquant_codec.h"
+#include "codec/level_page.h"
 #include "codec/transform/transform.h"
 
 namespace driftkv {
@@ -20,6 +21,15 @@ namespace driftkv {
 absl::Status DecodePageTokens(const DQuantCodec& codec, const PagePool& pool, PageId page, int first, int count,
                               const LayerTransform* transform, bool values_folded, float* keys, float* values,
                               CodecScratch* scratch);
+
+// The same for a level page of the hot tier (codec/level_page.h) at host
+// address `page` (`id` names it in errors): bit-identical to decoding the
+// cold page it was promoted from (DQuantCodec::KeyFromSymbols /
+// ValueFromSymbols after the fixed-width levels). DataLoss naming the page
+// and the token for a level outside the codec's alphabet (a corrupt page).
+absl::Status DecodeLevelPageTokens(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* page,
+                                   PageId id, int first, int count, const LayerTransform* transform,
+                                   bool values_folded, float* keys, float* values, CodecScratch* scratch);
 
 }  // namespace driftkv
 

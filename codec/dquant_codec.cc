@@ -201,13 +201,19 @@ absl::Status DQuantCodec::DecodeKey(const uint8_t* record, const uint8_t* mean_r
                                     CodecScratch* scratch) const {
   const int n = this->n();
   scratch->symbols.resize(n);
-  scratch->row.resize(n);
   float s, o;
   absl::Status st = keys_.DecodeSymbols(record, scratch->symbols.data(), &s, &o);
-  LoadMean(mean_record, n, scratch->row.data());
-  for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(scratch->symbols[j]) + scratch->row[j];
-  Rotate(out, config_.kv_heads);
+  KeyFromSymbols(scratch->symbols.data(), s, o, mean_record, out, scratch);
   return st;
+}
+
+void DQuantCodec::KeyFromSymbols(const uint8_t* symbols, float s, float o, const uint8_t* mean_record, float* out,
+                                 CodecScratch* scratch) const {
+  const int n = this->n();
+  scratch->row.resize(n);
+  LoadMean(mean_record, n, scratch->row.data());
+  for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(symbols[j]) + scratch->row[j];
+  Rotate(out, config_.kv_heads);
 }
 
 absl::Status DQuantCodec::DecodeValue(const uint8_t* record, float* out, CodecScratch* scratch) const {
@@ -215,9 +221,14 @@ absl::Status DQuantCodec::DecodeValue(const uint8_t* record, float* out, CodecSc
   scratch->symbols.resize(n);
   float s, o;
   absl::Status st = values_.DecodeSymbols(record, scratch->symbols.data(), &s, &o);
-  for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(scratch->symbols[j]);
-  Rotate(out, config_.kv_heads);
+  ValueFromSymbols(scratch->symbols.data(), s, o, out);
   return st;
+}
+
+void DQuantCodec::ValueFromSymbols(const uint8_t* symbols, float s, float o, float* out) const {
+  const int n = this->n();
+  for (int j = 0; j < n; ++j) out[j] = o + s * static_cast<float>(symbols[j]);
+  Rotate(out, config_.kv_heads);
 }
 
 }  // namespace driftkv

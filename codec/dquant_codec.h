@@ -106,6 +106,12 @@ class DQuantCodec {
   absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out,
                          CodecScratch* scratch) const;
   absl::Status DecodeValue(const uint8_t* record, float* out, CodecScratch* scratch) const;
+  // The reconstruction after the symbols are known (from a record, or from a
+  // level page of the hot tier, codec/level_page.h): the same float
+  // operations as DecodeKey / DecodeValue, so both give the same bits.
+  void KeyFromSymbols(const uint8_t* symbols, float scale, float offset, const uint8_t* mean_record, float* out,
+                      CodecScratch* scratch) const;
+  void ValueFromSymbols(const uint8_t* symbols, float scale, float offset, float* out) const;
 
   // Applies the codec's per-head rotation to `heads` rows of head_dim
   // values (its own inverse): Hadamard, or nothing.
