@@ -38,6 +38,14 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& lay
   return pool;
 }
 
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateOpaque(size_t page_bytes, int page_tokens,
+                                                                 uint64_t capacity_bytes) {
+  PageLayout layout;
+  layout.page_tokens = page_tokens;
+  layout.page_bytes = page_bytes;
+  return Create(layout, capacity_bytes);
+}
+
 int64_t PagePool::pages_in_use() const {
   absl::MutexLock lock(&mu_);
   return capacity_ - static_cast<int64_t>(free_.size());

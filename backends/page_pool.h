@@ -29,6 +29,11 @@ class PagePool {
   // no page (the message names both sizes).
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout,
                                                            uint64_t capacity_bytes);
+  // A pool of opaque pages of `page_bytes` holding `page_tokens` tokens each
+  // (the hot tier's level pages, codec/level_page.h); layout() then carries
+  // only page_tokens and page_bytes, and only page() addresses pages.
+  static absl::StatusOr<std::unique_ptr<PagePool>> CreateOpaque(size_t page_bytes, int page_tokens,
+                                                                 uint64_t capacity_bytes);
 
   const PageLayout& layout() const { return layout_; }
   int page_tokens() const { return layout_.page_tokens; }
@@ -42,6 +47,8 @@ class PagePool {
   // Returns pages to the free list. REQUIRES: each was reserved and not yet freed.
   void Free(const std::vector<PageId>& pages);
 
+  // Page p's first byte.
+  uint8_t* page(PageId p) const { return base(p); }
   uint8_t* key_records(PageId p) const { return base(p); }
   uint8_t* value_records(PageId p) const { return base(p) + layout_.value_offset; }
   uint8_t* mean_record(PageId p) const { return base(p) + layout_.mean_offset; }
