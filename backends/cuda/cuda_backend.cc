@@ -13,6 +13,8 @@
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
+#include "kernels/level_attention.h"
+#include "kernels/level_promote.h"
 #include "kernels/transform.h"
 
 namespace driftkv {
@@ -46,12 +48,13 @@ struct StagingLayout {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const DQuantCodec* codec, const PagePool* pool, int device, const TransformSet* transforms,
-              bool values_folded, size_t window_cache_bytes)
-      : codec_(*codec), pool_(*pool), device_(device), transforms_(transforms), values_folded_(values_folded),
-        window_cache_bytes_(window_cache_bytes) {}
+  CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
+              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes)
+      : codec_(*codec), pool_(*pool), hot_pool_(hot_pool), device_(device), transforms_(transforms),
+        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes) {}
   ~CudaBackend() override {
     cudaFree(arena_);
+    cudaFree(hot_arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -79,6 +82,116 @@ class CudaBackend : public Backend {
     if (st.ok()) st = Cuda(cudaMalloc(&arena_, pool_.capacity_bytes()), "cudaMalloc (page arena)");
     if (st.ok()) st = tables_.Reserve(tables.size() * 4);
     if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
+    if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
+    return st;
+  }
+
+  // HOT TIER on the device: a second arena of level pages with the host hot
+  // pool's ids. Pages are promoted on the device (kernels/level_promote.h)
+  // and never copied back eagerly: Read and demotion of a hot page download
+  // that page into the host hot pool first (a page is 96 KB; an 8K-token
+  // sequence's 2048 pages would take far longer to copy than to promote).
+  absl::Status InitHotTier() {
+    absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
+    if (!hl.ok()) return hl.status();
+    hot_layout_ = *hl;
+    if (hot_pool_->page_stride() != hot_layout_.page_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("hot pool stride ", hot_pool_->page_stride(),
+                                                        " is not the level page size ", hot_layout_.page_bytes));
+    }
+    std::vector<uint32_t> raw(512);
+    for (int z = 0; z < 256; ++z) {
+      raw[z] = codec_.key_codec().table().decode[z];
+      raw[256 + z] = codec_.value_codec().table().decode[z];
+    }
+    absl::Status st = Cuda(cudaMalloc(&hot_arena_, hot_pool_->capacity_bytes()), "cudaMalloc (hot arena)");
+    if (st.ok()) st = raw_tables_.Reserve(raw.size() * 4);
+    if (st.ok()) st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice), "upload rANS tables");
+    return st;
+  }
+
+  bool SupportsHotTier() const override { return hot_pool_ != nullptr; }
+
+  absl::Status PromotePages(absl::Span<const TierMove> moves) override {
+    if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
+    if (moves.empty()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    const int count = static_cast<int>(moves.size());
+    std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
+    for (int i = 0; i < count; ++i) {
+      ids[i] = moves[i].from;
+      ids[count + i] = moves[i].to;
+      ids[2 * count + i] = moves[i].tokens;
+    }
+    absl::Status st = promote_ids_.Reserve(4 * ids.size() + 4 * count);
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(promote_ids_.get<void>(), ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (!st.ok()) return st;
+    gpu::PromoteParams pp;
+    pp.cold_pool_dev = static_cast<const uint8_t*>(arena_);
+    pp.cold = layout_;
+    pp.hot_pool_dev = static_cast<uint8_t*>(hot_arena_);
+    pp.hot = hot_layout_;
+    pp.tables_dev = raw_tables_.get<uint32_t>();
+    pp.key_payload = codec_.key_codec().payload_bytes();
+    pp.value_payload = codec_.value_codec().payload_bytes();
+    pp.pages = count;
+    pp.cold_pages_dev = promote_ids_.get<int32_t>();
+    pp.hot_pages_dev = promote_ids_.get<int32_t>() + count;
+    pp.tokens_dev = promote_ids_.get<int32_t>() + 2 * count;
+    pp.status_dev = promote_ids_.get<int32_t>() + 3 * count;
+    st = gpu::LaunchPromote(pp, stream_);
+    std::vector<int32_t> status(count);
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(status.data(), pp.status_dev, 4 * count, cudaMemcpyDeviceToHost, stream_), "download promotion status");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
+    if (!st.ok()) return st;
+    for (int i = 0; i < count; ++i) {
+      if (status[i] != 0) {
+        return absl::DataLossError(absl::StrCat("page ", moves[i].from, " token ", status[i] - 1,
+                                                ": record does not decode (promotion)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DemotePages(absl::Span<const TierMove> moves) override {
+    if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
+    absl::MutexLock lock(&mu_);
+    for (const TierMove& m : moves) {
+      absl::Status st = DownloadHotPage(m.from);
+      if (!st.ok()) return st;
+      uint8_t* cold = pool_.key_records(m.to);
+      st = DemotePage(codec_, hot_layout_, hot_pool_->page(m.from), m.tokens, cold, cold + layout_.value_offset,
+                      cold + layout_.mean_offset);
+      if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
+      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to) * layout_.page_bytes, cold,
+                                layout_.page_bytes, cudaMemcpyHostToDevice, stream_), "upload demoted page");
+      if (!st.ok()) return st;
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "demote");
+  }
+
+  absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
+    absl::Status st = CheckLayer(layer);
+    if (!st.ok()) return st;
+    {
+      absl::MutexLock lock(&mu_);
+      st = DownloadHotPage(page);
+    }
+    if (!st.ok()) return st;
+    CodecScratch scratch;
+    return DecodeLevelPageTokens(codec_, hot_layout_, hot_pool_->page(page), page, first, count,
+                                 transforms_ != nullptr ? &host_transforms_[layer] : nullptr, values_folded_, keys,
+                                 values, &scratch);
+  }
+
+  // The device's hot page into the host hot pool (the host copy is only
+  // made on demand; the page's owner holds its layer lock, so it is stable).
+  absl::Status DownloadHotPage(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status st = Cuda(cudaMemcpyAsync(hot_pool_->page(page),
+                                           static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
+                                           hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download hot page");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download hot page");
     return st;
   }
 
@@ -230,12 +343,13 @@ class CudaBackend : public Backend {
   }
 
   void Attend(absl::Span<AttendJob> jobs) override {
-    // One launch per run of jobs with equal (q_heads, softmax_scale).
+    // One launch per run of jobs with equal (q_heads, softmax_scale, tier):
+    // hot jobs run the level-page kernel, cold ones the fused D-Quant kernel.
     size_t begin = 0;
     while (begin < jobs.size()) {
       size_t end = begin + 1;
       while (end < jobs.size() && jobs[end].q_heads == jobs[begin].q_heads &&
-             jobs[end].softmax_scale == jobs[begin].softmax_scale) {
+             jobs[end].softmax_scale == jobs[begin].softmax_scale && jobs[end].hot == jobs[begin].hot) {
         ++end;
       }
       const absl::Status st = AttendRun(jobs.subspan(begin, end - begin));
@@ -349,6 +463,9 @@ class CudaBackend : public Backend {
       }
     }
     int32_t* small = reinterpret_cast<int32_t*>(dstage);
+    const bool hot = jobs[0].hot;
+    if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
+    gpu::LevelAttentionParams hp;
     gpu::DQuantAttentionParams p;
     p.pool_dev = static_cast<const uint8_t*>(arena_);
     p.layout = layout_;
@@ -374,7 +491,32 @@ class CudaBackend : public Backend {
       p.layer_dev = small + 3 * items;
       p.values_folded = values_folded_;
     }
-    st = gpu::LaunchDQuantAttention(p, stream_);
+    if (hot) {
+      hp.pool_dev = static_cast<const uint8_t*>(hot_arena_);
+      hp.layout = hot_layout_;
+      hp.items = p.items;
+      hp.q_heads = p.q_heads;
+      hp.max_pages = p.max_pages;
+      hp.page_table_dev = p.page_table_dev;
+      hp.page_start_dev = p.page_start_dev;
+      hp.tokens_dev = p.tokens_dev;
+      hp.window_k_dev = p.window_k_dev;
+      hp.window_v_dev = p.window_v_dev;
+      hp.window_tokens_dev = p.window_tokens_dev;
+      hp.window_start_dev = p.window_start_dev;
+      hp.query_dev = p.query_dev;
+      hp.softmax_scale = p.softmax_scale;
+      hp.out_dev = p.out_dev;
+      hp.lse_dev = p.lse_dev;
+      hp.workspace_dev = p.workspace_dev;
+      hp.transforms_dev = p.transforms_dev;
+      hp.transform_layers = p.transform_layers;
+      hp.layer_dev = p.layer_dev;
+      hp.values_folded = p.values_folded;
+      st = gpu::LaunchLevelAttention(hp, stream_);
+    } else {
+      st = gpu::LaunchDQuantAttention(p, stream_);
+    }
     if (!st.ok()) return st;
     const float* out = host_out_.get<float>();
     st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
@@ -391,12 +533,16 @@ class CudaBackend : public Backend {
 
   const DQuantCodec& codec_;
   const PagePool& pool_;
+  const PagePool* const hot_pool_;  // null: no hot tier
   const int device_;
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
   const size_t window_cache_bytes_;
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
+  LevelPageLayout hot_layout_;
+  void* hot_arena_ = nullptr;
+  Scratch raw_tables_, promote_ids_;
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;
@@ -411,9 +557,9 @@ class CudaBackend : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
                                                          const TransformSet* transforms, bool values_folded,
-                                                         size_t window_cache_bytes) {
+                                                         size_t window_cache_bytes, const PagePool* hot_pool) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
-  auto b = std::make_unique<CudaBackend>(codec, pool, device, transforms, values_folded, window_cache_bytes);
+  auto b = std::make_unique<CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes);
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

@@ -30,10 +30,14 @@ namespace driftkv {
 // (see WINDOW CACHE in cuda_backend.cc; 0: upload every window with every
 // launch).
 constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
+// `hot_pool` (level pages, HOT TIER in backends/backend.h) enables the hot
+// tier: a device arena of the same ids, promotion on the device, the
+// level-page attention kernel for hot jobs.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool,
                                                          int device = 0, const TransformSet* transforms = nullptr,
                                                          bool values_folded = false,
-                                                         size_t window_cache_bytes = kDefaultWindowCacheBytes);
+                                                         size_t window_cache_bytes = kDefaultWindowCacheBytes,
+                                                         const PagePool* hot_pool = nullptr);
 
 }  // namespace driftkv
 

@@ -11,7 +11,8 @@ namespace driftkv {
 namespace {
 
 const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
-  return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device), a.transforms, a.values_folded);
+  return MakeCudaBackend(a.codec, a.pool, absl::GetFlag(FLAGS_device), a.transforms, a.values_folded,
+                         kDefaultWindowCacheBytes, a.hot_pool);
 });
 
 }  // namespace
