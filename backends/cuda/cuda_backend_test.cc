@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/page_pool.h"
+#include "codec/level_page.h"
 #include "codec/registry.h"
 #include "codec/transform/transform.h"
 #include "codec/transform/transform_attention.h"
@@ -369,6 +370,152 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
     }
   }
   EXPECT_EQ(checked, 40);
+}
+
+}  // namespace
+}  // namespace driftkv
+
+namespace driftkv {
+namespace {
+
+// The hot tier on the device: pages promoted on the GPU, attended with the
+// level-page kernel (agreeing with the cold kernel and the CPU backend),
+// read back bit-identically to their cold form, and demoted back to the
+// very same cold bytes; a batch that mixes hot and cold jobs; an item's
+// answer is the same alone and in a batch.
+TEST(CudaBackend, HotTierRoundTrip) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 32, d = 128;
+  auto hl = MakeLevelPageLayout(c);
+  ASSERT_TRUE(hl.ok()) << hl.status();
+  auto pool = PagePool::Create(c.page_layout(), 30ull * c.page_layout().page_bytes);
+  auto hot_pool = PagePool::CreateOpaque(hl->page_bytes, P, 30ull * hl->page_bytes);
+  ASSERT_TRUE(pool.ok() && hot_pool.ok());
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kDefaultWindowCacheBytes, hot_pool->get());
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ASSERT_TRUE((*cuda)->SupportsHotTier());
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+
+  const std::vector<int> seq_pages = {3, 6};
+  std::mt19937_64 rng(78);
+  std::vector<std::vector<PageId>> cold(seq_pages.size());
+  std::vector<std::vector<float>> keys(seq_pages.size()), values(seq_pages.size());
+  std::vector<EncodeJob> jobs;
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    auto r = (*pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    cold[s] = *r;
+    gpu::RandomKv(seq_pages[s] * P, cfg.kv_heads, cfg.head_dim, &rng, &keys[s], &values[s]);
+    for (int k = 0; k < seq_pages[s]; ++k) {
+      EncodeJob j;
+      j.keys = keys[s].data() + static_cast<size_t>(k) * P * n;
+      j.values = values[s].data() + static_cast<size_t>(k) * P * n;
+      j.page = cold[s][k];
+      jobs.push_back(j);
+    }
+  }
+  ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(jobs)).ok());
+  // The cold bytes and cold Read of sequence 0, before promotion.
+  const size_t cold_bytes = c.page_layout().page_bytes;
+  std::vector<std::vector<uint8_t>> original;
+  for (PageId p : cold[0]) original.emplace_back((*pool)->page(p), (*pool)->page(p) + cold_bytes);
+  std::vector<float> rk_cold(static_cast<size_t>(P) * n), rv_cold(rk_cold.size());
+  ASSERT_TRUE((*cuda)->DecodeTokens(cold[0][1], 0, 0, P, rk_cold.data(), rv_cold.data()).ok());
+
+  // Attend everything cold, on the GPU and the CPU.
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> wk(seq_pages.size()), wv(seq_pages.size());
+  std::vector<std::vector<float>> q(seq_pages.size());
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    wk[s].resize(static_cast<size_t>(130) * n);
+    wv[s].resize(wk[s].size());
+    for (auto& x : wk[s]) x = FloatToBf16(normal(rng));
+    for (auto& x : wv[s]) x = FloatToBf16(normal(rng));
+    q[s].resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : q[s]) x = normal(rng);
+  }
+  auto attend = [&](Backend* b, const std::vector<std::vector<PageId>>& pages, const std::vector<bool>& hot,
+                    std::vector<float>* out, std::vector<float>* lse) {
+    out->assign(seq_pages.size() * q_heads * d, NAN);
+    lse->assign(seq_pages.size() * q_heads, NAN);
+    std::vector<AttendJob> js(seq_pages.size());
+    for (size_t s = 0; s < seq_pages.size(); ++s) {
+      js[s].pages = pages[s];
+      js[s].hot = hot[s];
+      js[s].window = Bf16Tokens{wk[s].data(), wv[s].data(), 130};
+      js[s].query = q[s].data();
+      js[s].q_heads = q_heads;
+      js[s].softmax_scale = 1.0f / std::sqrt(128.0f);
+      js[s].out = out->data() + s * q_heads * d;
+      js[s].lse = lse->data() + s * q_heads;
+    }
+    b->Attend(absl::MakeSpan(js));
+    for (const AttendJob& j : js) ASSERT_TRUE(j.status.ok()) << j.status;
+  };
+  std::vector<float> out_cold, lse_cold, out_cpu, lse_cpu;
+  attend(cuda->get(), cold, {false, false}, &out_cold, &lse_cold);
+  attend(cpu.get(), cold, {false, false}, &out_cpu, &lse_cpu);
+
+  // Promote sequence 0 on the device; the cold pages go back to the pool.
+  auto hot0 = (*hot_pool)->Reserve(seq_pages[0]);
+  ASSERT_TRUE(hot0.ok());
+  std::vector<TierMove> moves;
+  for (int k = 0; k < seq_pages[0]; ++k) moves.push_back(TierMove{cold[0][k], (*hot0)[k], P});
+  ASSERT_TRUE((*cuda)->PromotePages(moves).ok());
+  // The device's level pages equal the CPU's PromotePage of the same records.
+  for (int k = 0; k < seq_pages[0]; ++k) {
+    std::vector<uint8_t> want(hl->page_bytes);
+    const uint8_t* page = original[k].data();
+    ASSERT_TRUE(PromotePage(c, *hl, page, page + c.page_layout().value_offset, page + c.page_layout().mean_offset, P,
+                            want.data()).ok());
+    std::vector<float> tk(static_cast<size_t>(P) * n), tv(tk.size());
+    ASSERT_TRUE((*cuda)->DecodeHotTokens((*hot0)[k], 0, 0, P, tk.data(), tv.data()).ok());  // downloads the page
+    EXPECT_EQ(0, std::memcmp((*hot_pool)->page((*hot0)[k]), want.data(), hl->page_bytes)) << "hot page " << k;
+  }
+  (*pool)->Free(cold[0]);
+  std::vector<float> rk_hot(rk_cold.size()), rv_hot(rk_cold.size());
+  ASSERT_TRUE((*cuda)->DecodeHotTokens((*hot0)[1], 0, 0, P, rk_hot.data(), rv_hot.data()).ok());
+  EXPECT_EQ(0, std::memcmp(rk_hot.data(), rk_cold.data(), rk_cold.size() * 4)) << "Read keys differ between tiers";
+  EXPECT_EQ(0, std::memcmp(rv_hot.data(), rv_cold.data(), rv_cold.size() * 4)) << "Read values differ between tiers";
+
+  // A mixed batch: sequence 0 hot, sequence 1 cold.
+  std::vector<std::vector<PageId>> mixed = {*hot0, cold[1]};
+  std::vector<float> out_mixed, lse_mixed;
+  attend(cuda->get(), mixed, {true, false}, &out_mixed, &lse_mixed);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < out_mixed.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out_mixed[i])) << i;
+    diff = std::max(diff, static_cast<double>(std::fabs(out_mixed[i] - out_cpu[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(out_cpu[i])));
+  }
+  EXPECT_LE(diff, 1e-4 * norm) << "hot vs CPU: max diff " << diff;
+  // The cold job of the mixed batch is bit-identical to its all-cold run.
+  EXPECT_EQ(0, std::memcmp(out_mixed.data() + q_heads * d, out_cold.data() + q_heads * d, q_heads * d * 4));
+  // Again: the hot job gives the same bits a second time.
+  std::vector<float> out_again, lse_again;
+  attend(cuda->get(), mixed, {true, false}, &out_again, &lse_again);
+  EXPECT_EQ(0, std::memcmp(out_again.data(), out_mixed.data(), out_mixed.size() * 4));
+
+  // Demote into fresh cold pages: the original bytes again, decoding alike.
+  auto back = (*pool)->Reserve(seq_pages[0]);
+  ASSERT_TRUE(back.ok());
+  moves.clear();
+  for (int k = 0; k < seq_pages[0]; ++k) moves.push_back(TierMove{(*hot0)[k], (*back)[k], P});
+  ASSERT_TRUE((*cuda)->DemotePages(moves).ok());
+  (*hot_pool)->Free(*hot0);
+  for (int k = 0; k < seq_pages[0]; ++k) {
+    EXPECT_EQ(0, std::memcmp((*pool)->page((*back)[k]), original[k].data(), cold_bytes)) << "demoted page " << k;
+  }
+  std::vector<std::vector<PageId>> recold = {*back, cold[1]};
+  std::vector<float> out_recold, lse_recold;
+  attend(cuda->get(), recold, {false, false}, &out_recold, &lse_recold);
+  EXPECT_EQ(0, std::memcmp(out_recold.data(), out_cold.data(), out_cold.size() * 4)) << "after demotion";
 }
 
 }  // namespace
