@@ -24,7 +24,7 @@
 
 namespace driftkv {
 
-// Wraps `inner`; EncodePages and DecodeTokens pass through.
+// Wraps `inner`; EncodePages, DecodeTokens and the hot tier pass through.
 class BatchingBackend : public Backend {
  public:
   // Called once per inner Attend with the number of calls and jobs merged
@@ -41,6 +41,13 @@ class BatchingBackend : public Backend {
   }
   void Attend(absl::Span<AttendJob> jobs) override;
   bool PrefersBatchedAttend() const override { return true; }
+  // The hot tier passes through (a merged batch may mix hot and cold jobs).
+  bool SupportsHotTier() const override { return inner_->SupportsHotTier(); }
+  absl::Status PromotePages(absl::Span<const TierMove> moves) override { return inner_->PromotePages(moves); }
+  absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }
+  absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    return inner_->DecodeHotTokens(page, layer, first, count, keys, values);
+  }
 
   // Calls waiting for the running batch to finish (for tests).
   int queued() {

@@ -74,6 +74,35 @@ const char* TransformName(TransformKind kind) {
   return "?";
 }
 
+const char* HotPromotionName(HotPromotion mode) {
+  return mode == HotPromotion::kAsync ? "async" : "sync";
+}
+
+uint64_t ServiceOptions::hot_budget_bytes() const {
+  if (hot_tier_fraction > 0.0) return static_cast<uint64_t>(hot_tier_fraction * static_cast<double>(pool_bytes));
+  return hot_tier_bytes;
+}
+
+uint64_t ServiceOptions::cold_pool_bytes() const {
+  return hot_tier_fraction > 0.0 ? pool_bytes - hot_budget_bytes() : pool_bytes;
+}
+
+absl::Status ValidateHotTier(const ServiceOptions& o) {
+  if (!(o.hot_tier_fraction >= 0.0 && o.hot_tier_fraction < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot_tier_fraction ", o.hot_tier_fraction, " out of range [0, 1)"));
+  }
+  if (o.hot_tier_bytes > 0 && o.hot_tier_fraction > 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat("hot_tier_bytes ", o.hot_tier_bytes, " and hot_tier_fraction ",
+                                                   o.hot_tier_fraction, " are both set; set one"));
+  }
+  if (!(o.hot_idle_seconds >= 0.0) || !std::isfinite(o.hot_idle_seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot_idle_seconds ", o.hot_idle_seconds, " must be finite and >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTransform(const ServiceOptions& o) {
   const char* name = TransformName(o.transform);
   if (o.codec.hadamard != (o.transform == TransformKind::kHadamard)) {
@@ -208,6 +237,20 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     return absl::InvalidArgumentError("pool_bytes 0: the pool capacity must be set");
   }
   o.pool_bytes = c.pool_bytes();
+  if (c.has_hot_tier_bytes() && c.has_hot_tier_fraction()) {
+    return absl::InvalidArgumentError(absl::StrCat("hot_tier_bytes ", c.hot_tier_bytes(), " and hot_tier_fraction ",
+                                                   c.hot_tier_fraction(), " are both set; set one"));
+  }
+  o.hot_tier_bytes = c.hot_tier_bytes();
+  o.hot_tier_fraction = c.hot_tier_fraction();
+  if (c.has_hot_idle_seconds()) o.hot_idle_seconds = c.hot_idle_seconds();
+  if (c.hot_promotion() == "async") {
+    o.hot_promotion = HotPromotion::kAsync;
+  } else if (!c.hot_promotion().empty() && c.hot_promotion() != "sync") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot_promotion \"", c.hot_promotion(), "\" unknown; use sync or async"));
+  }
+  if (absl::Status st = ValidateHotTier(o); !st.ok()) return st;
   return o;
 }
 

@@ -23,6 +23,10 @@ constexpr int kDefaultMaxBatch = 1024;
 constexpr int kDefaultReadChunkTokens = 256;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxSequenceIdBytes = 256;
+constexpr double kDefaultHotIdleSeconds = 60.0;
+
+// When the hot tier promotes a cold layer that an Attend asks for.
+enum class HotPromotion { kSync, kAsync };
 
 struct ServiceOptions {
   std::string listen = "0.0.0.0:50051";
@@ -48,8 +52,21 @@ struct ServiceOptions {
   std::string transforms_file;
   std::shared_ptr<const TransformSet> transforms;
   bool values_folded = false;
+  // The hot tier (docs/hot_tier.md, "Service"), off when both budgets are
+  // 0: hot_tier_bytes is added to pool_bytes; hot_tier_fraction of
+  // pool_bytes is taken out of it. At most one is nonzero
+  // (ValidateHotTier).
+  uint64_t hot_tier_bytes = 0;
+  double hot_tier_fraction = 0.0;
+  double hot_idle_seconds = kDefaultHotIdleSeconds;  // 0: never demote for idling
+  HotPromotion hot_promotion = HotPromotion::kSync;
 
   int page_tokens() const { return codec.mean_window; }
+  bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }
+  // Bytes of the hot pool and of the cold pool (pool_bytes less the
+  // fraction's share). REQUIRES: ValidateHotTier ok.
+  uint64_t hot_budget_bytes() const;
+  uint64_t cold_pool_bytes() const;
 };
 
 // Reads a text-format ServerConfig; the error names the file and the line.
@@ -66,6 +83,15 @@ const char* TransformName(TransformKind kind);
 // the model shape (see ServiceOptions::transform); InvalidArgument naming
 // the config field otherwise. ResolveConfig and Handler::Create call it.
 absl::Status ValidateTransform(const ServiceOptions& options);
+
+// "sync" or "async".
+const char* HotPromotionName(HotPromotion mode);
+
+// The hot tier's fields are in range and not both budgets set;
+// InvalidArgument naming the config field and its value otherwise.
+// ResolveConfig and Handler::Create call it (whether the codec and the
+// backend have a hot tier is checked by Handler::Create).
+absl::Status ValidateHotTier(const ServiceOptions& options);
 
 }  // namespace driftkv
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/attend_batcher.h"
 #include "backends/registry.h"
+#include "codec/level_page.h"
 #include "service/handler_internal.h"
 #include "wire/tensor.h"
 
@@ -28,13 +29,41 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("window_tokens ", options.window_tokens, " must be >= 0"));
   }
+  if (absl::Status st = ValidateHotTier(options); !st.ok()) return st;
   if (!clock) clock = [] { return absl::Now(); };
   std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics, std::move(clock)));
   h->transform_gain_ = TransformGain(options);
   if (options.transforms != nullptr) h->transforms_checksum_ = TransformsChecksum(*options.transforms);
-  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(h->codec_.page_layout(), options.pool_bytes);
-  if (!pool.ok()) return pool.status();
+  // The hot budget's config field, for messages.
+  const std::string hot_field = options.hot_tier_fraction > 0.0
+                                    ? absl::StrCat("hot_tier_fraction ", options.hot_tier_fraction)
+                                    : absl::StrCat("hot_tier_bytes ", options.hot_tier_bytes);
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      PagePool::Create(h->codec_.page_layout(), options.cold_pool_bytes());
+  if (!pool.ok()) {
+    if (options.hot_tier_fraction > 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat(hot_field, " leaves the cold pool ", options.cold_pool_bytes(),
+                                                     " of pool_bytes ", options.pool_bytes, ": ",
+                                                     pool.status().message()));
+    }
+    return pool.status();
+  }
   h->pool_ = *std::move(pool);
+  if (options.hot_tier()) {
+    absl::StatusOr<LevelPageLayout> level = MakeLevelPageLayout(h->codec_);
+    if (!level.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(hot_field, ": the hot tier needs a codec with level pages; ", level.status().message()));
+    }
+    const uint64_t budget = options.hot_budget_bytes();
+    if (budget < level->page_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(hot_field, " gives a hot budget of ", budget,
+                                                     " bytes, less than one level page of ", level->page_bytes));
+    }
+    absl::StatusOr<std::unique_ptr<PagePool>> hot = PagePool::CreateOpaque(level->page_bytes, kLevelPageTokens, budget);
+    if (!hot.ok()) return absl::InvalidArgumentError(absl::StrCat(hot_field, ": ", hot.status().message()));
+    h->hot_pool_ = *std::move(hot);
+  }
   // h->options_ holds a reference to the transform set, and is destroyed
   // after backend_ (declared before it): the set outlives the backend.
   BackendArgs args;
@@ -43,9 +72,14 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   args.threads = options.backend_threads;
   args.transforms = h->options_.transforms.get();
   args.values_folded = h->options_.values_folded;
+  args.hot_pool = h->hot_pool_.get();
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend, args);
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);
+  if (h->hot_pool_ != nullptr && !h->backend_->SupportsHotTier()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(hot_field, ": backend \"", options.backend, "\" has no hot tier"));
+  }
   if (options.attend_batching && h->backend_->PrefersBatchedAttend()) {
     Metrics* m = h->metrics_;
     h->backend_ = std::make_unique<BatchingBackend>(std::move(h->backend_), [m](int calls, int jobs) {
@@ -55,8 +89,24 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
+  if (h->hot_pool_ != nullptr) {
+    h->metrics_->hot_capacity_bytes->Set(static_cast<double>(h->hot_pool_->capacity_bytes()));
+    h->metrics_->hot_capacity_pages->Set(static_cast<double>(h->hot_pool_->capacity_pages()));
+    if (options.hot_promotion == HotPromotion::kAsync) {
+      Handler* self = h.get();
+      h->promoter_ = std::thread([self] { self->PromotionThread(); });
+    }
+  }
   h->PublishGauges();
   return h;
+}
+
+Handler::~Handler() {
+  {
+    absl::MutexLock lock(&promote_mu_);
+    promote_stop_ = true;
+  }
+  if (promoter_.joinable()) promoter_.join();
 }
 
 float Handler::value_limit() const {
@@ -149,7 +199,13 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
   for (LayerState& l : seq->layers) {
     *tokens += l.length;
     *pages += l.pages.size();
-    pool_->Free(l.pages);
+    if (l.hot) {
+      hot_pool_->Free(l.pages);
+      RemoveHot(l.id);
+      l.hot = false;
+    } else {
+      pool_->Free(l.pages);
+    }
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
     l.pages.clear();

@@ -27,17 +27,35 @@
 // the layers of one sequence ingest in parallel, many Attend calls on one
 // layer run at once, and nothing is torn: a holder of a stale pointer sees
 // the `released` mark and answers NOT_FOUND.
+//
+// HOT TIER (handler_tier.cc; docs/hot_tier.md, "Service"). With a hot
+// budget a layer's full pages are all in the cold pool (D-Quant pages) or
+// all in the hot pool (level pages), LayerState::hot says which; both give
+// the same answers. Moving a layer takes its LayerState::mu as a writer,
+// never while another layer's lock is held in the blocking way: Attend
+// promotes its cold layers in a step before it takes the batch's locks
+// (sync; async hands them to a background thread), and a layer that must
+// be demoted to make room (least recently attended first, never one of the
+// caller's) is taken only with TryLock and skipped when busy, so demotion
+// can run under the caller's locks (an Append's new page of a hot layer)
+// without a lock-order cycle. hot_mu_ (the LRU order) and promote_mu_ are
+// leaves: nothing is acquired while either is held.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
 #define DRIFTKV_SERVICE_HANDLER_H_
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -61,6 +79,7 @@ class Handler {
   // the handler; `clock` (for TTLs) defaults to absl::Now.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(const ServiceOptions& options,
                                                          Metrics* metrics, Clock clock = nullptr);
+  ~Handler();  // stops the promotion thread (async hot tier) first
 
   // One chunk of an Append stream; adds to `totals` when accepted.
   absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals);
@@ -74,12 +93,22 @@ class Handler {
   void Stats(v1::StatsResponse* response) const;
 
   // Releases sequences idle for longer than the TTL (none if it is 0);
-  // returns how many. The server calls it periodically.
+  // returns how many. Also demotes hot layers not attended for
+  // hot_idle_seconds (not counted). The server calls it periodically.
   int ExpireIdle();
+
+  // Async hot tier: waits until every queued promotion has run (tests and
+  // benchmarks); returns at once otherwise.
+  void DrainPromotions();
+  // Whether the layer's pages are in the hot tier (false for an unknown
+  // sequence); for tests and tools.
+  bool LayerIsHot(const std::string& sequence_id, uint32_t layer);
 
   const ServiceOptions& options() const { return options_; }
   const DQuantCodec& codec() const { return codec_; }
   const PagePool& pool() const { return *pool_; }
+  // The hot tier's pool of level pages, or null without one.
+  const PagePool* hot_pool() const { return hot_pool_.get(); }
 
  private:
   // One model layer of one sequence: its pages and bf16 window. Fields
@@ -92,6 +121,11 @@ class Handler {
     std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
     std::vector<uint16_t> window_values;
     int64_t length = 0;
+    // `pages` are level pages of hot_pool_ (see HOT TIER); a cold layer
+    // with no pages is hot once attended, so its first page goes hot.
+    bool hot = false;
+    // Async hot tier: a promotion of this layer is queued (coalesces).
+    std::atomic<bool> promotion_queued{false};
   };
   struct Sequence {
     explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
@@ -146,11 +180,22 @@ class Handler {
   absl::StatusOr<AppendPlan> PlanAppend(int64_t length, int64_t window, absl::string_view where,
                                         const std::string& id, uint32_t layer, uint64_t first,
                                         int64_t count) const;
+  // What the caller of a demotion holds (HOT TIER): layers (LayerState::id)
+  // never to demote, and sequences whose mu it holds as a reader (their
+  // layers are tried without locking the sequence again).
+  struct TierHeld {
+    absl::flat_hash_set<uint64_t> layers;
+    absl::flat_hash_set<const Sequence*> sequences;
+  };
+
   // Stores plan.fresh tokens (float [count][n], already bf16-representable
   // or not: they are rounded to bf16 here) using `pages` reserved pages.
   // On failure nothing of the layer changed; the caller frees the pages.
+  // On success the layer owns them, except that for a hot layer they are
+  // promoted to hot pages and freed here (when no hot page can be had even
+  // after demoting other layers, the layer itself is demoted instead).
   absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                           const float* values, const std::vector<PageId>& pages);
+                           const float* values, const std::vector<PageId>& pages, const TierHeld& held);
 
   // Attend in steps (handler_attend.cc): validate, lock, plan and apply
   // the decode steps, attend.
@@ -168,6 +213,32 @@ class Handler {
   void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
   void PublishGauges();
 
+  // The hot tier (handler_tier.cc). REQUIRES for all: hot_pool_ set.
+  // Before an Attend takes its locks: promotes (sync) or queues (async)
+  // the request's cold layers. No lock held.
+  void PrepareHotTier(const v1::AttendRequest& request);
+  // Promotes one layer, making room by demoting layers not in `exclude`.
+  // No lock held. False when it stays cold (no room; a corrupt page).
+  bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude);
+  // `count` hot pages, demoting least recently attended layers until they
+  // fit; RESOURCE_EXHAUSTED when nothing more can be demoted.
+  absl::StatusOr<std::vector<PageId>> ReserveHot(int64_t count, const TierHeld& held);
+  // Demotes the least recently attended layer that is not held and whose
+  // locks are free; false when there is none.
+  bool DemoteVictim(const TierHeld& held, absl::flat_hash_set<uint64_t>* tried);
+  // Moves a hot layer's pages to the cold pool. REQUIRES: layer->mu held as
+  // a writer and its sequence's mu; layer->hot.
+  absl::Status DemoteLocked(LayerState* layer, DemotionReason reason);
+  // Promotes `cold` (new pages of the hot `layer`); on success *hot holds
+  // their hot pages (the caller frees `cold`). REQUIRES: layer->mu writer.
+  absl::Status PromoteNewPages(LayerState* layer, const std::vector<PageId>& cold, const TierHeld& held,
+                               std::vector<PageId>* hot);
+  void DemoteIdle();
+  void PromotionThread();
+  void AddHot(const SequencePtr& seq, int layer_index, uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  void RemoveHot(uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  void TouchHot(uint64_t id, int64_t now_ns) ABSL_LOCKS_EXCLUDED(hot_mu_);
+
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
   const DQuantCodec codec_;
   double transform_gain_ = 1.0;          // see value_limit()
@@ -175,6 +246,7 @@ class Handler {
   Metrics* const metrics_;
   const Clock clock_;
   std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<PagePool> hot_pool_;  // level pages; null without a hot tier
   std::unique_ptr<Backend> backend_;
 
   mutable absl::Mutex table_mu_;
@@ -190,6 +262,26 @@ class Handler {
   std::atomic<uint64_t> attention_tokens_{0};
   mutable absl::Mutex stats_mu_;
   CodecStats codec_stats_ ABSL_GUARDED_BY(stats_mu_);
+
+  // The hot tier's layers in least-recently-attended order (HOT TIER).
+  struct HotEntry {
+    SequencePtr seq;
+    int layer = 0;
+    int64_t attended_ns = 0;  // clock_ of the last Attend (or the promotion)
+  };
+  mutable absl::Mutex hot_mu_;
+  absl::flat_hash_map<uint64_t, HotEntry> hot_layers_ ABSL_GUARDED_BY(hot_mu_);  // by LayerState::id
+  std::set<std::pair<int64_t, uint64_t>> hot_lru_ ABSL_GUARDED_BY(hot_mu_);     // (attended_ns, id), oldest first
+  std::atomic<uint64_t> promotions_{0};
+  std::atomic<uint64_t> demotions_{0};
+  std::atomic<uint64_t> pages_promoted_{0};
+  std::atomic<uint64_t> pages_demoted_{0};
+  // Async promotion: a queue of layers, one thread.
+  absl::Mutex promote_mu_;
+  std::deque<std::pair<SequencePtr, int>> promote_queue_ ABSL_GUARDED_BY(promote_mu_);
+  bool promote_stop_ ABSL_GUARDED_BY(promote_mu_) = false;
+  int promote_running_ ABSL_GUARDED_BY(promote_mu_) = 0;
+  std::thread promoter_;
 };
 
 }  // namespace driftkv

@@ -47,6 +47,7 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
 }
 
 int Handler::ExpireIdle() {
+  if (hot_pool_ != nullptr && options_.hot_idle_seconds > 0.0) DemoteIdle();
   if (options_.ttl_seconds <= 0.0) return 0;
   const int64_t cutoff = absl::ToUnixNanos(clock_() - absl::Seconds(options_.ttl_seconds));
   std::vector<SequencePtr> idle;
@@ -91,6 +92,12 @@ void Handler::PublishGauges() {
     sequences = table_.size();
   }
   metrics_->sequences->Set(static_cast<double>(sequences));
+  metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
+  if (hot_pool_ != nullptr) {
+    metrics_->tier_pages[1]->Set(static_cast<double>(hot_pool_->pages_in_use()));
+    absl::MutexLock lock(&hot_mu_);
+    metrics_->hot_layers->Set(static_cast<double>(hot_layers_.size()));
+  }
 }
 
 void Handler::Info(v1::InfoResponse* r) const {
@@ -123,6 +130,14 @@ void Handler::Info(v1::InfoResponse* r) const {
     r->set_transforms_calibration_tokens(options_.transforms->calibration_tokens);
     r->set_values_folded(options_.values_folded);
   }
+  r->set_hot_tier(hot_pool_ != nullptr);
+  if (hot_pool_ != nullptr) {
+    r->set_hot_capacity_bytes(hot_pool_->capacity_bytes());
+    r->set_hot_capacity_pages(hot_pool_->capacity_pages());
+    r->set_hot_page_bytes(hot_pool_->page_stride());
+    r->set_hot_promotion(HotPromotionName(options_.hot_promotion));
+    r->set_hot_idle_seconds(options_.hot_idle_seconds);
+  }
 }
 
 void Handler::Stats(v1::StatsResponse* r) const {
@@ -143,6 +158,21 @@ void Handler::Stats(v1::StatsResponse* r) const {
   r->set_tokens_ingested(tokens_ingested_.load());
   r->set_bytes_ingested(bytes_ingested_.load());
   r->set_attention_tokens(attention_tokens_.load());
+  if (hot_pool_ != nullptr) {
+    const int64_t hot = hot_pool_->pages_in_use();
+    r->set_hot_pages_in_use(hot);
+    r->set_hot_capacity_pages(hot_pool_->capacity_pages());
+    r->set_hot_bytes_in_use(static_cast<uint64_t>(hot) * hot_pool_->page_stride());
+    r->set_hot_capacity_bytes(hot_pool_->capacity_bytes());
+    {
+      absl::MutexLock lock(&hot_mu_);
+      r->set_hot_layers(hot_layers_.size());
+    }
+    r->set_promotions(promotions_.load());
+    r->set_demotions(demotions_.load());
+    r->set_pages_promoted(pages_promoted_.load());
+    r->set_pages_demoted(pages_demoted_.load());
+  }
   absl::MutexLock lock(&stats_mu_);
   r->set_symbols_key(codec_stats_.keys.symbols);
   r->set_symbols_moved_key(codec_stats_.keys.moved);

@@ -39,7 +39,7 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
 }
 
 absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages) {
+                                  const float* values, const std::vector<PageId>& pages, const TierHeld& held) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -77,8 +77,27 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
       codec_stats_.Add(j.stats);
     }
   }
+  // A hot layer's new pages go hot at once; with no hot page to be had,
+  // even after demoting other layers, the layer goes cold instead (an
+  // Append is never refused for the hot tier's sake).
+  std::vector<PageId> hot;
+  if (layer->hot && !pages.empty()) {
+    TierHeld mine = held;
+    mine.layers.insert(layer->id);
+    absl::Status st = PromoteNewPages(layer, pages, mine, &hot);
+    if (!st.ok() && !absl::IsResourceExhausted(st)) return st;
+    if (!st.ok()) {
+      st = DemoteLocked(layer, kDemoteAppend);
+      if (!st.ok()) return st;
+    }
+  }
   // Commit.
-  layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
+  if (!hot.empty()) {
+    layer->pages.insert(layer->pages.end(), hot.begin(), hot.end());
+    pool_->Free(pages);
+  } else {
+    layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
+  }
   layer->window_keys.assign(all_k.begin() + encoded * n, all_k.end());
   layer->window_values.assign(all_v.begin() + encoded * n, all_v.end());
   layer->length += plan.fresh;
@@ -152,7 +171,9 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
         if (st.ok()) pages = *std::move(reserved);
       }
       if (st.ok()) {
-        st = ApplyAppend(&layer, static_cast<int>(c.layer()), plan, keys.data(), values.data(), pages);
+        TierHeld held;
+        held.sequences.insert(seq);
+        st = ApplyAppend(&layer, static_cast<int>(c.layer()), plan, keys.data(), values.data(), pages, held);
         if (!st.ok()) pool_->Free(pages);
       }
       if (st.ok()) Touch(seq);

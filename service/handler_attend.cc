@@ -182,6 +182,13 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
                                        int64_t total_pages, size_t* used) {
   absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(total_pages);
   if (!reserved.ok()) return reserved.status();
+  // Every layer and sequence of the batch is locked: none may be demoted
+  // to make room for a hot layer's new page.
+  TierHeld held;
+  for (int i = 0; i < request.items_size(); ++i) {
+    held.sequences.insert((*work)[i].seq);
+    held.layers.insert((*work)[i].seq->layers[request.items(i).layer()].id);
+  }
   absl::Status st;
   for (int i = 0; i < request.items_size() && st.ok(); ++i) {
     AttendWork& w = (*work)[i];
@@ -190,7 +197,7 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
     if (!w.step || w.plan.fresh == 0) continue;
     std::vector<PageId> pages(reserved->begin() + *used, reserved->begin() + *used + w.plan.pages);
     st = ApplyAppend(&w.seq->layers[it.layer()], static_cast<int>(it.layer()), w.plan, w.key.data(), w.value.data(),
-                     pages);
+                     pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       break;
@@ -217,11 +224,14 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
   }
-  // 2. Find the sequences and lock them and their layers in order.
+  // 2. The hot tier: promote the items' cold layers (sync) or queue them
+  // (async), before any lock of the batch is held (HOT TIER in handler.h).
+  if (hot_pool_ != nullptr) PrepareHotTier(request);
+  // 3. Find the sequences and lock them and their layers in order.
   AttendLocks locks;
   if (absl::Status st = locks.Find(this, request, &work); !st.ok()) return st;
   locks.Lock();
-  // 3. Plan every decode step on simulated lengths; 4. reserve all pages
+  // 4. Plan every decode step on simulated lengths; 5. reserve all pages
   // at once, then apply the steps.
   int64_t total_pages = 0;
   size_t used = 0;
@@ -233,7 +243,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     return st;
   }
 
-  // 5. Attention, every item at once.
+  // 6. Attention, every item at once.
   const int d = codec_.config().head_dim;
   std::vector<AttendJob> jobs(items);
   response->clear_results();
@@ -255,6 +265,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;
     j.layer = static_cast<int>(it.layer());
+    j.hot = layer.hot;
     j.out = reinterpret_cast<float*>(r->mutable_output()->data());
     j.lse = lse[i].data();
     r->set_tokens(layer.length);
@@ -263,6 +274,14 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   }
   backend_->Attend(absl::MakeSpan(jobs));
   locks.TouchAll(this);
+  if (hot_pool_ != nullptr) {
+    // Hot layers cannot be demoted while read-locked: their entries exist.
+    const int64_t now = absl::ToUnixNanos(clock_());
+    for (int i = 0; i < items; ++i) {
+      const LayerState& layer = work[i].seq->layers[request.items(i).layer()];
+      if (layer.hot) TouchHot(layer.id, now);
+    }
+  }
   locks.Unlock();
   for (int i = 0; i < items; ++i) {
     if (!jobs[i].status.ok()) {
@@ -273,7 +292,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   attention_tokens_ += attended;
   metrics_->attention_tokens->Increment(static_cast<double>(attended));
   metrics_->attention_items->Increment(items);
-  if (total_pages > 0 || used > 0 ||
+  if (total_pages > 0 || used > 0 || hot_pool_ != nullptr ||
       std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return w.step; })) {
     PublishGauges();
   }

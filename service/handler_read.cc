@@ -71,7 +71,11 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         if (tok < paged) {
           const int64_t in_page = tok % p;
           const int64_t run = std::min(count - t, p - in_page);
-          st = backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(request.layer()), static_cast<int>(in_page),
+          // The tier can change between chunks; each chunk reads it under the lock.
+          st = layer.hot ? backend_->DecodeHotTokens(layer.pages[tok / p], static_cast<int>(request.layer()),
+                                                     static_cast<int>(in_page), static_cast<int>(run),
+                                                     keys.data() + t * n, values.data() + t * n)
+                         : backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(request.layer()), static_cast<int>(in_page),
                                       static_cast<int>(run), keys.data() + t * n,
                                       values.data() + t * n);
           if (!st.ok()) return st;

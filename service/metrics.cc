@@ -92,6 +92,36 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             .Help("Attention items per merged backend call")
                             .Register(r)
                             .Add({}, Histogram::BucketBoundaries{1, 4, 16, 64, 256, 1024, 4096});
+  auto& tier_pages_family = BuildGauge().Name("driftkv_pages")
+                                .Help("Pages in use, by tier (cold: D-Quant pages; hot: level pages)").Register(r);
+  tier_pages[0] = &tier_pages_family.Add({{"tier", "cold"}});
+  tier_pages[1] = &tier_pages_family.Add({{"tier", "hot"}});
+  hot_capacity_bytes = &BuildGauge().Name("driftkv_hot_tier_capacity_bytes")
+                            .Help("Bytes of the hot tier's pool of level pages (0: no hot tier)").Register(r).Add({});
+  hot_capacity_pages = &BuildGauge().Name("driftkv_hot_tier_capacity_pages")
+                            .Help("Level pages the hot tier holds").Register(r).Add({});
+  hot_layers = &BuildGauge().Name("driftkv_hot_layers")
+                    .Help("(sequence, layer)s whose pages are in the hot tier").Register(r).Add({});
+  tier_promotions = &BuildCounter().Name("driftkv_tier_promotions_total")
+                         .Help("Layers promoted from the cold to the hot tier").Register(r).Add({});
+  tier_promotions_skipped = &BuildCounter().Name("driftkv_tier_promotions_skipped_total")
+                                 .Help("Promotions not done for lack of hot pages even after demoting "
+                                       "(the layer was attended cold)").Register(r).Add({});
+  auto& demotions = BuildCounter().Name("driftkv_tier_demotions_total")
+                        .Help("Layers demoted from the hot to the cold tier, by reason").Register(r);
+  tier_demotions[kDemoteBudget] = &demotions.Add({{"reason", "budget"}});
+  tier_demotions[kDemoteIdle] = &demotions.Add({{"reason", "idle"}});
+  tier_demotions[kDemoteAppend] = &demotions.Add({{"reason", "append"}});
+  auto& pages_moved = BuildCounter().Name("driftkv_tier_pages_moved_total")
+                    .Help("Pages moved between the tiers, by direction").Register(r);
+  tier_pages_moved[0] = &pages_moved.Add({{"direction", "promote"}});
+  tier_pages_moved[1] = &pages_moved.Add({{"direction", "demote"}});
+  tier_promotion_seconds = &BuildHistogram()
+                                .Name("driftkv_tier_promotion_seconds")
+                                .Help("Time to promote one layer, including demotions to make room")
+                                .Register(r)
+                                .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                                     0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
   rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
                       .Help("RPC latency by method and gRPC status code").Register(r);
 }

@@ -20,6 +20,12 @@
 
 namespace driftkv {
 
+// Why a hot layer went back to the cold tier (label reason= of
+// driftkv_tier_demotions_total): to make room for another layer's
+// promotion or new page, idle for hot_idle_seconds, or the layer's own new
+// page found no hot page even after demoting others.
+enum DemotionReason : int { kDemoteBudget = 0, kDemoteIdle = 1, kDemoteAppend = 2, kDemotionReasons = 3 };
+
 class Metrics {
  public:
   Metrics();
@@ -62,6 +68,17 @@ class Metrics {
   prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
   prometheus::Counter* rejected_chunks;
+
+  // The hot tier (docs/hot_tier.md, "Service"); zero without one.
+  prometheus::Gauge* tier_pages[2];                // driftkv_pages{tier="cold"|"hot"}
+  prometheus::Gauge* hot_capacity_bytes;           // the hot budget, whole level pages
+  prometheus::Gauge* hot_capacity_pages;
+  prometheus::Gauge* hot_layers;
+  prometheus::Counter* tier_promotions;            // layers
+  prometheus::Counter* tier_promotions_skipped;    // no room even after demoting
+  prometheus::Counter* tier_demotions[kDemotionReasons];  // layers, by DemotionReason
+  prometheus::Counter* tier_pages_moved[2];        // direction="promote"|"demote"
+  prometheus::Histogram* tier_promotion_seconds;   // per layer promoted
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

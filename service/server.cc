@@ -50,10 +50,14 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
     s->metrics_port_ = ports.empty() ? 0 : ports[0];
   }
 
-  if (options.ttl_seconds > 0.0 && hooks.start_reaper) {
-    // Checks a few times per TTL, at most once a second.
-    const absl::Duration period =
-        std::min(absl::Seconds(1), absl::Seconds(options.ttl_seconds) / 4);
+  // Idle sequences expire after the TTL, and idle hot layers are demoted
+  // after hot_idle_seconds, both from Handler::ExpireIdle.
+  const bool hot_idle = options.hot_tier() && options.hot_idle_seconds > 0.0;
+  if ((options.ttl_seconds > 0.0 || hot_idle) && hooks.start_reaper) {
+    // Checks a few times per TTL (and idle time), at most once a second.
+    absl::Duration period = absl::Seconds(1);
+    if (options.ttl_seconds > 0.0) period = std::min(period, absl::Seconds(options.ttl_seconds) / 4);
+    if (hot_idle) period = std::min(period, absl::Seconds(options.hot_idle_seconds) / 4);
     DriftkvServer* self = s.get();
     s->reaper_ = std::thread([self, period] {
       while (!self->stop_.WaitForNotificationWithTimeout(period)) self->handler_->ExpireIdle();

@@ -12,6 +12,8 @@
 #include "backends/backend.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/host_decode.h"
+#include "codec/level_attention.h"
+#include "codec/level_page.h"
 #include "codec/transform/transform.h"
 #include "codec/transform/transform_attention.h"
 
@@ -25,10 +27,14 @@ constexpr size_t kMinPagesPerPart = 8;
 class CpuBackend : public Backend {
  public:
   // `layers` (one per model layer) empty: the codec's own rotation.
+  // `hot_pool` null: no hot tier; otherwise its pages are level pages of
+  // `hot_layout` (MakeCpuBackend checks).
   CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads,
-             std::vector<LayerTransform> layers, bool values_folded)
+             std::vector<LayerTransform> layers, bool values_folded, const PagePool* hot_pool = nullptr,
+             LevelPageLayout hot_layout = LevelPageLayout())
       : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()),
-        layers_(std::move(layers)), values_folded_(values_folded), workers_(threads_) {}
+        layers_(std::move(layers)), values_folded_(values_folded), hot_pool_(hot_pool),
+        hot_layout_(hot_layout), workers_(threads_) {}
 
   std::string name() const override { return "cpu"; }
 
@@ -89,12 +95,50 @@ class CpuBackend : public Backend {
     return DecodePageTokens(codec_, pool_, page, first, count, transform, values_folded_, keys, values, &scratch);
   }
 
+  // HOT TIER (backends/backend.h): the host pools' pages converted with
+  // codec/level_page.h, pages spread over the workers.
+  bool SupportsHotTier() const override { return hot_pool_ != nullptr; }
+
+  absl::Status PromotePages(absl::Span<const TierMove> moves) override {
+    if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
+    return ForEachMove(moves, [&](const TierMove& m) {
+      absl::Status st = PromotePage(codec_, hot_layout_, pool_.key_records(m.from), pool_.value_records(m.from),
+                                    pool_.mean_record(m.from), m.tokens, hot_pool_->page(m.to));
+      return st.ok() ? st : absl::Status(st.code(), absl::StrCat("promoting page ", m.from, ": ", st.message()));
+    });
+  }
+
+  absl::Status DemotePages(absl::Span<const TierMove> moves) override {
+    if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
+    return ForEachMove(moves, [&](const TierMove& m) {
+      absl::Status st = DemotePage(codec_, hot_layout_, hot_pool_->page(m.from), m.tokens, pool_.key_records(m.to),
+                                   pool_.value_records(m.to), pool_.mean_record(m.to));
+      return st.ok() ? st : absl::Status(st.code(), absl::StrCat("demoting hot page ", m.from, ": ", st.message()));
+    });
+  }
+
+  absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
+    thread_local CodecScratch scratch;
+    const LayerTransform* transform = nullptr;
+    if (!layers_.empty()) {
+      absl::StatusOr<const LayerTransform*> t = Transform(layer);
+      if (!t.ok()) return t.status();
+      transform = *t;
+    }
+    return DecodeLevelPageTokens(codec_, hot_layout_, hot_pool_->page(page), page, first, count, transform,
+                                 values_folded_, keys, values, &scratch);
+  }
+
   // Items run on separate threads. When there are fewer items than threads,
   // a long item is also split over its pages ("split-KV"): each part
   // attends to a contiguous run of pages (the last part also to the bf16
   // window) and the parts' (output, lse) states are merged by
   // MergeAttentionParts (codec/lse_merge.h; an empty part has lse = -inf
-  // and weight 0, the identity of the merge).
+  // and weight 0, the identity of the merge). Hot jobs (level pages) are
+  // split and merged exactly like cold ones and run LevelAttention, which
+  // is bit-identical to CompressedAttention per part: a layer's answer does
+  // not depend on its tier.
   void Attend(absl::Span<AttendJob> jobs) override {
     struct Part {
       int job = 0;
@@ -125,7 +169,9 @@ class CpuBackend : public Backend {
       Part& p = parts[i];
       AttendJob& j = jobs[p.job];
       blocks.clear();
-      for (size_t k = p.first; k < p.end; ++k) blocks.push_back(pool_.block(j.pages[k]));
+      if (!j.hot) {
+        for (size_t k = p.first; k < p.end; ++k) blocks.push_back(pool_.block(j.pages[k]));
+      }
       float* out = j.out;
       float* lse = j.lse;
       if (split) {
@@ -135,6 +181,10 @@ class CpuBackend : public Backend {
         lse = p.lse.data();
       }
       const Bf16Tokens window = p.window ? j.window : Bf16Tokens{};
+      if (j.hot) {
+        p.status = AttendHot(j, p.first, p.end, window, out, lse);
+        return;
+      }
       if (layers_.empty()) {
         p.status = CompressedAttention(codec_, blocks, window, j.query, j.q_heads, j.softmax_scale, out, lse,
                                        &scratch);
@@ -175,6 +225,34 @@ class CpuBackend : public Backend {
     return hw == 0 ? 1 : static_cast<int>(std::min(hw, 16u));
   }
 
+  // Runs move(m) for every move over the workers; the first failure.
+  template <typename Fn>
+  absl::Status ForEachMove(absl::Span<const TierMove> moves, Fn move) {
+    std::vector<absl::Status> status(moves.size());
+    workers_.ParallelFor(static_cast<int>(moves.size()), [&](int i) { status[i] = move(moves[i]); });
+    for (const absl::Status& st : status) {
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  // One part of a hot job: level pages [first, end) of the job and `window`.
+  absl::Status AttendHot(const AttendJob& j, size_t first, size_t end, const Bf16Tokens& window, float* out,
+                         float* lse) {
+    if (hot_pool_ == nullptr) return absl::FailedPreconditionError("a hot attention job without a hot tier");
+    thread_local LevelAttentionScratch scratch;
+    thread_local std::vector<LevelPageRef> refs;
+    refs.clear();
+    for (size_t k = first; k < end; ++k) refs.push_back({hot_pool_->page(j.pages[k]), hot_pool_->page_tokens()});
+    if (layers_.empty()) {
+      return LevelAttention(codec_, refs, window, j.query, j.q_heads, j.softmax_scale, out, lse, &scratch);
+    }
+    absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
+    if (!t.ok()) return t.status();
+    return TransformedLevelAttention(codec_, **t, values_folded_, refs, window, j.query, j.q_heads,
+                                     j.softmax_scale, out, lse, &scratch);
+  }
+
   absl::StatusOr<const LayerTransform*> Transform(int layer) const {
     if (layer < 0 || layer >= static_cast<int>(layers_.size())) {
       return absl::InvalidArgumentError(
@@ -188,6 +266,8 @@ class CpuBackend : public Backend {
   const int threads_;
   const std::vector<LayerTransform> layers_;  // per model layer; empty without transforms
   const bool values_folded_;
+  const PagePool* const hot_pool_;     // null: no hot tier
+  const LevelPageLayout hot_layout_;   // of hot_pool_'s pages
   ThreadPool workers_;  // shared by all calls
 };
 
@@ -199,7 +279,22 @@ std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
-  if (a.transforms == nullptr) return MakeCpuBackend(a.codec, a.pool, a.threads);
+  LevelPageLayout hot_layout;
+  if (a.hot_pool != nullptr) {
+    absl::StatusOr<LevelPageLayout> l = MakeLevelPageLayout(*a.codec);
+    if (!l.ok()) return absl::InvalidArgumentError(absl::StrCat("hot tier: ", l.status().message()));
+    if (a.hot_pool->page_stride() != l->page_bytes || a.hot_pool->page_tokens() != kLevelPageTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("hot pool of ", a.hot_pool->page_stride(), "-byte pages of ",
+                                                     a.hot_pool->page_tokens(), " tokens; level pages are ",
+                                                     l->page_bytes, " bytes of ", kLevelPageTokens));
+    }
+    hot_layout = *l;
+  }
+  if (a.transforms == nullptr) {
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(a.codec, a.pool, a.threads,
+                                                                 std::vector<LayerTransform>(), false, a.hot_pool,
+                                                                 hot_layout));
+  }
   const TransformSet& set = *a.transforms;
   if (a.codec->config().hadamard || set.kv_heads != a.codec->config().kv_heads ||
       set.head_dim != a.codec->config().head_dim) {
@@ -216,7 +311,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     layers.push_back(*std::move(t));
   }
   return std::unique_ptr<Backend>(
-      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded));
+      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded, a.hot_pool,
+                                   hot_layout));
 }
 
 }  // namespace driftkv

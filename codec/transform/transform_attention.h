@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "codec/compressed_attention.h"
+#include "codec/level_attention.h"
 #include "codec/transform/transform.h"
 
 namespace driftkv {
@@ -31,6 +32,16 @@ absl::Status TransformedCompressedAttention(const DQuantCodec& codec, const Laye
                                             const Bf16Tokens& window, const float* query, int q_heads,
                                             float softmax_scale, float* out, float* lse,
                                             AttentionScratch* scratch);
+
+// The same over level pages of the hot tier (codec/level_attention.h):
+// bit-identical to the function above on the cold pages they were promoted
+// from (the same stage around LevelAttention, which is bit-identical to
+// CompressedAttention).
+absl::Status TransformedLevelAttention(const DQuantCodec& codec, const LayerTransform& transform,
+                                       bool values_folded, absl::Span<const LevelPageRef> pages,
+                                       const Bf16Tokens& window, const float* query, int q_heads,
+                                       float softmax_scale, float* out, float* lse,
+                                       LevelAttentionScratch* scratch);
 
 // The same for a TransformedKvCodec; InvalidArgument if its inner codec is
 // not D-Quant.

@@ -1,0 +1,732 @@
+// The hot tier through the handler, CPU backend (docs/hot_tier.md,
+// "Service"): Attend and Read give the same bits from either tier (against a
+// handler without a hot tier fed the same tokens), before promotion, after
+// it and after a demotion and a second promotion; per-tier accounting;
+// least-recently-attended demotion when the budget is short; idle demotion
+// on an injected clock; Append into a hot layer (the page goes hot, other
+// layers demote for it, or the layer itself does); async promotion; WUSH
+// transforms; concurrent Attends while layers move; config errors.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/registry.h"
+#include "codec/level_page.h"
+#include "codec/transform/transforms_file.h"
+#include "codec/transform/wush.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "service/handler.h"
+#include "tests/service_test_util.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+
+// 2 layers x 2 KV heads x 64 (n = 128); level pages need P = 128.
+constexpr int kN = 128, kD = 64, kP = 128, kR = 128, kQHeads = 4;
+// 700 tokens: 4 pages and a 188-token window.
+constexpr int kTokens = 700, kPages = 4;
+
+uint64_t LevelPageBytes() { return MakeLevelPageLayout(2, kD)->page_bytes; }
+
+ServiceOptions HotOptions(int hot_pages) {
+  ServiceOptions o = SmallOptions(4u << 20);
+  o.codec.mean_window = kP;
+  o.window_tokens = kR;
+  o.hot_tier_bytes = hot_pages * LevelPageBytes();
+  return o;
+}
+
+ServiceOptions ColdOptions() {
+  ServiceOptions o = HotOptions(0);
+  o.hot_tier_bytes = 0;
+  return o;
+}
+
+// One Attend item's answer, as bytes (compared bit for bit).
+struct Answer {
+  std::string out;
+  std::string lse;
+  bool operator==(const Answer& o) const { return out == o.out && lse == o.lse; }
+};
+
+// A handler with its metrics and clock.
+struct Server {
+  explicit Server(const ServiceOptions& o) {
+    absl::StatusOr<std::unique_ptr<Handler>> made = Handler::Create(o, &metrics, [this] { return now; });
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (made.ok()) h = *std::move(made);
+  }
+  absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int first, int count,
+                    int chunk = 97) {
+    v1::AppendResponse r;
+    for (int t = first; t < first + count; t += chunk) {
+      const int c = std::min(chunk, first + count - t);
+      v1::AppendChunk ch;
+      ch.set_sequence_id(seq);
+      ch.set_layer(layer);
+      ch.set_first_token(t);
+      ch.set_token_count(c);
+      ch.set_dtype(v1::DTYPE_F32);
+      FloatToTensor(kv.keys.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(c) * kN, v1::DTYPE_F32,
+                    ch.mutable_keys());
+      FloatToTensor(kv.values.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(c) * kN, v1::DTYPE_F32,
+                    ch.mutable_values());
+      absl::Status st = h->Append(ch, &r);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  // Attends every (sequence, layer) of `items` with query seed `seed`.
+  absl::StatusOr<std::vector<Answer>> Attend(const std::vector<std::pair<std::string, uint32_t>>& items,
+                                             uint32_t seed) {
+    v1::AttendRequest req;
+    for (const auto& [seq, layer] : items) {
+      const std::vector<float> q = SyntheticQuery(kQHeads, kD, seed + layer);
+      v1::AttendItem* it = req.add_items();
+      it->set_sequence_id(seq);
+      it->set_layer(layer);
+      it->set_dtype(v1::DTYPE_F32);
+      it->set_q_heads(kQHeads);
+      FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+    }
+    v1::AttendResponse resp;
+    absl::Status st = h->Attend(req, &resp);
+    if (!st.ok()) return st;
+    std::vector<Answer> out;
+    for (const v1::AttendResult& r : resp.results()) {
+      out.push_back(Answer{r.output(), std::string(reinterpret_cast<const char*>(r.lse().data()),
+                                                   r.lse_size() * sizeof(float))});
+    }
+    return out;
+  }
+  absl::StatusOr<Answer> Attend1(const std::string& seq, uint32_t layer, uint32_t seed = 7) {
+    absl::StatusOr<std::vector<Answer>> a = Attend({{seq, layer}}, seed);
+    if (!a.ok()) return a.status();
+    return (*a)[0];
+  }
+  // Every token of a layer, keys then values, as f32 bytes.
+  std::string Read(const std::string& seq, uint32_t layer) {
+    v1::ReadRequest req;
+    req.set_sequence_id(seq);
+    req.set_layer(layer);
+    std::string all;
+    absl::Status st = h->Read(req, [&](const v1::ReadChunk& c) {
+      all += c.keys();
+      all += c.values();
+      return true;
+    });
+    EXPECT_TRUE(st.ok()) << st;
+    return all;
+  }
+  v1::StatsResponse Stats() {
+    v1::StatsResponse s;
+    h->Stats(&s);
+    return s;
+  }
+  void Advance(double seconds) { now += absl::Seconds(seconds); }
+
+  Metrics metrics;
+  absl::Time now = absl::FromUnixSeconds(1000000);
+  std::unique_ptr<Handler> h;
+};
+
+TEST(HotTier, AttendBitIdenticalColdHotAndAfterDemoteRepromote) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 1);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 1, kv, 0, kTokens).ok());
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 1));
+  EXPECT_EQ(hot.Stats().pages_in_use(), static_cast<uint64_t>(kPages));
+  absl::StatusOr<Answer> want = cold.Attend1("a", 1);
+  ASSERT_TRUE(want.ok()) << want.status();
+  // Sync: the first Attend promotes, then attends the level pages.
+  absl::StatusOr<Answer> first = hot.Attend1("a", 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
+  EXPECT_TRUE(*first == *want);
+  absl::StatusOr<Answer> again = hot.Attend1("a", 1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(*again == *want);
+  // Idle demotion, then promotion again: still the same bits.
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 1));
+  absl::StatusOr<Answer> cold_again = hot.Attend1("a", 1);  // promotes again
+  ASSERT_TRUE(cold_again.ok());
+  EXPECT_TRUE(*cold_again == *want);
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
+  EXPECT_EQ(hot.Stats().promotions(), 2u);
+  EXPECT_EQ(hot.Stats().demotions(), 1u);
+  // And a different query, for good measure.
+  absl::StatusOr<Answer> other_cold = cold.Attend1("a", 1, 99), other_hot = hot.Attend1("a", 1, 99);
+  ASSERT_TRUE(other_cold.ok() && other_hot.ok());
+  EXPECT_TRUE(*other_cold == *other_hot);
+  EXPECT_FALSE(*other_hot == *want);
+}
+
+// 20 pages and 4 threads: one item is split over its pages (split-KV) and
+// the parts merged; the hot path must split and merge the same way.
+TEST(HotTier, SplitKvBitIdentical) {
+  ServiceOptions co = ColdOptions(), ho = HotOptions(24);
+  co.backend_threads = ho.backend_threads = 4;
+  Server cold(co), hot(ho);
+  const int tokens = 20 * kP + kR + 5;
+  const testing::Kv kv = SyntheticKv(tokens, kN, 2);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("long", 0, kv, 0, tokens, 400).ok());
+  absl::StatusOr<Answer> want = cold.Attend1("long", 0), got = hot.Attend1("long", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(hot.h->LayerIsHot("long", 0));
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), 20u);
+  EXPECT_TRUE(*got == *want);
+}
+
+TEST(HotTier, ReadIdenticalFromBothTiers) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 3);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("r", 0, kv, 0, kTokens).ok());
+  const std::string want = cold.Read("r", 0);
+  ASSERT_EQ(want.size(), 2u * kTokens * kN * sizeof(float));
+  EXPECT_EQ(hot.Read("r", 0), want);  // cold
+  ASSERT_TRUE(hot.Attend1("r", 0).ok());
+  ASSERT_TRUE(hot.h->LayerIsHot("r", 0));
+  EXPECT_EQ(hot.Read("r", 0), want);  // hot
+  // A read starting inside a page and spanning several, from the hot tier.
+  v1::ReadRequest req;
+  req.set_sequence_id("r");
+  req.set_layer(0);
+  req.set_first_token(100);
+  req.set_token_count(300);
+  std::string part[2];
+  Server* servers[2] = {&cold, &hot};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(servers[i]->h->Read(req, [&](const v1::ReadChunk& c) {
+                  part[i] += c.keys() + c.values();
+                  return true;
+                }).ok());
+  }
+  EXPECT_EQ(part[1], part[0]);
+  EXPECT_EQ(part[0].size(), 2u * 300 * kN * sizeof(float));
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  ASSERT_FALSE(hot.h->LayerIsHot("r", 0));
+  EXPECT_EQ(hot.Read("r", 0), want);  // cold again (demoted)
+}
+
+TEST(HotTier, PoolAccountingPerTier) {
+  Server hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
+  ASSERT_TRUE(hot.Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Push("a", 1, kv, 0, kTokens).ok());
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.hot_pages_in_use(), 0u);
+  EXPECT_EQ(s.hot_capacity_pages(), 16u);
+  EXPECT_EQ(s.hot_capacity_bytes(), 16 * LevelPageBytes());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.hot_pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.hot_bytes_in_use(), kPages * LevelPageBytes());
+  EXPECT_EQ(s.hot_layers(), 1u);
+  EXPECT_EQ(s.promotions(), 1u);
+  EXPECT_EQ(s.pages_promoted(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.tokens_compressed(), 2u * kPages * kP);  // tokens do not move
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.hot_pages_in_use(), 0u);
+  EXPECT_EQ(s.hot_layers(), 0u);
+  EXPECT_EQ(s.demotions(), 1u);
+  EXPECT_EQ(s.pages_demoted(), static_cast<uint64_t>(kPages));
+  ASSERT_TRUE(hot.Attend({{"a", 0}, {"a", 1}}, 5).ok());
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(s.hot_pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.hot_layers(), 2u);
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("a");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
+  EXPECT_EQ(rr.pages_freed(), 2u * kPages);
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(s.hot_pages_in_use(), 0u);
+  EXPECT_EQ(s.hot_layers(), 0u);
+  // Info reports the tier.
+  v1::InfoResponse info;
+  hot.h->Info(&info);
+  EXPECT_TRUE(info.hot_tier());
+  EXPECT_EQ(info.hot_page_bytes(), LevelPageBytes());
+  EXPECT_EQ(info.hot_capacity_pages(), 16u);
+  EXPECT_EQ(info.hot_capacity_bytes(), 16 * LevelPageBytes());
+  EXPECT_EQ(info.hot_promotion(), "sync");
+  EXPECT_EQ(info.hot_idle_seconds(), 60.0);
+  Server cold(ColdOptions());
+  v1::InfoResponse cold_info;
+  cold.h->Info(&cold_info);
+  EXPECT_FALSE(cold_info.hot_tier());
+  EXPECT_EQ(cold_info.hot_capacity_bytes(), 0u);
+}
+
+// Budget for two sequences of 4 pages, three attended in turn: the least
+// recently attended one goes cold each time, and answers never change.
+TEST(HotTier, LruDemotionWhenBudgetShort) {
+  Server cold(ColdOptions()), hot(HotOptions(2 * kPages));
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  for (int i = 0; i < 3; ++i) {
+    const testing::Kv kv = SyntheticKv(kTokens, kN, 10 + i);
+    for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push(ids[i], 0, kv, 0, kTokens).ok());
+  }
+  auto attend = [&](const std::string& id) {
+    hot.Advance(1);
+    absl::StatusOr<Answer> want = cold.Attend1(id, 0), got = hot.Attend1(id, 0);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_TRUE(*got == *want) << id;
+  };
+  attend("a");
+  attend("b");
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  attend("c");  // a is the least recently attended
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("c", 0));
+  attend("b");
+  attend("a");  // now c is
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  EXPECT_FALSE(hot.h->LayerIsHot("c", 0));
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.hot_pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.promotions(), 4u);
+  EXPECT_EQ(s.demotions(), 2u);
+  EXPECT_EQ(hot.metrics.tier_demotions[kDemoteBudget]->Value(), 2);
+  // A batch of all three: the batch's own layers are never demoted for each
+  // other, so one stays cold and is attended cold, with the same answer.
+  hot.Advance(1);
+  absl::StatusOr<std::vector<Answer>> want = cold.Attend({{"a", 0}, {"b", 0}, {"c", 0}}, 3);
+  absl::StatusOr<std::vector<Answer>> got = hot.Attend({{"a", 0}, {"b", 0}, {"c", 0}}, 3);
+  ASSERT_TRUE(want.ok() && got.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE((*got)[i] == (*want)[i]) << i;
+  EXPECT_FALSE(hot.h->LayerIsHot("c", 0));
+  EXPECT_GE(hot.metrics.tier_promotions_skipped->Value(), 1);
+}
+
+TEST(HotTier, IdleDemotionWithInjectedClock) {
+  ServiceOptions o = HotOptions(16);
+  o.hot_idle_seconds = 30;
+  Server hot(o);
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 5);
+  ASSERT_TRUE(hot.Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Push("b", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  hot.Advance(20);
+  ASSERT_TRUE(hot.Attend1("b", 0).ok());
+  hot.Advance(20);  // a idle 40 s, b 20 s
+  EXPECT_EQ(hot.h->ExpireIdle(), 0);  // no TTL: nothing expires
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  EXPECT_EQ(hot.metrics.tier_demotions[kDemoteIdle]->Value(), 1);
+  hot.Advance(5);
+  ASSERT_TRUE(hot.Attend1("b", 0).ok());  // attending resets b's idle time
+  hot.Advance(29);
+  hot.h->ExpireIdle();
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  hot.Advance(2);
+  hot.h->ExpireIdle();
+  EXPECT_FALSE(hot.h->LayerIsHot("b", 0));
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), 0u);
+  EXPECT_EQ(hot.Stats().pages_in_use(), 2u * kPages);
+
+  // hot_idle_seconds 0: never demoted for idling.
+  o.hot_idle_seconds = 0;
+  Server keep(o);
+  ASSERT_TRUE(keep.Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(keep.Attend1("a", 0).ok());
+  keep.Advance(1e6);
+  keep.h->ExpireIdle();
+  EXPECT_TRUE(keep.h->LayerIsHot("a", 0));
+}
+
+TEST(HotTier, AppendIntoHotLayerGoesHot) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const int total = kTokens + 2 * kP;
+  const testing::Kv kv = SyntheticKv(total, kN, 6);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
+  // Two more pages' worth of tokens: both pages go hot at once.
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 0, kv, kTokens, 2 * kP, 50).ok());
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.hot_pages_in_use(), kPages + 2u);
+  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(s.pages_promoted(), kPages + 2u);
+  EXPECT_EQ(s.promotions(), 1u);
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0), got = hot.Attend1("a", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+  EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
+}
+
+// Decode steps (Attend with a new token) that fill a page of a hot layer.
+TEST(HotTier, DecodeStepsIntoHotLayer) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const int steps = 80;  // window 188 -> 268 tokens: one more page
+  const testing::Kv kv = SyntheticKv(kTokens + steps, kN, 7);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("d", 0, kv, 0, kTokens).ok());
+  for (int i = 0; i < steps; ++i) {
+    std::vector<std::string> outs;
+    for (Server* s : {&cold, &hot}) {
+      v1::AttendRequest req;
+      v1::AttendItem* it = req.add_items();
+      it->set_sequence_id("d");
+      it->set_layer(0);
+      it->set_dtype(v1::DTYPE_F32);
+      it->set_q_heads(kQHeads);
+      const std::vector<float> q = SyntheticQuery(kQHeads, kD, 100 + i);
+      FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+      const size_t at = static_cast<size_t>(kTokens + i) * kN;
+      FloatToTensor(kv.keys.data() + at, kN, v1::DTYPE_F32, it->mutable_new_key());
+      FloatToTensor(kv.values.data() + at, kN, v1::DTYPE_F32, it->mutable_new_value());
+      v1::AttendResponse resp;
+      ASSERT_TRUE(s->h->Attend(req, &resp).ok());
+      outs.push_back(resp.results(0).output() + std::string(reinterpret_cast<const char*>(resp.results(0).lse().data()),
+                                                            kQHeads * sizeof(float)));
+    }
+    EXPECT_EQ(outs[0], outs[1]) << "step " << i;
+  }
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 1u);
+  EXPECT_EQ(hot.Stats().pages_in_use(), 0u);
+  EXPECT_EQ(hot.Read("d", 0), cold.Read("d", 0));
+}
+
+TEST(HotTier, AppendDemotesOtherLayersThenItself) {
+  Server cold(ColdOptions()), hot(HotOptions(2 * kPages));
+  const int total = kTokens + kP;
+  const testing::Kv ka = SyntheticKv(total, kN, 8), kb = SyntheticKv(total, kN, 9);
+  for (Server* s : {&cold, &hot}) {
+    ASSERT_TRUE(s->Push("a", 0, ka, 0, kTokens).ok());
+    ASSERT_TRUE(s->Push("b", 0, kb, 0, kTokens).ok());
+  }
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  hot.Advance(1);
+  ASSERT_TRUE(hot.Attend1("b", 0).ok());
+  ASSERT_EQ(hot.Stats().hot_pages_in_use(), 2u * kPages);  // full
+  // b's new page: a (least recently attended) is demoted to make room.
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("b", 0, kb, kTokens, kP).ok());
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 1u);
+  EXPECT_EQ(hot.metrics.tier_demotions[kDemoteBudget]->Value(), 1);
+  // Fill the hot tier with a and b (b: 5 pages, a: 3 of its 4 do not fit,
+  // so a stays cold) and then append to b until nothing else is hot: b
+  // demotes itself and the Append succeeds.
+  Server solo(HotOptions(kPages));
+  ASSERT_TRUE(solo.Push("a", 0, ka, 0, kTokens).ok());
+  ASSERT_TRUE(solo.Attend1("a", 0).ok());
+  ASSERT_TRUE(solo.h->LayerIsHot("a", 0));
+  ASSERT_EQ(solo.Stats().hot_pages_in_use(), static_cast<uint64_t>(kPages));
+  ASSERT_TRUE(solo.Push("a", 0, ka, kTokens, kP).ok());  // 5th page: no hot page anywhere
+  EXPECT_FALSE(solo.h->LayerIsHot("a", 0));
+  EXPECT_EQ(solo.Stats().hot_pages_in_use(), 0u);
+  EXPECT_EQ(solo.Stats().pages_in_use(), kPages + 1u);
+  EXPECT_EQ(solo.metrics.tier_demotions[kDemoteAppend]->Value(), 1);
+  // 5 pages never fit a 4-page tier: attended cold, same answer.
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0);
+  ASSERT_TRUE(cold.Push("a", 0, ka, kTokens, kP).ok());
+  want = cold.Attend1("a", 0);
+  absl::StatusOr<Answer> got = solo.Attend1("a", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+  EXPECT_FALSE(solo.h->LayerIsHot("a", 0));
+}
+
+TEST(HotTier, AsyncPromotesInTheBackground) {
+  ServiceOptions o = HotOptions(16);
+  o.hot_promotion = HotPromotion::kAsync;
+  Server cold(ColdOptions()), hot(o);
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 11);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0);
+  ASSERT_TRUE(want.ok());
+  // Answered from whichever tier holds the layer at the time: the same bits.
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Answer> got = hot.Attend1("a", 0);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == *want);
+  }
+  hot.h->DrainPromotions();
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_EQ(hot.Stats().promotions(), 1u);  // requests coalesce or find it hot
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), static_cast<uint64_t>(kPages));
+  absl::StatusOr<Answer> got = hot.Attend1("a", 0);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(*got == *want);
+  v1::InfoResponse info;
+  hot.h->Info(&info);
+  EXPECT_EQ(info.hot_promotion(), "async");
+}
+
+// Threads attend three layers over a budget of two while the tiers churn;
+// every answer must be the cold handler's.
+TEST(HotTier, ConcurrentAttendsWhileLayersMove) {
+  ServiceOptions o = HotOptions(2 * kPages);
+  o.backend_threads = 2;
+  Server cold(ColdOptions()), hot(o);
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  std::vector<Answer> want;
+  for (int i = 0; i < 3; ++i) {
+    const testing::Kv kv = SyntheticKv(kTokens, kN, 20 + i);
+    for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push(ids[i], 0, kv, 0, kTokens).ok());
+    absl::StatusOr<Answer> a = cold.Attend1(ids[i], 0);
+    ASSERT_TRUE(a.ok());
+    want.push_back(*a);
+  }
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 12; ++i) {
+        const int k = (t + i) % 3;
+        absl::StatusOr<Answer> got = hot.Attend1(ids[k], 0);
+        if (!got.ok()) {
+          ++failed;
+        } else if (!(*got == want[k])) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_LE(s.hot_pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.hot_pages_in_use() + s.pages_in_use(), 3u * kPages);
+  EXPECT_GE(s.promotions(), 2u);
+}
+
+// WUSH transforms of 128-token pages, random but well conditioned.
+std::shared_ptr<const TransformSet> WushSet(int layers) {
+  TransformSet s;
+  s.layers = layers;
+  s.kv_heads = 2;
+  s.head_dim = kD;
+  s.gamma = kWushDefaultGamma;
+  s.calibration_tokens = 1000;
+  s.Resize();
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> g;
+  auto spd = [&] {
+    std::vector<double> a(kD * kD), m(kD * kD, 0.0);
+    for (double& x : a) x = g(rng);
+    for (int i = 0; i < kD; ++i) {
+      for (int j = 0; j < kD; ++j) {
+        for (int k = 0; k < kD; ++k) m[i * kD + j] += a[i * kD + k] * a[j * kD + k] / kD;
+      }
+      m[i * kD + i] += 0.5;
+    }
+    return m;
+  };
+  for (int l = 0; l < layers; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (Mat m : {Mat::kKey, Mat::kValue}) {
+        absl::StatusOr<WushTransform> t = BuildWushTransform(spd(), spd(), kD);
+        EXPECT_TRUE(t.ok()) << t.status();
+        const Mat inv = m == Mat::kKey ? Mat::kKeyInverse : Mat::kValueInverse;
+        for (int i = 0; i < kD * kD; ++i) {
+          s.matrix(l, h, m)[i] = static_cast<float>(t->t[i]);
+          s.matrix(l, h, inv)[i] = static_cast<float>(t->inv[i]);
+        }
+      }
+    }
+  }
+  return std::make_shared<const TransformSet>(std::move(s));
+}
+
+TEST(HotTier, WushTransformsBitIdentical) {
+  for (bool folded : {false, true}) {
+    ServiceOptions co = ColdOptions(), ho = HotOptions(24);
+    for (ServiceOptions* o : {&co, &ho}) {
+      o->transform = TransformKind::kWush;
+      o->codec.hadamard = false;
+      o->transforms = WushSet(o->layers);
+      o->transforms_file = "test.xfm";
+      o->values_folded = folded;
+      o->backend_threads = 4;
+    }
+    Server cold(co), hot(ho);
+    const int tokens = 17 * kP + kR + 9;  // split-KV over 4 threads too
+    const testing::Kv kv = SyntheticKv(tokens, kN, 30);
+    for (Server* s : {&cold, &hot}) {
+      ASSERT_TRUE(s->Push("w", 0, kv, 0, kTokens).ok());
+      ASSERT_TRUE(s->Push("w", 1, kv, 0, tokens, 500).ok());
+    }
+    absl::StatusOr<std::vector<Answer>> want = cold.Attend({{"w", 0}, {"w", 1}}, 40);
+    absl::StatusOr<std::vector<Answer>> got = hot.Attend({{"w", 0}, {"w", 1}}, 40);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    EXPECT_TRUE(hot.h->LayerIsHot("w", 0));
+    EXPECT_TRUE(hot.h->LayerIsHot("w", 1));
+    EXPECT_TRUE((*got)[0] == (*want)[0]) << folded;
+    EXPECT_TRUE((*got)[1] == (*want)[1]) << folded;
+    EXPECT_EQ(hot.Read("w", 1), cold.Read("w", 1)) << folded;
+  }
+}
+
+// Byte identity through the backend: cold -> hot -> cold gives the page
+// the encoder wrote, byte for byte.
+TEST(HotTier, CpuBackendDemotionGivesTheColdPageBack) {
+  DQuantConfig c;
+  c.kv_heads = 2;
+  c.head_dim = kD;
+  absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(c);
+  ASSERT_TRUE(codec.ok());
+  const LevelPageLayout level = *MakeLevelPageLayout(*codec);
+  auto pool = *PagePool::Create(codec->page_layout(), 4 * codec->page_layout().page_bytes);
+  auto hot_pool = *PagePool::CreateOpaque(level.page_bytes, kLevelPageTokens, 2 * level.page_bytes);
+  BackendArgs args;
+  args.codec = &*codec;
+  args.pool = pool.get();
+  args.threads = 2;
+  args.hot_pool = hot_pool.get();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCpuBackend(args);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_TRUE((*backend)->SupportsHotTier());
+  const testing::Kv kv = SyntheticKv(kP, kN, 12);
+  std::vector<PageId> cold = *pool->Reserve(2), hot = *hot_pool->Reserve(1);
+  std::vector<EncodeJob> jobs(1);
+  jobs[0].keys = kv.keys.data();
+  jobs[0].values = kv.values.data();
+  jobs[0].page = cold[0];
+  ASSERT_TRUE((*backend)->EncodePages(absl::MakeSpan(jobs)).ok());
+  const TierMove up{cold[0], hot[0], kP}, down{hot[0], cold[1], kP};
+  ASSERT_TRUE((*backend)->PromotePages({&up, 1}).ok());
+  ASSERT_TRUE((*backend)->DemotePages({&down, 1}).ok());
+  const size_t bytes = pool->page_stride();
+  EXPECT_EQ(std::memcmp(pool->key_records(cold[0]), pool->key_records(cold[1]), bytes), 0);
+  // Read of the hot page equals Read of the cold one, float for float.
+  std::vector<float> k1(kP * kN), v1(kP * kN), k2(kP * kN), v2(kP * kN);
+  ASSERT_TRUE((*backend)->DecodeTokens(cold[0], 0, 0, kP, k1.data(), v1.data()).ok());
+  ASSERT_TRUE((*backend)->DecodeHotTokens(hot[0], 0, 0, kP, k2.data(), v2.data()).ok());
+  EXPECT_EQ(std::memcmp(k1.data(), k2.data(), k1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(v1.data(), v2.data(), v1.size() * 4), 0);
+  // A backend made without a hot pool has no hot tier.
+  absl::StatusOr<std::unique_ptr<Backend>> plain = MakeCpuBackend(&*codec, pool.get(), 1);
+  EXPECT_FALSE((*plain)->SupportsHotTier());
+  EXPECT_EQ((*plain)->PromotePages({&up, 1}).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Config: every error names its field and value.
+TEST(HotTierConfig, Errors) {
+  auto resolve = [](const std::string& extra) {
+    v1::ServerConfig c;
+    c.mutable_model()->set_layers(2);
+    c.mutable_model()->set_kv_heads(2);
+    c.mutable_model()->set_head_dim(64);
+    c.set_pool_bytes(1 << 22);
+    google::protobuf::TextFormat::MergeFromString(extra, &c);
+    return ResolveConfig(c);
+  };
+  struct Case {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {"hot_tier_bytes: 1000000 hot_tier_fraction: 0.2", "hot_tier_bytes 1000000 and hot_tier_fraction 0.2"},
+      {"hot_tier_fraction: 1.0", "hot_tier_fraction 1 out of range"},
+      {"hot_tier_fraction: -0.5", "hot_tier_fraction -0.5 out of range"},
+      {"hot_idle_seconds: -1", "hot_idle_seconds -1"},
+      {"hot_promotion: \"lazy\"", "hot_promotion \"lazy\" unknown"},
+  };
+  for (const Case& k : cases) {
+    absl::StatusOr<ServiceOptions> o = resolve(k.text);
+    ASSERT_FALSE(o.ok()) << k.text;
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(o.status().message(), k.message)) << o.status();
+  }
+  absl::StatusOr<ServiceOptions> ok =
+      resolve("hot_tier_fraction: 0.25 hot_idle_seconds: 5 hot_promotion: \"async\"");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->hot_promotion, HotPromotion::kAsync);
+  EXPECT_EQ(ok->hot_idle_seconds, 5.0);
+  EXPECT_EQ(ok->hot_budget_bytes(), 1u << 20);
+  EXPECT_EQ(ok->cold_pool_bytes(), 3u << 20);
+  absl::StatusOr<ServiceOptions> defaults = resolve("");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_FALSE(defaults->hot_tier());
+  EXPECT_EQ(defaults->hot_idle_seconds, 60.0);
+  EXPECT_EQ(defaults->hot_promotion, HotPromotion::kSync);
+}
+
+TEST(HotTierConfig, StartupErrors) {
+  auto create = [](const ServiceOptions& o) {
+    Metrics m;
+    return Handler::Create(o, &m).status();
+  };
+  // The codec has no level page: pages of 32 tokens, more than 6 value levels.
+  ServiceOptions o = HotOptions(4);
+  o.codec.mean_window = 32;
+  absl::Status st = create(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "hot_tier_bytes")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "mean_window")) << st;
+  o = HotOptions(4);
+  o.codec.value_levels = 8;
+  st = create(o);
+  EXPECT_TRUE(absl::StrContains(st.message(), "value_levels")) << st;
+  // Less than one level page.
+  o = HotOptions(4);
+  o.hot_tier_bytes = 1000;
+  st = create(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "hot_tier_bytes 1000")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "less than one level page")) << st;
+  // A fraction that leaves no cold page.
+  o = HotOptions(0);
+  o.hot_tier_bytes = 0;
+  o.pool_bytes = 20000;
+  o.hot_tier_fraction = 0.9;
+  st = create(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "hot_tier_fraction 0.9")) << st;
+  // Both budgets (ServiceOptions built by hand).
+  o = HotOptions(4);
+  o.hot_tier_fraction = 0.5;
+  st = create(o);
+  EXPECT_TRUE(absl::StrContains(st.message(), "both set")) << st;
+  // A backend without a hot tier.
+  RegisterBackend("nohot", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    return MakeCpuBackend(a.codec, a.pool, a.threads);
+  });
+  o = HotOptions(4);
+  o.backend = "nohot";
+  st = create(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "backend \"nohot\" has no hot tier")) << st;
+  // The fraction splits pool_bytes.
+  o = HotOptions(0);
+  o.hot_tier_bytes = 0;
+  o.hot_tier_fraction = 0.5;
+  Metrics m;
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &m);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ((*h)->pool().capacity_pages(), static_cast<int64_t>((2u << 20) / (*h)->pool().page_stride()));
+  EXPECT_EQ((*h)->hot_pool()->capacity_pages(), static_cast<int64_t>((2u << 20) / LevelPageBytes()));
+}
+
+}  // namespace
+}  // namespace driftkv
