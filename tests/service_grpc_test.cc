@@ -475,5 +475,70 @@ TEST_F(GrpcTest, TtlReaperReleasesIdleSequences) {
   EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kNotFound);
 }
 
+// The hot tier over the wire: Info and Stats report it, /metrics counts
+// pages per tier and promotions, answers and Reads equal those of a server
+// without a hot tier, and the server's own reaper demotes an idle layer.
+TEST_F(GrpcTest, HotTierOverGrpc) {
+  ServiceOptions o = SmallOptions();
+  o.codec.mean_window = 128;  // level pages need P = 128
+  o.window_tokens = 128;
+  o.metrics_listen = "127.0.0.1:0";
+  ServiceOptions cold_options = o;
+  o.hot_tier_bytes = 2 << 20;
+  o.hot_idle_seconds = 0.3;
+  Start(o);
+  cold_options.metrics_listen = "";
+  absl::StatusOr<std::unique_ptr<DriftkvServer>> cold_server = DriftkvServer::Start(cold_options);
+  ASSERT_TRUE(cold_server.ok()) << cold_server.status();
+  ClientOptions co;
+  co.target = absl::StrCat("127.0.0.1:", (*cold_server)->port());
+  Client cold(co);
+
+  absl::StatusOr<v1::InfoResponse> info = client_->Info();
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->hot_tier());
+  EXPECT_EQ(info->hot_promotion(), "sync");
+  EXPECT_GT(info->hot_page_bytes(), info->page_bytes());
+  EXPECT_EQ(info->hot_capacity_bytes(), info->hot_capacity_pages() * info->hot_page_bytes());
+  const testing::Kv kv = SyntheticKv(700, kN, 17);  // 4 pages of 128 + a 188-token window
+  ASSERT_TRUE(client_->Append(Chunks("h", 1, kv, 0, 700, 128)).ok());
+  ASSERT_TRUE(cold.Append(Chunks("h", 1, kv, 0, 700, 128)).ok());
+  v1::AttendRequest req;
+  *req.add_items() = Item("h", 1, SyntheticQuery(4, kD, 18), 4);
+  absl::StatusOr<v1::AttendResponse> got = client_->Attend(req), want = cold.Attend(req);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
+  EXPECT_EQ(got->results(0).output(), want->results(0).output());
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(got->results(0).lse(h), want->results(0).lse(h));
+  absl::StatusOr<v1::StatsResponse> s = client_->Stats();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->hot_pages_in_use(), 4u);
+  EXPECT_EQ(s->pages_in_use(), 0u);
+  EXPECT_EQ(s->promotions(), 1u);
+  absl::StatusOr<Client::Tensors> read_hot = client_->ReadFloat("h", 1, 0, 0), read_cold = cold.ReadFloat("h", 1, 0, 0);
+  ASSERT_TRUE(read_hot.ok() && read_cold.ok());
+  EXPECT_EQ(read_hot->keys, read_cold->keys);
+  EXPECT_EQ(read_hot->values, read_cold->values);
+  using testing::MetricValue;
+  const std::string text = testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"hot\"}"), 4);
+  EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"cold\"}"), 0);
+  EXPECT_EQ(MetricValue(text, "driftkv_tier_promotions_total"), 1);
+  EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_seconds_count"), 1);
+  EXPECT_EQ(MetricValue(text, "driftkv_hot_tier_capacity_bytes"), static_cast<double>(info->hot_capacity_bytes()));
+  // The reaper (hot_idle_seconds 0.3, no TTL) demotes the idle layer.
+  for (int i = 0; i < 50 && s.ok() && s->hot_pages_in_use() > 0; ++i) {  // up to 5 s
+    absl::SleepFor(absl::Milliseconds(100));
+    s = client_->Stats();
+  }
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->hot_pages_in_use(), 0u);
+  EXPECT_EQ(s->pages_in_use(), 4u);
+  EXPECT_EQ(s->demotions(), 1u);
+  EXPECT_EQ(MetricValue(testing::HttpGet(server_->metrics_port(), "/metrics"),
+                        "driftkv_tier_demotions_total{reason=\"idle\"}"),
+            1);
+  (*cold_server)->Shutdown(absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace driftkv
