@@ -384,7 +384,10 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
         "driftkv_ingested_tokens_total", "driftkv_duplicate_tokens_total",
         "driftkv_rejected_requests_total", "driftkv_attention_tokens_total",
         "driftkv_attention_items_total", "driftkv_attend_batch_calls_count",
-        "driftkv_attend_batch_items_count", "driftkv_rpc_duration_seconds_bucket"}) {
+        "driftkv_attend_batch_items_count", "driftkv_rpc_duration_seconds_bucket", "driftkv_pages",
+        "driftkv_hot_tier_capacity_bytes", "driftkv_hot_tier_capacity_pages", "driftkv_hot_layers",
+        "driftkv_tier_promotions_total", "driftkv_tier_promotions_skipped_total", "driftkv_tier_demotions_total",
+        "driftkv_tier_pages_moved_total", "driftkv_tier_promotion_seconds_count"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }
   using testing::MetricValue;
