@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "codec/dquant_codec.h"
 #include "codec/stream_codec.h"
+#include "wire/half.h"
 
 namespace driftkv {
 
@@ -50,6 +51,19 @@ class KvCodec {
   virtual size_t value_stride() const = 0;
   virtual int block_tokens() const = 0;    // >= 1
   virtual size_t side_stride() const = 0;  // 0: no side records
+
+  // What the service reports of the codec's settings (InfoResponse); zero
+  // where a codec has no such knob.
+  struct Settings {
+    int key_levels = 0, value_levels = 0;
+    int key_payload_bytes = 0, value_payload_bytes = 0;
+    double alpha = 0.0;
+  };
+  virtual Settings settings() const { return Settings(); }
+
+  // Largest |x| a key or value may have on entry to EncodeBlock (after any
+  // transform); larger values are refused. No limit by default.
+  virtual double max_abs_value() const { return 3.0e38; }
 
   // True stored bits per value, every byte counted (records and side
   // records of full blocks).
@@ -85,6 +99,12 @@ class DQuantKvCodec : public KvCodec {
   size_t value_stride() const override { return codec_.value_stride(); }
   int block_tokens() const override { return codec_.config().mean_window; }
   size_t side_stride() const override { return codec_.mean_stride(); }
+  Settings settings() const override {
+    const DQuantConfig& c = codec_.config();
+    return Settings{c.key_levels, c.value_levels, c.key_bytes, c.value_bytes, c.alpha};
+  }
+  // The record's fp16 scale and offset must hold the values (stream_codec.h).
+  double max_abs_value() const override { return kHalfMax; }
 
   absl::Status EncodeBlock(const float* keys, const float* values, int count,
                            uint8_t* key_records, uint8_t* value_records, uint8_t* side,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/attend_batcher.h"
+#include "backends/page_format.h"
 #include "backends/registry.h"
 #include "service/handler_internal.h"
 #include "wire/tensor.h"
@@ -18,8 +19,12 @@ using handler_internal::Quoted;
 
 absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& options,
                                                          Metrics* metrics, Clock clock) {
-  absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(options.codec);
+  // The codec and its page representation by name, through their
+  // interfaces: a new one is a new implementation, not a change here.
+  absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(options.codec_options());
   if (!codec.ok()) return codec.status();
+  absl::StatusOr<PageLayout> layout = MakePageLayoutFor(options.page_format, **codec);
+  if (!layout.ok()) return layout.status();
   if (absl::Status st = ValidateTransform(options); !st.ok()) return st;
   if (options.layers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("layers ", options.layers, " must be >= 1"));
@@ -32,13 +37,14 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics, std::move(clock)));
   h->transform_gain_ = TransformGain(options);
   if (options.transforms != nullptr) h->transforms_checksum_ = TransformsChecksum(*options.transforms);
-  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(h->codec_.page_layout(), options.pool_bytes);
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.pool_bytes);
   if (!pool.ok()) return pool.status();
   h->pool_ = *std::move(pool);
   // h->options_ holds a reference to the transform set, and is destroyed
   // after backend_ (declared before it): the set outlives the backend.
   BackendArgs args;
-  args.codec = &h->codec_;
+  args.codec = h->codec_.get();
+  args.page_format = options.page_format;
   args.pool = h->pool_.get();
   args.threads = options.backend_threads;
   args.transforms = h->options_.transforms.get();
@@ -60,7 +66,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
 }
 
 float Handler::value_limit() const {
-  return static_cast<float>(kHalfMax / (2.0 * transform_gain_));
+  return static_cast<float>(codec_->max_abs_value() / (2.0 * transform_gain_));
 }
 
 double Handler::TransformGain(const ServiceOptions& o) {

@@ -44,7 +44,7 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
-#include "codec/dquant_codec.h"
+#include "codec/kv_codec.h"
 #include "proto/driftkv.pb.h"
 #include "service/config.h"
 #include "service/metrics.h"
@@ -78,7 +78,9 @@ class Handler {
   int ExpireIdle();
 
   const ServiceOptions& options() const { return options_; }
-  const DQuantCodec& codec() const { return codec_; }
+  // The codec (config codec.name) behind its interface; pages have its
+  // page format (config codec.page_format).
+  const KvCodec& codec() const { return *codec_; }
   const PagePool& pool() const { return *pool_; }
 
  private:
@@ -114,7 +116,7 @@ class Handler {
     int64_t pages = 0;  // pages to encode
   };
 
-  Handler(const ServiceOptions& options, DQuantCodec codec, Metrics* metrics, Clock clock)
+  Handler(const ServiceOptions& options, std::unique_ptr<KvCodec> codec, Metrics* metrics, Clock clock)
       : options_(options), codec_(std::move(codec)), metrics_(metrics), clock_(std::move(clock)) {}
 
   // Largest |x| accepted in keys and values: after the transform stage and
@@ -127,7 +129,7 @@ class Handler {
   // block its layer.
   float value_limit() const;
   static double TransformGain(const ServiceOptions& options);
-  int n() const { return codec_.n(); }
+  int n() const { return codec_->n(); }
   absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
   absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
 
@@ -169,7 +171,7 @@ class Handler {
   void PublishGauges();
 
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
-  const DQuantCodec codec_;
+  const std::unique_ptr<const KvCodec> codec_;
   double transform_gain_ = 1.0;          // see value_limit()
   uint64_t transforms_checksum_ = 0;     // TransformsChecksum(*options_.transforms), for Info
   Metrics* const metrics_;

@@ -199,14 +199,16 @@ std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
-  if (a.transforms == nullptr) return MakeCpuBackend(a.codec, a.pool, a.threads);
+  absl::StatusOr<const DQuantCodec*> codec = ServedDQuant("cpu", a);
+  if (!codec.ok()) return codec.status();
+  if (a.transforms == nullptr) return MakeCpuBackend(*codec, a.pool, a.threads);
   const TransformSet& set = *a.transforms;
-  if (a.codec->config().hadamard || set.kv_heads != a.codec->config().kv_heads ||
-      set.head_dim != a.codec->config().head_dim) {
+  if ((*codec)->config().hadamard || set.kv_heads != (*codec)->config().kv_heads ||
+      set.head_dim != (*codec)->config().head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "transforms of ", set.kv_heads, " kv heads x ", set.head_dim, " need a codec of that shape without rotation; "
-        "the codec has ", a.codec->config().kv_heads, " x ", a.codec->config().head_dim,
-        a.codec->config().hadamard ? " with its Hadamard rotation" : ""));
+        "the codec has ", (*codec)->config().kv_heads, " x ", (*codec)->config().head_dim,
+        (*codec)->config().hadamard ? " with its Hadamard rotation" : ""));
   }
   std::vector<LayerTransform> layers;
   layers.reserve(set.layers);
@@ -216,7 +218,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     layers.push_back(*std::move(t));
   }
   return std::unique_ptr<Backend>(
-      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded));
+      std::make_unique<CpuBackend>(*codec, a.pool, a.threads, std::move(layers), a.values_folded));
 }
 
 }  // namespace driftkv
