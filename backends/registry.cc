@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 namespace {

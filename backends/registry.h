@@ -20,6 +20,7 @@
 #include "backends/backend.h"
 #include "backends/page_format.h"
 #include "backends/page_pool.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/kv_codec.h"
 #include "codec/transform/transforms_file.h"
 

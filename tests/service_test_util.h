@@ -12,6 +12,7 @@
 
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/kv_codec.h"
 #include "eval/service_replay.h"
 #include "eval/synthetic_kv.h"
