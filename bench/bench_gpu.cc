@@ -24,9 +24,9 @@
 #include "codec/dquant_codec.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/device_buffer.h"
 #include "kernels/encode.h"
-#include "kernels/host_pool.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/testing/host_pool.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 

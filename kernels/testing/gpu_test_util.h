@@ -1,7 +1,7 @@
 // Shared pieces of the GPU tests: the "skipped: no GPU" rule (CI has no GPU;
 // the same binaries run on the GPU machine) and a random WUSH transform set.
-#ifndef DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
-#define DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
+#ifndef DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_
+#define DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -67,4 +67,4 @@ inline TransformSet RandomWushSet(int layers, int kv_heads, int head_dim, uint64
 }  // namespace gpu
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
+#endif  // DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_
