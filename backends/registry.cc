@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 namespace {
@@ -53,6 +54,16 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, co
                                                    absl::StrJoin(BackendNames(), ", "), ")"));
   }
   return factory(args);
+}
+
+absl::StatusOr<const DQuantCodec*> ServedDQuant(const std::string& backend, const BackendArgs& args) {
+  const auto* dq = dynamic_cast<const DQuantKvCodec*>(args.codec);
+  if (dq == nullptr || args.page_format != kContainerPageFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend \"", backend, "\" serves codec \"dquant\" in page format \"", kContainerPageFormat,
+        "\", not codec \"", args.codec == nullptr ? "" : args.codec->name(), "\" in \"", args.page_format, "\""));
+  }
+  return &dq->codec();
 }
 
 }  // namespace driftkv

@@ -18,16 +18,21 @@
 
 #include "absl/status/statusor.h"
 #include "backends/backend.h"
+#include "backends/page_format.h"
 #include "backends/page_pool.h"
-#include "codec/dquant_codec.h"
+#include "codec/dquant_kv_codec.h"
+#include "codec/kv_codec.h"
 #include "codec/transform/transforms_file.h"
 
 namespace driftkv {
 
-// What a backend is built from.
+// What a backend is built from. A backend serves the codecs and page
+// formats it has kernels for and refuses others (InvalidArgument naming
+// them); both of today's serve D-Quant (DQuantKvCodec) in "container" pages.
 struct BackendArgs {
-  const DQuantCodec* codec = nullptr;  // must outlive the backend
-  const PagePool* pool = nullptr;      // must outlive the backend
+  const KvCodec* codec = nullptr;      // must outlive the backend
+  std::string page_format = kContainerPageFormat;  // backends/page_format.h
+  const PagePool* pool = nullptr;      // must outlive the backend; pages of page_format
   int threads = 0;                     // ServiceOptions::backend_threads
   // WUSH-KV transforms (see TRANSFORMS in backend.h), or null for the
   // codec's own rotation. Must outlive the backend; its kv_heads/head_dim
@@ -47,6 +52,10 @@ bool RegisterBackend(const std::string& name, BackendFactory factory);
 // InvalidArgument naming the registered backends when `name` is unknown;
 // otherwise what the factory returns.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, const BackendArgs& args);
+
+// For a backend that serves D-Quant in "container" pages only: the codec,
+// or InvalidArgument naming the backend and what it was asked to serve.
+absl::StatusOr<const DQuantCodec*> ServedDQuant(const std::string& backend, const BackendArgs& args);
 std::vector<std::string> BackendNames();
 
 }  // namespace driftkv

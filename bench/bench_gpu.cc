@@ -25,11 +25,11 @@
 #include "codec/level_page.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/device_buffer.h"
 #include "kernels/encode.h"
-#include "kernels/host_pool.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/testing/host_pool.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 

@@ -27,6 +27,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "cli/cli.h"
@@ -230,7 +232,13 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "driftkv [--server HOST:PORT] push|attend|read|release|stats|bench|demo|fixture [flags]\n"
-      "see the top of client/driftkv_main.cc or docs/api.md");
+      "see the top of cli/driftkv_main.cc or docs/api.md");
+  // --help lists the flags defined in cli/ (absl's default matches only a
+  // file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "cli/"); };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::cerr << "usage: " << absl::ProgramUsageMessage() << "\n";

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "codec/format_constants.h"
 #include "codec/hadamard.h"
+#include "codec/kv_codec.h"
 #include "codec/page_layout.h"
 #include "codec/stream_codec.h"
 
@@ -61,14 +62,6 @@ struct DQuantConfig {
   int n() const { return kv_heads * head_dim; }
   // Range checks of every field, with messages naming field and value.
   absl::Status Validate() const;
-};
-
-// Everything one thread needs to encode or decode; reuse across calls.
-struct CodecScratch {
-  StreamScratch stream;
-  std::vector<float> rows;     // rotated tokens of one window
-  std::vector<float> row;      // one rotated, mean-free stream
-  std::vector<uint8_t> symbols;
 };
 
 class DQuantCodec {

@@ -1,6 +1,8 @@
 // The interface every KV codec of driftkv implements (D-Quant and the
 // baselines of the quality benchmark), so that all of them share one pool
-// layout, one CLI and one evaluation.
+// layout, one CLI and one evaluation. The implementations live in their own
+// headers (codec/dquant_kv_codec.h, codec/baselines/); codec/registry.h
+// makes them by name.
 //
 // A codec turns the keys and values of one layer into fixed-size per-token
 // records plus, for each block of up to block_tokens() consecutive tokens, an
@@ -21,12 +23,22 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
-#include "codec/dquant_codec.h"
 #include "codec/stream_codec.h"
 
 namespace driftkv {
+
+// Everything one thread needs to encode or decode with a codec; reuse
+// across calls (the fields are D-Quant's working arrays; other codecs use
+// what they need).
+struct CodecScratch {
+  StreamScratch stream;
+  std::vector<float> rows;     // rotated tokens of one block
+  std::vector<float> row;      // one rotated, mean-free stream
+  std::vector<uint8_t> symbols;
+};
 
 struct CodecStats {
   StreamStats keys;
@@ -51,6 +63,19 @@ class KvCodec {
   virtual int block_tokens() const = 0;    // >= 1
   virtual size_t side_stride() const = 0;  // 0: no side records
 
+  // What the service reports of the codec's settings (InfoResponse); zero
+  // where a codec has no such knob.
+  struct Settings {
+    int key_levels = 0, value_levels = 0;
+    int key_payload_bytes = 0, value_payload_bytes = 0;
+    double alpha = 0.0;
+  };
+  virtual Settings settings() const { return Settings(); }
+
+  // Largest |x| a key or value may have on entry to EncodeBlock (after any
+  // transform); larger values are refused. No limit by default.
+  virtual double max_abs_value() const { return 3.0e38; }
+
   // True stored bits per value, every byte counted (records and side
   // records of full blocks).
   double key_bits_per_value() const {
@@ -70,34 +95,6 @@ class KvCodec {
   virtual absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
                                    const uint8_t* side, int count, float* keys, float* values,
                                    CodecScratch* scratch) const = 0;
-};
-
-// D-Quant behind the interface (block = key mean window).
-class DQuantKvCodec : public KvCodec {
- public:
-  explicit DQuantKvCodec(DQuantCodec codec) : codec_(std::move(codec)) {}
-  const DQuantCodec& codec() const { return codec_; }
-
-  std::string name() const override { return "dquant"; }
-  int kv_heads() const override { return codec_.config().kv_heads; }
-  int head_dim() const override { return codec_.config().head_dim; }
-  size_t key_stride() const override { return codec_.key_stride(); }
-  size_t value_stride() const override { return codec_.value_stride(); }
-  int block_tokens() const override { return codec_.config().mean_window; }
-  size_t side_stride() const override { return codec_.mean_stride(); }
-
-  absl::Status EncodeBlock(const float* keys, const float* values, int count,
-                           uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                           CodecScratch* scratch, CodecStats* stats) const override {
-    return codec_.EncodeWindow(keys, values, count, key_records, value_records, side, scratch,
-                               &stats->keys, &stats->values);
-  }
-  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                           const uint8_t* side, int count, float* keys, float* values,
-                           CodecScratch* scratch) const override;
-
- private:
-  DQuantCodec codec_;
 };
 
 }  // namespace driftkv

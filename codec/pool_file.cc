@@ -6,8 +6,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 namespace {

@@ -9,6 +9,7 @@
 #include "codec/baselines/kivi_codec.h"
 #include "codec/baselines/oscar_codec.h"
 #include "codec/baselines/turbo_codec.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 namespace {

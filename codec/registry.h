@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "codec/dquant_codec.h"
 #include "codec/kv_codec.h"
 
 namespace driftkv {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "codec/compressed_attention.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/transform/transform_attention.h"
 #include "wire/half.h"
 

@@ -1,8 +1,12 @@
 // A small "--name value" / "--name=value" parser for the command-line tools:
 // every flag must be known, every value parsed, and errors name the flag.
+// --help (or -h) anywhere prints the tool's usage line (set_usage) and the
+// flags it takes to stdout, and exits with status 0.
 #ifndef DRIFTKV_EVAL_FLAGS_H_
 #define DRIFTKV_EVAL_FLAGS_H_
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -16,9 +20,15 @@ namespace driftkv {
 
 class Flags {
  public:
+  // What --help prints above the list of flags.
+  void set_usage(std::string usage) { usage_ = std::move(usage); }
+
   // `known` lists the value flags, `switches` the flags without a value.
   absl::Status Parse(int argc, char** argv, const std::set<std::string>& known,
                      const std::set<std::string>& switches) {
+    for (int i = 0; i < argc; ++i) {
+      if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") PrintHelpAndExit(known, switches);
+    }
     for (int i = 0; i < argc; ++i) {
       std::string a = argv[i];
       if (a.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", a, "\""));
@@ -65,6 +75,15 @@ class Flags {
   }
 
  private:
+  [[noreturn]] void PrintHelpAndExit(const std::set<std::string>& known, const std::set<std::string>& switches) const {
+    if (!usage_.empty()) std::printf("%s\n\n", usage_.c_str());
+    std::printf("flags:\n");
+    for (const std::string& k : known) std::printf("  --%s VALUE\n", k.c_str());
+    for (const std::string& k : switches) std::printf("  --%s\n", k.c_str());
+    std::exit(0);
+  }
+
+  std::string usage_;
   std::map<std::string, std::string> values_;
 };
 

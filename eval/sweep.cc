@@ -137,6 +137,7 @@ constexpr char kHeader[] =
 
 int RunSweep(int argc, char** argv) {
   Flags f;
+  f.set_usage("driftkv-codec sweep --codec A,B,... --keys K --values V [--queries Q] --shape ... --out DIR");
   std::set<std::string> switches = TransformSwitches();
   switches.insert("no-plot");
   absl::Status st = f.Parse(argc - 1, argv + 1,

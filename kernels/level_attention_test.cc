@@ -12,9 +12,9 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/device_buffer.h"
-#include "kernels/gpu_test_util.h"
-#include "kernels/host_pool.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "kernels/testing/host_pool.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 

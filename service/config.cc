@@ -1,10 +1,13 @@
 #include "service/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/page_format.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -135,6 +138,21 @@ absl::Status ValidateTransform(const ServiceOptions& o) {
   return absl::OkStatus();
 }
 
+CodecOptions ServiceOptions::codec_options() const {
+  CodecOptions o;
+  o.name = codec_name;
+  o.kv_heads = codec.kv_heads;
+  o.head_dim = codec.head_dim;
+  o.key_levels = codec.key_levels;
+  o.value_levels = codec.value_levels;
+  o.key_bytes = codec.key_bytes;
+  o.value_bytes = codec.value_bytes;
+  o.alpha = codec.alpha;
+  o.mean_window = codec.mean_window;
+  o.rotation = codec.hadamard ? "hadamard" : "identity";
+  return o;
+}
+
 absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, " cannot be opened"));
@@ -166,9 +184,21 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
         absl::StrCat("model.layers ", c.model().layers(), " out of range [1, ", kMaxLayers, "]"));
   }
   o.layers = static_cast<int>(c.model().layers());
-  if (!c.codec().name().empty() && c.codec().name() != "dquant") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec.name \"", c.codec().name(), "\" is not served (only \"dquant\")"));
+  if (!c.codec().name().empty()) o.codec_name = c.codec().name();
+  {
+    const std::vector<std::string> names = KvCodecNames();
+    if (std::find(names.begin(), names.end(), o.codec_name) == names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("codec.name \"", o.codec_name, "\" unknown (known: ",
+                                                     absl::StrJoin(names, ", "), ")"));
+    }
+  }
+  if (!c.codec().page_format().empty()) o.page_format = c.codec().page_format();
+  {
+    const std::vector<std::string> formats = PageFormatNames();
+    if (std::find(formats.begin(), formats.end(), o.page_format) == formats.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("codec.page_format \"", o.page_format, "\" unknown (known: ",
+                                                     absl::StrJoin(formats, ", "), ")"));
+    }
   }
   DQuantConfig& q = o.codec;
   q.kv_heads = static_cast<int>(std::min<uint32_t>(c.model().kv_heads(), 1u << 20));

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
+#include "codec/registry.h"
 #include "codec/transform/transform.h"
 #include "codec/transform/transforms_file.h"
 #include "proto/config.pb.h"
@@ -33,6 +34,12 @@ struct ServiceOptions {
   std::string metrics_listen = "0.0.0.0:9464";  // empty: no exposer
   std::string backend = "cpu";
   int layers = 0;
+  // The codec by name (codec/registry.h) and its page representation
+  // (backends/page_format.h), as the config's codec.name and
+  // codec.page_format say; the handler builds them through their
+  // interfaces and the backend refuses what it does not serve.
+  std::string codec_name = "dquant";
+  std::string page_format = "container";
   DQuantConfig codec;            // kv_heads, head_dim, levels, bytes, alpha, mean_window
   uint64_t pool_bytes = 0;
   int window_tokens = kDefaultWindowTokens;  // R
@@ -67,6 +74,9 @@ struct ServiceOptions {
   // fraction's share). REQUIRES: ValidateHotTier ok.
   uint64_t hot_budget_bytes() const;
   uint64_t cold_pool_bytes() const;
+  // The codec's options for MakeKvCodec (the settings above; rotation
+  // "hadamard" exactly when codec.hadamard).
+  CodecOptions codec_options() const;
 };
 
 // Reads a text-format ServerConfig; the error names the file and the line.

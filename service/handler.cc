@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/attend_batcher.h"
+#include "backends/page_format.h"
 #include "backends/registry.h"
 #include "codec/level_page.h"
 #include "service/handler_internal.h"
@@ -19,8 +20,12 @@ using handler_internal::Quoted;
 
 absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& options,
                                                          Metrics* metrics, Clock clock) {
-  absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(options.codec);
+  // The codec and its page representation by name, through their
+  // interfaces: a new one is a new implementation, not a change here.
+  absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(options.codec_options());
   if (!codec.ok()) return codec.status();
+  absl::StatusOr<PageLayout> layout = MakePageLayoutFor(options.page_format, **codec);
+  if (!layout.ok()) return layout.status();
   if (absl::Status st = ValidateTransform(options); !st.ok()) return st;
   if (options.layers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("layers ", options.layers, " must be >= 1"));
@@ -38,8 +43,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   const std::string hot_field = options.hot_tier_fraction > 0.0
                                     ? absl::StrCat("hot_tier_fraction ", options.hot_tier_fraction)
                                     : absl::StrCat("hot_tier_bytes ", options.hot_tier_bytes);
-  absl::StatusOr<std::unique_ptr<PagePool>> pool =
-      PagePool::Create(h->codec_.page_layout(), options.cold_pool_bytes());
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.cold_pool_bytes());
   if (!pool.ok()) {
     if (options.hot_tier_fraction > 0.0) {
       return absl::InvalidArgumentError(absl::StrCat(hot_field, " leaves the cold pool ", options.cold_pool_bytes(),
@@ -50,7 +54,13 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   h->pool_ = *std::move(pool);
   if (options.hot_tier()) {
-    absl::StatusOr<LevelPageLayout> level = MakeLevelPageLayout(h->codec_);
+    // Level pages hold D-Quant's symbols: the hot tier needs that codec.
+    const auto* dq = dynamic_cast<const DQuantKvCodec*>(h->codec_.get());
+    if (dq == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(hot_field, ": the hot tier needs codec \"dquant\", not \"",
+                                                     h->codec_->name(), "\""));
+    }
+    absl::StatusOr<LevelPageLayout> level = MakeLevelPageLayout(dq->codec());
     if (!level.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(hot_field, ": the hot tier needs a codec with level pages; ", level.status().message()));
@@ -67,7 +77,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   // h->options_ holds a reference to the transform set, and is destroyed
   // after backend_ (declared before it): the set outlives the backend.
   BackendArgs args;
-  args.codec = &h->codec_;
+  args.codec = h->codec_.get();
+  args.page_format = options.page_format;
   args.pool = h->pool_.get();
   args.threads = options.backend_threads;
   args.transforms = h->options_.transforms.get();
@@ -110,7 +121,7 @@ Handler::~Handler() {
 }
 
 float Handler::value_limit() const {
-  return static_cast<float>(kHalfMax / (2.0 * transform_gain_));
+  return static_cast<float>(codec_->max_abs_value() / (2.0 * transform_gain_));
 }
 
 double Handler::TransformGain(const ServiceOptions& o) {

@@ -62,7 +62,7 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
-#include "codec/dquant_codec.h"
+#include "codec/kv_codec.h"
 #include "proto/driftkv.pb.h"
 #include "service/config.h"
 #include "service/metrics.h"
@@ -105,7 +105,9 @@ class Handler {
   bool LayerIsHot(const std::string& sequence_id, uint32_t layer);
 
   const ServiceOptions& options() const { return options_; }
-  const DQuantCodec& codec() const { return codec_; }
+  // The codec (config codec.name) behind its interface; pages have its
+  // page format (config codec.page_format).
+  const KvCodec& codec() const { return *codec_; }
   const PagePool& pool() const { return *pool_; }
   // The hot tier's pool of level pages, or null without one.
   const PagePool* hot_pool() const { return hot_pool_.get(); }
@@ -148,7 +150,7 @@ class Handler {
     int64_t pages = 0;  // pages to encode
   };
 
-  Handler(const ServiceOptions& options, DQuantCodec codec, Metrics* metrics, Clock clock)
+  Handler(const ServiceOptions& options, std::unique_ptr<KvCodec> codec, Metrics* metrics, Clock clock)
       : options_(options), codec_(std::move(codec)), metrics_(metrics), clock_(std::move(clock)) {}
 
   // Largest |x| accepted in keys and values: after the transform stage and
@@ -161,7 +163,7 @@ class Handler {
   // block its layer.
   float value_limit() const;
   static double TransformGain(const ServiceOptions& options);
-  int n() const { return codec_.n(); }
+  int n() const { return codec_->n(); }
   absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
   absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
 
@@ -240,7 +242,7 @@ class Handler {
   void TouchHot(uint64_t id, int64_t now_ns) ABSL_LOCKS_EXCLUDED(hot_mu_);
 
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
-  const DQuantCodec codec_;
+  const std::unique_ptr<const KvCodec> codec_;
   double transform_gain_ = 1.0;          // see value_limit()
   uint64_t transforms_checksum_ = 0;     // TransformsChecksum(*options_.transforms), for Info
   Metrics* const metrics_;

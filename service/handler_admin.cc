@@ -101,25 +101,26 @@ void Handler::PublishGauges() {
 }
 
 void Handler::Info(v1::InfoResponse* r) const {
-  const DQuantConfig& c = codec_.config();
+  const KvCodec::Settings c = codec_->settings();
   r->set_server_version(kServerVersion);
   r->set_backend(backend_->name());
   r->set_layers(options_.layers);
-  r->set_kv_heads(c.kv_heads);
-  r->set_head_dim(c.head_dim);
-  r->set_codec("dquant");
+  r->set_kv_heads(codec_->kv_heads());
+  r->set_head_dim(codec_->head_dim());
+  r->set_codec(codec_->name());
+  r->set_page_format(options_.page_format);
   r->set_key_levels(c.key_levels);
   r->set_value_levels(c.value_levels);
-  r->set_key_payload_bytes(c.key_bytes);
-  r->set_value_payload_bytes(c.value_bytes);
+  r->set_key_payload_bytes(c.key_payload_bytes);
+  r->set_value_payload_bytes(c.value_payload_bytes);
   r->set_alpha(c.alpha);
   r->set_page_tokens(pool_->page_tokens());
   r->set_window_tokens(options_.window_tokens);
   r->set_page_bytes(pool_->page_stride());
   r->set_capacity_pages(pool_->capacity_pages());
   r->set_capacity_bytes(pool_->capacity_bytes());
-  r->set_key_bits_per_value(codec_.key_bits_per_value());
-  r->set_value_bits_per_value(codec_.value_bits_per_value());
+  r->set_key_bits_per_value(codec_->key_bits_per_value());
+  r->set_value_bits_per_value(codec_->value_bits_per_value());
   r->set_max_message_bytes(options_.max_message_bytes);
   r->set_max_batch(options_.max_batch);
   r->set_max_sequences(options_.max_sequences);

@@ -116,8 +116,8 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   }
   const size_t elements = static_cast<size_t>(c.token_count()) * n();
   const std::string shape = absl::StrCat("token_count ", c.token_count(), " x kv_heads ",
-                                         codec_.config().kv_heads, " x head_dim ",
-                                         codec_.config().head_dim);
+                                         codec_->kv_heads(), " x head_dim ",
+                                         codec_->head_dim());
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
   std::vector<float> keys, values;

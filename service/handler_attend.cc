@@ -90,7 +90,7 @@ absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendRespons
 }
 
 absl::Status Handler::ValidateAttendItem(const v1::AttendItem& it, int i, AttendWork* w) const {
-  const int d = codec_.config().head_dim, kv_heads = codec_.config().kv_heads;
+  const int d = codec_->head_dim(), kv_heads = codec_->kv_heads();
   const std::string where = absl::StrCat("items[", i, "]");
   absl::Status st = CheckSequenceId(where + ".sequence_id", it.sequence_id());
   if (st.ok()) st = CheckLayer(where + ".layer", it.layer());
@@ -244,7 +244,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   }
 
   // 6. Attention, every item at once.
-  const int d = codec_.config().head_dim;
+  const int d = codec_->head_dim();
   std::vector<AttendJob> jobs(items);
   response->clear_results();
   std::vector<std::vector<float>> lse(items);

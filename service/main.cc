@@ -14,17 +14,29 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "service/config.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
 ABSL_FLAG(std::string, listen, "", "gRPC address, overrides the config's listen");
 ABSL_FLAG(std::string, metrics, "", "Prometheus address, overrides metrics_listen (\"none\": off)");
-ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see backends/backend.h)");
+ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see backends/registry.h)");
 
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
-  absl::SetProgramUsageMessage("driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend cpu]");
+  absl::SetProgramUsageMessage(
+      "driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend NAME]");
+  // --help lists the server's own flags: this file's and those of the
+  // backends it links (--device of backends/cuda), not absl's or gRPC's
+  // (absl's default matches only a file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "service/") || absl::StrContains(file, "backends/");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   absl::FailureSignalHandlerOptions fsh;
   absl::InstallFailureSignalHandler(fsh);

@@ -7,6 +7,7 @@
 
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/encoded_layer.h"
 #include "codec/hadamard.h"
 #include "codec/pool_file.h"

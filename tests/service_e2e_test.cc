@@ -119,7 +119,7 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
       queries[l].insert(queries[l].end(), q.begin(), q.end());
     }
   }
-  Errors e = PushAndDecode(client, (*server)->handler().codec(), 3, o.window_tokens, keys, values, queries, q_heads,
+  Errors e = PushAndDecode(client, testing::DQuantOf((*server)->handler().codec()), 3, o.window_tokens, keys, values, queries, q_heads,
                  prefill, steps, v1::DTYPE_BF16);
   // 1. Attention in the compressed domain = attention over the decoded cache.
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
@@ -170,7 +170,7 @@ TEST(EndToEnd, RealFixtureMatchesCodecReplay) {
     TensorToFloat(qraw, v1::DTYPE_FP16, queries[l].size(), queries[l].data());
   }
   (void)kLayers;
-  Errors e = PushAndDecode(client, (*server)->handler().codec(), layers, 128, keys, values, queries, kQHeads, prefill,
+  Errors e = PushAndDecode(client, testing::DQuantOf((*server)->handler().codec()), layers, 128, keys, values, queries, kQHeads, prefill,
                  steps, v1::DTYPE_FP16);
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
   EXPECT_LT(std::sqrt(e.vs_local / e.local_sum), 1e-6);

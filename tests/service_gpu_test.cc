@@ -20,7 +20,7 @@
 #include "codec/transform/transforms_file.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
-#include "kernels/gpu_test_util.h"
+#include "kernels/testing/gpu_test_util.h"
 #include "service/server.h"
 #include "wire/half.h"
 #include "wire/tensor.h"

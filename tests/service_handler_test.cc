@@ -116,7 +116,7 @@ TEST_F(HandlerTest, AttentionMatchesCodecPipelineAndFloatReference) {
   ASSERT_EQ(r.output().size(), out.size() * 4);
   std::memcpy(out.data(), r.output().data(), r.output().size());
   const float scale = 1.0f / 8.0f;
-  testing::Attention local = testing::CodecPipeline(h_->codec(), kv.keys.data(), kv.values.data(),
+  testing::Attention local = testing::CodecPipeline(testing::DQuantOf(h_->codec()), kv.keys.data(), kv.values.data(),
                                                     tokens, 32, q.data(), q_heads, scale);
   ASSERT_EQ(local.out.size(), out.size());
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], local.out[i], 1e-5) << i;
@@ -150,7 +150,7 @@ TEST_F(HandlerTest, SplitKvAttentionEqualsOnePass) {
   EXPECT_EQ(resp.results(0).compressed_tokens(), 640u);
   std::vector<float> out(q_heads * kD);
   std::memcpy(out.data(), resp.results(0).output().data(), out.size() * 4);
-  testing::Attention local = testing::CodecPipeline(h_->codec(), kv.keys.data(), kv.values.data(),
+  testing::Attention local = testing::CodecPipeline(testing::DQuantOf(h_->codec()), kv.keys.data(), kv.values.data(),
                                                     tokens, 32, q.data(), q_heads, 0.125f);
   // Both against float64 attention over the decoded cache (read back):
   // the split may not be less accurate than the one pass, beyond a floor.
@@ -659,13 +659,50 @@ TEST(ConfigTest, InvalidConfigsAreRefusedNamingTheField) {
       << h.status();
 }
 
+// The codec and its page representation come by name from the config, and
+// Info reports them; a codec the backend has no kernels for is refused by
+// the backend when the handler starts, not by the handler.
+TEST(ConfigTest, CodecAndPageFormatByName) {
+  v1::ServerConfig c;
+  c.mutable_model()->set_layers(2);
+  c.mutable_model()->set_kv_heads(2);
+  c.mutable_model()->set_head_dim(64);
+  c.set_pool_bytes(1 << 20);
+  c.set_metrics_listen("none");
+  v1::ServerConfig bad = c;
+  bad.mutable_codec()->set_name("zip");
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "codec.name \"zip\" unknown (known: dquant"))
+      << ResolveConfig(bad).status();
+  bad = c;
+  bad.mutable_codec()->set_page_format("levels");
+  EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(),
+                                "codec.page_format \"levels\" unknown (known: container)"));
+  absl::StatusOr<ServiceOptions> o = ResolveConfig(c);
+  ASSERT_TRUE(o.ok()) << o.status();
+  Metrics m;
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(*o, &m);
+  ASSERT_TRUE(h.ok()) << h.status();
+  v1::InfoResponse info;
+  (*h)->Info(&info);
+  EXPECT_EQ(info.codec(), "dquant");
+  EXPECT_EQ(info.page_format(), "container");
+  EXPECT_EQ((*h)->codec().name(), "dquant");
+  c.mutable_codec()->set_name("kivi");
+  o = ResolveConfig(c);
+  ASSERT_TRUE(o.ok()) << o.status();
+  h = Handler::Create(*o, &m);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "backend \"cpu\" serves codec \"dquant\""))
+      << h.status();
+}
+
 // A backend registered by name is used by the handler (the CUDA backend
 // plugs in this way).
 TEST(BackendRegistryTest, RegisteredBackendIsUsed) {
   static std::atomic<int> made{0};  // the registry outlives this test
   RegisterBackend("counting-cpu", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
     ++made;
-    return MakeCpuBackend(a.codec, a.pool, a.threads);
+    return MakeCpuBackend(a);
   });
   ServiceOptions o = SmallOptions();
   o.backend = "counting-cpu";

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/level_page.h"
 #include "codec/transform/transforms_file.h"
 #include "codec/transform/wush.h"
@@ -599,8 +600,9 @@ TEST(HotTier, CpuBackendDemotionGivesTheColdPageBack) {
   const LevelPageLayout level = *MakeLevelPageLayout(*codec);
   auto pool = *PagePool::Create(codec->page_layout(), 4 * codec->page_layout().page_bytes);
   auto hot_pool = *PagePool::CreateOpaque(level.page_bytes, kLevelPageTokens, 2 * level.page_bytes);
+  DQuantKvCodec kv_codec(*codec);
   BackendArgs args;
-  args.codec = &*codec;
+  args.codec = &kv_codec;
   args.pool = pool.get();
   args.threads = 2;
   args.hot_pool = hot_pool.get();
@@ -710,7 +712,9 @@ TEST(HotTierConfig, StartupErrors) {
   EXPECT_TRUE(absl::StrContains(st.message(), "both set")) << st;
   // A backend without a hot tier.
   RegisterBackend("nohot", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return MakeCpuBackend(a.codec, a.pool, a.threads);
+    absl::StatusOr<const DQuantCodec*> codec = ServedDQuant("nohot", a);
+    if (!codec.ok()) return codec.status();
+    return MakeCpuBackend(*codec, a.pool, a.threads);
   });
   o = HotOptions(4);
   o.backend = "nohot";

@@ -12,6 +12,8 @@
 
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
+#include "codec/dquant_kv_codec.h"
+#include "codec/kv_codec.h"
 #include "eval/service_replay.h"
 #include "eval/synthetic_kv.h"
 #include "service/config.h"
@@ -74,6 +76,11 @@ inline std::vector<float> RoundBf16(const float* x, size_t count) {
   std::vector<float> out(count);
   for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(FloatToBf16(x[i]));
   return out;
+}
+
+// The D-Quant codec a handler serves with (its codec is "dquant").
+inline const DQuantCodec& DQuantOf(const KvCodec& codec) {
+  return static_cast<const DQuantKvCodec&>(codec).codec();
 }
 
 // The service's storage rule replayed with the codec alone

@@ -68,6 +68,7 @@ void CountNearest(const float* x, int n, int levels, std::vector<double>* counts
 
 int Run(int argc, char** argv) {
   Flags f;
+  f.set_usage("appendix-c --keys K --values V --shape [L,]T,H,D [--dtype f16] --out DIR");
   absl::Status st = f.Parse(argc, argv, {"keys", "values", "shape", "dtype", "out"}, {});
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "appendix-c: %s\n", std::string(s.message()).c_str());

@@ -40,13 +40,13 @@ for _ in $(seq 1 100); do
   if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     echo "driftkv-server exited early:"; cat "$LOG"; exit 1
   fi
-  if "$BIN/client/driftkv" --server "127.0.0.1:${PORT}" --timeout_s 1 stats >/dev/null 2>&1; then break; fi
+  if "$BIN/cli/driftkv" --server "127.0.0.1:${PORT}" --timeout_s 1 stats >/dev/null 2>&1; then break; fi
   sleep 0.2
 done
 head -n 2 "$LOG"
 
 echo "== driftkv demo"
-"$BIN/client/driftkv" --server "127.0.0.1:${PORT}" \
+"$BIN/cli/driftkv" --server "127.0.0.1:${PORT}" \
   --metrics_url "http://127.0.0.1:${METRICS_PORT}/metrics" demo "$@"
 
 if command -v curl >/dev/null 2>&1; then

@@ -101,9 +101,16 @@ absl::Status SplitTriples(int argc, char** argv, std::vector<Triple>* triples, s
 absl::Status Run(int argc, char** argv) {
   std::vector<Triple> triples;
   std::vector<char*> rest;
+  bool help = false;
+  for (int i = 0; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
   absl::Status st = SplitTriples(argc, argv, &triples, &rest);
-  if (!st.ok()) return st;
+  if (!st.ok() && !help) return st;
   Flags f;
+  f.set_usage(
+      "driftkv-calibrate --keys K --values V --queries Q [--keys K2 --values V2 --queries Q2 ...]\n"
+      "                  --shape L,T,H,D --q-heads N [--dtype f16] [--wo W --hidden E] [--gamma 0.01]\n"
+      "                  [--center-keys W] --out TRANSFORMS\n"
+      "(--keys, --values and --queries repeat, one triple per input)");
   st = f.Parse(static_cast<int>(rest.size()), rest.data(),
                {"shape", "q-heads", "dtype", "wo", "hidden", "gamma", "out", "center-keys"}, {});
   if (!st.ok()) return st;

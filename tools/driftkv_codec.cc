@@ -177,6 +177,7 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
 
 int Eval(int argc, char** argv) {
   Flags f;
+  f.set_usage("driftkv-codec eval --keys K --values V --shape [L,]T,H,D [--queries Q --q-heads N] [flags]");
   absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "queries",
                                                                           "q-heads", "residual", "threads"}),
                             With(TransformSwitches(), {"json", "per-layer"}));
@@ -189,6 +190,7 @@ int Eval(int argc, char** argv) {
 
 int Encode(int argc, char** argv) {
   Flags f;
+  f.set_usage("driftkv-codec encode --keys K --values V --shape [L,]T,H,D --out POOL [flags]");
   absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "residual",
                                                                           "threads", "out"}),
                             With(TransformSwitches(), {"json"}));
@@ -202,6 +204,7 @@ int Encode(int argc, char** argv) {
 
 int Decode(int argc, char** argv) {
   Flags f;
+  f.set_usage("driftkv-codec decode --in POOL --out PREFIX [--dtype f32] [transform flags]");
   absl::Status st = f.Parse(argc, argv, With(TransformValueFlags(), {"in", "out", "dtype"}), TransformSwitches());
   if (!st.ok()) return Fail(st);
   if (!f.Has("in") || !f.Has("out")) return Fail(absl::InvalidArgumentError("--in POOL and --out PREFIX are required"));
@@ -257,6 +260,7 @@ Tensors Synthetic(bool structured, int tokens, int heads, int dim, int query_tok
 
 int Demo(int argc, char** argv) {
   Flags f;
+  f.set_usage("driftkv-codec demo [codec flags]");
   absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"residual", "threads"}), {});
   if (!st.ok()) return Fail(st);
   std::printf("driftkv codec demo: D-Quant on built-in synthetic KV (512 tokens, 8 kv heads x 128, 16 query heads)\n\n");
@@ -299,8 +303,9 @@ int Demo(int argc, char** argv) {
   return 0;
 }
 
-int Usage() {
-  std::fprintf(stderr,
+// The usage text; to stdout with status 0 for --help, else to stderr with 2.
+int Usage(bool help = false) {
+  std::fprintf(help ? stdout : stderr,
                "usage: driftkv-codec eval|encode|decode|sweep|demo [flags]\n"
                "  eval   --keys K --values V --shape [L,]T,H,D [--dtype f32|f16|bf16]\n"
                "         [--queries Q --q-heads N] [--residual R] [--json] [--per-layer] [codec flags]\n"
@@ -314,8 +319,9 @@ int Usage() {
                "transform flags (eval, encode, decode, sweep): --transform identity|hadamard|wush\n"
                "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n"
                "  (--values-folded: eval and sweep fold the given model values themselves, v' = T_V v,\n"
-               "  and report errors in the model's domain; encode stores the given values as folded)\n");
-  return 2;
+               "  and report errors in the model's domain; encode stores the given values as folded)\n"
+               "driftkv-codec COMMAND --help lists the flags of one command.\n");
+  return help ? 0 : 2;
 }
 
 }  // namespace
@@ -325,6 +331,7 @@ int main(int argc, char** argv) {
   using namespace driftkv;
   if (argc < 2) return Usage();
   const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") return Usage(true);
   if (cmd == "eval") return Eval(argc - 2, argv + 2);
   if (cmd == "encode") return Encode(argc - 2, argv + 2);
   if (cmd == "decode") return Decode(argc - 2, argv + 2);

@@ -18,6 +18,7 @@
 int main(int argc, char** argv) {
   using driftkv::Flags;
   Flags f;
+  f.set_usage("synth-kv --out PREFIX [--kind llm|iid] [shape and structure flags]: writes PREFIX.k, PREFIX.v, PREFIX.q");
   absl::Status st = f.Parse(argc - 1, argv + 1,
                             {"out", "kind", "layers", "tokens", "kv-heads", "head-dim",
                              "query-tokens", "seed", "key-mean", "outlier-channels",

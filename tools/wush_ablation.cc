@@ -284,6 +284,11 @@ absl::Status RunSpike(const Flags& f) {
 
 int main(int argc, char** argv) {
   driftkv::Flags f;
+  f.set_usage(
+      "wush-ablation --keys K --values V --queries Q --windows W --shape L,T,H,D --q-heads N [--dtype f16]\n"
+      "              --transforms F [--wo WO --hidden E]\n"
+      "wush-ablation --synthetic-spike [--draws 4] [--calib-draws 8] [--seed 1] [--spike 40]\n"
+      "              [--spike-probability 0.005] [--query-read 6] [--center-keys W]");
   absl::Status st = f.Parse(argc - 1, argv + 1,
                             {"keys", "values", "queries", "windows", "shape", "q-heads", "dtype", "transforms", "wo",
                              "hidden", "threads", "draws", "seed", "spike", "spike-probability", "query-read", "calib-draws",

@@ -279,9 +279,11 @@ std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
+  absl::StatusOr<const DQuantCodec*> codec = ServedDQuant("cpu", a);
+  if (!codec.ok()) return codec.status();
   LevelPageLayout hot_layout;
   if (a.hot_pool != nullptr) {
-    absl::StatusOr<LevelPageLayout> l = MakeLevelPageLayout(*a.codec);
+    absl::StatusOr<LevelPageLayout> l = MakeLevelPageLayout(**codec);
     if (!l.ok()) return absl::InvalidArgumentError(absl::StrCat("hot tier: ", l.status().message()));
     if (a.hot_pool->page_stride() != l->page_bytes || a.hot_pool->page_tokens() != kLevelPageTokens) {
       return absl::InvalidArgumentError(absl::StrCat("hot pool of ", a.hot_pool->page_stride(), "-byte pages of ",
@@ -291,17 +293,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     hot_layout = *l;
   }
   if (a.transforms == nullptr) {
-    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(a.codec, a.pool, a.threads,
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(*codec, a.pool, a.threads,
                                                                  std::vector<LayerTransform>(), false, a.hot_pool,
                                                                  hot_layout));
   }
   const TransformSet& set = *a.transforms;
-  if (a.codec->config().hadamard || set.kv_heads != a.codec->config().kv_heads ||
-      set.head_dim != a.codec->config().head_dim) {
+  if ((*codec)->config().hadamard || set.kv_heads != (*codec)->config().kv_heads ||
+      set.head_dim != (*codec)->config().head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "transforms of ", set.kv_heads, " kv heads x ", set.head_dim, " need a codec of that shape without rotation; "
-        "the codec has ", a.codec->config().kv_heads, " x ", a.codec->config().head_dim,
-        a.codec->config().hadamard ? " with its Hadamard rotation" : ""));
+        "the codec has ", (*codec)->config().kv_heads, " x ", (*codec)->config().head_dim,
+        (*codec)->config().hadamard ? " with its Hadamard rotation" : ""));
   }
   std::vector<LayerTransform> layers;
   layers.reserve(set.layers);
@@ -311,7 +313,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     layers.push_back(*std::move(t));
   }
   return std::unique_ptr<Backend>(
-      std::make_unique<CpuBackend>(a.codec, a.pool, a.threads, std::move(layers), a.values_folded, a.hot_pool,
+      std::make_unique<CpuBackend>(*codec, a.pool, a.threads, std::move(layers), a.values_folded, a.hot_pool,
                                    hot_layout));
 }
 

@@ -1,14 +1,15 @@
 // CPU codec speed, one core (Google Benchmark). Streams of n = 1024 values
 // (8 kv heads x 128) at the default containers, i.i.d. normal input.
 //   bazel run -c opt //bench/cpu:codec_bench
-#include <random>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/encoded_layer.h"
 #include "codec/registry.h"
+#include "eval/synthetic_kv.h"
 
 namespace driftkv {
 namespace {
@@ -28,12 +29,17 @@ struct Fixture {
       o.kv_heads = kHeads;
       o.head_dim = kDim;
       f->codec = *MakeKvCodec(o);
-      std::mt19937_64 rng(1);
-      std::normal_distribution<float> nd;
-      f->keys.resize(kTokens * kN);
-      f->values.resize(kTokens * kN);
-      for (float& x : f->keys) x = nd(rng);
-      for (float& x : f->values) x = nd(rng);
+      // i.i.d. normal keys and values (eval/synthetic_kv.h, kind "iid").
+      SynthParams p;
+      p.kind = "iid";
+      p.layers = 1;
+      p.tokens = kTokens;
+      p.kv_heads = kHeads;
+      p.head_dim = kDim;
+      p.query_tokens = 0;
+      SynthKv kv = GenerateSynth(p);
+      f->keys = std::move(kv.keys);
+      f->values = std::move(kv.values);
       (void)EncodeLayer(*f->codec, f->keys.data(), f->values.data(), kTokens, 0, 1, &f->layer, nullptr);
       return f;
     }();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 

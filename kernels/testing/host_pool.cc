@@ -1,4 +1,4 @@
-#include "kernels/host_pool.h"
+#include "kernels/testing/host_pool.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
 // Minimal RAII device allocation for tests and benchmarks (plain cudaMalloc).
-#ifndef DRIFTKV_KERNELS_DEVICE_BUFFER_H_
-#define DRIFTKV_KERNELS_DEVICE_BUFFER_H_
+#ifndef DRIFTKV_KERNELS_TESTING_DEVICE_BUFFER_H_
+#define DRIFTKV_KERNELS_TESTING_DEVICE_BUFFER_H_
 
 #include <cstddef>
 #include <vector>
@@ -46,4 +46,4 @@ class DeviceBuffer {
 }  // namespace gpu
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_DEVICE_BUFFER_H_
+#endif  // DRIFTKV_KERNELS_TESTING_DEVICE_BUFFER_H_

@@ -1,8 +1,8 @@
 // Shared pieces of the GPU tests: the "skipped: no GPU" rule (CI has no GPU;
 // the same binaries run on the GPU machine), a random WUSH transform set, and
 // the error rule every attention kernel is checked with.
-#ifndef DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
-#define DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
+#ifndef DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_
+#define DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_
 
 #include <cmath>
 #include <cstdint>
@@ -135,4 +135,4 @@ inline void CheckItem(const float* gpu_out, float gpu_lse, const std::vector<flo
 }  // namespace gpu
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_GPU_TEST_UTIL_H_
+#endif  // DRIFTKV_KERNELS_TESTING_GPU_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-#include "codec/kv_codec.h"
+#include "codec/dquant_kv_codec.h"
 
 namespace driftkv {
 

@@ -2,8 +2,8 @@
 // and the benchmark: random KV histories encoded with the CPU codec
 // (codec/dquant_codec.h) into the page layout of kernels/attention.h, plus
 // the model-domain values the references need.
-#ifndef DRIFTKV_KERNELS_HOST_POOL_H_
-#define DRIFTKV_KERNELS_HOST_POOL_H_
+#ifndef DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
+#define DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
 
 #include <cstdint>
 #include <random>
@@ -68,4 +68,4 @@ void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<i
 }  // namespace gpu
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_HOST_POOL_H_
+#endif  // DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
