@@ -1,0 +1,380 @@
+// The hot tier through the service on the GPU, against the cold tier, in
+// one process and one run: two in-process driftkv servers on the CUDA
+// backend (hot tier off / on), the same prefill (one layer of S sequences x
+// T tokens, 8 KV heads x 128, GQA 32/8, default window), then
+//   1. latency of an Attend of all S items over gRPC on loopback (p50, p99
+//      of --reps calls), of the same request through the Handler without
+//      gRPC, and of the attention kernel alone on S x T synthetic pages of
+//      the same tier (kernels/, CUDA events): the service's cost on top;
+//   2. batch invariance: each item alone, inside the S-item request, and
+//      under --clients concurrent clients sending shuffled subsets; every
+//      answer must equal the item's lone answer bit for bit;
+//   3. the first Attend of the hot server, which promotes every layer
+//      (synchronous promotion), against a later one.
+//
+//   service_hot_bench [--sequences=64] [--context=8192] [--reps=30] [--clients=8]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "codec/dquant_codec.h"
+#include "codec/level_page.h"
+#include "kernels/attention.h"
+#include "kernels/codec_bridge.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/level_attention.h"
+#include "service/server.h"
+#include "wire/half.h"
+
+namespace driftkv {
+namespace {
+
+constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
+
+#define CHECK_OK(x)                                                                            \
+  do {                                                                                         \
+    absl::Status s_ = (x);                                                                     \
+    if (!s_.ok()) {                                                                            \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+struct Quantiles {
+  double p50, p99;
+};
+Quantiles Of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+}
+
+ServiceOptions Options(int sequences, int context, bool hot) {
+  ServiceOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.backend = "cuda";
+  o.layers = 1;
+  o.codec.kv_heads = kKvHeads;
+  o.codec.head_dim = kD;
+  const uint64_t pages = static_cast<uint64_t>(sequences) * (context / 128 + 1);
+  o.pool_bytes = pages * 80000 + (64ull << 20);
+  o.max_sequences = sequences + 8;
+  o.max_batch = std::max(o.max_batch, sequences);
+  if (hot) {
+    o.hot_tier_bytes = pages * 100000 + (64ull << 20);
+    o.hot_idle_seconds = 0;  // never demote for idling during the run
+  }
+  return o;
+}
+
+std::string SeqId(int s) { return absl::StrCat("seq", s); }
+
+v1::AttendItem Item(int s, const std::vector<float>& query) {
+  v1::AttendItem it;
+  it.set_sequence_id(SeqId(s));
+  it.set_layer(0);
+  it.set_dtype(v1::DTYPE_F32);
+  it.set_q_heads(kQHeads);
+  it.set_query(std::string(reinterpret_cast<const char*>(query.data()) + static_cast<size_t>(s) * kQHeads * kD * 4,
+                           static_cast<size_t>(kQHeads) * kD * 4));
+  return it;
+}
+
+// The attention kernel alone on `sequences` x `context` tokens of synthetic
+// pages of one tier (decode work does not depend on the bytes), same
+// window and query shape as the service: CUDA-event median.
+double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps) {
+  const int comp = context - window, pages = (comp + 127) / 128;
+  const PageLayout cl = codec.page_layout();
+  absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec);
+  CHECK_OK(hl.status());
+  const size_t page_bytes = hot ? hl->page_bytes : cl.page_bytes;
+  const size_t total = static_cast<size_t>(sequences) * pages;
+  gpu::DeviceBuffer pool(total * page_bytes);
+  // Pages of real records, so that the cold kernel's rANS decodes valid
+  // streams: encode one window and replicate it.
+  {
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> k(128 * kN), v(k.size());
+    for (float& x : k) x = g(rng);
+    for (float& x : v) x = g(rng);
+    std::vector<uint8_t> cold(cl.page_bytes, 0), page(page_bytes, 0);
+    CodecScratch scratch;
+    StreamStats ks, vs;
+    CHECK_OK(codec.EncodeWindow(k.data(), v.data(), 128, cold.data(), cold.data() + cl.value_offset,
+                                cold.data() + cl.mean_offset, &scratch, &ks, &vs));
+    if (hot) {
+      CHECK_OK(PromotePage(codec, *hl, cold.data(), cold.data() + cl.value_offset, cold.data() + cl.mean_offset, 128,
+                           page.data()));
+    } else {
+      page = cold;
+    }
+    for (size_t i = 0; i < total; ++i) {
+      cudaMemcpy(pool.get<uint8_t>() + i * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice);
+    }
+  }
+  std::vector<int32_t> table(total), start(sequences), tokens(sequences, comp), wt(sequences, window);
+  for (size_t i = 0; i < total; ++i) table[i] = static_cast<int32_t>(i);
+  for (int i = 0; i < sequences; ++i) start[i] = i * pages;
+  std::vector<uint16_t> w(static_cast<size_t>(sequences) * gpu::kMaxWindow * kN, FloatToBf16(0.5f));
+  std::vector<float> q(static_cast<size_t>(sequences) * kQHeads * kD, 0.25f);
+  gpu::DeviceBuffer dt, ds, dtok, dw, dwt, dq, out, lse, ws, tabs;
+  dt.Upload(table);
+  ds.Upload(start);
+  dtok.Upload(tokens);
+  dw.Upload(w);
+  dwt.Upload(wt);
+  dq.Upload(q);
+  out.Resize(q.size() * 4);
+  lse.Resize(static_cast<size_t>(sequences) * kQHeads * 4);
+  ws.Resize(gpu::AttentionWorkspaceBytes(sequences, kQHeads, kD, pages));
+  std::vector<uint32_t> t(512);
+  gpu::PackDecodeTable(codec.key_codec().table(), t.data());
+  gpu::PackDecodeTable(codec.value_codec().table(), t.data() + 256);
+  tabs.Upload(t);
+  auto launch = [&] {
+    if (hot) {
+      gpu::LevelAttentionParams p;
+      p.pool_dev = pool.get<uint8_t>();
+      p.layout = *hl;
+      p.items = sequences;
+      p.q_heads = kQHeads;
+      p.max_pages = pages;
+      p.page_table_dev = dt.get<int32_t>();
+      p.page_start_dev = ds.get<int32_t>();
+      p.tokens_dev = dtok.get<int32_t>();
+      p.window_k_dev = dw.get<uint16_t>();
+      p.window_v_dev = dw.get<uint16_t>();
+      p.window_tokens_dev = dwt.get<int32_t>();
+      p.query_dev = dq.get<float>();
+      p.softmax_scale = 1.0f / std::sqrt(128.0f);
+      p.out_dev = out.get<float>();
+      p.lse_dev = lse.get<float>();
+      p.workspace_dev = ws.get<void>();
+      CHECK_OK(gpu::LaunchLevelAttention(p, nullptr));
+    } else {
+      gpu::DQuantAttentionParams p;
+      p.pool_dev = pool.get<uint8_t>();
+      p.layout = cl;
+      p.tables_dev = tabs.get<uint32_t>();
+      p.items = sequences;
+      p.q_heads = kQHeads;
+      p.max_pages = pages;
+      p.page_table_dev = dt.get<int32_t>();
+      p.page_start_dev = ds.get<int32_t>();
+      p.tokens_dev = dtok.get<int32_t>();
+      p.window_k_dev = dw.get<uint16_t>();
+      p.window_v_dev = dw.get<uint16_t>();
+      p.window_tokens_dev = dwt.get<int32_t>();
+      p.query_dev = dq.get<float>();
+      p.softmax_scale = 1.0f / std::sqrt(128.0f);
+      p.out_dev = out.get<float>();
+      p.lse_dev = lse.get<float>();
+      p.workspace_dev = ws.get<void>();
+      CHECK_OK(gpu::LaunchDQuantAttention(p, nullptr));
+    }
+  };
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 5; ++i) launch();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    launch();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    times.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Of(times).p50;
+}
+
+struct TierResult {
+  Quantiles rpc, handler;
+  double kernel_ms = 0, first_ms = 0, later_ms = 0;
+  int checked = 0, mismatches = 0;
+};
+
+TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) {
+  TierResult r;
+  const ServiceOptions options = Options(sequences, context, hot);
+  auto server = DriftkvServer::Start(options);
+  CHECK_OK(server.status());
+  auto channel_args = grpc::ChannelArguments();
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
+  channel_args.SetMaxSendMessageSize(256 << 20);
+  ClientOptions co;
+  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
+  co.timeout = absl::Seconds(600);
+  Client client(grpc::CreateCustomChannel(co.target, grpc::InsecureChannelCredentials(), channel_args), co);
+
+  // Prefill: random bf16 keys/values, 512-token chunks.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  constexpr int kChunk = 512;
+  std::vector<uint16_t> k(static_cast<size_t>(kChunk) * kN), v(k.size());
+  for (int s = 0; s < sequences; ++s) {
+    std::vector<v1::AppendChunk> chunks;
+    for (int first = 0; first < context; first += kChunk) {
+      const int count = std::min(kChunk, context - first);
+      std::mt19937_64 crng(static_cast<uint64_t>(s) * 1000003 + first);
+      std::normal_distribution<float> cg(0.0f, 1.0f);
+      for (size_t i = 0; i < static_cast<size_t>(count) * kN; ++i) {
+        k[i] = FloatToBf16(cg(crng) + 0.5f * static_cast<float>(i % 7));
+        v[i] = FloatToBf16(cg(crng));
+      }
+      v1::AppendChunk c;
+      c.set_sequence_id(SeqId(s));
+      c.set_layer(0);
+      c.set_first_token(first);
+      c.set_token_count(count);
+      c.set_dtype(v1::DTYPE_BF16);
+      c.set_keys(std::string(reinterpret_cast<const char*>(k.data()), static_cast<size_t>(count) * kN * 2));
+      c.set_values(std::string(reinterpret_cast<const char*>(v.data()), static_cast<size_t>(count) * kN * 2));
+      chunks.push_back(std::move(c));
+    }
+    CHECK_OK(client.Append(chunks).status());
+  }
+  std::vector<float> query(static_cast<size_t>(sequences) * kQHeads * kD);
+  for (float& x : query) x = g(rng);
+  v1::AttendRequest all;
+  for (int s = 0; s < sequences; ++s) *all.add_items() = Item(s, query);
+
+  // First Attend (the hot server promotes every layer here), then later ones.
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_OK(client.Attend(all).status());
+  r.first_ms = Ms(std::chrono::steady_clock::now() - t0);
+  t0 = std::chrono::steady_clock::now();
+  CHECK_OK(client.Attend(all).status());
+  r.later_ms = Ms(std::chrono::steady_clock::now() - t0);
+
+  // Latency over gRPC and through the Handler, alternating.
+  std::vector<double> rpc, hnd;
+  for (int i = 0; i < reps; ++i) {
+    t0 = std::chrono::steady_clock::now();
+    CHECK_OK(client.Attend(all).status());
+    rpc.push_back(Ms(std::chrono::steady_clock::now() - t0));
+    v1::AttendResponse resp;
+    t0 = std::chrono::steady_clock::now();
+    CHECK_OK((*server)->handler().Attend(all, &resp));
+    hnd.push_back(Ms(std::chrono::steady_clock::now() - t0));
+  }
+  r.rpc = Of(rpc);
+  r.handler = Of(hnd);
+
+  // Batch invariance.
+  std::vector<std::string> alone(sequences);
+  for (int s = 0; s < sequences; ++s) {
+    v1::AttendRequest one;
+    *one.add_items() = Item(s, query);
+    absl::StatusOr<v1::AttendResponse> a = client.Attend(one);
+    CHECK_OK(a.status());
+    alone[s] = a->results(0).output();
+    for (float l : a->results(0).lse()) alone[s].append(reinterpret_cast<const char*>(&l), 4);
+  }
+  auto same = [&](int s, const v1::AttendResult& res) {
+    std::string got = res.output();
+    for (float l : res.lse()) got.append(reinterpret_cast<const char*>(&l), 4);
+    return got == alone[s];
+  };
+  std::atomic<int> checked{0}, bad{0};
+  {
+    absl::StatusOr<v1::AttendResponse> a = client.Attend(all);
+    CHECK_OK(a.status());
+    for (int s = 0; s < sequences; ++s) {
+      ++checked;
+      if (!same(s, a->results(s))) ++bad;
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      Client cl(grpc::CreateCustomChannel(co.target, grpc::InsecureChannelCredentials(), channel_args), co);
+      std::mt19937_64 crng(500 + c);
+      for (int round = 0; round < 10; ++round) {
+        std::vector<int> order(sequences);
+        for (int s = 0; s < sequences; ++s) order[s] = s;
+        std::shuffle(order.begin(), order.end(), crng);
+        order.resize(1 + crng() % sequences);
+        v1::AttendRequest req;
+        for (int s : order) *req.add_items() = Item(s, query);
+        absl::StatusOr<v1::AttendResponse> a = cl.Attend(req);
+        CHECK_OK(a.status());
+        for (size_t i = 0; i < order.size(); ++i) {
+          ++checked;
+          if (!same(order[i], a->results(i))) ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  r.checked = checked.load();
+  r.mismatches = bad.load();
+  v1::StatsResponse stats;
+  (*server)->handler().Stats(&stats);
+  std::printf("  [%s] Stats: %s\n", hot ? "hot" : "cold", stats.ShortDebugString().substr(0, 400).c_str());
+  (*server)->Shutdown(absl::Seconds(1));
+  server->reset();
+
+  DQuantConfig cfg;
+  cfg.kv_heads = kKvHeads;
+  cfg.head_dim = kD;
+  absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(cfg);
+  CHECK_OK(codec.status());
+  const int window = options.window_tokens + (context - options.window_tokens) % 128;
+  r.kernel_ms = KernelMs(*codec, sequences, context, window, hot, reps);
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  int sequences = 64, context = 8192, reps = 30, clients = 8;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--sequences=", 0) == 0) sequences = std::stoi(a.substr(12));
+    else if (a.rfind("--context=", 0) == 0) context = std::stoi(a.substr(10));
+    else if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
+    else if (a.rfind("--clients=", 0) == 0) clients = std::stoi(a.substr(10));
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (!gpu::GpuAvailable()) {
+    std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  std::printf("service on the GPU: 1 layer, %d sequences x %d tokens, 8 KV heads x 128, GQA 32/8, %d reps\n",
+              sequences, context, reps);
+  const TierResult cold = RunTier(false, sequences, context, reps, clients);
+  const TierResult hot = RunTier(true, sequences, context, reps, clients);
+  std::printf("\n| tier | kernel ms | Handler p50 ms | gRPC p50 ms | gRPC p99 ms | gRPC p50 - kernel us | first Attend ms | "
+              "second ms | invariance (bit-equal / checked) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  for (int t = 0; t < 2; ++t) {
+    const TierResult& r = t == 0 ? cold : hot;
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.2f | %d / %d |\n", t == 0 ? "cold" : "hot",
+                r.kernel_ms, r.handler.p50, r.rpc.p50, r.rpc.p99, 1000.0 * (r.rpc.p50 - r.kernel_ms), r.first_ms,
+                r.later_ms, r.checked - r.mismatches, r.checked);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace driftkv
+
+int main(int argc, char** argv) { return driftkv::Main(argc, argv); }
