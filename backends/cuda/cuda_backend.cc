@@ -89,8 +89,9 @@ class CudaBackend : public Backend {
   // HOT TIER on the device: a second arena of level pages with the host hot
   // pool's ids. Pages are promoted on the device (kernels/level_promote.h)
   // and never copied back eagerly: Read and demotion of a hot page download
-  // that page into the host hot pool first (a page is 96 KB; an 8K-token
-  // sequence's 2048 pages would take far longer to copy than to promote).
+  // that page first (a page is 96 KB; an 8K-token sequence's 2048 pages
+  // would take far longer to copy than to promote). The host hot pool's
+  // arena stays unused on this backend.
   absl::Status InitHotTier() {
     absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
     if (!hl.ok()) return hl.status();
@@ -156,11 +157,12 @@ class CudaBackend : public Backend {
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
     if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
     absl::MutexLock lock(&mu_);
+    std::vector<uint8_t> level(hot_layout_.page_bytes);
     for (const TierMove& m : moves) {
-      absl::Status st = DownloadHotPage(m.from);
+      absl::Status st = DownloadHotPage(m.from, level.data());
       if (!st.ok()) return st;
       uint8_t* cold = pool_.key_records(m.to);
-      st = DemotePage(codec_, hot_layout_, hot_pool_->page(m.from), m.tokens, cold, cold + layout_.value_offset,
+      st = DemotePage(codec_, hot_layout_, level.data(), m.tokens, cold, cold + layout_.value_offset,
                       cold + layout_.mean_offset);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
       st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to) * layout_.page_bytes, cold,
@@ -174,21 +176,24 @@ class CudaBackend : public Backend {
     if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
     absl::Status st = CheckLayer(layer);
     if (!st.ok()) return st;
+    // Into a buffer of this call's own: concurrent Reads of one layer must
+    // not write the same host bytes while the other decodes them.
+    std::vector<uint8_t> level(hot_layout_.page_bytes);
     {
       absl::MutexLock lock(&mu_);
-      st = DownloadHotPage(page);
+      st = DownloadHotPage(page, level.data());
     }
     if (!st.ok()) return st;
     CodecScratch scratch;
-    return DecodeLevelPageTokens(codec_, hot_layout_, hot_pool_->page(page), page, first, count,
+    return DecodeLevelPageTokens(codec_, hot_layout_, level.data(), page, first, count,
                                  transforms_ != nullptr ? &host_transforms_[layer] : nullptr, values_folded_, keys,
                                  values, &scratch);
   }
 
-  // The device's hot page into the host hot pool (the host copy is only
-  // made on demand; the page's owner holds its layer lock, so it is stable).
-  absl::Status DownloadHotPage(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Status st = Cuda(cudaMemcpyAsync(hot_pool_->page(page),
+  // The device's hot page into `dst` (host); the page's layer is locked by
+  // the caller (Read or demotion), so the page does not change meanwhile.
+  absl::Status DownloadHotPage(PageId page, uint8_t* dst) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status st = Cuda(cudaMemcpyAsync(dst,
                                            static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
                                            hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download hot page");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download hot page");

@@ -379,10 +379,9 @@ namespace driftkv {
 namespace {
 
 // The hot tier on the device: pages promoted on the GPU, attended with the
-// level-page kernel (agreeing with the cold kernel and the CPU backend),
-// read back bit-identically to their cold form, and demoted back to the
-// very same cold bytes; a batch that mixes hot and cold jobs; an item's
-// answer is the same alone and in a batch.
+// level-page kernel (agreeing with the CPU backend), read back
+// bit-identically to their cold form, and demoted back to the very same
+// cold bytes; a batch that mixes hot and cold jobs, answered the same twice.
 TEST(CudaBackend, HotTierRoundTrip) {
   SKIP_WITHOUT_GPU();
   DQuantConfig cfg;
@@ -468,16 +467,8 @@ TEST(CudaBackend, HotTierRoundTrip) {
   std::vector<TierMove> moves;
   for (int k = 0; k < seq_pages[0]; ++k) moves.push_back(TierMove{cold[0][k], (*hot0)[k], P});
   ASSERT_TRUE((*cuda)->PromotePages(moves).ok());
-  // The device's level pages equal the CPU's PromotePage of the same records.
-  for (int k = 0; k < seq_pages[0]; ++k) {
-    std::vector<uint8_t> want(hl->page_bytes);
-    const uint8_t* page = original[k].data();
-    ASSERT_TRUE(PromotePage(c, *hl, page, page + c.page_layout().value_offset, page + c.page_layout().mean_offset, P,
-                            want.data()).ok());
-    std::vector<float> tk(static_cast<size_t>(P) * n), tv(tk.size());
-    ASSERT_TRUE((*cuda)->DecodeHotTokens((*hot0)[k], 0, 0, P, tk.data(), tv.data()).ok());  // downloads the page
-    EXPECT_EQ(0, std::memcmp((*hot_pool)->page((*hot0)[k]), want.data(), hl->page_bytes)) << "hot page " << k;
-  }
+  // (That the device's level pages equal the CPU's PromotePage byte for byte
+  // is kernels/level_attention_test's; here: Read and demotion below.)
   (*pool)->Free(cold[0]);
   std::vector<float> rk_hot(rk_cold.size()), rv_hot(rk_cold.size());
   ASSERT_TRUE((*cuda)->DecodeHotTokens((*hot0)[1], 0, 0, P, rk_hot.data(), rv_hot.data()).ok());
