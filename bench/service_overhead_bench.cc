@@ -1,0 +1,226 @@
+// The service's own cost of one Attend, without a GPU: an in-process
+// driftkv server on a "null" backend (registered here, not in production
+// code) whose EncodePages writes nothing and whose Attend answers at once
+// (output = the query, lse = the item's token count), batched like CUDA
+// (PrefersBatchedAttend). Prefills S sequences x T tokens of one layer
+// (bf16 chunks, through the Handler), then times, interleaved, --reps calls
+// of the S-item Attend (8 KV heads x 128, 32 query heads, --dtype queries):
+//   handler   Handler::Attend, no network;
+//   grpc      the library client (client/client.h) over loopback;
+// and, to split the gRPC path, the protobuf work alone: serialising and
+// parsing the request and the response. Every gRPC answer is checked.
+//
+//   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
+//                          [--dtype=f32|bf16]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "backends/registry.h"
+#include "client/client.h"
+#include "service/server.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
+
+#define CHECK_OK(x)                                                                              \
+  do {                                                                                           \
+    absl::Status s_ = (x);                                                                       \
+    if (!s_.ok()) {                                                                              \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+// Stores nothing, answers at once: output = query, lse = tokens attended.
+class NullBackend : public Backend {
+ public:
+  std::string name() const override { return "null"; }
+  absl::Status EncodePages(absl::Span<EncodeJob>) override { return absl::OkStatus(); }
+  absl::Status DecodeTokens(PageId, int, int, int count, float* keys, float* values) override {
+    std::fill(keys, keys + static_cast<size_t>(count) * kN, 0.0f);
+    std::fill(values, values + static_cast<size_t>(count) * kN, 0.0f);
+    return absl::OkStatus();
+  }
+  void Attend(absl::Span<AttendJob> jobs) override {
+    for (AttendJob& j : jobs) {
+      std::memcpy(j.out, j.query, sizeof(float) * j.q_heads * kD);
+      const float tokens = static_cast<float>(j.window_first + j.window.tokens);
+      std::fill(j.lse, j.lse + j.q_heads, tokens);
+      j.status = absl::OkStatus();
+    }
+  }
+  bool PrefersBatchedAttend() const override { return true; }
+};
+const bool kRegistered = RegisterBackend("null", [](const BackendArgs&) {
+  return absl::StatusOr<std::unique_ptr<Backend>>(std::make_unique<NullBackend>());
+});
+
+using Clock = std::chrono::steady_clock;
+double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+struct Quantiles {
+  double p50, p99;
+};
+Quantiles Of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+}
+
+int IntFlag(int argc, char** argv, const char* name, int def) {
+  const std::string prefix = absl::StrCat("--", name, "=");
+  for (int i = 1; i < argc; ++i) {
+    int v;
+    if (absl::StartsWith(argv[i], prefix) && absl::SimpleAtoi(argv[i] + prefix.size(), &v)) return v;
+  }
+  return def;
+}
+
+int Run(int argc, char** argv) {
+  const int sequences = IntFlag(argc, argv, "sequences", 64);
+  const int context = IntFlag(argc, argv, "context", 8192);
+  const int reps = IntFlag(argc, argv, "reps", 300);
+  bool bf16 = false;
+  for (int i = 1; i < argc; ++i) bf16 = bf16 || std::string(argv[i]) == "--dtype=bf16";
+  const v1::DType dtype = bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+
+  ServiceOptions o;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  o.backend = "null";
+  o.layers = 1;
+  o.codec.kv_heads = kKvHeads;
+  o.codec.head_dim = kD;
+  o.pool_bytes = static_cast<uint64_t>(sequences) * (context / 128 + 1) * 80000 + (64ull << 20);
+  o.max_sequences = sequences + 8;
+  o.max_batch = std::max(o.max_batch, sequences);
+  auto server = DriftkvServer::Start(o);
+  CHECK_OK(server.status());
+  Handler& handler = (*server)->handler();
+
+  // Prefill through the Handler (the null backend stores nothing, so one
+  // chunk's content serves every chunk).
+  constexpr int kChunk = 1024;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::string kv(static_cast<size_t>(kChunk) * kN * 2, '\0');
+  for (size_t i = 0; i < kv.size() / 2; ++i) {
+    const uint16_t b = FloatToBf16(g(rng));
+    std::memcpy(&kv[2 * i], &b, 2);
+  }
+  for (int s = 0; s < sequences; ++s) {
+    for (int first = 0; first < context; first += kChunk) {
+      v1::AppendChunk c;
+      c.set_sequence_id(absl::StrCat("seq", s));
+      c.set_first_token(first);
+      c.set_token_count(std::min(kChunk, context - first));
+      c.set_dtype(v1::DTYPE_BF16);
+      c.set_keys(kv.substr(0, static_cast<size_t>(c.token_count()) * kN * 2));
+      c.set_values(c.keys());
+      v1::AppendResponse totals;
+      CHECK_OK(handler.Append(c, &totals));
+    }
+  }
+
+  std::vector<float> query(static_cast<size_t>(sequences) * kQHeads * kD);
+  for (float& x : query) x = g(rng);
+  if (bf16) {
+    for (float& x : query) x = Bf16ToFloat(FloatToBf16(x));
+  }
+  v1::AttendRequest request;
+  for (int s = 0; s < sequences; ++s) {
+    v1::AttendItem* it = request.add_items();
+    it->set_sequence_id(absl::StrCat("seq", s));
+    it->set_dtype(dtype);
+    it->set_q_heads(kQHeads);
+    FloatToTensor(query.data() + static_cast<size_t>(s) * kQHeads * kD, kQHeads * kD, dtype, it->mutable_query());
+  }
+
+  ClientOptions co;
+  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
+  Client client(co);
+  auto check = [&](const v1::AttendResponse& r) {
+    if (r.results_size() != sequences) CHECK_OK(absl::InternalError("wrong number of results"));
+    for (int s = 0; s < sequences; ++s) {
+      const v1::AttendResult& res = r.results(s);
+      if (res.output().size() != sizeof(float) * kQHeads * kD ||
+          std::memcmp(res.output().data(), query.data() + static_cast<size_t>(s) * kQHeads * kD,
+                      res.output().size()) != 0 ||
+          res.lse_size() != kQHeads || res.lse(0) != static_cast<float>(context) ||
+          res.tokens() != static_cast<uint64_t>(context)) {
+        CHECK_OK(absl::InternalError(absl::StrCat("wrong answer for item ", s)));
+      }
+    }
+  };
+  for (int i = 0; i < 20; ++i) {  // warm-up: connection, allocator, caches
+    absl::StatusOr<v1::AttendResponse> r = client.Attend(request);
+    CHECK_OK(r.status());
+    check(*r);
+  }
+
+  std::vector<double> hnd, rpc, req_ser, req_parse, resp_ser, resp_parse;
+  v1::AttendResponse last;
+  std::string wire;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    absl::StatusOr<v1::AttendResponse> r = client.Attend(request);
+    rpc.push_back(Us(Clock::now() - t0));
+    CHECK_OK(r.status());
+    check(*r);
+
+    v1::AttendResponse response;
+    t0 = Clock::now();
+    CHECK_OK(handler.Attend(request, &response));
+    hnd.push_back(Us(Clock::now() - t0));
+
+    // The protobuf work alone (what each side does once per call).
+    t0 = Clock::now();
+    request.SerializeToString(&wire);
+    req_ser.push_back(Us(Clock::now() - t0));
+    v1::AttendRequest parsed;
+    t0 = Clock::now();
+    parsed.ParseFromString(wire);
+    req_parse.push_back(Us(Clock::now() - t0));
+    t0 = Clock::now();
+    response.SerializeToString(&wire);
+    resp_ser.push_back(Us(Clock::now() - t0));
+    v1::AttendResponse back;
+    t0 = Clock::now();
+    back.ParseFromString(wire);
+    resp_parse.push_back(Us(Clock::now() - t0));
+  }
+  std::printf("service_overhead_bench: %d items x %d tokens, %s queries (%zu bytes request, %zu bytes response), "
+              "%d reps\n",
+              sequences, context, DTypeName(dtype).c_str(), request.ByteSizeLong(),
+              handler.Attend(request, &last).ok() ? last.ByteSizeLong() : 0, reps);
+  std::printf("| path | p50 us | p99 us |\n|---|---:|---:|\n");
+  auto row = [](const char* name, const std::vector<double>& v) {
+    const Quantiles q = Of(v);
+    std::printf("| %s | %.1f | %.1f |\n", name, q.p50, q.p99);
+  };
+  row("gRPC (library client)", rpc);
+  row("Handler::Attend", hnd);
+  row("request serialise", req_ser);
+  row("request parse", req_parse);
+  row("response serialise", resp_ser);
+  row("response parse", resp_parse);
+  (*server)->Shutdown(absl::ZeroDuration());
+  return 0;
+}
+
+}  // namespace
+}  // namespace driftkv
+
+int main(int argc, char** argv) { return driftkv::Run(argc, argv); }
