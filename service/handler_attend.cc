@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 
@@ -19,7 +20,11 @@ using handler_internal::Quoted;
 
 // One item of an Attend request, validated and decoded.
 struct Handler::AttendWork {
-  std::vector<float> query, key, value;  // key/value: the decode step's token
+  // The query: f32 bytes of the request used in place when aligned (the
+  // request outlives the call), else converted into `converted`.
+  const float* query = nullptr;
+  std::vector<float> converted;
+  std::vector<float> key, value;  // the decode step's token
   bool step = false;                     // the item appends a token first
   float scale = 0.0f;
   Sequence* seq = nullptr;
@@ -107,9 +112,14 @@ absl::Status Handler::ValidateAttendItem(const v1::AttendItem& it, int i, Attend
                           absl::StrCat("q_heads ", it.q_heads(), " x head_dim ", d));
   }
   if (st.ok()) {
-    w->query.resize(qe);
-    TensorToFloat(it.query(), it.dtype(), qe, w->query.data());
-    st = CheckValues(where + ".query", w->query.data(), qe, std::numeric_limits<float>::max());
+    if (it.dtype() == v1::DTYPE_F32 && reinterpret_cast<uintptr_t>(it.query().data()) % alignof(float) == 0) {
+      w->query = reinterpret_cast<const float*>(it.query().data());
+    } else {
+      w->converted.resize(qe);
+      TensorToFloat(it.query(), it.dtype(), qe, w->converted.data());
+      w->query = w->converted.data();
+    }
+    st = CheckValues(where + ".query", w->query, qe, std::numeric_limits<float>::max());
   }
   w->step = !it.new_key().empty() || !it.new_value().empty();
   if (st.ok() && w->step) {
@@ -261,7 +271,7 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
                           static_cast<int64_t>(layer.window_keys.size() / n())};
     j.window_id = layer.id;
     j.window_first = static_cast<int64_t>(layer.pages.size()) * pool_->page_tokens();
-    j.query = work[i].query.data();
+    j.query = work[i].query;
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;
     j.layer = static_cast<int>(it.layer());
