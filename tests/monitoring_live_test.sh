@@ -110,7 +110,7 @@ for round in 1 2 3; do
 done
 "$CLI" --servers "${GRPC[a]},${GRPC[b]}" bench --sequences 4 --tokens 96 --steps 8 --chunk_tokens 32 | tail -n 4
 for s in a b; do
-  for _ in $(seq 1 8); do
+  for _ in $(seq 1 16); do
     ! "$CLI" --server "${GRPC[$s]}" attend --sequence ghost --layer 0 --synthetic 2>/dev/null
   done
   ! "$CLI" --server "${GRPC[$s]}" read --sequence ghost --layer 0 --out_keys /dev/null --out_values /dev/null 2>/dev/null
