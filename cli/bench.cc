@@ -1,5 +1,8 @@
 // `driftkv bench`: concurrent sequences ingest a synthetic context, then
-// decode steps; ingest rate, Attend rate and latency quantiles.
+// decode steps; ingest rate, Attend rate and latency quantiles. With
+// --servers a,b,c the sequences are spread over the replicas by rendezvous
+// hashing of their ids (client/sharded_client.h), each sequence's thread
+// talks to its owner, and the rates are the aggregate over the replicas.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,17 +13,32 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/cli.h"
+#include "client/sharded_client.h"
 #include "wire/tensor.h"
 
 ABSL_FLAG(int, sequences, 8, "bench: concurrent sequences (one client thread each)");
+ABSL_FLAG(std::string, servers, "",
+          "bench: replicas HOST:PORT,HOST:PORT,... (overrides --server); sequences are spread by "
+          "rendezvous hashing of their ids and the throughput is the aggregate");
 
 namespace driftkv {
 namespace cli {
 
 int Bench(Client& client) {
-  absl::StatusOr<v1::InfoResponse> info = client.Info();
-  if (!info.ok()) return Fail(info.status());
+  std::vector<std::string> replicas = SplitReplicas(absl::GetFlag(FLAGS_servers));
+  if (replicas.empty()) replicas.push_back(client.options().target);
+  ShardedClient sharded(replicas, client.options());
+  absl::StatusOr<v1::InfoResponse> info = absl::UnknownError("no replica");
+  for (absl::StatusOr<v1::InfoResponse>& i : sharded.InfoAll()) {
+    if (!i.ok()) return Fail(i.status());
+    if (info.ok() && (i->layers() != info->layers() || i->kv_heads() != info->kv_heads() ||
+                      i->head_dim() != info->head_dim())) {
+      return Fail(absl::FailedPreconditionError("the replicas serve different model shapes"));
+    }
+    if (!info.ok()) info = *i;
+  }
   const int layers = info->layers(), kv_heads = info->kv_heads(), d = info->head_dim();
   const size_t n = static_cast<size_t>(kv_heads) * d;
   const int q_heads = absl::GetFlag(FLAGS_q_heads) > 0 ? absl::GetFlag(FLAGS_q_heads) : 2 * kv_heads;
@@ -45,7 +63,7 @@ int Bench(Client& client) {
               "concurrent Append calls per sequence), then %d decode steps of %d items (one per layer, q_heads %d), "
               "server %s\n",
               seqs, layers, tokens, kv_heads, d, chunk, absl::GetFlag(FLAGS_streams), steps, layers, q_heads,
-              absl::GetFlag(FLAGS_server).c_str());
+              absl::StrJoin(replicas, ",").c_str());
 
   std::atomic<int> failures{0};
   std::atomic<int64_t> ingested{0};
@@ -53,7 +71,19 @@ int Bench(Client& client) {
   auto t0 = Clock::now();
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<Client>> clients;
-  for (int s = 0; s < seqs; ++s) clients.push_back(std::make_unique<Client>(client.options()));
+  std::vector<int> owner(seqs), per_replica(replicas.size());
+  for (int s = 0; s < seqs; ++s) {
+    owner[s] = sharded.ReplicaOf(absl::StrCat("bench-", s));
+    ++per_replica[owner[s]];
+    ClientOptions o = client.options();
+    o.target = replicas[owner[s]];  // every call of the sequence goes to its owner
+    clients.push_back(std::make_unique<Client>(o));
+  }
+  if (replicas.size() > 1) {
+    std::printf("sequences per replica:");
+    for (size_t r = 0; r < replicas.size(); ++r) std::printf(" %s %d", replicas[r].c_str(), per_replica[r]);
+    std::printf("\n");
+  }
   for (int s = 0; s < seqs; ++s) {
     threads.emplace_back([&, s] {
       std::vector<v1::AppendChunk> mine = chunks;
@@ -112,8 +142,20 @@ int Bench(Client& client) {
   for (auto& v : latency) all.insert(all.end(), v.begin(), v.end());
   const double calls = static_cast<double>(all.size());
   const double avg_ctx = tokens + (steps + 1) / 2.0;
-  absl::StatusOr<v1::StatsResponse> stats = client.Stats();
-  for (int s = 0; s < seqs; ++s) (void)client.Release(absl::StrCat("bench-", s));
+  // Pool usage summed over the replicas.
+  absl::StatusOr<v1::StatsResponse> stats = v1::StatsResponse();
+  for (absl::StatusOr<v1::StatsResponse>& r : sharded.StatsAll()) {
+    if (!r.ok()) {
+      stats = r.status();
+      break;
+    }
+    stats->set_pages_in_use(stats->pages_in_use() + r->pages_in_use());
+    stats->set_bytes_in_use(stats->bytes_in_use() + r->bytes_in_use());
+    stats->set_tokens_compressed(stats->tokens_compressed() + r->tokens_compressed());
+    stats->set_tokens_window(stats->tokens_window() + r->tokens_window());
+  }
+  for (int s = 0; s < seqs; ++s) (void)clients[s]->Release(absl::StrCat("bench-", s));
+  if (replicas.size() > 1) std::printf("aggregate over %zu replicas:\n", replicas.size());
   std::printf("ingest: %.3f s, %.3f GB/s raw (bf16 keys+values), %.0f tokens/s (all %d layers), %.0f token-layers/s\n",
               ingest_s, raw_bytes / ingest_s / 1e9, seqs * static_cast<double>(tokens) / ingest_s, layers,
               seqs * static_cast<double>(tokens) * layers / ingest_s);

@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(uint32_t, seed);
 ABSL_DECLARE_FLAG(std::string, metrics_url);
 ABSL_DECLARE_FLAG(int, streams);
 ABSL_DECLARE_FLAG(int, steps);
+ABSL_DECLARE_FLAG(std::string, servers);
 
 namespace driftkv {
 namespace cli {

@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/cli.h"
+#include "client/sharded_client.h"
 #include "codec/compressed_attention.h"
 #include "eval/synthetic_kv.h"
 #include "wire/half.h"
@@ -34,6 +35,9 @@ double SecondsSince(Clock::time_point t) {
 ClientOptions OptionsFromFlags() {
   ClientOptions o;
   o.target = absl::GetFlag(FLAGS_server);
+  // bench --servers a,b,c: the first replica answers the CLI's own Info.
+  const std::vector<std::string> replicas = SplitReplicas(absl::GetFlag(FLAGS_servers));
+  if (!replicas.empty()) o.target = replicas[0];
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   return o;
 }

@@ -10,7 +10,8 @@
 //   read     --sequence S --layer L [--first N] [--count N] --out_keys F --out_values F (f32)
 //   release  --sequence S
 //   stats    model shape, codec, capacity and usage
-//   bench    --sequences N --tokens T --steps S: ingest and Attend throughput
+//   bench    --sequences N --tokens T --steps S [--servers A,B,C]: ingest and Attend
+//            throughput (over several replicas: sequences spread by rendezvous hashing)
 //   demo     pushes a synthetic context, attends decode steps, compares with
 //            exact attention, prints compression, error, throughput
 //   fixture  --fixture PREFIX: the same with real keys/values/queries

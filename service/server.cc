@@ -19,6 +19,13 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   s->handler_ = *std::move(handler);
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get());
 
+  // The standard grpc_server_* metrics and driftkv_server_info
+  // (service/server_metrics.h); the interceptor goes last, so that it
+  // records the status that is sent.
+  s->grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*s->metrics_->registry());
+  hooks.interceptors.push_back(GrpcServerMetrics::InterceptorFactory(s->grpc_metrics_.get()));
+  RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend);
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

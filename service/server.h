@@ -17,6 +17,7 @@
 #include "service/grpc_service.h"
 #include "service/handler.h"
 #include "service/metrics.h"
+#include "service/server_metrics.h"
 
 namespace driftkv {
 
@@ -49,6 +50,7 @@ class DriftkvServer {
   DriftkvServer() = default;
 
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // grpc_server_*, in metrics_'s registry
   std::unique_ptr<Handler> handler_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -16,6 +16,7 @@ expect "--config" "$1"
 expect "--listen" "$1"
 expect "--server" "$2"
 expect "--sequences" "$2"
+expect "--servers" "$2"
 expect "--fixture" "$2"
 expect "driftkv-codec COMMAND --help" "$3"
 expect "--k-levels" "$3" encode

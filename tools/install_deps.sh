@@ -2,6 +2,13 @@
 # Installs the Debian 12 packages driftkv builds and tests with, if missing.
 # Everything else (CUDA) is expected in /usr/local/cuda; Bazel downloads
 # nothing (see WORKSPACE).
+#
+# The deploy/ checks also need (skipped with DRIFTKV_DEPLOY_TOOLS=0, as the
+# image build of deploy/Dockerfile does): Debian's prometheus (promtool and
+# a server for tests/monitoring_live_test.sh), yamllint, and the npm
+# packages of tools/deploy_check/package.json, installed into
+# tools/deploy_check/node_modules (git-ignored) by `npm ci` from the
+# committed package-lock.json with the machine's Node.js.
 set -euo pipefail
 packages=(
   bazel-bootstrap bazel-rules-java
@@ -9,6 +16,10 @@ packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
 )
+deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
+if [[ "$deploy_tools" != 0 ]]; then
+  packages+=(prometheus yamllint)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,4 +30,18 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm ci when node_modules is missing or older than the lock file. Debian's
+# prometheus package ships a systemd unit; nothing starts it here (the tests
+# start their own Prometheus on loopback).
+if [[ "$deploy_tools" != 0 ]]; then
+  deploy_check="$(cd "$(dirname "$0")" && pwd)/deploy_check"
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install_deps: npm not found: the deploy/ manifest checks will fail (install Node.js 20 and npm)" >&2
+  elif [[ ! -f "$deploy_check/node_modules/.package-lock.json" ||
+          "$deploy_check/package-lock.json" -nt "$deploy_check/node_modules/.package-lock.json" ]]; then
+    echo "installing: npm packages of tools/deploy_check (npm ci)" >&2
+    (cd "$deploy_check" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
 fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs every test: `bazel test //...`, then the codec tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer. GPU tests print
+# AddressSanitizer + UndefinedBehaviorSanitizer, then the offline checks of
+# deploy/ (tools/deploy_check/run.sh: yamllint, Kubernetes schemas with
+# unknown keys refused, Dockerfile lint, dashboard JSON). GPU tests print
 # "skipped: no GPU" and pass on machines without one. Ends with the line
-# "N passed, N failed" (one count per test target and configuration).
+# "N passed, N failed" (one count per test target and configuration, and
+# per deploy check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
@@ -29,6 +32,9 @@ run() {  # run LABEL BAZEL-ARGS...
 
 run "all tests" //... --test_output=errors
 run "codec tests under ASan+UBSan" --config=asan //tests:codec_tests --test_output=errors
+for check in yamllint manifests dockerfile dashboard; do
+  if tools/deploy_check/run.sh "$check"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+done
 rm -f "$log"
 echo "$passed passed, $failed failed"
 ((failed == 0))
