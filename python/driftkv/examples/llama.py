@@ -74,6 +74,17 @@ class Llama:
         freqs = torch.outer(torch.arange(self.context, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
+        # On the CPU, products go through oneDNN when torch has it: Debian's
+        # torch calls the reference BLAS otherwise, 20-30x slower.
+        self._mk = {}
+        if self.device.type == "cpu" and _onednn_works():
+            self._mk = {k: v.to_mkldnn() for k, v in self.w.items() if v.dim() == 2}
+
+    def _linear(self, x, name):
+        """x [..., in] @ W.T for the weight `name` [out, in]."""
+        if name in self._mk:
+            return _onednn_mm(x, self._mk[name])
+        return x @ self.w[name].T
 
     def _norm(self, x, weight):
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
@@ -88,42 +99,56 @@ class Llama:
         p = f"model.layers.{i}.self_attn."
         B, T, _ = x.shape
         h = self._norm(x, self.w[f"model.layers.{i}.input_layernorm.weight"])
-        q = (h @ self.w[p + "q_proj.weight"].T).view(B, T, self.q_heads, self.head_dim)
-        k = (h @ self.w[p + "k_proj.weight"].T).view(B, T, self.kv_heads, self.head_dim)
-        v = (h @ self.w[p + "v_proj.weight"].T).view(B, T, self.kv_heads, self.head_dim)
+        q = self._linear(h, p + "q_proj.weight").view(B, T, self.q_heads, self.head_dim)
+        k = self._linear(h, p + "k_proj.weight").view(B, T, self.kv_heads, self.head_dim)
+        v = self._linear(h, p + "v_proj.weight").view(B, T, self.kv_heads, self.head_dim)
         return self._rope(q, positions), self._rope(k, positions), v
 
     def _finish(self, i, x, o):
         """x + o_proj(attention output o [B, T, q_heads * D]), then the MLP."""
         p = f"model.layers.{i}."
-        x = x + o @ self.w[p + "self_attn.o_proj.weight"].T
+        x = x + self._linear(o, p + "self_attn.o_proj.weight")
         h = self._norm(x, self.w[p + "post_attention_layernorm.weight"])
-        gate = h @ self.w[p + "mlp.gate_proj.weight"].T
-        up = h @ self.w[p + "mlp.up_proj.weight"].T
-        return x + (F.silu(gate) * up) @ self.w[p + "mlp.down_proj.weight"].T
+        gate = self._linear(h, p + "mlp.gate_proj.weight")
+        up = self._linear(h, p + "mlp.up_proj.weight")
+        return x + self._linear(F.silu(gate) * up, p + "mlp.down_proj.weight")
 
     def logits(self, x):
-        return self._norm(x, self.w["model.norm.weight"]) @ self.embed.T
+        return self._linear(self._norm(x, self.w["model.norm.weight"]), "model.embed_tokens.weight")
+
+    def _causal_attention(self, q, k, v):
+        """Exact causal attention of a prompt: q [B, T, q_heads, D], k, v
+        [B, T, kv_heads, D] -> [B, T, q_heads, D]."""
+        B, T = q.shape[:2]
+        rep = self.q_heads // self.kv_heads
+        mask = torch.ones(T, T, dtype=torch.bool, device=self.device).triu(1)
+        o = torch.empty_like(q)
+        for b in range(B):
+            for h in range(self.q_heads):
+                kh, vh = k[b, :, h // rep], v[b, :, h // rep]
+                if self._mk:
+                    s = _onednn_mm(q[b, :, h], kh.contiguous().to_mkldnn())
+                else:
+                    s = q[b, :, h] @ kh.T
+                p = (s / math.sqrt(self.head_dim)).masked_fill(mask, float("-inf")).softmax(-1)
+                o[b, :, h] = _onednn_mm(p, vh.T.contiguous().to_mkldnn()) if self._mk else p @ vh
+        return o
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> Tuple[torch.Tensor, List[Tuple[torch.Tensor, torch.Tensor]]]:
-        """ids [B, T] (T <= context). Returns logits [B, T, vocab] and per layer
-        (k, v) [B, T, kv_heads, D], post-RoPE."""
+        """ids [B, T] (T <= context). Returns the last position's logits
+        [B, vocab] and per layer (k, v) [B, T, kv_heads, D], post-RoPE."""
         ids = ids.to(self.device)
         B, T = ids.shape
         positions = torch.arange(T, device=self.device)
         x = self.embed[ids]
         kv = []
-        rep = self.q_heads // self.kv_heads
-        mask = torch.ones(T, T, dtype=torch.bool, device=self.device).triu(1)
         for i in range(self.layers):
             q, k, v = self._qkv(i, x, positions)
-            kr, vr = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-            s = torch.einsum("bqhd,bkhd->bhqk", q, kr) / math.sqrt(self.head_dim)
-            o = torch.einsum("bhqk,bkhd->bqhd", s.masked_fill(mask, float("-inf")).softmax(-1), vr)
+            o = self._causal_attention(q, k, v)
             x = self._finish(i, x, o.reshape(B, T, -1))
             kv.append((k, v))
-        return self.logits(x), kv
+        return self.logits(x[:, -1]), kv
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, position: int, attend: Attend) -> torch.Tensor:
@@ -140,6 +165,21 @@ class Llama:
         return self.logits(x[:, 0])
 
 
+def _onednn_works() -> bool:
+    try:
+        x = torch.ones(2, 3)
+        return bool((_onednn_mm(x, torch.ones(4, 3).to_mkldnn()) == 3).all())
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _onednn_mm(x: torch.Tensor, w_mkldnn) -> torch.Tensor:
+    """x [..., in] @ W.T with W [out, in] an oneDNN tensor."""
+    lead = x.shape[:-1]
+    y = torch._C._nn.mkldnn_linear(x.reshape(-1, x.shape[-1]).contiguous().to_mkldnn(), w_mkldnn, None)
+    return y.to_dense().reshape(*lead, -1)
+
+
 class LocalCache:
     """The reference decode worker's attention: exact, over a float32 cache
     it holds itself (the prefill's keys and values, then each step's)."""
@@ -147,15 +187,15 @@ class LocalCache:
     def __init__(self, model: Llama, kv: List[Tuple[torch.Tensor, torch.Tensor]], capacity: int):
         B, T = kv[0][0].shape[:2]
         self.model = model
-        self.k = [torch.zeros(B, capacity, model.kv_heads, model.head_dim, device=model.device) for _ in kv]
+        # [B, kv_heads, capacity, D]: a head's tokens are contiguous.
+        self.k = [torch.zeros(B, model.kv_heads, capacity, model.head_dim, device=model.device) for _ in kv]
         self.v = [torch.zeros_like(x) for x in self.k]
         for i, (k, v) in enumerate(kv):
-            self.k[i][:, :T], self.v[i][:, :T] = k, v
+            self.k[i][:, :, :T], self.v[i][:, :, :T] = k.transpose(1, 2), v.transpose(1, 2)
 
     def __call__(self, layer, q, k, v, position):
-        self.k[layer][:, position], self.v[layer][:, position] = k, v
-        rep = self.model.q_heads // self.model.kv_heads
-        keys = self.k[layer][:, :position + 1].repeat_interleave(rep, dim=2)    # [B, T, QH, D]
-        values = self.v[layer][:, :position + 1].repeat_interleave(rep, dim=2)
-        s = torch.einsum("bhd,bthd->bht", q, keys) / math.sqrt(self.model.head_dim)
-        return torch.einsum("bht,bthd->bhd", s.softmax(-1), values)
+        self.k[layer][:, :, position], self.v[layer][:, :, position] = k, v
+        B, kvh, d = q.shape[0], self.model.kv_heads, self.model.head_dim
+        qg = q.reshape(B, kvh, -1, d)  # query head h reads KV head h // rep
+        s = qg @ self.k[layer][:, :, :position + 1].transpose(-1, -2) / math.sqrt(d)  # [B, kvh, rep, T]
+        return (s.softmax(-1) @ self.v[layer][:, :, :position + 1]).reshape(B, -1, d)
