@@ -8,6 +8,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
+  # the Python client (python/driftkv) and its tests
+  python3-grpcio python3-protobuf python3-pytest
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: `bazel test //...`, then the codec tests again under
+# Runs every test: `bazel test //...` (with //python:pytest, the Python
+# client's pytest, whose summary is printed), then the codec tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer. GPU tests print
 # "skipped: no GPU" and pass on machines without one. Ends with the line
 # "N passed, N failed" (one count per test target and configuration).
@@ -28,6 +29,9 @@ run() {  # run LABEL BAZEL-ARGS...
 }
 
 run "all tests" //... --test_output=errors
+# The Python client's pytest is one of them (//python:pytest); its summary:
+pytest_log=bazel-testlogs/python/pytest/test.log
+[[ -f "$pytest_log" ]] && echo "== python client (//python:pytest): $(tail -n 1 "$pytest_log")"
 run "codec tests under ASan+UBSan" --config=asan //tests:codec_tests --test_output=errors
 rm -f "$log"
 echo "$passed passed, $failed failed"

@@ -13,7 +13,13 @@ deadlines and the retry rules of docs/api.md, channel limits sized from the
 server's Info; driftkv.aio.Client is the asyncio variant. docs/python.md
 is the manual.
 """
-from driftkv._errors import DriftkvError
+import pkgutil
+
+# Generated stubs may live in another driftkv/ folder on sys.path (see
+# driftkv/_proto/__init__.py): both folders make up the package.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+from driftkv._errors import DriftkvError  # noqa: E402
 from driftkv._retry import RetryPolicy
 from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
                             ReleaseResult, Stats)

@@ -11,7 +11,10 @@ import grpc
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+try:
+    import driftkv  # noqa: F401 - on PYTHONPATH (bazel test //python:pytest)
+except ImportError:  # run from the source tree: python3 -m pytest python/tests
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from driftkv._proto import pb, pb_grpc  # noqa: E402
 from driftkv.local_server import LocalServer  # noqa: E402

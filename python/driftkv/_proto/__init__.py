@@ -2,7 +2,8 @@
 
 `python/gen_stubs.sh` writes driftkv_pb2.py and driftkv_pb2_grpc.py here;
 a build may put them in another `driftkv/_proto` folder on sys.path
-instead (Bazel's //python:stubs), which extend_path adds to this package.
+instead (Bazel's //python:stubs), which extend_path adds to this package
+(and to driftkv's, in driftkv/__init__.py).
 """
 import pkgutil
 
