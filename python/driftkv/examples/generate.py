@@ -171,7 +171,9 @@ def main(argv=None) -> int:
                     help="config of the server started without --server")
     ap.add_argument("--server-bin", help="driftkv-server binary (default: bazel-bin/service/driftkv-server)")
     ap.add_argument("--eval-dir", default=default_eval_dir(), help="the shared eval folder (model/)")
-    ap.add_argument("--text", help="prompt text file (default: Persuasion, from r-cran-janeaustenr)")
+    ap.add_argument("--text", help="prompt text file (default: Persuasion)")
+    ap.add_argument("--persuasion-file",
+                    help="Persuasion as plain text (default: written from r-cran-janeaustenr to $TMPDIR)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts, decoded as one batch")
     ap.add_argument("--prompt-tokens", type=int, default=768, help="tokens per prompt, BOS included")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens generated (and teacher-forced)")
@@ -199,7 +201,7 @@ def main(argv=None) -> int:
         with open(args.text) as f:
             text, source, avoid = f.read(), args.text, []
     else:
-        text, source = persuasion(None), "Persuasion (held out from the model's training)"
+        text, source = persuasion(args.persuasion_file), "Persuasion (held out from the model's training)"
         avoid = fixture_ranges(args.eval_dir)
     ids = tok.encode(text)
     starts = windows(ids, B, P + N - 1, avoid)
@@ -306,7 +308,7 @@ def main(argv=None) -> int:
 
     for b in range(min(args.show, B)):
         tail = tok.decode(batch[b, 1:P].tolist())[-300:]
-        print(f"\n-- prompt {b} (tokens {starts[b]}..{starts[b] + P - 1} of the text), its last 300 characters:")
+        print(f"\n-- prompt {b} (text tokens [{starts[b]}, {starts[b] + P - 1}) after BOS), its last 300 characters:")
         print("   ..." + tail.replace("\n", "\n   "))
         for mode, label in (("greedy", "greedy"), ("sampled", f"sampled (T {args.temperature}, top-k {args.top_k}, "
                                                                 f"seed {args.seed}, same draws)")):
