@@ -18,7 +18,6 @@ from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
                             ReleaseResult, Stats, from_message)
-
 from driftkv._wire import Progress
 
 
@@ -37,7 +36,8 @@ class Client:
         self.target = target
         self.timeout = timeout
         self.retry = retry
-        self.retries = 0  # attempts beyond the first, over the client's life
+        self.retries = 0  # attempts beyond the first, over the client's life (any thread)
+        self._retries_lock = threading.Lock()
         self._max_message_bytes = max_message_bytes
         self._extra = list(channel_options)
         self._lock = threading.Lock()
@@ -92,7 +92,8 @@ class Client:
         error = None
         for n, sleep in enumerate(self.retry.sleeps(idempotent)):
             if n > 0:
-                self.retries += 1
+                with self._retries_lock:
+                    self.retries += 1
                 time.sleep(sleep)
             try:
                 return attempt(timeout or self.timeout)

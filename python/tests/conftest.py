@@ -16,7 +16,7 @@ try:
 except ImportError:  # run from the source tree: python3 -m pytest python/tests
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from driftkv._proto import pb, pb_grpc  # noqa: E402
+from driftkv._proto import pb_grpc  # noqa: E402
 from driftkv.local_server import LocalServer  # noqa: E402
 
 # The eval model's shape (4 layers x 4 KV heads x 128), pages and window of

@@ -26,7 +26,6 @@ model's shape (4 layers x 4 KV heads x 128) works, CUDA backend included.
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
