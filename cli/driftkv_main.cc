@@ -9,6 +9,7 @@
 //            [--q_heads Q] [--out F]: prints the output norm and lse per query
 //   read     --sequence S --layer L [--first N] [--count N] --out_keys F --out_values F (f32)
 //   release  --sequence S
+//   length   --sequence S: tokens of every layer (compressed + bf16 window)
 //   stats    model shape, codec, capacity and usage
 //   bench    --sequences N --tokens T --steps S [--servers A,B,C]: ingest and Attend
 //            throughput (over several replicas: sequences spread by rendezvous hashing)
@@ -218,6 +219,18 @@ int Release(Client& client) {
   return 0;
 }
 
+int Length(Client& client) {
+  absl::StatusOr<v1::LengthResponse> r = client.Length(absl::GetFlag(FLAGS_sequence));
+  if (!r.ok()) return Fail(r.status());
+  for (int l = 0; l < r->layers_size(); ++l) {
+    const v1::LayerLength& x = r->layers(l);
+    std::printf("layer %d: %llu tokens (%llu compressed, %llu in the bf16 window)\n", l,
+                static_cast<unsigned long long>(x.tokens()), static_cast<unsigned long long>(x.compressed_tokens()),
+                static_cast<unsigned long long>(x.window_tokens()));
+  }
+  return 0;
+}
+
 int PrintStats(Client& client, const v1::InfoResponse& info) {
   absl::StatusOr<v1::StatsResponse> s = client.Stats();
   if (!s.ok()) return Fail(s.status());
@@ -232,7 +245,7 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "driftkv [--server HOST:PORT] push|attend|read|release|stats|bench|demo|fixture [flags]\n"
+      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture [flags]\n"
       "see the top of cli/driftkv_main.cc or docs/api.md");
   // --help lists the flags defined in cli/ (absl's default matches only a
   // file named after the binary).
@@ -258,6 +271,7 @@ int main(int argc, char** argv) {
   if (cmd == "attend") return Attend(client, *info);
   if (cmd == "read") return Read(client);
   if (cmd == "release") return Release(client);
+  if (cmd == "length") return Length(client);
   if (cmd == "stats") return PrintStats(client, *info);
   if (cmd == "bench") return Bench(client);
   if (cmd == "demo") return Demo(client);

@@ -11,7 +11,7 @@
 //            sets new_token_index; otherwise never (a repeat would append twice);
 //   Read     retried, resuming after the last chunk received;
 //   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
-//   Info, Stats retried.
+//   Length, Info, Stats retried.
 // Thread-safe: one Client may be shared by many threads.
 #ifndef DRIFTKV_CLIENT_CLIENT_H_
 #define DRIFTKV_CLIENT_CLIENT_H_
@@ -81,6 +81,8 @@ class Client {
   // Collects every chunk of the answer.
   absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
+  // Token counts of every layer of a sequence (retried: read-only).
+  absl::StatusOr<v1::LengthResponse> Length(const std::string& sequence_id);
   absl::StatusOr<v1::InfoResponse> Info();
   absl::StatusOr<v1::StatsResponse> Stats();
 

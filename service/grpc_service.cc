@@ -91,6 +91,12 @@ grpc::Status KvCacheService::Release(grpc::ServerContext*, const v1::ReleaseRequ
   return timer.Finish(ToGrpcStatus(handler_->Release(*request, response)));
 }
 
+grpc::Status KvCacheService::Length(grpc::ServerContext*, const v1::LengthRequest* request,
+                                    v1::LengthResponse* response) {
+  RpcTimer timer(metrics_, "Length");
+  return timer.Finish(ToGrpcStatus(handler_->Length(*request, response)));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext*, const v1::InfoRequest*,
                                   v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");

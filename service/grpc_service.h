@@ -23,6 +23,8 @@ class KvCacheService final : public v1::KvCache::Service {
                     grpc::ServerWriter<v1::ReadChunk>* writer) override;
   grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                        v1::ReleaseResponse* response) override;
+  grpc::Status Length(grpc::ServerContext* context, const v1::LengthRequest* request,
+                      v1::LengthResponse* response) override;
   grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request,
                     v1::InfoResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,

@@ -89,6 +89,9 @@ class Handler {
   absl::Status Read(const v1::ReadRequest& request,
                     const std::function<bool(const v1::ReadChunk&)>& sink);
   absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response);
+  // Token counts of every layer (handler_length.cc); NOT_FOUND for an
+  // unknown sequence. Not an access for the TTL.
+  absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response);
   void Info(v1::InfoResponse* response) const;
   void Stats(v1::StatsResponse* response) const;
 

@@ -114,6 +114,16 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     st = absl::InvalidArgumentError(
         absl::StrCat("first_token ", c.first_token(), " exceeds ", kMaxTokenIndex));
   }
+  // The optional shape fields, before the byte counts (which cannot tell
+  // 8 heads x 64 from 4 x 128).
+  if (st.ok() && c.has_kv_heads() && c.kv_heads() != static_cast<uint32_t>(codec_->kv_heads())) {
+    st = absl::InvalidArgumentError(absl::StrCat("kv_heads ", c.kv_heads(), " does not match the server's kv_heads ",
+                                                 codec_->kv_heads()));
+  }
+  if (st.ok() && c.has_head_dim() && c.head_dim() != static_cast<uint32_t>(codec_->head_dim())) {
+    st = absl::InvalidArgumentError(absl::StrCat("head_dim ", c.head_dim(), " does not match the server's head_dim ",
+                                                 codec_->head_dim()));
+  }
   const size_t elements = static_cast<size_t>(c.token_count()) * n();
   const std::string shape = absl::StrCat("token_count ", c.token_count(), " x kv_heads ",
                                          codec_->kv_heads(), " x head_dim ",

@@ -99,6 +99,10 @@ absl::Status Handler::ValidateAttendItem(const v1::AttendItem& it, int i, Attend
   const std::string where = absl::StrCat("items[", i, "]");
   absl::Status st = CheckSequenceId(where + ".sequence_id", it.sequence_id());
   if (st.ok()) st = CheckLayer(where + ".layer", it.layer());
+  if (st.ok() && it.has_head_dim() && it.head_dim() != static_cast<uint32_t>(d)) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat(where, ".head_dim ", it.head_dim(), " does not match the server's head_dim ", d));
+  }
   if (st.ok() && (it.q_heads() == 0 || it.q_heads() % kv_heads != 0)) {
     st = absl::InvalidArgumentError(absl::StrCat(where, ".q_heads ", it.q_heads(),
                                                  " is not a positive multiple of kv_heads ", kv_heads));

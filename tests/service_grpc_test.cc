@@ -194,6 +194,35 @@ TEST_F(GrpcTest, StatusCodesAndMessagesCrossTheWire) {
   EXPECT_EQ(client_->retries(), 0);  // none of these is retried
 }
 
+// After a stream whose third chunk is rejected, Length reports exactly the
+// tokens of the two accepted chunks, split as the storage rule says.
+TEST_F(GrpcTest, LengthAfterAPartlyFailedAppendStream) {
+  const testing::Kv kv = SyntheticKv(200, kN, 31);
+  std::vector<v1::AppendChunk> chunks = Chunks("p", 0, kv, 0, 200, 40);  // 5 chunks
+  chunks[2].set_head_dim(32);
+  chunks[2].set_kv_heads(4);
+  absl::Status st = client_->Append(chunks).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.message(), "chunk 2 of the stream (2 accepted before it): kv_heads 4 does not match the server's kv_heads 2");
+  absl::StatusOr<v1::LengthResponse> len = client_->Length("p");
+  ASSERT_TRUE(len.ok()) << len.status();
+  ASSERT_EQ(len->layers_size(), 2);
+  EXPECT_EQ(len->layers(0).tokens(), 80u);
+  EXPECT_EQ(len->layers(0).compressed_tokens(), 32u);  // P = R = 32: one page, 48 in the window
+  EXPECT_EQ(len->layers(0).window_tokens(), 48u);
+  EXPECT_EQ(len->layers(1).tokens(), 0u);
+  // Resuming from the reported length stores the rest.
+  chunks[2].clear_head_dim();
+  chunks[2].clear_kv_heads();
+  absl::StatusOr<v1::AppendResponse> a =
+      client_->Append(std::vector<v1::AppendChunk>(chunks.begin() + 2, chunks.end()));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->tokens_stored(), 120u);
+  EXPECT_EQ(client_->Length("p")->layers(0).tokens(), 200u);
+  EXPECT_EQ(client_->Length("ghost").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->retries(), 0);
+}
+
 TEST_F(GrpcTest, OversizeMessageIsResourceExhaustedAndServerKeepsServing) {
   ServiceOptions o = SmallOptions();
   o.max_message_bytes = 64 << 10;

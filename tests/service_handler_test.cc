@@ -426,6 +426,75 @@ TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   EXPECT_EQ(Stats().tokens_compressed() + Stats().tokens_window(), 100u);
 }
 
+// The optional shape fields: a layout with the right byte count but the
+// wrong heads (4 x 32 where the server holds 2 x 64) is refused naming the
+// field; the right shape, or no shape, is accepted.
+TEST_F(HandlerTest, ShapeFieldsAreCheckedWhenSet) {
+  const testing::Kv kv = SyntheticKv(100, kN, 21);
+  ASSERT_TRUE(Push("x", 0, kv, 70).ok());
+  const std::string before = Snapshot();
+  v1::AppendResponse ar;
+  v1::AppendChunk c = Chunk("x", 0, 70, 2, kv);
+  c.set_kv_heads(4);
+  c.set_head_dim(32);
+  absl::Status st = h_->Append(c, &ar);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.message(), "kv_heads 4 does not match the server's kv_heads 2");
+  c.set_kv_heads(2);
+  st = h_->Append(c, &ar);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.message(), "head_dim 32 does not match the server's head_dim 64");
+  EXPECT_EQ(Snapshot(), before);
+  c.set_head_dim(64);
+  ASSERT_TRUE(h_->Append(c, &ar).ok());
+
+  const std::vector<float> q = SyntheticQuery(4, kD, 22);
+  v1::AttendRequest req;
+  *req.add_items() = Item("x", 0, q, 4);
+  *req.add_items() = Item("x", 0, q, 4);
+  req.mutable_items(1)->set_head_dim(128);
+  req.mutable_items(1)->set_q_heads(2);  // 2 x 128: the same bytes as 4 x 64
+  v1::AttendResponse resp;
+  st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(st.message(), "items[1].head_dim 128 does not match the server's head_dim 64");
+  req.mutable_items(1)->set_head_dim(64);
+  req.mutable_items(1)->set_q_heads(4);
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+}
+
+// Length: each layer's tokens, split into pages and window, as Stats
+// counts them; NOT_FOUND for an unknown or released sequence.
+TEST_F(HandlerTest, LengthReportsEveryLayer) {
+  const testing::Kv kv = SyntheticKv(200, kN, 23);
+  ASSERT_TRUE(Push("x", 0, kv, 150).ok());
+  ASSERT_TRUE(Push("x", 1, kv, 20).ok());
+  v1::LengthRequest req;
+  req.set_sequence_id("x");
+  v1::LengthResponse r;
+  ASSERT_TRUE(h_->Length(req, &r).ok());
+  ASSERT_EQ(r.layers_size(), 2);
+  // P = R = 32: 150 tokens are 3 pages (96) and a 54-token window.
+  EXPECT_EQ(r.layers(0).tokens(), 150u);
+  EXPECT_EQ(r.layers(0).compressed_tokens(), 96u);
+  EXPECT_EQ(r.layers(0).window_tokens(), 54u);
+  EXPECT_EQ(r.layers(1).tokens(), 20u);
+  EXPECT_EQ(r.layers(1).compressed_tokens(), 0u);
+  EXPECT_EQ(r.layers(1).window_tokens(), 20u);
+  req.set_sequence_id("nope");
+  absl::Status st = h_->Length(req, &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_EQ(st.message(), "sequence_id \"nope\" not found");
+  req.set_sequence_id("");
+  EXPECT_EQ(h_->Length(req, &r).code(), absl::StatusCode::kInvalidArgument);
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("x");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  req.set_sequence_id("x");
+  EXPECT_EQ(h_->Length(req, &r).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(HandlerTest, FullPoolIsResourceExhaustedNamingCapacityAndChangesNothing) {
   ServiceOptions o = SmallOptions();
   Make(o);

@@ -282,6 +282,30 @@ TEST(HotTier, PoolAccountingPerTier) {
   EXPECT_EQ(cold_info.hot_capacity_bytes(), 0u);
 }
 
+// Length counts a layer's tokens the same in either tier.
+TEST(HotTier, LengthIsTheSameInBothTiers) {
+  Server hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 8);
+  ASSERT_TRUE(hot.Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Push("a", 1, kv, 0, 100).ok());
+  v1::LengthRequest req;
+  req.set_sequence_id("a");
+  auto length = [&] {
+    v1::LengthResponse r;
+    EXPECT_TRUE(hot.h->Length(req, &r).ok());
+    return r.DebugString();
+  };
+  const std::string cold = length();
+  v1::LengthResponse r;
+  ASSERT_TRUE(hot.h->Length(req, &r).ok());
+  EXPECT_EQ(r.layers(0).tokens(), static_cast<uint64_t>(kTokens));
+  EXPECT_EQ(r.layers(0).compressed_tokens(), static_cast<uint64_t>(kPages * kP));
+  EXPECT_EQ(r.layers(1).window_tokens(), 100u);
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_EQ(length(), cold);
+}
+
 // Budget for two sequences of 4 pages, three attended in turn: the least
 // recently attended one goes cold each time, and answers never change.
 TEST(HotTier, LruDemotionWhenBudgetShort) {

@@ -15,6 +15,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
+  # the Python client (python/driftkv) and its tests
+  python3-grpcio python3-protobuf python3-pytest
 )
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
 if [[ "$deploy_tools" != 0 ]]; then

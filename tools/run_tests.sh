@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: `bazel test //...`, then the codec tests again under
+# Runs every test: `bazel test //...` (with //python:pytest, the Python
+# client's pytest, whose summary is printed), then the codec tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then the offline checks of
 # deploy/ (tools/deploy_check/run.sh: yamllint, Kubernetes schemas with
 # unknown keys refused, Dockerfile lint, dashboard JSON). GPU tests print
@@ -31,6 +32,9 @@ run() {  # run LABEL BAZEL-ARGS...
 }
 
 run "all tests" //... --test_output=errors
+# The Python client's pytest is one of them (//python:pytest); its summary:
+pytest_log=bazel-testlogs/python/pytest/test.log
+[[ -f "$pytest_log" ]] && echo "== python client (//python:pytest): $(tail -n 1 "$pytest_log")"
 run "codec tests under ASan+UBSan" --config=asan //tests:codec_tests --test_output=errors
 for check in yamllint manifests dockerfile dashboard; do
   if tools/deploy_check/run.sh "$check"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi

@@ -1,0 +1,29 @@
+"""The one exception type of the package."""
+from typing import Optional
+
+import grpc
+
+
+class DriftkvError(Exception):
+    """A failed call: the server's (or gRPC's) status code and message.
+
+    `code` is a grpc.StatusCode; `details` the message, which names the
+    field and the value (docs/api.md, "Status codes"). Arguments the client
+    can reject before sending (an array of the wrong rank, an unknown wire
+    dtype) raise it too, with INVALID_ARGUMENT.
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> "DriftkvError":
+        code: Optional[grpc.StatusCode] = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+def invalid(details: str) -> DriftkvError:
+    return DriftkvError(grpc.StatusCode.INVALID_ARGUMENT, details)

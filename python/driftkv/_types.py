@@ -1,0 +1,148 @@
+"""What the client takes and returns (plain dataclasses and named tuples;
+the generated messages stay in driftkv._proto). Field meanings: docs/api.md
+and proto/driftkv.proto."""
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+Array = Any  # np.ndarray or torch.Tensor
+
+
+@dataclass(frozen=True)
+class Info:
+    """InfoResponse: the server's model shape, codec, limits, hot tier."""
+    server_version: str
+    backend: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    codec: str
+    key_levels: int
+    value_levels: int
+    key_payload_bytes: int
+    value_payload_bytes: int
+    alpha: float
+    page_tokens: int
+    window_tokens: int
+    page_bytes: int
+    capacity_pages: int
+    capacity_bytes: int
+    key_bits_per_value: float
+    value_bits_per_value: float
+    max_message_bytes: int
+    max_batch: int
+    max_sequences: int
+    ttl_seconds: float
+    transform: str
+    transforms_checksum: int
+    transforms_calibration_tokens: int
+    values_folded: bool
+    page_format: str
+    hot_tier: bool
+    hot_capacity_bytes: int
+    hot_capacity_pages: int
+    hot_page_bytes: int
+    hot_promotion: str
+    hot_idle_seconds: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    """StatsResponse: usage and totals (pages_* and bytes_* count the cold pool)."""
+    sequences: int
+    pages_in_use: int
+    capacity_pages: int
+    bytes_in_use: int
+    capacity_bytes: int
+    tokens_compressed: int
+    tokens_window: int
+    window_bytes: int
+    sequences_expired: int
+    sequences_released: int
+    tokens_ingested: int
+    bytes_ingested: int
+    attention_tokens: int
+    symbols_key: int
+    symbols_moved_key: int
+    symbols_value: int
+    symbols_moved_value: int
+    encode_retries: int
+    hot_pages_in_use: int
+    hot_capacity_pages: int
+    hot_bytes_in_use: int
+    hot_capacity_bytes: int
+    hot_layers: int
+    promotions: int
+    demotions: int
+    pages_promoted: int
+    pages_demoted: int
+
+
+def from_message(cls, message):
+    """A dataclass of `cls` from the generated message's fields of the same names."""
+    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(cls)})
+
+
+class AppendResult(NamedTuple):
+    chunks: int             # chunks accepted by the call
+    tokens_stored: int      # new tokens stored
+    tokens_duplicate: int   # tokens already stored, acknowledged only
+
+
+class ReleaseResult(NamedTuple):
+    tokens_freed: int
+    pages_freed: int
+
+
+class LayerLength(NamedTuple):
+    tokens: int             # compressed_tokens + window_tokens
+    compressed_tokens: int  # in pages (either tier)
+    window_tokens: int      # in the bf16 window
+
+
+class Attention(NamedTuple):
+    """A batch's attention: output float32 [items, q_heads, head_dim] and lse
+    float32 [items, q_heads] (ln sum_t exp(scale q.k_t)); without the item
+    axis for a single item."""
+    output: Array
+    lse: Array
+
+
+class AttendResult(NamedTuple):
+    output: Array           # float32 [q_heads, head_dim]
+    lse: Array              # float32 [q_heads]
+    tokens: int             # tokens attended
+    compressed_tokens: int  # of them in pages
+
+
+class ReadResult(NamedTuple):
+    keys: Array             # float32 [tokens, kv_heads, head_dim]
+    values: Array
+    compressed_tokens: int  # how many came from pages
+
+
+@dataclass
+class Chunk:
+    """One piece of one layer: keys and values [tokens, kv_heads, head_dim]
+    (numpy or torch) starting at token `first_token`."""
+    sequence_id: str
+    layer: int
+    first_token: int
+    keys: Array
+    values: Array
+    wire_dtype: Optional[str] = None  # "bf16", "fp16", "f32"; None: the keys' own
+
+
+@dataclass
+class AttendItem:
+    """One decode-attention problem. query [q_heads, head_dim]; a decode
+    step appends new_key/new_value [kv_heads, head_dim] first. Set
+    new_token_index (the step's position) to make the step idempotent: the
+    client then retries it (docs/python.md, "Retries")."""
+    sequence_id: str
+    layer: int
+    query: Array
+    new_key: Optional[Array] = None
+    new_value: Optional[Array] = None
+    new_token_index: Optional[int] = None
+    softmax_scale: Optional[float] = None

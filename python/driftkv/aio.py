@@ -1,0 +1,209 @@
+"""driftkv.aio.Client: the asyncio client (grpc.aio), for decode loops that
+run in an event loop. The same methods as driftkv.Client, as coroutines,
+under the same retry and deadline rules (driftkv._retry); sleeps between
+attempts are asyncio.sleep. One client per event loop.
+
+    async with driftkv.aio.Client("127.0.0.1:50051") as c:
+        out, lse = await c.attend(items)
+"""
+import asyncio
+from typing import AsyncIterable, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import grpc.aio
+
+from driftkv import _wire as W
+from driftkv._errors import DriftkvError, invalid
+from driftkv._proto import pb, pb_grpc
+from driftkv._retry import RetryPolicy, retryable
+from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
+                            ReleaseResult, Stats, from_message)
+from driftkv._wire import Progress
+
+
+class Client:
+    """See driftkv.Client; every method is a coroutine here."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 retry: RetryPolicy = RetryPolicy(), max_message_bytes: Optional[int] = None,
+                 channel_options: Sequence[Tuple[str, object]] = ()):
+        self.target = target
+        self.timeout = timeout
+        self.retry = retry
+        self.retries = 0
+        self._max_message_bytes = max_message_bytes
+        self._extra = list(channel_options)
+        self._lock = asyncio.Lock()
+        self._channel: Optional[grpc.aio.Channel] = None
+        self._stub = None
+        self._info: Optional[Info] = None
+        self._limit = 0
+
+    async def __aenter__(self) -> "Client":
+        await self._connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel, self._stub = None, None
+
+    async def server_info(self) -> Info:
+        await self._connect()
+        return self._info
+
+    async def max_message_bytes(self) -> int:
+        await self._connect()
+        return self._limit
+
+    async def _connect(self):
+        async with self._lock:
+            if self._stub is not None:
+                return self._stub
+            bootstrap = grpc.aio.insecure_channel(self.target, options=self._extra)
+            try:
+                stub = pb_grpc.KvCacheStub(bootstrap)
+                info = await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t))
+            finally:
+                await bootstrap.close()
+            self._info = from_message(Info, info)
+            self._limit = self._max_message_bytes or self._info.max_message_bytes
+            self._channel = grpc.aio.insecure_channel(self.target,
+                                                      options=W.channel_options(self._limit) + self._extra)
+            self._stub = pb_grpc.KvCacheStub(self._channel)
+            return self._stub
+
+    async def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
+        """Awaits attempt(timeout) under the retry rules; raises DriftkvError."""
+        error = None
+        for n, sleep in enumerate(self.retry.sleeps(idempotent)):
+            if n > 0:
+                self.retries += 1
+                await asyncio.sleep(sleep)
+            try:
+                return await attempt(timeout or self.timeout)
+            except grpc.RpcError as e:
+                error = e
+                if not retryable(e):
+                    break
+        raise DriftkvError.from_rpc(error)
+
+    async def info(self) -> Info:
+        stub = await self._connect()
+        return from_message(Info, await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+
+    async def stats(self) -> Stats:
+        stub = await self._connect()
+        return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+
+    async def length(self, sequence_id: str) -> List[LayerLength]:
+        stub = await self._connect()
+        req = pb.LengthRequest(sequence_id=sequence_id)
+        return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t)))
+
+    async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
+                     wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
+                     progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
+        return await self.append_chunks(W.split_layer(sequence_id, layer, keys, values, first_token, chunk_tokens,
+                                                      wire_dtype), progress=progress, timeout=timeout)
+
+    async def append_chunks(self, chunks: Union[Iterable[Chunk], AsyncIterable[Chunk]], *,
+                            progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
+        """See driftkv.Client.append_chunks; `chunks` may also be an async
+        iterable (e.g. an async generator fed by the prefill)."""
+        stub = await self._connect()
+        sender = _AsyncChunkSender(chunks, progress)
+        result = await self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
+        sender.raise_failure()
+        return W.append_result(result)
+
+    async def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+                     timeout: Optional[float] = None) -> Attention:
+        single = isinstance(items, AttendItem)
+        batch = [items] if single else list(items)
+        response = await self._attend(batch, wire_dtype, timeout)
+        out = W.stacked(batch, response)
+        return Attention(out.output[0], out.lse[0]) if single else out
+
+    async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                             timeout: Optional[float] = None) -> List[AttendResult]:
+        batch = list(items)
+        return W.attend_results(batch, await self._attend(batch, wire_dtype, timeout))
+
+    async def _attend(self, batch, wire_dtype, timeout):
+        stub = await self._connect()
+        if len(batch) > self._info.max_batch:
+            raise invalid(f"items has {len(batch)} entries; the server's max_batch is {self._info.max_batch}")
+        req, idempotent = W.attend_request(batch, wire_dtype)
+        return await self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
+
+    async def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
+                   wire_dtype: str = "f32", timeout: Optional[float] = None) -> ReadResult:
+        stub = await self._connect()
+        request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        chunks = []
+
+        async def attempt(t):
+            resumed = W.resumed_read(request, chunks[-1].first_token + chunks[-1].token_count if chunks
+                                     else request.first_token)
+            if resumed is None:
+                return None
+            async for c in stub.Read(resumed, timeout=t):
+                chunks.append(c)
+
+        await self._call(True, attempt, timeout)
+        return W.read_result(chunks, self._info)
+
+    async def release(self, sequence_id: str, *, timeout: Optional[float] = None) -> ReleaseResult:
+        stub = await self._connect()
+        req = pb.ReleaseRequest(sequence_id=sequence_id)
+        tries = [0]
+
+        async def attempt(t):
+            tries[0] += 1
+            try:
+                return await stub.Release(req, timeout=t)
+            except grpc.RpcError as e:
+                if tries[0] > 1 and e.code() == grpc.StatusCode.NOT_FOUND:
+                    return pb.ReleaseResponse()
+                raise
+
+        r = await self._call(True, attempt, timeout)
+        return ReleaseResult(r.tokens_freed, r.pages_freed)
+
+
+class _AsyncChunkSender(W.ChunkSender):
+    """ChunkSender over a sync or async iterable, as an async generator."""
+
+    def __init__(self, chunks, progress):
+        self._async = hasattr(chunks, "__aiter__")
+        super().__init__(() if self._async else chunks, progress)
+        if self._async:
+            self._aiter = chunks.__aiter__()
+
+    async def _anext(self):
+        if not self._async:
+            return self._next()
+        try:
+            return W.chunk_message(await self._aiter.__anext__())
+        except StopAsyncIteration:
+            return None
+        except Exception as e:  # noqa: BLE001 - re-raised by raise_failure
+            self._failure = e
+            return None
+
+    async def stream(self):
+        for m in list(self._sent):
+            yield m
+        while self._failure is None:
+            m = await self._anext()
+            if m is None:
+                return
+            self._sent.append(m)
+            self._tokens += m.token_count
+            yield m
+            if self._progress is not None:
+                self._progress(len(self._sent), self._tokens)

@@ -1,0 +1,214 @@
+"""driftkv.Client: the synchronous client of driftkv.v1.KvCache.
+
+Thread-safe: one Client may be shared by many threads (gRPC channels are).
+The channel is opened on the first call: the client asks the server's Info
+over a bootstrap channel and sizes its send and receive limits to the
+server's max_message_bytes (gRPC's 4 MiB default cannot receive a
+maximum-size Attend answer).
+"""
+import threading
+import time
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from driftkv import _wire as W
+from driftkv._errors import DriftkvError, invalid
+from driftkv._proto import pb, pb_grpc
+from driftkv._retry import RetryPolicy, retryable
+from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
+                            ReleaseResult, Stats, from_message)
+from driftkv._wire import Progress
+
+
+class Client:
+    """A connection to one driftkv-server.
+
+    target: "host:port". timeout: deadline of each attempt, seconds.
+    retry: the retry policy (docs/python.md, "Retries"). max_message_bytes:
+    the channel's send and receive limit; None takes the server's (Info).
+    channel_options: extra gRPC channel arguments.
+    """
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 retry: RetryPolicy = RetryPolicy(), max_message_bytes: Optional[int] = None,
+                 channel_options: Sequence[Tuple[str, object]] = ()):
+        self.target = target
+        self.timeout = timeout
+        self.retry = retry
+        self.retries = 0  # attempts beyond the first, over the client's life (any thread)
+        self._retries_lock = threading.Lock()
+        self._max_message_bytes = max_message_bytes
+        self._extra = list(channel_options)
+        self._lock = threading.Lock()
+        self._channel: Optional[grpc.Channel] = None
+        self._stub = None
+        self._info: Optional[Info] = None
+
+    # -- connection -------------------------------------------------------
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel, self._stub = None, None
+
+    @property
+    def server_info(self) -> Info:
+        """The server's Info as of the connection (cached)."""
+        self._connect()
+        return self._info
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The channel's send and receive limit in use."""
+        self._connect()
+        return self._limit
+
+    def _connect(self):
+        with self._lock:
+            if self._stub is not None:
+                return self._stub
+            bootstrap = grpc.insecure_channel(self.target, options=self._extra)
+            try:
+                stub = pb_grpc.KvCacheStub(bootstrap)
+                info = self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t))
+            finally:
+                bootstrap.close()
+            self._info = from_message(Info, info)
+            self._limit = self._max_message_bytes or self._info.max_message_bytes
+            self._channel = grpc.insecure_channel(self.target, options=W.channel_options(self._limit) + self._extra)
+            self._stub = pb_grpc.KvCacheStub(self._channel)
+            return self._stub
+
+    def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
+        """Runs attempt(timeout) under the retry rules; raises DriftkvError."""
+        error = None
+        for n, sleep in enumerate(self.retry.sleeps(idempotent)):
+            if n > 0:
+                with self._retries_lock:
+                    self.retries += 1
+                time.sleep(sleep)
+            try:
+                return attempt(timeout or self.timeout)
+            except grpc.RpcError as e:
+                error = e
+                if not retryable(e):
+                    break
+        raise DriftkvError.from_rpc(error)
+
+    # -- methods ----------------------------------------------------------
+
+    def info(self) -> Info:
+        """The server's model shape, codec, limits and hot tier (asked anew)."""
+        stub = self._connect()
+        return from_message(Info, self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+
+    def stats(self) -> Stats:
+        stub = self._connect()
+        return from_message(Stats, self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+
+    def length(self, sequence_id: str) -> List[LayerLength]:
+        """Each layer's stored tokens (compressed + window), layer 0 first.
+        NOT_FOUND for an unknown sequence."""
+        stub = self._connect()
+        req = pb.LengthRequest(sequence_id=sequence_id)
+        return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t)))
+
+    def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
+               wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
+               progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
+        """Stores keys and values [tokens, kv_heads, head_dim] of one layer
+        from first_token on, in chunks of chunk_tokens, in one Append call."""
+        return self.append_chunks(W.split_layer(sequence_id, layer, keys, values, first_token, chunk_tokens,
+                                                wire_dtype), progress=progress, timeout=timeout)
+
+    def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
+                      timeout: Optional[float] = None) -> AppendResult:
+        """Streams chunks, in order, in one Append call; the iterable may
+        produce them while a prefill runs (it is read as gRPC sends). The
+        first rejected chunk ends the call with DriftkvError naming its
+        position; the chunks before it stay stored (Length says how much).
+        Retried on UNAVAILABLE: the chunks already sent are sent again (the
+        server acknowledges stored tokens without storing them twice), so
+        they are kept until the call ends. progress(chunks, tokens) is called
+        as each new chunk is handed to gRPC (from gRPC's sending thread)."""
+        stub = self._connect()
+        sender = W.ChunkSender(chunks, progress)
+        result = self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
+        sender.raise_failure()
+        return W.append_result(result)
+
+    def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+               timeout: Optional[float] = None) -> Attention:
+        """Attention of every item, one call: (output [items, q_heads,
+        head_dim], lse [items, q_heads]) float32, as the first query's kind
+        of array (numpy, or torch on its device). A single AttendItem gives
+        (output [q_heads, head_dim], lse [q_heads]). Queries of one batch
+        must share their shape (attend_results takes any)."""
+        single = isinstance(items, AttendItem)
+        batch = [items] if single else list(items)
+        response = self._attend(batch, wire_dtype, timeout)
+        out = W.stacked(batch, response)
+        return Attention(out.output[0], out.lse[0]) if single else out
+
+    def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                       timeout: Optional[float] = None) -> List[AttendResult]:
+        """Like attend, one AttendResult (output, lse, tokens,
+        compressed_tokens) per item."""
+        batch = list(items)
+        return W.attend_results(batch, self._attend(batch, wire_dtype, timeout))
+
+    def _attend(self, batch, wire_dtype, timeout):
+        stub = self._connect()
+        if len(batch) > self._info.max_batch:
+            raise invalid(f"items has {len(batch)} entries; the server's max_batch is {self._info.max_batch}")
+        req, idempotent = W.attend_request(batch, wire_dtype)
+        return self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
+
+    def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
+             wire_dtype: str = "f32", timeout: Optional[float] = None) -> ReadResult:
+        """The stored keys and values of tokens [first_token, first_token +
+        token_count) (0: to the end) as float32 [tokens, kv_heads,
+        head_dim], page tokens decoded. A retry resumes after the last chunk
+        received."""
+        stub = self._connect()
+        request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        chunks = []
+
+        def attempt(t):
+            resumed = W.resumed_read(request, chunks[-1].first_token + chunks[-1].token_count if chunks
+                                     else request.first_token)
+            if resumed is None:
+                return None
+            for c in stub.Read(resumed, timeout=t):
+                chunks.append(c)
+
+        self._call(True, attempt, timeout)
+        return W.read_result(chunks, self._info)
+
+    def release(self, sequence_id: str, *, timeout: Optional[float] = None) -> ReleaseResult:
+        """Frees a sequence. A repeat after a lost answer that finds nothing
+        (NOT_FOUND) means the first attempt freed it: reported as success
+        with unknown counts (0, 0)."""
+        stub = self._connect()
+        req = pb.ReleaseRequest(sequence_id=sequence_id)
+        tries = [0]
+
+        def attempt(t):
+            tries[0] += 1
+            try:
+                return stub.Release(req, timeout=t)
+            except grpc.RpcError as e:
+                if tries[0] > 1 and e.code() == grpc.StatusCode.NOT_FOUND:
+                    return pb.ReleaseResponse()
+                raise
+
+        r = self._call(True, attempt, timeout)
+        return ReleaseResult(r.tokens_freed, r.pages_freed)
