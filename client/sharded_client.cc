@@ -190,6 +190,14 @@ absl::StatusOr<v1::ReleaseResponse> ShardedClient::Release(const std::string& se
   return out;
 }
 
+absl::StatusOr<v1::LengthResponse> ShardedClient::Length(const std::string& sequence_id) {
+  if (replicas_.empty()) return absl::FailedPreconditionError("ShardedClient has no replicas");
+  const int r = ReplicaOf(sequence_id);
+  absl::StatusOr<v1::LengthResponse> out = clients_[r]->Length(sequence_id);
+  if (!out.ok()) return Named(r, out.status());
+  return out;
+}
+
 std::vector<absl::StatusOr<v1::InfoResponse>> ShardedClient::InfoAll() {
   std::vector<absl::StatusOr<v1::InfoResponse>> out(replicas_.size(), v1::InfoResponse());
   std::vector<int> all;

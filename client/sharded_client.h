@@ -20,6 +20,8 @@
 //  - RendezvousScore(r, id) = Mix64(Fnv1a64(r + '\0' + id)): FNV-1a 64 over
 //    the UTF-8 bytes of the name, one zero byte and the id, then the
 //    SplitMix64 finaliser. Other clients (Python) implement exactly this.
+//  - Per-sequence calls (Read, ReadFloat, Release, Length) go to the owner
+//    only; their errors carry the replica's name ("replica NAME: ...").
 //  - Nothing moves data between replicas. A replica that is down fails the
 //    calls of its own sequences (UNAVAILABLE after the per-replica client's
 //    retries: the caller recomputes those sequences, e.g. re-runs their
@@ -94,6 +96,9 @@ class ShardedClient {
   absl::StatusOr<Client::Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer,
                                             uint64_t first_token, uint64_t token_count);
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
+  // Each layer's stored tokens, asked of the sequence's replica (NOT_FOUND
+  // there when it does not hold it, e.g. after a restart or a list change).
+  absl::StatusOr<v1::LengthResponse> Length(const std::string& sequence_id);
 
   // Every replica's answer, in replica order.
   std::vector<absl::StatusOr<v1::InfoResponse>> InfoAll();

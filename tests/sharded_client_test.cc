@@ -5,7 +5,9 @@
 //    bit-equal to one server holding every sequence;
 //  - one replica killed: exactly its sequences fail, with UNAVAILABLE, and
 //    every other sequence keeps working (Attend, Append, Release);
-//  - one replica removed from the list: exactly its sequences move.
+//  - one replica removed from the list: exactly its sequences move;
+//  - Length, routed to the owner, equals one server's for sequences of every
+//    replica, and a killed replica fails only its own sequences' Length.
 // Plus the hash itself: fixed values (the Python client must match them),
 // order independence, minimal movement when a replica is added.
 #include <algorithm>
@@ -276,6 +278,34 @@ TEST_F(ShardedTest, RemovingAReplicaMovesOnlyItsSequences) {
   }
 }
 
+TEST_F(ShardedTest, LengthRoutedToTheOwnerEqualsOneServer) {
+  // Every 7th sequence (paged ones included, and those given a decode step
+  // above): the same per-layer counts as the single server's.
+  int per_replica[3] = {0, 0, 0};
+  for (int i = 0; i < kSequences; i += 7) {
+    absl::StatusOr<v1::LengthResponse> a = sharded_->Length(Id(i));
+    ASSERT_TRUE(a.ok()) << Id(i) << ": " << a.status();
+    absl::StatusOr<v1::LengthResponse> b = single_->Length(Id(i));
+    ASSERT_TRUE(b.ok()) << Id(i) << ": " << b.status();
+    ASSERT_EQ(a->layers_size(), 1) << Id(i);
+    EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString()) << Id(i);
+    EXPECT_GE(a->layers(0).tokens(), static_cast<uint64_t>(TokensOf(i))) << Id(i);
+    ++per_replica[sharded_->ReplicaOf(Id(i))];
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_GT(per_replica[r], 0) << "no sequence of replica " << r << " checked";
+  // Only the owner holds it: the other replicas answer NOT_FOUND.
+  const int owner = sharded_->ReplicaOf(Id(0));
+  for (int r = 0; r < 3; ++r) {
+    absl::StatusOr<v1::LengthResponse> direct = sharded_->replica(r).Length(Id(0));
+    EXPECT_EQ(direct.ok(), r == owner) << "replica " << r << ": " << direct.status();
+  }
+  absl::StatusOr<v1::LengthResponse> unknown = sharded_->Length("never-stored");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("replica " + names_[sharded_->ReplicaOf("never-stored")]),
+            std::string::npos)
+      << unknown.status();
+}
+
 // Last (gtest runs the tests of a suite in order): kills replica 1.
 TEST_F(ShardedTest, ZKilledReplicaFailsOnlyItsOwnSequences) {
   servers_[1]->Shutdown(absl::ZeroDuration());
@@ -300,7 +330,7 @@ TEST_F(ShardedTest, ZKilledReplicaFailsOnlyItsOwnSequences) {
               ok);
   EXPECT_GT(failed, 0);
   EXPECT_EQ(failed + ok, kSequences);
-  // Append, Read and Release still work for a sequence of another replica,
+  // Append, Read, Length and Release still work for a sequence of another replica,
   // and fail with UNAVAILABLE for one of the dead replica.
   int alive = -1, dead = -1;
   for (int i = 0; i < kSequences && (alive < 0 || dead < 0); ++i) {
@@ -312,6 +342,26 @@ TEST_F(ShardedTest, ZKilledReplicaFailsOnlyItsOwnSequences) {
   if (sharded_->ReplicaOf("fresh-alive") != 1) {
     EXPECT_TRUE(sharded_->Append(fresh).ok());
   }
+  // Length of every 30th sequence: UNAVAILABLE exactly for the dead
+  // replica's, the single server's counts for the others.
+  int length_failed = 0, length_ok = 0;
+  for (int i = 0; i < kSequences; i += 30) {
+    absl::StatusOr<v1::LengthResponse> a = sharded_->Length(Id(i));
+    if (sharded_->ReplicaOf(Id(i)) == 1) {
+      EXPECT_EQ(a.status().code(), absl::StatusCode::kUnavailable) << Id(i) << ": " << a.status();
+      ++length_failed;
+    } else {
+      ASSERT_TRUE(a.ok()) << Id(i) << ": " << a.status();
+      absl::StatusOr<v1::LengthResponse> b = single_->Length(Id(i));
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(a->SerializeAsString(), b->SerializeAsString()) << Id(i);
+      ++length_ok;
+    }
+  }
+  std::printf("replica 1 killed: Length failed for %d sequences (its own), answered for %d\n", length_failed,
+              length_ok);
+  EXPECT_GT(length_failed, 0);
+  EXPECT_GT(length_ok, 0);
   v1::ReadRequest read;
   read.set_sequence_id(Id(alive));
   EXPECT_TRUE(sharded_->Read(read).ok());
