@@ -10,8 +10,10 @@ answers decode attention on them.
 
 numpy arrays in and out (torch tensors too when torch is importable),
 deadlines and the retry rules of docs/api.md, channel limits sized from the
-server's Info; driftkv.aio.Client is the asyncio variant. docs/python.md
-is the manual.
+server's Info; driftkv.aio.Client is the asyncio variant.
+driftkv.ShardedClient (and driftkv.aio.ShardedClient) spreads sequences over
+several servers by rendezvous hashing, like the C++ one. docs/python.md is
+the manual.
 """
 import pkgutil
 
@@ -25,10 +27,12 @@ from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, C
                             ReleaseResult, Stats)
 from driftkv.client import Client
 from driftkv.merge import merge_attention
+from driftkv.sharded import ShardedClient, rendezvous_owner, rendezvous_score, split_replicas
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AppendResult", "AttendItem", "AttendResult", "Attention", "Chunk", "Client", "DriftkvError", "Info",
-    "LayerLength", "ReadResult", "ReleaseResult", "RetryPolicy", "Stats", "merge_attention",
+    "LayerLength", "ReadResult", "ReleaseResult", "RetryPolicy", "ShardedClient", "Stats", "merge_attention",
+    "rendezvous_owner", "rendezvous_score", "split_replicas",
 ]

@@ -10,13 +10,16 @@ class DriftkvError(Exception):
     `code` is a grpc.StatusCode; `details` the message, which names the
     field and the value (docs/api.md, "Status codes"). Arguments the client
     can reject before sending (an array of the wrong rank, an unknown wire
-    dtype) raise it too, with INVALID_ARGUMENT.
+    dtype) raise it too, with INVALID_ARGUMENT. `replica` is the replica's
+    name when a ShardedClient's call failed there (`details` then starts
+    with "replica NAME: "), else None.
     """
 
-    def __init__(self, code: grpc.StatusCode, details: str):
+    def __init__(self, code: grpc.StatusCode, details: str, *, replica: Optional[str] = None):
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+        self.replica = replica
 
     @classmethod
     def from_rpc(cls, error: grpc.RpcError) -> "DriftkvError":

@@ -2,6 +2,7 @@
 run in an event loop. The same methods as driftkv.Client, as coroutines,
 under the same retry and deadline rules (driftkv._retry); sleeps between
 attempts are asyncio.sleep. One client per event loop.
+driftkv.aio.ShardedClient: driftkv.ShardedClient's routing over aio Clients.
 
     async with driftkv.aio.Client("127.0.0.1:50051") as c:
         out, lse = await c.attend(items)
@@ -13,6 +14,7 @@ import grpc
 import grpc.aio
 
 from driftkv import _wire as W
+from driftkv import sharded as S
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -207,3 +209,117 @@ class _AsyncChunkSender(W.ChunkSender):
             yield m
             if self._progress is not None:
                 self._progress(len(self._sent), self._tokens)
+
+
+class ShardedClient:
+    """driftkv.ShardedClient for an event loop: the same routing
+    (driftkv.sharded.Router), errors and results, every method a coroutine;
+    the per-replica calls of one method run concurrently (asyncio.gather).
+    One client per event loop."""
+
+    def __init__(self, replicas: Sequence[str], *, clients: Optional[Sequence[Client]] = None, **client_options):
+        self._router = S.Router(replicas)
+        if clients is None:
+            clients = [Client(r, **client_options) for r in self._router.replicas]
+        elif len(clients) != len(self._router.replicas):
+            raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
+        self._clients = list(clients)
+
+    @property
+    def replicas(self) -> List[str]:
+        return list(self._router.replicas)
+
+    def replica_of(self, sequence_id: str) -> int:
+        return self._router.owner(sequence_id)
+
+    def client(self, replica: int) -> Client:
+        return self._clients[replica]
+
+    def client_of(self, sequence_id: str) -> Client:
+        return self._clients[self.replica_of(sequence_id)]
+
+    async def __aenter__(self) -> "ShardedClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for c in self._clients:
+            await c.close()
+
+    async def _routed(self, sequence_id: str, call: Callable):
+        r = self.replica_of(sequence_id)
+        try:
+            return await call(self._clients[r])
+        except DriftkvError as e:
+            raise self._router.named(r, e) from None
+
+    async def _gather(self, indexes: Sequence[int], fn: Callable) -> dict:
+        """fn(i) for every i concurrently; a DriftkvError becomes i's answer."""
+        async def one(i):
+            try:
+                return await fn(i)
+            except DriftkvError as e:
+                return e
+        return dict(zip(indexes, await asyncio.gather(*(one(i) for i in indexes))))
+
+    async def append(self, sequence_id: str, layer: int, keys, values, **kwargs) -> AppendResult:
+        return await self._routed(sequence_id, lambda c: c.append(sequence_id, layer, keys, values, **kwargs))
+
+    async def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
+        return await self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
+
+    async def length(self, sequence_id: str) -> List[LayerLength]:
+        return await self._routed(sequence_id, lambda c: c.length(sequence_id))
+
+    async def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
+        return await self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
+
+    async def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
+                            timeout: Optional[float] = None) -> AppendResult:
+        """See driftkv.ShardedClient.append_chunks (a sync iterable, read to
+        the end first)."""
+        groups = S.grouped_chunks(self._router, chunks)
+        total = S.ProgressSum(progress)
+        answers = await self._gather(list(groups), lambda r: self._clients[r].append_chunks(
+            groups[r], progress=total.of(r), timeout=timeout))
+        for r in groups:
+            if isinstance(answers[r], DriftkvError):
+                raise self._router.named(r, answers[r])
+        return S.summed(answers.values())
+
+    async def _attend(self, batch: List[AttendItem], wire_dtype, timeout):
+        if not batch:
+            raise invalid("items is empty; send at least one item")
+        groups = self._router.split(it.sequence_id for it in batch)
+        answers = await self._gather(list(groups), lambda r: self._clients[r]._attend(
+            [batch[i] for i in groups[r]], wire_dtype, timeout))
+        return S.scatter_attend(self._router, len(batch), groups, answers)
+
+    async def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                          timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
+        batch = list(items)
+        return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout))
+
+    async def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+                     timeout: Optional[float] = None) -> Attention:
+        single = isinstance(items, AttendItem)
+        batch = [items] if single else list(items)
+        out = W.stacked(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
+        return Attention(out.output[0], out.lse[0]) if single else out
+
+    async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                             timeout: Optional[float] = None) -> List[AttendResult]:
+        batch = list(items)
+        return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
+
+    async def _all(self, fn: Callable) -> list:
+        answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
+        return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
+
+    async def info_all(self) -> List[Union[Info, DriftkvError]]:
+        return await self._all(lambda c: c.info())
+
+    async def stats_all(self) -> List[Union[Stats, DriftkvError]]:
+        return await self._all(lambda c: c.stats())

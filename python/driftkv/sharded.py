@@ -1,0 +1,367 @@
+"""driftkv.ShardedClient: one client over N driftkv-server replicas, each
+sequence pinned to one replica by rendezvous hashing of its sequence_id;
+the Python twin of client/sharded_client.h (docs/operations.md, "Scale
+out").
+
+Invariants (the same as the C++ client's, so that both route alike):
+  - The owner of a sequence is argmax over replica names r of
+    rendezvous_score(r, id), ties to the smaller name. It depends only on
+    the id and the SET of names (not their order), so every client given
+    the same names, spelled alike, routes the same way.
+  - rendezvous_score(r, id) = mix64(fnv1a64(r + b"\\0" + id)): FNV-1a 64 over
+    the UTF-8 bytes of the name, one zero byte and the id, then the
+    SplitMix64 finaliser. tests/sharded_client_test.cc and
+    python/tests/test_sharded.py pin the same values.
+  - Removing a replica moves exactly its sequences; adding one moves to it
+    only the sequences it now wins.
+  - Nothing moves data between replicas. A replica that is down fails the
+    calls of its own sequences (UNAVAILABLE after its client's retries);
+    every other sequence keeps working. Errors name the replica:
+    "replica NAME: ...", and DriftkvError.replica is NAME.
+
+Thread-safe: one ShardedClient may be shared by many threads.
+"""
+import functools
+import threading
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+
+import grpc
+
+from driftkv import _wire as W
+from driftkv._errors import DriftkvError, invalid
+from driftkv._proto import pb
+from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
+                            ReleaseResult, Stats)
+from driftkv._wire import Progress
+from driftkv.client import Client
+
+_MASK = (1 << 64) - 1
+FNV_OFFSET_BASIS = 0xcbf29ce484222325
+_FNV_PRIME = 0x100000001b3
+# Owners remembered per Router (a decode loop asks for the same ids every
+# step); 2^16 ids of ~40 bytes are a few MiB.
+_OWNER_CACHE = 1 << 16
+
+T = TypeVar("T")
+
+
+def fnv1a64(data: bytes, state: int = FNV_OFFSET_BASIS) -> int:
+    """FNV-1a 64 of `data`, continuing from `state`."""
+    for c in data:
+        state = ((state ^ c) * _FNV_PRIME) & _MASK
+    return state
+
+
+def mix64(x: int) -> int:
+    """The SplitMix64 finaliser: a bijection of 64 bits with full avalanche."""
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & _MASK
+    x ^= x >> 31
+    return x
+
+
+def rendezvous_score(replica: str, sequence_id: str) -> int:
+    """The weight of `replica` for `sequence_id` (an unsigned 64-bit int)."""
+    return mix64(fnv1a64(sequence_id.encode(), fnv1a64(replica.encode() + b"\0")))
+
+
+def rendezvous_owner(replicas: Sequence[str], sequence_id: str) -> int:
+    """The index in `replicas` of the owner of `sequence_id`; -1 when empty."""
+    best, best_score = -1, 0
+    for i, r in enumerate(replicas):
+        s = rendezvous_score(r, sequence_id)
+        if best < 0 or s > best_score or (s == best_score and r < replicas[best]):
+            best, best_score = i, s
+    return best
+
+
+def split_replicas(text: str) -> List[str]:
+    """"a:1,b:2, c:3" -> ["a:1", "b:2", "c:3"] (empty entries dropped)."""
+    return [r.strip() for r in text.split(",") if r.strip()]
+
+
+class Router:
+    """The owner of each sequence among fixed replica names, and the split
+    of a list of calls by owner. Shared by the sync and asyncio clients."""
+
+    def __init__(self, replicas: Sequence[str]):
+        self.replicas = list(replicas)
+        if len(set(self.replicas)) != len(self.replicas):
+            raise invalid(f"replica names must be distinct: {self.replicas}")
+        # FNV state after each name and its zero byte: only the id is hashed per call.
+        self._prefix = [fnv1a64(r.encode() + b"\0") for r in self.replicas]
+        self.owner = functools.lru_cache(maxsize=_OWNER_CACHE)(self._owner)
+
+    def _owner(self, sequence_id: str) -> int:
+        if not self.replicas:
+            raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION, "ShardedClient has no replicas")
+        data = sequence_id.encode()
+        best, best_score = -1, 0
+        for i, prefix in enumerate(self._prefix):
+            s = mix64(fnv1a64(data, prefix))
+            if best < 0 or s > best_score or (s == best_score and self.replicas[i] < self.replicas[best]):
+                best, best_score = i, s
+        return best
+
+    def split(self, sequence_ids: Iterable[str]) -> Dict[int, List[int]]:
+        """replica -> the positions of its sequences, in order; replicas in
+        ascending order."""
+        groups: Dict[int, List[int]] = {}
+        for k, s in enumerate(sequence_ids):
+            groups.setdefault(self.owner(s), []).append(k)
+        return dict(sorted(groups.items()))
+
+    def named(self, replica: int, error: DriftkvError) -> DriftkvError:
+        """`error` with "replica NAME: " before its details."""
+        if error.replica is not None:
+            return error
+        return DriftkvError(error.code, f"replica {self.replicas[replica]}: {error.details}",
+                            replica=self.replicas[replica])
+
+
+def _concurrently(indexes: Sequence[int], fn: Callable[[int], T]) -> Dict[int, Union[T, DriftkvError]]:
+    """fn(i) for every i at once: one on the calling thread, the others on
+    threads of their own (a call waits for the network; the same rule as
+    the C++ client). A DriftkvError becomes that index's result; any other
+    exception is raised after every thread ended."""
+    out: Dict[int, Union[T, DriftkvError]] = {}
+    other: List[BaseException] = []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except DriftkvError as e:
+            out[i] = e
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            other.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in indexes[1:]]
+    for t in threads:
+        t.start()
+    if indexes:
+        run(indexes[0])
+    for t in threads:
+        t.join()
+    if other:
+        raise other[0]
+    return out
+
+
+def scatter_attend(router: Router, n: int, groups: Dict[int, List[int]],
+                   answers: Dict[int, Union["pb.AttendResponse", DriftkvError]]) -> Tuple[list, list]:
+    """Per-replica answers back in request order: (results, errors), each of
+    length n; results[i] a pb.AttendResult or None, errors[i] a DriftkvError
+    (named) or None."""
+    results: list = [None] * n
+    errors: list = [None] * n
+    for r, where in groups.items():
+        a = answers[r]
+        if not isinstance(a, DriftkvError) and len(a.results) != len(where):
+            a = DriftkvError(grpc.StatusCode.INTERNAL, f"{len(a.results)} results for {len(where)} items")
+        for k, i in enumerate(where):
+            if isinstance(a, DriftkvError):
+                errors[i] = router.named(r, a)
+            else:
+                results[i] = a.results[k]
+    return results, errors
+
+
+def each_result(items: Sequence[AttendItem], results: list, errors: list) -> List[Union[AttendResult,
+                                                                                        DriftkvError]]:
+    """AttendResult per answered item, the DriftkvError of the others."""
+    out: List[Union[AttendResult, DriftkvError]] = list(errors)
+    answered = [i for i in range(len(items)) if errors[i] is None]
+    if answered:
+        response = pb.AttendResponse()
+        response.results.extend(results[i] for i in answered)
+        for i, r in zip(answered, W.attend_results([items[i] for i in answered], response)):
+            out[i] = r
+    return out
+
+
+def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
+    """The answers as one response; raises the first failed item's error."""
+    for e in errors:
+        if e is not None:
+            raise e
+    response = pb.AttendResponse()
+    response.results.extend(results)
+    return response
+
+
+def grouped_chunks(router: Router, chunks: Iterable[Chunk]) -> Dict[int, List[Chunk]]:
+    chunks = list(chunks)
+    return {r: [chunks[k] for k in where] for r, where in router.split(c.sequence_id for c in chunks).items()}
+
+
+class ProgressSum:
+    """progress(chunks, tokens) over every replica's Append, from the
+    per-replica progress callbacks (called from several threads)."""
+
+    def __init__(self, progress: Optional[Progress]):
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._total = [0, 0]
+        self._each: Dict[int, Tuple[int, int]] = {}
+
+    def of(self, replica: int) -> Optional[Progress]:
+        if self._progress is None:
+            return None
+
+        def report(chunks: int, tokens: int) -> None:
+            with self._lock:
+                c, t = self._each.get(replica, (0, 0))
+                self._total[0] += chunks - c
+                self._total[1] += tokens - t
+                self._each[replica] = (chunks, tokens)
+                self._progress(*self._total)
+        return report
+
+
+def summed(parts: Iterable[AppendResult]) -> AppendResult:
+    total = AppendResult(0, 0, 0)
+    for p in parts:
+        total = AppendResult(*(a + b for a, b in zip(total, p)))
+    return total
+
+
+class ShardedClient:
+    """driftkv.Client over replicas; every per-sequence call goes to the
+    sequence's owner.
+
+    replicas: the replicas' names, which are also their targets
+    ("driftkv-server-0.driftkv-headless.ns.svc.cluster.local:50051"); every
+    client must spell them alike. The other arguments are driftkv.Client's,
+    given to each replica's client. clients: existing clients instead, one
+    per name, named for hashing by `replicas` (tests, or targets that differ
+    from the shared names); the ShardedClient closes them.
+    """
+
+    def __init__(self, replicas: Sequence[str], *, clients: Optional[Sequence[Client]] = None, **client_options):
+        self._router = Router(replicas)
+        if clients is None:
+            clients = [Client(r, **client_options) for r in self._router.replicas]
+        elif len(clients) != len(self._router.replicas):
+            raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
+        self._clients = list(clients)
+
+    @property
+    def replicas(self) -> List[str]:
+        return list(self._router.replicas)
+
+    def replica_of(self, sequence_id: str) -> int:
+        """The index in `replicas` of the replica that holds `sequence_id`."""
+        return self._router.owner(sequence_id)
+
+    def client(self, replica: int) -> Client:
+        """The driftkv.Client of replica `replica`."""
+        return self._clients[replica]
+
+    def client_of(self, sequence_id: str) -> Client:
+        """The driftkv.Client of the sequence's owner (e.g. to stream one
+        sequence's chunks while its prefill runs: append_chunks of this
+        class reads its iterable to the end first)."""
+        return self._clients[self.replica_of(sequence_id)]
+
+    def __enter__(self) -> "ShardedClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+
+    def _routed(self, sequence_id: str, call: Callable):
+        r = self.replica_of(sequence_id)
+        try:
+            return call(self._clients[r])
+        except DriftkvError as e:
+            raise self._router.named(r, e) from None
+
+    # -- per sequence, at its owner ------------------------------------------
+
+    def append(self, sequence_id: str, layer: int, keys, values, **kwargs) -> AppendResult:
+        """driftkv.Client.append at the sequence's owner."""
+        return self._routed(sequence_id, lambda c: c.append(sequence_id, layer, keys, values, **kwargs))
+
+    def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
+        return self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
+
+    def length(self, sequence_id: str) -> List[LayerLength]:
+        """Each layer's stored tokens, from the owner (NOT_FOUND there when it
+        does not hold the sequence: restarted, or another replica list)."""
+        return self._routed(sequence_id, lambda c: c.length(sequence_id))
+
+    def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
+        return self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
+
+    # -- spread over replicas ------------------------------------------------
+
+    def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
+                      timeout: Optional[float] = None) -> AppendResult:
+        """Chunks grouped by owner (each group in its original order), one
+        Append call per replica, concurrently; the results summed. Reads the
+        iterable to the end first. On failure raises the first failed
+        replica's error (in replica order), named; the other replicas'
+        chunks were stored (resend: Append is idempotent). progress(chunks,
+        tokens) counts over all replicas."""
+        groups = grouped_chunks(self._router, chunks)
+        total = ProgressSum(progress)
+        answers = _concurrently(list(groups), lambda r: self._clients[r].append_chunks(
+            groups[r], progress=total.of(r), timeout=timeout))
+        for r in groups:
+            if isinstance(answers[r], DriftkvError):
+                raise self._router.named(r, answers[r])
+        return summed(answers.values())
+
+    def _attend(self, batch: List[AttendItem], wire_dtype, timeout) -> Tuple[list, list]:
+        if not batch:
+            raise invalid("items is empty; send at least one item")
+        groups = self._router.split(it.sequence_id for it in batch)
+        answers = _concurrently(list(groups), lambda r: self._clients[r]._attend(
+            [batch[i] for i in groups[r]], wire_dtype, timeout))
+        return scatter_attend(self._router, len(batch), groups, answers)
+
+    def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                    timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
+        """The batch split by owner, the sub-batches sent concurrently, one
+        entry per item in request order: its AttendResult, or the
+        DriftkvError of its replica's sub-batch (a batch is all-or-nothing on
+        one replica, so one bad item fails the items that share its replica;
+        a replica down fails its items with UNAVAILABLE). The C++
+        ShardedClient::AttendEach."""
+        batch = list(items)
+        return each_result(batch, *self._attend(batch, wire_dtype, timeout))
+
+    def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+               timeout: Optional[float] = None) -> Attention:
+        """driftkv.Client.attend over the replicas, all or nothing: raises the
+        first failed item's error."""
+        single = isinstance(items, AttendItem)
+        batch = [items] if single else list(items)
+        out = W.stacked(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout)))
+        return Attention(out.output[0], out.lse[0]) if single else out
+
+    def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                       timeout: Optional[float] = None) -> List[AttendResult]:
+        """Like attend, one AttendResult per item, all or nothing."""
+        batch = list(items)
+        return W.attend_results(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout)))
+
+    # -- every replica -------------------------------------------------------
+
+    def _all(self, fn: Callable) -> list:
+        answers = _concurrently(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
+        return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
+
+    def info_all(self) -> List[Union[Info, DriftkvError]]:
+        """Every replica's Info (or its error), in replica order."""
+        return self._all(lambda c: c.info())
+
+    def stats_all(self) -> List[Union[Stats, DriftkvError]]:
+        """Every replica's Stats (or its error), in replica order."""
+        return self._all(lambda c: c.stats())
