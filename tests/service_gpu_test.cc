@@ -48,8 +48,11 @@ std::string WriteRandomTransforms() {
   return path;
 }
 
-ServiceOptions Options(const std::string& backend, const std::string& transforms_file) {
+// `hot`: with a hot tier large enough for every layer (attended layers are
+// promoted, new pages of hot layers go hot, Read decodes level pages).
+ServiceOptions Options(const std::string& backend, const std::string& transforms_file, bool hot) {
   ServiceOptions o;
+  if (hot) o.hot_tier_bytes = 64ull << 20;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";
   o.backend = backend;
@@ -68,10 +71,10 @@ ServiceOptions Options(const std::string& backend, const std::string& transforms
   return o;
 }
 
-void RunBoth(const std::string& transforms_file) {
-  auto cpu = DriftkvServer::Start(Options("cpu", transforms_file));
+void RunBoth(const std::string& transforms_file, bool hot = false) {
+  auto cpu = DriftkvServer::Start(Options("cpu", transforms_file, hot));
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto cuda = DriftkvServer::Start(Options("cuda", transforms_file));
+  auto cuda = DriftkvServer::Start(Options("cuda", transforms_file, hot));
   ASSERT_TRUE(cuda.ok()) << cuda.status();
 
   std::vector<std::vector<float>> keys(kSeqs * kLayers), values(kSeqs * kLayers);
@@ -241,6 +244,18 @@ TEST(ServiceGpu, CudaServerMatchesCpuServer) {
 TEST(ServiceGpu, CudaServerMatchesCpuServerWithWush) {
   SKIP_WITHOUT_GPU();
   RunBoth(WriteRandomTransforms());
+}
+
+// The same with the hot tier on both servers: level pages promoted on the
+// device, the level-page kernel, Read from level pages.
+TEST(ServiceGpu, CudaServerMatchesCpuServerHotTier) {
+  SKIP_WITHOUT_GPU();
+  RunBoth("", /*hot=*/true);
+}
+
+TEST(ServiceGpu, CudaServerMatchesCpuServerHotTierWithWush) {
+  SKIP_WITHOUT_GPU();
+  RunBoth(WriteRandomTransforms(), /*hot=*/true);
 }
 
 }  // namespace
