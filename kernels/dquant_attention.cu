@@ -30,7 +30,6 @@
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
-#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -564,37 +563,19 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
     args.chunks_per_split = (chunks + splits - 1) / splits;
     splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   } else {
-    // Per item, from its own length; the grid covers every length up to the
-    // longest (a shorter item may have more splits).
+    // Per item, from its own length.
     args.chunks_per_split = 0;
-    splits = 1;
-    for (int c = 1; c <= chunks; ++c) splits = std::max(splits, (c + DQuantChunksPerSplit(c) - 1) / DQuantChunksPerSplit(c));
+    splits = SplitsCovering(chunks, [](int c) { return DQuantChunksPerSplit(c); });
   }
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  if (p.transforms_dev != nullptr) {
-    if (p.layer_dev == nullptr || p.transform_layers < 1) {
-      return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
-    }
-    // H q' = H T_K^-T q per item into the workspace, after the partial
-    // states; the kernel's own Hadamard of the query then yields q', so the
-    // fused kernel is the same for both transforms.
-    float* q_pages = args.ws.acc + args.part.count() * l.head_dim;
-    HeadTransformParams tp;
-    tp.mats_dev = p.transforms_dev;
-    tp.layers = p.transform_layers;
-    tp.kv_heads = l.kv_heads;
-    tp.head_dim = l.head_dim;
-    tp.matrix = kTfQuery;
-    tp.in_dev = p.query_dev;
-    tp.out_dev = q_pages;
-    tp.rows = p.items;
-    tp.heads = p.q_heads;
-    tp.layer_dev = p.layer_dev;
-    absl::Status st = LaunchHeadTransform(tp, stream);
-    if (!st.ok()) return st;
-    args.p.query_dev = q_pages;
-  }
+  // With transforms, the queries go through T_K^-T into the workspace, after
+  // the partial states.
+  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
+                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
+                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  if (!q.ok()) return q.status();
+  args.p.query_dev = *q;
   const dim3 grid(splits, p.items);
   const int group = p.q_heads / l.kv_heads;
   absl::Status st = DispatchHeadDimGroup(l.head_dim, group, "D-Quant", [&](auto d, auto g) {
@@ -602,17 +583,11 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
                         stream, "D-Quant attention", args);
   });
   if (!st.ok()) return st;
-  MergeParams m = MergeFor(args.part, args.ws, l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev);
-  m.rotated = p.transforms_dev == nullptr;
-  if (p.transforms_dev != nullptr && !p.values_folded) {
-    m.out_transform_dev = p.transforms_dev;
-    m.layer_dev = p.layer_dev;
-  }
-  m.window_k_dev = p.window_k_dev;
-  m.window_v_dev = p.window_v_dev;
-  m.window_tokens_dev = p.window_tokens_dev;
-  m.window_start_dev = p.window_start_dev;
-  return LaunchMerge(m, stream);
+  return LaunchPageMerge(args.part, args.ws,
+                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
+                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
+                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
+                         stream);
 }
 
 }  // namespace gpu

@@ -10,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -90,6 +91,44 @@ SplitPlan PlanSplits(int units, int requested, int blocks_per_split, int waves, 
   plan.units_per_split = (units + splits - 1) / splits;
   plan.splits = (units + plan.units_per_split - 1) / plan.units_per_split;
   return plan;
+}
+
+absl::StatusOr<const float*> PageQueries(const float* query_dev, const float* transforms_dev, int transform_layers,
+                                         const int32_t* layer_dev, int kv_heads, int head_dim, int items, int q_heads,
+                                         float* out, cudaStream_t stream) {
+  if (transforms_dev == nullptr) return query_dev;
+  if (layer_dev == nullptr || transform_layers < 1) {
+    return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
+  }
+  HeadTransformParams tp;
+  tp.mats_dev = transforms_dev;
+  tp.layers = transform_layers;
+  tp.kv_heads = kv_heads;
+  tp.head_dim = head_dim;
+  tp.matrix = kTfQuery;
+  tp.in_dev = query_dev;
+  tp.out_dev = out;
+  tp.rows = items;
+  tp.heads = q_heads;
+  tp.layer_dev = layer_dev;
+  absl::Status st = LaunchHeadTransform(tp, stream);
+  if (!st.ok()) return st;
+  return static_cast<const float*>(out);
+}
+
+absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const PageMergeInputs& in,
+                             cudaStream_t stream) {
+  MergeParams m = MergeFor(part, ws, in.kv_heads, in.query_dev, in.softmax_scale, in.out_dev, in.lse_dev);
+  m.rotated = in.transforms_dev == nullptr;
+  if (in.transforms_dev != nullptr && !in.values_folded) {
+    m.out_transform_dev = in.transforms_dev;
+    m.layer_dev = in.layer_dev;
+  }
+  m.window_k_dev = in.window_k_dev;
+  m.window_v_dev = in.window_v_dev;
+  m.window_tokens_dev = in.window_tokens_dev;
+  m.window_start_dev = in.window_start_dev;
+  return LaunchMerge(m, stream);
 }
 
 }  // namespace gpu

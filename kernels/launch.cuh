@@ -5,11 +5,13 @@
 #ifndef DRIFTKV_KERNELS_LAUNCH_CUH_
 #define DRIFTKV_KERNELS_LAUNCH_CUH_
 
+#include <algorithm>
 #include <type_traits>
 
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/device_common.cuh"
 
@@ -82,6 +84,48 @@ inline MergeParams MergeFor(const PartialLayout& part, const Workspace& ws, int 
   m.lse_dev = lse_dev;
   return m;
 }
+
+// The split indices a grid needs so that every item of at most `units`
+// units gets all of its splits when an item of u units takes
+// ceil(u / per_split(u)) of them: per_split may grow with the length (a
+// function of the item alone keeps answers batch-invariant), so a shorter
+// item can need more splits than the longest.
+template <typename PerSplit>
+int SplitsCovering(int units, PerSplit per_split) {
+  int splits = 1;
+  for (int u = 1; u <= units; ++u) splits = std::max(splits, (u + per_split(u) - 1) / per_split(u));
+  return splits;
+}
+
+// The queries an attention kernel on compressed pages reads. Without
+// transforms: `query_dev` itself. With WUSH-KV transforms: H T_K^-T q of
+// every item written to `out` ([items][q_heads][head_dim] floats of the
+// workspace; kernels/transform.h), so that the kernel's own Hadamard of the
+// query yields T_K^-T q and the kernel is the same for both rotations.
+absl::StatusOr<const float*> PageQueries(const float* query_dev, const float* transforms_dev, int transform_layers,
+                                         const int32_t* layer_dev, int kv_heads, int head_dim, int items, int q_heads,
+                                         float* out, cudaStream_t stream);
+
+// The merge after a kernel on compressed pages: the partial states are in
+// the rotated domain, mapped back by the Hadamard, or by T_V^-1 with
+// transforms (unless values_folded); the bf16 window, in the model domain,
+// is attended with `query_dev` (the model-domain query).
+struct PageMergeInputs {
+  int kv_heads;
+  const float* query_dev;
+  float softmax_scale;
+  float* out_dev;
+  float* lse_dev;
+  const float* transforms_dev;  // null: Hadamard
+  const int32_t* layer_dev;
+  bool values_folded;
+  const uint16_t* window_k_dev;
+  const uint16_t* window_v_dev;
+  const int32_t* window_tokens_dev;
+  const int32_t* window_start_dev;
+};
+absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const PageMergeInputs& in,
+                             cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace driftkv

@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/level_attention.h"
-#include "kernels/transform.h"
 
 namespace driftkv {
 namespace gpu {
@@ -570,34 +570,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   }
 }
 
-template <int D, int G>
-absl::Status Launch(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
-  // faster at batch >= 32 than two stages and two blocks (8 warps), where
-  // too few warps hid the latency of the decode and the mma chains.
-  constexpr int kStages = 1;
-  auto kernel = LevelAttentionKernel<D, G, kStages, 4>;
-  const size_t smem = 128 + (G * D + 4) * 4 + 128 + static_cast<size_t>(kWarps) * kStages *
-                                                      StageBytes(D, args.p.layout.head_bytes());
-  if (smem > 227 * 1024) return absl::InvalidArgumentError(absl::StrCat("level page too large: ", smem, " B of shared memory"));
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess) return CudaStatus(e, "cudaFuncSetAttribute(level attention)");
-  kernel<<<grid, kThreads, smem, stream>>>(args);
-  return CudaStatus(cudaGetLastError(), "level attention launch");
-}
-
-absl::Status Dispatch(int head_dim, int group, const KernelArgs& args, dim3 grid, cudaStream_t stream) {
-  switch (head_dim * 16 + group) {
-    case 128 * 16 + 4: return Launch<128, 4>(args, grid, stream);
-    case 128 * 16 + 2: return Launch<128, 2>(args, grid, stream);
-    case 64 * 16 + 4: return Launch<64, 4>(args, grid, stream);
-    case 64 * 16 + 2: return Launch<64, 2>(args, grid, stream);
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("no level-page kernel for head_dim ", head_dim,
-                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<int> LevelDecodeSelfTest() {
@@ -630,61 +602,36 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return absl::InvalidArgumentError("level page layout not aligned (use MakeLevelPageLayout)");
   }
   if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
-  // Splits of the longest item need not be the most (the split size grows
-  // with the length): the grid covers every length up to max_pages.
-  int splits = 1;
-  for (int pages = 1; pages <= p.max_pages; ++pages) {
-    splits = std::max(splits, (pages + LevelPagesPerSplit(pages) - 1) / LevelPagesPerSplit(pages));
-  }
+  const int splits = SplitsCovering(p.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
   KernelArgs args;
   args.p = p;
   args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
   args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  if (p.transforms_dev != nullptr) {
-    if (p.layer_dev == nullptr || p.transform_layers < 1) {
-      return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
-    }
-    // H q' = H T_K^-T q per item into the workspace after the partial
-    // states; the kernel's own Hadamard then yields q'.
-    float* q_pages = args.ws.acc + args.part.count() * l.head_dim;
-    HeadTransformParams tp;
-    tp.mats_dev = p.transforms_dev;
-    tp.layers = p.transform_layers;
-    tp.kv_heads = l.kv_heads;
-    tp.head_dim = l.head_dim;
-    tp.matrix = kTfQuery;
-    tp.in_dev = p.query_dev;
-    tp.out_dev = q_pages;
-    tp.rows = p.items;
-    tp.heads = p.q_heads;
-    tp.layer_dev = p.layer_dev;
-    absl::Status st = LaunchHeadTransform(tp, stream);
-    if (!st.ok()) return st;
-    args.p.query_dev = q_pages;
-  }
+  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
+                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
+                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  if (!q.ok()) return q.status();
+  args.p.query_dev = *q;
   const dim3 grid(splits, l.kv_heads, p.items);
-  absl::Status st = Dispatch(l.head_dim, p.q_heads / l.kv_heads, args, grid, stream);
+  // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
+  // faster at batch >= 32 than two stages and two blocks (8 warps), where
+  // too few warps hid the latency of the decode and the mma chains.
+  constexpr int kStages = 1;
+  const size_t head_bytes = l.head_bytes();
+  absl::Status st = DispatchHeadDimGroup(l.head_dim, p.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
+    constexpr int D = decltype(d)::value, G = decltype(g)::value;
+    const size_t smem = 128 + (G * D + 4) * 4 + 128 + static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes);
+    if (smem > 227 * 1024) {
+      return absl::InvalidArgumentError(absl::StrCat("level page too large: ", smem, " B of shared memory"));
+    }
+    return LaunchKernel(LevelAttentionKernel<D, G, kStages, 4>, grid, kThreads, smem, stream, "level attention", args);
+  });
   if (!st.ok()) return st;
-  MergeParams m;
-  m.part = args.part;
-  m.m_dev = args.ws.m;
-  m.l_dev = args.ws.l;
-  m.acc_dev = args.ws.acc;
-  m.rotated = p.transforms_dev == nullptr;
-  if (p.transforms_dev != nullptr && !p.values_folded) {
-    m.out_transform_dev = p.transforms_dev;
-    m.layer_dev = p.layer_dev;
-  }
-  m.kv_heads = l.kv_heads;
-  m.window_k_dev = p.window_k_dev;
-  m.window_v_dev = p.window_v_dev;
-  m.window_tokens_dev = p.window_tokens_dev;
-  m.window_start_dev = p.window_start_dev;
-  m.query_dev = p.query_dev;
-  m.softmax_scale = p.softmax_scale;
-  m.out_dev = p.out_dev;
-  m.lse_dev = p.lse_dev;
-  return LaunchMerge(m, stream);
+  return LaunchPageMerge(args.part, args.ws,
+                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
+                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
+                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
+                         stream);
 }
 
 }  // namespace gpu
