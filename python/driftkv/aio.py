@@ -211,32 +211,14 @@ class _AsyncChunkSender(W.ChunkSender):
                 self._progress(len(self._sent), self._tokens)
 
 
-class ShardedClient:
+class ShardedClient(S.ReplicaClients):
     """driftkv.ShardedClient for an event loop: the same routing
     (driftkv.sharded.Router), errors and results, every method a coroutine;
     the per-replica calls of one method run concurrently (asyncio.gather).
     One client per event loop."""
 
     def __init__(self, replicas: Sequence[str], *, clients: Optional[Sequence[Client]] = None, **client_options):
-        self._router = S.Router(replicas)
-        if clients is None:
-            clients = [Client(r, **client_options) for r in self._router.replicas]
-        elif len(clients) != len(self._router.replicas):
-            raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
-        self._clients = list(clients)
-
-    @property
-    def replicas(self) -> List[str]:
-        return list(self._router.replicas)
-
-    def replica_of(self, sequence_id: str) -> int:
-        return self._router.owner(sequence_id)
-
-    def client(self, replica: int) -> Client:
-        return self._clients[replica]
-
-    def client_of(self, sequence_id: str) -> Client:
-        return self._clients[self.replica_of(sequence_id)]
+        super().__init__(replicas, Client, clients, client_options)
 
     async def __aenter__(self) -> "ShardedClient":
         return self

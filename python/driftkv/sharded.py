@@ -227,22 +227,16 @@ def summed(parts: Iterable[AppendResult]) -> AppendResult:
     return total
 
 
-class ShardedClient:
-    """driftkv.Client over replicas; every per-sequence call goes to the
-    sequence's owner.
+class ReplicaClients:
+    """The routing state a sharded client has, sync or asyncio: the Router
+    over the replicas' names and one client per replica (made with
+    `client_type` from the names and `client_options`, or given)."""
 
-    replicas: the replicas' names, which are also their targets
-    ("driftkv-server-0.driftkv-headless.ns.svc.cluster.local:50051"); every
-    client must spell them alike. The other arguments are driftkv.Client's,
-    given to each replica's client. clients: existing clients instead, one
-    per name, named for hashing by `replicas` (tests, or targets that differ
-    from the shared names); the ShardedClient closes them.
-    """
-
-    def __init__(self, replicas: Sequence[str], *, clients: Optional[Sequence[Client]] = None, **client_options):
+    def __init__(self, replicas: Sequence[str], client_type: type, clients: Optional[Sequence] = None,
+                 client_options: Optional[dict] = None):
         self._router = Router(replicas)
         if clients is None:
-            clients = [Client(r, **client_options) for r in self._router.replicas]
+            clients = [client_type(r, **(client_options or {})) for r in self._router.replicas]
         elif len(clients) != len(self._router.replicas):
             raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
         self._clients = list(clients)
@@ -255,15 +249,31 @@ class ShardedClient:
         """The index in `replicas` of the replica that holds `sequence_id`."""
         return self._router.owner(sequence_id)
 
-    def client(self, replica: int) -> Client:
-        """The driftkv.Client of replica `replica`."""
+    def client(self, replica: int):
+        """The client of replica `replica`."""
         return self._clients[replica]
 
-    def client_of(self, sequence_id: str) -> Client:
-        """The driftkv.Client of the sequence's owner (e.g. to stream one
-        sequence's chunks while its prefill runs: append_chunks of this
-        class reads its iterable to the end first)."""
+    def client_of(self, sequence_id: str):
+        """The client of the sequence's owner (e.g. to stream one sequence's
+        chunks while its prefill runs: append_chunks of the sharded clients
+        reads its iterable to the end first)."""
         return self._clients[self.replica_of(sequence_id)]
+
+
+class ShardedClient(ReplicaClients):
+    """driftkv.Client over replicas; every per-sequence call goes to the
+    sequence's owner.
+
+    replicas: the replicas' names, which are also their targets
+    ("driftkv-server-0.driftkv-headless.ns.svc.cluster.local:50051"); every
+    client must spell them alike. The other arguments are driftkv.Client's,
+    given to each replica's client. clients: existing clients instead, one
+    per name, named for hashing by `replicas` (tests, or targets that differ
+    from the shared names); the ShardedClient closes them.
+    """
+
+    def __init__(self, replicas: Sequence[str], *, clients: Optional[Sequence[Client]] = None, **client_options):
+        super().__init__(replicas, Client, clients, client_options)
 
     def __enter__(self) -> "ShardedClient":
         return self
