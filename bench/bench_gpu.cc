@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/check.h"
 #include "codec/dquant_codec.h"
 #include "codec/level_page.h"
 #include "kernels/attention.h"
@@ -46,14 +47,6 @@ constexpr double kRotateBytes = 512.0 * (1 << 20);
     cudaError_t e_ = (x);                                                          \
     if (e_ != cudaSuccess) {                                                       \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-#define CHECK_OK(x)                                                                \
-  do {                                                                             \
-    absl::Status s_ = (x);                                                         \
-    if (!s_.ok()) {                                                                \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
       std::exit(1);                                                                \
     }                                                                              \
   } while (0)

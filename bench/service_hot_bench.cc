@@ -25,13 +25,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/check.h"
 #include "client/client.h"
 #include "codec/dquant_codec.h"
 #include "codec/level_page.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/testing/device_buffer.h"
 #include "kernels/level_attention.h"
+#include "kernels/testing/device_buffer.h"
 #include "service/server.h"
 #include "wire/half.h"
 
@@ -39,15 +40,6 @@ namespace driftkv {
 namespace {
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
-
-#define CHECK_OK(x)                                                                            \
-  do {                                                                                         \
-    absl::Status s_ = (x);                                                                     \
-    if (!s_.ok()) {                                                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 

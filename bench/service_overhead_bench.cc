@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/registry.h"
+#include "bench/check.h"
 #include "client/client.h"
 #include "service/server.h"
 #include "wire/half.h"
@@ -36,15 +37,6 @@ namespace driftkv {
 namespace {
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
-
-#define CHECK_OK(x)                                                                              \
-  do {                                                                                           \
-    absl::Status s_ = (x);                                                                       \
-    if (!s_.ok()) {                                                                              \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 // Stores nothing, answers at once: output = query, lse = tokens attended.
 class NullBackend : public Backend {
