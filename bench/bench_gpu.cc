@@ -127,6 +127,56 @@ struct Result {
   int dquant_splits_hint;
 };
 
+// The device inputs of one compressed-pages launch at shape s: R replicas of
+// the batch's pages (R so that they total >= kRotateBytes: no L2 reuse
+// between launches), random page tables, every item `comp` tokens in pages
+// plus a `window`-token bf16 window, and the workspace.
+struct PagedBatch {
+  int replicas = 1, pages = 0;
+  DeviceBuffer pool, perm, start, tokens, window, window_tokens, ws;
+  // Launch i's page table: another replica each time.
+  const int32_t* table(int i, int batch) const {
+    return perm.get<int32_t>() + static_cast<size_t>(i % replicas) * batch * pages;
+  }
+};
+
+void MakePagedBatch(const Shape& s, int comp, int window, size_t page_bytes, const DeviceBuffer& distinct,
+                    std::mt19937_64* rng, PagedBatch* b) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  b->pages = (comp + kPageTokens - 1) / kPageTokens;
+  const double set = static_cast<double>(s.batch) * b->pages * page_bytes;
+  b->replicas = std::max(1, static_cast<int>(std::ceil(kRotateBytes / set)));
+  const size_t total = static_cast<size_t>(b->replicas) * s.batch * b->pages;
+  b->pool.Resize(total * page_bytes);
+  Replicate(distinct, page_bytes, b->pool.get<uint8_t>(), total);
+  std::vector<int32_t> perm(total);
+  for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), *rng);
+  std::vector<int32_t> start(s.batch), tokens(s.batch, comp), wt(s.batch, window);
+  for (int i = 0; i < s.batch; ++i) start[i] = i * b->pages;
+  std::vector<uint16_t> wk(static_cast<size_t>(s.batch) * kMaxWindow * kN);
+  for (auto& x : wk) x = FloatToBf16(normal(*rng));
+  b->perm.Upload(perm);
+  b->start.Upload(start);
+  b->tokens.Upload(tokens);
+  b->window.Upload(wk);
+  b->window_tokens.Upload(wt);
+  b->ws.Resize(AttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, b->pages));
+}
+
+// Exits when a launch left a non-finite output.
+void CheckFinite(const DeviceBuffer& out, const char* what) {
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> h;
+  out.Download(&h);
+  for (float x : h) {
+    if (!std::isfinite(x)) {
+      std::fprintf(stderr, "non-finite %s output\n", what);
+      std::exit(1);
+    }
+  }
+}
+
 // Promotes `count` cold pages (ids 0..count-1 of cold_dev) to level pages
 // (ids 0..count-1 of hot_dev) on the device.
 PromoteParams PromoteAll(const DQuantCodec& codec, const PageLayout& lay, const LevelPageLayout& hl,
@@ -166,9 +216,7 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
   const int dq_pages = (comp + kPageTokens - 1) / kPageTokens;
   const int bf_pages = (s.context + kPageTokens - 1) / kPageTokens;
   const size_t bf_page_bytes = Bf16PageBytes(kKvHeads, kHeadDim);
-  const double dq_set = static_cast<double>(s.batch) * dq_pages * lay.page_bytes;
   const double bf_set = static_cast<double>(s.batch) * bf_pages * bf_page_bytes;
-  const int rdq = std::max(1, static_cast<int>(std::ceil(kRotateBytes / dq_set)));
   const int rbf = std::max(1, static_cast<int>(std::ceil(kRotateBytes / bf_set)));
   std::mt19937_64 rng(s.batch * 131 + s.context);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -182,42 +230,27 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
 
   // ---- D-Quant ----
   {
-    const size_t total = static_cast<size_t>(rdq) * s.batch * dq_pages;
-    DeviceBuffer pool(total * lay.page_bytes);
-    Replicate(dq_distinct, lay.page_bytes, pool.get<uint8_t>(), total);
-    std::vector<int32_t> perm(total);
-    for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> start(s.batch), tokens(s.batch, comp), wt(s.batch, window);
-    for (int i = 0; i < s.batch; ++i) start[i] = i * dq_pages;
-    std::vector<uint16_t> wk(static_cast<size_t>(s.batch) * kMaxWindow * kN);
-    for (auto& x : wk) x = FloatToBf16(normal(rng));
-    DeviceBuffer dperm, dstart, dtok, dwk, dwt, ws;
-    dperm.Upload(perm);
-    dstart.Upload(start);
-    dtok.Upload(tokens);
-    dwk.Upload(wk);
-    dwt.Upload(wt);
-    ws.Resize(AttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, dq_pages));
+    PagedBatch b;
+    MakePagedBatch(s, comp, window, lay.page_bytes, dq_distinct, &rng, &b);
     DQuantAttentionParams p;
-    p.pool_dev = pool.get<uint8_t>();
+    p.pool_dev = b.pool.get<uint8_t>();
     p.layout = lay;
     p.tables_dev = tables.get<uint32_t>();
     p.items = s.batch;
     p.q_heads = kQHeads;
     p.max_pages = dq_pages;
-    p.page_start_dev = dstart.get<int32_t>();
-    p.tokens_dev = dtok.get<int32_t>();
-    p.window_k_dev = dwk.get<uint16_t>();
-    p.window_v_dev = dwk.get<uint16_t>();
-    p.window_tokens_dev = dwt.get<int32_t>();
+    p.page_start_dev = b.start.get<int32_t>();
+    p.tokens_dev = b.tokens.get<int32_t>();
+    p.window_k_dev = b.window.get<uint16_t>();
+    p.window_v_dev = b.window.get<uint16_t>();
+    p.window_tokens_dev = b.window_tokens.get<int32_t>();
     p.query_dev = dquery.get<float>();
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
     p.out_dev = out.get<float>();
     p.lse_dev = lse.get<float>();
-    p.workspace_dev = ws.get<void>();
+    p.workspace_dev = b.ws.get<void>();
     r.dquant_ms = MedianMs(reps, [&](int i) {
-      p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rdq) * s.batch * dq_pages;
+      p.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchDQuantAttention(p, nullptr));
     });
     // The same launch through a WUSH transform stage (query pre-transform
@@ -230,18 +263,10 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     pw.transform_layers = 1;
     pw.layer_dev = dlayers.get<int32_t>();
     r.wush_ms = MedianMs(reps, [&](int i) {
-      pw.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rdq) * s.batch * dq_pages;
+      pw.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchDQuantAttention(pw, nullptr));
     });
-    CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<float> h;
-    out.Download(&h);
-    for (float x : h) {
-      if (!std::isfinite(x)) {
-        std::fprintf(stderr, "non-finite D-Quant output\n");
-        std::exit(1);
-      }
-    }
+    CheckFinite(out, "D-Quant");
     // Bytes the kernel must read: records and mean records of the compressed
     // tokens, plus the bf16 window.
     r.dquant_bytes = static_cast<double>(s.batch) *
@@ -250,54 +275,29 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
   }
   // ---- level pages (hot tier), the same tokens and window ----
   {
-    const double hot_set = static_cast<double>(s.batch) * dq_pages * hl.page_bytes;
-    const int rh = std::max(1, static_cast<int>(std::ceil(kRotateBytes / hot_set)));
-    const size_t total = static_cast<size_t>(rh) * s.batch * dq_pages;
-    DeviceBuffer pool(total * hl.page_bytes);
-    Replicate(hot_distinct, hl.page_bytes, pool.get<uint8_t>(), total);
-    std::vector<int32_t> perm(total);
-    for (size_t i = 0; i < total; ++i) perm[i] = static_cast<int32_t>(i);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> start(s.batch), tokens(s.batch, comp), wt(s.batch, window);
-    for (int i = 0; i < s.batch; ++i) start[i] = i * dq_pages;
-    std::vector<uint16_t> wk(static_cast<size_t>(s.batch) * kMaxWindow * kN);
-    for (auto& x : wk) x = FloatToBf16(normal(rng));
-    DeviceBuffer dperm, dstart, dtok, dwk, dwt, ws;
-    dperm.Upload(perm);
-    dstart.Upload(start);
-    dtok.Upload(tokens);
-    dwk.Upload(wk);
-    dwt.Upload(wt);
-    ws.Resize(LevelAttentionWorkspaceBytes(s.batch, kQHeads, kHeadDim, dq_pages));
+    PagedBatch b;
+    MakePagedBatch(s, comp, window, hl.page_bytes, hot_distinct, &rng, &b);
     LevelAttentionParams p;
-    p.pool_dev = pool.get<uint8_t>();
+    p.pool_dev = b.pool.get<uint8_t>();
     p.layout = hl;
     p.items = s.batch;
     p.q_heads = kQHeads;
     p.max_pages = dq_pages;
-    p.page_start_dev = dstart.get<int32_t>();
-    p.tokens_dev = dtok.get<int32_t>();
-    p.window_k_dev = dwk.get<uint16_t>();
-    p.window_v_dev = dwk.get<uint16_t>();
-    p.window_tokens_dev = dwt.get<int32_t>();
+    p.page_start_dev = b.start.get<int32_t>();
+    p.tokens_dev = b.tokens.get<int32_t>();
+    p.window_k_dev = b.window.get<uint16_t>();
+    p.window_v_dev = b.window.get<uint16_t>();
+    p.window_tokens_dev = b.window_tokens.get<int32_t>();
     p.query_dev = dquery.get<float>();
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
     p.out_dev = out.get<float>();
     p.lse_dev = lse.get<float>();
-    p.workspace_dev = ws.get<void>();
+    p.workspace_dev = b.ws.get<void>();
     r.hot_ms = MedianMs(reps, [&](int i) {
-      p.page_table_dev = dperm.get<int32_t>() + static_cast<size_t>(i % rh) * s.batch * dq_pages;
+      p.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchLevelAttention(p, nullptr));
     });
-    CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<float> h;
-    out.Download(&h);
-    for (float x : h) {
-      if (!std::isfinite(x)) {
-        std::fprintf(stderr, "non-finite level-page output\n");
-        std::exit(1);
-      }
-    }
+    CheckFinite(out, "level-page");
     r.hot_bytes = static_cast<double>(s.batch) *
                   (static_cast<double>(dq_pages) * (hl.blocks_offset + hl.kv_heads * hl.head_bytes()) + 2.0 * window * kN * 2);
   }
