@@ -40,7 +40,7 @@ constexpr int kReferenceKeyBytes = 331;
 constexpr int kReferenceValueBytes = 231;
 constexpr double kDefaultAlpha = 1.4;
 constexpr int kDefaultMeanWindow = 128;
-constexpr Refit kDefaultValueRefit = Refit::kLeastSquares;
+constexpr Refit kDefaultValueRefit = Refit::kUnbiased;
 // kMeanHeaderBytes: codec/format_constants.h.
 
 struct DQuantConfig {

@@ -15,6 +15,16 @@
 
 namespace driftkv {
 
+// a * b rounded on its own: nvcc would otherwise fuse a product with the
+// following addition (one rounding) where the CPU rounds twice.
+DRIFTKV_HOST_DEVICE inline double MulRn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // Values of Refit (codec/stream_codec.h) as the kernels pass them.
 constexpr int kRefitLeastSquares = 0;
 constexpr int kRefitUnbiased = 1;
@@ -29,12 +39,14 @@ constexpr int kRefitNormPreserving = 2;
 DRIFTKV_HOST_DEVICE inline bool FinalGrid(int mode, int n, double sm, double smm, double sx,
                                           double sxx, double sxm, double* s, double* o) {
   if (mode != kRefitUnbiased && mode != kRefitNormPreserving) return false;
-  const double cxx = n * sxx - sx * sx;
-  const double cmm = n * smm - sm * sm;
-  const double cxm = n * sxm - sx * sm;
-  if (!(cxx > 0.0) || !(cmm > 0.0) || !(cxm > 0.0) || !(2.0 * cxm * cxm >= cxx * cmm)) return false;
+  const double cxx = MulRn(n, sxx) - MulRn(sx, sx);
+  const double cmm = MulRn(n, smm) - MulRn(sm, sm);
+  const double cxm = MulRn(n, sxm) - MulRn(sx, sm);
+  if (!(cxx > 0.0) || !(cmm > 0.0) || !(cxm > 0.0) || !(MulRn(2.0 * cxm, cxm) >= MulRn(cxx, cmm))) {
+    return false;
+  }
   const double scale = mode == kRefitUnbiased ? cxx / cxm : sqrt(cxx / cmm);
-  const double offset = (sx - scale * sm) / n;
+  const double offset = (sx - MulRn(scale, sm)) / n;
   constexpr double kMax = 65504.0;  // the largest fp16
   if (!(scale > 0.0 && scale <= kMax) || !(offset >= -kMax && offset <= kMax)) return false;
   *s = scale;

@@ -37,10 +37,10 @@ void RefitToSymbols(int mode, const float* x, const uint8_t* symbols, int n, flo
   for (int i = 0; i < n; ++i) {
     const double m = symbols[i], v = x[i];
     sm += m;
-    smm += m * m;
+    smm += MulRn(m, m);
     sx += v;
-    sxx += v * v;
-    sxm += v * m;
+    sxx += MulRn(v, v);
+    sxm += MulRn(v, m);
   }
   double s, o;
   if (!FinalGrid(mode, n, sm, smm, sx, sxx, sxm, &s, &o)) return;
