@@ -21,14 +21,23 @@ resamples of the documents). Appendix B: dquant vs `fixed` at matched
 storage, and the extra bits per value `fixed` needs to reach dquant's KL
 (log-KL interpolated along the lower envelope of fixed's level grid).
 
-Runs on the CPU with Debian's python3-torch (1.13); uses /usr/bin/python3.
+The model runs on the GPU when torch sees one (--device auto; fp32, TF32
+off) and otherwise on the CPU (Debian's python3-torch 1.13, /usr/bin/python3);
+the codec runs are separate processes, --jobs at a time. Outside this
+repository pass --eval-dir (model/, fixture_public.json) and --text.
 usage: bench/kl_eval.py --codec-bin PATH/driftkv-codec [--windows 24]
-       [--residual 0] [--out DIR] [--threads 2]
-       [--only keys|values] [--config "NAME FLAGS..." ...]
+       [--residual 0] [--out DIR] [--threads 2] [--jobs 1] [--device auto]
+       [--only both|keys|values[,...]] [--config "NAME FLAGS..." ...]
+       [--extra "NAME FLAGS..." ...]
 --only replaces just the keys (or just the values) by the reconstruction,
 the other stays exact (a diagnostic of where the divergence comes from);
---config evaluates only the listed configurations (the first is the
-reference of the ratios), instead of the standard set.
+a comma list evaluates several modes on one encoding and writes kl.*,
+kl_keys_only.* and kl_values_only.* into --out. --config evaluates only
+the listed configurations (the first is the reference of the ratios)
+instead of the standard set; --extra adds configurations to the standard
+set (ratios against `int` INT2 and, for dquant, the matched `fixed`).
+Each result carries NMSE and the shrinkage statistic over the evaluated
+cache: the mean over token streams of (xhat - x).x / x.x and |xhat| / |x|.
 """
 import argparse
 import concurrent.futures
