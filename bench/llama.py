@@ -9,6 +9,8 @@ q.k / sqrt(head_dim).
 
 `forward_full` runs a whole window and returns logits plus every layer's
 post-RoPE keys and values ([T][kv_heads][head_dim], what a KV cache holds).
+Runs on `device` (a torch device name: "cpu", "cuda"); the weights are
+moved there once, inputs on use, outputs stay there.
 `forward_continuation` runs only positions [start, start + n) with the keys
 and values of positions [0, start) given per layer (the possibly
 reconstructed cache), which is how a decoder sees a quantized cache.
@@ -41,7 +43,7 @@ def read_safetensors(path):
 
 
 class Llama:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, device="cpu"):
         with open(os.path.join(model_dir, "config.json")) as f:
             self.cfg = json.load(f)
         with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
@@ -49,6 +51,8 @@ class Llama:
         self.w = {}
         for shard in sorted(set(index["weight_map"].values())):
             self.w.update(read_safetensors(os.path.join(model_dir, shard)))
+        self.device = torch.device(device)
+        self.w = {k: v.to(self.device) for k, v in self.w.items()}
         c = self.cfg
         self.layers = c["num_hidden_layers"]
         self.q_heads = c["num_attention_heads"]
@@ -64,7 +68,7 @@ class Llama:
     def _rope(self, x, positions):
         """x: [T, heads, hd]; rotate-half convention."""
         hd = self.head_dim
-        inv = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+        inv = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
         freqs = torch.outer(positions.float(), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
@@ -77,7 +81,7 @@ class Llama:
         k = k.repeat_interleave(rep, dim=1)  # KV head j serves query heads j*rep..
         v = v.repeat_interleave(rep, dim=1)
         s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
-        key_pos = torch.arange(k.shape[0])
+        key_pos = torch.arange(k.shape[0], device=k.device)
         s = s.masked_fill(key_pos[None, None, :] > q_positions[None, :, None], float("-inf"))
         return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
 
@@ -106,7 +110,8 @@ class Llama:
     @torch.no_grad()
     def forward_full(self, ids):
         """ids: 1-D LongTensor. Returns (logits [T][vocab], [(k, v)] per layer)."""
-        positions = torch.arange(ids.shape[0])
+        ids = ids.to(self.device)
+        positions = torch.arange(ids.shape[0], device=self.device)
         x = self.embed[ids]
         kv = []
         for i in range(self.layers):
@@ -118,7 +123,8 @@ class Llama:
     def forward_continuation(self, ids, start, past):
         """ids: tokens of positions [start, start + len); past: per layer
         (k, v) of positions [0, start). Returns logits of those positions."""
-        positions = torch.arange(start, start + ids.shape[0])
+        ids = ids.to(self.device)
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)
         x = self.embed[ids]
         for i in range(self.layers):
             x, _, _ = self._layer(i, x, positions, past[i][0], past[i][1])

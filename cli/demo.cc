@@ -103,7 +103,10 @@ int Demo(Client& client) {
   if (!rel_seq.ok()) return Fail(rel_seq.status());
   std::printf("4. released %s (%llu pages). Metrics: %s\n", seq.c_str(),
               static_cast<unsigned long long>(rel_seq->pages_freed()), absl::GetFlag(FLAGS_metrics_url).c_str());
-  if (!(rel < 0.5)) {
+  // Gaussian values at ~1.9 bits: about 0.5 (the unbiased value grid trades
+  // some of this error for reconstructions that are not contracted, see
+  // docs/quality.md); a broken codec gives >= 1.
+  if (!(rel < 0.6)) {
     std::printf("demo FAILED: error %.4f is not that of a working codec\n", rel);
     return 1;
   }

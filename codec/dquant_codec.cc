@@ -106,6 +106,7 @@ absl::StatusOr<DQuantCodec> DQuantCodec::Create(const DQuantConfig& config) {
   absl::StatusOr<StreamCodec> v = MakeStreamCodec(n, config.value_levels, config.value_bytes,
                                                   kReferenceValueBytes, config.alpha);
   if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("values: ", v.status().message()));
+  v->set_refit(config.value_refit);
   DQuantConfig resolved = config;
   resolved.key_bytes = k->payload_bytes();
   resolved.value_bytes = v->payload_bytes();

@@ -40,6 +40,7 @@ constexpr int kReferenceKeyBytes = 331;
 constexpr int kReferenceValueBytes = 231;
 constexpr double kDefaultAlpha = 1.4;
 constexpr int kDefaultMeanWindow = 128;
+constexpr Refit kDefaultValueRefit = Refit::kUnbiased;
 // kMeanHeaderBytes: codec/format_constants.h.
 
 struct DQuantConfig {
@@ -58,6 +59,9 @@ struct DQuantConfig {
   // Rotate each head by the normalised Hadamard matrix (the paper) or not
   // (identity: the caller applies its own transform, e.g. WUSH-KV).
   bool hadamard = true;
+  // How the value grid is fitted to the value symbols (codec/stream_codec.h);
+  // keys always use least squares.
+  Refit value_refit = kDefaultValueRefit;
 
   int n() const { return kv_heads * head_dim; }
   // Range checks of every field, with messages naming field and value.

@@ -26,7 +26,8 @@ class DQuantKvCodec : public KvCodec {
   size_t side_stride() const override { return codec_.mean_stride(); }
   Settings settings() const override {
     const DQuantConfig& c = codec_.config();
-    return Settings{c.key_levels, c.value_levels, c.key_bytes, c.value_bytes, c.alpha};
+    return Settings{c.key_levels, c.value_levels, c.key_bytes, c.value_bytes, c.alpha,
+                    RefitName(c.value_refit)};
   }
   // The record's fp16 scale and offset must hold the values (stream_codec.h).
   double max_abs_value() const override { return kHalfMax; }

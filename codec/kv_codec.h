@@ -69,6 +69,7 @@ class KvCodec {
     int key_levels = 0, value_levels = 0;
     int key_payload_bytes = 0, value_payload_bytes = 0;
     double alpha = 0.0;
+    std::string value_refit;  // codec/stream_codec.h RefitName; empty: not D-Quant
   };
   virtual Settings settings() const { return Settings(); }
 

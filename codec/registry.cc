@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeDQuant(const CodecOptions& o) {
   c.value_bytes = o.value_bytes;
   c.alpha = o.alpha;
   c.mean_window = o.mean_window;
+  c.value_refit = o.value_refit;
   c.hadamard = o.rotation == "hadamard";
   if (o.rotation != "hadamard" && o.rotation != "identity") {
     return absl::InvalidArgumentError(absl::StrCat("rotation \"", o.rotation, "\" unknown; use hadamard or identity"));

@@ -24,6 +24,7 @@ struct CodecOptions {
   int value_bytes = 0;  // 0: default for n
   double alpha = kDefaultAlpha;
   int mean_window = kDefaultMeanWindow;
+  Refit value_refit = kDefaultValueRefit;  // dquant only
   // int, kivi, oscar, turbo
   int bits = 2;
   int group = 128;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/drift.h"
+#include "codec/final_grid.h"
 #include "wire/half.h"
 
 namespace driftkv {
@@ -27,7 +28,49 @@ void Resize(StreamScratch* s, int n) {
   }
 }
 
+// Step 6: the grid of `mode` for the final symbols, rounded to fp16 as step
+// 3 rounds; leaves scale/offset alone when FinalGrid keeps the step-3 grid.
+void RefitToSymbols(int mode, const float* x, const uint8_t* symbols, int n, float* scale,
+                    float* offset) {
+  if (mode == kRefitLeastSquares) return;
+  double sm = 0, smm = 0, sx = 0, sxx = 0, sxm = 0;
+  for (int i = 0; i < n; ++i) {
+    const double m = symbols[i], v = x[i];
+    sm += m;
+    smm += MulRn(m, m);
+    sx += v;
+    sxx += MulRn(v, v);
+    sxm += MulRn(v, m);
+  }
+  double s, o;
+  if (!FinalGrid(mode, n, sm, smm, sx, sxx, sxm, &s, &o)) return;
+  const float hs = RoundToHalf(static_cast<float>(s));
+  if (!(hs > 0.0f)) return;
+  *scale = hs;
+  *offset = RoundToHalf(static_cast<float>(o));
+}
+
 }  // namespace
+
+const char* RefitName(Refit r) {
+  switch (r) {
+    case Refit::kUnbiased:
+      return "unbiased";
+    case Refit::kNormPreserving:
+      return "norm";
+    case Refit::kLeastSquares:
+      break;
+  }
+  return "least_squares";
+}
+
+absl::StatusOr<Refit> ParseRefit(const std::string& name) {
+  for (Refit r : {Refit::kLeastSquares, Refit::kUnbiased, Refit::kNormPreserving}) {
+    if (name == RefitName(r)) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("refit \"", name, "\" unknown; use least_squares, unbiased or norm"));
+}
 
 void StreamStats::Add(const StreamStats& o) {
   streams += o.streams;
@@ -183,6 +226,7 @@ absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch*
     }
     local.moved = moved;
     local.max_move = max_move;
+    RefitToSymbols(static_cast<int>(refit_), x, symbols, n, &scale, &offset);
   } else {
     // Constant (or fp16-underflowing) grid: every level decodes to `offset`.
     scale = 0.0f;

@@ -21,15 +21,29 @@
 //      kMaxRetries, take the cheapest-level assignment, and as the last
 //      resort the all-cheapest-symbol stream, which Create() proved fits.
 //      A stream therefore always fits; nothing is truncated.
+//   6. with Refit::kUnbiased: the grid is refit once more to the final
+//      symbols (the payload does not depend on the grid, so any grid decodes
+//      it) such that the reconstruction is unbiased along the stream:
+//      sum xhat = sum x and (xhat - x).(x - mean x) = 0, i.e.
+//      s = Sxx / Sxm, o = mean x - s mean m (S: centred sums). Least squares
+//      (s = Sxm / Smm) contracts every reconstruction toward its mean by
+//      the correlation of x and m; unbiased scaling trades that coherent
+//      shrink for a little more NMSE. Refit::kNormPreserving takes
+//      s = sqrt(Sxx / Smm) instead (between the two). Step 6 is skipped
+//      (the step-3 grid stays) when the final symbols correlate weakly with
+//      x (Sxm^2 < Sxx Smm / 2, e.g. a fallback stream) or the grid would
+//      leave fp16.
 #ifndef DRIFTKV_CODEC_STREAM_CODEC_H_
 #define DRIFTKV_CODEC_STREAM_CODEC_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/final_grid.h"
 #include "codec/format_constants.h"
 #include "codec/rans.h"
 
@@ -66,6 +80,17 @@ struct StreamScratch {
   std::vector<uint8_t> rans;
 };
 
+// How the stored grid (scale, offset) is fitted to the symbols.
+enum class Refit {
+  kLeastSquares = kRefitLeastSquares,      // steps 1-5 alone: step 3's grid
+  kUnbiased = kRefitUnbiased,              // plus step 6
+  kNormPreserving = kRefitNormPreserving,  // step 6 with s = sqrt(Sxx / Smm)
+};
+
+// "least_squares" / "unbiased" / "norm", and back (InvalidArgument naming the text).
+const char* RefitName(Refit r);
+absl::StatusOr<Refit> ParseRefit(const std::string& name);
+
 class StreamCodec {
  public:
   // n values per stream, M levels, C payload bytes, frequencies f[0..M).
@@ -82,6 +107,8 @@ class StreamCodec {
   int payload_bytes() const { return payload_bytes_; }
   size_t stride() const { return RecordStride(payload_bytes_); }
   const RansTable& table() const { return table_; }
+  Refit refit() const { return refit_; }
+  void set_refit(Refit r) { refit_ = r; }
 
   // Encodes x[0..n) into record[0..stride()). x must be finite and within
   // the fp16 range (|x| <= 65504), else InvalidArgument naming the value.
@@ -112,6 +139,7 @@ class StreamCodec {
   int n_ = 0;
   int payload_bytes_ = 0;
   int cheapest_ = 0;  // lowest-index level of minimum cost
+  Refit refit_ = Refit::kLeastSquares;
   RansTable table_;
 };
 

@@ -29,6 +29,7 @@ absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p) {
     a->levels = t.levels;
     a->payload_bytes = sc.payload_bytes();
     a->cheapest = 0;
+    a->refit = static_cast<int>(sc.refit());
     for (int m = 0; m < t.levels; ++m) {
       a->freq[m] = t.freq[m];
       a->cum[m] = t.cum[m];

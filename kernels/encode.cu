@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/final_grid.h"
 #include "codec/format_constants.h"
 #include "kernels/device_common.cuh"
 #include "kernels/encode.h"
@@ -326,6 +327,32 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     }
     st.moved = static_cast<int16_t>(__reduce_add_sync(0xffffffffu, moved));
     st.max_move = static_cast<int8_t>(__reduce_max_sync(0xffffffffu, max_move));
+    if (al.refit != kRefitLeastSquares) {
+      // StreamCodec::Encode step 6 (RefitToSymbols): the same sums, and the
+      // same decision in FinalGrid; the butterfly leaves every lane the same sums.
+      double sm = 0, smm = 0, sx = 0, sxx = 0, sxm = 0;
+      for (int i = lane; i < n; i += 32) {
+        const double m = s.sym[i], x = s.x[i];
+        sm += m;
+        smm += MulRn(m, m);
+        sx += x;
+        sxx += MulRn(x, x);
+        sxm += MulRn(x, m);
+      }
+      sm = WarpSumD(sm);
+      smm = WarpSumD(smm);
+      sx = WarpSumD(sx);
+      sxx = WarpSumD(sxx);
+      sxm = WarpSumD(sxm);
+      double fs, fo;
+      if (FinalGrid(al.refit, n, sm, smm, sx, sxx, sxm, &fs, &fo)) {
+        const float hs = RoundToHalfDev(static_cast<float>(fs));
+        if (hs > 0.0f) {
+          scale = hs;
+          offset = RoundToHalfDev(static_cast<float>(fo));
+        }
+      }
+    }
   } else if (!bad) {
     st.constant = 1;
   }

@@ -9,7 +9,8 @@
 // warp reductions), least-squares refit, fp16 rounding, drift on the fp16
 // grid, rANS (lane 0; the byte order of codec/rans.h), and the same retries
 // and cheapest-level fallbacks as StreamCodec::EncodeFitting, so every stream
-// fits its container. Records decode with the CPU codec and the GPU decoder
+// fits its container; then the alphabet's final grid refit (codec/
+// final_grid.h), which changes only the record's scale and offset. Records decode with the CPU codec and the GPU decoder
 // alike (the format is the decoder's).
 #ifndef DRIFTKV_KERNELS_ENCODE_H_
 #define DRIFTKV_KERNELS_ENCODE_H_
@@ -35,6 +36,9 @@ struct EncodeAlphabet {
   uint16_t freq[kMaxLevels] = {};
   uint16_t cum[kMaxLevels] = {};
   float cost_bits[kMaxLevels] = {};
+  // The grid refit after the final drift (codec/final_grid.h kRefit*; keys
+  // always kRefitLeastSquares, i.e. none).
+  int refit = 0;
 };
 
 // Per-stream outcome, [tokens][2] (keys, values), optional.

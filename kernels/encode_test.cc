@@ -53,10 +53,12 @@ void Nmse(const DQuantCodec& codec, const PageLayout& lay, const std::vector<uin
   *nv = ev / sv;
 }
 
-void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed) {
+void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
+                   Refit value_refit = kDefaultValueRefit) {
   DQuantConfig cfg;
   cfg.kv_heads = kv_heads;
   cfg.head_dim = head_dim;
+  cfg.value_refit = value_refit;
   auto codec = DQuantCodec::Create(cfg);
   ASSERT_TRUE(codec.ok()) << codec.status();
   EncodeParams ep;
@@ -256,6 +258,15 @@ TEST(EncodeGpu, OddSizesGqa8x128) {
   RunEncodeCase(8, 128, 1, 21);
   RunEncodeCase(8, 128, 97, 22);
   RunEncodeCase(8, 128, 300, 23);
+}
+
+// Every value grid refit (codec/final_grid.h) gives the CPU's records.
+TEST(EncodeGpu, EveryValueRefitLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (Refit r : {Refit::kLeastSquares, Refit::kUnbiased, Refit::kNormPreserving}) {
+    SCOPED_TRACE(RefitName(r));
+    RunEncodeCase(8, 128, 300, 26, r);
+  }
 }
 
 TEST(EncodeGpu, Dim64AndSmallStreams) {

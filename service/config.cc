@@ -149,6 +149,7 @@ CodecOptions ServiceOptions::codec_options() const {
   o.value_bytes = codec.value_bytes;
   o.alpha = codec.alpha;
   o.mean_window = codec.mean_window;
+  o.value_refit = codec.value_refit;
   o.rotation = codec.hadamard ? "hadamard" : "identity";
   return o;
 }
@@ -208,6 +209,11 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   if (c.codec().has_key_bytes()) q.key_bytes = static_cast<int>(std::min(c.codec().key_bytes(), 1u << 30));
   if (c.codec().has_value_bytes()) q.value_bytes = static_cast<int>(std::min(c.codec().value_bytes(), 1u << 30));
   if (c.codec().has_alpha()) q.alpha = c.codec().alpha();
+  if (!c.codec().value_refit().empty()) {
+    absl::StatusOr<Refit> r = ParseRefit(c.codec().value_refit());
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("codec.value_refit: ", r.status().message()));
+    q.value_refit = *r;
+  }
   if (c.codec().has_page_tokens()) q.mean_window = static_cast<int>(std::min(c.codec().page_tokens(), 1u << 30));
   if (absl::Status st = q.Validate(); !st.ok()) {
     // DQuantConfig names its own fields; say where they live in the config.

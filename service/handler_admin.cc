@@ -114,6 +114,7 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_key_payload_bytes(c.key_payload_bytes);
   r->set_value_payload_bytes(c.value_payload_bytes);
   r->set_alpha(c.alpha);
+  r->set_value_refit(c.value_refit);
   r->set_page_tokens(pool_->page_tokens());
   r->set_window_tokens(options_.window_tokens);
   r->set_page_bytes(pool_->page_stride());

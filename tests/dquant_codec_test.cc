@@ -18,8 +18,10 @@
 namespace driftkv {
 namespace {
 
-std::unique_ptr<KvCodec> Make(int heads, int dim, int window = 128) {
+std::unique_ptr<KvCodec> Make(int heads, int dim, int window = 128,
+                              Refit value_refit = kDefaultValueRefit) {
   CodecOptions o;
+  o.value_refit = value_refit;
   o.kv_heads = heads;
   o.head_dim = dim;
   o.mean_window = window;
@@ -50,9 +52,13 @@ TEST(Hadamard, IsOrthonormalAndSelfInverse) {
 }
 
 // The quality bars (docs/quality.md, first table): i.i.d. standard normal
-// keys and values, T = 512, H = 8, D = 128, default settings.
-TEST(DQuant, IidNormalMeetsTheQualityBars) {
-  auto codec = Make(8, 128);
+// keys and values, T = 512, H = 8, D = 128, default settings. nmse_v <= 0.140
+// is the bar of the paper's Algorithm 1 (least-squares value grid); the
+// default unbiased grid gives up some NMSE (0.151 here) for reconstructions
+// that are not contracted, which the model prefers (docs/quality.md), and
+// is held to 0.160.
+void CheckIidNormalBars(Refit value_refit, double nmse_v_bar) {
+  auto codec = Make(8, 128, 128, value_refit);
   const int64_t T = 512, n = 1024;
   std::vector<float> k = Normal(T * n, 10), v = Normal(T * n, 20);
   EncodedLayer enc;
@@ -69,12 +75,18 @@ TEST(DQuant, IidNormalMeetsTheQualityBars) {
   }
   const double bits = 8.0 * (enc.key_bytes() + enc.value_bytes()) / (2.0 * T * n);
   EXPECT_LE(ek / sk, 0.066);
-  EXPECT_LE(ev / sv, 0.140);
+  EXPECT_LE(ev / sv, nmse_v_bar);
   EXPECT_EQ(stats.keys.retries + stats.values.retries, 0);
   EXPECT_LE(static_cast<double>(stats.keys.moved) / stats.keys.symbols, 0.07);
   EXPECT_LE(static_cast<double>(stats.values.moved) / stats.values.symbols, 0.10);
   EXPECT_LE(std::max(stats.keys.max_move, stats.values.max_move), 1);
   EXPECT_NEAR(bits, 2.26, 0.02);
+}
+
+TEST(DQuant, IidNormalMeetsTheQualityBars) { CheckIidNormalBars(kDefaultValueRefit, 0.160); }
+
+TEST(DQuant, IidNormalMeetsThePapersBarsWithLeastSquares) {
+  CheckIidNormalBars(Refit::kLeastSquares, 0.140);
 }
 
 // Attention through eq. (8)/(9) must equal attention over the decoded cache.

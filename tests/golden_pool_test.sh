@@ -3,7 +3,11 @@
 # (same bytes for the same inputs and flags), and what `decode` returns for
 # them must not change either. The files in tests/testdata/ were written
 # with the commands below before the restructuring of the source tree; a
-# refactoring that changes one byte fails here.
+# refactoring that changes one byte fails here. Those two were written with
+# the least-squares value grid, the default then: `--v-refit least_squares`
+# must still write them. The *_unbiased files were written with the
+# default since ("unbiased", codec/stream_codec.h step 6) by the same
+# commands without --v-refit.
 #
 #   synth-kv --out s --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7
 #   synth-kv --out c --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8
@@ -13,13 +17,16 @@
 #   driftkv-codec encode --keys s.k --values s.v --shape 2,300,2,64 --residual 44 \
 #       --transform wush --transforms c.xfm --out golden_wush.dkv
 #
-#   golden_pool_test.sh SYNTH CALIBRATE CODEC GOLDEN_DQUANT GOLDEN_WUSH
+#   golden_pool_test.sh SYNTH CALIBRATE CODEC GOLDEN_DQUANT GOLDEN_WUSH \
+#       GOLDEN_DQUANT_UNBIASED GOLDEN_WUSH_UNBIASED
 set -euo pipefail
 synth=$1
 cal=$2
 codec=$3
 golden_dquant=$4
 golden_wush=$5
+golden_dquant_unbiased=$6
+golden_wush_unbiased=$7
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -39,10 +46,15 @@ expect_sum "$tmp/c.k" e118a6d7aabd90723886e3bb305a31b791ec20c8cd1f849d884f6fd8e7
 expect_sum "$tmp/c.xfm" c1d82b27f953656b005349d0540212f021758feedc22a32c8777fd538b1c117a "transforms file"
 
 enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44)
-"$codec" "${enc[@]}" --out "$tmp/dquant.dkv" >/dev/null
+"$codec" "${enc[@]}" --v-refit least_squares --out "$tmp/dquant.dkv" >/dev/null
 cmp "$tmp/dquant.dkv" "$golden_dquant" || fail "the D-Quant pool file differs from the golden one"
-"$codec" "${enc[@]}" --transform wush --transforms "$tmp/c.xfm" --out "$tmp/wush.dkv" >/dev/null
+"$codec" "${enc[@]}" --v-refit least_squares --transform wush --transforms "$tmp/c.xfm" \
+  --out "$tmp/wush.dkv" >/dev/null
 cmp "$tmp/wush.dkv" "$golden_wush" || fail "the WUSH pool file differs from the golden one"
+"$codec" "${enc[@]}" --out "$tmp/dquant_u.dkv" >/dev/null
+cmp "$tmp/dquant_u.dkv" "$golden_dquant_unbiased" || fail "the default D-Quant pool file differs from the golden one"
+"$codec" "${enc[@]}" --transform wush --transforms "$tmp/c.xfm" --out "$tmp/wush_u.dkv" >/dev/null
+cmp "$tmp/wush_u.dkv" "$golden_wush_unbiased" || fail "the default WUSH pool file differs from the golden one"
 
 # Decoding the committed files (not the fresh ones) gives the same floats as before.
 "$codec" decode --in "$golden_dquant" --out "$tmp/rd" >/dev/null
@@ -51,4 +63,11 @@ expect_sum "$tmp/rd.v" f20b67454a6ab37d92418e11237403f14bbc0af2a656aeac5ba3f6399
 "$codec" decode --in "$golden_wush" --out "$tmp/rw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
 expect_sum "$tmp/rw.k" fb6ca70a48ecf3a6e5c5aaeff924b1f3d28f36315beb9400ca1ffa85f97d25c7 "decoded WUSH keys"
 expect_sum "$tmp/rw.v" 0f8f41fca63a19618a2dee443434f26145ec2106532475d77c2391f36e77d9f8 "decoded WUSH values"
+# The keys of the default files are those above; only the value grids differ.
+"$codec" decode --in "$golden_dquant_unbiased" --out "$tmp/ud" >/dev/null
+expect_sum "$tmp/ud.k" 1f527b4bc19caa0220fa0980a0467013d2a43e3e2d8035e7625e7d9e6a9f4d49 "decoded default D-Quant keys"
+expect_sum "$tmp/ud.v" c57efb32ec460ad37a8b0f3d157c55bc013b4159bded0af53f70213a7b061490 "decoded default D-Quant values"
+"$codec" decode --in "$golden_wush_unbiased" --out "$tmp/uw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
+expect_sum "$tmp/uw.k" fb6ca70a48ecf3a6e5c5aaeff924b1f3d28f36315beb9400ca1ffa85f97d25c7 "decoded default WUSH keys"
+expect_sum "$tmp/uw.v" 6135e910bb2dd5566cf7cd626f0e87a66efadc78610ae70dcc5c77b212fe44af "decoded default WUSH values"
 echo PASS

@@ -130,7 +130,7 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
   const double err = std::sqrt(e.service / e.sum), local = std::sqrt(e.local / e.sum);
   EXPECT_LE(err, local * 1.0001 + 1e-9);
   EXPECT_GT(err, 1e-3);
-  EXPECT_LT(err, 0.6);
+  EXPECT_LT(err, 0.7);  // 0.63 with the default (unbiased) value grid
   absl::StatusOr<v1::StatsResponse> st = client.Stats();
   EXPECT_EQ(st->pages_in_use(), 0u);  // released
 }

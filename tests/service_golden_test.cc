@@ -5,6 +5,11 @@
 // stay what they were. A refactoring that moves one stored byte, one decoded
 // float or one attention output bit fails here. On a mismatch the test
 // prints the new values in the form of the table below.
+//
+// The figures recorded before the restructuring were written with the
+// least-squares value grid (codec.value_refit "least_squares"), which the
+// tests below select explicitly so that the old behaviour keeps its bytes;
+// the *Unbiased tests pin the default grid ("unbiased").
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -169,8 +174,9 @@ void Expect(const char* name, const Golden& got, const Golden& want, bool check_
   EXPECT_EQ(got.capacity_pages, want.capacity_pages) << name << ": pages in the pool";
 }
 
-ServiceOptions Options(int page_tokens, int window_tokens) {
+ServiceOptions Options(int page_tokens, int window_tokens, Refit refit = Refit::kLeastSquares) {
   ServiceOptions o = testing::SmallOptions(1u << 20);
+  o.codec.value_refit = refit;
   o.codec.mean_window = page_tokens;
   o.window_tokens = window_tokens;
   o.backend_threads = 4;  // long items are split over threads (split-KV merge)
@@ -185,6 +191,18 @@ TEST(ServiceGoldenTest, SmallPagesHadamard) {
 // Pages of 128 tokens (the GPU kernels' page) and the default window.
 TEST(ServiceGoldenTest, DefaultPagesHadamard) {
   Expect("default", RunService(Options(128, 128)), {0x2c7e4f44e5827b8eull, 0x78feb645737d2756ull, 0xd401dcf00e9a87c6ull, 9920, 105}, true);
+}
+
+// The default value grid; keys (and so the key records) are those above.
+TEST(ServiceGoldenTest, SmallPagesUnbiased) {
+  static_assert(kDefaultValueRefit == Refit::kUnbiased, "the *Unbiased tests pin the default");
+  Expect("small unbiased", RunService(Options(32, 32, Refit::kUnbiased)),
+         {0x821bc05fcc5fb1d9ull, 0x858323dcb0b041c4ull, 0x8617e62d451486c9ull, 2624, 399}, true);
+}
+
+TEST(ServiceGoldenTest, DefaultPagesUnbiased) {
+  Expect("default unbiased", RunService(Options(128, 128, Refit::kUnbiased)),
+         {0x1d0efaaee5b57b24ull, 0xb5639f27dadd58c4ull, 0x97bbdaaf45714805ull, 9920, 105}, true);
 }
 
 TEST(ServiceGoldenTest, IdentityTransform) {

@@ -322,13 +322,14 @@ TEST_F(WushServiceTest, ReadIsTheModelDomainForEveryTransform) {
     const double ev = RelativeL2(std::vector<float>(values.begin(), values.begin() + paged), v_ref);
     std::printf("%s: page tokens read back, relative L2 error keys %.4f values %.4f\n", TransformName(kind), ek, ev);
     // 8 key levels: about 0.2 of the noise; 6 value levels on Gaussian
-    // values: about 0.6. Keys stored as T_K k and read without T_K^-1 would
+    // values: about 0.83 read back (the unbiased value grid's scale is
+    // 1/rho^2 of the least-squares one). Keys stored as T_K k and read without T_K^-1 would
     // be off by more than their own size. Random statistics give no WUSH
     // gain, but no large loss either. (No rotation at all, "identity", does
     // lose on keys whose outlier channels RoPE moves within a window.)
     if (kind == TransformKind::kHadamard) hadamard_ek = ek, hadamard_ev = ev;
     EXPECT_LT(ek, 0.3);
-    EXPECT_LT(ev, 0.8);
+    EXPECT_LT(ev, 0.9);
     if (kind == TransformKind::kWush) {
       EXPECT_LT(ek, 1.25 * hadamard_ek);
       EXPECT_LT(ev, 1.25 * hadamard_ev);

@@ -3,6 +3,7 @@
 #include "codec/stream_codec.h"
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -71,6 +72,61 @@ TEST(StreamCodec, HundredThousandStreamsAllFitAndDecodeExactly) {
   EXPECT_GE(total, 100000);
   EXPECT_LE(stats.bytes_used, stats.bytes_budget);
   EXPECT_EQ(stats.streams, total);
+}
+
+// The final value grid refit (step 6): with every refit, streams of every
+// kind fit and decode to the encoder's symbols; the symbols do not depend on
+// the refit (only the grid does); the least-squares grid contracts normal
+// streams toward their mean (projection (xhat - x).x / x.x well below 0),
+// the unbiased one does not, and the norm-preserving one keeps the norm.
+TEST(StreamCodec, ValueRefitsKeepSymbolsAndRemoveTheShrink) {
+  const int n = 512, levels = 6, bytes = 116;
+  const Refit refits[] = {Refit::kLeastSquares, Refit::kUnbiased, Refit::kNormPreserving};
+  double proj[3] = {0, 0, 0}, norm[3] = {0, 0, 0};
+  int normal_streams = 0;
+  std::mt19937_64 rng(99);
+  std::vector<float> x(n), y(n);
+  std::vector<uint8_t> decoded(n), first(n);
+  for (int s = 0; s < 2000; ++s) {
+    const Kind kind = static_cast<Kind>(s % kKinds);
+    Fill(kind, rng, &x);
+    normal_streams += kind == kNormal;
+    for (int r = 0; r < 3; ++r) {
+      StreamCodec codec = MakeCodec(n, levels, bytes);
+      codec.set_refit(refits[r]);
+      std::vector<uint8_t> record(codec.stride());
+      StreamScratch scratch;
+      StreamStats stats;
+      ASSERT_TRUE(codec.Encode(x.data(), record.data(), &scratch, &stats).ok());
+      ASSERT_LE(stats.bytes_used, bytes);
+      float sc, off;
+      ASSERT_TRUE(codec.DecodeSymbols(record.data(), decoded.data(), &sc, &off).ok()) << RefitName(refits[r]);
+      ASSERT_TRUE(std::equal(decoded.begin(), decoded.end(), scratch.symbols.begin()));
+      if (r == 0) first = decoded;
+      ASSERT_EQ(decoded, first) << "stream " << s << " " << RefitName(refits[r]);
+      ASSERT_TRUE(codec.Decode(record.data(), y.data()).ok());
+      if (kind != kNormal) continue;
+      double xx = 0, ex = 0, yy = 0;
+      for (int i = 0; i < n; ++i) {
+        xx += static_cast<double>(x[i]) * x[i];
+        ex += (static_cast<double>(y[i]) - x[i]) * x[i];
+        yy += static_cast<double>(y[i]) * y[i];
+      }
+      proj[r] += ex / xx;
+      norm[r] += std::sqrt(yy / xx);
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    proj[r] /= normal_streams;
+    norm[r] /= normal_streams;
+    std::printf("%s: projection %+.4f, norm %.4f\n", RefitName(refits[r]), proj[r], norm[r]);
+  }
+  EXPECT_LT(proj[0], -0.05);
+  EXPECT_LT(norm[0], 0.97);
+  EXPECT_NEAR(proj[1], 0.0, 0.005);
+  EXPECT_NEAR(norm[2], 1.0, 0.01);
+  EXPECT_EQ(ParseRefit("unbiased").value(), Refit::kUnbiased);
+  EXPECT_FALSE(ParseRefit("lsq").ok());
 }
 
 TEST(StreamCodec, EncodingIsDeterministic) {

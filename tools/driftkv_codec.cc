@@ -9,7 +9,7 @@
 //   driftkv-codec sweep  ...   (see eval/sweep.h)
 //   driftkv-codec demo         (built-in synthetic KV, human-readable)
 // Codec flags: --codec NAME --k-levels --v-levels --k-bytes --v-bytes
-// --alpha --mean-window --bits --group --kappa-k --kappa-v --seed.
+// --v-refit --alpha --mean-window --bits --group --kappa-k --kappa-v --seed.
 // Transform flags (eval, encode, decode, sweep): eval/transform_flags.h.
 #include <cmath>
 #include <cstdio>
@@ -33,7 +33,7 @@ namespace {
 
 const std::set<std::string> kCodecFlags = {"codec", "k-levels", "v-levels", "k-bytes", "v-bytes",
                                            "alpha", "mean-window", "bits", "group", "kappa-k",
-                                           "kappa-v", "seed", "rotation"};
+                                           "kappa-v", "seed", "rotation", "v-refit"};
 
 absl::Status CodecFromFlags(const Flags& f, int kv_heads, int head_dim, CodecOptions* o) {
   o->name = f.Str("codec", "dquant");
@@ -52,6 +52,11 @@ absl::Status CodecFromFlags(const Flags& f, int kv_heads, int head_dim, CodecOpt
   st.Update(f.Num("kappa-k", &o->kappa_k));
   st.Update(f.Num("kappa-v", &o->kappa_v));
   st.Update(f.Num("seed", &o->seed));
+  if (f.Has("v-refit")) {
+    absl::StatusOr<Refit> r = ParseRefit(f.Str("v-refit"));
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--v-refit: ", r.status().message()));
+    o->value_refit = *r;
+  }
   return st;
 }
 
@@ -314,7 +319,7 @@ int Usage(bool help = false) {
                "  sweep  --codec A,B,... --keys K --values V [--queries Q] --shape ... --out DIR\n"
                "  demo   (synthetic KV)\n"
                "codec flags: --codec NAME --k-levels 8 --v-levels 6 --k-bytes 331 --v-bytes 231\n"
-               "  --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
+               "  --v-refit least_squares|unbiased|norm --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
                "  --rotation hadamard|identity\n"
                "transform flags (eval, encode, decode, sweep): --transform identity|hadamard|wush\n"
                "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n"

@@ -44,6 +44,7 @@ class Info:
     hot_page_bytes: int
     hot_promotion: str
     hot_idle_seconds: float
+    value_refit: str  # D-Quant's value grid: "unbiased", "norm" or "least_squares"
 
 
 @dataclass(frozen=True)
