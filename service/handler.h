@@ -83,6 +83,16 @@ class Handler {
 
   // One chunk of an Append stream; adds to `totals` when accepted.
   absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals);
+  // DEVICE INGEST (backends/backend.h, docs/nccl.md): a chunk whose keys and
+  // values a transport received into staging memory of the backend
+  // (backend().AllocateStaging). Exactly Append's semantics and messages:
+  // all-or-nothing, tokens already stored acknowledged, gaps OUT_OF_RANGE.
+  // CheckChunkHeader runs the checks that need no tensor data (the
+  // transport uses it before receiving); AppendStaged runs them again.
+  absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
+  absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens,
+                            v1::AppendResponse* totals);
+  Backend& backend() { return *backend_; }
   absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response);
   // Streams the answer through `sink`, which returns false to stop (the
   // client went away: Cancelled).
@@ -199,8 +209,20 @@ class Handler {
   // On success the layer owns them, except that for a hot layer they are
   // promoted to hot pages and freed here (when no hot page can be had even
   // after demoting other layers, the layer itself is demoted instead).
+  // With `staged` set the tokens come from there (DEVICE INGEST) and
+  // keys/values are ignored.
   absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                           const float* values, const std::vector<PageId>& pages, const TierHeld& held);
+                           const float* values, const std::vector<PageId>& pages, const TierHeld& held,
+                           const StagedTokens* staged = nullptr);
+  // The header checks of Append (sequence id, layer, count, first token,
+  // optional shape), in its order.
+  absl::Status CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                           uint32_t token_count, const uint32_t* kv_heads, const uint32_t* head_dim) const;
+  // Append after the checks: finds or creates the sequence, plans, reserves
+  // and stores (from keys/values, or from `staged`), updates the totals.
+  absl::Status StoreChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                          uint32_t token_count, int dtype, const float* keys, const float* values,
+                          const StagedTokens* staged, v1::AppendResponse* totals);
 
   // Attend in steps (handler_attend.cc): validate, lock, plan and apply
   // the decode steps, attend.

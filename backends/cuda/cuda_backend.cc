@@ -1,7 +1,9 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,9 +12,12 @@
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
+#include "kernels/ingest.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 #include "kernels/transform.h"
@@ -44,6 +49,22 @@ struct StagingLayout {
     bytes = window_values + align(std::max<size_t>(window_tokens, 1) * n * 2);
   }
   size_t table, query, window_keys, window_values, bytes;
+};
+
+// A staging buffer in device memory (DEVICE INGEST in backends/backend.h).
+struct DeviceStaging : StagingBuffer {
+  explicit DeviceStaging(int d) : device(d) {}
+  ~DeviceStaging() override {
+    if (ptr != nullptr) {
+      cudaSetDevice(device);
+      cudaFree(ptr);
+    }
+  }
+  void* data() override { return ptr; }
+  size_t bytes() const override { return size; }
+  int device;
+  void* ptr = nullptr;
+  size_t size = 0;
 };
 
 class CudaBackend : public Backend {
@@ -117,6 +138,7 @@ class CudaBackend : public Backend {
     if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
     if (moves.empty()) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     const int count = static_cast<int>(moves.size());
     std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
     for (int i = 0; i < count; ++i) {
@@ -157,6 +179,7 @@ class CudaBackend : public Backend {
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
     if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     std::vector<uint8_t> level(hot_layout_.page_bytes);
     for (const TierMove& m : moves) {
       absl::Status st = DownloadHotPage(m.from, level.data());
@@ -181,6 +204,7 @@ class CudaBackend : public Backend {
     std::vector<uint8_t> level(hot_layout_.page_bytes);
     {
       absl::MutexLock lock(&mu_);
+      cudaSetDevice(device_);  // the calling RPC thread's current device
       st = DownloadHotPage(page, level.data());
     }
     if (!st.ok()) return st;
@@ -257,19 +281,13 @@ class CudaBackend : public Backend {
       if (!st.ok()) return st;
     }
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     const int P = pool_.page_tokens(), n = layout_.n();
     const size_t page_floats = static_cast<size_t>(P) * n;
     const size_t in_bytes = jobs.size() * page_floats * sizeof(float);
-    const int tokens = static_cast<int>(jobs.size()) * P;
     absl::Status st = keys_in_.Reserve(in_bytes);
     if (st.ok()) st = values_in_.Reserve(in_bytes);
-    if (st.ok()) st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
-    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
-    if (!st.ok()) return st;
-    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
     for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
-      ids[j] = jobs[j].page;
-      ids[jobs.size() + j] = jobs[j].layer;
       st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_), "upload keys");
       if (st.ok()) {
@@ -277,16 +295,143 @@ class CudaBackend : public Backend {
                                   page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload values");
       }
     }
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (!st.ok()) return st;
+    return EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+  }
+
+  // DEVICE INGEST (backends/backend.h): staging buffers are device memory
+  // of this GPU; values are checked and rounded to bf16 by
+  // kernels/ingest.h and encoded from there.
+  int staging_device() const override { return device_; }
+
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes) override {
+    auto buffer = std::make_unique<DeviceStaging>(device_);
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = Cuda(cudaMalloc(&buffer->ptr, bytes), "cudaMalloc (staging)");
+    if (!st.ok()) return st;
+    buffer->size = bytes;
+    return std::unique_ptr<StagingBuffer>(std::move(buffer));
+  }
+
+  absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    const size_t elements = static_cast<size_t>(t.tokens) * n;
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = bad_.Reserve(2 * sizeof(unsigned long long));
+    if (st.ok()) st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), stream_), "reset check");
+    for (int kind = 0; kind < 2 && st.ok(); ++kind) {
+      gpu::IngestParams ip;
+      ip.src_dev = kind == 0 ? t.keys : t.values;
+      ip.dtype = t.dtype;
+      ip.elements = elements;
+      ip.limit = limit;
+      ip.first_bad_dev = bad_.get<unsigned long long>() + kind;
+      st = gpu::LaunchIngest(ip, stream_);
+    }
+    unsigned long long bad[2] = {0, 0};
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, stream_), "download check");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "check staged tokens");
+    if (!st.ok()) return st;
+    for (int kind = 0; kind < 2; ++kind) {
+      if (bad[kind] == ~0ull) continue;
+      // The failing element, converted on the host for the message.
+      const size_t eb = DTypeBytes(t.dtype);
+      std::string raw(eb, '\0');
+      st = Cuda(cudaMemcpy(raw.data(), static_cast<const uint8_t*>(kind == 0 ? t.keys : t.values) + bad[kind] * eb, eb,
+                           cudaMemcpyDeviceToHost), "download bad element");
+      if (!st.ok()) return st;
+      float x = 0.0f;
+      TensorToFloat(raw, t.dtype, 1, &x);
+      const char* field = kind == 0 ? "keys" : "values";
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " element ", bad[kind], " is ", x,
+          std::isfinite(x) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
+                            absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                            absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                            std::vector<uint16_t>* tail_values) override {
+    for (const EncodeJob& j : jobs) {
+      absl::Status st = CheckLayer(j.layer);
+      if (!st.ok()) return st;
+    }
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    const size_t prefix = prefix_keys.size() / n, total = prefix + static_cast<size_t>(fresh);
+    const size_t encoded = jobs.size() * static_cast<size_t>(page_tokens);
+    if (encoded > total) return absl::InternalError("EncodeStaged: more pages than tokens");
+    // S = [prefix; staged tokens] as bf16-rounded floats, on the device.
+    std::vector<float> pk(prefix * n), pv(prefix * n);
+    for (size_t i = 0; i < prefix * n; ++i) {
+      pk[i] = Bf16ToFloat(prefix_keys[i]);
+      pv[i] = Bf16ToFloat(prefix_values[i]);
+    }
+    const size_t bytes = std::max<size_t>(total, 1) * n * sizeof(float);
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = keys_in_.Reserve(bytes);
+    if (st.ok()) st = values_in_.Reserve(bytes);
+    if (st.ok() && prefix > 0) {
+      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>(), pk.data(), pk.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window keys");
+      if (st.ok()) st = Cuda(cudaMemcpyAsync(values_in_.get<float>(), pv.data(), pv.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window values");
+    }
+    const size_t eb = DTypeBytes(t.dtype);
+    for (int kind = 0; kind < 2 && st.ok(); ++kind) {
+      gpu::IngestParams ip;
+      ip.src_dev = static_cast<const uint8_t*>(kind == 0 ? t.keys : t.values) + static_cast<size_t>(skip) * n * eb;
+      ip.dtype = t.dtype;
+      ip.elements = static_cast<size_t>(fresh) * n;
+      ip.out_dev = (kind == 0 ? keys_in_.get<float>() : values_in_.get<float>()) + prefix * n;
+      st = gpu::LaunchIngest(ip, stream_);
+    }
+    if (st.ok() && !jobs.empty()) st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+    if (!st.ok()) return st;
+    // The window: the tokens after the pages, back to the host as bf16.
+    const size_t rest = (total - encoded) * n;
+    std::vector<float> rk(rest), rv(rest);
+    if (rest > 0) {
+      st = Cuda(cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window keys");
+      if (st.ok()) st = Cuda(cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window values");
+      if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download window");
+      if (!st.ok()) return st;
+    }
+    tail_keys->resize(rest);
+    tail_values->resize(rest);
+    for (size_t i = 0; i < rest; ++i) {
+      (*tail_keys)[i] = FloatToBf16(rk[i]);
+      (*tail_values)[i] = FloatToBf16(rv[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  // Encodes jobs[j] from tokens [j P, (j + 1) P) of keys_dev/values_dev
+  // (device floats, model domain; transformed in place with WUSH), writes
+  // the pages to the device arena and mirrors them into the host arena.
+  absl::Status EncodeOnDeviceLocked(float* keys_dev, float* values_dev, absl::Span<EncodeJob> jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int P = pool_.page_tokens(), n = layout_.n();
+    const int tokens = static_cast<int>(jobs.size()) * P;
+    absl::Status st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
+    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
+    if (!st.ok()) return st;
+    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      ids[j] = jobs[j].page;
+      ids[jobs.size() + j] = jobs[j].layer;
+    }
+    st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
     if (st.ok() && transforms_ != nullptr) {
       const int32_t* layers_dev = pages_.get<int32_t>() + jobs.size();
-      st = TransformOnDevice(keys_in_.get<float>(), tokens, layers_dev, P, gpu::kTfKey);
-      if (st.ok() && !values_folded_) st = TransformOnDevice(values_in_.get<float>(), tokens, layers_dev, P, gpu::kTfValue);
+      st = TransformOnDevice(keys_dev, tokens, layers_dev, P, gpu::kTfKey);
+      if (st.ok() && !values_folded_) st = TransformOnDevice(values_dev, tokens, layers_dev, P, gpu::kTfValue);
     }
     if (!st.ok()) return st;
     gpu::EncodeParams ep = encode_;
-    ep.keys_dev = keys_in_.get<float>();
-    ep.values_dev = values_in_.get<float>();
+    ep.keys_dev = keys_dev;
+    ep.values_dev = values_dev;
     ep.tokens = tokens;
     ep.pages_dev = pages_.get<int32_t>();
     ep.pool_dev = static_cast<uint8_t*>(arena_);
@@ -368,6 +513,7 @@ class CudaBackend : public Backend {
  private:
   absl::Status AttendRun(absl::Span<AttendJob> jobs) {
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     absl::Status st = AttendRunLocked(jobs);
     // A failure may come after window slots were planned and before their
     // tokens arrived: forget the cache rather than trust it.
@@ -553,7 +699,7 @@ class CudaBackend : public Backend {
   void* arena_ = nullptr;
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
-  Scratch a_stage_, a_out_, a_ws_;
+  Scratch a_stage_, a_out_, a_ws_, bad_;
   cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
   PinnedScratch host_stage_, host_out_;
 };
