@@ -35,7 +35,7 @@
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server");
 ABSL_FLAG(int, device, 0, "this client's CUDA device");
-ABSL_FLAG(std::string, mode, "equal", "equal, throughput, fault_child or fault_watch");
+ABSL_FLAG(std::string, mode, "equal", "equal, throughput, fault_child, fault_watch or stats");
 ABSL_FLAG(std::string, sizes, "8,64,1024", "MiB of raw KV (keys + values) per chunk");
 ABSL_FLAG(double, nccl_total_mib, 4096, "raw MiB pushed per size over NCCL (at least one chunk)");
 ABSL_FLAG(double, grpc_total_mib, 1024, "raw MiB appended per size over gRPC");
@@ -320,6 +320,12 @@ int main(int argc, char** argv) {
   driftkv::Client client(o);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "fault_watch") return driftkv::FaultWatch(client);
+  if (mode == "stats") {
+    absl::StatusOr<driftkv::v1::StatsResponse> st = client.Stats();
+    if (!st.ok()) return 1;
+    std::printf("PAGES %llu\n", static_cast<unsigned long long>(st->pages_in_use()));
+    return 0;
+  }
   const driftkv::Shape s = driftkv::ShapeOf(client);
   if (mode == "fault_child" || mode == "equal" || mode == "throughput") {
     if (cudaSetDevice(absl::GetFlag(FLAGS_device)) != cudaSuccess) {
