@@ -184,7 +184,6 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   c->last_used_ns = absl::ToUnixNanos(absl::Now());
   if (st.ok()) {
     ++chunks_;
-    bytes_ += 2 * r.tensor_bytes();
   }
   return st;
 }
@@ -226,7 +225,6 @@ void ChannelManager::Stats(v1::StatsResponse* r) const {
   r->set_nccl_channels_aborted(aborted_);
   r->set_nccl_channels_idle_closed(idle_closed_);
   r->set_nccl_chunks(chunks_);
-  r->set_nccl_bytes(bytes_);
 }
 
 }  // namespace driftkv

@@ -66,7 +66,7 @@ class ChannelManager {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::atomic<uint64_t> opened_{0}, aborted_{0}, idle_closed_{0}, chunks_{0}, bytes_{0};
+  std::atomic<uint64_t> opened_{0}, aborted_{0}, idle_closed_{0}, chunks_{0};
 };
 
 }  // namespace driftkv

@@ -302,6 +302,15 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     }
     o.nccl_idle_seconds = t;
   }
+  for (int i = 0; i < c.devices_size(); ++i) {
+    if (c.devices(i) > 1023) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", c.devices(i), " out of range [0, 1023]"));
+    }
+    if (std::find(o.devices.begin(), o.devices.end(), static_cast<int>(c.devices(i))) != o.devices.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", c.devices(i), " is listed twice"));
+    }
+    o.devices.push_back(static_cast<int>(c.devices(i)));
+  }
   if (c.has_nccl_max_chunk_bytes()) {
     if (c.nccl_max_chunk_bytes() < 2 || c.nccl_max_chunk_bytes() > (uint64_t{1} << 40)) {
       return absl::InvalidArgumentError(

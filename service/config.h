@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
@@ -76,6 +77,8 @@ struct ServiceOptions {
   double nccl_chunk_timeout_seconds = kDefaultNcclChunkTimeoutSeconds;
   double nccl_idle_seconds = kDefaultNcclIdleSeconds;
   uint64_t nccl_max_chunk_bytes = kDefaultNcclMaxChunkBytes;
+  // Devices of a multi-GPU server (config devices); empty: one device.
+  std::vector<int> devices;
 
   int page_tokens() const { return codec.mean_window; }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }

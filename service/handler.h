@@ -143,8 +143,12 @@ class Handler {
     std::atomic<bool> promotion_queued{false};
   };
   struct Sequence {
-    explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
+    Sequence(std::string i, int layers, int device) : id(std::move(i)), device(device), layers(layers) {}
     const std::string id;
+    // The pool partition (device slot, options.devices[device]) that holds
+    // every page of the sequence: chosen at creation, least loaded, and
+    // kept (PARTITIONS in backends/page_pool.h).
+    const int device;
     absl::Mutex mu;
     std::vector<LayerState> layers;  // fixed size; see LayerState
     bool released ABSL_GUARDED_BY(mu) = false;
@@ -278,6 +282,13 @@ class Handler {
 
   mutable absl::Mutex table_mu_;
   absl::flat_hash_map<std::string, SequencePtr> table_ ABSL_GUARDED_BY(table_mu_);
+  std::vector<int64_t> device_sequences_ ABSL_GUARDED_BY(table_mu_);  // sequences per partition
+  // The device index of each partition (options.devices, or the one
+  // device) and its gauges (Metrics::device_*).
+  std::vector<int> device_ids_;
+  std::vector<prometheus::Gauge*> device_used_gauges_, device_sequence_gauges_;
+  // Removes a sequence from the table. REQUIRES: table_mu_ held.
+  void EraseLocked(decltype(table_)::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
 
   // Totals over all sequences (read by Stats and the gauges).
   std::atomic<int64_t> tokens_compressed_{0};

@@ -247,7 +247,7 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
       std::vector<PageId> pages;
       if (st.ok()) {
         plan = *planned;
-        absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages);
+        absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages, seq->device);
         st = reserved.status();
         if (st.ok()) pages = *std::move(reserved);
       }

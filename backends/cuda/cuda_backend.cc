@@ -70,10 +70,15 @@ struct DeviceStaging : StagingBuffer {
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
-              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes)
+              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base,
+              PageId end)
       : codec_(*codec), pool_(*pool), hot_pool_(hot_pool), device_(device), transforms_(transforms),
-        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes) {}
+        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes), base_(base), end_(end) {}
+  // The device arena: pages [base_, end_) of the pool, page p at
+  // (p - base_) * page_bytes.
+  size_t arena_bytes() const { return static_cast<size_t>(end_ - base_) * pool_.page_stride(); }
   ~CudaBackend() override {
+    if (host_registered_) cudaHostUnregister(pool_.page(base_));
     cudaFree(arena_);
     cudaFree(hot_arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -100,7 +105,17 @@ class CudaBackend : public Backend {
     gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
     gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
     st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (st.ok()) st = Cuda(cudaMalloc(&arena_, pool_.capacity_bytes()), "cudaMalloc (page arena)");
+    if (st.ok()) st = Cuda(cudaMalloc(&arena_, arena_bytes()), "cudaMalloc (page arena)");
+    // The host arena, page-locked: encoded pages are mirrored into it by
+    // DMA at full speed (pageable memory goes through a bounce buffer).
+    // Best effort: without it the copies are only slower.
+    if (st.ok()) {
+      if (cudaHostRegister(pool_.page(base_), arena_bytes(), cudaHostRegisterDefault) == cudaSuccess) {
+        host_registered_ = true;
+      } else {
+        cudaGetLastError();
+      }
+    }
     if (st.ok()) st = tables_.Reserve(tables.size() * 4);
     if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
     if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
@@ -142,7 +157,7 @@ class CudaBackend : public Backend {
     const int count = static_cast<int>(moves.size());
     std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
     for (int i = 0; i < count; ++i) {
-      ids[i] = moves[i].from;
+      ids[i] = moves[i].from - base_;
       ids[count + i] = moves[i].to;
       ids[2 * count + i] = moves[i].tokens;
     }
@@ -188,7 +203,7 @@ class CudaBackend : public Backend {
       st = DemotePage(codec_, hot_layout_, level.data(), m.tokens, cold, cold + layout_.value_offset,
                       cold + layout_.mean_offset);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
-      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to) * layout_.page_bytes, cold,
+      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to - base_) * layout_.page_bytes, cold,
                                 layout_.page_bytes, cudaMemcpyHostToDevice, stream_), "upload demoted page");
       if (!st.ok()) return st;
     }
@@ -419,7 +434,7 @@ class CudaBackend : public Backend {
     if (!st.ok()) return st;
     std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
     for (size_t j = 0; j < jobs.size(); ++j) {
-      ids[j] = jobs[j].page;
+      ids[j] = jobs[j].page - base_;
       ids[jobs.size() + j] = jobs[j].layer;
     }
     st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
@@ -438,11 +453,17 @@ class CudaBackend : public Backend {
     ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
     st = gpu::LaunchEncode(ep, stream_);
     if (!st.ok()) return st;
-    // Mirror the encoded pages into the host arena.
-    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
-      st = Cuda(cudaMemcpyAsync(pool_.key_records(jobs[j].page),
-                                static_cast<uint8_t*>(arena_) + static_cast<size_t>(jobs[j].page) * layout_.page_bytes,
-                                layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download page");
+    // Mirror the encoded pages into the host arena, one copy per run of
+    // consecutive ids (a fresh reservation is one run).
+    std::vector<PageId> sorted(ids.begin(), ids.begin() + jobs.size());
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t j = 0; j < sorted.size() && st.ok();) {
+      size_t end = j + 1;
+      while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
+      const size_t offset = static_cast<size_t>(sorted[j]) * layout_.page_bytes;
+      st = Cuda(cudaMemcpyAsync(pool_.key_records(sorted[j] + base_), static_cast<uint8_t*>(arena_) + offset,
+                                (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download pages");
+      j = end;
     }
     std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
     if (st.ok()) {
@@ -535,7 +556,7 @@ class CudaBackend : public Backend {
         return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
       }
       start[i] = static_cast<int32_t>(table.size());
-      for (PageId p : j.pages) table.push_back(p);
+      for (PageId p : j.pages) table.push_back(p - base_);
       tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
       wtok[i] = static_cast<int32_t>(j.window.tokens);
       max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
@@ -689,6 +710,7 @@ class CudaBackend : public Backend {
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
   const size_t window_cache_bytes_;
+  const PageId base_, end_;  // the pages of this device (PARTITIONS in page_pool.h)
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
   LevelPageLayout hot_layout_;
@@ -697,6 +719,7 @@ class CudaBackend : public Backend {
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;
+  bool host_registered_ = false;  // the host arena is page-locked
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   Scratch a_stage_, a_out_, a_ws_, bad_;
@@ -708,9 +731,17 @@ class CudaBackend : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
                                                          const TransformSet* transforms, bool values_folded,
-                                                         size_t window_cache_bytes, const PagePool* hot_pool) {
+                                                         size_t window_cache_bytes, const PagePool* hot_pool,
+                                                         int partition) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
-  auto b = std::make_unique<CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes);
+  if (partition < 0 || partition >= pool->partitions()) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of a pool of ", pool->partitions()));
+  }
+  if (hot_pool != nullptr && pool->partitions() > 1) {
+    return absl::FailedPreconditionError("the hot tier runs on one device only");
+  }
+  auto b = std::make_unique<CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes,
+                                         pool->partition_begin(partition), pool->partition_begin(partition + 1));
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));
