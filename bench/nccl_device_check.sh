@@ -2,10 +2,13 @@
 # The NCCL ingest checks on a 2-GPU machine (docs/nccl.md), in one call:
 # server on GPU 1, client on GPU 0.
 #   cd .device/nccl && ./nccl_device_check.sh smoke|full
-# with ./bundle made by bundle-for-device from //service:driftkv-server-cuda
-# and //bench:nccl_ingest_bench. smoke: versions, GPUs, the equality check.
-# full: equality, throughput (8, 64, 1024 MiB chunks, NCCL vs gRPC), the
-# killed-client fault test, health afterwards. Writes $OUT/server.log.
+# with ./bundle made by bundle-for-device from //service:driftkv-server-cuda,
+# //bench:nccl_ingest_bench, //backends/cuda:cuda_backend_test and
+# //tests:service_gpu_test. smoke: versions, GPUs, the equality check.
+# full: the GPU tests, equality, throughput (8, 64, 1024 MiB chunks, NCCL
+# vs gRPC), the killed-client fault test, health afterwards, then a second
+# server over both GPUs (--devices 1,0) against the first: Attend of
+# 64 x 8K bit-equal and items/s. Writes $OUT/server.log, $OUT/server2.log.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 mode=${1:-full}
@@ -45,6 +48,8 @@ PY
 health
 $B nccl_ingest_bench --target $T --device 0 --mode equal
 if [[ $mode == full ]]; then
+  $B cuda_backend_test 2>&1 | tail -3
+  $B service_gpu_test 2>&1 | tail -3
   $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2
   $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 64 --channels 1
   before=$($B nccl_ingest_bench --target $T --mode stats | awk '/PAGES/ {print $2}')
@@ -58,6 +63,16 @@ if [[ $mode == full ]]; then
   health
   echo "after the fault, a new channel:"
   $B nccl_ingest_bench --target $T --device 0 --mode equal | tail -1
+  # Two GPUs: device slot 0 is GPU 1 (NCCL staging there: the client is on GPU 0).
+  T2=127.0.0.1:50062
+  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
+    > $OUT/server2.log 2>&1 &
+  server2=$!
+  for i in $(seq 1 150); do $B nccl_ingest_bench --target $T2 --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
+  head -1 $OUT/server2.log
+  $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi
+  kill -INT $server2
+  wait $server2
 fi
 kill -INT $server
 wait $server

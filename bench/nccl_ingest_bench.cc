@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, sizes, "8,64,1024", "MiB of raw KV (keys + values) per ch
 ABSL_FLAG(double, nccl_total_mib, 4096, "raw MiB pushed per size over NCCL (at least one chunk)");
 ABSL_FLAG(double, grpc_total_mib, 1024, "raw MiB appended per size over gRPC");
 ABSL_FLAG(int, channels, 2, "NCCL channels (threads) pushing concurrently");
+ABSL_FLAG(std::string, target_one, "", "multi: a one-GPU server to compare --target (several GPUs) with");
+ABSL_FLAG(int, attend_threads, 8, "multi: client threads issuing Attend batches");
+ABSL_FLAG(int, attend_iters, 40, "multi: batches per thread");
 ABSL_FLAG(int64_t, since_ns, 0, "fault_watch: when the child sent its header (unix ns)");
 ABSL_FLAG(int64_t, before_pages, -1, "fault_watch: pages_in_use before the child");
 
@@ -308,6 +311,108 @@ int FaultWatch(Client& client) {
   return pool_same && in_time ? 0 : 1;
 }
 
+// 64 sequences x 8K tokens (layer 0) into each server over NCCL; one
+// Attend batch of all 64 must be bit-equal on both; then items/s of the
+// batch from several client threads on each.
+int Multi(Client& multi, const Shape& s) {
+  ClientOptions o = multi.options();
+  o.target = absl::GetFlag(FLAGS_target_one);
+  Client one(o);
+  const int sequences = 64, tokens = 8192, n = s.n, q_heads = 4 * s.kv_heads;
+  const std::vector<uint16_t> k = RandomBf16(static_cast<size_t>(tokens) * n, 21);
+  const std::vector<uint16_t> v = RandomBf16(static_cast<size_t>(tokens) * n, 22);
+  void *kd, *vd;
+  CUDA_OK(cudaMalloc(&kd, k.size() * 2));
+  CUDA_OK(cudaMalloc(&vd, v.size() * 2));
+  CUDA_OK(cudaMemcpy(kd, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(vd, v.data(), v.size() * 2, cudaMemcpyHostToDevice));
+  v1::AttendRequest req;
+  for (Client* c : {&multi, &one}) {
+    absl::StatusOr<std::unique_ptr<NcclChannel>> ch = NcclChannel::Open(c, absl::GetFlag(FLAGS_device));
+    CHECK_OK(ch.status());
+    for (int i = 0; i < sequences; ++i) {
+      // Distinct sequences: each starts at another offset of the pattern.
+      const size_t off = static_cast<size_t>(i % 8) * 512 * n * 2;
+      const uint32_t count = static_cast<uint32_t>(tokens - (i % 8) * 512);
+      CHECK_OK((*ch)->Push(Header(absl::StrCat("m", i), 0, 0, count, n), static_cast<char*>(kd) + off,
+                           static_cast<char*>(vd) + off)
+                   .status());
+      if (count < static_cast<uint32_t>(tokens)) {
+        CHECK_OK((*ch)->Push(Header(absl::StrCat("m", i), 0, count, tokens - count, n), kd, vd).status());
+      }
+    }
+    CHECK_OK((*ch)->Close());
+  }
+  absl::StatusOr<v1::StatsResponse> st = multi.Stats();
+  CHECK_OK(st.status());
+  for (const v1::DeviceStats& d : st->devices()) {
+    std::printf("device %d: %llu sequences, %llu pages\n", d.device(), static_cast<unsigned long long>(d.sequences()),
+                static_cast<unsigned long long>(d.pages_in_use()));
+  }
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int i = 0; i < sequences; ++i) {
+    v1::AttendItem* it = req.add_items();
+    it->set_sequence_id(absl::StrCat("m", i));
+    it->set_layer(0);
+    it->set_dtype(v1::DTYPE_F32);
+    it->set_q_heads(q_heads);
+    std::string q;
+    for (int j = 0; j < q_heads * s.head_dim; ++j) {
+      const float x = g(rng);
+      q.append(reinterpret_cast<const char*>(&x), 4);
+    }
+    it->set_query(q);
+  }
+  absl::StatusOr<v1::AttendResponse> a = multi.Attend(req), b = one.Attend(req);
+  CHECK_OK(a.status());
+  CHECK_OK(b.status());
+  bool equal = a->results_size() == b->results_size();
+  for (int i = 0; equal && i < a->results_size(); ++i) {
+    equal = a->results(i).output() == b->results(i).output() && a->results(i).tokens() == tokens &&
+            a->results(i).lse_size() == b->results(i).lse_size();
+    for (int h = 0; equal && h < a->results(i).lse_size(); ++h) {
+      const float x = a->results(i).lse(h), y = b->results(i).lse(h);
+      equal = std::memcmp(&x, &y, 4) == 0;
+    }
+  }
+  std::printf("MULTI Attend of %d x %d tokens: two GPUs vs one %s\n", sequences, tokens,
+              equal ? "bit-equal" : "DIFFERENT");
+  double rate[2];
+  for (int w = 0; w < 2; ++w) {
+    Client& c = w == 0 ? multi : one;
+    const int threads = absl::GetFlag(FLAGS_attend_threads), iters = absl::GetFlag(FLAGS_attend_iters);
+    for (int i = 0; i < 3; ++i) CHECK_OK(c.Attend(req).status());  // warm-up
+    const absl::Time t0 = absl::Now();
+    std::vector<std::thread> ts;
+    std::vector<absl::Status> errors(threads);
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < iters; ++i) {
+          absl::StatusOr<v1::AttendResponse> r = c.Attend(req);
+          if (!r.ok()) {
+            errors[t] = r.status();
+            return;
+          }
+        }
+      });
+    }
+    for (std::thread& t : ts) t.join();
+    for (const absl::Status& e : errors) CHECK_OK(e);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    rate[w] = static_cast<double>(threads) * iters * sequences / secs;
+    std::printf("MULTI %s: %.0f items/s (%d threads x %d batches of %d x %d, %.3f s, %.3f ms per batch)\n",
+                w == 0 ? "two GPUs" : "one GPU", rate[w], threads, iters, sequences, tokens, secs,
+                1e3 * secs / (threads * iters));
+  }
+  std::printf("MULTI speedup %.2fx, results %s\n", rate[0] / rate[1], equal ? "bit-equal" : "DIFFERENT");
+  for (int i = 0; i < sequences; ++i) {
+    CHECK_OK(multi.Release(absl::StrCat("m", i)).status());
+    CHECK_OK(one.Release(absl::StrCat("m", i)).status());
+  }
+  return equal ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace driftkv
 
@@ -327,7 +432,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const driftkv::Shape s = driftkv::ShapeOf(client);
-  if (mode == "fault_child" || mode == "equal" || mode == "throughput") {
+  if (mode == "fault_child" || mode == "equal" || mode == "throughput" || mode == "multi") {
     if (cudaSetDevice(absl::GetFlag(FLAGS_device)) != cudaSuccess) {
       std::fprintf(stderr, "cannot use device %d\n", absl::GetFlag(FLAGS_device));
       return 1;
@@ -336,6 +441,7 @@ int main(int argc, char** argv) {
   if (mode == "fault_child") return driftkv::FaultChild(client, s);
   if (mode == "equal") return driftkv::Equal(client, s);
   if (mode == "throughput") return driftkv::Throughput(client, s);
+  if (mode == "multi") return driftkv::Multi(client, s);
   std::fprintf(stderr, "unknown --mode %s\n", mode.c_str());
   return 2;
 }

@@ -124,6 +124,7 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_page_bytes(pool_->page_stride());
   r->set_capacity_pages(pool_->capacity_pages());
   r->set_capacity_bytes(pool_->capacity_bytes());
+  r->clear_devices();
   for (size_t k = 0; k < device_ids_.size(); ++k) {
     v1::DeviceInfo* d = r->add_devices();
     const int64_t pages = pool_->partition_begin(static_cast<int>(k) + 1) - pool_->partition_begin(static_cast<int>(k));
@@ -163,6 +164,7 @@ void Handler::Stats(v1::StatsResponse* r) const {
   r->set_capacity_pages(pool_->capacity_pages());
   r->set_bytes_in_use(static_cast<uint64_t>(in_use) * pool_->page_stride());
   r->set_capacity_bytes(pool_->capacity_bytes());
+  r->clear_devices();
   for (size_t k = 0; k < device_ids_.size(); ++k) {
     v1::DeviceStats* d = r->add_devices();
     const int64_t used = pool_->pages_in_use(static_cast<int>(k));
