@@ -5,17 +5,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "backends/attend_batcher.h"
 
 namespace driftkv {
 namespace {
 
 class MultiDeviceBackend : public Backend {
  public:
-  MultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool)
-      : inner_(std::move(inner)), pool_(*pool) {}
+  MultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool, bool batched)
+      : inner_(std::move(inner)), pool_(*pool), batched_(batched) {}
 
   std::string name() const override { return inner_[0]->name(); }
-  bool PrefersBatchedAttend() const override { return inner_[0]->PrefersBatchedAttend(); }
+  bool PrefersBatchedAttend() const override { return !batched_ && inner_[0]->PrefersBatchedAttend(); }
 
   absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
     // Runs of jobs of one device (an Append's jobs are all one sequence's).
@@ -85,12 +86,22 @@ class MultiDeviceBackend : public Backend {
 
   std::vector<std::unique_ptr<Backend>> inner_;
   const PagePool& pool_;
+  const bool batched_;  // each inner backend has its own Attend queue
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool) {
-  return std::make_unique<MultiDeviceBackend>(std::move(inner), pool);
+std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
+                                                bool batch_per_device, std::function<void(int calls, int jobs)> observer) {
+  bool batched = false;
+  if (batch_per_device) {
+    for (std::unique_ptr<Backend>& b : inner) {
+      if (!b->PrefersBatchedAttend()) continue;
+      b = std::make_unique<BatchingBackend>(std::move(b), observer);
+      batched = true;
+    }
+  }
+  return std::make_unique<MultiDeviceBackend>(std::move(inner), pool, batched);
 }
 
 }  // namespace driftkv

@@ -11,6 +11,7 @@
 #ifndef DRIFTKV_BACKENDS_MULTI_DEVICE_H_
 #define DRIFTKV_BACKENDS_MULTI_DEVICE_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -20,8 +21,14 @@
 namespace driftkv {
 
 // REQUIRES: inner.size() == pool->partitions() >= 1; `pool` outlives the
-// result. No hot tier.
-std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool);
+// result. No hot tier. With `batch_per_device`, each inner backend that
+// prefers batched Attend gets its own combining queue
+// (backends/attend_batcher.h, `observer` for its metrics), so that the
+// devices take their next batches independently, and the result does not
+// ask the handler for another queue in front (PrefersBatchedAttend false).
+std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
+                                                bool batch_per_device = false,
+                                                std::function<void(int calls, int jobs)> observer = nullptr);
 
 }  // namespace driftkv
 

@@ -51,7 +51,8 @@ if [[ $mode == full ]]; then
   $B cuda_backend_test 2>&1 | tail -3
   $B service_gpu_test 2>&1 | tail -3
   $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 64 --channels 1
+  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 4 --grpc_total_mib 512
+  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 64 --channels 1 --grpc_total_mib 512
   before=$($B nccl_ingest_bench --target $T --mode stats | awk '/PAGES/ {print $2}')
   $B nccl_ingest_bench --target $T --device 0 --mode fault_child > /tmp/child.log 2>&1 &
   child=$!
@@ -70,7 +71,7 @@ if [[ $mode == full ]]; then
   server2=$!
   for i in $(seq 1 150); do $B nccl_ingest_bench --target $T2 --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
   head -1 $OUT/server2.log
-  $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi
+  $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads 16 --attend_iters 40
   kill -INT $server2
   wait $server2
 fi

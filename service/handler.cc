@@ -96,6 +96,14 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   args.values_folded = h->options_.values_folded;
   args.hot_pool = h->hot_pool_.get();
   args.devices = options.devices;
+  args.attend_batching = options.attend_batching;
+  {
+    Metrics* m = h->metrics_;
+    args.attend_observer = [m](int calls, int jobs) {
+      m->attend_batch_calls->Observe(calls);
+      m->attend_batch_items->Observe(jobs);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend, args);
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);

@@ -295,7 +295,7 @@ class CudaBackend : public Backend {
       absl::Status st = CheckLayer(j.layer);
       if (!st.ok()) return st;
     }
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
     const int P = pool_.page_tokens(), n = layout_.n();
     const size_t page_floats = static_cast<size_t>(P) * n;
@@ -311,7 +311,10 @@ class CudaBackend : public Backend {
       }
     }
     if (!st.ok()) return st;
-    return EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+    st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+    lock.Release();
+    if (st.ok()) st = MirrorPages(jobs);
+    return st;
   }
 
   // DEVICE INGEST (backends/backend.h): staging buffers are device memory
@@ -374,7 +377,7 @@ class CudaBackend : public Backend {
       absl::Status st = CheckLayer(j.layer);
       if (!st.ok()) return st;
     }
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
     const size_t prefix = prefix_keys.size() / n, total = prefix + static_cast<size_t>(fresh);
     const size_t encoded = jobs.size() * static_cast<size_t>(page_tokens);
@@ -413,18 +416,42 @@ class CudaBackend : public Backend {
       if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download window");
       if (!st.ok()) return st;
     }
+    lock.Release();
     tail_keys->resize(rest);
     tail_values->resize(rest);
     for (size_t i = 0; i < rest; ++i) {
       (*tail_keys)[i] = FloatToBf16(rk[i]);
       (*tail_values)[i] = FloatToBf16(rv[i]);
     }
-    return absl::OkStatus();
+    return MirrorPages(jobs);
+  }
+
+  // Mirrors encoded pages into the host arena, one copy per run of
+  // consecutive ids (a fresh reservation is one run), on the calling
+  // thread's own stream and without mu_: the copies of one call overlap the
+  // next call's encoding. REQUIRES: their encoding has completed.
+  absl::Status MirrorPages(absl::Span<const EncodeJob> jobs) {
+    std::vector<PageId> sorted;
+    for (const EncodeJob& j : jobs) sorted.push_back(j.page - base_);
+    std::sort(sorted.begin(), sorted.end());
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    for (size_t j = 0; j < sorted.size() && st.ok();) {
+      size_t end = j + 1;
+      while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
+      const size_t offset = static_cast<size_t>(sorted[j]) * layout_.page_bytes;
+      st = Cuda(cudaMemcpyAsync(pool_.key_records(sorted[j] + base_), static_cast<uint8_t*>(arena_) + offset,
+                                (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread),
+                "download pages");
+      j = end;
+    }
+    if (st.ok() && !sorted.empty()) st = Cuda(cudaStreamSynchronize(cudaStreamPerThread), "download pages");
+    return st;
   }
 
   // Encodes jobs[j] from tokens [j P, (j + 1) P) of keys_dev/values_dev
-  // (device floats, model domain; transformed in place with WUSH), writes
-  // the pages to the device arena and mirrors them into the host arena.
+  // (device floats, model domain; transformed in place with WUSH) and
+  // writes the pages to the device arena; the caller mirrors them
+  // (MirrorPages) after releasing mu_.
   absl::Status EncodeOnDeviceLocked(float* keys_dev, float* values_dev, absl::Span<EncodeJob> jobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int P = pool_.page_tokens(), n = layout_.n();
@@ -453,18 +480,6 @@ class CudaBackend : public Backend {
     ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
     st = gpu::LaunchEncode(ep, stream_);
     if (!st.ok()) return st;
-    // Mirror the encoded pages into the host arena, one copy per run of
-    // consecutive ids (a fresh reservation is one run).
-    std::vector<PageId> sorted(ids.begin(), ids.begin() + jobs.size());
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t j = 0; j < sorted.size() && st.ok();) {
-      size_t end = j + 1;
-      while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
-      const size_t offset = static_cast<size_t>(sorted[j]) * layout_.page_bytes;
-      st = Cuda(cudaMemcpyAsync(pool_.key_records(sorted[j] + base_), static_cast<uint8_t*>(arena_) + offset,
-                                (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download pages");
-      j = end;
-    }
     std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
     if (st.ok()) {
       st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),

@@ -51,7 +51,7 @@ const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) ->
     if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat("device ", a.devices[k], ": ", b.status().message()));
     inner.push_back(*std::move(b));
   }
-  return MakeMultiDeviceBackend(std::move(inner), a.pool);
+  return MakeMultiDeviceBackend(std::move(inner), a.pool, a.attend_batching, a.attend_observer);
 });
 
 }  // namespace
