@@ -49,10 +49,9 @@ health
 $B nccl_ingest_bench --target $T --device 0 --mode equal
 if [[ $mode == full ]]; then
   $B cuda_backend_test 2>&1 | tail -3
-  $B service_gpu_test 2>&1 | tail -3
+  [[ ${GPU_TESTS:-0} == 1 ]] && $B service_gpu_test 2>&1 | tail -3
   $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 4 --grpc_total_mib 512
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 64 --channels 1 --grpc_total_mib 512
+  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 4 --grpc_total_mib 256
   before=$($B nccl_ingest_bench --target $T --mode stats | awk '/PAGES/ {print $2}')
   $B nccl_ingest_bench --target $T --device 0 --mode fault_child > /tmp/child.log 2>&1 &
   child=$!
