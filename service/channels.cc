@@ -106,7 +106,7 @@ absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChann
   return absl::OkStatus();
 }
 
-absl::Status ChannelManager::Receive(Channel* c, const v1::PushChunkRequest& r, uint64_t tb, absl::Time deadline) {
+absl::Status ChannelManager::Receive(Channel* c, uint64_t tb, absl::Time deadline) {
   const std::string where = absl::StrCat("channel ", c->id, ": ");
   if (!c->connected) {
     absl::Status st = PollUntil(deadline, [&] { return c->transport->Connected(); });
@@ -169,7 +169,7 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   }
   const absl::Time deadline =
       std::min(rpc_deadline, absl::Now() + absl::Seconds(options_.nccl_chunk_timeout_seconds));
-  st = Receive(c.get(), r, r.tensor_bytes(), deadline);
+  st = Receive(c.get(), r.tensor_bytes(), deadline);
   if (!st.ok()) {
     End(c, Ending::kAborted);
     return absl::Status(st.code(), absl::StrCat(st.message(), aborted));

@@ -57,8 +57,9 @@ class ChannelManager {
   std::shared_ptr<Channel> Find(uint64_t id);
   // Aborts the channel's link and forgets it; counts `why`.
   void End(const std::shared_ptr<Channel>& channel, Ending why);
-  absl::Status Receive(Channel* channel, const v1::PushChunkRequest& request, uint64_t tensor_bytes,
-                       absl::Time deadline);
+  // Waits for the link, then receives keys and values (tensor_bytes each)
+  // into the channel's staging buffer by `deadline`.
+  absl::Status Receive(Channel* channel, uint64_t tensor_bytes, absl::Time deadline);
 
   Handler* const handler_;
   TransportFactory* const factory_;

@@ -218,6 +218,8 @@ class Handler {
   absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages, const TierHeld& held,
                            const StagedTokens* staged = nullptr);
+  // Adds encoded pages' statistics to the metrics and the totals.
+  void RecordEncoded(const std::vector<EncodeJob>& jobs);
   // The header checks of Append (sequence id, layer, count, first token,
   // optional shape), in its order.
   absl::Status CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token,

@@ -38,6 +38,14 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
   return plan;
 }
 
+void Handler::RecordEncoded(const std::vector<EncodeJob>& jobs) {
+  absl::MutexLock lock(&stats_mu_);
+  for (const EncodeJob& j : jobs) {
+    metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
+    codec_stats_.Add(j.stats);
+  }
+}
+
 absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
                                   const float* values, const std::vector<PageId>& pages, const TierHeld& held,
                                   const StagedTokens* staged) {
@@ -63,11 +71,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
       return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
                                                   first_page_token + encoded, "): ", st.message()));
     }
-    absl::MutexLock lock(&stats_mu_);
-    for (const EncodeJob& j : jobs) {
-      metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
-      codec_stats_.Add(j.stats);
-    }
+    RecordEncoded(jobs);
   } else {
     // The new tokens in bf16, after the current window.
     all_k = layer->window_keys;
@@ -96,11 +100,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
       return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
                                                   first_page_token + encoded, "): ", st.message()));
     }
-    absl::MutexLock lock(&stats_mu_);
-    for (const EncodeJob& j : jobs) {
-      metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
-      codec_stats_.Add(j.stats);
-    }
+    RecordEncoded(jobs);
   }
   // A hot layer's new pages go hot at once; with no hot page to be had,
   // even after demoting other layers, the layer goes cold instead (an

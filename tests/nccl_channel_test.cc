@@ -236,6 +236,27 @@ TEST_F(ChannelTest, FramingErrorsAbortTheChannel) {
   EXPECT_EQ(Stats().nccl_channels_open(), 0u);
 }
 
+TEST_F(ChannelTest, SecondChunkWhileOneIsInFlightAbortsTheChannel) {
+  ServiceOptions o = SmallOptions();
+  Make(o);
+  const uint64_t ch = Open("busy");
+  absl::Status first;
+  std::thread t([&] {
+    v1::AppendResponse r;
+    first = channels_->Push(Header(ch, "s", 0, 0, 64), absl::Now() + absl::Seconds(5), &r);
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // the first chunk is waiting for its data
+  v1::AppendResponse r;
+  absl::Status second = channels_->Push(Header(ch, "s", 0, 64, 64), absl::InfiniteFuture(), &r);
+  t.join();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_NE(second.message().find("in flight"), std::string::npos) << second;
+  EXPECT_FALSE(first.ok());
+  EXPECT_EQ(factory_.link("busy")->aborts(), 1);
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Stats().nccl_channels_open(), 0u);
+}
+
 TEST_F(ChannelTest, LimitVersionIdleAndClose) {
   ServiceOptions o = SmallOptions();
   o.nccl_max_channels = 2;

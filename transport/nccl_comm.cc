@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace driftkv {
 namespace {
@@ -20,7 +21,10 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
 
 }  // namespace
 
+// Every method takes mu: Abort may come from another thread (a channel
+// closed or aborted while its chunk is being polled).
 struct NcclComm::State {
+  absl::Mutex mu;
   int device = 0;
   int rank = 0;
   ncclComm_t comm = nullptr;
@@ -86,6 +90,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Join(absl::string_view uniqu
 NcclComm::~NcclComm() {
   if (s_ == nullptr) return;
   Abort();
+  absl::MutexLock lock(&s_->mu);
   cudaSetDevice(s_->device);
   if (s_->in_flight) cudaStreamSynchronize(s_->stream);  // the aborted kernels have ended
   if (s_->done != nullptr) cudaEventDestroy(s_->done);
@@ -93,6 +98,7 @@ NcclComm::~NcclComm() {
 }
 
 absl::StatusOr<bool> NcclComm::Ready() {
+  absl::MutexLock lock(&s_->mu);
   if (s_->ready) return true;
   absl::StatusOr<bool> st = s_->Poll("join");
   if (st.ok() && *st) s_->ready = true;
@@ -101,6 +107,7 @@ absl::StatusOr<bool> NcclComm::Ready() {
 
 absl::Status NcclComm::Start(bool send, absl::Span<const TransportBuffer> parts) {
   State& s = *s_;
+  absl::MutexLock lock(&s.mu);
   if (s.aborted) return absl::AbortedError("NCCL communicator aborted");
   if (!s.ready || s.in_flight) return absl::FailedPreconditionError("NCCL communicator not ready or busy");
   cudaSetDevice(s.device);
@@ -121,6 +128,7 @@ absl::Status NcclComm::Start(bool send, absl::Span<const TransportBuffer> parts)
 
 absl::StatusOr<bool> NcclComm::Done() {
   State& s = *s_;
+  absl::MutexLock lock(&s.mu);
   if (!s.in_flight) return absl::FailedPreconditionError("no NCCL transfer in flight");
   absl::StatusOr<bool> st = s.Poll("transfer");
   if (!st.ok() || !*st) return st;
@@ -139,6 +147,7 @@ absl::StatusOr<bool> NcclComm::Done() {
 
 void NcclComm::Abort() {
   State& s = *s_;
+  absl::MutexLock lock(&s.mu);
   if (s.aborted || s.comm == nullptr) {
     s.aborted = true;
     return;

@@ -38,7 +38,8 @@ class NcclComm {
   absl::Status Start(bool send, absl::Span<const TransportBuffer> parts);
   // True once the transfer is complete; an error when the communicator failed.
   absl::StatusOr<bool> Done();
-  // ncclCommAbort; idempotent.
+  // ncclCommAbort; idempotent. Safe from another thread while one of the
+  // calls above polls (they then fail with ABORTED).
   void Abort();
 
  private:

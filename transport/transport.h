@@ -3,7 +3,7 @@
 // server receives a chunk's keys and values straight into staging memory.
 // gRPC carries the control messages; a Transport only moves bytes.
 //
-// The NCCL implementation (nccl_transport.h) is a 2-rank non-blocking
+// The NCCL implementation (nccl_transport.cc over nccl_comm.h) is a 2-rank non-blocking
 // communicator; tests use a fake (fake_transport.h). Every call returns
 // at once: the channel's state machine polls, and owns the deadlines.
 #ifndef DRIFTKV_TRANSPORT_TRANSPORT_H_
