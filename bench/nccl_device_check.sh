@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The NCCL ingest checks on a 2-GPU machine (docs/nccl.md), in one call:
 # server on GPU 1, client on GPU 0.
-#   cd .device/nccl && ./nccl_device_check.sh smoke|full
+#   cd .device/nccl && ./nccl_device_check.sh smoke|quick|full
 # with ./bundle made by bundle-for-device from //service:driftkv-server-cuda,
 # //bench:nccl_ingest_bench, //backends/cuda:cuda_backend_test and
 # //tests:service_gpu_test. smoke: versions, GPUs, the equality check.
 # full: the GPU tests, equality, throughput (8, 64, 1024 MiB chunks, NCCL
 # vs gRPC), the killed-client fault test, health afterwards, then a second
 # server over both GPUs (--devices 1,0) against the first: Attend of
-# 64 x 8K bit-equal and items/s. Writes $OUT/server.log, $OUT/server2.log.
+# 64 x 8K bit-equal and items/s. quick: equality, throughput over 2
+# channels, the two-GPU check from 16 and 32 client threads. Writes
+# $OUT/server.log, $OUT/server2.log.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 mode=${1:-full}
@@ -47,6 +49,20 @@ PY
 }
 health
 $B nccl_ingest_bench --target $T --device 0 --mode equal
+if [[ $mode == quick ]]; then
+  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2 --grpc_total_mib 256
+  T2=127.0.0.1:50062
+  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
+    > $OUT/server2.log 2>&1 &
+  server2=$!
+  for i in $(seq 1 150); do $B nccl_ingest_bench --target $T2 --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
+  for threads in 16 32; do
+    $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads $threads --attend_iters 40 \
+      | grep MULTI
+  done
+  kill -INT $server2
+  wait $server2
+fi
 if [[ $mode == full ]]; then
   $B cuda_backend_test 2>&1 | tail -3
   [[ ${GPU_TESTS:-0} == 1 ]] && $B service_gpu_test 2>&1 | tail -3

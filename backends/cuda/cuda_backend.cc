@@ -82,6 +82,7 @@ class CudaBackend : public Backend {
     cudaFree(arena_);
     cudaFree(hot_arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (check_stream_ != nullptr) cudaStreamDestroy(check_stream_);
   }
 
   absl::Status Init() {
@@ -105,6 +106,7 @@ class CudaBackend : public Backend {
     gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
     gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
     st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st.ok()) st = Cuda(cudaStreamCreateWithFlags(&check_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (st.ok()) st = Cuda(cudaMalloc(&arena_, arena_bytes()), "cudaMalloc (page arena)");
     // The host arena, page-locked: encoded pages are mirrored into it by
     // DMA at full speed (pageable memory goes through a bounce buffer).
@@ -332,12 +334,11 @@ class CudaBackend : public Backend {
   }
 
   absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
-    absl::MutexLock lock(&mu_);
-    cudaSetDevice(device_);  // the calling RPC thread's current device
+    absl::MutexLock lock(&check_mu_);  // not mu_: checks overlap other chunks' encoding
     const size_t elements = static_cast<size_t>(t.tokens) * n;
     absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (st.ok()) st = bad_.Reserve(2 * sizeof(unsigned long long));
-    if (st.ok()) st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), stream_), "reset check");
+    if (st.ok()) st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), check_stream_), "reset check");
     for (int kind = 0; kind < 2 && st.ok(); ++kind) {
       gpu::IngestParams ip;
       ip.src_dev = kind == 0 ? t.keys : t.values;
@@ -345,11 +346,11 @@ class CudaBackend : public Backend {
       ip.elements = elements;
       ip.limit = limit;
       ip.first_bad_dev = bad_.get<unsigned long long>() + kind;
-      st = gpu::LaunchIngest(ip, stream_);
+      st = gpu::LaunchIngest(ip, check_stream_);
     }
     unsigned long long bad[2] = {0, 0};
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, stream_), "download check");
-    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "check staged tokens");
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, check_stream_), "download check");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(check_stream_), "check staged tokens");
     if (!st.ok()) return st;
     for (int kind = 0; kind < 2; ++kind) {
       if (bad[kind] == ~0ull) continue;
@@ -737,7 +738,11 @@ class CudaBackend : public Backend {
   bool host_registered_ = false;  // the host arena is page-locked
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
-  Scratch a_stage_, a_out_, a_ws_, bad_;
+  Scratch a_stage_, a_out_, a_ws_;
+  // CheckStaged runs on its own stream under its own lock.
+  absl::Mutex check_mu_;
+  cudaStream_t check_stream_ = nullptr;
+  Scratch bad_ ABSL_GUARDED_BY(check_mu_);
   cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
   PinnedScratch host_stage_, host_out_;
 };
