@@ -24,7 +24,8 @@
 
 namespace driftkv {
 
-// Wraps `inner`; EncodePages, DecodeTokens and the hot tier pass through.
+// Wraps `inner`; EncodePages, DecodeTokens, the hot tier and DEVICE INGEST
+// pass through.
 class BatchingBackend : public Backend {
  public:
   // Called once per inner Attend with the number of calls and jobs merged
@@ -47,6 +48,20 @@ class BatchingBackend : public Backend {
   absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     return inner_->DecodeHotTokens(page, layer, first, count, keys, values);
+  }
+  int staging_device() const override { return inner_->staging_device(); }
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes) override {
+    return inner_->AllocateStaging(bytes);
+  }
+  absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
+    return inner_->CheckStaged(t, n, limit);
+  }
+  absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
+                            absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                            absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                            std::vector<uint16_t>* tail_values) override {
+    return inner_->EncodeStaged(t, n, page_tokens, skip, fresh, prefix_keys, prefix_values, jobs, tail_keys,
+                                tail_values);
   }
 
   // Calls waiting for the running batch to finish (for tests).

@@ -67,6 +67,29 @@ struct EncodeJob {
   std::vector<float> key_utilization, value_utilization;
 };
 
+// DEVICE INGEST (docs/nccl.md). Tokens that a transport receives straight
+// into memory the backend's encoder reads (the GPU's for cuda, the host's
+// for cpu) are stored without a host copy of the raw KV: the transport
+// receives into a StagingBuffer, CheckStaged validates the values,
+// EncodeStaged encodes the pages from there. Only the bf16 window (fewer
+// than R + P tokens per layer, which lives in host memory by design) is
+// copied to the host.
+class StagingBuffer {
+ public:
+  virtual ~StagingBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+};
+
+// Keys and values of `tokens` tokens, [tokens][kv_heads][head_dim] each, in
+// a wire dtype (proto DType: bf16, fp16, f32), in staging memory.
+struct StagedTokens {
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  int dtype = 0;
+  int64_t tokens = 0;
+};
+
 // One decode-attention item.
 struct AttendJob {
   absl::Span<const PageId> pages;  // full pages, oldest first
@@ -124,6 +147,27 @@ class Backend {
   // few (one kernel launch each): the handler then merges concurrent calls
   // (backends/attend_batcher.h).
   virtual bool PrefersBatchedAttend() const { return false; }
+
+  // DEVICE INGEST. The defaults serve host memory (any backend); a device
+  // backend overrides all four.
+  // The CUDA device whose memory staging buffers are; -1: host memory.
+  virtual int staging_device() const { return -1; }
+  virtual absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes);
+  // Every value finite and |x| <= limit; otherwise InvalidArgument exactly
+  // as wire/tensor.h CheckValues words it ("keys element 7 is inf; must be
+  // finite"). REQUIRES: t.dtype valid.
+  virtual absl::Status CheckStaged(const StagedTokens& t, int n, float limit);
+  // Encodes pages from the token sequence S = [prefix (host bf16,
+  // prefix_keys.size() / n tokens); staged tokens [skip, skip + fresh)
+  // rounded to bf16]: jobs[i] (page and layer set by the caller, keys and
+  // values ignored) gets tokens [i P, (i + 1) P) of S (P = page_tokens),
+  // and the rest of S
+  // comes back as bf16 in tail_keys/tail_values. Same failures as
+  // EncodePages. REQUIRES: CheckStaged passed.
+  virtual absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
+                                    absl::Span<const uint16_t> prefix_keys,
+                                    absl::Span<const uint16_t> prefix_values, absl::Span<EncodeJob> jobs,
+                                    std::vector<uint16_t>* tail_keys, std::vector<uint16_t>* tail_values);
 };
 
 }  // namespace driftkv

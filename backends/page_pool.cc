@@ -1,5 +1,6 @@
 #include "backends/page_pool.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -8,7 +9,7 @@
 namespace driftkv {
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& layout,
-                                                           uint64_t capacity_bytes) {
+                                                           uint64_t capacity_bytes, int partitions) {
   std::unique_ptr<PagePool> pool(new PagePool());
   pool->layout_ = layout;
   pool->stride_ = layout.page_bytes;
@@ -23,6 +24,10 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& lay
                                                    " pages, more than ",
                                                    std::numeric_limits<PageId>::max()));
   }
+  if (partitions < 1 || static_cast<uint64_t>(partitions) > pages) {
+    return absl::InvalidArgumentError(absl::StrCat("pool of ", pages, " pages cannot be split into ", partitions,
+                                                   " partitions"));
+  }
   pool->capacity_ = static_cast<int64_t>(pages);
   const size_t bytes = static_cast<size_t>(pages) * pool->stride_;
   pool->arena_.reset(new (std::nothrow) uint8_t[bytes]);
@@ -31,9 +36,14 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& lay
         absl::StrCat("cannot allocate the pool arena of ", bytes, " bytes"));
   }
   std::memset(pool->arena_.get(), 0, bytes);  // commits the memory now, not on first use
-  pool->free_.reserve(pages);
-  for (int64_t i = static_cast<int64_t>(pages) - 1; i >= 0; --i) {
-    pool->free_.push_back(static_cast<PageId>(i));
+  pool->free_.resize(partitions);
+  for (int k = 0; k <= partitions; ++k) {
+    pool->begin_.push_back(static_cast<PageId>(static_cast<int64_t>(pages) * k / partitions));
+  }
+  for (int k = 0; k < partitions; ++k) {
+    std::vector<PageId>& f = pool->free_[k];
+    f.reserve(pool->begin_[k + 1] - pool->begin_[k]);
+    for (PageId i = pool->begin_[k + 1] - 1; i >= pool->begin_[k]; --i) f.push_back(i);
   }
   return pool;
 }
@@ -46,30 +56,46 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateOpaque(size_t page_byt
   return Create(layout, capacity_bytes);
 }
 
-int64_t PagePool::pages_in_use() const {
-  absl::MutexLock lock(&mu_);
-  return capacity_ - static_cast<int64_t>(free_.size());
+int PagePool::partition_of(PageId p) const {
+  return static_cast<int>(std::upper_bound(begin_.begin(), begin_.end(), p) - begin_.begin()) - 1;
 }
 
-absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count) {
+int64_t PagePool::pages_in_use() const {
+  absl::MutexLock lock(&mu_);
+  int64_t free = 0;
+  for (const std::vector<PageId>& f : free_) free += static_cast<int64_t>(f.size());
+  return capacity_ - free;
+}
+
+int64_t PagePool::pages_in_use(int partition) const {
+  absl::MutexLock lock(&mu_);
+  return (begin_[partition + 1] - begin_[partition]) - static_cast<int64_t>(free_[partition].size());
+}
+
+absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partition) {
   std::vector<PageId> out;
   if (count <= 0) return out;
-  absl::MutexLock lock(&mu_);
-  const int64_t free = static_cast<int64_t>(free_.size());
-  if (count > free) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "pool full: capacity ", capacity_, " pages (", capacity_bytes(), " bytes, ",
-        layout_.page_tokens, " tokens per page), ", capacity_ - free, " in use, ", count,
-        " more needed; release sequences or raise pool_bytes"));
+  if (partition < 0 || partition >= partitions()) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of ", partitions()));
   }
-  out.assign(free_.end() - count, free_.end());
-  free_.resize(free - count);
+  absl::MutexLock lock(&mu_);
+  std::vector<PageId>& f = free_[partition];
+  const int64_t free = static_cast<int64_t>(f.size());
+  if (count > free) {
+    const int64_t cap = begin_[partition + 1] - begin_[partition];
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool full: capacity ", cap, " pages", partitions() > 1 ? absl::StrCat(" on device slot ", partition) : "",
+        " (", cap * stride_, " bytes, ", layout_.page_tokens, " tokens per page), ", cap - free, " in use, ",
+        count, " more needed; release sequences or raise pool_bytes"));
+  }
+  out.assign(f.end() - count, f.end());
+  f.resize(free - count);
   return out;
 }
 
 void PagePool::Free(const std::vector<PageId>& pages) {
   absl::MutexLock lock(&mu_);
-  free_.insert(free_.end(), pages.begin(), pages.end());
+  for (PageId p : pages) free_[partitions() == 1 ? 0 : partition_of(p)].push_back(p);
 }
 
 }  // namespace driftkv

@@ -5,6 +5,12 @@
 //
 // Reserve() is all-or-nothing: either every page asked for is handed out or
 // none is, and RESOURCE_EXHAUSTED names the capacity. Thread-safe.
+//
+// PARTITIONS. A pool may be split into `partitions` contiguous ranges of
+// page ids, one per device of a multi-GPU server (backends/multi_device.h):
+// partition k holds ids [partition_begin(k), partition_begin(k + 1)), and
+// Reserve takes pages of one partition. One partition (the default) is the
+// whole pool.
 #ifndef DRIFTKV_BACKENDS_PAGE_POOL_H_
 #define DRIFTKV_BACKENDS_PAGE_POOL_H_
 
@@ -28,7 +34,7 @@ class PagePool {
   // `capacity_bytes` is rounded down to whole pages; fails when that leaves
   // no page (the message names both sizes).
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout,
-                                                           uint64_t capacity_bytes);
+                                                           uint64_t capacity_bytes, int partitions = 1);
   // A pool of opaque pages of `page_bytes` holding `page_tokens` tokens each
   // (the hot tier's level pages, codec/level_page.h); layout() then carries
   // only page_tokens and page_bytes, and only page() addresses pages.
@@ -42,8 +48,14 @@ class PagePool {
   uint64_t capacity_bytes() const { return static_cast<uint64_t>(capacity_) * stride_; }
   int64_t pages_in_use() const;
 
-  // Hands out `count` pages, or none: RESOURCE_EXHAUSTED "pool full: ...".
-  absl::StatusOr<std::vector<PageId>> Reserve(int64_t count);
+  int partitions() const { return static_cast<int>(begin_.size()) - 1; }
+  PageId partition_begin(int k) const { return begin_[k]; }  // k in [0, partitions()]
+  int partition_of(PageId p) const;
+  int64_t pages_in_use(int partition) const;
+
+  // Hands out `count` pages of `partition`, or none: RESOURCE_EXHAUSTED
+  // "pool full: ...".
+  absl::StatusOr<std::vector<PageId>> Reserve(int64_t count, int partition = 0);
   // Returns pages to the free list. REQUIRES: each was reserved and not yet freed.
   void Free(const std::vector<PageId>& pages);
 
@@ -66,8 +78,10 @@ class PagePool {
   int64_t capacity_ = 0;
   std::unique_ptr<uint8_t[]> arena_;
 
+  std::vector<PageId> begin_;  // partition k: [begin_[k], begin_[k + 1])
   mutable absl::Mutex mu_;
-  std::vector<PageId> free_ ABSL_GUARDED_BY(mu_);  // LIFO: recently freed pages are warm
+  // Per partition, LIFO: recently freed pages are warm.
+  std::vector<std::vector<PageId>> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace driftkv

@@ -43,6 +43,14 @@ struct BackendArgs {
   // The hot tier's pool of level pages (HOT TIER in backend.h), or null when
   // the service runs without one. Must outlive the backend.
   const PagePool* hot_pool = nullptr;
+  // Several devices (a multi-GPU server): the pool has one partition per
+  // entry (PARTITIONS in page_pool.h) and the backend serves partition k on
+  // devices[k]. Empty: one device, the backend's default.
+  std::vector<int> devices;
+  // ServiceOptions::attend_batching and the batch observer (metrics): a
+  // multi-device backend batches each device on its own (multi_device.h).
+  bool attend_batching = true;
+  std::function<void(int calls, int jobs)> attend_observer;
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;
 

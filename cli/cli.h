@@ -13,6 +13,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "client/client.h"
+#include "client/nccl_channel.h"
 
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(double, timeout_s);
@@ -76,6 +77,13 @@ class Progress {
 
 // The q-th quantile (0..1) of `v` (sorted in place).
 double Quantile(std::vector<double>* v, double q);
+
+// `push --transport nccl` (push_nccl.cc): one layer's float tokens, as
+// `dtype`, to this process's current GPU and over `channel` in chunks of
+// `chunk` tokens.
+absl::StatusOr<v1::AppendResponse> PushLayerNccl(NcclChannel* channel, const std::string& sequence, uint32_t layer,
+                                                 int tokens, int chunk, size_t n, v1::DType dtype, const float* keys,
+                                                 const float* values);
 
 int Bench(Client& client);
 int Demo(Client& client);

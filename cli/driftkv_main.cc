@@ -4,7 +4,9 @@
 //   push     --sequence S (--synthetic --tokens T | --keys F --values F) [--layers L]
 //            F holds [layers][T][kv_heads][head_dim] (all layers, layer-major) or,
 //            when it contains "{layer}", one [T][kv_heads][head_dim] file per layer;
-//            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file
+//            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file;
+//            --transport nccl [--cuda_device D]: from GPU D over an NCCL channel
+//            (docs/nccl.md) instead of gRPC Append
 //   attend   --sequence S --layer L (--queries F [Q][q_heads][head_dim] f32 | --synthetic)
 //            [--q_heads Q] [--out F]: prints the output norm and lse per query
 //   read     --sequence S --layer L [--first N] [--count N] --out_keys F --out_values F (f32)
@@ -41,6 +43,8 @@ ABSL_FLAG(double, timeout_s, 60.0, "deadline of each RPC attempt, seconds");
 ABSL_FLAG(std::string, sequence, "seq0", "sequence id");
 ABSL_FLAG(int, tokens, 1024, "tokens per layer (synthetic push, bench, demo)");
 ABSL_FLAG(int, chunk_tokens, 256, "tokens per Append chunk");
+ABSL_FLAG(std::string, transport, "grpc", "push: grpc (Append) or nccl (GPU to GPU, docs/nccl.md)");
+ABSL_FLAG(int, cuda_device, 0, "push --transport nccl: this process's CUDA device");
 ABSL_FLAG(int, q_heads, 0, "query heads (0: 2 x kv_heads)");
 ABSL_FLAG(uint32_t, seed, 1, "seed of synthetic data");
 ABSL_FLAG(std::string, metrics_url, "http://127.0.0.1:9464/metrics", "printed by demo");
@@ -97,6 +101,15 @@ int Push(Client& client, const v1::InfoResponse& info) {
     return Fail(absl::InvalidArgumentError("push needs --synthetic or --keys and --values"));
   }
   const int64_t layer_bytes = static_cast<int64_t>(tokens) * n * DTypeBytes(dtype);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  std::unique_ptr<NcclChannel> channel;
+  if (transport == "nccl") {
+    absl::StatusOr<std::unique_ptr<NcclChannel>> ch = NcclChannel::Open(&client, absl::GetFlag(FLAGS_cuda_device));
+    if (!ch.ok()) return Fail(ch.status());
+    channel = *std::move(ch);
+  } else if (transport != "grpc") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--transport ", transport, " is not grpc or nccl")));
+  }
   Progress progress("push", static_cast<int64_t>(layers) * tokens);
   const auto start = std::chrono::steady_clock::now();
   uint64_t stored = 0, duplicate = 0;
@@ -120,12 +133,17 @@ int Push(Client& client, const v1::InfoResponse& info) {
         TensorToFloat(*raw, dtype, tokens * n, (kv == 0 ? keys : values).data());
       }
     }
-    std::vector<v1::AppendChunk> chunks;
-    for (int t = 0; t < tokens; t += chunk) {
-      const int c = std::min(chunk, tokens - t);
-      chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+    absl::StatusOr<v1::AppendResponse> r;
+    if (channel != nullptr) {
+      r = PushLayerNccl(channel.get(), seq, l, tokens, chunk, n, dtype, keys.data(), values.data());
+    } else {
+      std::vector<v1::AppendChunk> chunks;
+      for (int t = 0; t < tokens; t += chunk) {
+        const int c = std::min(chunk, tokens - t);
+        chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+      }
+      r = client.Append(chunks);
     }
-    absl::StatusOr<v1::AppendResponse> r = client.Append(chunks);
     if (!r.ok()) return Fail(r.status());
     stored += r->tokens_stored();
     duplicate += r->tokens_duplicate();

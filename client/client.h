@@ -98,6 +98,8 @@ class Client {
   // Attempts beyond the first, over the client's life (tests, diagnostics).
   int64_t retries() const { return retries_.load(); }
   const ClientOptions& options() const { return options_; }
+  // The stub, for protocols built over it (client/nccl_channel.h).
+  v1::KvCache::Stub* stub() { return stub_.get(); }
 
  private:
   // Runs `call` up to max_attempts times while it answers UNAVAILABLE

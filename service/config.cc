@@ -287,6 +287,43 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
         absl::StrCat("hot_promotion \"", c.hot_promotion(), "\" unknown; use sync or async"));
   }
   if (absl::Status st = ValidateHotTier(o); !st.ok()) return st;
+  if (c.has_nccl_max_channels()) {
+    if (c.nccl_max_channels() > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl_max_channels ", c.nccl_max_channels(), " out of range [0, 1024]"));
+    }
+    o.nccl_max_channels = static_cast<int>(c.nccl_max_channels());
+  }
+  if (c.has_nccl_chunk_timeout_seconds()) {
+    const double t = c.nccl_chunk_timeout_seconds();
+    if (!(t > 0.0) || !std::isfinite(t)) {
+      return absl::InvalidArgumentError(absl::StrCat("nccl_chunk_timeout_seconds ", t, " must be finite and > 0"));
+    }
+    o.nccl_chunk_timeout_seconds = t;
+  }
+  if (c.has_nccl_idle_seconds()) {
+    const double t = c.nccl_idle_seconds();
+    if (!(t > 0.0) || !std::isfinite(t)) {
+      return absl::InvalidArgumentError(absl::StrCat("nccl_idle_seconds ", t, " must be finite and > 0"));
+    }
+    o.nccl_idle_seconds = t;
+  }
+  for (int i = 0; i < c.devices_size(); ++i) {
+    if (c.devices(i) > 1023) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", c.devices(i), " out of range [0, 1023]"));
+    }
+    if (std::find(o.devices.begin(), o.devices.end(), static_cast<int>(c.devices(i))) != o.devices.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", c.devices(i), " is listed twice"));
+    }
+    o.devices.push_back(static_cast<int>(c.devices(i)));
+  }
+  if (c.has_nccl_max_chunk_bytes()) {
+    if (c.nccl_max_chunk_bytes() < 2 || c.nccl_max_chunk_bytes() > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl_max_chunk_bytes ", c.nccl_max_chunk_bytes(), " out of range [2, 2^40]"));
+    }
+    o.nccl_max_chunk_bytes = c.nccl_max_chunk_bytes();
+  }
   return o;
 }
 

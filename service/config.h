@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codec/dquant_codec.h"
@@ -25,6 +26,10 @@ constexpr int kDefaultReadChunkTokens = 256;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxSequenceIdBytes = 256;
 constexpr double kDefaultHotIdleSeconds = 60.0;
+constexpr int kDefaultNcclMaxChannels = 8;
+constexpr double kDefaultNcclChunkTimeoutSeconds = 30.0;
+constexpr double kDefaultNcclIdleSeconds = 300.0;
+constexpr uint64_t kDefaultNcclMaxChunkBytes = 2ull << 30;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -67,6 +72,13 @@ struct ServiceOptions {
   double hot_tier_fraction = 0.0;
   double hot_idle_seconds = kDefaultHotIdleSeconds;  // 0: never demote for idling
   HotPromotion hot_promotion = HotPromotion::kSync;
+  // NCCL ingest (docs/nccl.md, service/channels.h).
+  int nccl_max_channels = kDefaultNcclMaxChannels;  // 0: no channel is accepted
+  double nccl_chunk_timeout_seconds = kDefaultNcclChunkTimeoutSeconds;
+  double nccl_idle_seconds = kDefaultNcclIdleSeconds;
+  uint64_t nccl_max_chunk_bytes = kDefaultNcclMaxChunkBytes;
+  // Devices of a multi-GPU server (config devices); empty: one device.
+  std::vector<int> devices;
 
   int page_tokens() const { return codec.mean_window; }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }

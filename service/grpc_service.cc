@@ -101,6 +101,7 @@ grpc::Status KvCacheService::Info(grpc::ServerContext*, const v1::InfoRequest*,
                                   v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   handler_->Info(response);
+  channels_->Info(response);
   return timer.Finish(grpc::Status::OK);
 }
 
@@ -108,7 +109,27 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*
                                    v1::StatsResponse* response) {
   RpcTimer timer(metrics_, "Stats");
   handler_->Stats(response);
+  channels_->Stats(response);
   return timer.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheService::OpenChannel(grpc::ServerContext*, const v1::OpenChannelRequest* request,
+                                         v1::OpenChannelResponse* response) {
+  RpcTimer timer(metrics_, "OpenChannel");
+  return timer.Finish(ToGrpcStatus(channels_->Open(*request, response)));
+}
+
+grpc::Status KvCacheService::PushChunk(grpc::ServerContext* context, const v1::PushChunkRequest* request,
+                                       v1::AppendResponse* response) {
+  RpcTimer timer(metrics_, "PushChunk");
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  return timer.Finish(ToGrpcStatus(channels_->Push(*request, deadline, response)));
+}
+
+grpc::Status KvCacheService::CloseChannel(grpc::ServerContext*, const v1::CloseChannelRequest* request,
+                                          v1::CloseChannelResponse* response) {
+  RpcTimer timer(metrics_, "CloseChannel");
+  return timer.Finish(ToGrpcStatus(channels_->Close(*request, response)));
 }
 
 }  // namespace driftkv

@@ -5,6 +5,7 @@
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
 #include "proto/driftkv.grpc.pb.h"
+#include "service/channels.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 
@@ -12,8 +13,9 @@ namespace driftkv {
 
 class KvCacheService final : public v1::KvCache::Service {
  public:
-  // Both must outlive the service.
-  KvCacheService(Handler* handler, Metrics* metrics) : handler_(handler), metrics_(metrics) {}
+  // All must outlive the service.
+  KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics)
+      : handler_(handler), channels_(channels), metrics_(metrics) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -29,9 +31,16 @@ class KvCacheService final : public v1::KvCache::Service {
                     v1::InfoResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
+  grpc::Status OpenChannel(grpc::ServerContext* context, const v1::OpenChannelRequest* request,
+                           v1::OpenChannelResponse* response) override;
+  grpc::Status PushChunk(grpc::ServerContext* context, const v1::PushChunkRequest* request,
+                         v1::AppendResponse* response) override;
+  grpc::Status CloseChannel(grpc::ServerContext* context, const v1::CloseChannelRequest* request,
+                            v1::CloseChannelResponse* response) override;
 
  private:
   Handler* const handler_;
+  ChannelManager* const channels_;
   Metrics* const metrics_;
 };
 

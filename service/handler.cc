@@ -4,6 +4,8 @@
 #include "service/handler.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +45,12 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   const std::string hot_field = options.hot_tier_fraction > 0.0
                                     ? absl::StrCat("hot_tier_fraction ", options.hot_tier_fraction)
                                     : absl::StrCat("hot_tier_bytes ", options.hot_tier_bytes);
-  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.cold_pool_bytes());
+  const int devices = std::max<int>(1, static_cast<int>(options.devices.size()));
+  if (devices > 1 && options.hot_tier()) {
+    return absl::InvalidArgumentError(absl::StrCat(hot_field, ": the hot tier runs on one device; devices lists ",
+                                                   devices));
+  }
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.cold_pool_bytes(), devices);
   if (!pool.ok()) {
     if (options.hot_tier_fraction > 0.0) {
       return absl::InvalidArgumentError(absl::StrCat(hot_field, " leaves the cold pool ", options.cold_pool_bytes(),
@@ -53,6 +60,10 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     return pool.status();
   }
   h->pool_ = *std::move(pool);
+  {
+    absl::MutexLock lock(&h->table_mu_);
+    h->device_sequences_.assign(devices, 0);
+  }
   if (options.hot_tier()) {
     // Level pages hold D-Quant's symbols: the hot tier needs that codec.
     const auto* dq = dynamic_cast<const DQuantKvCodec*>(h->codec_.get());
@@ -84,9 +95,28 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   args.transforms = h->options_.transforms.get();
   args.values_folded = h->options_.values_folded;
   args.hot_pool = h->hot_pool_.get();
+  args.devices = options.devices;
+  args.attend_batching = options.attend_batching;
+  {
+    Metrics* m = h->metrics_;
+    args.attend_observer = [m](int calls, int jobs) {
+      m->attend_batch_calls->Observe(calls);
+      m->attend_batch_items->Observe(jobs);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend, args);
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);
+  // A device's label: its CUDA index (0 on the cpu backend).
+  for (int k = 0; k < devices; ++k) {
+    const int id = options.devices.empty() ? std::max(0, h->backend_->staging_device()) : options.devices[k];
+    const std::map<std::string, std::string> label = {{"device", std::to_string(id)}};
+    h->device_ids_.push_back(id);
+    h->metrics_->device_capacity_pages->Add(label).Set(
+        static_cast<double>(h->pool_->partition_begin(k + 1) - h->pool_->partition_begin(k)));
+    h->device_used_gauges_.push_back(&h->metrics_->device_pages_in_use->Add(label));
+    h->device_sequence_gauges_.push_back(&h->metrics_->device_sequences->Add(label));
+  }
   if (h->hot_pool_ != nullptr && !h->backend_->SupportsHotTier()) {
     return absl::InvalidArgumentError(
         absl::StrCat(hot_field, ": backend \"", options.backend, "\" has no hot tier"));
@@ -186,11 +216,23 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& id
         "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
         Quoted(id), "; release sequences or raise max_sequences"));
   }
-  auto seq = std::make_shared<Sequence>(id, options_.layers);
+  // The least loaded device slot: fewest pages in use, then fewest sequences.
+  int device = 0;
+  for (int k = 1; k < pool_->partitions(); ++k) {
+    const int64_t pk = pool_->pages_in_use(k), pd = pool_->pages_in_use(device);
+    if (pk < pd || (pk == pd && device_sequences_[k] < device_sequences_[device])) device = k;
+  }
+  ++device_sequences_[device];
+  auto seq = std::make_shared<Sequence>(id, options_.layers, device);
   Touch(seq.get());
   table_.emplace(id, seq);
   *created = true;
   return seq;
+}
+
+void Handler::EraseLocked(decltype(table_)::iterator it) {
+  --device_sequences_[it->second->device];
+  table_.erase(it);
 }
 
 void Handler::DropIfEmpty(const SequencePtr& seq) {
@@ -201,7 +243,7 @@ void Handler::DropIfEmpty(const SequencePtr& seq) {
     if (l.length != 0) return;
   }
   auto it = table_.find(seq->id);
-  if (it != table_.end() && it->second == seq) table_.erase(it);
+  if (it != table_.end() && it->second == seq) EraseLocked(it);
   seq->released = true;
 }
 

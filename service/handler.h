@@ -83,6 +83,16 @@ class Handler {
 
   // One chunk of an Append stream; adds to `totals` when accepted.
   absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals);
+  // DEVICE INGEST (backends/backend.h, docs/nccl.md): a chunk whose keys and
+  // values a transport received into staging memory of the backend
+  // (backend().AllocateStaging). Exactly Append's semantics and messages:
+  // all-or-nothing, tokens already stored acknowledged, gaps OUT_OF_RANGE.
+  // CheckChunkHeader runs the checks that need no tensor data (the
+  // transport uses it before receiving); AppendStaged runs them again.
+  absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
+  absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens,
+                            v1::AppendResponse* totals);
+  Backend& backend() { return *backend_; }
   absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response);
   // Streams the answer through `sink`, which returns false to stop (the
   // client went away: Cancelled).
@@ -133,8 +143,12 @@ class Handler {
     std::atomic<bool> promotion_queued{false};
   };
   struct Sequence {
-    explicit Sequence(std::string i, int layers) : id(std::move(i)), layers(layers) {}
+    Sequence(std::string i, int layers, int device) : id(std::move(i)), device(device), layers(layers) {}
     const std::string id;
+    // The pool partition (device slot, options.devices[device]) that holds
+    // every page of the sequence: chosen at creation, least loaded, and
+    // kept (PARTITIONS in backends/page_pool.h).
+    const int device;
     absl::Mutex mu;
     std::vector<LayerState> layers;  // fixed size; see LayerState
     bool released ABSL_GUARDED_BY(mu) = false;
@@ -199,8 +213,22 @@ class Handler {
   // On success the layer owns them, except that for a hot layer they are
   // promoted to hot pages and freed here (when no hot page can be had even
   // after demoting other layers, the layer itself is demoted instead).
+  // With `staged` set the tokens come from there (DEVICE INGEST) and
+  // keys/values are ignored.
   absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                           const float* values, const std::vector<PageId>& pages, const TierHeld& held);
+                           const float* values, const std::vector<PageId>& pages, const TierHeld& held,
+                           const StagedTokens* staged = nullptr);
+  // Adds encoded pages' statistics to the metrics and the totals.
+  void RecordEncoded(const std::vector<EncodeJob>& jobs);
+  // The header checks of Append (sequence id, layer, count, first token,
+  // optional shape), in its order.
+  absl::Status CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                           uint32_t token_count, const uint32_t* kv_heads, const uint32_t* head_dim) const;
+  // Append after the checks: finds or creates the sequence, plans, reserves
+  // and stores (from keys/values, or from `staged`), updates the totals.
+  absl::Status StoreChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                          uint32_t token_count, int dtype, const float* keys, const float* values,
+                          const StagedTokens* staged, v1::AppendResponse* totals);
 
   // Attend in steps (handler_attend.cc): validate, lock, plan and apply
   // the decode steps, attend.
@@ -256,6 +284,13 @@ class Handler {
 
   mutable absl::Mutex table_mu_;
   absl::flat_hash_map<std::string, SequencePtr> table_ ABSL_GUARDED_BY(table_mu_);
+  std::vector<int64_t> device_sequences_ ABSL_GUARDED_BY(table_mu_);  // sequences per partition
+  // The device index of each partition (options.devices, or the one
+  // device) and its gauges (Metrics::device_*).
+  std::vector<int> device_ids_;
+  std::vector<prometheus::Gauge*> device_used_gauges_, device_sequence_gauges_;
+  // Removes a sequence from the table. REQUIRES: table_mu_ held.
+  void EraseLocked(decltype(table_)::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
 
   // Totals over all sequences (read by Stats and the gauges).
   std::atomic<int64_t> tokens_compressed_{0};

@@ -21,7 +21,7 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
     auto it = table_.find(request.sequence_id());
     if (it != table_.end()) {
       seq = it->second;
-      table_.erase(it);
+      EraseLocked(it);
     }
   }
   if (seq == nullptr) {
@@ -56,7 +56,7 @@ int Handler::ExpireIdle() {
     for (auto it = table_.begin(); it != table_.end();) {
       if (it->second->last_access_ns.load() < cutoff) {
         idle.push_back(it->second);
-        table_.erase(it++);
+        EraseLocked(it++);
       } else {
         ++it;
       }
@@ -92,6 +92,11 @@ void Handler::PublishGauges() {
     sequences = table_.size();
   }
   metrics_->sequences->Set(static_cast<double>(sequences));
+  for (size_t k = 0; k < device_ids_.size(); ++k) {
+    device_used_gauges_[k]->Set(static_cast<double>(pool_->pages_in_use(static_cast<int>(k))));
+    absl::MutexLock lock(&table_mu_);
+    device_sequence_gauges_[k]->Set(static_cast<double>(device_sequences_[k]));
+  }
   metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
   if (hot_pool_ != nullptr) {
     metrics_->tier_pages[1]->Set(static_cast<double>(hot_pool_->pages_in_use()));
@@ -120,6 +125,14 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_page_bytes(pool_->page_stride());
   r->set_capacity_pages(pool_->capacity_pages());
   r->set_capacity_bytes(pool_->capacity_bytes());
+  r->clear_devices();
+  for (size_t k = 0; k < device_ids_.size(); ++k) {
+    v1::DeviceInfo* d = r->add_devices();
+    const int64_t pages = pool_->partition_begin(static_cast<int>(k) + 1) - pool_->partition_begin(static_cast<int>(k));
+    d->set_device(device_ids_[k]);
+    d->set_capacity_pages(pages);
+    d->set_capacity_bytes(static_cast<uint64_t>(pages) * pool_->page_stride());
+  }
   r->set_key_bits_per_value(codec_->key_bits_per_value());
   r->set_value_bits_per_value(codec_->value_bits_per_value());
   r->set_max_message_bytes(options_.max_message_bytes);
@@ -152,6 +165,16 @@ void Handler::Stats(v1::StatsResponse* r) const {
   r->set_capacity_pages(pool_->capacity_pages());
   r->set_bytes_in_use(static_cast<uint64_t>(in_use) * pool_->page_stride());
   r->set_capacity_bytes(pool_->capacity_bytes());
+  r->clear_devices();
+  for (size_t k = 0; k < device_ids_.size(); ++k) {
+    v1::DeviceStats* d = r->add_devices();
+    const int64_t used = pool_->pages_in_use(static_cast<int>(k));
+    d->set_device(device_ids_[k]);
+    d->set_pages_in_use(used);
+    d->set_bytes_in_use(static_cast<uint64_t>(used) * pool_->page_stride());
+    absl::MutexLock lock(&table_mu_);
+    d->set_sequences(device_sequences_[k]);
+  }
   r->set_tokens_compressed(tokens_compressed_.load());
   r->set_tokens_window(tokens_window_.load());
   r->set_window_bytes(static_cast<uint64_t>(4) * n() * tokens_window_.load());

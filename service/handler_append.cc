@@ -38,21 +38,50 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
   return plan;
 }
 
+void Handler::RecordEncoded(const std::vector<EncodeJob>& jobs) {
+  absl::MutexLock lock(&stats_mu_);
+  for (const EncodeJob& j : jobs) {
+    metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
+    codec_stats_.Add(j.stats);
+  }
+}
+
 absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages, const TierHeld& held) {
+                                  const float* values, const std::vector<PageId>& pages, const TierHeld& held,
+                                  const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
-  // The new tokens in bf16, after the current window.
-  std::vector<uint16_t> all_k(layer->window_keys), all_v(layer->window_values);
-  all_k.resize((window + plan.fresh) * n);
-  all_v.resize((window + plan.fresh) * n);
-  ToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
-  ToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
-
   const int64_t encoded = plan.pages * p;
-  if (plan.pages > 0) {
+  // all_k/all_v: the tokens that stay in the window after this append
+  // (staged), or the current window and every new token (host), in bf16.
+  std::vector<uint16_t> all_k, all_v;
+  if (staged != nullptr) {
+    std::vector<EncodeJob> jobs(plan.pages);
+    for (int64_t i = 0; i < plan.pages; ++i) {
+      jobs[i].page = pages[i];
+      jobs[i].layer = layer_index;
+    }
+    const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
+    absl::Status st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
+                                             layer->window_keys, layer->window_values, absl::MakeSpan(jobs), &all_k,
+                                             &all_v);
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
+                                                  first_page_token + encoded, "): ", st.message()));
+    }
+    RecordEncoded(jobs);
+  } else {
+    // The new tokens in bf16, after the current window.
+    all_k = layer->window_keys;
+    all_v = layer->window_values;
+    all_k.resize((window + plan.fresh) * n);
+    all_v.resize((window + plan.fresh) * n);
+    ToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
+    ToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
+  }
+  if (staged == nullptr && plan.pages > 0) {
     std::vector<float> fk(encoded * n), fv(encoded * n);
     for (size_t i = 0; i < fk.size(); ++i) {
       fk[i] = Bf16ToFloat(all_k[i]);
@@ -71,11 +100,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
       return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
                                                   first_page_token + encoded, "): ", st.message()));
     }
-    absl::MutexLock lock(&stats_mu_);
-    for (const EncodeJob& j : jobs) {
-      metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
-      codec_stats_.Add(j.stats);
-    }
+    RecordEncoded(jobs);
   }
   // A hot layer's new pages go hot at once; with no hot page to be had,
   // even after demoting other layers, the layer goes cold instead (an
@@ -98,36 +123,50 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   } else {
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
   }
-  layer->window_keys.assign(all_k.begin() + encoded * n, all_k.end());
-  layer->window_values.assign(all_v.begin() + encoded * n, all_v.end());
+  const size_t kept = staged != nullptr ? 0 : encoded * n;
+  layer->window_keys.assign(all_k.begin() + kept, all_k.end());
+  layer->window_values.assign(all_v.begin() + kept, all_v.end());
   layer->length += plan.fresh;
   tokens_compressed_ += encoded;
   tokens_window_ += plan.fresh - encoded;
   return absl::OkStatus();
 }
 
-absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals) {
-  absl::Status st = CheckSequenceId("sequence_id", c.sequence_id());
-  if (st.ok()) st = CheckLayer("layer", c.layer());
-  if (st.ok() && c.token_count() == 0) st = absl::InvalidArgumentError("token_count 0 must be >= 1");
-  if (st.ok() && c.first_token() > kMaxTokenIndex) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("first_token ", c.first_token(), " exceeds ", kMaxTokenIndex));
+absl::Status Handler::CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                                  uint32_t token_count, const uint32_t* kv_heads, const uint32_t* head_dim) const {
+  absl::Status st = CheckSequenceId("sequence_id", sequence_id);
+  if (st.ok()) st = CheckLayer("layer", layer);
+  if (st.ok() && token_count == 0) st = absl::InvalidArgumentError("token_count 0 must be >= 1");
+  if (st.ok() && first_token > kMaxTokenIndex) {
+    st = absl::InvalidArgumentError(absl::StrCat("first_token ", first_token, " exceeds ", kMaxTokenIndex));
   }
   // The optional shape fields, before the byte counts (which cannot tell
   // 8 heads x 64 from 4 x 128).
-  if (st.ok() && c.has_kv_heads() && c.kv_heads() != static_cast<uint32_t>(codec_->kv_heads())) {
-    st = absl::InvalidArgumentError(absl::StrCat("kv_heads ", c.kv_heads(), " does not match the server's kv_heads ",
+  if (st.ok() && kv_heads != nullptr && *kv_heads != static_cast<uint32_t>(codec_->kv_heads())) {
+    st = absl::InvalidArgumentError(absl::StrCat("kv_heads ", *kv_heads, " does not match the server's kv_heads ",
                                                  codec_->kv_heads()));
   }
-  if (st.ok() && c.has_head_dim() && c.head_dim() != static_cast<uint32_t>(codec_->head_dim())) {
-    st = absl::InvalidArgumentError(absl::StrCat("head_dim ", c.head_dim(), " does not match the server's head_dim ",
+  if (st.ok() && head_dim != nullptr && *head_dim != static_cast<uint32_t>(codec_->head_dim())) {
+    st = absl::InvalidArgumentError(absl::StrCat("head_dim ", *head_dim, " does not match the server's head_dim ",
                                                  codec_->head_dim()));
   }
+  return st;
+}
+
+namespace {
+
+std::string ShapeOf(uint32_t count, int kv_heads, int head_dim) {
+  return absl::StrCat("token_count ", count, " x kv_heads ", kv_heads, " x head_dim ", head_dim);
+}
+
+}  // namespace
+
+absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals) {
+  const uint32_t kv_heads = c.kv_heads(), head_dim = c.head_dim();
+  absl::Status st = CheckHeader(c.sequence_id(), c.layer(), c.first_token(), c.token_count(),
+                                c.has_kv_heads() ? &kv_heads : nullptr, c.has_head_dim() ? &head_dim : nullptr);
   const size_t elements = static_cast<size_t>(c.token_count()) * n();
-  const std::string shape = absl::StrCat("token_count ", c.token_count(), " x kv_heads ",
-                                         codec_->kv_heads(), " x head_dim ",
-                                         codec_->head_dim());
+  const std::string shape = ShapeOf(c.token_count(), codec_->kv_heads(), codec_->head_dim());
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
   std::vector<float> keys, values;
@@ -143,16 +182,48 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     metrics_->rejected_chunks->Increment();
     return st;
   }
+  return StoreChunk(c.sequence_id(), c.layer(), c.first_token(), c.token_count(), c.dtype(), keys.data(),
+                    values.data(), nullptr, totals);
+}
 
-  if (c.first_token() != 0 && Find(c.sequence_id()) == nullptr) {
+absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
+  const uint32_t kv_heads = h.kv_heads(), head_dim = h.head_dim();
+  absl::Status st = CheckHeader(h.sequence_id(), h.layer(), h.first_token(), h.token_count(),
+                                h.has_kv_heads() ? &kv_heads : nullptr, h.has_head_dim() ? &head_dim : nullptr);
+  const size_t elements = static_cast<size_t>(h.token_count()) * n();
+  const std::string shape = ShapeOf(h.token_count(), codec_->kv_heads(), codec_->head_dim());
+  if (st.ok()) st = CheckTensorBytes("keys", h.dtype(), h.tensor_bytes(), elements, shape);
+  return st;
+}
+
+absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTokens& t,
+                                   v1::AppendResponse* totals) {
+  absl::Status st = CheckChunkHeader(h);
+  if (st.ok() && (t.tokens != h.token_count() || t.dtype != h.dtype())) {
+    st = absl::InternalError("staged tokens do not match the chunk header");
+  }
+  if (st.ok()) st = backend_->CheckStaged(t, n(), value_limit());
+  if (!st.ok()) {
     metrics_->rejected_chunks->Increment();
-    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
+    return st;
+  }
+  return StoreChunk(h.sequence_id(), h.layer(), h.first_token(), h.token_count(), h.dtype(), nullptr, nullptr, &t,
+                    totals);
+}
+
+absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_index, uint64_t first_token,
+                                 uint32_t token_count, int dtype, const float* keys, const float* values,
+                                 const StagedTokens* staged, v1::AppendResponse* totals) {
+  absl::Status st;
+  if (first_token != 0 && Find(sequence_id) == nullptr) {
+    metrics_->rejected_chunks->Increment();
+    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(sequence_id),
                                             " not found (a new sequence starts at first_token 0, got ",
-                                            c.first_token(), ")"));
+                                            first_token, ")"));
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
-    absl::StatusOr<SequencePtr> found = FindOrCreate(c.sequence_id(), &created);
+    absl::StatusOr<SequencePtr> found = FindOrCreate(sequence_id, &created);
     if (!found.ok()) {
       metrics_->rejected_chunks->Increment();
       return found.status();
@@ -164,26 +235,26 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
       if (seq->released) {
         // Released between lookup and lock: this chunk starts a new one.
         if (attempt < 3) continue;
-        return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
+        return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(sequence_id),
                                                " was released while appending; retry"));
       }
-      LayerState& layer = seq->layers[c.layer()];
+      LayerState& layer = seq->layers[layer_index];
       absl::MutexLock layer_lock(&layer.mu);
       absl::StatusOr<AppendPlan> planned =
           PlanAppend(layer.length, static_cast<int64_t>(layer.window_keys.size() / n()),
-                     "first_token", c.sequence_id(), c.layer(), c.first_token(), c.token_count());
+                     "first_token", sequence_id, layer_index, first_token, token_count);
       st = planned.status();
       std::vector<PageId> pages;
       if (st.ok()) {
         plan = *planned;
-        absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages);
+        absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages, seq->device);
         st = reserved.status();
         if (st.ok()) pages = *std::move(reserved);
       }
       if (st.ok()) {
         TierHeld held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, static_cast<int>(c.layer()), plan, keys.data(), values.data(), pages, held);
+        st = ApplyAppend(&layer, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (st.ok()) Touch(seq);
@@ -195,7 +266,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
       return st;
     }
     if (created) metrics_->sequences_created->Increment();
-    const uint64_t raw_bytes = 2 * plan.fresh * n() * DTypeBytes(c.dtype());
+    const uint64_t raw_bytes = 2 * plan.fresh * n() * DTypeBytes(dtype);
     tokens_ingested_ += plan.fresh;
     bytes_ingested_ += raw_bytes;
     metrics_->ingested_tokens->Increment(static_cast<double>(plan.fresh));

@@ -194,8 +194,22 @@ absl::Status Handler::PlanAttendSteps(const v1::AttendRequest& request, std::vec
 
 absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                        int64_t total_pages, size_t* used) {
-  absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(total_pages);
-  if (!reserved.ok()) return reserved.status();
+  // Pages of each device slot, all-or-nothing over the batch.
+  std::vector<int64_t> need(pool_->partitions(), 0);
+  for (int i = 0; i < request.items_size(); ++i) {
+    const AttendWork& w = (*work)[i];
+    if (w.step) need[w.seq->device] += w.plan.pages;
+  }
+  std::vector<std::vector<PageId>> reserved(need.size());
+  for (size_t k = 0; k < need.size(); ++k) {
+    absl::StatusOr<std::vector<PageId>> r = pool_->Reserve(need[k], static_cast<int>(k));
+    if (!r.ok()) {
+      for (size_t j = 0; j < k; ++j) pool_->Free(reserved[j]);
+      return r.status();
+    }
+    reserved[k] = *std::move(r);
+  }
+  std::vector<size_t> taken(need.size(), 0);
   // Every layer and sequence of the batch is locked: none may be demoted
   // to make room for a hot layer's new page.
   TierHeld held;
@@ -209,7 +223,9 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
     const v1::AttendItem& it = request.items(i);
     if (w.step && w.plan.fresh == 0) metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.step || w.plan.fresh == 0) continue;
-    std::vector<PageId> pages(reserved->begin() + *used, reserved->begin() + *used + w.plan.pages);
+    const std::vector<PageId>& mine = reserved[w.seq->device];
+    size_t& at = taken[w.seq->device];
+    std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
     st = ApplyAppend(&w.seq->layers[it.layer()], static_cast<int>(it.layer()), w.plan, w.key.data(), w.value.data(),
                      pages, held);
     if (!st.ok()) {
@@ -217,12 +233,15 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
       break;
     }
     *used += pages.size();
+    at += pages.size();
     tokens_ingested_ += 1;
     bytes_ingested_ += 2 * n() * DTypeBytes(it.dtype());
     metrics_->ingested_tokens->Increment();
     metrics_->ingested_bytes->Increment(2.0 * n() * DTypeBytes(it.dtype()));
   }
-  if (*used < reserved->size()) pool_->Free(std::vector<PageId>(reserved->begin() + *used, reserved->end()));
+  for (size_t k = 0; k < reserved.size(); ++k) {
+    if (taken[k] < reserved[k].size()) pool_->Free(std::vector<PageId>(reserved[k].begin() + taken[k], reserved[k].end()));
+  }
   return st;
 }
 

@@ -16,6 +16,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "service/config.h"
 #include "service/server.h"
 
@@ -23,6 +25,7 @@ ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
 ABSL_FLAG(std::string, listen, "", "gRPC address, overrides the config's listen");
 ABSL_FLAG(std::string, metrics, "", "Prometheus address, overrides metrics_listen (\"none\": off)");
 ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see backends/registry.h)");
+ABSL_FLAG(std::string, devices, "", "devices of a multi-GPU server, e.g. 0,1; overrides the config's devices");
 
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
@@ -54,6 +57,18 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_listen).empty()) config->set_listen(absl::GetFlag(FLAGS_listen));
   if (!absl::GetFlag(FLAGS_metrics).empty()) config->set_metrics_listen(absl::GetFlag(FLAGS_metrics));
   if (!absl::GetFlag(FLAGS_backend).empty()) config->set_backend(absl::GetFlag(FLAGS_backend));
+  if (!absl::GetFlag(FLAGS_devices).empty()) {
+    config->clear_devices();
+    for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_devices), ',')) {
+      uint32_t index = 0;
+      if (!absl::SimpleAtoi(d, &index)) {
+        std::cerr << "driftkv-server: --devices " << absl::GetFlag(FLAGS_devices) << ": \"" << d
+                  << "\" is not a device index\n";
+        return 2;
+      }
+      config->add_devices(index);
+    }
+  }
   absl::StatusOr<driftkv::ServiceOptions> options = driftkv::ResolveConfig(*config);
   if (!options.ok()) {
     std::cerr << "driftkv-server: invalid config " << path << ": " << options.status().message() << "\n";

@@ -1,5 +1,8 @@
 #include "service/metrics.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace driftkv {
 namespace {
 
@@ -35,8 +38,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                         .Name("driftkv_encode_fallbacks_total")
                         .Help("Streams that needed the cheapest-level fallback, by stream")
                         .Register(r);
-  const Histogram::BucketBoundaries ratio = {0.80, 0.85, 0.90, 0.92, 0.94, 0.96,
-                                             0.97, 0.98, 0.99, 0.995, 1.0};
+  const Histogram::BucketBoundaries& ratio = utilization_bounds_;
   for (int s = 0; s < 2; ++s) {
     budget_utilization[s] = &util.Add({{"stream", kStream[s]}}, ratio);
     symbols_coded[s] = &coded.Add({{"stream", kStream[s]}});
@@ -55,6 +57,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                              .Help("Pages in the arena").Register(r).Add({});
   pool_pages_in_use = &BuildGauge().Name("driftkv_pool_used_pages")
                            .Help("Pages in use").Register(r).Add({});
+  device_capacity_pages = &BuildGauge().Name("driftkv_device_capacity_pages")
+                               .Help("Pages of the arena on each device, by device").Register(r);
+  device_pages_in_use = &BuildGauge().Name("driftkv_device_used_pages")
+                             .Help("Pages in use on each device, by device").Register(r);
+  device_sequences = &BuildGauge().Name("driftkv_device_sequences")
+                          .Help("Live sequences placed on each device, by device").Register(r);
   auto& stored = BuildGauge().Name("driftkv_tokens_stored")
                      .Help("Tokens stored over all sequences and layers, by form").Register(r);
   tokens_compressed = &stored.Add({{"form", "compressed"}});
@@ -132,7 +140,17 @@ void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_
   const std::vector<float>* each[2] = {&key_util, &value_util};
   for (int i = 0; i < 2; ++i) {
     if (!each[i]->empty()) {
-      for (float u : *each[i]) budget_utilization[i]->Observe(u);
+      // One histogram update per page (a large chunk has 10^5 streams):
+      // counts by bucket, with Observe's rule (the first bound >= u).
+      std::vector<double> counts(utilization_bounds_.size() + 1, 0.0);
+      double sum = 0.0;
+      for (float u : *each[i]) {
+        const size_t b = std::lower_bound(utilization_bounds_.begin(), utilization_bounds_.end(), double{u}) -
+                         utilization_bounds_.begin();
+        counts[b] += 1.0;
+        sum += u;
+      }
+      budget_utilization[i]->ObserveMultiple(counts, sum);
     } else if (s[i]->bytes_budget > 0) {
       budget_utilization[i]->Observe(static_cast<double>(s[i]->bytes_used) / s[i]->bytes_budget);
     }

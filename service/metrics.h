@@ -53,6 +53,11 @@ class Metrics {
   prometheus::Gauge* pool_bytes_in_use;
   prometheus::Gauge* pool_capacity_pages;
   prometheus::Gauge* pool_pages_in_use;
+  // Per device of the server (label device="0", ...; one on a
+  // single-device server): gauges added by the handler for its devices.
+  prometheus::Family<prometheus::Gauge>* device_capacity_pages;
+  prometheus::Family<prometheus::Gauge>* device_pages_in_use;
+  prometheus::Family<prometheus::Gauge>* device_sequences;
   prometheus::Gauge* tokens_compressed;  // driftkv_tokens_stored{form="compressed"}
   prometheus::Gauge* tokens_window;      // driftkv_tokens_stored{form="bf16_window"}
   prometheus::Gauge* window_bytes;
@@ -81,6 +86,9 @@ class Metrics {
   prometheus::Histogram* tier_promotion_seconds;   // per layer promoted
 
  private:
+  // Buckets of budget_utilization.
+  const prometheus::Histogram::BucketBoundaries utilization_bounds_ = {0.80, 0.85, 0.90, 0.92, 0.94, 0.96,
+                                                                       0.97, 0.98, 0.99, 0.995, 1.0};
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;
   absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_

@@ -17,7 +17,9 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       Handler::Create(options, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
-  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get());
+  TransportFactory* transport = hooks.transport != nullptr ? hooks.transport : DefaultTransportFactory();
+  s->channels_ = std::make_unique<ChannelManager>(s->handler_.get(), transport);
+  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get());
 
   // The standard grpc_server_* metrics and driftkv_server_info
   // (service/server_metrics.h); the interceptor goes last, so that it
@@ -59,15 +61,21 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
 
   // Idle sequences expire after the TTL, and idle hot layers are demoted
   // after hot_idle_seconds, both from Handler::ExpireIdle.
+  // Idle NCCL channels close after nccl_idle_seconds (ChannelManager::CloseIdle).
   const bool hot_idle = options.hot_tier() && options.hot_idle_seconds > 0.0;
-  if ((options.ttl_seconds > 0.0 || hot_idle) && hooks.start_reaper) {
+  const bool channels = transport != nullptr && options.nccl_max_channels > 0;
+  if ((options.ttl_seconds > 0.0 || hot_idle || channels) && hooks.start_reaper) {
     // Checks a few times per TTL (and idle time), at most once a second.
     absl::Duration period = absl::Seconds(1);
     if (options.ttl_seconds > 0.0) period = std::min(period, absl::Seconds(options.ttl_seconds) / 4);
     if (hot_idle) period = std::min(period, absl::Seconds(options.hot_idle_seconds) / 4);
+    if (channels) period = std::min(period, absl::Seconds(options.nccl_idle_seconds) / 4);
     DriftkvServer* self = s.get();
     s->reaper_ = std::thread([self, period] {
-      while (!self->stop_.WaitForNotificationWithTimeout(period)) self->handler_->ExpireIdle();
+      while (!self->stop_.WaitForNotificationWithTimeout(period)) {
+        self->handler_->ExpireIdle();
+        self->channels_->CloseIdle();
+      }
     });
   }
   return s;

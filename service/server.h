@@ -26,6 +26,9 @@ struct ServerHooks {
   Handler::Clock clock;  // null: absl::Now
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   bool start_reaper = true;  // the TTL thread (tests call ExpireIdle themselves)
+  // The channels' transport (service/channels.h); null: the binary's
+  // default (transport/transport.h DefaultTransportFactory).
+  TransportFactory* transport = nullptr;
 };
 
 class DriftkvServer {
@@ -39,6 +42,7 @@ class DriftkvServer {
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0: none
   Handler& handler() { return *handler_; }
+  ChannelManager& channels() { return *channels_; }
   Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
@@ -52,6 +56,7 @@ class DriftkvServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // grpc_server_*, in metrics_'s registry
   std::unique_ptr<Handler> handler_;
+  std::unique_ptr<ChannelManager> channels_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

@@ -1,7 +1,9 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,9 +12,12 @@
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
+#include "kernels/ingest.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 #include "kernels/transform.h"
@@ -46,16 +51,38 @@ struct StagingLayout {
   size_t table, query, window_keys, window_values, bytes;
 };
 
+// A staging buffer in device memory (DEVICE INGEST in backends/backend.h).
+struct DeviceStaging : StagingBuffer {
+  explicit DeviceStaging(int d) : device(d) {}
+  ~DeviceStaging() override {
+    if (ptr != nullptr) {
+      cudaSetDevice(device);
+      cudaFree(ptr);
+    }
+  }
+  void* data() override { return ptr; }
+  size_t bytes() const override { return size; }
+  int device;
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
-              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes)
+              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base,
+              PageId end)
       : codec_(*codec), pool_(*pool), hot_pool_(hot_pool), device_(device), transforms_(transforms),
-        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes) {}
+        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes), base_(base), end_(end) {}
+  // The device arena: pages [base_, end_) of the pool, page p at
+  // (p - base_) * page_bytes.
+  size_t arena_bytes() const { return static_cast<size_t>(end_ - base_) * pool_.page_stride(); }
   ~CudaBackend() override {
+    if (host_registered_) cudaHostUnregister(pool_.page(base_));
     cudaFree(arena_);
     cudaFree(hot_arena_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (check_stream_ != nullptr) cudaStreamDestroy(check_stream_);
   }
 
   absl::Status Init() {
@@ -79,7 +106,18 @@ class CudaBackend : public Backend {
     gpu::PackDecodeTable(codec_.key_codec().table(), tables.data());
     gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
     st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (st.ok()) st = Cuda(cudaMalloc(&arena_, pool_.capacity_bytes()), "cudaMalloc (page arena)");
+    if (st.ok()) st = Cuda(cudaStreamCreateWithFlags(&check_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st.ok()) st = Cuda(cudaMalloc(&arena_, arena_bytes()), "cudaMalloc (page arena)");
+    // The host arena, page-locked: encoded pages are mirrored into it by
+    // DMA at full speed (pageable memory goes through a bounce buffer).
+    // Best effort: without it the copies are only slower.
+    if (st.ok()) {
+      if (cudaHostRegister(pool_.page(base_), arena_bytes(), cudaHostRegisterDefault) == cudaSuccess) {
+        host_registered_ = true;
+      } else {
+        cudaGetLastError();
+      }
+    }
     if (st.ok()) st = tables_.Reserve(tables.size() * 4);
     if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
     if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
@@ -117,10 +155,11 @@ class CudaBackend : public Backend {
     if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
     if (moves.empty()) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     const int count = static_cast<int>(moves.size());
     std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
     for (int i = 0; i < count; ++i) {
-      ids[i] = moves[i].from;
+      ids[i] = moves[i].from - base_;
       ids[count + i] = moves[i].to;
       ids[2 * count + i] = moves[i].tokens;
     }
@@ -157,6 +196,7 @@ class CudaBackend : public Backend {
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
     if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     std::vector<uint8_t> level(hot_layout_.page_bytes);
     for (const TierMove& m : moves) {
       absl::Status st = DownloadHotPage(m.from, level.data());
@@ -165,7 +205,7 @@ class CudaBackend : public Backend {
       st = DemotePage(codec_, hot_layout_, level.data(), m.tokens, cold, cold + layout_.value_offset,
                       cold + layout_.mean_offset);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
-      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to) * layout_.page_bytes, cold,
+      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to - base_) * layout_.page_bytes, cold,
                                 layout_.page_bytes, cudaMemcpyHostToDevice, stream_), "upload demoted page");
       if (!st.ok()) return st;
     }
@@ -181,6 +221,7 @@ class CudaBackend : public Backend {
     std::vector<uint8_t> level(hot_layout_.page_bytes);
     {
       absl::MutexLock lock(&mu_);
+      cudaSetDevice(device_);  // the calling RPC thread's current device
       st = DownloadHotPage(page, level.data());
     }
     if (!st.ok()) return st;
@@ -256,20 +297,14 @@ class CudaBackend : public Backend {
       absl::Status st = CheckLayer(j.layer);
       if (!st.ok()) return st;
     }
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     const int P = pool_.page_tokens(), n = layout_.n();
     const size_t page_floats = static_cast<size_t>(P) * n;
     const size_t in_bytes = jobs.size() * page_floats * sizeof(float);
-    const int tokens = static_cast<int>(jobs.size()) * P;
     absl::Status st = keys_in_.Reserve(in_bytes);
     if (st.ok()) st = values_in_.Reserve(in_bytes);
-    if (st.ok()) st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
-    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
-    if (!st.ok()) return st;
-    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
     for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
-      ids[j] = jobs[j].page;
-      ids[jobs.size() + j] = jobs[j].layer;
       st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
                                 cudaMemcpyHostToDevice, stream_), "upload keys");
       if (st.ok()) {
@@ -277,28 +312,175 @@ class CudaBackend : public Backend {
                                   page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload values");
       }
     }
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (!st.ok()) return st;
+    st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+    lock.Release();
+    if (st.ok()) st = MirrorPages(jobs);
+    return st;
+  }
+
+  // DEVICE INGEST (backends/backend.h): staging buffers are device memory
+  // of this GPU; values are checked and rounded to bf16 by
+  // kernels/ingest.h and encoded from there.
+  int staging_device() const override { return device_; }
+
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes) override {
+    auto buffer = std::make_unique<DeviceStaging>(device_);
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = Cuda(cudaMalloc(&buffer->ptr, bytes), "cudaMalloc (staging)");
+    if (!st.ok()) return st;
+    buffer->size = bytes;
+    return std::unique_ptr<StagingBuffer>(std::move(buffer));
+  }
+
+  absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
+    absl::MutexLock lock(&check_mu_);  // not mu_: checks overlap other chunks' encoding
+    const size_t elements = static_cast<size_t>(t.tokens) * n;
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = bad_.Reserve(2 * sizeof(unsigned long long));
+    if (st.ok()) st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), check_stream_), "reset check");
+    for (int kind = 0; kind < 2 && st.ok(); ++kind) {
+      gpu::IngestParams ip;
+      ip.src_dev = kind == 0 ? t.keys : t.values;
+      ip.dtype = t.dtype;
+      ip.elements = elements;
+      ip.limit = limit;
+      ip.first_bad_dev = bad_.get<unsigned long long>() + kind;
+      st = gpu::LaunchIngest(ip, check_stream_);
+    }
+    unsigned long long bad[2] = {0, 0};
+    if (st.ok()) st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, check_stream_), "download check");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(check_stream_), "check staged tokens");
+    if (!st.ok()) return st;
+    for (int kind = 0; kind < 2; ++kind) {
+      if (bad[kind] == ~0ull) continue;
+      // The failing element, converted on the host for the message.
+      const size_t eb = DTypeBytes(t.dtype);
+      std::string raw(eb, '\0');
+      st = Cuda(cudaMemcpy(raw.data(), static_cast<const uint8_t*>(kind == 0 ? t.keys : t.values) + bad[kind] * eb, eb,
+                           cudaMemcpyDeviceToHost), "download bad element");
+      if (!st.ok()) return st;
+      float x = 0.0f;
+      TensorToFloat(raw, t.dtype, 1, &x);
+      const char* field = kind == 0 ? "keys" : "values";
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " element ", bad[kind], " is ", x,
+          std::isfinite(x) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
+                            absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                            absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                            std::vector<uint16_t>* tail_values) override {
+    for (const EncodeJob& j : jobs) {
+      absl::Status st = CheckLayer(j.layer);
+      if (!st.ok()) return st;
+    }
+    absl::ReleasableMutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    const size_t prefix = prefix_keys.size() / n, total = prefix + static_cast<size_t>(fresh);
+    const size_t encoded = jobs.size() * static_cast<size_t>(page_tokens);
+    if (encoded > total) return absl::InternalError("EncodeStaged: more pages than tokens");
+    // S = [prefix; staged tokens] as bf16-rounded floats, on the device.
+    std::vector<float> pk(prefix * n), pv(prefix * n);
+    for (size_t i = 0; i < prefix * n; ++i) {
+      pk[i] = Bf16ToFloat(prefix_keys[i]);
+      pv[i] = Bf16ToFloat(prefix_values[i]);
+    }
+    const size_t bytes = std::max<size_t>(total, 1) * n * sizeof(float);
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = keys_in_.Reserve(bytes);
+    if (st.ok()) st = values_in_.Reserve(bytes);
+    if (st.ok() && prefix > 0) {
+      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>(), pk.data(), pk.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window keys");
+      if (st.ok()) st = Cuda(cudaMemcpyAsync(values_in_.get<float>(), pv.data(), pv.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window values");
+    }
+    const size_t eb = DTypeBytes(t.dtype);
+    for (int kind = 0; kind < 2 && st.ok(); ++kind) {
+      gpu::IngestParams ip;
+      ip.src_dev = static_cast<const uint8_t*>(kind == 0 ? t.keys : t.values) + static_cast<size_t>(skip) * n * eb;
+      ip.dtype = t.dtype;
+      ip.elements = static_cast<size_t>(fresh) * n;
+      ip.out_dev = (kind == 0 ? keys_in_.get<float>() : values_in_.get<float>()) + prefix * n;
+      st = gpu::LaunchIngest(ip, stream_);
+    }
+    if (st.ok() && !jobs.empty()) st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+    if (!st.ok()) return st;
+    // The window: the tokens after the pages, back to the host as bf16.
+    const size_t rest = (total - encoded) * n;
+    std::vector<float> rk(rest), rv(rest);
+    if (rest > 0) {
+      st = Cuda(cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window keys");
+      if (st.ok()) st = Cuda(cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window values");
+      if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download window");
+      if (!st.ok()) return st;
+    }
+    lock.Release();
+    tail_keys->resize(rest);
+    tail_values->resize(rest);
+    for (size_t i = 0; i < rest; ++i) {
+      (*tail_keys)[i] = FloatToBf16(rk[i]);
+      (*tail_values)[i] = FloatToBf16(rv[i]);
+    }
+    return MirrorPages(jobs);
+  }
+
+  // Mirrors encoded pages into the host arena, one copy per run of
+  // consecutive ids (a fresh reservation is one run), on the calling
+  // thread's own stream and without mu_: the copies of one call overlap the
+  // next call's encoding. REQUIRES: their encoding has completed.
+  absl::Status MirrorPages(absl::Span<const EncodeJob> jobs) {
+    std::vector<PageId> sorted;
+    for (const EncodeJob& j : jobs) sorted.push_back(j.page - base_);
+    std::sort(sorted.begin(), sorted.end());
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    for (size_t j = 0; j < sorted.size() && st.ok();) {
+      size_t end = j + 1;
+      while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
+      const size_t offset = static_cast<size_t>(sorted[j]) * layout_.page_bytes;
+      st = Cuda(cudaMemcpyAsync(pool_.key_records(sorted[j] + base_), static_cast<uint8_t*>(arena_) + offset,
+                                (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread),
+                "download pages");
+      j = end;
+    }
+    if (st.ok() && !sorted.empty()) st = Cuda(cudaStreamSynchronize(cudaStreamPerThread), "download pages");
+    return st;
+  }
+
+  // Encodes jobs[j] from tokens [j P, (j + 1) P) of keys_dev/values_dev
+  // (device floats, model domain; transformed in place with WUSH) and
+  // writes the pages to the device arena; the caller mirrors them
+  // (MirrorPages) after releasing mu_.
+  absl::Status EncodeOnDeviceLocked(float* keys_dev, float* values_dev, absl::Span<EncodeJob> jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int P = pool_.page_tokens(), n = layout_.n();
+    const int tokens = static_cast<int>(jobs.size()) * P;
+    absl::Status st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
+    if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
+    if (!st.ok()) return st;
+    std::vector<int32_t> ids(2 * jobs.size());  // page ids, then the pages' layers
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      ids[j] = jobs[j].page - base_;
+      ids[jobs.size() + j] = jobs[j].layer;
+    }
+    st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
     if (st.ok() && transforms_ != nullptr) {
       const int32_t* layers_dev = pages_.get<int32_t>() + jobs.size();
-      st = TransformOnDevice(keys_in_.get<float>(), tokens, layers_dev, P, gpu::kTfKey);
-      if (st.ok() && !values_folded_) st = TransformOnDevice(values_in_.get<float>(), tokens, layers_dev, P, gpu::kTfValue);
+      st = TransformOnDevice(keys_dev, tokens, layers_dev, P, gpu::kTfKey);
+      if (st.ok() && !values_folded_) st = TransformOnDevice(values_dev, tokens, layers_dev, P, gpu::kTfValue);
     }
     if (!st.ok()) return st;
     gpu::EncodeParams ep = encode_;
-    ep.keys_dev = keys_in_.get<float>();
-    ep.values_dev = values_in_.get<float>();
+    ep.keys_dev = keys_dev;
+    ep.values_dev = values_dev;
     ep.tokens = tokens;
     ep.pages_dev = pages_.get<int32_t>();
     ep.pool_dev = static_cast<uint8_t*>(arena_);
     ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
     st = gpu::LaunchEncode(ep, stream_);
     if (!st.ok()) return st;
-    // Mirror the encoded pages into the host arena.
-    for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
-      st = Cuda(cudaMemcpyAsync(pool_.key_records(jobs[j].page),
-                                static_cast<uint8_t*>(arena_) + static_cast<size_t>(jobs[j].page) * layout_.page_bytes,
-                                layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download page");
-    }
     std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
     if (st.ok()) {
       st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
@@ -368,6 +550,7 @@ class CudaBackend : public Backend {
  private:
   absl::Status AttendRun(absl::Span<AttendJob> jobs) {
     absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
     absl::Status st = AttendRunLocked(jobs);
     // A failure may come after window slots were planned and before their
     // tokens arrived: forget the cache rather than trust it.
@@ -389,7 +572,7 @@ class CudaBackend : public Backend {
         return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
       }
       start[i] = static_cast<int32_t>(table.size());
-      for (PageId p : j.pages) table.push_back(p);
+      for (PageId p : j.pages) table.push_back(p - base_);
       tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
       wtok[i] = static_cast<int32_t>(j.window.tokens);
       max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
@@ -543,6 +726,7 @@ class CudaBackend : public Backend {
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
   const size_t window_cache_bytes_;
+  const PageId base_, end_;  // the pages of this device (PARTITIONS in page_pool.h)
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
   LevelPageLayout hot_layout_;
@@ -551,9 +735,14 @@ class CudaBackend : public Backend {
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;
+  bool host_registered_ = false;  // the host arena is page-locked
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   Scratch a_stage_, a_out_, a_ws_;
+  // CheckStaged runs on its own stream under its own lock.
+  absl::Mutex check_mu_;
+  cudaStream_t check_stream_ = nullptr;
+  Scratch bad_ ABSL_GUARDED_BY(check_mu_);
   cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
   PinnedScratch host_stage_, host_out_;
 };
@@ -562,9 +751,17 @@ class CudaBackend : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
                                                          const TransformSet* transforms, bool values_folded,
-                                                         size_t window_cache_bytes, const PagePool* hot_pool) {
+                                                         size_t window_cache_bytes, const PagePool* hot_pool,
+                                                         int partition) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
-  auto b = std::make_unique<CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes);
+  if (partition < 0 || partition >= pool->partitions()) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of a pool of ", pool->partitions()));
+  }
+  if (hot_pool != nullptr && pool->partitions() > 1) {
+    return absl::FailedPreconditionError("the hot tier runs on one device only");
+  }
+  auto b = std::make_unique<CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes,
+                                         pool->partition_begin(partition), pool->partition_begin(partition + 1));
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

@@ -33,11 +33,14 @@ constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 // `hot_pool` (level pages, HOT TIER in backends/backend.h) enables the hot
 // tier: a device arena of the same ids, promotion on the device, the
 // level-page attention kernel for hot jobs.
+// `partition` (PARTITIONS in backends/page_pool.h): the backend owns that
+// partition's pages only, and its device arena holds just those (a
+// multi-GPU server, backends/multi_device.h). No hot tier then.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool,
                                                          int device = 0, const TransformSet* transforms = nullptr,
                                                          bool values_folded = false,
                                                          size_t window_cache_bytes = kDefaultWindowCacheBytes,
-                                                         const PagePool* hot_pool = nullptr);
+                                                         const PagePool* hot_pool = nullptr, int partition = 0);
 
 }  // namespace driftkv
 

@@ -3,9 +3,26 @@ the generated messages stay in driftkv._proto). Field meanings: docs/api.md
 and proto/driftkv.proto."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 Array = Any  # np.ndarray or torch.Tensor
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """InfoResponse.devices: one device of the server (docs/nccl.md)."""
+    device: int
+    capacity_pages: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """StatsResponse.devices: one device's share of the usage."""
+    device: int
+    sequences: int
+    pages_in_use: int
+    bytes_in_use: int
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,12 @@ class Info:
     hot_promotion: str
     hot_idle_seconds: float
     value_refit: str  # D-Quant's value grid: "unbiased", "norm" or "least_squares"
+    nccl_version: int
+    nccl_max_channels: int
+    nccl_chunk_timeout_seconds: float
+    nccl_idle_seconds: float
+    nccl_max_chunk_bytes: int
+    devices: Tuple[DeviceInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -77,11 +100,26 @@ class Stats:
     demotions: int
     pages_promoted: int
     pages_demoted: int
+    nccl_channels_open: int
+    nccl_channels_opened: int
+    nccl_channels_aborted: int
+    nccl_channels_idle_closed: int
+    nccl_chunks: int
+    devices: Tuple[DeviceStats, ...]
+
+
+_ITEMS = {("Info", "devices"): DeviceInfo, ("Stats", "devices"): DeviceStats}
 
 
 def from_message(cls, message):
-    """A dataclass of `cls` from the generated message's fields of the same names."""
-    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(cls)})
+    """A dataclass of `cls` from the generated message's fields of the same
+    names; repeated messages become tuples of their dataclasses."""
+    def value(name):
+        item = _ITEMS.get((cls.__name__, name))
+        if item is None:
+            return getattr(message, name)
+        return tuple(from_message(item, m) for m in getattr(message, name))
+    return cls(**{f.name: value(f.name) for f in dataclasses.fields(cls)})
 
 
 class AppendResult(NamedTuple):

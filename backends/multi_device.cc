@@ -1,0 +1,107 @@
+#include "backends/multi_device.h"
+
+#include <future>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "backends/attend_batcher.h"
+
+namespace driftkv {
+namespace {
+
+class MultiDeviceBackend : public Backend {
+ public:
+  MultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool, bool batched)
+      : inner_(std::move(inner)), pool_(*pool), batched_(batched) {}
+
+  std::string name() const override { return inner_[0]->name(); }
+  bool PrefersBatchedAttend() const override { return !batched_ && inner_[0]->PrefersBatchedAttend(); }
+
+  absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
+    // Runs of jobs of one device (an Append's jobs are all one sequence's).
+    size_t begin = 0;
+    while (begin < jobs.size()) {
+      const int k = Owner(jobs[begin].page);
+      size_t end = begin + 1;
+      while (end < jobs.size() && Owner(jobs[end].page) == k) ++end;
+      absl::Status st = inner_[k]->EncodePages(jobs.subspan(begin, end - begin));
+      if (!st.ok()) return st;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    return inner_[Owner(page)]->DecodeTokens(page, layer, first, count, keys, values);
+  }
+
+  void Attend(absl::Span<AttendJob> jobs) override {
+    const int n = static_cast<int>(inner_.size());
+    std::vector<std::vector<AttendJob>> split(n);
+    std::vector<std::vector<size_t>> index(n);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const int k = jobs[i].pages.empty() ? 0 : Owner(jobs[i].pages[0]);
+      split[k].push_back(jobs[i]);
+      index[k].push_back(i);
+    }
+    // Every device but the last busy one on its own thread; that one here.
+    std::vector<std::future<void>> running;
+    int last = -1;
+    for (int k = 0; k < n; ++k) {
+      if (!split[k].empty()) last = k;
+    }
+    for (int k = 0; k < n; ++k) {
+      if (split[k].empty() || k == last) continue;
+      running.push_back(std::async(std::launch::async, [this, k, &split] { inner_[k]->Attend(absl::MakeSpan(split[k])); }));
+    }
+    if (last >= 0) inner_[last]->Attend(absl::MakeSpan(split[last]));
+    for (std::future<void>& f : running) f.get();
+    for (int k = 0; k < n; ++k) {
+      for (size_t j = 0; j < split[k].size(); ++j) jobs[index[k][j]].status = split[k][j].status;
+    }
+  }
+
+  int staging_device() const override { return inner_[0]->staging_device(); }
+  absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes) override {
+    return inner_[0]->AllocateStaging(bytes);
+  }
+  absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
+    return inner_[0]->CheckStaged(t, n, limit);
+  }
+  absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
+                            absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                            absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                            std::vector<uint16_t>* tail_values) override {
+    const int k = jobs.empty() ? 0 : Owner(jobs[0].page);
+    for (const EncodeJob& j : jobs) {
+      if (Owner(j.page) != k) return absl::InternalError("EncodeStaged: pages of several devices");
+    }
+    return inner_[k]->EncodeStaged(t, n, page_tokens, skip, fresh, prefix_keys, prefix_values, jobs, tail_keys,
+                                   tail_values);
+  }
+
+ private:
+  int Owner(PageId p) const { return pool_.partition_of(p); }
+
+  std::vector<std::unique_ptr<Backend>> inner_;
+  const PagePool& pool_;
+  const bool batched_;  // each inner backend has its own Attend queue
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
+                                                bool batch_per_device, std::function<void(int calls, int jobs)> observer) {
+  bool batched = false;
+  if (batch_per_device) {
+    for (std::unique_ptr<Backend>& b : inner) {
+      if (!b->PrefersBatchedAttend()) continue;
+      b = std::make_unique<BatchingBackend>(std::move(b), observer);
+      batched = true;
+    }
+  }
+  return std::make_unique<MultiDeviceBackend>(std::move(inner), pool, batched);
+}
+
+}  // namespace driftkv

@@ -1,0 +1,35 @@
+// One backend over several devices (a multi-GPU server, `devices` in the
+// config): the pool is split into one partition per device
+// (backends/page_pool.h PARTITIONS) and inner backend k owns partition k
+// (its device arena holds those pages only). Calls are routed by page id:
+// EncodePages, DecodeTokens and EncodeStaged to the pages' owner, Attend
+// split into one sub-batch per device, run concurrently, answers in the
+// caller's order. A job with no pages (a window only) runs on device 0.
+// Device-agnostic: the handler places each sequence on one partition and
+// sees one Backend. Staging memory (DEVICE INGEST) is device 0's; the
+// owner reads it over the peer link.
+#ifndef DRIFTKV_BACKENDS_MULTI_DEVICE_H_
+#define DRIFTKV_BACKENDS_MULTI_DEVICE_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/page_pool.h"
+
+namespace driftkv {
+
+// REQUIRES: inner.size() == pool->partitions() >= 1; `pool` outlives the
+// result. No hot tier. With `batch_per_device`, each inner backend that
+// prefers batched Attend gets its own combining queue
+// (backends/attend_batcher.h, `observer` for its metrics), so that the
+// devices take their next batches independently, and the result does not
+// ask the handler for another queue in front (PrefersBatchedAttend false).
+std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
+                                                bool batch_per_device = false,
+                                                std::function<void(int calls, int jobs)> observer = nullptr);
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_MULTI_DEVICE_H_

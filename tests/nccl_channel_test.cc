@@ -1,0 +1,300 @@
+// The NCCL ingest channels' state machine (service/channels.h) over the
+// fake transport, CPU backend: the same tokens through Append and through
+// a channel give identical stores; deadline, dead peer, framing errors,
+// busy channels, the channel limit, idle close, version mismatch; rejected
+// chunks leave the pool unchanged and the channel usable.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "service/channels.h"
+#include "service/handler.h"
+#include "tests/service_test_util.h"
+#include "transport/fake_transport.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+using testing::SmallOptions;
+using testing::SyntheticKv;
+
+class ChannelTest : public ::testing::Test {
+ protected:
+  void Make(ServiceOptions o = SmallOptions()) {
+    o.nccl_chunk_timeout_seconds = 0.2;
+    options_ = o;
+    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_);
+    ASSERT_TRUE(h.ok()) << h.status();
+    handler_ = *std::move(h);
+    channels_ = std::make_unique<ChannelManager>(handler_.get(), &factory_);
+  }
+  int n() const { return handler_->codec().n(); }
+
+  uint64_t Open(const std::string& peer) {
+    v1::OpenChannelRequest r;
+    r.set_nccl_unique_id(peer);
+    r.set_nccl_version(factory_.version());
+    v1::OpenChannelResponse resp;
+    absl::Status st = channels_->Open(r, &resp);
+    EXPECT_TRUE(st.ok()) << st;
+    return resp.channel_id();
+  }
+
+  v1::PushChunkRequest Header(uint64_t channel, const std::string& seq, uint32_t layer, uint64_t first,
+                              uint32_t count) {
+    v1::PushChunkRequest h;
+    h.set_channel_id(channel);
+    h.set_sequence_id(seq);
+    h.set_layer(layer);
+    h.set_first_token(first);
+    h.set_token_count(count);
+    h.set_dtype(v1::DTYPE_BF16);
+    h.set_tensor_bytes(static_cast<uint64_t>(count) * n() * 2);
+    return h;
+  }
+
+  // Tokens [first, first + count) of `kv` as bf16 wire bytes.
+  std::string Bytes(const std::vector<float>& x, uint64_t first, uint32_t count) {
+    std::string out;
+    FloatToTensor(x.data() + first * n(), static_cast<size_t>(count) * n(), v1::DTYPE_BF16, &out);
+    return out;
+  }
+
+  // Queues the peer's send of tokens [first, first + count), then pushes.
+  absl::Status Push(const std::string& peer, uint64_t channel, const std::string& seq, uint32_t layer,
+                    uint64_t first, uint32_t count, const testing::Kv& kv, v1::AppendResponse* r) {
+    factory_.link(peer)->QueueSend({Bytes(kv.keys, first, count), Bytes(kv.values, first, count)});
+    return channels_->Push(Header(channel, seq, layer, first, count), absl::InfiniteFuture(), r);
+  }
+
+  absl::Status Append(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
+                      const testing::Kv& kv, v1::AppendResponse* r) {
+    v1::AppendChunk c;
+    c.set_sequence_id(seq);
+    c.set_layer(layer);
+    c.set_first_token(first);
+    c.set_token_count(count);
+    c.set_dtype(v1::DTYPE_BF16);
+    *c.mutable_keys() = Bytes(kv.keys, first, count);
+    *c.mutable_values() = Bytes(kv.values, first, count);
+    return handler_->Append(c, r);
+  }
+
+  std::string ReadAll(const std::string& seq, uint32_t layer) {
+    v1::ReadRequest r;
+    r.set_sequence_id(seq);
+    r.set_layer(layer);
+    r.set_dtype(v1::DTYPE_F32);
+    std::string out;
+    absl::Status st = handler_->Read(r, [&](const v1::ReadChunk& c) {
+      out += c.keys();
+      out += c.values();
+      return true;
+    });
+    EXPECT_TRUE(st.ok()) << st;
+    return out;
+  }
+
+  v1::StatsResponse Stats() {
+    v1::StatsResponse s;
+    handler_->Stats(&s);
+    channels_->Stats(&s);
+    return s;
+  }
+
+  ServiceOptions options_;
+  Metrics metrics_;
+  FakeTransportFactory factory_;
+  std::unique_ptr<Handler> handler_;
+  std::unique_ptr<ChannelManager> channels_;
+};
+
+TEST_F(ChannelTest, SameStoreAsAppendAndIdempotentRepeats) {
+  Make();
+  const testing::Kv kv = SyntheticKv(300, 128, 7);
+  const uint64_t ch = Open("peer");
+  v1::AppendResponse a, b;
+  // Uneven chunks: windows, pages and a page straddling two chunks.
+  const uint32_t cuts[] = {0, 45, 130, 131, 300};
+  for (int i = 0; i + 1 < 5; ++i) {
+    ASSERT_TRUE(Append("grpc", 1, cuts[i], cuts[i + 1] - cuts[i], kv, &a).ok());
+    absl::Status st = Push("peer", ch, "nccl", 1, cuts[i], cuts[i + 1] - cuts[i], kv, &b);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  EXPECT_EQ(a.tokens_stored(), 300u);
+  EXPECT_EQ(b.tokens_stored(), 300u);
+  EXPECT_EQ(ReadAll("grpc", 1), ReadAll("nccl", 1));
+  // A repeat (overlapping what is stored) is acknowledged, not stored again.
+  const v1::StatsResponse before = Stats();
+  v1::AppendResponse r;
+  ASSERT_TRUE(Push("peer", ch, "nccl", 1, 250, 50, kv, &r).ok());
+  EXPECT_EQ(r.tokens_stored(), 0u);
+  EXPECT_EQ(r.tokens_duplicate(), 50u);
+  EXPECT_EQ(Stats().pages_in_use(), before.pages_in_use());
+  EXPECT_EQ(ReadAll("grpc", 1), ReadAll("nccl", 1));
+  EXPECT_EQ(Stats().nccl_chunks(), 5u);
+}
+
+TEST_F(ChannelTest, GapAndBadValueRejectedChannelStaysOpen) {
+  Make();
+  const testing::Kv kv = SyntheticKv(200, 128, 8);
+  const uint64_t ch = Open("peer");
+  v1::AppendResponse r;
+  ASSERT_TRUE(Push("peer", ch, "s", 0, 0, 100, kv, &r).ok());
+  const v1::StatsResponse before = Stats();
+  absl::Status st = Push("peer", ch, "s", 0, 150, 10, kv, &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange) << st;
+  EXPECT_NE(st.message().find("leaves a gap"), std::string::npos) << st;
+  testing::Kv bad = kv;
+  bad.values[100 * 128 + 5] = std::numeric_limits<float>::infinity();
+  st = Push("peer", ch, "s", 0, 100, 50, bad, &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("values element 5 is inf"), std::string::npos) << st;
+  EXPECT_EQ(Stats().pages_in_use(), before.pages_in_use());
+  EXPECT_EQ(Stats().tokens_ingested(), before.tokens_ingested());
+  // The same chunk through Append gets the same message.
+  v1::AppendChunk c;
+  c.set_sequence_id("s");
+  c.set_layer(0);
+  c.set_first_token(100);
+  c.set_token_count(50);
+  c.set_dtype(v1::DTYPE_BF16);
+  *c.mutable_keys() = Bytes(bad.keys, 100, 50);
+  *c.mutable_values() = Bytes(bad.values, 100, 50);
+  EXPECT_EQ(handler_->Append(c, &r).message(), st.message());
+  // The channel is still usable.
+  st = Push("peer", ch, "s", 0, 100, 100, kv, &r);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(Stats().nccl_channels_open(), 1u);
+}
+
+TEST_F(ChannelTest, DeadlineAbortsAndLeavesPoolUnchanged) {
+  Make();
+  const uint64_t ch = Open("slow");
+  const v1::StatsResponse before = Stats();
+  v1::AppendResponse r;
+  const absl::Time start = absl::Now();
+  // Nothing queued: the peer never sends.
+  absl::Status st = channels_->Push(Header(ch, "s", 0, 0, 64), absl::InfiniteFuture(), &r);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find("aborted"), std::string::npos) << st;
+  EXPECT_GE(took, absl::Milliseconds(190));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(factory_.link("slow")->aborts(), 1);
+  const v1::StatsResponse after = Stats();
+  EXPECT_EQ(after.pages_in_use(), before.pages_in_use());
+  EXPECT_EQ(after.sequences(), 0u);
+  EXPECT_EQ(after.nccl_channels_open(), 0u);
+  EXPECT_EQ(after.nccl_channels_aborted(), 1u);
+  // The channel is gone.
+  EXPECT_EQ(channels_->Push(Header(ch, "s", 0, 0, 64), absl::InfiniteFuture(), &r).code(),
+            absl::StatusCode::kNotFound);
+  // The RPC's own deadline, when sooner, bounds the wait too.
+  const uint64_t ch2 = Open("slow2");
+  st = channels_->Push(Header(ch2, "s", 0, 0, 64), absl::Now() + absl::Milliseconds(20), &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+}
+
+TEST_F(ChannelTest, PeerThatNeverJoinsOrDiesAborts) {
+  Make();
+  factory_.link("absent")->SetJoins(false);
+  const uint64_t ch = Open("absent");
+  v1::AppendResponse r;
+  absl::Status st = channels_->Push(Header(ch, "s", 0, 0, 64), absl::InfiniteFuture(), &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find("did not join"), std::string::npos) << st;
+
+  const testing::Kv kv = SyntheticKv(64, 128, 9);
+  const uint64_t ch2 = Open("dies");
+  factory_.link("dies")->FailNextRecv();
+  st = Push("dies", ch2, "s", 0, 0, 64, kv, &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(factory_.link("dies")->aborts(), 1);
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Stats().nccl_channels_aborted(), 2u);
+}
+
+TEST_F(ChannelTest, FramingErrorsAbortTheChannel) {
+  Make();
+  v1::AppendResponse r;
+  const uint64_t ch = Open("p");
+  v1::PushChunkRequest h = Header(ch, "s", 0, 0, 10);
+  h.set_tensor_bytes(h.tensor_bytes() + 2);
+  absl::Status st = channels_->Push(h, absl::InfiniteFuture(), &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("tensor_bytes"), std::string::npos) << st;
+  EXPECT_EQ(factory_.link("p")->aborts(), 1);
+  EXPECT_EQ(factory_.link("p")->receives(), 0);
+
+  const uint64_t ch2 = Open("q");
+  h = Header(ch2, "s", 0, 0, 10);
+  h.set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(channels_->Push(h, absl::InfiniteFuture(), &r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stats().nccl_channels_open(), 0u);
+}
+
+TEST_F(ChannelTest, SecondChunkWhileOneIsInFlightAbortsTheChannel) {
+  ServiceOptions o = SmallOptions();
+  Make(o);
+  const uint64_t ch = Open("busy");
+  absl::Status first;
+  std::thread t([&] {
+    v1::AppendResponse r;
+    first = channels_->Push(Header(ch, "s", 0, 0, 64), absl::Now() + absl::Seconds(5), &r);
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // the first chunk is waiting for its data
+  v1::AppendResponse r;
+  absl::Status second = channels_->Push(Header(ch, "s", 0, 64, 64), absl::InfiniteFuture(), &r);
+  t.join();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_NE(second.message().find("in flight"), std::string::npos) << second;
+  EXPECT_FALSE(first.ok());
+  EXPECT_EQ(factory_.link("busy")->aborts(), 1);
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Stats().nccl_channels_open(), 0u);
+}
+
+TEST_F(ChannelTest, LimitVersionIdleAndClose) {
+  ServiceOptions o = SmallOptions();
+  o.nccl_max_channels = 2;
+  o.nccl_idle_seconds = 0.05;
+  Make(o);
+  const uint64_t a = Open("a");
+  Open("b");
+  v1::OpenChannelRequest req;
+  req.set_nccl_unique_id("c");
+  req.set_nccl_version(factory_.version());
+  v1::OpenChannelResponse resp;
+  absl::Status st = channels_->Open(req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("nccl_max_channels is 2"), std::string::npos) << st;
+  v1::CloseChannelRequest close;
+  close.set_channel_id(a);
+  v1::CloseChannelResponse closed;
+  ASSERT_TRUE(channels_->Close(close, &closed).ok());
+  EXPECT_EQ(channels_->Close(close, &closed).code(), absl::StatusCode::kNotFound);
+  req.set_nccl_version(factory_.version() + 1);
+  st = channels_->Open(req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("same libnccl"), std::string::npos) << st;
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(channels_->CloseIdle(), 1);
+  const v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.nccl_channels_open(), 0u);
+  EXPECT_EQ(s.nccl_channels_idle_closed(), 1u);
+  EXPECT_EQ(s.nccl_channels_opened(), 2u);
+}
+
+TEST_F(ChannelTest, NoTransportIsUnimplemented) {
+  Make();
+  ChannelManager none(handler_.get(), nullptr);
+  v1::OpenChannelRequest req;
+  v1::OpenChannelResponse resp;
+  EXPECT_EQ(none.Open(req, &resp).code(), absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace driftkv
