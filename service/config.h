@@ -14,6 +14,8 @@
 #include "codec/transform/transform.h"
 #include "codec/transform/transforms_file.h"
 #include "proto/config.pb.h"
+#include "service/tenant.h"
+#include "service/tokens.h"
 
 namespace driftkv {
 
@@ -25,6 +27,7 @@ constexpr int kDefaultReadChunkTokens = 256;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxSequenceIdBytes = 256;
 constexpr double kDefaultHotIdleSeconds = 60.0;
+constexpr double kDefaultTombstoneSeconds = 600.0;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -67,8 +70,24 @@ struct ServiceOptions {
   double hot_tier_fraction = 0.0;
   double hot_idle_seconds = kDefaultHotIdleSeconds;  // 0: never demote for idling
   HotPromotion hot_promotion = HotPromotion::kSync;
+  // Transport security and tenants (docs/security.md). TLS when both
+  // tls_cert_file and tls_key_file are set; mTLS with tls_client_ca_file
+  // too. `tokens` (read from tokens_file; needs TLS) turns on bearer tokens:
+  // every call then acts for the tenant its token names.
+  std::string tls_cert_file, tls_key_file, tls_client_ca_file;
+  std::string tokens_file;
+  std::shared_ptr<const TokenTable> tokens;
+  TenantQuota tenant_defaults;         // config tenant_max_pages/_sequences
+  std::string health_listen;           // empty: health only on the main port
+  double tombstone_seconds = kDefaultTombstoneSeconds;  // 0: none
 
   int page_tokens() const { return codec.mean_window; }
+  bool tls() const { return !tls_cert_file.empty(); }
+  bool client_certificates() const { return !tls_client_ca_file.empty(); }
+  // The quotas of `tenant`.
+  TenantQuota QuotaOf(const std::string& tenant) const {
+    return tokens != nullptr ? tokens->QuotaOf(tenant, tenant_defaults) : tenant_defaults;
+  }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }
   // Bytes of the hot pool and of the cold pool (pool_bytes less the
   // fraction's share). REQUIRES: ValidateHotTier ok.

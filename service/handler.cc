@@ -170,27 +170,39 @@ absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string
   return absl::OkStatus();
 }
 
-Handler::SequencePtr Handler::Find(const std::string& id) {
+Handler::SequencePtr Handler::Find(const std::string& key) {
   absl::MutexLock lock(&table_mu_);
-  auto it = table_.find(id);
+  auto it = table_.find(key);
   return it == table_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& id, bool* created) {
+absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& key, const std::string& id,
+                                                           TenantUsage* usage, bool* created) {
   absl::MutexLock lock(&table_mu_);
   *created = false;
-  auto it = table_.find(id);
+  auto it = table_.find(key);
   if (it != table_.end()) return it->second;
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
         Quoted(id), "; release sequences or raise max_sequences"));
   }
-  auto seq = std::make_shared<Sequence>(id, options_.layers);
+  if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
+  }
+  auto seq = std::make_shared<Sequence>(key, options_.layers, usage);
   Touch(seq.get());
-  table_.emplace(id, seq);
+  table_.emplace(key, seq);
   *created = true;
   return seq;
+}
+
+void Handler::EraseLocked(const SequencePtr& seq) {
+  auto it = table_.find(seq->id);
+  if (it != table_.end() && it->second == seq) {
+    table_.erase(it);
+    seq->usage->RefundSequence();
+  }
 }
 
 void Handler::DropIfEmpty(const SequencePtr& seq) {
@@ -200,8 +212,7 @@ void Handler::DropIfEmpty(const SequencePtr& seq) {
   for (const LayerState& l : seq->layers) {
     if (l.length != 0) return;
   }
-  auto it = table_.find(seq->id);
-  if (it != table_.end() && it->second == seq) table_.erase(it);
+  EraseLocked(seq);
   seq->released = true;
 }
 
@@ -218,6 +229,8 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
       pool_->Free(l.pages);
     }
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
+    seq->usage->RefundPages(static_cast<int64_t>(l.pages.size()));
+    l.digests = {};
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
     l.pages.clear();
     l.window_keys = {};

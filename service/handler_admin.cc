@@ -12,16 +12,18 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response) {
+absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response,
+                              const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (!st.ok()) return st;
+  const std::string key = TenantKey(tenant, request.sequence_id());
   SequencePtr seq;
   {
     absl::MutexLock lock(&table_mu_);
-    auto it = table_.find(request.sequence_id());
+    auto it = table_.find(key);
     if (it != table_.end()) {
       seq = it->second;
-      table_.erase(it);
+      EraseLocked(seq);
     }
   }
   if (seq == nullptr) {
@@ -37,9 +39,13 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
     }
     FreeLocked(seq.get(), &tokens, &pages);
     seq->released = true;
+    // Under seq->mu: an Append that finds the sequence released retries
+    // and then meets the tombstone.
+    tombstones_.Add(key, clock_());
   }
   response->set_tokens_freed(tokens);
   response->set_pages_freed(pages);
+  response->set_tombstone_seconds(options_.tombstone_seconds);
   ++sequences_released_;
   metrics_->sequences_released->Increment();
   PublishGauges();
@@ -47,6 +53,7 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
 }
 
 int Handler::ExpireIdle() {
+  tombstones_.Purge(clock_());
   if (hot_pool_ != nullptr && options_.hot_idle_seconds > 0.0) DemoteIdle();
   if (options_.ttl_seconds <= 0.0) return 0;
   const int64_t cutoff = absl::ToUnixNanos(clock_() - absl::Seconds(options_.ttl_seconds));
@@ -56,6 +63,7 @@ int Handler::ExpireIdle() {
     for (auto it = table_.begin(); it != table_.end();) {
       if (it->second->last_access_ns.load() < cutoff) {
         idle.push_back(it->second);
+        it->second->usage->RefundSequence();
         table_.erase(it++);
       } else {
         ++it;
@@ -125,6 +133,10 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_max_batch(options_.max_batch);
   r->set_max_sequences(options_.max_sequences);
   r->set_ttl_seconds(options_.ttl_seconds);
+  r->set_tombstone_seconds(options_.tombstone_seconds);
+  r->set_tls(options_.tls());
+  r->set_client_certificates(options_.client_certificates());
+  r->set_tokens(options_.tokens != nullptr);
   r->set_transform(TransformName(options_.transform));
   if (options_.transforms != nullptr) {
     r->set_transforms_checksum(transforms_checksum_);
@@ -141,7 +153,16 @@ void Handler::Info(v1::InfoResponse* r) const {
   }
 }
 
-void Handler::Stats(v1::StatsResponse* r) const {
+void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
+  r->set_tenant(tenant);
+  const TenantQuota quota = options_.QuotaOf(tenant);
+  r->set_tenant_max_pages(quota.max_pages);
+  r->set_tenant_max_sequences(quota.max_sequences);
+  if (const TenantUsage* u = ledger_.Find(tenant); u != nullptr) {
+    r->set_tenant_pages(u->pages());
+    r->set_tenant_sequences(u->sequences());
+  }
+  r->set_tombstones(tombstones_.Purge(clock_()));
   {
     absl::MutexLock lock(&table_mu_);
     r->set_sequences(table_.size());

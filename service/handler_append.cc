@@ -6,7 +6,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "service/handler_internal.h"
+#include "service/token_digest.h"
+#include "wire/crc32c.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -52,6 +55,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   ToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
 
   const int64_t encoded = plan.pages * p;
+  std::vector<uint64_t> new_digests;
   if (plan.pages > 0) {
     std::vector<float> fk(encoded * n), fv(encoded * n);
     for (size_t i = 0; i < fk.size(); ++i) {
@@ -67,6 +71,10 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     }
     const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
     absl::Status st = backend_->EncodePages(absl::MakeSpan(jobs));
+    if (st.ok()) {
+      new_digests.resize(encoded);
+      for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
+    }
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
                                                   first_page_token + encoded, "): ", st.message()));
@@ -98,6 +106,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   } else {
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
   }
+  layer->digests.insert(layer->digests.end(), new_digests.begin(), new_digests.end());
   layer->window_keys.assign(all_k.begin() + encoded * n, all_k.end());
   layer->window_values.assign(all_v.begin() + encoded * n, all_v.end());
   layer->length += plan.fresh;
@@ -106,7 +115,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   return absl::OkStatus();
 }
 
-absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals) {
+absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals, const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", c.sequence_id());
   if (st.ok()) st = CheckLayer("layer", c.layer());
   if (st.ok() && c.token_count() == 0) st = absl::InvalidArgumentError("token_count 0 must be >= 1");
@@ -130,6 +139,15 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
                                          codec_->head_dim());
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
+  if (st.ok() && c.has_crc32c()) {
+    const uint32_t crc = Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
+    if (crc != c.crc32c()) {
+      st = absl::DataLossError(absl::StrFormat(
+          "crc32c 0x%08x does not match the chunk's keys+values bytes (0x%08x over %d bytes): corrupted in "
+          "transit or by the sender; nothing stored",
+          c.crc32c(), crc, c.keys().size() + c.values().size()));
+    }
+  }
   std::vector<float> keys, values;
   if (st.ok()) {
     keys.resize(elements);
@@ -144,7 +162,20 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     return st;
   }
 
-  if (c.first_token() != 0 && Find(c.sequence_id()) == nullptr) {
+  const std::string key = TenantKey(tenant, c.sequence_id());
+  // A released id is tombstoned: only a new incarnation may reuse it (a
+  // live sequence under the id is one already, and takes the chunk).
+  if (!c.new_incarnation()) {
+    const absl::Duration left = tombstones_.Remaining(key, clock_());
+    if (left > absl::ZeroDuration() && Find(key) == nullptr) {
+      metrics_->rejected_chunks->Increment();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "sequence_id %s was released; its tombstone lasts %.1f s more (tombstone_seconds %g): set "
+          "new_incarnation to start a new sequence under this id",
+          Quoted(c.sequence_id()), absl::ToDoubleSeconds(left), options_.tombstone_seconds));
+    }
+  }
+  if (c.first_token() != 0 && Find(key) == nullptr) {
     metrics_->rejected_chunks->Increment();
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
                                             " not found (a new sequence starts at first_token 0, got ",
@@ -152,7 +183,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
-    absl::StatusOr<SequencePtr> found = FindOrCreate(c.sequence_id(), &created);
+    absl::StatusOr<SequencePtr> found = FindOrCreate(key, c.sequence_id(), ledger_.Get(tenant), &created);
     if (!found.ok()) {
       metrics_->rejected_chunks->Increment();
       return found.status();
@@ -162,8 +193,17 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     {
       absl::ReaderMutexLock seq_lock(&seq->mu);
       if (seq->released) {
-        // Released between lookup and lock: this chunk starts a new one.
-        if (attempt < 3) continue;
+        // Released between lookup and lock: retry, which meets the
+        // tombstone (or, with new_incarnation, starts a new sequence).
+        if (attempt < 3) {
+          if (!c.new_incarnation() && tombstones_.Remaining(key, clock_()) > absl::ZeroDuration()) {
+            metrics_->rejected_chunks->Increment();
+            return absl::FailedPreconditionError(absl::StrCat(
+                "sequence_id ", Quoted(c.sequence_id()), " was released while appending; set new_incarnation "
+                "to start a new sequence under this id"));
+          }
+          continue;
+        }
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
                                                " was released while appending; retry"));
       }
@@ -176,6 +216,17 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
       std::vector<PageId> pages;
       if (st.ok()) {
         plan = *planned;
+        if (plan.skip > 0) {
+          st = CheckRepeat(layer, c.first_token(), plan.skip, keys.data(), values.data(), "keys/values",
+                           c.sequence_id(), c.layer());
+        }
+      }
+      bool charged = false;
+      if (st.ok() && plan.pages > 0) {
+        st = seq->usage->ChargePages(plan.pages);
+        charged = st.ok();
+      }
+      if (st.ok()) {
         absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages);
         st = reserved.status();
         if (st.ok()) pages = *std::move(reserved);
@@ -186,6 +237,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
         st = ApplyAppend(&layer, static_cast<int>(c.layer()), plan, keys.data(), values.data(), pages, held);
         if (!st.ok()) pool_->Free(pages);
       }
+      if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
       if (st.ok()) Touch(seq);
     }
     if (!st.ok()) {
@@ -194,7 +246,10 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
       PublishGauges();
       return st;
     }
-    if (created) metrics_->sequences_created->Increment();
+    if (created) {
+      metrics_->sequences_created->Increment();
+      if (c.new_incarnation()) tombstones_.Erase(key);
+    }
     const uint64_t raw_bytes = 2 * plan.fresh * n() * DTypeBytes(c.dtype());
     tokens_ingested_ += plan.fresh;
     bytes_ingested_ += raw_bytes;
