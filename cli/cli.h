@@ -77,6 +77,9 @@ class Progress {
 // The q-th quantile (0..1) of `v` (sorted in place).
 double Quantile(std::vector<double>* v, double q);
 
+// token-hash: the tokens_file line of the token on stdin (service/tokens.h).
+int TokenHash(const std::string& tenant);
+
 int Bench(Client& client);
 int Demo(Client& client);
 int Fixture(Client& client);

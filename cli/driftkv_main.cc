@@ -15,6 +15,8 @@
 //            throughput (over several replicas: sequences spread by rendezvous hashing)
 //   demo     pushes a synthetic context, attends decode steps, compares with
 //            exact attention, prints compression, error, throughput
+//   token-hash --tenant NAME: reads a bearer token on stdin and prints its
+//            tokens_file line "SHA256HEX NAME" (no server needed)
 //   fixture  --fixture PREFIX: the same with real keys/values/queries
 //            (e.g. ../shared/eval/fixture_public.{k,v,q}.bin)
 #include <unistd.h>
@@ -57,6 +59,7 @@ ABSL_FLAG(uint64_t, first, 0, "read: first token");
 ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end)");
 ABSL_FLAG(std::string, out_keys, "", "read: f32 key file");
 ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
+ABSL_FLAG(std::string, tenant, "", "token-hash: the tenant the token acts for");
 
 namespace driftkv {
 namespace cli {
@@ -245,7 +248,7 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture [flags]\n"
+      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture|token-hash [flags]\n"
       "see the top of cli/driftkv_main.cc or docs/api.md");
   // --help lists the flags defined in cli/ (absl's default matches only a
   // file named after the binary).
@@ -259,6 +262,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = args[1];
+  if (cmd == "token-hash") return driftkv::cli::TokenHash(absl::GetFlag(FLAGS_tenant));
   driftkv::Client client(driftkv::cli::OptionsFromFlags());
   absl::StatusOr<driftkv::v1::InfoResponse> info = client.Info();
   if (!info.ok()) {

@@ -1,6 +1,8 @@
 // The thin gRPC layer: unpacks each call, hands it to the Handler, converts
 // absl::Status to grpc::Status once, and records the RPC's latency by method
-// and status code. No decisions are taken here.
+// and status code. No decisions are taken here, except who the caller is:
+// with tokens on, every method first takes the call's tenant
+// (service/auth.h) and refuses a call without one (UNAUTHENTICATED).
 #ifndef DRIFTKV_SERVICE_GRPC_SERVICE_H_
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
@@ -13,7 +15,8 @@ namespace driftkv {
 class KvCacheService final : public v1::KvCache::Service {
  public:
   // Both must outlive the service.
-  KvCacheService(Handler* handler, Metrics* metrics) : handler_(handler), metrics_(metrics) {}
+  KvCacheService(Handler* handler, Metrics* metrics, bool tokens_on = false)
+      : handler_(handler), metrics_(metrics), tokens_on_(tokens_on) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -33,6 +36,7 @@ class KvCacheService final : public v1::KvCache::Service {
  private:
   Handler* const handler_;
   Metrics* const metrics_;
+  const bool tokens_on_;
 };
 
 // absl::Status -> grpc::Status (the code numbers are the same by design).
