@@ -6,9 +6,10 @@
 // to every service there (KvCache, health, reflection) fail closed with
 // UNAUTHENTICATED when the "authorization: Bearer TOKEN" metadata is
 // missing or names no listed token. (A grpc::experimental server
-// interceptor cannot refuse a call; this can.) An accepted call carries its
-// tenant as the auth-context property kTenantProperty, which CallTenant
-// reads; the token itself is consumed and never reaches a handler.
+// interceptor cannot refuse a call; this can.) It only gates: gRPC hands
+// it the connection's auth context, shared by every call on the
+// connection, so a per-call identity cannot be kept there. The tenant is
+// taken again from each call's own metadata by CallTenant.
 #ifndef DRIFTKV_SERVICE_AUTH_H_
 #define DRIFTKV_SERVICE_AUTH_H_
 
@@ -22,7 +23,10 @@
 
 namespace driftkv {
 
-constexpr char kTenantProperty[] = "driftkv.tenant";
+// The tenant of an "authorization" metadata value ("Bearer TOKEN", the
+// scheme case-insensitive); UNAUTHENTICATED without saying why a token
+// failed beyond "not valid".
+absl::StatusOr<std::string> TenantOfAuthorization(absl::string_view value, const TokenTable& tokens);
 
 class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
  public:
@@ -36,10 +40,11 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
   const std::shared_ptr<const TokenTable> tokens_;
 };
 
-// The tenant a call acts for: "" when tokens are off; with tokens on, the
-// processor's property, or UNAUTHENTICATED when it is missing (a second,
-// independent check: a call the processor did not vet is refused too).
-absl::StatusOr<std::string> CallTenant(const grpc::ServerContext& context, bool tokens_on);
+// The tenant a call acts for: "" when `tokens` is null (tokens off); else
+// from the call's "authorization" metadata, UNAUTHENTICATED when missing
+// or not listed (checked again here, so a call the processor did not see
+// is refused too).
+absl::StatusOr<std::string> CallTenant(const grpc::ServerContext& context, const TokenTable* tokens);
 
 }  // namespace driftkv
 

@@ -59,7 +59,7 @@ const char* StatusCodeName(grpc::StatusCode code) {
 // Every method starts with it: the caller's tenant, or the method returns
 // UNAUTHENTICATED.
 #define DRIFTKV_TENANT_OR_RETURN(tenant, context, timer)                                 \
-  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_on_);          \
+  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_.get());          \
   if (!tenant##_or.ok()) return (timer).Finish(ToGrpcStatus(tenant##_or.status()));      \
   const std::string& tenant = *tenant##_or
 

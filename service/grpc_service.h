@@ -7,6 +7,7 @@
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
 #include "proto/driftkv.grpc.pb.h"
+#include "service/tokens.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 
@@ -15,8 +16,10 @@ namespace driftkv {
 class KvCacheService final : public v1::KvCache::Service {
  public:
   // Both must outlive the service.
-  KvCacheService(Handler* handler, Metrics* metrics, bool tokens_on = false)
-      : handler_(handler), metrics_(metrics), tokens_on_(tokens_on) {}
+  // `tokens`: null without tokens; else each call's tenant comes from its
+  // bearer token (service/auth.h).
+  KvCacheService(Handler* handler, Metrics* metrics, std::shared_ptr<const TokenTable> tokens = nullptr)
+      : handler_(handler), metrics_(metrics), tokens_(std::move(tokens)) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -36,7 +39,7 @@ class KvCacheService final : public v1::KvCache::Service {
  private:
   Handler* const handler_;
   Metrics* const metrics_;
-  const bool tokens_on_;
+  const std::shared_ptr<const TokenTable> tokens_;
 };
 
 // absl::Status -> grpc::Status (the code numbers are the same by design).

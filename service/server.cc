@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       Handler::Create(options, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
-  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get(), options.tokens != nullptr);
+  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get(), options.tokens);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options);
   if (!creds.ok()) return creds.status();
 
