@@ -15,6 +15,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
+  # TLS: libcrypto for token hashes (service/tokens.h); the openssl tool
+  # mints the tests' CA and certificates
+  libssl-dev openssl
   # the Python client (python/driftkv) and its tests
   python3-grpcio python3-protobuf python3-pytest
 )
