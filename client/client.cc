@@ -151,6 +151,10 @@ absl::StatusOr<v1::AppendResponse> Client::AppendConcurrently(
 
 std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_timeout) {
   std::unique_ptr<AppendStream> s(new AppendStream());
+  if (!init_status_.ok()) {
+    s->error_ = init_status_;
+    return s;
+  }
   const absl::Duration t = stream_timeout > absl::ZeroDuration() ? stream_timeout : options_.timeout;
   s->context_.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::microseconds(absl::ToInt64Microseconds(t)));
@@ -159,12 +163,13 @@ std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_t
 }
 
 bool Client::AppendStream::Write(const v1::AppendChunk& chunk) {
-  return !finished_ && writer_->Write(chunk);
+  return error_.ok() && !finished_ && writer_->Write(chunk);
 }
 
 absl::StatusOr<v1::AppendResponse> Client::AppendStream::Finish() {
   if (finished_) return absl::FailedPreconditionError("Finish called twice");
   finished_ = true;
+  if (!error_.ok()) return error_;
   writer_->WritesDone();
   grpc::Status st = writer_->Finish();
   if (!st.ok()) return FromGrpc(st);

@@ -86,6 +86,7 @@ class Client {
     friend class Client;
     AppendStream() = default;
     grpc::ClientContext context_;
+    absl::Status error_;  // the client's init_status_: nothing is sent
     v1::AppendResponse response_;
     std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer_;
     bool finished_ = false;

@@ -284,6 +284,14 @@ TEST(SecurityConfigTest, TokensNeedTlsAndFilesMustBeReadable) {
   absl::StatusOr<v1::InfoResponse> info = Client(o).Info();
   EXPECT_EQ(info.status().code(), C::kInvalidArgument) << info.status();
   EXPECT_TRUE(absl::StrContains(info.status().message(), "needs TLS")) << info.status();
+  std::unique_ptr<Client::AppendStream> stream = Client(o).OpenAppend();
+  EXPECT_FALSE(stream->Write(v1::AppendChunk()));
+  EXPECT_EQ(stream->Finish().status().code(), C::kInvalidArgument);
+  ClientOptions missing;
+  missing.tls_ca_file = "/nonexistent/ca.pem";
+  info = Client(missing).Info();
+  EXPECT_EQ(info.status().code(), C::kInvalidArgument) << info.status();
+  EXPECT_TRUE(absl::StrContains(info.status().message(), "/nonexistent/ca.pem")) << info.status();
 }
 
 }  // namespace
