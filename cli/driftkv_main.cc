@@ -2,6 +2,7 @@
 //
 //   driftkv [--server HOST:PORT] COMMAND [flags]
 //   push     --sequence S (--synthetic --tokens T | --keys F --values F) [--layers L]
+//            [--new_incarnation] (reuse an id released less than tombstone_seconds ago)
 //            F holds [layers][T][kv_heads][head_dim] (all layers, layer-major) or,
 //            when it contains "{layer}", one [T][kv_heads][head_dim] file per layer;
 //            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file
@@ -60,6 +61,8 @@ ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end)");
 ABSL_FLAG(std::string, out_keys, "", "read: f32 key file");
 ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
 ABSL_FLAG(std::string, tenant, "", "token-hash: the tenant the token acts for");
+ABSL_FLAG(bool, new_incarnation, false,
+          "push: start a new sequence under an id released less than tombstone_seconds ago");
 
 namespace driftkv {
 namespace cli {
@@ -127,6 +130,7 @@ int Push(Client& client, const v1::InfoResponse& info) {
     for (int t = 0; t < tokens; t += chunk) {
       const int c = std::min(chunk, tokens - t);
       chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+      chunks.back().set_new_incarnation(t == 0 && absl::GetFlag(FLAGS_new_incarnation));
     }
     absl::StatusOr<v1::AppendResponse> r = client.Append(chunks);
     if (!r.ok()) return Fail(r.status());

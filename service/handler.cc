@@ -177,11 +177,15 @@ Handler::SequencePtr Handler::Find(const std::string& key) {
 }
 
 absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& key, const std::string& id,
-                                                           TenantUsage* usage, bool* created) {
+                                                           TenantUsage* usage, bool new_incarnation,
+                                                           bool* created) {
   absl::MutexLock lock(&table_mu_);
   *created = false;
   auto it = table_.find(key);
   if (it != table_.end()) return it->second;
+  if (!new_incarnation) {
+    if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) return st;
+  }
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",

@@ -201,10 +201,12 @@ class Handler {
   // By table key (TenantKey).
   SequencePtr Find(const std::string& key) ABSL_LOCKS_EXCLUDED(table_mu_);
   // Finds or creates; *created tells which. RESOURCE_EXHAUSTED at
-  // max_sequences or the tenant's max_sequences (named by `id`, the
-  // request's sequence_id).
+  // max_sequences or the tenant's max_sequences, FAILED_PRECONDITION for a
+  // tombstoned key unless `new_incarnation` (named by `id`, the request's
+  // sequence_id). Release tombstones a key before it leaves the table,
+  // both under table_mu_, so no Append can slip in between.
   absl::StatusOr<SequencePtr> FindOrCreate(const std::string& key, const std::string& id, TenantUsage* usage,
-                                           bool* created) ABSL_LOCKS_EXCLUDED(table_mu_);
+                                           bool new_incarnation, bool* created) ABSL_LOCKS_EXCLUDED(table_mu_);
   // Removes a sequence from the table (when it is the one under its key)
   // and refunds its tenant's sequence count. REQUIRES: table_mu_ held.
   void EraseLocked(const SequencePtr& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);

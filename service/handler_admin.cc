@@ -23,6 +23,8 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
     auto it = table_.find(key);
     if (it != table_.end()) {
       seq = it->second;
+      // Tombstoned before it leaves the table (see FindOrCreate).
+      tombstones_.Add(key, clock_());
       EraseLocked(seq);
     }
   }
@@ -39,9 +41,6 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
     }
     FreeLocked(seq.get(), &tokens, &pages);
     seq->released = true;
-    // Under seq->mu: an Append that finds the sequence released retries
-    // and then meets the tombstone.
-    tombstones_.Add(key, clock_());
   }
   response->set_tokens_freed(tokens);
   response->set_pages_freed(pages);

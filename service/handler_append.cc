@@ -165,14 +165,11 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   const std::string key = TenantKey(tenant, c.sequence_id());
   // A released id is tombstoned: only a new incarnation may reuse it (a
   // live sequence under the id is one already, and takes the chunk).
-  if (!c.new_incarnation()) {
-    const absl::Duration left = tombstones_.Remaining(key, clock_());
-    if (left > absl::ZeroDuration() && Find(key) == nullptr) {
+  // (FindOrCreate checks it again where it decides, under the table lock.)
+  if (!c.new_incarnation() && Find(key) == nullptr) {
+    if (absl::Status tomb = tombstones_.CheckAppend(key, c.sequence_id(), clock_()); !tomb.ok()) {
       metrics_->rejected_chunks->Increment();
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "sequence_id %s was released; its tombstone lasts %.1f s more (tombstone_seconds %g): set "
-          "new_incarnation to start a new sequence under this id",
-          Quoted(c.sequence_id()), absl::ToDoubleSeconds(left), options_.tombstone_seconds));
+      return tomb;
     }
   }
   if (c.first_token() != 0 && Find(key) == nullptr) {
@@ -183,7 +180,8 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
-    absl::StatusOr<SequencePtr> found = FindOrCreate(key, c.sequence_id(), ledger_.Get(tenant), &created);
+    absl::StatusOr<SequencePtr> found =
+        FindOrCreate(key, c.sequence_id(), ledger_.Get(tenant), c.new_incarnation(), &created);
     if (!found.ok()) {
       metrics_->rejected_chunks->Increment();
       return found.status();
@@ -195,15 +193,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
       if (seq->released) {
         // Released between lookup and lock: retry, which meets the
         // tombstone (or, with new_incarnation, starts a new sequence).
-        if (attempt < 3) {
-          if (!c.new_incarnation() && tombstones_.Remaining(key, clock_()) > absl::ZeroDuration()) {
-            metrics_->rejected_chunks->Increment();
-            return absl::FailedPreconditionError(absl::StrCat(
-                "sequence_id ", Quoted(c.sequence_id()), " was released while appending; set new_incarnation "
-                "to start a new sequence under this id"));
-          }
-          continue;
-        }
+        if (attempt < 3) continue;
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(c.sequence_id()),
                                                " was released while appending; retry"));
       }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_format.h"
+
 namespace driftkv {
 
 void Tombstones::Add(const std::string& key, absl::Time now) {
@@ -21,6 +23,15 @@ absl::Duration Tombstones::Remaining(const std::string& key, absl::Time now) con
   auto it = until_.find(key);
   if (it == until_.end() || it->second <= now) return absl::ZeroDuration();
   return it->second - now;
+}
+
+absl::Status Tombstones::CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const {
+  const absl::Duration left = Remaining(key, now);
+  if (left <= absl::ZeroDuration()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "sequence_id \"%s\" was released; its tombstone lasts %.1f s more (tombstone_seconds %g): set "
+      "new_incarnation to start a new sequence under this id",
+      id, absl::ToDoubleSeconds(left), absl::ToDoubleSeconds(lifetime_)));
 }
 
 void Tombstones::Erase(const std::string& key) {

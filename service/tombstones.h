@@ -11,6 +11,8 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -26,6 +28,10 @@ class Tombstones {
   void Add(const std::string& key, absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // How long `key` stays tombstoned after `now`; zero when it is not.
   absl::Duration Remaining(const std::string& key, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION naming `id` (the request's sequence_id) and the
+  // time left while `key` is tombstoned; OK otherwise.
+  absl::Status CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Erase(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops expired entries; returns how many are left.
   size_t Purge(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);

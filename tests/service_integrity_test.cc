@@ -3,7 +3,9 @@
 // (ALREADY_EXISTS, nothing changed), tombstones of released ids (the
 // handler's injectable clock), tenant isolation and quotas; and the pieces
 // behind them (CRC-32C, the tokens file).
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -229,6 +231,43 @@ TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
   ASSERT_TRUE(h_->Release(rel, &rr).ok());
   EXPECT_TRUE(Push("other", kv, 10).ok());
   EXPECT_TRUE(Push("r", kv, 10, "tenant-b").ok());
+}
+
+// Appends racing a Release never bring the id back: Release tombstones
+// the key before it leaves the table, and creation checks the tombstone
+// under the same lock.
+TEST_F(IntegrityTest, AppendsRacingReleaseNeverResurrectTheId) {
+  const testing::Kv kv = SyntheticKv(40, kN, 12);
+  for (int round = 0; round < 20; ++round) {
+    const std::string id = absl::StrCat("race", round);
+    ASSERT_TRUE(Push(id, kv, 40).ok());
+    std::atomic<bool> stop{false};
+    std::atomic<int> unexpected{0};
+    std::vector<std::thread> appenders;
+    for (int t = 0; t < 3; ++t) {
+      appenders.emplace_back([&] {
+        while (!stop) {
+          const absl::Status st = Append(Chunk(id, 0, 0, 40, kv));
+          if (!st.ok() && st.code() != C::kFailedPrecondition) ++unexpected;
+        }
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(id);
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(h_->Release(rel, &rr).ok());
+    absl::SleepFor(absl::Milliseconds(2));
+    stop = true;
+    for (std::thread& th : appenders) th.join();
+    EXPECT_EQ(unexpected.load(), 0);
+    v1::LengthRequest lr;
+    lr.set_sequence_id(id);
+    v1::LengthResponse len;
+    EXPECT_EQ(h_->Length(lr, &len).code(), C::kNotFound) << "round " << round << ": " << id << " came back";
+  }
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Stats().sequences(), 0u);
 }
 
 TEST_F(IntegrityTest, ZeroTombstoneSecondsReusesIdsAtOnce) {
