@@ -20,12 +20,16 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata, grp
                                          OutputMetadata*, OutputMetadata*) {
   auto it = auth_metadata.find("authorization");
   if (it == auth_metadata.end()) {
+    if (refused_ != nullptr) refused_->Increment();
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing \"authorization: Bearer TOKEN\" metadata (this server requires a token)");
   }
   absl::StatusOr<std::string> tenant =
       TenantOfAuthorization(absl::string_view(it->second.data(), it->second.size()), *tokens_);
-  if (!tenant.ok()) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(tenant.status().message()));
+  if (!tenant.ok()) {
+    if (refused_ != nullptr) refused_->Increment();
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(tenant.status().message()));
+  }
   return grpc::Status::OK;
 }
 

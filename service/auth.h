@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/auth_metadata_processor.h"
+#include "prometheus/counter.h"
 #include "service/tokens.h"
 
 namespace driftkv {
@@ -30,7 +31,9 @@ absl::StatusOr<std::string> TenantOfAuthorization(absl::string_view value, const
 
 class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenAuthProcessor(std::shared_ptr<const TokenTable> tokens) : tokens_(std::move(tokens)) {}
+  // `refused` (may be null) counts the calls refused.
+  TokenAuthProcessor(std::shared_ptr<const TokenTable> tokens, prometheus::Counter* refused)
+      : tokens_(std::move(tokens)), refused_(refused) {}
   // One hash and one lookup: cheap enough to run on gRPC's own thread.
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
@@ -38,6 +41,7 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
 
  private:
   const std::shared_ptr<const TokenTable> tokens_;
+  prometheus::Counter* const refused_;
 };
 
 // The tenant a call acts for: "" when `tokens` is null (tokens off); else

@@ -184,7 +184,10 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& ke
   auto it = table_.find(key);
   if (it != table_.end()) return it->second;
   if (!new_incarnation) {
-    if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) return st;
+    if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) {
+      metrics_->integrity_rejections[kRejectTombstone]->Increment();
+      return st;
+    }
   }
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat(

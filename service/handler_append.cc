@@ -142,6 +142,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   if (st.ok() && c.has_crc32c()) {
     const uint32_t crc = Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
     if (crc != c.crc32c()) {
+      metrics_->integrity_rejections[kRejectCrc32c]->Increment();
       st = absl::DataLossError(absl::StrFormat(
           "crc32c 0x%08x does not match the chunk's keys+values bytes (0x%08x over %d bytes): corrupted in "
           "transit or by the sender; nothing stored",
@@ -168,6 +169,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   // (FindOrCreate checks it again where it decides, under the table lock.)
   if (!c.new_incarnation() && Find(key) == nullptr) {
     if (absl::Status tomb = tombstones_.CheckAppend(key, c.sequence_id(), clock_()); !tomb.ok()) {
+      metrics_->integrity_rejections[kRejectTombstone]->Increment();
       metrics_->rejected_chunks->Increment();
       return tomb;
     }

@@ -45,6 +45,7 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
     }
   }
   if (bad == 0) return absl::OkStatus();
+  metrics_->integrity_rejections[kRejectRepeat]->Increment();
   return absl::AlreadyExistsError(absl::StrCat(
       where, " of tokens [", bad_first, ", ", bad_last + 1, ") of layer ", layer_index, " of sequence_id ",
       Quoted(id), " differ from the stored tokens (", bad, " of ", count,

@@ -77,6 +77,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                           .Register(r).Add({});
   rejected_chunks = &BuildCounter().Name("driftkv_rejected_requests_total")
                          .Help("Append chunks and Attend requests rejected").Register(r).Add({});
+  auto& integrity = BuildCounter().Name("driftkv_integrity_rejections_total")
+                        .Help("Append chunks and decode steps refused by an integrity check, by reason "
+                              "(also counted in driftkv_rejected_requests_total)").Register(r);
+  integrity_rejections[kRejectCrc32c] = &integrity.Add({{"reason", "crc32c"}});
+  integrity_rejections[kRejectRepeat] = &integrity.Add({{"reason", "repeat_mismatch"}});
+  integrity_rejections[kRejectTombstone] = &integrity.Add({{"reason", "tombstone"}});
+  unauthenticated = &BuildCounter().Name("driftkv_unauthenticated_total")
+                         .Help("Calls refused for a missing or unlisted bearer token (any service of the port)")
+                         .Register(r).Add({});
   attention_tokens = &BuildCounter().Name("driftkv_attention_tokens_total")
                           .Help("Tokens attended over (sum over items)").Register(r).Add({});
   attention_items = &BuildCounter().Name("driftkv_attention_items_total")

@@ -26,6 +26,12 @@ namespace driftkv {
 // page found no hot page even after demoting others.
 enum DemotionReason : int { kDemoteBudget = 0, kDemoteIdle = 1, kDemoteAppend = 2, kDemotionReasons = 3 };
 
+// Why an integrity check refused a chunk or step (label reason= of
+// driftkv_integrity_rejections_total; docs/security.md): its crc32c did not
+// match, repeated tokens differed from the stored ones, or the id was
+// tombstoned.
+enum IntegrityReason : int { kRejectCrc32c = 0, kRejectRepeat = 1, kRejectTombstone = 2, kIntegrityReasons = 3 };
+
 class Metrics {
  public:
   Metrics();
@@ -68,6 +74,8 @@ class Metrics {
   prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
   prometheus::Counter* rejected_chunks;
+  prometheus::Counter* integrity_rejections[kIntegrityReasons];  // by IntegrityReason
+  prometheus::Counter* unauthenticated;  // calls refused for a missing or unlisted token
 
   // The hot tier (docs/hot_tier.md, "Service"); zero without one.
   prometheus::Gauge* tier_pages[2];                // driftkv_pages{tier="cold"|"hot"}

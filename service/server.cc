@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->metrics_.get(), options.tokens);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
 
   // The standard grpc_server_* metrics and driftkv_server_info

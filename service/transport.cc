@@ -18,7 +18,8 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* wha
   return text.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& o) {
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& o,
+                                                                                prometheus::Counter* refused) {
   if (!o.tls()) return grpc::InsecureServerCredentials();
   absl::StatusOr<std::string> cert = ReadPemFile(o.tls_cert_file, "tls_cert_file");
   if (!cert.ok()) return cert.status();
@@ -33,7 +34,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
-  if (o.tokens != nullptr) creds->SetAuthMetadataProcessor(std::make_shared<TokenAuthProcessor>(o.tokens));
+  if (o.tokens != nullptr) creds->SetAuthMetadataProcessor(std::make_shared<TokenAuthProcessor>(o.tokens, refused));
   return creds;
 }
 

@@ -9,12 +9,15 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/counter.h"
 #include "service/config.h"
 
 namespace driftkv {
 
-// InvalidArgument naming the file that cannot be read.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& options);
+// InvalidArgument naming the file that cannot be read. `refused` (may be
+// null) counts calls the token check refuses.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& options,
+                                                                                prometheus::Counter* refused);
 
 // A whole file, or InvalidArgument naming it (`what`: the config field).
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what);

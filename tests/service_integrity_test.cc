@@ -120,6 +120,7 @@ TEST_F(IntegrityTest, BadChunkChecksumIsDataLossAndStoresNothing) {
   EXPECT_EQ(State(), before);
   (*c.mutable_values())[7] ^= 0x10;
   EXPECT_TRUE(Append(c).ok());
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectCrc32c]->Value(), 2);
   EXPECT_EQ(Stats().tokens_ingested(), 100u);
 }
 
@@ -157,6 +158,7 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   EXPECT_TRUE(absl::StrContains(st.message(), "tokens [70, 71)")) << st;
   EXPECT_EQ(ReadAll("p"), stored);
   EXPECT_EQ(State(), before);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectRepeat]->Value(), 1);
   // An exact retry of paged and window tokens is still a duplicate.
   v1::AppendResponse r;
   ASSERT_TRUE(h_->Append(Chunk("p", 0, 10, 190, kv), &r).ok());
@@ -215,6 +217,7 @@ TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
   EXPECT_TRUE(absl::StrContains(st.message(), "500.0 s more")) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "new_incarnation")) << st;
   EXPECT_EQ(State(), before);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectTombstone]->Value(), 1);
   // A new incarnation is accepted, and its later chunks need no flag.
   v1::AppendChunk first = Chunk("r", 0, 0, 30, kv);
   first.set_new_incarnation(true);

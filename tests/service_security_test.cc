@@ -169,6 +169,10 @@ TEST_F(SecurityTest, MissingOrWrongTokenIsUnauthenticatedOnEveryMethod) {
   EXPECT_EQ(stats->sequences(), 0u);  // nothing got in
   EXPECT_EQ(stats->tokens_ingested(), 0u);
   EXPECT_EQ(stats->tenant(), "alice");
+  // Three credentials x seven methods, each refused once, before any handler.
+  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_EQ(testing::MetricValue(metrics, "driftkv_unauthenticated_total"), 21) << metrics.substr(0, 300);
+  EXPECT_EQ(testing::MetricValue(metrics, "driftkv_rejected_requests_total"), 0);
 }
 
 TEST_F(SecurityTest, TenantBCannotSeeReadAttendOrReleaseTenantAsSequence) {
