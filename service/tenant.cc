@@ -15,6 +15,22 @@ std::string TenantKey(absl::string_view tenant, absl::string_view id) {
   return key;
 }
 
+std::string TenantOfKey(absl::string_view key) {
+  if (key.empty() || key[0] != '\0') return std::string();
+  const size_t end = key.find('\0', 1);
+  return std::string(end == absl::string_view::npos ? key.substr(1) : key.substr(1, end - 1));
+}
+
+namespace {
+
+// "tenant \"a\"", or, without tokens, the one anonymous tenant.
+std::string Who(const std::string& name) {
+  return name.empty() ? std::string("the server's one tenant (no tokens_file):")
+                      : absl::StrCat("tenant \"", name, "\"");
+}
+
+}  // namespace
+
 absl::Status CheckTenantName(absl::string_view name) {
   if (name.empty() || name.size() > 64) {
     return absl::InvalidArgumentError(absl::StrCat("tenant \"", name, "\" has ", name.size(),
@@ -36,7 +52,7 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
   const int64_t before = pages_.fetch_add(count);
   if (quota_.max_pages > 0 && static_cast<uint64_t>(before + count) > quota_.max_pages) {
     pages_ -= count;
-    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", name_, "\" quota max_pages ", quota_.max_pages,
+    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_pages ", quota_.max_pages,
                                                      ": it holds ", before, " pages and this call needs ", count,
                                                      " more; release sequences or raise the quota"));
   }
@@ -46,7 +62,7 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
 absl::Status TenantUsage::ChargeSequence() {
   const int64_t before = sequences_.load();
   if (quota_.max_sequences > 0 && static_cast<uint64_t>(before) >= quota_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat("tenant \"", name_, "\" quota max_sequences ",
+    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_sequences ",
                                                      quota_.max_sequences, " reached; release sequences or "
                                                      "raise the quota"));
   }

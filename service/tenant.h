@@ -25,6 +25,9 @@
 namespace driftkv {
 
 std::string TenantKey(absl::string_view tenant, absl::string_view id);
+// The tenant of a table key ("" for a key without one); for code that
+// rebuilds the table from its keys (a snapshot loader).
+std::string TenantOfKey(absl::string_view key);
 
 // Tenant names: 1 to 64 bytes of [A-Za-z0-9._-].
 absl::Status CheckTenantName(absl::string_view name);

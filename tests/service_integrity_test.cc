@@ -373,6 +373,27 @@ TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
   EXPECT_EQ(Stats("t").tenant_sequences(), 0u);
 }
 
+TEST(TenantKeyTest, KeysOfTenantsNeverMeetAndDecode) {
+  EXPECT_EQ(TenantKey("", "chat"), "chat");
+  EXPECT_NE(TenantKey("a", "b"), TenantKey("", "ab"));
+  EXPECT_NE(TenantKey("a", "b/c"), TenantKey("a/b", "c"));
+  EXPECT_EQ(TenantOfKey(TenantKey("team-1", "x")), "team-1");
+  EXPECT_EQ(TenantOfKey(TenantKey("", "x")), "");
+  EXPECT_EQ(TenantOfKey(TenantKey("t", std::string("with\0nul", 8))), "t");
+}
+
+TEST_F(IntegrityTest, QuotasWithoutTokensNameTheOneTenant) {
+  ServiceOptions o = SmallOptions();
+  o.tenant_defaults.max_sequences = 1;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(10, kN, 13);
+  ASSERT_TRUE(Push("a", kv, 10).ok());
+  absl::Status st = Push("b", kv, 10);
+  EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "the server's one tenant (no tokens_file): quota max_sequences 1"))
+      << st;
+}
+
 TEST(TokenTableTest, ParsesHashesTenantsAndQuotas) {
   const std::string ha = Sha256Hex("token-of-alice-0123456789");
   const std::string hb = Sha256Hex("token-of-bob-0123456789");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -33,6 +34,13 @@ const char kBobToken[] = "bob-fedcba9876543210fedcba9876543210";
 std::string Dir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return tmp != nullptr ? tmp : "/tmp";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 void WriteText(const std::string& path, const std::string& text) {
@@ -232,6 +240,21 @@ TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
     grpc::Status st = stub->Check(&ctx, req, &resp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  // With tokens on, health on the main port needs a token like every
+  // service there.
+  grpc::ChannelArguments args;
+  auto tls = grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", server_->port()),
+      grpc::SslCredentials(grpc::SslCredentialsOptions{ReadAll(F("ca.pem")), ReadAll(F("client.key")),
+                                                       ReadAll(F("client.pem"))}),
+      args);
+  {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    EXPECT_EQ(grpc::health::v1::Health::NewStub(tls)->Check(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
   }
   // The health port serves nothing else.
   ClientOptions o;
