@@ -26,7 +26,19 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* w
   return text.str();
 }
 
+// Writes `c`, with its crc32c set when it lacks one.
+bool WriteWithCrc(grpc::ClientWriter<v1::AppendChunk>* writer, const v1::AppendChunk& c) {
+  if (c.has_crc32c()) return writer->Write(c);
+  v1::AppendChunk copy = c;
+  copy.set_crc32c(ChunkCrc32c(c));
+  return writer->Write(copy);
+}
+
 }  // namespace
+
+uint32_t ChunkCrc32c(const v1::AppendChunk& c) {
+  return Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
+}
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOptions& o) {
   grpc::ChannelArguments args;
@@ -118,7 +130,7 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
     std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer =
         stub_->Append(&context, &response);
     for (const v1::AppendChunk& c : chunks) {
-      if (!writer->Write(c)) break;  // the server ended the call; Finish says why
+      if (!WriteWithCrc(writer.get(), c)) break;  // the server ended the call; Finish says why
     }
     writer->WritesDone();
     return writer->Finish();
@@ -163,7 +175,7 @@ std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_t
 }
 
 bool Client::AppendStream::Write(const v1::AppendChunk& chunk) {
-  return error_.ok() && !finished_ && writer_->Write(chunk);
+  return error_.ok() && !finished_ && WriteWithCrc(writer_.get(), chunk);
 }
 
 absl::StatusOr<v1::AppendResponse> Client::AppendStream::Finish() {
@@ -308,7 +320,7 @@ v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64
   c.set_dtype(dtype);
   FloatToTensor(keys, static_cast<size_t>(count) * n, dtype, c.mutable_keys());
   FloatToTensor(values, static_cast<size_t>(count) * n, dtype, c.mutable_values());
-  c.set_crc32c(Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size()));
+  c.set_crc32c(ChunkCrc32c(c));
   return c;
 }
 

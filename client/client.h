@@ -130,7 +130,11 @@ class Client {
 };
 
 // Builds one Append chunk from float tokens [count][n], converted to `dtype`,
-// with its crc32c set (wire/crc32c.h).
+// with its crc32c set (wire/crc32c.h). Append, AppendConcurrently and
+// AppendStream::Write also set it on a chunk that lacks it (on a copy).
+// The chunk's CRC-32C over keys then values (AppendChunk.crc32c).
+uint32_t ChunkCrc32c(const v1::AppendChunk& chunk);
+
 v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
                           uint32_t count, const float* keys, const float* values, size_t n,
                           v1::DType dtype);

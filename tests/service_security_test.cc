@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
@@ -281,6 +282,52 @@ TEST_F(SecurityTest, TlsWithoutClientCertificatesOrTokens) {
   ClientOptions rogue = Options("", "");
   rogue.tls_ca_file = F("rogue-ca.pem");
   EXPECT_EQ(Client(rogue).Info().status().code(), C::kUnavailable);
+}
+
+// Records what reaches it: whether each chunk carried a crc32c and whether
+// it matched.
+class RecordingService final : public v1::KvCache::Service {
+ public:
+  grpc::Status Append(grpc::ServerContext*, grpc::ServerReader<v1::AppendChunk>* reader,
+                      v1::AppendResponse*) override {
+    v1::AppendChunk c;
+    while (reader->Read(&c)) {
+      absl::MutexLock lock(&mu);
+      with_crc += c.has_crc32c() && c.crc32c() == ChunkCrc32c(c);
+      ++chunks;
+    }
+    return grpc::Status::OK;
+  }
+  absl::Mutex mu;
+  int chunks = 0, with_crc = 0;
+};
+
+TEST(ClientChecksumTest, EveryChunkTheClientSendsCarriesItsCrc32c) {
+  RecordingService service;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(port, 0);
+  ClientOptions o;
+  o.target = absl::StrCat("127.0.0.1:", port);
+  Client client(o);
+  v1::AppendChunk bare;  // built by hand, no checksum
+  bare.set_sequence_id("s");
+  bare.set_keys("0123456789abcdef");
+  bare.set_values("fedcba9876543210");
+  const testing::Kv kv = SyntheticKv(4, kN, 5);
+  const v1::AppendChunk made = MakeChunk("s", 0, 0, 4, kv.keys.data(), kv.values.data(), kN, v1::DTYPE_BF16);
+  EXPECT_TRUE(made.has_crc32c());
+  ASSERT_TRUE(client.Append({bare, made}).ok());
+  std::unique_ptr<Client::AppendStream> stream = client.OpenAppend();
+  ASSERT_TRUE(stream->Write(bare));
+  ASSERT_TRUE(stream->Finish().ok());
+  absl::MutexLock lock(&service.mu);
+  EXPECT_EQ(service.chunks, 3);
+  EXPECT_EQ(service.with_crc, 3);
+  server->Shutdown();
 }
 
 TEST(SecurityConfigTest, TokensNeedTlsAndFilesMustBeReadable) {
