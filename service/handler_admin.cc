@@ -99,6 +99,11 @@ void Handler::PublishGauges() {
     sequences = table_.size();
   }
   metrics_->sequences->Set(static_cast<double>(sequences));
+  if (options_.tokens != nullptr) {
+    ledger_.ForEach([this](const TenantUsage& u) {
+      metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()));
+    });
+  }
   metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
   if (hot_pool_ != nullptr) {
     metrics_->tier_pages[1]->Set(static_cast<double>(hot_pool_->pages_in_use()));

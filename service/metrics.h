@@ -46,6 +46,9 @@ class Metrics {
                   const std::vector<float>& value_util);
   // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
+  // What one tenant holds (driftkv_tenant_pages / _sequences{tenant});
+  // only with tokens, so the label set is the tokens file's tenants.
+  void SetTenant(const std::string& tenant, double pages, double sequences);
 
   // By stream kind (label stream="key"/"value").
   prometheus::Histogram* budget_utilization[2];
@@ -91,7 +94,9 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;
-  absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_
+  prometheus::Family<prometheus::Gauge>* tenant_pages_;
+  prometheus::Family<prometheus::Gauge>* tenant_sequences_;
+  absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_ and tenant_*
 };
 
 }  // namespace driftkv

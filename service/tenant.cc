@@ -77,6 +77,11 @@ TenantUsage* TenantLedger::Get(const std::string& tenant) {
   return u.get();
 }
 
+void TenantLedger::ForEach(const std::function<void(const TenantUsage&)>& f) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, usage] : usage_) f(*usage);
+}
+
 const TenantUsage* TenantLedger::Find(const std::string& tenant) const {
   absl::MutexLock lock(&mu_);
   auto it = usage_.find(tenant);

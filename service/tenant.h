@@ -74,6 +74,9 @@ class TenantLedger {
   TenantUsage* Get(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
   // Null when the tenant holds nothing and never did.
   const TenantUsage* Find(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls f on every tenant's usage (under the ledger's lock: f must not
+  // call back into the ledger).
+  void ForEach(const std::function<void(const TenantUsage&)>& f) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const QuotaFn quota_of_;

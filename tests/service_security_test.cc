@@ -225,6 +225,10 @@ TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
   Client alice(Options(kAliceToken));  // no quota
   EXPECT_TRUE(alice.Append({&one, 1}).ok());
   EXPECT_TRUE(alice.Append({&two, 1}).ok());
+  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_sequences{tenant=\"bob\"}"), 1) << metrics;
+  EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_sequences{tenant=\"alice\"}"), 2);
+  EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_pages{tenant=\"alice\"}"), 0);
 }
 
 TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
