@@ -20,6 +20,8 @@ packages=(
   libssl-dev openssl
   # the Python client (python/driftkv) and its tests
   python3-grpcio python3-protobuf python3-pytest
+  # CRC-32C of the Python client's chunks in C (it falls back to numpy)
+  python3-crc32c
 )
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
 if [[ "$deploy_tools" != 0 ]]; then
