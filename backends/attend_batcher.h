@@ -56,6 +56,9 @@ class BatchingBackend : public Backend {
   absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
     return inner_->CheckStaged(t, n, limit);
   }
+  absl::Status CopyStagedToHost(const StagedTokens& t, int n, int64_t count, float* keys, float* values) override {
+    return inner_->CopyStagedToHost(t, n, count, keys, values);
+  }
   absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
                             absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
                             absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,

@@ -149,7 +149,7 @@ class Backend {
   virtual bool PrefersBatchedAttend() const { return false; }
 
   // DEVICE INGEST. The defaults serve host memory (any backend); a device
-  // backend overrides all four.
+  // backend overrides all five.
   // The CUDA device whose memory staging buffers are; -1: host memory.
   virtual int staging_device() const { return -1; }
   virtual absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes);
@@ -157,6 +157,9 @@ class Backend {
   // as wire/tensor.h CheckValues words it ("keys element 7 is inf; must be
   // finite"). REQUIRES: t.dtype valid.
   virtual absl::Status CheckStaged(const StagedTokens& t, int n, float limit);
+  // The first `count` staged tokens as floats on the host, keys and values
+  // [count][n] each (for comparing tokens sent again with stored ones).
+  virtual absl::Status CopyStagedToHost(const StagedTokens& t, int n, int64_t count, float* keys, float* values);
   // Encodes pages from the token sequence S = [prefix (host bf16,
   // prefix_keys.size() / n tokens); staged tokens [skip, skip + fresh)
   // rounded to bf16]: jobs[i] (page and layer set by the caller, keys and

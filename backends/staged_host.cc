@@ -42,6 +42,13 @@ absl::Status Backend::CheckStaged(const StagedTokens& t, int n, float limit) {
   return CheckValues("values", x.data(), elements, limit);
 }
 
+absl::Status Backend::CopyStagedToHost(const StagedTokens& t, int n, int64_t count, float* keys, float* values) {
+  const size_t elements = static_cast<size_t>(count) * n, bytes = elements * DTypeBytes(t.dtype);
+  TensorToFloat(AsBytes(t.keys, bytes), t.dtype, elements, keys);
+  TensorToFloat(AsBytes(t.values, bytes), t.dtype, elements, values);
+  return absl::OkStatus();
+}
+
 absl::Status Backend::EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
                                    absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
                                    absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,

@@ -56,6 +56,8 @@ int Bench(Client& client) {
       const int c = std::min(chunk, tokens - t);
       chunks.push_back(MakeChunk("", l, t, c, keys[l].data() + t * n, values[l].data() + t * n, n,
                                  v1::DTYPE_BF16));
+      // The bench-N ids of an earlier run may be tombstoned (released).
+      chunks.back().set_new_incarnation(t == 0);
     }
   }
   const std::vector<float> q = SyntheticQuery(keys[0], tokens, kv_heads, d, q_heads, 7);

@@ -5,18 +5,22 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/cli.h"
 #include "client/sharded_client.h"
 #include "codec/compressed_attention.h"
 #include "eval/synthetic_kv.h"
+#include "service/tokens.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
 
@@ -24,6 +28,13 @@ ABSL_FLAG(double, query_focus, 0.25,
           "synthetic queries: weight of the past key they copy (higher: sharper attention)");
 ABSL_FLAG(int, streams, 4, "bench/demo/push: concurrent Append calls per sequence (layers split between them)");
 ABSL_FLAG(int, steps, 32, "bench/demo: decode steps per sequence");
+ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA that signed the server's certificate; set: TLS");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mTLS), with --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "", "name expected in the server's certificate (default: --server's host)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token (not the token itself: command lines are visible to other users); "
+          "also $DRIFTKV_TOKEN_FILE");
 
 namespace driftkv {
 namespace cli {
@@ -39,7 +50,34 @@ ClientOptions OptionsFromFlags() {
   const std::vector<std::string> replicas = SplitReplicas(absl::GetFlag(FLAGS_servers));
   if (!replicas.empty()) o.target = replicas[0];
   o.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  o.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  std::string token_file = absl::GetFlag(FLAGS_token_file);
+  if (token_file.empty() && std::getenv("DRIFTKV_TOKEN_FILE") != nullptr) token_file = std::getenv("DRIFTKV_TOKEN_FILE");
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::stringstream text;
+    if (in) text << in.rdbuf();
+    // An unreadable file leaves a token that no server accepts, so the
+    // first call fails (UNAUTHENTICATED) rather than going out without one.
+    o.token = in ? std::string(absl::StripAsciiWhitespace(text.str())) : std::string("unreadable:") + token_file;
+  }
   return o;
+}
+
+int TokenHash(const std::string& tenant) {
+  if (absl::Status st = CheckTenantName(tenant); !st.ok()) return Fail(st);
+  std::stringstream text;
+  text << std::cin.rdbuf();
+  const std::string token(absl::StripAsciiWhitespace(text.str()));
+  if (token.size() < 16) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "the token on stdin has ", token.size(), " bytes; use at least 16 random bytes (openssl rand -hex 32)")));
+  }
+  std::printf("%s %s\n", Sha256Hex(token).c_str(), tenant.c_str());
+  return 0;
 }
 
 void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::vector<float>* keys,

@@ -41,6 +41,7 @@ int Demo(Client& client) {
     for (int l = 0; l < layers; ++l) {
       const int c = std::min(chunk, tokens - t);
       chunks.push_back(MakeChunk(seq, l, t, c, keys[l].data() + t * n, values[l].data() + t * n, n, v1::DTYPE_BF16));
+      chunks.back().set_new_incarnation(t == 0);  // an earlier run released the same id
     }
   }
   auto t0 = Clock::now();

@@ -2,6 +2,7 @@
 //
 //   driftkv [--server HOST:PORT] COMMAND [flags]
 //   push     --sequence S (--synthetic --tokens T | --keys F --values F) [--layers L]
+//            [--new_incarnation] (reuse an id released less than tombstone_seconds ago)
 //            F holds [layers][T][kv_heads][head_dim] (all layers, layer-major) or,
 //            when it contains "{layer}", one [T][kv_heads][head_dim] file per layer;
 //            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file;
@@ -17,6 +18,8 @@
 //            throughput (over several replicas: sequences spread by rendezvous hashing)
 //   demo     pushes a synthetic context, attends decode steps, compares with
 //            exact attention, prints compression, error, throughput
+//   token-hash --tenant NAME: reads a bearer token on stdin and prints its
+//            tokens_file line "SHA256HEX NAME" (no server needed)
 //   fixture  --fixture PREFIX: the same with real keys/values/queries
 //            (e.g. ../shared/eval/fixture_public.{k,v,q}.bin)
 #include <unistd.h>
@@ -61,6 +64,9 @@ ABSL_FLAG(uint64_t, first, 0, "read: first token");
 ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end)");
 ABSL_FLAG(std::string, out_keys, "", "read: f32 key file");
 ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
+ABSL_FLAG(std::string, tenant, "", "token-hash: the tenant the token acts for");
+ABSL_FLAG(bool, new_incarnation, false,
+          "push: start a new sequence under an id released less than tombstone_seconds ago");
 
 namespace driftkv {
 namespace cli {
@@ -141,6 +147,7 @@ int Push(Client& client, const v1::InfoResponse& info) {
       for (int t = 0; t < tokens; t += chunk) {
         const int c = std::min(chunk, tokens - t);
         chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+        chunks.back().set_new_incarnation(t == 0 && absl::GetFlag(FLAGS_new_incarnation));
       }
       r = client.Append(chunks);
     }
@@ -263,7 +270,7 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture [flags]\n"
+      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture|token-hash [flags]\n"
       "see the top of cli/driftkv_main.cc or docs/api.md");
   // --help lists the flags defined in cli/ (absl's default matches only a
   // file named after the binary).
@@ -277,6 +284,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = args[1];
+  if (cmd == "token-hash") return driftkv::cli::TokenHash(absl::GetFlag(FLAGS_tenant));
   driftkv::Client client(driftkv::cli::OptionsFromFlags());
   absl::StatusOr<driftkv::v1::InfoResponse> info = client.Info();
   if (!info.ok()) {

@@ -97,6 +97,7 @@ int Fixture(Client& client) {
         ch.set_dtype(v1::DTYPE_FP16);
         ch.set_keys(layer_bytes(0, s, l, t, c));
         ch.set_values(layer_bytes(1, s, l, t, c));
+        ch.set_new_incarnation(t == 0);  // an earlier run released the same id
         chunks.push_back(std::move(ch));
       }
     }

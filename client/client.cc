@@ -3,31 +3,91 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "wire/crc32c.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& o) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(o.max_message_bytes);
-  args.SetMaxSendMessageSize(o.max_message_bytes);
-  return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read or is empty"));
+  }
+  return text.str();
+}
+
+// Writes `c`, with its crc32c set when it lacks one.
+bool WriteWithCrc(grpc::ClientWriter<v1::AppendChunk>* writer, const v1::AppendChunk& c) {
+  if (c.has_crc32c()) return writer->Write(c);
+  v1::AppendChunk copy = c;
+  copy.set_crc32c(ChunkCrc32c(c));
+  return writer->Write(copy);
 }
 
 }  // namespace
+
+uint32_t ChunkCrc32c(const v1::AppendChunk& c) {
+  return Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(o.max_message_bytes);
+  args.SetMaxSendMessageSize(o.max_message_bytes);
+  if (o.tls_ca_file.empty()) {
+    if (!o.token.empty() || !o.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          "a token or a client certificate needs TLS: set tls_ca_file (the CA of the server's certificate)");
+    }
+    return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = ReadWholeFile(o.tls_ca_file, "tls_ca_file");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *ca;
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file and tls_key_file: set both or neither");
+  }
+  if (!o.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadWholeFile(o.tls_cert_file, "tls_cert_file");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadWholeFile(o.tls_key_file, "tls_key_file");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
+  if (!o.token.empty()) creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(o.token));
+  return grpc::CreateCustomChannel(o.target, creds, args);
+}
 
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-Client::Client(ClientOptions options) : Client(MakeChannel(options), options) {}
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeClientChannel(options_);
+  if (channel.ok()) {
+    channel_ = *std::move(channel);
+  } else {
+    // Never used for a call (WithRetries returns init_status_ first).
+    init_status_ = channel.status();
+    channel_ = grpc::CreateChannel("unix:/nonexistent", grpc::InsecureChannelCredentials());
+  }
+  stub_ = v1::KvCache::NewStub(channel_);
+}
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : options_(std::move(options)), channel_(std::move(channel)),
@@ -40,6 +100,9 @@ void Client::SetDeadline(grpc::ClientContext* context) const {
 
 template <typename Call>
 grpc::Status Client::WithRetries(bool idempotent, Call call) {
+  if (!init_status_.ok()) {
+    return grpc::Status(static_cast<grpc::StatusCode>(init_status_.code()), std::string(init_status_.message()));
+  }
   const int attempts = idempotent ? std::max(1, options_.max_attempts) : 1;
   absl::Duration backoff = options_.initial_backoff;
   thread_local std::mt19937 rng(std::random_device{}());
@@ -67,7 +130,7 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
     std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer =
         stub_->Append(&context, &response);
     for (const v1::AppendChunk& c : chunks) {
-      if (!writer->Write(c)) break;  // the server ended the call; Finish says why
+      if (!WriteWithCrc(writer.get(), c)) break;  // the server ended the call; Finish says why
     }
     writer->WritesDone();
     return writer->Finish();
@@ -100,6 +163,10 @@ absl::StatusOr<v1::AppendResponse> Client::AppendConcurrently(
 
 std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_timeout) {
   std::unique_ptr<AppendStream> s(new AppendStream());
+  if (!init_status_.ok()) {
+    s->error_ = init_status_;
+    return s;
+  }
   const absl::Duration t = stream_timeout > absl::ZeroDuration() ? stream_timeout : options_.timeout;
   s->context_.set_deadline(std::chrono::system_clock::now() +
                            std::chrono::microseconds(absl::ToInt64Microseconds(t)));
@@ -108,12 +175,13 @@ std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_t
 }
 
 bool Client::AppendStream::Write(const v1::AppendChunk& chunk) {
-  return !finished_ && writer_->Write(chunk);
+  return error_.ok() && !finished_ && WriteWithCrc(writer_.get(), chunk);
 }
 
 absl::StatusOr<v1::AppendResponse> Client::AppendStream::Finish() {
   if (finished_) return absl::FailedPreconditionError("Finish called twice");
   finished_ = true;
+  if (!error_.ok()) return error_;
   writer_->WritesDone();
   grpc::Status st = writer_->Finish();
   if (!st.ok()) return FromGrpc(st);
@@ -252,6 +320,7 @@ v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64
   c.set_dtype(dtype);
   FloatToTensor(keys, static_cast<size_t>(count) * n, dtype, c.mutable_keys());
   FloatToTensor(values, static_cast<size_t>(count) * n, dtype, c.mutable_values());
+  c.set_crc32c(ChunkCrc32c(c));
   return c;
 }
 

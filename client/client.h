@@ -13,6 +13,12 @@
 //   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
 //   Length, Info, Stats retried.
 // Thread-safe: one Client may be shared by many threads.
+//
+// Security (docs/security.md): TLS when tls_ca_file is set (the server's CA),
+// a client certificate for mTLS with tls_cert_file + tls_key_file, and a
+// bearer token with `token` (needs TLS: tokens are never sent in
+// plaintext). A file that cannot be read makes every call fail with
+// INVALID_ARGUMENT naming it; nothing falls back to plaintext.
 #ifndef DRIFTKV_CLIENT_CLIENT_H_
 #define DRIFTKV_CLIENT_CLIENT_H_
 
@@ -37,7 +43,16 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(1);
   int max_message_bytes = 64 << 20;            // send and receive limit
+  std::string tls_ca_file;      // PEM roots that sign the server's certificate; set: TLS
+  std::string tls_cert_file;    // PEM client certificate (mTLS), with tls_key_file
+  std::string tls_key_file;
+  std::string tls_server_name;  // expected name in the server's certificate (default: target's host)
+  std::string token;            // bearer token ("authorization: Bearer TOKEN"); needs TLS
 };
+
+// The channel that `options` describe; INVALID_ARGUMENT naming a file that
+// cannot be read or a token without TLS.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOptions& options);
 
 class Client {
  public:
@@ -71,6 +86,7 @@ class Client {
     friend class Client;
     AppendStream() = default;
     grpc::ClientContext context_;
+    absl::Status error_;  // the client's init_status_: nothing is sent
     v1::AppendResponse response_;
     std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer_;
     bool finished_ = false;
@@ -109,12 +125,18 @@ class Client {
   void SetDeadline(grpc::ClientContext* context) const;
 
   ClientOptions options_;
+  absl::Status init_status_;  // MakeClientChannel's error: every call returns it
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   std::atomic<int64_t> retries_{0};
 };
 
-// Builds one Append chunk from float tokens [count][n], converted to `dtype`.
+// Builds one Append chunk from float tokens [count][n], converted to `dtype`,
+// with its crc32c set (wire/crc32c.h). Append, AppendConcurrently and
+// AppendStream::Write also set it on a chunk that lacks it (on a copy).
+// The chunk's CRC-32C over keys then values (AppendChunk.crc32c).
+uint32_t ChunkCrc32c(const v1::AppendChunk& chunk);
+
 v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
                           uint32_t count, const float* keys, const float* values, size_t n,
                           v1::DType dtype);

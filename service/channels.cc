@@ -11,6 +11,7 @@ namespace driftkv {
 
 struct ChannelManager::Channel {
   uint64_t id = 0;
+  std::string tenant;
   std::unique_ptr<Transport> transport;
   absl::Mutex mu;  // one chunk at a time
   std::atomic<bool> busy{false};
@@ -50,10 +51,10 @@ ChannelManager::~ChannelManager() {
   for (auto& [id, channel] : channels_) channel->transport->Abort();
 }
 
-std::shared_ptr<ChannelManager::Channel> ChannelManager::Find(uint64_t id) {
+std::shared_ptr<ChannelManager::Channel> ChannelManager::Find(uint64_t id, const std::string& tenant) {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(id);
-  return it == channels_.end() ? nullptr : it->second;
+  return it == channels_.end() || it->second->tenant != tenant ? nullptr : it->second;
 }
 
 void ChannelManager::End(const std::shared_ptr<Channel>& channel, Ending why) {
@@ -67,7 +68,8 @@ void ChannelManager::End(const std::shared_ptr<Channel>& channel, Ending why) {
   if (why == Ending::kIdle) ++idle_closed_;
 }
 
-absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChannelResponse* response) {
+absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChannelResponse* response,
+                                  const std::string& tenant) {
   if (factory_ == nullptr) {
     return absl::UnimplementedError("this server has no NCCL transport (driftkv-server-cuda has one)");
   }
@@ -93,6 +95,7 @@ absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChann
     if (!t.ok()) return t.status();
     channel->transport = *std::move(t);
     channel->id = next_id_++;
+    channel->tenant = tenant;
     channel->last_used_ns = absl::ToUnixNanos(absl::Now());
     channels_[channel->id] = channel;
   }
@@ -134,8 +137,8 @@ absl::Status ChannelManager::Receive(Channel* c, uint64_t tb, absl::Time deadlin
 }
 
 absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_deadline,
-                                  v1::AppendResponse* response) {
-  std::shared_ptr<Channel> c = Find(r.channel_id());
+                                  v1::AppendResponse* response, const std::string& tenant) {
+  std::shared_ptr<Channel> c = Find(r.channel_id(), tenant);
   if (c == nullptr) {
     return absl::NotFoundError(absl::StrCat("channel_id ", r.channel_id(),
                                             " is not open (never opened, closed, aborted or closed when idle)"));
@@ -180,7 +183,7 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   t.values = static_cast<uint8_t*>(c->staging->data()) + r.tensor_bytes();
   t.dtype = r.dtype();
   t.tokens = r.token_count();
-  st = handler_->AppendStaged(r, t, response);
+  st = handler_->AppendStaged(r, t, response, c->tenant);
   c->last_used_ns = absl::ToUnixNanos(absl::Now());
   if (st.ok()) {
     ++chunks_;
@@ -188,8 +191,9 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   return st;
 }
 
-absl::Status ChannelManager::Close(const v1::CloseChannelRequest& r, v1::CloseChannelResponse*) {
-  std::shared_ptr<Channel> c = Find(r.channel_id());
+absl::Status ChannelManager::Close(const v1::CloseChannelRequest& r, v1::CloseChannelResponse*,
+                                   const std::string& tenant) {
+  std::shared_ptr<Channel> c = Find(r.channel_id(), tenant);
   if (c == nullptr) return absl::NotFoundError(absl::StrCat("channel_id ", r.channel_id(), " is not open"));
   End(c, Ending::kClosed);
   return absl::OkStatus();

@@ -41,10 +41,16 @@ class ChannelManager {
   ChannelManager(Handler* handler, TransportFactory* factory);
   ~ChannelManager();  // aborts every channel
 
-  absl::Status Open(const v1::OpenChannelRequest& request, v1::OpenChannelResponse* response);
+  // A channel belongs to the tenant that opened it (docs/security.md;
+  // "" without tokens): to another tenant it is not open (NOT_FOUND), and
+  // its chunks are stored for its tenant.
+  absl::Status Open(const v1::OpenChannelRequest& request, v1::OpenChannelResponse* response,
+                    const std::string& tenant = "");
   // `rpc_deadline`: the call's own deadline (absl::InfiniteFuture() for none).
-  absl::Status Push(const v1::PushChunkRequest& request, absl::Time rpc_deadline, v1::AppendResponse* response);
-  absl::Status Close(const v1::CloseChannelRequest& request, v1::CloseChannelResponse* response);
+  absl::Status Push(const v1::PushChunkRequest& request, absl::Time rpc_deadline, v1::AppendResponse* response,
+                    const std::string& tenant = "");
+  absl::Status Close(const v1::CloseChannelRequest& request, v1::CloseChannelResponse* response,
+                     const std::string& tenant = "");
   // Closes channels unused for nccl_idle_seconds; returns how many.
   int CloseIdle();
 
@@ -54,7 +60,8 @@ class ChannelManager {
  private:
   struct Channel;
   enum class Ending { kClosed, kAborted, kIdle };
-  std::shared_ptr<Channel> Find(uint64_t id);
+  // The open channel `id` of `tenant`; null for none.
+  std::shared_ptr<Channel> Find(uint64_t id, const std::string& tenant);
   // Aborts the channel's link and forgets it; counts `why`.
   void End(const std::shared_ptr<Channel>& channel, Ending why);
   // Waits for the link, then receives keys and values (tensor_bytes each)

@@ -63,6 +63,51 @@ absl::Status ResolveTransform(const v1::ServerConfig& c, ServiceOptions* o) {
   return ValidateTransform(*o);
 }
 
+// The transport-security, tenant and tombstone fields.
+absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
+  o->tls_cert_file = c.tls_cert_file();
+  o->tls_key_file = c.tls_key_file();
+  o->tls_client_ca_file = c.tls_client_ca_file();
+  if (o->tls_cert_file.empty() != o->tls_key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tls_cert_file \"", o->tls_cert_file, "\" and tls_key_file \"",
+                                                   o->tls_key_file, "\": set both or neither"));
+  }
+  if (!o->tls_client_ca_file.empty() && o->tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tls_client_ca_file \"", o->tls_client_ca_file,
+                                                   "\" needs tls_cert_file and tls_key_file (mTLS is TLS)"));
+  }
+  for (const std::string* f : {&o->tls_cert_file, &o->tls_key_file, &o->tls_client_ca_file}) {
+    if (!f->empty() && !std::ifstream(*f)) {
+      return absl::InvalidArgumentError(absl::StrCat("TLS file \"", *f, "\" cannot be opened"));
+    }
+  }
+  if (!c.tokens_file().empty()) {
+    if (o->tls_cert_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokens_file \"", c.tokens_file(), "\" needs TLS (tls_cert_file, tls_key_file): bearer tokens are "
+          "never sent in plaintext"));
+    }
+    absl::StatusOr<TokenTable> table = TokenTable::ReadFile(c.tokens_file());
+    if (!table.ok()) return table.status();
+    if (table->size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", c.tokens_file(), "\" lists no token"));
+    }
+    o->tokens_file = c.tokens_file();
+    o->tokens = std::make_shared<const TokenTable>(*std::move(table));
+  }
+  o->health_listen = c.health_listen();
+  o->tenant_defaults.max_pages = c.tenant_max_pages();
+  o->tenant_defaults.max_sequences = c.tenant_max_sequences();
+  if (c.has_tombstone_seconds()) {
+    if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) || c.tombstone_seconds() > 86400 * 30) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tombstone_seconds ", c.tombstone_seconds(), " out of range [0, 2592000]"));
+    }
+    o->tombstone_seconds = c.tombstone_seconds();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* TransformName(TransformKind kind) {
@@ -324,6 +369,7 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     }
     o.nccl_max_chunk_bytes = c.nccl_max_chunk_bytes();
   }
+  if (absl::Status st = ResolveSecurity(c, &o); !st.ok()) return st;
   return o;
 }
 

@@ -15,6 +15,8 @@
 #include "codec/transform/transform.h"
 #include "codec/transform/transforms_file.h"
 #include "proto/config.pb.h"
+#include "service/tenant.h"
+#include "service/tokens.h"
 
 namespace driftkv {
 
@@ -30,6 +32,7 @@ constexpr int kDefaultNcclMaxChannels = 8;
 constexpr double kDefaultNcclChunkTimeoutSeconds = 30.0;
 constexpr double kDefaultNcclIdleSeconds = 300.0;
 constexpr uint64_t kDefaultNcclMaxChunkBytes = 2ull << 30;
+constexpr double kDefaultTombstoneSeconds = 600.0;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -79,8 +82,24 @@ struct ServiceOptions {
   uint64_t nccl_max_chunk_bytes = kDefaultNcclMaxChunkBytes;
   // Devices of a multi-GPU server (config devices); empty: one device.
   std::vector<int> devices;
+  // Transport security and tenants (docs/security.md). TLS when both
+  // tls_cert_file and tls_key_file are set; mTLS with tls_client_ca_file
+  // too. `tokens` (read from tokens_file; needs TLS) turns on bearer tokens:
+  // every call then acts for the tenant its token names.
+  std::string tls_cert_file, tls_key_file, tls_client_ca_file;
+  std::string tokens_file;
+  std::shared_ptr<const TokenTable> tokens;
+  TenantQuota tenant_defaults;         // config tenant_max_pages/_sequences
+  std::string health_listen;           // empty: health only on the main port
+  double tombstone_seconds = kDefaultTombstoneSeconds;  // 0: none
 
   int page_tokens() const { return codec.mean_window; }
+  bool tls() const { return !tls_cert_file.empty(); }
+  bool client_certificates() const { return !tls_client_ca_file.empty(); }
+  // The quotas of `tenant`.
+  TenantQuota QuotaOf(const std::string& tenant) const {
+    return tokens != nullptr ? tokens->QuotaOf(tenant, tenant_defaults) : tenant_defaults;
+  }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }
   // Bytes of the hot pool and of the cold pool (pool_bytes less the
   // fraction's share). REQUIRES: ValidateHotTier ok.

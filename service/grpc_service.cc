@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "service/auth.h"
 
 namespace driftkv {
 namespace {
@@ -55,12 +56,20 @@ const char* StatusCodeName(grpc::StatusCode code) {
   }
 }
 
-grpc::Status KvCacheService::Append(grpc::ServerContext*, grpc::ServerReader<v1::AppendChunk>* reader,
+// Every method starts with it: the caller's tenant, or the method returns
+// UNAUTHENTICATED.
+#define DRIFTKV_TENANT_OR_RETURN(tenant, context, timer)                                 \
+  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_.get());          \
+  if (!tenant##_or.ok()) return (timer).Finish(ToGrpcStatus(tenant##_or.status()));      \
+  const std::string& tenant = *tenant##_or
+
+grpc::Status KvCacheService::Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                                     v1::AppendResponse* response) {
   RpcTimer timer(metrics_, "Append");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   v1::AppendChunk chunk;
   for (uint64_t index = 0; reader->Read(&chunk); ++index) {
-    absl::Status st = handler_->Append(chunk, response);
+    absl::Status st = handler_->Append(chunk, response, tenant);
     if (!st.ok()) {
       return timer.Finish(grpc::Status(
           static_cast<grpc::StatusCode>(st.code()),
@@ -71,65 +80,77 @@ grpc::Status KvCacheService::Append(grpc::ServerContext*, grpc::ServerReader<v1:
   return timer.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::Attend(grpc::ServerContext*, const v1::AttendRequest* request,
+grpc::Status KvCacheService::Attend(grpc::ServerContext* context, const v1::AttendRequest* request,
                                     v1::AttendResponse* response) {
   RpcTimer timer(metrics_, "Attend");
-  return timer.Finish(ToGrpcStatus(handler_->Attend(*request, response)));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Attend(*request, response, tenant)));
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,
                                   grpc::ServerWriter<v1::ReadChunk>* writer) {
   RpcTimer timer(metrics_, "Read");
-  return timer.Finish(ToGrpcStatus(handler_->Read(*request, [&](const v1::ReadChunk& chunk) {
-    return !context->IsCancelled() && writer->Write(chunk);
-  })));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Read(
+      *request, [&](const v1::ReadChunk& chunk) { return !context->IsCancelled() && writer->Write(chunk); },
+      tenant)));
 }
 
-grpc::Status KvCacheService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
+grpc::Status KvCacheService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                                      v1::ReleaseResponse* response) {
   RpcTimer timer(metrics_, "Release");
-  return timer.Finish(ToGrpcStatus(handler_->Release(*request, response)));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Release(*request, response, tenant)));
 }
 
-grpc::Status KvCacheService::Length(grpc::ServerContext*, const v1::LengthRequest* request,
+grpc::Status KvCacheService::Length(grpc::ServerContext* context, const v1::LengthRequest* request,
                                     v1::LengthResponse* response) {
   RpcTimer timer(metrics_, "Length");
-  return timer.Finish(ToGrpcStatus(handler_->Length(*request, response)));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Length(*request, response, tenant)));
 }
 
-grpc::Status KvCacheService::Info(grpc::ServerContext*, const v1::InfoRequest*,
+grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*,
                                   v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  (void)tenant;
   handler_->Info(response);
   channels_->Info(response);
   return timer.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::Stats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::StatsRequest*,
                                    v1::StatsResponse* response) {
   RpcTimer timer(metrics_, "Stats");
-  handler_->Stats(response);
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  handler_->Stats(response, tenant);
   channels_->Stats(response);
   return timer.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::OpenChannel(grpc::ServerContext*, const v1::OpenChannelRequest* request,
+grpc::Status KvCacheService::OpenChannel(grpc::ServerContext* context, const v1::OpenChannelRequest* request,
                                          v1::OpenChannelResponse* response) {
   RpcTimer timer(metrics_, "OpenChannel");
-  return timer.Finish(ToGrpcStatus(channels_->Open(*request, response)));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(channels_->Open(*request, response, tenant)));
 }
 
 grpc::Status KvCacheService::PushChunk(grpc::ServerContext* context, const v1::PushChunkRequest* request,
                                        v1::AppendResponse* response) {
   RpcTimer timer(metrics_, "PushChunk");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  return timer.Finish(ToGrpcStatus(channels_->Push(*request, deadline, response)));
+  return timer.Finish(ToGrpcStatus(channels_->Push(*request, deadline, response, tenant)));
 }
 
-grpc::Status KvCacheService::CloseChannel(grpc::ServerContext*, const v1::CloseChannelRequest* request,
+grpc::Status KvCacheService::CloseChannel(grpc::ServerContext* context, const v1::CloseChannelRequest* request,
                                           v1::CloseChannelResponse* response) {
   RpcTimer timer(metrics_, "CloseChannel");
-  return timer.Finish(ToGrpcStatus(channels_->Close(*request, response)));
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(channels_->Close(*request, response, tenant)));
 }
+
+#undef DRIFTKV_TENANT_OR_RETURN
 
 }  // namespace driftkv

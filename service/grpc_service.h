@@ -1,11 +1,14 @@
 // The thin gRPC layer: unpacks each call, hands it to the Handler, converts
 // absl::Status to grpc::Status once, and records the RPC's latency by method
-// and status code. No decisions are taken here.
+// and status code. No decisions are taken here, except who the caller is:
+// with tokens on, every method first takes the call's tenant
+// (service/auth.h) and refuses a call without one (UNAUTHENTICATED).
 #ifndef DRIFTKV_SERVICE_GRPC_SERVICE_H_
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
 #include "proto/driftkv.grpc.pb.h"
 #include "service/channels.h"
+#include "service/tokens.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 
@@ -14,8 +17,11 @@ namespace driftkv {
 class KvCacheService final : public v1::KvCache::Service {
  public:
   // All must outlive the service.
-  KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics)
-      : handler_(handler), channels_(channels), metrics_(metrics) {}
+  // `tokens`: null without tokens; else each call's tenant comes from its
+  // bearer token (service/auth.h).
+  KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics,
+                 std::shared_ptr<const TokenTable> tokens = nullptr)
+      : handler_(handler), channels_(channels), metrics_(metrics), tokens_(std::move(tokens)) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -42,6 +48,7 @@ class KvCacheService final : public v1::KvCache::Service {
   Handler* const handler_;
   ChannelManager* const channels_;
   Metrics* const metrics_;
+  const std::shared_ptr<const TokenTable> tokens_;
 };
 
 // absl::Status -> grpc::Status (the code numbers are the same by design).

@@ -200,21 +200,32 @@ absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string
   return absl::OkStatus();
 }
 
-Handler::SequencePtr Handler::Find(const std::string& id) {
+Handler::SequencePtr Handler::Find(const std::string& key) {
   absl::MutexLock lock(&table_mu_);
-  auto it = table_.find(id);
+  auto it = table_.find(key);
   return it == table_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& id, bool* created) {
+absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& key, const std::string& id,
+                                                           TenantUsage* usage, bool new_incarnation,
+                                                           bool* created) {
   absl::MutexLock lock(&table_mu_);
   *created = false;
-  auto it = table_.find(id);
+  auto it = table_.find(key);
   if (it != table_.end()) return it->second;
+  if (!new_incarnation) {
+    if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) {
+      metrics_->integrity_rejections[kRejectTombstone]->Increment();
+      return st;
+    }
+  }
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
         Quoted(id), "; release sequences or raise max_sequences"));
+  }
+  if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
   }
   // The least loaded device slot: fewest pages in use, then fewest sequences.
   int device = 0;
@@ -223,15 +234,16 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& id
     if (pk < pd || (pk == pd && device_sequences_[k] < device_sequences_[device])) device = k;
   }
   ++device_sequences_[device];
-  auto seq = std::make_shared<Sequence>(id, options_.layers, device);
+  auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
   Touch(seq.get());
-  table_.emplace(id, seq);
+  table_.emplace(key, seq);
   *created = true;
   return seq;
 }
 
 void Handler::EraseLocked(decltype(table_)::iterator it) {
   --device_sequences_[it->second->device];
+  it->second->usage->RefundSequence();
   table_.erase(it);
 }
 
@@ -260,6 +272,8 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
       pool_->Free(l.pages);
     }
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
+    seq->usage->RefundPages(static_cast<int64_t>(l.pages.size()));
+    l.digests = {};
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
     l.pages.clear();
     l.window_keys = {};

@@ -15,6 +15,17 @@
 // Rejected requests change nothing: every check runs and every page is
 // reserved (all-or-nothing) before the first mutation.
 //
+// TENANTS (service/tenant.h). Every call acts for a tenant ("" without
+// tokens); the table is keyed by TenantKey(tenant, sequence_id), so a
+// tenant sees only its own sequences. Each sequence points at its tenant's
+// TenantUsage, charged for its pages and for itself (quotas).
+//
+// INTEGRITY. A repeated Append of stored tokens is compared with what is
+// stored before it is acknowledged (handler_repeat.cc): window tokens bit
+// for bit as bf16, paged tokens by their TokenDigest kept at encoding; a
+// mismatch is ALREADY_EXISTS naming the token range. A released id is
+// tombstoned (service/tombstones.h) for tombstone_seconds.
+//
 // Locking, outermost first:
 //   table_mu_          the table of sequences;
 //   Sequence::mu       readers: any operation on the sequence's layers;
@@ -66,6 +77,8 @@
 #include "proto/driftkv.pb.h"
 #include "service/config.h"
 #include "service/metrics.h"
+#include "service/tenant.h"
+#include "service/tombstones.h"
 
 namespace driftkv {
 
@@ -81,29 +94,36 @@ class Handler {
                                                          Metrics* metrics, Clock clock = nullptr);
   ~Handler();  // stops the promotion thread (async hot tier) first
 
+  // Every call acts for `tenant` (TENANTS; "" without tokens).
   // One chunk of an Append stream; adds to `totals` when accepted.
-  absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals);
+  absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals,
+                      const std::string& tenant = "");
   // DEVICE INGEST (backends/backend.h, docs/nccl.md): a chunk whose keys and
   // values a transport received into staging memory of the backend
   // (backend().AllocateStaging). Exactly Append's semantics and messages:
-  // all-or-nothing, tokens already stored acknowledged, gaps OUT_OF_RANGE.
+  // all-or-nothing, tokens already stored acknowledged (after comparing
+  // them with what is stored), gaps OUT_OF_RANGE, tenants and tombstones.
   // CheckChunkHeader runs the checks that need no tensor data (the
   // transport uses it before receiving); AppendStaged runs them again.
   absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
   absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens,
-                            v1::AppendResponse* totals);
+                            v1::AppendResponse* totals, const std::string& tenant = "");
   Backend& backend() { return *backend_; }
-  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response);
+  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
+                      const std::string& tenant = "");
   // Streams the answer through `sink`, which returns false to stop (the
   // client went away: Cancelled).
   absl::Status Read(const v1::ReadRequest& request,
-                    const std::function<bool(const v1::ReadChunk&)>& sink);
-  absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response);
+                    const std::function<bool(const v1::ReadChunk&)>& sink, const std::string& tenant = "");
+  // Frees the sequence and tombstones its id (tombstone_seconds).
+  absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response,
+                       const std::string& tenant = "");
   // Token counts of every layer (handler_length.cc); NOT_FOUND for an
   // unknown sequence. Not an access for the TTL.
-  absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response);
+  absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response,
+                      const std::string& tenant = "");
   void Info(v1::InfoResponse* response) const;
-  void Stats(v1::StatsResponse* response) const;
+  void Stats(v1::StatsResponse* response, const std::string& tenant = "") const;
 
   // Releases sequences idle for longer than the TTL (none if it is 0);
   // returns how many. Also demotes hot layers not attended for
@@ -135,6 +155,9 @@ class Handler {
     std::vector<PageId> pages;
     std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
     std::vector<uint16_t> window_values;
+    // TokenDigest of every paged token (pages.size() * P entries, token
+    // order), for comparing repeated Appends (INTEGRITY).
+    std::vector<uint64_t> digests;
     int64_t length = 0;
     // `pages` are level pages of hot_pool_ (see HOT TIER); a cold layer
     // with no pages is hot once attended, so its first page goes hot.
@@ -143,8 +166,10 @@ class Handler {
     std::atomic<bool> promotion_queued{false};
   };
   struct Sequence {
-    Sequence(std::string i, int layers, int device) : id(std::move(i)), device(device), layers(layers) {}
-    const std::string id;
+    Sequence(std::string key, int layers, TenantUsage* usage, int device)
+        : id(std::move(key)), usage(usage), device(device), layers(layers) {}
+    const std::string id;      // the table key: TenantKey(tenant, sequence_id)
+    TenantUsage* const usage;  // its tenant's (ledger_ owns it)
     // The pool partition (device slot, options.devices[device]) that holds
     // every page of the sequence: chosen at creation, least loaded, and
     // kept (PARTITIONS in backends/page_pool.h).
@@ -168,7 +193,12 @@ class Handler {
   };
 
   Handler(const ServiceOptions& options, std::unique_ptr<KvCodec> codec, Metrics* metrics, Clock clock)
-      : options_(options), codec_(std::move(codec)), metrics_(metrics), clock_(std::move(clock)) {}
+      : options_(options),
+        codec_(std::move(codec)),
+        metrics_(metrics),
+        clock_(std::move(clock)),
+        ledger_([this](const std::string& tenant) { return options_.QuotaOf(tenant); }),
+        tombstones_(absl::Seconds(options.tombstone_seconds)) {}
 
   // Largest |x| accepted in keys and values: after the transform stage and
   // the mean subtraction a value can grow by 2 G, and the record's fp16 grid
@@ -184,10 +214,15 @@ class Handler {
   absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
   absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
 
-  SequencePtr Find(const std::string& id) ABSL_LOCKS_EXCLUDED(table_mu_);
-  // Finds or creates; *created tells which. RESOURCE_EXHAUSTED at max_sequences.
-  absl::StatusOr<SequencePtr> FindOrCreate(const std::string& id, bool* created)
-      ABSL_LOCKS_EXCLUDED(table_mu_);
+  // By table key (TenantKey).
+  SequencePtr Find(const std::string& key) ABSL_LOCKS_EXCLUDED(table_mu_);
+  // Finds or creates; *created tells which. RESOURCE_EXHAUSTED at
+  // max_sequences or the tenant's max_sequences, FAILED_PRECONDITION for a
+  // tombstoned key unless `new_incarnation` (named by `id`, the request's
+  // sequence_id). Release tombstones a key before it leaves the table,
+  // both under table_mu_, so no Append can slip in between.
+  absl::StatusOr<SequencePtr> FindOrCreate(const std::string& key, const std::string& id, TenantUsage* usage,
+                                           bool new_incarnation, bool* created) ABSL_LOCKS_EXCLUDED(table_mu_);
   // Drops a sequence this call created if it is still empty.
   void DropIfEmpty(const SequencePtr& seq) ABSL_LOCKS_EXCLUDED(table_mu_);
   // Frees a sequence's pages and windows. REQUIRES: seq->mu held, not released.
@@ -206,6 +241,20 @@ class Handler {
     absl::flat_hash_set<uint64_t> layers;
     absl::flat_hash_set<const Sequence*> sequences;
   };
+
+  // The `count` tokens at `first` that PlanAppend found already stored
+  // (plan.skip) equal the stored ones: window tokens as bf16, paged tokens
+  // by digest; ALREADY_EXISTS naming the differing token range otherwise
+  // (handler_repeat.cc). REQUIRES: layer.mu held.
+  absl::Status CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
+                           const float* values, absl::string_view where, const std::string& id,
+                           uint32_t layer_index) const;
+  // CheckRepeat for a chunk of Append or AppendStaged: the repeated tokens
+  // are its first `count` ones, on the host (keys/values) or in staging
+  // (`staged`; copied to the host for the comparison, repeats only).
+  absl::Status CheckRepeatChunk(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
+                                const float* values, const StagedTokens* staged, const std::string& id,
+                                uint32_t layer_index) const;
 
   // Stores plan.fresh tokens (float [count][n], already bf16-representable
   // or not: they are rounded to bf16 here) using `pages` reserved pages.
@@ -226,15 +275,16 @@ class Handler {
                            uint32_t token_count, const uint32_t* kv_heads, const uint32_t* head_dim) const;
   // Append after the checks: finds or creates the sequence, plans, reserves
   // and stores (from keys/values, or from `staged`), updates the totals.
-  absl::Status StoreChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
-                          uint32_t token_count, int dtype, const float* keys, const float* values,
-                          const StagedTokens* staged, v1::AppendResponse* totals);
+  // Acts for `tenant`; `new_incarnation` as AppendChunk's.
+  absl::Status StoreChunk(const std::string& tenant, const std::string& sequence_id, bool new_incarnation,
+                          uint32_t layer, uint64_t first_token, uint32_t token_count, int dtype, const float* keys,
+                          const float* values, const StagedTokens* staged, v1::AppendResponse* totals);
 
   // Attend in steps (handler_attend.cc): validate, lock, plan and apply
   // the decode steps, attend.
   struct AttendWork;
   class AttendLocks;
-  absl::Status AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response);
+  absl::Status AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work) const;
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
@@ -249,7 +299,7 @@ class Handler {
   // The hot tier (handler_tier.cc). REQUIRES for all: hot_pool_ set.
   // Before an Attend takes its locks: promotes (sync) or queues (async)
   // the request's cold layers. No lock held.
-  void PrepareHotTier(const v1::AttendRequest& request);
+  void PrepareHotTier(const v1::AttendRequest& request, const std::string& tenant);
   // Promotes one layer, making room by demoting layers not in `exclude`.
   // No lock held. False when it stays cold (no room; a corrupt page).
   bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude);
@@ -278,6 +328,8 @@ class Handler {
   uint64_t transforms_checksum_ = 0;     // TransformsChecksum(*options_.transforms), for Info
   Metrics* const metrics_;
   const Clock clock_;
+  TenantLedger ledger_;
+  mutable Tombstones tombstones_;  // internally locked; Stats purges
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PagePool> hot_pool_;  // level pages; null without a hot tier
   std::unique_ptr<Backend> backend_;
@@ -289,7 +341,8 @@ class Handler {
   // device) and its gauges (Metrics::device_*).
   std::vector<int> device_ids_;
   std::vector<prometheus::Gauge*> device_used_gauges_, device_sequence_gauges_;
-  // Removes a sequence from the table. REQUIRES: table_mu_ held.
+  // Removes a sequence from the table, refunding its tenant's sequence
+  // count and its device slot's. REQUIRES: table_mu_ held.
   void EraseLocked(decltype(table_)::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
 
   // Totals over all sequences (read by Stats and the gauges).

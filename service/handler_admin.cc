@@ -12,15 +12,19 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response) {
+absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response,
+                              const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (!st.ok()) return st;
+  const std::string key = TenantKey(tenant, request.sequence_id());
   SequencePtr seq;
   {
     absl::MutexLock lock(&table_mu_);
-    auto it = table_.find(request.sequence_id());
+    auto it = table_.find(key);
     if (it != table_.end()) {
       seq = it->second;
+      // Tombstoned before it leaves the table (see FindOrCreate).
+      tombstones_.Add(key, clock_());
       EraseLocked(it);
     }
   }
@@ -40,6 +44,7 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
   }
   response->set_tokens_freed(tokens);
   response->set_pages_freed(pages);
+  response->set_tombstone_seconds(options_.tombstone_seconds);
   ++sequences_released_;
   metrics_->sequences_released->Increment();
   PublishGauges();
@@ -47,6 +52,7 @@ absl::Status Handler::Release(const v1::ReleaseRequest& request, v1::ReleaseResp
 }
 
 int Handler::ExpireIdle() {
+  tombstones_.Purge(clock_());
   if (hot_pool_ != nullptr && options_.hot_idle_seconds > 0.0) DemoteIdle();
   if (options_.ttl_seconds <= 0.0) return 0;
   const int64_t cutoff = absl::ToUnixNanos(clock_() - absl::Seconds(options_.ttl_seconds));
@@ -97,6 +103,11 @@ void Handler::PublishGauges() {
     absl::MutexLock lock(&table_mu_);
     device_sequence_gauges_[k]->Set(static_cast<double>(device_sequences_[k]));
   }
+  if (options_.tokens != nullptr) {
+    ledger_.ForEach([this](const TenantUsage& u) {
+      metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()));
+    });
+  }
   metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
   if (hot_pool_ != nullptr) {
     metrics_->tier_pages[1]->Set(static_cast<double>(hot_pool_->pages_in_use()));
@@ -139,6 +150,10 @@ void Handler::Info(v1::InfoResponse* r) const {
   r->set_max_batch(options_.max_batch);
   r->set_max_sequences(options_.max_sequences);
   r->set_ttl_seconds(options_.ttl_seconds);
+  r->set_tombstone_seconds(options_.tombstone_seconds);
+  r->set_tls(options_.tls());
+  r->set_client_certificates(options_.client_certificates());
+  r->set_tokens(options_.tokens != nullptr);
   r->set_transform(TransformName(options_.transform));
   if (options_.transforms != nullptr) {
     r->set_transforms_checksum(transforms_checksum_);
@@ -155,7 +170,16 @@ void Handler::Info(v1::InfoResponse* r) const {
   }
 }
 
-void Handler::Stats(v1::StatsResponse* r) const {
+void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
+  r->set_tenant(tenant);
+  const TenantQuota quota = options_.QuotaOf(tenant);
+  r->set_tenant_max_pages(quota.max_pages);
+  r->set_tenant_max_sequences(quota.max_sequences);
+  if (const TenantUsage* u = ledger_.Find(tenant); u != nullptr) {
+    r->set_tenant_pages(u->pages());
+    r->set_tenant_sequences(u->sequences());
+  }
+  r->set_tombstones(tombstones_.Purge(clock_()));
   {
     absl::MutexLock lock(&table_mu_);
     r->set_sequences(table_.size());

@@ -6,7 +6,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "service/handler_internal.h"
+#include "service/token_digest.h"
+#include "wire/crc32c.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -57,6 +60,9 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   // all_k/all_v: the tokens that stay in the window after this append
   // (staged), or the current window and every new token (host), in bf16.
   std::vector<uint16_t> all_k, all_v;
+  // TokenDigest of each token encoded into pages here; kNoDigest for tokens
+  // encoded from device staging, whose bf16 form never reaches the host.
+  std::vector<uint64_t> new_digests;
   if (staged != nullptr) {
     std::vector<EncodeJob> jobs(plan.pages);
     for (int64_t i = 0; i < plan.pages; ++i) {
@@ -72,6 +78,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
                                                   first_page_token + encoded, "): ", st.message()));
     }
     RecordEncoded(jobs);
+    new_digests.assign(encoded, kNoDigest);
   } else {
     // The new tokens in bf16, after the current window.
     all_k = layer->window_keys;
@@ -96,6 +103,10 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     }
     const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
     absl::Status st = backend_->EncodePages(absl::MakeSpan(jobs));
+    if (st.ok()) {
+      new_digests.resize(encoded);
+      for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
+    }
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
                                                   first_page_token + encoded, "): ", st.message()));
@@ -123,6 +134,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   } else {
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
   }
+  layer->digests.insert(layer->digests.end(), new_digests.begin(), new_digests.end());
   const size_t kept = staged != nullptr ? 0 : encoded * n;
   layer->window_keys.assign(all_k.begin() + kept, all_k.end());
   layer->window_values.assign(all_v.begin() + kept, all_v.end());
@@ -161,7 +173,7 @@ std::string ShapeOf(uint32_t count, int kv_heads, int head_dim) {
 
 }  // namespace
 
-absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals) {
+absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals, const std::string& tenant) {
   const uint32_t kv_heads = c.kv_heads(), head_dim = c.head_dim();
   absl::Status st = CheckHeader(c.sequence_id(), c.layer(), c.first_token(), c.token_count(),
                                 c.has_kv_heads() ? &kv_heads : nullptr, c.has_head_dim() ? &head_dim : nullptr);
@@ -169,6 +181,16 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
   const std::string shape = ShapeOf(c.token_count(), codec_->kv_heads(), codec_->head_dim());
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
+  if (st.ok() && c.has_crc32c()) {
+    const uint32_t crc = Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
+    if (crc != c.crc32c()) {
+      metrics_->integrity_rejections[kRejectCrc32c]->Increment();
+      st = absl::DataLossError(absl::StrFormat(
+          "crc32c 0x%08x does not match the chunk's keys+values bytes (0x%08x over %d bytes): corrupted in "
+          "transit or by the sender; nothing stored",
+          c.crc32c(), crc, c.keys().size() + c.values().size()));
+    }
+  }
   std::vector<float> keys, values;
   if (st.ok()) {
     keys.resize(elements);
@@ -182,8 +204,8 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     metrics_->rejected_chunks->Increment();
     return st;
   }
-  return StoreChunk(c.sequence_id(), c.layer(), c.first_token(), c.token_count(), c.dtype(), keys.data(),
-                    values.data(), nullptr, totals);
+  return StoreChunk(tenant, c.sequence_id(), c.new_incarnation(), c.layer(), c.first_token(), c.token_count(),
+                    c.dtype(), keys.data(), values.data(), nullptr, totals);
 }
 
 absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
@@ -197,7 +219,7 @@ absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
 }
 
 absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTokens& t,
-                                   v1::AppendResponse* totals) {
+                                   v1::AppendResponse* totals, const std::string& tenant) {
   absl::Status st = CheckChunkHeader(h);
   if (st.ok() && (t.tokens != h.token_count() || t.dtype != h.dtype())) {
     st = absl::InternalError("staged tokens do not match the chunk header");
@@ -207,15 +229,27 @@ absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTo
     metrics_->rejected_chunks->Increment();
     return st;
   }
-  return StoreChunk(h.sequence_id(), h.layer(), h.first_token(), h.token_count(), h.dtype(), nullptr, nullptr, &t,
-                    totals);
+  return StoreChunk(tenant, h.sequence_id(), h.new_incarnation(), h.layer(), h.first_token(), h.token_count(),
+                    h.dtype(), nullptr, nullptr, &t, totals);
 }
 
-absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_index, uint64_t first_token,
-                                 uint32_t token_count, int dtype, const float* keys, const float* values,
-                                 const StagedTokens* staged, v1::AppendResponse* totals) {
+absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& sequence_id, bool new_incarnation,
+                                 uint32_t layer_index, uint64_t first_token, uint32_t token_count, int dtype,
+                                 const float* keys, const float* values, const StagedTokens* staged,
+                                 v1::AppendResponse* totals) {
   absl::Status st;
-  if (first_token != 0 && Find(sequence_id) == nullptr) {
+  const std::string key = TenantKey(tenant, sequence_id);
+  // A released id is tombstoned: only a new incarnation may reuse it (a
+  // live sequence under the id is one already, and takes the chunk).
+  // (FindOrCreate checks it again where it decides, under the table lock.)
+  if (!new_incarnation && Find(key) == nullptr) {
+    if (absl::Status tomb = tombstones_.CheckAppend(key, sequence_id, clock_()); !tomb.ok()) {
+      metrics_->integrity_rejections[kRejectTombstone]->Increment();
+      metrics_->rejected_chunks->Increment();
+      return tomb;
+    }
+  }
+  if (first_token != 0 && Find(key) == nullptr) {
     metrics_->rejected_chunks->Increment();
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(sequence_id),
                                             " not found (a new sequence starts at first_token 0, got ",
@@ -223,7 +257,8 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
-    absl::StatusOr<SequencePtr> found = FindOrCreate(sequence_id, &created);
+    absl::StatusOr<SequencePtr> found =
+        FindOrCreate(key, sequence_id, ledger_.Get(tenant), new_incarnation, &created);
     if (!found.ok()) {
       metrics_->rejected_chunks->Increment();
       return found.status();
@@ -233,7 +268,8 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
     {
       absl::ReaderMutexLock seq_lock(&seq->mu);
       if (seq->released) {
-        // Released between lookup and lock: this chunk starts a new one.
+        // Released between lookup and lock: retry, which meets the
+        // tombstone (or, with new_incarnation, starts a new sequence).
         if (attempt < 3) continue;
         return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(sequence_id),
                                                " was released while appending; retry"));
@@ -247,6 +283,15 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
       std::vector<PageId> pages;
       if (st.ok()) {
         plan = *planned;
+        if (plan.skip > 0) st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id,
+                                                 layer_index);
+      }
+      bool charged = false;
+      if (st.ok() && plan.pages > 0) {
+        st = seq->usage->ChargePages(plan.pages);
+        charged = st.ok();
+      }
+      if (st.ok()) {
         absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages, seq->device);
         st = reserved.status();
         if (st.ok()) pages = *std::move(reserved);
@@ -257,6 +302,7 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
         st = ApplyAppend(&layer, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
+      if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
       if (st.ok()) Touch(seq);
     }
     if (!st.ok()) {
@@ -265,7 +311,10 @@ absl::Status Handler::StoreChunk(const std::string& sequence_id, uint32_t layer_
       PublishGauges();
       return st;
     }
-    if (created) metrics_->sequences_created->Increment();
+    if (created) {
+      metrics_->sequences_created->Increment();
+      if (new_incarnation) tombstones_.Erase(key);
+    }
     const uint64_t raw_bytes = 2 * plan.fresh * n() * DTypeBytes(dtype);
     tokens_ingested_ += plan.fresh;
     bytes_ingested_ += raw_bytes;

@@ -37,11 +37,12 @@ struct Handler::AttendWork {
 class Handler::AttendLocks {
  public:
   // Finds the items' sequences; NOT_FOUND naming the first missing one.
-  absl::Status Find(Handler* h, const v1::AttendRequest& request, std::vector<AttendWork>* work) {
+  absl::Status Find(Handler* h, const v1::AttendRequest& request, const std::string& tenant,
+                    std::vector<AttendWork>* work) {
     for (int i = 0; i < request.items_size(); ++i) {
       auto& entry = seqs_[request.items(i).sequence_id()];
       if (entry.first == nullptr) {
-        entry.first = h->Find(request.items(i).sequence_id());
+        entry.first = h->Find(TenantKey(tenant, request.items(i).sequence_id()));
         if (entry.first == nullptr) {
           return absl::NotFoundError(absl::StrCat("items[", i, "].sequence_id ",
                                                   Quoted(request.items(i).sequence_id()), " not found"));
@@ -88,8 +89,9 @@ class Handler::AttendLocks {
   std::map<std::pair<std::string, uint32_t>, std::pair<LayerState*, bool>> layers_;  // layer, any step
 };
 
-absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response) {
-  absl::Status st = AttendImpl(request, response);
+absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
+                             const std::string& tenant) {
+  absl::Status st = AttendImpl(request, response, tenant);
   if (!st.ok()) metrics_->rejected_chunks->Increment();
   return st;
 }
@@ -179,6 +181,15 @@ absl::Status Handler::PlanAttendSteps(const v1::AttendRequest& request, std::vec
                                                    it.sequence_id(), it.layer(), first, 1);
       if (!plan.ok()) return plan.status();
       w.plan = *plan;
+      // A repeated step (new_token_index below the length) must carry the
+      // stored token. Checked against the layer as it was before this
+      // batch: a token planned by an earlier item of the batch is not
+      // stored yet, and such a repeat is acknowledged as before.
+      if (plan->skip > 0 && static_cast<int64_t>(first) < layer.length) {
+        absl::Status st = CheckRepeat(layer, first, 1, w.key.data(), w.value.data(),
+                                      absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
+        if (!st.ok()) return st;
+      }
       length += plan->fresh;
       window += plan->fresh - plan->pages * pool_->page_tokens();
       *total_pages += plan->pages;
@@ -194,6 +205,11 @@ absl::Status Handler::PlanAttendSteps(const v1::AttendRequest& request, std::vec
 
 absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                        int64_t total_pages, size_t* used) {
+  // Every item acts for the caller's tenant: charge it for all the pages.
+  TenantUsage* usage = request.items_size() > 0 ? (*work)[0].seq->usage : nullptr;
+  if (total_pages > 0) {
+    if (absl::Status st = usage->ChargePages(total_pages); !st.ok()) return st;
+  }
   // Pages of each device slot, all-or-nothing over the batch.
   std::vector<int64_t> need(pool_->partitions(), 0);
   for (int i = 0; i < request.items_size(); ++i) {
@@ -205,6 +221,7 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
     absl::StatusOr<std::vector<PageId>> r = pool_->Reserve(need[k], static_cast<int>(k));
     if (!r.ok()) {
       for (size_t j = 0; j < k; ++j) pool_->Free(reserved[j]);
+      if (total_pages > 0) usage->RefundPages(total_pages);
       return r.status();
     }
     reserved[k] = *std::move(r);
@@ -239,13 +256,19 @@ absl::Status Handler::ApplyAttendSteps(const v1::AttendRequest& request, std::ve
     metrics_->ingested_tokens->Increment();
     metrics_->ingested_bytes->Increment(2.0 * n() * DTypeBytes(it.dtype()));
   }
+  int64_t unused = 0;
   for (size_t k = 0; k < reserved.size(); ++k) {
-    if (taken[k] < reserved[k].size()) pool_->Free(std::vector<PageId>(reserved[k].begin() + taken[k], reserved[k].end()));
+    if (taken[k] < reserved[k].size()) {
+      unused += static_cast<int64_t>(reserved[k].size() - taken[k]);
+      pool_->Free(std::vector<PageId>(reserved[k].begin() + taken[k], reserved[k].end()));
+    }
   }
+  if (unused > 0) usage->RefundPages(unused);
   return st;
 }
 
-absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response) {
+absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendResponse* response,
+                                 const std::string& tenant) {
   const int items = request.items_size();
   if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
   if (items > options_.max_batch) {
@@ -259,10 +282,10 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
   }
   // 2. The hot tier: promote the items' cold layers (sync) or queue them
   // (async), before any lock of the batch is held (HOT TIER in handler.h).
-  if (hot_pool_ != nullptr) PrepareHotTier(request);
+  if (hot_pool_ != nullptr) PrepareHotTier(request, tenant);
   // 3. Find the sequences and lock them and their layers in order.
   AttendLocks locks;
-  if (absl::Status st = locks.Find(this, request, &work); !st.ok()) return st;
+  if (absl::Status st = locks.Find(this, request, tenant, &work); !st.ok()) return st;
   locks.Lock();
   // 4. Plan every decode step on simulated lengths; 5. reserve all pages
   // at once, then apply the steps.

@@ -7,10 +7,11 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::Status Handler::Length(const v1::LengthRequest& request, v1::LengthResponse* response) {
+absl::Status Handler::Length(const v1::LengthRequest& request, v1::LengthResponse* response,
+                             const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (!st.ok()) return st;
-  SequencePtr seq = Find(request.sequence_id());
+  SequencePtr seq = Find(TenantKey(tenant, request.sequence_id()));
   if (seq == nullptr) {
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
   }

@@ -13,7 +13,7 @@ namespace driftkv {
 using handler_internal::Quoted;
 
 absl::Status Handler::Read(const v1::ReadRequest& request,
-                           const std::function<bool(const v1::ReadChunk&)>& sink) {
+                           const std::function<bool(const v1::ReadChunk&)>& sink, const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (st.ok()) st = CheckLayer("layer", request.layer());
   const int dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : request.dtype();
@@ -22,7 +22,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         absl::StrCat("dtype ", request.dtype(), " is not one of BF16, FP16, F32"));
   }
   if (!st.ok()) return st;
-  SequencePtr seq = Find(request.sequence_id());
+  SequencePtr seq = Find(TenantKey(tenant, request.sequence_id()));
   if (seq == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));

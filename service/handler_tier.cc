@@ -184,13 +184,13 @@ absl::Status Handler::PromoteNewPages(LayerState* layer, const std::vector<PageI
   return absl::OkStatus();
 }
 
-void Handler::PrepareHotTier(const v1::AttendRequest& request) {
+void Handler::PrepareHotTier(const v1::AttendRequest& request, const std::string& tenant) {
   // The request's layers, each once; they are never demoted to make room
   // for each other.
   std::vector<std::pair<SequencePtr, int>> layers;
   absl::flat_hash_set<uint64_t> ids;
   for (const v1::AttendItem& it : request.items()) {
-    SequencePtr seq = Find(it.sequence_id());
+    SequencePtr seq = Find(TenantKey(tenant, it.sequence_id()));
     if (seq == nullptr) continue;  // the locking step reports it
     if (ids.insert(seq->layers[it.layer()].id).second) layers.emplace_back(std::move(seq), it.layer());
   }

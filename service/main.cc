@@ -103,7 +103,11 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(info.transforms_calibration_tokens()),
                 info.values_folded() ? ", values folded" : "");
   }
+  // "listening on port N (gRPC)" starts the line: scripts parse it.
   std::printf("\nlistening on port %d (gRPC)", (*server)->port());
+  if (info.tls()) std::printf(" with TLS%s", info.client_certificates() ? " and client certificates" : "");
+  if (info.tokens()) std::printf(" and bearer tokens");
+  if ((*server)->health_port() != 0) std::printf(", health on port %d (plaintext)", (*server)->health_port());
   if ((*server)->metrics_port() != 0) std::printf(", metrics on port %d (/metrics)", (*server)->metrics_port());
   std::printf("\n");
   std::fflush(stdout);

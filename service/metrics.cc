@@ -85,6 +85,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                           .Register(r).Add({});
   rejected_chunks = &BuildCounter().Name("driftkv_rejected_requests_total")
                          .Help("Append chunks and Attend requests rejected").Register(r).Add({});
+  auto& integrity = BuildCounter().Name("driftkv_integrity_rejections_total")
+                        .Help("Append chunks and decode steps refused by an integrity check, by reason "
+                              "(also counted in driftkv_rejected_requests_total)").Register(r);
+  integrity_rejections[kRejectCrc32c] = &integrity.Add({{"reason", "crc32c"}});
+  integrity_rejections[kRejectRepeat] = &integrity.Add({{"reason", "repeat_mismatch"}});
+  integrity_rejections[kRejectTombstone] = &integrity.Add({{"reason", "tombstone"}});
+  unauthenticated = &BuildCounter().Name("driftkv_unauthenticated_total")
+                         .Help("Calls refused for a missing or unlisted bearer token (any service of the port)")
+                         .Register(r).Add({});
   attention_tokens = &BuildCounter().Name("driftkv_attention_tokens_total")
                           .Help("Tokens attended over (sum over items)").Register(r).Add({});
   attention_items = &BuildCounter().Name("driftkv_attention_items_total")
@@ -130,6 +139,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                 .Register(r)
                                 .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                                      0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
+  tenant_pages_ = &BuildGauge().Name("driftkv_tenant_pages")
+                       .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)").Register(r);
+  tenant_sequences_ = &BuildGauge().Name("driftkv_tenant_sequences")
+                           .Help("Live sequences of each tenant (only with tokens)").Register(r);
   rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
                       .Help("RPC latency by method and gRPC status code").Register(r);
 }
@@ -173,6 +186,17 @@ void Metrics::RecordRpc(const std::string& method, const std::string& code, doub
     h = &rpc_seconds_->Add({{"method", method}, {"code", code}}, kBuckets);
   }
   h->Observe(seconds);
+}
+
+void Metrics::SetTenant(const std::string& tenant, double pages, double sequences) {
+  prometheus::Gauge *p, *s;
+  {
+    absl::MutexLock lock(&mu_);
+    p = &tenant_pages_->Add({{"tenant", tenant}});
+    s = &tenant_sequences_->Add({{"tenant", tenant}});
+  }
+  p->Set(pages);
+  s->Set(sequences);
 }
 
 }  // namespace driftkv

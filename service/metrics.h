@@ -26,6 +26,12 @@ namespace driftkv {
 // page found no hot page even after demoting others.
 enum DemotionReason : int { kDemoteBudget = 0, kDemoteIdle = 1, kDemoteAppend = 2, kDemotionReasons = 3 };
 
+// Why an integrity check refused a chunk or step (label reason= of
+// driftkv_integrity_rejections_total; docs/security.md): its crc32c did not
+// match, repeated tokens differed from the stored ones, or the id was
+// tombstoned.
+enum IntegrityReason : int { kRejectCrc32c = 0, kRejectRepeat = 1, kRejectTombstone = 2, kIntegrityReasons = 3 };
+
 class Metrics {
  public:
   Metrics();
@@ -40,6 +46,9 @@ class Metrics {
                   const std::vector<float>& value_util);
   // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
+  // What one tenant holds (driftkv_tenant_pages / _sequences{tenant});
+  // only with tokens, so the label set is the tokens file's tenants.
+  void SetTenant(const std::string& tenant, double pages, double sequences);
 
   // By stream kind (label stream="key"/"value").
   prometheus::Histogram* budget_utilization[2];
@@ -73,6 +82,8 @@ class Metrics {
   prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
   prometheus::Counter* rejected_chunks;
+  prometheus::Counter* integrity_rejections[kIntegrityReasons];  // by IntegrityReason
+  prometheus::Counter* unauthenticated;  // calls refused for a missing or unlisted token
 
   // The hot tier (docs/hot_tier.md, "Service"); zero without one.
   prometheus::Gauge* tier_pages[2];                // driftkv_pages{tier="cold"|"hot"}
@@ -91,7 +102,9 @@ class Metrics {
                                                                        0.97, 0.98, 0.99, 0.995, 1.0};
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;
-  absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_
+  prometheus::Family<prometheus::Gauge>* tenant_pages_;
+  prometheus::Family<prometheus::Gauge>* tenant_sequences_;
+  absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_ and tenant_*
 };
 
 }  // namespace driftkv

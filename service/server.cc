@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "service/transport.h"
 
 namespace driftkv {
 
@@ -19,7 +20,10 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   s->handler_ = *std::move(handler);
   TransportFactory* transport = hooks.transport != nullptr ? hooks.transport : DefaultTransportFactory();
   s->channels_ = std::make_unique<ChannelManager>(s->handler_.get(), transport);
-  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get());
+  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
+                                                 options.tokens);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options, s->metrics_->unauthenticated);
+  if (!creds.ok()) return creds.status();
 
   // The standard grpc_server_* metrics and driftkv_server_info
   // (service/server_metrics.h); the interceptor goes last, so that it
@@ -31,7 +35,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, *creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -45,6 +49,21 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
+
+  if (!options.health_listen.empty()) {
+    // Probes that speak neither TLS nor tokens: nothing but health here
+    // (and, as on every port of this process, server reflection).
+    grpc::ServerBuilder health;
+    health.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &s->health_port_);
+    s->health_server_ = health.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      s->Shutdown(absl::ZeroDuration());
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health on ", options.health_listen, " (address in use or invalid)"));
+    }
+    s->health_server_->GetHealthCheckService()->SetServingStatus(true);
+    s->health_server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
+  }
 
   if (!options.metrics_listen.empty()) {
     try {
@@ -90,6 +109,10 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+  }
+  if (health_server_ != nullptr) {
+    health_server_->GetHealthCheckService()->SetServingStatus(false);
+    health_server_->Shutdown(std::chrono::system_clock::now());
   }
   exposer_.reset();
 }

@@ -1,6 +1,7 @@
 // A running driftkv server: handler, gRPC server (KvCache, the standard
-// health service, server reflection), the Prometheus exposer and the TTL
-// reaper. Used by driftkv-server's main and by the in-process tests.
+// health service, server reflection; TLS, mTLS and tokens as configured,
+// service/transport.h), an optional plaintext health-only port, the
+// Prometheus exposer and the TTL reaper. Used by driftkv-server's main and by the in-process tests.
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
 
@@ -41,6 +42,7 @@ class DriftkvServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0: none
+  int health_port() const { return health_port_; }    // 0: none (options.health_listen empty)
   Handler& handler() { return *handler_; }
   ChannelManager& channels() { return *channels_; }
   Metrics& metrics() { return *metrics_; }
@@ -59,11 +61,15 @@ class DriftkvServer {
   std::unique_ptr<ChannelManager> channels_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Plaintext grpc.health.v1 only (options.health_listen), mirroring the
+  // main port's serving status.
+  std::unique_ptr<grpc::Server> health_server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::thread reaper_;
   absl::Notification stop_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int health_port_ = 0;
   bool shut_down_ = false;
 };
 

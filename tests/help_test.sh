@@ -18,6 +18,8 @@ expect "--server" "$2"
 expect "--sequences" "$2"
 expect "--servers" "$2"
 expect "--fixture" "$2"
+expect "--tls_ca" "$2"
+expect "--token_file" "$2"
 expect "driftkv-codec COMMAND --help" "$3"
 expect "--k-levels" "$3" encode
 expect "--q-heads" "$4"

@@ -542,8 +542,13 @@ TEST_F(HandlerTest, ReleaseReturnsPoolToEmpty) {
   EXPECT_EQ(st.tokens_window(), 0u);
   EXPECT_EQ(st.sequences_released(), 2u);
   EXPECT_EQ(h_->pool().pages_in_use(), 0);
-  // The name can be used again from token 0.
-  EXPECT_TRUE(Push("a", 0, kv, 10).ok());
+  // The name is tombstoned (tombstone_seconds): a new incarnation may use
+  // it again from token 0.
+  EXPECT_EQ(Push("a", 0, kv, 10).code(), absl::StatusCode::kFailedPrecondition);
+  v1::AppendChunk again = Chunk("a", 0, 0, 10, kv);
+  again.set_new_incarnation(true);
+  v1::AppendResponse r;
+  EXPECT_TRUE(h_->Append(again, &r).ok());
 }
 
 TEST_F(HandlerTest, IdleSequencesExpireAfterTtl) {
@@ -597,8 +602,9 @@ TEST_F(HandlerTest, ConcurrentAppendAttendReleaseKeepSequencesWhole) {
   std::atomic<int> failures{0};
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      const std::string own = absl::StrCat("own", t);
       for (int round = 0; round < 3; ++round) {
+        // A fresh id each round: a released one is tombstoned.
+        const std::string own = absl::StrCat("own", t, "_", round);
         if (!Push(own, t % 2, kv, tokens, 17 + t).ok()) ++failures;
         // Everyone appends the same shared tokens (idempotent) and attends.
         v1::AppendResponse r;

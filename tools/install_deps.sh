@@ -15,8 +15,13 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
+  # TLS: libcrypto for token hashes (service/tokens.h); the openssl tool
+  # mints the tests' CA and certificates
+  libssl-dev openssl
   # the Python client (python/driftkv) and its tests
   python3-grpcio python3-protobuf python3-pytest
+  # CRC-32C of the Python client's chunks in C (it falls back to numpy)
+  python3-crc32c
 )
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
 if [[ "$deploy_tools" != 0 ]]; then

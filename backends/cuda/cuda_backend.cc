@@ -333,6 +333,18 @@ class CudaBackend : public Backend {
     return std::unique_ptr<StagingBuffer>(std::move(buffer));
   }
 
+  absl::Status CopyStagedToHost(const StagedTokens& t, int n, int64_t count, float* keys, float* values) override {
+    const size_t elements = static_cast<size_t>(count) * n, bytes = elements * DTypeBytes(t.dtype);
+    std::string raw(bytes, '\0');
+    absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    for (int kind = 0; kind < 2 && st.ok(); ++kind) {
+      st = Cuda(cudaMemcpy(raw.data(), kind == 0 ? t.keys : t.values, bytes, cudaMemcpyDeviceToHost),
+                "download repeated tokens");
+      if (st.ok()) TensorToFloat(raw, t.dtype, elements, kind == 0 ? keys : values);
+    }
+    return st;
+  }
+
   absl::Status CheckStaged(const StagedTokens& t, int n, float limit) override {
     absl::MutexLock lock(&check_mu_);  // not mu_: checks overlap other chunks' encoding
     const size_t elements = static_cast<size_t>(t.tokens) * n;

@@ -61,6 +61,10 @@ class Info:
     hot_page_bytes: int
     hot_promotion: str
     hot_idle_seconds: float
+    tombstone_seconds: float      # released ids are tombstoned this long (0: off)
+    tls: bool                     # transport security of the port (docs/security.md)
+    client_certificates: bool
+    tokens: bool
     value_refit: str  # D-Quant's value grid: "unbiased", "norm" or "least_squares"
     nccl_version: int
     nccl_max_channels: int
@@ -100,6 +104,12 @@ class Stats:
     demotions: int
     pages_promoted: int
     pages_demoted: int
+    tenant: str                   # the caller's tenant ("" without tokens) and its figures
+    tenant_sequences: int
+    tenant_pages: int
+    tenant_max_sequences: int     # 0: unlimited
+    tenant_max_pages: int
+    tombstones: int               # released ids still tombstoned (all tenants)
     nccl_channels_open: int
     nccl_channels_opened: int
     nccl_channels_aborted: int
@@ -170,6 +180,9 @@ class Chunk:
     keys: Array
     values: Array
     wire_dtype: Optional[str] = None  # "bf16", "fp16", "f32"; None: the keys' own
+    # Starts a new sequence under an id released less than
+    # Info.tombstone_seconds ago (docs/api.md, "Release").
+    new_incarnation: bool = False
 
 
 @dataclass

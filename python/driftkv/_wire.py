@@ -5,6 +5,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from driftkv import _tensors as T
+from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
 from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
@@ -39,9 +40,11 @@ def chunk_message(c: Chunk) -> "pb.AppendChunk":
         raise invalid(f"keys has shape {ks} but values has shape {vs}")
     wire = c.wire_dtype or T.natural_wire(c.keys)
     m = pb.AppendChunk(sequence_id=c.sequence_id, layer=c.layer, first_token=c.first_token,
-                       token_count=ks[0], dtype=T.check_wire(wire), kv_heads=ks[1], head_dim=ks[2])
+                       token_count=ks[0], dtype=T.check_wire(wire), kv_heads=ks[1], head_dim=ks[2],
+                       new_incarnation=c.new_incarnation)
     m.keys = T.to_wire(c.keys, wire)
     m.values = T.to_wire(c.values, wire)
+    m.crc32c = crc32c_extend(crc32c(m.keys), m.values)
     return m
 
 

@@ -14,6 +14,7 @@ import grpc
 import grpc.aio
 
 from driftkv import _wire as W
+from driftkv._channel import Security, open_channel
 from driftkv import sharded as S
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb, pb_grpc
@@ -28,8 +29,12 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
                  retry: RetryPolicy = RetryPolicy(), max_message_bytes: Optional[int] = None,
-                 channel_options: Sequence[Tuple[str, object]] = ()):
+                 channel_options: Sequence[Tuple[str, object]] = (), tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None, token: Optional[str] = None):
         self.target = target
+        self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
+        self._security.credentials()  # bad files and a token without TLS fail here
         self.timeout = timeout
         self.retry = retry
         self.retries = 0
@@ -65,7 +70,7 @@ class Client:
         async with self._lock:
             if self._stub is not None:
                 return self._stub
-            bootstrap = grpc.aio.insecure_channel(self.target, options=self._extra)
+            bootstrap = open_channel(self.target, self._extra, self._security, aio=True)
             try:
                 stub = pb_grpc.KvCacheStub(bootstrap)
                 info = await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t))
@@ -73,8 +78,8 @@ class Client:
                 await bootstrap.close()
             self._info = from_message(Info, info)
             self._limit = self._max_message_bytes or self._info.max_message_bytes
-            self._channel = grpc.aio.insecure_channel(self.target,
-                                                      options=W.channel_options(self._limit) + self._extra)
+            self._channel = open_channel(self.target, W.channel_options(self._limit) + self._extra, self._security,
+                                         aio=True)
             self._stub = pb_grpc.KvCacheStub(self._channel)
             return self._stub
 

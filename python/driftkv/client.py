@@ -13,6 +13,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from driftkv import _wire as W
+from driftkv._channel import Security, open_channel
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -28,12 +29,19 @@ class Client:
     retry: the retry policy (docs/python.md, "Retries"). max_message_bytes:
     the channel's send and receive limit; None takes the server's (Info).
     channel_options: extra gRPC channel arguments.
+    tls_ca, tls_cert, tls_key, tls_server_name, token: transport security
+    (docs/security.md): TLS with the server's CA, a client certificate for
+    mTLS, a bearer token (needs TLS).
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
                  retry: RetryPolicy = RetryPolicy(), max_message_bytes: Optional[int] = None,
-                 channel_options: Sequence[Tuple[str, object]] = ()):
+                 channel_options: Sequence[Tuple[str, object]] = (), tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 tls_server_name: Optional[str] = None, token: Optional[str] = None):
         self.target = target
+        self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
+        self._security.credentials()  # bad files and a token without TLS fail here
         self.timeout = timeout
         self.retry = retry
         self.retries = 0  # attempts beyond the first, over the client's life (any thread)
@@ -75,7 +83,7 @@ class Client:
         with self._lock:
             if self._stub is not None:
                 return self._stub
-            bootstrap = grpc.insecure_channel(self.target, options=self._extra)
+            bootstrap = open_channel(self.target, self._extra, self._security)
             try:
                 stub = pb_grpc.KvCacheStub(bootstrap)
                 info = self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t))
@@ -83,7 +91,7 @@ class Client:
                 bootstrap.close()
             self._info = from_message(Info, info)
             self._limit = self._max_message_bytes or self._info.max_message_bytes
-            self._channel = grpc.insecure_channel(self.target, options=W.channel_options(self._limit) + self._extra)
+            self._channel = open_channel(self.target, W.channel_options(self._limit) + self._extra, self._security)
             self._stub = pb_grpc.KvCacheStub(self._channel)
             return self._stub
 

@@ -1,0 +1,96 @@
+#include "service/tokens.h"
+
+#include <openssl/sha.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace driftkv {
+
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
+  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
+    out[2 * i] = kHex[digest[i] >> 4];
+    out[2 * i + 1] = kHex[digest[i] & 15];
+  }
+  return out;
+}
+
+absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::string& path) {
+  TokenTable t;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    const size_t hash_pos = line.find('#');
+    if (hash_pos != absl::string_view::npos) line = line.substr(0, hash_pos);
+    std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    const std::string where = absl::StrCat("tokens_file ", path, " line ", line_no, ": ");
+    if (words.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N]"));
+    }
+    const std::string hash = absl::AsciiStrToLower(words[0]);
+    if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "\"", words[0], "\" is not a SHA-256 in hex (64 digits); the file holds hashes, never tokens"));
+    }
+    const std::string tenant(words[1]);
+    if (absl::Status st = CheckTenantName(tenant); !st.ok()) return absl::InvalidArgumentError(where + std::string(st.message()));
+    if (!t.tenant_of_hash_.emplace(hash, tenant).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "the hash ", hash.substr(0, 12), "... is listed twice"));
+    }
+    Limits& limits = t.limits_[tenant];
+    for (size_t i = 2; i < words.size(); ++i) {
+      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(words[i], absl::MaxSplits('=', 1));
+      uint64_t value = 0;
+      if (!absl::SimpleAtoi(kv.second, &value) || (kv.first != "max_pages" && kv.first != "max_sequences")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "\"", words[i], "\" is not max_pages=N or max_sequences=N"));
+      }
+      std::optional<uint64_t>& slot = kv.first == "max_pages" ? limits.max_pages : limits.max_sequences;
+      if (slot.has_value() && *slot != value) {
+        return absl::InvalidArgumentError(absl::StrCat(where, kv.first, " ", value, " of tenant \"", tenant,
+                                                       "\" disagrees with ", *slot, " on an earlier line"));
+      }
+      slot = value;
+    }
+  }
+  return t;
+}
+
+absl::StatusOr<TokenTable> TokenTable::ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("tokens_file ", path, " cannot be opened"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return Parse(text.str(), path);
+}
+
+std::optional<std::string> TokenTable::TenantOf(absl::string_view token) const {
+  if (token.empty()) return std::nullopt;
+  auto it = tenant_of_hash_.find(Sha256Hex(token));
+  if (it == tenant_of_hash_.end()) return std::nullopt;
+  return it->second;
+}
+
+TenantQuota TokenTable::QuotaOf(const std::string& tenant, const TenantQuota& defaults) const {
+  TenantQuota q = defaults;
+  auto it = limits_.find(tenant);
+  if (it != limits_.end()) {
+    if (it->second.max_pages) q.max_pages = *it->second.max_pages;
+    if (it->second.max_sequences) q.max_sequences = *it->second.max_sequences;
+  }
+  return q;
+}
+
+}  // namespace driftkv

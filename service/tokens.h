@@ -1,0 +1,49 @@
+// Bearer tokens and their tenants, read from config tokens_file. The file
+// never holds a token, only its SHA-256 (64 lowercase hex digits), so a
+// leaked file grants nothing. One line per token:
+//   SHA256HEX TENANT [max_pages=N] [max_sequences=N]
+// '#' starts a comment; blank lines are ignored. Several tokens may name
+// one tenant (rotation: add the new token, move clients, drop the old);
+// their quotas, where given, must agree. Make a line with
+//   driftkv token-hash --tenant NAME < token_file
+// or: printf %s "$TOKEN" | sha256sum | cut -d' ' -f1
+#ifndef DRIFTKV_SERVICE_TOKENS_H_
+#define DRIFTKV_SERVICE_TOKENS_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "service/tenant.h"
+
+namespace driftkv {
+
+// SHA-256 of `bytes` as 64 lowercase hex digits (OpenSSL's libcrypto).
+std::string Sha256Hex(absl::string_view bytes);
+
+class TokenTable {
+ public:
+  // Parses the file's text; InvalidArgument names the line.
+  static absl::StatusOr<TokenTable> Parse(absl::string_view text, const std::string& path);
+  static absl::StatusOr<TokenTable> ReadFile(const std::string& path);
+
+  // The tenant of a presented token; nullopt when it is not listed.
+  std::optional<std::string> TenantOf(absl::string_view token) const;
+  // The tenant's quotas: its lines' max_pages/max_sequences, `defaults`
+  // (config tenant_max_*) for those its lines leave out.
+  TenantQuota QuotaOf(const std::string& tenant, const TenantQuota& defaults) const;
+  size_t size() const { return tenant_of_hash_.size(); }
+
+ private:
+  struct Limits {
+    std::optional<uint64_t> max_pages, max_sequences;
+  };
+  absl::flat_hash_map<std::string, std::string> tenant_of_hash_;
+  absl::flat_hash_map<std::string, Limits> limits_;
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_TOKENS_H_

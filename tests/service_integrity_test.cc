@@ -1,0 +1,427 @@
+// Integrity and tenants through the handler, without a network: chunk
+// checksums (DATA_LOSS), repeated tokens compared with what is stored
+// (ALREADY_EXISTS, nothing changed), tombstones of released ids (the
+// handler's injectable clock), tenant isolation and quotas; and the pieces
+// behind them (CRC-32C, the tokens file).
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "service/handler.h"
+#include "service/tokens.h"
+#include "tests/service_test_util.h"
+#include "wire/crc32c.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+
+constexpr int kN = 128, kD = 64;
+using C = absl::StatusCode;
+
+class IntegrityTest : public ::testing::Test {
+ protected:
+  void Make(ServiceOptions o = SmallOptions()) {
+    h_.reset();
+    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_, [this] { return now_; });
+    ASSERT_TRUE(h.ok()) << h.status();
+    h_ = *std::move(h);
+  }
+  void SetUp() override { Make(); }
+
+  static v1::AppendChunk Chunk(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
+                               const testing::Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
+    v1::AppendChunk c;
+    c.set_sequence_id(seq);
+    c.set_layer(layer);
+    c.set_first_token(first);
+    c.set_token_count(count);
+    c.set_dtype(dtype);
+    FloatToTensor(kv.keys.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_keys());
+    FloatToTensor(kv.values.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_values());
+    return c;
+  }
+  absl::Status Push(const std::string& seq, const testing::Kv& kv, int tokens, const std::string& tenant = "",
+                    bool new_incarnation = false) {
+    v1::AppendResponse r;
+    for (int t = 0; t < tokens; t += 50) {
+      v1::AppendChunk c = Chunk(seq, 0, t, std::min(50, tokens - t), kv);
+      c.set_new_incarnation(new_incarnation);
+      absl::Status st = h_->Append(c, &r, tenant);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Append(const v1::AppendChunk& c, const std::string& tenant = "") {
+    v1::AppendResponse r;
+    return h_->Append(c, &r, tenant);
+  }
+  v1::StatsResponse Stats(const std::string& tenant = "") {
+    v1::StatsResponse s;
+    h_->Stats(&s, tenant);
+    return s;
+  }
+  // Every stored value of layer 0, as read back: a rejected call must not
+  // change one bit of it.
+  std::string ReadAll(const std::string& seq, const std::string& tenant = "") {
+    v1::ReadRequest req;
+    req.set_sequence_id(seq);
+    std::string all;
+    absl::Status st = h_->Read(req, [&](const v1::ReadChunk& c) {
+      absl::StrAppend(&all, c.keys(), c.values());
+      return true;
+    }, tenant);
+    return st.ok() ? all : absl::StrCat("error: ", st.ToString());
+  }
+  std::string State() {
+    v1::StatsResponse s = Stats();
+    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(),
+                        "/", s.tokens_ingested());
+  }
+
+  Metrics metrics_;
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  std::unique_ptr<Handler> h_;
+};
+
+TEST(Crc32cTest, KnownVectorsAndExtension) {
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
+  EXPECT_EQ(Crc32c(""), 0u);
+  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);  // RFC 3720 B.4
+  EXPECT_EQ(Crc32c(std::string(32, '\xff')), 0x62A8AB43u);
+  const std::string a = "driftkv keys", b = " and values, 8+ bytes";
+  EXPECT_EQ(Crc32cExtend(Crc32c(a), b.data(), b.size()), Crc32c(a + b));
+}
+
+TEST_F(IntegrityTest, BadChunkChecksumIsDataLossAndStoresNothing) {
+  const testing::Kv kv = SyntheticKv(100, kN, 1);
+  v1::AppendChunk c = Chunk("s", 0, 0, 100, kv, v1::DTYPE_BF16);
+  const uint32_t crc = Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
+  c.set_crc32c(crc ^ 1);
+  const std::string before = State();
+  absl::Status st = Append(c);
+  EXPECT_EQ(st.code(), C::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "crc32c")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_TRUE(absl::StartsWith(ReadAll("s"), "error: NOT_FOUND")) << ReadAll("s");
+  // One flipped byte of the values, the checksum of the original.
+  c.set_crc32c(crc);
+  (*c.mutable_values())[7] ^= 0x10;
+  EXPECT_EQ(Append(c).code(), C::kDataLoss);
+  EXPECT_EQ(State(), before);
+  (*c.mutable_values())[7] ^= 0x10;
+  EXPECT_TRUE(Append(c).ok());
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectCrc32c]->Value(), 2);
+  EXPECT_EQ(Stats().tokens_ingested(), 100u);
+}
+
+TEST_F(IntegrityTest, RepeatedWindowTokensWithOtherDataAreRejectedNamingTheRange) {
+  const testing::Kv kv = SyntheticKv(60, kN, 2);
+  ASSERT_TRUE(Push("w", kv, 40).ok());  // 40 tokens, all in the window (R + P = 64)
+  const std::string stored = ReadAll("w"), before = State();
+  testing::Kv other = kv;
+  for (int j = 0; j < kN; ++j) other.keys[25 * kN + j] += 0.5f;  // token 25 differs
+  absl::Status st = Append(Chunk("w", 0, 20, 10, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [25, 26) of layer 0 of sequence_id \"w\"")) << st;
+  EXPECT_EQ(ReadAll("w"), stored);
+  EXPECT_EQ(State(), before);
+  // A chunk that overlaps the end: the repeated part differs, so its new
+  // tokens are not stored either.
+  st = Append(Chunk("w", 0, 20, 30, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_EQ(State(), before);
+  // The same data, another dtype whose bf16 rounding is the same: a duplicate.
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(Chunk("w", 0, 0, 40, kv, v1::DTYPE_BF16), &r).ok());
+  EXPECT_EQ(r.tokens_duplicate(), 40u);
+}
+
+TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
+  const testing::Kv kv = SyntheticKv(200, kN, 3);
+  ASSERT_TRUE(Push("p", kv, 200).ok());
+  ASSERT_GT(Stats().pages_in_use(), 3u);  // tokens [0, 128) at least are in pages
+  const std::string stored = ReadAll("p"), before = State();
+  testing::Kv other = kv;
+  other.values[70 * kN + 3] = -other.values[70 * kN + 3] + 0.25f;  // one value of token 70
+  absl::Status st = Append(Chunk("p", 0, 64, 20, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [70, 71)")) << st;
+  EXPECT_EQ(ReadAll("p"), stored);
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectRepeat]->Value(), 1);
+  // An exact retry of paged and window tokens is still a duplicate.
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(Chunk("p", 0, 10, 190, kv), &r).ok());
+  EXPECT_EQ(r.tokens_duplicate(), 190u);
+  EXPECT_EQ(ReadAll("p"), stored);
+}
+
+TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
+  const testing::Kv kv = SyntheticKv(60, kN, 4);
+  ASSERT_TRUE(Push("d", kv, 60).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 5);
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  it->set_sequence_id("d");
+  it->set_dtype(v1::DTYPE_F32);
+  it->set_q_heads(2);
+  FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+  std::vector<float> k(kv.keys.begin() + 59 * kN, kv.keys.begin() + 60 * kN);
+  std::vector<float> v(kv.values.begin() + 59 * kN, kv.values.begin() + 60 * kN);
+  FloatToTensor(k.data(), kN, v1::DTYPE_F32, it->mutable_new_key());
+  FloatToTensor(v.data(), kN, v1::DTYPE_F32, it->mutable_new_value());
+  it->set_new_token_index(59);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());  // the same token: acknowledged
+  EXPECT_EQ(resp.results(0).tokens(), 60u);
+  k[0] += 1.0f;
+  it->clear_new_key();
+  FloatToTensor(k.data(), kN, v1::DTYPE_F32, it->mutable_new_key());
+  const std::string before = State();
+  absl::Status st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[0].new_key/new_value of tokens [59, 60)")) << st;
+  EXPECT_EQ(State(), before);
+}
+
+TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
+  ServiceOptions o = SmallOptions();
+  o.tombstone_seconds = 600;
+  Make(o);
+  v1::InfoResponse info;
+  h_->Info(&info);
+  EXPECT_EQ(info.tombstone_seconds(), 600.0);
+  const testing::Kv kv = SyntheticKv(80, kN, 6);
+  ASSERT_TRUE(Push("r", kv, 80).ok());
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("r");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  EXPECT_EQ(rr.tombstone_seconds(), 600.0);
+  EXPECT_EQ(Stats().tombstones(), 1u);
+  now_ += absl::Seconds(100);
+  const std::string before = State();
+  absl::Status st = Push("r", kv, 80);  // a late retry of the first chunk
+  EXPECT_EQ(st.code(), C::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id \"r\" was released")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "500.0 s more")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "new_incarnation")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectTombstone]->Value(), 1);
+  // A new incarnation is accepted, and its later chunks need no flag.
+  v1::AppendChunk first = Chunk("r", 0, 0, 30, kv);
+  first.set_new_incarnation(true);
+  ASSERT_TRUE(Append(first).ok());
+  ASSERT_TRUE(Append(Chunk("r", 0, 30, 50, kv)).ok());
+  EXPECT_EQ(Stats().tombstones(), 0u);
+  // Released again; after the tombstone's time any Append may reuse the id.
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  now_ += absl::Seconds(599);
+  EXPECT_EQ(Push("r", kv, 10).code(), C::kFailedPrecondition);
+  now_ += absl::Seconds(2);
+  EXPECT_TRUE(Push("r", kv, 10).ok());
+  // Another id, and another tenant's same id, are not affected.
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  EXPECT_TRUE(Push("other", kv, 10).ok());
+  EXPECT_TRUE(Push("r", kv, 10, "tenant-b").ok());
+}
+
+// Appends racing a Release never bring the id back: Release tombstones
+// the key before it leaves the table, and creation checks the tombstone
+// under the same lock.
+TEST_F(IntegrityTest, AppendsRacingReleaseNeverResurrectTheId) {
+  const testing::Kv kv = SyntheticKv(40, kN, 12);
+  for (int round = 0; round < 20; ++round) {
+    const std::string id = absl::StrCat("race", round);
+    ASSERT_TRUE(Push(id, kv, 40).ok());
+    std::atomic<bool> stop{false};
+    std::atomic<int> unexpected{0};
+    std::vector<std::thread> appenders;
+    for (int t = 0; t < 3; ++t) {
+      appenders.emplace_back([&] {
+        while (!stop) {
+          const absl::Status st = Append(Chunk(id, 0, 0, 40, kv));
+          if (!st.ok() && st.code() != C::kFailedPrecondition) ++unexpected;
+        }
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(id);
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(h_->Release(rel, &rr).ok());
+    absl::SleepFor(absl::Milliseconds(2));
+    stop = true;
+    for (std::thread& th : appenders) th.join();
+    EXPECT_EQ(unexpected.load(), 0);
+    v1::LengthRequest lr;
+    lr.set_sequence_id(id);
+    v1::LengthResponse len;
+    EXPECT_EQ(h_->Length(lr, &len).code(), C::kNotFound) << "round " << round << ": " << id << " came back";
+  }
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Stats().sequences(), 0u);
+}
+
+TEST_F(IntegrityTest, ZeroTombstoneSecondsReusesIdsAtOnce) {
+  ServiceOptions o = SmallOptions();
+  o.tombstone_seconds = 0;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(10, kN, 7);
+  ASSERT_TRUE(Push("z", kv, 10).ok());
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("z");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  EXPECT_EQ(rr.tombstone_seconds(), 0.0);
+  EXPECT_TRUE(Push("z", kv, 10).ok());
+}
+
+TEST_F(IntegrityTest, TenantsSeeOnlyTheirOwnSequences) {
+  const testing::Kv a = SyntheticKv(100, kN, 8), b = SyntheticKv(30, kN, 9);
+  ASSERT_TRUE(Push("chat", a, 100, "alice").ok());
+  const std::string alices = ReadAll("chat", "alice");
+  // Bob cannot read, attend, measure or release Alice's sequence.
+  EXPECT_TRUE(absl::StartsWith(ReadAll("chat", "bob"), "error: NOT_FOUND")) << ReadAll("chat", "bob");
+  v1::LengthRequest lr;
+  lr.set_sequence_id("chat");
+  v1::LengthResponse len;
+  EXPECT_EQ(h_->Length(lr, &len, "bob").code(), C::kNotFound);
+  EXPECT_EQ(h_->Length(lr, &len, "").code(), C::kNotFound);
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  it->set_sequence_id("chat");
+  it->set_dtype(v1::DTYPE_F32);
+  it->set_q_heads(2);
+  const std::vector<float> q = SyntheticQuery(2, kD, 10);
+  FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(req, &resp, "bob");
+  EXPECT_EQ(st.code(), C::kNotFound) << st;
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("chat");
+  v1::ReleaseResponse rr;
+  EXPECT_EQ(h_->Release(rel, &rr, "bob").code(), C::kNotFound);
+  // Bob's Append to the same name makes his own sequence.
+  v1::AppendChunk c = Chunk("chat", 0, 0, 30, b);
+  ASSERT_TRUE(Append(c, "bob").ok());
+  EXPECT_EQ(ReadAll("chat", "alice"), alices);
+  ASSERT_TRUE(h_->Length(lr, &len, "bob").ok());
+  EXPECT_EQ(len.layers(0).tokens(), 30u);
+  ASSERT_TRUE(h_->Length(lr, &len, "alice").ok());
+  EXPECT_EQ(len.layers(0).tokens(), 100u);
+  ASSERT_TRUE(h_->Attend(req, &resp, "alice").ok());
+  EXPECT_EQ(resp.results(0).tokens(), 100u);
+  // Releases are per tenant too.
+  ASSERT_TRUE(h_->Release(rel, &rr, "bob").ok());
+  EXPECT_EQ(rr.tokens_freed(), 30u);
+  EXPECT_EQ(ReadAll("chat", "alice"), alices);
+  EXPECT_EQ(Stats("alice").tenant_sequences(), 1u);
+  EXPECT_EQ(Stats("bob").tenant_sequences(), 0u);
+  EXPECT_EQ(Stats("alice").tenant(), "alice");
+}
+
+TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
+  ServiceOptions o = SmallOptions();
+  o.tenant_defaults.max_sequences = 2;
+  o.tenant_defaults.max_pages = 5;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(200, kN, 11);
+  ASSERT_TRUE(Push("1", kv, 10, "t").ok());
+  ASSERT_TRUE(Push("2", kv, 10, "t").ok());
+  std::string before = State();
+  absl::Status st = Push("3", kv, 10, "t");
+  EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tenant \"t\" quota max_sequences 2")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_TRUE(Push("3", kv, 10, "u").ok());  // another tenant has its own quota
+  // Pages: 5 at most. 200 tokens need 5 pages (R = P = 32: 200 - 32 = 168 -> 5).
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("2");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr, "t").ok());
+  ASSERT_TRUE(Push("1", kv, 160, "t").ok());  // 4 pages
+  EXPECT_EQ(Stats("t").tenant_pages(), 4u);
+  before = State();
+  const std::string stored = ReadAll("1", "t");
+  v1::AppendResponse r;
+  st = h_->Append(Chunk("1", 0, 160, 40, kv), &r, "t");  // 200 tokens: 5 pages, fits
+  ASSERT_TRUE(st.ok()) << st;
+  before = State();
+  // 64 more tokens need 2 more pages: over the quota.
+  const testing::Kv more = SyntheticKv(264, kN, 11);
+  st = h_->Append(Chunk("1", 0, 200, 64, more), &r, "t");
+  EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tenant \"t\" quota max_pages 5: it holds 5 pages")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(Stats("t").tenant_pages(), 5u);
+  EXPECT_EQ(Stats("t").tenant_max_pages(), 5u);
+  // Releasing gives the pages back to the tenant.
+  rel.set_sequence_id("1");
+  ASSERT_TRUE(h_->Release(rel, &rr, "t").ok());
+  EXPECT_EQ(Stats("t").tenant_pages(), 0u);
+  EXPECT_EQ(Stats("t").tenant_sequences(), 0u);
+}
+
+TEST(TenantKeyTest, KeysOfTenantsNeverMeetAndDecode) {
+  EXPECT_EQ(TenantKey("", "chat"), "chat");
+  EXPECT_NE(TenantKey("a", "b"), TenantKey("", "ab"));
+  EXPECT_NE(TenantKey("a", "b/c"), TenantKey("a/b", "c"));
+  EXPECT_EQ(TenantOfKey(TenantKey("team-1", "x")), "team-1");
+  EXPECT_EQ(TenantOfKey(TenantKey("", "x")), "");
+  EXPECT_EQ(TenantOfKey(TenantKey("t", std::string("with\0nul", 8))), "t");
+}
+
+TEST_F(IntegrityTest, QuotasWithoutTokensNameTheOneTenant) {
+  ServiceOptions o = SmallOptions();
+  o.tenant_defaults.max_sequences = 1;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(10, kN, 13);
+  ASSERT_TRUE(Push("a", kv, 10).ok());
+  absl::Status st = Push("b", kv, 10);
+  EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "the server's one tenant (no tokens_file): quota max_sequences 1"))
+      << st;
+}
+
+TEST(TokenTableTest, ParsesHashesTenantsAndQuotas) {
+  const std::string ha = Sha256Hex("token-of-alice-0123456789");
+  const std::string hb = Sha256Hex("token-of-bob-0123456789");
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(
+      absl::StrCat("# comment\n", ha, " alice max_pages=10\n\n", hb, " bob   # trailing\n"), "f");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->size(), 2u);
+  EXPECT_EQ(t->TenantOf("token-of-alice-0123456789").value_or("?"), "alice");
+  EXPECT_EQ(t->TenantOf("token-of-bob-0123456789").value_or("?"), "bob");
+  EXPECT_FALSE(t->TenantOf("token-of-eve").has_value());
+  EXPECT_FALSE(t->TenantOf("").has_value());
+  EXPECT_FALSE(t->TenantOf(ha).has_value());  // the hash itself is no token
+  TenantQuota d;
+  d.max_pages = 3;
+  d.max_sequences = 7;
+  EXPECT_EQ(t->QuotaOf("alice", d).max_pages, 10u);
+  EXPECT_EQ(t->QuotaOf("alice", d).max_sequences, 7u);
+  EXPECT_EQ(t->QuotaOf("bob", d).max_pages, 3u);
+  for (const std::string& bad : {std::string("plaintext-token alice\n"), absl::StrCat(ha, "\n"),
+                                 absl::StrCat(ha, " a\n", ha, " b\n"), absl::StrCat(ha, " al/ice\n"),
+                                 absl::StrCat(ha, " a max_pages=x\n"),
+                                 absl::StrCat(ha, " a max_pages=1\n", hb, " a max_pages=2\n")}) {
+    absl::StatusOr<TokenTable> r = TokenTable::Parse(bad, "f");
+    EXPECT_EQ(r.status().code(), C::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "tokens_file f line ")) << r.status();
+  }
+}
+
+}  // namespace
+}  // namespace driftkv
