@@ -131,7 +131,7 @@ void Repeat(int reps) {
 
 bool Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
 
-void Transport(int reps) {
+void TransportCost(int reps) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string d = absl::StrCat(tmp ? tmp : "/tmp", "/driftkv-security-bench");
   const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
@@ -206,6 +206,6 @@ int main(int argc, char** argv) {
   driftkv::Crc(9);
   driftkv::Digest(5);
   driftkv::Repeat(5);
-  driftkv::Transport(reps);
+  driftkv::TransportCost(reps);
   return 0;
 }

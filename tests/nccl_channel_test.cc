@@ -32,12 +32,12 @@ class ChannelTest : public ::testing::Test {
   }
   int n() const { return handler_->codec().n(); }
 
-  uint64_t Open(const std::string& peer) {
+  uint64_t Open(const std::string& peer, const std::string& tenant = "") {
     v1::OpenChannelRequest r;
     r.set_nccl_unique_id(peer);
     r.set_nccl_version(factory_.version());
     v1::OpenChannelResponse resp;
-    absl::Status st = channels_->Open(r, &resp);
+    absl::Status st = channels_->Open(r, &resp, tenant);
     EXPECT_TRUE(st.ok()) << st;
     return resp.channel_id();
   }
@@ -64,9 +64,12 @@ class ChannelTest : public ::testing::Test {
 
   // Queues the peer's send of tokens [first, first + count), then pushes.
   absl::Status Push(const std::string& peer, uint64_t channel, const std::string& seq, uint32_t layer,
-                    uint64_t first, uint32_t count, const testing::Kv& kv, v1::AppendResponse* r) {
+                    uint64_t first, uint32_t count, const testing::Kv& kv, v1::AppendResponse* r,
+                    const std::string& tenant = "", bool new_incarnation = false) {
     factory_.link(peer)->QueueSend({Bytes(kv.keys, first, count), Bytes(kv.values, first, count)});
-    return channels_->Push(Header(channel, seq, layer, first, count), absl::InfiniteFuture(), r);
+    v1::PushChunkRequest h = Header(channel, seq, layer, first, count);
+    h.set_new_incarnation(new_incarnation);
+    return channels_->Push(h, absl::InfiniteFuture(), r, tenant);
   }
 
   absl::Status Append(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
@@ -294,6 +297,59 @@ TEST_F(ChannelTest, NoTransportIsUnimplemented) {
   v1::OpenChannelRequest req;
   v1::OpenChannelResponse resp;
   EXPECT_EQ(none.Open(req, &resp).code(), absl::StatusCode::kUnimplemented);
+}
+
+
+// Tokens sent again with other data are refused, whether they are still in
+// the window (compared exactly) or already in pages encoded from a host
+// Append (compared by digest); nothing changes.
+TEST_F(ChannelTest, RepeatWithOtherDataIsRejectedAndChangesNothing) {
+  Make();
+  const testing::Kv kv = SyntheticKv(300, 128, 7);
+  const testing::Kv other = SyntheticKv(300, 128, 8);
+  v1::AppendResponse r;
+  ASSERT_TRUE(Append("s", 0, 0, 300, kv, &r).ok());
+  const uint64_t ch = Open("peer");
+  const std::string stored = ReadAll("s", 0);
+  const v1::StatsResponse before = Stats();
+  for (uint64_t first : {250u, 10u}) {  // window, then paged tokens
+    absl::Status st = Push("peer", ch, "s", 0, first, 40, other, &r);
+    EXPECT_EQ(st.code(), absl::StatusCode::kAlreadyExists) << st;
+    EXPECT_NE(st.message().find("differ from the stored tokens"), std::string::npos) << st;
+  }
+  EXPECT_EQ(ReadAll("s", 0), stored);
+  EXPECT_EQ(Stats().pages_in_use(), before.pages_in_use());
+  // The same data again is acknowledged; the channel stayed open.
+  v1::AppendResponse same;
+  ASSERT_TRUE(Push("peer", ch, "s", 0, 250, 50, kv, &same).ok());
+  EXPECT_EQ(same.tokens_duplicate(), 50u);
+}
+
+// A channel is its opener's: another tenant cannot push into it, its chunks
+// land in the opener's namespace, and a released id is tombstoned for
+// channels as for Append.
+TEST_F(ChannelTest, ChannelsBelongToTheirTenantAndMeetTombstones) {
+  Make();
+  const testing::Kv kv = SyntheticKv(200, 128, 3);
+  const uint64_t ch = Open("peer", "alice");
+  v1::AppendResponse r;
+  absl::Status st = Push("peer", ch, "s", 0, 0, 100, kv, &r, "mallory");
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  ASSERT_TRUE(Push("peer", ch, "s", 0, 0, 100, kv, &r, "alice").ok());
+  v1::LengthRequest lr;
+  lr.set_sequence_id("s");
+  v1::LengthResponse len;
+  EXPECT_EQ(handler_->Length(lr, &len, "").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(handler_->Length(lr, &len, "alice").ok());
+  EXPECT_EQ(len.layers(0).tokens(), 100u);
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("s");
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(handler_->Release(rel, &released, "alice").ok());
+  st = Push("peer", ch, "s", 0, 0, 100, kv, &r, "alice");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  st = Push("peer", ch, "s", 0, 0, 100, kv, &r, "alice", /*new_incarnation=*/true);
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 }  // namespace
