@@ -25,6 +25,9 @@ constexpr int kDefaultReadChunkTokens = 256;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxSequenceIdBytes = 256;
 constexpr double kDefaultHotIdleSeconds = 60.0;
+constexpr double kDefaultDrainTimeoutSeconds = 15.0;
+constexpr double kDefaultDrainNoticeSeconds = 2.0;
+constexpr double kMaxDrainSeconds = 3600.0;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -67,6 +70,12 @@ struct ServiceOptions {
   double hot_tier_fraction = 0.0;
   double hot_idle_seconds = kDefaultHotIdleSeconds;  // 0: never demote for idling
   HotPromotion hot_promotion = HotPromotion::kSync;
+  // Graceful drain and warm restart (docs/reliability.md; config
+  // snapshot_dir, drain_*): empty snapshot_dir: no snapshot is written or read.
+  std::string snapshot_dir;
+  double drain_timeout_seconds = kDefaultDrainTimeoutSeconds;
+  double drain_notice_seconds = kDefaultDrainNoticeSeconds;
+  bool verify_pages_on_attend = false;  // Attend checks each cold page's CRC-32C
 
   int page_tokens() const { return codec.mean_window; }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }

@@ -181,6 +181,11 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& id
   *created = false;
   auto it = table_.find(id);
   if (it != table_.end()) return it->second;
+  if (draining_.load()) {
+    return absl::UnavailableError(absl::StrCat("server is draining (shutting down for a restart): new sequence_id ",
+                                               Quoted(id), " refused; existing sequences are served until the "
+                                               "drain ends; create it on another replica or after the restart"));
+  }
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
@@ -220,6 +225,7 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
     l.pages.clear();
+    l.page_sums.clear();
     l.window_keys = {};
     l.window_values = {};
     l.length = 0;

@@ -77,6 +77,11 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
       codec_stats_.Add(j.stats);
     }
   }
+  // Checksums of the new pages' cold form, before any promotion.
+  std::vector<PageChecksum> sums(pages.size());
+  for (size_t i = 0; i < pages.size() && i < static_cast<size_t>(plan.pages); ++i) {
+    sums[i] = Crc32c(pool_->page(pages[i]), pool_->page_stride());
+  }
   // A hot layer's new pages go hot at once; with no hot page to be had,
   // even after demoting other layers, the layer goes cold instead (an
   // Append is never refused for the hot tier's sake).
@@ -98,6 +103,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   } else {
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
   }
+  layer->page_sums.insert(layer->page_sums.end(), sums.begin(), sums.end());
   layer->window_keys.assign(all_k.begin() + encoded * n, all_k.end());
   layer->window_values.assign(all_v.begin() + encoded * n, all_v.end());
   layer->length += plan.fresh;
