@@ -9,12 +9,7 @@
 // are served bit-identically. A snapshot of another codec is refused.
 //
 //   service_drain_test SERVER
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -30,70 +25,17 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
+#include "tests/server_process.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
-
-extern char** environ;
 
 namespace driftkv {
 namespace {
 
 std::string g_server;  // argv[1]
 
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// A driftkv-server process; stdout and stderr go to `log`.
-struct ServerProcess {
-  pid_t pid = -1;
-  int port = 0;
-  std::string log;
-
-  bool Start(const std::string& config, const std::string& log_path) {
-    log = log_path;
-    std::vector<std::string> args = {g_server, "--config", config, "--listen", "127.0.0.1:0", "--metrics", "none"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    const int rc = posix_spawn(&pid, g_server.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return false;
-    for (int i = 0; i < 600; ++i) {  // up to 60 s (a sanitizer build starts slowly)
-      const std::string text = Slurp(log);
-      const size_t at = text.find("listening on port ");
-      if (at != std::string::npos) {
-        port = std::atoi(text.c_str() + at + 18);
-        return port > 0;
-      }
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return false;
-      }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return false;
-  }
-  // Waits for the exit; the exit status, or -1 for a signal.
-  int Wait() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  ~ServerProcess() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
+using testing::ServerProcess;
+using testing::Slurp;
 
 constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 64, kN = kKvHeads * kHeadDim, kPage = 128, kWindow = 32;
 
@@ -210,7 +152,7 @@ std::vector<std::string> Populate(Client& client) {
 TEST_F(DrainTest, SigtermSnapshotsAndRestartServesBitIdentically) {
   const std::string config = WriteConfig(dir_, "drain_notice_seconds: 1.5\n");
   ServerProcess a;
-  ASSERT_TRUE(a.Start(config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
+  ASSERT_TRUE(a.Start(g_server, config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
   Client client(Options(a.port));
   std::vector<std::string> ids = Populate(client);
   std::map<std::string, std::vector<std::string>> before;
@@ -248,7 +190,7 @@ TEST_F(DrainTest, SigtermSnapshotsAndRestartServesBitIdentically) {
   EXPECT_TRUE(absl::StrContains(Slurp(a.log), "snapshot of 6 sequences")) << Slurp(a.log);
 
   ServerProcess b;
-  ASSERT_TRUE(b.Start(config, dir_ + "/b.log")) << Slurp(dir_ + "/b.log");
+  ASSERT_TRUE(b.Start(g_server, config, dir_ + "/b.log")) << Slurp(dir_ + "/b.log");
   EXPECT_TRUE(absl::StrContains(Slurp(b.log), "restored 6 sequences")) << Slurp(b.log);
   Client again(Options(b.port));
   info = again.Info();
@@ -274,7 +216,7 @@ TEST_F(DrainTest, SigtermSnapshotsAndRestartServesBitIdentically) {
 TEST_F(DrainTest, CorruptSnapshotPageIsReportedAndNotServed) {
   const std::string config = WriteConfig(dir_, "drain_notice_seconds: 0\n");
   ServerProcess a;
-  ASSERT_TRUE(a.Start(config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
+  ASSERT_TRUE(a.Start(g_server, config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
   Client client(Options(a.port));
   std::vector<std::string> ids = Populate(client);
   std::map<std::string, std::vector<std::string>> before;
@@ -294,7 +236,7 @@ TEST_F(DrainTest, CorruptSnapshotPageIsReportedAndNotServed) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 
   ServerProcess b;
-  ASSERT_TRUE(b.Start(config, dir_ + "/b.log")) << Slurp(dir_ + "/b.log");
+  ASSERT_TRUE(b.Start(g_server, config, dir_ + "/b.log")) << Slurp(dir_ + "/b.log");
   const std::string log = Slurp(b.log);
   EXPECT_TRUE(absl::StrContains(log, "restored 5 sequences")) << log;
   EXPECT_TRUE(absl::StrContains(log, "1 corrupt pages, 1 sequences dropped")) << log;
@@ -322,7 +264,7 @@ TEST_F(DrainTest, CorruptSnapshotPageIsReportedAndNotServed) {
 TEST_F(DrainTest, SnapshotOfAnotherCodecIsRefused) {
   const std::string config = WriteConfig(dir_, "drain_notice_seconds: 0\n");
   ServerProcess a;
-  ASSERT_TRUE(a.Start(config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
+  ASSERT_TRUE(a.Start(g_server, config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
   Client client(Options(a.port));
   Populate(client);
   kill(a.pid, SIGTERM);
@@ -332,7 +274,7 @@ TEST_F(DrainTest, SnapshotOfAnotherCodecIsRefused) {
   text.replace(text.find("page_tokens"), 0, "key_levels: 6 ");
   std::ofstream(config, std::ios::trunc) << text;
   ServerProcess b;
-  EXPECT_FALSE(b.Start(config, dir_ + "/b.log"));
+  EXPECT_FALSE(b.Start(g_server, config, dir_ + "/b.log"));
   const std::string log = Slurp(b.log);
   EXPECT_TRUE(absl::StrContains(log, "key_levels: snapshot 8, this server 6")) << log;
   EXPECT_TRUE(std::ifstream(dir_ + "/snap/snapshot.dkvs").good()) << "a refused snapshot stays where it was";

@@ -17,6 +17,8 @@ packages=(
   python3-numpy python3-matplotlib curl
   # the Python client (python/driftkv) and its tests
   python3-grpcio python3-protobuf python3-pytest
+  # the libFuzzer targets (fuzz/build.sh): clang 14 and its fuzzer runtime
+  clang libclang-rt-14-dev
 )
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
 if [[ "$deploy_tools" != 0 ]]; then
