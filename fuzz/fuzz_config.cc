@@ -4,6 +4,7 @@
 // fuzzer must not open arbitrary paths).
 #include <string>
 
+#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "service/config.h"
 

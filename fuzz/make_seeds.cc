@@ -3,7 +3,7 @@
 // fuzzers start from inputs that pass the first checks. Built and run by
 // fuzz/build.sh --seeds; the output is committed.
 //
-//   make_seeds DIR
+//   make_seeds DIR [GOLDEN_POOL]   (fuzz/corpus tests/testdata/golden_dquant.dkv)
 #include <sys/stat.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include "codec/level_page.h"
 #include "codec/transform/transforms_file.h"
 #include "fuzz/fuzz_util.h"
+#include "proto/driftkv.pb.h"
 #include "service/snapshot_file.h"
 
 using namespace driftkv;
@@ -60,17 +61,17 @@ int main(int argc, char** argv) {
   hot_seed[0] = static_cast<char>(p - 1);  // the first byte also picks the token count: all of them
   Put(out + "/fuzz_level_page", "promoted_page", hot_seed);
   // rANS: levels, n, capacity, frequencies, payload bytes.
-  Put(out + "/fuzz_rans", "eight_levels", std::string("\x06\x3f\x20\x05\x0a\x0f\x03\x01\x02\x04\x08ABCDEFGHIJKLMNOPQRSTUVWXYZ", 37));
+  Put(out + "/fuzz_rans", "eight_levels", std::string("\x06\x3f\x20\x05\x0a\x0f\x03\x01\x02\x04\x08" "ABCDEFGHIJKLMNOPQRSTUVWXYZ", 37));
   Put(out + "/fuzz_rans", "two_levels", std::string("\x00\x7f\x7c\x00\x00\x01\x02\x03\x04", 9));
-  // Transforms: an identity set of 1 layer x 1 head x 64.
+  // Transforms: an identity set of 1 layer x 1 head x 16.
   TransformSet t;
   t.layers = 1;
   t.kv_heads = 1;
-  t.head_dim = 64;
+  t.head_dim = 16;
   t.calibration_tokens = 128;
   t.Resize();
   for (int m = 0; m < 4; ++m) {
-    for (int i = 0; i < 64; ++i) t.matrix(0, 0, static_cast<Mat>(m))[i * 64 + i] = 1.0f;
+    for (int i = 0; i < 16; ++i) t.matrix(0, 0, static_cast<Mat>(m))[i * 16 + i] = 1.0f;
   }
   Put(out + "/fuzz_transforms", "identity", SerializeTransforms(t));
   // Snapshot: 2 sequences of 1 layer, n 64, pages of 96 bytes.
@@ -92,6 +93,18 @@ int main(int argc, char** argv) {
     std::remove(SnapshotPath(dir).c_str());
     rmdir(dir.c_str());
   }
+  // Pool file: the head of the golden pool (header, codec line, first
+  // records; the fuzzer's max_len is 16 KiB) and a codec-options line.
+  if (argc > 2) {
+    std::ifstream golden(argv[2], std::ios::binary);
+    std::string head(16384, '\0');
+    golden.read(head.data(), head.size());
+    head.resize(golden.gcount());
+    Put(out + "/fuzz_pool_file", "golden_head", head);
+  }
+  Put(out + "/fuzz_pool_file", "options",
+      "codec=dquant kv_heads=2 head_dim=64 key_levels=8 value_levels=6 key_bytes=0 value_bytes=0 alpha=1.4 "
+      "mean_window=128");
   // Config: the sample's essentials.
   Put(out + "/fuzz_config", "small",
       "model { layers: 2 kv_heads: 2 head_dim: 64 }\ncodec { name: \"dquant\" page_tokens: 128 transform: "
