@@ -2,6 +2,7 @@
 // a level page of the small codec: decoding must fail cleanly (DataLoss for
 // a level outside the alphabet) or give tokens; a page that demotes to cold
 // records must promote back, and demote again to the same bytes.
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -29,9 +30,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
            .ok()) {
     return 0;
   }
-  if (!PromotePage(codec, level, cold.data(), cold.data() + l.value_offset, cold.data() + l.mean_offset, tokens,
-                   hot.data())
-           .ok()) {
+  absl::Status promoted = PromotePage(codec, level, cold.data(), cold.data() + l.value_offset,
+                                      cold.data() + l.mean_offset, tokens, hot.data());
+  if (!promoted.ok()) {
+    std::fprintf(stderr, "demoted records do not promote: %s\n", promoted.ToString().c_str());
     __builtin_trap();  // demoted records always decode
   }
   if (!DemotePage(codec, level, hot.data(), tokens, again.data(), again.data() + l.value_offset,

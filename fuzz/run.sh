@@ -7,22 +7,29 @@
 # reproducer is left in WORK/TARGET/crash-*; fix the bug, then add the file
 # to fuzz/corpus/TARGET).
 #
-#   fuzz/run.sh BIN_DIR SECONDS [RUNS [WORKERS [WORK]]]
+#   fuzz/run.sh BIN_DIR SECONDS [RUNS [WORKERS [WORK [TARGET=N,...]]]]
+# RUNS is the total per target, split over its workers; the last argument
+# gives some targets another number of workers.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"
 SECONDS_EACH="$2"
 RUNS="${3:--1}"
 WORKERS="${4:-1}"
 WORK="${5:-$(mktemp -d)}"
+OVERRIDES=",${6:-},"
 CORPUS="$(cd "$(dirname "$0")" && pwd)/corpus"
 mkdir -p "$WORK"
 start=$(date +%s.%N)
 for bin in "$BIN"/fuzz_*; do
   name=$(basename "$bin")
   mkdir -p "$WORK/$name"
-  for w in $(seq 1 "$WORKERS"); do
+  workers=$WORKERS
+  [[ "$OVERRIDES" =~ ,$name=([0-9]+), ]] && workers=${BASH_REMATCH[1]}
+  runs=$RUNS
+  ((RUNS > 0)) && runs=$(((RUNS + workers - 1) / workers))
+  for w in $(seq 1 "$workers"); do
     mkdir -p "$WORK/$name/corpus$w"
-    "$bin" -runs="$RUNS" -max_total_time="$SECONDS_EACH" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+    "$bin" -runs="$runs" -max_total_time="$SECONDS_EACH" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$WORK/$name/" "$WORK/$name/corpus$w" "$CORPUS/$name" \
       >"$WORK/$name/log$w" 2>&1 &
   done
@@ -46,5 +53,5 @@ for dir in "$WORK"/fuzz_*; do
   printf '%-18s %12d %10.0f %8d  %s\n' "$name" "$execs" "$(awk -v e="$execs" -v s="$elapsed" 'BEGIN { print e / s }')" "$new" "$result"
   [[ "$result" == clean ]] || failed=1
 done
-echo "fuzz: $WORKERS worker(s) per target, ${elapsed}s wall"
+echo "fuzz: $WORKERS worker(s) per target (overrides: ${6:-none}), ${elapsed}s wall"
 exit $failed
