@@ -9,9 +9,11 @@
 // are served bit-identically. A snapshot of another codec is refused.
 //
 //   service_drain_test SERVER
+//   DRIFTKV_DRAIN_BACKEND=cuda service_drain_test driftkv-server-cuda   (GPU machine)
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -45,6 +47,11 @@ std::string WriteConfig(const std::string& dir, const std::string& extra) {
                       << " }\ncodec { name: \"dquant\" page_tokens: " << kPage << " }\nwindow_tokens: " << kWindow
                       << "\npool_bytes: 8388608\nhot_tier_fraction: 0.25\nhot_idle_seconds: 0\n"
                       << "snapshot_dir: \"" << dir << "/snap\"\ndrain_timeout_seconds: 10\n" << extra;
+  // On a GPU machine: DRIFTKV_DRAIN_BACKEND=cuda with driftkv-server-cuda
+  // as SERVER restores the pages into the device mirror too.
+  if (const char* backend = std::getenv("DRIFTKV_DRAIN_BACKEND")) {
+    std::ofstream(path, std::ios::app) << "backend: \"" << backend << "\"\n";
+  }
   mkdir((dir + "/snap").c_str(), 0755);
   return path;
 }
