@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::printf("driftkv-server: %s, draining (notice %gs, timeout %gs)\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
+  std::printf("driftkv-server: %s, shutting down: draining (notice %gs, timeout %gs)\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
               options->drain_notice_seconds, options->drain_timeout_seconds);
   std::fflush(stdout);
   driftkv::Handler::SnapshotSummary written;

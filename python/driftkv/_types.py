@@ -44,6 +44,9 @@ class Info:
     hot_page_bytes: int
     hot_promotion: str
     hot_idle_seconds: float
+    draining: bool                  # SIGTERM received: new sequences refused (docs/reliability.md)
+    restored_sequences: int         # restored from the snapshot at start
+    verify_pages_on_attend: bool
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class Stats:
     demotions: int
     pages_promoted: int
     pages_demoted: int
+    checksum_failures: int          # pages that failed their CRC-32C (docs/reliability.md)
+    snapshot_corrupt_pages: int
+    snapshot_dropped_sequences: int
 
 
 def from_message(cls, message):
