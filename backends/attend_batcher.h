@@ -43,6 +43,7 @@ class BatchingBackend : public Backend {
   void Attend(absl::Span<AttendJob> jobs) override;
   bool PrefersBatchedAttend() const override { return true; }
   // The hot tier passes through (a merged batch may mix hot and cold jobs).
+  absl::Status UploadPages(absl::Span<const PageId> pages) override { return inner_->UploadPages(pages); }
   bool SupportsHotTier() const override { return inner_->SupportsHotTier(); }
   absl::Status PromotePages(absl::Span<const TierMove> moves) override { return inner_->PromotePages(moves); }
   absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }

@@ -143,6 +143,12 @@ class Backend {
     return absl::UnimplementedError(name() + " backend has no hot tier");
   }
 
+  // The caller wrote these cold pages' bytes in the host pool itself (the
+  // handler restoring a snapshot, service/snapshot_file.h); a backend that
+  // mirrors the arena copies them to its mirror. The CPU backend computes
+  // on the host pool and has nothing to do.
+  virtual absl::Status UploadPages(absl::Span<const PageId> pages) { return absl::OkStatus(); }
+
   // True when one Attend over many jobs costs much less than several over
   // few (one kernel launch each): the handler then merges concurrent calls
   // (backends/attend_batcher.h).

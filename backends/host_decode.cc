@@ -46,10 +46,13 @@ absl::Status DecodeLevelPageTokens(const DQuantCodec& codec, const LevelPageLayo
         return absl::DataLossError(absl::StrCat("hot page ", id, " token ", i, ": level out of range at channel ", j));
       }
     }
-    const uint32_t kh = key_headers[i], vh = value_headers[i];
-    codec.KeyFromSymbols(kl, HalfToFloat(kh & 0xffff), HalfToFloat(kh >> 16), mean.data(),
-                         keys + static_cast<size_t>(t) * n, scratch);
-    codec.ValueFromSymbols(vl, HalfToFloat(vh & 0xffff), HalfToFloat(vh >> 16), values + static_cast<size_t>(t) * n);
+    // The cold record's decoder refuses a non-finite grid; so does this.
+    float ks, ko, vs, vo;
+    if (!LevelHeaderGrid(key_headers[i], &ks, &ko) || !LevelHeaderGrid(value_headers[i], &vs, &vo)) {
+      return absl::DataLossError(absl::StrCat("hot page ", id, " token ", i, ": grid (scale/offset) is not finite"));
+    }
+    codec.KeyFromSymbols(kl, ks, ko, mean.data(), keys + static_cast<size_t>(t) * n, scratch);
+    codec.ValueFromSymbols(vl, vs, vo, values + static_cast<size_t>(t) * n);
   }
   if (transform != nullptr) {
     transform->Apply(Mat::kKeyInverse, keys, count, keys);

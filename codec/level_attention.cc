@@ -7,18 +7,6 @@
 #include "codec/level_page.h"
 
 namespace driftkv {
-namespace {
-
-// A header's grid, as StreamCodec::DecodeSymbols reads it from a record:
-// fp16 scale in the low half, fp16 offset in the high half.
-bool LoadGrid(uint32_t header, float* scale, float* offset) {
-  *scale = HalfToFloat(static_cast<uint16_t>(header));
-  *offset = HalfToFloat(static_cast<uint16_t>(header >> 16));
-  return std::isfinite(*scale) && std::isfinite(*offset) && *scale >= 0.0f;
-}
-
-}  // namespace
-
 absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages,
                             const Bf16Tokens& window, const float* query, int q_heads,
                             float softmax_scale, float* out, float* lse,
@@ -46,8 +34,8 @@ absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPage
     UnpackLevelPage(*layout, pages[p].page, s->key_levels.data(), s->value_levels.data(),
                     s->key_headers.data(), s->value_headers.data(), s->mean_record.data());
     for (int t = 0; t < tokens; ++t) {
-      const bool key_ok = LoadGrid(s->key_headers[t], &s->key_scale[t], &s->key_offset[t]);
-      if (!key_ok || !LoadGrid(s->value_headers[t], &s->value_scale[t], &s->value_offset[t])) {
+      const bool key_ok = LevelHeaderGrid(s->key_headers[t], &s->key_scale[t], &s->key_offset[t]);
+      if (!key_ok || !LevelHeaderGrid(s->value_headers[t], &s->value_scale[t], &s->value_offset[t])) {
         return absl::DataLossError(absl::StrCat("level page ", p, ": ", key_ok ? "value" : "key",
                                                 " grid (scale/offset) of token ", t, " is not finite"));
       }

@@ -1,6 +1,7 @@
 #include "codec/level_page.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "codec/dquant_codec.h"
 #include "codec/rans.h"
 #include "codec/stream_codec.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -475,6 +477,12 @@ absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout
   return absl::OkStatus();
 }
 
+bool LevelHeaderGrid(uint32_t header, float* scale, float* offset) {
+  *scale = HalfToFloat(static_cast<uint16_t>(header));
+  *offset = HalfToFloat(static_cast<uint16_t>(header >> 16));
+  return std::isfinite(*scale) && std::isfinite(*offset) && *scale >= 0.0f;
+}
+
 absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
                         const uint8_t* page, int tokens, uint8_t* key_records,
                         uint8_t* value_records, uint8_t* mean_record) {
@@ -498,6 +506,11 @@ absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
       if (top >= sc.levels()) {
         return absl::DataLossError(absl::StrCat("level page: ", what, " level ", top, " of token ", t,
                                                 " out of range [0, ", sc.levels(), ")"));
+      }
+      float scale, offset;
+      if (!LevelHeaderGrid(headers[kind * kLevelPageTokens + t], &scale, &offset)) {
+        return absl::DataLossError(absl::StrCat("level page: ", what, " grid (scale/offset) of token ", t,
+                                                " is not finite"));
       }
       StoreLe32(record, headers[kind * kLevelPageTokens + t]);
       const size_t used = RansEncode(m, static_cast<int>(n), sc.table(), record + kRecordHeaderBytes,

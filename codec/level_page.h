@@ -146,6 +146,12 @@ void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t
                      uint8_t* value_levels, uint32_t* key_headers, uint32_t* value_headers,
                      uint8_t* mean_record);
 
+// A token's 4-byte header as StreamCodec::DecodeSymbols reads it from a
+// record: fp16 scale in [15:0], fp16 offset in [31:16]. False for a header
+// no encoder writes (a non-finite scale or offset, or a negative scale): a
+// corrupt page, which every reader of level pages refuses.
+bool LevelHeaderGrid(uint32_t header, float* scale, float* offset);
+
 // Cold records (a CompressedBlock's arrays: `tokens` key records at
 // key_stride, value records at value_stride, one mean record) to a level
 // page. DataLoss naming the token if a record does not decode (the page is
@@ -160,7 +166,8 @@ absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout
 // known levels without drift. DataLoss if a level is out of the codec's range
 // (a corrupt field, e.g. a value byte >= 216) or a stream does not fit its
 // payload (a page not made from fitting records); the outputs are then
-// unspecified. InvalidArgument as PromotePage.
+// unspecified; DataLoss too for a header LevelHeaderGrid refuses (cold
+// records that would not decode). InvalidArgument as PromotePage.
 absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
                         const uint8_t* page, int tokens, uint8_t* key_records,
                         uint8_t* value_records, uint8_t* mean_record);

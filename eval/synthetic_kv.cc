@@ -75,9 +75,11 @@ void GenerateLayer(const SynthParams& p, int layer, SynthKv* out) {
   const int h = p.kv_heads, d = p.head_dim, n = h * d, qh = out->q_heads;
   Rng rng(p.seed + layer);
   const bool iid = p.kind == "iid";
-  float* keys = &out->keys[static_cast<size_t>(layer) * p.tokens * n];
-  float* values = &out->values[static_cast<size_t>(layer) * p.tokens * n];
-  float* queries = &out->queries[static_cast<size_t>(layer) * p.query_tokens * qh * d];
+  // data() + offset, not &v[offset]: with query_tokens 0 `queries` is
+  // empty, and indexing an empty vector is undefined (UBSan reports it).
+  float* keys = out->keys.data() + static_cast<size_t>(layer) * p.tokens * n;
+  float* values = out->values.data() + static_cast<size_t>(layer) * p.tokens * n;
+  float* queries = out->queries.data() + static_cast<size_t>(layer) * p.query_tokens * qh * d;
   if (iid) {
     for (int64_t i = 0; i < static_cast<int64_t>(p.tokens) * n; ++i) keys[i] = rng.Normal();
     for (int64_t i = 0; i < static_cast<int64_t>(p.tokens) * n; ++i) values[i] = rng.Normal();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -370,6 +371,20 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     o.nccl_max_chunk_bytes = c.nccl_max_chunk_bytes();
   }
   if (absl::Status st = ResolveSecurity(c, &o); !st.ok()) return st;
+  o.snapshot_dir = c.snapshot_dir();
+  for (const auto& [field, has, value, out] :
+       {std::make_tuple("drain_timeout_seconds", c.has_drain_timeout_seconds(), c.drain_timeout_seconds(),
+                        &o.drain_timeout_seconds),
+        std::make_tuple("drain_notice_seconds", c.has_drain_notice_seconds(), c.drain_notice_seconds(),
+                        &o.drain_notice_seconds)}) {
+    if (!has) continue;
+    if (!(value >= 0.0) || !(value <= kMaxDrainSeconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " ", value, " out of range [0, ", kMaxDrainSeconds, "]"));
+    }
+    *out = value;
+  }
+  if (c.has_verify_pages_on_attend()) o.verify_pages_on_attend = c.verify_pages_on_attend();
   return o;
 }
 

@@ -33,6 +33,9 @@ constexpr double kDefaultNcclChunkTimeoutSeconds = 30.0;
 constexpr double kDefaultNcclIdleSeconds = 300.0;
 constexpr uint64_t kDefaultNcclMaxChunkBytes = 2ull << 30;
 constexpr double kDefaultTombstoneSeconds = 600.0;
+constexpr double kDefaultDrainTimeoutSeconds = 15.0;
+constexpr double kDefaultDrainNoticeSeconds = 2.0;
+constexpr double kMaxDrainSeconds = 3600.0;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -92,6 +95,12 @@ struct ServiceOptions {
   TenantQuota tenant_defaults;         // config tenant_max_pages/_sequences
   std::string health_listen;           // empty: health only on the main port
   double tombstone_seconds = kDefaultTombstoneSeconds;  // 0: none
+  // Graceful drain and warm restart (docs/reliability.md; config
+  // snapshot_dir, drain_*): empty snapshot_dir: no snapshot is written or read.
+  std::string snapshot_dir;
+  double drain_timeout_seconds = kDefaultDrainTimeoutSeconds;
+  double drain_notice_seconds = kDefaultDrainNoticeSeconds;
+  bool verify_pages_on_attend = false;  // Attend checks each cold page's CRC-32C
 
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }

@@ -213,6 +213,11 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& ke
   *created = false;
   auto it = table_.find(key);
   if (it != table_.end()) return it->second;
+  if (draining_.load()) {
+    return absl::UnavailableError(absl::StrCat("server is draining (shutting down for a restart): new sequence_id ",
+                                               Quoted(id), " refused; existing sequences are served until the "
+                                               "drain ends; create it on another replica or after the restart"));
+  }
   if (!new_incarnation) {
     if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) {
       metrics_->integrity_rejections[kRejectTombstone]->Increment();
@@ -227,18 +232,22 @@ absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& ke
   if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
   }
-  // The least loaded device slot: fewest pages in use, then fewest sequences.
-  int device = 0;
-  for (int k = 1; k < pool_->partitions(); ++k) {
-    const int64_t pk = pool_->pages_in_use(k), pd = pool_->pages_in_use(device);
-    if (pk < pd || (pk == pd && device_sequences_[k] < device_sequences_[device])) device = k;
-  }
+  const int device = LeastLoadedDevice();
   ++device_sequences_[device];
   auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
   Touch(seq.get());
   table_.emplace(key, seq);
   *created = true;
   return seq;
+}
+
+int Handler::LeastLoadedDevice() const {
+  int device = 0;
+  for (int k = 1; k < pool_->partitions(); ++k) {
+    const int64_t pk = pool_->pages_in_use(k), pd = pool_->pages_in_use(device);
+    if (pk < pd || (pk == pd && device_sequences_[k] < device_sequences_[device])) device = k;
+  }
+  return device;
 }
 
 void Handler::EraseLocked(decltype(table_)::iterator it) {
@@ -276,6 +285,7 @@ void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
     l.digests = {};
     tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
     l.pages.clear();
+    l.page_sums.clear();
     l.window_keys = {};
     l.window_values = {};
     l.length = 0;

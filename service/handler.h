@@ -72,6 +72,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "backends/page_checksum.h"
 #include "backends/page_pool.h"
 #include "codec/kv_codec.h"
 #include "proto/driftkv.pb.h"
@@ -130,6 +131,39 @@ class Handler {
   // hot_idle_seconds (not counted). The server calls it periodically.
   int ExpireIdle();
 
+  // GRACEFUL DRAIN AND WARM RESTART (handler_snapshot.cc;
+  // docs/reliability.md). BeginDrain: from now on a chunk that would create
+  // a sequence is refused with UNAVAILABLE naming the drain; existing
+  // sequences are served as before.
+  void BeginDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  struct SnapshotSummary {
+    uint64_t sequences = 0;          // written / restored
+    uint64_t pages = 0;
+    uint64_t corrupt_pages = 0;      // checksum mismatches (pages and windows)
+    uint64_t dropped_sequences = 0;  // not written / not restored, each logged
+    bool rest_lost = false;          // load: a corrupt framing field ended the reading early
+    std::string path;
+  };
+  // Writes every sequence to `dir` (service/snapshot_file.h), hot layers in
+  // their cold form (demoted first; a layer that cannot be demoted or whose
+  // page fails its checksum drops its sequence, counted and logged). Call
+  // after the RPCs have stopped; takes every lock meanwhile.
+  absl::Status WriteSnapshot(const std::string& dir, SnapshotSummary* summary);
+  // Restores the snapshot in `dir`, verifying every page; call once, on an
+  // empty handler, before serving. NotFound when there is none. Refuses
+  // (FailedPrecondition, naming the field) a snapshot of another
+  // codec/shape (SnapshotIdentity). A sequence with a corrupt page or
+  // window, or that no longer fits the pool or max_sequences, is dropped:
+  // logged by id and layer, counted in *summary, Stats and the metrics;
+  // the others are served. The loaded file is renamed to
+  // snapshot.dkvs.loaded so that a later crash does not resurrect it.
+  absl::Status LoadSnapshot(const std::string& dir, SnapshotSummary* summary);
+  // What a snapshot's pages depend on: codec, shape, page format and size,
+  // window, transform (with the transforms file's checksum); "key=value"
+  // lines.
+  std::string SnapshotIdentity() const;
+
   // Async hot tier: waits until every queued promotion has run (tests and
   // benchmarks); returns at once otherwise.
   void DrainPromotions();
@@ -153,6 +187,9 @@ class Handler {
     const uint64_t id = NewLayerId();
     absl::Mutex mu;
     std::vector<PageId> pages;
+    // CRC-32C of each page's cold form (backends/page_checksum.h), parallel
+    // to `pages` in either tier: tier moves keep the bytes' cold form.
+    std::vector<PageChecksum> page_sums;
     std::vector<uint16_t> window_keys;    // bf16 [window tokens][n]
     std::vector<uint16_t> window_values;
     // TokenDigest of every paged token (pages.size() * P entries, token
@@ -293,6 +330,14 @@ class Handler {
   // stored (the rest are freed). REQUIRES: the batch's locks held.
   absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                 int64_t total_pages, size_t* used);
+  // Where a page checksum was checked (label where= of
+  // driftkv_page_checksum_failures_total).
+  enum ChecksumSite : int { kCheckRead = 0, kCheckAttend = 1, kCheckDemote = 2, kCheckSnapshot = 3 };
+  // DATA_LOSS naming the page, layer and sequence when cold page `page`
+  // (page `index` of `layer`) does not match layer.page_sums[index];
+  // counts the failure. REQUIRES: layer.mu held.
+  absl::Status VerifyColdPage(const LayerState& layer, size_t index, PageId page, const std::string& id,
+                              int layer_index, ChecksumSite site) const;
   void Touch(Sequence* seq) { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
   void PublishGauges();
 
@@ -341,6 +386,9 @@ class Handler {
   // device) and its gauges (Metrics::device_*).
   std::vector<int> device_ids_;
   std::vector<prometheus::Gauge*> device_used_gauges_, device_sequence_gauges_;
+  // The device slot for a new sequence: fewest pages in use, then fewest
+  // sequences. REQUIRES: table_mu_ held.
+  int LeastLoadedDevice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
   // Removes a sequence from the table, refunding its tenant's sequence
   // count and its device slot's. REQUIRES: table_mu_ held.
   void EraseLocked(decltype(table_)::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
@@ -353,6 +401,11 @@ class Handler {
   std::atomic<uint64_t> tokens_ingested_{0};
   std::atomic<uint64_t> bytes_ingested_{0};
   std::atomic<uint64_t> attention_tokens_{0};
+  std::atomic<bool> draining_{false};
+  mutable std::atomic<uint64_t> checksum_failures_{0};
+  std::atomic<uint64_t> snapshot_corrupt_pages_{0};
+  std::atomic<uint64_t> snapshot_dropped_sequences_{0};
+  std::atomic<uint64_t> restored_sequences_{0};
   mutable absl::Mutex stats_mu_;
   CodecStats codec_stats_ ABSL_GUARDED_BY(stats_mu_);
 

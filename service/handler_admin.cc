@@ -168,6 +168,9 @@ void Handler::Info(v1::InfoResponse* r) const {
     r->set_hot_promotion(HotPromotionName(options_.hot_promotion));
     r->set_hot_idle_seconds(options_.hot_idle_seconds);
   }
+  r->set_draining(draining_.load());
+  r->set_restored_sequences(restored_sequences_.load());
+  r->set_verify_pages_on_attend(options_.verify_pages_on_attend);
 }
 
 void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
@@ -207,6 +210,9 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
   r->set_tokens_ingested(tokens_ingested_.load());
   r->set_bytes_ingested(bytes_ingested_.load());
   r->set_attention_tokens(attention_tokens_.load());
+  r->set_checksum_failures(checksum_failures_.load());
+  r->set_snapshot_corrupt_pages(snapshot_corrupt_pages_.load());
+  r->set_snapshot_dropped_sequences(snapshot_dropped_sequences_.load());
   if (hot_pool_ != nullptr) {
     const int64_t hot = hot_pool_->pages_in_use();
     r->set_hot_pages_in_use(hot);

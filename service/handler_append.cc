@@ -113,6 +113,11 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     }
     RecordEncoded(jobs);
   }
+  // Checksums of the new pages' cold form, before any promotion.
+  std::vector<PageChecksum> sums(pages.size());
+  for (size_t i = 0; i < pages.size() && i < static_cast<size_t>(plan.pages); ++i) {
+    sums[i] = Crc32c(pool_->page(pages[i]), pool_->page_stride());
+  }
   // A hot layer's new pages go hot at once; with no hot page to be had,
   // even after demoting other layers, the layer goes cold instead (an
   // Append is never refused for the hot tier's sake).
@@ -135,6 +140,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
   }
   layer->digests.insert(layer->digests.end(), new_digests.begin(), new_digests.end());
+  layer->page_sums.insert(layer->page_sums.end(), sums.begin(), sums.end());
   const size_t kept = staged != nullptr ? 0 : encoded * n;
   layer->window_keys.assign(all_k.begin() + kept, all_k.end());
   layer->window_values.assign(all_v.begin() + kept, all_v.end());

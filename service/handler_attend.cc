@@ -328,6 +328,22 @@ absl::Status Handler::AttendImpl(const v1::AttendRequest& request, v1::AttendRes
     r->set_compressed_tokens(layer.pages.size() * pool_->page_tokens());
     attended += layer.length;
   }
+  if (options_.verify_pages_on_attend) {
+    // Each cold page against its checksum before it is attended (hot
+    // pages: backends/page_checksum.h, "What it covers").
+    for (int i = 0; i < items; ++i) {
+      const LayerState& layer = work[i].seq->layers[request.items(i).layer()];
+      if (layer.hot) continue;
+      for (size_t k = 0; k < layer.pages.size(); ++k) {
+        absl::Status st = VerifyColdPage(layer, k, layer.pages[k], work[i].seq->id,
+                                         static_cast<int>(request.items(i).layer()), kCheckAttend);
+        if (!st.ok()) {
+          locks.Unlock();
+          return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
+        }
+      }
+    }
+  }
   backend_->Attend(absl::MakeSpan(jobs));
   locks.TouchAll(this);
   if (hot_pool_ != nullptr) {

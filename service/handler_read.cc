@@ -71,6 +71,13 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         if (tok < paged) {
           const int64_t in_page = tok % p;
           const int64_t run = std::min(count - t, p - in_page);
+          // A hot page is checked when it returns to its cold form
+          // (backends/page_checksum.h, "What it covers").
+          if (!layer.hot) {
+            st = VerifyColdPage(layer, tok / p, layer.pages[tok / p], request.sequence_id(),
+                                static_cast<int>(request.layer()), kCheckRead);
+            if (!st.ok()) return st;
+          }
           // The tier can change between chunks; each chunk reads it under the lock.
           st = layer.hot ? backend_->DecodeHotTokens(layer.pages[tok / p], static_cast<int>(request.layer()),
                                                      static_cast<int>(in_page), static_cast<int>(run),

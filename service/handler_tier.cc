@@ -48,6 +48,14 @@ absl::Status Handler::DemoteLocked(LayerState* layer, DemotionReason reason) {
     pool_->Free(*cold);
     return st;
   }
+  // The demoted bytes must be the cold page the hot one was promoted from.
+  for (size_t i = 0; i < moves.size(); ++i) {
+    absl::Status st = VerifyColdPage(*layer, i, (*cold)[i], "", -1, kCheckDemote);
+    if (!st.ok()) {
+      pool_->Free(*cold);
+      return st;
+    }
+  }
   hot_pool_->Free(layer->pages);
   layer->pages = *std::move(cold);
   layer->hot = false;

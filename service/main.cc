@@ -2,7 +2,10 @@
 //
 // Serves driftkv.v1.KvCache for one model shape. The config is a
 // ServerConfig in protobuf text format (deploy/driftkv-server.textproto);
-// flags override its fields. SIGINT/SIGTERM shut down gracefully.
+// flags override its fields. SIGINT/SIGTERM drain the server: NOT_SERVING,
+// new sequences refused, calls in flight finish, a snapshot written to the
+// config's snapshot_dir, exit 0 (docs/reliability.md); started on that
+// folder again, the server restores the snapshot before serving.
 #include <pthread.h>
 #include <signal.h>
 
@@ -103,6 +106,14 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(info.transforms_calibration_tokens()),
                 info.values_folded() ? ", values folded" : "");
   }
+  const driftkv::Handler::SnapshotSummary& restored = (*server)->restored();
+  if (!restored.path.empty()) {
+    std::printf("\nrestored %llu sequences (%llu pages) from %s; %llu corrupt pages, %llu sequences dropped%s",
+                static_cast<unsigned long long>(restored.sequences), static_cast<unsigned long long>(restored.pages),
+                restored.path.c_str(), static_cast<unsigned long long>(restored.corrupt_pages),
+                static_cast<unsigned long long>(restored.dropped_sequences),
+                restored.rest_lost ? ", the rest of the file lost to a corrupt record" : "");
+  }
   // "listening on port N (gRPC)" starts the line: scripts parse it.
   std::printf("\nlistening on port %d (gRPC)", (*server)->port());
   if (info.tls()) std::printf(" with TLS%s", info.client_certificates() ? " and client certificates" : "");
@@ -114,8 +125,21 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::printf("driftkv-server: %s, shutting down\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+  std::printf("driftkv-server: %s, shutting down: draining (notice %gs, timeout %gs)\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
+              options->drain_notice_seconds, options->drain_timeout_seconds);
   std::fflush(stdout);
-  (*server)->Shutdown(absl::Seconds(10));
+  driftkv::Handler::SnapshotSummary written;
+  absl::Status st = (*server)->Drain(&written);
+  if (!st.ok()) {
+    std::fprintf(stderr, "driftkv-server: the snapshot was not written: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  if (!options->snapshot_dir.empty()) {
+    std::printf("driftkv-server: snapshot of %llu sequences (%llu pages) written to %s; %llu sequences left out\n",
+                static_cast<unsigned long long>(written.sequences), static_cast<unsigned long long>(written.pages),
+                written.path.c_str(), static_cast<unsigned long long>(written.dropped_sequences));
+  }
+  std::printf("driftkv-server: drained\n");
+  std::fflush(stdout);
   return 0;
 }

@@ -129,6 +129,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   tier_demotions[kDemoteBudget] = &demotions.Add({{"reason", "budget"}});
   tier_demotions[kDemoteIdle] = &demotions.Add({{"reason", "idle"}});
   tier_demotions[kDemoteAppend] = &demotions.Add({{"reason", "append"}});
+  tier_demotions[kDemoteDrain] = &demotions.Add({{"reason", "drain"}});
   auto& pages_moved = BuildCounter().Name("driftkv_tier_pages_moved_total")
                     .Help("Pages moved between the tiers, by direction").Register(r);
   tier_pages_moved[0] = &pages_moved.Add({{"direction", "promote"}});
@@ -143,6 +144,20 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)").Register(r);
   tenant_sequences_ = &BuildGauge().Name("driftkv_tenant_sequences")
                            .Help("Live sequences of each tenant (only with tokens)").Register(r);
+  auto& checksum = BuildCounter().Name("driftkv_page_checksum_failures_total")
+                       .Help("Pages whose CRC-32C did not match their stored checksum, by where it was checked")
+                       .Register(r);
+  const char* where[4] = {"read", "attend", "demote", "snapshot"};
+  for (int i = 0; i < 4; ++i) checksum_failures[i] = &checksum.Add({{"where", where[i]}});
+  auto& snapshot = BuildCounter().Name("driftkv_snapshot_sequences_total")
+                       .Help("Sequences of the snapshot loaded at start, by outcome").Register(r);
+  snapshot_restored_sequences = &snapshot.Add({{"outcome", "restored"}});
+  snapshot_dropped_sequences = &snapshot.Add({{"outcome", "dropped"}});
+  snapshot_corrupt_pages = &BuildCounter().Name("driftkv_snapshot_corrupt_pages_total")
+                                .Help("Pages and windows of the snapshot loaded at start that failed their checksum")
+                                .Register(r).Add({});
+  draining = &BuildGauge().Name("driftkv_draining")
+                  .Help("1 while the server drains (SIGTERM until exit), else 0").Register(r).Add({});
   rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
                       .Help("RPC latency by method and gRPC status code").Register(r);
 }

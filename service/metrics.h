@@ -22,9 +22,16 @@ namespace driftkv {
 
 // Why a hot layer went back to the cold tier (label reason= of
 // driftkv_tier_demotions_total): to make room for another layer's
-// promotion or new page, idle for hot_idle_seconds, or the layer's own new
-// page found no hot page even after demoting others.
-enum DemotionReason : int { kDemoteBudget = 0, kDemoteIdle = 1, kDemoteAppend = 2, kDemotionReasons = 3 };
+// promotion or new page, idle for hot_idle_seconds, the layer's own new
+// page found no hot page even after demoting others, or the drain's
+// snapshot (which stores pages in their cold form).
+enum DemotionReason : int {
+  kDemoteBudget = 0,
+  kDemoteIdle = 1,
+  kDemoteAppend = 2,
+  kDemoteDrain = 3,
+  kDemotionReasons = 4
+};
 
 // Why an integrity check refused a chunk or step (label reason= of
 // driftkv_integrity_rejections_total; docs/security.md): its crc32c did not
@@ -95,6 +102,14 @@ class Metrics {
   prometheus::Counter* tier_demotions[kDemotionReasons];  // layers, by DemotionReason
   prometheus::Counter* tier_pages_moved[2];        // direction="promote"|"demote"
   prometheus::Histogram* tier_promotion_seconds;   // per layer promoted
+
+  // Integrity and warm restart (docs/reliability.md).
+  // driftkv_page_checksum_failures_total{where="read"|"attend"|"demote"|"snapshot"}
+  prometheus::Counter* checksum_failures[4];
+  prometheus::Counter* snapshot_corrupt_pages;      // found at load
+  prometheus::Counter* snapshot_dropped_sequences;  // not restored at load
+  prometheus::Counter* snapshot_restored_sequences;
+  prometheus::Gauge* draining;                      // 1 from SIGTERM until exit
 
  private:
   // Buckets of budget_utilization.

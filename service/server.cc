@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "service/transport.h"
@@ -18,6 +19,13 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       Handler::Create(options, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
+  s->options_ = options;
+  if (!options.snapshot_dir.empty()) {
+    // Before the first call is taken: the restored sequences are the state
+    // every call sees.
+    absl::Status st = s->handler_->LoadSnapshot(options.snapshot_dir, &s->restored_);
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+  }
   TransportFactory* transport = hooks.transport != nullptr ? hooks.transport : DefaultTransportFactory();
   s->channels_ = std::make_unique<ChannelManager>(s->handler_.get(), transport);
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
@@ -115,6 +123,21 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
     health_server_->Shutdown(std::chrono::system_clock::now());
   }
   exposer_.reset();
+}
+
+absl::Status DriftkvServer::Drain(Handler::SnapshotSummary* summary) {
+  handler_->BeginDrain();
+  metrics_->draining->Set(1);
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", false);
+  }
+  // Load balancers and readiness probes see NOT_SERVING and move new work
+  // elsewhere; calls on existing sequences are still taken meanwhile.
+  absl::SleepFor(absl::Seconds(options_.drain_notice_seconds));
+  Shutdown(absl::Seconds(options_.drain_timeout_seconds));
+  if (options_.snapshot_dir.empty()) return absl::OkStatus();
+  return handler_->WriteSnapshot(options_.snapshot_dir, summary);
 }
 
 DriftkvServer::~DriftkvServer() { Shutdown(absl::ZeroDuration()); }

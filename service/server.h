@@ -50,6 +50,15 @@ class DriftkvServer {
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
   // then cancels the rest. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
+
+  // The graceful drain (docs/reliability.md): health NOT_SERVING and new
+  // sequences refused (UNAVAILABLE) for options.drain_notice_seconds while
+  // existing ones are served, then Shutdown(drain_timeout_seconds), then
+  // the snapshot to options.snapshot_dir when set (*summary says what was
+  // written). The status is the snapshot's.
+  absl::Status Drain(Handler::SnapshotSummary* summary);
+  // What Start restored from options.snapshot_dir (zeros: none).
+  const Handler::SnapshotSummary& restored() const { return restored_; }
   void Wait() { server_->Wait(); }
 
  private:
@@ -67,6 +76,8 @@ class DriftkvServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::thread reaper_;
   absl::Notification stop_;
+  ServiceOptions options_;
+  Handler::SnapshotSummary restored_;
   int port_ = 0;
   int metrics_port_ = 0;
   int health_port_ = 0;

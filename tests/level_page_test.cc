@@ -603,6 +603,32 @@ TEST(LevelPage, DemoteOfAPageThatDoesNotFitIsDataLoss) {
   EXPECT_NE(std::string(st.message()).find("value level"), std::string::npos) << st;
 }
 
+// Found by fuzz_level_page: a header no encoder writes (NaN scale, -inf
+// offset, negative scale) used to demote to cold records that do not decode.
+TEST(LevelPage, DemoteOfANonFiniteGridIsDataLoss) {
+  const DQuantCodec dq = MakeCodec(2, 64);
+  const LevelPageLayout l = Layout(dq);
+  const int n = dq.n();
+  std::vector<uint8_t> kl(128 * n, 3), vl(128 * n, 2), mean(4 + n, 0);
+  std::vector<uint8_t> keys(128 * dq.key_stride()), values(128 * dq.value_stride()), m(dq.mean_stride());
+  std::vector<uint8_t> page(l.page_bytes);
+  const uint32_t one = 0x3c00;  // scale 1.0, offset 0.0
+  for (uint32_t bad : {0x7e00u, 0xfc000000u | one, 0xbc00u}) {
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<uint32_t> kh(128, one), vh(128, one);
+      (kind == 0 ? kh : vh)[77] = bad;
+      PackLevelPage(l, 128, kl.data(), vl.data(), kh.data(), vh.data(), mean.data(), page.data());
+      absl::Status st = DemotePage(dq, l, page.data(), 128, keys.data(), values.data(), m.data());
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << bad << " " << kind << " " << st;
+      EXPECT_NE(std::string(st.message()).find("of token 77 is not finite"), std::string::npos) << st;
+    }
+  }
+  float scale = 0, offset = 0;
+  EXPECT_TRUE(LevelHeaderGrid(one, &scale, &offset));
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(offset, 0.0f);
+}
+
 // ---------------------------------------------------------------------------
 // LevelAttention against CompressedAttention: the same bits.
 

@@ -212,6 +212,17 @@ class CudaBackend : public Backend {
     return Cuda(cudaStreamSynchronize(stream_), "demote");
   }
 
+  absl::Status UploadPages(absl::Span<const PageId> pages) override {
+    absl::MutexLock lock(&mu_);
+    for (PageId p : pages) {
+      absl::Status st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(p) * layout_.page_bytes,
+                                             pool_.page(p), layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
+                             "upload restored page");
+      if (!st.ok()) return st;
+    }
+    return Cuda(cudaStreamSynchronize(stream_), "upload restored pages");
+  }
+
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
     absl::Status st = CheckLayer(layer);

@@ -61,6 +61,9 @@ class Info:
     hot_page_bytes: int
     hot_promotion: str
     hot_idle_seconds: float
+    draining: bool                  # SIGTERM received: new sequences refused (docs/reliability.md)
+    restored_sequences: int         # restored from the snapshot at start
+    verify_pages_on_attend: bool
     tombstone_seconds: float      # released ids are tombstoned this long (0: off)
     tls: bool                     # transport security of the port (docs/security.md)
     client_certificates: bool
@@ -116,6 +119,9 @@ class Stats:
     nccl_channels_idle_closed: int
     nccl_chunks: int
     devices: Tuple[DeviceStats, ...]
+    checksum_failures: int          # pages that failed their CRC-32C (docs/reliability.md)
+    snapshot_corrupt_pages: int
+    snapshot_dropped_sequences: int
 
 
 _ITEMS = {("Info", "devices"): DeviceInfo, ("Stats", "devices"): DeviceStats}

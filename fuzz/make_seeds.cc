@@ -1,0 +1,138 @@
+// Writes the seed corpora of the fuzz targets (fuzz/corpus/TARGET/*): valid
+// inputs of each format, made by the code that writes them, so that the
+// fuzzers start from inputs that pass the first checks. Built and run by
+// fuzz/build.sh --seeds; the output is committed.
+//
+//   make_seeds DIR [GOLDEN_POOL]   (fuzz/corpus tests/testdata/golden_dquant.dkv)
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "codec/level_page.h"
+#include "codec/transform/transforms_file.h"
+#include "fuzz/fuzz_util.h"
+#include "proto/driftkv.pb.h"
+#include "service/snapshot_file.h"
+
+using namespace driftkv;
+
+namespace {
+
+void Put(const std::string& dir, const std::string& name, const std::string& bytes) {
+  mkdir(dir.c_str(), 0755);
+  std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+}
+std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const std::string out = argv[1];
+  mkdir(out.c_str(), 0755);
+  const DQuantCodec& codec = fuzz::SmallCodec();
+  const PageLayout l = codec.page_layout();
+  const int p = codec.config().mean_window, n = codec.n();
+  std::vector<float> k(p * n), v(p * n);
+  for (int i = 0; i < p * n; ++i) {
+    k[i] = std::sin(0.37f * i) + (i % n == 3 ? 4.0f : 0.0f);
+    v[i] = std::cos(0.11f * i);
+  }
+  std::vector<uint8_t> cold(l.page_bytes);
+  CodecScratch scratch;
+  StreamStats ks, vs;
+  if (!codec.EncodeWindow(k.data(), v.data(), p, cold.data(), cold.data() + l.value_offset,
+                          cold.data() + l.mean_offset, &scratch, &ks, &vs)
+           .ok()) {
+    return 1;
+  }
+  Put(out + "/fuzz_record", "encoded_page", Bytes(cold));
+  const LevelPageLayout level = *MakeLevelPageLayout(codec);
+  std::vector<uint8_t> hot(level.page_bytes);
+  if (!PromotePage(codec, level, cold.data(), cold.data() + l.value_offset, cold.data() + l.mean_offset, p, hot.data())
+           .ok()) {
+    return 1;
+  }
+  std::string hot_seed = Bytes(hot);
+  hot_seed[0] = static_cast<char>(p - 1);  // the first byte also picks the token count: all of them
+  Put(out + "/fuzz_level_page", "promoted_page", hot_seed);
+  // rANS: levels, n, capacity, frequencies, payload bytes.
+  Put(out + "/fuzz_rans", "eight_levels", std::string("\x06\x3f\x20\x05\x0a\x0f\x03\x01\x02\x04\x08" "ABCDEFGHIJKLMNOPQRSTUVWXYZ", 37));
+  Put(out + "/fuzz_rans", "two_levels", std::string("\x00\x7f\x7c\x00\x00\x01\x02\x03\x04", 9));
+  // Transforms: an identity set of 1 layer x 1 head x 16.
+  TransformSet t;
+  t.layers = 1;
+  t.kv_heads = 1;
+  t.head_dim = 16;
+  t.calibration_tokens = 128;
+  t.Resize();
+  for (int m = 0; m < 4; ++m) {
+    for (int i = 0; i < 16; ++i) t.matrix(0, 0, static_cast<Mat>(m))[i * 16 + i] = 1.0f;
+  }
+  Put(out + "/fuzz_transforms", "identity", SerializeTransforms(t));
+  // Snapshot: 2 sequences of 1 layer, n 64, pages of 96 bytes.
+  {
+    const std::string dir = out + "/snapshot_tmp";
+    mkdir(dir.c_str(), 0755);
+    auto w = SnapshotWriter::Open(dir, "codec=dquant\nlayers=1\n", 96);
+    if (!w.ok()) return 1;
+    std::vector<uint16_t> wk(2 * 64, 0x3f80), wv(2 * 64, 0xbf80);
+    std::vector<uint8_t> page(96, 7);
+    for (int s = 0; s < 2; ++s) {
+      (void)(*w)->BeginSequence(s == 0 ? "a" : "bb", 1);
+      (void)(*w)->BeginLayer(3 * 0 + 2 + s * 128, 2, s, wk, wv);
+      for (int i = 0; i < s; ++i) (void)(*w)->Page(page.data(), Crc32c(page.data(), page.size()));
+    }
+    if (!(*w)->Commit().ok()) return 1;
+    std::ifstream f(SnapshotPath(dir), std::ios::binary);
+    Put(out + "/fuzz_snapshot", "two_sequences", std::string(std::istreambuf_iterator<char>(f), {}));
+    std::remove(SnapshotPath(dir).c_str());
+    rmdir(dir.c_str());
+  }
+  // Pool file: the head of the golden pool (header, codec line, first
+  // records; the fuzzer's max_len is 16 KiB) and a codec-options line.
+  if (argc > 2) {
+    std::ifstream golden(argv[2], std::ios::binary);
+    std::string head(16384, '\0');
+    golden.read(head.data(), head.size());
+    head.resize(golden.gcount());
+    Put(out + "/fuzz_pool_file", "golden_head", head);
+  }
+  Put(out + "/fuzz_pool_file", "options",
+      "codec=dquant kv_heads=2 head_dim=64 key_levels=8 value_levels=6 key_bytes=0 value_bytes=0 alpha=1.4 "
+      "mean_window=128");
+  // Config: the sample's essentials.
+  Put(out + "/fuzz_config", "small",
+      "model { layers: 2 kv_heads: 2 head_dim: 64 }\ncodec { name: \"dquant\" page_tokens: 128 transform: "
+      "\"hadamard\" }\nwindow_tokens: 32\npool_bytes: 1048576\nhot_tier_fraction: 0.25\nsnapshot_dir: \"/tmp\"\n"
+      "drain_timeout_seconds: 3\nverify_pages_on_attend: true\n");
+  // Requests: method byte, then the message (layer 0, 40 tokens of 1 x 64).
+  {
+    v1::AppendChunk c;
+    c.set_sequence_id("s");
+    c.set_token_count(40);
+    c.set_dtype(v1::DTYPE_BF16);
+    c.set_keys(std::string(40 * 64 * 2, '\x3c'));
+    c.set_values(std::string(40 * 64 * 2, '\x3b'));
+    Put(out + "/fuzz_request", "append", std::string(1, '\0') + c.SerializeAsString());
+    v1::AttendRequest a;
+    v1::AttendItem* it = a.add_items();
+    it->set_sequence_id("s");
+    it->set_q_heads(1);
+    it->set_dtype(v1::DTYPE_BF16);
+    it->set_query(std::string(64 * 2, '\x3c'));
+    Put(out + "/fuzz_request", "attend", std::string(1, '\1') + a.SerializeAsString());
+    v1::ReadRequest r;
+    r.set_sequence_id("s");
+    r.set_token_count(40);
+    Put(out + "/fuzz_request", "read", std::string(1, '\2') + r.SerializeAsString());
+    v1::ReleaseRequest q;
+    q.set_sequence_id("s");
+    Put(out + "/fuzz_request", "release", std::string(1, '\3') + q.SerializeAsString());
+  }
+  return 0;
+}

@@ -1,0 +1,268 @@
+// Handler: page checksums, and the snapshot of a drained server
+// (GRACEFUL DRAIN AND WARM RESTART in handler.h; the file format is
+// service/snapshot_file.h).
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "service/handler.h"
+#include "service/handler_internal.h"
+#include "service/snapshot_file.h"
+
+namespace driftkv {
+
+using handler_internal::Quoted;
+
+namespace {
+
+void Log(const std::string& line) { std::cerr << "driftkv-server: snapshot: " << line << std::endl; }
+
+}  // namespace
+
+absl::Status Handler::VerifyColdPage(const LayerState& layer, size_t index, PageId page, const std::string& id,
+                                     int layer_index, ChecksumSite site) const {
+  const PageChecksum computed = Crc32c(pool_->page(page), pool_->page_stride());
+  if (computed == layer.page_sums[index]) return absl::OkStatus();
+  ++checksum_failures_;
+  metrics_->checksum_failures[site]->Increment();
+  const int64_t p = pool_->page_tokens();
+  std::string where = id.empty() ? "a hot layer being demoted"
+                                 : absl::StrCat("layer ", layer_index, " of sequence_id ", Quoted(id));
+  return absl::DataLossError(absl::StrFormat(
+      "page %d (tokens [%d, %d)) of %s fails its checksum: stored crc32c %08x, computed %08x; the page is "
+      "corrupt and is not served",
+      index, static_cast<int64_t>(index) * p, static_cast<int64_t>(index + 1) * p, where, layer.page_sums[index],
+      computed));
+}
+
+std::string Handler::SnapshotIdentity() const {
+  const KvCodec::Settings c = codec_->settings();
+  return absl::StrCat("codec=", codec_->name(), "\npage_format=", options_.page_format,
+                      "\nlayers=", options_.layers, "\nkv_heads=", codec_->kv_heads(),
+                      "\nhead_dim=", codec_->head_dim(), "\nkey_levels=", c.key_levels,
+                      "\nvalue_levels=", c.value_levels, "\nkey_payload_bytes=", c.key_payload_bytes,
+                      "\nvalue_payload_bytes=", c.value_payload_bytes, "\nalpha=", absl::StrFormat("%.17g", c.alpha),
+                      "\npage_tokens=", pool_->page_tokens(), "\npage_bytes=", pool_->page_stride(),
+                      "\nwindow_tokens=", options_.window_tokens, "\ntransform=", TransformName(options_.transform),
+                      "\ntransforms_checksum=", absl::Hex(transforms_checksum_, absl::kZeroPad16),
+                      "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n");
+}
+
+absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* summary) {
+  DrainPromotions();
+  std::vector<std::pair<std::string, SequencePtr>> all;
+  {
+    absl::MutexLock lock(&table_mu_);
+    all.assign(table_.begin(), table_.end());
+  }
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });  // a stable file for a stable table
+  absl::StatusOr<std::unique_ptr<SnapshotWriter>> writer =
+      SnapshotWriter::Open(dir, SnapshotIdentity(), pool_->page_stride());
+  if (!writer.ok()) return writer.status();
+  summary->path = SnapshotPath(dir);
+  const size_t n = this->n();
+  for (const auto& [key, seq] : all) {
+    absl::MutexLock seq_lock(&seq->mu);
+    if (seq->released) continue;
+    // First every layer in cold form and every page checked: a sequence
+    // goes into the file whole or not at all.
+    absl::Status bad;
+    for (size_t l = 0; l < seq->layers.size() && bad.ok(); ++l) {
+      LayerState& layer = seq->layers[l];
+      absl::MutexLock layer_lock(&layer.mu);
+      if (layer.hot && !layer.pages.empty()) bad = DemoteLocked(&layer, kDemoteDrain);
+      for (size_t i = 0; i < layer.pages.size() && bad.ok(); ++i) {
+        bad = VerifyColdPage(layer, i, layer.pages[i], key, static_cast<int>(l), kCheckSnapshot);
+      }
+    }
+    if (!bad.ok()) {
+      Log(absl::StrCat("sequence_id ", Quoted(key), " not written: ", bad.message()));
+      ++summary->dropped_sequences;
+      continue;
+    }
+    absl::Status st = (*writer)->BeginSequence(key, static_cast<uint32_t>(seq->layers.size()));
+    for (size_t l = 0; l < seq->layers.size() && st.ok(); ++l) {
+      LayerState& layer = seq->layers[l];
+      absl::ReaderMutexLock layer_lock(&layer.mu);
+      st = (*writer)->BeginLayer(static_cast<uint64_t>(layer.length),
+                                 static_cast<uint32_t>(layer.window_keys.size() / n),
+                                 static_cast<uint32_t>(layer.pages.size()), layer.window_keys, layer.window_values);
+      for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
+        st = (*writer)->Page(pool_->page(layer.pages[i]), layer.page_sums[i]);
+      }
+      summary->pages += layer.pages.size();
+    }
+    if (!st.ok()) return st;
+    ++summary->sequences;
+  }
+  return (*writer)->Commit();
+}
+
+absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summary) {
+  const std::string path = SnapshotPath(dir);
+  summary->path = path;
+  absl::StatusOr<std::unique_ptr<SnapshotReader>> reader = SnapshotReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  if (std::string diff = IdentityDifference((*reader)->identity(), SnapshotIdentity()); !diff.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot ", path, " was written with another codec or shape (", diff,
+        "); refusing to load it; start with the config that wrote it, or move the file away to start empty"));
+  }
+  const size_t n = this->n();
+  const int64_t p = pool_->page_tokens();
+  const uint32_t max_window = static_cast<uint32_t>(options_.window_tokens + p);
+  auto drop = [&](const std::string& id, const std::string& why) {
+    Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
+    ++summary->dropped_sequences;
+    ++snapshot_dropped_sequences_;
+    metrics_->snapshot_dropped_sequences->Increment();
+  };
+  absl::Status framing;
+  for (;;) {
+    bool more = false;
+    std::string id;
+    uint32_t layers = 0;
+    framing = (*reader)->NextSequence(&more, &id, &layers);
+    if (!framing.ok() || !more) break;
+    if (layers != static_cast<uint32_t>(options_.layers)) {
+      framing = absl::DataLossError(absl::StrCat("sequence_id ", Quoted(id), " has ", layers,
+                                                 " layers; the identity says ", options_.layers));
+      break;
+    }
+    // The key names the tenant (service/tenant.h); the sequence goes to the
+    // least loaded device slot, as a new one would.
+    TenantUsage* usage = ledger_.Get(TenantOfKey(id));
+    int device;
+    {
+      absl::MutexLock lock(&table_mu_);
+      device = LeastLoadedDevice();
+    }
+    auto seq = std::make_shared<Sequence>(id, options_.layers, usage, device);
+    std::string why;  // the first reason to drop this sequence; empty: keep
+    std::vector<PageId> reserved;
+    std::vector<uint16_t> keys, values;
+    for (uint32_t l = 0; l < layers && framing.ok(); ++l) {
+      LayerState& layer = seq->layers[l];
+      SnapshotReader::LayerHeader h;
+      bool window_intact = true;
+      framing = (*reader)->NextLayer(n, max_window, &h, &keys, &values, &window_intact);
+      if (!framing.ok()) break;
+      if (static_cast<uint64_t>(h.pages) * p + h.window_tokens != h.length) {
+        framing = absl::DataLossError(absl::StrCat("layer ", l, " of sequence_id ", Quoted(id), ": ", h.pages,
+                                                   " pages and ", h.window_tokens, " window tokens do not make ",
+                                                   h.length, " tokens"));
+        break;
+      }
+      if (!window_intact && why.empty()) {
+        why = absl::StrCat("the bf16 window of layer ", l, " fails its checksum");
+        ++summary->corrupt_pages;
+        ++snapshot_corrupt_pages_;
+        metrics_->snapshot_corrupt_pages->Increment();
+      }
+      absl::StatusOr<std::vector<PageId>> pages = pool_->Reserve(h.pages, device);
+      if (!pages.ok() && why.empty()) why = std::string(pages.status().message());
+      std::vector<uint8_t> scratch;  // pages that are read but not kept
+      for (uint32_t i = 0; i < h.pages && framing.ok(); ++i) {
+        uint8_t* dst;
+        if (pages.ok()) {
+          dst = pool_->page((*pages)[i]);
+        } else {
+          scratch.resize(pool_->page_stride());
+          dst = scratch.data();
+        }
+        PageChecksum stored = 0;
+        bool intact = true;
+        framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
+        if (framing.ok() && !intact) {
+          ++summary->corrupt_pages;
+          ++snapshot_corrupt_pages_;
+          metrics_->snapshot_corrupt_pages->Increment();
+          ++checksum_failures_;
+          metrics_->checksum_failures[kCheckSnapshot]->Increment();
+          if (why.empty()) {
+            why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d fails its checksum (stored crc32c %08x)",
+                                  i, static_cast<int64_t>(i) * p, static_cast<int64_t>(i + 1) * p, l, stored);
+          }
+        }
+        if (pages.ok()) layer.page_sums.push_back(stored);
+      }
+      if (pages.ok()) {
+        layer.pages = *pages;
+        reserved.insert(reserved.end(), pages->begin(), pages->end());
+      }
+      layer.window_keys = keys;
+      layer.window_values = values;
+      layer.length = static_cast<int64_t>(h.length);
+    }
+    if (!framing.ok()) {
+      pool_->Free(reserved);
+      drop(id, "the snapshot ends in a corrupt record");
+      break;
+    }
+    bool charged = false;
+    if (why.empty()) {
+      absl::MutexLock lock(&table_mu_);
+      absl::Status quota = usage->ChargeSequence();
+      if (quota.ok()) {
+        quota = usage->ChargePages(static_cast<int64_t>(reserved.size()));
+        if (!quota.ok()) usage->RefundSequence();
+      }
+      if (table_.size() >= options_.max_sequences) {
+        why = absl::StrCat("max_sequences ", options_.max_sequences, " reached");
+      } else if (!quota.ok()) {
+        why = std::string(quota.message());
+      } else if (table_.count(id) != 0) {
+        why = "sequence_id repeated in the snapshot";
+      } else {
+        table_.emplace(id, seq);
+        ++device_sequences_[device];
+        charged = true;
+      }
+      if (!charged && quota.ok()) {
+        usage->RefundSequence();
+        usage->RefundPages(static_cast<int64_t>(reserved.size()));
+      }
+    }
+    if (why.empty()) {
+      if (absl::Status st = backend_->UploadPages(reserved); !st.ok()) {
+        absl::MutexLock lock(&table_mu_);
+        auto it = table_.find(id);
+        usage->RefundPages(static_cast<int64_t>(reserved.size()));
+        EraseLocked(it);
+        why = std::string(st.message());
+      }
+    }
+    if (!why.empty()) {
+      pool_->Free(reserved);
+      drop(id, why);
+      continue;
+    }
+    Touch(seq.get());
+    for (const LayerState& layer : seq->layers) {
+      tokens_compressed_ += static_cast<int64_t>(layer.pages.size()) * p;
+      tokens_window_ += static_cast<int64_t>(layer.window_keys.size() / n);
+    }
+    summary->pages += reserved.size();
+    ++summary->sequences;
+    ++restored_sequences_;
+    metrics_->snapshot_restored_sequences->Increment();
+  }
+  if (!framing.ok()) {
+    summary->rest_lost = true;  // how many sequences followed is unknown
+    Log(absl::StrCat("the rest of ", path, " is lost: ", framing.message()));
+  }
+  PublishGauges();
+  reader->reset();
+  // Loaded once: a later start without a drain must not bring back what
+  // this server is about to change or release.
+  const std::string loaded = path + ".loaded";
+  if (std::rename(path.c_str(), loaded.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", path, " to ", loaded));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv

@@ -1,0 +1,269 @@
+#include "service/snapshot_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace driftkv {
+namespace {
+
+static_assert(sizeof(uint16_t) == 2, "bf16 values are 2 bytes");
+
+void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
+void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+uint32_t GetU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t GetU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+uint32_t CrcOf(const void* data, size_t size, uint32_t crc = 0) {
+  return Crc32c(static_cast<const uint8_t*>(data), size, crc);
+}
+std::string OsError(absl::string_view what, const std::string& path) {
+  return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
+}
+
+}  // namespace
+
+std::string SnapshotPath(const std::string& dir) { return absl::StrCat(dir, "/", kSnapshotFileName); }
+
+std::string IdentityDifference(absl::string_view snapshot, absl::string_view server) {
+  if (snapshot == server) return "";
+  std::vector<absl::string_view> a = absl::StrSplit(snapshot, '\n'), b = absl::StrSplit(server, '\n');
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    absl::string_view x = i < a.size() ? a[i] : "(none)", y = i < b.size() ? b[i] : "(none)";
+    if (x == y) continue;
+    std::pair<absl::string_view, absl::string_view> kx = absl::StrSplit(x, absl::MaxSplits('=', 1));
+    std::pair<absl::string_view, absl::string_view> ky = absl::StrSplit(y, absl::MaxSplits('=', 1));
+    if (kx.first == ky.first) return absl::StrCat(kx.first, ": snapshot ", kx.second, ", this server ", ky.second);
+    return absl::StrCat("snapshot \"", x, "\", this server \"", y, "\"");
+  }
+  return "";
+}
+
+// ---- writer ----
+
+absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& dir,
+                                                                      absl::string_view identity,
+                                                                      size_t page_bytes) {
+  std::unique_ptr<SnapshotWriter> w(new SnapshotWriter());
+  w->dir_ = dir;
+  w->path_ = SnapshotPath(dir);
+  w->tmp_path_ = w->path_ + ".tmp";
+  w->page_bytes_ = page_bytes;
+  w->file_ = std::fopen(w->tmp_path_.c_str(), "wb");
+  if (w->file_ == nullptr) return absl::UnavailableError(OsError("cannot create", w->tmp_path_));
+  std::string header(kSnapshotMagic, sizeof(kSnapshotMagic));
+  PutU32(&header, kSnapshotVersion);
+  PutU32(&header, static_cast<uint32_t>(identity.size()));
+  header.append(identity.data(), identity.size());
+  if (absl::Status st = w->WriteWithCrc(header); !st.ok()) return st;
+  return w;
+}
+
+SnapshotWriter::~SnapshotWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!committed_) std::remove(tmp_path_.c_str());
+}
+
+absl::Status SnapshotWriter::Write(const void* data, size_t size) {
+  if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
+    return absl::UnavailableError(OsError("cannot write", tmp_path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotWriter::WriteWithCrc(const std::string& bytes) {
+  std::string out = bytes;
+  PutU32(&out, CrcOf(bytes.data(), bytes.size()));
+  return Write(out.data(), out.size());
+}
+
+absl::Status SnapshotWriter::BeginSequence(absl::string_view id, uint32_t layers) {
+  std::string rec;
+  PutU32(&rec, kSnapshotSequenceTag);
+  PutU32(&rec, static_cast<uint32_t>(id.size()));
+  rec.append(id.data(), id.size());
+  PutU32(&rec, layers);
+  ++sequences_;
+  return WriteWithCrc(rec);
+}
+
+absl::Status SnapshotWriter::BeginLayer(uint64_t length, uint32_t window_tokens, uint32_t pages,
+                                        absl::Span<const uint16_t> window_keys,
+                                        absl::Span<const uint16_t> window_values) {
+  std::string rec;
+  PutU64(&rec, length);
+  PutU32(&rec, window_tokens);
+  PutU32(&rec, pages);
+  if (absl::Status st = WriteWithCrc(rec); !st.ok()) return st;
+  uint32_t crc = CrcOf(window_keys.data(), window_keys.size() * 2);
+  crc = CrcOf(window_values.data(), window_values.size() * 2, crc);
+  absl::Status st = Write(window_keys.data(), window_keys.size() * 2);
+  if (st.ok()) st = Write(window_values.data(), window_values.size() * 2);
+  if (st.ok()) st = Write(&crc, 4);
+  return st;
+}
+
+absl::Status SnapshotWriter::Page(const uint8_t* bytes, PageChecksum checksum) {
+  ++pages_;
+  absl::Status st = Write(&checksum, 4);
+  if (st.ok()) st = Write(bytes, page_bytes_);
+  return st;
+}
+
+absl::Status SnapshotWriter::Commit() {
+  std::string rec;
+  PutU32(&rec, kSnapshotEndTag);
+  PutU64(&rec, sequences_);
+  PutU64(&rec, pages_);
+  if (absl::Status st = WriteWithCrc(rec); !st.ok()) return st;
+  if (std::fflush(file_) != 0 || fsync(fileno(file_)) != 0) {
+    return absl::UnavailableError(OsError("cannot flush", tmp_path_));
+  }
+  std::fclose(file_);
+  file_ = nullptr;
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    return absl::UnavailableError(OsError(absl::StrCat("cannot rename ", tmp_path_, " to"), path_));
+  }
+  committed_ = true;
+  // The rename itself must reach the disk.
+  const int fd = open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+  return absl::OkStatus();
+}
+
+// ---- reader ----
+
+absl::StatusOr<std::unique_ptr<SnapshotReader>> SnapshotReader::Open(const std::string& path) {
+  std::unique_ptr<SnapshotReader> r(new SnapshotReader());
+  r->path_ = path;
+  r->file_ = std::fopen(path.c_str(), "rb");
+  if (r->file_ == nullptr) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no snapshot at ", path));
+    return absl::UnavailableError(OsError("cannot open", path));
+  }
+  uint8_t fixed[16];
+  if (absl::Status st = r->Read(fixed, sizeof(fixed), "header"); !st.ok()) return st;
+  if (std::memcmp(fixed, kSnapshotMagic, sizeof(kSnapshotMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, " is not a driftkv snapshot (bad magic)"));
+  }
+  const uint32_t version = GetU32(fixed + 8), identity_bytes = GetU32(fixed + 12);
+  if (version != kSnapshotVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": snapshot version ", version, " is not the supported ", kSnapshotVersion));
+  }
+  if (identity_bytes > kSnapshotMaxIdentityBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": identity of ", identity_bytes, " bytes exceeds ",
+                                            kSnapshotMaxIdentityBytes, " (corrupt header)"));
+  }
+  r->identity_.resize(identity_bytes);
+  uint32_t crc = 0;
+  if (absl::Status st = r->Read(r->identity_.data(), identity_bytes, "identity"); !st.ok()) return st;
+  if (absl::Status st = r->Read(&crc, 4, "header checksum"); !st.ok()) return st;
+  if (crc != CrcOf(r->identity_.data(), identity_bytes, CrcOf(fixed, sizeof(fixed)))) {
+    return absl::DataLossError(absl::StrCat(path, ": header checksum mismatch (corrupt header)"));
+  }
+  return r;
+}
+
+SnapshotReader::~SnapshotReader() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+absl::Status SnapshotReader::Read(void* data, size_t size, absl::string_view what) {
+  if (size > 0 && std::fread(data, 1, size, file_) != size) {
+    return absl::DataLossError(absl::StrCat(path_, ": truncated in the ", what, " at byte ", std::ftell(file_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::NextSequence(bool* more, std::string* id, uint32_t* layers) {
+  uint8_t head[8];
+  if (absl::Status st = Read(head, 4, "record tag"); !st.ok()) return st;
+  const uint32_t tag = GetU32(head);
+  if (tag == kSnapshotEndTag) {
+    uint8_t rest[20];
+    if (absl::Status st = Read(rest, sizeof(rest), "trailer"); !st.ok()) return st;
+    const uint32_t crc = CrcOf(rest, 16, CrcOf(head, 4));
+    if (crc != GetU32(rest + 16)) return absl::DataLossError(absl::StrCat(path_, ": trailer checksum mismatch"));
+    if (GetU64(rest) != sequences_ || GetU64(rest + 8) != pages_) {
+      return absl::DataLossError(absl::StrCat(path_, ": trailer counts ", GetU64(rest), " sequences, ",
+                                              GetU64(rest + 8), " pages; the file holds ", sequences_, " and ",
+                                              pages_));
+    }
+    *more = false;
+    return absl::OkStatus();
+  }
+  if (tag != kSnapshotSequenceTag) {
+    return absl::DataLossError(absl::StrCat(path_, ": bad record tag ", tag, " at byte ", std::ftell(file_) - 4));
+  }
+  if (absl::Status st = Read(head + 4, 4, "sequence id size"); !st.ok()) return st;
+  const uint32_t id_bytes = GetU32(head + 4);
+  if (id_bytes > kSnapshotMaxIdBytes) {
+    return absl::DataLossError(absl::StrCat(path_, ": sequence id of ", id_bytes, " bytes (corrupt record)"));
+  }
+  id->resize(id_bytes);
+  uint8_t tail[8];
+  if (absl::Status st = Read(id->data(), id_bytes, "sequence id"); !st.ok()) return st;
+  if (absl::Status st = Read(tail, 8, "sequence record"); !st.ok()) return st;
+  const uint32_t crc = CrcOf(tail, 4, CrcOf(id->data(), id_bytes, CrcOf(head, 8)));
+  if (crc != GetU32(tail + 4)) {
+    return absl::DataLossError(absl::StrCat(path_, ": sequence record checksum mismatch at sequence ", sequences_));
+  }
+  *layers = GetU32(tail);
+  ++sequences_;
+  *more = true;
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header, std::vector<uint16_t>* keys,
+                                       std::vector<uint16_t>* values, bool* window_intact) {
+  uint8_t rec[20];
+  if (absl::Status st = Read(rec, sizeof(rec), "layer record"); !st.ok()) return st;
+  if (CrcOf(rec, 16) != GetU32(rec + 16)) {
+    return absl::DataLossError(absl::StrCat(path_, ": layer record checksum mismatch in sequence ", sequences_));
+  }
+  header->length = GetU64(rec);
+  header->window_tokens = GetU32(rec + 8);
+  header->pages = GetU32(rec + 12);
+  if (header->window_tokens > max_window_tokens) {
+    return absl::DataLossError(absl::StrCat(path_, ": window of ", header->window_tokens, " tokens exceeds ",
+                                            max_window_tokens, " in sequence ", sequences_));
+  }
+  const size_t values_count = static_cast<size_t>(header->window_tokens) * n;
+  keys->resize(values_count);
+  values->resize(values_count);
+  uint32_t stored = 0;
+  absl::Status st = Read(keys->data(), values_count * 2, "window keys");
+  if (st.ok()) st = Read(values->data(), values_count * 2, "window values");
+  if (st.ok()) st = Read(&stored, 4, "window checksum");
+  if (!st.ok()) return st;
+  *window_intact = stored == CrcOf(values->data(), values_count * 2, CrcOf(keys->data(), values_count * 2));
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact) {
+  absl::Status st = Read(stored, 4, "page checksum");
+  if (st.ok()) st = Read(out, page_bytes, "page");
+  if (!st.ok()) return st;
+  ++pages_;
+  *intact = Crc32c(out, page_bytes) == *stored;
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv

@@ -1,0 +1,124 @@
+// The snapshot file of a drained server (docs/reliability.md, "Snapshot
+// file"): every sequence's layers (length, bf16 window, pages in cold form
+// with their CRC-32C), written at drain and read at the next start.
+//
+// Byte layout, little-endian, one file `snapshot.dkvs` in snapshot_dir:
+//   header    "DKVSNAP\0" (8) | u32 version (1) | u32 identity bytes |
+//             identity (text, "key=value\n" lines: the codec, shape and page
+//             size the pages were written with) | u32 CRC-32C of all before
+//   sequence  u32 'SEQ1' | u32 id bytes | id | u32 layers |
+//             u32 CRC-32C of this record's bytes before it
+//     layer   u64 length | u32 window tokens | u32 pages |
+//             u32 CRC-32C of those 16 bytes |
+//             bf16 keys [window tokens][n] | bf16 values [window tokens][n] |
+//             u32 CRC-32C of the window's bytes |
+//       page  u32 page checksum (backends/page_checksum.h) | page bytes
+//             (the cold page, page_bytes of the identity)
+//   trailer   u32 'END1' | u64 sequences | u64 pages | u32 CRC-32C of those 20 bytes
+//
+// Framing fields (ids, counts, lengths) are checked by their own CRCs before
+// they are believed, so a flipped bit in a page or a window loses that
+// sequence only; one in a framing field loses the rest of the file (reported,
+// never guessed). The writer writes `snapshot.dkvs.tmp`, fsyncs it and
+// renames it over `snapshot.dkvs` (then fsyncs the folder): a crash while
+// writing leaves the previous snapshot or none, never a torn one.
+#ifndef DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
+#define DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "backends/page_checksum.h"
+
+namespace driftkv {
+
+constexpr char kSnapshotMagic[8] = {'D', 'K', 'V', 'S', 'N', 'A', 'P', '\0'};
+constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint32_t kSnapshotSequenceTag = 0x31514553;  // "SEQ1"
+constexpr uint32_t kSnapshotEndTag = 0x31444E45;       // "END1"
+constexpr const char* kSnapshotFileName = "snapshot.dkvs";
+// Upper bounds a reader believes (after the CRC) before allocating.
+constexpr uint32_t kSnapshotMaxIdentityBytes = 1 << 16;
+constexpr uint32_t kSnapshotMaxIdBytes = 1 << 16;
+
+// The path of the snapshot in `dir`.
+std::string SnapshotPath(const std::string& dir);
+
+// The first line where two identities differ, as "KEY: snapshot VALUE, this
+// server VALUE" ("" when they are equal).
+std::string IdentityDifference(absl::string_view snapshot, absl::string_view server);
+
+// Writes a snapshot in the order of the layout above. Each method fails
+// with the path and the OS error; after a failure the writer is useless and
+// the temporary file is removed on destruction.
+class SnapshotWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, absl::string_view identity,
+                                                              size_t page_bytes);
+  ~SnapshotWriter();
+
+  absl::Status BeginSequence(absl::string_view id, uint32_t layers);
+  // Window bf16 arrays of window_tokens * n values each.
+  absl::Status BeginLayer(uint64_t length, uint32_t window_tokens, uint32_t pages,
+                          absl::Span<const uint16_t> window_keys, absl::Span<const uint16_t> window_values);
+  absl::Status Page(const uint8_t* bytes, PageChecksum checksum);
+  // Trailer, fsync, rename, fsync of the folder.
+  absl::Status Commit();
+
+ private:
+  SnapshotWriter() = default;
+  absl::Status Write(const void* data, size_t size);
+  absl::Status WriteWithCrc(const std::string& bytes);
+
+  std::string dir_, tmp_path_, path_;
+  size_t page_bytes_ = 0;
+  FILE* file_ = nullptr;
+  bool committed_ = false;
+  uint64_t sequences_ = 0, pages_ = 0;
+};
+
+// Reads a snapshot record by record. Open checks the header (magic,
+// version, CRC) and returns the identity; Next* follow the layout. A
+// DataLoss status from a framing read means the rest of the file cannot be
+// trusted; a page whose checksum does not match is reported by Page's
+// `*intact`, and reading can go on.
+class SnapshotReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<SnapshotReader>> Open(const std::string& path);
+  ~SnapshotReader();
+  const std::string& identity() const { return identity_; }
+
+  // false in *more at the trailer (whose CRC and counts are checked).
+  absl::Status NextSequence(bool* more, std::string* id, uint32_t* layers);
+  struct LayerHeader {
+    uint64_t length = 0;
+    uint32_t window_tokens = 0;
+    uint32_t pages = 0;
+  };
+  // `n` values per token; *window_intact is false when the window's CRC
+  // does not match (the sequence is then lost, the reading goes on). A
+  // window longer than max_window_tokens is DataLoss (nothing allocated).
+  absl::Status NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header, std::vector<uint16_t>* keys,
+                         std::vector<uint16_t>* values, bool* window_intact);
+  // Reads one page of `page_bytes` into `out`; *intact: its CRC-32C
+  // matches the stored checksum (*stored).
+  absl::Status Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact);
+
+ private:
+  SnapshotReader() = default;
+  absl::Status Read(void* data, size_t size, absl::string_view what);
+
+  std::string path_;
+  FILE* file_ = nullptr;
+  std::string identity_;
+  uint64_t sequences_ = 0, pages_ = 0;
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
