@@ -83,6 +83,7 @@ v1::AppendChunk GrpcChunk(const std::string& seq, uint32_t layer, uint64_t first
   c.set_sequence_id(seq);
   c.set_layer(layer);
   c.set_first_token(first);
+  c.set_new_incarnation(true);  // the benchmark reuses its ids after releasing them
   c.set_token_count(count);
   c.set_dtype(v1::DTYPE_BF16);
   const size_t bytes = static_cast<size_t>(count) * n * 2;
@@ -99,6 +100,7 @@ v1::PushChunkRequest Header(const std::string& seq, uint32_t layer, uint64_t fir
   h.set_token_count(count);
   h.set_dtype(v1::DTYPE_BF16);
   h.set_tensor_bytes(static_cast<uint64_t>(count) * n * 2);
+  h.set_new_incarnation(true);  // the benchmark reuses its ids after releasing them
   return h;
 }
 
