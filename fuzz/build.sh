@@ -23,6 +23,7 @@ SOURCES=(
   codec/*.cc codec/transform/*.cc codec/baselines/*.cc
   backends/*.cc backends/cpu/*.cc wire/*.cc
   service/config.cc service/handler*.cc service/metrics.cc service/snapshot_file.cc
+  service/tenant.cc service/tokens.cc service/tombstones.cc service/token_digest.cc
   "$OUT"/gen/proto/*.pb.cc
 )
 compile() {  # compile SRC: OUT/obj/<path with / as _>.o, when older than the source
@@ -43,7 +44,7 @@ LIBS=(-lprotobuf -lprometheus-cpp-core -labsl_status -labsl_statusor -labsl_str_
       -labsl_time -labsl_civil_time -labsl_time_zone -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal
       -labsl_base -labsl_spinlock_wait -labsl_log_severity -labsl_hash -labsl_city -labsl_low_level_hash
       -labsl_raw_hash_set -labsl_strerror -labsl_hashtablez_sampler -labsl_bad_optional_access
-      -labsl_bad_variant_access -pthread)
+      -labsl_bad_variant_access -lcrypto -pthread)
 # make_seeds (fuzz/corpus), linked like the targets but with its own main.
 $CXX "${CXXFLAGS[@]}" fuzz/make_seeds.cc "$OUT"/obj/*.o "${LIBS[@]}" -o "$OUT/make_seeds" &
 for target in fuzz/fuzz_*.cc; do
