@@ -10,6 +10,7 @@
 #include "service/handler.h"
 #include "service/handler_internal.h"
 #include "service/snapshot_file.h"
+#include "service/token_digest.h"
 
 namespace driftkv {
 
@@ -191,6 +192,10 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       }
       if (pages.ok()) {
         layer.pages = *pages;
+        // The snapshot keeps no token digests: the restored paged tokens
+        // have none (kNoDigest), so digests stay aligned with token
+        // positions for the pages appended after the restore.
+        layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
         reserved.insert(reserved.end(), pages->begin(), pages->end());
       }
       layer.window_keys = keys;

@@ -4,6 +4,7 @@
 // handler's injectable clock), tenant isolation and quotas; and the pieces
 // behind them (CRC-32C, the tokens file).
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <thread>
 #include <string>
@@ -164,6 +165,39 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   ASSERT_TRUE(h_->Append(Chunk("p", 0, 10, 190, kv), &r).ok());
   EXPECT_EQ(r.tokens_duplicate(), 190u);
   EXPECT_EQ(ReadAll("p"), stored);
+}
+
+// A warm restart keeps no token digests: restored paged tokens are not
+// compared on repeat, and pages appended after the restore still are (the
+// digests stay aligned with token positions).
+TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
+  const testing::Kv kv = SyntheticKv(600, kN, 5);
+  ASSERT_TRUE(Push("r", kv, 300).ok());
+  const std::string dir = ::testing::TempDir() + "/integrity_restore";
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make();
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  ASSERT_EQ(loaded.sequences, 1u);
+  v1::AppendResponse r;
+  for (int t = 300; t < 600; t += 50) ASSERT_TRUE(h_->Append(Chunk("r", 0, t, 50, kv), &r).ok());
+  v1::LengthRequest lr;
+  lr.set_sequence_id("r");
+  v1::LengthResponse len;
+  ASSERT_TRUE(h_->Length(lr, &len).ok());
+  ASSERT_GE(len.layers(0).compressed_tokens(), 340u);  // [300, 340) is in pages
+  // Exact retries of restored and of new paged tokens are duplicates.
+  ASSERT_TRUE(h_->Append(Chunk("r", 0, 0, 40, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(Chunk("r", 0, 300, 40, kv), &r).ok());
+  // Other data for a token paged after the restore is refused.
+  const std::string stored = ReadAll("r");
+  testing::Kv other = kv;
+  other.values[310 * kN + 1] += 0.5f;
+  absl::Status st = Append(Chunk("r", 0, 300, 40, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [310, 311)")) << st;
+  EXPECT_EQ(ReadAll("r"), stored);
 }
 
 TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
