@@ -1,28 +1,105 @@
 #!/usr/bin/env bash
 # The NCCL ingest checks on a 2-GPU machine (docs/nccl.md), in one call:
 # server on GPU 1, client on GPU 0.
-#   cd .device/nccl && ./nccl_device_check.sh smoke|quick|full
+#   cd .device/nccl && ./nccl_device_check.sh smoke|quick|full|node|ingest
 # with ./bundle made by bundle-for-device from //service:driftkv-server-cuda,
 # //bench:nccl_ingest_bench, //backends/cuda:cuda_backend_test and
-# //tests:service_gpu_test. smoke: versions, GPUs, the equality check.
+# //tests:service_gpu_test (node also needs //kernels:attention_test,
+# //kernels:encode_test, //kernels:level_attention_test and
+# //tests:service_drain_test). smoke: versions, GPUs, the equality check.
 # full: the GPU tests, equality, throughput (8, 64, 1024 MiB chunks, NCCL
 # vs gRPC), the killed-client fault test, health afterwards, then a second
 # server over both GPUs (--devices 1,0) against the first: Attend of
 # 64 x 8K bit-equal and items/s. quick: equality, throughput over 2
-# channels, the two-GPU check from 16 and 32 client threads. Writes
-# $OUT/server.log, $OUT/server2.log.
+# channels, the two-GPU check from 16 and 32 client threads. node: every
+# GPU test (kernels, backend, service, drain and restore against
+# driftkv-server-cuda), then equality, throughput over 2 channels, the
+# fault, the two-GPU check from 16 and 32 threads. ingest: equality,
+# throughput over 2 and 4 channels, the fault. Writes $OUT/server.log,
+# $OUT/server2.log (and each GPU test's log in node mode).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 mode=${1:-full}
 B=./bundle/run
 OUT=${OUT:-/tmp}
 T=127.0.0.1:50061
+T2=127.0.0.1:50062
+t0=$(date +%s)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -4
 echo "libnccl the binaries load:"
 for b in driftkv-server-cuda nccl_ingest_bench; do
   echo "  $b: $(LD_LIBRARY_PATH=bundle/lib ldd bundle/bin/$b | awk '/libnccl/ {print $3}')"
 done
+
+gpu_tests() {
+  echo "== GPU unit tests"
+  for t in attention_test encode_test level_attention_test cuda_backend_test service_gpu_test; do
+    $B $t > $OUT/$t.log 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' $OUT/$t.log | tr '\n' ' ')"
+  done
+  echo "== drain + warm restart on driftkv-server-cuda"
+  DRIFTKV_DRAIN_BACKEND=cuda $B service_drain_test $PWD/bundle/bin/driftkv-server-cuda > $OUT/drain.log 2>&1
+  echo "service_drain_test (cuda) rc=$? $(grep -E '^\[  (PASSED|FAILED)' $OUT/drain.log | tr '\n' ' ')"
+  echo "tests done in $(($(date +%s) - t0)) s"
+}
+
+wait_for() {  # wait_for TARGET: until the server answers
+  for i in $(seq 1 150); do $B nccl_ingest_bench --target "$1" --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
+}
+
+health() {
+  python3 - "$T" <<'PY'
+import sys, grpc
+ch = grpc.insecure_channel(sys.argv[1])
+check = ch.unary_unary('/grpc.health.v1.Health/Check', request_serializer=lambda x: x, response_deserializer=lambda x: x)
+r = check(b'', timeout=5)
+print('HEALTH', 'SERVING' if r == b'\x08\x01' else repr(r))
+PY
+}
+
+throughput() {  # throughput SIZES CHANNELS [EXTRA ARGS]
+  local sizes=$1 channels=$2
+  shift 2
+  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes "$sizes" --channels "$channels" "$@"
+}
+
+# A client that sends a chunk header and no data, killed with SIGKILL: the
+# server must abort the channel by its deadline and keep the pool as it was.
+fault() {
+  echo "== fault: client killed mid-transfer"
+  local before child since
+  before=$($B nccl_ingest_bench --target $T --mode stats | awk '/PAGES/ {print $2}')
+  $B nccl_ingest_bench --target $T --device 0 --mode fault_child > /tmp/child.log 2>&1 &
+  child=$!
+  for i in $(seq 1 300); do grep -q SENT /tmp/child.log && break; sleep 0.05; done
+  since=$(awk '/SENT/ {print $2}' /tmp/child.log)
+  kill -9 $child
+  echo "client killed mid-transfer (header sent, no data)"
+  $B nccl_ingest_bench --target $T --mode fault_watch --since_ns "$since" --before_pages "$before"
+  health
+  echo "after the fault, a new channel:"
+  $B nccl_ingest_bench --target $T --device 0 --mode equal | tail -1
+}
+
+# Two GPUs: device slot 0 is GPU 1 (NCCL staging there: the client is on
+# GPU 0). multi THREADS...: the check from each number of client threads.
+multi() {
+  echo "== two GPUs vs one"
+  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
+    > $OUT/server2.log 2>&1 &
+  local server2=$!
+  wait_for $T2
+  head -1 $OUT/server2.log
+  for threads in "$@"; do
+    $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads $threads \
+      --attend_iters 40 | grep MULTI
+  done
+  kill -INT $server2
+  wait $server2
+}
+
+[[ $mode == node ]] && gpu_tests
 cat > /tmp/nccl_server.textproto <<CFG
 backend: "cuda"
 model { layers: 32 kv_heads: 8 head_dim: 128 }
@@ -36,60 +113,36 @@ CFG
 $B driftkv-server-cuda --config /tmp/nccl_server.textproto --device 1 --listen $T --metrics none \
   > $OUT/server.log 2>&1 &
 server=$!
-for i in $(seq 1 150); do $B nccl_ingest_bench --target $T --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
+wait_for $T
 head -3 $OUT/server.log
-health() {
-  python3 - "$T" <<'PY'
-import sys, grpc
-ch = grpc.insecure_channel(sys.argv[1])
-check = ch.unary_unary('/grpc.health.v1.Health/Check', request_serializer=lambda x: x, response_deserializer=lambda x: x)
-r = check(b'', timeout=5)
-print('HEALTH', 'SERVING' if r == b'\x08\x01' else repr(r))
-PY
-}
 health
+echo "== NCCL vs gRPC: byte-identical pages"
 $B nccl_ingest_bench --target $T --device 0 --mode equal
-if [[ $mode == quick ]]; then
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2 --grpc_total_mib 256
-  T2=127.0.0.1:50062
-  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
-    > $OUT/server2.log 2>&1 &
-  server2=$!
-  for i in $(seq 1 150); do $B nccl_ingest_bench --target $T2 --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
-  for threads in 16 32; do
-    $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads $threads --attend_iters 40 \
-      | grep MULTI
-  done
-  kill -INT $server2
-  wait $server2
-fi
-if [[ $mode == full ]]; then
-  $B cuda_backend_test 2>&1 | tail -3
-  [[ ${GPU_TESTS:-0} == 1 ]] && $B service_gpu_test 2>&1 | tail -3
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 2
-  $B nccl_ingest_bench --target $T --device 0 --mode throughput --sizes 8,64,1024 --channels 4 --grpc_total_mib 256
-  before=$($B nccl_ingest_bench --target $T --mode stats | awk '/PAGES/ {print $2}')
-  $B nccl_ingest_bench --target $T --device 0 --mode fault_child > /tmp/child.log 2>&1 &
-  child=$!
-  for i in $(seq 1 300); do grep -q SENT /tmp/child.log && break; sleep 0.05; done
-  since=$(awk '/SENT/ {print $2}' /tmp/child.log)
-  kill -9 $child
-  echo "client killed mid-transfer (header sent, no data)"
-  $B nccl_ingest_bench --target $T --mode fault_watch --since_ns "$since" --before_pages "$before"
-  health
-  echo "after the fault, a new channel:"
-  $B nccl_ingest_bench --target $T --device 0 --mode equal | tail -1
-  # Two GPUs: device slot 0 is GPU 1 (NCCL staging there: the client is on GPU 0).
-  T2=127.0.0.1:50062
-  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
-    > $OUT/server2.log 2>&1 &
-  server2=$!
-  for i in $(seq 1 150); do $B nccl_ingest_bench --target $T2 --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
-  head -1 $OUT/server2.log
-  $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads 16 --attend_iters 40
-  kill -INT $server2
-  wait $server2
-fi
+case $mode in
+  quick)
+    throughput 8,64,1024 2 --grpc_total_mib 256
+    multi 16 32
+    ;;
+  full)
+    $B cuda_backend_test 2>&1 | tail -3
+    [[ ${GPU_TESTS:-0} == 1 ]] && $B service_gpu_test 2>&1 | tail -3
+    throughput 8,64,1024 2
+    throughput 8,64,1024 4 --grpc_total_mib 256
+    fault
+    multi 16
+    ;;
+  node)
+    throughput 8,64,1024 2 --grpc_total_mib 256
+    fault
+    multi 16 32
+    ;;
+  ingest)
+    throughput 8,64,1024 2 --grpc_total_mib 256
+    throughput 64,1024 4 --grpc_total_mib 256
+    fault
+    ;;
+esac
 kill -INT $server
 wait $server
 tail -5 $OUT/server.log
+echo "all done in $(($(date +%s) - t0)) s"
