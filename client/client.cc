@@ -3,28 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "wire/crc32c.h"
 #include "wire/tensor.h"
+#include "wire/text_file.h"
 
 namespace driftkv {
 namespace {
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  std::stringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read or is empty"));
-  }
-  return text.str();
-}
 
 // Writes `c`, with its crc32c set when it lacks one.
 bool WriteWithCrc(grpc::ClientWriter<v1::AppendChunk>* writer, const v1::AppendChunk& c) {
@@ -52,16 +40,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOpt
     return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
   }
   grpc::SslCredentialsOptions ssl;
-  absl::StatusOr<std::string> ca = ReadWholeFile(o.tls_ca_file, "tls_ca_file");
+  absl::StatusOr<std::string> ca = ReadNonEmptyFile(o.tls_ca_file, "tls_ca_file");
   if (!ca.ok()) return ca.status();
   ssl.pem_root_certs = *ca;
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     return absl::InvalidArgumentError("tls_cert_file and tls_key_file: set both or neither");
   }
   if (!o.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadWholeFile(o.tls_cert_file, "tls_cert_file");
+    absl::StatusOr<std::string> cert = ReadNonEmptyFile(o.tls_cert_file, "tls_cert_file");
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadWholeFile(o.tls_key_file, "tls_key_file");
+    absl::StatusOr<std::string> key = ReadNonEmptyFile(o.tls_key_file, "tls_key_file");
     if (!key.ok()) return key.status();
     ssl.pem_cert_chain = *cert;
     ssl.pem_private_key = *key;

@@ -19,9 +19,6 @@ namespace driftkv {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& options,
                                                                                 prometheus::Counter* refused);
 
-// A whole file, or InvalidArgument naming it (`what`: the config field).
-absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what);
-
 }  // namespace driftkv
 
 #endif  // DRIFTKV_SERVICE_TRANSPORT_H_
