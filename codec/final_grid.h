@@ -1,17 +1,13 @@
 // The final grid refit of a D-Quant stream (codec/stream_codec.h, step 6),
 // shared by the CPU encoder and the GPU encoder (kernels/encode.cu) so that
-// both take the same decisions from the same sums. Self-contained (no other
-// include of the project) so that nvcc compiles it.
+// both take the same decisions from the same sums. nvcc compiles it (its only
+// include of the project is codec/host_device.h).
 #ifndef DRIFTKV_CODEC_FINAL_GRID_H_
 #define DRIFTKV_CODEC_FINAL_GRID_H_
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define DRIFTKV_HOST_DEVICE __host__ __device__
-#else
-#define DRIFTKV_HOST_DEVICE
-#endif
+#include "codec/host_device.h"
 
 namespace driftkv {
 

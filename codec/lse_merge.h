@@ -15,11 +15,7 @@
 #ifndef DRIFTKV_CODEC_LSE_MERGE_H_
 #define DRIFTKV_CODEC_LSE_MERGE_H_
 
-#if defined(__CUDACC__)
-#define DRIFTKV_HOST_DEVICE __host__ __device__
-#else
-#define DRIFTKV_HOST_DEVICE
-#endif
+#include "codec/host_device.h"
 
 namespace driftkv {
 

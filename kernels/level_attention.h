@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "codec/host_device.h"
 #include "codec/level_page.h"
 
 namespace driftkv {
@@ -54,11 +55,6 @@ struct LevelAttentionParams {
   bool values_folded = false;
 };
 
-#ifdef __CUDACC__
-#define DRIFTKV_HOST_DEVICE __host__ __device__
-#else
-#define DRIFTKV_HOST_DEVICE
-#endif
 
 // Pages per split of an item with `pages` pages: a function of the item's
 // own length only (batch invariance). 8 pages (2 per warp) up to 256 pages,
