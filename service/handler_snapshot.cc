@@ -207,28 +207,25 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       drop(id, "the snapshot ends in a corrupt record");
       break;
     }
-    bool charged = false;
     if (why.empty()) {
       absl::MutexLock lock(&table_mu_);
-      absl::Status quota = usage->ChargeSequence();
-      if (quota.ok()) {
-        quota = usage->ChargePages(static_cast<int64_t>(reserved.size()));
-        if (!quota.ok()) usage->RefundSequence();
-      }
       if (table_.size() >= options_.max_sequences) {
         why = absl::StrCat("max_sequences ", options_.max_sequences, " reached");
-      } else if (!quota.ok()) {
-        why = std::string(quota.message());
       } else if (table_.count(id) != 0) {
         why = "sequence_id repeated in the snapshot";
       } else {
-        table_.emplace(id, seq);
-        ++device_sequences_[device];
-        charged = true;
-      }
-      if (!charged && quota.ok()) {
-        usage->RefundSequence();
-        usage->RefundPages(static_cast<int64_t>(reserved.size()));
+        // The tenant's quotas count the restored sequence and its pages.
+        absl::Status quota = usage->ChargeSequence();
+        if (quota.ok()) {
+          quota = usage->ChargePages(static_cast<int64_t>(reserved.size()));
+          if (!quota.ok()) usage->RefundSequence();
+        }
+        if (quota.ok()) {
+          table_.emplace(id, seq);
+          ++device_sequences_[device];
+        } else {
+          why = std::string(quota.message());
+        }
       }
     }
     if (why.empty()) {
