@@ -60,25 +60,16 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   // all_k/all_v: the tokens that stay in the window after this append
   // (staged), or the current window and every new token (host), in bf16.
   std::vector<uint16_t> all_k, all_v;
-  // TokenDigest of each token encoded into pages here; kNoDigest for tokens
-  // encoded from device staging, whose bf16 form never reaches the host.
-  std::vector<uint64_t> new_digests;
+  std::vector<EncodeJob> jobs(plan.pages);
+  for (int64_t i = 0; i < plan.pages; ++i) {
+    jobs[i].page = pages[i];
+    jobs[i].layer = layer_index;
+  }
+  std::vector<float> fk, fv;  // host: the paged tokens as the encoder reads them
+  absl::Status st;
   if (staged != nullptr) {
-    std::vector<EncodeJob> jobs(plan.pages);
-    for (int64_t i = 0; i < plan.pages; ++i) {
-      jobs[i].page = pages[i];
-      jobs[i].layer = layer_index;
-    }
-    const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
-    absl::Status st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
-                                             layer->window_keys, layer->window_values, absl::MakeSpan(jobs), &all_k,
-                                             &all_v);
-    if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
-                                                  first_page_token + encoded, "): ", st.message()));
-    }
-    RecordEncoded(jobs);
-    new_digests.assign(encoded, kNoDigest);
+    st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
+                                layer->window_keys, layer->window_values, absl::MakeSpan(jobs), &all_k, &all_v);
   } else {
     // The new tokens in bf16, after the current window.
     all_k = layer->window_keys;
@@ -87,31 +78,31 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     all_v.resize((window + plan.fresh) * n);
     ToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
     ToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
+    if (plan.pages > 0) {
+      fk.resize(encoded * n);
+      fv.resize(encoded * n);
+      for (size_t i = 0; i < fk.size(); ++i) {
+        fk[i] = Bf16ToFloat(all_k[i]);
+        fv[i] = Bf16ToFloat(all_v[i]);
+      }
+      for (int64_t i = 0; i < plan.pages; ++i) {
+        jobs[i].keys = fk.data() + i * p * n;
+        jobs[i].values = fv.data() + i * p * n;
+      }
+      st = backend_->EncodePages(absl::MakeSpan(jobs));
+    }
   }
-  if (staged == nullptr && plan.pages > 0) {
-    std::vector<float> fk(encoded * n), fv(encoded * n);
-    for (size_t i = 0; i < fk.size(); ++i) {
-      fk[i] = Bf16ToFloat(all_k[i]);
-      fv[i] = Bf16ToFloat(all_v[i]);
-    }
-    std::vector<EncodeJob> jobs(plan.pages);
-    for (int64_t i = 0; i < plan.pages; ++i) {
-      jobs[i].keys = fk.data() + i * p * n;
-      jobs[i].values = fv.data() + i * p * n;
-      jobs[i].page = pages[i];
-      jobs[i].layer = layer_index;
-    }
+  if (!st.ok()) {
     const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
-    absl::Status st = backend_->EncodePages(absl::MakeSpan(jobs));
-    if (st.ok()) {
-      new_digests.resize(encoded);
-      for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
-    }
-    if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
-                                                  first_page_token + encoded, "): ", st.message()));
-    }
-    RecordEncoded(jobs);
+    return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
+                                                first_page_token + encoded, "): ", st.message()));
+  }
+  if (!jobs.empty()) RecordEncoded(jobs);
+  // TokenDigest of each token encoded into pages here; kNoDigest for tokens
+  // encoded from device staging, whose bf16 form never reaches the host.
+  std::vector<uint64_t> new_digests(encoded, kNoDigest);
+  if (staged == nullptr) {
+    for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
   }
   // Checksums of the new pages' cold form, before any promotion.
   std::vector<PageChecksum> sums(pages.size());
