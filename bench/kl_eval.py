@@ -53,33 +53,13 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe import ByteLevelBPE  # noqa: E402
+# The eval model, its tokenizer and the eval data: python/examples/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "examples"))
+from eval_data import check_tokens, eval_dir, persuasion_text  # noqa: E402
 from llama import Llama  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
-EVAL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "eval")
 WINDOW = 1024  # model context; BOS + 1023 text tokens
-
-
-def persuasion_text(path):
-    """The novel as janeaustenr stores it (lines joined by newlines)."""
-    if path and os.path.exists(path):
-        return open(path).read()
-    out = path or os.path.join(tempfile.gettempdir(), "persuasion.txt")
-    if not os.path.exists("/usr/lib/R/site-library/janeaustenr"):
-        subprocess.run(["apt-get", "install", "-y", "r-cran-janeaustenr"], check=True)
-    subprocess.run(["Rscript", "-e", f'writeLines(janeaustenr::persuasion, "{out}")'], check=True)
-    return open(out).read()
-
-
-def check_tokens(ids, fixture_json):
-    """The fixture's token ids index the tokenized novel: our tokenizer and
-    text must reproduce them exactly."""
-    fx = json.load(open(fixture_json))
-    for s in fx["sequences"]:
-        a, b = s["text_token_range"]
-        if ids[a:b] != s["token_ids"][1:]:
-            raise SystemExit(f"tokenizer/text mismatch on fixture sequence {s['index']}")
 
 
 def fixed_bytes(n, m):
@@ -263,8 +243,8 @@ def report(args, mode, results, windows, ctx, device_note, elapsed, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--codec-bin", required=True)
-    ap.add_argument("--eval-dir", default=EVAL_DIR)
-    ap.add_argument("--text", default="", help="Persuasion as plain text (default: from janeaustenr)")
+    ap.add_argument("--eval-dir", default=eval_dir(), help="default $DRIFTKV_EVAL_DIR, else ../shared/eval")
+    ap.add_argument("--text", default="", help="Persuasion as plain text (default: written from janeaustenr to $TMPDIR)")
     ap.add_argument("--windows", type=int, default=24)
     ap.add_argument("--context", type=int, default=768)
     ap.add_argument("--residual", type=int, default=0)
@@ -299,8 +279,8 @@ def main():
     t_start = time.time()
 
     model = Llama(os.path.join(args.eval_dir, "model"), device)
-    tok = ByteLevelBPE(os.path.join(args.eval_dir, "model", "tokenizer.json"))
-    ids = tok.encode(persuasion_text(args.text))
+    tok = Tokenizer(os.path.join(args.eval_dir, "model", "tokenizer.json"))
+    ids = tok.encode(persuasion_text(args.text or None))
     check_tokens(ids, os.path.join(args.eval_dir, "fixture_public.json"))
     span = WINDOW - 1
     starts = [round(i * (len(ids) - span) / max(1, args.windows - 1)) for i in range(args.windows)]

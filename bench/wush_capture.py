@@ -3,7 +3,7 @@
 eval model on held-out *Persuasion*, keeping the two sets of text apart.
 
 Text: Persuasion from Debian's r-cran-janeaustenr, tokenized in one piece
-(bench/bpe.py, checked against fixture_public.json's token ids). Every window
+(python/examples/tokenizer.py, checked against fixture_public.json's token ids). Every window
 is BOS + 1023 consecutive tokens.
 
   evaluation windows: the two fixture windows (fixture_public.json's
@@ -38,30 +38,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe import ByteLevelBPE  # noqa: E402
-from kl_eval import EVAL_DIR, WINDOW, check_tokens, persuasion_text  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "examples"))
+from eval_data import check_tokens, eval_dir, persuasion_text  # noqa: E402
+from kl_eval import WINDOW  # noqa: E402
 from llama import Llama  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 SPAN = WINDOW - 1
 EVAL_QUERIES = 128
-
-
-@torch.no_grad()
-def capture(model, ids):
-    """Post-RoPE q, k, v of every layer for one window (model.py's forward)."""
-    positions = torch.arange(ids.shape[0])
-    x = model.embed[ids]
-    out = []
-    w = model.w
-    for i in range(model.layers):
-        p = f"model.layers.{i}."
-        h = model._norm(x, w[p + "input_layernorm.weight"])
-        T = x.shape[0]
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(T, model.q_heads, model.head_dim)
-        out.append((model._rope(q, positions),))
-        x, k, v = model._layer(i, x, positions)
-        out[-1] = (out[-1][0], k, v)
-    return out
 
 
 def overlaps(a, b):
@@ -76,11 +60,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    model = Llama(os.path.join(EVAL_DIR, "model"))
-    tok = ByteLevelBPE(os.path.join(EVAL_DIR, "model", "tokenizer.json"))
+    model = Llama(os.path.join(eval_dir(), "model"))
+    tok = Tokenizer(os.path.join(eval_dir(), "model", "tokenizer.json"))
     ids = tok.encode(persuasion_text(""))
-    fixture = json.load(open(os.path.join(EVAL_DIR, "fixture_public.json")))
-    check_tokens(ids, os.path.join(EVAL_DIR, "fixture_public.json"))
+    fixture = json.load(open(os.path.join(eval_dir(), "fixture_public.json")))
+    check_tokens(ids, os.path.join(eval_dir(), "fixture_public.json"))
 
     kl_starts = [round(i * (len(ids) - SPAN) / 23) for i in range(24)]
     kl_ranges = [(s, s + SPAN) for s in kl_starts]
@@ -108,7 +92,7 @@ def main():
         v = np.empty_like(k)
         q = np.empty((L, T, N, D), np.float16)
         for w, (s, e) in enumerate(ranges):
-            tensors = capture(model, torch.tensor([0] + ids[s:e]))
+            tensors = model.window_qkv(torch.tensor([0] + ids[s:e]))
             for l, (ql, kl, vl) in enumerate(tensors):
                 sl = slice(w * WINDOW, (w + 1) * WINDOW)
                 q[l, sl], k[l, sl], v[l, sl] = ql.numpy(), kl.numpy(), vl.numpy()
@@ -125,7 +109,7 @@ def main():
     ev = np.empty_like(ek)
     eq = np.empty((W, L, EVAL_QUERIES, N, D), np.float16)
     for w, (s, e) in enumerate(eval_ranges):
-        tensors = capture(model, torch.tensor([0] + ids[s:e]))
+        tensors = model.window_qkv(torch.tensor([0] + ids[s:e]))
         for l, (ql, kl, vl) in enumerate(tensors):
             ek[w, l], ev[w, l] = kl.numpy(), vl.numpy()
             eq[w, l] = ql[WINDOW - EVAL_QUERIES:].numpy()

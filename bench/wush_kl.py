@@ -28,9 +28,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bpe import ByteLevelBPE  # noqa: E402
-from kl_eval import EVAL_DIR, WINDOW, check_tokens, geo_ratio, kl_per_doc, persuasion_text  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "examples"))
+from eval_data import check_tokens, eval_dir, persuasion_text  # noqa: E402
+from kl_eval import WINDOW, geo_ratio, kl_per_doc  # noqa: E402
 from llama import Llama  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 CODECS = [
     ("int", ["--bits", "2", "--group", "128"], "int INT2"),
@@ -70,10 +72,10 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    model = Llama(os.path.join(EVAL_DIR, "model"))
-    tok = ByteLevelBPE(os.path.join(EVAL_DIR, "model", "tokenizer.json"))
+    model = Llama(os.path.join(eval_dir(), "model"))
+    tok = Tokenizer(os.path.join(eval_dir(), "model", "tokenizer.json"))
     ids = tok.encode(persuasion_text(""))
-    check_tokens(ids, os.path.join(EVAL_DIR, "fixture_public.json"))
+    check_tokens(ids, os.path.join(eval_dir(), "fixture_public.json"))
     span = WINDOW - 1
     starts = [round(i * (len(ids) - span) / max(1, args.windows - 1)) for i in range(args.windows)]
     windows = [torch.tensor([0] + ids[s:s + span]) for s in starts]

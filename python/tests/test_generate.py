@@ -1,13 +1,16 @@
-"""A short run of the demo (driftkv.examples.generate): the eval model
+"""A short run of the demo (python/examples/generate.py): the eval model
 decoding through a driftkv-server, side by side with exact attention.
-Skipped without torch or the shared eval model."""
+Skipped without torch or the eval model (eval_data.eval_dir())."""
 import json
 import os
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from driftkv.examples import generate  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import generate  # noqa: E402
+from eval_data import eval_dir  # noqa: E402
 
 TEXT = """The committee met on a grey morning in the old library, where the long
 windows looked out over the river and the bridge. Nobody had expected the
@@ -24,8 +27,8 @@ end of an hour they had agreed only that they would meet again on Thursday.
 """
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(generate.default_eval_dir(), "model")),
-                    reason="the shared eval model is not here")
+@pytest.mark.skipif(not os.path.isdir(os.path.join(eval_dir(), "model")),
+                    reason="no eval model in $DRIFTKV_EVAL_DIR or ../shared/eval")
 def test_generate_smoke(server, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 2)

@@ -17,8 +17,11 @@ Prompts: windows of BOS + text from Persuasion (Austen; held out from the
 model's training, read from Debian's r-cran-janeaustenr), avoiding the two
 windows the fixtures came from; or --text FILE.
 
-    python3 -m driftkv.examples.generate [--server HOST:PORT] [--prompts 4]
+    python/driftkv-generate [--server HOST:PORT] [--prompts 4]
         [--prompt-tokens 768] [--new-tokens 128] [--check]
+
+(or python3 python/examples/generate.py with the driftkv package
+importable: pip install -e python, or python/ on PYTHONPATH).
 
 Without --server it starts a driftkv-server on a loopback port with
 --config (default deploy/driftkv-server.textproto). Any server serving the
@@ -27,9 +30,7 @@ model's shape (4 layers x 4 KV heads x 128) works, CUDA backend included.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from typing import List, Optional, Tuple
@@ -38,31 +39,10 @@ import numpy as np
 import torch
 
 import driftkv
-from driftkv.examples.llama import Llama, LocalCache
-from driftkv.examples.tokenizer import Tokenizer
-from driftkv.local_server import REPO_ROOT, LocalServer
-
-
-def default_eval_dir() -> str:
-    for d in (os.environ.get("DRIFTKV_EVAL_DIR"), os.path.join(REPO_ROOT, "..", "shared", "eval"),
-              "/work/shared/eval"):
-        if d and os.path.isdir(os.path.join(d, "model")):
-            return os.path.normpath(d)
-    return "/work/shared/eval"
-
-
-def persuasion(path: Optional[str]) -> str:
-    """The novel as janeaustenr stores it (lines joined by newlines), as
-    bench/kl_eval.py reads it."""
-    out = path or os.path.join(tempfile.gettempdir(), "persuasion.txt")
-    if not os.path.exists(out):
-        if not os.path.exists("/usr/lib/R/site-library/janeaustenr"):
-            raise SystemExit("driftkv-generate: the held-out text comes from Debian's r-cran-janeaustenr: "
-                             "apt-get install r-cran-janeaustenr (or pass --text FILE)")
-        subprocess.run(["Rscript", "-e", f'writeLines(janeaustenr::persuasion, "{out}")'], check=True,
-                       stdout=subprocess.DEVNULL)
-    with open(out) as f:
-        return f.read()
+from driftkv.local_server import LocalServer
+from eval_data import REPO_ROOT, eval_dir, persuasion_text
+from llama import Llama, LocalCache
+from tokenizer import Tokenizer
 
 
 def fixture_ranges(eval_dir: str) -> List[Tuple[int, int]]:
@@ -169,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=os.path.join(REPO_ROOT, "deploy", "driftkv-server.textproto"),
                     help="config of the server started without --server")
     ap.add_argument("--server-bin", help="driftkv-server binary (default: bazel-bin/service/driftkv-server)")
-    ap.add_argument("--eval-dir", default=default_eval_dir(), help="the shared eval folder (model/)")
+    ap.add_argument("--eval-dir", default=eval_dir(),
+                    help="the eval folder (model/; default $DRIFTKV_EVAL_DIR, else ../shared/eval)")
     ap.add_argument("--text", help="prompt text file (default: Persuasion)")
     ap.add_argument("--persuasion-file",
                     help="Persuasion as plain text (default: written from r-cran-janeaustenr to $TMPDIR)")
@@ -200,7 +181,7 @@ def main(argv=None) -> int:
         with open(args.text) as f:
             text, source, avoid = f.read(), args.text, []
     else:
-        text, source = persuasion(args.persuasion_file), "Persuasion (held out from the model's training)"
+        text, source = persuasion_text(args.persuasion_file), "Persuasion (held out from the model's training)"
         avoid = fixture_ranges(args.eval_dir)
     ids = tok.encode(text)
     starts = windows(ids, B, P + N - 1, avoid)

@@ -1,28 +1,37 @@
-"""The eval model (kvfix-llama-15m, ../shared/eval/model) as a prefill
-worker and a decode worker, in plain PyTorch (Debian's python3-torch on the
-CPU; CUDA where present).
+"""The eval model (kvfix-llama-15m, $DRIFTKV_EVAL_DIR/model) in plain
+PyTorch: the one forward pass of the demo (generate.py) and of the bench/
+KL scripts (kl_eval.py, wush_kl.py, wush_capture.py).
 
-Architecture (shared/eval/README.md): Llama, RMSNorm pre-norm (eps 1e-5,
-fp32), rotate-half RoPE theta 10000 on the full head_dim, GQA (query head h
-reads KV head h // (q_heads / kv_heads)), SwiGLU MLP, tied embeddings,
-logits q.k / sqrt(head_dim). Weights are bf16 safetensors computed in
-float32, as the fixtures were (bench/llama.py is the same forward pass,
-one sequence at a time, for kl_eval.py).
+Architecture (the eval folder's README.md): Llama, RMSNorm pre-norm (eps
+1e-5, fp32), rotate-half RoPE theta 10000 on the full head_dim, GQA (query
+head h reads KV head h // (q_heads / kv_heads)), SwiGLU MLP, tied
+embeddings, causal attention with logits q.k / sqrt(head_dim). Weights are
+bf16 safetensors computed in float32, as the fixtures were. Runs on
+`device` (a torch device name: "cpu", "cuda"); the weights are moved there
+once, inputs on use, outputs stay there. On the CPU every product goes
+through torch's BLAS: Debian's libblas.so.3 alternative, which must be
+OpenBLAS (libopenblas0-pthread, tools/install_deps.sh), not the reference
+BLAS, 20-30x slower (README.md, "Dependencies").
 
-prefill(ids) runs whole prompts [B, T] with exact causal attention and
-returns the logits and every layer's post-RoPE keys and values
-([B, T, kv_heads, head_dim]: what a KV cache holds). decode_step(tokens,
-position, attend) runs one new token per sequence; in every layer it hands
-the token's query, key and value to `attend`, which appends the key and
-value to its cache and returns the attention output over the cache; a
-decode worker's attend is an Attend RPC to driftkv (new_key, new_value,
-new_token_index), the reference's is LocalCache below.
+Keys and values are post-RoPE ([.., T, kv_heads, head_dim], what a KV
+cache holds). Batched, for the demo's prefill and decode workers:
+  prefill(ids [B, T]) -> last position's logits, every layer's (k, v);
+  decode_step(tokens [B], position, attend) -> next-token logits, where
+  `attend` appends each layer's new key and value to its cache and returns
+  the attention output (an Attend RPC to driftkv, or LocalCache below).
+One sequence, for the KL evaluation:
+  forward_full(ids [T]) -> logits [T, vocab], every layer's (k, v);
+  forward_continuation(ids, start, past) -> logits of positions
+  [start, start + len(ids)) attending to `past` (possibly reconstructed
+  keys and values of [0, start)), which is how a decoder sees a quantized
+  cache;
+  window_qkv(ids [T]) -> every layer's (q, k, v), for calibration.
 """
 import json
 import math
 import os
 import struct
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +41,7 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 # attend(layer, q [B, q_heads, D], k [B, kv_heads, D], v [B, kv_heads, D],
 #        position) -> attention output [B, q_heads, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+KV = List[Tuple[torch.Tensor, torch.Tensor]]
 
 
 def read_safetensors(path: str) -> dict:
@@ -74,16 +84,9 @@ class Llama:
         freqs = torch.outer(torch.arange(self.context, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
-        # On the CPU, products go through oneDNN when torch has it: Debian's
-        # torch calls the reference BLAS otherwise, 20-30x slower.
-        self._mk = {}
-        if self.device.type == "cpu" and _onednn_works():
-            self._mk = {k: v.to_mkldnn() for k, v in self.w.items() if v.dim() == 2}
 
     def _linear(self, x, name):
         """x [..., in] @ W.T for the weight `name` [out, in]."""
-        if name in self._mk:
-            return _onednn_mm(x, self._mk[name])
         return x @ self.w[name].T
 
     def _norm(self, x, weight):
@@ -116,39 +119,45 @@ class Llama:
     def logits(self, x):
         return self._linear(self._norm(x, self.w["model.norm.weight"]), "model.embed_tokens.weight")
 
-    def _causal_attention(self, q, k, v):
-        """Exact causal attention of a prompt: q [B, T, q_heads, D], k, v
-        [B, T, kv_heads, D] -> [B, T, q_heads, D]."""
-        B, T = q.shape[:2]
+    def _attention(self, q, k, v, q_positions):
+        """Exact causal attention: q [B, Tq, q_heads, D] at q_positions [Tq];
+        k, v [B, Tk, kv_heads, D] at positions 0..Tk-1 -> [B, Tq, q_heads, D].
+        Query head h reads KV head h // rep: heads grouped [kv_heads, rep]."""
+        B, Tq, _, D = q.shape
         rep = self.q_heads // self.kv_heads
-        mask = torch.ones(T, T, dtype=torch.bool, device=self.device).triu(1)
-        o = torch.empty_like(q)
-        for b in range(B):
-            for h in range(self.q_heads):
-                kh, vh = k[b, :, h // rep], v[b, :, h // rep]
-                if self._mk:
-                    s = _onednn_mm(q[b, :, h], kh.contiguous().to_mkldnn())
-                else:
-                    s = q[b, :, h] @ kh.T
-                p = (s / math.sqrt(self.head_dim)).masked_fill(mask, float("-inf")).softmax(-1)
-                o[b, :, h] = _onednn_mm(p, vh.T.contiguous().to_mkldnn()) if self._mk else p @ vh
-        return o
+        qg = q.reshape(B, Tq, self.kv_heads, rep, D).permute(0, 2, 3, 1, 4)  # [B, kvh, rep, Tq, D]
+        kt = k.permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, Tk, D]
+        vt = v.permute(0, 2, 1, 3)[:, :, None]
+        s = qg @ kt.transpose(-1, -2) / math.sqrt(D)  # [B, kvh, rep, Tq, Tk]
+        key_positions = torch.arange(k.shape[1], device=k.device)
+        s = s.masked_fill(key_positions[None, :] > q_positions[:, None], float("-inf"))
+        return (s.softmax(-1) @ vt).permute(0, 3, 1, 2, 4).reshape(B, Tq, self.q_heads, D)
 
-    @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> Tuple[torch.Tensor, List[Tuple[torch.Tensor, torch.Tensor]]]:
-        """ids [B, T] (T <= context). Returns the last position's logits
-        [B, vocab] and per layer (k, v) [B, T, kv_heads, D], post-RoPE."""
+    def _forward(self, ids: torch.Tensor, start: int = 0, past: Optional[KV] = None):
+        """ids [B, T] at positions [start, start + T), attending to `past`
+        (per layer (k, v) [B, start, kv_heads, D]) and to themselves.
+        Returns the last hidden states [B, T, hidden] and per layer the
+        new tokens' (q, k, v)."""
         ids = ids.to(self.device)
         B, T = ids.shape
-        positions = torch.arange(T, device=self.device)
+        positions = torch.arange(start, start + T, device=self.device)
         x = self.embed[ids]
-        kv = []
+        qkv = []
         for i in range(self.layers):
             q, k, v = self._qkv(i, x, positions)
-            o = self._causal_attention(q, k, v)
+            k_all = k if past is None else torch.cat([past[i][0].to(k.dtype), k], 1)
+            v_all = v if past is None else torch.cat([past[i][1].to(v.dtype), v], 1)
+            o = self._attention(q, k_all, v_all, positions)
             x = self._finish(i, x, o.reshape(B, T, -1))
-            kv.append((k, v))
-        return self.logits(x[:, -1]), kv
+            qkv.append((q, k, v))
+        return x, qkv
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> Tuple[torch.Tensor, KV]:
+        """ids [B, T] (T <= context). Returns the last position's logits
+        [B, vocab] and per layer (k, v) [B, T, kv_heads, D]."""
+        x, qkv = self._forward(ids)
+        return self.logits(x[:, -1]), [(k, v) for _, k, v in qkv]
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, position: int, attend: Attend) -> torch.Tensor:
@@ -164,27 +173,33 @@ class Llama:
             x = self._finish(i, x, o.reshape(B, 1, -1).to(x.dtype))
         return self.logits(x[:, 0])
 
+    @torch.no_grad()
+    def forward_full(self, ids: torch.Tensor) -> Tuple[torch.Tensor, KV]:
+        """ids [T]. Returns logits [T, vocab] and per layer (k, v) [T, kv_heads, D]."""
+        x, qkv = self._forward(ids[None])
+        return self.logits(x[0]), [(k[0], v[0]) for _, k, v in qkv]
 
-def _onednn_works() -> bool:
-    try:
-        x = torch.ones(2, 3)
-        return bool((_onednn_mm(x, torch.ones(4, 3).to_mkldnn()) == 3).all())
-    except (RuntimeError, AttributeError):
-        return False
+    @torch.no_grad()
+    def forward_continuation(self, ids: torch.Tensor, start: int, past: KV) -> torch.Tensor:
+        """ids: tokens of positions [start, start + len); past: per layer
+        (k, v) [start, kv_heads, D] of positions [0, start). Returns the
+        logits of those positions [len, vocab]."""
+        x, _ = self._forward(ids[None], start, [(k[None], v[None]) for k, v in past])
+        return self.logits(x[0])
 
-
-def _onednn_mm(x: torch.Tensor, w_mkldnn) -> torch.Tensor:
-    """x [..., in] @ W.T with W [out, in] an oneDNN tensor."""
-    lead = x.shape[:-1]
-    y = torch._C._nn.mkldnn_linear(x.reshape(-1, x.shape[-1]).contiguous().to_mkldnn(), w_mkldnn, None)
-    return y.to_dense().reshape(*lead, -1)
+    @torch.no_grad()
+    def window_qkv(self, ids: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """ids [T]. Per layer the post-RoPE queries [T, q_heads, D], keys and
+        values [T, kv_heads, D]."""
+        _, qkv = self._forward(ids[None])
+        return [(q[0], k[0], v[0]) for q, k, v in qkv]
 
 
 class LocalCache:
     """The reference decode worker's attention: exact, over a float32 cache
     it holds itself (the prefill's keys and values, then each step's)."""
 
-    def __init__(self, model: Llama, kv: List[Tuple[torch.Tensor, torch.Tensor]], capacity: int):
+    def __init__(self, model: Llama, kv: KV, capacity: int):
         B, T = kv[0][0].shape[:2]
         self.model = model
         # [B, kv_heads, capacity, D]: a head's tokens are contiguous.
