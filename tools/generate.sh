@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A real model decoding through driftkv: builds driftkv-server, generates the
-# Python stubs, and runs `python3 -m driftkv.examples.generate` (the eval
-# model, ../shared/eval/model, as prefill and decode worker against a
-# driftkv-server on the CPU backend with deploy/driftkv-server.textproto,
-# side by side with exact attention; docs/python.md, "The demo").
+# Python stubs, and runs python/driftkv-generate (python/examples/generate.py:
+# the eval model, $DRIFTKV_EVAL_DIR/model, default ../shared/eval/model, as
+# prefill and decode worker against a driftkv-server on the CPU backend with
+# deploy/driftkv-server.textproto, side by side with exact attention;
+# docs/python.md, "The demo"). The Python side starts and stops that server
+# itself (driftkv.local_server.LocalServer).
 #
 #   tools/generate.sh [driftkv-generate flags, e.g. --prompts 2 --check]
 #   tools/generate.sh --server HOST:PORT ...   # any running server, CUDA included
@@ -13,18 +15,7 @@
 # text). Environment: BAZEL (default bazel), BAZEL_FLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install_deps.sh
-missing=()
-for p in python3-torch r-cran-janeaustenr; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+tools/install_deps.sh python3-torch r-cran-janeaustenr
 BAZEL="${BAZEL:-bazel}"
 if [[ " $* " != *" --server "* ]]; then
   echo "== building driftkv-server" >&2
@@ -32,5 +23,4 @@ if [[ " $* " != *" --server "* ]]; then
   export DRIFTKV_SERVER_BIN="${DRIFTKV_SERVER_BIN:-$($BAZEL info ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)/service/driftkv-server}"
 fi
 python/gen_stubs.sh
-cd python
-exec /usr/bin/python3 -m driftkv.examples.generate "$@"
+exec /usr/bin/python3 python/driftkv-generate "$@"

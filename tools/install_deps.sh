@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages driftkv builds and tests with, if missing.
-# Everything else (CUDA) is expected in /usr/local/cuda; Bazel downloads
-# nothing (see WORKSPACE).
+# Installs the Debian 12 packages driftkv builds and tests with, if missing,
+# and the packages named as arguments (tools/generate.sh: python3-torch and
+# r-cran-janeaustenr). Everything else (CUDA) is expected in
+# /usr/local/cuda; Bazel downloads nothing (see WORKSPACE).
+#
+#   tools/install_deps.sh [EXTRA_PACKAGE...]
 #
 # The deploy/ checks also need (skipped with DRIFTKV_DEPLOY_TOOLS=0, as the
 # image build of deploy/Dockerfile does): Debian's prometheus (promtool and
@@ -15,6 +18,10 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
+  # numpy's and torch's BLAS (the libblas.so.3 alternative): OpenBLAS, not
+  # the reference BLAS of libblas3, 35x slower on a 1024^3 float32 matmul
+  # (README.md, "Dependencies")
+  libopenblas0-pthread
   # TLS: libcrypto for token hashes (service/tokens.h); the openssl tool
   # mints the tests' CA and certificates
   libssl-dev openssl
@@ -25,6 +32,7 @@ packages=(
   # the libFuzzer targets (fuzz/build.sh): clang 14 and its fuzzer runtime
   clang libclang-rt-14-dev
 )
+packages+=("$@")
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
 if [[ "$deploy_tools" != 0 ]]; then
   packages+=(prometheus yamllint)
