@@ -10,10 +10,11 @@ B=.device/bundle/run
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $B attention_test 2>&1 | tail -15
 $B cuda_backend_test 2>&1 | tail -6
-$B driftkv-server-cuda --config deploy/driftkv-server.textproto --listen 127.0.0.1:50051 \
-  --metrics 127.0.0.1:9464 --backend cuda > $OUT/server.log 2>&1 &
-for i in $(seq 1 100); do $B driftkv --server 127.0.0.1:50051 --timeout_s 1 stats >/dev/null 2>&1 && break; sleep 0.2; done
+source tools/lib/server.sh
+server_start $OUT/server.log $B driftkv-server-cuda --config deploy/driftkv-server.textproto \
+  --listen 127.0.0.1:50051 --metrics 127.0.0.1:9464 --backend cuda
+trap server_stop_all EXIT
+server_wait "$SERVER_PID" $OUT/server.log 60 $B driftkv --server 127.0.0.1:50051 --timeout_s 1 stats
 head -2 $OUT/server.log
 $B driftkv --server 127.0.0.1:50051 demo 2>&1 | tail -12
 $B driftkv --server 127.0.0.1:50051 bench --sequences 8 --tokens 1024 --steps 32 2>&1 | tail -8
-kill -INT %1; wait

@@ -39,10 +39,12 @@ config() {  # config(backend transform batching) -> path
   [ "$3" = nobatch ] && echo "attend_batching: false" >> $f
   echo $f
 }
-serve() {  # serve(config, port): starts the server in the background
-  $B driftkv-server-cuda --config "$1" --listen 127.0.0.1:$2 --metrics 127.0.0.1:$(( $2 + 1000 )) > $OUT/server_$2.log 2>&1 &
-  for i in $(seq 1 150); do $B driftkv --server 127.0.0.1:$2 --timeout_s 1 stats > /dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "server on $2 did not start"; cat $OUT/server_$2.log
+source tools/lib/server.sh
+trap server_stop_all EXIT
+serve() {  # serve(config, port): starts the server in the background (SERVER_PID)
+  server_start $OUT/server_$2.log $B driftkv-server-cuda --config "$1" --listen 127.0.0.1:$2 \
+    --metrics 127.0.0.1:$(( $2 + 1000 ))
+  server_wait "$SERVER_PID" $OUT/server_$2.log 60 $B driftkv --server 127.0.0.1:$2 --timeout_s 1 stats
 }
 port=50100
 if on fixture; then
@@ -54,7 +56,7 @@ for backend in cpu cuda; do
     echo "-- $backend $tf"
     $B driftkv --server 127.0.0.1:$port fixture --fixture .device/eval/fixture_public --local_check=false 2>&1 | grep -E "layer|all layers|Attend|FAIL|rror"
     $B driftkv --server 127.0.0.1:$port stats 2>&1 | grep -iE "transform|backend|folded" | head -6
-    kill -INT %1; wait
+    server_stop "$SERVER_PID"
   done
 done
 fi
@@ -68,6 +70,6 @@ for mode in batch nobatch batch; do
     $B driftkv --server 127.0.0.1:$port bench --sequences $seqs --tokens 2048 --steps 64 2>&1 | grep -iE "attend|decode|step" | head -4
   done
   curl -s 127.0.0.1:$(( port + 1000 ))/metrics | grep -E "^driftkv_attend_batch_(calls|items)_(sum|count)"
-  kill -INT %1; wait
+  server_stop "$SERVER_PID"
 done
 fi

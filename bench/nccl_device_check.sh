@@ -19,6 +19,14 @@
 # $OUT/server2.log (and each GPU test's log in node mode).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
+# tools/lib/server.sh: copied next to this script (docs/nccl.md), or the
+# repository's when run from .device/nccl inside a checkout.
+here="$(cd "$(dirname "$0")" && pwd)"
+for lib in "$here/server.sh" "$here/../../tools/lib/server.sh" "$here/../tools/lib/server.sh"; do
+  [[ -f $lib ]] && { source "$lib"; break; }
+done
+declare -F server_start >/dev/null || { echo "tools/lib/server.sh not found next to $0"; exit 1; }
+trap server_stop_all EXIT
 mode=${1:-full}
 B=./bundle/run
 OUT=${OUT:-/tmp}
@@ -44,8 +52,8 @@ gpu_tests() {
   echo "tests done in $(($(date +%s) - t0)) s"
 }
 
-wait_for() {  # wait_for TARGET: until the server answers
-  for i in $(seq 1 150); do $B nccl_ingest_bench --target "$1" --mode stats >/dev/null 2>&1 && break; sleep 0.2; done
+wait_for() {  # wait_for PID LOG TARGET: until the server answers
+  server_wait "$1" "$2" 60 $B nccl_ingest_bench --target "$3" --mode stats
 }
 
 health() {
@@ -86,17 +94,16 @@ fault() {
 # GPU 0). multi THREADS...: the check from each number of client threads.
 multi() {
   echo "== two GPUs vs one"
-  $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 --listen $T2 --metrics none \
-    > $OUT/server2.log 2>&1 &
-  local server2=$!
-  wait_for $T2
+  server_start $OUT/server2.log $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1,0 \
+    --listen $T2 --metrics none
+  local server2=$SERVER_PID
+  wait_for $server2 $OUT/server2.log $T2
   head -1 $OUT/server2.log
   for threads in "$@"; do
     $B nccl_ingest_bench --target $T2 --target_one $T --device 0 --mode multi --attend_threads $threads \
       --attend_iters 40 | grep MULTI
   done
-  kill -INT $server2
-  wait $server2
+  server_stop $server2
 }
 
 [[ $mode == node ]] && gpu_tests
@@ -110,10 +117,10 @@ nccl_chunk_timeout_seconds: 5
 nccl_idle_seconds: 600
 nccl_max_chunk_bytes: 2147483648
 CFG
-$B driftkv-server-cuda --config /tmp/nccl_server.textproto --device 1 --listen $T --metrics none \
-  > $OUT/server.log 2>&1 &
-server=$!
-wait_for $T
+server_start $OUT/server.log $B driftkv-server-cuda --config /tmp/nccl_server.textproto --device 1 \
+  --listen $T --metrics none
+server=$SERVER_PID
+wait_for $server $OUT/server.log $T
 head -3 $OUT/server.log
 health
 echo "== NCCL vs gRPC: byte-identical pages"
@@ -142,7 +149,6 @@ case $mode in
     fault
     ;;
 esac
-kill -INT $server
-wait $server
+server_stop $server
 tail -5 $OUT/server.log
 echo "all done in $(($(date +%s) - t0)) s"

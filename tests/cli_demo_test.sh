@@ -1,24 +1,21 @@
 #!/usr/bin/env bash
 # The CLI against a real driftkv-server process: starts the server on the
-# sample config (port 0: the OS picks, read back from its first lines), runs
-# a short `driftkv demo`, checks the summary, `stats`, `length`, a bad request's exit
-# status, and that SIGTERM stops the server cleanly.
+# sample config (port 0: the OS picks, read back from its first lines by
+# tools/lib/server.sh), runs a short `driftkv demo`, checks the summary,
+# `stats`, `length`, a bad request's exit status, and that SIGTERM stops the
+# server cleanly.
 set -euo pipefail
 SERVER="$1"
 CLI="$2"
 CONFIG="$3"
 LOG="${TEST_TMPDIR:-/tmp}/server.log"
+source "$(dirname "$0")/../tools/lib/server.sh"
 
-"$SERVER" --config "$CONFIG" --listen 127.0.0.1:0 --metrics none >"$LOG" 2>&1 &
-PID=$!
-trap 'kill -TERM $PID 2>/dev/null || true' EXIT
-PORT=""
-for _ in $(seq 1 100); do
-  PORT="$(sed -n 's/^listening on port \([0-9]*\) (gRPC).*/\1/p' "$LOG")"
-  [[ -n "$PORT" ]] && break
-  sleep 0.1
-done
-[[ -n "$PORT" ]] || { echo "server did not start:"; cat "$LOG"; exit 1; }
+server_start "$LOG" "$SERVER" --config "$CONFIG" --listen 127.0.0.1:0 --metrics none
+PID=$SERVER_PID
+trap server_stop_all EXIT
+server_wait "$PID" "$LOG" 60
+PORT=$SERVER_PORT
 
 OUT="$("$CLI" --server "127.0.0.1:$PORT" demo --tokens 400 --steps 3)"
 echo "$OUT"
@@ -35,7 +32,6 @@ if "$CLI" --server "127.0.0.1:$PORT" attend --sequence ghost --layer 0 2>/dev/nu
   echo "attend on an unknown sequence succeeded"; exit 1
 fi
 
-kill -TERM "$PID"
-wait "$PID"
+server_stop "$PID" TERM
 grep -q "SIGTERM, shutting down" "$LOG"
 echo PASS

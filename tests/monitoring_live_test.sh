@@ -24,10 +24,11 @@ for bin in "$PROMETHEUS" "$PROMTOOL" curl; do
   command -v "$bin" >/dev/null || { echo "FAIL: $bin missing (tools/install_deps.sh installs it)"; exit 1; }
 done
 
-pids=()
+source "$(dirname "$0")/../tools/lib/server.sh"
+pids=()  # Prometheus
 cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do server_stop "$p" TERM 15 || true; done
+  server_stop_all
 }
 trap cleanup EXIT
 
@@ -48,21 +49,16 @@ hot_idle_seconds: 0
 max_sequences: 256
 EOF
 
-declare -A GRPC METRICS
+declare -A GRPC METRICS PID
 for s in a b; do
-  "$SERVER" --config "$TMP/server.textproto" --listen 127.0.0.1:0 --metrics 127.0.0.1:0 \
-    >"$TMP/server-$s.log" 2>&1 &
-  pids+=($!)
+  server_start "$TMP/server-$s.log" "$SERVER" --config "$TMP/server.textproto" --listen 127.0.0.1:0 \
+    --metrics 127.0.0.1:0
+  PID[$s]=$SERVER_PID
 done
 for s in a b; do
-  for _ in $(seq 1 100); do
-    line="$(grep -m1 '^listening on port' "$TMP/server-$s.log" || true)"
-    [[ -n "$line" ]] && break
-    sleep 0.1
-  done
-  [[ -n "$line" ]] || { echo "server $s did not start:"; cat "$TMP/server-$s.log"; exit 1; }
-  GRPC[$s]="127.0.0.1:$(sed -n 's/^listening on port \([0-9]*\) (gRPC).*/\1/p' <<<"$line")"
-  METRICS[$s]="127.0.0.1:$(sed -n 's/.*metrics on port \([0-9]*\).*/\1/p' <<<"$line")"
+  server_wait "${PID[$s]}" "$TMP/server-$s.log" 60
+  GRPC[$s]="127.0.0.1:$SERVER_PORT"
+  METRICS[$s]="127.0.0.1:$SERVER_METRICS_PORT"
   echo "server $s: gRPC ${GRPC[$s]}, metrics ${METRICS[$s]}"
 done
 DEAD="127.0.0.1:$(free_port)"  # nothing listens there: up == 0

@@ -22,27 +22,13 @@ echo "== building driftkv-server and driftkv"
 $BAZEL build ${BAZEL_FLAGS:-} //service:driftkv-server //cli:driftkv
 BIN="$($BAZEL info ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)"
 
+source tools/lib/server.sh
 LOG="$(mktemp -t driftkv-server.XXXXXX.log)"
 echo "== starting driftkv-server on 127.0.0.1:${PORT} (log: ${LOG})"
-"$BIN/service/driftkv-server" --config deploy/driftkv-server.textproto \
-  --listen "127.0.0.1:${PORT}" --metrics "127.0.0.1:${METRICS_PORT}" --backend cpu >"$LOG" 2>&1 &
-SERVER_PID=$!
-stop_server() {
-  if kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -INT "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-}
-trap stop_server EXIT
-
-# Wait until the server answers (Info), at most ~20 s.
-for _ in $(seq 1 100); do
-  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-    echo "driftkv-server exited early:"; cat "$LOG"; exit 1
-  fi
-  if "$BIN/cli/driftkv" --server "127.0.0.1:${PORT}" --timeout_s 1 stats >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
+server_start "$LOG" "$BIN/service/driftkv-server" --config deploy/driftkv-server.textproto \
+  --listen "127.0.0.1:${PORT}" --metrics "127.0.0.1:${METRICS_PORT}" --backend cpu
+trap server_stop_all EXIT
+server_wait "$SERVER_PID" "$LOG" 60 "$BIN/cli/driftkv" --server "127.0.0.1:${PORT}" --timeout_s 1 stats
 head -n 2 "$LOG"
 
 echo "== driftkv demo"
