@@ -20,6 +20,7 @@
 #include "codec/rans.h"
 #include "codec/stream_codec.h"
 #include "gtest/gtest.h"
+#include "tests/eval_data.h"
 
 namespace driftkv {
 namespace {
@@ -493,7 +494,7 @@ TEST(LevelPage, ColdHotColdPayloadFillingStreams) {
 // Real keys and values of the shared fixture (a trained model): sequence 0,
 // layers 0-3, seven full windows and a partial one each.
 TEST(LevelPage, ColdHotColdRealKv) {
-  const std::string prefix = "/work/shared/eval/fixture_public";
+  const std::string prefix = eval_data::FixturePrefix();
   std::ifstream kf(prefix + ".k.bin", std::ios::binary), vf(prefix + ".v.bin", std::ios::binary);
   if (!kf || !vf) GTEST_SKIP() << prefix << ".{k,v}.bin not present";
   constexpr int kTokens = 1024, kN = 4 * 128, kUsed = 1000;
@@ -688,7 +689,7 @@ TEST(LevelAttention, BitIdenticalToCompressedAttention) {
 }
 
 TEST(LevelAttention, RealKvBitIdentical) {
-  const std::string prefix = "/work/shared/eval/fixture_public";
+  const std::string prefix = eval_data::FixturePrefix();
   std::ifstream kf(prefix + ".k.bin", std::ios::binary), vf(prefix + ".v.bin", std::ios::binary),
       qf(prefix + ".q.bin", std::ios::binary);
   if (!kf || !vf || !qf) GTEST_SKIP() << prefix << ".*.bin not present";

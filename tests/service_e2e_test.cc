@@ -7,7 +7,7 @@
 //     storage rule: the service adds no error of its own;
 //  3. against float64 attention over the original keys/values: the error is
 //     the codec's (bounded, and not zero).
-// With /work/shared/eval present, the same runs on real keys/values.
+// With the eval data present (tests/eval_data.h), the same runs on real keys/values.
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
+#include "tests/eval_data.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -138,7 +139,7 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
 // Real keys/values/queries of the shared fixture (a trained model), when the
 // files are there; CI from a fresh clone may not have them.
 TEST(EndToEnd, RealFixtureMatchesCodecReplay) {
-  const std::string prefix = "/work/shared/eval/fixture_public";
+  const std::string prefix = eval_data::FixturePrefix();
   std::ifstream kf(prefix + ".k.bin", std::ios::binary), vf(prefix + ".v.bin", std::ios::binary),
       qf(prefix + ".q.bin", std::ios::binary);
   if (!kf || !vf || !qf) GTEST_SKIP() << prefix << ".*.bin not present";
