@@ -20,7 +20,7 @@ packages=(
   python3-numpy python3-matplotlib curl
   # numpy's and torch's BLAS (the libblas.so.3 alternative): OpenBLAS, not
   # the reference BLAS of libblas3, 35x slower on a 1024^3 float32 matmul
-  # (README.md, "Dependencies")
+  # (README.md, "Two commands")
   libopenblas0-pthread
   # TLS: libcrypto for token hashes (service/tokens.h); the openssl tool
   # mints the tests' CA and certificates
