@@ -19,7 +19,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev
   python3-numpy python3-matplotlib curl
   # numpy's and torch's BLAS (the libblas.so.3 alternative): OpenBLAS, not
-  # the reference BLAS of libblas3, 35x slower on a 1024^3 float32 matmul
+  # the reference BLAS of libblas3, 13-30x slower on a 1024^3 float32 matmul
   # (README.md, "Two commands")
   libopenblas0-pthread
   # TLS: libcrypto for token hashes (service/tokens.h); the openssl tool

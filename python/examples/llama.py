@@ -11,7 +11,7 @@ bf16 safetensors computed in float32, as the fixtures were. Runs on
 once, inputs on use, outputs stay there. On the CPU every product goes
 through torch's BLAS: Debian's libblas.so.3 alternative, which must be
 OpenBLAS (libopenblas0-pthread, tools/install_deps.sh), not the reference
-BLAS, 6-30x slower (README.md, "Two commands").
+BLAS (README.md, "Two commands").
 
 Keys and values are post-RoPE ([.., T, kv_heads, head_dim], what a KV
 cache holds). Batched, for the demo's prefill and decode workers:
