@@ -29,8 +29,8 @@
 #include "kernels/encode.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
-#include "kernels/testing/host_pool.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 

@@ -12,11 +12,11 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/testing/device_buffer.h"
-#include "kernels/testing/gpu_test_util.h"
-#include "kernels/testing/host_pool.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/testing/batch_builder.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/testing/gpu_test_util.h"
 
 namespace driftkv {
 namespace gpu {

@@ -1,4 +1,4 @@
-#include "kernels/testing/host_pool.h"
+#include "kernels/testing/batch_builder.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,9 +1,9 @@
-// Host-side construction of paged D-Quant and bf16 pools, for the GPU tests
-// and the benchmark: random KV histories encoded with the CPU codec
-// (codec/dquant_codec.h) into the page layout of kernels/attention.h, plus
-// the model-domain values the references need.
-#ifndef DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
-#define DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
+// Attention batches for the GPU tests and the benchmark: random KV
+// histories encoded with the CPU codec (codec/dquant_codec.h) into pages of
+// the layout of kernels/attention.h, with their page tables, windows and
+// queries, and the model-domain values the references need.
+#ifndef DRIFTKV_KERNELS_TESTING_BATCH_BUILDER_H_
+#define DRIFTKV_KERNELS_TESTING_BATCH_BUILDER_H_
 
 #include <cstdint>
 #include <random>
@@ -68,4 +68,4 @@ void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<i
 }  // namespace gpu
 }  // namespace driftkv
 
-#endif  // DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
+#endif  // DRIFTKV_KERNELS_TESTING_BATCH_BUILDER_H_
