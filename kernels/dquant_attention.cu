@@ -222,6 +222,7 @@ struct KernelArgs {
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs args) {
   const DQuantAttentionParams& p = args.p;
+  const AttentionBatch& batch = p.batch;
   extern __shared__ uint32_t smem[];
   uint32_t* table = smem + kOffTable;
   float* score = reinterpret_cast<float*>(smem + kOffScore);
@@ -240,13 +241,13 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int item = blockIdx.y, split = blockIdx.x;
-  const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
+  const int q_heads = batch.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
   const PageLayout& lay = p.layout;
   uint32_t* stage = smem + kOffStage + warp * kStageWords;
   uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
   const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
 
-  const int tokens = p.tokens_dev[item];
+  const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kPageTokens - 1) / kPageTokens;
   const int chunks = (pages + kChunkPages - 1) / kChunkPages;
   // Chunks per split: the launcher's override, or a function of this item's
@@ -258,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 
   // Prologue: rotated query (in the score area), its fp16 hi/lo fragments, sums.
   {
-    const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
+    const float* q = batch.query_dev + static_cast<size_t>(item) * q_heads * D;
     for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
     HadamardRows(score, q_heads, D, tid, kThreads, BlockSync());
     for (int i = tid; i < (n / 16) * 32; i += kThreads) {
@@ -303,13 +304,13 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
   const int idx = tid & (kPageTokens - 1);
   const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
-  const float scale = p.softmax_scale;
+  const float scale = batch.softmax_scale;
   static_assert(kThreads == 256, "one table entry per thread");
   const uint32_t key_word = p.tables_dev[tid], value_word = p.tables_dev[256 + tid];
 
   for (int c = c_begin; c < c_end; ++c) {
     // Pages of the chunk; an absent token decodes a present record and is masked.
-    const int32_t* pt = p.page_table_dev + p.page_start_dev[item] + c * kChunkPages;
+    const int32_t* pt = batch.page_table_dev + batch.page_start_dev[item] + c * kChunkPages;
     const int first_page = c * kChunkPages;
     auto page_ptr = [&](int k) -> const uint8_t* {
       const int k_ok = first_page + k < pages ? k : 0;
@@ -543,17 +544,18 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
 }  // namespace
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream) {
+  const AttentionBatch& b = p.batch;
   const PageLayout& l = p.layout;
-  if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
-  if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0 || p.q_heads > kMaxQHeads) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " / kv_heads ", l.kv_heads,
+  if (b.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", b.items, " < 1"));
+  if (l.kv_heads < 1 || b.q_heads % l.kv_heads != 0 || b.q_heads > kMaxQHeads) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", b.q_heads, " / kv_heads ", l.kv_heads,
                                                    ": need a multiple, at most ", kMaxQHeads));
   }
   if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
   if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty()) return absl::InvalidArgumentError(error);
-  if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
+  if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
   // Chunks of kChunkPages pages per item.
-  const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
+  const int chunks = std::max(1, (b.max_pages + kChunkPages - 1) / kChunkPages);
   KernelArgs args;
   args.p = p;
   int splits;
@@ -567,27 +569,22 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
     args.chunks_per_split = 0;
     splits = SplitsCovering(chunks, [](int c) { return DQuantChunksPerSplit(c); });
   }
-  args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
-  args.ws = CarveWorkspace(p.workspace_dev, args.part);
+  args.part = PartialLayout{b.items, splits, b.q_heads, l.head_dim};
+  args.ws = CarveWorkspace(b.workspace_dev, args.part);
   // With transforms, the queries go through T_K^-T into the workspace, after
   // the partial states.
-  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
-                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
-                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  absl::StatusOr<const float*> q =
+      PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
-  args.p.query_dev = *q;
-  const dim3 grid(splits, p.items);
-  const int group = p.q_heads / l.kv_heads;
+  args.p.batch.query_dev = *q;
+  const dim3 grid(splits, b.items);
+  const int group = b.q_heads / l.kv_heads;
   absl::Status st = DispatchHeadDimGroup(l.head_dim, group, "D-Quant", [&](auto d, auto g) {
     return LaunchKernel(DQuantAttentionKernel<decltype(d)::value, decltype(g)::value>, grid, kThreads, kSmemBytes,
                         stream, "D-Quant attention", args);
   });
   if (!st.ok()) return st;
-  return LaunchPageMerge(args.part, args.ws,
-                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
-                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
-                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
-                         stream);
+  return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 
 }  // namespace gpu

@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   constexpr int kGroupsPerMt = D / 64;
   static_assert(G == 2 || G == 4, "GQA group");
   const LevelAttentionParams& p = args.p;
+  const AttentionBatch& batch = p.batch;
   const LevelPageLayout& lay = p.layout;
   const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;  // (host-only helpers of the layout)
   const size_t stage_bytes = StageBytes(D, head_bytes);
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
-  const int tokens = p.tokens_dev[item];
+  const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
   const int pps = LevelPagesPerSplit(pages);
   const int first = split * pps;
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
 
   // This warp's pages: first + warp + kWarps * k.
   const int my_pages = first + warp < last ? (last - first - warp + kWarps - 1) / kWarps : 0;
-  const int32_t* pt = p.page_table_dev + p.page_start_dev[item];
+  const int32_t* pt = batch.page_table_dev + batch.page_start_dev[item];
   uint64_t* my_bars = bars + warp * kStages;
   uint8_t* my_stages = stages + static_cast<size_t>(warp) * kStages * stage_bytes;
   auto issue = [&](int k) {
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
 
   // Prologue: the KV head's G query heads, rotated (Hadamard, as the keys).
   {
-    const float* q = p.query_dev + (static_cast<size_t>(item) * p.q_heads + kvh * G) * D;
+    const float* q = batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D;
     for (int i = tid; i < G * D; i += kThreads) qs[i] = q[i];
     for (int len = 1; len < D; len <<= 1) {
       __syncthreads();
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   const bool active = t < G;             // lanes of unused columns (G = 2) sit out
   const int row = g + (upper ? 8 : 0);
   const float qsum0 = qsum[hp], qsum1 = qsum[hp + 1];
-  const float scale = p.softmax_scale;
+  const float scale = batch.softmax_scale;
   const int head_sel = g % G;
   const uint32_t half_sel = g < G ? 0x5410u : 0x7632u;
   const bool col_used = g < 2 * G;
@@ -593,32 +594,32 @@ size_t LevelAttentionWorkspaceBytes(int items, int q_heads, int head_dim, int ma
 }
 
 absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t stream) {
+  const AttentionBatch& b = p.batch;
   const LevelPageLayout& l = p.layout;
-  if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
-  if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " not a multiple of kv_heads ", l.kv_heads));
+  if (b.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", b.items, " < 1"));
+  if (l.kv_heads < 1 || b.q_heads % l.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", b.q_heads, " not a multiple of kv_heads ", l.kv_heads));
   }
   if (l.page_bytes % 16 != 0 || l.blocks_offset % 16 != 0 || l.head_bytes() % 16 != 0) {
     return absl::InvalidArgumentError("level page layout not aligned (use MakeLevelPageLayout)");
   }
-  if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
-  const int splits = SplitsCovering(p.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
+  if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
+  const int splits = SplitsCovering(b.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
   KernelArgs args;
   args.p = p;
-  args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
-  args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
-                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
-                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  args.part = PartialLayout{b.items, splits, b.q_heads, l.head_dim};
+  args.ws = CarveWorkspace(b.workspace_dev, args.part);
+  absl::StatusOr<const float*> q =
+      PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
-  args.p.query_dev = *q;
-  const dim3 grid(splits, l.kv_heads, p.items);
+  args.p.batch.query_dev = *q;
+  const dim3 grid(splits, l.kv_heads, b.items);
   // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
   // faster at batch >= 32 than two stages and two blocks (8 warps), where
   // too few warps hid the latency of the decode and the mma chains.
   constexpr int kStages = 1;
   const size_t head_bytes = l.head_bytes();
-  absl::Status st = DispatchHeadDimGroup(l.head_dim, p.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
+  absl::Status st = DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
     const size_t smem = 128 + (G * D + 4) * 4 + 128 + static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes);
     if (smem > 227 * 1024) {
@@ -627,11 +628,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return LaunchKernel(LevelAttentionKernel<D, G, kStages, 4>, grid, kThreads, smem, stream, "level attention", args);
   });
   if (!st.ok()) return st;
-  return LaunchPageMerge(args.part, args.ws,
-                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
-                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
-                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
-                         stream);
+  return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 
 }  // namespace gpu
