@@ -29,8 +29,8 @@
 #include "kernels/encode.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
-#include "kernels/testing/host_pool.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 
@@ -138,6 +138,26 @@ struct PagedBatch {
   const int32_t* table(int i, int batch) const {
     return perm.get<int32_t>() + static_cast<size_t>(i % replicas) * batch * pages;
   }
+  // The AttentionBatch of `batch` items over these pages (launch 0's page
+  // table), the same for the cold and the hot kernel.
+  AttentionBatch Attend(int batch, const DeviceBuffer& query, const DeviceBuffer& out, const DeviceBuffer& lse) const {
+    AttentionBatch a;
+    a.items = batch;
+    a.q_heads = kQHeads;
+    a.max_pages = pages;
+    a.page_table_dev = table(0, batch);
+    a.page_start_dev = start.get<int32_t>();
+    a.tokens_dev = tokens.get<int32_t>();
+    a.window_k_dev = window.get<uint16_t>();
+    a.window_v_dev = window.get<uint16_t>();
+    a.window_tokens_dev = window_tokens.get<int32_t>();
+    a.query_dev = query.get<float>();
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    a.out_dev = out.get<float>();
+    a.lse_dev = lse.get<float>();
+    a.workspace_dev = ws.get<void>();
+    return a;
+  }
 };
 
 void MakePagedBatch(const Shape& s, int comp, int window, size_t page_bytes, const DeviceBuffer& distinct,
@@ -233,24 +253,12 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     PagedBatch b;
     MakePagedBatch(s, comp, window, lay.page_bytes, dq_distinct, &rng, &b);
     DQuantAttentionParams p;
+    p.batch = b.Attend(s.batch, dquery, out, lse);
     p.pool_dev = b.pool.get<uint8_t>();
     p.layout = lay;
     p.tables_dev = tables.get<uint32_t>();
-    p.items = s.batch;
-    p.q_heads = kQHeads;
-    p.max_pages = dq_pages;
-    p.page_start_dev = b.start.get<int32_t>();
-    p.tokens_dev = b.tokens.get<int32_t>();
-    p.window_k_dev = b.window.get<uint16_t>();
-    p.window_v_dev = b.window.get<uint16_t>();
-    p.window_tokens_dev = b.window_tokens.get<int32_t>();
-    p.query_dev = dquery.get<float>();
-    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-    p.out_dev = out.get<float>();
-    p.lse_dev = lse.get<float>();
-    p.workspace_dev = b.ws.get<void>();
     r.dquant_ms = MedianMs(reps, [&](int i) {
-      p.page_table_dev = b.table(i, s.batch);
+      p.batch.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchDQuantAttention(p, nullptr));
     });
     // The same launch through a WUSH transform stage (query pre-transform
@@ -259,11 +267,11 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     dmats.Upload(RandomTransforms(&rng));
     dlayers.Upload(std::vector<int32_t>(s.batch, 0));
     DQuantAttentionParams pw = p;
-    pw.transforms_dev = dmats.get<float>();
-    pw.transform_layers = 1;
-    pw.layer_dev = dlayers.get<int32_t>();
+    pw.batch.transforms_dev = dmats.get<float>();
+    pw.batch.transform_layers = 1;
+    pw.batch.layer_dev = dlayers.get<int32_t>();
     r.wush_ms = MedianMs(reps, [&](int i) {
-      pw.page_table_dev = b.table(i, s.batch);
+      pw.batch.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchDQuantAttention(pw, nullptr));
     });
     CheckFinite(out, "D-Quant");
@@ -278,23 +286,11 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     PagedBatch b;
     MakePagedBatch(s, comp, window, hl.page_bytes, hot_distinct, &rng, &b);
     LevelAttentionParams p;
+    p.batch = b.Attend(s.batch, dquery, out, lse);
     p.pool_dev = b.pool.get<uint8_t>();
     p.layout = hl;
-    p.items = s.batch;
-    p.q_heads = kQHeads;
-    p.max_pages = dq_pages;
-    p.page_start_dev = b.start.get<int32_t>();
-    p.tokens_dev = b.tokens.get<int32_t>();
-    p.window_k_dev = b.window.get<uint16_t>();
-    p.window_v_dev = b.window.get<uint16_t>();
-    p.window_tokens_dev = b.window_tokens.get<int32_t>();
-    p.query_dev = dquery.get<float>();
-    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-    p.out_dev = out.get<float>();
-    p.lse_dev = lse.get<float>();
-    p.workspace_dev = b.ws.get<void>();
     r.hot_ms = MedianMs(reps, [&](int i) {
-      p.page_table_dev = b.table(i, s.batch);
+      p.batch.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchLevelAttention(p, nullptr));
     });
     CheckFinite(out, "level-page");

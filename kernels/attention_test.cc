@@ -15,9 +15,9 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
+#include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
 #include "kernels/testing/gpu_test_util.h"
-#include "kernels/testing/host_pool.h"
 
 namespace driftkv {
 namespace gpu {
@@ -37,36 +37,21 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
   ASSERT_TRUE(codec.ok()) << codec.status();
   HostDQuantBatch b;
   ASSERT_TRUE(BuildDQuantBatch(*codec, c.q_heads, c.tokens, c.window, /*shuffle=*/true, seed, &b).ok());
-  const int items = b.items(), d = c.head_dim, n = b.layout.n();
+  const int items = b.items(), d = c.head_dim;
   std::vector<uint32_t> tables(512);
   PackDecodeTable(codec->key_codec().table(), tables.data());
   PackDecodeTable(codec->value_codec().table(), tables.data() + 256);
-  DeviceBuffer pool, tab, pt, ps, tok, wk, wv, wt, q, out, lse, ws;
-  ASSERT_TRUE(pool.Upload(b.pool) && tab.Upload(tables) && pt.Upload(b.page_table) && ps.Upload(b.page_start) &&
-              tok.Upload(b.tokens) && wk.Upload(b.window_k) && wv.Upload(b.window_v) && wt.Upload(b.window_tokens) &&
-              q.Upload(b.query));
-  ASSERT_TRUE(out.Resize(static_cast<size_t>(items) * c.q_heads * d * 4) && lse.Resize(static_cast<size_t>(items) * c.q_heads * 4));
-  ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(items, c.q_heads, d, b.max_pages)));
-  cudaMemset(out.get<void>(), 0xff, out.bytes());  // NaN poison
-  cudaMemset(lse.get<void>(), 0xff, lse.bytes());
+  DeviceBuffer pool, tab;
+  ASSERT_TRUE(pool.Upload(b.pool) && tab.Upload(tables));
+  DeviceItems dev;
+  ASSERT_TRUE(dev.Upload(b, 0, items));
   DQuantAttentionParams p;
+  p.batch = dev.batch();
+  // Windows found by position (item i at i * kMaxWindow), not by start.
+  p.batch.window_start_dev = nullptr;
   p.pool_dev = pool.get<uint8_t>();
   p.layout = b.layout;
   p.tables_dev = tab.get<uint32_t>();
-  p.items = items;
-  p.q_heads = c.q_heads;
-  p.max_pages = b.max_pages;
-  p.page_table_dev = pt.get<int32_t>();
-  p.page_start_dev = ps.get<int32_t>();
-  p.tokens_dev = tok.get<int32_t>();
-  p.window_k_dev = wk.get<uint16_t>();
-  p.window_v_dev = wv.get<uint16_t>();
-  p.window_tokens_dev = wt.get<int32_t>();
-  p.query_dev = q.get<float>();
-  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  p.out_dev = out.get<float>();
-  p.lse_dev = lse.get<float>();
-  p.workspace_dev = ws.get<void>();
   p.splits = c.splits;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -75,15 +60,15 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
   std::vector<float> h_out, h_lse;
-  ASSERT_TRUE(out.Download(&h_out) && lse.Download(&h_lse));
+  ASSERT_TRUE(dev.Download(&h_out, &h_lse));
   std::vector<float> cpu_out(static_cast<size_t>(c.q_heads) * d), cpu_lse(c.q_heads);
   for (int i = 0; i < items; ++i) {
     const float* go = h_out.data() + static_cast<size_t>(i) * c.q_heads * d;
     CheckItem(go, h_lse[static_cast<size_t>(i) * c.q_heads], b.ref_keys[i], b.ref_values[i],
               b.tokens[i] + b.window_tokens[i], c.kv_heads, d, b.query.data() + static_cast<size_t>(i) * c.q_heads * d,
-              c.q_heads, p.softmax_scale, "dquant", i);
+              c.q_heads, p.batch.softmax_scale, "dquant", i);
     // And the CPU fused path of codec/compressed_attention.h agrees too.
-    ASSERT_TRUE(CpuCompressedAttention(*codec, b, i, p.softmax_scale, cpu_out.data(), cpu_lse.data()).ok());
+    ASSERT_TRUE(CpuCompressedAttention(*codec, b, i, p.batch.softmax_scale, cpu_out.data(), cpu_lse.data()).ok());
     double diff = 0.0, norm = 0.0;
     for (size_t j = 0; j < cpu_out.size(); ++j) {
       diff = std::max(diff, static_cast<double>(std::fabs(go[j] - cpu_out[j])));
@@ -91,7 +76,6 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
     }
     EXPECT_LE(diff, 1e-4 * (norm + 1e-3)) << "GPU vs CPU CompressedAttention, item " << i;
   }
-  (void)n;
 }
 
 TEST(DQuantAttentionGpu, Gqa32x8Dim128OddSizes) {
@@ -119,47 +103,21 @@ TEST(DQuantAttentionGpu, Gqa16x8Dim128AndGqa8x4Dim128) {
 // launcher's own split choice; returns out and lse.
 void RunDQuantItems(const DQuantCodec& codec, const HostDQuantBatch& b, const DeviceBuffer& pool, int first,
                     int count, std::vector<float>* h_out, std::vector<float>* h_lse) {
-  const int d = b.layout.head_dim;
-  const size_t qd = static_cast<size_t>(b.q_heads) * d;
   std::vector<uint32_t> tables(512);
   PackDecodeTable(codec.key_codec().table(), tables.data());
   PackDecodeTable(codec.value_codec().table(), tables.data() + 256);
-  std::vector<int32_t> start(b.page_start.begin() + first, b.page_start.begin() + first + count);
-  std::vector<int32_t> tok(b.tokens.begin() + first, b.tokens.begin() + first + count);
-  std::vector<int32_t> wt(b.window_tokens.begin() + first, b.window_tokens.begin() + first + count);
-  std::vector<int32_t> wstart(count);
-  for (int i = 0; i < count; ++i) wstart[i] = (first + i) * kMaxWindow;
-  std::vector<float> q(b.query.begin() + first * qd, b.query.begin() + (first + count) * qd);
-  int max_pages = 0;
-  for (int t : tok) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
-  DeviceBuffer tab, pt, ps, dt, wk, wv, dwt, dws, dq, out, lse, ws;
-  ASSERT_TRUE(tab.Upload(tables) && pt.Upload(b.page_table) && ps.Upload(start) && dt.Upload(tok) &&
-              wk.Upload(b.window_k) && wv.Upload(b.window_v) && dwt.Upload(wt) && dws.Upload(wstart) && dq.Upload(q));
-  ASSERT_TRUE(out.Resize(count * qd * 4) && lse.Resize(static_cast<size_t>(count) * b.q_heads * 4));
-  ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(count, b.q_heads, d, std::max(1, max_pages))));
+  DeviceBuffer tab;
+  DeviceItems dev;
+  ASSERT_TRUE(tab.Upload(tables) && dev.Upload(b, first, count));
   DQuantAttentionParams p;
+  p.batch = dev.batch();
   p.pool_dev = pool.get<uint8_t>();
   p.layout = b.layout;
   p.tables_dev = tab.get<uint32_t>();
-  p.items = count;
-  p.q_heads = b.q_heads;
-  p.max_pages = max_pages;
-  p.page_table_dev = pt.get<int32_t>();
-  p.page_start_dev = ps.get<int32_t>();
-  p.tokens_dev = dt.get<int32_t>();
-  p.window_k_dev = wk.get<uint16_t>();
-  p.window_v_dev = wv.get<uint16_t>();
-  p.window_tokens_dev = dwt.get<int32_t>();
-  p.window_start_dev = dws.get<int32_t>();
-  p.query_dev = dq.get<float>();
-  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  p.out_dev = out.get<float>();
-  p.lse_dev = lse.get<float>();
-  p.workspace_dev = ws.get<void>();
   absl::Status st = LaunchDQuantAttention(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_TRUE(out.Download(h_out) && lse.Download(h_lse));
+  ASSERT_TRUE(dev.Download(h_out, h_lse));
 }
 
 // The cold kernel's answer for an item does not depend on what rides beside

@@ -150,7 +150,7 @@ struct MergeParams {
   const uint16_t* window_k_dev;  // optional bf16 window (D-Quant)
   const uint16_t* window_v_dev;
   const int32_t* window_tokens_dev;
-  const int32_t* window_start_dev = nullptr;  // see DQuantAttentionParams
+  const int32_t* window_start_dev = nullptr;  // see AttentionBatch
   const float* query_dev;
   float softmax_scale;
   float* out_dev;

@@ -219,34 +219,371 @@ struct KernelArgs {
   int chunks_per_split;
 };
 
+// The block's views of shared memory (offsets above).
+struct Shared {
+  uint32_t* table;
+  float* score;
+  GapArray<float> acc;
+  GapArray<uint32_t> qfrag;
+  float *ks, *ko, *vs, *vo;  // [kChunkTokens] key and value scale and offset of each token
+  float* qsum;
+  float* qmu;                // [kChunkPages][kMaxQHeads]
+  float *mrun, *lrun, *orun;  // [kMaxQHeads] running max, denominator, sum of w_t o_t
+  uint8_t* valid;
+  float* red;
+};
+
+__device__ __forceinline__ Shared CarveShared(uint32_t* smem) {
+  Shared s{smem + kOffTable,
+           reinterpret_cast<float*>(smem + kOffScore),
+           GapArray<float>{reinterpret_cast<float*>(smem + kOffTable), kGapAcc},
+           GapArray<uint32_t>{smem + kOffTable, kGapQFrag}};
+  s.ks = reinterpret_cast<float*>(smem + kOffTok);
+  s.ko = s.ks + kChunkTokens;
+  s.vs = s.ko + kChunkTokens;
+  s.vo = s.vs + kChunkTokens;
+  s.qsum = reinterpret_cast<float*>(smem + kOffQSum);
+  s.qmu = reinterpret_cast<float*>(smem + kOffQMu);
+  s.mrun = reinterpret_cast<float*>(smem + kOffRun);
+  s.lrun = s.mrun + kMaxQHeads;
+  s.orun = s.lrun + kMaxQHeads;
+  s.valid = reinterpret_cast<uint8_t*>(smem + kOffValid);
+  s.red = reinterpret_cast<float*>(smem + kOffRed);
+  return s;
+}
+
+// Prologue: the item's query rotated (in the score area), its fp16 hi/lo
+// fragments, the sums sum_d q'[d], the empty running state and a zero
+// accumulator. Ends with a block barrier.
+template <int D, int G>
+__device__ __forceinline__ void PrepareQuery(const float* q, int q_heads, int n, int tid, int warp, int lane,
+                                             const Shared& s) {
+  for (int i = tid; i < q_heads * D; i += kThreads) s.score[i] = q[i];
+  HadamardRows(s.score, q_heads, D, tid, kThreads, BlockSync());
+  for (int i = tid; i < (n / 16) * 32; i += kThreads) {
+    const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
+    uint32_t w[2];
+#pragma unroll
+    for (int reg = 0; reg < 2; ++reg) {
+      uint16_t half[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ch = kstep * 16 + 2 * t + 8 * reg + e;
+        const int g = ch / D;
+        uint16_t hi = 0, lo = 0;
+        if (col < 2 * G) {
+          SplitHalf(s.score[(g * G + (col % G)) * D + ch % D], &hi, &lo);
+        }
+        half[e] = col < G ? hi : (col < 2 * G ? lo : 0);
+      }
+      w[reg] = half[0] | (static_cast<uint32_t>(half[1]) << 16);
+    }
+    s.qfrag[i * 2] = w[0];
+    s.qfrag[i * 2 + 1] = w[1];
+  }
+  if (warp < kWarps) {
+    for (int h = warp; h < q_heads; h += kWarps) {
+      float sum = 0.0f;
+      for (int d = lane; d < D; d += 32) sum += s.score[h * D + d];
+      sum = WarpSum(sum);
+      if (lane == 0) {
+        s.qsum[h] = sum;
+        s.mrun[h] = kNegInf;
+        s.lrun[h] = 0.0f;
+        s.orun[h] = 0.0f;
+      }
+    }
+  }
+  for (int i = tid; i < q_heads * D; i += kThreads) s.acc[i] = 0.0f;
+  __syncthreads();
+}
+
+// This thread's two tokens of a chunk: A = (page tid / 128, slot tid % 128)
+// and B = (page 2 + tid / 128, same slot). An absent token (past the item's
+// end) decodes a present record (slot 0 of a present page) and is masked.
+struct ChunkTokens {
+  Tok a, b;
+  uint32_t ia, ib;  // record slots in their pages
+  bool va, vb;      // present
+};
+
+__device__ __forceinline__ ChunkTokens StartChunk(const DQuantAttentionParams& p, const int32_t* pt, int first_page,
+                                                  int pages, int tokens, int tid) {
+  const int idx = tid & (kPageTokens - 1);
+  auto page_ptr = [&](int k) -> const uint8_t* {
+    const int k_ok = first_page + k < pages ? k : 0;
+    return p.pool_dev + static_cast<size_t>(pt[k_ok]) * p.layout.page_bytes;
+  };
+  auto token_valid = [&](int k) {
+    return first_page + k < pages && (first_page + k) * kPageTokens + idx < tokens;
+  };
+  const int kA = tid >> 7, kB = 2 + (tid >> 7);
+  ChunkTokens c;
+  c.va = token_valid(kA);
+  c.vb = token_valid(kB);
+  c.a.page = page_ptr(c.va ? kA : 0);
+  c.b.page = page_ptr(c.vb ? kB : 0);
+  c.ia = c.va ? idx : 0;
+  c.ib = c.vb ? idx : 0;
+  return c;
+}
+
+// The decode table `word` (this thread's entry z = tid), replicated into the
+// 32 banks: words z * 64 + lane, lane < 32.
+__device__ __forceinline__ void FillTable(uint32_t* table, uint32_t word, int tid) {
+  const uint4 e = make_uint4(word, word, word, word);
+  for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
+}
+
+// q' . mu for each (page of the chunk, head), scaled by the page's mean scale.
+template <int D, int G>
+__device__ __forceinline__ void MeanDots(const DQuantAttentionParams& p, const int32_t* pt, int first_page, int pages,
+                                         int q_heads, int warp, int lane, const Shared& s) {
+  for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
+    const int k = j / q_heads, h = j % q_heads;
+    float sum = 0.0f;
+    if (first_page + k < pages) {
+      const uint8_t* mean = p.pool_dev + static_cast<size_t>(pt[k]) * p.layout.page_bytes + p.layout.mean_offset;
+      const float mscale = __ldg(reinterpret_cast<const float*>(mean));
+      const int8_t* q8 = reinterpret_cast<const int8_t*>(mean + 4) + (h / G) * D;
+      for (int d = lane; d < D; d += 32) sum += QValue<D, G>(s.qfrag, h, d) * static_cast<float>(q8[d]);
+      sum = WarpSum(sum) * mscale;
+    }
+    if (lane == 0) s.qmu[k * kMaxQHeads + h] = sum;
+  }
+}
+
+// Value headers (scale, offset) and presence of both tokens.
+__device__ __forceinline__ void LoadValueHeaders(const PageLayout& lay, const ChunkTokens& c, int ta, int tb,
+                                                 const Shared& s) {
+  const uint32_t ha = __ldg(reinterpret_cast<const uint32_t*>(c.a.page + lay.value_offset + c.ia * lay.value_stride));
+  const uint32_t hb = __ldg(reinterpret_cast<const uint32_t*>(c.b.page + lay.value_offset + c.ib * lay.value_stride));
+  s.vs[ta] = HalfBitsToFloat(ha & 0xffff);
+  s.vo[ta] = HalfBitsToFloat(ha >> 16);
+  s.vs[tb] = HalfBitsToFloat(hb & 0xffff);
+  s.vo[tb] = HalfBitsToFloat(hb >> 16);
+  s.valid[ta] = c.va;
+  s.valid[tb] = c.vb;
+}
+
+// ---- 1. keys: decode both tokens' key records slab by slab into the
+// warp's stage, contract with the query fragments on tensor cores, and
+// write scale * (s_t * dot + o_t * sum q' + q' . mu) (or -inf for absent
+// tokens) to score[head][token] ----
+template <int D, int G>
+__device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c, int kv_heads, float scale,
+                                          int warp, int lane, int ta, int tb, uint32_t lane4, const Shared& s,
+                                          uint32_t* stage, uint32_t* ring) {
+  const int slot_a = lane, slot_b = 32 + lane;
+  const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
+  const uint32_t ha = TokStart(c.a, ring, slot_a, c.ia * lay.key_stride);
+  const uint32_t hb = TokStart(c.b, ring, slot_b, c.ib * lay.key_stride);
+  s.ks[ta] = HalfBitsToFloat(ha & 0xffff);
+  s.ko[ta] = HalfBitsToFloat(ha >> 16);
+  s.ks[tb] = HalfBitsToFloat(hb & 0xffff);
+  s.ko[tb] = HalfBitsToFloat(hb >> 16);
+  for (int g = 0; g < kv_heads; ++g) {
+    float dacc[4][4] = {};
+    for (int slab = 0; slab < D / kSlab; ++slab) {
+      TokRefill(c.a, ring, slot_a);
+      TokRefill(c.b, ring, slot_b);
+#pragma unroll
+      for (int q8 = 0; q8 < kSlab / 8; ++q8) {
+        uint32_t e0[4], e1[4], f0[4], f1[4];
+        Decode4(c.a, c.b, ring, slot4_a, slot4_b, s.table, lane4, e0, f0);
+        Decode4(c.a, c.b, ring, slot4_a, slot4_b, s.table, lane4, e1, f1);
+        const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
+                                    PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
+        const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
+                                    PackLevels(f1[0], f1[1]), PackLevels(f1[2], f1[3]));
+        *reinterpret_cast<uint4*>(stage + slot_a * kKeyRowWords + q8 * 4) = wa;
+        *reinterpret_cast<uint4*>(stage + slot_b * kKeyRowWords + q8 * 4) = wb;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        const int kstep = (g * D + slab * kSlab) / 16 + k2;
+        const uint2 bq = *reinterpret_cast<const uint2*>(s.qfrag.ptr((kstep * 32 + lane) * 2));
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          uint32_t af[4];
+          const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4(af, stage + row * kKeyRowWords + k2 * 8 + (lane >> 4) * 4);
+          Mma16816(dacc[mt], af, bq.x, bq.y);
+        }
+      }
+      __syncwarp();
+    }
+    // Scores of the G heads of KV head g: column n + G (lo) is in lane ^ (G/2).
+    const int t4 = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      float part[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, dacc[mt][r], G / 2);
+      if (2 * t4 < G) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
+          const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
+          const int h = g * G + 2 * t4 + (r & 1);
+          const float dot = dacc[mt][r] + part[r];
+          s.score[h * kChunkTokens + tok] =
+              s.valid[tok] ? scale * (s.ks[tok] * dot + s.ko[tok] * s.qsum[h] + s.qmu[(tok >> 7) * kMaxQHeads + h])
+                           : kNegInf;
+        }
+      }
+    }
+  }
+}
+
+// ---- 2. softmax over the chunk, online against the running state of each
+// head; the weights pre-multiplied by s_t are stored split into fp16
+// hi | lo << 16 in place of the scores ----
+template <int D>
+__device__ __forceinline__ void ChunkSoftmax(int q_heads, int warp, int lane, const Shared& s) {
+  for (int h = warp; h < q_heads; h += kWarps) {
+    float* sc = s.score + h * kChunkTokens;
+    float cmax = kNegInf;
+    for (int t = lane; t < kChunkTokens; t += 32) cmax = fmaxf(cmax, sc[t]);
+    cmax = WarpMax(cmax);
+    const float m_old = s.mrun[h];
+    const float m_new = fmaxf(m_old, cmax);
+    float sum = 0.0f, osum = 0.0f;
+    for (int t = lane; t < kChunkTokens; t += 32) {
+      const float x = sc[t];
+      const float w = x == kNegInf ? 0.0f : __expf(x - m_new);
+      sum += w;
+      osum += w * s.vo[t];
+      uint16_t whi, wlo;
+      SplitHalf(w * s.vs[t], &whi, &wlo);
+      reinterpret_cast<uint32_t*>(sc)[t] = whi | (static_cast<uint32_t>(wlo) << 16);
+    }
+    sum = WarpSum(sum);
+    osum = WarpSum(osum);
+    const float f = m_old == kNegInf ? (m_new == kNegInf ? 1.0f : 0.0f) : __expf(m_old - m_new);
+    for (int d = lane; d < D; d += 32) s.acc[h * D + d] *= f;
+    if (lane == 0) {
+      s.mrun[h] = m_new;
+      s.lrun[h] = s.lrun[h] * f + sum;
+      s.orun[h] = s.orun[h] * f + osum;
+    }
+  }
+}
+
+// ---- 3. values: decode both tokens' value records slab by slab, contract
+// the levels with the weights on tensor cores and add the warps' sums to
+// the accumulator in warp order (no float atomics: the order never
+// changes) ----
+template <int D, int G>
+__device__ __forceinline__ void ValueAccumulate(const PageLayout& lay, ChunkTokens& c, int kv_heads, int tid, int warp,
+                                                int lane, uint32_t lane4, const Shared& s, uint32_t* stage,
+                                                uint32_t* ring) {
+  const int slot_a = lane, slot_b = 32 + lane;
+  const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
+  TokStart(c.a, ring, slot_a, static_cast<uint32_t>(lay.value_offset) + c.ia * lay.value_stride);
+  TokStart(c.b, ring, slot_b, static_cast<uint32_t>(lay.value_offset) + c.ib * lay.value_stride);
+  const int t4 = lane & 3, col = lane >> 2;
+  for (int g = 0; g < kv_heads; ++g) {
+    // Weight fragments of the warp's 64 tokens (virtual k = 2 * lane + {A, B}).
+    uint32_t wf[4][2];
+#pragma unroll
+    for (int k4 = 0; k4 < 4; ++k4) {
+#pragma unroll
+      for (int reg = 0; reg < 2; ++reg) {
+        const int src = 8 * k4 + t4 + 4 * reg;
+        const int tok_a = warp * 32 + src, tok_b = kChunkTokens / 2 + warp * 32 + src;
+        uint32_t w = 0u;
+        if (col < 2 * G) {
+          const uint32_t* wsplit = reinterpret_cast<const uint32_t*>(s.score) + (g * G + col % G) * kChunkTokens;
+          w = __byte_perm(wsplit[tok_a], wsplit[tok_b], col < G ? 0x5410 : 0x7632);
+        }
+        wf[k4][reg] = w;
+      }
+    }
+    for (int slab = 0; slab < D / kSlab; ++slab) {
+      TokRefill(c.a, ring, slot_a);
+      TokRefill(c.b, ring, slot_b);
+#pragma unroll
+      for (int q4 = 0; q4 < kSlab / 4; ++q4) {
+        uint32_t e[4], f[4];
+        Decode4(c.a, c.b, ring, slot4_a, slot4_b, s.table, lane4, e, f);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) stage[(q4 * 4 + k) * kValRowWords + lane] = PackLevels(e[k], f[k]);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        float d[4] = {};
+#pragma unroll
+        for (int k4 = 0; k4 < 4; ++k4) {
+          uint32_t af[4];
+          const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4(af, stage + row * kValRowWords + k4 * 8 + (lane >> 4) * 4);
+          Mma16816(d, af, wf[k4][0], wf[k4][1]);
+        }
+        // hi (lane t4 < G/2) + lo (lane t4 ^ G/2) of heads 2 t4', 2 t4' + 1: the
+        // low lane holds rows 0..7, its partner rows 8..15; each warp's
+        // sums go to its slot of `red`, added below in warp order.
+        const bool low = (t4 & (G / 2)) == 0;
+        const float r0 = __shfl_xor_sync(0xffffffffu, low ? d[2] : d[0], G / 2);
+        const float r1 = __shfl_xor_sync(0xffffffffu, low ? d[3] : d[1], G / 2);
+        s.red[(warp * 2 + mt) * 64 + lane * 2] = (low ? d[0] : d[2]) + r0;
+        s.red[(warp * 2 + mt) * 64 + lane * 2 + 1] = (low ? d[1] : d[3]) + r1;
+      }
+      // The warps' partial sums of this slab into the accumulator, in
+      // warp order: no float atomics, so the sum order never changes.
+      __syncthreads();
+      if (tid < 128) {
+        const int mt = tid >> 6, ln = (tid >> 1) & 31, j = tid & 1, tr = ln & 3;
+        if (tr < G) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) sum += s.red[(w * 2 + mt) * 64 + ln * 2 + j];
+          const int h = g * G + 2 * (tr & (G / 2 - 1)) + j;
+          const int ch = slab * kSlab + mt * 16 + (ln >> 2) + ((tr & (G / 2)) == 0 ? 0 : 8);
+          s.acc[h * D + ch] += sum;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The split's partial state (kernels/device_common.cuh): m, l and acc +
+// (sum a_t o_t) on every channel, in the rotated domain.
+template <int D>
+__device__ __forceinline__ void WritePartialState(const KernelArgs& args, int item, int split, int q_heads, int warp,
+                                                  int lane, const Shared& s) {
+  for (int h = warp; h < q_heads; h += kWarps) {
+    const size_t mi = args.part.ml_index(item, split, h);
+    if (lane == 0) {
+      args.ws.m[mi] = s.mrun[h];
+      args.ws.l[mi] = s.lrun[h];
+    }
+    for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, h) + d] = s.acc[h * D + d] + s.orun[h];
+  }
+}
+
+// One block per (split, item): the chunks [c_begin, c_end) of the item, each
+// decoded once for every query head.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs args) {
   const DQuantAttentionParams& p = args.p;
+  const AttentionBatch& batch = p.batch;
   extern __shared__ uint32_t smem[];
-  uint32_t* table = smem + kOffTable;
-  float* score = reinterpret_cast<float*>(smem + kOffScore);
-  const GapArray<float> acc{reinterpret_cast<float*>(smem + kOffTable), kGapAcc};
-  const GapArray<uint32_t> qfrag{smem + kOffTable, kGapQFrag};
-  float* ks = reinterpret_cast<float*>(smem + kOffTok);
-  float* ko = ks + kChunkTokens;
-  float* vs = ko + kChunkTokens;
-  float* vo = vs + kChunkTokens;
-  float* qsum = reinterpret_cast<float*>(smem + kOffQSum);
-  float* qmu = reinterpret_cast<float*>(smem + kOffQMu);
-  float* mrun = reinterpret_cast<float*>(smem + kOffRun);
-  float* lrun = mrun + kMaxQHeads;
-  float* orun = lrun + kMaxQHeads;
-  uint8_t* valid = reinterpret_cast<uint8_t*>(smem + kOffValid);
-
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int item = blockIdx.y, split = blockIdx.x;
-  const int q_heads = p.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
-  const PageLayout& lay = p.layout;
+  const int q_heads = batch.q_heads, kv_heads = q_heads / G, n = kv_heads * D;
+  const Shared s = CarveShared(smem);
+  // This warp's stage and ring, kept out of Shared: as locals of the kernel
+  // they stay 32-bit shared addresses in the decode loops (inside the struct
+  // nvcc recomputed them in 64 bits at every ring access).
   uint32_t* stage = smem + kOffStage + warp * kStageWords;
   uint32_t* ring = smem + kOffRing + warp * kRingWords * kWarpTokens;
   const uint32_t lane4 = static_cast<uint32_t>(lane) << 2;
 
-  const int tokens = p.tokens_dev[item];
+  const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kPageTokens - 1) / kPageTokens;
   const int chunks = (pages + kChunkPages - 1) / kChunkPages;
   // Chunks per split: the launcher's override, or a function of this item's
@@ -254,306 +591,48 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int cps = args.chunks_per_split > 0 ? args.chunks_per_split : DQuantChunksPerSplit(chunks);
   const int c_begin = split * cps;
   const int c_end = min(chunks, c_begin + cps);
-  float* red = reinterpret_cast<float*>(smem + kOffRed);
 
-  // Prologue: rotated query (in the score area), its fp16 hi/lo fragments, sums.
-  {
-    const float* q = p.query_dev + static_cast<size_t>(item) * q_heads * D;
-    for (int i = tid; i < q_heads * D; i += kThreads) score[i] = q[i];
-    HadamardRows(score, q_heads, D, tid, kThreads, BlockSync());
-    for (int i = tid; i < (n / 16) * 32; i += kThreads) {
-      const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
-      uint32_t w[2];
-#pragma unroll
-      for (int reg = 0; reg < 2; ++reg) {
-        uint16_t half[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int ch = kstep * 16 + 2 * t + 8 * reg + e;
-          const int g = ch / D;
-          uint16_t hi = 0, lo = 0;
-          if (col < 2 * G) {
-            SplitHalf(score[(g * G + (col % G)) * D + ch % D], &hi, &lo);
-          }
-          half[e] = col < G ? hi : (col < 2 * G ? lo : 0);
-        }
-        w[reg] = half[0] | (static_cast<uint32_t>(half[1]) << 16);
-      }
-      qfrag[i * 2] = w[0];
-      qfrag[i * 2 + 1] = w[1];
-    }
-    if (warp < kWarps) {
-      for (int h = warp; h < q_heads; h += kWarps) {
-        float s = 0.0f;
-        for (int d = lane; d < D; d += 32) s += score[h * D + d];
-        s = WarpSum(s);
-        if (lane == 0) {
-          qsum[h] = s;
-          mrun[h] = kNegInf;
-          lrun[h] = 0.0f;
-          orun[h] = 0.0f;
-        }
-      }
-    }
-    for (int i = tid; i < q_heads * D; i += kThreads) acc[i] = 0.0f;
-    __syncthreads();
-  }
+  PrepareQuery<D, G>(batch.query_dev + static_cast<size_t>(item) * q_heads * D, q_heads, n, tid, warp, lane, s);
 
-  const int slot_a = lane, slot_b = 32 + lane;
-  const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
-  const int idx = tid & (kPageTokens - 1);
   const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
-  const float scale = p.softmax_scale;
+  const float scale = batch.softmax_scale;
   static_assert(kThreads == 256, "one table entry per thread");
   const uint32_t key_word = p.tables_dev[tid], value_word = p.tables_dev[256 + tid];
 
   for (int c = c_begin; c < c_end; ++c) {
-    // Pages of the chunk; an absent token decodes a present record and is masked.
-    const int32_t* pt = p.page_table_dev + p.page_start_dev[item] + c * kChunkPages;
+    const int32_t* pt = batch.page_table_dev + batch.page_start_dev[item] + c * kChunkPages;
     const int first_page = c * kChunkPages;
-    auto page_ptr = [&](int k) -> const uint8_t* {
-      const int k_ok = first_page + k < pages ? k : 0;
-      return p.pool_dev + static_cast<size_t>(pt[k_ok]) * lay.page_bytes;
-    };
-    auto token_valid = [&](int k) {
-      return first_page + k < pages && (first_page + k) * kPageTokens + idx < tokens;
-    };
-    const int kA = tid >> 7, kB = 2 + (tid >> 7);
-    const bool va = token_valid(kA), vb = token_valid(kB);
-    Tok a, b;
-    a.page = page_ptr(va ? kA : 0);
-    b.page = page_ptr(vb ? kB : 0);
-    const uint32_t ia = va ? idx : 0, ib = vb ? idx : 0;
-
-    // Table: keys, entry z replicated into the 32 banks (words z * 64 + lane, lane < 32).
-    {
-      const uint4 e = make_uint4(key_word, key_word, key_word, key_word);
-      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
-    }
-    // q' . mu for each page of the chunk.
-    for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
-      const int k = j / q_heads, h = j % q_heads;
-      float s = 0.0f;
-      if (first_page + k < pages) {
-        const uint8_t* mean = p.pool_dev + static_cast<size_t>(pt[k]) * lay.page_bytes + lay.mean_offset;
-        const float mscale = __ldg(reinterpret_cast<const float*>(mean));
-        const int8_t* q8 = reinterpret_cast<const int8_t*>(mean + 4) + (h / G) * D;
-        for (int d = lane; d < D; d += 32) s += QValue<D, G>(qfrag, h, d) * static_cast<float>(q8[d]);
-        s = WarpSum(s) * mscale;
-      }
-      if (lane == 0) qmu[k * kMaxQHeads + h] = s;
-    }
-    // Value headers (scale, offset) of both tokens.
-    {
-      const uint32_t ha = __ldg(reinterpret_cast<const uint32_t*>(a.page + lay.value_offset + ia * lay.value_stride));
-      const uint32_t hb = __ldg(reinterpret_cast<const uint32_t*>(b.page + lay.value_offset + ib * lay.value_stride));
-      vs[ta] = HalfBitsToFloat(ha & 0xffff);
-      vo[ta] = HalfBitsToFloat(ha >> 16);
-      vs[tb] = HalfBitsToFloat(hb & 0xffff);
-      vo[tb] = HalfBitsToFloat(hb >> 16);
-      valid[ta] = va;
-      valid[tb] = vb;
-    }
+    ChunkTokens ct = StartChunk(p, pt, first_page, pages, tokens, tid);
+    FillTable(s.table, key_word, tid);
+    MeanDots<D, G>(p, pt, first_page, pages, q_heads, warp, lane, s);
+    LoadValueHeaders(p.layout, ct, ta, tb, s);
     __syncthreads();
-
-    // ---- 1. keys ----
-    {
-      const uint32_t ha = TokStart(a, ring, slot_a, ia * lay.key_stride);
-      const uint32_t hb = TokStart(b, ring, slot_b, ib * lay.key_stride);
-      ks[ta] = HalfBitsToFloat(ha & 0xffff);
-      ko[ta] = HalfBitsToFloat(ha >> 16);
-      ks[tb] = HalfBitsToFloat(hb & 0xffff);
-      ko[tb] = HalfBitsToFloat(hb >> 16);
-      for (int g = 0; g < kv_heads; ++g) {
-        float dacc[4][4] = {};
-        for (int slab = 0; slab < D / kSlab; ++slab) {
-          TokRefill(a, ring, slot_a);
-          TokRefill(b, ring, slot_b);
-#pragma unroll
-          for (int q8 = 0; q8 < kSlab / 8; ++q8) {
-            uint32_t e0[4], e1[4], f0[4], f1[4];
-            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e0, f0);
-            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e1, f1);
-            const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
-                                        PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
-            const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
-                                        PackLevels(f1[0], f1[1]), PackLevels(f1[2], f1[3]));
-            *reinterpret_cast<uint4*>(stage + slot_a * kKeyRowWords + q8 * 4) = wa;
-            *reinterpret_cast<uint4*>(stage + slot_b * kKeyRowWords + q8 * 4) = wb;
-          }
-          __syncwarp();
-#pragma unroll
-          for (int k2 = 0; k2 < 2; ++k2) {
-            const int kstep = (g * D + slab * kSlab) / 16 + k2;
-            const uint2 bq = *reinterpret_cast<const uint2*>(qfrag.ptr((kstep * 32 + lane) * 2));
-#pragma unroll
-            for (int mt = 0; mt < 4; ++mt) {
-              uint32_t af[4];
-              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-              LdMatrixX4(af, stage + row * kKeyRowWords + k2 * 8 + (lane >> 4) * 4);
-              Mma16816(dacc[mt], af, bq.x, bq.y);
-            }
-          }
-          __syncwarp();
-        }
-        // Scores of the G heads of KV head g: column n + G (lo) is in lane ^ (G/2).
-        const int t4 = lane & 3;
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          float part[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) part[r] = __shfl_xor_sync(0xffffffffu, dacc[mt][r], G / 2);
-          if (2 * t4 < G) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
-              const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
-              const int h = g * G + 2 * t4 + (r & 1);
-              const float dot = dacc[mt][r] + part[r];
-              score[h * kChunkTokens + tok] =
-                  valid[tok] ? scale * (ks[tok] * dot + ko[tok] * qsum[h] + qmu[(tok >> 7) * kMaxQHeads + h])
-                             : kNegInf;
-            }
-          }
-        }
-      }
-    }
+    KeyScores<D, G>(p.layout, ct, kv_heads, scale, warp, lane, ta, tb, lane4, s, stage, ring);
     __syncthreads();
-
-    // ---- 2. softmax over the chunk, weights pre-multiplied by s_t, stored
-    // split into fp16 hi | lo << 16 in place of the scores ----
-    for (int h = warp; h < q_heads; h += kWarps) {
-      float* sc = score + h * kChunkTokens;
-      float cmax = kNegInf;
-      for (int t = lane; t < kChunkTokens; t += 32) cmax = fmaxf(cmax, sc[t]);
-      cmax = WarpMax(cmax);
-      const float m_old = mrun[h];
-      const float m_new = fmaxf(m_old, cmax);
-      float sum = 0.0f, osum = 0.0f;
-      for (int t = lane; t < kChunkTokens; t += 32) {
-        const float s = sc[t];
-        const float w = s == kNegInf ? 0.0f : __expf(s - m_new);
-        sum += w;
-        osum += w * vo[t];
-        uint16_t whi, wlo;
-        SplitHalf(w * vs[t], &whi, &wlo);
-        reinterpret_cast<uint32_t*>(sc)[t] = whi | (static_cast<uint32_t>(wlo) << 16);
-      }
-      sum = WarpSum(sum);
-      osum = WarpSum(osum);
-      const float f = m_old == kNegInf ? (m_new == kNegInf ? 1.0f : 0.0f) : __expf(m_old - m_new);
-      for (int d = lane; d < D; d += 32) acc[h * D + d] *= f;
-      if (lane == 0) {
-        mrun[h] = m_new;
-        lrun[h] = lrun[h] * f + sum;
-        orun[h] = orun[h] * f + osum;
-      }
-    }
-    // Table: values.
-    {
-      const uint4 e = make_uint4(value_word, value_word, value_word, value_word);
-      for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
-    }
+    ChunkSoftmax<D>(q_heads, warp, lane, s);
+    FillTable(s.table, value_word, tid);
     __syncthreads();
-
-    // ---- 3. values ----
-    {
-      TokStart(a, ring, slot_a, static_cast<uint32_t>(lay.value_offset) + ia * lay.value_stride);
-      TokStart(b, ring, slot_b, static_cast<uint32_t>(lay.value_offset) + ib * lay.value_stride);
-      const int t4 = lane & 3, col = lane >> 2;
-      for (int g = 0; g < kv_heads; ++g) {
-        // Weight fragments of the warp's 64 tokens (virtual k = 2 * lane + {A, B}).
-        uint32_t wf[4][2];
-#pragma unroll
-        for (int k4 = 0; k4 < 4; ++k4) {
-#pragma unroll
-          for (int reg = 0; reg < 2; ++reg) {
-            const int src = 8 * k4 + t4 + 4 * reg;
-            const int tok_a = warp * 32 + src, tok_b = kChunkTokens / 2 + warp * 32 + src;
-            uint32_t w = 0u;
-            if (col < 2 * G) {
-              const uint32_t* wsplit = reinterpret_cast<const uint32_t*>(score) + (g * G + col % G) * kChunkTokens;
-              w = __byte_perm(wsplit[tok_a], wsplit[tok_b], col < G ? 0x5410 : 0x7632);
-            }
-            wf[k4][reg] = w;
-          }
-        }
-        for (int slab = 0; slab < D / kSlab; ++slab) {
-          TokRefill(a, ring, slot_a);
-          TokRefill(b, ring, slot_b);
-#pragma unroll
-          for (int q4 = 0; q4 < kSlab / 4; ++q4) {
-            uint32_t e[4], f[4];
-            Decode4(a, b, ring, slot4_a, slot4_b, table, lane4, e, f);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) stage[(q4 * 4 + k) * kValRowWords + lane] = PackLevels(e[k], f[k]);
-          }
-          __syncwarp();
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            float d[4] = {};
-#pragma unroll
-            for (int k4 = 0; k4 < 4; ++k4) {
-              uint32_t af[4];
-              const int row = mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-              LdMatrixX4(af, stage + row * kValRowWords + k4 * 8 + (lane >> 4) * 4);
-              Mma16816(d, af, wf[k4][0], wf[k4][1]);
-            }
-            // hi (lane t4 < G/2) + lo (lane t4 ^ G/2) of heads 2 t4', 2 t4' + 1: the
-            // low lane holds rows 0..7, its partner rows 8..15; each warp's
-            // sums go to its slot of `red`, added below in warp order.
-            const bool low = (t4 & (G / 2)) == 0;
-            const float r0 = __shfl_xor_sync(0xffffffffu, low ? d[2] : d[0], G / 2);
-            const float r1 = __shfl_xor_sync(0xffffffffu, low ? d[3] : d[1], G / 2);
-            red[(warp * 2 + mt) * 64 + lane * 2] = (low ? d[0] : d[2]) + r0;
-            red[(warp * 2 + mt) * 64 + lane * 2 + 1] = (low ? d[1] : d[3]) + r1;
-          }
-          // The warps' partial sums of this slab into the accumulator, in
-          // warp order: no float atomics, so the sum order never changes.
-          __syncthreads();
-          if (tid < 128) {
-            const int mt = tid >> 6, ln = (tid >> 1) & 31, j = tid & 1, tr = ln & 3;
-            if (tr < G) {
-              float sum = 0.0f;
-#pragma unroll
-              for (int w = 0; w < kWarps; ++w) sum += red[(w * 2 + mt) * 64 + ln * 2 + j];
-              const int h = g * G + 2 * (tr & (G / 2 - 1)) + j;
-              const int ch = slab * kSlab + mt * 16 + (ln >> 2) + ((tr & (G / 2)) == 0 ? 0 : 8);
-              acc[h * D + ch] += sum;
-            }
-          }
-          __syncthreads();
-        }
-      }
-    }
+    ValueAccumulate<D, G>(p.layout, ct, kv_heads, tid, warp, lane, lane4, s, stage, ring);
     __syncthreads();
   }
-
-  // Partial state: acc + (sum a_t o_t) on every channel, in the rotated domain.
-  for (int h = warp; h < q_heads; h += kWarps) {
-    const size_t mi = args.part.ml_index(item, split, h);
-    if (lane == 0) {
-      args.ws.m[mi] = mrun[h];
-      args.ws.l[mi] = lrun[h];
-    }
-    for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, h) + d] = acc[h * D + d] + orun[h];
-  }
+  WritePartialState<D>(args, item, split, q_heads, warp, lane, s);
 }
 
 }  // namespace
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream) {
+  const AttentionBatch& b = p.batch;
   const PageLayout& l = p.layout;
-  if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
-  if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0 || p.q_heads > kMaxQHeads) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " / kv_heads ", l.kv_heads,
+  if (b.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", b.items, " < 1"));
+  if (l.kv_heads < 1 || b.q_heads % l.kv_heads != 0 || b.q_heads > kMaxQHeads) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", b.q_heads, " / kv_heads ", l.kv_heads,
                                                    ": need a multiple, at most ", kMaxQHeads));
   }
   if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
   if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty()) return absl::InvalidArgumentError(error);
-  if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
+  if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
   // Chunks of kChunkPages pages per item.
-  const int chunks = std::max(1, (p.max_pages + kChunkPages - 1) / kChunkPages);
+  const int chunks = std::max(1, (b.max_pages + kChunkPages - 1) / kChunkPages);
   KernelArgs args;
   args.p = p;
   int splits;
@@ -567,27 +646,22 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
     args.chunks_per_split = 0;
     splits = SplitsCovering(chunks, [](int c) { return DQuantChunksPerSplit(c); });
   }
-  args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
-  args.ws = CarveWorkspace(p.workspace_dev, args.part);
+  args.part = PartialLayout{b.items, splits, b.q_heads, l.head_dim};
+  args.ws = CarveWorkspace(b.workspace_dev, args.part);
   // With transforms, the queries go through T_K^-T into the workspace, after
   // the partial states.
-  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
-                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
-                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  absl::StatusOr<const float*> q =
+      PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
-  args.p.query_dev = *q;
-  const dim3 grid(splits, p.items);
-  const int group = p.q_heads / l.kv_heads;
+  args.p.batch.query_dev = *q;
+  const dim3 grid(splits, b.items);
+  const int group = b.q_heads / l.kv_heads;
   absl::Status st = DispatchHeadDimGroup(l.head_dim, group, "D-Quant", [&](auto d, auto g) {
     return LaunchKernel(DQuantAttentionKernel<decltype(d)::value, decltype(g)::value>, grid, kThreads, kSmemBytes,
                         stream, "D-Quant attention", args);
   });
   if (!st.ok()) return st;
-  return LaunchPageMerge(args.part, args.ws,
-                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
-                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
-                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
-                         stream);
+  return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 
 }  // namespace gpu

@@ -14,9 +14,9 @@
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
+#include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
 #include "kernels/testing/gpu_test_util.h"
-#include "kernels/testing/host_pool.h"
 
 namespace driftkv {
 namespace gpu {

@@ -93,41 +93,40 @@ SplitPlan PlanSplits(int units, int requested, int blocks_per_split, int waves, 
   return plan;
 }
 
-absl::StatusOr<const float*> PageQueries(const float* query_dev, const float* transforms_dev, int transform_layers,
-                                         const int32_t* layer_dev, int kv_heads, int head_dim, int items, int q_heads,
-                                         float* out, cudaStream_t stream) {
-  if (transforms_dev == nullptr) return query_dev;
-  if (layer_dev == nullptr || transform_layers < 1) {
+absl::StatusOr<const float*> PageQueries(const AttentionBatch& b, int kv_heads, int head_dim, float* out,
+                                         cudaStream_t stream) {
+  if (b.transforms_dev == nullptr) return b.query_dev;
+  if (b.layer_dev == nullptr || b.transform_layers < 1) {
     return absl::InvalidArgumentError("transforms_dev needs layer_dev and transform_layers >= 1");
   }
   HeadTransformParams tp;
-  tp.mats_dev = transforms_dev;
-  tp.layers = transform_layers;
+  tp.mats_dev = b.transforms_dev;
+  tp.layers = b.transform_layers;
   tp.kv_heads = kv_heads;
   tp.head_dim = head_dim;
   tp.matrix = kTfQuery;
-  tp.in_dev = query_dev;
+  tp.in_dev = b.query_dev;
   tp.out_dev = out;
-  tp.rows = items;
-  tp.heads = q_heads;
-  tp.layer_dev = layer_dev;
+  tp.rows = b.items;
+  tp.heads = b.q_heads;
+  tp.layer_dev = b.layer_dev;
   absl::Status st = LaunchHeadTransform(tp, stream);
   if (!st.ok()) return st;
   return static_cast<const float*>(out);
 }
 
-absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const PageMergeInputs& in,
+absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads,
                              cudaStream_t stream) {
-  MergeParams m = MergeFor(part, ws, in.kv_heads, in.query_dev, in.softmax_scale, in.out_dev, in.lse_dev);
-  m.rotated = in.transforms_dev == nullptr;
-  if (in.transforms_dev != nullptr && !in.values_folded) {
-    m.out_transform_dev = in.transforms_dev;
-    m.layer_dev = in.layer_dev;
+  MergeParams m = MergeFor(part, ws, kv_heads, b.query_dev, b.softmax_scale, b.out_dev, b.lse_dev);
+  m.rotated = b.transforms_dev == nullptr;
+  if (b.transforms_dev != nullptr && !b.values_folded) {
+    m.out_transform_dev = b.transforms_dev;
+    m.layer_dev = b.layer_dev;
   }
-  m.window_k_dev = in.window_k_dev;
-  m.window_v_dev = in.window_v_dev;
-  m.window_tokens_dev = in.window_tokens_dev;
-  m.window_start_dev = in.window_start_dev;
+  m.window_k_dev = b.window_k_dev;
+  m.window_v_dev = b.window_v_dev;
+  m.window_tokens_dev = b.window_tokens_dev;
+  m.window_start_dev = b.window_start_dev;
   return LaunchMerge(m, stream);
 }
 

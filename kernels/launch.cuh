@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attention_batch.h"
 #include "kernels/device_common.cuh"
 
 namespace driftkv {
@@ -98,33 +99,18 @@ int SplitsCovering(int units, PerSplit per_split) {
 }
 
 // The queries an attention kernel on compressed pages reads. Without
-// transforms: `query_dev` itself. With WUSH-KV transforms: H T_K^-T q of
+// transforms: b.query_dev itself. With WUSH-KV transforms: H T_K^-T q of
 // every item written to `out` ([items][q_heads][head_dim] floats of the
 // workspace; kernels/transform.h), so that the kernel's own Hadamard of the
 // query yields T_K^-T q and the kernel is the same for both rotations.
-absl::StatusOr<const float*> PageQueries(const float* query_dev, const float* transforms_dev, int transform_layers,
-                                         const int32_t* layer_dev, int kv_heads, int head_dim, int items, int q_heads,
-                                         float* out, cudaStream_t stream);
+absl::StatusOr<const float*> PageQueries(const AttentionBatch& b, int kv_heads, int head_dim, float* out,
+                                         cudaStream_t stream);
 
-// The merge after a kernel on compressed pages: the partial states are in
-// the rotated domain, mapped back by the Hadamard, or by T_V^-1 with
+// The merge after a kernel on compressed pages: the partial states in `ws`
+// are in the rotated domain, mapped back by the Hadamard, or by T_V^-1 with
 // transforms (unless values_folded); the bf16 window, in the model domain,
-// is attended with `query_dev` (the model-domain query).
-struct PageMergeInputs {
-  int kv_heads;
-  const float* query_dev;
-  float softmax_scale;
-  float* out_dev;
-  float* lse_dev;
-  const float* transforms_dev;  // null: Hadamard
-  const int32_t* layer_dev;
-  bool values_folded;
-  const uint16_t* window_k_dev;
-  const uint16_t* window_v_dev;
-  const int32_t* window_tokens_dev;
-  const int32_t* window_start_dev;
-};
-absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const PageMergeInputs& in,
+// is attended with b.query_dev (the model-domain query).
+absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads,
                              cudaStream_t stream);
 
 }  // namespace gpu

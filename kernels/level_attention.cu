@@ -226,322 +226,321 @@ __device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint
   }
 }
 
-template <int D, int G, int kStages, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
-  constexpr int MT = D / 16;   // value m-tiles (16 channels each)
-  constexpr int KS = D / 16;   // key k-steps
-  constexpr int kGroupsPerMt = D / 64;
-  static_assert(G == 2 || G == 4, "GQA group");
-  const LevelAttentionParams& p = args.p;
-  const LevelPageLayout& lay = p.layout;
-  const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;  // (host-only helpers of the layout)
-  const size_t stage_bytes = StageBytes(D, head_bytes);
+// This lane's place in the mma fragments: g = lane / 4 is the fragment row
+// (token) of the A operand and the column of B, t = lane % 4 the k pair.
+template <int G>
+struct LaneRoles {
+  int g, t;
+  int hp;         // this lane's two heads (local): hp, hp + 1
+  bool owner;     // writes the final state
+  bool upper;     // owns rows g + 8 (else rows g) of the scores
+  bool active;    // lanes of unused columns (G = 2) sit out
+  int row;        // g or g + 8
+  int head_sel;   // B column g reads the weights of head g % G ...
+  uint32_t half_sel;  // ... its hi (g < G) or lo half
+  bool col_used;  // column g < 2G
+};
 
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);              // [warp][stage]
-  float* qs = reinterpret_cast<float*>(smem + 128);                 // [G][D] rotated query
-  float* qsum = qs + G * D;                                         // [G]
-  uint8_t* stages = smem + 128 + (G * D + 4) * 4;
-  stages = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(stages) + 127) & ~uintptr_t{127});
+template <int G>
+__device__ __forceinline__ LaneRoles<G> MakeLaneRoles(int lane) {
+  LaneRoles<G> r;
+  r.g = lane >> 2;
+  r.t = lane & 3;
+  r.hp = 2 * (r.t & (G / 2 - 1));
+  r.owner = r.t < G / 2;
+  r.upper = (r.t & (G / 2)) != 0;
+  r.active = r.t < G;
+  r.row = r.g + (r.upper ? 8 : 0);
+  r.head_sel = r.g % G;
+  r.half_sel = r.g < G ? 0x5410u : 0x7632u;
+  r.col_used = r.g < 2 * G;
+  return r;
+}
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
-  const int tokens = p.tokens_dev[item];
-  const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
-  const int pps = LevelPagesPerSplit(pages);
-  const int first = split * pps;
-  const int last = min(pages, first + pps);
+// A lane's online-softmax state of its two heads: running max m, denominator
+// l and sum of w_t o_t (the value offsets), over the tokens the lane scored.
+// Empty: (-inf, 0, 0).
+struct RunState {
+  float m0 = kNegInf, m1 = kNegInf, l0 = 0.0f, l1 = 0.0f, o0 = 0.0f, o1 = 0.0f;
+};
 
-  auto write_empty = [&](int hl, bool with_acc) {
-    const int qh = kvh * G + hl;
-    const size_t mi = args.part.ml_index(item, split, qh);
-    if (with_acc) {
-      for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, qh) + d] = 0.0f;
-    }
-    if (lane == 0) {
-      args.ws.m[mi] = kNegInf;
-      args.ws.l[mi] = 0.0f;
-    }
-  };
-  if (first >= last) {
-    if (warp < G) write_empty(warp, true);
-    return;
-  }
-
-  // This warp's pages: first + warp + kWarps * k.
-  const int my_pages = first + warp < last ? (last - first - warp + kWarps - 1) / kWarps : 0;
-  const int32_t* pt = p.page_table_dev + p.page_start_dev[item];
-  uint64_t* my_bars = bars + warp * kStages;
-  uint8_t* my_stages = stages + static_cast<size_t>(warp) * kStages * stage_bytes;
-  auto issue = [&](int k) {
-    const int page = first + warp + kWarps * k;
-    const uint8_t* src = p.pool_dev + static_cast<size_t>(pt[page]) * lay.page_bytes;
-    uint8_t* dst = my_stages + static_cast<size_t>(k % kStages) * stage_bytes;
-    uint64_t* bar = my_bars + k % kStages;
-    MbarExpect(bar, static_cast<uint32_t>(kHdrBytes + D + head_bytes));
-    BulkCopy(dst, src, kHdrBytes, bar);
-    BulkCopy(dst + kHdrBytes, src + kLevelMeanLevelsOffset + kvh * D, D, bar);
-    BulkCopy(dst + kHdrBytes + D, src + lay.blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes), bar);
-  };
+// The empty partial state of local head hl (a split with no pages).
+template <int D, int G>
+__device__ __forceinline__ void WriteEmptyState(const KernelArgs& args, int item, int split, int kvh, int hl,
+                                                int lane) {
+  const int qh = kvh * G + hl;
+  const size_t mi = args.part.ml_index(item, split, qh);
+  for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, qh) + d] = 0.0f;
   if (lane == 0) {
-    for (int s = 0; s < kStages; ++s) MbarInit(my_bars + s);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
+    args.ws.m[mi] = kNegInf;
+    args.ws.l[mi] = 0.0f;
   }
+}
 
-  // Prologue: the KV head's G query heads, rotated (Hadamard, as the keys).
-  {
-    const float* q = p.query_dev + (static_cast<size_t>(item) * p.q_heads + kvh * G) * D;
-    for (int i = tid; i < G * D; i += kThreads) qs[i] = q[i];
-    for (int len = 1; len < D; len <<= 1) {
-      __syncthreads();
-      for (int i = tid; i < G * D / 2; i += kThreads) {
-        const int h = i / (D / 2), r = i % (D / 2);
-        const int j = (r / len) * 2 * len + (r % len);
-        float* x = qs + h * D;
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
+// Step 0 for one page (one lane): bulk copies of the page's headers and
+// mean scale, the KV head's mean levels and its key and value blocks into
+// `dst`, completing on `bar`.
+template <int D>
+__device__ __forceinline__ void IssuePage(const uint8_t* src, int kvh, size_t head_bytes, size_t blocks_offset,
+                                          uint8_t* dst, uint64_t* bar) {
+  MbarExpect(bar, static_cast<uint32_t>(kHdrBytes + D + head_bytes));
+  BulkCopy(dst, src, kHdrBytes, bar);
+  BulkCopy(dst + kHdrBytes, src + kLevelMeanLevelsOffset + kvh * D, D, bar);
+  BulkCopy(dst + kHdrBytes + D, src + blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes), bar);
+}
+
+// Prologue: the KV head's G query heads from q into qs, rotated (Hadamard,
+// as the keys), and their sums into qsum. Ends with a block barrier.
+template <int D, int G>
+__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, int tid, int warp, int lane) {
+  for (int i = tid; i < G * D; i += kThreads) qs[i] = q[i];
+  for (int len = 1; len < D; len <<= 1) {
+    __syncthreads();
+    for (int i = tid; i < G * D / 2; i += kThreads) {
+      const int h = i / (D / 2), r = i % (D / 2);
+      const int j = (r / len) * 2 * len + (r % len);
+      float* x = qs + h * D;
+      const float a = x[j], b = x[j + len];
+      x[j] = a + b;
+      x[j + len] = a - b;
     }
-    __syncthreads();
-    const float norm = rsqrtf(static_cast<float>(D));
-    for (int i = tid; i < G * D; i += kThreads) qs[i] *= norm;
-    __syncthreads();
-    if (warp < G) {
-      float s = 0.0f;
-      for (int d = lane; d < D; d += 32) s += qs[warp * D + d];
-      s = WarpSum(s);
-      if (lane == 0) qsum[warp] = s;
-    }
-    __syncthreads();
   }
-  // B fragments of the keys: column g is head g (hi) or g - G (lo), or zero.
-  uint32_t qf[KS][2];
+  __syncthreads();
+  const float norm = rsqrtf(static_cast<float>(D));
+  for (int i = tid; i < G * D; i += kThreads) qs[i] *= norm;
+  __syncthreads();
+  if (warp < G) {
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += qs[warp * D + d];
+    s = WarpSum(s);
+    if (lane == 0) qsum[warp] = s;
+  }
+  __syncthreads();
+}
+
+// B fragments of the keys: column g is head g (hi) or g - G (lo), or zero.
+template <int D, int G>
+__device__ __forceinline__ void QueryFragments(const float* qs, const LaneRoles<G>& lr, uint32_t (&qf)[D / 16][2]) {
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks) {
+  for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
     for (int reg = 0; reg < 2; ++reg) {
       uint16_t h2[2] = {0, 0};
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (g < 2 * G) {
+        if (lr.g < 2 * G) {
           uint16_t hi, lo;
-          SplitHalf(qs[(g % G) * D + 16 * ks + 2 * t + 8 * reg + e], &hi, &lo);
-          h2[e] = g < G ? hi : lo;
+          SplitHalf(qs[(lr.g % G) * D + 16 * ks + 2 * lr.t + 8 * reg + e], &hi, &lo);
+          h2[e] = lr.g < G ? hi : lo;
         }
       }
       qf[ks][reg] = h2[0] | (static_cast<uint32_t>(h2[1]) << 16);
     }
   }
-  const int hp = 2 * (t & (G / 2 - 1));  // this lane's two heads (local)
-  const bool owner = t < G / 2;          // writes the final state
-  const bool upper = (t & (G / 2)) != 0; // owns rows g + 8 (else rows g) of the scores
-  const bool active = t < G;             // lanes of unused columns (G = 2) sit out
-  const int row = g + (upper ? 8 : 0);
-  const float qsum0 = qsum[hp], qsum1 = qsum[hp + 1];
-  const float scale = p.softmax_scale;
-  const int head_sel = g % G;
-  const uint32_t half_sel = g < G ? 0x5410u : 0x7632u;
-  const bool col_used = g < 2 * G;
+}
 
-  float m_run0 = kNegInf, m_run1 = kNegInf, l_run0 = 0.0f, l_run1 = 0.0f, o_run0 = 0.0f, o_run1 = 0.0f;
-  float acc[MT][4];
+// q' . mu of this lane's two heads on the staged page.
+template <int D, int G>
+__device__ __forceinline__ void MeanDots(const uint8_t* st, const float* qs, int lane, int hp, float& qmu0,
+                                         float& qmu1) {
+  const float mscale = *reinterpret_cast<const float*>(st + kLevelMeanOffset);
+  const int8_t* q8 = reinterpret_cast<const int8_t*>(st + kHdrBytes);
 #pragma unroll
-  for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int hh = 0; hh < G; ++hh) {
+    float s = 0.0f;
+#pragma unroll
+    for (int d = lane; d < D; d += 32) s += qs[hh * D + d] * static_cast<float>(q8[d]);
+    s = WarpSum(s) * mscale;
+    if (hh == hp) qmu0 = s;
+    if (hh == hp + 1) qmu1 = s;
+  }
+}
 
-  for (int k = 0; k < my_pages; ++k) {
-    MbarWait(my_bars + k % kStages, (k / kStages) & 1);
-    const uint8_t* st = my_stages + static_cast<size_t>(k % kStages) * stage_bytes;
-    const int page = first + warp + kWarps * k;
-    const int valid = min(kLevelPageTokens, tokens - page * kLevelPageTokens);
-
-    // q' . mu of this lane's two heads.
-    float qmu0 = 0.0f, qmu1 = 0.0f;
-    {
-      const float mscale = *reinterpret_cast<const float*>(st + kLevelMeanOffset);
-      const int8_t* q8 = reinterpret_cast<const int8_t*>(st + kHdrBytes);
+// ---- 1. keys: dot[mt][r] for tokens 16 mt + g (+8), columns 2t, 2t+1 ----
+template <int D>
+__device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_t (&qf)[D / 16][2],
+                                        float (&dacc)[8][4]) {
+  constexpr int kGroupsPerMt = D / 64;
 #pragma unroll
-      for (int hh = 0; hh < G; ++hh) {
-        float s = 0.0f;
+  for (int i = 0; i < 8; ++i) dacc[i][0] = dacc[i][1] = dacc[i][2] = dacc[i][3] = 0.0f;
+  constexpr int kUnits = D / 32;  // 12 words (3 uint4) each: 4 groups of 3 words
 #pragma unroll
-        for (int d = lane; d < D; d += 32) s += qs[hh * D + d] * static_cast<float>(q8[d]);
-        s = WarpSum(s) * mscale;
-        if (hh == hp) qmu0 = s;
-        if (hh == hp + 1) qmu1 = s;
+  for (int u = 0; u < kUnits; ++u) {
+    const uint4 r0 = kb[(3 * u) * 32 + lane], r1 = kb[(3 * u + 1) * 32 + lane], r2 = kb[(3 * u + 2) * 32 + lane];
+    const uint32_t w[12] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w, r2.x, r2.y, r2.z, r2.w};
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+      const int gidx = 4 * u + gi;  // group index in the lane's order
+      const int mt = gidx / kGroupsPerMt, grp = gidx % kGroupsPerMt;
+      uint32_t pr[16];
+      KeyPairsOfWord(w[3 * gi], pr);
+      KeyPairsOfWord(w[3 * gi + 1], pr + 5);
+      KeyPairsOfWord(w[3 * gi + 2], pr + 10);
+      pr[15] = KeyPair15(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const uint32_t a[4] = {pr[4 * f], pr[4 * f + 1], pr[4 * f + 2], pr[4 * f + 3]};
+        const int ks = grp * 4 + f;
+        Mma16816(dacc[mt], a, qf[ks][0], qf[ks][1]);
       }
-    }
-
-    // ---- 1. keys: dot[mt][r] for tokens 16 mt + g (+8), columns 2t, 2t+1 ----
-    float dacc[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) dacc[i][0] = dacc[i][1] = dacc[i][2] = dacc[i][3] = 0.0f;
-    {
-      const uint4* kb = reinterpret_cast<const uint4*>(st + kHdrBytes + D);
-      constexpr int kUnits = D / 32;  // 12 words (3 uint4) each: 4 groups of 3 words
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const uint4 r0 = kb[(3 * u) * 32 + lane], r1 = kb[(3 * u + 1) * 32 + lane], r2 = kb[(3 * u + 2) * 32 + lane];
-        const uint32_t w[12] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w, r2.x, r2.y, r2.z, r2.w};
-#pragma unroll
-        for (int gi = 0; gi < 4; ++gi) {
-          const int gidx = 4 * u + gi;  // group index in the lane's order
-          const int mt = gidx / kGroupsPerMt, grp = gidx % kGroupsPerMt;
-          uint32_t pr[16];
-          KeyPairsOfWord(w[3 * gi], pr);
-          KeyPairsOfWord(w[3 * gi + 1], pr + 5);
-          KeyPairsOfWord(w[3 * gi + 2], pr + 10);
-          pr[15] = KeyPair15(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2]);
-#pragma unroll
-          for (int f = 0; f < 4; ++f) {
-            const uint32_t a[4] = {pr[4 * f], pr[4 * f + 1], pr[4 * f + 2], pr[4 * f + 3]};
-            const int ks = grp * 4 + f;
-            Mma16816(dacc[mt], a, qf[ks][0], qf[ks][1]);
-          }
-        }
-      }
-    }
-
-    // ---- 2. scores and online softmax ----
-    // Lane and its partner (lane ^ G/2) hold the hi and lo columns of the
-    // same heads; the lower lane keeps row g of each m-tile, the upper row
-    // g + 8, and they swap the other halves (two shuffles per m-tile).
-    float sc[8][2];
-    float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      const float r0 = __shfl_xor_sync(0xffffffffu, upper ? dacc[mt][0] : dacc[mt][2], G / 2);
-      const float r1 = __shfl_xor_sync(0xffffffffu, upper ? dacc[mt][1] : dacc[mt][3], G / 2);
-      const float d0 = (upper ? dacc[mt][2] : dacc[mt][0]) + r0;
-      const float d1 = (upper ? dacc[mt][3] : dacc[mt][1]) + r1;
-      const int tok = 16 * mt + row;
-      const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 4 * tok);
-      const float ks = HalfBitsToFloat(hdr & 0xffff), ko = HalfBitsToFloat(hdr >> 16);
-      const bool ok = active && tok < valid;
-      sc[mt][0] = ok ? scale * (ks * d0 + ko * qsum0 + qmu0) : kNegInf;
-      sc[mt][1] = ok ? scale * (ks * d1 + ko * qsum1 + qmu1) : kNegInf;
-      mx0 = fmaxf(mx0, sc[mt][0]);
-      mx1 = fmaxf(mx1, sc[mt][1]);
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, G / 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, G / 2));
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-    }
-    const float mn0 = fmaxf(m_run0, mx0), mn1 = fmaxf(m_run1, mx1);
-    const float f0 = m_run0 == kNegInf ? (mn0 == kNegInf ? 1.0f : 0.0f) : __expf(m_run0 - mn0);
-    const float f1 = m_run1 == kNegInf ? (mn1 == kNegInf ? 1.0f : 0.0f) : __expf(m_run1 - mn1);
-    m_run0 = mn0;
-    m_run1 = mn1;
-    l_run0 *= f0;
-    l_run1 *= f1;
-    o_run0 *= f0;
-    o_run1 *= f1;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      acc[i][0] *= f0;
-      acc[i][1] *= f1;
-      acc[i][2] *= f0;
-      acc[i][3] *= f1;
-    }
-    // Weights w * s_v, split hi | lo << 16, into [head][token] words in the
-    // stage's key area (read completely above).
-    uint32_t* wbuf = reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(st) + kHdrBytes + D);
-    __syncwarp();
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      const int tok = 16 * mt + row;
-      const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 512 + 4 * tok);
-      const float vs = HalfBitsToFloat(hdr & 0xffff), vo = HalfBitsToFloat(hdr >> 16);
-      const float w0 = sc[mt][0] == kNegInf ? 0.0f : __expf(sc[mt][0] - mn0);
-      const float w1 = sc[mt][1] == kNegInf ? 0.0f : __expf(sc[mt][1] - mn1);
-      l_run0 += w0;
-      l_run1 += w1;
-      o_run0 += w0 * vo;
-      o_run1 += w1 * vo;
-      if (active) {
-        uint16_t hi, lo;
-        SplitHalf(w0 * vs, &hi, &lo);
-        wbuf[hp * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
-        SplitHalf(w1 * vs, &hi, &lo);
-        wbuf[(hp + 1) * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
-      }
-    }
-    __syncwarp();
-    uint32_t pb[8][2];
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-      for (int reg = 0; reg < 2; ++reg) {
-        uint32_t b = 0u;
-        if (col_used) {
-          const uint2 ww = *reinterpret_cast<const uint2*>(wbuf + head_sel * kLevelPageTokens + 16 * ks + 2 * t + 8 * reg);
-          b = __byte_perm(ww.x, ww.y, half_sel);
-        }
-        pb[ks][reg] = b;
-      }
-    }
-
-    // ---- 3. values ----
-    {
-      const uint4* vb = reinterpret_cast<const uint4*>(st + kHdrBytes + D + lay.key_block_bytes);
-      ValueGroup<D, 0>(vb, lane, pb, acc);
-      ValueGroup<D, 1>(vb, lane, pb, acc);
-      ValueGroup<D, 2>(vb, lane, pb, acc);
-    }
-    __syncwarp();
-    if (lane == 0 && k + kStages < my_pages) {
-      FenceProxyAsync();
-      issue(k + kStages);
     }
   }
+}
 
-  // Per lane sums over its tokens -> per warp (lanes of the same heads: the
-  // partner and the other g hold other tokens).
-  l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, G / 2);
-  l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, G / 2);
-  o_run0 += __shfl_xor_sync(0xffffffffu, o_run0, G / 2);
-  o_run1 += __shfl_xor_sync(0xffffffffu, o_run1, G / 2);
+// ---- 2a. scores of the lane's rows and the page's max per head ----
+// Lane and its partner (lane ^ G/2) hold the hi and lo columns of the same
+// heads; the lower lane keeps row g of each m-tile, the upper row g + 8, and
+// they swap the other halves (two shuffles per m-tile).
+template <int G>
+__device__ __forceinline__ void PageScores(const uint8_t* st, const float (&dacc)[8][4], const LaneRoles<G>& lr,
+                                           int valid, float scale, float qsum0, float qsum1, float qmu0, float qmu1,
+                                           float (&sc)[8][2], float& mx0, float& mx1) {
+  mx0 = kNegInf;
+  mx1 = kNegInf;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    const float r0 = __shfl_xor_sync(0xffffffffu, lr.upper ? dacc[mt][0] : dacc[mt][2], G / 2);
+    const float r1 = __shfl_xor_sync(0xffffffffu, lr.upper ? dacc[mt][1] : dacc[mt][3], G / 2);
+    const float d0 = (lr.upper ? dacc[mt][2] : dacc[mt][0]) + r0;
+    const float d1 = (lr.upper ? dacc[mt][3] : dacc[mt][1]) + r1;
+    const int tok = 16 * mt + lr.row;
+    const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 4 * tok);
+    const float ks = HalfBitsToFloat(hdr & 0xffff), ko = HalfBitsToFloat(hdr >> 16);
+    const bool ok = lr.active && tok < valid;
+    sc[mt][0] = ok ? scale * (ks * d0 + ko * qsum0 + qmu0) : kNegInf;
+    sc[mt][1] = ok ? scale * (ks * d1 + ko * qsum1 + qmu1) : kNegInf;
+    mx0 = fmaxf(mx0, sc[mt][0]);
+    mx1 = fmaxf(mx1, sc[mt][1]);
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, G / 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, G / 2));
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
-    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, o);
-    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, o);
-    o_run0 += __shfl_xor_sync(0xffffffffu, o_run0, o);
-    o_run1 += __shfl_xor_sync(0xffffffffu, o_run1, o);
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
   }
-  // hi + lo columns of the accumulator.
+}
+
+// ---- 2b. online softmax: the running state and accumulator rescaled to
+// the new max (mn0, mn1 on return) ----
+template <int MT>
+__device__ __forceinline__ void Rescale(float mx0, float mx1, RunState& rs, float (&acc)[MT][4], float& mn0,
+                                        float& mn1) {
+  mn0 = fmaxf(rs.m0, mx0);
+  mn1 = fmaxf(rs.m1, mx1);
+  const float f0 = rs.m0 == kNegInf ? (mn0 == kNegInf ? 1.0f : 0.0f) : __expf(rs.m0 - mn0);
+  const float f1 = rs.m1 == kNegInf ? (mn1 == kNegInf ? 1.0f : 0.0f) : __expf(rs.m1 - mn1);
+  rs.m0 = mn0;
+  rs.m1 = mn1;
+  rs.l0 *= f0;
+  rs.l1 *= f1;
+  rs.o0 *= f0;
+  rs.o1 *= f1;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    acc[i][0] *= f0;
+    acc[i][1] *= f1;
+    acc[i][2] *= f0;
+    acc[i][3] *= f1;
+  }
+}
+
+// ---- 2c. weights: w = exp(score - max) into the running sums, and w * s_v
+// split hi | lo << 16 into [head][token] words of wbuf (the stage's key
+// area, read completely by KeyDots); then the B fragments of the values'
+// mma, pb[k-step][reg] ----
+template <int G>
+__device__ __forceinline__ void PageWeights(const uint8_t* st, uint32_t* wbuf, const float (&sc)[8][2],
+                                            const LaneRoles<G>& lr, float mn0, float mn1, RunState& rs,
+                                            uint32_t (&pb)[8][2]) {
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    const int tok = 16 * mt + lr.row;
+    const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 512 + 4 * tok);
+    const float vs = HalfBitsToFloat(hdr & 0xffff), vo = HalfBitsToFloat(hdr >> 16);
+    const float w0 = sc[mt][0] == kNegInf ? 0.0f : __expf(sc[mt][0] - mn0);
+    const float w1 = sc[mt][1] == kNegInf ? 0.0f : __expf(sc[mt][1] - mn1);
+    rs.l0 += w0;
+    rs.l1 += w1;
+    rs.o0 += w0 * vo;
+    rs.o1 += w1 * vo;
+    if (lr.active) {
+      uint16_t hi, lo;
+      SplitHalf(w0 * vs, &hi, &lo);
+      wbuf[lr.hp * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
+      SplitHalf(w1 * vs, &hi, &lo);
+      wbuf[(lr.hp + 1) * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int reg = 0; reg < 2; ++reg) {
+      uint32_t b = 0u;
+      if (lr.col_used) {
+        const uint2 ww =
+            *reinterpret_cast<const uint2*>(wbuf + lr.head_sel * kLevelPageTokens + 16 * ks + 2 * lr.t + 8 * reg);
+        b = __byte_perm(ww.x, ww.y, lr.half_sel);
+      }
+      pb[ks][reg] = b;
+    }
+  }
+}
+
+// The lane's sums over its tokens -> per warp (lanes of the same heads: the
+// partner and the other g hold other tokens), and the hi + lo columns of
+// the accumulator.
+template <int G, int MT>
+__device__ __forceinline__ void ReduceLanes(RunState& rs, float (&acc)[MT][4]) {
+  rs.l0 += __shfl_xor_sync(0xffffffffu, rs.l0, G / 2);
+  rs.l1 += __shfl_xor_sync(0xffffffffu, rs.l1, G / 2);
+  rs.o0 += __shfl_xor_sync(0xffffffffu, rs.o0, G / 2);
+  rs.o1 += __shfl_xor_sync(0xffffffffu, rs.o1, G / 2);
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    rs.l0 += __shfl_xor_sync(0xffffffffu, rs.l0, o);
+    rs.l1 += __shfl_xor_sync(0xffffffffu, rs.l1, o);
+    rs.o0 += __shfl_xor_sync(0xffffffffu, rs.o0, o);
+    rs.o1 += __shfl_xor_sync(0xffffffffu, rs.o1, o);
+  }
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], G / 2);
   }
+}
 
-  // Combine the warps in warp order through shared memory (the stages are free).
+// The warps' states combined in warp order through shared memory at `free`
+// (the stages, no longer needed) into the split's partial state of the KV
+// head's G query heads. Every thread of the block calls it.
+template <int D, int G, int MT>
+__device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, int split, int kvh, int tid, int warp,
+                                             const LaneRoles<G>& lr, const RunState& rs, const float (&acc)[MT][4],
+                                             uint8_t* free) {
   __syncthreads();
-  float* cacc = reinterpret_cast<float*>(stages);       // [warp][G][D]
-  float* cml = cacc + kWarps * G * D;                   // [warp][G][3]: m, l, o
-  if (owner) {
+  float* cacc = reinterpret_cast<float*>(free);  // [warp][G][D]
+  float* cml = cacc + kWarps * G * D;            // [warp][G][3]: m, l, o
+  if (lr.owner) {
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
-      const int c0 = 16 * i + g, c1 = c0 + 8;
-      float* a0 = cacc + (warp * G + hp) * D;
+      const int c0 = 16 * i + lr.g, c1 = c0 + 8;
+      float* a0 = cacc + (warp * G + lr.hp) * D;
       float* a1 = a0 + D;
       a0[c0] = acc[i][0];
       a1[c0] = acc[i][1];
       a0[c1] = acc[i][2];
       a1[c1] = acc[i][3];
     }
-    if (g == 0) {
-      float* ml = cml + (warp * G + hp) * 3;
-      ml[0] = m_run0;
-      ml[1] = l_run0;
-      ml[2] = o_run0;
-      ml[3] = m_run1;
-      ml[4] = l_run1;
-      ml[5] = o_run1;
+    if (lr.g == 0) {
+      float* ml = cml + (warp * G + lr.hp) * 3;
+      ml[0] = rs.m0;
+      ml[1] = rs.l0;
+      ml[2] = rs.o0;
+      ml[3] = rs.m1;
+      ml[4] = rs.l1;
+      ml[5] = rs.o1;
     }
   }
   __syncthreads();
@@ -570,6 +569,105 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   }
 }
 
+// One block per (split, KV head, item); warp w takes pages first + w,
+// first + w + kWarps, ... of the split.
+template <int D, int G, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
+  constexpr int MT = D / 16;   // value m-tiles (16 channels each)
+  constexpr int KS = D / 16;   // key k-steps
+  static_assert(G == 2 || G == 4, "GQA group");
+  const LevelAttentionParams& p = args.p;
+  const AttentionBatch& batch = p.batch;
+  const LevelPageLayout& lay = p.layout;
+  const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;  // (host-only helpers of the layout)
+  const size_t stage_bytes = StageBytes(D, head_bytes);
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);              // [warp][stage]
+  float* qs = reinterpret_cast<float*>(smem + 128);                 // [G][D] rotated query
+  float* qsum = qs + G * D;                                         // [G]
+  uint8_t* stages = smem + 128 + (G * D + 4) * 4;
+  stages = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(stages) + 127) & ~uintptr_t{127});
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
+  const int tokens = batch.tokens_dev[item];
+  const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
+  const int pps = LevelPagesPerSplit(pages);
+  const int first = split * pps;
+  const int last = min(pages, first + pps);
+
+  if (first >= last) {
+    if (warp < G) WriteEmptyState<D, G>(args, item, split, kvh, warp, lane);
+    return;
+  }
+
+  // This warp's pages: first + warp + kWarps * k.
+  const int my_pages = first + warp < last ? (last - first - warp + kWarps - 1) / kWarps : 0;
+  const int32_t* pt = batch.page_table_dev + batch.page_start_dev[item];
+  uint64_t* my_bars = bars + warp * kStages;
+  uint8_t* my_stages = stages + static_cast<size_t>(warp) * kStages * stage_bytes;
+  auto issue = [&](int k) {
+    const int page = first + warp + kWarps * k;
+    IssuePage<D>(p.pool_dev + static_cast<size_t>(pt[page]) * lay.page_bytes, kvh, head_bytes, lay.blocks_offset,
+                 my_stages + static_cast<size_t>(k % kStages) * stage_bytes, my_bars + k % kStages);
+  };
+  if (lane == 0) {
+    for (int s = 0; s < kStages; ++s) MbarInit(my_bars + s);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
+  }
+
+  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, tid, warp,
+                     lane);
+  const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
+  uint32_t qf[KS][2];
+  QueryFragments<D, G>(qs, lr, qf);
+  const float qsum0 = qsum[lr.hp], qsum1 = qsum[lr.hp + 1];
+  const float scale = batch.softmax_scale;
+
+  RunState rs;
+  float acc[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  for (int k = 0; k < my_pages; ++k) {
+    MbarWait(my_bars + k % kStages, (k / kStages) & 1);
+    const uint8_t* st = my_stages + static_cast<size_t>(k % kStages) * stage_bytes;
+    const int page = first + warp + kWarps * k;
+    const int valid = min(kLevelPageTokens, tokens - page * kLevelPageTokens);
+
+    float qmu0 = 0.0f, qmu1 = 0.0f;
+    MeanDots<D, G>(st, qs, lane, lr.hp, qmu0, qmu1);
+    float dacc[8][4];
+    KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, qf, dacc);
+    float sc[8][2];
+    float mx0, mx1;
+    PageScores<G>(st, dacc, lr, valid, scale, qsum0, qsum1, qmu0, qmu1, sc, mx0, mx1);
+    float mn0, mn1;
+    Rescale<MT>(mx0, mx1, rs, acc, mn0, mn1);
+    uint32_t pb[8][2];
+    PageWeights<G>(st, reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(st) + kHdrBytes + D), sc, lr, mn0, mn1, rs,
+                   pb);
+
+    // ---- 3. values ----
+    {
+      const uint4* vb = reinterpret_cast<const uint4*>(st + kHdrBytes + D + lay.key_block_bytes);
+      ValueGroup<D, 0>(vb, lane, pb, acc);
+      ValueGroup<D, 1>(vb, lane, pb, acc);
+      ValueGroup<D, 2>(vb, lane, pb, acc);
+    }
+    __syncwarp();
+    if (lane == 0 && k + kStages < my_pages) {
+      FenceProxyAsync();
+      issue(k + kStages);
+    }
+  }
+
+  ReduceLanes<G, MT>(rs, acc);
+  CombineWarps<D, G, MT>(args, item, split, kvh, tid, warp, lr, rs, acc, stages);
+}
+
 }  // namespace
 
 absl::StatusOr<int> LevelDecodeSelfTest() {
@@ -593,32 +691,32 @@ size_t LevelAttentionWorkspaceBytes(int items, int q_heads, int head_dim, int ma
 }
 
 absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t stream) {
+  const AttentionBatch& b = p.batch;
   const LevelPageLayout& l = p.layout;
-  if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
-  if (l.kv_heads < 1 || p.q_heads % l.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " not a multiple of kv_heads ", l.kv_heads));
+  if (b.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", b.items, " < 1"));
+  if (l.kv_heads < 1 || b.q_heads % l.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("q_heads ", b.q_heads, " not a multiple of kv_heads ", l.kv_heads));
   }
   if (l.page_bytes % 16 != 0 || l.blocks_offset % 16 != 0 || l.head_bytes() % 16 != 0) {
     return absl::InvalidArgumentError("level page layout not aligned (use MakeLevelPageLayout)");
   }
-  if (p.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", p.max_pages, " < 0"));
-  const int splits = SplitsCovering(p.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
+  if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
+  const int splits = SplitsCovering(b.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
   KernelArgs args;
   args.p = p;
-  args.part = PartialLayout{p.items, splits, p.q_heads, l.head_dim};
-  args.ws = CarveWorkspace(p.workspace_dev, args.part);
-  absl::StatusOr<const float*> q = PageQueries(p.query_dev, p.transforms_dev, p.transform_layers, p.layer_dev,
-                                               l.kv_heads, l.head_dim, p.items, p.q_heads,
-                                               args.ws.acc + args.part.count() * l.head_dim, stream);
+  args.part = PartialLayout{b.items, splits, b.q_heads, l.head_dim};
+  args.ws = CarveWorkspace(b.workspace_dev, args.part);
+  absl::StatusOr<const float*> q =
+      PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
-  args.p.query_dev = *q;
-  const dim3 grid(splits, l.kv_heads, p.items);
+  args.p.batch.query_dev = *q;
+  const dim3 grid(splits, l.kv_heads, b.items);
   // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
   // faster at batch >= 32 than two stages and two blocks (8 warps), where
   // too few warps hid the latency of the decode and the mma chains.
   constexpr int kStages = 1;
   const size_t head_bytes = l.head_bytes();
-  absl::Status st = DispatchHeadDimGroup(l.head_dim, p.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
+  absl::Status st = DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
     const size_t smem = 128 + (G * D + 4) * 4 + 128 + static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes);
     if (smem > 227 * 1024) {
@@ -627,11 +725,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return LaunchKernel(LevelAttentionKernel<D, G, kStages, 4>, grid, kThreads, smem, stream, "level attention", args);
   });
   if (!st.ok()) return st;
-  return LaunchPageMerge(args.part, args.ws,
-                         PageMergeInputs{l.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev,
-                                         p.transforms_dev, p.layer_dev, p.values_folded, p.window_k_dev,
-                                         p.window_v_dev, p.window_tokens_dev, p.window_start_dev},
-                         stream);
+  return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 
 }  // namespace gpu

@@ -1,11 +1,11 @@
 // GPU decode attention over level pages (the hot tier, codec/level_page.h),
 // and the promotion of cold D-Quant pages to level pages on the device.
 //
-// BATCH. As kernels/attention.h: an item is one (sequence, layer, query
-// token) with its pages listed in page_table[page_start[i] ..), every page
-// but the last full, an optional bf16 window and out/lse per query head.
-// Here every page id names a level page of `layout` at pool_dev + id *
-// layout.page_bytes.
+// BATCH. The AttentionBatch of kernels/attention_batch.h, the same a cold
+// launch takes: an item is one (sequence, layer, query token) with its pages
+// listed in page_table[page_start[i] ..), every page but the last full, an
+// optional bf16 window and out/lse per query head. Here every page id names
+// a level page.
 //
 // DETERMINISM. An item's output depends only on that item: its pages are
 // cut into splits of LevelPagesPerSplit(pages) pages (a function of its own
@@ -26,35 +26,18 @@
 #include "absl/status/statusor.h"
 #include "codec/host_device.h"
 #include "codec/level_page.h"
+#include "kernels/attention_batch.h"
 
 namespace driftkv {
 namespace gpu {
 
+// The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
+// layout.page_bytes (the page ids of the batch's table name level pages).
 struct LevelAttentionParams {
-  const uint8_t* pool_dev = nullptr;  // level pages
+  AttentionBatch batch;
+  const uint8_t* pool_dev = nullptr;  // the level page pool, device memory
   LevelPageLayout layout;
-  int items = 0;
-  int q_heads = 0;
-  int max_pages = 0;                          // max over items of pages_i (host value)
-  const int32_t* page_table_dev = nullptr;
-  const int32_t* page_start_dev = nullptr;    // [items]
-  const int32_t* tokens_dev = nullptr;        // [items] tokens in pages
-  const uint16_t* window_k_dev = nullptr;     // as DQuantAttentionParams
-  const uint16_t* window_v_dev = nullptr;
-  const int32_t* window_tokens_dev = nullptr;
-  const int32_t* window_start_dev = nullptr;
-  const float* query_dev = nullptr;           // [items][q_heads][head_dim]
-  float softmax_scale = 0.0f;
-  float* out_dev = nullptr;
-  float* lse_dev = nullptr;
-  void* workspace_dev = nullptr;              // LevelAttentionWorkspaceBytes(...)
-  // WUSH-KV, as DQuantAttentionParams (null: the codec's Hadamard).
-  const float* transforms_dev = nullptr;
-  int transform_layers = 0;
-  const int32_t* layer_dev = nullptr;
-  bool values_folded = false;
 };
-
 
 // Pages per split of an item with `pages` pages: a function of the item's
 // own length only (batch invariance). 8 pages (2 per warp) up to 256 pages,

@@ -12,11 +12,11 @@
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
-#include "kernels/testing/device_buffer.h"
-#include "kernels/testing/gpu_test_util.h"
-#include "kernels/testing/host_pool.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/testing/batch_builder.h"
+#include "kernels/testing/device_buffer.h"
+#include "kernels/testing/gpu_test_util.h"
 
 namespace driftkv {
 namespace gpu {
@@ -62,47 +62,17 @@ struct HotRun {
 };
 
 // Runs the level kernel on items [first, first + count) of the batch.
-void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int q_heads, int first, int count, HotRun* r) {
-  const HostDQuantBatch& c = b.cold;
-  const int d = b.hot.head_dim;
-  std::vector<int32_t> start(c.page_start.begin() + first, c.page_start.begin() + first + count);
-  std::vector<int32_t> tok(c.tokens.begin() + first, c.tokens.begin() + first + count);
-  std::vector<int32_t> wt(c.window_tokens.begin() + first, c.window_tokens.begin() + first + count);
-  std::vector<int32_t> wstart(count);
-  for (int i = 0; i < count; ++i) wstart[i] = (first + i) * kMaxWindow;
-  const size_t qd = static_cast<size_t>(q_heads) * d;
-  std::vector<float> q(c.query.begin() + first * qd, c.query.begin() + (first + count) * qd);
-  int max_pages = 0;
-  for (int t : tok) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
-  DeviceBuffer pt, ps, dt, wk, wv, dwt, dws, dq, out, lse, ws;
-  ASSERT_TRUE(pt.Upload(c.page_table) && ps.Upload(start) && dt.Upload(tok) && wk.Upload(c.window_k) &&
-              wv.Upload(c.window_v) && dwt.Upload(wt) && dws.Upload(wstart) && dq.Upload(q));
-  ASSERT_TRUE(out.Resize(count * qd * 4) && lse.Resize(static_cast<size_t>(count) * q_heads * 4));
-  ASSERT_TRUE(ws.Resize(LevelAttentionWorkspaceBytes(count, q_heads, d, max_pages)));
-  cudaMemset(out.get<void>(), 0xff, out.bytes());
-  cudaMemset(lse.get<void>(), 0xff, lse.bytes());
+void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int first, int count, HotRun* r) {
+  DeviceItems dev;
+  ASSERT_TRUE(dev.Upload(b.cold, first, count));
   LevelAttentionParams p;
+  p.batch = dev.batch();
   p.pool_dev = pool.get<uint8_t>();
   p.layout = b.hot;
-  p.items = count;
-  p.q_heads = q_heads;
-  p.max_pages = max_pages;
-  p.page_table_dev = pt.get<int32_t>();
-  p.page_start_dev = ps.get<int32_t>();
-  p.tokens_dev = dt.get<int32_t>();
-  p.window_k_dev = wk.get<uint16_t>();
-  p.window_v_dev = wv.get<uint16_t>();
-  p.window_tokens_dev = dwt.get<int32_t>();
-  p.window_start_dev = dws.get<int32_t>();
-  p.query_dev = dq.get<float>();
-  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  p.out_dev = out.get<float>();
-  p.lse_dev = lse.get<float>();
-  p.workspace_dev = ws.get<void>();
   absl::Status st = LaunchLevelAttention(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_TRUE(out.Download(&r->out) && lse.Download(&r->lse));
+  ASSERT_TRUE(dev.Download(&r->out, &r->lse));
 }
 
 void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, const std::vector<int>& window,
@@ -165,7 +135,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
   ASSERT_TRUE(pool.Upload(b.hot_pool));
   const int items = c.items();
   HotRun all;
-  RunLevel(b, pool, q_heads, 0, items, &all);
+  RunLevel(b, pool, 0, items, &all);
   if (::testing::Test::HasFatalFailure()) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const size_t qd = static_cast<size_t>(q_heads) * d;
@@ -175,12 +145,12 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
   }
   // Batch invariance: each item alone, and the whole batch again.
   HotRun again;
-  RunLevel(b, pool, q_heads, 0, items, &again);
+  RunLevel(b, pool, 0, items, &again);
   EXPECT_EQ(0, std::memcmp(again.out.data(), all.out.data(), all.out.size() * 4)) << "second run differs";
   EXPECT_EQ(0, std::memcmp(again.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second run lse differs";
   for (int i = 0; i < items; ++i) {
     HotRun one;
-    RunLevel(b, pool, q_heads, i, 1, &one);
+    RunLevel(b, pool, i, 1, &one);
     EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + i * qd, qd * 4)) << "item " << i << " alone differs";
     EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + static_cast<size_t>(i) * q_heads, q_heads * 4))
         << "item " << i << " alone: lse differs";

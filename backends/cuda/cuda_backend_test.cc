@@ -17,8 +17,8 @@
 #include "codec/transform/transform_attention.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "kernels/testing/batch_builder.h"
 #include "kernels/testing/gpu_test_util.h"
-#include "kernels/testing/host_pool.h"
 #include "wire/half.h"
 
 namespace driftkv {

@@ -1,7 +1,8 @@
-// Host-side construction of paged D-Quant and bf16 pools, for the GPU tests
-// and the benchmark: random KV histories encoded with the CPU codec
-// (codec/dquant_codec.h) into the page layout of kernels/attention.h, plus
-// the model-domain values the references need.
+// Attention batches for the GPU tests and the benchmark: random KV
+// histories encoded with the CPU codec (codec/dquant_codec.h) into pages of
+// the layout of kernels/attention.h, with their page tables, windows and
+// queries, the model-domain values the references need, and the device copy
+// of a batch's items as the AttentionBatch the launchers take.
 #ifndef DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
 #define DRIFTKV_KERNELS_TESTING_HOST_POOL_H_
 
@@ -14,6 +15,7 @@
 #include "codec/dquant_codec.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
+#include "kernels/testing/device_buffer.h"
 
 namespace driftkv {
 namespace gpu {
@@ -60,6 +62,27 @@ struct HostBf16Batch {
   std::vector<float> query;
   std::vector<std::vector<float>> ref_keys, ref_values;  // bf16 values as floats
   int items() const { return static_cast<int>(tokens.size()); }
+};
+
+// Items [first, first + count) of a HostDQuantBatch on the device: page
+// table, starts, tokens, windows (every item's at its explicit start
+// (first + i) * kMaxWindow of the whole batch's window arrays), queries,
+// outputs poisoned with NaN (an unwritten element fails) and a workspace,
+// as the AttentionBatch of kernels/attention_batch.h with softmax scale
+// 1 / sqrt(head_dim). The pool is not part of it: the caller uploads the
+// pages it attends (cold, or promoted to level pages with the same ids).
+class DeviceItems {
+ public:
+  // False when an allocation or a copy failed.
+  bool Upload(const HostDQuantBatch& b, int first, int count);
+  const AttentionBatch& batch() const { return batch_; }
+  // out [count][q_heads][head_dim] and lse [count][q_heads] after a launch.
+  bool Download(std::vector<float>* out, std::vector<float>* lse) const;
+
+ private:
+  DeviceBuffer table_, start_, tokens_, window_k_, window_v_, window_tokens_, window_start_, query_, out_, lse_,
+      workspace_;
+  AttentionBatch batch_;
 };
 
 void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,

@@ -1,6 +1,7 @@
-#include "kernels/testing/host_pool.h"
+#include "kernels/testing/batch_builder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -115,6 +116,51 @@ absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBa
   AttentionScratch scratch;
   return CompressedAttention(codec, blocks, win, b.query.data() + static_cast<size_t>(item) * b.q_heads * lay.head_dim,
                              b.q_heads, softmax_scale, out, lse, &scratch);
+}
+
+bool DeviceItems::Upload(const HostDQuantBatch& b, int first, int count) {
+  const int d = b.layout.head_dim;
+  const size_t qd = static_cast<size_t>(b.q_heads) * d;
+  const std::vector<int32_t> start(b.page_start.begin() + first, b.page_start.begin() + first + count);
+  const std::vector<int32_t> tokens(b.tokens.begin() + first, b.tokens.begin() + first + count);
+  const std::vector<int32_t> wt(b.window_tokens.begin() + first, b.window_tokens.begin() + first + count);
+  std::vector<int32_t> wstart(count);
+  for (int i = 0; i < count; ++i) wstart[i] = (first + i) * kMaxWindow;
+  const std::vector<float> q(b.query.begin() + first * qd, b.query.begin() + (first + count) * qd);
+  int max_pages = 0;
+  for (int t : tokens) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
+  if (!(table_.Upload(b.page_table) && start_.Upload(start) && tokens_.Upload(tokens) &&
+        window_k_.Upload(b.window_k) && window_v_.Upload(b.window_v) && window_tokens_.Upload(wt) &&
+        window_start_.Upload(wstart) && query_.Upload(q) && out_.Resize(count * qd * 4) &&
+        lse_.Resize(static_cast<size_t>(count) * b.q_heads * 4) &&
+        workspace_.Resize(AttentionWorkspaceBytes(count, b.q_heads, d, std::max(1, max_pages))))) {
+    return false;
+  }
+  if (cudaMemset(out_.get<void>(), 0xff, out_.bytes()) != cudaSuccess ||
+      cudaMemset(lse_.get<void>(), 0xff, lse_.bytes()) != cudaSuccess) {
+    return false;
+  }
+  batch_ = AttentionBatch{};
+  batch_.items = count;
+  batch_.q_heads = b.q_heads;
+  batch_.max_pages = max_pages;
+  batch_.page_table_dev = table_.get<int32_t>();
+  batch_.page_start_dev = start_.get<int32_t>();
+  batch_.tokens_dev = tokens_.get<int32_t>();
+  batch_.window_k_dev = window_k_.get<uint16_t>();
+  batch_.window_v_dev = window_v_.get<uint16_t>();
+  batch_.window_tokens_dev = window_tokens_.get<int32_t>();
+  batch_.window_start_dev = window_start_.get<int32_t>();
+  batch_.query_dev = query_.get<float>();
+  batch_.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  batch_.out_dev = out_.get<float>();
+  batch_.lse_dev = lse_.get<float>();
+  batch_.workspace_dev = workspace_.get<void>();
+  return true;
+}
+
+bool DeviceItems::Download(std::vector<float>* out, std::vector<float>* lse) const {
+  return out_.Download(out) && lse_.Download(lse);
 }
 
 void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,
