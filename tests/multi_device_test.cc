@@ -30,27 +30,15 @@ std::unique_ptr<Handler> Make(Metrics* m, std::vector<int> devices, uint64_t poo
 
 absl::Status Append(Handler& h, const std::string& seq, uint32_t layer, int tokens, uint32_t seed) {
   const testing::Kv kv = SyntheticKv(tokens, 128, seed);
-  v1::AppendChunk c;
-  c.set_sequence_id(seq);
-  c.set_layer(layer);
-  c.set_token_count(tokens);
-  c.set_dtype(v1::DTYPE_F32);
-  FloatToTensor(kv.keys.data(), kv.keys.size(), v1::DTYPE_F32, c.mutable_keys());
-  FloatToTensor(kv.values.data(), kv.values.size(), v1::DTYPE_F32, c.mutable_values());
   v1::AppendResponse r;
-  return h.Append(c, &r);
+  return h.Append(testing::ChunkOf(seq, layer, 0, tokens, kv), &r);
 }
 
 v1::AttendRequest Batch(int sequences, bool step) {
   v1::AttendRequest req;
   for (int i = 0; i < sequences; ++i) {
     v1::AttendItem* it = req.add_items();
-    it->set_sequence_id("s" + std::to_string(i));
-    it->set_layer(i % 2);
-    it->set_dtype(v1::DTYPE_F32);
-    it->set_q_heads(4);
-    const std::vector<float> q = SyntheticQuery(4, 64, 100 + i);
-    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+    *it = testing::QueryItem("s" + std::to_string(i), i % 2, SyntheticQuery(4, 64, 100 + i), 4);
     if (step) {
       const testing::Kv t = SyntheticKv(1, 128, 200 + i);
       FloatToTensor(t.keys.data(), t.keys.size(), v1::DTYPE_F32, it->mutable_new_key());

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "service/channels.h"
 #include "service/handler.h"
+#include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
 #include "transport/fake_transport.h"
 #include "wire/tensor.h"
@@ -20,17 +21,18 @@ namespace {
 using testing::SmallOptions;
 using testing::SyntheticKv;
 
-class ChannelTest : public ::testing::Test {
+class ChannelTest : public testing::HandlerFixture {
  protected:
+  ChannelTest() : HandlerFixture(testing::FixtureClock::kReal) {}
+
   void Make(ServiceOptions o = SmallOptions()) {
     o.nccl_chunk_timeout_seconds = 0.2;
-    options_ = o;
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_);
-    ASSERT_TRUE(h.ok()) << h.status();
-    handler_ = *std::move(h);
-    channels_ = std::make_unique<ChannelManager>(handler_.get(), &factory_);
+    channels_.reset();
+    HandlerFixture::Make(o);
+    if (HasFatalFailure()) return;
+    channels_ = std::make_unique<ChannelManager>(h_.get(), &factory_);
   }
-  int n() const { return handler_->codec().n(); }
+  int n() const { return h_->codec().n(); }
 
   uint64_t Open(const std::string& peer, const std::string& tenant = "") {
     v1::OpenChannelRequest r;
@@ -74,43 +76,19 @@ class ChannelTest : public ::testing::Test {
 
   absl::Status Append(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
                       const testing::Kv& kv, v1::AppendResponse* r) {
-    v1::AppendChunk c;
-    c.set_sequence_id(seq);
-    c.set_layer(layer);
-    c.set_first_token(first);
-    c.set_token_count(count);
-    c.set_dtype(v1::DTYPE_BF16);
-    *c.mutable_keys() = Bytes(kv.keys, first, count);
-    *c.mutable_values() = Bytes(kv.values, first, count);
-    return handler_->Append(c, r);
+    return h_->Append(testing::ChunkOf(seq, layer, first, count, kv, v1::DTYPE_BF16), r);
   }
 
-  std::string ReadAll(const std::string& seq, uint32_t layer) {
-    v1::ReadRequest r;
-    r.set_sequence_id(seq);
-    r.set_layer(layer);
-    r.set_dtype(v1::DTYPE_F32);
-    std::string out;
-    absl::Status st = handler_->Read(r, [&](const v1::ReadChunk& c) {
-      out += c.keys();
-      out += c.values();
-      return true;
-    });
-    EXPECT_TRUE(st.ok()) << st;
-    return out;
-  }
+  std::string ReadAll(const std::string& seq, uint32_t layer) { return testing::ReadLayerBytes(*h_, seq, layer); }
 
   v1::StatsResponse Stats() {
     v1::StatsResponse s;
-    handler_->Stats(&s);
+    h_->Stats(&s);
     channels_->Stats(&s);
     return s;
   }
 
-  ServiceOptions options_;
-  Metrics metrics_;
   FakeTransportFactory factory_;
-  std::unique_ptr<Handler> handler_;
   std::unique_ptr<ChannelManager> channels_;
 };
 
@@ -166,7 +144,7 @@ TEST_F(ChannelTest, GapAndBadValueRejectedChannelStaysOpen) {
   c.set_dtype(v1::DTYPE_BF16);
   *c.mutable_keys() = Bytes(bad.keys, 100, 50);
   *c.mutable_values() = Bytes(bad.values, 100, 50);
-  EXPECT_EQ(handler_->Append(c, &r).message(), st.message());
+  EXPECT_EQ(h_->Append(c, &r).message(), st.message());
   // The channel is still usable.
   st = Push("peer", ch, "s", 0, 100, 100, kv, &r);
   EXPECT_TRUE(st.ok()) << st;
@@ -293,7 +271,7 @@ TEST_F(ChannelTest, LimitVersionIdleAndClose) {
 
 TEST_F(ChannelTest, NoTransportIsUnimplemented) {
   Make();
-  ChannelManager none(handler_.get(), nullptr);
+  ChannelManager none(h_.get(), nullptr);
   v1::OpenChannelRequest req;
   v1::OpenChannelResponse resp;
   EXPECT_EQ(none.Open(req, &resp).code(), absl::StatusCode::kUnimplemented);
@@ -339,13 +317,13 @@ TEST_F(ChannelTest, ChannelsBelongToTheirTenantAndMeetTombstones) {
   v1::LengthRequest lr;
   lr.set_sequence_id("s");
   v1::LengthResponse len;
-  EXPECT_EQ(handler_->Length(lr, &len, "").code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(handler_->Length(lr, &len, "alice").ok());
+  EXPECT_EQ(h_->Length(lr, &len, "").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(h_->Length(lr, &len, "alice").ok());
   EXPECT_EQ(len.layers(0).tokens(), 100u);
   v1::ReleaseRequest rel;
   rel.set_sequence_id("s");
   v1::ReleaseResponse released;
-  ASSERT_TRUE(handler_->Release(rel, &released, "alice").ok());
+  ASSERT_TRUE(h_->Release(rel, &released, "alice").ok());
   st = Push("peer", ch, "s", 0, 0, 100, kv, &r, "alice");
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   st = Push("peer", ch, "s", 0, 0, 100, kv, &r, "alice", /*new_incarnation=*/true);

@@ -12,8 +12,8 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
-#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -36,25 +36,19 @@ TEST(Crc32c, ContinuesAcrossSplitsAtEveryOffset) {
   }
 }
 
-class ChecksumHandlerTest : public ::testing::Test {
+class ChecksumHandlerTest : public testing::HandlerFixture {
  protected:
+  ChecksumHandlerTest() : HandlerFixture(testing::FixtureClock::kReal) {}
+
   void Make(bool verify_attend) {
     ServiceOptions o = testing::SmallOptions();
     o.verify_pages_on_attend = verify_attend;
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_);
-    ASSERT_TRUE(h.ok()) << h.status();
-    h_ = *std::move(h);
+    HandlerFixture::Make(o);
+    if (HasFatalFailure()) return;
     // 100 tokens: pages of 32 and a window of 32 make 2 pages (ids 0 and 1).
     testing::Kv kv = testing::SyntheticKv(100, 128, 5);
-    v1::AppendChunk c;
-    c.set_sequence_id("seq");
-    c.set_layer(1);
-    c.set_token_count(100);
-    c.set_dtype(v1::DTYPE_F32);
-    FloatToTensor(kv.keys.data(), kv.keys.size(), v1::DTYPE_F32, c.mutable_keys());
-    FloatToTensor(kv.values.data(), kv.values.size(), v1::DTYPE_F32, c.mutable_values());
     v1::AppendResponse r;
-    ASSERT_TRUE(h_->Append(c, &r).ok());
+    ASSERT_TRUE(h_->Append(testing::ChunkOf("seq", 1, 0, 100, kv), &r).ok());
     ASSERT_EQ(h_->pool().pages_in_use(), 2);
   }
   absl::Status Read() {
@@ -65,23 +59,11 @@ class ChecksumHandlerTest : public ::testing::Test {
   }
   absl::Status Attend() {
     v1::AttendRequest a;
-    v1::AttendItem* it = a.add_items();
-    it->set_sequence_id("seq");
-    it->set_layer(1);
-    it->set_q_heads(2);
-    it->set_dtype(v1::DTYPE_F32);
-    std::vector<float> q = testing::SyntheticQuery(2, 64, 1);
-    it->set_query(std::string(reinterpret_cast<const char*>(q.data()), q.size() * 4));
+    *a.add_items() = testing::QueryItem("seq", 1, testing::SyntheticQuery(2, 64, 1), 2);
     v1::AttendResponse resp;
     return h_->Attend(a, &resp);
   }
-  uint64_t Failures() {
-    v1::StatsResponse s;
-    h_->Stats(&s);
-    return s.checksum_failures();
-  }
-  Metrics metrics_;
-  std::unique_ptr<Handler> h_;
+  uint64_t Failures() { return Stats().checksum_failures(); }
 };
 
 TEST_F(ChecksumHandlerTest, IntactPagesReadAndAttend) {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/service_http.h"
+#include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -32,29 +33,17 @@ std::string Series(const std::string& name, const std::string& method, const std
   return absl::StrCat(name, "{", labels, "}");
 }
 
-class ServerMetricsTest : public ::testing::Test {
+class ServerMetricsTest : public testing::LoopbackFixture {
  protected:
   void SetUp() override {
     ServiceOptions o = testing::SmallOptions();
     o.metrics_listen = "127.0.0.1:0";
-    absl::StatusOr<std::unique_ptr<DriftkvServer>> s = DriftkvServer::Start(o);
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-    ClientOptions co;
-    co.target = absl::StrCat("127.0.0.1:", server_->port());
-    client_ = std::make_unique<Client>(co);
-  }
-  void TearDown() override {
-    client_.reset();
-    server_->Shutdown(absl::Seconds(1));
+    Start(o);
   }
   std::string Scrape() { return testing::HttpGet(server_->metrics_port(), "/metrics"); }
   double Value(const std::string& text, const std::string& series) {
     return testing::MetricValue(text, series);
   }
-
-  std::unique_ptr<DriftkvServer> server_;
-  std::unique_ptr<Client> client_;
 };
 
 TEST_F(ServerMetricsTest, EveryMethodAndCodeStartsAtZero) {

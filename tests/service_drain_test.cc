@@ -29,7 +29,6 @@
 #include "tests/grpc_health_v1.grpc.pb.h"
 #include "tests/server_process.h"
 #include "tests/service_test_util.h"
-#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -58,22 +57,14 @@ std::string WriteConfig(const std::string& dir, const std::string& extra) {
 
 ClientOptions Options(int port) {
   ClientOptions o;
-  o.target = absl::StrCat("127.0.0.1:", port);
+  o.target = testing::LoopbackTarget(port);
   o.max_attempts = 1;
   return o;
 }
 
 v1::AppendChunk Chunk(const std::string& id, int layer, int first, int count, uint32_t seed) {
   testing::Kv kv = testing::SyntheticKv(count, kN, seed);
-  v1::AppendChunk c;
-  c.set_sequence_id(id);
-  c.set_layer(layer);
-  c.set_first_token(first);
-  c.set_token_count(count);
-  c.set_dtype(v1::DTYPE_F32);
-  FloatToTensor(kv.keys.data(), kv.keys.size(), v1::DTYPE_F32, c.mutable_keys());
-  FloatToTensor(kv.values.data(), kv.values.size(), v1::DTYPE_F32, c.mutable_values());
-  return c;
+  return testing::ChunkOfRows(id, layer, first, count, kv.keys.data(), kv.values.data(), kN);
 }
 
 // What a client sees of a sequence: every layer's Read bytes and an
@@ -97,13 +88,7 @@ std::vector<std::string> Observe(Client& client, const std::string& id, absl::St
   v1::AttendRequest a;
   for (int l = 0; l < kLayers; ++l) {
     if (out[l].empty()) continue;  // an empty layer has nothing to attend to
-    v1::AttendItem* it = a.add_items();
-    it->set_sequence_id(id);
-    it->set_layer(l);
-    it->set_q_heads(4);
-    it->set_dtype(v1::DTYPE_F32);
-    std::vector<float> q = testing::SyntheticQuery(4, kHeadDim, 7 + l);
-    it->set_query(std::string(reinterpret_cast<const char*>(q.data()), q.size() * 4));
+    *a.add_items() = testing::QueryItem(id, l, testing::SyntheticQuery(4, kHeadDim, 7 + l), 4);
   }
   absl::StatusOr<v1::AttendResponse> r = client.Attend(a);
   if (!r.ok()) {
@@ -118,7 +103,7 @@ std::vector<std::string> Observe(Client& client, const std::string& id, absl::St
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(int port) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(port), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));

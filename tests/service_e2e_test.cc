@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/eval_data.h"
+#include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -102,11 +103,10 @@ Errors PushAndDecode(Client& client, const DQuantCodec& codec, int layers, int w
 TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
   ServiceOptions o = testing::SmallOptions();
   o.layers = 3;
-  absl::StatusOr<std::unique_ptr<DriftkvServer>> server = DriftkvServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ClientOptions co;
-  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
-  Client client(co);
+  std::unique_ptr<DriftkvServer> server;
+  std::unique_ptr<Client> client;
+  const absl::Status started = testing::StartLoopback(o, {}, {}, &server, &client);
+  ASSERT_TRUE(started.ok()) << started;
   const int prefill = 150, steps = 20, q_heads = 4, n = 128, d = 64;
   std::vector<std::vector<float>> keys(3), values(3), queries(3);
   for (int l = 0; l < 3; ++l) {
@@ -120,7 +120,7 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
       queries[l].insert(queries[l].end(), q.begin(), q.end());
     }
   }
-  Errors e = PushAndDecode(client, testing::DQuantOf((*server)->handler().codec()), 3, o.window_tokens, keys, values, queries, q_heads,
+  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), 3, o.window_tokens, keys, values, queries, q_heads,
                  prefill, steps, v1::DTYPE_BF16);
   // 1. Attention in the compressed domain = attention over the decoded cache.
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
@@ -132,7 +132,7 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
   EXPECT_LE(err, local * 1.0001 + 1e-9);
   EXPECT_GT(err, 1e-3);
   EXPECT_LT(err, 0.7);  // 0.63 with the default (unbiased) value grid
-  absl::StatusOr<v1::StatsResponse> st = client.Stats();
+  absl::StatusOr<v1::StatsResponse> st = client->Stats();
   EXPECT_EQ(st->pages_in_use(), 0u);  // released
 }
 
@@ -151,11 +151,10 @@ TEST(EndToEnd, RealFixtureMatchesCodecReplay) {
   o.codec.head_dim = kD;
   o.codec.mean_window = 128;
   o.window_tokens = 128;
-  absl::StatusOr<std::unique_ptr<DriftkvServer>> server = DriftkvServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ClientOptions co;
-  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
-  Client client(co);
+  std::unique_ptr<DriftkvServer> server;
+  std::unique_ptr<Client> client;
+  const absl::Status started = testing::StartLoopback(o, {}, {}, &server, &client);
+  ASSERT_TRUE(started.ok()) << started;
   std::vector<std::vector<float>> keys(layers), values(layers), queries(layers);
   std::string raw(static_cast<size_t>(kTokens) * kN * 2, '\0'), qraw(static_cast<size_t>(kQ) * kQHeads * kD * 2, '\0');
   for (int l = 0; l < layers; ++l) {
@@ -171,7 +170,7 @@ TEST(EndToEnd, RealFixtureMatchesCodecReplay) {
     TensorToFloat(qraw, v1::DTYPE_FP16, queries[l].size(), queries[l].data());
   }
   (void)kLayers;
-  Errors e = PushAndDecode(client, testing::DQuantOf((*server)->handler().codec()), layers, 128, keys, values, queries, kQHeads, prefill,
+  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), layers, 128, keys, values, queries, kQHeads, prefill,
                  steps, v1::DTYPE_FP16);
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
   EXPECT_LT(std::sqrt(e.vs_local / e.local_sum), 1e-6);

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,8 @@
 #include "eval/synthetic_kv.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "tests/handler_fixture.h"
+#include "tests/random_wush.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -46,53 +47,16 @@ struct Golden {
   uint64_t page_bytes, capacity_pages;
 };
 
-// Random SPD d x d: A A^T / d + 0.5 I (well conditioned).
-std::vector<double> RandomSpd(int d, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> g;
-  std::vector<double> a(static_cast<size_t>(d) * d), m(a.size(), 0.0);
-  for (double& x : a) x = g(rng);
-  for (int i = 0; i < d; ++i) {
-    for (int j = 0; j < d; ++j) {
-      for (int k = 0; k < d; ++k) m[i * d + j] += a[i * d + k] * a[j * d + k] / d;
-    }
-    m[i * d + i] += 0.5;
-  }
-  return m;
-}
-
 std::shared_ptr<const TransformSet> WushSet() {
-  auto s = std::make_shared<TransformSet>();
-  s->layers = kLayers;
-  s->kv_heads = kKvHeads;
-  s->head_dim = kD;
-  s->gamma = kWushDefaultGamma;
-  s->calibration_tokens = 1000;
-  s->Resize();
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKvHeads; ++h) {
-      for (Mat m : {Mat::kKey, Mat::kValue}) {
-        const uint64_t at = 77 + 100 * l + 10 * h + static_cast<int>(m);
-        absl::StatusOr<WushTransform> t = BuildWushTransform(RandomSpd(kD, at), RandomSpd(kD, at + 5000), kD);
-        EXPECT_TRUE(t.ok()) << t.status();
-        const Mat inv = m == Mat::kKey ? Mat::kKeyInverse : Mat::kValueInverse;
-        for (int i = 0; i < kD * kD; ++i) {
-          s->matrix(l, h, m)[i] = static_cast<float>(t->t[i]);
-          s->matrix(l, h, inv)[i] = static_cast<float>(t->inv[i]);
-        }
-      }
-    }
-  }
-  return s;
+  return std::make_shared<const TransformSet>(testing::RandomWushSet(kLayers, kKvHeads, kD, 77, 1000));
 }
 
 // Pushes the same tokens into `o`'s handler and returns the checksums.
 // `attend`: whether to attend (a split-KV item and a one-pass item).
 Golden RunService(ServiceOptions o) {
-  Metrics metrics;
-  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics);
-  EXPECT_TRUE(h.ok()) << h.status();
-  if (!h.ok()) return {};
+  testing::TestHandler t(o, testing::FixtureClock::kReal);
+  if (t.h == nullptr) return {};
+  Handler* h = t.h.get();
   SynthParams sp;
   sp.layers = kLayers;
   sp.tokens = kTokens;
@@ -105,21 +69,15 @@ Golden RunService(ServiceOptions o) {
     v1::AppendResponse totals;
     for (int t = 0; t < kTokens; t += 97) {
       const int count = std::min(97, kTokens - t);
-      v1::AppendChunk c;
-      c.set_sequence_id("golden");
-      c.set_layer(l);
-      c.set_first_token(t);
-      c.set_token_count(count);
-      c.set_dtype(v1::DTYPE_F32);
       const size_t at = (static_cast<size_t>(l) * kTokens + t) * kN;
-      FloatToTensor(kv.keys.data() + at, static_cast<size_t>(count) * kN, v1::DTYPE_F32, c.mutable_keys());
-      FloatToTensor(kv.values.data() + at, static_cast<size_t>(count) * kN, v1::DTYPE_F32, c.mutable_values());
-      absl::Status st = (*h)->Append(c, &totals);
+      const v1::AppendChunk c =
+          testing::ChunkOfRows("golden", l, t, count, kv.keys.data() + at, kv.values.data() + at, kN);
+      absl::Status st = h->Append(c, &totals);
       EXPECT_TRUE(st.ok()) << st;
     }
   }
   Golden g{};
-  const PagePool& pool = (*h)->pool();
+  const PagePool& pool = h->pool();
   g.arena = Fnv1a(pool.key_records(0), pool.capacity_bytes());
   g.page_bytes = pool.page_stride();
   g.capacity_pages = static_cast<uint64_t>(pool.capacity_pages());
@@ -129,7 +87,7 @@ Golden RunService(ServiceOptions o) {
   g.read = 0xcbf29ce484222325ull;
   for (int l = 0; l < kLayers; ++l) {
     rr.set_layer(l);
-    absl::Status st = (*h)->Read(rr, [&](const v1::ReadChunk& c) {
+    absl::Status st = h->Read(rr, [&](const v1::ReadChunk& c) {
       g.read = Fnv1a(c.keys().data(), c.keys().size(), g.read);
       g.read = Fnv1a(c.values().data(), c.values().size(), g.read);
       return true;
@@ -147,7 +105,7 @@ Golden RunService(ServiceOptions o) {
                   static_cast<size_t>(kQHeads) * kD, v1::DTYPE_F32, it->mutable_query());
   }
   v1::AttendResponse resp;
-  absl::Status st = (*h)->Attend(req, &resp);
+  absl::Status st = h->Attend(req, &resp);
   EXPECT_TRUE(st.ok()) << st;
   g.attend = 0xcbf29ce484222325ull;
   for (const v1::AttendResult& r : resp.results()) {

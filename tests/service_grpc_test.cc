@@ -16,12 +16,14 @@
 #include "service/server.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
 #include "tests/service_http.h"
+#include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
 
+using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
@@ -61,24 +63,14 @@ class LoseAnswersFactory : public grpc::experimental::ServerInterceptorFactoryIn
   std::atomic<int>* budget_;
 };
 
-class GrpcTest : public ::testing::Test {
+class GrpcTest : public testing::LoopbackFixture {
  protected:
   void Start(ServiceOptions o = SmallOptions(), ServerHooks hooks = {}) {
-    client_.reset();
-    server_.reset();
-    absl::StatusOr<std::unique_ptr<DriftkvServer>> s = DriftkvServer::Start(o, std::move(hooks));
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
     ClientOptions co;
-    co.target = absl::StrCat("127.0.0.1:", server_->port());
     co.timeout = absl::Seconds(20);
-    client_ = std::make_unique<Client>(co);
+    LoopbackFixture::Start(o, std::move(hooks), co);
   }
   void SetUp() override { Start(); }
-  void TearDown() override {
-    client_.reset();
-    if (server_) server_->Shutdown(absl::Seconds(1));
-  }
 
   std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer,
                                       const testing::Kv& kv, int first, int tokens, int chunk) {
@@ -90,23 +82,10 @@ class GrpcTest : public ::testing::Test {
     }
     return out;
   }
-  v1::AttendItem Item(const std::string& seq, uint32_t layer, const std::vector<float>& q,
-                      int q_heads) {
-    v1::AttendItem it;
-    it.set_sequence_id(seq);
-    it.set_layer(layer);
-    it.set_dtype(v1::DTYPE_F32);
-    it.set_q_heads(q_heads);
-    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it.mutable_query());
-    return it;
-  }
   uint64_t Stored() {
     absl::StatusOr<v1::StatsResponse> s = client_->Stats();
     return s.ok() ? s->tokens_compressed() + s->tokens_window() : ~0ull;
   }
-
-  std::unique_ptr<DriftkvServer> server_;
-  std::unique_ptr<Client> client_;
 };
 
 TEST_F(GrpcTest, RoundTripOfEveryMethod) {
@@ -127,7 +106,7 @@ TEST_F(GrpcTest, RoundTripOfEveryMethod) {
 
   v1::AttendRequest req;
   const std::vector<float> q = SyntheticQuery(4, kD, 2);
-  *req.add_items() = Item("seq", 1, q, 4);
+  *req.add_items() = QueryItem("seq", 1, q, 4);
   absl::StatusOr<v1::AttendResponse> r = client_->Attend(req);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->results_size(), 1);
@@ -173,7 +152,7 @@ TEST_F(GrpcTest, StatusCodesAndMessagesCrossTheWire) {
   ASSERT_TRUE(client_->Append(Chunks("s", 0, kv, 0, 50, 50)).ok());
   const std::vector<float> q = SyntheticQuery(2, kD, 4);
   v1::AttendRequest req;
-  *req.add_items() = Item("ghost", 0, q, 2);
+  *req.add_items() = QueryItem("ghost", 0, q, 2);
   absl::Status st = client_->Attend(req).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(st.message(), "\"ghost\" not found")) << st;
@@ -274,7 +253,7 @@ TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
   const std::vector<float> q = SyntheticQuery(2, kD, 9);
   v1::AttendRequest req;
   v1::AttendItem* it = req.add_items();
-  *it = Item("d", 0, q, 2);
+  *it = QueryItem("d", 0, q, 2);
   FloatToTensor(kv.keys.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
   FloatToTensor(kv.values.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
   // No index: a repeat could store the token twice, so the loss is reported.
@@ -328,7 +307,7 @@ TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
 }
 
 TEST_F(GrpcTest, HealthServiceAnswersServing) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()),
                                      grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   for (const char* service : {"", "driftkv.v1.KvCache"}) {
@@ -363,12 +342,12 @@ TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
       for (int step = 0; step < 20; ++step) {
         v1::AttendRequest req;
         v1::AttendItem* it = req.add_items();
-        *it = Item(own, 0, q, 2);
+        *it = QueryItem(own, 0, q, 2);
         const int pos = tokens + step;
         FloatToTensor(kv.keys.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
         FloatToTensor(kv.values.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
         it->set_new_token_index(pos);
-        *req.add_items() = Item("shared", 1, q, 2);
+        *req.add_items() = QueryItem("shared", 1, q, 2);
         absl::StatusOr<v1::AttendResponse> r = c.Attend(req);
         if (!r.ok() || r->results(0).tokens() != static_cast<uint64_t>(pos + 1)) ++failures;
         if (r.ok() && r->results(1).tokens() < static_cast<uint64_t>(tokens)) ++failures;
@@ -396,7 +375,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   const testing::Kv kv = SyntheticKv(300, kN, 13);
   ASSERT_TRUE(client_->Append(Chunks("m", 0, kv, 0, 300, 100)).ok());
   v1::AttendRequest req;
-  *req.add_items() = Item("m", 0, SyntheticQuery(2, kD, 14), 2);
+  *req.add_items() = QueryItem("m", 0, SyntheticQuery(2, kD, 14), 2);
   ASSERT_TRUE(client_->Attend(req).ok());
   req.mutable_items(0)->set_layer(9);
   ASSERT_FALSE(client_->Attend(req).ok());
@@ -448,7 +427,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
 // ships no stubs for it, so the test speaks it with a generic call: the
 // request {list_services: ""} is field 7, a string, of length 0.
 TEST_F(GrpcTest, ReflectionListsServices) {
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()),
                                      grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
@@ -503,7 +482,7 @@ TEST_F(GrpcTest, TtlReaperReleasesIdleSequences) {
   EXPECT_EQ(s->sequences_expired(), 1u);
   EXPECT_EQ(s->pages_in_use(), 0u);
   v1::AttendRequest req;
-  *req.add_items() = Item("idle", 0, SyntheticQuery(2, kD, 16), 2);
+  *req.add_items() = QueryItem("idle", 0, SyntheticQuery(2, kD, 16), 2);
   EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -523,7 +502,7 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   absl::StatusOr<std::unique_ptr<DriftkvServer>> cold_server = DriftkvServer::Start(cold_options);
   ASSERT_TRUE(cold_server.ok()) << cold_server.status();
   ClientOptions co;
-  co.target = absl::StrCat("127.0.0.1:", (*cold_server)->port());
+  co.target = testing::LoopbackTarget((*cold_server)->port());
   Client cold(co);
 
   absl::StatusOr<v1::InfoResponse> info = client_->Info();
@@ -536,7 +515,7 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   ASSERT_TRUE(client_->Append(Chunks("h", 1, kv, 0, 700, 128)).ok());
   ASSERT_TRUE(cold.Append(Chunks("h", 1, kv, 0, 700, 128)).ok());
   v1::AttendRequest req;
-  *req.add_items() = Item("h", 1, SyntheticQuery(4, kD, 18), 4);
+  *req.add_items() = QueryItem("h", 1, SyntheticQuery(4, kD, 18), 4);
   absl::StatusOr<v1::AttendResponse> got = client_->Attend(req), want = cold.Attend(req);
   ASSERT_TRUE(got.ok() && want.ok()) << got.status() << want.status();
   EXPECT_EQ(got->results(0).output(), want->results(0).output());

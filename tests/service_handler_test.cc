@@ -12,64 +12,28 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "gtest/gtest.h"
+#include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
 
+using testing::ChunkOf;
+using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
 
 constexpr int kN = 128, kD = 64, kKvHeads = 2;
 
-class HandlerTest : public ::testing::Test {
+class HandlerTest : public testing::HandlerFixture {
  protected:
-  void Make(ServiceOptions o = SmallOptions()) {
-    options_ = o;
-    absl::StatusOr<std::unique_ptr<Handler>> h =
-        Handler::Create(o, &metrics_, [this] { return now_; });
-    ASSERT_TRUE(h.ok()) << h.status();
-    h_ = *std::move(h);
-  }
   void SetUp() override { Make(); }
 
-  v1::AppendChunk Chunk(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
-                        const testing::Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
-    v1::AppendChunk c;
-    c.set_sequence_id(seq);
-    c.set_layer(layer);
-    c.set_first_token(first);
-    c.set_token_count(count);
-    c.set_dtype(dtype);
-    FloatToTensor(kv.keys.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_keys());
-    FloatToTensor(kv.values.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_values());
-    return c;
-  }
   absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int tokens,
                     int chunk = 97) {
-    v1::AppendResponse r;
-    for (int t = 0; t < tokens; t += chunk) {
-      absl::Status st = h_->Append(Chunk(seq, layer, t, std::min(chunk, tokens - t), kv), &r);
-      if (!st.ok()) return st;
-    }
-    return absl::OkStatus();
-  }
-  v1::AttendItem Item(const std::string& seq, uint32_t layer, const std::vector<float>& q,
-                      int q_heads) {
-    v1::AttendItem it;
-    it.set_sequence_id(seq);
-    it.set_layer(layer);
-    it.set_dtype(v1::DTYPE_F32);
-    it.set_q_heads(q_heads);
-    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it.mutable_query());
-    return it;
-  }
-  v1::StatsResponse Stats() {
-    v1::StatsResponse s;
-    h_->Stats(&s);
-    return s;
+    return testing::PushTokens(*h_, seq, layer, kv, 0, tokens, chunk);
   }
   // The state a rejected request must leave untouched.
   std::string Snapshot() {
@@ -77,11 +41,6 @@ class HandlerTest : public ::testing::Test {
     return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/",
                         s.tokens_window(), "/", s.tokens_ingested());
   }
-
-  ServiceOptions options_;
-  Metrics metrics_;
-  absl::Time now_ = absl::FromUnixSeconds(1000000);
-  std::unique_ptr<Handler> h_;
 };
 
 TEST_F(HandlerTest, StorageRuleKeepsWindowBetweenRAndRPlusP) {
@@ -105,7 +64,7 @@ TEST_F(HandlerTest, AttentionMatchesCodecPipelineAndFloatReference) {
   ASSERT_TRUE(Push("a", 1, kv, tokens).ok());
   const std::vector<float> q = SyntheticQuery(q_heads, kD, 3);
   v1::AttendRequest req;
-  *req.add_items() = Item("a", 1, q, q_heads);
+  *req.add_items() = QueryItem("a", 1, q, q_heads);
   v1::AttendResponse resp;
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   ASSERT_EQ(resp.results_size(), 1);
@@ -145,7 +104,7 @@ TEST_F(HandlerTest, SplitKvAttentionEqualsOnePass) {
   ASSERT_TRUE(Push("long", 0, kv, tokens, 256).ok());
   const std::vector<float> q = SyntheticQuery(q_heads, kD, 22);
   v1::AttendRequest req;
-  *req.add_items() = Item("long", 0, q, q_heads);
+  *req.add_items() = QueryItem("long", 0, q, q_heads);
   v1::AttendResponse resp;
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   EXPECT_EQ(resp.results(0).compressed_tokens(), 640u);
@@ -181,7 +140,7 @@ TEST_F(HandlerTest, SplitKvAttentionEqualsOnePass) {
   EXPECT_LE(split_err, 2 * one_err + 1e-5);
   for (int h = 0; h < q_heads; ++h) EXPECT_NEAR(resp.results(0).lse(h), local.lse[h], 1e-4);
   // Two items on 4 threads: 2 parts each, still equal.
-  *req.add_items() = Item("long", 0, q, q_heads);
+  *req.add_items() = QueryItem("long", 0, q, q_heads);
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   EXPECT_EQ(resp.results(0).output(), resp.results(1).output());
 }
@@ -191,7 +150,7 @@ TEST_F(HandlerTest, WindowOnlyAttentionIsBf16Exact) {
   ASSERT_TRUE(Push("w", 0, kv, 40).ok());
   const std::vector<float> q = SyntheticQuery(2, kD, 5);
   v1::AttendRequest req;
-  *req.add_items() = Item("w", 0, q, 2);
+  *req.add_items() = QueryItem("w", 0, q, 2);
   v1::AttendResponse resp;
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   std::vector<float> out(2 * kD);
@@ -224,15 +183,15 @@ TEST_F(HandlerTest, ChunkingDoesNotChangeStoredTokens) {
 TEST_F(HandlerTest, RepeatedChunkIsAcknowledgedNotStoredTwice) {
   const testing::Kv kv = SyntheticKv(150, kN, 7);
   v1::AppendResponse r;
-  ASSERT_TRUE(h_->Append(Chunk("d", 0, 0, 100, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("d", 0, 0, 100, kv), &r).ok());
   const std::string before = Snapshot();
-  ASSERT_TRUE(h_->Append(Chunk("d", 0, 0, 100, kv), &r).ok());
-  ASSERT_TRUE(h_->Append(Chunk("d", 0, 40, 60, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("d", 0, 0, 100, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("d", 0, 40, 60, kv), &r).ok());
   EXPECT_EQ(Snapshot(), before);
   EXPECT_EQ(r.tokens_stored(), 100u);
   EXPECT_EQ(r.tokens_duplicate(), 160u);
   // A chunk overlapping the end stores only its new tail.
-  ASSERT_TRUE(h_->Append(Chunk("d", 0, 90, 60, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("d", 0, 90, 60, kv), &r).ok());
   EXPECT_EQ(r.tokens_stored(), 150u);
   EXPECT_EQ(r.tokens_duplicate(), 170u);
   EXPECT_EQ(r.chunks(), 4u);
@@ -245,7 +204,7 @@ TEST_F(HandlerTest, DecodeStepAppendsThenAttendsAndIsIdempotentWithIndex) {
   const std::vector<float> q = SyntheticQuery(2, kD, 9);
   v1::AttendRequest req;
   v1::AttendItem* it = req.add_items();
-  *it = Item("s", 0, q, 2);
+  *it = QueryItem("s", 0, q, 2);
   FloatToTensor(kv.keys.data() + 100 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
   FloatToTensor(kv.values.data() + 100 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
   it->set_new_token_index(100);
@@ -259,7 +218,7 @@ TEST_F(HandlerTest, DecodeStepAppendsThenAttendsAndIsIdempotentWithIndex) {
   // Same as appending the token and attending.
   ASSERT_TRUE(Push("t", 0, kv, 101).ok());
   v1::AttendRequest plain;
-  *plain.add_items() = Item("t", 0, q, 2);
+  *plain.add_items() = QueryItem("t", 0, q, 2);
   v1::AttendResponse ref;
   ASSERT_TRUE(h_->Attend(plain, &ref).ok());
   EXPECT_EQ(ref.results(0).output(), first.results(0).output());
@@ -279,7 +238,7 @@ TEST_F(HandlerTest, BatchWithStepsOnOneLayerAppliesThemInOrder) {
   v1::AttendRequest req;
   for (int t = 63; t < 66; ++t) {  // crosses R + P = 64: one page encoded
     v1::AttendItem* it = req.add_items();
-    *it = Item("b", 0, q, 2);
+    *it = QueryItem("b", 0, q, 2);
     FloatToTensor(kv.keys.data() + t * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
     FloatToTensor(kv.values.data() + t * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
   }
@@ -358,8 +317,8 @@ TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   };
   using C = absl::StatusCode;
   // Unknown sequence.
-  attend_code(Item("nope", 0, q, 2), C::kNotFound, "items[0].sequence_id \"nope\" not found");
-  append_code(Chunk("nope", 0, 5, 3, kv), C::kNotFound, "sequence_id \"nope\" not found");
+  attend_code(QueryItem("nope", 0, q, 2), C::kNotFound, "items[0].sequence_id \"nope\" not found");
+  append_code(ChunkOf("nope", 0, 5, 3, kv), C::kNotFound, "sequence_id \"nope\" not found");
   v1::ReleaseResponse rel;
   v1::ReleaseRequest rreq;
   rreq.set_sequence_id("nope");
@@ -368,17 +327,17 @@ TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   read.set_sequence_id("nope");
   EXPECT_EQ(h_->Read(read, [](const v1::ReadChunk&) { return true; }).code(), C::kNotFound);
   // Layer out of range.
-  append_code(Chunk("x", 2, 70, 1, kv), C::kInvalidArgument, "layer 2 out of range [0, 2)");
-  attend_code(Item("x", 7, q, 2), C::kInvalidArgument, "items[0].layer 7 out of range [0, 2)");
+  append_code(ChunkOf("x", 2, 70, 1, kv), C::kInvalidArgument, "layer 2 out of range [0, 2)");
+  attend_code(QueryItem("x", 7, q, 2), C::kInvalidArgument, "items[0].layer 7 out of range [0, 2)");
   // Byte length not matching the shape.
-  v1::AppendChunk c = Chunk("x", 0, 70, 2, kv);
+  v1::AppendChunk c = ChunkOf("x", 0, 70, 2, kv);
   c.mutable_values()->resize(c.values().size() - 4);
   append_code(c, C::kInvalidArgument, "values has 1020 bytes; token_count 2 x kv_heads 2 x head_dim 64 in f32 needs 1024");
-  v1::AttendItem short_q = Item("x", 0, q, 2);
+  v1::AttendItem short_q = QueryItem("x", 0, q, 2);
   short_q.mutable_query()->resize(100);
   attend_code(short_q, C::kInvalidArgument, "items[0].query has 100 bytes");
   // Unknown dtype.
-  c = Chunk("x", 0, 70, 2, kv);
+  c = ChunkOf("x", 0, 70, 2, kv);
   c.set_dtype(static_cast<v1::DType>(7));
   append_code(c, C::kInvalidArgument, "keys: dtype 7");
   c.set_dtype(v1::DTYPE_UNSPECIFIED);
@@ -387,39 +346,39 @@ TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   for (int which = 0; which < 2; ++which) {
     testing::Kv bad = kv;
     (which == 0 ? bad.keys : bad.values)[70 * kN + 5] = std::nanf("");
-    append_code(Chunk("x", 0, 70, 1, bad), C::kInvalidArgument,
+    append_code(ChunkOf("x", 0, 70, 1, bad), C::kInvalidArgument,
                 absl::StrCat(which == 0 ? "keys" : "values", " element 5 is nan"));
     (which == 0 ? bad.keys : bad.values)[70 * kN + 5] = INFINITY;
-    append_code(Chunk("x", 0, 70, 1, bad), C::kInvalidArgument, "element 5 is inf");
+    append_code(ChunkOf("x", 0, 70, 1, bad), C::kInvalidArgument, "element 5 is inf");
   }
   std::vector<float> bad_q = q;
   bad_q[3] = -INFINITY;
-  attend_code(Item("x", 0, bad_q, 2), C::kInvalidArgument, "items[0].query element 3 is -inf");
+  attend_code(QueryItem("x", 0, bad_q, 2), C::kInvalidArgument, "items[0].query element 3 is -inf");
   // Values the fp16 grid of a record could not hold.
   testing::Kv huge = kv;
   huge.keys[70 * kN] = 1e6f;
-  append_code(Chunk("x", 0, 70, 1, huge), C::kInvalidArgument, "keys element 0 is 1e+06; |x| must be <=");
+  append_code(ChunkOf("x", 0, 70, 1, huge), C::kInvalidArgument, "keys element 0 is 1e+06; |x| must be <=");
   // q_heads not a multiple of kv_heads.
-  attend_code(Item("x", 0, SyntheticQuery(3, kD, 1), 3), C::kInvalidArgument,
+  attend_code(QueryItem("x", 0, SyntheticQuery(3, kD, 1), 3), C::kInvalidArgument,
               "items[0].q_heads 3 is not a positive multiple of kv_heads 2");
   // A gap in token indices.
-  append_code(Chunk("x", 0, 71, 5, kv), C::kOutOfRange,
+  append_code(ChunkOf("x", 0, 71, 5, kv), C::kOutOfRange,
               "first_token 71 leaves a gap: layer 0 of sequence_id \"x\" holds 70 tokens");
   // Attend on an empty layer (the sequence exists, layer 1 holds nothing).
-  attend_code(Item("x", 1, q, 2), C::kFailedPrecondition, "layer 1 of sequence_id \"x\" holds no tokens");
+  attend_code(QueryItem("x", 1, q, 2), C::kFailedPrecondition, "layer 1 of sequence_id \"x\" holds no tokens");
   // token_count 0, empty batch, bad scale, half a decode step.
-  append_code(Chunk("x", 0, 70, 0, kv), C::kInvalidArgument, "token_count 0");
+  append_code(ChunkOf("x", 0, 70, 0, kv), C::kInvalidArgument, "token_count 0");
   v1::AttendRequest empty;
   v1::AttendResponse resp;
   EXPECT_EQ(h_->Attend(empty, &resp).code(), C::kInvalidArgument);
-  v1::AttendItem scaled = Item("x", 0, q, 2);
+  v1::AttendItem scaled = QueryItem("x", 0, q, 2);
   scaled.set_softmax_scale(NAN);
   attend_code(scaled, C::kInvalidArgument, "softmax_scale nan");
-  v1::AttendItem half_step = Item("x", 0, q, 2);
+  v1::AttendItem half_step = QueryItem("x", 0, q, 2);
   FloatToTensor(kv.keys.data(), kN, v1::DTYPE_F32, half_step.mutable_new_key());
   attend_code(half_step, C::kInvalidArgument, "items[0].new_value has 0 bytes");
   // A rejected first chunk does not create its sequence.
-  v1::AppendChunk fresh = Chunk("newseq", 0, 0, 2, kv);
+  v1::AppendChunk fresh = ChunkOf("newseq", 0, 0, 2, kv);
   fresh.mutable_keys()->resize(3);
   append_code(fresh, C::kInvalidArgument, "keys has 3 bytes");
   // The handler keeps serving.
@@ -435,7 +394,7 @@ TEST_F(HandlerTest, ShapeFieldsAreCheckedWhenSet) {
   ASSERT_TRUE(Push("x", 0, kv, 70).ok());
   const std::string before = Snapshot();
   v1::AppendResponse ar;
-  v1::AppendChunk c = Chunk("x", 0, 70, 2, kv);
+  v1::AppendChunk c = ChunkOf("x", 0, 70, 2, kv);
   c.set_kv_heads(4);
   c.set_head_dim(32);
   absl::Status st = h_->Append(c, &ar);
@@ -451,8 +410,8 @@ TEST_F(HandlerTest, ShapeFieldsAreCheckedWhenSet) {
 
   const std::vector<float> q = SyntheticQuery(4, kD, 22);
   v1::AttendRequest req;
-  *req.add_items() = Item("x", 0, q, 4);
-  *req.add_items() = Item("x", 0, q, 4);
+  *req.add_items() = QueryItem("x", 0, q, 4);
+  *req.add_items() = QueryItem("x", 0, q, 4);
   req.mutable_items(1)->set_head_dim(128);
   req.mutable_items(1)->set_q_heads(2);  // 2 x 128: the same bytes as 4 x 64
   v1::AttendResponse resp;
@@ -508,17 +467,17 @@ TEST_F(HandlerTest, FullPoolIsResourceExhaustedNamingCapacityAndChangesNothing) 
   const std::string before = Snapshot();
   v1::AppendResponse r;
   // 70 more tokens: 133 in the window -> 3 pages needed, 1 free.
-  absl::Status st = h_->Append(Chunk("p", 0, 127, 70, kv), &r);
+  absl::Status st = h_->Append(ChunkOf("p", 0, 127, 70, kv), &r);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "pool full: capacity 3 pages")) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), absl::StrCat(3 * stride, " bytes"))) << st;
   EXPECT_EQ(Snapshot(), before);
   // A new sequence rejected for lack of pages is not created either.
-  st = h_->Append(Chunk("q", 1, 0, 200, kv), &r);
+  st = h_->Append(ChunkOf("q", 1, 0, 200, kv), &r);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   EXPECT_EQ(Snapshot(), before);
   // What fits still goes in.
-  EXPECT_TRUE(h_->Append(Chunk("p", 0, 127, 32, kv), &r).ok());
+  EXPECT_TRUE(h_->Append(ChunkOf("p", 0, 127, 32, kv), &r).ok());
   EXPECT_EQ(Stats().pages_in_use(), 3u);
 }
 
@@ -545,7 +504,7 @@ TEST_F(HandlerTest, ReleaseReturnsPoolToEmpty) {
   // The name is tombstoned (tombstone_seconds): a new incarnation may use
   // it again from token 0.
   EXPECT_EQ(Push("a", 0, kv, 10).code(), absl::StatusCode::kFailedPrecondition);
-  v1::AppendChunk again = Chunk("a", 0, 0, 10, kv);
+  v1::AppendChunk again = ChunkOf("a", 0, 0, 10, kv);
   again.set_new_incarnation(true);
   v1::AppendResponse r;
   EXPECT_TRUE(h_->Append(again, &r).ok());
@@ -567,7 +526,7 @@ TEST_F(HandlerTest, IdleSequencesExpireAfterTtl) {
   EXPECT_EQ(s.sequences_expired(), 1u);
   EXPECT_EQ(s.pages_in_use(), 2u);  // only "new"'s pages
   v1::AttendRequest req;
-  *req.add_items() = Item("old", 0, SyntheticQuery(2, kD, 1), 2);
+  *req.add_items() = QueryItem("old", 0, SyntheticQuery(2, kD, 1), 2);
   v1::AttendResponse resp;
   EXPECT_EQ(h_->Attend(req, &resp).code(), absl::StatusCode::kNotFound);
   // Attending counts as use.
@@ -609,10 +568,10 @@ TEST_F(HandlerTest, ConcurrentAppendAttendReleaseKeepSequencesWhole) {
         // Everyone appends the same shared tokens (idempotent) and attends.
         v1::AppendResponse r;
         for (int s = 64; s < tokens; s += 8) {
-          if (!h_->Append(Chunk("shared", 0, s, 8, kv), &r).ok()) ++failures;
+          if (!h_->Append(ChunkOf("shared", 0, s, 8, kv), &r).ok()) ++failures;
           v1::AttendRequest req;
-          *req.add_items() = Item("shared", 0, q, 2);
-          *req.add_items() = Item(own, t % 2, q, 2);
+          *req.add_items() = QueryItem("shared", 0, q, 2);
+          *req.add_items() = QueryItem(own, t % 2, q, 2);
           v1::AttendResponse resp;
           absl::Status st = h_->Attend(req, &resp);
           if (!st.ok() || resp.results(0).tokens() < static_cast<uint64_t>(s + 8)) ++failures;
@@ -634,8 +593,8 @@ TEST_F(HandlerTest, ConcurrentAppendAttendReleaseKeepSequencesWhole) {
   // The shared sequence equals a single-threaded build of it.
   ASSERT_TRUE(Push("solo", 0, kv, tokens).ok());
   v1::AttendRequest req;
-  *req.add_items() = Item("shared", 0, q, 2);
-  *req.add_items() = Item("solo", 0, q, 2);
+  *req.add_items() = QueryItem("shared", 0, q, 2);
+  *req.add_items() = QueryItem("solo", 0, q, 2);
   v1::AttendResponse resp;
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   EXPECT_EQ(resp.results(0).output(), resp.results(1).output());
@@ -660,15 +619,15 @@ TEST_F(HandlerTest, ReleaseRacingAppendAndAttendLeaksNothing) {
     pool.emplace_back([&, layer] {
       while (!stop) {
         v1::AppendResponse r;
-        for (int t = 0; t < 256 && !stop; t += 64) ok_code(h_->Append(Chunk("race", layer, t, 64, kv), &r));
+        for (int t = 0; t < 256 && !stop; t += 64) ok_code(h_->Append(ChunkOf("race", layer, t, 64, kv), &r));
       }
     });
   }
   pool.emplace_back([&] {
     while (!stop) {
       v1::AttendRequest req;
-      *req.add_items() = Item("race", 0, q, 2);
-      *req.add_items() = Item("race", 1, q, 2);
+      *req.add_items() = QueryItem("race", 0, q, 2);
+      *req.add_items() = QueryItem("race", 1, q, 2);
       v1::AttendResponse resp;
       ok_code(h_->Attend(req, &resp));
     }

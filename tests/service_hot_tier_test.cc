@@ -25,12 +25,14 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
 
+using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
@@ -63,45 +65,15 @@ struct Answer {
   bool operator==(const Answer& o) const { return out == o.out && lse == o.lse; }
 };
 
-// A handler with its metrics and clock.
-struct Server {
-  explicit Server(const ServiceOptions& o) {
-    absl::StatusOr<std::unique_ptr<Handler>> made = Handler::Create(o, &metrics, [this] { return now; });
-    EXPECT_TRUE(made.ok()) << made.status();
-    if (made.ok()) h = *std::move(made);
-  }
-  absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int first, int count,
-                    int chunk = 97) {
-    v1::AppendResponse r;
-    for (int t = first; t < first + count; t += chunk) {
-      const int c = std::min(chunk, first + count - t);
-      v1::AppendChunk ch;
-      ch.set_sequence_id(seq);
-      ch.set_layer(layer);
-      ch.set_first_token(t);
-      ch.set_token_count(c);
-      ch.set_dtype(v1::DTYPE_F32);
-      FloatToTensor(kv.keys.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(c) * kN, v1::DTYPE_F32,
-                    ch.mutable_keys());
-      FloatToTensor(kv.values.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(c) * kN, v1::DTYPE_F32,
-                    ch.mutable_values());
-      absl::Status st = h->Append(ch, &r);
-      if (!st.ok()) return st;
-    }
-    return absl::OkStatus();
-  }
+// A handler with its metrics and clock, and the Attend calls of these tests.
+struct Server : testing::TestHandler {
+  using TestHandler::TestHandler;
   // Attends every (sequence, layer) of `items` with query seed `seed`.
   absl::StatusOr<std::vector<Answer>> Attend(const std::vector<std::pair<std::string, uint32_t>>& items,
                                              uint32_t seed) {
     v1::AttendRequest req;
     for (const auto& [seq, layer] : items) {
-      const std::vector<float> q = SyntheticQuery(kQHeads, kD, seed + layer);
-      v1::AttendItem* it = req.add_items();
-      it->set_sequence_id(seq);
-      it->set_layer(layer);
-      it->set_dtype(v1::DTYPE_F32);
-      it->set_q_heads(kQHeads);
-      FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+      *req.add_items() = QueryItem(seq, layer, SyntheticQuery(kQHeads, kD, seed + layer), kQHeads);
     }
     v1::AttendResponse resp;
     absl::Status st = h->Attend(req, &resp);
@@ -118,30 +90,6 @@ struct Server {
     if (!a.ok()) return a.status();
     return (*a)[0];
   }
-  // Every token of a layer, keys then values, as f32 bytes.
-  std::string Read(const std::string& seq, uint32_t layer) {
-    v1::ReadRequest req;
-    req.set_sequence_id(seq);
-    req.set_layer(layer);
-    std::string all;
-    absl::Status st = h->Read(req, [&](const v1::ReadChunk& c) {
-      all += c.keys();
-      all += c.values();
-      return true;
-    });
-    EXPECT_TRUE(st.ok()) << st;
-    return all;
-  }
-  v1::StatsResponse Stats() {
-    v1::StatsResponse s;
-    h->Stats(&s);
-    return s;
-  }
-  void Advance(double seconds) { now += absl::Seconds(seconds); }
-
-  Metrics metrics;
-  absl::Time now = absl::FromUnixSeconds(1000000);
-  std::unique_ptr<Handler> h;
 };
 
 TEST(HotTier, AttendBitIdenticalColdHotAndAfterDemoteRepromote) {
@@ -419,12 +367,7 @@ TEST(HotTier, DecodeStepsIntoHotLayer) {
     for (Server* s : {&cold, &hot}) {
       v1::AttendRequest req;
       v1::AttendItem* it = req.add_items();
-      it->set_sequence_id("d");
-      it->set_layer(0);
-      it->set_dtype(v1::DTYPE_F32);
-      it->set_q_heads(kQHeads);
-      const std::vector<float> q = SyntheticQuery(kQHeads, kD, 100 + i);
-      FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+      *it = QueryItem("d", 0, SyntheticQuery(kQHeads, kD, 100 + i), kQHeads);
       const size_t at = static_cast<size_t>(kTokens + i) * kN;
       FloatToTensor(kv.keys.data() + at, kN, v1::DTYPE_F32, it->mutable_new_key());
       FloatToTensor(kv.values.data() + at, kN, v1::DTYPE_F32, it->mutable_new_value());

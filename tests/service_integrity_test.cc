@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "service/handler.h"
 #include "service/tokens.h"
+#include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
 #include "wire/crc32c.h"
 #include "wire/tensor.h"
@@ -22,6 +23,8 @@
 namespace driftkv {
 namespace {
 
+using testing::ChunkOf;
+using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
@@ -29,33 +32,15 @@ using testing::SyntheticQuery;
 constexpr int kN = 128, kD = 64;
 using C = absl::StatusCode;
 
-class IntegrityTest : public ::testing::Test {
+class IntegrityTest : public testing::HandlerFixture {
  protected:
-  void Make(ServiceOptions o = SmallOptions()) {
-    h_.reset();
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_, [this] { return now_; });
-    ASSERT_TRUE(h.ok()) << h.status();
-    h_ = *std::move(h);
-  }
   void SetUp() override { Make(); }
 
-  static v1::AppendChunk Chunk(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
-                               const testing::Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
-    v1::AppendChunk c;
-    c.set_sequence_id(seq);
-    c.set_layer(layer);
-    c.set_first_token(first);
-    c.set_token_count(count);
-    c.set_dtype(dtype);
-    FloatToTensor(kv.keys.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_keys());
-    FloatToTensor(kv.values.data() + first * kN, static_cast<size_t>(count) * kN, dtype, c.mutable_values());
-    return c;
-  }
   absl::Status Push(const std::string& seq, const testing::Kv& kv, int tokens, const std::string& tenant = "",
                     bool new_incarnation = false) {
     v1::AppendResponse r;
     for (int t = 0; t < tokens; t += 50) {
-      v1::AppendChunk c = Chunk(seq, 0, t, std::min(50, tokens - t), kv);
+      v1::AppendChunk c = ChunkOf(seq, 0, t, std::min(50, tokens - t), kv);
       c.set_new_incarnation(new_incarnation);
       absl::Status st = h_->Append(c, &r, tenant);
       if (!st.ok()) return st;
@@ -88,10 +73,6 @@ class IntegrityTest : public ::testing::Test {
     return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(),
                         "/", s.tokens_ingested());
   }
-
-  Metrics metrics_;
-  absl::Time now_ = absl::FromUnixSeconds(1000000);
-  std::unique_ptr<Handler> h_;
 };
 
 TEST(Crc32cTest, KnownVectorsAndExtension) {
@@ -105,7 +86,7 @@ TEST(Crc32cTest, KnownVectorsAndExtension) {
 
 TEST_F(IntegrityTest, BadChunkChecksumIsDataLossAndStoresNothing) {
   const testing::Kv kv = SyntheticKv(100, kN, 1);
-  v1::AppendChunk c = Chunk("s", 0, 0, 100, kv, v1::DTYPE_BF16);
+  v1::AppendChunk c = ChunkOf("s", 0, 0, 100, kv, v1::DTYPE_BF16);
   const uint32_t crc = Crc32cExtend(Crc32c(c.keys()), c.values().data(), c.values().size());
   c.set_crc32c(crc ^ 1);
   const std::string before = State();
@@ -131,19 +112,19 @@ TEST_F(IntegrityTest, RepeatedWindowTokensWithOtherDataAreRejectedNamingTheRange
   const std::string stored = ReadAll("w"), before = State();
   testing::Kv other = kv;
   for (int j = 0; j < kN; ++j) other.keys[25 * kN + j] += 0.5f;  // token 25 differs
-  absl::Status st = Append(Chunk("w", 0, 20, 10, other));
+  absl::Status st = Append(ChunkOf("w", 0, 20, 10, other));
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "tokens [25, 26) of layer 0 of sequence_id \"w\"")) << st;
   EXPECT_EQ(ReadAll("w"), stored);
   EXPECT_EQ(State(), before);
   // A chunk that overlaps the end: the repeated part differs, so its new
   // tokens are not stored either.
-  st = Append(Chunk("w", 0, 20, 30, other));
+  st = Append(ChunkOf("w", 0, 20, 30, other));
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_EQ(State(), before);
   // The same data, another dtype whose bf16 rounding is the same: a duplicate.
   v1::AppendResponse r;
-  ASSERT_TRUE(h_->Append(Chunk("w", 0, 0, 40, kv, v1::DTYPE_BF16), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("w", 0, 0, 40, kv, v1::DTYPE_BF16), &r).ok());
   EXPECT_EQ(r.tokens_duplicate(), 40u);
 }
 
@@ -154,7 +135,7 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   const std::string stored = ReadAll("p"), before = State();
   testing::Kv other = kv;
   other.values[70 * kN + 3] = -other.values[70 * kN + 3] + 0.25f;  // one value of token 70
-  absl::Status st = Append(Chunk("p", 0, 64, 20, other));
+  absl::Status st = Append(ChunkOf("p", 0, 64, 20, other));
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "tokens [70, 71)")) << st;
   EXPECT_EQ(ReadAll("p"), stored);
@@ -162,7 +143,7 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   EXPECT_EQ(metrics_.integrity_rejections[kRejectRepeat]->Value(), 1);
   // An exact retry of paged and window tokens is still a duplicate.
   v1::AppendResponse r;
-  ASSERT_TRUE(h_->Append(Chunk("p", 0, 10, 190, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("p", 0, 10, 190, kv), &r).ok());
   EXPECT_EQ(r.tokens_duplicate(), 190u);
   EXPECT_EQ(ReadAll("p"), stored);
 }
@@ -181,20 +162,20 @@ TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
   ASSERT_EQ(loaded.sequences, 1u);
   v1::AppendResponse r;
-  for (int t = 300; t < 600; t += 50) ASSERT_TRUE(h_->Append(Chunk("r", 0, t, 50, kv), &r).ok());
+  for (int t = 300; t < 600; t += 50) ASSERT_TRUE(h_->Append(ChunkOf("r", 0, t, 50, kv), &r).ok());
   v1::LengthRequest lr;
   lr.set_sequence_id("r");
   v1::LengthResponse len;
   ASSERT_TRUE(h_->Length(lr, &len).ok());
   ASSERT_GE(len.layers(0).compressed_tokens(), 340u);  // [300, 340) is in pages
   // Exact retries of restored and of new paged tokens are duplicates.
-  ASSERT_TRUE(h_->Append(Chunk("r", 0, 0, 40, kv), &r).ok());
-  ASSERT_TRUE(h_->Append(Chunk("r", 0, 300, 40, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("r", 0, 0, 40, kv), &r).ok());
+  ASSERT_TRUE(h_->Append(ChunkOf("r", 0, 300, 40, kv), &r).ok());
   // Other data for a token paged after the restore is refused.
   const std::string stored = ReadAll("r");
   testing::Kv other = kv;
   other.values[310 * kN + 1] += 0.5f;
-  absl::Status st = Append(Chunk("r", 0, 300, 40, other));
+  absl::Status st = Append(ChunkOf("r", 0, 300, 40, other));
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "tokens [310, 311)")) << st;
   EXPECT_EQ(ReadAll("r"), stored);
@@ -206,10 +187,7 @@ TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
   const std::vector<float> q = SyntheticQuery(2, kD, 5);
   v1::AttendRequest req;
   v1::AttendItem* it = req.add_items();
-  it->set_sequence_id("d");
-  it->set_dtype(v1::DTYPE_F32);
-  it->set_q_heads(2);
-  FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+  *it = QueryItem("d", 0, q, 2);
   std::vector<float> k(kv.keys.begin() + 59 * kN, kv.keys.begin() + 60 * kN);
   std::vector<float> v(kv.values.begin() + 59 * kN, kv.values.begin() + 60 * kN);
   FloatToTensor(k.data(), kN, v1::DTYPE_F32, it->mutable_new_key());
@@ -253,10 +231,10 @@ TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
   EXPECT_EQ(State(), before);
   EXPECT_EQ(metrics_.integrity_rejections[kRejectTombstone]->Value(), 1);
   // A new incarnation is accepted, and its later chunks need no flag.
-  v1::AppendChunk first = Chunk("r", 0, 0, 30, kv);
+  v1::AppendChunk first = ChunkOf("r", 0, 0, 30, kv);
   first.set_new_incarnation(true);
   ASSERT_TRUE(Append(first).ok());
-  ASSERT_TRUE(Append(Chunk("r", 0, 30, 50, kv)).ok());
+  ASSERT_TRUE(Append(ChunkOf("r", 0, 30, 50, kv)).ok());
   EXPECT_EQ(Stats().tombstones(), 0u);
   // Released again; after the tombstone's time any Append may reuse the id.
   ASSERT_TRUE(h_->Release(rel, &rr).ok());
@@ -284,7 +262,7 @@ TEST_F(IntegrityTest, AppendsRacingReleaseNeverResurrectTheId) {
     for (int t = 0; t < 3; ++t) {
       appenders.emplace_back([&] {
         while (!stop) {
-          const absl::Status st = Append(Chunk(id, 0, 0, 40, kv));
+          const absl::Status st = Append(ChunkOf(id, 0, 0, 40, kv));
           if (!st.ok() && st.code() != C::kFailedPrecondition) ++unexpected;
         }
       });
@@ -333,12 +311,7 @@ TEST_F(IntegrityTest, TenantsSeeOnlyTheirOwnSequences) {
   EXPECT_EQ(h_->Length(lr, &len, "bob").code(), C::kNotFound);
   EXPECT_EQ(h_->Length(lr, &len, "").code(), C::kNotFound);
   v1::AttendRequest req;
-  v1::AttendItem* it = req.add_items();
-  it->set_sequence_id("chat");
-  it->set_dtype(v1::DTYPE_F32);
-  it->set_q_heads(2);
-  const std::vector<float> q = SyntheticQuery(2, kD, 10);
-  FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+  *req.add_items() = QueryItem("chat", 0, SyntheticQuery(2, kD, 10), 2);
   v1::AttendResponse resp;
   absl::Status st = h_->Attend(req, &resp, "bob");
   EXPECT_EQ(st.code(), C::kNotFound) << st;
@@ -347,7 +320,7 @@ TEST_F(IntegrityTest, TenantsSeeOnlyTheirOwnSequences) {
   v1::ReleaseResponse rr;
   EXPECT_EQ(h_->Release(rel, &rr, "bob").code(), C::kNotFound);
   // Bob's Append to the same name makes his own sequence.
-  v1::AppendChunk c = Chunk("chat", 0, 0, 30, b);
+  v1::AppendChunk c = ChunkOf("chat", 0, 0, 30, b);
   ASSERT_TRUE(Append(c, "bob").ok());
   EXPECT_EQ(ReadAll("chat", "alice"), alices);
   ASSERT_TRUE(h_->Length(lr, &len, "bob").ok());
@@ -389,12 +362,12 @@ TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
   before = State();
   const std::string stored = ReadAll("1", "t");
   v1::AppendResponse r;
-  st = h_->Append(Chunk("1", 0, 160, 40, kv), &r, "t");  // 200 tokens: 5 pages, fits
+  st = h_->Append(ChunkOf("1", 0, 160, 40, kv), &r, "t");  // 200 tokens: 5 pages, fits
   ASSERT_TRUE(st.ok()) << st;
   before = State();
   // 64 more tokens need 2 more pages: over the quota.
   const testing::Kv more = SyntheticKv(264, kN, 11);
-  st = h_->Append(Chunk("1", 0, 200, 64, more), &r, "t");
+  st = h_->Append(ChunkOf("1", 0, 200, 64, more), &r, "t");
   EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "tenant \"t\" quota max_pages 5: it holds 5 pages")) << st;
   EXPECT_EQ(State(), before);

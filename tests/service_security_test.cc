@@ -107,7 +107,7 @@ class SecurityTest : public ::testing::Test {
   }
   ClientOptions Options(const std::string& token, const std::string& cert = "client") const {
     ClientOptions o;
-    o.target = absl::StrCat("127.0.0.1:", server_->port());
+    o.target = testing::LoopbackTarget(server_->port());
     o.timeout = absl::Seconds(5);
     o.max_attempts = 1;
     o.tls_ca_file = F("ca.pem");
@@ -141,7 +141,7 @@ TEST_F(SecurityTest, MtlsRefusesTheHandshakeWithoutAClientCertificate) {
   }
   // Plaintext to a TLS port fails as well.
   ClientOptions plain;
-  plain.target = absl::StrCat("127.0.0.1:", server_->port());
+  plain.target = testing::LoopbackTarget(server_->port());
   plain.timeout = absl::Seconds(5);
   plain.max_attempts = 1;
   EXPECT_EQ(Client(plain).Info().status().code(), C::kUnavailable);
@@ -234,7 +234,7 @@ TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
 TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
   Start();
   ASSERT_GT(server_->health_port(), 0);
-  auto plain = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()),
+  auto plain = grpc::CreateChannel(testing::LoopbackTarget(server_->health_port()),
                                    grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(plain);
   for (const char* service : {"", "driftkv.v1.KvCache"}) {
@@ -250,7 +250,7 @@ TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
   // service there.
   grpc::ChannelArguments args;
   auto tls = grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", server_->port()),
+      testing::LoopbackTarget(server_->port()),
       grpc::SslCredentials(grpc::SslCredentialsOptions{ReadAll(F("ca.pem")), ReadAll(F("client.key")),
                                                        ReadAll(F("client.pem"))}),
       args);
@@ -263,7 +263,7 @@ TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
   }
   // The health port serves nothing else.
   ClientOptions o;
-  o.target = absl::StrCat("127.0.0.1:", server_->health_port());
+  o.target = testing::LoopbackTarget(server_->health_port());
   o.max_attempts = 1;
   EXPECT_EQ(Client(o).Info().status().code(), C::kUnimplemented);
   const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
@@ -315,7 +315,7 @@ TEST(ClientChecksumTest, EveryChunkTheClientSendsCarriesItsCrc32c) {
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   ASSERT_NE(port, 0);
   ClientOptions o;
-  o.target = absl::StrCat("127.0.0.1:", port);
+  o.target = testing::LoopbackTarget(port);
   Client client(o);
   v1::AppendChunk bare;  // built by hand, no checksum
   bare.set_sequence_id("s");

@@ -1,23 +1,30 @@
 // Shared helpers of the service tests: a small model shape, synthetic keys
 // and values with the structure of real ones (per-channel key offsets, a
-// few outlier channels), and the codec's own in-process pipeline as the
-// yardstick the service must match.
+// few outlier channels), the requests built from them (Append chunks,
+// Attend items), and the codec's own in-process pipeline as the yardstick
+// the service must match. A handler with its metrics and clock is in
+// tests/handler_fixture.h, an in-process server and client in
+// tests/loopback_server.h.
 #ifndef DRIFTKV_TESTS_SERVICE_TEST_UTIL_H_
 #define DRIFTKV_TESTS_SERVICE_TEST_UTIL_H_
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
 #include "codec/dquant_kv_codec.h"
 #include "codec/kv_codec.h"
 #include "eval/service_replay.h"
 #include "eval/synthetic_kv.h"
+#include "proto/driftkv.pb.h"
 #include "service/config.h"
 #include "wire/half.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace testing {
@@ -38,6 +45,12 @@ inline ServiceOptions SmallOptions(uint64_t pool_pages_bytes = 8u << 20) {
   o.read_chunk_tokens = 64;  // Reads of a few hundred tokens span several messages
   return o;
 }
+
+// A port of this host as a client's target (SmallOptions listens there).
+inline std::string LoopbackTarget(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+// SmallOptions' n = kv_heads x head_dim: the floats of one token's keys.
+constexpr int kSmallN = 128;
 
 // Keys and values [tokens][n] of one layer of n / 64 KV heads x 64 from the
 // synthetic generator (eval/synthetic_kv.h, kind "llm"): per-channel key
@@ -70,6 +83,42 @@ inline std::vector<float> SyntheticQuery(int q_heads, int d, uint32_t seed) {
   std::vector<float> q(static_cast<size_t>(q_heads) * d);
   for (float& x : q) x = g(rng);
   return q;
+}
+
+// One Append chunk of `count` tokens [count][n] from `keys`/`values`,
+// converted to `dtype`, numbered from `first`. No crc32c: the handler is
+// given what the test built (client/client.h MakeChunk sets one).
+inline v1::AppendChunk ChunkOfRows(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
+                                   const float* keys, const float* values, size_t n,
+                                   v1::DType dtype = v1::DTYPE_F32) {
+  v1::AppendChunk c;
+  c.set_sequence_id(seq);
+  c.set_layer(layer);
+  c.set_first_token(first);
+  c.set_token_count(count);
+  c.set_dtype(dtype);
+  FloatToTensor(keys, static_cast<size_t>(count) * n, dtype, c.mutable_keys());
+  FloatToTensor(values, static_cast<size_t>(count) * n, dtype, c.mutable_values());
+  return c;
+}
+
+// Tokens [first, first + count) of `kv` (rows of kSmallN) as one chunk.
+inline v1::AppendChunk ChunkOf(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
+                               const Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
+  const size_t at = static_cast<size_t>(first) * kSmallN;
+  return ChunkOfRows(seq, layer, first, count, kv.keys.data() + at, kv.values.data() + at, kSmallN, dtype);
+}
+
+// One Attend item for query `q` [q_heads][head_dim], converted to `dtype`.
+inline v1::AttendItem QueryItem(const std::string& seq, uint32_t layer, const std::vector<float>& q,
+                                int q_heads, v1::DType dtype = v1::DTYPE_F32) {
+  v1::AttendItem it;
+  it.set_sequence_id(seq);
+  it.set_layer(layer);
+  it.set_dtype(dtype);
+  it.set_q_heads(q_heads);
+  FloatToTensor(q.data(), q.size(), dtype, it.mutable_query());
+  return it;
 }
 
 inline std::vector<float> RoundBf16(const float* x, size_t count) {

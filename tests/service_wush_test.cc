@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +25,8 @@
 #include "codec/transform/wush.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "tests/handler_fixture.h"
+#include "tests/random_wush.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -41,46 +42,10 @@ using testing::SyntheticQuery;
 constexpr int kLayers = 2, kKvHeads = 2, kD = 64, kN = 128, kP = 32, kR = 32;
 constexpr uint64_t kCalibrationTokens = 1234;
 
-// Random SPD d x d: A A^T / d + 0.5 I (well conditioned).
-std::vector<double> RandomSpd(int d, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> g;
-  std::vector<double> a(static_cast<size_t>(d) * d), m(a.size(), 0.0);
-  for (double& x : a) x = g(rng);
-  for (int i = 0; i < d; ++i) {
-    for (int j = 0; j < d; ++j) {
-      for (int k = 0; k < d; ++k) m[i * d + j] += a[i * d + k] * a[j * d + k] / d;
-    }
-    m[i * d + i] += 0.5;
-  }
-  return m;
-}
-
-// Transforms of the test shape from the codec's own WUSH construction over
-// random second-order statistics: different for every (layer, head, K/V).
+// Transforms of the test shape (tests/random_wush.h): different for every
+// (layer, head, K/V) and every seed.
 TransformSet RandomWushSet(uint64_t seed) {
-  TransformSet s;
-  s.layers = kLayers;
-  s.kv_heads = kKvHeads;
-  s.head_dim = kD;
-  s.gamma = kWushDefaultGamma;
-  s.calibration_tokens = kCalibrationTokens;
-  s.Resize();
-  for (int l = 0; l < kLayers; ++l) {
-    for (int h = 0; h < kKvHeads; ++h) {
-      for (Mat m : {Mat::kKey, Mat::kValue}) {
-        const uint64_t at = seed + 100 * l + 10 * h + static_cast<int>(m);
-        absl::StatusOr<WushTransform> t = BuildWushTransform(RandomSpd(kD, at), RandomSpd(kD, at + 5000), kD);
-        EXPECT_TRUE(t.ok()) << t.status();
-        const Mat inv = m == Mat::kKey ? Mat::kKeyInverse : Mat::kValueInverse;
-        for (int i = 0; i < kD * kD; ++i) {
-          s.matrix(l, h, m)[i] = static_cast<float>(t->t[i]);
-          s.matrix(l, h, inv)[i] = static_cast<float>(t->inv[i]);
-        }
-      }
-    }
-  }
-  return s;
+  return testing::RandomWushSet(kLayers, kKvHeads, kD, seed, kCalibrationTokens);
 }
 
 ServiceOptions WushOptions(const TransformSet& set, bool values_folded) {
@@ -105,32 +70,12 @@ std::unique_ptr<KvCodec> ReferenceCodec(const TransformSet& set, int layer, bool
   return c.ok() ? *std::move(c) : nullptr;
 }
 
-class WushServiceTest : public ::testing::Test {
+class WushServiceTest : public testing::HandlerFixture {
  protected:
-  void Make(const ServiceOptions& o) {
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, &metrics_);
-    ASSERT_TRUE(h.ok()) << h.status();
-    h_ = *std::move(h);
-  }
+  WushServiceTest() : HandlerFixture(testing::FixtureClock::kReal) {}
 
   absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int tokens, int chunk = 97) {
-    v1::AppendResponse r;
-    for (int t = 0; t < tokens; t += chunk) {
-      const int count = std::min(chunk, tokens - t);
-      v1::AppendChunk c;
-      c.set_sequence_id(seq);
-      c.set_layer(layer);
-      c.set_first_token(t);
-      c.set_token_count(count);
-      c.set_dtype(v1::DTYPE_F32);
-      FloatToTensor(kv.keys.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(count) * kN, v1::DTYPE_F32,
-                    c.mutable_keys());
-      FloatToTensor(kv.values.data() + static_cast<size_t>(t) * kN, static_cast<size_t>(count) * kN, v1::DTYPE_F32,
-                    c.mutable_values());
-      absl::Status st = h_->Append(c, &r);
-      if (!st.ok()) return st;
-    }
-    return absl::OkStatus();
+    return testing::PushTokens(*h_, seq, layer, kv, 0, tokens, chunk);
   }
 
   // The whole layer, read back as f32.
@@ -152,12 +97,7 @@ class WushServiceTest : public ::testing::Test {
 
   testing::Attention Attend(const std::string& seq, uint32_t layer, const std::vector<float>& q, int q_heads) {
     v1::AttendRequest req;
-    v1::AttendItem* it = req.add_items();
-    it->set_sequence_id(seq);
-    it->set_layer(layer);
-    it->set_dtype(v1::DTYPE_F32);
-    it->set_q_heads(q_heads);
-    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it->mutable_query());
+    *req.add_items() = testing::QueryItem(seq, layer, q, q_heads);
     v1::AttendResponse resp;
     absl::Status st = h_->Attend(req, &resp);
     EXPECT_TRUE(st.ok()) << st;
@@ -186,9 +126,6 @@ class WushServiceTest : public ::testing::Test {
       EXPECT_EQ(std::memcmp(pool.mean_record(found), enc.side.data() + b * ms, ms), 0) << b;
     }
   }
-
-  Metrics metrics_;
-  std::unique_ptr<Handler> h_;
 };
 
 // Tokens [0, tokens) of a layer encoded as the service stores them: full

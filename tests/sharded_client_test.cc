@@ -87,7 +87,7 @@ class ShardedTest : public ::testing::Test {
       s = nullptr;
     }
   }
-  static std::string Addr(int r) { return absl::StrCat("127.0.0.1:", servers_[r]->port()); }
+  static std::string Addr(int r) { return testing::LoopbackTarget(servers_[r]->port()); }
   static ClientOptions Options() {
     ClientOptions o;
     o.timeout = absl::Seconds(20);
@@ -95,14 +95,7 @@ class ShardedTest : public ::testing::Test {
     return o;
   }
   static v1::AttendItem Item(int i, uint32_t seed) {
-    v1::AttendItem it;
-    it.set_sequence_id(Id(i));
-    it.set_layer(0);
-    it.set_dtype(v1::DTYPE_F32);
-    it.set_q_heads(kQHeads);
-    const std::vector<float> q = testing::SyntheticQuery(kQHeads, kD, seed);
-    FloatToTensor(q.data(), q.size(), v1::DTYPE_F32, it.mutable_query());
-    return it;
+    return testing::QueryItem(Id(i), 0, testing::SyntheticQuery(kQHeads, kD, seed), kQHeads);
   }
   // Batches of 64 items over the sequences in a shuffled order, so that
   // every batch mixes the replicas.

@@ -40,7 +40,7 @@
 #include "service/handler.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
 #include "tests/server_process.h"
-#include "wire/tensor.h"
+#include "tests/service_test_util.h"
 
 namespace driftkv {
 namespace {
@@ -83,28 +83,14 @@ v1::AppendChunk Chunk(const std::string& id, uint64_t seed, int layer, int64_t f
       v[t * kN + j] = Value(seed, layer, first + t, j, false);
     }
   }
-  v1::AppendChunk c;
-  c.set_sequence_id(id);
-  c.set_layer(layer);
-  c.set_first_token(first);
-  c.set_token_count(count);
-  c.set_dtype(v1::DTYPE_F32);
-  FloatToTensor(k.data(), k.size(), v1::DTYPE_F32, c.mutable_keys());
-  FloatToTensor(v.data(), v.size(), v1::DTYPE_F32, c.mutable_values());
-  return c;
+  return testing::ChunkOfRows(id, layer, first, count, k.data(), v.data(), kN);
 }
 
 v1::AttendRequest AttendAll(const std::string& id, const std::vector<int64_t>& lengths) {
   v1::AttendRequest a;
   for (int l = 0; l < kLayers; ++l) {
     if (lengths[l] == 0) continue;
-    v1::AttendItem* it = a.add_items();
-    it->set_sequence_id(id);
-    it->set_layer(l);
-    it->set_q_heads(4);
-    it->set_dtype(v1::DTYPE_F32);
-    std::vector<float> q(4 * 64, 0.05f);
-    it->set_query(std::string(reinterpret_cast<const char*>(q.data()), q.size() * 4));
+    *a.add_items() = testing::QueryItem(id, l, std::vector<float>(4 * 64, 0.05f), 4);
   }
   return a;
 }
@@ -180,7 +166,7 @@ class Soak {
   void Worker(int w) {
     std::mt19937_64 rng(1234 + w);
     ClientOptions o;
-    o.target = absl::StrCat("127.0.0.1:", port_);
+    o.target = testing::LoopbackTarget(port_);
     o.max_attempts = 1;
     o.timeout = absl::Seconds(20);
     Client client(o);
@@ -285,7 +271,7 @@ class Soak {
     const std::vector<int64_t> acked = s->acked;
     std::thread releaser([this, id] {
       ClientOptions o;
-      o.target = absl::StrCat("127.0.0.1:", port_);
+      o.target = testing::LoopbackTarget(port_);
       o.max_attempts = 1;
       Client c(o);
       absl::StatusOr<v1::ReleaseResponse> r = c.Release(id);
@@ -371,7 +357,7 @@ TEST(Soak, FaultsLoseNothingAcknowledged) {
   absl::StatusOr<std::unique_ptr<Handler>> reference = Handler::Create(*options, &metrics);
   ASSERT_TRUE(reference.ok()) << reference.status();
   ClientOptions o;
-  o.target = absl::StrCat("127.0.0.1:", server.port);
+  o.target = testing::LoopbackTarget(server.port);
   Client client(o);
   int64_t tokens_checked = 0;
   for (const Seq& s : soak.survivors_) {
