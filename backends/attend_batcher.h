@@ -24,8 +24,8 @@
 
 namespace driftkv {
 
-// Wraps `inner`; EncodePages, DecodeTokens, the hot tier and DEVICE INGEST
-// pass through.
+// Wraps `inner`; EncodePages, DecodeTokens, the hot tier, DEVICE INGEST and
+// MEMORY REGIONS pass through.
 class BatchingBackend : public Backend {
  public:
   // Called once per inner Attend with the number of calls and jobs merged
@@ -67,6 +67,13 @@ class BatchingBackend : public Backend {
     return inner_->EncodeStaged(t, n, page_tokens, skip, fresh, prefix_keys, prefix_values, jobs, tail_keys,
                                 tail_values);
   }
+  // MEMORY REGIONS pass through.
+  absl::StatusOr<void*> OpenIpcRegion(const void* handle, size_t handle_bytes, int device, size_t size) override {
+    return inner_->OpenIpcRegion(handle, handle_bytes, device, size);
+  }
+  void CloseIpcRegion(void* dev_ptr) override { inner_->CloseIpcRegion(dev_ptr); }
+  absl::Status PinHostRegion(void* p, size_t bytes) override { return inner_->PinHostRegion(p, bytes); }
+  void UnpinHostRegion(void* p) override { inner_->UnpinHostRegion(p); }
 
   // Calls waiting for the running batch to finish (for tests).
   int queued() {

@@ -177,6 +177,22 @@ class Backend {
                                     absl::Span<const uint16_t> prefix_keys,
                                     absl::Span<const uint16_t> prefix_values, absl::Span<EncodeJob> jobs,
                                     std::vector<uint16_t>* tail_keys, std::vector<uint16_t>* tail_values);
+
+  // MEMORY REGIONS (service/regions.h, docs/api.md "Memory regions").
+  // Opens a client's cudaIpcMemHandle_t (`handle`, `handle_bytes` = 64) on
+  // CUDA device `device` and returns the device pointer of its base; the
+  // region is the first `size` bytes there (the handle carries no size:
+  // OutOfRange when the driver reports a smaller allocation). Each
+  // successful open is closed by exactly one CloseIpcRegion.
+  virtual absl::StatusOr<void*> OpenIpcRegion(const void* handle, size_t handle_bytes, int device, size_t size) {
+    return absl::UnimplementedError(name() + " backend has no CUDA IPC regions");
+  }
+  virtual void CloseIpcRegion(void* dev_ptr) {}
+  // Page-locks host memory `p` of `bytes` (a host region) so that copies
+  // between it and the device run at full speed; a host-only backend has
+  // nothing to do. Each successful pin is undone by one UnpinHostRegion.
+  virtual absl::Status PinHostRegion(void* p, size_t bytes) { return absl::OkStatus(); }
+  virtual void UnpinHostRegion(void* p) {}
 };
 
 }  // namespace driftkv

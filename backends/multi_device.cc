@@ -83,6 +83,15 @@ class MultiDeviceBackend : public Backend {
     return inner_[k]->EncodeStaged(t, n, page_tokens, skip, fresh, prefix_keys, prefix_values, jobs, tail_keys,
                                    tail_values);
   }
+  // MEMORY REGIONS: IPC memory is opened by the process (any inner backend
+  // opens it on any device) and host memory is pinned for every device
+  // (cudaHostRegisterPortable): inner backend 0 serves both.
+  absl::StatusOr<void*> OpenIpcRegion(const void* handle, size_t handle_bytes, int device, size_t size) override {
+    return inner_[0]->OpenIpcRegion(handle, handle_bytes, device, size);
+  }
+  void CloseIpcRegion(void* dev_ptr) override { inner_[0]->CloseIpcRegion(dev_ptr); }
+  absl::Status PinHostRegion(void* p, size_t bytes) override { return inner_[0]->PinHostRegion(p, bytes); }
+  void UnpinHostRegion(void* p) override { inner_[0]->UnpinHostRegion(p); }
 
  private:
   int Owner(PageId p) const { return pool_.partition_of(p); }

@@ -23,7 +23,7 @@ SOURCES=(
   codec/*.cc codec/transform/*.cc codec/baselines/*.cc
   backends/*.cc backends/cpu/*.cc wire/*.cc
   service/config.cc service/handler*.cc service/metrics.cc service/snapshot_file.cc
-  service/tenant.cc service/tokens.cc service/tombstones.cc service/token_digest.cc
+  service/tenant.cc service/tokens.cc service/tombstones.cc service/token_digest.cc service/regions.cc
   "$OUT"/gen/proto/*.pb.cc
 )
 compile() {  # compile SRC: OUT/obj/<path with / as _>.o, when older than the source

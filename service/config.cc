@@ -215,6 +215,54 @@ absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path) {
   return config;
 }
 
+namespace {
+
+// The memory-region fields (region_*, max_region*).
+absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
+  o->region_socket = c.region_socket();
+  if (o->region_socket.size() >= 108) {  // sizeof(sockaddr_un::sun_path)
+    return absl::InvalidArgumentError(
+        absl::StrCat("region_socket \"", c.region_socket(), "\" is longer than 107 bytes"));
+  }
+  if (c.has_region_socket_mode()) {
+    if (c.region_socket_mode() > 0777 || (c.region_socket_mode() & 0600) != 0600) {
+      return absl::InvalidArgumentError(absl::StrCat("region_socket_mode 0", absl::Hex(c.region_socket_mode()),
+                                                     " must be within 0777 and include 0600"));
+    }
+    o->region_socket_mode = c.region_socket_mode();
+  }
+  if (c.has_max_region_bytes()) {
+    if (c.max_region_bytes() < 4096 || c.max_region_bytes() > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_region_bytes ", c.max_region_bytes(), " out of range [4096, 2^40]"));
+    }
+    o->max_region_bytes = c.max_region_bytes();
+  }
+  if (c.has_max_region_bytes_per_tenant()) o->max_region_bytes_per_tenant = c.max_region_bytes_per_tenant();
+  if (c.has_max_regions()) {
+    if (c.max_regions() > 65536) {
+      return absl::InvalidArgumentError(absl::StrCat("max_regions ", c.max_regions(), " out of range [0, 65536]"));
+    }
+    o->max_regions = c.max_regions();
+  }
+  if (c.has_max_region_lease_seconds()) {
+    if (c.max_region_lease_seconds() < 1 || c.max_region_lease_seconds() > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat("max_region_lease_seconds ", c.max_region_lease_seconds(),
+                                                     " out of range [1, 86400]"));
+    }
+    o->max_region_lease_seconds = c.max_region_lease_seconds();
+  }
+  if (c.has_region_lease_seconds()) o->region_lease_seconds = c.region_lease_seconds();
+  if (o->region_lease_seconds < 1 || o->region_lease_seconds > o->max_region_lease_seconds) {
+    return absl::InvalidArgumentError(absl::StrCat("region_lease_seconds ", o->region_lease_seconds,
+                                                   " out of range [1, max_region_lease_seconds ",
+                                                   o->max_region_lease_seconds, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   ServiceOptions o;
   if (!c.listen().empty()) o.listen = c.listen();
@@ -385,6 +433,7 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     *out = value;
   }
   if (c.has_verify_pages_on_attend()) o.verify_pages_on_attend = c.verify_pages_on_attend();
+  if (absl::Status st = ResolveRegions(c, &o); !st.ok()) return st;
   return o;
 }
 

@@ -36,6 +36,12 @@ constexpr double kDefaultTombstoneSeconds = 600.0;
 constexpr double kDefaultDrainTimeoutSeconds = 15.0;
 constexpr double kDefaultDrainNoticeSeconds = 2.0;
 constexpr double kMaxDrainSeconds = 3600.0;
+constexpr uint32_t kDefaultRegionSocketMode = 0600;
+constexpr uint64_t kDefaultMaxRegionBytes = 1ull << 30;
+constexpr uint64_t kDefaultMaxRegionBytesPerTenant = 4ull << 30;
+constexpr uint32_t kDefaultMaxRegions = 64;
+constexpr uint32_t kDefaultRegionLeaseSeconds = 60;
+constexpr uint32_t kDefaultMaxRegionLeaseSeconds = 3600;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -101,6 +107,14 @@ struct ServiceOptions {
   double drain_timeout_seconds = kDefaultDrainTimeoutSeconds;
   double drain_notice_seconds = kDefaultDrainNoticeSeconds;
   bool verify_pages_on_attend = false;  // Attend checks each cold page's CRC-32C
+  // Memory regions (service/regions.h; config region_*, max_region*).
+  std::string region_socket;  // empty: no host shared-memory regions
+  uint32_t region_socket_mode = kDefaultRegionSocketMode;
+  uint64_t max_region_bytes = kDefaultMaxRegionBytes;
+  uint64_t max_region_bytes_per_tenant = kDefaultMaxRegionBytesPerTenant;  // 0: unlimited
+  uint32_t max_regions = kDefaultMaxRegions;  // per tenant
+  uint32_t region_lease_seconds = kDefaultRegionLeaseSeconds;
+  uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
 
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }

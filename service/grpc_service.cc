@@ -117,6 +117,7 @@ grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRe
   (void)tenant;
   handler_->Info(response);
   channels_->Info(response);
+  if (regions_ != nullptr) regions_->Info(response);
   return timer.Finish(grpc::Status::OK);
 }
 
@@ -126,6 +127,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::Stats
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   handler_->Stats(response, tenant);
   channels_->Stats(response);
+  if (regions_ != nullptr) regions_->Stats(response, tenant);
   return timer.Finish(grpc::Status::OK);
 }
 
@@ -149,6 +151,31 @@ grpc::Status KvCacheService::CloseChannel(grpc::ServerContext* context, const v1
   RpcTimer timer(metrics_, "CloseChannel");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   return timer.Finish(ToGrpcStatus(channels_->Close(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
+                                            v1::RegisterRegionResponse* response) {
+  RpcTimer timer(metrics_, "RegisterRegion");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  if (regions_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no memory regions"));
+  return timer.Finish(ToGrpcStatus(regions_->Register(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::UnregisterRegion(grpc::ServerContext* context,
+                                              const v1::UnregisterRegionRequest* request,
+                                              v1::UnregisterRegionResponse*) {
+  RpcTimer timer(metrics_, "UnregisterRegion");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  if (regions_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no memory regions"));
+  return timer.Finish(ToGrpcStatus(regions_->Unregister(*request, tenant)));
+}
+
+grpc::Status KvCacheService::RenewRegions(grpc::ServerContext* context, const v1::RenewRegionsRequest* request,
+                                          v1::RenewRegionsResponse* response) {
+  RpcTimer timer(metrics_, "RenewRegions");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  if (regions_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no memory regions"));
+  return timer.Finish(ToGrpcStatus(regions_->Renew(*request, response, tenant)));
 }
 
 #undef DRIFTKV_TENANT_OR_RETURN

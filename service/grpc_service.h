@@ -11,6 +11,7 @@
 #include "service/tokens.h"
 #include "service/handler.h"
 #include "service/metrics.h"
+#include "service/regions.h"
 
 namespace driftkv {
 
@@ -19,9 +20,10 @@ class KvCacheService final : public v1::KvCache::Service {
   // All must outlive the service.
   // `tokens`: null without tokens; else each call's tenant comes from its
   // bearer token (service/auth.h).
+  // `regions`: null answers the region methods with UNIMPLEMENTED.
   KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics,
-                 std::shared_ptr<const TokenTable> tokens = nullptr)
-      : handler_(handler), channels_(channels), metrics_(metrics), tokens_(std::move(tokens)) {}
+                 std::shared_ptr<const TokenTable> tokens = nullptr, RegionTable* regions = nullptr)
+      : handler_(handler), channels_(channels), metrics_(metrics), tokens_(std::move(tokens)), regions_(regions) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -43,12 +45,19 @@ class KvCacheService final : public v1::KvCache::Service {
                          v1::AppendResponse* response) override;
   grpc::Status CloseChannel(grpc::ServerContext* context, const v1::CloseChannelRequest* request,
                             v1::CloseChannelResponse* response) override;
+  grpc::Status RegisterRegion(grpc::ServerContext* context, const v1::RegisterRegionRequest* request,
+                              v1::RegisterRegionResponse* response) override;
+  grpc::Status UnregisterRegion(grpc::ServerContext* context, const v1::UnregisterRegionRequest* request,
+                                v1::UnregisterRegionResponse* response) override;
+  grpc::Status RenewRegions(grpc::ServerContext* context, const v1::RenewRegionsRequest* request,
+                            v1::RenewRegionsResponse* response) override;
 
  private:
   Handler* const handler_;
   ChannelManager* const channels_;
   Metrics* const metrics_;
   const std::shared_ptr<const TokenTable> tokens_;
+  RegionTable* const regions_;
 };
 
 // absl::Status -> grpc::Status (the code numbers are the same by design).

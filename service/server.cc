@@ -28,8 +28,16 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   }
   TransportFactory* transport = hooks.transport != nullptr ? hooks.transport : DefaultTransportFactory();
   s->channels_ = std::make_unique<ChannelManager>(s->handler_.get(), transport);
+  s->regions_ = std::make_unique<RegionTable>(s->handler_->options(), &s->handler_->backend(),
+                                              s->metrics_->registry().get(), hooks.clock);
+  if (!options.region_socket.empty()) {
+    absl::StatusOr<std::unique_ptr<RegionSocket>> socket = RegionSocket::Start(
+        options.region_socket, options.region_socket_mode, options.max_region_bytes, s->regions_.get());
+    if (!socket.ok()) return socket.status();
+    s->region_socket_ = *std::move(socket);
+  }
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
-                                                 options.tokens);
+                                                 options.tokens, s->regions_.get());
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
 
@@ -90,8 +98,10 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   // after hot_idle_seconds, both from Handler::ExpireIdle.
   // Idle NCCL channels close after nccl_idle_seconds (ChannelManager::CloseIdle).
   const bool hot_idle = options.hot_tier() && options.hot_idle_seconds > 0.0;
+  // Memory regions whose lease ran out are unregistered (RegionTable::ExpireIdle),
+  // so the reaper always runs.
   const bool channels = transport != nullptr && options.nccl_max_channels > 0;
-  if ((options.ttl_seconds > 0.0 || hot_idle || channels) && hooks.start_reaper) {
+  if (hooks.start_reaper) {
     // Checks a few times per TTL (and idle time), at most once a second.
     absl::Duration period = absl::Seconds(1);
     if (options.ttl_seconds > 0.0) period = std::min(period, absl::Seconds(options.ttl_seconds) / 4);
@@ -102,6 +112,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       while (!self->stop_.WaitForNotificationWithTimeout(period)) {
         self->handler_->ExpireIdle();
         self->channels_->CloseIdle();
+        self->regions_->ExpireIdle();
       }
     });
   }
@@ -123,6 +134,9 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
     health_server_->Shutdown(std::chrono::system_clock::now());
   }
   exposer_.reset();
+  // After the calls in flight: nothing refers to a region any more.
+  region_socket_.reset();
+  if (regions_ != nullptr) regions_->UnregisterAll();
 }
 
 absl::Status DriftkvServer::Drain(Handler::SnapshotSummary* summary) {

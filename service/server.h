@@ -1,7 +1,7 @@
 // A running driftkv server: handler, gRPC server (KvCache, the standard
 // health service, server reflection; TLS, mTLS and tokens as configured,
 // service/transport.h), an optional plaintext health-only port, the
-// Prometheus exposer and the TTL reaper. Used by driftkv-server's main and by the in-process tests.
+// Prometheus exposer, the TTL reaper and the memory regions. Used by driftkv-server's main and by the in-process tests.
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
 
@@ -18,6 +18,8 @@
 #include "service/grpc_service.h"
 #include "service/handler.h"
 #include "service/metrics.h"
+#include "service/region_socket.h"
+#include "service/regions.h"
 #include "service/server_metrics.h"
 
 namespace driftkv {
@@ -45,6 +47,7 @@ class DriftkvServer {
   int health_port() const { return health_port_; }    // 0: none (options.health_listen empty)
   Handler& handler() { return *handler_; }
   ChannelManager& channels() { return *channels_; }
+  RegionTable& regions() { return *regions_; }
   Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
@@ -68,6 +71,9 @@ class DriftkvServer {
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // grpc_server_*, in metrics_'s registry
   std::unique_ptr<Handler> handler_;
   std::unique_ptr<ChannelManager> channels_;
+  // Memory regions (service/regions.h) and their socket (options.region_socket).
+  std::unique_ptr<RegionTable> regions_;
+  std::unique_ptr<RegionSocket> region_socket_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
   // Plaintext grpc.health.v1 only (options.health_listen), mirroring the

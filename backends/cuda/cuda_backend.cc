@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/ipc_regions.h"
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
@@ -254,6 +255,14 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   bool PrefersBatchedAttend() const override { return true; }
+
+  // MEMORY REGIONS (backends/backend.h): backends/cuda/ipc_regions.h.
+  absl::StatusOr<void*> OpenIpcRegion(const void* handle, size_t handle_bytes, int device, size_t size) override {
+    return cuda_backend::OpenIpcMemory(handle, handle_bytes, device, size);
+  }
+  void CloseIpcRegion(void* dev_ptr) override { cuda_backend::CloseIpcMemory(dev_ptr); }
+  absl::Status PinHostRegion(void* p, size_t bytes) override { return cuda_backend::PinHostMemory(p, bytes); }
+  void UnpinHostRegion(void* p) override { cuda_backend::UnpinHostMemory(p); }
 
   absl::Status InitTransforms() {
     const TransformSet& t = *transforms_;

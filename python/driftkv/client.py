@@ -220,3 +220,20 @@ class Client:
 
         r = self._call(True, attempt, timeout)
         return ReleaseResult(r.tokens_freed, r.pages_freed)
+
+    # -- memory regions (driftkv/regions.py) ---------------------------------
+
+    def register_host_region(self, nbytes: int, **kwargs) -> "HostRegion":
+        """A host shared-memory region of `nbytes` registered with the server
+        (driftkv.regions.HostRegion; keyword arguments go there)."""
+        from driftkv.regions import HostRegion
+        return HostRegion(self, nbytes, **kwargs)
+
+    def register_cuda_region(self, tensor) -> "pb.TensorRef":
+        """The TensorRef of a torch CUDA tensor, its allocation registered by
+        CUDA IPC on first use (driftkv.regions.CudaRegions, one per client)."""
+        from driftkv.regions import CudaRegions
+        with self._lock:
+            if getattr(self, "_cuda_regions", None) is None:
+                self._cuda_regions = CudaRegions(self)
+        return self._cuda_regions.ref(tensor)
