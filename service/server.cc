@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "service/transport.h"
+#include "service/credentials.h"
 
 namespace driftkv {
 

@@ -1,6 +1,6 @@
 // A running driftkv server: handler, gRPC server (KvCache, the standard
 // health service, server reflection; TLS, mTLS and tokens as configured,
-// service/transport.h), an optional plaintext health-only port, the
+// service/credentials.h), an optional plaintext health-only port, the
 // Prometheus exposer and the TTL reaper. Used by driftkv-server's main and by the in-process tests.
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
