@@ -22,6 +22,7 @@
 #include "eval/synthetic_kv.h"
 #include "wire/half.h"
 #include "wire/sha256.h"
+#include "wire/tenant_name.h"
 #include "wire/tensor.h"
 
 ABSL_FLAG(double, query_focus, 0.25,
