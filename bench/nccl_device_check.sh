@@ -110,7 +110,7 @@ nccl_chunk_timeout_seconds: 5
 nccl_idle_seconds: 600
 nccl_max_chunk_bytes: 2147483648
 CFG
-$B driftkv-server-cuda --config /tmp/nccl_server.textproto --device 1 --listen $T --metrics none \
+$B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1 --listen $T --metrics none \
   > $OUT/server.log 2>&1 &
 server=$!
 wait_for $T

@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   // records the status that is sent.
   s->grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*s->metrics_->registry());
   hooks.interceptors.push_back(GrpcServerMetrics::InterceptorFactory(s->grpc_metrics_.get()));
-  RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend);
+  RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend, options.devices);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
