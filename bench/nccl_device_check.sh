@@ -117,7 +117,7 @@ nccl_chunk_timeout_seconds: 5
 nccl_idle_seconds: 600
 nccl_max_chunk_bytes: 2147483648
 CFG
-server_start $OUT/server.log $B driftkv-server-cuda --config /tmp/nccl_server.textproto --device 1 \
+server_start $OUT/server.log $B driftkv-server-cuda --config /tmp/nccl_server.textproto --devices 1 \
   --listen $T --metrics none
 server=$SERVER_PID
 wait_for $server $OUT/server.log $T

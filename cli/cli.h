@@ -84,7 +84,7 @@ double Quantile(std::vector<double>* v, double q);
 absl::StatusOr<v1::AppendResponse> PushLayerNccl(NcclChannel* channel, const std::string& sequence, uint32_t layer,
                                                  int tokens, int chunk, size_t n, v1::DType dtype, const float* keys,
                                                  const float* values);
-// token-hash: the tokens_file line of the token on stdin (service/tokens.h).
+// token-hash: the tokens_file line of the token on stdin (service/tokens.h; wire/sha256.h).
 int TokenHash(const std::string& tenant);
 
 int Bench(Client& client);

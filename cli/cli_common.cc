@@ -20,8 +20,9 @@
 #include "client/sharded_client.h"
 #include "codec/compressed_attention.h"
 #include "eval/synthetic_kv.h"
-#include "service/tokens.h"
 #include "wire/half.h"
+#include "wire/sha256.h"
+#include "wire/tenant_name.h"
 #include "wire/tensor.h"
 
 ABSL_FLAG(double, query_focus, 0.25,

@@ -22,7 +22,8 @@ CXXFLAGS=(-std=c++17 -O1 -g -fno-omit-frame-pointer -march=x86-64-v2 -I. -I"$OUT
 SOURCES=(
   codec/*.cc codec/transform/*.cc codec/baselines/*.cc
   backends/*.cc backends/cpu/*.cc wire/*.cc
-  service/config.cc service/handler*.cc service/metrics.cc service/snapshot_file.cc
+  service/config.cc service/handler*.cc service/hot_tier.cc service/metrics.cc service/page_verifier.cc
+  service/sequence_table.cc service/snapshot_file.cc
   service/tenant.cc service/tokens.cc service/tombstones.cc service/token_digest.cc service/regions.cc
   "$OUT"/gen/proto/*.pb.cc
 )

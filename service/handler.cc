@@ -1,12 +1,13 @@
-// Handler: construction, field checks and the table of sequences. The
-// RPCs are in handler_append.cc, handler_attend.cc, handler_read.cc and
-// handler_admin.cc (Release, expiry, Info, Stats).
+// Handler: construction (the codec, the pools, the backend and the
+// collaborators) and the field checks. The RPCs are in handler_append.cc,
+// handler_attend.cc, handler_read.cc, handler_length.cc, handler_admin.cc
+// (Release, expiry, Info, Stats) and handler_snapshot.cc.
 #include "service/handler.h"
 
 #include <algorithm>
-#include <map>
-#include <string>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/attend_batcher.h"
@@ -38,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   if (absl::Status st = ValidateHotTier(options); !st.ok()) return st;
   if (!clock) clock = [] { return absl::Now(); };
-  std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics, std::move(clock)));
+  std::unique_ptr<Handler> h(new Handler(options, *std::move(codec), metrics));
   h->transform_gain_ = TransformGain(options);
   if (options.transforms != nullptr) h->transforms_checksum_ = TransformsChecksum(*options.transforms);
   // The hot budget's config field, for messages.
@@ -60,10 +61,6 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     return pool.status();
   }
   h->pool_ = *std::move(pool);
-  {
-    absl::MutexLock lock(&h->table_mu_);
-    h->device_sequences_.assign(devices, 0);
-  }
   if (options.hot_tier()) {
     // Level pages hold D-Quant's symbols: the hot tier needs that codec.
     const auto* dq = dynamic_cast<const DQuantKvCodec*>(h->codec_.get());
@@ -108,14 +105,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   if (!backend.ok()) return backend.status();
   h->backend_ = *std::move(backend);
   // A device's label: its CUDA index (0 on the cpu backend).
+  std::vector<int> device_ids;
   for (int k = 0; k < devices; ++k) {
-    const int id = options.devices.empty() ? std::max(0, h->backend_->staging_device()) : options.devices[k];
-    const std::map<std::string, std::string> label = {{"device", std::to_string(id)}};
-    h->device_ids_.push_back(id);
-    h->metrics_->device_capacity_pages->Add(label).Set(
-        static_cast<double>(h->pool_->partition_begin(k + 1) - h->pool_->partition_begin(k)));
-    h->device_used_gauges_.push_back(&h->metrics_->device_pages_in_use->Add(label));
-    h->device_sequence_gauges_.push_back(&h->metrics_->device_sequences->Add(label));
+    device_ids.push_back(options.devices.empty() ? std::max(0, h->backend_->staging_device()) : options.devices[k]);
   }
   if (h->hot_pool_ != nullptr && !h->backend_->SupportsHotTier()) {
     return absl::InvalidArgumentError(
@@ -130,24 +122,24 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
+  h->verifier_ = std::make_unique<PageVerifier>(*h->pool_, h->metrics_);
   if (h->hot_pool_ != nullptr) {
     h->metrics_->hot_capacity_bytes->Set(static_cast<double>(h->hot_pool_->capacity_bytes()));
     h->metrics_->hot_capacity_pages->Set(static_cast<double>(h->hot_pool_->capacity_pages()));
-    if (options.hot_promotion == HotPromotion::kAsync) {
-      Handler* self = h.get();
-      h->promoter_ = std::thread([self] { self->PromotionThread(); });
-    }
+    Handler* self = h.get();
+    h->hot_ = std::make_unique<HotTier>(*h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock,
+                                        options.hot_promotion, options.hot_idle_seconds,
+                                        [self] { self->PublishGauges(); });
   }
+  h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
+                                              std::move(clock), std::move(device_ids));
   h->PublishGauges();
   return h;
 }
 
 Handler::~Handler() {
-  {
-    absl::MutexLock lock(&promote_mu_);
-    promote_stop_ = true;
-  }
-  if (promoter_.joinable()) promoter_.join();
+  // The promotion thread publishes gauges through the table: stop it first.
+  if (hot_ != nullptr) hot_->Stop();
 }
 
 float Handler::value_limit() const {
@@ -198,98 +190,6 @@ absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string
                                                    kMaxSequenceIdBytes));
   }
   return absl::OkStatus();
-}
-
-Handler::SequencePtr Handler::Find(const std::string& key) {
-  absl::MutexLock lock(&table_mu_);
-  auto it = table_.find(key);
-  return it == table_.end() ? nullptr : it->second;
-}
-
-absl::StatusOr<Handler::SequencePtr> Handler::FindOrCreate(const std::string& key, const std::string& id,
-                                                           TenantUsage* usage, bool new_incarnation,
-                                                           bool* created) {
-  absl::MutexLock lock(&table_mu_);
-  *created = false;
-  auto it = table_.find(key);
-  if (it != table_.end()) return it->second;
-  if (draining_.load()) {
-    return absl::UnavailableError(absl::StrCat("server is draining (shutting down for a restart): new sequence_id ",
-                                               Quoted(id), " refused; existing sequences are served until the "
-                                               "drain ends; create it on another replica or after the restart"));
-  }
-  if (!new_incarnation) {
-    if (absl::Status st = tombstones_.CheckAppend(key, id, clock_()); !st.ok()) {
-      metrics_->integrity_rejections[kRejectTombstone]->Increment();
-      return st;
-    }
-  }
-  if (table_.size() >= options_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
-        Quoted(id), "; release sequences or raise max_sequences"));
-  }
-  if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
-  }
-  const int device = LeastLoadedDevice();
-  ++device_sequences_[device];
-  auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
-  Touch(seq.get());
-  table_.emplace(key, seq);
-  *created = true;
-  return seq;
-}
-
-int Handler::LeastLoadedDevice() const {
-  int device = 0;
-  for (int k = 1; k < pool_->partitions(); ++k) {
-    const int64_t pk = pool_->pages_in_use(k), pd = pool_->pages_in_use(device);
-    if (pk < pd || (pk == pd && device_sequences_[k] < device_sequences_[device])) device = k;
-  }
-  return device;
-}
-
-void Handler::EraseLocked(decltype(table_)::iterator it) {
-  --device_sequences_[it->second->device];
-  it->second->usage->RefundSequence();
-  table_.erase(it);
-}
-
-void Handler::DropIfEmpty(const SequencePtr& seq) {
-  absl::MutexLock table_lock(&table_mu_);
-  absl::MutexLock lock(&seq->mu);
-  if (seq->released) return;
-  for (const LayerState& l : seq->layers) {
-    if (l.length != 0) return;
-  }
-  auto it = table_.find(seq->id);
-  if (it != table_.end() && it->second == seq) EraseLocked(it);
-  seq->released = true;
-}
-
-void Handler::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
-  const int64_t p = pool_->page_tokens();
-  for (LayerState& l : seq->layers) {
-    *tokens += l.length;
-    *pages += l.pages.size();
-    if (l.hot) {
-      hot_pool_->Free(l.pages);
-      RemoveHot(l.id);
-      l.hot = false;
-    } else {
-      pool_->Free(l.pages);
-    }
-    tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;
-    seq->usage->RefundPages(static_cast<int64_t>(l.pages.size()));
-    l.digests = {};
-    tokens_window_ -= static_cast<int64_t>(l.window_keys.size() / n());
-    l.pages.clear();
-    l.page_sums.clear();
-    l.window_keys = {};
-    l.window_values = {};
-    l.length = 0;
-  }
 }
 
 }  // namespace driftkv

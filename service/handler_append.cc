@@ -42,16 +42,16 @@ absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t 
 }
 
 void Handler::RecordEncoded(const std::vector<EncodeJob>& jobs) {
-  absl::MutexLock lock(&stats_mu_);
+  absl::MutexLock lock(&totals_.codec_mu);
   for (const EncodeJob& j : jobs) {
     metrics_->RecordPage(j.stats, j.key_utilization, j.value_utilization);
-    codec_stats_.Add(j.stats);
+    totals_.codec.Add(j.stats);
   }
 }
 
 absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages, const TierHeld& held,
-                                  const StagedTokens* staged) {
+                                  const float* values, const std::vector<PageId>& pages,
+                                  const HotTier::Held& held, const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -114,14 +114,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   // Append is never refused for the hot tier's sake).
   std::vector<PageId> hot;
   if (layer->hot && !pages.empty()) {
-    TierHeld mine = held;
-    mine.layers.insert(layer->id);
-    absl::Status st = PromoteNewPages(layer, pages, mine, &hot);
-    if (!st.ok() && !absl::IsResourceExhausted(st)) return st;
-    if (!st.ok()) {
-      st = DemoteLocked(layer, kDemoteAppend);
-      if (!st.ok()) return st;
-    }
+    if (absl::Status st = hot_->PlaceNewPages(layer, pages, held, &hot); !st.ok()) return st;
   }
   // Commit.
   if (!hot.empty()) {
@@ -136,8 +129,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   layer->window_keys.assign(all_k.begin() + kept, all_k.end());
   layer->window_values.assign(all_v.begin() + kept, all_v.end());
   layer->length += plan.fresh;
-  tokens_compressed_ += encoded;
-  tokens_window_ += plan.fresh - encoded;
+  table_->CountTokens(encoded, plan.fresh - encoded);
   return absl::OkStatus();
 }
 
@@ -239,14 +231,13 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
   // A released id is tombstoned: only a new incarnation may reuse it (a
   // live sequence under the id is one already, and takes the chunk).
   // (FindOrCreate checks it again where it decides, under the table lock.)
-  if (!new_incarnation && Find(key) == nullptr) {
-    if (absl::Status tomb = tombstones_.CheckAppend(key, sequence_id, clock_()); !tomb.ok()) {
-      metrics_->integrity_rejections[kRejectTombstone]->Increment();
+  if (!new_incarnation && table_->Find(key) == nullptr) {
+    if (absl::Status tomb = table_->CheckTombstone(key, sequence_id); !tomb.ok()) {
       metrics_->rejected_chunks->Increment();
       return tomb;
     }
   }
-  if (first_token != 0 && Find(key) == nullptr) {
+  if (first_token != 0 && table_->Find(key) == nullptr) {
     metrics_->rejected_chunks->Increment();
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(sequence_id),
                                             " not found (a new sequence starts at first_token 0, got ",
@@ -254,8 +245,7 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
-    absl::StatusOr<SequencePtr> found =
-        FindOrCreate(key, sequence_id, ledger_.Get(tenant), new_incarnation, &created);
+    absl::StatusOr<SequencePtr> found = table_->FindOrCreate(key, sequence_id, tenant, new_incarnation, &created);
     if (!found.ok()) {
       metrics_->rejected_chunks->Increment();
       return found.status();
@@ -294,27 +284,27 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         if (st.ok()) pages = *std::move(reserved);
       }
       if (st.ok()) {
-        TierHeld held;
+        HotTier::Held held;
         held.sequences.insert(seq);
         st = ApplyAppend(&layer, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
-      if (st.ok()) Touch(seq);
+      if (st.ok()) table_->Touch(seq);
     }
     if (!st.ok()) {
       metrics_->rejected_chunks->Increment();
-      if (created) DropIfEmpty(*found);
+      if (created) table_->DropIfEmpty(*found);
       PublishGauges();
       return st;
     }
     if (created) {
       metrics_->sequences_created->Increment();
-      if (new_incarnation) tombstones_.Erase(key);
+      if (new_incarnation) table_->EraseTombstone(key);
     }
     const uint64_t raw_bytes = 2 * plan.fresh * n() * DTypeBytes(dtype);
-    tokens_ingested_ += plan.fresh;
-    bytes_ingested_ += raw_bytes;
+    totals_.tokens_ingested += plan.fresh;
+    totals_.bytes_ingested += raw_bytes;
     metrics_->ingested_tokens->Increment(static_cast<double>(plan.fresh));
     metrics_->ingested_bytes->Increment(static_cast<double>(raw_bytes));
     metrics_->duplicate_tokens->Increment(static_cast<double>(plan.skip));

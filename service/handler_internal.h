@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/strings/str_cat.h"
+#include "service/quoted.h"
 #include "wire/half.h"
 
 namespace driftkv {
@@ -17,7 +17,7 @@ namespace handler_internal {
 // overflow.
 constexpr uint64_t kMaxTokenIndex = uint64_t{1} << 48;
 
-inline std::string Quoted(const std::string& id) { return absl::StrCat("\"", id, "\""); }
+using ::driftkv::Quoted;
 
 // Rounds float tokens to bf16 bits.
 inline void ToBf16(const float* x, size_t count, uint16_t* out) {

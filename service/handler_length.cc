@@ -11,7 +11,7 @@ absl::Status Handler::Length(const v1::LengthRequest& request, v1::LengthRespons
                              const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (!st.ok()) return st;
-  SequencePtr seq = Find(TenantKey(tenant, request.sequence_id()));
+  SequencePtr seq = table_->Find(TenantKey(tenant, request.sequence_id()));
   if (seq == nullptr) {
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
   }

@@ -22,7 +22,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         absl::StrCat("dtype ", request.dtype(), " is not one of BF16, FP16, F32"));
   }
   if (!st.ok()) return st;
-  SequencePtr seq = Find(TenantKey(tenant, request.sequence_id()));
+  SequencePtr seq = table_->Find(TenantKey(tenant, request.sequence_id()));
   if (seq == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
@@ -74,7 +74,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
           // A hot page is checked when it returns to its cold form
           // (backends/page_checksum.h, "What it covers").
           if (!layer.hot) {
-            st = VerifyColdPage(layer, tok / p, layer.pages[tok / p], request.sequence_id(),
+            st = verifier_->Verify(layer, tok / p, layer.pages[tok / p], request.sequence_id(),
                                 static_cast<int>(request.layer()), kCheckRead);
             if (!st.ok()) return st;
           }
@@ -98,7 +98,7 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
         }
       }
     }
-    Touch(seq.get());
+    table_->Touch(seq.get());
     v1::ReadChunk chunk;
     chunk.set_first_token(pos);
     chunk.set_token_count(static_cast<uint32_t>(count));

@@ -1,4 +1,4 @@
-// Handler: page checksums, and the snapshot of a drained server
+// Handler: the snapshot of a drained server
 // (GRACEFUL DRAIN AND WARM RESTART in handler.h; the file format is
 // service/snapshot_file.h).
 #include <algorithm>
@@ -22,22 +22,6 @@ void Log(const std::string& line) { std::cerr << "driftkv-server: snapshot: " <<
 
 }  // namespace
 
-absl::Status Handler::VerifyColdPage(const LayerState& layer, size_t index, PageId page, const std::string& id,
-                                     int layer_index, ChecksumSite site) const {
-  const PageChecksum computed = Crc32c(pool_->page(page), pool_->page_stride());
-  if (computed == layer.page_sums[index]) return absl::OkStatus();
-  ++checksum_failures_;
-  metrics_->checksum_failures[site]->Increment();
-  const int64_t p = pool_->page_tokens();
-  std::string where = id.empty() ? "a hot layer being demoted"
-                                 : absl::StrCat("layer ", layer_index, " of sequence_id ", Quoted(id));
-  return absl::DataLossError(absl::StrFormat(
-      "page %d (tokens [%d, %d)) of %s fails its checksum: stored crc32c %08x, computed %08x; the page is "
-      "corrupt and is not served",
-      index, static_cast<int64_t>(index) * p, static_cast<int64_t>(index + 1) * p, where, layer.page_sums[index],
-      computed));
-}
-
 std::string Handler::SnapshotIdentity() const {
   const KvCodec::Settings c = codec_->settings();
   return absl::StrCat("codec=", codec_->name(), "\npage_format=", options_.page_format,
@@ -53,11 +37,7 @@ std::string Handler::SnapshotIdentity() const {
 
 absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* summary) {
   DrainPromotions();
-  std::vector<std::pair<std::string, SequencePtr>> all;
-  {
-    absl::MutexLock lock(&table_mu_);
-    all.assign(table_.begin(), table_.end());
-  }
+  std::vector<std::pair<std::string, SequencePtr>> all = table_->Entries();
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });  // a stable file for a stable table
   absl::StatusOr<std::unique_ptr<SnapshotWriter>> writer =
@@ -74,9 +54,9 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
     for (size_t l = 0; l < seq->layers.size() && bad.ok(); ++l) {
       LayerState& layer = seq->layers[l];
       absl::MutexLock layer_lock(&layer.mu);
-      if (layer.hot && !layer.pages.empty()) bad = DemoteLocked(&layer, kDemoteDrain);
+      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, kDemoteDrain);
       for (size_t i = 0; i < layer.pages.size() && bad.ok(); ++i) {
-        bad = VerifyColdPage(layer, i, layer.pages[i], key, static_cast<int>(l), kCheckSnapshot);
+        bad = verifier_->Verify(layer, i, layer.pages[i], key, static_cast<int>(l), kCheckSnapshot);
       }
     }
     if (!bad.ok()) {
@@ -118,7 +98,7 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   auto drop = [&](const std::string& id, const std::string& why) {
     Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
     ++summary->dropped_sequences;
-    ++snapshot_dropped_sequences_;
+    ++totals_.snapshot_dropped_sequences;
     metrics_->snapshot_dropped_sequences->Increment();
   };
   absl::Status framing;
@@ -135,12 +115,8 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     }
     // The key names the tenant (service/tenant.h); the sequence goes to the
     // least loaded device slot, as a new one would.
-    TenantUsage* usage = ledger_.Get(TenantOfKey(id));
-    int device;
-    {
-      absl::MutexLock lock(&table_mu_);
-      device = LeastLoadedDevice();
-    }
+    TenantUsage* usage = table_->Usage(TenantOfKey(id));
+    const int device = table_->PlaceNew();
     auto seq = std::make_shared<Sequence>(id, options_.layers, usage, device);
     std::string why;  // the first reason to drop this sequence; empty: keep
     std::vector<PageId> reserved;
@@ -160,7 +136,7 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       if (!window_intact && why.empty()) {
         why = absl::StrCat("the bf16 window of layer ", l, " fails its checksum");
         ++summary->corrupt_pages;
-        ++snapshot_corrupt_pages_;
+        ++totals_.snapshot_corrupt_pages;
         metrics_->snapshot_corrupt_pages->Increment();
       }
       absl::StatusOr<std::vector<PageId>> pages = pool_->Reserve(h.pages, device);
@@ -179,10 +155,9 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
         if (framing.ok() && !intact) {
           ++summary->corrupt_pages;
-          ++snapshot_corrupt_pages_;
+          ++totals_.snapshot_corrupt_pages;
           metrics_->snapshot_corrupt_pages->Increment();
-          ++checksum_failures_;
-          metrics_->checksum_failures[kCheckSnapshot]->Increment();
+          verifier_->CountFailure(kCheckSnapshot);
           if (why.empty()) {
             why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d fails its checksum (stored crc32c %08x)",
                                   i, static_cast<int64_t>(i) * p, static_cast<int64_t>(i + 1) * p, l, stored);
@@ -208,32 +183,13 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       break;
     }
     if (why.empty()) {
-      absl::MutexLock lock(&table_mu_);
-      if (table_.size() >= options_.max_sequences) {
-        why = absl::StrCat("max_sequences ", options_.max_sequences, " reached");
-      } else if (table_.count(id) != 0) {
-        why = "sequence_id repeated in the snapshot";
-      } else {
-        // The tenant's quotas count the restored sequence and its pages.
-        absl::Status quota = usage->ChargeSequence();
-        if (quota.ok()) {
-          quota = usage->ChargePages(static_cast<int64_t>(reserved.size()));
-          if (!quota.ok()) usage->RefundSequence();
-        }
-        if (quota.ok()) {
-          table_.emplace(id, seq);
-          ++device_sequences_[device];
-        } else {
-          why = std::string(quota.message());
-        }
+      if (absl::Status st = table_->Adopt(seq, static_cast<int64_t>(reserved.size())); !st.ok()) {
+        why = std::string(st.message());
       }
     }
     if (why.empty()) {
       if (absl::Status st = backend_->UploadPages(reserved); !st.ok()) {
-        absl::MutexLock lock(&table_mu_);
-        auto it = table_.find(id);
-        usage->RefundPages(static_cast<int64_t>(reserved.size()));
-        EraseLocked(it);
+        table_->Unadopt(seq, static_cast<int64_t>(reserved.size()));
         why = std::string(st.message());
       }
     }
@@ -242,14 +198,14 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       drop(id, why);
       continue;
     }
-    Touch(seq.get());
+    table_->Touch(seq.get());
     for (const LayerState& layer : seq->layers) {
-      tokens_compressed_ += static_cast<int64_t>(layer.pages.size()) * p;
-      tokens_window_ += static_cast<int64_t>(layer.window_keys.size() / n);
+      table_->CountTokens(static_cast<int64_t>(layer.pages.size()) * p,
+                          static_cast<int64_t>(layer.window_keys.size() / n));
     }
     summary->pages += reserved.size();
     ++summary->sequences;
-    ++restored_sequences_;
+    ++totals_.restored_sequences;
     metrics_->snapshot_restored_sequences->Increment();
   }
   if (!framing.ok()) {

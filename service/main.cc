@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend NAME]");
   // --help lists the server's own flags: this file's and those of the
-  // backends it links (--device of backends/cuda), not absl's or gRPC's
+  // backends it links, not absl's or gRPC's
   // (absl's default matches only a file named after the binary).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {

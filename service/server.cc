@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "service/transport.h"
+#include "service/credentials.h"
 
 namespace driftkv {
 
@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   // records the status that is sent.
   s->grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*s->metrics_->registry());
   hooks.interceptors.push_back(GrpcServerMetrics::InterceptorFactory(s->grpc_metrics_.get()));
-  RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend);
+  RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend, options.devices);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

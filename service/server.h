@@ -1,7 +1,8 @@
 // A running driftkv server: handler, gRPC server (KvCache, the standard
 // health service, server reflection; TLS, mTLS and tokens as configured,
-// service/transport.h), an optional plaintext health-only port, the
-// Prometheus exposer, the TTL reaper and the memory regions. Used by driftkv-server's main and by the in-process tests.
+// service/credentials.h), an optional plaintext health-only port, the
+// Prometheus exposer, the TTL reaper and the memory regions. Used by
+// driftkv-server's main and by the in-process tests.
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
 

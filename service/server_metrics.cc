@@ -1,7 +1,7 @@
 #include "service/server_metrics.h"
 
-#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/descriptor.h"
 #include "prometheus/gauge.h"
@@ -83,14 +83,10 @@ class MetricsInterceptorFactory : public grpc::experimental::ServerInterceptorFa
 
 }  // namespace
 
-void RegisterServerInfo(prometheus::Registry& registry, const std::string& version,
-                        const std::string& backend) {
+void RegisterServerInfo(prometheus::Registry& registry, const std::string& version, const std::string& backend,
+                        const std::vector<int>& devices) {
   std::string device = backend;
-  if (backend == "cuda") {
-    // The flag lives in backends/cuda (linked only into driftkv-server-cuda).
-    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag("device");
-    device = absl::StrCat("cuda:", flag != nullptr ? flag->CurrentValue() : "0");
-  }
+  if (backend == "cuda") device = absl::StrCat("cuda:", devices.empty() ? "0" : absl::StrJoin(devices, ","));
   prometheus::BuildGauge()
       .Name("driftkv_server_info")
       .Help("1, labelled with the server's version, backend and device")

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_interceptor.h"
@@ -41,9 +42,10 @@ namespace driftkv {
 
 // driftkv_server_info{version, backend, device} 1: which build, backend and
 // device serve behind an instance (the dashboard's device variable). device
-// is "cpu" on the CPU backend and "cuda:N" on the CUDA backend (its --device).
-void RegisterServerInfo(prometheus::Registry& registry, const std::string& version,
-                        const std::string& backend);
+// is "cpu" on the CPU backend and "cuda:N" on the CUDA backend, N the
+// config's devices (--devices; "cuda:0,1" for several, "cuda:0" for none).
+void RegisterServerInfo(prometheus::Registry& registry, const std::string& version, const std::string& backend,
+                        const std::vector<int>& devices);
 
 // The Go spelling of a status code ("OK", "InvalidArgument", ...).
 const char* GrpcCodeGoName(grpc::StatusCode code);

@@ -31,22 +31,6 @@ std::string Who(const std::string& name) {
 
 }  // namespace
 
-absl::Status CheckTenantName(absl::string_view name) {
-  if (name.empty() || name.size() > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("tenant \"", name, "\" has ", name.size(),
-                                                   " bytes; it must have 1 to 64"));
-  }
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tenant \"", name, "\" has a byte outside [A-Za-z0-9._-]"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status TenantUsage::ChargePages(int64_t count) {
   if (count <= 0) return absl::OkStatus();
   const int64_t before = pages_.fetch_add(count);

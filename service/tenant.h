@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "wire/tenant_name.h"  // CheckTenantName
 
 namespace driftkv {
 
@@ -29,8 +30,6 @@ std::string TenantKey(absl::string_view tenant, absl::string_view id);
 // rebuilds the table from its keys (a snapshot loader).
 std::string TenantOfKey(absl::string_view key);
 
-// Tenant names: 1 to 64 bytes of [A-Za-z0-9._-].
-absl::Status CheckTenantName(absl::string_view name);
 
 struct TenantQuota {
   uint64_t max_pages = 0;      // pages of both tiers; 0: unlimited

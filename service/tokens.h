@@ -17,11 +17,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "service/tenant.h"
+#include "wire/sha256.h"  // Sha256Hex, the hash of the file's lines
 
 namespace driftkv {
-
-// SHA-256 of `bytes` as 64 lowercase hex digits (OpenSSL's libcrypto).
-std::string Sha256Hex(absl::string_view bytes);
 
 class TokenTable {
  public:

@@ -6,13 +6,10 @@
 // Linked with alwayslink so that the static initializer runs.
 #include <cuda_runtime.h>
 
-#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/multi_device.h"
 #include "backends/registry.h"
-
-ABSL_FLAG(int, device, 0, "CUDA device index for --backend cuda (one device; see --devices)");
 
 namespace driftkv {
 namespace {
@@ -21,7 +18,7 @@ const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) ->
   absl::StatusOr<const DQuantCodec*> codec = ServedDQuant("cuda", a);
   if (!codec.ok()) return codec.status();
   if (a.devices.size() <= 1) {
-    const int device = a.devices.empty() ? absl::GetFlag(FLAGS_device) : a.devices[0];
+    const int device = a.devices.empty() ? 0 : a.devices[0];  // config devices / --devices
     return MakeCudaBackend(*codec, a.pool, device, a.transforms, a.values_folded, kDefaultWindowCacheBytes,
                            a.hot_pool);
   }

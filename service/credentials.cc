@@ -1,4 +1,4 @@
-#include "service/transport.h"
+#include "service/credentials.h"
 
 #include "service/auth.h"
 #include "wire/text_file.h"

@@ -2,8 +2,8 @@
 // (no TLS configured), TLS (tls_cert_file + tls_key_file), mTLS (plus
 // tls_client_ca_file: a client without a certificate signed by that CA has
 // its handshake refused), and with tokens the TokenAuthProcessor on top.
-#ifndef DRIFTKV_SERVICE_TRANSPORT_H_
-#define DRIFTKV_SERVICE_TRANSPORT_H_
+#ifndef DRIFTKV_SERVICE_CREDENTIALS_H_
+#define DRIFTKV_SERVICE_CREDENTIALS_H_
 
 #include <memory>
 
@@ -21,4 +21,4 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_SERVICE_TRANSPORT_H_
+#endif  // DRIFTKV_SERVICE_CREDENTIALS_H_

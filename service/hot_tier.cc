@@ -1,0 +1,330 @@
+// HotTier (service/hot_tier.h): promotion, demotion, the LRU and the
+// promotion thread.
+#include "service/hot_tier.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace driftkv {
+
+HotTier::HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVerifier& verifier, Metrics* metrics,
+                 ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move)
+    : cold_(cold),
+      hot_(hot),
+      backend_(backend),
+      verifier_(verifier),
+      metrics_(metrics),
+      clock_(std::move(clock)),
+      promotion_(promotion),
+      idle_seconds_(idle_seconds),
+      after_move_(std::move(after_move)) {
+  if (promotion_ == HotPromotion::kAsync) promoter_ = std::thread([this] { PromotionThread(); });
+}
+
+HotTier::~HotTier() { Stop(); }
+
+void HotTier::Stop() {
+  {
+    absl::MutexLock lock(&promote_mu_);
+    promote_stop_ = true;
+  }
+  if (promoter_.joinable()) promoter_.join();
+}
+
+void HotTier::AddHot(const SequencePtr& seq, int layer_index, uint64_t id) {
+  const int64_t now = NowNs();
+  absl::MutexLock lock(&hot_mu_);
+  auto [it, inserted] = hot_layers_.try_emplace(id, Entry{seq, layer_index, now});
+  if (!inserted) {
+    hot_lru_.erase({it->second.attended_ns, id});
+    it->second.attended_ns = now;
+  }
+  hot_lru_.insert({now, id});
+}
+
+void HotTier::RemoveHot(uint64_t id) {
+  absl::MutexLock lock(&hot_mu_);
+  auto it = hot_layers_.find(id);
+  if (it == hot_layers_.end()) return;
+  hot_lru_.erase({it->second.attended_ns, id});
+  hot_layers_.erase(it);
+}
+
+void HotTier::Touch(uint64_t id, int64_t now_ns) {
+  absl::MutexLock lock(&hot_mu_);
+  auto it = hot_layers_.find(id);
+  if (it == hot_layers_.end() || it->second.attended_ns >= now_ns) return;
+  hot_lru_.erase({it->second.attended_ns, id});
+  it->second.attended_ns = now_ns;
+  hot_lru_.insert({now_ns, id});
+}
+
+void HotTier::FreeLayer(LayerState* layer) {
+  hot_.Free(layer->pages);
+  RemoveHot(layer->id);
+  layer->hot = false;
+}
+
+absl::Status HotTier::DemoteLocked(LayerState* layer, DemotionReason reason) {
+  const int p = cold_.page_tokens();
+  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()));
+  if (!cold.ok()) return cold.status();
+  std::vector<TierMove> moves(layer->pages.size());
+  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer->pages[i], (*cold)[i], p};
+  if (absl::Status st = backend_.DemotePages(moves); !st.ok()) {
+    cold_.Free(*cold);
+    return st;
+  }
+  // The demoted bytes must be the cold page the hot one was promoted from.
+  for (size_t i = 0; i < moves.size(); ++i) {
+    absl::Status st = verifier_.Verify(*layer, i, (*cold)[i], "", -1, kCheckDemote);
+    if (!st.ok()) {
+      cold_.Free(*cold);
+      return st;
+    }
+  }
+  hot_.Free(layer->pages);
+  layer->pages = *std::move(cold);
+  layer->hot = false;
+  RemoveHot(layer->id);
+  ++demotions_;
+  pages_demoted_ += moves.size();
+  metrics_->tier_demotions[reason]->Increment();
+  metrics_->tier_pages_moved[1]->Increment(static_cast<double>(moves.size()));
+  return absl::OkStatus();
+}
+
+bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried) {
+  for (;;) {
+    SequencePtr seq;
+    int index = 0;
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&hot_mu_);
+      for (const auto& [ns, candidate] : hot_lru_) {
+        if (held.layers.contains(candidate) || tried->contains(candidate)) continue;
+        const Entry& e = hot_layers_.at(candidate);
+        seq = e.seq;
+        index = e.layer;
+        id = candidate;
+        break;
+      }
+    }
+    if (seq == nullptr) return false;
+    tried->insert(id);
+    // Never block here: the caller may hold other layers' locks. A layer
+    // in use is not idle anyway.
+    const bool lock_seq = !held.sequences.contains(seq.get());
+    if (lock_seq && !seq->mu.ReaderTryLock()) continue;
+    bool demoted = false;
+    LayerState& layer = seq->layers[index];
+    if (!seq->released && layer.mu.TryLock()) {
+      // A hot layer without pages holds nothing worth demoting.
+      demoted = layer.hot && layer.id == id && !layer.pages.empty() && DemoteLocked(&layer, kDemoteBudget).ok();
+      layer.mu.Unlock();
+    }
+    if (lock_seq) seq->mu.ReaderUnlock();
+    if (demoted) return true;
+  }
+}
+
+absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Held& held) {
+  if (count > hot_.capacity_pages()) {
+    return absl::ResourceExhaustedError(absl::StrCat(count, " hot pages needed; the hot tier holds ",
+                                                     hot_.capacity_pages()));
+  }
+  absl::flat_hash_set<uint64_t> tried;
+  for (;;) {
+    absl::StatusOr<std::vector<PageId>> pages = hot_.Reserve(count);
+    if (pages.ok() || !DemoteVictim(held, &tried)) return pages;
+  }
+}
+
+bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude) {
+  const absl::Time start = absl::Now();
+  LayerState& layer = seq->layers[layer_index];
+  int64_t need = 0;
+  {
+    absl::ReaderMutexLock seq_lock(&seq->mu);
+    if (seq->released) return false;
+    absl::ReaderMutexLock layer_lock(&layer.mu);
+    if (layer.hot) return true;
+    need = static_cast<int64_t>(layer.pages.size());
+  }
+  Held held;
+  held.layers = exclude;
+  held.layers.insert(layer.id);
+  absl::StatusOr<std::vector<PageId>> hot = ReserveHot(need, held);
+  if (!hot.ok()) {
+    metrics_->tier_promotions_skipped->Increment();
+    return false;
+  }
+  bool promoted = false;
+  {
+    absl::ReaderMutexLock seq_lock(&seq->mu);
+    absl::MutexLock layer_lock(&layer.mu);
+    if (seq->released || layer.hot) {
+      hot_.Free(*hot);
+      return !seq->released;
+    }
+    // Appends may have added pages since they were counted (pages never
+    // go away while the sequence lives).
+    const int64_t more = static_cast<int64_t>(layer.pages.size()) - need;
+    if (more > 0) {
+      absl::StatusOr<std::vector<PageId>> extra = hot_.Reserve(more);
+      if (!extra.ok()) {
+        hot_.Free(*hot);
+        metrics_->tier_promotions_skipped->Increment();
+        return false;
+      }
+      hot->insert(hot->end(), extra->begin(), extra->end());
+    }
+    const int p = cold_.page_tokens();
+    std::vector<TierMove> moves(layer.pages.size());
+    for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer.pages[i], (*hot)[i], p};
+    if (absl::Status st = backend_.PromotePages(moves); !st.ok()) {
+      // A page that does not decode: the layer stays cold, and attending
+      // it reports the DataLoss.
+      hot_.Free(*hot);
+      return false;
+    }
+    cold_.Free(layer.pages);
+    layer.pages = *std::move(hot);
+    layer.hot = true;
+    AddHot(seq, layer_index, layer.id);
+    ++promotions_;
+    pages_promoted_ += moves.size();
+    metrics_->tier_promotions->Increment();
+    metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
+    promoted = true;
+  }
+  metrics_->tier_promotion_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return promoted;
+}
+
+absl::Status HotTier::PlaceNewPages(LayerState* layer, const std::vector<PageId>& cold, const Held& held,
+                                    std::vector<PageId>* hot) {
+  hot->clear();
+  Held mine = held;  // the layer never makes room for its own pages
+  mine.layers.insert(layer->id);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine);
+  if (!reserved.ok()) {
+    if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
+    return DemoteLocked(layer, kDemoteAppend);
+  }
+  const int p = cold_.page_tokens();
+  std::vector<TierMove> moves(cold.size());
+  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{cold[i], (*reserved)[i], p};
+  if (absl::Status st = backend_.PromotePages(moves); !st.ok()) {
+    hot_.Free(*reserved);
+    if (!absl::IsResourceExhausted(st)) return st;
+    return DemoteLocked(layer, kDemoteAppend);
+  }
+  pages_promoted_ += moves.size();
+  metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
+  *hot = *std::move(reserved);
+  return absl::OkStatus();
+}
+
+void HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
+                      const absl::flat_hash_set<uint64_t>& ids) {
+  for (const auto& [seq, index] : layers) {
+    LayerState& layer = seq->layers[index];
+    {
+      absl::ReaderMutexLock seq_lock(&seq->mu);
+      if (seq->released) continue;
+      absl::ReaderMutexLock layer_lock(&layer.mu);
+      if (layer.hot) continue;
+    }
+    if (promotion_ == HotPromotion::kSync) {
+      PromoteLayer(seq, index, ids);
+    } else if (!layer.promotion_queued.exchange(true)) {
+      absl::MutexLock lock(&promote_mu_);
+      promote_queue_.emplace_back(seq, index);
+    }
+  }
+}
+
+void HotTier::PromotionThread() {
+  for (;;) {
+    std::pair<SequencePtr, int> job;
+    {
+      absl::MutexLock lock(&promote_mu_);
+      promote_mu_.Await(absl::Condition(
+          +[](HotTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->promote_mu_) {
+            return t->promote_stop_ || !t->promote_queue_.empty();
+          },
+          this));
+      if (promote_stop_) return;
+      job = std::move(promote_queue_.front());
+      promote_queue_.pop_front();
+      ++promote_running_;
+    }
+    PromoteLayer(job.first, job.second, {});
+    job.first->layers[job.second].promotion_queued = false;
+    if (after_move_) after_move_();
+    absl::MutexLock lock(&promote_mu_);
+    --promote_running_;
+  }
+}
+
+void HotTier::DrainPromotions() {
+  absl::MutexLock lock(&promote_mu_);
+  promote_mu_.Await(absl::Condition(
+      +[](HotTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->promote_mu_) {
+        return t->promote_stop_ || (t->promote_queue_.empty() && t->promote_running_ == 0);
+      },
+      this));
+}
+
+bool HotTier::DemoteIdle() {
+  if (idle_seconds_ <= 0.0) return false;
+  const int64_t cutoff = absl::ToUnixNanos(clock_() - absl::Seconds(idle_seconds_));
+  std::vector<std::pair<SequencePtr, int>> idle;
+  {
+    absl::MutexLock lock(&hot_mu_);
+    for (const auto& [ns, id] : hot_lru_) {
+      if (ns >= cutoff) break;
+      const Entry& e = hot_layers_.at(id);
+      idle.emplace_back(e.seq, e.layer);
+    }
+  }
+  for (auto& [seq, index] : idle) {
+    absl::ReaderMutexLock seq_lock(&seq->mu);
+    if (seq->released) continue;
+    LayerState& layer = seq->layers[index];
+    absl::MutexLock layer_lock(&layer.mu);
+    if (!layer.hot) continue;
+    {
+      // Attended since the list was made?
+      absl::MutexLock lock(&hot_mu_);
+      auto it = hot_layers_.find(layer.id);
+      if (it == hot_layers_.end() || it->second.attended_ns >= cutoff) continue;
+    }
+    DemoteLocked(&layer, kDemoteIdle).IgnoreError();  // no cold room: stays hot, tried again later
+  }
+  return !idle.empty();
+}
+
+std::vector<uint64_t> HotTier::LruOrder() const {
+  absl::MutexLock lock(&hot_mu_);
+  std::vector<uint64_t> ids;
+  ids.reserve(hot_lru_.size());
+  for (const auto& [ns, id] : hot_lru_) ids.push_back(id);
+  return ids;
+}
+
+size_t HotTier::layers() const {
+  absl::MutexLock lock(&hot_mu_);
+  return hot_layers_.size();
+}
+
+void HotTier::PublishGauges() const {
+  metrics_->tier_pages[1]->Set(static_cast<double>(hot_.pages_in_use()));
+  absl::MutexLock lock(&hot_mu_);
+  metrics_->hot_layers->Set(static_cast<double>(hot_layers_.size()));
+}
+
+}  // namespace driftkv

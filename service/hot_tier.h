@@ -1,0 +1,158 @@
+// The hot tier (docs/hot_tier.md, "Service"): with a hot budget a layer's
+// full pages are all in the cold pool (D-Quant pages) or all in the hot
+// pool (level pages), LayerState::hot says which; both give the same
+// answers. HotTier moves layers between the two and keeps the hot layers
+// in least-recently-attended order; it knows nothing of the table of
+// sequences or of requests: callers hand it the sequences and layers.
+//
+// Rules:
+//   - Promotion happens before an Attend takes its batch's locks: at once
+//     (sync) or on one background thread (async; a queued layer is queued
+//     once however often it is attended before the thread gets to it).
+//   - Room is made by demoting the least recently attended layers, never
+//     one the caller holds (Held) and never one whose locks are busy:
+//     victims are taken only with TryLock and skipped when busy, so
+//     demotion can run under the caller's own layer locks (an Append's new
+//     page of a hot layer) without a lock-order cycle.
+//   - A hot layer's new pages go hot at once; with no hot page to be had,
+//     even after demoting others, the layer itself goes cold (an Append is
+//     never refused for the hot tier's sake).
+//   - Layers not attended for idle_seconds go cold (DemoteIdle).
+//   - Demoted bytes must match the cold form's checksum (PageVerifier).
+//
+// Locks: a layer moves under its LayerState::mu as a writer, with its
+// Sequence::mu held as a reader (or writer). hot_mu_ (the LRU) and
+// promote_mu_ (the queue) are leaves: nothing is acquired while either is
+// held. The global order is in service/handler.h.
+#ifndef DRIFTKV_SERVICE_HOT_TIER_H_
+#define DRIFTKV_SERVICE_HOT_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+#include "backends/page_pool.h"
+#include "service/config.h"
+#include "service/metrics.h"
+#include "service/page_verifier.h"
+#include "service/sequence.h"
+
+namespace driftkv {
+
+class HotTier {
+ public:
+  // What the caller of a demotion holds: layers (LayerState::id) never to
+  // demote, and sequences whose mu it holds as a reader (their layers are
+  // tried without locking the sequence again).
+  struct Held {
+    absl::flat_hash_set<uint64_t> layers;
+    absl::flat_hash_set<const Sequence*> sequences;
+  };
+
+  // Every reference must outlive the tier. `cold`: the D-Quant page pool;
+  // `hot`: the level-page pool; `backend` moves pages between them;
+  // `after_move` (may be empty) runs after the background thread moved a
+  // layer (the owner republishes its gauges). kAsync starts the thread.
+  HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVerifier& verifier, Metrics* metrics,
+          ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move);
+  ~HotTier();  // stops the promotion thread
+  // Stops the promotion thread (queued layers stay cold); idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(promote_mu_);
+
+  // Before an Attend takes its locks: promotes (sync) or queues (async)
+  // the cold ones of `layers` (each once); none is demoted to make room
+  // for another (`ids`: their LayerState::id). No lock held.
+  void Prepare(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids);
+  // Promotes one layer, making room by demoting layers not in `exclude`.
+  // No lock held. False when it stays cold (no room; a corrupt page).
+  bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude);
+  // `count` hot pages, demoting least recently attended layers until they
+  // fit; RESOURCE_EXHAUSTED when nothing more can be demoted.
+  absl::StatusOr<std::vector<PageId>> ReserveHot(int64_t count, const Held& held);
+  // Demotes the least recently attended layer that is not held and whose
+  // locks are free; false when there is none. `tried` collects the layers
+  // looked at (each is looked at once per caller).
+  bool DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried);
+  // Moves a hot layer's pages to the cold pool.
+  // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
+  absl::Status DemoteLocked(LayerState* layer, DemotionReason reason);
+  // Where the new cold pages `cold` of the hot `layer` go: on OK either
+  // *hot holds their hot pages (the caller frees `cold`) or, with no hot
+  // page to be had, *hot is empty and the layer was demoted.
+  // REQUIRES: layer->mu held as a writer, layer->hot.
+  absl::Status PlaceNewPages(LayerState* layer, const std::vector<PageId>& cold, const Held& held,
+                             std::vector<PageId>* hot);
+  // Demotes layers not attended for idle_seconds (none when it is 0);
+  // true when any was a candidate.
+  bool DemoteIdle();
+  // Gives a hot layer's pages back to the hot pool and forgets the layer
+  // (the caller clears layer->pages). REQUIRES: the layer's sequence's mu
+  // held as a writer; layer->hot.
+  void FreeLayer(LayerState* layer) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  // Marks hot layer `id` attended at `now_ns` (Now()).
+  void Touch(uint64_t id, int64_t now_ns) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  int64_t NowNs() const { return absl::ToUnixNanos(clock_()); }
+  // Waits until every queued promotion has run; at once without a thread.
+  void DrainPromotions() ABSL_LOCKS_EXCLUDED(promote_mu_);
+
+  // Hot layers from least to most recently attended (tests, tools).
+  std::vector<uint64_t> LruOrder() const ABSL_LOCKS_EXCLUDED(hot_mu_);
+  size_t layers() const ABSL_LOCKS_EXCLUDED(hot_mu_);
+  uint64_t promotions() const { return promotions_.load(); }
+  uint64_t demotions() const { return demotions_.load(); }
+  uint64_t pages_promoted() const { return pages_promoted_.load(); }
+  uint64_t pages_demoted() const { return pages_demoted_.load(); }
+  const PagePool& pool() const { return hot_; }
+  // Sets the tier's gauges (hot pages in use, hot layers).
+  void PublishGauges() const ABSL_LOCKS_EXCLUDED(hot_mu_);
+
+ private:
+  void PromotionThread();
+  void AddHot(const SequencePtr& seq, int layer_index, uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  void RemoveHot(uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+
+  PagePool& cold_;
+  PagePool& hot_;
+  Backend& backend_;
+  const PageVerifier& verifier_;
+  Metrics* const metrics_;
+  const ServiceClock clock_;
+  const HotPromotion promotion_;
+  const double idle_seconds_;
+  const std::function<void()> after_move_;
+
+  // The hot layers in least-recently-attended order.
+  struct Entry {
+    SequencePtr seq;
+    int layer = 0;
+    int64_t attended_ns = 0;  // clock of the last Attend (or the promotion)
+  };
+  mutable absl::Mutex hot_mu_;
+  absl::flat_hash_map<uint64_t, Entry> hot_layers_ ABSL_GUARDED_BY(hot_mu_);  // by LayerState::id
+  std::set<std::pair<int64_t, uint64_t>> hot_lru_ ABSL_GUARDED_BY(hot_mu_);   // (attended_ns, id), oldest first
+  std::atomic<uint64_t> promotions_{0};
+  std::atomic<uint64_t> demotions_{0};
+  std::atomic<uint64_t> pages_promoted_{0};
+  std::atomic<uint64_t> pages_demoted_{0};
+  // Async promotion: a queue of layers, one thread.
+  absl::Mutex promote_mu_;
+  std::deque<std::pair<SequencePtr, int>> promote_queue_ ABSL_GUARDED_BY(promote_mu_);
+  bool promote_stop_ ABSL_GUARDED_BY(promote_mu_) = false;
+  int promote_running_ ABSL_GUARDED_BY(promote_mu_) = 0;
+  std::thread promoter_;
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_HOT_TIER_H_

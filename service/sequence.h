@@ -1,0 +1,94 @@
+// The data of one stored sequence: per model layer, the ids of its full
+// pages (oldest first) and a bf16 window of the newest tokens. Plain data:
+// SequenceTable (service/sequence_table.h) creates, finds and frees
+// sequences, HotTier (service/hot_tier.h) moves a layer's pages between
+// the tiers, Handler (service/handler.h) appends and attends.
+//
+// Invariants of a layer with `length` tokens (P = page_tokens, R =
+// window_tokens of the config):
+//   length = pages.size() * P + window tokens,
+//   window tokens in [0, R + P), and >= R once any page exists;
+//   page i holds tokens [i P, (i + 1) P) = one key-mean window;
+//   page_sums.size() == pages.size(); digests.size() == pages.size() * P.
+// When an append makes the window hold >= R + P tokens, its oldest P tokens
+// are encoded into a new page, as often as needed. Encoding reads the bf16
+// values, so a token's stored form does not depend on how it was chunked.
+//
+// Locks (the order across all of the service is in service/handler.h):
+//   Sequence::mu    readers: any operation on the sequence's layers;
+//                   writer: release, expiry, dropping a failed new sequence
+//                   (which therefore wait for operations in flight);
+//   LayerState::mu  readers: Attend (without steps) and Read of the layer;
+//                   writer: Append, decode steps and tier moves of the layer.
+// A holder of a stale pointer sees `released` and answers NOT_FOUND.
+#ifndef DRIFTKV_SERVICE_SEQUENCE_H_
+#define DRIFTKV_SERVICE_SEQUENCE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/page_checksum.h"
+#include "backends/page_pool.h"
+#include "service/tenant.h"
+
+namespace driftkv {
+
+// The service's clock (TTLs, tombstones, the hot tier's idle time); tests
+// pass a fake one.
+using ServiceClock = std::function<absl::Time()>;
+
+// One model layer of one sequence. Fields guarded by mu, or by the
+// sequence's mu held as a writer.
+struct LayerState {
+  // Unique for the process's life (AttendJob::window_id; the hot tier's key).
+  const uint64_t id = NewId();
+  absl::Mutex mu;
+  std::vector<PageId> pages;
+  // CRC-32C of each page's cold form (backends/page_checksum.h), parallel
+  // to `pages` in either tier: tier moves keep the bytes' cold form.
+  std::vector<PageChecksum> page_sums;
+  std::vector<uint16_t> window_keys;  // bf16 [window tokens][n]
+  std::vector<uint16_t> window_values;
+  // TokenDigest of every paged token (pages.size() * P entries, token
+  // order), for comparing repeated Appends (service/token_digest.h).
+  std::vector<uint64_t> digests;
+  int64_t length = 0;
+  // `pages` are level pages of the hot pool (service/hot_tier.h); a cold
+  // layer with no pages is hot once attended, so its first page goes hot.
+  bool hot = false;
+  // Async hot tier: a promotion of this layer is queued (coalesces).
+  std::atomic<bool> promotion_queued{false};
+
+  static uint64_t NewId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+struct Sequence {
+  Sequence(std::string key, int layers, TenantUsage* usage, int device)
+      : id(std::move(key)), usage(usage), device(device), layers(layers) {}
+  const std::string id;      // the table key: TenantKey(tenant, sequence_id)
+  TenantUsage* const usage;  // its tenant's (the table's ledger owns it)
+  // The pool partition (device slot, options.devices[device]) that holds
+  // every page of the sequence: chosen at creation, least loaded, and
+  // kept (PARTITIONS in backends/page_pool.h).
+  const int device;
+  absl::Mutex mu;
+  std::vector<LayerState> layers;  // fixed size; see LayerState
+  bool released ABSL_GUARDED_BY(mu) = false;
+  std::atomic<int64_t> last_access_ns{0};
+};
+using SequencePtr = std::shared_ptr<Sequence>;
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_SEQUENCE_H_
