@@ -35,5 +35,8 @@ def driftkv_fuzz_target(name, srcs, deps):
         deps = deps + ["//fuzz:replay_main"],
         data = native.glob(["corpus/" + name + "/*"]),
         args = ["fuzz/corpus/" + name],
+        # The objects of the binary (no second, position-independent build
+        # of every library under --config=fuzz).
+        linkstatic = True,
         size = "small",
     )
