@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets (fuzz/corpus/TARGET/*): valid
 // inputs of each format, made by the code that writes them, so that the
-// fuzzers start from inputs that pass the first checks. Built and run by
-// fuzz/build.sh --seeds; the output is committed.
+// fuzzers start from inputs that pass the first checks. Built by
+// //fuzz:make_seeds and run by hand; the output is committed.
 //
 //   make_seeds DIR [GOLDEN_POOL]   (fuzz/corpus tests/testdata/golden_dquant.dkv)
 #include <sys/stat.h>

@@ -127,7 +127,9 @@ void Expect(const char* name, const Golden& got, const Golden& want, bool check_
   }
   EXPECT_EQ(got.arena, want.arena) << name << ": page arena bytes";
   EXPECT_EQ(got.read, want.read) << name << ": Read";
-  if (check_attend) EXPECT_EQ(got.attend, want.attend) << name << ": Attend outputs";
+  if (check_attend) {
+    EXPECT_EQ(got.attend, want.attend) << name << ": Attend outputs";
+  }
   EXPECT_EQ(got.page_bytes, want.page_bytes) << name << ": page stride";
   EXPECT_EQ(got.capacity_pages, want.capacity_pages) << name << ": pages in the pool";
 }

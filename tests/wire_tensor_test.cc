@@ -32,7 +32,9 @@ TEST(CheckValuesTest, AgreesWithTheElementRuleAtEveryLengthAndPosition) {
         for (float limit : {2.0f, kMax, kInf}) {
           const absl::Status st = CheckValues("q", x.data(), n, limit);
           EXPECT_EQ(st.ok(), Reference(x, limit)) << n << " " << at << " " << bad << " " << limit;
-          if (!st.ok()) EXPECT_NE(st.message().find("element " + std::to_string(at)), std::string::npos) << st;
+          if (!st.ok()) {
+            EXPECT_NE(st.message().find("element " + std::to_string(at)), std::string::npos) << st;
+          }
         }
       }
     }

@@ -29,8 +29,11 @@ packages=(
   python3-grpcio python3-protobuf python3-pytest
   # CRC-32C of the Python client's chunks in C (it falls back to numpy)
   python3-crc32c
-  # the libFuzzer targets (fuzz/build.sh): clang 14 and its fuzzer runtime
+  # the libFuzzer targets (bazel build --config=fuzz //fuzz/...): clang 14
+  # and its fuzzer runtime
   clang libclang-rt-14-dev
+  # tools/format.sh (.clang-format)
+  clang-format
 )
 packages+=("$@")
 deploy_tools="${DRIFTKV_DEPLOY_TOOLS:-1}"
