@@ -50,6 +50,8 @@ class BatchingBackend : public Backend {
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     return inner_->DecodeHotTokens(page, layer, first, count, keys, values);
   }
+  bool AddressesClientMemory() const override { return inner_->AddressesClientMemory(); }
+  absl::Status ReadClientTensors(absl::Span<ClientRead> reads) override { return inner_->ReadClientTensors(reads); }
   int staging_device() const override { return inner_->staging_device(); }
   absl::StatusOr<std::unique_ptr<StagingBuffer>> AllocateStaging(size_t bytes) override {
     return inner_->AllocateStaging(bytes);

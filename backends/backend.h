@@ -108,7 +108,28 @@ struct AttendJob {
   bool hot = false;                // `pages` are level pages of the hot pool; see HOT TIER
   float* out = nullptr;            // [q_heads][head_dim]
   float* lse = nullptr;            // [q_heads]
+  // CLIENT MEMORY: with query_dev set the query is read from there instead
+  // of `query`, and with out_dev set the output and lse are written there
+  // instead of out/lse (both or neither of out_dev and lse_dev). See
+  // Backend::AddressesClientMemory.
+  const void* query_dev = nullptr;  // [q_heads][head_dim] in query_dtype
+  int query_dtype = 3;              // proto DType: bf16 1, fp16 2, f32 3
+  void* out_dev = nullptr;          // [q_heads][head_dim] in out_dtype
+  int out_dtype = 3;                // f32 3 or bf16 1
+  float* lse_dev = nullptr;         // [q_heads] f32
   absl::Status status;             // out
+};
+
+// CLIENT MEMORY. A read of one client tensor the device addresses
+// (Backend::ReadClientTensors): `elements` values of `dtype` at `src_dev`,
+// converted to float into `host` (null: only checked); `bad` is set to the
+// index of the first non-finite value, or -1.
+struct ClientRead {
+  const void* src_dev = nullptr;
+  int dtype = 3;
+  int elements = 0;
+  float* host = nullptr;
+  int64_t bad = -1;  // out
 };
 
 class Backend {
@@ -148,6 +169,20 @@ class Backend {
   // mirrors the arena copies them to its mirror. The CPU backend computes
   // on the host pool and has nothing to do.
   virtual absl::Status UploadPages(absl::Span<const PageId> pages) { return absl::OkStatus(); }
+
+  // CLIENT MEMORY (service/attend_io.h). True when Attend reads
+  // AttendJob::query_dev and writes out_dev/lse_dev: pointers the backend's
+  // device addresses (a decode worker's buffer opened by CUDA IPC, or
+  // client host memory the backend page-locked and mapped). The tensors
+  // are moved by one gather before the attention kernel and one scatter
+  // after it, with the same conversions as the inline path, so answers are
+  // bit-identical. A backend that returns false gets host pointers only.
+  virtual bool AddressesClientMemory() const { return false; }
+  // Converts and checks client tensors (see ClientRead) in one launch and
+  // one synchronisation.
+  virtual absl::Status ReadClientTensors(absl::Span<ClientRead> reads) {
+    return absl::UnimplementedError(name() + " backend does not address client memory");
+  }
 
   // True when one Attend over many jobs costs much less than several over
   // few (one kernel launch each): the handler then merges concurrent calls

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/cuda/client_io.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
 #include "backends/cuda/window_cache.h"
@@ -255,6 +256,12 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   bool PrefersBatchedAttend() const override { return true; }
+  bool AddressesClientMemory() const override { return true; }
+  absl::Status ReadClientTensors(absl::Span<ClientRead> reads) override {
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);
+    return client_io_.Read(reads, stream_);
+  }
 
   // MEMORY REGIONS (backends/backend.h): backends/cuda/ipc_regions.h.
   absl::StatusOr<void*> OpenIpcRegion(const void* handle, size_t handle_bytes, int device, size_t size) override {
@@ -648,7 +655,10 @@ class CudaBackend : public Backend {
     std::memcpy(hs + 4 * items, wstart.data(), items * 4);
     std::memcpy(h + off_table, table.data(), table.size() * 4);
     for (int i = 0; i < items; ++i) {
-      std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query, sizeof(float) * q_heads * d);
+      if (jobs[i].query_dev == nullptr) {
+        std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query,
+                    sizeof(float) * q_heads * d);
+      }
       const size_t wn = static_cast<size_t>(wtok[i]) * n;
       if (!cached && wn > 0) {
         std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
@@ -657,7 +667,19 @@ class CudaBackend : public Backend {
     }
     uint8_t* dstage = a_stage_.get<uint8_t>();
     const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
-    st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+    if (!cuda_backend::ClientIo::AllQueries(jobs)) {
+      st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+    } else {
+      // Every query is in client memory: the query rows are gathered below.
+      st = Cuda(cudaMemcpyAsync(dstage, h, off_query, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+      if (st.ok() && used > off_wk) {
+        st = Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, used - off_wk, cudaMemcpyHostToDevice, stream_),
+                  "upload attention windows");
+      }
+    }
+    if (st.ok()) {
+      st = client_io_.GatherQueries(jobs, q_heads * d, reinterpret_cast<float*>(dstage + off_query), stream_);
+    }
     if (!st.ok()) return st;
     if (cached) {
       // Missing tokens: packed into the pinned buffer, then one copy per
@@ -724,14 +746,18 @@ class CudaBackend : public Backend {
     }
     if (!st.ok()) return st;
     const float* out = host_out_.get<float>();
-    st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
-              "download output");
+    st = client_io_.ScatterOutputs(jobs, q_heads * d, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz, stream_);
+    if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
+      st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
+                "download output");
+    }
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
     if (!st.ok()) return st;
     for (int i = 0; i < items; ++i) {
+      jobs[i].status = absl::OkStatus();
+      if (jobs[i].out_dev != nullptr) continue;
       std::memcpy(jobs[i].out, out + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
       std::memcpy(jobs[i].lse, out + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
-      jobs[i].status = absl::OkStatus();
     }
     return absl::OkStatus();
   }
@@ -761,6 +787,7 @@ class CudaBackend : public Backend {
   cudaStream_t check_stream_ = nullptr;
   Scratch bad_ ABSL_GUARDED_BY(check_mu_);
   cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
+  cuda_backend::ClientIo client_io_ ABSL_GUARDED_BY(mu_);
   PinnedScratch host_stage_, host_out_;
 };
 

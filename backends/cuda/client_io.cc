@@ -1,0 +1,147 @@
+#include "backends/cuda/client_io.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace driftkv {
+namespace cuda_backend {
+
+bool ClientIo::AnyQuery(absl::Span<const AttendJob> jobs) {
+  return std::any_of(jobs.begin(), jobs.end(), [](const AttendJob& j) { return j.query_dev != nullptr; });
+}
+bool ClientIo::AllQueries(absl::Span<const AttendJob> jobs) {
+  return std::all_of(jobs.begin(), jobs.end(), [](const AttendJob& j) { return j.query_dev != nullptr; });
+}
+bool ClientIo::AnyOutput(absl::Span<const AttendJob> jobs) {
+  return std::any_of(jobs.begin(), jobs.end(), [](const AttendJob& j) { return j.out_dev != nullptr; });
+}
+bool ClientIo::AllOutputs(absl::Span<const AttendJob> jobs) {
+  return std::all_of(jobs.begin(), jobs.end(), [](const AttendJob& j) { return j.out_dev != nullptr; });
+}
+
+absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu::RegionIoItem>& items, bool second,
+                                                         cudaStream_t stream) {
+  const size_t bytes = items.size() * sizeof(gpu::RegionIoItem);
+  const int k = second ? 1 : 0;
+  absl::Status st = host_items_[k].Reserve(bytes);
+  if (st.ok()) st = items_dev_[k].Reserve(bytes);
+  if (!st.ok()) return st;
+  std::memcpy(host_items_[k].get<void>(), items.data(), bytes);
+  st = Cuda(cudaMemcpyAsync(items_dev_[k].get<void>(), host_items_[k].get<void>(), bytes, cudaMemcpyHostToDevice,
+                            stream),
+            "upload client tensor list");
+  if (!st.ok()) return st;
+  return items_dev_[k].get<const gpu::RegionIoItem>();
+}
+
+absl::Status ClientIo::GatherQueries(absl::Span<const AttendJob> jobs, int stride, float* query_dev,
+                                     cudaStream_t stream) {
+  std::vector<gpu::RegionIoItem> items;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].query_dev == nullptr) continue;
+    gpu::RegionIoItem io;
+    io.src = jobs[i].query_dev;
+    io.src_dtype = jobs[i].query_dtype;
+    io.row = static_cast<int>(i);
+    io.elements = stride;
+    items.push_back(io);
+  }
+  if (items.empty()) return absl::OkStatus();
+  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
+  if (!dev.ok()) return dev.status();
+  gpu::GatherParams p;
+  p.items_dev = *dev;
+  p.items = static_cast<int>(items.size());
+  p.stride = stride;
+  p.dst_dev = query_dev;
+  return gpu::LaunchGather(p, stream);
+}
+
+absl::Status ClientIo::ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,
+                                      const float* lse_dev, cudaStream_t stream) {
+  std::vector<gpu::RegionIoItem> items;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].out_dev == nullptr) continue;
+    gpu::RegionIoItem io;
+    io.dst = jobs[i].out_dev;
+    io.dst_dtype = jobs[i].out_dtype;
+    io.lse = jobs[i].lse_dev;
+    io.row = static_cast<int>(i);
+    io.elements = stride;
+    items.push_back(io);
+  }
+  if (items.empty()) return absl::OkStatus();
+  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, true, stream);
+  if (!dev.ok()) return dev.status();
+  gpu::ScatterParams p;
+  p.items_dev = *dev;
+  p.items = static_cast<int>(items.size());
+  p.stride = stride;
+  p.q_heads = q_heads;
+  p.out_dev = out_dev;
+  p.lse_dev = lse_dev;
+  return gpu::LaunchScatter(p, stream);
+}
+
+absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
+  if (reads.empty()) return absl::OkStatus();
+  if (reads.size() > 65535) return absl::InvalidArgumentError(absl::StrCat(reads.size(), " client tensors in one read"));
+  int stride = 1;
+  for (const ClientRead& r : reads) stride = std::max(stride, r.elements);
+  std::vector<gpu::RegionIoItem> items(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    items[i].src = reads[i].src_dev;
+    items[i].src_dtype = reads[i].dtype;
+    items[i].row = static_cast<int>(i);
+    items[i].elements = reads[i].elements;
+  }
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float), n = reads.size();
+  absl::Status st = rows_dev_.Reserve(n * row_bytes);
+  if (st.ok()) st = host_rows_.Reserve(n * row_bytes);
+  if (st.ok()) st = bad_dev_.Reserve(n * sizeof(int32_t));
+  if (st.ok()) st = host_bad_.Reserve(n * sizeof(int32_t));
+  if (!st.ok()) return st;
+  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
+  if (!dev.ok()) return dev.status();
+  gpu::GatherParams p;
+  p.items_dev = *dev;
+  p.items = static_cast<int>(n);
+  p.stride = stride;
+  p.dst_dev = rows_dev_.get<float>();
+  p.bad_dev = bad_dev_.get<int32_t>();
+  st = gpu::LaunchGather(p, stream);
+  if (st.ok()) {
+    st = Cuda(cudaMemcpyAsync(host_bad_.get<void>(), bad_dev_.get<void>(), n * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, stream),
+              "download client tensor checks");
+  }
+  // Rows wanted on the host: one copy per run of consecutive wanted rows.
+  for (size_t i = 0; st.ok() && i < n;) {
+    if (reads[i].host == nullptr) {
+      ++i;
+      continue;
+    }
+    size_t end = i + 1;
+    while (end < n && reads[end].host != nullptr) ++end;
+    st = Cuda(cudaMemcpyAsync(host_rows_.get<uint8_t>() + i * row_bytes, rows_dev_.get<uint8_t>() + i * row_bytes,
+                              (end - i) * row_bytes, cudaMemcpyDeviceToHost, stream),
+              "download client tensors");
+    i = end;
+  }
+  if (st.ok()) st = Cuda(cudaStreamSynchronize(stream), "client tensor read");
+  if (!st.ok()) return st;
+  const int32_t* bad = host_bad_.get<int32_t>();
+  for (size_t i = 0; i < n; ++i) {
+    reads[i].bad = bad[i] == gpu::kNoBadElement ? -1 : bad[i];
+    if (reads[i].host != nullptr) {
+      std::memcpy(reads[i].host, host_rows_.get<uint8_t>() + i * row_bytes,
+                  static_cast<size_t>(reads[i].elements) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cuda_backend
+}  // namespace driftkv

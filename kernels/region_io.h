@@ -1,0 +1,68 @@
+// Tensors of an Attend batch that live in client memory the device can
+// address: a CUDA IPC buffer of a decode worker, or a client's host shared
+// memory that the backend page-locked and mapped (cudaHostRegisterMapped).
+// The attention kernels read queries from, and write outputs to, one
+// contiguous float array [items][q_heads][head_dim]; these two launches
+// move an item's tensors between that array and wherever the client put
+// them, converting dtypes on the way:
+//   gather:  src (bf16, fp16 or f32) -> row `row` of dst_dev (f32), and
+//            a finiteness check of every element (per item, the lowest
+//            index of a non-finite element);
+//   scatter: row `row` of out_dev (f32) -> dst (f32, or bf16 rounded to
+//            nearest even exactly as wire/half.h FloatToBf16), and of
+//            lse_dev -> lse (f32).
+// Conversions are exact (bf16/fp16 -> f32) or the one rounding of
+// wire/half.h, so answers by reference are bit-identical to inline ones.
+#ifndef DRIFTKV_KERNELS_REGION_IO_H_
+#define DRIFTKV_KERNELS_REGION_IO_H_
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+
+namespace driftkv {
+namespace gpu {
+
+// Element types of client tensors; the values of proto DType (wire/tensor.h).
+enum RegionDType : int { kRegionBf16 = 1, kRegionFp16 = 2, kRegionF32 = 3 };
+
+// One client tensor of an item, device-addressable.
+struct RegionIoItem {
+  const void* src = nullptr;  // gather: [elements] in src_dtype
+  int src_dtype = kRegionF32;
+  void* dst = nullptr;        // scatter: [elements] in dst_dtype (f32 or bf16)
+  int dst_dtype = kRegionF32;
+  float* lse = nullptr;       // scatter, optional: [q_heads] f32
+  int row = 0;                // the item's row of the contiguous array
+  int elements = 0;           // of src / dst; at most the launch's stride
+};
+
+struct GatherParams {
+  const RegionIoItem* items_dev = nullptr;  // [items], device memory
+  int items = 0;
+  int stride = 0;            // elements per row of dst_dev
+  float* dst_dev = nullptr;  // rows [row][stride] f32; null: check only
+  // [items] int32, optional: the launcher fills them with kNoBadElement,
+  // then each is atomicMin'd with the index of a non-finite element of its
+  // item; read them after the stream synchronises.
+  int32_t* bad_dev = nullptr;
+};
+constexpr int32_t kNoBadElement = 0x7fffffff;
+absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream);
+
+struct ScatterParams {
+  const RegionIoItem* items_dev = nullptr;  // [items], device memory
+  int items = 0;
+  int stride = 0;                  // elements per row of out_dev
+  int q_heads = 0;
+  const float* out_dev = nullptr;  // rows [row][stride]
+  const float* lse_dev = nullptr;  // rows [row][q_heads]
+};
+absl::Status LaunchScatter(const ScatterParams& p, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace driftkv
+
+#endif  // DRIFTKV_KERNELS_REGION_IO_H_
