@@ -295,35 +295,64 @@ absl::Status RegionTable::Renew(const v1::RenewRegionsRequest& request, v1::Rene
   return absl::OkStatus();
 }
 
+absl::Status RegionTable::NotFound(const v1::TensorRef& ref, absl::string_view field) {
+  return absl::NotFoundError(absl::StrCat(field, ".region_id ", ref.region_id(), " not found"));
+}
+
+absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Acquire(const std::string& tenant,
+                                                                  const v1::TensorRef& ref, absl::string_view field) {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(ref.region_id());
+  if (it == regions_.end() || it->second.region->tenant() != tenant) return NotFound(ref, field);
+  it->second.expiry = Now() + it->second.lease;
+  return it->second.region;
+}
+
+absl::StatusOr<RegionView> RegionTable::View(std::shared_ptr<const Region> region, const v1::TensorRef& ref,
+                                             uint64_t bytes, uint64_t alignment, absl::string_view field) {
+  const uint64_t offset = ref.offset();
+  if (offset > region->size() || bytes > region->size() - offset) {
+    return absl::OutOfRangeError(absl::StrCat(field, ".offset ", offset, " + ", bytes, " bytes is past the end of region ",
+                                              ref.region_id(), " (", region->size(), " bytes)"));
+  }
+  if (alignment > 1 && offset % alignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".offset ", offset, " is not a multiple of ", alignment));
+  }
+  RegionView view;
+  view.data = static_cast<char*>(region->base()) + offset;
+  view.space = region->space();
+  view.device = region->device();
+  view.keep_alive = std::move(region);
+  return view;
+}
+
 absl::StatusOr<RegionView> RegionTable::Resolve(const std::string& tenant, const v1::TensorRef& ref, uint64_t bytes,
                                                 uint64_t alignment, absl::string_view field) {
   std::shared_ptr<const Region> region;
   {
     absl::MutexLock lock(&mu_);
     auto it = regions_.find(ref.region_id());
-    if (it == regions_.end() || it->second.region->tenant() != tenant) {
-      return absl::NotFoundError(absl::StrCat(field, ".region_id ", ref.region_id(), " not found"));
-    }
+    if (it == regions_.end() || it->second.region->tenant() != tenant) return NotFound(ref, field);
     region = it->second.region;
-    // The lease is extended only by a use that succeeds (below, unless the
-    // range is refused): a client sending bad refs does not keep a region.
-    const uint64_t offset = ref.offset();
-    if (offset > region->size() || bytes > region->size() - offset) {
-      return absl::OutOfRangeError(absl::StrCat(field, ".offset ", offset, " + ", bytes, " bytes is past the end of region ",
-                                                ref.region_id(), " (", region->size(), " bytes)"));
-    }
-    if (alignment > 1 && offset % alignment != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".offset ", offset, " is not a multiple of ", alignment));
-    }
+    // The lease is extended only by a use that succeeds: a client sending
+    // bad refs does not keep a region.
+    absl::StatusOr<RegionView> view = View(region, ref, bytes, alignment, field);
+    if (!view.ok()) return view.status();
     it->second.expiry = Now() + it->second.lease;
+    return view;
   }
-  RegionView view;
-  view.data = static_cast<char*>(region->base()) + ref.offset();
-  view.space = region->space();
-  view.device = region->device();
-  view.keep_alive = std::move(region);
-  return view;
+}
+
+bool RegionTable::Contains(const std::string& tenant, uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  return it != regions_.end() && it->second.region->tenant() == tenant;
+}
+
+void RegionTable::Touch(const std::string& tenant, uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it != regions_.end() && it->second.region->tenant() == tenant) it->second.expiry = Now() + it->second.lease;
 }
 
 int RegionTable::ExpireIdle() {

@@ -148,6 +148,21 @@ class RegionTable {
   // Extends the region's lease.
   absl::StatusOr<RegionView> Resolve(const std::string& tenant, const v1::TensorRef& ref, uint64_t bytes,
                                      uint64_t alignment, absl::string_view field);
+  // Resolve in two steps, for a request that names one region many times:
+  // Acquire looks the region up once (NOT_FOUND as Resolve) and extends its
+  // lease; View checks one ref against it (OUT_OF_RANGE, INVALID_ARGUMENT
+  // as Resolve, same words).
+  absl::StatusOr<std::shared_ptr<const Region>> Acquire(const std::string& tenant, const v1::TensorRef& ref,
+                                                        absl::string_view field);
+  static absl::StatusOr<RegionView> View(std::shared_ptr<const Region> region, const v1::TensorRef& ref,
+                                         uint64_t bytes, uint64_t alignment, absl::string_view field);
+  // The NOT_FOUND every unknown or foreign region gets.
+  static absl::Status NotFound(const v1::TensorRef& ref, absl::string_view field);
+  // Whether `tenant` has region `id`, without extending its lease.
+  bool Contains(const std::string& tenant, uint64_t id) const;
+  // Extends the lease of `tenant`'s region `id` (a use that names it
+  // otherwise than by a ref); nothing if there is none.
+  void Touch(const std::string& tenant, uint64_t id);
 
   // Removes regions whose lease ran out and stale pending mappings; returns
   // how many regions expired.

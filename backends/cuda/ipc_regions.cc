@@ -95,7 +95,21 @@ void CloseIpcMemory(void* dev_ptr) {
 }
 
 absl::Status PinHostMemory(void* p, size_t bytes) {
-  return Cuda(cudaHostRegister(p, bytes, cudaHostRegisterPortable), "cudaHostRegister of a host region");
+  // Mapped as well as page-locked: the attention path's gather and scatter
+  // kernels read queries from and write outputs to host regions in place
+  // (CLIENT MEMORY in backends/backend.h), at the host address, which
+  // needs unified addressing (every 64-bit Linux CUDA device).
+  absl::Status st = Cuda(cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
+                         "cudaHostRegister of a host region");
+  if (!st.ok()) return st;
+  void* dev = nullptr;
+  st = Cuda(cudaHostGetDevicePointer(&dev, p, 0), "cudaHostGetDevicePointer of a host region");
+  if (st.ok() && dev != p) {
+    st = absl::FailedPreconditionError(
+        "this device does not address registered host memory at its host address (no unified addressing)");
+  }
+  if (!st.ok()) cudaHostUnregister(p);
+  return st;
 }
 
 void UnpinHostMemory(void* p) { cudaHostUnregister(p); }
