@@ -1,14 +1,12 @@
-// The service's logic, without a network: validates each request, plans,
-// and changes the stored sequences; returns absl::Status (grpc_service.h
-// converts it at the edge). Tested directly by tests/service_handler_test.cc.
-// One file per RPC (handler_*.cc) over collaborators that own their state:
+// The service's logic, without a network: validates, plans, and changes the
+// stored sequences; returns absl::Status (grpc_service.h converts it at the
+// edge). One file per RPC (handler_*.cc) over collaborators owning state:
 // SequenceTable (which sequences exist: tenants, quotas, tombstones, device
 // slots, release, expiry), HotTier (which layers are in the hot pool),
-// PageVerifier (cold pages against their CRCs), the pools and the Backend.
-// A sequence's layout and invariants: service/sequence.h.
+// PageVerifier (cold pages against their CRCs), the pools and the Backend;
+// RegionTable (client memory *_ref fields name). Sequences: service/sequence.h.
 //
-// Rejected requests change nothing: every check runs and every page is
-// reserved (all-or-nothing) before the first mutation.
+// Rejected requests change nothing: every check runs and every page is reserved before the first mutation.
 //
 // INTEGRITY. A repeated Append of stored tokens is compared with what is
 // stored before it is acknowledged (handler_repeat.cc): window tokens bit
@@ -20,11 +18,11 @@
 //   Sequence::mu         several in ascending id order;
 //   LayerState::mu       all Sequence::mu before any, layers in ascending
 //                        (id, layer) order;
-//   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's and the
-//   tombstones' locks, the handler's totals; nothing is acquired under them.
-// So one sequence's layers ingest in parallel and many Attends share a layer.
-// Attend promotes (HotTier::Prepare) before it takes its batch's locks; a
-// demotion takes its victim only with TryLock, so it may run under them.
+//   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's, the
+//   tombstones' and RegionTable's locks, the handler's totals; nothing is
+//   acquired under them.
+// So one sequence's layers ingest in parallel and many Attends share a layer. Attend promotes
+// before it takes its batch's locks; demotion TryLocks its victim, so it may run under them.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
 #define DRIFTKV_SERVICE_HANDLER_H_
 
@@ -45,6 +43,7 @@
 #include "service/hot_tier.h"
 #include "service/metrics.h"
 #include "service/page_verifier.h"
+#include "service/regions.h"
 #include "service/sequence_table.h"
 
 namespace driftkv {
@@ -75,18 +74,22 @@ class Handler {
   absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
   absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens,
                             v1::AppendResponse* totals, const std::string& tenant = "");
+  // A chunk whose keys_ref/values_ref name a registered region: AppendStaged
+  // of the region's memory (Append of an AppendChunk with refs comes here).
+  absl::Status AppendReferenced(const v1::PushChunkRequest& header, v1::AppendResponse* totals,
+                                const std::string& tenant = "");
+  // Where *_ref fields resolve (null: nowhere); set once, before serving.
+  void AttachRegions(RegionTable* regions) { regions_ = regions; }
   Backend& backend() { return *backend_; }
   absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
                       const std::string& tenant = "");
-  // Streams the answer through `sink`, which returns false to stop (the
-  // client went away: Cancelled).
+  // Streams the answer through `sink`; false from it stops (Cancelled).
   absl::Status Read(const v1::ReadRequest& request,
                     const std::function<bool(const v1::ReadChunk&)>& sink, const std::string& tenant = "");
-  // Frees the sequence and tombstones its id (tombstone_seconds).
+  // Frees the sequence, tombstones its id.
   absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response,
                        const std::string& tenant = "");
-  // Token counts of every layer (handler_length.cc); NOT_FOUND for an
-  // unknown sequence. Not an access for the TTL.
+  // Token counts of every layer; NOT_FOUND for an unknown sequence. Not an access for the TTL.
   absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response,
                       const std::string& tenant = "");
   void Info(v1::InfoResponse* response) const;
@@ -123,20 +126,17 @@ class Handler {
   // longer fits, is dropped (logged, counted in *summary, Stats, metrics).
   // The file is renamed to snapshot.dkvs.loaded (no resurrection by a crash).
   absl::Status LoadSnapshot(const std::string& dir, SnapshotSummary* summary);
-  // What a snapshot's pages depend on (codec, shape, page format and size,
-  // window, transform and its file's checksum), as "key=value" lines.
+  // What a snapshot's pages depend on (codec, shape, format, window, transform), "key=value" lines.
   std::string SnapshotIdentity() const;
 
   // Async hot tier: waits until every queued promotion has run (tests and
   // benchmarks); returns at once otherwise.
   void DrainPromotions();
-  // Whether the layer's pages are in the hot tier (false for an unknown
-  // sequence); for tests and tools.
+  // Whether the layer's pages are hot (false for an unknown sequence).
   bool LayerIsHot(const std::string& sequence_id, uint32_t layer);
 
   const ServiceOptions& options() const { return options_; }
-  // The codec (config codec.name) behind its interface; pages have its
-  // page format (config codec.page_format).
+  // The codec (codec.name) behind its interface; pages have its page_format.
   const KvCodec& codec() const { return *codec_; }
   const PagePool& pool() const { return *pool_; }
   // The hot tier's pool of level pages, or null without one.
@@ -161,10 +161,9 @@ class Handler {
   Handler(const ServiceOptions& options, std::unique_ptr<KvCodec> codec, Metrics* metrics)
       : options_(options), codec_(std::move(codec)), metrics_(metrics) {}
 
-  // Largest |x| accepted in keys and values, so that a token accepted into
-  // the window always encodes later: after the transform and the mean
-  // subtraction a value grows by up to 2 G (G = TransformGain, the largest
-  // absolute row sum of the stage's matrices) and fp16 must still hold it.
+  // Largest |x| accepted in keys and values, so that a windowed token always encodes later:
+  // the transform and mean subtraction grow a value by up to 2 G (G = TransformGain, the
+  // largest absolute row sum of the stage's matrices) and fp16 must still hold it.
   float value_limit() const;
   static double TransformGain(const ServiceOptions& options);
   int n() const { return codec_->n(); }
@@ -212,6 +211,7 @@ class Handler {
   std::unique_ptr<PageVerifier> verifier_;
   std::unique_ptr<HotTier> hot_;  // null without a hot tier
   std::unique_ptr<SequenceTable> table_;
+  RegionTable* regions_ = nullptr;
   mutable Totals totals_;
 };
 

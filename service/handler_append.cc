@@ -163,6 +163,32 @@ std::string ShapeOf(uint32_t count, int kv_heads, int head_dim) {
 }  // namespace
 
 absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals, const std::string& tenant) {
+  if (c.has_keys_ref() || c.has_values_ref()) {
+    // By reference: the chunk's header as a PushChunk's.
+    absl::Status st;
+    if (!c.keys().empty() || !c.values().empty()) {
+      st = absl::InvalidArgumentError("keys/values and keys_ref/values_ref are both set; send one or the other");
+    } else if (c.has_crc32c()) {
+      st = absl::InvalidArgumentError("crc32c covers inline keys and values; leave it unset with keys_ref/values_ref");
+    }
+    if (!st.ok()) {
+      metrics_->rejected_chunks->Increment();
+      return st;
+    }
+    v1::PushChunkRequest h;
+    h.set_sequence_id(c.sequence_id());
+    h.set_layer(c.layer());
+    h.set_first_token(c.first_token());
+    h.set_token_count(c.token_count());
+    h.set_dtype(c.dtype());
+    h.set_tensor_bytes(static_cast<uint64_t>(c.token_count()) * n() * DTypeBytes(c.dtype()));
+    if (c.has_kv_heads()) h.set_kv_heads(c.kv_heads());
+    if (c.has_head_dim()) h.set_head_dim(c.head_dim());
+    h.set_new_incarnation(c.new_incarnation());
+    if (c.has_keys_ref()) *h.mutable_keys_ref() = c.keys_ref();
+    if (c.has_values_ref()) *h.mutable_values_ref() = c.values_ref();
+    return AppendReferenced(h, totals, tenant);
+  }
   const uint32_t kv_heads = c.kv_heads(), head_dim = c.head_dim();
   absl::Status st = CheckHeader(c.sequence_id(), c.layer(), c.first_token(), c.token_count(),
                                 c.has_kv_heads() ? &kv_heads : nullptr, c.has_head_dim() ? &head_dim : nullptr);
@@ -314,6 +340,49 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
     PublishGauges();
     return absl::OkStatus();
   }
+}
+
+}  // namespace driftkv
+
+namespace driftkv {
+
+absl::Status Handler::AppendReferenced(const v1::PushChunkRequest& h, v1::AppendResponse* totals,
+                                       const std::string& tenant) {
+  absl::Status st = CheckChunkHeader(h);
+  if (st.ok() && (!h.has_keys_ref() || !h.has_values_ref())) {
+    st = absl::InvalidArgumentError("keys_ref and values_ref: set both");
+  }
+  std::shared_ptr<const Region> keep[2];
+  StagedTokens t;
+  t.dtype = h.dtype();
+  t.tokens = h.token_count();
+  const uint64_t eb = DTypeBytes(h.dtype());
+  for (int k = 0; k < 2 && st.ok(); ++k) {
+    const v1::TensorRef& ref = k == 0 ? h.keys_ref() : h.values_ref();
+    absl::StatusOr<RegionView> view =
+        regions_ == nullptr ? absl::StatusOr<RegionView>(RegionTable::NotFound(ref, k == 0 ? "keys_ref" : "values_ref"))
+                            : regions_->Resolve(tenant, ref, h.tensor_bytes(), eb, k == 0 ? "keys_ref" : "values_ref");
+    if (!view.ok()) {
+      st = view.status();
+      break;
+    }
+    // The staged path reads host memory (CPU backend) or memory its device
+    // addresses (CUDA: its own device's, or mapped host regions).
+    if (view->space == MemorySpace::kDevice && view->device != backend_->staging_device()) {
+      st = absl::FailedPreconditionError(absl::StrCat(k == 0 ? "keys_ref" : "values_ref", ".region_id ", ref.region_id(),
+                                                      " is memory of CUDA device ", view->device, "; the ",
+                                                      backend_->name(), " backend stages on device ",
+                                                      backend_->staging_device()));
+      break;
+    }
+    (k == 0 ? t.keys : t.values) = view->data;
+    keep[k] = std::move(view->keep_alive);
+  }
+  if (!st.ok()) {
+    metrics_->rejected_chunks->Increment();
+    return st;
+  }
+  return AppendStaged(h, t, totals, tenant);
 }
 
 }  // namespace driftkv

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "service/attend_io.h"
 #include "service/handler_internal.h"
 #include "wire/tensor.h"
 
@@ -20,20 +22,18 @@ namespace driftkv {
 using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
 
-// One Attend call in steps: validate, bring the layers to the hot tier,
-// lock, plan and apply the decode steps, attend.
+// One Attend call in steps: validate (tensors inline or by reference:
+// service/attend_io.h), find the sequences, bring the layers to the hot
+// tier, lock, plan and apply the decode steps, attend. Its host work per
+// item is constant: no std::map, no string built unless an error needs it.
 class Handler::AttendBatch {
  public:
   // One item of an Attend request, validated and decoded.
   struct AttendWork {
-    // The query: f32 bytes of the request used in place when aligned (the
-    // request outlives the call), else converted into `converted`.
-    const float* query = nullptr;
-    std::vector<float> converted;
-    std::vector<float> key, value;  // the decode step's token
-    bool step = false;                     // the item appends a token first
+    ItemIo io;  // query, decode step and output (service/attend_io.h)
     float scale = 0.0f;
     Sequence* seq = nullptr;
+    LayerState* layer = nullptr;
     AppendPlan plan;
   };
 
@@ -42,67 +42,99 @@ class Handler::AttendBatch {
   // writers where a decode step appends).
   class AttendLocks {
    public:
-    // Finds the items' sequences; NOT_FOUND naming the first missing one.
+    // Finds the items' sequences (one lookup per distinct sequence_id);
+    // NOT_FOUND naming the first missing one.
     absl::Status Find(const SequenceTable& table, const v1::AttendRequest& request, const std::string& tenant,
                       std::vector<AttendWork>* work) {
-      for (int i = 0; i < request.items_size(); ++i) {
-        auto& entry = seqs_[request.items(i).sequence_id()];
-        if (entry.first == nullptr) {
-          entry.first = table.Find(TenantKey(tenant, request.items(i).sequence_id()));
-          if (entry.first == nullptr) {
-            return absl::NotFoundError(absl::StrCat("items[", i, "].sequence_id ",
-                                                    Quoted(request.items(i).sequence_id()), " not found"));
-          }
-        }
-        entry.second = entry.second || (*work)[i].step;
-        (*work)[i].seq = entry.first.get();
-      }
+      absl::flat_hash_map<absl::string_view, int> by_id;  // index into held_
+      by_id.reserve(request.items_size());
+      item_seq_.resize(request.items_size());
       for (int i = 0; i < request.items_size(); ++i) {
         const v1::AttendItem& it = request.items(i);
-        auto& entry = layers_[{it.sequence_id(), it.layer()}];
-        entry.first = &(*work)[i].seq->layers[it.layer()];
-        entry.second = entry.second || (*work)[i].step;
+        auto [slot, fresh] = by_id.try_emplace(it.sequence_id(), static_cast<int>(held_.size()));
+        if (fresh) {
+          SequencePtr found = table.Find(TenantKey(tenant, it.sequence_id()));
+          if (found == nullptr) {
+            return absl::NotFoundError(
+                absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found"));
+          }
+          seqs_.push_back({found.get(), false});
+          held_.push_back(std::move(found));
+        }
+        item_seq_[i] = slot->second;
+        Sequence* seq = held_[slot->second].get();
+        AttendWork& w = (*work)[i];
+        w.seq = seq;
+        w.layer = &seq->layers[it.layer()];
+        layers_.push_back({w.layer, seq, it.layer(), w.io.step});
       }
+      // Lock order: sequences by id; layers by (id, layer), each once (a
+      // writer if any of its items steps).
+      std::sort(seqs_.begin(), seqs_.end(), [](const auto& a, const auto& b) { return a.first->id < b.first->id; });
+      std::sort(layers_.begin(), layers_.end(), [](const LayerLock& a, const LayerLock& b) {
+        return a.seq->id != b.seq->id ? a.seq->id < b.seq->id : a.index < b.index;
+      });
+      size_t out = 0;
+      for (size_t k = 0; k < layers_.size(); ++k) {
+        if (out > 0 && layers_[out - 1].layer == layers_[k].layer) {
+          layers_[out - 1].writer = layers_[out - 1].writer || layers_[k].writer;
+        } else {
+          layers_[out++] = layers_[k];
+        }
+      }
+      layers_.resize(out);
       return absl::OkStatus();
     }
+    // The sequence of item `i`.
+    const SequencePtr& sequence(int i) const { return held_[item_seq_[i]]; }
     void Lock() {
-      for (auto& [id, entry] : seqs_) entry.first->mu.ReaderLock();
-      for (auto& [key, entry] : layers_) {
-        if (entry.second) {
-          entry.first->mu.Lock();
+      for (auto& [seq, unused] : seqs_) seq->mu.ReaderLock();
+      for (const LayerLock& l : layers_) {
+        if (l.writer) {
+          l.layer->mu.Lock();
         } else {
-          entry.first->mu.ReaderLock();
+          l.layer->mu.ReaderLock();
         }
       }
     }
     void Unlock() {
-      for (auto& [key, entry] : layers_) {
-        if (entry.second) {
-          entry.first->mu.Unlock();
+      for (const LayerLock& l : layers_) {
+        if (l.writer) {
+          l.layer->mu.Unlock();
         } else {
-          entry.first->mu.ReaderUnlock();
+          l.layer->mu.ReaderUnlock();
         }
       }
-      for (auto& [id, entry] : seqs_) entry.first->mu.ReaderUnlock();
-      layers_.clear();  // seqs_ keeps the sequences alive until the call returns
+      for (auto& [seq, unused] : seqs_) seq->mu.ReaderUnlock();
+      layers_.clear();  // held_ keeps the sequences alive until the call returns
     }
     void TouchAll(const SequenceTable& table) {
-      for (auto& [id, entry] : seqs_) table.Touch(entry.first.get());
+      for (auto& [seq, unused] : seqs_) table.Touch(seq);
     }
 
    private:
-    std::map<std::string, std::pair<SequencePtr, bool>> seqs_;                // sequence, any step
-    std::map<std::pair<std::string, uint32_t>, std::pair<LayerState*, bool>> layers_;  // layer, any step
+    struct LayerLock {
+      LayerState* layer;
+      Sequence* seq;
+      uint32_t index;
+      bool writer;
+    };
+    std::vector<SequencePtr> held_;  // each sequence once
+    std::vector<int> item_seq_;      // item -> index into held_
+    std::vector<std::pair<Sequence*, bool>> seqs_;
+    std::vector<LayerLock> layers_;
   };
 
-  explicit AttendBatch(Handler& h) : h_(h) {}
+  AttendBatch(Handler& h, const std::string& tenant)
+      : h_(h), io_(h.regions_, h.backend_.get(), tenant, h.codec_->head_dim(), h.n(), h.value_limit()) {}
   absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant);
 
  private:
   // Before the batch's locks: promotes (sync) or queues (async) the
   // items' cold layers (HotTier::Prepare). REQUIRES: h_.hot_ set.
-  void PrepareHotTier(const v1::AttendRequest& request, const std::string& tenant);
-  absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work) const;
+  void PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
+                      const AttendLocks& locks);
+  absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                int64_t* total_pages) const;
@@ -112,92 +144,68 @@ class Handler::AttendBatch {
                                 int64_t total_pages, size_t* used);
 
   Handler& h_;
+  AttendIo io_;
 };
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
                              const std::string& tenant) {
-  absl::Status st = AttendBatch(*this).Run(request, response, tenant);
+  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant);
   if (!st.ok()) metrics_->rejected_chunks->Increment();
   return st;
 }
 
-void Handler::AttendBatch::PrepareHotTier(const v1::AttendRequest& request, const std::string& tenant) {
+void Handler::AttendBatch::PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
+                                          const AttendLocks& locks) {
   // The request's layers, each once; they are never demoted to make room
   // for each other.
   std::vector<std::pair<SequencePtr, int>> layers;
   absl::flat_hash_set<uint64_t> ids;
-  for (const v1::AttendItem& it : request.items()) {
-    SequencePtr seq = h_.table_->Find(TenantKey(tenant, it.sequence_id()));
-    if (seq == nullptr) continue;  // the locking step reports it
-    if (ids.insert(seq->layers[it.layer()].id).second) layers.emplace_back(std::move(seq), it.layer());
+  for (int i = 0; i < request.items_size(); ++i) {
+    if (ids.insert(work[i].layer->id).second) layers.emplace_back(locks.sequence(i), request.items(i).layer());
   }
   h_.hot_->Prepare(layers, ids);
 }
 
-absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, int i, AttendWork* w) const {
+absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, int i, AttendWork* w) {
   const int d = h_.codec_->head_dim(), kv_heads = h_.codec_->kv_heads();
-  const std::string where = absl::StrCat("items[", i, "]");
-  absl::Status st = h_.CheckSequenceId(where + ".sequence_id", it.sequence_id());
-  if (st.ok()) st = h_.CheckLayer(where + ".layer", it.layer());
-  if (st.ok() && it.has_head_dim() && it.head_dim() != static_cast<uint32_t>(d)) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat(where, ".head_dim ", it.head_dim(), " does not match the server's head_dim ", d));
+  // Field names are built only for a message.
+  auto where = [i](absl::string_view field) { return absl::StrCat("items[", i, "]", field); };
+  if (it.sequence_id().empty() || it.sequence_id().size() > kMaxSequenceIdBytes) {
+    return h_.CheckSequenceId(where(".sequence_id"), it.sequence_id());
   }
-  if (st.ok() && (it.q_heads() == 0 || it.q_heads() % kv_heads != 0)) {
-    st = absl::InvalidArgumentError(absl::StrCat(where, ".q_heads ", it.q_heads(),
-                                                 " is not a positive multiple of kv_heads ", kv_heads));
+  if (it.layer() >= static_cast<uint32_t>(h_.options_.layers)) return h_.CheckLayer(where(".layer"), it.layer());
+  if (it.has_head_dim() && it.head_dim() != static_cast<uint32_t>(d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where(".head_dim "), it.head_dim(), " does not match the server's head_dim ", d));
   }
-  if (st.ok() && it.q_heads() > 65536) {
-    st = absl::InvalidArgumentError(absl::StrCat(where, ".q_heads ", it.q_heads(), " exceeds 65536"));
+  if (it.q_heads() == 0 || it.q_heads() % kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where(".q_heads "), it.q_heads(), " is not a positive multiple of kv_heads ", kv_heads));
+  }
+  if (it.q_heads() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(where(".q_heads "), it.q_heads(), " exceeds 65536"));
   }
   const size_t qe = static_cast<size_t>(it.q_heads()) * d;
-  if (st.ok()) {
-    st = CheckTensorBytes(where + ".query", it.dtype(), it.query().size(), qe,
-                          absl::StrCat("q_heads ", it.q_heads(), " x head_dim ", d));
+  if (absl::Status st = io_.Prepare(it, i, qe, &w->io); !st.ok()) return st;
+  if (!w->io.step && it.has_new_token_index()) {
+    return absl::InvalidArgumentError(absl::StrCat(where(".new_token_index "), it.new_token_index(),
+                                                   " is set but new_key/new_value are empty"));
   }
-  if (st.ok()) {
-    if (it.dtype() == v1::DTYPE_F32 && reinterpret_cast<uintptr_t>(it.query().data()) % alignof(float) == 0) {
-      w->query = reinterpret_cast<const float*>(it.query().data());
-    } else {
-      w->converted.resize(qe);
-      TensorToFloat(it.query(), it.dtype(), qe, w->converted.data());
-      w->query = w->converted.data();
-    }
-    st = CheckValues(where + ".query", w->query, qe, std::numeric_limits<float>::max());
-  }
-  w->step = !it.new_key().empty() || !it.new_value().empty();
-  if (st.ok() && w->step) {
-    const std::string shape = absl::StrCat("1 token x kv_heads ", kv_heads, " x head_dim ", d);
-    st = CheckTensorBytes(where + ".new_key", it.dtype(), it.new_key().size(), h_.n(), shape);
-    if (st.ok()) st = CheckTensorBytes(where + ".new_value", it.dtype(), it.new_value().size(), h_.n(), shape);
-    if (st.ok()) {
-      w->key.resize(h_.n());
-      w->value.resize(h_.n());
-      TensorToFloat(it.new_key(), it.dtype(), h_.n(), w->key.data());
-      TensorToFloat(it.new_value(), it.dtype(), h_.n(), w->value.data());
-      st = CheckValues(where + ".new_key", w->key.data(), h_.n(), h_.value_limit());
-      if (st.ok()) st = CheckValues(where + ".new_value", w->value.data(), h_.n(), h_.value_limit());
-    }
-  }
-  if (st.ok() && !w->step && it.has_new_token_index()) {
-    st = absl::InvalidArgumentError(absl::StrCat(
-        where, ".new_token_index ", it.new_token_index(), " is set but new_key/new_value are empty"));
-  }
-  if (st.ok() && it.has_new_token_index() && it.new_token_index() > kMaxTokenIndex) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat(where, ".new_token_index ", it.new_token_index(), " exceeds ", kMaxTokenIndex));
+  if (it.has_new_token_index() && it.new_token_index() > kMaxTokenIndex) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where(".new_token_index "), it.new_token_index(), " exceeds ", kMaxTokenIndex));
   }
   w->scale = it.has_softmax_scale() ? it.softmax_scale() : 1.0f / std::sqrt(static_cast<float>(d));
-  if (st.ok() && !(std::isfinite(w->scale) && w->scale > 0.0f)) {
-    st = absl::InvalidArgumentError(absl::StrCat(where, ".softmax_scale ", w->scale, " must be finite and > 0"));
+  if (!(std::isfinite(w->scale) && w->scale > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(where(".softmax_scale "), w->scale, " must be finite and > 0"));
   }
-  return st;
+  return absl::OkStatus();
 }
 
 absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                       int64_t* total_pages) const {
   // Simulated (length, window) per layer: items of one batch may share a layer.
-  std::map<std::pair<Sequence*, uint32_t>, std::pair<int64_t, int64_t>> sim;
+  absl::flat_hash_map<const LayerState*, std::pair<int64_t, int64_t>> sim;
   for (int i = 0; i < request.items_size(); ++i) {
     const v1::AttendItem& it = request.items(i);
     AttendWork& w = (*work)[i];
@@ -205,15 +213,22 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
       return absl::NotFoundError(
           absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found (released)"));
     }
-    const LayerState& layer = w.seq->layers[it.layer()];
-    auto key = std::make_pair(w.seq, it.layer());
-    auto found = sim.find(key);
+    const LayerState& layer = *w.layer;
+    if (!w.io.step) {
+      if (layer.length == 0 && sim.find(&layer) == sim.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("items[", i, "]: layer ", it.layer(), " of sequence_id ",
+                                                          Quoted(it.sequence_id()),
+                                                          " holds no tokens; nothing to attend to"));
+      }
+      continue;  // the layer as it is (or as earlier steps of the batch leave it)
+    }
+    auto found = sim.find(&layer);
     if (found == sim.end()) {
-      found = sim.emplace(key, std::make_pair(layer.length, static_cast<int64_t>(layer.window_keys.size() / h_.n())))
+      found = sim.emplace(&layer, std::make_pair(layer.length, static_cast<int64_t>(layer.window_keys.size() / h_.n())))
                   .first;
     }
     auto& [length, window] = found->second;
-    if (w.step) {
+    {
       const uint64_t first = it.has_new_token_index() ? it.new_token_index() : length;
       absl::StatusOr<AppendPlan> plan = h_.PlanAppend(length, window, absl::StrCat("items[", i, "].new_token_index"),
                                                    it.sequence_id(), it.layer(), first, 1);
@@ -224,7 +239,7 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
       // batch: a token planned by an earlier item of the batch is not
       // stored yet, and such a repeat is acknowledged as before.
       if (plan->skip > 0 && static_cast<int64_t>(first) < layer.length) {
-        absl::Status st = h_.CheckRepeat(layer, first, 1, w.key.data(), w.value.data(),
+        absl::Status st = h_.CheckRepeat(layer, first, 1, w.io.key.data(), w.io.value.data(),
                                       absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
         if (!st.ok()) return st;
       }
@@ -252,7 +267,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   std::vector<int64_t> need(h_.pool_->partitions(), 0);
   for (int i = 0; i < request.items_size(); ++i) {
     const AttendWork& w = (*work)[i];
-    if (w.step) need[w.seq->device] += w.plan.pages;
+    if (w.io.step) need[w.seq->device] += w.plan.pages;
   }
   std::vector<std::vector<PageId>> reserved(need.size());
   for (size_t k = 0; k < need.size(); ++k) {
@@ -270,19 +285,19 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   HotTier::Held held;
   for (int i = 0; i < request.items_size(); ++i) {
     held.sequences.insert((*work)[i].seq);
-    held.layers.insert((*work)[i].seq->layers[request.items(i).layer()].id);
+    held.layers.insert((*work)[i].layer->id);
   }
   absl::Status st;
   for (int i = 0; i < request.items_size() && st.ok(); ++i) {
     AttendWork& w = (*work)[i];
     const v1::AttendItem& it = request.items(i);
-    if (w.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
-    if (!w.step || w.plan.fresh == 0) continue;
+    if (w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
+    if (!w.io.step || w.plan.fresh == 0) continue;
     const std::vector<PageId>& mine = reserved[w.seq->device];
     size_t& at = taken[w.seq->device];
     std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
-    st = h_.ApplyAppend(&w.seq->layers[it.layer()], static_cast<int>(it.layer()), w.plan, w.key.data(), w.value.data(),
-                     pages, held);
+    st = h_.ApplyAppend(w.layer, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(), pages,
+                        held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       break;
@@ -306,26 +321,29 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
 }
 
 absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::AttendResponse* response,
-                                 const std::string& tenant) {
+                                       const std::string& tenant) {
   const int items = request.items_size();
   if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
   if (items > h_.options_.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("items has ", items, " entries; max_batch is ", h_.options_.max_batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("items has ", items, " entries; max_batch is ", h_.options_.max_batch));
   }
-  // 1. Validate every item before touching any state.
+  // 1. Validate every item before touching any state; tensors the device
+  // reads in client memory are checked in one backend call.
   std::vector<AttendWork> work(items);
   for (int i = 0; i < items; ++i) {
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
   }
-  // 2. The hot tier: promote the items' cold layers (sync) or queue them
-  // (async), before any lock of the batch is held (HOT TIER in handler.h).
-  if (h_.hot_ != nullptr) PrepareHotTier(request, tenant);
-  // 3. Find the sequences and lock them and their layers in order.
+  if (absl::Status st = io_.ReadClientTensors(); !st.ok()) return st;
+  // 2. Find the sequences; 3. the hot tier: promote the items' cold layers
+  // (sync) or queue them (async), before any lock of the batch is held
+  // (LOCK ORDER in handler.h); 4. lock them and their layers in order.
   AttendLocks locks;
   if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) return st;
+  if (h_.hot_ != nullptr) PrepareHotTier(request, work, locks);
   locks.Lock();
-  // 4. Plan every decode step on simulated lengths; 5. reserve all pages
+  // 5. Plan every decode step on simulated lengths; 6. reserve all pages
   // at once, then apply the steps.
   int64_t total_pages = 0;
   size_t used = 0;
@@ -337,44 +355,42 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     return st;
   }
 
-  // 6. Attention, every item at once.
+  // 7. Attention, every item at once.
   const int d = h_.codec_->head_dim();
   std::vector<AttendJob> jobs(items);
   response->clear_results();
-  std::vector<std::vector<float>> lse(items);
+  response->mutable_results()->Reserve(items);
   uint64_t attended = 0;
+  bool any_step = false;
   for (int i = 0; i < items; ++i) {
     const v1::AttendItem& it = request.items(i);
-    const LayerState& layer = work[i].seq->layers[it.layer()];
+    const LayerState& layer = *work[i].layer;
     v1::AttendResult* r = response->add_results();
-    r->mutable_output()->resize(static_cast<size_t>(it.q_heads()) * d * sizeof(float));
-    lse[i].resize(it.q_heads());
     AttendJob& j = jobs[i];
     j.pages = absl::MakeConstSpan(layer.pages);
     j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
                           static_cast<int64_t>(layer.window_keys.size() / h_.n())};
     j.window_id = layer.id;
     j.window_first = static_cast<int64_t>(layer.pages.size()) * h_.pool_->page_tokens();
-    j.query = work[i].query;
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;
     j.layer = static_cast<int>(it.layer());
     j.hot = layer.hot;
-    j.out = reinterpret_cast<float*>(r->mutable_output()->data());
-    j.lse = lse[i].data();
+    io_.Bind(&work[i].io, static_cast<size_t>(it.q_heads()) * d, j.q_heads, &j, r);
     r->set_tokens(layer.length);
     r->set_compressed_tokens(layer.pages.size() * h_.pool_->page_tokens());
     attended += layer.length;
+    any_step = any_step || work[i].io.step;
   }
   if (h_.options_.verify_pages_on_attend) {
     // Each cold page against its checksum before it is attended (hot
     // pages: backends/page_checksum.h, "What it covers").
     for (int i = 0; i < items; ++i) {
-      const LayerState& layer = work[i].seq->layers[request.items(i).layer()];
+      const LayerState& layer = *work[i].layer;
       if (layer.hot) continue;
       for (size_t k = 0; k < layer.pages.size(); ++k) {
         absl::Status st = h_.verifier_->Verify(layer, k, layer.pages[k], work[i].seq->id,
-                                         static_cast<int>(request.items(i).layer()), kCheckAttend);
+                                               static_cast<int>(request.items(i).layer()), kCheckAttend);
         if (!st.ok()) {
           locks.Unlock();
           return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
@@ -388,8 +404,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     // Hot layers cannot be demoted while read-locked: their entries exist.
     const int64_t now = h_.hot_->NowNs();
     for (int i = 0; i < items; ++i) {
-      const LayerState& layer = work[i].seq->layers[request.items(i).layer()];
-      if (layer.hot) h_.hot_->Touch(layer.id, now);
+      if (work[i].layer->hot) h_.hot_->Touch(work[i].layer->id, now);
     }
   }
   locks.Unlock();
@@ -397,15 +412,15 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     if (!jobs[i].status.ok()) {
       return absl::Status(jobs[i].status.code(), absl::StrCat("items[", i, "]: ", jobs[i].status.message()));
     }
-    response->mutable_results(i)->mutable_lse()->Assign(lse[i].begin(), lse[i].end());
+    io_.Finish(&work[i].io, static_cast<size_t>(request.items(i).q_heads()) * d, jobs[i].q_heads,
+               response->mutable_results(i));
   }
   h_.totals_.attention_tokens += attended;
   h_.metrics_->attention_tokens->Increment(static_cast<double>(attended));
   h_.metrics_->attention_items->Increment(items);
-  if (total_pages > 0 || used > 0 || h_.hot_ != nullptr ||
-      std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return w.step; })) {
-    h_.PublishGauges();
-  }
+  // Gauges move only when pages or windows changed (promotions publish
+  // their own).
+  if (total_pages > 0 || used > 0 || any_step) h_.PublishGauges();
   return absl::OkStatus();
 }
 

@@ -1,0 +1,221 @@
+#include "service/attend_io.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+std::string Field(int index, absl::string_view field) { return absl::StrCat("items[", index, "].", field); }
+
+}  // namespace
+
+AttendIo::AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n,
+                   float value_limit)
+    : regions_(regions),
+      backend_(backend),
+      tenant_(tenant),
+      head_dim_(head_dim),
+      n_(n),
+      value_limit_(value_limit),
+      device_reads_(backend->AddressesClientMemory()) {}
+
+absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
+                                             const char* field) {
+  std::shared_ptr<const Region> region;
+  for (const auto& r : seen_) {
+    if (r->id() == ref.region_id()) region = r;
+  }
+  if (region == nullptr) {
+    if (regions_ == nullptr) return RegionTable::NotFound(ref, Field(index, field));
+    absl::StatusOr<std::shared_ptr<const Region>> found = regions_->Acquire(tenant_, ref, Field(index, field));
+    if (!found.ok()) return found.status();
+    region = *std::move(found);
+    seen_.push_back(region);
+  }
+  const uint64_t offset = ref.offset(), size = region->size();
+  if (offset > size || bytes > size - offset || offset % alignment != 0) {
+    return RegionTable::View(region, ref, bytes, alignment, Field(index, field));  // the error
+  }
+  RegionView view;
+  view.data = static_cast<char*>(region->base()) + offset;
+  view.space = region->space();
+  view.device = region->device();
+  view.keep_alive = std::move(region);
+  return view;
+}
+
+absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const char* field,
+                                  const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements,
+                                  float limit, std::vector<float>* out, const float** in_place, int* read,
+                                  ItemIo* io) {
+  const int dtype = item.dtype();
+  const size_t eb = DTypeBytes(dtype);
+  absl::string_view bytes = inline_bytes;
+  if (ref != nullptr) {
+    if (!inline_bytes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(Field(index, field), " and ", field, "_ref are both set"));
+    }
+    if (eb == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Field(index, "dtype"), " ", DTypeName(dtype), " is not bf16, fp16 or f32"));
+    }
+    absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, field == nullptr ? "" : field);
+    if (!view.ok()) return view.status();
+    io->regions.push_back(view->keep_alive);
+    if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
+      // The device reads it where it is (a query); checked by
+      // ReadClientTensors.
+      if (!device_reads_) {
+        return absl::FailedPreconditionError(absl::StrCat(Field(index, field), "_ref names device memory; the ",
+                                                          backend_->name(), " backend reads host regions only"));
+      }
+      if (in_place != nullptr) {
+        io->query_dev = view->data;
+        io->query_dtype = dtype;
+        *read = static_cast<int>(reads_.size());
+        reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), nullptr});
+      } else {
+        out->resize(elements);
+        *read = static_cast<int>(reads_.size());
+        reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), out->data()});
+      }
+      read_fields_.emplace_back(index, field);
+      return absl::OkStatus();
+    }
+    bytes = absl::string_view(static_cast<const char*>(view->data), elements * eb);
+  } else {
+    const std::string shape = in_place != nullptr
+                                  ? absl::StrCat("q_heads ", elements / head_dim_, " x head_dim ", head_dim_)
+                                  : absl::StrCat("1 token x kv_heads ", n_ / head_dim_, " x head_dim ", head_dim_);
+    absl::Status st = CheckTensorBytes(Field(index, field), dtype, bytes.size(), elements, shape);
+    if (!st.ok()) return st;
+  }
+  const float* values;
+  if (in_place != nullptr && dtype == v1::DTYPE_F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+    values = reinterpret_cast<const float*>(bytes.data());
+    *in_place = values;
+  } else {
+    out->resize(elements);
+    TensorToFloat(bytes, dtype, elements, out->data());
+    values = out->data();
+    if (in_place != nullptr) *in_place = values;
+  }
+  return CheckValues(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field), values,
+                     elements, limit);
+}
+
+absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, ItemIo* io) {
+  // Output first: its dtype decides nothing else, but a bad one is cheap to
+  // find.
+  const int out_dtype = it.output_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : it.output_dtype();
+  if (out_dtype != v1::DTYPE_F32 && out_dtype != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Field(index, "output_dtype"), " ", DTypeName(out_dtype), " is not f32 or bf16"));
+  }
+  io->out_dtype = out_dtype;
+  absl::Status st = HostTensor(it, index, "query", it.query(), it.has_query_ref() ? &it.query_ref() : nullptr, qe,
+                               std::numeric_limits<float>::max(), &io->converted, &io->query, &io->query_read, io);
+  if (!st.ok()) return st;
+  io->step = !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
+  if (io->step) {
+    st = HostTensor(it, index, "new_key", it.new_key(), it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_,
+                    value_limit_, &io->key, nullptr, &io->key_read, io);
+    if (st.ok()) {
+      st = HostTensor(it, index, "new_value", it.new_value(), it.has_new_value_ref() ? &it.new_value_ref() : nullptr,
+                      n_, value_limit_, &io->value, nullptr, &io->value_read, io);
+    }
+    if (!st.ok()) return st;
+  }
+  if (it.has_output_ref() != it.has_lse_ref()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Field(index, "output_ref"), " and lse_ref: set both or neither"));
+  }
+  if (it.has_output_ref()) {
+    const size_t eb = out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    const size_t q_heads = qe / head_dim_;
+    absl::StatusOr<RegionView> out = Resolve(it.output_ref(), qe * eb, eb, index, "output_ref");
+    if (!out.ok()) return out.status();
+    absl::StatusOr<RegionView> lse = Resolve(it.lse_ref(), q_heads * 4, 4, index, "lse_ref");
+    if (!lse.ok()) return lse.status();
+    if (!device_reads_ && (out->space == MemorySpace::kDevice || lse->space == MemorySpace::kDevice)) {
+      return absl::FailedPreconditionError(absl::StrCat(Field(index, "output_ref"), " names device memory; the ",
+                                                        backend_->name(), " backend writes host regions only"));
+    }
+    io->out_ref = out->data;
+    io->lse_ref = static_cast<float*>(lse->data);
+    io->out_ref_device = device_reads_;
+    io->regions.push_back(out->keep_alive);
+    io->regions.push_back(lse->keep_alive);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttendIo::ReadClientTensors() {
+  if (reads_.empty()) return absl::OkStatus();
+  absl::Status st = backend_->ReadClientTensors(absl::MakeSpan(reads_));
+  if (!st.ok()) return st;
+  for (size_t r = 0; r < reads_.size(); ++r) {
+    const auto& [index, field] = read_fields_[r];
+    const ClientRead& read = reads_[r];
+    if (read.bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite"));
+    }
+    if (read.host != nullptr) {
+      st = CheckValues(absl::StrCat(Field(index, field), "_ref"), read.host, read.elements, value_limit_);
+      if (!st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AttendIo::Bind(ItemIo* io, size_t qe, int q_heads, AttendJob* job, v1::AttendResult* result) {
+  job->query = io->query;
+  job->query_dev = io->query_dev;
+  job->query_dtype = io->query_dtype;
+  if (io->out_ref != nullptr && io->out_ref_device) {
+    job->out_dev = io->out_ref;
+    job->out_dtype = io->out_dtype;
+    job->lse_dev = io->lse_ref;
+    job->out = nullptr;
+    job->lse = nullptr;
+    return;
+  }
+  if (io->out_ref != nullptr) {
+    job->lse = io->lse_ref;
+    if (io->out_dtype == v1::DTYPE_F32) {
+      job->out = static_cast<float*>(io->out_ref);
+      return;
+    }
+  } else {
+    io->lse_scratch.resize(q_heads);
+    job->lse = io->lse_scratch.data();
+    if (io->out_dtype == v1::DTYPE_F32) {
+      result->mutable_output()->resize(qe * sizeof(float));
+      job->out = reinterpret_cast<float*>(result->mutable_output()->data());
+      return;
+    }
+  }
+  io->out_scratch.resize(qe);
+  job->out = io->out_scratch.data();
+}
+
+void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {
+  if (io->out_ref != nullptr && io->out_ref_device) return;
+  if (io->out_ref == nullptr) {
+    result->mutable_lse()->Assign(io->lse_scratch.begin(), io->lse_scratch.end());
+    if (io->out_dtype == v1::DTYPE_BF16) FloatToTensor(io->out_scratch.data(), qe, v1::DTYPE_BF16, result->mutable_output());
+    return;
+  }
+  if (io->out_dtype == v1::DTYPE_BF16) {
+    uint16_t* dst = static_cast<uint16_t*>(io->out_ref);
+    for (size_t e = 0; e < qe; ++e) dst[e] = FloatToBf16(io->out_scratch[e]);
+  }
+}
+
+}  // namespace driftkv

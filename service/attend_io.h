@@ -1,0 +1,109 @@
+// Where the tensors of an Attend item come from and where its answer goes:
+// inline bytes of the request and response, or (region, offset)
+// references into memory the client registered (service/regions.h).
+//
+// For each item, Prepare resolves and checks every tensor before any state
+// changes (the handler's all-or-nothing rule):
+//   query      inline bytes, or query_ref. On a backend that addresses
+//              client memory (Backend::AddressesClientMemory, the CUDA
+//              backend) a referenced query is read by the device where it
+//              is; otherwise it must be host memory and is read like
+//              inline bytes (in place when f32 and aligned).
+//   new_key/   inline bytes, or new_key_ref/new_value_ref: always brought
+//   new_value  to the host as floats (the bf16 window lives there).
+//   output,    inline in the AttendResult (output_dtype f32 or bf16), or
+//   lse        written straight into output_ref/lse_ref (both or neither).
+// Tensors the device reads in client memory are checked for non-finite
+// values by ReadClientTensors, one backend call for the whole request.
+// Bind points an AttendJob at the item's tensors; Finish moves what the
+// backend left in host scratch to its destination.
+//
+// Every message names the item's field: "items[3].query_ref.region_id 7
+// not found" (RegionTable's words), "items[3].output_ref and lse_ref: both
+// or neither".
+#ifndef DRIFTKV_SERVICE_ATTEND_IO_H_
+#define DRIFTKV_SERVICE_ATTEND_IO_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "backends/backend.h"
+#include "proto/driftkv.pb.h"
+#include "service/regions.h"
+
+namespace driftkv {
+
+// The resolved tensors of one item.
+struct ItemIo {
+  // Query: host floats (`query`, owned by `converted` when converted), or
+  // client memory the device reads (`query_dev` in query_dtype).
+  const float* query = nullptr;
+  std::vector<float> converted;
+  const void* query_dev = nullptr;
+  int query_dtype = v1::DTYPE_F32;
+  // The decode step's token, host floats [n] each.
+  bool step = false;
+  std::vector<float> key, value;
+  // Output: inline (response) or a region; host scratch when the backend
+  // writes floats that must then be converted or copied.
+  int out_dtype = v1::DTYPE_F32;
+  void* out_ref = nullptr;       // region memory, or null: inline
+  float* lse_ref = nullptr;
+  bool out_ref_device = false;   // the backend writes out_ref/lse_ref itself
+  std::vector<float> out_scratch, lse_scratch;
+  // Indices into the request's ClientRead list (-1: none).
+  int query_read = -1, key_read = -1, value_read = -1;
+  // Keeps referenced regions mapped until the item is done.
+  absl::InlinedVector<std::shared_ptr<const Region>, 5> regions;
+};
+
+class AttendIo {
+ public:
+  // `regions` may be null (the server has none: every ref is NOT_FOUND).
+  // `value_limit`: the largest |x| of a decode step's key or value.
+  AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n,
+           float value_limit);
+
+  // Resolves item `index`'s tensors into *io; `q_elements` = q_heads x
+  // head_dim. No state changes.
+  absl::Status Prepare(const v1::AttendItem& item, int index, size_t q_elements, ItemIo* io);
+  // Reads and checks, in one backend call, the tensors Prepare left in
+  // client memory; InvalidArgument naming the first non-finite value.
+  absl::Status ReadClientTensors();
+  // Points `job` at the item's query and output; `result` is the item's
+  // AttendResult (its inline output is sized here).
+  void Bind(ItemIo* io, size_t q_elements, int q_heads, AttendJob* job, v1::AttendResult* result);
+  // After the backend ran `job`: inline lse and bf16 outputs, host-region
+  // copies.
+  void Finish(ItemIo* io, size_t q_elements, int q_heads, v1::AttendResult* result);
+
+ private:
+  // `bytes` at `ref`, aligned to `alignment`, of a region of the tenant;
+  // one table lookup per region and request.
+  absl::StatusOr<RegionView> Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
+                                     const char* field);
+  // One input tensor, inline or by `ref` (null: inline): into *out as
+  // floats (or, with `in_place` set, a query: *in_place points at the
+  // floats, in place when possible, or the device reads it).
+  absl::Status HostTensor(const v1::AttendItem& item, int index, const char* field, const std::string& inline_bytes,
+                          const v1::TensorRef* ref, size_t elements, float limit, std::vector<float>* out,
+                          const float** in_place, int* read, ItemIo* io);
+
+  RegionTable* const regions_;
+  Backend* const backend_;
+  const std::string& tenant_;
+  const int head_dim_, n_;
+  const float value_limit_;
+  const bool device_reads_;
+  absl::InlinedVector<std::shared_ptr<const Region>, 4> seen_;  // looked up in this request
+  std::vector<ClientRead> reads_;
+  std::vector<std::pair<int, const char*>> read_fields_;  // item index and field of each read
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_ATTEND_IO_H_
