@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "service/attend_stream.h"
 #include "service/auth.h"
 
 namespace driftkv {
@@ -142,6 +143,11 @@ grpc::Status KvCacheService::PushChunk(grpc::ServerContext* context, const v1::P
                                        v1::AppendResponse* response) {
   RpcTimer timer(metrics_, "PushChunk");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  // By reference: the keys and values are in a registered region; no
+  // channel carries them.
+  if (request->has_keys_ref() || request->has_values_ref()) {
+    return timer.Finish(ToGrpcStatus(handler_->AppendReferenced(*request, response, tenant)));
+  }
   const absl::Time deadline = absl::FromChrono(context->deadline());
   return timer.Finish(ToGrpcStatus(channels_->Push(*request, deadline, response, tenant)));
 }
@@ -177,6 +183,60 @@ grpc::Status KvCacheService::RenewRegions(grpc::ServerContext* context, const v1
   if (regions_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no memory regions"));
   return timer.Finish(ToGrpcStatus(regions_->Renew(*request, response, tenant)));
 }
+
+namespace {
+
+// The gRPC end of service/attend_stream.h.
+class GrpcFrameStream : public FrameStream {
+ public:
+  GrpcFrameStream(grpc::ServerContext* context,
+                  grpc::ServerReaderWriter<v1::AttendFrameResult, v1::AttendFrame>* stream)
+      : context_(context), stream_(stream) {}
+  bool Read(v1::AttendFrame* frame) override { return stream_->Read(frame); }
+  bool Write(const v1::AttendFrameResult& result) override { return stream_->Write(result); }
+  bool Cancelled() override { return context_->IsCancelled(); }
+
+ private:
+  grpc::ServerContext* const context_;
+  grpc::ServerReaderWriter<v1::AttendFrameResult, v1::AttendFrame>* const stream_;
+};
+
+}  // namespace
+
+grpc::Status KvCacheService::AttendStream(grpc::ServerContext* context,
+                                          grpc::ServerReaderWriter<v1::AttendFrameResult, v1::AttendFrame>* stream) {
+  RpcTimer timer(metrics_, "AttendStream");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  GrpcFrameStream frames(context, stream);
+  Handler* handler = handler_;
+  Metrics* metrics = metrics_;
+  // Each frame is timed as an Attend (the stream's own latency is its life).
+  const AttendFn attend = [handler, metrics](const v1::AttendRequest& request, v1::AttendResponse* response,
+                                             const std::string& tenant) {
+    RpcTimer frame_timer(metrics, "AttendStream.frame");
+    absl::Status st = handler->Attend(request, response, tenant);
+    frame_timer.Finish(ToGrpcStatus(st));
+    return st;
+  };
+  return timer.Finish(ToGrpcStatus(ServeAttendStream(&frames, attend, tenant)));
+}
+
+grpc::Status KvCacheService::OpenDoorbell(grpc::ServerContext* context, const v1::OpenDoorbellRequest* request,
+                                          v1::OpenDoorbellResponse* response) {
+  RpcTimer timer(metrics_, "OpenDoorbell");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  if (doorbells_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no doorbells"));
+  return timer.Finish(ToGrpcStatus(doorbells_->Open(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::CloseDoorbell(grpc::ServerContext* context, const v1::CloseDoorbellRequest* request,
+                                           v1::CloseDoorbellResponse* response) {
+  RpcTimer timer(metrics_, "CloseDoorbell");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  if (doorbells_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no doorbells"));
+  return timer.Finish(ToGrpcStatus(doorbells_->Close(*request, tenant)));
+}
+
 
 #undef DRIFTKV_TENANT_OR_RETURN
 

@@ -9,6 +9,7 @@
 #include "proto/driftkv.grpc.pb.h"
 #include "service/channels.h"
 #include "service/tokens.h"
+#include "service/doorbell.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 #include "service/regions.h"
@@ -20,10 +21,16 @@ class KvCacheService final : public v1::KvCache::Service {
   // All must outlive the service.
   // `tokens`: null without tokens; else each call's tenant comes from its
   // bearer token (service/auth.h).
-  // `regions`: null answers the region methods with UNIMPLEMENTED.
+  // `regions`, `doorbells`: null answers their methods with UNIMPLEMENTED.
   KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics,
-                 std::shared_ptr<const TokenTable> tokens = nullptr, RegionTable* regions = nullptr)
-      : handler_(handler), channels_(channels), metrics_(metrics), tokens_(std::move(tokens)), regions_(regions) {}
+                 std::shared_ptr<const TokenTable> tokens = nullptr, RegionTable* regions = nullptr,
+                 DoorbellTable* doorbells = nullptr)
+      : handler_(handler),
+        channels_(channels),
+        metrics_(metrics),
+        tokens_(std::move(tokens)),
+        regions_(regions),
+        doorbells_(doorbells) {}
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -51,6 +58,12 @@ class KvCacheService final : public v1::KvCache::Service {
                                 v1::UnregisterRegionResponse* response) override;
   grpc::Status RenewRegions(grpc::ServerContext* context, const v1::RenewRegionsRequest* request,
                             v1::RenewRegionsResponse* response) override;
+  grpc::Status AttendStream(grpc::ServerContext* context,
+                            grpc::ServerReaderWriter<v1::AttendFrameResult, v1::AttendFrame>* stream) override;
+  grpc::Status OpenDoorbell(grpc::ServerContext* context, const v1::OpenDoorbellRequest* request,
+                            v1::OpenDoorbellResponse* response) override;
+  grpc::Status CloseDoorbell(grpc::ServerContext* context, const v1::CloseDoorbellRequest* request,
+                             v1::CloseDoorbellResponse* response) override;
 
  private:
   Handler* const handler_;
@@ -58,6 +71,7 @@ class KvCacheService final : public v1::KvCache::Service {
   Metrics* const metrics_;
   const std::shared_ptr<const TokenTable> tokens_;
   RegionTable* const regions_;
+  DoorbellTable* const doorbells_;
 };
 
 // absl::Status -> grpc::Status (the code numbers are the same by design).

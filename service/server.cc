@@ -36,8 +36,15 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
     if (!socket.ok()) return socket.status();
     s->region_socket_ = *std::move(socket);
   }
+  s->handler_->AttachRegions(s->regions_.get());
+  Handler* attend_handler = s->handler_.get();
+  s->doorbells_ = std::make_unique<DoorbellTable>(
+      s->regions_.get(), [attend_handler](const v1::AttendRequest& request, v1::AttendResponse* response,
+                                          const std::string& tenant) {
+        return attend_handler->Attend(request, response, tenant);
+      });
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
-                                                 options.tokens, s->regions_.get());
+                                                 options.tokens, s->regions_.get(), s->doorbells_.get());
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
 
@@ -113,6 +120,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
         self->handler_->ExpireIdle();
         self->channels_->CloseIdle();
         self->regions_->ExpireIdle();
+        self->doorbells_->Sweep();
       }
     });
   }
@@ -135,6 +143,7 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   }
   exposer_.reset();
   // After the calls in flight: nothing refers to a region any more.
+  if (doorbells_ != nullptr) doorbells_->CloseAll();
   region_socket_.reset();
   if (regions_ != nullptr) regions_->UnregisterAll();
 }

@@ -20,6 +20,7 @@
 #include "service/handler.h"
 #include "service/metrics.h"
 #include "service/region_socket.h"
+#include "service/doorbell.h"
 #include "service/regions.h"
 #include "service/server_metrics.h"
 
@@ -75,6 +76,9 @@ class DriftkvServer {
   // Memory regions (service/regions.h) and their socket (options.region_socket).
   std::unique_ptr<RegionTable> regions_;
   std::unique_ptr<RegionSocket> region_socket_;
+  // Doorbells in host regions (service/doorbell.h); stopped before the
+  // regions go.
+  std::unique_ptr<DoorbellTable> doorbells_;
   std::unique_ptr<KvCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
   // Plaintext grpc.health.v1 only (options.health_listen), mirroring the
