@@ -1,20 +1,25 @@
 // The service's own cost of one Attend, without a GPU: an in-process
 // driftkv server on a "null" backend (registered here, not in production
 // code) whose EncodePages writes nothing and whose Attend answers at once
-// (output = the query, lse = the item's token count), batched like CUDA
-// (PrefersBatchedAttend). Prefills S sequences x T tokens of one layer
-// (bf16 chunks, through the Handler), then times, interleaved, --reps calls
-// of the S-item Attend (8 KV heads x 128, 32 query heads, --dtype queries):
-//   handler   Handler::Attend, no network;
-//   grpc      the library client (client/client.h) over loopback;
+// with constant work (the output's first and last element = the query's,
+// lse = the item's token count), batched like CUDA (PrefersBatchedAttend).
+// Prefills S sequences x T tokens of one layer (bf16 chunks, through the
+// Handler), then times, interleaved, --reps calls of the S-item Attend (8
+// KV heads x 128, 32 query heads, --dtype queries), inline and by
+// reference to a host region (f32 queries and outputs in shared memory):
+//   handler         Handler::Attend, no network;
+//   grpc            the library client (client/client.h) over loopback;
+//   stream          by reference over the AttendStream;
+//   doorbell        by reference through a doorbell (wire/doorbell.h);
 // and, to split the gRPC path, the protobuf work alone: serialising and
-// parsing the request and the response. Every gRPC answer is checked.
+// parsing the request and the response. Every answer is checked.
 //
 //   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
-//                          [--dtype=f32|bf16] [--no_deadlock_detection]
+//                          [--dtype=f32|bf16] [--deadlock_detection]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +33,10 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/registry.h"
 #include "bench/check.h"
+#include "client/attend_stream.h"
 #include "client/client.h"
+#include "client/doorbell.h"
+#include "client/regions.h"
 #include "service/server.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
@@ -50,7 +58,9 @@ class NullBackend : public Backend {
   }
   void Attend(absl::Span<AttendJob> jobs) override {
     for (AttendJob& j : jobs) {
-      std::memcpy(j.out, j.query, sizeof(float) * j.q_heads * kD);
+      const size_t last = static_cast<size_t>(j.q_heads) * kD - 1;
+      j.out[0] = j.query[0];
+      j.out[last] = j.query[last];
       const float tokens = static_cast<float>(j.window_first + j.window.tokens);
       std::fill(j.lse, j.lse + j.q_heads, tokens);
       j.status = absl::OkStatus();
@@ -94,14 +104,16 @@ int Run(int argc, char** argv) {
   const int context = IntFlag(argc, argv, "context", 8192);
   const int reps = IntFlag(argc, argv, "reps", 300);
   bool bf16 = false;
-  bool no_deadlock_detection = false;
+  bool deadlock_detection = false;
   for (int i = 1; i < argc; ++i) {
     bf16 = bf16 || std::string(argv[i]) == "--dtype=bf16";
-    no_deadlock_detection = no_deadlock_detection || std::string(argv[i]) == "--no_deadlock_detection";
+    deadlock_detection = deadlock_detection || std::string(argv[i]) == "--deadlock_detection";
   }
   // Abseil's Mutex deadlock detection (on in this build of Abseil) records
-  // an edge per lock held for each acquisition: 128 locks per 64-item Attend.
-  if (no_deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // an edge per lock held for each acquisition: 128 locks per 64-item
+  // Attend. driftkv-server turns it off (service/main.cc); so does this
+  // benchmark unless asked.
+  if (!deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const v1::DType dtype = bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
 
   ServiceOptions o;
@@ -114,6 +126,7 @@ int Run(int argc, char** argv) {
   o.pool_bytes = static_cast<uint64_t>(sequences) * (context / 128 + 1) * 80000 + (64ull << 20);
   o.max_sequences = sequences + 8;
   o.max_batch = std::max(o.max_batch, sequences);
+  o.region_socket = absl::StrCat("/tmp/driftkv-overhead-", getpid(), ".sock");
   auto server = DriftkvServer::Start(o);
   CHECK_OK(server.status());
   Handler& handler = (*server)->handler();
@@ -159,26 +172,79 @@ int Run(int argc, char** argv) {
   ClientOptions co;
   co.target = absl::StrCat("127.0.0.1:", (*server)->port());
   Client client(co);
+  const size_t qe = static_cast<size_t>(kQHeads) * kD;
   auto check = [&](const v1::AttendResponse& r) {
     if (r.results_size() != sequences) CHECK_OK(absl::InternalError("wrong number of results"));
     for (int s = 0; s < sequences; ++s) {
       const v1::AttendResult& res = r.results(s);
-      if (res.output().size() != sizeof(float) * kQHeads * kD ||
-          std::memcmp(res.output().data(), query.data() + static_cast<size_t>(s) * kQHeads * kD,
-                      res.output().size()) != 0 ||
+      const float* want = query.data() + static_cast<size_t>(s) * qe;
+      const float* got = reinterpret_cast<const float*>(res.output().data());
+      if (res.output().size() != sizeof(float) * qe || got[0] != want[0] || got[qe - 1] != want[qe - 1] ||
           res.lse_size() != kQHeads || res.lse(0) != static_cast<float>(context) ||
           res.tokens() != static_cast<uint64_t>(context)) {
         CHECK_OK(absl::InternalError(absl::StrCat("wrong answer for item ", s)));
       }
     }
   };
+  // By reference: f32 queries, outputs and lse in one host region.
+  auto region = HostRegion::Create(&client, static_cast<uint64_t>(sequences) * (2 * qe + kQHeads) * 4 +
+                                                DoorbellClient::Bytes(1 << 20, 1 << 20));
+  CHECK_OK(region.status());
+  float* shared = static_cast<float*>((*region)->data());
+  const uint64_t out_at = static_cast<uint64_t>(sequences) * qe * 4, lse_at = 2 * out_at;
+  const uint64_t bell_at = (lse_at + static_cast<uint64_t>(sequences) * kQHeads * 4 + 63) / 64 * 64;
+  std::memcpy(shared, query.data(), query.size() * 4);
+  v1::AttendRequest by_ref;
+  for (int s = 0; s < sequences; ++s) {
+    v1::AttendItem* it = by_ref.add_items();
+    it->set_sequence_id(absl::StrCat("seq", s));
+    it->set_dtype(v1::DTYPE_F32);
+    it->set_q_heads(kQHeads);
+    *it->mutable_query_ref() = (*region)->Ref(static_cast<uint64_t>(s) * qe * 4);
+    *it->mutable_output_ref() = (*region)->Ref(out_at + static_cast<uint64_t>(s) * qe * 4);
+    *it->mutable_lse_ref() = (*region)->Ref(lse_at + static_cast<uint64_t>(s) * kQHeads * 4);
+  }
+  auto check_ref = [&](const v1::AttendResponse& r) {
+    if (r.results_size() != sequences) CHECK_OK(absl::InternalError("wrong number of results (by reference)"));
+    for (int s = 0; s < sequences; ++s) {
+      const float* want = query.data() + static_cast<size_t>(s) * qe;
+      const float* got = shared + out_at / 4 + static_cast<size_t>(s) * qe;
+      const float lse = shared[lse_at / 4 + static_cast<size_t>(s) * kQHeads];
+      if (got[0] != want[0] || got[qe - 1] != want[qe - 1] || lse != static_cast<float>(context) ||
+          r.results(s).tokens() != static_cast<uint64_t>(context) || !r.results(s).output().empty()) {
+        CHECK_OK(absl::InternalError(absl::StrCat("wrong answer by reference for item ", s)));
+      }
+      // Cleared, so that the next call must write them again.
+      shared[out_at / 4 + static_cast<size_t>(s) * qe] = 0.0f;
+    }
+  };
+  auto stream = AttendStream::Open(&client);
+  CHECK_OK(stream.status());
+  *(*stream)->frame().mutable_request() = by_ref;
+  auto bell = DoorbellClient::Open(&client, region->get(), bell_at, 1 << 20, 1 << 20);
+  CHECK_OK(bell.status());
   for (int i = 0; i < 20; ++i) {  // warm-up: connection, allocator, caches
     absl::StatusOr<v1::AttendResponse> r = client.Attend(request);
     CHECK_OK(r.status());
     check(*r);
+    CHECK_OK((*stream)->Call());
+    check_ref((*stream)->response());
   }
 
   std::vector<double> hnd, hnd_cpu, rpc, rpc_cpu, req_ser, req_parse, resp_ser, resp_parse;
+  std::vector<double> hnd_ref, rpc_ref, stream_ref, bell_ref;
+  if (IntFlag(argc, argv, "handler_by_reference_only", 0) != 0) {
+    // Only Handler::Attend by reference (for a profiler).
+    for (int i = 0; i < reps; ++i) {
+      v1::AttendResponse ref_response;
+      const auto t0 = Clock::now();
+      CHECK_OK(handler.Attend(by_ref, &ref_response));
+      hnd_ref.push_back(Us(Clock::now() - t0));
+      check_ref(ref_response);
+    }
+    std::printf("Handler::Attend by reference: p50 %.1f us, p99 %.1f us\n", Of(hnd_ref).p50, Of(hnd_ref).p99);
+    return 0;
+  }
   v1::AttendResponse last;
   std::string wire;
   for (int i = 0; i < reps; ++i) {
@@ -196,6 +262,28 @@ int Run(int argc, char** argv) {
     CHECK_OK(handler.Attend(request, &response));
     hnd.push_back(Us(Clock::now() - t0));
     hnd_cpu.push_back(CpuUs() - c0);
+
+    {
+      v1::AttendResponse ref_response;
+      t0 = Clock::now();
+      CHECK_OK(handler.Attend(by_ref, &ref_response));
+      hnd_ref.push_back(Us(Clock::now() - t0));
+      check_ref(ref_response);
+      t0 = Clock::now();
+      absl::StatusOr<v1::AttendResponse> rr = client.Attend(by_ref);
+      rpc_ref.push_back(Us(Clock::now() - t0));
+      CHECK_OK(rr.status());
+      check_ref(*rr);
+      t0 = Clock::now();
+      CHECK_OK((*stream)->Call());
+      stream_ref.push_back(Us(Clock::now() - t0));
+      check_ref((*stream)->response());
+      t0 = Clock::now();
+      absl::StatusOr<v1::AttendResponse> br = (*bell)->Attend(by_ref);
+      bell_ref.push_back(Us(Clock::now() - t0));
+      CHECK_OK(br.status());
+      check_ref(*br);
+    }
 
     // The protobuf work alone (what each side does once per call).
     t0 = Clock::now();
@@ -222,14 +310,21 @@ int Run(int argc, char** argv) {
     const Quantiles q = Of(v);
     std::printf("| %s | %.1f | %.1f |\n", name, q.p50, q.p99);
   };
-  row("gRPC (library client)", rpc);
+  row("gRPC (library client), inline", rpc);
   row("gRPC, CPU time of all threads", rpc_cpu);
-  row("Handler::Attend", hnd);
-  row("Handler::Attend, CPU time", hnd_cpu);
+  row("Handler::Attend, inline", hnd);
+  row("Handler::Attend, inline, CPU time", hnd_cpu);
+  row("Handler::Attend, by reference (host region)", hnd_ref);
+  row("gRPC unary, by reference", rpc_ref);
+  row("AttendStream, by reference", stream_ref);
+  row("doorbell, by reference", bell_ref);
   row("request serialise", req_ser);
   row("request parse", req_parse);
   row("response serialise", resp_ser);
   row("response parse", resp_parse);
+  bell->reset();
+  stream->reset();
+  region->reset();
   (*server)->Shutdown(absl::ZeroDuration());
   return 0;
 }
