@@ -8,7 +8,7 @@ maximum-size Attend answer).
 """
 import threading
 import time
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -21,6 +21,11 @@ from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
+
+if TYPE_CHECKING:  # imported where used: regions and channels are optional
+    from driftkv.attend_stream import AttendStream
+    from driftkv.doorbell import Doorbell
+    from driftkv.regions import HostRegion
 
 
 class Client:
