@@ -64,7 +64,9 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
       return absl::InvalidArgumentError(
           absl::StrCat(Field(index, "dtype"), " ", DTypeName(dtype), " is not bf16, fp16 or f32"));
     }
-    absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, field == nullptr ? "" : field);
+    // Errors name the field that holds the reference: "items[0].query_ref".
+    const std::string ref_field = absl::StrCat(field, "_ref");
+    absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field.c_str());
     if (!view.ok()) return view.status();
     io->regions.push_back(view->keep_alive);
     if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {

@@ -75,6 +75,11 @@ class Info:
     nccl_idle_seconds: float
     nccl_max_chunk_bytes: int
     devices: Tuple[DeviceInfo, ...]
+    region_socket: str            # host regions attach here ("": off; docs/api.md, "Memory regions")
+    max_region_bytes: int
+    region_lease_seconds: int     # the default lease
+    max_region_lease_seconds: int
+    max_regions: int              # per tenant
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,12 @@ class Stats:
     checksum_failures: int          # pages that failed their CRC-32C (docs/reliability.md)
     snapshot_corrupt_pages: int
     snapshot_dropped_sequences: int
+    regions: int                    # registered now, all tenants
+    region_bytes: int
+    tenant_regions: int             # the caller's tenant's
+    tenant_region_bytes: int
+    regions_registered: int         # since start
+    regions_expired: int
 
 
 _ITEMS = {("Info", "devices"): DeviceInfo, ("Stats", "devices"): DeviceStats}

@@ -1,5 +1,6 @@
 """Requests built from arrays and answers turned back into arrays: the part
 of the client shared by the sync and asyncio variants."""
+import sys
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -8,7 +9,7 @@ from driftkv import _tensors as T
 from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
-from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult)
 
 # Tokens per Append message when the caller does not choose: 256 tokens of
@@ -111,11 +112,69 @@ def append_result(m) -> AppendResult:
     return AppendResult(m.chunks, m.tokens_stored, m.tokens_duplicate)
 
 
-def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str]) -> Tuple["pb.AttendRequest", bool]:
+# Where one item's answer goes: (output [q_heads, head_dim], lse [q_heads])
+# arrays of the caller, or None for arrays made here.
+Destination = Optional[Tuple[Array, Array]]
+OUTPUT_DTYPES = {"f32": pb.DTYPE_F32, "bf16": pb.DTYPE_BF16}
+
+
+def output_dtype_of(out, output_dtype: Optional[str]) -> str:
+    """The output dtype asked for, else the destination's own (torch
+    bfloat16 and numpy uint16 bf16 bits: "bf16"), else "f32"."""
+    own = None
+    if out is not None:
+        if T.is_torch(out):
+            own = "bf16" if out.dtype == sys.modules["torch"].bfloat16 else "f32"
+        elif np.asarray(out).dtype == np.uint16:
+            own = "bf16"
+    if output_dtype is None:
+        return own or "f32"
+    check_output_dtype(output_dtype)
+    if own == "bf16" and output_dtype != "bf16":
+        raise invalid(f"out holds bf16 but output_dtype is {output_dtype!r}")
+    return output_dtype
+
+
+def check_output_dtype(output_dtype: str) -> int:
+    if output_dtype not in OUTPUT_DTYPES:
+        raise invalid(f"output_dtype {output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+    return OUTPUT_DTYPES[output_dtype]
+
+
+def destinations(n: int, single: bool, out, lse) -> Optional[List[Destination]]:
+    """The per-item (output, lse) views of the caller's out [items, q_heads,
+    head_dim] and lse [items, q_heads] (without the item axis for a single
+    item); None when neither is given. Both or neither."""
+    if out is None and lse is None:
+        return None
+    if out is None or lse is None:
+        raise invalid("out and lse go together (both or neither)")
+    if single:
+        return [(out, lse)]
+    if T.shape(out)[:1] != (n,) or T.shape(lse)[:1] != (n,):
+        raise invalid(f"out has shape {T.shape(out)} and lse {T.shape(lse)}; both need {n} items first")
+    return [(out[i], lse[i]) for i in range(n)]
+
+
+def _ref_or_inline(m, field: str, x, wire: str, places) -> None:
+    ref = places.ref(x, wire) if places is not None else None
+    if ref is not None:
+        getattr(m, field + "_ref").CopyFrom(ref)
+    else:
+        setattr(m, field, T.to_wire(x, wire))
+
+
+def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str], places=None,
+                   dests: Optional[Sequence[Destination]] = None,
+                   output_dtype: str = "f32") -> Tuple["pb.AttendRequest", bool]:
     """The request and whether repeating it is harmless (no decode step
-    without new_token_index)."""
+    without new_token_index). With `places` (driftkv._refs.Places), tensors
+    already in registered memory go by reference (query_ref, new_key_ref,
+    new_value_ref) and destinations there become output_ref/lse_ref; the
+    others travel inline and stacked() copies their answers."""
     if len(items) == 0:
         raise invalid("items is empty; send at least one item")
+    out_enum = check_output_dtype(output_dtype)
     req = pb.AttendRequest()
     idempotent = True
     for i, it in enumerate(items):
@@ -125,7 +184,9 @@ def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str]) -> Tu
         wire = wire_dtype or T.natural_wire(it.query)
         m = req.items.add(sequence_id=it.sequence_id, layer=it.layer, dtype=T.check_wire(wire), q_heads=qs[0],
                           head_dim=qs[1])
-        m.query = T.to_wire(it.query, wire)
+        if out_enum != pb.DTYPE_F32:
+            m.output_dtype = out_enum
+        _ref_or_inline(m, "query", it.query, wire, places)
         if (it.new_key is None) != (it.new_value is None):
             raise invalid(f"items[{i}]: new_key and new_value go together (both or neither)")
         if it.new_key is not None:
@@ -133,8 +194,7 @@ def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str]) -> Tu
                 s = T.shape(x)
                 if len(s) != 2 or s[1] != qs[1]:
                     raise invalid(f"items[{i}].{name} has shape {s}; expected [kv_heads, {qs[1]}]")
-            m.new_key = T.to_wire(it.new_key, wire)
-            m.new_value = T.to_wire(it.new_value, wire)
+                _ref_or_inline(m, name, x, wire, places)
             if it.new_token_index is None:
                 idempotent = False
             else:
@@ -143,22 +203,73 @@ def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str]) -> Tu
             raise invalid(f"items[{i}].new_token_index {it.new_token_index} is set but new_key/new_value are not")
         if it.softmax_scale is not None:
             m.softmax_scale = it.softmax_scale
+        if dests is not None and dests[i] is not None:
+            out, lse = dests[i]
+            if T.shape(out) != qs or T.shape(lse) != qs[:1]:
+                raise invalid(f"items[{i}]: out has shape {T.shape(out)} and lse {T.shape(lse)}; expected "
+                              f"{list(qs)} and [{qs[0]}]")
+            out_ref = places.ref(out, output_dtype, output=True) if places is not None else None
+            lse_ref = places.ref(lse, "f32", output=True) if out_ref is not None else None
+            if lse_ref is not None:  # both by reference or neither (the server's rule)
+                m.output_ref.CopyFrom(out_ref)
+                m.lse_ref.CopyFrom(lse_ref)
     return req, idempotent
 
 
-def attend_results(items: Sequence[AttendItem], response) -> List[AttendResult]:
+def _output(r, output_dtype: str, q: int, d: int) -> np.ndarray:
+    """An inline answer's output as float32 [q, d] (bf16 widened exactly)."""
+    if output_dtype == "bf16":
+        return T.bf16_bits_to_f32(np.frombuffer(r.output, dtype="<u2")).reshape(q, d)
+    return np.frombuffer(r.output, dtype="<f4").reshape(q, d)
+
+
+def _store(dest, r, output_dtype: str, q: int, d: int) -> None:
+    """Copies an inline answer into the caller's arrays; nothing when the
+    server wrote them (output and lse by reference come back empty)."""
+    out, lse = dest
+    if r.output:
+        if output_dtype == "bf16" and isinstance(out, np.ndarray) and out.dtype == np.uint16:
+            out[...] = np.frombuffer(r.output, dtype="<u2").reshape(q, d)
+        else:
+            _assign(out, _output(r, output_dtype, q, d))
+    if len(r.lse):
+        _assign(lse, np.asarray(r.lse, dtype=np.float32))
+
+
+def _assign(dst, src: np.ndarray) -> None:
+    if T.is_torch(dst):
+        torch = sys.modules["torch"]
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)))
+    else:
+        dst[...] = src
+
+
+def attend_results(items: Sequence[AttendItem], response, output_dtype: str = "f32",
+                   dests: Optional[Sequence[Destination]] = None) -> List[AttendResult]:
     out = []
-    for it, r in zip(items, response.results):
+    for i, (it, r) in enumerate(zip(items, response.results)):
         q, d = T.shape(it.query)
-        o = np.frombuffer(r.output, dtype="<f4").astype(np.float32).reshape(q, d)
+        if dests is not None and dests[i] is not None:
+            _store(dests[i], r, output_dtype, q, d)
+            out.append(AttendResult(dests[i][0], dests[i][1], r.tokens, r.compressed_tokens))
+            continue
+        o = _output(r, output_dtype, q, d).astype(np.float32)
         lse = np.asarray(r.lse, dtype=np.float32)
         out.append(AttendResult(T.like(it.query, o), T.like(it.query, lse), r.tokens, r.compressed_tokens))
     return out
 
 
-def stacked(items: Sequence[AttendItem], response) -> Attention:
-    """(output [items, q_heads, head_dim], lse [items, q_heads]) as the first
-    query's kind of array."""
+def fill(items: Sequence[AttendItem], response, output_dtype: str, dests: Sequence[Destination]) -> None:
+    """Copies the inline answers into the caller's destinations (those the
+    server wrote by reference are left as they are)."""
+    for it, r, dest in zip(items, response.results, dests):
+        q, d = T.shape(it.query)
+        _store(dest, r, output_dtype, q, d)
+
+
+def stacked(items: Sequence[AttendItem], response, output_dtype: str = "f32") -> Attention:
+    """(output [items, q_heads, head_dim], lse [items, q_heads]) float32 as
+    the first query's kind of array."""
     shapes = {T.shape(it.query) for it in items}
     if len(shapes) != 1:
         raise invalid(f"items have queries of shapes {sorted(shapes)}; attend() stacks equal shapes only, "
@@ -167,7 +278,7 @@ def stacked(items: Sequence[AttendItem], response) -> Attention:
     o = np.empty((len(items), q, d), dtype=np.float32)
     lse = np.empty((len(items), q), dtype=np.float32)
     for i, r in enumerate(response.results):
-        o[i] = np.frombuffer(r.output, dtype="<f4").reshape(q, d)
+        o[i] = _output(r, output_dtype, q, d)
         lse[i] = r.lse
     return Attention(T.like(items[0].query, o), T.like(items[0].query, lse))
 

@@ -8,18 +8,24 @@ maximum-size Attend answer).
 """
 import threading
 import time
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
 from driftkv._errors import DriftkvError, invalid
+from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
-from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
-                            ReleaseResult, Stats, from_message)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
+                            ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
+
+if TYPE_CHECKING:  # imported where used: regions and channels are optional
+    from driftkv.attend_stream import AttendStream
+    from driftkv.doorbell import Doorbell
+    from driftkv.regions import HostRegion
 
 
 class Client:
@@ -52,6 +58,7 @@ class Client:
         self._channel: Optional[grpc.Channel] = None
         self._stub = None
         self._info: Optional[Info] = None
+        self._places = Places(self)  # registered memory, found by address
 
     # -- connection -------------------------------------------------------
 
@@ -154,30 +161,68 @@ class Client:
         return W.append_result(result)
 
     def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+               out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                timeout: Optional[float] = None) -> Attention:
         """Attention of every item, one call: (output [items, q_heads,
         head_dim], lse [items, q_heads]) float32, as the first query's kind
         of array (numpy, or torch on its device). A single AttendItem gives
         (output [q_heads, head_dim], lse [q_heads]). Queries of one batch
-        must share their shape (attend_results takes any)."""
+        must share their shape (attend_results takes any).
+
+        out, lse: the caller's arrays of those shapes, filled and returned
+        (both or neither). output_dtype "f32" or "bf16" (default: out's own,
+        torch bfloat16 or numpy uint16 bf16 bits; else "f32"); without out a
+        bf16 answer comes back widened to float32.
+
+        The data plane (docs/python.md, "A decode loop on the fast path"):
+        queries, new keys/values, out and lse that live in a registered host
+        region (register_host_region) or are torch CUDA tensors go by
+        reference, the server reading and writing them in place; the others
+        travel inline. The answers are the same either way."""
+        req, idempotent, finish = self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
+                                                      output_dtype=output_dtype)
+        stub = self._connect()
+        return finish(self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout))
+
+    def prepare_attend(self, items, *, wire_dtype: Optional[str] = None, out: Optional[Array] = None,
+                       lse: Optional[Array] = None, output_dtype: Optional[str] = None):
+        """(request, idempotent, finish) of attend(items, ...): the
+        AttendRequest, whether repeating it is harmless, and finish(response)
+        -> what attend returns. A pb.AttendRequest passes through as it is
+        (not idempotent; finish returns the response). For attend_stream()
+        and open_doorbell(), and callers that send one request many times."""
+        if isinstance(items, pb.AttendRequest):
+            return items, False, lambda response: response
         single = isinstance(items, AttendItem)
         batch = [items] if single else list(items)
-        response = self._attend(batch, wire_dtype, timeout)
-        out = W.stacked(batch, response)
-        return Attention(out.output[0], out.lse[0]) if single else out
+        output_dtype = W.output_dtype_of(out, output_dtype)
+        dests = W.destinations(len(batch), single, out, lse)
+        req, idempotent = self._attend_request(batch, wire_dtype, dests, output_dtype)
+
+        def finish(response) -> Attention:
+            if dests is not None:
+                W.fill(batch, response, output_dtype, dests)
+                return Attention(out, lse)
+            stacked = W.stacked(batch, response, output_dtype)
+            return Attention(stacked.output[0], stacked.lse[0]) if single else stacked
+        return req, idempotent, finish
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                       timeout: Optional[float] = None) -> List[AttendResult]:
+                       output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult (output, lse, tokens,
         compressed_tokens) per item."""
         batch = list(items)
-        return W.attend_results(batch, self._attend(batch, wire_dtype, timeout))
+        return W.attend_results(batch, self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
-    def _attend(self, batch, wire_dtype, timeout):
-        stub = self._connect()
+    def _attend_request(self, batch, wire_dtype, dests, output_dtype):
+        self._connect()
         if len(batch) > self._info.max_batch:
             raise invalid(f"items has {len(batch)} entries; the server's max_batch is {self._info.max_batch}")
-        req, idempotent = W.attend_request(batch, wire_dtype)
+        return W.attend_request(batch, wire_dtype, self._places, dests, output_dtype)
+
+    def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+        stub = self._connect()
+        req, idempotent = self._attend_request(batch, wire_dtype, dests, output_dtype)
         return self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
 
     def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
@@ -227,7 +272,9 @@ class Client:
         """A host shared-memory region of `nbytes` registered with the server
         (driftkv.regions.HostRegion; keyword arguments go there)."""
         from driftkv.regions import HostRegion
-        return HostRegion(self, nbytes, **kwargs)
+        region = HostRegion(self, nbytes, **kwargs)
+        self._places.add_host(region)
+        return region
 
     def register_cuda_region(self, tensor) -> "pb.TensorRef":
         """The TensorRef of a torch CUDA tensor, its allocation registered by
@@ -237,3 +284,19 @@ class Client:
             if getattr(self, "_cuda_regions", None) is None:
                 self._cuda_regions = CudaRegions(self)
         return self._cuda_regions.ref(tensor)
+
+    # -- the data plane's channels (driftkv/attend_stream.py, doorbell.py) ----
+
+    def attend_stream(self) -> "AttendStream":
+        """A persistent AttendStream call: stream.attend(items or request,
+        timeout=...) answers like attend, frames in order."""
+        from driftkv.attend_stream import AttendStream
+        return AttendStream(self)
+
+    def open_doorbell(self, region: "HostRegion", offset: Optional[int] = None, **kwargs) -> "Doorbell":
+        """A doorbell in `region` at `offset` (a multiple of 64; None: the
+        region's next free bytes), for a client on the server's host
+        (driftkv.doorbell.Doorbell; request_capacity and response_capacity
+        go there)."""
+        from driftkv.doorbell import Doorbell
+        return Doorbell(self, region, offset, **kwargs)

@@ -14,6 +14,7 @@ CudaRegions: device memory of torch CUDA tensors, registered by the CUDA IPC
 handle of their allocation (one registration per base allocation of the
 caching allocator, cached).
 """
+import ctypes
 import fcntl
 import mmap
 import os
@@ -130,8 +131,11 @@ class HostRegion:
     """A registered host shared-memory region of `size` bytes.
 
     region.ndarray(offset, shape, dtype) is a numpy view of its memory (the
-    server sees the same pages); region.ref(offset) the TensorRef for a
-    request's *_ref field. close() (or the with block's end) unregisters and
+    server sees the same pages); region.alloc(shape, dtype) the next free
+    such view (a bump allocator, 64-byte aligned; never freed);
+    region.ref(offset) the TensorRef for a request's *_ref field. Client
+    calls find arrays inside the region by address (offset_of) and send
+    them by reference. close() (or the with block's end) unregisters and
     unmaps; views must not be used after that.
     """
 
@@ -165,6 +169,33 @@ class HostRegion:
         if self._renewer:
             self._renewer.add(self.id)
         self._closed = False
+        # The mapping's address; a temporary export, released at once (the
+        # address stays valid while the mapping is open).
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self._next = 0
+        self._alloc_lock = threading.Lock()
+
+    def offset_of(self, address: int, nbytes: int) -> Optional[int]:
+        """The offset of [address, address + nbytes) when it lies inside the
+        open region, else None."""
+        if self._closed or address < self._base or address + nbytes > self._base + self.size:
+            return None
+        return address - self._base
+
+    def alloc(self, shape, dtype, align: int = 64) -> np.ndarray:
+        """A view of the next `shape` x `dtype` bytes not handed out yet,
+        its offset a multiple of `align`; RESOURCE_EXHAUSTED when they do
+        not fit."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape != () else 1
+        with self._alloc_lock:
+            offset = -(-self._next // align) * align
+            if offset + count * dtype.itemsize > self.size:
+                raise DriftkvError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"{count * dtype.itemsize} bytes do not fit region {self.id} past offset "
+                                   f"{offset} ({self.size} bytes)")
+            self._next = offset + count * dtype.itemsize
+        return self.ndarray(offset, shape, dtype)
 
     def ndarray(self, offset: int, shape, dtype) -> np.ndarray:
         """A numpy view of [offset, offset + nbytes) of the region."""
@@ -224,10 +255,12 @@ class CudaRegions:
     def ref(self, tensor) -> "pb.TensorRef":
         if not tensor.is_cuda or not tensor.is_contiguous():
             raise DriftkvError(grpc.StatusCode.INVALID_ARGUMENT, "a contiguous CUDA tensor is required")
-        storage = tensor.untyped_storage()
-        # torch >= 2.0: (device, handle, storage size, offset of the storage
-        # in the allocation's block, ref counter handle and offset, event
-        # handle, event sync required).
+        # torch >= 2.0 has untyped_storage(); 1.13 storage().untyped().
+        # Either's _share_cuda_() is (device, handle, storage bytes, offset
+        # of the storage in the allocation's block in bytes, ref counter
+        # handle and offset, event handle, event sync required), as
+        # torch.multiprocessing.reductions.reduce_tensor unpacks it.
+        storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage().untyped()
         shared = storage._share_cuda_()
         device, handle, storage_bytes, storage_offset = shared[0], bytes(shared[1]), shared[2], shared[3]
         offset = storage_offset + tensor.storage_offset() * tensor.element_size()

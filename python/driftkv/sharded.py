@@ -30,8 +30,8 @@ import grpc
 from driftkv import _wire as W
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb
-from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
-                            ReleaseResult, Stats)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
+                            ReadResult, ReleaseResult, Stats)
 from driftkv._wire import Progress
 from driftkv.client import Client
 
@@ -78,7 +78,7 @@ def rendezvous_owner(replicas: Sequence[str], sequence_id: str) -> int:
 
 
 def split_replicas(text: str) -> List[str]:
-    """"a:1,b:2, c:3" -> ["a:1", "b:2", "c:3"] (empty entries dropped)."""
+    """a:1,b:2, c:3" -> ["a:1", "b:2", "c:3"] (empty entries dropped)."""
     return [r.strip() for r in text.split(",") if r.strip()]
 
 
@@ -168,15 +168,15 @@ def scatter_attend(router: Router, n: int, groups: Dict[int, List[int]],
     return results, errors
 
 
-def each_result(items: Sequence[AttendItem], results: list, errors: list) -> List[Union[AttendResult,
-                                                                                        DriftkvError]]:
+def each_result(items: Sequence[AttendItem], results: list, errors: list,
+                output_dtype: str = "f32") -> List[Union[AttendResult, DriftkvError]]:
     """AttendResult per answered item, the DriftkvError of the others."""
     out: List[Union[AttendResult, DriftkvError]] = list(errors)
     answered = [i for i in range(len(items)) if errors[i] is None]
     if answered:
         response = pb.AttendResponse()
         response.results.extend(results[i] for i in answered)
-        for i, r in zip(answered, W.attend_results([items[i] for i in answered], response)):
+        for i, r in zip(answered, W.attend_results([items[i] for i in answered], response, output_dtype)):
             out[i] = r
     return out
 
@@ -328,16 +328,21 @@ class ShardedClient(ReplicaClients):
                 raise self._router.named(r, answers[r])
         return summed(answers.values())
 
-    def _attend(self, batch: List[AttendItem], wire_dtype, timeout) -> Tuple[list, list]:
+    def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None,
+                output_dtype: str = "f32") -> Tuple[list, list]:
         if not batch:
             raise invalid("items is empty; send at least one item")
         groups = self._router.split(it.sequence_id for it in batch)
+        # Each replica's client sends by reference what lies in its own
+        # regions; the rest of a sub-batch goes inline.
         answers = _concurrently(list(groups), lambda r: self._clients[r]._attend(
-            [batch[i] for i in groups[r]], wire_dtype, timeout))
+            [batch[i] for i in groups[r]], wire_dtype, timeout,
+            None if dests is None else [dests[i] for i in groups[r]], output_dtype))
         return scatter_attend(self._router, len(batch), groups, answers)
 
     def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                    timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
+                    output_dtype: str = "f32", timeout: Optional[float] = None) -> List[Union[AttendResult,
+                                                                                                DriftkvError]]:
         """The batch split by owner, the sub-batches sent concurrently, one
         entry per item in request order: its AttendResult, or the
         DriftkvError of its replica's sub-batch (a batch is all-or-nothing on
@@ -345,22 +350,32 @@ class ShardedClient(ReplicaClients):
         a replica down fails its items with UNAVAILABLE). The C++
         ShardedClient::AttendEach."""
         batch = list(items)
-        return each_result(batch, *self._attend(batch, wire_dtype, timeout))
+        return each_result(batch, *self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
     def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+               out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                timeout: Optional[float] = None) -> Attention:
-        """driftkv.Client.attend over the replicas, all or nothing: raises the
-        first failed item's error."""
+        """driftkv.Client.attend over the replicas (out, lse and
+        output_dtype as there), all or nothing: raises the first failed
+        item's error. Destinations in registered memory of the replicas that
+        answered may have been written even when the call raises."""
         single = isinstance(items, AttendItem)
         batch = [items] if single else list(items)
-        out = W.stacked(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout)))
-        return Attention(out.output[0], out.lse[0]) if single else out
+        output_dtype = W.output_dtype_of(out, output_dtype)
+        dests = W.destinations(len(batch), single, out, lse)
+        response = all_or_nothing(*self._attend(batch, wire_dtype, timeout, dests, output_dtype))
+        if dests is not None:
+            W.fill(batch, response, output_dtype, dests)
+            return Attention(out, lse)
+        stacked = W.stacked(batch, response, output_dtype)
+        return Attention(stacked.output[0], stacked.lse[0]) if single else stacked
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                       timeout: Optional[float] = None) -> List[AttendResult]:
+                       output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult per item, all or nothing."""
         batch = list(items)
-        return W.attend_results(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout)))
+        return W.attend_results(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout, None, output_dtype)),
+                                output_dtype)
 
     # -- every replica -------------------------------------------------------
 

@@ -86,3 +86,21 @@ def test_an_attach_token_registers_once(region_server):
         assert e.value.code == grpc.StatusCode.NOT_FOUND
         assert e.value.details == "attach_token unknown, used already or expired"
         R.unregister_region(c, first.region_id)
+
+
+def test_reference_errors_name_the_ref_field(region_server):
+    """The server's messages name the field holding the reference
+    ("items[0].query_ref"), not the inline field it replaces."""
+    with driftkv.Client(region_server.target, timeout=20) as c:
+        with c.register_host_region(4096, name="pytest-errors") as region:
+            for ref, code, words in (
+                    (pb.TensorRef(region_id=12345), grpc.StatusCode.NOT_FOUND,
+                     "items[0].query_ref.region_id 12345 not found"),
+                    (region.ref(4096 - 4), grpc.StatusCode.OUT_OF_RANGE, "items[0].query_ref.offset 4092 + ")):
+                req = pb.AttendRequest()
+                m = req.items.add(sequence_id="none", layer=0, dtype=pb.DTYPE_F32, q_heads=2, head_dim=64)
+                m.query_ref.CopyFrom(ref)
+                with pytest.raises(DriftkvError) as e:
+                    c.attend(req)
+                assert e.value.code == code
+                assert e.value.details.startswith(words), e.value.details

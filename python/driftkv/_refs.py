@@ -1,0 +1,94 @@
+"""Where an array lives: the TensorRef of an array that is already in memory
+the server can reach, or None when its bytes must travel inline.
+
+An array is referenced, never copied, when its bytes are exactly what the
+wire field carries: C-contiguous, of the field's element type (numpy
+float32/float16, and for outputs uint16 holding bf16 bit patterns; torch
+float32, float16, bfloat16), and either inside a registered HostRegion of the client
+(numpy arrays and CPU tensors, found by address) or a torch CUDA tensor
+(its allocation registered by CUDA IPC on first use, cached). Anything else
+(another dtype, a strided view, ordinary memory) returns None and goes
+inline, so a caller never has to know which path a call took.
+"""
+import sys
+import threading
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from driftkv import _tensors as T
+from driftkv._proto import pb
+
+# numpy dtypes that are a wire type as they are. numpy has no bfloat16: a
+# uint16 destination holds bf16 bit patterns; a uint16 input is not taken
+# for bf16 (inline, the client converts its integer values).
+_NUMPY_WIRE = {np.dtype("<f4"): "f32", np.dtype("<f2"): "fp16"}
+BF16_BITS = np.dtype("<u2")
+
+
+def exact_wire(x: Any, output: bool = False) -> Optional[str]:
+    """The wire dtype whose bytes `x` holds as it is, or None."""
+    if T.is_torch(x):
+        torch = sys.modules["torch"]
+        return {torch.float32: "f32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(x.dtype)
+    if isinstance(x, np.ndarray):
+        if output and x.dtype == BF16_BITS:
+            return "bf16"
+        return _NUMPY_WIRE.get(x.dtype)
+    return None
+
+
+def host_address(x: Any) -> Optional[int]:
+    """The address of the first byte of a C-contiguous host array, else None."""
+    if T.is_torch(x):
+        if x.is_cuda or not x.is_contiguous():
+            return None
+        return int(x.data_ptr())
+    if isinstance(x, np.ndarray) and x.flags.c_contiguous:
+        return int(x.__array_interface__["data"][0])
+    return None
+
+
+def nbytes(x: Any) -> int:
+    if T.is_torch(x):
+        return int(x.numel() * x.element_size())
+    return int(x.nbytes)
+
+
+class Places:
+    """The client's registered host regions (weakly held: a region dropped
+    without close() stops being found) and its CUDA registrations."""
+
+    def __init__(self, client):
+        self._client = client
+        self._lock = threading.Lock()
+        self._hosts = weakref.WeakSet()
+
+    def add_host(self, region) -> None:
+        with self._lock:
+            self._hosts.add(region)
+
+    def discard_host(self, region) -> None:
+        with self._lock:
+            self._hosts.discard(region)
+
+    def ref(self, x: Any, wire: str, output: bool = False) -> Optional["pb.TensorRef"]:
+        """The TensorRef of `x` read (or, output, written) as `wire`, or None."""
+        if exact_wire(x, output) != wire:
+            return None
+        if T.is_torch(x) and x.is_cuda:
+            if not x.is_contiguous():
+                return None
+            return self._client.register_cuda_region(x)
+        address = host_address(x)
+        if address is None:
+            return None
+        size = nbytes(x)
+        with self._lock:
+            hosts = list(self._hosts)
+        for region in hosts:
+            offset = region.offset_of(address, size)
+            if offset is not None:
+                return region.ref(offset)
+        return None

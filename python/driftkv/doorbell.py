@@ -1,0 +1,160 @@
+"""driftkv.doorbell.Doorbell: Attend through a doorbell in a HostRegion
+(wire/doorbell.h has the layout and the protocol; client/doorbell.h is the
+C++ twin), for a client on the server's host: the request and the answer
+cross shared memory, no socket.
+
+Views of the two header lines (little-endian, at the doorbell's offset):
+  client line  u64[0] request_seq, u32[2] request_bytes, u32[3]
+               request_word (the server's futex word), i64[2] deadline_ns
+  server line  u64[8] response_seq, i32[18] code, u32[19] response_bytes,
+               u32[20] response_word, u32[21] server_sleeping
+then the request area (request_capacity bytes) and the response area.
+
+Ordering: this client writes the request bytes, request_bytes and
+deadline_ns, then request_seq, then request_word, each a plain aligned
+store in program order; x86-64 keeps stores in order (TSO), which is why
+the doorbell refuses other machines. Python has no full fence, so the
+check of server_sleeping after request_word may see a stale 0 while the
+server goes to sleep: the wait loop therefore wakes a sleeping server
+again whenever it sees server_sleeping set with the answer still missing
+(the server rechecks request_seq when woken). Not thread-safe: one request
+at a time per doorbell.
+"""
+import ctypes
+import platform
+import time
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from driftkv._errors import DriftkvError, invalid
+from driftkv._proto import pb
+from driftkv.attend_stream import status_code
+
+HEADER_BYTES = 128
+ALIGNMENT = 64
+MAX_AREA_BYTES = 64 << 20
+DEFAULT_CAPACITY = 1 << 20
+_SYS_FUTEX = {"x86_64": 202}
+_FUTEX_WAKE = 1
+_INT_MAX = 0x7FFFFFFF
+SPIN_SECONDS = 0.002   # spin this long after ringing, then sleep in steps
+SLEEP_SECONDS = 20e-6
+# A request with a deadline is answered by the server (DEADLINE_EXCEEDED
+# at worst); this long past it the server is not answering at all.
+GRACE_SECONDS = 1.0
+
+
+def doorbell_bytes(request_capacity: int, response_capacity: int) -> int:
+    """Bytes a doorbell of these capacities spans in its region."""
+    return HEADER_BYTES + request_capacity + response_capacity
+
+
+class Doorbell:
+    """Made by Client.open_doorbell(region, ...). attend() as
+    AttendStream.attend; close() stops the server's watcher."""
+
+    def __init__(self, client, region, offset: Optional[int] = None, request_capacity: int = DEFAULT_CAPACITY,
+                 response_capacity: int = DEFAULT_CAPACITY):
+        machine = platform.machine()
+        if machine not in _SYS_FUTEX:
+            raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"the Python doorbell needs x86-64's store order; this machine is {machine}")
+        for name, c in (("request_capacity", request_capacity), ("response_capacity", response_capacity)):
+            if c <= 0 or c % ALIGNMENT or c > MAX_AREA_BYTES:
+                raise invalid(f"{name} {c} must be a positive multiple of {ALIGNMENT}, at most {MAX_AREA_BYTES}")
+        total = doorbell_bytes(request_capacity, response_capacity)
+        if offset is None:
+            area = region.alloc((total,), np.uint8, align=ALIGNMENT)
+            offset = region.offset_of(area.__array_interface__["data"][0], total)
+        else:
+            area = region.ndarray(offset, (total,), np.uint8)
+        self._client = client
+        self._request_capacity = request_capacity
+        self._area = area
+        self._u64 = area[:HEADER_BYTES].view("<u8")
+        self._i64 = area[:HEADER_BYTES].view("<i8")
+        self._u32 = area[:HEADER_BYTES].view("<u4")
+        self._i32 = area[:HEADER_BYTES].view("<i4")
+        self._request = area[HEADER_BYTES:HEADER_BYTES + request_capacity]
+        self._response = area[HEADER_BYTES + request_capacity:]
+        self._request_word = area.__array_interface__["data"][0] + 12
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._sys_futex = _SYS_FUTEX[machine]
+        area[:HEADER_BYTES] = 0
+        self._seq = 0
+        self._broken = False
+        self._closed = False
+        stub = client._connect()
+        req = pb.OpenDoorbellRequest(region_id=region.id, offset=offset, request_capacity=request_capacity,
+                                     response_capacity=response_capacity)
+        self.id: int = client._call(False, lambda t: stub.OpenDoorbell(req, timeout=t)).doorbell_id
+        self._region = region  # outlives the doorbell
+
+    def _wake_server(self) -> None:
+        self._libc.syscall(ctypes.c_long(self._sys_futex), ctypes.c_void_p(self._request_word),
+                           ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(_INT_MAX), None, None, ctypes.c_int(0))
+
+    def attend(self, request_or_items, *, timeout: Optional[float] = None, **kwargs):
+        """Client.attend through the doorbell (items, or a pb.AttendRequest
+        for a pb.AttendResponse). `timeout` (default: the client's) is the
+        request's deadline on the server and bounds the wait here: no
+        answer GRACE_SECONDS past it breaks the doorbell (open another)."""
+        req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
+        data = req.SerializeToString()
+        if len(data) > self._request_capacity:
+            raise invalid(f"request of {len(data)} bytes exceeds the doorbell's capacity {self._request_capacity}")
+        if self._broken or self._closed:
+            raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "the doorbell was closed or timed out; open another")
+        timeout = self._client.timeout if timeout is None else timeout
+        start = time.monotonic_ns()  # CLOCK_MONOTONIC, the server's clock
+        deadline = start + int(timeout * 1e9)
+        self._request[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._seq += 1
+        seq = self._seq
+        self._u32[2] = len(data)
+        self._i64[2] = deadline
+        self._u64[0] = seq
+        self._u32[3] = seq & 0xFFFFFFFF
+        if self._u32[21]:
+            self._wake_server()
+        spin_until = start + int(SPIN_SECONDS * 1e9)
+        while int(self._u64[8]) != seq:
+            now = time.monotonic_ns()
+            if now > deadline + int(GRACE_SECONDS * 1e9):
+                self._broken = True
+                raise DriftkvError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"no answer through doorbell {self.id} within {timeout} s and {GRACE_SECONDS} s")
+            if now < spin_until:
+                continue
+            if self._u32[21] and int(self._u64[8]) != seq:
+                self._wake_server()
+            time.sleep(SLEEP_SECONDS)
+        code = int(self._i32[18])
+        size = min(int(self._u32[19]), len(self._response))
+        answer = self._response[:size].tobytes()
+        if code != 0:
+            raise DriftkvError(status_code(code), answer.decode("utf-8", "replace"))
+        response = pb.AttendResponse()
+        try:
+            response.ParseFromString(answer)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError, by any backend
+            raise DriftkvError(grpc.StatusCode.DATA_LOSS,
+                               f"doorbell answer of {size} bytes is not an AttendResponse") from None
+        return finish(response)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        stub = self._client._connect()
+        req = pb.CloseDoorbellRequest(doorbell_id=self.id)
+        self._client._call(False, lambda t: stub.CloseDoorbell(req, timeout=t))
+
+    def __enter__(self) -> "Doorbell":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
