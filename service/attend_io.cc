@@ -26,26 +26,27 @@ AttendIo::AttendIo(RegionTable* regions, Backend* backend, const std::string& te
 
 absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
                                              const char* field) {
-  std::shared_ptr<const Region> region;
+  const Region* region = nullptr;
   for (const auto& r : seen_) {
-    if (r->id() == ref.region_id()) region = r;
+    if (r->id() == ref.region_id()) region = r.get();
   }
   if (region == nullptr) {
     if (regions_ == nullptr) return RegionTable::NotFound(ref, Field(index, field));
     absl::StatusOr<std::shared_ptr<const Region>> found = regions_->Acquire(tenant_, ref, Field(index, field));
     if (!found.ok()) return found.status();
-    region = *std::move(found);
-    seen_.push_back(region);
+    region = found->get();
+    seen_.push_back(*std::move(found));
   }
   const uint64_t offset = ref.offset(), size = region->size();
   if (offset > size || bytes > size - offset || offset % alignment != 0) {
-    return RegionTable::View(region, ref, bytes, alignment, Field(index, field));  // the error
+    for (const auto& r : seen_) {
+      if (r.get() == region) return RegionTable::View(r, ref, bytes, alignment, Field(index, field));  // the error
+    }
   }
   RegionView view;
   view.data = static_cast<char*>(region->base()) + offset;
   view.space = region->space();
   view.device = region->device();
-  view.keep_alive = std::move(region);
   return view;
 }
 
@@ -68,7 +69,6 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     const std::string ref_field = absl::StrCat(field, "_ref");
     absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field.c_str());
     if (!view.ok()) return view.status();
-    io->regions.push_back(view->keep_alive);
     if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
       // The device reads it where it is (a query); checked by
       // ReadClientTensors.
@@ -151,8 +151,6 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
     io->out_ref = out->data;
     io->lse_ref = static_cast<float*>(lse->data);
     io->out_ref_device = device_reads_;
-    io->regions.push_back(out->keep_alive);
-    io->regions.push_back(lse->keep_alive);
   }
   return absl::OkStatus();
 }

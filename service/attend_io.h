@@ -57,8 +57,6 @@ struct ItemIo {
   std::vector<float> out_scratch, lse_scratch;
   // Indices into the request's ClientRead list (-1: none).
   int query_read = -1, key_read = -1, value_read = -1;
-  // Keeps referenced regions mapped until the item is done.
-  absl::InlinedVector<std::shared_ptr<const Region>, 5> regions;
 };
 
 class AttendIo {
@@ -83,7 +81,8 @@ class AttendIo {
 
  private:
   // `bytes` at `ref`, aligned to `alignment`, of a region of the tenant;
-  // one table lookup per region and request.
+  // one table lookup per region and request. The view's keep_alive is
+  // left empty: seen_ holds the region.
   absl::StatusOr<RegionView> Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
                                      const char* field);
   // One input tensor, inline or by `ref` (null: inline): into *out as
@@ -99,7 +98,9 @@ class AttendIo {
   const int head_dim_, n_;
   const float value_limit_;
   const bool device_reads_;
-  absl::InlinedVector<std::shared_ptr<const Region>, 4> seen_;  // looked up in this request
+  // Every region this request resolved, looked up once each; holding them
+  // keeps their memory mapped until the request is done.
+  absl::InlinedVector<std::shared_ptr<const Region>, 4> seen_;
   std::vector<ClientRead> reads_;
   std::vector<std::pair<int, const char*>> read_fields_;  // item index and field of each read
 };

@@ -109,7 +109,8 @@ class Handler::AttendBatch {
       layers_.clear();  // held_ keeps the sequences alive until the call returns
     }
     void TouchAll(const SequenceTable& table) {
-      for (auto& [seq, unused] : seqs_) table.Touch(seq);
+      const int64_t now = table.NowNs();
+      for (auto& [seq, unused] : seqs_) seq->last_access_ns.store(now);
     }
 
    private:
@@ -258,6 +259,9 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
 
 absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                        int64_t total_pages, size_t* used) {
+  if (total_pages == 0 && std::none_of(work->begin(), work->end(), [](const AttendWork& w) { return w.io.step; })) {
+    return absl::OkStatus();  // nothing to store
+  }
   // Every item acts for the caller's tenant: charge it for all the pages.
   TenantUsage* usage = request.items_size() > 0 ? (*work)[0].seq->usage : nullptr;
   if (total_pages > 0) {
@@ -283,7 +287,9 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   // Every layer and sequence of the batch is locked: none may be demoted
   // to make room for a hot layer's new page.
   HotTier::Held held;
-  for (int i = 0; i < request.items_size(); ++i) {
+  const bool storing = std::any_of(work->begin(), work->end(),
+                                   [](const AttendWork& w) { return w.io.step && w.plan.fresh > 0; });
+  for (int i = 0; storing && i < request.items_size(); ++i) {
     held.sequences.insert((*work)[i].seq);
     held.layers.insert((*work)[i].layer->id);
   }

@@ -73,7 +73,9 @@ class SequenceTable {
   // without tombstones; returns how many.
   int ExpireIdle() ABSL_LOCKS_EXCLUDED(mu_);
   // Marks an access (for the TTL).
-  void Touch(Sequence* seq) const { seq->last_access_ns.store(absl::ToUnixNanos(clock_())); }
+  void Touch(Sequence* seq) const { seq->last_access_ns.store(NowNs()); }
+  // The clock of last_access_ns (for touching many sequences at once).
+  int64_t NowNs() const { return absl::ToUnixNanos(clock_()); }
 
   // FAILED_PRECONDITION (counted as an integrity rejection) while `key`
   // is tombstoned.

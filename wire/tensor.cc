@@ -84,7 +84,7 @@ namespace {
 // GCC/Clang vector types, two accumulators: 16 us for 1 MB where the
 // scalar compare-and-branch loop took 140 us (x86-64-v2, -O2).
 using U32x4 = uint32_t __attribute__((vector_size(16)));
-bool AllWithin(const float* x, size_t elements, float limit) {
+bool AllWithinV2(const float* x, size_t elements, float limit) {
   constexpr uint32_t kAbs = 0x7fffffffu;
   U32x4 m0 = {}, m1 = {};
   size_t i = 0;
@@ -107,6 +107,42 @@ bool AllWithin(const float* x, size_t elements, float limit) {
   uint32_t limit_bits;
   std::memcpy(&limit_bits, &limit, sizeof(limit_bits));
   return m <= limit_bits;
+}
+
+// The same over 32-byte vectors, four accumulators (vpmaxud), where the CPU
+// has AVX2: a query by reference of 64 x 32 x 128 floats is checked on
+// every Attend, and this halves that (the build's baseline is x86-64-v2).
+using U32x8 = uint32_t __attribute__((vector_size(32)));
+__attribute__((target("avx2"))) bool AllWithinAvx2(const float* x, size_t elements, float limit) {
+  constexpr uint32_t kAbs = 0x7fffffffu;
+  U32x8 m[4] = {};
+  size_t i = 0;
+  for (; i + 32 <= elements; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      U32x8 a;
+      std::memcpy(&a, x + i + 8 * k, sizeof(a));
+      a &= kAbs;
+      m[k] = m[k] > a ? m[k] : a;
+    }
+  }
+  U32x8 all = m[0] > m[1] ? m[0] : m[1];
+  const U32x8 b = m[2] > m[3] ? m[2] : m[3];
+  all = all > b ? all : b;
+  uint32_t mx = 0;
+  for (int k = 0; k < 8; ++k) mx = std::max(mx, all[k]);
+  for (; i < elements; ++i) {
+    uint32_t v;
+    std::memcpy(&v, x + i, sizeof(v));
+    mx = std::max(mx, v & kAbs);
+  }
+  uint32_t limit_bits;
+  std::memcpy(&limit_bits, &limit, sizeof(limit_bits));
+  return mx <= limit_bits;
+}
+
+bool AllWithin(const float* x, size_t elements, float limit) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? AllWithinAvx2(x, elements, limit) : AllWithinV2(x, elements, limit);
 }
 
 }  // namespace
