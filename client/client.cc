@@ -14,9 +14,11 @@
 namespace driftkv {
 namespace {
 
-// Writes `c`, with its crc32c set when it lacks one.
+// Writes `c`, with its crc32c set when it lacks one and carries its keys
+// and values inline (the server refuses a crc32c beside keys_ref/values_ref:
+// it covers inline bytes only).
 bool WriteWithCrc(grpc::ClientWriter<v1::AppendChunk>* writer, const v1::AppendChunk& c) {
-  if (c.has_crc32c()) return writer->Write(c);
+  if (c.has_crc32c() || c.has_keys_ref() || c.has_values_ref()) return writer->Write(c);
   v1::AppendChunk copy = c;
   copy.set_crc32c(ChunkCrc32c(c));
   return writer->Write(copy);

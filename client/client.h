@@ -133,7 +133,8 @@ class Client {
 
 // Builds one Append chunk from float tokens [count][n], converted to `dtype`,
 // with its crc32c set (wire/crc32c.h). Append, AppendConcurrently and
-// AppendStream::Write also set it on a chunk that lacks it (on a copy).
+// AppendStream::Write also set it on a chunk that lacks it (on a copy),
+// unless its keys and values are by reference (keys_ref/values_ref).
 // The chunk's CRC-32C over keys then values (AppendChunk.crc32c).
 uint32_t ChunkCrc32c(const v1::AppendChunk& chunk);
 

@@ -50,10 +50,9 @@ absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t 
   return view;
 }
 
-absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const char* field,
+absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
                                   const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements,
-                                  float limit, std::vector<float>* out, const float** in_place, int* read,
-                                  ItemIo* io) {
+                                  float limit, std::vector<float>* out, const float** in_place, int* read, ItemIo* io) {
   const int dtype = item.dtype();
   const size_t eb = DTypeBytes(dtype);
   absl::string_view bytes = inline_bytes;
@@ -65,9 +64,7 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
       return absl::InvalidArgumentError(
           absl::StrCat(Field(index, "dtype"), " ", DTypeName(dtype), " is not bf16, fp16 or f32"));
     }
-    // Errors name the field that holds the reference: "items[0].query_ref".
-    const std::string ref_field = absl::StrCat(field, "_ref");
-    absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field.c_str());
+    absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field);
     if (!view.ok()) return view.status();
     if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
       // The device reads it where it is (a query); checked by
@@ -120,16 +117,19 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
         absl::StrCat(Field(index, "output_dtype"), " ", DTypeName(out_dtype), " is not f32 or bf16"));
   }
   io->out_dtype = out_dtype;
-  absl::Status st = HostTensor(it, index, "query", it.query(), it.has_query_ref() ? &it.query_ref() : nullptr, qe,
-                               std::numeric_limits<float>::max(), &io->converted, &io->query, &io->query_read, io);
+  absl::Status st =
+      HostTensor(it, index, "query", "query_ref", it.query(), it.has_query_ref() ? &it.query_ref() : nullptr, qe,
+                 std::numeric_limits<float>::max(), &io->converted, &io->query, &io->query_read, io);
   if (!st.ok()) return st;
   io->step = !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
   if (io->step) {
-    st = HostTensor(it, index, "new_key", it.new_key(), it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_,
-                    value_limit_, &io->key, nullptr, &io->key_read, io);
+    st = HostTensor(it, index, "new_key", "new_key_ref", it.new_key(),
+                    it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_, value_limit_, &io->key, nullptr,
+                    &io->key_read, io);
     if (st.ok()) {
-      st = HostTensor(it, index, "new_value", it.new_value(), it.has_new_value_ref() ? &it.new_value_ref() : nullptr,
-                      n_, value_limit_, &io->value, nullptr, &io->value_read, io);
+      st = HostTensor(it, index, "new_value", "new_value_ref", it.new_value(),
+                      it.has_new_value_ref() ? &it.new_value_ref() : nullptr, n_, value_limit_, &io->value, nullptr,
+                      &io->value_read, io);
     }
     if (!st.ok()) return st;
   }

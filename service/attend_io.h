@@ -87,10 +87,11 @@ class AttendIo {
                                      const char* field);
   // One input tensor, inline or by `ref` (null: inline): into *out as
   // floats (or, with `in_place` set, a query: *in_place points at the
-  // floats, in place when possible, or the device reads it).
-  absl::Status HostTensor(const v1::AttendItem& item, int index, const char* field, const std::string& inline_bytes,
-                          const v1::TensorRef* ref, size_t elements, float limit, std::vector<float>* out,
-                          const float** in_place, int* read, ItemIo* io);
+  // floats, in place when possible, or the device reads it). `field` and
+  // `ref_field` ("query", "query_ref") name the two ways in messages.
+  absl::Status HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
+                          const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements, float limit,
+                          std::vector<float>* out, const float** in_place, int* read, ItemIo* io);
 
   RegionTable* const regions_;
   Backend* const backend_;
