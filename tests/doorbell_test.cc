@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -173,6 +174,29 @@ TEST(ServeDoorbellRequestTest, ADeadlineInThePastIsNotRun) {
   ExpectAnswered(m, C::kDeadlineExceeded);
   EXPECT_TRUE(absl::StrContains(m.Response(), "its deadline passed")) << m.Response();
   EXPECT_EQ(m.calls, 0);
+}
+
+TEST(ServeDoorbellRequestTest, AnyNegativeDeadlinePassedLongAgo) {
+  // The client writes deadline_ns; the server must not overflow computing
+  // how late the request is, whatever it holds.
+  for (int64_t deadline : {int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+    SCOPED_TRACE(deadline);
+    BellMemory m(256, 256);
+    const v1::AttendRequest request = SmallRequest();
+    m.Request(request.SerializeAsString(), static_cast<uint32_t>(request.ByteSizeLong()), deadline);
+    const int64_t before = MonotonicNs();
+    m.Serve();
+    ExpectAnswered(m, C::kDeadlineExceeded);
+    const std::string message = m.Response();
+    ASSERT_TRUE(absl::StartsWith(message, "doorbell request 1: its deadline passed ")) << message;
+    const absl::string_view late = absl::StripSuffix(
+        absl::StripPrefix(message, "doorbell request 1: its deadline passed "), " us before it was read");
+    uint64_t us = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(late, &us)) << message;
+    // At least `before` - `deadline` nanoseconds late.
+    EXPECT_GE(us, (static_cast<uint64_t>(before) - static_cast<uint64_t>(deadline)) / 1000);
+    EXPECT_EQ(m.calls, 0);
+  }
 }
 
 TEST(ServeDoorbellRequestTest, AResponseLargerThanTheCapacityIsResourceExhausted) {
