@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -73,8 +74,12 @@ class TenantServerTest : public ::testing::Test {
     absl::StatusOr<TokenTable> t = TokenTable::ReadFile(*dir_ + "/tokens");
     ASSERT_TRUE(t.ok()) << t.status();
     o.tokens = std::make_shared<const TokenTable>(*std::move(t));
-    // sun_path holds 107 bytes: TEST_TMPDIR may be longer.
-    socket_ = absl::StrCat("/tmp/driftkv-tenant-test-", getpid(), ".sock");
+    // sun_path holds 107 bytes: TEST_TMPDIR may be longer. /tmp is shared
+    // between tests that run at once, each in its own PID namespace where
+    // the pid is the same: a random name.
+    std::random_device rd;
+    const uint64_t nonce = uint64_t{rd()} << 32 | rd();
+    socket_ = absl::StrCat("/tmp/driftkv-tenant-test-", absl::Hex(nonce), ".sock");
     o.region_socket = socket_;
     absl::StatusOr<std::unique_ptr<DriftkvServer>> s = DriftkvServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
