@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -17,6 +18,7 @@
 #include "fuzz/fuzz_util.h"
 #include "proto/driftkv.pb.h"
 #include "service/snapshot_file.h"
+#include "wire/doorbell.h"
 
 using namespace driftkv;
 
@@ -133,6 +135,39 @@ int main(int argc, char** argv) {
     v1::ReleaseRequest q;
     q.set_sequence_id("s");
     Put(out + "/fuzz_request", "release", std::string(1, '\3') + q.SerializeAsString());
+  }
+  // Doorbell memory: two capacity bytes, then the client line, the server
+  // line and the request area (fuzz_doorbell.cc).
+  {
+    v1::AttendRequest a;
+    v1::AttendItem* it = a.add_items();
+    it->set_sequence_id("s");
+    it->set_q_heads(1);
+    it->set_dtype(v1::DTYPE_BF16);
+    it->set_query(std::string(64 * 2, '\x3c'));
+    const std::string request = a.SerializeAsString();
+    auto bell = [](uint8_t c_sel, uint8_t r_sel, const std::string& req) {
+      std::string m(2 + doorbell::kHeaderBytes, '\0');
+      m[0] = static_cast<char>(c_sel);
+      m[1] = static_cast<char>(r_sel);
+      doorbell::ClientLine line{};
+      line.request_seq = 1;
+      line.request_bytes = static_cast<uint32_t>(req.size());
+      line.request_word = 1;
+      std::memcpy(&m[2], &line, sizeof(line));
+      return m + req;
+    };
+    Put(out + "/fuzz_doorbell", "attend", bell(3, 7, request));
+    Put(out + "/fuzz_doorbell", "response_too_large", bell(3, 0, request));
+    Put(out + "/fuzz_doorbell", "garbage", bell(0, 0, std::string(16, '\xff')));
+    // AttendStream frames: [flags][length][request] records (fuzz_attend_frame.cc).
+    auto frame = [](uint8_t flags, const std::string& req) {
+      return std::string(1, static_cast<char>(flags)) + std::string(1, static_cast<char>(req.size())) + req;
+    };
+    Put(out + "/fuzz_attend_frame", "frames_and_cancel",
+        "\xff" + frame(1, request) + frame(2 | 0x20, request) + frame(2 | 8, "") + frame(3, request));
+    Put(out + "/fuzz_attend_frame", "client_goes_away", "\x01" + frame(1, request) + frame(2, request));
+    Put(out + "/fuzz_attend_frame", "timeouts", "\xff" + frame(1 | 0x10, request) + frame(2 | 0x30, request));
   }
   return 0;
 }

@@ -61,8 +61,11 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
   if (st.ok() && deadline != 0) {
     const int64_t now = MonotonicNs();
     if (now > deadline) {
+      // deadline_ns is the client's word and may be any int64 (INT64_MIN):
+      // now - deadline overflows int64 but fits, and wraps right, in uint64.
+      const uint64_t late_ns = static_cast<uint64_t>(now) - static_cast<uint64_t>(deadline);
       st = absl::DeadlineExceededError(
-          absl::StrCat("doorbell request ", seq, ": its deadline passed ", (now - deadline) / 1000, " us before it was read"));
+          absl::StrCat("doorbell request ", seq, ": its deadline passed ", late_ns / 1000, " us before it was read"));
     }
   }
   if (st.ok()) st = attend(*request, response, tenant);

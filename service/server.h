@@ -50,6 +50,7 @@ class DriftkvServer {
   Handler& handler() { return *handler_; }
   ChannelManager& channels() { return *channels_; }
   RegionTable& regions() { return *regions_; }
+  DoorbellTable& doorbells() { return *doorbells_; }
   Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
