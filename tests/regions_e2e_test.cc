@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -91,7 +92,10 @@ class RegionsE2eTest : public ::testing::Test {
     ASSERT_TRUE(t.ok()) << t.status();
     o.tokens = std::make_shared<const TokenTable>(*std::move(t));
     // sun_path holds 107 bytes: TEST_TMPDIR may be longer.
-    socket_ = absl::StrCat("/tmp/driftkv-regions-test-", getpid(), ".sock");
+    // Tests running at once share /tmp, each in a PID namespace of its own
+    // where the pid is the same: a random name.
+    std::random_device rd;
+    socket_ = absl::StrCat("/tmp/driftkv-regions-test-", absl::Hex(uint64_t{rd()} << 32 | rd()), ".sock");
     o.region_socket = socket_;
     absl::StatusOr<std::unique_ptr<DriftkvServer>> s = DriftkvServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
