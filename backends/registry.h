@@ -50,6 +50,8 @@ struct BackendArgs {
   // ServiceOptions::attend_batching and the batch observer (metrics): a
   // multi-device backend batches each device on its own (multi_device.h).
   bool attend_batching = true;
+  // CUDA: bytes of device memory for bf16 windows (0: the default).
+  uint64_t device_window_cache_bytes = 0;
   std::function<void(int calls, int jobs)> attend_observer;
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;

@@ -245,6 +245,7 @@ absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
     }
     o->max_regions = c.max_regions();
   }
+  if (c.has_device_window_cache_bytes()) o->device_window_cache_bytes = c.device_window_cache_bytes();
   if (c.has_max_region_lease_seconds()) {
     if (c.max_region_lease_seconds() < 1 || c.max_region_lease_seconds() > 86400) {
       return absl::InvalidArgumentError(absl::StrCat("max_region_lease_seconds ", c.max_region_lease_seconds(),

@@ -115,6 +115,7 @@ struct ServiceOptions {
   uint32_t max_regions = kDefaultMaxRegions;  // per tenant
   uint32_t region_lease_seconds = kDefaultRegionLeaseSeconds;
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
+  uint64_t device_window_cache_bytes = 0;  // 0: the backend's default
 
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }

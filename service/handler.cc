@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   args.hot_pool = h->hot_pool_.get();
   args.devices = options.devices;
   args.attend_batching = options.attend_batching;
+  args.device_window_cache_bytes = options.device_window_cache_bytes;
   {
     Metrics* m = h->metrics_;
     args.attend_observer = [m](int calls, int jobs) {

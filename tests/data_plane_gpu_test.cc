@@ -36,7 +36,7 @@ using testing::kD;
 using testing::kSmallN;
 
 constexpr uint64_t kDeviceBytes = 1 << 20;
-constexpr int kPrefill = 127;
+constexpr int kPrefill = 300;  // two 128-token pages (the CUDA kernels take 128) and a window
 
 bool ReadFull(int fd, void* p, size_t n) {
   for (char* c = static_cast<char*>(p); n > 0;) {
@@ -173,6 +173,7 @@ TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBit) {
 
   ServiceOptions o = testing::SmallOptions(32u << 20);
   o.backend = "cuda";
+  o.codec.mean_window = 128;  // the CUDA kernels' page
   o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-gpu-test-", absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
   std::unique_ptr<DriftkvServer> server;  // destroyed before the child ends
   std::unique_ptr<Client> client;

@@ -19,7 +19,7 @@ const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) ->
   if (!codec.ok()) return codec.status();
   if (a.devices.size() <= 1) {
     const int device = a.devices.empty() ? 0 : a.devices[0];  // config devices / --devices
-    return MakeCudaBackend(*codec, a.pool, device, a.transforms, a.values_folded, kDefaultWindowCacheBytes,
+    return MakeCudaBackend(*codec, a.pool, device, a.transforms, a.values_folded, a.device_window_cache_bytes > 0 ? a.device_window_cache_bytes : kDefaultWindowCacheBytes,
                            a.hot_pool);
   }
   int count = 0;
@@ -43,7 +43,7 @@ const bool kCudaRegistered = RegisterBackend("cuda", [](const BackendArgs& a) ->
   std::vector<std::unique_ptr<Backend>> inner;
   for (size_t k = 0; k < a.devices.size(); ++k) {
     absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend(
-        *codec, a.pool, a.devices[k], a.transforms, a.values_folded, kDefaultWindowCacheBytes, nullptr,
+        *codec, a.pool, a.devices[k], a.transforms, a.values_folded, a.device_window_cache_bytes > 0 ? a.device_window_cache_bytes : kDefaultWindowCacheBytes, nullptr,
         static_cast<int>(k));
     if (!b.ok()) return absl::Status(b.status().code(), absl::StrCat("device ", a.devices[k], ": ", b.status().message()));
     inner.push_back(*std::move(b));
