@@ -28,9 +28,8 @@ void BatchingBackend::Attend(absl::Span<AttendJob> jobs) {
   // Wait until a batch that took this call has run, or the backend is free.
   std::pair<BatchingBackend*, Call*> arg(this, &self);
   mu_.Await(absl::Condition(
-      +[](std::pair<BatchingBackend*, Call*>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return a->second->done || !a->first->running_;
-      },
+      +[](std::pair<BatchingBackend*, Call*>* a)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->second->done || !a->first->running_; },
       &arg));
   if (self.done) return;
   // Run everything queued (this call included) as one batch, then hand over:

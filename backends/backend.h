@@ -60,8 +60,8 @@ struct EncodeJob {
   const float* keys = nullptr;    // [P][kv_heads][head_dim], host
   const float* values = nullptr;  // same shape
   PageId page = -1;
-  int layer = 0;                  // selects the transform; see TRANSFORMS
-  CodecStats stats;               // out: this page's stream statistics
+  int layer = 0;     // selects the transform; see TRANSFORMS
+  CodecStats stats;  // out: this page's stream statistics
   // out, optional: each stream's rANS bytes used / payload bytes, keys and
   // values (P each); a backend that leaves them empty reports only `stats`.
   std::vector<float> key_utilization, value_utilization;
@@ -101,13 +101,13 @@ struct AttendJob {
   // first, tokens) determines the content. 0: nothing to cache.
   uint64_t window_id = 0;
   int64_t window_first = 0;
-  const float* query = nullptr;    // [q_heads][head_dim]
+  const float* query = nullptr;  // [q_heads][head_dim]
   int q_heads = 0;
   float softmax_scale = 0.0f;
-  int layer = 0;                   // selects the transform; see TRANSFORMS
-  bool hot = false;                // `pages` are level pages of the hot pool; see HOT TIER
-  float* out = nullptr;            // [q_heads][head_dim]
-  float* lse = nullptr;            // [q_heads]
+  int layer = 0;         // selects the transform; see TRANSFORMS
+  bool hot = false;      // `pages` are level pages of the hot pool; see HOT TIER
+  float* out = nullptr;  // [q_heads][head_dim]
+  float* lse = nullptr;  // [q_heads]
   // CLIENT MEMORY: with query_dev set the query is read from there instead
   // of `query`, and with out_dev set the output and lse are written there
   // instead of out/lse (both or neither of out_dev and lse_dev). See
@@ -117,7 +117,7 @@ struct AttendJob {
   void* out_dev = nullptr;          // [q_heads][head_dim] in out_dtype
   int out_dtype = 3;                // f32 3 or bf16 1
   float* lse_dev = nullptr;         // [q_heads] f32
-  absl::Status status;             // out
+  absl::Status status;              // out
 };
 
 // CLIENT MEMORY. A read of one client tensor the device addresses
@@ -144,8 +144,7 @@ class Backend {
   // Reconstructs tokens [first, first + count) of a page of layer `layer`
   // into float [count][kv_heads][head_dim] arrays (model domain). DataLoss
   // on a corrupt record.
-  virtual absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
-                                    float* values) = 0;
+  virtual absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) = 0;
 
   // Runs every job; each job's status says how it went. A batch may mix hot
   // and cold jobs.
@@ -209,9 +208,9 @@ class Backend {
   // comes back as bf16 in tail_keys/tail_values. Same failures as
   // EncodePages. REQUIRES: CheckStaged passed.
   virtual absl::Status EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
-                                    absl::Span<const uint16_t> prefix_keys,
-                                    absl::Span<const uint16_t> prefix_values, absl::Span<EncodeJob> jobs,
-                                    std::vector<uint16_t>* tail_keys, std::vector<uint16_t>* tail_values);
+                                    absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                                    absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                                    std::vector<uint16_t>* tail_values);
 
   // MEMORY REGIONS (service/regions.h, docs/api.md "Memory regions").
   // Opens a client's cudaIpcMemHandle_t (`handle`, `handle_bytes` = 64) on

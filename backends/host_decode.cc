@@ -28,8 +28,8 @@ absl::Status DecodePageTokens(const DQuantCodec& codec, const PagePool& pool, Pa
 }
 
 absl::Status DecodeLevelPageTokens(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* page,
-                                   PageId id, int first, int count, const LayerTransform* transform,
-                                   bool values_folded, float* keys, float* values, CodecScratch* scratch) {
+                                   PageId id, int first, int count, const LayerTransform* transform, bool values_folded,
+                                   float* keys, float* values, CodecScratch* scratch) {
   const int n = layout.n();
   std::vector<uint8_t> key_levels(static_cast<size_t>(kLevelPageTokens) * n), value_levels(key_levels.size());
   std::vector<uint32_t> key_headers(kLevelPageTokens), value_headers(kLevelPageTokens);

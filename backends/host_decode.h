@@ -28,8 +28,8 @@ absl::Status DecodePageTokens(const DQuantCodec& codec, const PagePool& pool, Pa
 // ValueFromSymbols after the fixed-width levels). DataLoss naming the page
 // and the token for a level outside the codec's alphabet (a corrupt page).
 absl::Status DecodeLevelPageTokens(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* page,
-                                   PageId id, int first, int count, const LayerTransform* transform,
-                                   bool values_folded, float* keys, float* values, CodecScratch* scratch);
+                                   PageId id, int first, int count, const LayerTransform* transform, bool values_folded,
+                                   float* keys, float* values, CodecScratch* scratch);
 
 }  // namespace driftkv
 

@@ -53,7 +53,8 @@ class MultiDeviceBackend : public Backend {
     }
     for (int k = 0; k < n; ++k) {
       if (split[k].empty() || k == last) continue;
-      running.push_back(std::async(std::launch::async, [this, k, &split] { inner_[k]->Attend(absl::MakeSpan(split[k])); }));
+      running.push_back(
+          std::async(std::launch::async, [this, k, &split] { inner_[k]->Attend(absl::MakeSpan(split[k])); }));
     }
     if (last >= 0) inner_[last]->Attend(absl::MakeSpan(split[last]));
     for (std::future<void>& f : running) f.get();
@@ -104,7 +105,8 @@ class MultiDeviceBackend : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
-                                                bool batch_per_device, std::function<void(int calls, int jobs)> observer) {
+                                                bool batch_per_device,
+                                                std::function<void(int calls, int jobs)> observer) {
   bool batched = false;
   if (batch_per_device) {
     for (std::unique_ptr<Backend>& b : inner) {

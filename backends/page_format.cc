@@ -5,7 +5,9 @@
 
 namespace driftkv {
 
-std::vector<std::string> PageFormatNames() { return {kContainerPageFormat}; }
+std::vector<std::string> PageFormatNames() {
+  return {kContainerPageFormat};
+}
 
 absl::StatusOr<PageLayout> MakePageLayoutFor(const std::string& name, const KvCodec& codec) {
   if (name == kContainerPageFormat) {
@@ -15,8 +17,8 @@ absl::StatusOr<PageLayout> MakePageLayoutFor(const std::string& name, const KvCo
                           static_cast<int>(codec.key_stride()), static_cast<int>(codec.value_stride()),
                           static_cast<int>(codec.side_stride()));
   }
-  return absl::InvalidArgumentError(absl::StrCat("page format \"", name, "\" unknown (known: ",
-                                                 absl::StrJoin(PageFormatNames(), ", "), ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("page format \"", name, "\" unknown (known: ", absl::StrJoin(PageFormatNames(), ", "), ")"));
 }
 
 }  // namespace driftkv

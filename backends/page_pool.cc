@@ -8,32 +8,29 @@
 
 namespace driftkv {
 
-absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& layout,
-                                                           uint64_t capacity_bytes, int partitions) {
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& layout, uint64_t capacity_bytes,
+                                                           int partitions) {
   std::unique_ptr<PagePool> pool(new PagePool());
   pool->layout_ = layout;
   pool->stride_ = layout.page_bytes;
   const uint64_t pages = capacity_bytes / pool->stride_;
   if (pages == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("pool_bytes ", capacity_bytes,
-                                                   " is smaller than one page of ", pool->stride_,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_bytes ", capacity_bytes, " is smaller than one page of ", pool->stride_, " bytes"));
   }
   if (pages > static_cast<uint64_t>(std::numeric_limits<PageId>::max())) {
     return absl::InvalidArgumentError(absl::StrCat("pool_bytes ", capacity_bytes, " gives ", pages,
-                                                   " pages, more than ",
-                                                   std::numeric_limits<PageId>::max()));
+                                                   " pages, more than ", std::numeric_limits<PageId>::max()));
   }
   if (partitions < 1 || static_cast<uint64_t>(partitions) > pages) {
-    return absl::InvalidArgumentError(absl::StrCat("pool of ", pages, " pages cannot be split into ", partitions,
-                                                   " partitions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool of ", pages, " pages cannot be split into ", partitions, " partitions"));
   }
   pool->capacity_ = static_cast<int64_t>(pages);
   const size_t bytes = static_cast<size_t>(pages) * pool->stride_;
   pool->arena_.reset(new (std::nothrow) uint8_t[bytes]);
   if (pool->arena_ == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate the pool arena of ", bytes, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the pool arena of ", bytes, " bytes"));
   }
   std::memset(pool->arena_.get(), 0, bytes);  // commits the memory now, not on first use
   pool->free_.resize(partitions);
@@ -85,8 +82,8 @@ absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partiti
     const int64_t cap = begin_[partition + 1] - begin_[partition];
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool full: capacity ", cap, " pages", partitions() > 1 ? absl::StrCat(" on device slot ", partition) : "",
-        " (", cap * stride_, " bytes, ", layout_.page_tokens, " tokens per page), ", cap - free, " in use, ",
-        count, " more needed; release sequences or raise pool_bytes"));
+        " (", cap * stride_, " bytes, ", layout_.page_tokens, " tokens per page), ", cap - free, " in use, ", count,
+        " more needed; release sequences or raise pool_bytes"));
   }
   out.assign(f.end() - count, f.end());
   f.resize(free - count);

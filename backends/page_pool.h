@@ -33,13 +33,13 @@ class PagePool {
  public:
   // `capacity_bytes` is rounded down to whole pages; fails when that leaves
   // no page (the message names both sizes).
-  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout,
-                                                           uint64_t capacity_bytes, int partitions = 1);
+  static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout, uint64_t capacity_bytes,
+                                                          int partitions = 1);
   // A pool of opaque pages of `page_bytes` holding `page_tokens` tokens each
   // (the hot tier's level pages, codec/level_page.h); layout() then carries
   // only page_tokens and page_bytes, and only page() addresses pages.
   static absl::StatusOr<std::unique_ptr<PagePool>> CreateOpaque(size_t page_bytes, int page_tokens,
-                                                                 uint64_t capacity_bytes);
+                                                                uint64_t capacity_bytes);
 
   const PageLayout& layout() const { return layout_; }
   int page_tokens() const { return layout_.page_tokens; }

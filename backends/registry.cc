@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name, co
     if (it != r.factories.end()) factory = it->second;
   }
   if (!factory) {
-    return absl::InvalidArgumentError(absl::StrCat("backend \"", name,
-                                                   "\" is not available in this build (available: ",
+    return absl::InvalidArgumentError(absl::StrCat("backend \"", name, "\" is not available in this build (available: ",
                                                    absl::StrJoin(BackendNames(), ", "), ")"));
   }
   return factory(args);
@@ -60,8 +59,8 @@ absl::StatusOr<const DQuantCodec*> ServedDQuant(const std::string& backend, cons
   const auto* dq = dynamic_cast<const DQuantKvCodec*>(args.codec);
   if (dq == nullptr || args.page_format != kContainerPageFormat) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "backend \"", backend, "\" serves codec \"dquant\" in page format \"", kContainerPageFormat,
-        "\", not codec \"", args.codec == nullptr ? "" : args.codec->name(), "\" in \"", args.page_format, "\""));
+        "backend \"", backend, "\" serves codec \"dquant\" in page format \"", kContainerPageFormat, "\", not codec \"",
+        args.codec == nullptr ? "" : args.codec->name(), "\" in \"", args.page_format, "\""));
   }
   return &dq->codec();
 }

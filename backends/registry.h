@@ -30,16 +30,16 @@ namespace driftkv {
 // formats it has kernels for and refuses others (InvalidArgument naming
 // them); both of today's serve D-Quant (DQuantKvCodec) in "container" pages.
 struct BackendArgs {
-  const KvCodec* codec = nullptr;      // must outlive the backend
+  const KvCodec* codec = nullptr;                  // must outlive the backend
   std::string page_format = kContainerPageFormat;  // backends/page_format.h
-  const PagePool* pool = nullptr;      // must outlive the backend; pages of page_format
-  int threads = 0;                     // ServiceOptions::backend_threads
+  const PagePool* pool = nullptr;                  // must outlive the backend; pages of page_format
+  int threads = 0;                                 // ServiceOptions::backend_threads
   // WUSH-KV transforms (see TRANSFORMS in backend.h), or null for the
   // codec's own rotation. Must outlive the backend; its kv_heads/head_dim
   // match the codec's and it has a matrix set for every layer the handler
   // serves.
   const TransformSet* transforms = nullptr;
-  bool values_folded = false;          // T_V is folded into the model's weights
+  bool values_folded = false;  // T_V is folded into the model's weights
   // The hot tier's pool of level pages (HOT TIER in backend.h), or null when
   // the service runs without one. Must outlive the backend.
   const PagePool* hot_pool = nullptr;

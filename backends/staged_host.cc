@@ -59,8 +59,8 @@ absl::Status Backend::EncodeStaged(const StagedTokens& t, int n, int page_tokens
   std::vector<float> k(total * n), v(total * n);
   TensorToFloat(AsBytes(static_cast<const uint8_t*>(t.keys) + off, fresh_elements * eb), t.dtype, fresh_elements,
                 k.data() + prefix * n);
-  TensorToFloat(AsBytes(static_cast<const uint8_t*>(t.values) + off, fresh_elements * eb), t.dtype,
-                fresh_elements, v.data() + prefix * n);
+  TensorToFloat(AsBytes(static_cast<const uint8_t*>(t.values) + off, fresh_elements * eb), t.dtype, fresh_elements,
+                v.data() + prefix * n);
   std::vector<uint16_t> bk(total * n), bv(total * n);
   std::memcpy(bk.data(), prefix_keys.data(), prefix * n * 2);
   std::memcpy(bv.data(), prefix_values.data(), prefix * n * 2);

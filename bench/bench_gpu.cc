@@ -42,13 +42,13 @@ constexpr int kKvHeads = 8, kHeadDim = 128, kQHeads = 32, kN = kKvHeads * kHeadD
 constexpr int kDistinctPages = 32;  // 4096 distinct tokens
 constexpr double kRotateBytes = 512.0 * (1 << 20);
 
-#define CHECK_CUDA(x)                                                              \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 struct Shape {
@@ -123,7 +123,7 @@ struct Result {
   Shape shape;
   double dquant_ms, bf16_ms, dquant_bytes, bf16_bytes;
   double hot_ms, hot_bytes;  // level pages (the hot tier)
-  double wush_ms;  // the D-Quant launch with a WUSH transform stage
+  double wush_ms;            // the D-Quant launch with a WUSH transform stage
   int dquant_splits_hint;
 };
 
@@ -277,9 +277,9 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     CheckFinite(out, "D-Quant");
     // Bytes the kernel must read: records and mean records of the compressed
     // tokens, plus the bf16 window.
-    r.dquant_bytes = static_cast<double>(s.batch) *
-                     (static_cast<double>(comp) * (lay.key_stride + lay.value_stride) +
-                      static_cast<double>(dq_pages) * lay.mean_stride + 2.0 * window * kN * 2);
+    r.dquant_bytes =
+        static_cast<double>(s.batch) * (static_cast<double>(comp) * (lay.key_stride + lay.value_stride) +
+                                        static_cast<double>(dq_pages) * lay.mean_stride + 2.0 * window * kN * 2);
   }
   // ---- level pages (hot tier), the same tokens and window ----
   {
@@ -294,8 +294,9 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
       CHECK_OK(LaunchLevelAttention(p, nullptr));
     });
     CheckFinite(out, "level-page");
-    r.hot_bytes = static_cast<double>(s.batch) *
-                  (static_cast<double>(dq_pages) * (hl.blocks_offset + hl.kv_heads * hl.head_bytes()) + 2.0 * window * kN * 2);
+    r.hot_bytes =
+        static_cast<double>(s.batch) *
+        (static_cast<double>(dq_pages) * (hl.blocks_offset + hl.kv_heads * hl.head_bytes()) + 2.0 * window * kN * 2);
   }
   // ---- bf16 ----
   {
@@ -400,10 +401,11 @@ void EncodeThroughput(const DQuantCodec& codec, int tokens, int reps) {
   }
   std::printf("\nGPU encode (n = %d, %d tokens = %d streams, mean window incl.): %.3f ms median of %d\n", kN, tokens,
               2 * tokens, ms, reps);
-  std::printf("  %.3g streams/s, %.3g tokens/s (per layer); retries %ld, fallbacks %ld, errors %ld; "
-              "mean bytes used keys %.1f / %d, values %.1f / %d\n",
-              2 * tokens / (ms * 1e-3), tokens / (ms * 1e-3), retries, fallbacks, errors, used_k / tokens,
-              ep.keys.payload_bytes, used_v / tokens, ep.values.payload_bytes);
+  std::printf(
+      "  %.3g streams/s, %.3g tokens/s (per layer); retries %ld, fallbacks %ld, errors %ld; "
+      "mean bytes used keys %.1f / %d, values %.1f / %d\n",
+      2 * tokens / (ms * 1e-3), tokens / (ms * 1e-3), retries, fallbacks, errors, used_k / tokens,
+      ep.keys.payload_bytes, used_v / tokens, ep.values.payload_bytes);
   std::printf("  WUSH transform of the same keys and values (before the encoder): %.3f ms, %+.1f%% of the encode\n",
               tms, 100.0 * tms / ms);
 }
@@ -418,9 +420,10 @@ void PromotionTime(const DQuantCodec& codec, const PageLayout& lay, const LevelP
   DeviceBuffer ids, toks, tabs;
   PromoteParams pp = PromoteAll(codec, lay, hl, cold.get<uint8_t>(), hot.get<uint8_t>(), kPages, &ids, &toks, &tabs);
   const double ms = MedianMs(reps, [&](int) { CHECK_OK(LaunchPromote(pp, nullptr)); });
-  std::printf("\nPromotion of one 8K-token sequence (32 layers x 64 pages x 128 tokens, 8 x 128): %.3f ms median of %d "
-              "(%.1f GB/s of level pages written)\n",
-              ms, reps, kPages * static_cast<double>(hl.page_bytes) / (ms * 1e6));
+  std::printf(
+      "\nPromotion of one 8K-token sequence (32 layers x 64 pages x 128 tokens, 8 x 128): %.3f ms median of %d "
+      "(%.1f GB/s of level pages written)\n",
+      ms, reps, kPages * static_cast<double>(hl.page_bytes) / (ms * 1e6));
 }
 
 void Capacity(const PageLayout& lay, const LevelPageLayout& hl, int window) {
@@ -436,21 +439,23 @@ void Capacity(const PageLayout& lay, const LevelPageLayout& hl, int window) {
     const int pages = (context + kPageTokens - 1) / kPageTokens;
     return kLayers * (static_cast<double>(pages) * Bf16PageBytes(kKvHeads, kHeadDim) + pages * 4.0);
   };
-  std::printf("\nCapacity (32 layers, 8 kv heads x 128, pages of 128 tokens, D-Quant page %zu B incl. mean record "
-              "and padding, bf16 window %d tokens, page tables 4 B/page):\n",
-              lay.page_bytes, window);
+  std::printf(
+      "\nCapacity (32 layers, 8 kv heads x 128, pages of 128 tokens, D-Quant page %zu B incl. mean record "
+      "and padding, bf16 window %d tokens, page tables 4 B/page):\n",
+      lay.page_bytes, window);
   const int b16 = static_cast<int>(kPool / bf16_seq(8192)), bdq = static_cast<int>(kPool / dquant_seq(8192));
   std::printf("  8K-token sequences in a 64 GiB pool: bf16 %d, D-Quant %d (%.2fx)\n", b16, bdq,
               static_cast<double>(bdq) / b16);
   const double t16 = 65536.0 / (bf16_seq(65536) / (1ull << 30)), tdq = 65536.0 / (dquant_seq(65536) / (1ull << 30));
   std::printf("  tokens per GiB at 64K-token sequences: bf16 %.0f, D-Quant %.0f (%.2fx)\n", t16, tdq, tdq / t16);
-  std::printf("  bytes per token per layer: bf16 %.0f, D-Quant records %d + %d + mean %.2f = %.2f (page %.2f)\n", bf16_tok,
-              lay.key_stride, lay.value_stride, lay.mean_stride / 128.0,
+  std::printf("  bytes per token per layer: bf16 %.0f, D-Quant records %d + %d + mean %.2f = %.2f (page %.2f)\n",
+              bf16_tok, lay.key_stride, lay.value_stride, lay.mean_stride / 128.0,
               lay.key_stride + lay.value_stride + lay.mean_stride / 128.0, lay.page_bytes / 128.0);
-  std::printf("  level page (hot tier) %zu B = %.2f B per token: %.2fx bf16 tokens per byte (cold page %.2fx); "
-              "hot page / cold page %.3f\n",
-              hl.page_bytes, hl.page_bytes / 128.0, bf16_tok * 128.0 / hl.page_bytes, bf16_tok * 128.0 / lay.page_bytes,
-              static_cast<double>(hl.page_bytes) / lay.page_bytes);
+  std::printf(
+      "  level page (hot tier) %zu B = %.2f B per token: %.2fx bf16 tokens per byte (cold page %.2fx); "
+      "hot page / cold page %.3f\n",
+      hl.page_bytes, hl.page_bytes / 128.0, bf16_tok * 128.0 / hl.page_bytes, bf16_tok * 128.0 / lay.page_bytes,
+      static_cast<double>(hl.page_bytes) / lay.page_bytes);
 }
 
 int Main(int argc, char** argv) {
@@ -460,10 +465,14 @@ int Main(int argc, char** argv) {
   std::string csv;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
-    else if (a.rfind("--csv=", 0) == 0) csv = a.substr(6);
-    else if (a.rfind("--encode_tokens=", 0) == 0) encode_tokens = std::stoi(a.substr(16));
-    else if (a.rfind("--window=", 0) == 0) window = std::stoi(a.substr(9));
+    if (a.rfind("--reps=", 0) == 0)
+      reps = std::stoi(a.substr(7));
+    else if (a.rfind("--csv=", 0) == 0)
+      csv = a.substr(6);
+    else if (a.rfind("--encode_tokens=", 0) == 0)
+      encode_tokens = std::stoi(a.substr(16));
+    else if (a.rfind("--window=", 0) == 0)
+      window = std::stoi(a.substr(9));
     else if (a.rfind("--shapes=", 0) == 0) {
       shapes.clear();
       std::string l = a.substr(9);
@@ -494,7 +503,8 @@ int Main(int argc, char** argv) {
   auto codec = DQuantCodec::Create(cfg);
   CHECK_OK(codec.status());
   const PageLayout lay = codec->page_layout();  // the service's pages (codec/page_layout.h)
-  if (const std::string error = GpuPageLayoutError(lay, PageUse::kAttend); !error.empty()) CHECK_OK(absl::InvalidArgumentError(error));
+  if (const std::string error = GpuPageLayoutError(lay, PageUse::kAttend); !error.empty())
+    CHECK_OK(absl::InvalidArgumentError(error));
   std::vector<uint32_t> tab(512);
   PackDecodeTable(codec->key_codec().table(), tab.data());
   PackDecodeTable(codec->value_codec().table(), tab.data() + 256);
@@ -526,7 +536,8 @@ int Main(int argc, char** argv) {
     const Result r = RunShape(s, *codec, lay, dq_distinct, *hl, hot_distinct, bf_distinct, tables, window, reps);
     std::printf("%6d %8d | %10.4f %8.0f | %10.4f %8.0f | %10.4f %8.0f | %11.2fx | %.4f (%+.1f%%)\n", s.batch, s.context,
                 r.hot_ms, r.hot_bytes / (r.hot_ms * 1e6), r.dquant_ms, r.dquant_bytes / (r.dquant_ms * 1e6), r.bf16_ms,
-                r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.hot_ms, r.wush_ms, 100.0 * (r.wush_ms / r.dquant_ms - 1.0));
+                r.bf16_bytes / (r.bf16_ms * 1e6), r.bf16_ms / r.hot_ms, r.wush_ms,
+                100.0 * (r.wush_ms / r.dquant_ms - 1.0));
     std::fflush(stdout);
     if (out) {
       std::fprintf(out, "%d,%d,%.6f,%.6f,%.0f,%.0f,%.6f,%.6f,%.0f\n", s.batch, s.context, r.dquant_ms, r.bf16_ms,
@@ -544,4 +555,6 @@ int Main(int argc, char** argv) {
 }  // namespace gpu
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::gpu::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return driftkv::gpu::Main(argc, argv);
+}

@@ -79,7 +79,9 @@ void CheckCuda(cudaError_t e, const char* what) {
 }
 
 using Clock = std::chrono::steady_clock;
-double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+double Us(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
 double Quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
@@ -342,7 +344,8 @@ int Run(int argc, char** argv) {
       "\"layer_p50_us\": %.1f, \"layer_p99_us\": %.1f, \"step_p50_ms\": %.3f, \"tokens_per_s\": %.1f, "
       "\"kv_bytes_resident\": %llu, \"prefill_s\": %.2f}\n",
       path.c_str(), tag.c_str(), layers, items, context, q_heads, Quantile(layer_us, 0.5), Quantile(layer_us, 0.99),
-      step, items / (step / 1e3), static_cast<unsigned long long>(stats->bytes_in_use() + stats->hot_bytes_in_use() + stats->window_bytes()),
+      step, items / (step / 1e3),
+      static_cast<unsigned long long>(stats->bytes_in_use() + stats->hot_bytes_in_use() + stats->window_bytes()),
       prefill_s);
   if (dev != nullptr) {
     UnregisterRegion(&client, region_id).IgnoreError();
@@ -354,4 +357,6 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::Run(argc, argv); }
+int main(int argc, char** argv) {
+  return driftkv::Run(argc, argv);
+}

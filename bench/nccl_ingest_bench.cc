@@ -11,11 +11,11 @@
 // checks that the pool is unchanged.
 #include <cuda_runtime.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -142,9 +142,9 @@ int Equal(Client& client, const Shape& s) {
                                                          static_cast<char*>(kd) + off, static_cast<char*>(vd) + off);
       CHECK_OK(r.status());
     }
-    absl::StatusOr<v1::AppendResponse> rep = (*ch)->Push(Header("eq_nccl", layer, 1000, 500, n),
-                                                         static_cast<char*>(kd) + 1000 * n * 2,
-                                                         static_cast<char*>(vd) + 1000 * n * 2);
+    absl::StatusOr<v1::AppendResponse> rep =
+        (*ch)->Push(Header("eq_nccl", layer, 1000, 500, n), static_cast<char*>(kd) + 1000 * n * 2,
+                    static_cast<char*>(vd) + 1000 * n * 2);
     CHECK_OK(rep.status());
     if (rep->tokens_duplicate() != 500 || rep->tokens_stored() != 0) {
       std::printf("FAIL repeat: stored %llu duplicate %llu\n", static_cast<unsigned long long>(rep->tokens_stored()),
@@ -172,8 +172,8 @@ int Equal(Client& client, const Shape& s) {
     }
     absl::StatusOr<v1::AttendResponse> at = client.Attend(req);
     CHECK_OK(at.status());
-    bool attend_equal = at->results(0).output() == at->results(1).output() &&
-                        at->results(0).lse_size() == at->results(1).lse_size();
+    bool attend_equal =
+        at->results(0).output() == at->results(1).output() && at->results(0).lse_size() == at->results(1).lse_size();
     for (int i = 0; attend_equal && i < at->results(0).lse_size(); ++i) {
       const float x = at->results(0).lse(i), y = at->results(1).lse(i);
       attend_equal = std::memcmp(&x, &y, 4) == 0;
@@ -242,8 +242,8 @@ int Throughput(Client& client, const Shape& s) {
     CHECK_OK(client.Release("tp_nccl").status());
     // gRPC: the same tokens, messages capped by the message limit.
     const uint32_t grpc_count = std::min<uint32_t>(count, max_msg_tokens);
-    const int grpc_chunks = std::max(1, static_cast<int>(absl::GetFlag(FLAGS_grpc_total_mib) * (1 << 20) /
-                                                         (4.0 * n * grpc_count)));
+    const int grpc_chunks =
+        std::max(1, static_cast<int>(absl::GetFlag(FLAGS_grpc_total_mib) * (1 << 20) / (4.0 * n * grpc_count)));
     std::vector<v1::AppendChunk> chunks;
     for (int i = 0; i < grpc_chunks; ++i) {
       const uint32_t layer = i % layers;
@@ -257,10 +257,11 @@ int Throughput(Client& client, const Shape& s) {
     const double grpc_s = absl::ToDoubleSeconds(absl::Now() - t0);
     const double grpc_gbs = grpc_chunks * 4.0 * n * grpc_count / grpc_s / 1e9;
     CHECK_OK(client.Release("tp_grpc").status());
-    std::printf("THROUGHPUT chunk %.0f MiB: nccl %.2f GB/s (%d chunks, %d channels, %.3f s), grpc %.3f GB/s "
-                "(%d messages of %.1f MiB, %.3f s), ratio %.1fx\n",
-                mib, nccl_gbs, nccl_chunks, channels, nccl_s, grpc_gbs, grpc_chunks,
-                4.0 * n * grpc_count / (1 << 20), grpc_s, nccl_gbs / grpc_gbs);
+    std::printf(
+        "THROUGHPUT chunk %.0f MiB: nccl %.2f GB/s (%d chunks, %d channels, %.3f s), grpc %.3f GB/s "
+        "(%d messages of %.1f MiB, %.3f s), ratio %.1fx\n",
+        mib, nccl_gbs, nccl_chunks, channels, nccl_s, grpc_gbs, grpc_chunks, 4.0 * n * grpc_count / (1 << 20), grpc_s,
+        nccl_gbs / grpc_gbs);
     std::fflush(stdout);
   }
   for (auto& ch : chs) CHECK_OK(ch->Close());
@@ -305,11 +306,12 @@ int FaultWatch(Client& client) {
   CHECK_OK(info.status());
   const bool pool_same = static_cast<int64_t>(st->pages_in_use()) == absl::GetFlag(FLAGS_before_pages);
   const bool in_time = after <= info->nccl_chunk_timeout_seconds() + 1.0;
-  std::printf("FAULT channel aborted %.2f s after the header (chunk timeout %.1f s), aborted %llu, pages_in_use %llu "
-              "(before %lld), sequences %llu: %s\n",
-              after, info->nccl_chunk_timeout_seconds(), static_cast<unsigned long long>(st->nccl_channels_aborted()),
-              static_cast<unsigned long long>(st->pages_in_use()), static_cast<long long>(absl::GetFlag(FLAGS_before_pages)),
-              static_cast<unsigned long long>(st->sequences()), pool_same && in_time ? "PASS" : "FAIL");
+  std::printf(
+      "FAULT channel aborted %.2f s after the header (chunk timeout %.1f s), aborted %llu, pages_in_use %llu "
+      "(before %lld), sequences %llu: %s\n",
+      after, info->nccl_chunk_timeout_seconds(), static_cast<unsigned long long>(st->nccl_channels_aborted()),
+      static_cast<unsigned long long>(st->pages_in_use()), static_cast<long long>(absl::GetFlag(FLAGS_before_pages)),
+      static_cast<unsigned long long>(st->sequences()), pool_same && in_time ? "PASS" : "FAIL");
   return pool_same && in_time ? 0 : 1;
 }
 
@@ -336,8 +338,9 @@ int Multi(Client& multi, const Shape& s) {
       // Distinct sequences: each starts at another offset of the pattern.
       const size_t off = static_cast<size_t>(i % 8) * 512 * n * 2;
       const uint32_t count = static_cast<uint32_t>(tokens - (i % 8) * 512);
-      CHECK_OK((*ch)->Push(Header(absl::StrCat("m", i), 0, 0, count, n), static_cast<char*>(kd) + off,
-                           static_cast<char*>(vd) + off)
+      CHECK_OK((*ch)
+                   ->Push(Header(absl::StrCat("m", i), 0, 0, count, n), static_cast<char*>(kd) + off,
+                          static_cast<char*>(vd) + off)
                    .status());
       if (count < static_cast<uint32_t>(tokens)) {
         CHECK_OK((*ch)->Push(Header(absl::StrCat("m", i), 0, count, tokens - count, n), kd, vd).status());

@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
   const double s = driftkv::Seconds(t);
   std::printf("crc32c: %zu-byte pages (8 kv heads x 128, 128 tokens): %.2f GB/s, %.2f us per page (sink %08x)\n",
               page_bytes, reps * 64.0 * page_bytes / s / 1e9, s / (reps * 64.0) * 1e6, sink);
-  std::printf("Attend, 1 item x %d tokens x 32 q_heads, CPU backend, 1 thread, median of %d: %.3f ms without "
-              "verify_pages_on_attend, %.3f ms with (+%.1f%%)\n",
-              tokens, iterations, off, on, 100.0 * (on - off) / off);
+  std::printf(
+      "Attend, 1 item x %d tokens x 32 q_heads, CPU backend, 1 thread, median of %d: %.3f ms without "
+      "verify_pages_on_attend, %.3f ms with (+%.1f%%)\n",
+      tokens, iterations, off, on, 100.0 * (on - off) / off);
   return 0;
 }

@@ -37,7 +37,9 @@ namespace {
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD;
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -102,8 +104,8 @@ std::vector<v1::AppendChunk> Chunks(const std::string& id, int tokens, int per_c
   const std::vector<float> k = Random(static_cast<size_t>(tokens) * kN, 3), v = Random(k.size(), 4);
   std::vector<v1::AppendChunk> out;
   for (int t = 0; t < tokens; t += per_chunk) {
-    out.push_back(MakeChunk(id, 0, t, per_chunk, k.data() + size_t{kN} * t, v.data() + size_t{kN} * t, kN,
-                            v1::DTYPE_BF16));
+    out.push_back(
+        MakeChunk(id, 0, t, per_chunk, k.data() + size_t{kN} * t, v.data() + size_t{kN} * t, kN, v1::DTYPE_BF16));
   }
   return out;
 }
@@ -124,27 +126,30 @@ void Repeat(int reps) {
     for (const v1::AppendChunk& c : chunks) CHECK_OK((*h)->Append(c, &r));
     t.push_back(Seconds(t0));
   }
-  std::printf("repeat     %d tokens of %d values in chunks of 256 (bf16, crc32c set): first Append %.1f ms "
-              "(%.2f us/token, encoding included); repeated, all compared: median %.2f ms (%.2f us/token)\n",
-              tokens, kN, 1e3 * first, 1e6 * first / tokens, 1e3 * Median(t), 1e6 * Median(t) / tokens);
+  std::printf(
+      "repeat     %d tokens of %d values in chunks of 256 (bf16, crc32c set): first Append %.1f ms "
+      "(%.2f us/token, encoding included); repeated, all compared: median %.2f ms (%.2f us/token)\n",
+      tokens, kN, 1e3 * first, 1e6 * first / tokens, 1e3 * Median(t), 1e6 * Median(t) / tokens);
 }
 
-bool Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+bool Sh(const std::string& cmd) {
+  return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0;
+}
 
 void TransportCost(int reps) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string d = absl::StrCat(tmp ? tmp : "/tmp", "/driftkv-security-bench");
   const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   std::ofstream(d + ".ext") << "subjectAltName=IP:127.0.0.1\n";
-  const bool ok = Sh("mkdir -p " + d) &&
-                  Sh(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/ca.key -out ", d,
-                                  "/ca.pem -days 1 -subj /CN=ca")) &&
-                  Sh(absl::StrCat("openssl req ", key, " -keyout ", d, "/s.key -out ", d, "/s.csr -subj /CN=s")) &&
-                  Sh(absl::StrCat("openssl x509 -req -in ", d, "/s.csr -CA ", d, "/ca.pem -CAkey ", d,
-                                  "/ca.key -CAcreateserial -days 1 -extfile ", d, ".ext -out ", d, "/s.pem")) &&
-                  Sh(absl::StrCat("openssl req ", key, " -keyout ", d, "/c.key -out ", d, "/c.csr -subj /CN=c")) &&
-                  Sh(absl::StrCat("openssl x509 -req -in ", d, "/c.csr -CA ", d, "/ca.pem -CAkey ", d,
-                                  "/ca.key -CAcreateserial -days 1 -out ", d, "/c.pem"));
+  const bool ok =
+      Sh("mkdir -p " + d) &&
+      Sh(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/ca.key -out ", d, "/ca.pem -days 1 -subj /CN=ca")) &&
+      Sh(absl::StrCat("openssl req ", key, " -keyout ", d, "/s.key -out ", d, "/s.csr -subj /CN=s")) &&
+      Sh(absl::StrCat("openssl x509 -req -in ", d, "/s.csr -CA ", d, "/ca.pem -CAkey ", d,
+                      "/ca.key -CAcreateserial -days 1 -extfile ", d, ".ext -out ", d, "/s.pem")) &&
+      Sh(absl::StrCat("openssl req ", key, " -keyout ", d, "/c.key -out ", d, "/c.csr -subj /CN=c")) &&
+      Sh(absl::StrCat("openssl x509 -req -in ", d, "/c.csr -CA ", d, "/ca.pem -CAkey ", d,
+                      "/ca.key -CAcreateserial -days 1 -out ", d, "/c.pem"));
   if (!ok) {
     std::fprintf(stderr, "openssl failed: cannot mint certificates in %s\n", d.c_str());
     std::exit(1);

@@ -41,7 +41,9 @@ namespace {
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
 
-double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double Ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 struct Quantiles {
   double p50, p99;
@@ -70,7 +72,9 @@ ServiceOptions Options(int sequences, int context, bool hot) {
   return o;
 }
 
-std::string SeqId(int s) { return absl::StrCat("seq", s); }
+std::string SeqId(int s) {
+  return absl::StrCat("seq", s);
+}
 
 v1::AttendItem Item(int s, const std::vector<float>& query) {
   v1::AttendItem it;
@@ -329,10 +333,14 @@ int Main(int argc, char** argv) {
   int sequences = 64, context = 8192, reps = 30, clients = 8;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a.rfind("--sequences=", 0) == 0) sequences = std::stoi(a.substr(12));
-    else if (a.rfind("--context=", 0) == 0) context = std::stoi(a.substr(10));
-    else if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
-    else if (a.rfind("--clients=", 0) == 0) clients = std::stoi(a.substr(10));
+    if (a.rfind("--sequences=", 0) == 0)
+      sequences = std::stoi(a.substr(12));
+    else if (a.rfind("--context=", 0) == 0)
+      context = std::stoi(a.substr(10));
+    else if (a.rfind("--reps=", 0) == 0)
+      reps = std::stoi(a.substr(7));
+    else if (a.rfind("--clients=", 0) == 0)
+      clients = std::stoi(a.substr(10));
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -342,12 +350,13 @@ int Main(int argc, char** argv) {
     std::printf("skipped: no GPU\n");
     return 0;
   }
-  std::printf("service on the GPU: 1 layer, %d sequences x %d tokens, 8 KV heads x 128, GQA 32/8, %d reps\n",
-              sequences, context, reps);
+  std::printf("service on the GPU: 1 layer, %d sequences x %d tokens, 8 KV heads x 128, GQA 32/8, %d reps\n", sequences,
+              context, reps);
   const TierResult cold = RunTier(false, sequences, context, reps, clients);
   const TierResult hot = RunTier(true, sequences, context, reps, clients);
-  std::printf("\n| tier | kernel ms | Handler p50 ms | gRPC p50 ms | gRPC p99 ms | gRPC p50 - kernel us | first Attend ms | "
-              "second ms | invariance (bit-equal / checked) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  std::printf(
+      "\n| tier | kernel ms | Handler p50 ms | gRPC p50 ms | gRPC p99 ms | gRPC p50 - kernel us | first Attend ms | "
+      "second ms | invariance (bit-equal / checked) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (int t = 0; t < 2; ++t) {
     const TierResult& r = t == 0 ? cold : hot;
     std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.2f | %.2f | %d / %d |\n", t == 0 ? "cold" : "hot",
@@ -372,4 +381,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return driftkv::Main(argc, argv);
+}

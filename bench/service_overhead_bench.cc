@@ -16,13 +16,13 @@
 //
 //   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
 //                          [--dtype=f32|bf16] [--deadlock_detection]
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
-#include <ctime>
-#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,7 +73,9 @@ const bool kRegistered = RegisterBackend("null", [](const BackendArgs&) {
 });
 
 using Clock = std::chrono::steady_clock;
-double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+double Us(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
 // CPU time of the whole process (client, server and gRPC threads), us: the
 // host work of a call, less sensitive than wall time to a busy machine.
 double CpuUs() {
@@ -187,8 +189,8 @@ int Run(int argc, char** argv) {
     }
   };
   // By reference: f32 queries, outputs and lse in one host region.
-  auto region = HostRegion::Create(&client, static_cast<uint64_t>(sequences) * (2 * qe + kQHeads) * 4 +
-                                                DoorbellClient::Bytes(1 << 20, 1 << 20));
+  auto region = HostRegion::Create(
+      &client, static_cast<uint64_t>(sequences) * (2 * qe + kQHeads) * 4 + DoorbellClient::Bytes(1 << 20, 1 << 20));
   CHECK_OK(region.status());
   float* shared = static_cast<float*>((*region)->data());
   const uint64_t out_at = static_cast<uint64_t>(sequences) * qe * 4, lse_at = 2 * out_at;
@@ -301,10 +303,11 @@ int Run(int argc, char** argv) {
     back.ParseFromString(wire);
     resp_parse.push_back(Us(Clock::now() - t0));
   }
-  std::printf("service_overhead_bench: %d items x %d tokens, %s queries (%zu bytes request, %zu bytes response), "
-              "%d reps\n",
-              sequences, context, DTypeName(dtype).c_str(), request.ByteSizeLong(),
-              handler.Attend(request, &last).ok() ? last.ByteSizeLong() : 0, reps);
+  std::printf(
+      "service_overhead_bench: %d items x %d tokens, %s queries (%zu bytes request, %zu bytes response), "
+      "%d reps\n",
+      sequences, context, DTypeName(dtype).c_str(), request.ByteSizeLong(),
+      handler.Attend(request, &last).ok() ? last.ByteSizeLong() : 0, reps);
   std::printf("| path | p50 us | p99 us |\n|---|---:|---:|\n");
   auto row = [](const char* name, const std::vector<double>& v) {
     const Quantiles q = Of(v);
@@ -332,4 +335,6 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::Run(argc, argv); }
+int main(int argc, char** argv) {
+  return driftkv::Run(argc, argv);
+}

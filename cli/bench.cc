@@ -33,8 +33,8 @@ int Bench(Client& client) {
   absl::StatusOr<v1::InfoResponse> info = absl::UnknownError("no replica");
   for (absl::StatusOr<v1::InfoResponse>& i : sharded.InfoAll()) {
     if (!i.ok()) return Fail(i.status());
-    if (info.ok() && (i->layers() != info->layers() || i->kv_heads() != info->kv_heads() ||
-                      i->head_dim() != info->head_dim())) {
+    if (info.ok() &&
+        (i->layers() != info->layers() || i->kv_heads() != info->kv_heads() || i->head_dim() != info->head_dim())) {
       return Fail(absl::FailedPreconditionError("the replicas serve different model shapes"));
     }
     if (!info.ok()) info = *i;
@@ -54,18 +54,18 @@ int Bench(Client& client) {
   for (int t = 0; t < tokens; t += chunk) {
     for (int l = 0; l < layers; ++l) {
       const int c = std::min(chunk, tokens - t);
-      chunks.push_back(MakeChunk("", l, t, c, keys[l].data() + t * n, values[l].data() + t * n, n,
-                                 v1::DTYPE_BF16));
+      chunks.push_back(MakeChunk("", l, t, c, keys[l].data() + t * n, values[l].data() + t * n, n, v1::DTYPE_BF16));
       // The bench-N ids of an earlier run may be tombstoned (released).
       chunks.back().set_new_incarnation(t == 0);
     }
   }
   const std::vector<float> q = SyntheticQuery(keys[0], tokens, kv_heads, d, q_heads, 7);
-  std::printf("bench: %d sequences x %d layers x %d tokens (kv_heads %d, head_dim %d, bf16; %d-token chunks, %d "
-              "concurrent Append calls per sequence), then %d decode steps of %d items (one per layer, q_heads %d), "
-              "server %s\n",
-              seqs, layers, tokens, kv_heads, d, chunk, absl::GetFlag(FLAGS_streams), steps, layers, q_heads,
-              absl::StrJoin(replicas, ",").c_str());
+  std::printf(
+      "bench: %d sequences x %d layers x %d tokens (kv_heads %d, head_dim %d, bf16; %d-token chunks, %d "
+      "concurrent Append calls per sequence), then %d decode steps of %d items (one per layer, q_heads %d), "
+      "server %s\n",
+      seqs, layers, tokens, kv_heads, d, chunk, absl::GetFlag(FLAGS_streams), steps, layers, q_heads,
+      absl::StrJoin(replicas, ",").c_str());
 
   std::atomic<int> failures{0};
   std::atomic<int64_t> ingested{0};
@@ -94,8 +94,8 @@ int Bench(Client& client) {
       const size_t per_call = static_cast<size_t>(layers) * 4;
       for (size_t i = 0; i < mine.size(); i += per_call) {
         const size_t m = std::min(per_call, mine.size() - i);
-        absl::StatusOr<v1::AppendResponse> r = clients[s]->AppendConcurrently(
-            absl::MakeConstSpan(mine).subspan(i, m), absl::GetFlag(FLAGS_streams));
+        absl::StatusOr<v1::AppendResponse> r =
+            clients[s]->AppendConcurrently(absl::MakeConstSpan(mine).subspan(i, m), absl::GetFlag(FLAGS_streams));
         if (!r.ok()) {
           if (failures++ == 0) std::cerr << "\nappend: " << r.status() << "\n";
           return;
@@ -122,8 +122,7 @@ int Bench(Client& client) {
         v1::AttendRequest req;
         const int pos = tokens + step;
         for (int l = 0; l < layers; ++l) {
-          *req.add_items() = StepItem(seq, l, keys[l].data() + pos * n, values[l].data() + pos * n, n,
-                                      pos, q, q_heads);
+          *req.add_items() = StepItem(seq, l, keys[l].data() + pos * n, values[l].data() + pos * n, n, pos, q, q_heads);
         }
         const auto a = Clock::now();
         absl::StatusOr<v1::AttendResponse> r = clients[s]->Attend(req);
@@ -162,8 +161,8 @@ int Bench(Client& client) {
               ingest_s, raw_bytes / ingest_s / 1e9, seqs * static_cast<double>(tokens) / ingest_s, layers,
               seqs * static_cast<double>(tokens) * layers / ingest_s);
   std::printf("attend: %.0f calls in %.3f s, %.1f calls/s, %.1f items/s, %.3g attended tokens/s (context ~%.0f)\n",
-              calls, decode_s, calls / decode_s, calls * layers / decode_s,
-              calls * layers * avg_ctx / decode_s, avg_ctx);
+              calls, decode_s, calls / decode_s, calls * layers / decode_s, calls * layers * avg_ctx / decode_s,
+              avg_ctx);
   const double p50 = Quantile(&all, 0.50) * 1e3, p99 = Quantile(&all, 0.99) * 1e3;
   std::printf("attend latency per call (%d items): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", layers, p50, p99,
               all.empty() ? 0.0 : all.back() * 1e3);

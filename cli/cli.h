@@ -39,8 +39,8 @@ ClientOptions OptionsFromFlags();
 int Fail(const absl::Status& st);
 
 // A decode step: append (key, value) at `index` and attend with q, bf16.
-v1::AttendItem StepItem(const std::string& seq, uint32_t layer, const float* key, const float* value,
-                        size_t n, uint64_t index, const std::vector<float>& q, int q_heads);
+v1::AttendItem StepItem(const std::string& seq, uint32_t layer, const float* key, const float* value, size_t n,
+                        uint64_t index, const std::vector<float>& q, int q_heads);
 
 // Rounds through bf16, as the queries and steps travel.
 std::vector<float> Bf16(const float* x, size_t count);
@@ -52,14 +52,14 @@ void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::
                     std::vector<float>* values);
 // A query [q_heads][head_dim] that attends sharply to a few earlier tokens
 // (it is a scaled copy of one past key plus noise), like a real decode query.
-std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, int kv_heads,
-                                  int head_dim, int q_heads, uint32_t seed);
+std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, int kv_heads, int head_dim, int q_heads,
+                                  uint32_t seed);
 
 // Exact float64 attention of one query over keys/values [0, tokens),
 // accumulated as sum (o - ref)^2 and sum ref^2 (the codec eval's attn_rel_err).
-void AccumulateError(const std::vector<float>& out, const float* keys, const float* values,
-                     int64_t tokens, int kv_heads, int head_dim, const float* query, int q_heads,
-                     double scale, double* err, double* sum);
+void AccumulateError(const std::vector<float>& out, const float* keys, const float* values, int64_t tokens,
+                     int kv_heads, int head_dim, const float* query, int q_heads, double scale, double* err,
+                     double* sum);
 
 // "\r<label> 45% ..." on stderr when it is a terminal; a newline at done.
 class Progress {

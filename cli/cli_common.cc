@@ -5,8 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -25,8 +25,7 @@
 #include "wire/tenant_name.h"
 #include "wire/tensor.h"
 
-ABSL_FLAG(double, query_focus, 0.25,
-          "synthetic queries: weight of the past key they copy (higher: sharper attention)");
+ABSL_FLAG(double, query_focus, 0.25, "synthetic queries: weight of the past key they copy (higher: sharper attention)");
 ABSL_FLAG(int, streams, 4, "bench/demo/push: concurrent Append calls per sequence (layers split between them)");
 ABSL_FLAG(int, steps, 32, "bench/demo: decode steps per sequence");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA that signed the server's certificate; set: TLS");
@@ -56,7 +55,8 @@ ClientOptions OptionsFromFlags() {
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   std::string token_file = absl::GetFlag(FLAGS_token_file);
-  if (token_file.empty() && std::getenv("DRIFTKV_TOKEN_FILE") != nullptr) token_file = std::getenv("DRIFTKV_TOKEN_FILE");
+  if (token_file.empty() && std::getenv("DRIFTKV_TOKEN_FILE") != nullptr)
+    token_file = std::getenv("DRIFTKV_TOKEN_FILE");
   if (!token_file.empty()) {
     std::ifstream in(token_file);
     std::stringstream text;
@@ -88,8 +88,8 @@ void SyntheticLayer(int tokens, int kv_heads, int head_dim, uint32_t seed, std::
   *values = std::move(kv.values);
 }
 
-std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, int kv_heads,
-                                  int head_dim, int q_heads, uint32_t seed) {
+std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, int kv_heads, int head_dim, int q_heads,
+                                  uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::uniform_int_distribution<int> pick(0, tokens - 1);
@@ -103,12 +103,11 @@ std::vector<float> SyntheticQuery(const std::vector<float>& keys, int tokens, in
   return q;
 }
 
-void AccumulateError(const std::vector<float>& out, const float* keys, const float* values,
-                     int64_t tokens, int kv_heads, int head_dim, const float* query, int q_heads,
-                     double scale, double* err, double* sum) {
+void AccumulateError(const std::vector<float>& out, const float* keys, const float* values, int64_t tokens,
+                     int kv_heads, int head_dim, const float* query, int q_heads, double scale, double* err,
+                     double* sum) {
   std::vector<double> ref(static_cast<size_t>(q_heads) * head_dim), lse(q_heads);
-  ReferenceAttention(keys, values, tokens, kv_heads, head_dim, query, q_heads, scale, ref.data(),
-                     lse.data());
+  ReferenceAttention(keys, values, tokens, kv_heads, head_dim, query, q_heads, scale, ref.data(), lse.data());
   for (size_t i = 0; i < ref.size(); ++i) {
     *err += (out[i] - ref[i]) * (out[i] - ref[i]);
     *sum += ref[i] * ref[i];
@@ -143,8 +142,8 @@ int Fail(const absl::Status& st) {
   return 1;
 }
 
-v1::AttendItem StepItem(const std::string& seq, uint32_t layer, const float* key, const float* value,
-                        size_t n, uint64_t index, const std::vector<float>& q, int q_heads) {
+v1::AttendItem StepItem(const std::string& seq, uint32_t layer, const float* key, const float* value, size_t n,
+                        uint64_t index, const std::vector<float>& q, int q_heads) {
   v1::AttendItem it;
   it.set_sequence_id(seq);
   it.set_layer(layer);

@@ -27,10 +27,11 @@ int Demo(Client& client) {
   const int tokens = absl::GetFlag(FLAGS_tokens), steps = absl::GetFlag(FLAGS_steps);
   const int chunk = absl::GetFlag(FLAGS_chunk_tokens);
   const std::string seq = absl::GetFlag(FLAGS_sequence);
-  std::printf("driftkv demo: server %s (%s backend, %d layers x %d kv_heads x %d head_dim, dquant %.2f/%.2f bits "
-              "per key/value, pages of %u tokens, bf16 window %u tokens)\n",
-              absl::GetFlag(FLAGS_server).c_str(), info->backend().c_str(), layers, kv_heads, d,
-              info->key_bits_per_value(), info->value_bits_per_value(), info->page_tokens(), info->window_tokens());
+  std::printf(
+      "driftkv demo: server %s (%s backend, %d layers x %d kv_heads x %d head_dim, dquant %.2f/%.2f bits "
+      "per key/value, pages of %u tokens, bf16 window %u tokens)\n",
+      absl::GetFlag(FLAGS_server).c_str(), info->backend().c_str(), layers, kv_heads, d, info->key_bits_per_value(),
+      info->value_bits_per_value(), info->page_tokens(), info->window_tokens());
   std::vector<std::vector<float>> keys(layers), values(layers);
   for (int l = 0; l < layers; ++l) {
     SyntheticLayer(tokens + steps, kv_heads, d, absl::GetFlag(FLAGS_seed) * 1000 + l, &keys[l], &values[l]);
@@ -49,9 +50,10 @@ int Demo(Client& client) {
   if (!pushed.ok()) return Fail(pushed.status());
   const double push_s = SecondsSince(t0);
   const double raw = 2.0 * layers * tokens * n * 2;
-  std::printf("1. pushed %d tokens x %d layers of synthetic keys/values (%.1f MB bf16) in %.3f s: %.1f MB/s, "
-              "%.0f tokens/s\n", tokens,
-              layers, raw / 1e6, push_s, raw / push_s / 1e6, tokens / push_s);
+  std::printf(
+      "1. pushed %d tokens x %d layers of synthetic keys/values (%.1f MB bf16) in %.3f s: %.1f MB/s, "
+      "%.0f tokens/s\n",
+      tokens, layers, raw / 1e6, push_s, raw / push_s / 1e6, tokens / push_s);
 
   // 2. Decode steps: each appends one token per layer and attends.
   double err = 0, sum = 0, attend_s = 0;
@@ -73,15 +75,17 @@ int Demo(Client& client) {
     if (!r.ok()) return Fail(r.status());
     for (int l = 0; l < layers; ++l) {
       // Exact attention over the original float tokens [0, pos].
-      AccumulateError(OutputFloats(r->results(l)), keys[l].data(), values[l].data(), pos + 1, kv_heads, d,
-                      qs[l].data(), q_heads, 1.0 / std::sqrt(static_cast<double>(d)), &err, &sum);
+      AccumulateError(OutputFloats(r->results(l)), keys[l].data(), values[l].data(), pos + 1, kv_heads, d, qs[l].data(),
+                      q_heads, 1.0 / std::sqrt(static_cast<double>(d)), &err, &sum);
     }
     progress.Update(step + 1);
   }
   progress.Done();
   const double rel = std::sqrt(err / std::max(sum, 1e-300));
-  std::printf("2. %d decode steps x %d layers: attention vs exact float64 attention on the original keys/values: "
-              "relative L2 error %.4f\n", steps, layers, rel);
+  std::printf(
+      "2. %d decode steps x %d layers: attention vs exact float64 attention on the original keys/values: "
+      "relative L2 error %.4f\n",
+      steps, layers, rel);
   std::printf("   Attend: p50 %.2f ms, p99 %.2f ms per call of %d items, %.1f items/s\n", Quantile(&lat, 0.5) * 1e3,
               Quantile(&lat, 0.99) * 1e3, layers, steps * layers / attend_s);
 

@@ -79,8 +79,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t skip, int6
   std::string data(bytes, '\0');
   in.read(data.data(), bytes);
   if (in.gcount() != bytes) {
-    return absl::OutOfRangeError(absl::StrCat(path, " holds fewer than ", skip + bytes,
-                                              " bytes (needed ", bytes, " after skipping ", skip, ")"));
+    return absl::OutOfRangeError(absl::StrCat(path, " holds fewer than ", skip + bytes, " bytes (needed ", bytes,
+                                              " after skipping ", skip, ")"));
   }
   return data;
 }
@@ -99,9 +99,12 @@ int Push(Client& client, const v1::InfoResponse& info) {
   const int chunk = absl::GetFlag(FLAGS_chunk_tokens);
   v1::DType dtype = v1::DTYPE_BF16;
   const std::string fd = absl::GetFlag(FLAGS_file_dtype);
-  if (fd == "fp16") dtype = v1::DTYPE_FP16;
-  else if (fd == "f32") dtype = v1::DTYPE_F32;
-  else if (fd != "bf16") return Fail(absl::InvalidArgumentError(absl::StrCat("--file_dtype ", fd, " is not fp16, bf16 or f32")));
+  if (fd == "fp16")
+    dtype = v1::DTYPE_FP16;
+  else if (fd == "f32")
+    dtype = v1::DTYPE_F32;
+  else if (fd != "bf16")
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--file_dtype ", fd, " is not fp16, bf16 or f32")));
   const bool synthetic = absl::GetFlag(FLAGS_synthetic);
   if (!synthetic && (absl::GetFlag(FLAGS_keys).empty() || absl::GetFlag(FLAGS_values).empty())) {
     return Fail(absl::InvalidArgumentError("push needs --synthetic or --keys and --values"));
@@ -122,8 +125,7 @@ int Push(Client& client, const v1::InfoResponse& info) {
   for (int l = 0; l < layers; ++l) {
     std::vector<float> keys(tokens * n), values(tokens * n);
     if (synthetic) {
-      SyntheticLayer(tokens, info.kv_heads(), info.head_dim(), absl::GetFlag(FLAGS_seed) * 1000 + l,
-                     &keys, &values);
+      SyntheticLayer(tokens, info.kv_heads(), info.head_dim(), absl::GetFlag(FLAGS_seed) * 1000 + l, &keys, &values);
     } else {
       std::string paths[2] = {absl::GetFlag(FLAGS_keys), absl::GetFlag(FLAGS_values)};
       int64_t offset = absl::GetFlag(FLAGS_skip_bytes);
@@ -219,12 +221,11 @@ int Attend(Client& client, const v1::InfoResponse& info) {
 }
 
 int Read(Client& client) {
-  absl::StatusOr<Client::Tensors> t =
-      client.ReadFloat(absl::GetFlag(FLAGS_sequence), absl::GetFlag(FLAGS_layer),
-                       absl::GetFlag(FLAGS_first), absl::GetFlag(FLAGS_count));
+  absl::StatusOr<Client::Tensors> t = client.ReadFloat(absl::GetFlag(FLAGS_sequence), absl::GetFlag(FLAGS_layer),
+                                                       absl::GetFlag(FLAGS_first), absl::GetFlag(FLAGS_count));
   if (!t.ok()) return Fail(t.status());
-  std::printf("read %llu tokens (%llu from compressed pages)\n",
-              static_cast<unsigned long long>(t->tokens), static_cast<unsigned long long>(t->compressed_tokens));
+  std::printf("read %llu tokens (%llu from compressed pages)\n", static_cast<unsigned long long>(t->tokens),
+              static_cast<unsigned long long>(t->compressed_tokens));
   if (!absl::GetFlag(FLAGS_out_keys).empty()) {
     absl::Status st = WriteFile(absl::GetFlag(FLAGS_out_keys), t->keys.data(), t->keys.size() * 4);
     if (!st.ok()) return Fail(st);
@@ -288,8 +289,7 @@ int main(int argc, char** argv) {
   driftkv::Client client(driftkv::cli::OptionsFromFlags());
   absl::StatusOr<driftkv::v1::InfoResponse> info = client.Info();
   if (!info.ok()) {
-    std::cerr << "driftkv: cannot reach " << absl::GetFlag(FLAGS_server) << ": "
-              << info.status().message() << "\n";
+    std::cerr << "driftkv: cannot reach " << absl::GetFlag(FLAGS_server) << ": " << info.status().message() << "\n";
     return 1;
   }
   using namespace driftkv::cli;

@@ -22,8 +22,7 @@ ABSL_FLAG(std::string, fixture, "",
           "fixture: path prefix of the fixture's .k.bin/.v.bin/.q.bin files (required; "
           "e.g. ../shared/eval/fixture_public)");
 ABSL_FLAG(int, prefill, 896, "fixture: tokens pushed before the decode steps");
-ABSL_FLAG(bool, local_check, true,
-          "fixture: also replay the service's storage rule with the codec in-process");
+ABSL_FLAG(bool, local_check, true, "fixture: also replay the service's storage rule with the codec in-process");
 
 namespace driftkv {
 namespace cli {
@@ -34,9 +33,9 @@ int Fixture(Client& client) {
   constexpr int kSeqs = 2, kLayers = 4, kTokens = 1024, kKvHeads = 4, kD = 128, kQueries = 128, kQHeads = 8;
   constexpr size_t kN = kKvHeads * kD;
   if (info->layers() != kLayers || info->kv_heads() != kKvHeads || info->head_dim() != kD) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        "the fixture is 4 layers x 4 kv_heads x 128; the server serves ", info->layers(), " x ",
-        info->kv_heads(), " x ", info->head_dim())));
+    return Fail(
+        absl::FailedPreconditionError(absl::StrCat("the fixture is 4 layers x 4 kv_heads x 128; the server serves ",
+                                                   info->layers(), " x ", info->kv_heads(), " x ", info->head_dim())));
   }
   if (absl::GetFlag(FLAGS_fixture).empty()) {
     return Fail(absl::InvalidArgumentError(
@@ -112,9 +111,9 @@ int Fixture(Client& client) {
       q[l].resize(kQueries * kQHeads * kD);
       TensorToFloat(layer_bytes(0, s, l, 0, kTokens), v1::DTYPE_FP16, k[l].size(), k[l].data());
       TensorToFloat(layer_bytes(1, s, l, 0, kTokens), v1::DTYPE_FP16, v[l].size(), v[l].data());
-      TensorToFloat(raw[2].substr((static_cast<size_t>(s) * kLayers + l) * kQueries * kQHeads * kD * 2,
-                                  q[l].size() * 2),
-                    v1::DTYPE_FP16, q[l].size(), q[l].data());
+      TensorToFloat(
+          raw[2].substr((static_cast<size_t>(s) * kLayers + l) * kQueries * kQHeads * kD * 2, q[l].size() * 2),
+          v1::DTYPE_FP16, q[l].size(), q[l].data());
     }
     if (codec.ok()) {
       for (int l = 0; l < kLayers; ++l) {
@@ -151,8 +150,8 @@ int Fixture(Client& client) {
         AccumulateError(out, k[l].data(), v[l].data(), pos + 1, kKvHeads, kD, qi, kQHeads, scale, &err[l], &sum[l]);
         if (codec.ok()) {
           std::vector<float> local(kQHeads * kD), lse(kQHeads);
-          absl::Status st = replay[l]->Attend(pos + 1, qi, kQHeads, static_cast<float>(scale), local.data(),
-                                              lse.data(), &as);
+          absl::Status st =
+              replay[l]->Attend(pos + 1, qi, kQHeads, static_cast<float>(scale), local.data(), lse.data(), &as);
           if (!st.ok()) return Fail(st);
           AccumulateError(local, k[l].data(), v[l].data(), pos + 1, kKvHeads, kD, qi, kQHeads, scale, &lerr[l],
                           &lsum[l]);
@@ -181,8 +180,8 @@ int Fixture(Client& client) {
   }
   std::printf("  all layers: service attn_rel_err %.5f", std::sqrt(te / ts));
   if (codec.ok()) {
-    std::printf(", in-process codec replay %.5f, service vs replay relative L2 difference %.3g",
-                std::sqrt(tle / tls), std::sqrt(diff / dsum));
+    std::printf(", in-process codec replay %.5f, service vs replay relative L2 difference %.3g", std::sqrt(tle / tls),
+                std::sqrt(diff / dsum));
   }
   std::printf("\n  %.2f s total, Attend %.2f ms per call of 4 items on average\n", SecondsSince(t0),
               attend_s / (kSeqs * kQueries) * 1e3);

@@ -11,21 +11,22 @@ absl::StatusOr<std::unique_ptr<AttendStream>> AttendStream::Open(Client* client)
   return s;
 }
 
-AttendStream::~AttendStream() { Close().IgnoreError(); }
+AttendStream::~AttendStream() {
+  Close().IgnoreError();
+}
 
 absl::Status AttendStream::Broken() {
   broken_ = true;
   const grpc::Status st = rw_->Finish();
-  return absl::UnavailableError(absl::StrCat("the AttendStream ended: ", st.error_message(), " (code ",
-                                             static_cast<int>(st.error_code()), ")"));
+  return absl::UnavailableError(
+      absl::StrCat("the AttendStream ended: ", st.error_message(), " (code ", static_cast<int>(st.error_code()), ")"));
 }
 
 absl::Status AttendStream::Send(absl::Duration timeout, uint64_t* frame_id) {
   if (broken_ || closed_) return absl::UnavailableError("the AttendStream is closed; open another");
   frame_.set_frame_id(next_id_++);
   frame_.set_cancel(false);
-  frame_.set_timeout_us(timeout > absl::ZeroDuration() ? static_cast<uint32_t>(absl::ToInt64Microseconds(timeout))
-                                                       : 0);
+  frame_.set_timeout_us(timeout > absl::ZeroDuration() ? static_cast<uint32_t>(absl::ToInt64Microseconds(timeout)) : 0);
   if (frame_id != nullptr) *frame_id = frame_.frame_id();
   if (!rw_->Write(frame_)) return Broken();
   return absl::OkStatus();

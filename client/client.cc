@@ -80,8 +80,7 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-    : options_(std::move(options)), channel_(std::move(channel)),
-      stub_(v1::KvCache::NewStub(channel_)) {}
+    : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::KvCache::NewStub(channel_)) {}
 
 void Client::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(std::chrono::system_clock::now() +
@@ -117,8 +116,7 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
     grpc::ClientContext context;
     SetDeadline(&context);
     response.Clear();
-    std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer =
-        stub_->Append(&context, &response);
+    std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer = stub_->Append(&context, &response);
     for (const v1::AppendChunk& c : chunks) {
       if (!WriteWithCrc(writer.get(), c)) break;  // the server ended the call; Finish says why
     }
@@ -129,8 +127,7 @@ absl::StatusOr<v1::AppendResponse> Client::Append(absl::Span<const v1::AppendChu
   return response;
 }
 
-absl::StatusOr<v1::AppendResponse> Client::AppendConcurrently(
-    absl::Span<const v1::AppendChunk> chunks, int streams) {
+absl::StatusOr<v1::AppendResponse> Client::AppendConcurrently(absl::Span<const v1::AppendChunk> chunks, int streams) {
   streams = std::max(1, streams);
   std::vector<std::vector<v1::AppendChunk>> groups(streams);
   for (const v1::AppendChunk& c : chunks) groups[c.layer() % streams].push_back(c);
@@ -158,8 +155,7 @@ std::unique_ptr<Client::AppendStream> Client::OpenAppend(absl::Duration stream_t
     return s;
   }
   const absl::Duration t = stream_timeout > absl::ZeroDuration() ? stream_timeout : options_.timeout;
-  s->context_.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::microseconds(absl::ToInt64Microseconds(t)));
+  s->context_.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(absl::ToInt64Microseconds(t)));
   s->writer_ = stub_->Append(&s->context_, &s->response_);
   return s;
 }
@@ -275,8 +271,8 @@ absl::StatusOr<v1::StatsResponse> Client::Stats() {
   return response;
 }
 
-absl::StatusOr<Client::Tensors> Client::ReadFloat(const std::string& sequence_id, uint32_t layer,
-                                                  uint64_t first_token, uint64_t token_count) {
+absl::StatusOr<Client::Tensors> Client::ReadFloat(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                                                  uint64_t token_count) {
   v1::ReadRequest request;
   request.set_sequence_id(sequence_id);
   request.set_layer(layer);
@@ -299,9 +295,8 @@ absl::StatusOr<Client::Tensors> Client::ReadFloat(const std::string& sequence_id
   return t;
 }
 
-v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
-                          uint32_t count, const float* keys, const float* values, size_t n,
-                          v1::DType dtype) {
+v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token, uint32_t count,
+                          const float* keys, const float* values, size_t n, v1::DType dtype) {
   v1::AppendChunk c;
   c.set_sequence_id(sequence_id);
   c.set_layer(layer);

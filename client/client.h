@@ -42,9 +42,9 @@ struct ClientOptions {
   int max_attempts = 4;                        // retried calls: first try + 3 retries
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(1);
-  int max_message_bytes = 64 << 20;            // send and receive limit
-  std::string tls_ca_file;      // PEM roots that sign the server's certificate; set: TLS
-  std::string tls_cert_file;    // PEM client certificate (mTLS), with tls_key_file
+  int max_message_bytes = 64 << 20;  // send and receive limit
+  std::string tls_ca_file;           // PEM roots that sign the server's certificate; set: TLS
+  std::string tls_cert_file;         // PEM client certificate (mTLS), with tls_key_file
   std::string tls_key_file;
   std::string tls_server_name;  // expected name in the server's certificate (default: target's host)
   std::string token;            // bearer token ("authorization: Bearer TOKEN"); needs TLS
@@ -69,8 +69,7 @@ class Client {
   // lets the server encode several layers at once. Totals are summed; on
   // failure the first error is returned (other groups may have been stored:
   // resend, it is idempotent).
-  absl::StatusOr<v1::AppendResponse> AppendConcurrently(absl::Span<const v1::AppendChunk> chunks,
-                                                        int streams);
+  absl::StatusOr<v1::AppendResponse> AppendConcurrently(absl::Span<const v1::AppendChunk> chunks, int streams);
 
   // An open Append stream, for chunks produced over time (layer-wise ingest
   // while the prefill still runs). Not retried: when Finish fails with
@@ -108,8 +107,8 @@ class Client {
     uint64_t tokens = 0;
     uint64_t compressed_tokens = 0;
   };
-  absl::StatusOr<Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer,
-                                    uint64_t first_token, uint64_t token_count);
+  absl::StatusOr<Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                                    uint64_t token_count);
 
   // Attempts beyond the first, over the client's life (tests, diagnostics).
   int64_t retries() const { return retries_.load(); }
@@ -138,9 +137,8 @@ class Client {
 // The chunk's CRC-32C over keys then values (AppendChunk.crc32c).
 uint32_t ChunkCrc32c(const v1::AppendChunk& chunk);
 
-v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
-                          uint32_t count, const float* keys, const float* values, size_t n,
-                          v1::DType dtype);
+v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token, uint32_t count,
+                          const float* keys, const float* values, size_t n, v1::DType dtype);
 
 // Output floats of one AttendResult ([q_heads][head_dim]).
 std::vector<float> OutputFloats(const v1::AttendResult& result);

@@ -66,7 +66,9 @@ absl::StatusOr<std::unique_ptr<DoorbellClient>> DoorbellClient::Open(Client* cli
   return d;
 }
 
-DoorbellClient::~DoorbellClient() { Close().IgnoreError(); }
+DoorbellClient::~DoorbellClient() {
+  Close().IgnoreError();
+}
 
 absl::Status DoorbellClient::Close() {
   if (closed_) return absl::OkStatus();
@@ -123,8 +125,8 @@ absl::Status DoorbellClient::Ring(uint32_t bytes, absl::Duration timeout, v1::At
       // The server answers a late request with DEADLINE_EXCEEDED itself;
       // a second past the deadline it is not answering at all.
       broken_ = true;
-      return absl::DeadlineExceededError(absl::StrCat("no answer through doorbell ", id_, " within ",
-                                                      absl::FormatDuration(timeout), " and 1 s"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no answer through doorbell ", id_, " within ", absl::FormatDuration(timeout), " and 1 s"));
     }
     if (now - start < kSpinNs) {
       __builtin_ia32_pause();

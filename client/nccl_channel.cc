@@ -41,13 +41,16 @@ absl::StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Open(Client* client, i
     absl::StatusOr<bool> ready = ch->comm_->Ready();
     if (!ready.ok()) return ready.status();
     if (*ready) break;
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("the server did not join the NCCL communicator in time");
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError("the server did not join the NCCL communicator in time");
     absl::SleepFor(absl::Microseconds(100));
   }
   return ch;
 }
 
-NcclChannel::~NcclChannel() { Close().IgnoreError(); }
+NcclChannel::~NcclChannel() {
+  Close().IgnoreError();
+}
 
 absl::StatusOr<v1::AppendResponse> NcclChannel::Push(v1::PushChunkRequest header, const void* keys_dev,
                                                      const void* values_dev) {
@@ -58,9 +61,8 @@ absl::StatusOr<v1::AppendResponse> NcclChannel::Push(v1::PushChunkRequest header
   grpc::ClientContext context;
   SetTimeout(&context, client_->options().timeout);
   v1::AppendResponse response;
-  std::future<grpc::Status> rpc = std::async(std::launch::async, [&] {
-    return client_->stub()->PushChunk(&context, header, &response);
-  });
+  std::future<grpc::Status> rpc =
+      std::async(std::launch::async, [&] { return client_->stub()->PushChunk(&context, header, &response); });
   absl::Status st = comm_->Start(true, parts);
   bool sent = false;
   absl::Time answered = absl::InfiniteFuture();

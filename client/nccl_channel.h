@@ -35,8 +35,7 @@ class NcclChannel {
 
   // header.channel_id is filled in; keys_dev and values_dev hold
   // header.tensor_bytes each on the channel's device.
-  absl::StatusOr<v1::AppendResponse> Push(v1::PushChunkRequest header, const void* keys_dev,
-                                          const void* values_dev);
+  absl::StatusOr<v1::AppendResponse> Push(v1::PushChunkRequest header, const void* keys_dev, const void* values_dev);
   // CloseChannel, then the communicator is torn down. Idempotent.
   absl::Status Close();
 

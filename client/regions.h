@@ -30,9 +30,9 @@
 namespace driftkv {
 
 struct HostRegionOptions {
-  std::string socket_path;      // the server's region socket; empty: InfoResponse.region_socket
-  uint32_t lease_seconds = 0;   // 0: the server's default
-  std::string name;             // a label, at most 128 bytes
+  std::string socket_path;     // the server's region socket; empty: InfoResponse.region_socket
+  uint32_t lease_seconds = 0;  // 0: the server's default
+  std::string name;            // a label, at most 128 bytes
   bool renew_in_background = true;
   absl::Duration socket_timeout = absl::Seconds(5);
 };

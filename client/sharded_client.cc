@@ -77,8 +77,7 @@ ShardedClient::ShardedClient(std::vector<std::string> replicas, ClientOptions op
   }
 }
 
-ShardedClient::ShardedClient(std::vector<std::string> replicas,
-                             std::vector<std::unique_ptr<Client>> clients)
+ShardedClient::ShardedClient(std::vector<std::string> replicas, std::vector<std::unique_ptr<Client>> clients)
     : replicas_(std::move(replicas)), clients_(std::move(clients)) {}
 
 int ShardedClient::ReplicaOf(absl::string_view sequence_id) const {
@@ -110,7 +109,9 @@ absl::StatusOr<v1::AppendResponse> ShardedClient::Append(absl::Span<const v1::Ap
   return total;
 }
 
-bool ShardedClient::AttendOutcome::ok() const { return FirstError().ok(); }
+bool ShardedClient::AttendOutcome::ok() const {
+  return FirstError().ok();
+}
 
 absl::Status ShardedClient::AttendOutcome::FirstError() const {
   for (const absl::Status& s : status) {
@@ -144,8 +145,8 @@ ShardedClient::AttendOutcome ShardedClient::AttendEach(const v1::AttendRequest& 
   ForEachConcurrently(used, [&](int r) { answers[r] = clients_[r]->Attend(sub[r]); });
   for (int r : used) {
     if (answers[r].ok() && answers[r]->results_size() != static_cast<int>(where[r].size())) {
-      answers[r] = absl::InternalError(absl::StrCat(answers[r]->results_size(), " results for ",
-                                                    where[r].size(), " items"));
+      answers[r] =
+          absl::InternalError(absl::StrCat(answers[r]->results_size(), " results for ", where[r].size(), " items"));
     }
     for (size_t k = 0; k < where[r].size(); ++k) {
       if (answers[r].ok()) {

@@ -93,8 +93,8 @@ class ShardedClient {
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request);
 
   absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);
-  absl::StatusOr<Client::Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer,
-                                            uint64_t first_token, uint64_t token_count);
+  absl::StatusOr<Client::Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
+                                            uint64_t token_count);
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
   // Each layer's stored tokens, asked of the sequence's replica (NOT_FOUND
   // there when it does not hold it, e.g. after a restart or a list change).

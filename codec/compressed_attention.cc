@@ -134,8 +134,7 @@ void AttentionCore::BeginBlock(const uint8_t* mean_record, int tokens) {
 }
 
 // Scores, eq. (8).
-void AttentionCore::KeyTokens(int t0, int count, const uint8_t* levels, const float* sc,
-                              const float* off) {
+void AttentionCore::KeyTokens(int t0, int count, const uint8_t* levels, const float* sc, const float* off) {
   AttentionScratch* s = s_;
   const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
   const float softmax_scale = softmax_scale_;
@@ -167,8 +166,7 @@ void AttentionCore::EndKeys() {
 }
 
 // Values, eq. (9).
-void AttentionCore::ValueTokens(int t0, int count, const uint8_t* levels, const float* sc,
-                                const float* off) {
+void AttentionCore::ValueTokens(int t0, int count, const uint8_t* levels, const float* sc, const float* off) {
   AttentionScratch* s = s_;
   const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
   float* mf = s->level_f.data();
@@ -225,9 +223,8 @@ void AttentionCore::Finish(float* out, float* lse) {
 }
 
 absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
-                                 const Bf16Tokens& window, const float* query, int q_heads,
-                                 float softmax_scale, float* out, float* lse,
-                                 AttentionScratch* s) {
+                                 const Bf16Tokens& window, const float* query, int q_heads, float softmax_scale,
+                                 float* out, float* lse, AttentionScratch* s) {
   AttentionCore core(codec, s);
   absl::Status st = core.Begin(query, q_heads, softmax_scale);
   if (!st.ok()) return st;
@@ -239,8 +236,8 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
     for (int t0 = 0; t0 < b.tokens; t0 += 2) {
       const int pair = std::min(2, b.tokens - t0);
       float sc[2], off[2];
-      st = codec.key_codec().DecodeSymbolsUpTo2(b.key_records + t0 * codec.key_stride(), pair,
-                                                s->levels.data(), sc, off);
+      st = codec.key_codec().DecodeSymbolsUpTo2(b.key_records + t0 * codec.key_stride(), pair, s->levels.data(), sc,
+                                                off);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("key record of token ", t0, " in block: ", st.message()));
       core.KeyTokens(t0, pair, s->levels.data(), sc, off);
     }
@@ -248,8 +245,8 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
     for (int t0 = 0; t0 < b.tokens; t0 += 2) {
       const int pair = std::min(2, b.tokens - t0);
       float sc[2], off[2];
-      st = codec.value_codec().DecodeSymbolsUpTo2(b.value_records + t0 * codec.value_stride(), pair,
-                                                  s->levels.data(), sc, off);
+      st = codec.value_codec().DecodeSymbolsUpTo2(b.value_records + t0 * codec.value_stride(), pair, s->levels.data(),
+                                                  sc, off);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("value record of token ", t0, " in block: ", st.message()));
       core.ValueTokens(t0, pair, s->levels.data(), sc, off);
     }
@@ -259,8 +256,7 @@ absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const Comp
   return absl::OkStatus();
 }
 
-std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer,
-                                         int64_t tokens) {
+std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer, int64_t tokens) {
   const int bt = codec.block_tokens();
   tokens = std::min(tokens, layer.compressed);
   std::vector<CompressedBlock> blocks;
@@ -275,8 +271,8 @@ std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLaye
   return blocks;
 }
 
-void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads,
-                         int head_dim, float* out, float* lse) {
+void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads, int head_dim,
+                         float* out, float* lse) {
   const auto exp = [](double x) { return std::exp(x); };
   for (int h = 0; h < q_heads; ++h) {
     float m = kNegInf;
@@ -298,9 +294,8 @@ void MergeAttentionParts(const float* const* outs, const float* const* lses, int
   }
 }
 
-void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,
-                        int head_dim, const float* query, int q_heads, double softmax_scale,
-                        double* out, double* lse) {
+void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads, int head_dim,
+                        const float* query, int q_heads, double softmax_scale, double* out, double* lse) {
   const int d = head_dim, n = kv_heads * head_dim, group = q_heads / kv_heads;
   std::vector<double> scores(tokens);
   for (int h = 0; h < q_heads; ++h) {

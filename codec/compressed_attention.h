@@ -51,8 +51,7 @@ struct AttentionScratch {
 // The blocks holding the first `tokens` (at most layer.compressed) compressed
 // tokens of a layer stored contiguously by `codec`; the last may be partial.
 // The pointers alias `layer`, which must outlive them.
-std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer,
-                                         int64_t tokens);
+std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLayer& layer, int64_t tokens);
 
 // The arithmetic of CompressedAttention once a block's symbols are decoded:
 // scores (eq. 8), the online softmax and the value sums (eq. 9), the bf16
@@ -67,8 +66,7 @@ std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLaye
 class AttentionCore {
  public:
   // `codec` and `scratch` must outlive the core; the core owns no memory.
-  AttentionCore(const DQuantCodec& codec, AttentionScratch* scratch)
-      : codec_(codec), s_(scratch) {}
+  AttentionCore(const DQuantCodec& codec, AttentionScratch* scratch) : codec_(codec), s_(scratch) {}
 
   // query [q_heads][head_dim] floats, kept by pointer until Finish.
   // InvalidArgument if q_heads is not a positive multiple of kv_heads.
@@ -77,11 +75,9 @@ class AttentionCore {
   void BeginBlock(const uint8_t* mean_record, int tokens);
   // Tokens [t, t + count) of the block: levels [count][n] in channel order,
   // the grids scale[count], offset[count] of their key (value) records.
-  void KeyTokens(int t, int count, const uint8_t* levels, const float* scale,
-                 const float* offset);
+  void KeyTokens(int t, int count, const uint8_t* levels, const float* scale, const float* offset);
   void EndKeys();
-  void ValueTokens(int t, int count, const uint8_t* levels, const float* scale,
-                   const float* offset);
+  void ValueTokens(int t, int count, const uint8_t* levels, const float* scale, const float* offset);
   void Window(const Bf16Tokens& window);
   // out [q_heads][head_dim], lse [q_heads] (see CompressedAttention).
   void Finish(float* out, float* lse);
@@ -101,23 +97,21 @@ class AttentionCore {
 // lse: [q_heads], natural-log sum of exp(scale * q.k) over all tokens.
 // Returns DataLoss if a record is corrupt (outputs then unspecified).
 absl::Status CompressedAttention(const DQuantCodec& codec, absl::Span<const CompressedBlock> blocks,
-                                 const Bf16Tokens& window, const float* query, int q_heads,
-                                 float softmax_scale, float* out, float* lse,
-                                 AttentionScratch* scratch);
+                                 const Bf16Tokens& window, const float* query, int q_heads, float softmax_scale,
+                                 float* out, float* lse, AttentionScratch* scratch);
 
 // Merges `parts` normalised partial outputs of the same q_heads query
 // heads over disjoint tokens by their log-sum-exp (codec/lse_merge.h):
 // outs[k] is [q_heads][head_dim], lses[k] is [q_heads]; out and lse as for
 // CompressedAttention (may not alias the parts). Weights and the
 // denominator in double.
-void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads,
-                         int head_dim, float* out, float* lse);
+void MergeAttentionParts(const float* const* outs, const float* const* lses, int parts, int q_heads, int head_dim,
+                         float* out, float* lse);
 
 // Reference attention over float keys/values [tokens][kv_heads][head_dim] in
 // double precision (tests and the error measurements).
-void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads,
-                        int head_dim, const float* query, int q_heads, double softmax_scale,
-                        double* out, double* lse);
+void ReferenceAttention(const float* keys, const float* values, int64_t tokens, int kv_heads, int head_dim,
+                        const float* query, int q_heads, double softmax_scale, double* out, double* lse);
 
 }  // namespace driftkv
 

@@ -31,15 +31,14 @@ float LoadF32(const uint8_t* p) {
 absl::Status CheckFinite(const float* x, int count, int n, const char* what) {
   for (int64_t i = 0; i < static_cast<int64_t>(count) * n; ++i) {
     if (!std::isfinite(x[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " of token ", i / n, " channel ", i % n,
-                                                     " is ", x[i], "; only finite values can be coded"));
+      return absl::InvalidArgumentError(absl::StrCat(what, " of token ", i / n, " channel ", i % n, " is ", x[i],
+                                                     "; only finite values can be coded"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<StreamCodec> MakeStreamCodec(int n, int levels, int bytes, int reference,
-                                            double alpha) {
+absl::StatusOr<StreamCodec> MakeStreamCodec(int n, int levels, int bytes, int reference, double alpha) {
   uint16_t freq[kMaxLevels];
   absl::Status st = ModelFrequencies(n, levels, alpha, freq);
   if (!st.ok()) return st;
@@ -54,13 +53,12 @@ int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
   // reference stride's share for n, rounded to the nearest multiple of 4
   // (ties up), and the payload may not exceed its share of the reference
   // payload. At n = 1024 this is the reference itself.
-  const int64_t by_payload = (2 * static_cast<int64_t>(reference_bytes) * n + kReferenceStreamLength) /
-                             (2 * kReferenceStreamLength);
+  const int64_t by_payload =
+      (2 * static_cast<int64_t>(reference_bytes) * n + kReferenceStreamLength) / (2 * kReferenceStreamLength);
   const int64_t share = static_cast<int64_t>(RecordStride(reference_bytes)) * n;  // x 1/1024
-  const int64_t stride = (share + kReferenceStreamLength * kRecordAlign / 2) /
-                         (kReferenceStreamLength * kRecordAlign) * kRecordAlign;
-  const int scaled = static_cast<int>(
-      std::max<int64_t>(0, std::min(by_payload, stride - kRecordHeaderBytes)));
+  const int64_t stride =
+      (share + kReferenceStreamLength * kRecordAlign / 2) / (kReferenceStreamLength * kRecordAlign) * kRecordAlign;
+  const int scaled = static_cast<int>(std::max<int64_t>(0, std::min(by_payload, stride - kRecordHeaderBytes)));
   uint16_t freq[kMaxLevels];
   if (!ModelFrequencies(n, levels, alpha, freq).ok()) return scaled;
   absl::StatusOr<int> min_bytes = StreamCodec::MinPayloadBytes(n, levels, freq);
@@ -72,9 +70,8 @@ absl::Status DQuantConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("kv_heads ", kv_heads, " out of range [1, 1024]"));
   }
   if (head_dim < 1 || head_dim > kMaxHeadDim || (hadamard && !IsPowerOfTwo(head_dim))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim ", head_dim, " must be a power of two in [1, ", kMaxHeadDim,
-        "] (the Hadamard rotation needs it)"));
+    return absl::InvalidArgumentError(absl::StrCat("head_dim ", head_dim, " must be a power of two in [1, ",
+                                                   kMaxHeadDim, "] (the Hadamard rotation needs it)"));
   }
   if (n() > kMaxStream) {
     return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", n(), " exceeds ", kMaxStream));
@@ -91,7 +88,8 @@ absl::Status DQuantConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("alpha ", alpha, " out of range (0, 16]"));
   }
   if (mean_window < 1 || mean_window > kMaxMeanWindow) {
-    return absl::InvalidArgumentError(absl::StrCat("mean_window ", mean_window, " out of range [1, ", kMaxMeanWindow, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mean_window ", mean_window, " out of range [1, ", kMaxMeanWindow, "]"));
   }
   return absl::OkStatus();
 }
@@ -100,11 +98,11 @@ absl::StatusOr<DQuantCodec> DQuantCodec::Create(const DQuantConfig& config) {
   absl::Status st = config.Validate();
   if (!st.ok()) return st;
   const int n = config.n();
-  absl::StatusOr<StreamCodec> k = MakeStreamCodec(n, config.key_levels, config.key_bytes,
-                                                  kReferenceKeyBytes, config.alpha);
+  absl::StatusOr<StreamCodec> k =
+      MakeStreamCodec(n, config.key_levels, config.key_bytes, kReferenceKeyBytes, config.alpha);
   if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("keys: ", k.status().message()));
-  absl::StatusOr<StreamCodec> v = MakeStreamCodec(n, config.value_levels, config.value_bytes,
-                                                  kReferenceValueBytes, config.alpha);
+  absl::StatusOr<StreamCodec> v =
+      MakeStreamCodec(n, config.value_levels, config.value_bytes, kReferenceValueBytes, config.alpha);
   if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("values: ", v.status().message()));
   v->set_refit(config.value_refit);
   DQuantConfig resolved = config;
@@ -126,7 +124,9 @@ double DQuantCodec::key_bits_per_value() const {
   return 8.0 * (key_stride() + static_cast<double>(mean_stride()) / config_.mean_window) / n();
 }
 
-double DQuantCodec::value_bits_per_value() const { return 8.0 * value_stride() / n(); }
+double DQuantCodec::value_bits_per_value() const {
+  return 8.0 * value_stride() / n();
+}
 
 void DQuantCodec::LoadMean(const uint8_t* mean_record, int n, float* mu) {
   const float scale = LoadF32(mean_record);
@@ -134,16 +134,15 @@ void DQuantCodec::LoadMean(const uint8_t* mean_record, int n, float* mu) {
   for (int j = 0; j < n; ++j) mu[j] = static_cast<float>(q[j]) * scale;
 }
 
-absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, int count,
-                                       uint8_t* key_records, uint8_t* value_records,
-                                       uint8_t* mean_record, CodecScratch* scratch,
-                                       StreamStats* key_stats, StreamStats* value_stats,
-                                       StreamStats* key_each, StreamStats* value_each) const {
+absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, int count, uint8_t* key_records,
+                                       uint8_t* value_records, uint8_t* mean_record, CodecScratch* scratch,
+                                       StreamStats* key_stats, StreamStats* value_stats, StreamStats* key_each,
+                                       StreamStats* value_each) const {
   const int n = this->n();
   const int heads = config_.kv_heads;
   if (count < 1 || count > config_.mean_window) {
-    return absl::InvalidArgumentError(absl::StrCat("window of ", count, " tokens out of range [1, ",
-                                                   config_.mean_window, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("window of ", count, " tokens out of range [1, ", config_.mean_window, "]"));
   }
   absl::Status st = CheckFinite(keys, count, n, "key");
   if (st.ok()) st = CheckFinite(values, count, n, "value");

@@ -93,15 +93,13 @@ class DQuantCodec {
   // On error nothing useful is written and the status names the token.
   // If key_each / value_each are not null they receive each token's own
   // stream statistics (arrays of `count`), e.g. for per-stream histograms.
-  absl::Status EncodeWindow(const float* keys, const float* values, int count,
-                            uint8_t* key_records, uint8_t* value_records, uint8_t* mean_record,
-                            CodecScratch* scratch, StreamStats* key_stats,
+  absl::Status EncodeWindow(const float* keys, const float* values, int count, uint8_t* key_records,
+                            uint8_t* value_records, uint8_t* mean_record, CodecScratch* scratch, StreamStats* key_stats,
                             StreamStats* value_stats, StreamStats* key_each = nullptr,
                             StreamStats* value_each = nullptr) const;
 
   // Reconstructs one token into the model's domain ([kv_heads][head_dim]).
-  absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out,
-                         CodecScratch* scratch) const;
+  absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out, CodecScratch* scratch) const;
   absl::Status DecodeValue(const uint8_t* record, float* out, CodecScratch* scratch) const;
   // The reconstruction after the symbols are known (from a record, or from a
   // level page of the hot tier, codec/level_page.h): the same float

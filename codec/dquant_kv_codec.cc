@@ -2,9 +2,8 @@
 
 namespace driftkv {
 
-absl::Status DQuantKvCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                        const uint8_t* side, int count, float* keys,
-                                        float* values, CodecScratch* scratch) const {
+absl::Status DQuantKvCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side,
+                                        int count, float* keys, float* values, CodecScratch* scratch) const {
   absl::Status result;
   const size_t n = static_cast<size_t>(this->n());
   for (int t = 0; t < count; ++t) {

@@ -26,21 +26,19 @@ class DQuantKvCodec : public KvCodec {
   size_t side_stride() const override { return codec_.mean_stride(); }
   Settings settings() const override {
     const DQuantConfig& c = codec_.config();
-    return Settings{c.key_levels, c.value_levels, c.key_bytes, c.value_bytes, c.alpha,
-                    RefitName(c.value_refit)};
+    return Settings{c.key_levels, c.value_levels, c.key_bytes, c.value_bytes, c.alpha, RefitName(c.value_refit)};
   }
   // The record's fp16 scale and offset must hold the values (stream_codec.h).
   double max_abs_value() const override { return kHalfMax; }
 
-  absl::Status EncodeBlock(const float* keys, const float* values, int count,
-                           uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                           CodecScratch* scratch, CodecStats* stats) const override {
-    return codec_.EncodeWindow(keys, values, count, key_records, value_records, side, scratch,
-                               &stats->keys, &stats->values);
+  absl::Status EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                           uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                           CodecStats* stats) const override {
+    return codec_.EncodeWindow(keys, values, count, key_records, value_records, side, scratch, &stats->keys,
+                               &stats->values);
   }
-  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                           const uint8_t* side, int count, float* keys, float* values,
-                           CodecScratch* scratch) const override;
+  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side, int count,
+                           float* keys, float* values, CodecScratch* scratch) const override;
 
  private:
   DQuantCodec codec_;

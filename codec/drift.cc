@@ -130,8 +130,7 @@ Assignment BuildAssignment(const float* cost, int levels, double lambda) {
   return a;
 }
 
-DriftResult Drift(const float* u, int n, const float* cost, int levels,
-                  double budget_bits, uint8_t* symbols) {
+DriftResult Drift(const float* u, int n, const float* cost, int levels, double budget_bits, uint8_t* symbols) {
   DriftResult result;
   const PositionIndex index(u, n);
   const Assignment nearest = BuildAssignment(cost, levels, 0.0);
@@ -189,6 +188,8 @@ DriftResult Drift(const float* u, int n, const float* cost, int levels,
   return result;
 }
 
-Assignment CheapestLevels(const float* cost, int levels) { return CheapestAssignment(cost, levels); }
+Assignment CheapestLevels(const float* cost, int levels) {
+  return CheapestAssignment(cost, levels);
+}
 
 }  // namespace driftkv

@@ -31,8 +31,8 @@ constexpr int kMaxLevelsForDrift = kMaxLevels;
 
 // Step function u -> level for one lambda: level[j] on (break[j-1], break[j]].
 struct Assignment {
-  int count = 0;              // number of envelope levels
-  int level[kMaxLevels] = {};     // increasing level indices
+  int count = 0;                      // number of envelope levels
+  int level[kMaxLevels] = {};         // increasing level indices
   float breaks[kMaxLevels - 1] = {};  // increasing; count - 1 of them
 
   int Assign(float u) const {
@@ -57,8 +57,7 @@ struct DriftResult {
 // bracket end does not fit, the bracket is widened; the limit lambda -> inf
 // assigns every value to its nearest cheapest level, which the caller must
 // have checked fits.
-DriftResult Drift(const float* u, int n, const float* cost, int levels,
-                  double budget_bits, uint8_t* symbols);
+DriftResult Drift(const float* u, int n, const float* cost, int levels, double budget_bits, uint8_t* symbols);
 
 // The lambda -> infinity limit: each position goes to its nearest level
 // among those of minimum cost.

@@ -9,9 +9,8 @@
 
 namespace driftkv {
 
-absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* values,
-                         int64_t tokens, int64_t window, int threads, EncodedLayer* out,
-                         CodecStats* stats) {
+absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* values, int64_t tokens, int64_t window,
+                         int threads, EncodedLayer* out, CodecStats* stats) {
   if (window < 0 || window > tokens) {
     return absl::InvalidArgumentError(absl::StrCat("residual window ", window, " out of range [0, ", tokens, "]"));
   }
@@ -32,11 +31,10 @@ absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* v
     for (int64_t b = worker; b < blocks; b += threads) {
       const int64_t t0 = b * bt;
       const int count = static_cast<int>(std::min<int64_t>(bt, layer.compressed - t0));
-      status[b] = codec.EncodeBlock(keys + t0 * n, values + t0 * n, count,
-                                    layer.key_records.data() + t0 * codec.key_stride(),
-                                    layer.value_records.data() + t0 * codec.value_stride(),
-                                    codec.side_stride() ? layer.side.data() + b * codec.side_stride() : nullptr,
-                                    &scratch, &block_stats[b]);
+      status[b] = codec.EncodeBlock(
+          keys + t0 * n, values + t0 * n, count, layer.key_records.data() + t0 * codec.key_stride(),
+          layer.value_records.data() + t0 * codec.value_stride(),
+          codec.side_stride() ? layer.side.data() + b * codec.side_stride() : nullptr, &scratch, &block_stats[b]);
     }
   };
   if (threads == 1) {
@@ -62,8 +60,7 @@ absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* v
   return absl::OkStatus();
 }
 
-absl::Status DecodeLayer(const KvCodec& codec, const EncodedLayer& layer, float* keys,
-                         float* values) {
+absl::Status DecodeLayer(const KvCodec& codec, const EncodedLayer& layer, float* keys, float* values) {
   const int64_t n = codec.n();
   const int bt = codec.block_tokens();
   CodecScratch scratch;

@@ -14,8 +14,8 @@
 namespace driftkv {
 
 struct EncodedLayer {
-  int64_t compressed = 0;  // tokens [0, compressed) are in records
-  int64_t window = 0;      // tokens [compressed, compressed + window) are bf16
+  int64_t compressed = 0;              // tokens [0, compressed) are in records
+  int64_t window = 0;                  // tokens [compressed, compressed + window) are bf16
   std::vector<uint8_t> key_records;    // compressed * key_stride
   std::vector<uint8_t> value_records;  // compressed * value_stride
   std::vector<uint8_t> side;           // blocks * side_stride
@@ -31,13 +31,11 @@ struct EncodedLayer {
 // Encodes tokens [0, tokens - window) and keeps the rest in bf16.
 // keys/values: [tokens][kv_heads][head_dim]. `threads` > 1 encodes blocks in
 // parallel; the result does not depend on it.
-absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* values,
-                         int64_t tokens, int64_t window, int threads, EncodedLayer* out,
-                         CodecStats* stats);
+absl::Status EncodeLayer(const KvCodec& codec, const float* keys, const float* values, int64_t tokens, int64_t window,
+                         int threads, EncodedLayer* out, CodecStats* stats);
 
 // Reconstructs all tokens into [tokens][kv_heads][head_dim] floats.
-absl::Status DecodeLayer(const KvCodec& codec, const EncodedLayer& layer, float* keys,
-                         float* values);
+absl::Status DecodeLayer(const KvCodec& codec, const EncodedLayer& layer, float* keys, float* values);
 
 }  // namespace driftkv
 

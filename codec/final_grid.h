@@ -32,8 +32,8 @@ constexpr int kRefitNormPreserving = 2;
 // correlated stream (2 Cxm^2 < Cxx Cmm: the unbiased scale would more than
 // double the least-squares one), or a grid beyond the fp16 range. The
 // centred sums are scaled by n (Cxx = n Sxx) to avoid divisions.
-DRIFTKV_HOST_DEVICE inline bool FinalGrid(int mode, int n, double sm, double smm, double sx,
-                                          double sxx, double sxm, double* s, double* o) {
+DRIFTKV_HOST_DEVICE inline bool FinalGrid(int mode, int n, double sm, double smm, double sx, double sxx, double sxm,
+                                          double* s, double* o) {
   if (mode != kRefitUnbiased && mode != kRefitNormPreserving) return false;
   const double cxx = MulRn(n, sxx) - MulRn(sx, sx);
   const double cmm = MulRn(n, smm) - MulRn(sm, sm);

@@ -9,7 +9,9 @@
 
 namespace driftkv {
 
-inline bool IsPowerOfTwo(int d) { return d > 0 && (d & (d - 1)) == 0; }
+inline bool IsPowerOfTwo(int d) {
+  return d > 0 && (d & (d - 1)) == 0;
+}
 
 // x[0..d), d a power of two.
 void HadamardInPlace(float* x, int d);

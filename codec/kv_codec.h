@@ -35,8 +35,8 @@ namespace driftkv {
 // what they need).
 struct CodecScratch {
   StreamScratch stream;
-  std::vector<float> rows;     // rotated tokens of one block
-  std::vector<float> row;      // one rotated, mean-free stream
+  std::vector<float> rows;  // rotated tokens of one block
+  std::vector<float> row;   // one rotated, mean-free stream
   std::vector<uint8_t> symbols;
 };
 
@@ -87,15 +87,14 @@ class KvCodec {
   // Encodes one block of 1 <= count <= block_tokens() tokens;
   // keys/values are [count][kv_heads][head_dim]. `side` gets side_stride()
   // bytes (may be null when side_stride() == 0). Errors name the token.
-  virtual absl::Status EncodeBlock(const float* keys, const float* values, int count,
-                                   uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                                   CodecScratch* scratch, CodecStats* stats) const = 0;
+  virtual absl::Status EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                                   uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                                   CodecStats* stats) const = 0;
 
   // Reconstructs `count` tokens of one block into [count][kv_heads][head_dim].
   // DataLoss on a corrupt record; never reads outside the given records.
-  virtual absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                   const uint8_t* side, int count, float* keys, float* values,
-                                   CodecScratch* scratch) const = 0;
+  virtual absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side,
+                                   int count, float* keys, float* values, CodecScratch* scratch) const = 0;
 };
 
 }  // namespace driftkv

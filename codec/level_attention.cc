@@ -3,13 +3,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "wire/half.h"
 #include "codec/level_page.h"
+#include "wire/half.h"
 
 namespace driftkv {
-absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages,
-                            const Bf16Tokens& window, const float* query, int q_heads,
-                            float softmax_scale, float* out, float* lse,
+absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages, const Bf16Tokens& window,
+                            const float* query, int q_heads, float softmax_scale, float* out, float* lse,
                             LevelAttentionScratch* s) {
   absl::StatusOr<LevelPageLayout> layout = MakeLevelPageLayout(codec);
   if (!layout.ok()) return layout.status();
@@ -31,8 +30,8 @@ absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPage
       return absl::InvalidArgumentError(
           absl::StrCat("level page ", p, ": tokens ", tokens, " out of range [1, ", kLevelPageTokens, "]"));
     }
-    UnpackLevelPage(*layout, pages[p].page, s->key_levels.data(), s->value_levels.data(),
-                    s->key_headers.data(), s->value_headers.data(), s->mean_record.data());
+    UnpackLevelPage(*layout, pages[p].page, s->key_levels.data(), s->value_levels.data(), s->key_headers.data(),
+                    s->value_headers.data(), s->mean_record.data());
     for (int t = 0; t < tokens; ++t) {
       const bool key_ok = LevelHeaderGrid(s->key_headers[t], &s->key_scale[t], &s->key_offset[t]);
       if (!key_ok || !LevelHeaderGrid(s->value_headers[t], &s->value_scale[t], &s->value_offset[t])) {

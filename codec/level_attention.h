@@ -31,9 +31,9 @@ struct LevelPageRef {
 // Reused across calls; one per thread.
 struct LevelAttentionScratch {
   AttentionScratch attention;
-  std::vector<uint8_t> key_levels, value_levels;  // [128][n]
-  std::vector<uint32_t> key_headers, value_headers;  // [128]
-  std::vector<uint8_t> mean_record;               // 4 + n
+  std::vector<uint8_t> key_levels, value_levels;                        // [128][n]
+  std::vector<uint32_t> key_headers, value_headers;                     // [128]
+  std::vector<uint8_t> mean_record;                                     // 4 + n
   std::vector<float> key_scale, key_offset, value_scale, value_offset;  // [128]
 };
 
@@ -43,9 +43,8 @@ struct LevelAttentionScratch {
 // is not a multiple of kv_heads; DataLoss if a header's grid is not finite
 // or negative (as a cold record's would be). Levels are not range-checked:
 // a corrupt level field gives a wrong, finite result, never a bad access.
-absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages,
-                            const Bf16Tokens& window, const float* query, int q_heads,
-                            float softmax_scale, float* out, float* lse,
+absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPageRef> pages, const Bf16Tokens& window,
+                            const float* query, int q_heads, float softmax_scale, float* out, float* lse,
                             LevelAttentionScratch* scratch);
 
 }  // namespace driftkv

@@ -10,8 +10,8 @@
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "codec/page_layout.h"
 #include "codec/dquant_codec.h"
+#include "codec/page_layout.h"
 #include "codec/rans.h"
 #include "codec/stream_codec.h"
 #include "wire/half.h"
@@ -20,13 +20,13 @@ namespace driftkv {
 namespace {
 
 // The mma.m16n8k16 A-fragment geometry the layout follows (level_page.h).
-constexpr int kLanes = 32;                             // one warp
-constexpr int kVecBytes = 16;                          // one uint4 per lane and load
-constexpr int kVecWords = kVecBytes / 4;               // 4 words in a uint4
-constexpr int kTile = 16;                              // m16 rows, k16 columns
-constexpr int kPageTiles = kLevelPageTokens / kTile;   // 8 token tiles in a page
-constexpr int kRegs = 4;                               // a0..a3, one pair each
-constexpr int kHeaderBytes = 4;                        // fp16 scale + fp16 offset
+constexpr int kLanes = 32;                                            // one warp
+constexpr int kVecBytes = 16;                                         // one uint4 per lane and load
+constexpr int kVecWords = kVecBytes / 4;                              // 4 words in a uint4
+constexpr int kTile = 16;                                             // m16 rows, k16 columns
+constexpr int kPageTiles = kLevelPageTokens / kTile;                  // 8 token tiles in a page
+constexpr int kRegs = 4;                                              // a0..a3, one pair each
+constexpr int kHeaderBytes = 4;                                       // fp16 scale + fp16 offset
 constexpr int kValueHeadersOffset = kLevelPageTokens * kHeaderBytes;  // 512
 static_assert(2 * kValueHeadersOffset == kLevelHeadersBytes, "key then value headers");
 static_assert(kLevelMeanLevelsOffset == kLevelMeanOffset + kMeanHeaderBytes, "fp32 scale, then int8");
@@ -51,8 +51,8 @@ constexpr int kValueGroups = 3;  // k-steps 0-2, 3-5, 6-7
 static_assert(kValueBase * kValueBase * kValueBase <= 256, "a triple fits a byte");
 
 uint32_t LoadLe32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+         (static_cast<uint32_t>(p[3]) << 24);
 }
 
 void StoreLe32(uint8_t* p, uint32_t v) {
@@ -196,9 +196,15 @@ void PackValues(const LevelPageLayout& layout, int tokens, const uint8_t* levels
 // One 32-bit word of each lane of a quad, lane 4g + t in element t.
 using Quad = __m128i;
 
-inline Quad QuadShr(Quad x, int s) { return _mm_srli_epi32(x, s); }
-inline Quad QuadAnd(Quad x, uint32_t m) { return _mm_and_si128(x, _mm_set1_epi32(static_cast<int>(m))); }
-inline Quad QuadOr(Quad a, Quad b) { return _mm_or_si128(a, b); }
+inline Quad QuadShr(Quad x, int s) {
+  return _mm_srli_epi32(x, s);
+}
+inline Quad QuadAnd(Quad x, uint32_t m) {
+  return _mm_and_si128(x, _mm_set1_epi32(static_cast<int>(m)));
+}
+inline Quad QuadOr(Quad a, Quad b) {
+  return _mm_or_si128(a, b);
+}
 
 // Words 4j .. 4j + 3 of the quad's lanes (uint4 j of each, 64 contiguous
 // bytes) into q[0..4), transposed: q[c] element t = lane 4g + t's word 4j + c.
@@ -366,9 +372,9 @@ void UnpackValues(const LevelPageLayout& layout, const uint8_t* page, uint8_t* l
 
 absl::Status CheckShape(const DQuantCodec& codec, const LevelPageLayout& layout, int tokens) {
   if (layout.kv_heads != codec.config().kv_heads || layout.head_dim != codec.config().head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "level page layout ", layout.kv_heads, "x", layout.head_dim, " does not match the codec's ",
-        codec.config().kv_heads, "x", codec.config().head_dim));
+    return absl::InvalidArgumentError(absl::StrCat("level page layout ", layout.kv_heads, "x", layout.head_dim,
+                                                   " does not match the codec's ", codec.config().kv_heads, "x",
+                                                   codec.config().head_dim));
   }
   absl::StatusOr<LevelPageLayout> own = MakeLevelPageLayout(codec);
   if (!own.ok()) return own.status();
@@ -409,9 +415,8 @@ absl::StatusOr<LevelPageLayout> MakeLevelPageLayout(const DQuantCodec& codec) {
                                                    kLevelKeyMaxLevels, ": 3-bit fields)"));
   }
   if (c.value_levels > kLevelValueMaxLevels) {
-    return absl::InvalidArgumentError(absl::StrCat("value_levels ", c.value_levels,
-                                                   " has no level page (at most ", kLevelValueMaxLevels,
-                                                   ": base-6 digits)"));
+    return absl::InvalidArgumentError(absl::StrCat("value_levels ", c.value_levels, " has no level page (at most ",
+                                                   kLevelValueMaxLevels, ": base-6 digits)"));
   }
   if (c.mean_window != kLevelPageTokens) {
     return absl::InvalidArgumentError(absl::StrCat("mean_window ", c.mean_window, " has no level page (a page is ",
@@ -420,9 +425,9 @@ absl::StatusOr<LevelPageLayout> MakeLevelPageLayout(const DQuantCodec& codec) {
   return MakeLevelPageLayout(c.kv_heads, c.head_dim);
 }
 
-void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key_levels,
-                   const uint8_t* value_levels, const uint32_t* key_headers,
-                   const uint32_t* value_headers, const uint8_t* mean_record, uint8_t* page) {
+void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key_levels, const uint8_t* value_levels,
+                   const uint32_t* key_headers, const uint32_t* value_headers, const uint8_t* mean_record,
+                   uint8_t* page) {
   std::memset(page, 0, layout.page_bytes);
   for (int t = 0; t < tokens; ++t) {
     StoreLe32(page + kHeaderBytes * t, key_headers[t]);
@@ -433,9 +438,8 @@ void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key
   PackValues(layout, tokens, value_levels, page);
 }
 
-void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t* key_levels,
-                     uint8_t* value_levels, uint32_t* key_headers, uint32_t* value_headers,
-                     uint8_t* mean_record) {
+void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t* key_levels, uint8_t* value_levels,
+                     uint32_t* key_headers, uint32_t* value_headers, uint8_t* mean_record) {
   for (int t = 0; t < kLevelPageTokens; ++t) {
     key_headers[t] = LoadLe32(page + kHeaderBytes * t);
     value_headers[t] = LoadLe32(page + kValueHeadersOffset + kHeaderBytes * t);
@@ -445,9 +449,8 @@ void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t
   UnpackValues(layout, page, value_levels);
 }
 
-absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
-                         const uint8_t* key_records, const uint8_t* value_records,
-                         const uint8_t* mean_record, int tokens, uint8_t* page) {
+absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* key_records,
+                         const uint8_t* value_records, const uint8_t* mean_record, int tokens, uint8_t* page) {
   absl::Status st = CheckShape(codec, layout, tokens);
   if (!st.ok()) return st;
   const size_t n = codec.n();
@@ -464,16 +467,16 @@ absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout
         for (int t = t0; t < t0 + count; ++t) {  // name the record
           st = sc.DecodeSymbols(records + t * sc.stride(), out + t * n, scale, offset);
           if (!st.ok()) {
-            return absl::DataLossError(absl::StrCat(kind == 0 ? "key" : "value", " record of token ", t,
-                                                    ": ", st.message()));
+            return absl::DataLossError(
+                absl::StrCat(kind == 0 ? "key" : "value", " record of token ", t, ": ", st.message()));
           }
         }
       }
       for (int t = t0; t < t0 + count; ++t) headers[kind * tokens + t] = LoadLe32(records + t * sc.stride());
     }
   }
-  PackLevelPage(layout, tokens, levels.data(), levels.data() + tokens * n, headers.data(),
-                headers.data() + tokens, mean_record, page);
+  PackLevelPage(layout, tokens, levels.data(), levels.data() + tokens * n, headers.data(), headers.data() + tokens,
+                mean_record, page);
   return absl::OkStatus();
 }
 
@@ -483,9 +486,8 @@ bool LevelHeaderGrid(uint32_t header, float* scale, float* offset) {
   return std::isfinite(*scale) && std::isfinite(*offset) && *scale >= 0.0f;
 }
 
-absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
-                        const uint8_t* page, int tokens, uint8_t* key_records,
-                        uint8_t* value_records, uint8_t* mean_record) {
+absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* page, int tokens,
+                        uint8_t* key_records, uint8_t* value_records, uint8_t* mean_record) {
   absl::Status st = CheckShape(codec, layout, tokens);
   if (!st.ok()) return st;
   const size_t n = codec.n();
@@ -509,8 +511,8 @@ absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
       }
       float scale, offset;
       if (!LevelHeaderGrid(headers[kind * kLevelPageTokens + t], &scale, &offset)) {
-        return absl::DataLossError(absl::StrCat("level page: ", what, " grid (scale/offset) of token ", t,
-                                                " is not finite"));
+        return absl::DataLossError(
+            absl::StrCat("level page: ", what, " grid (scale/offset) of token ", t, " is not finite"));
       }
       StoreLe32(record, headers[kind * kLevelPageTokens + t]);
       const size_t used = RansEncode(m, static_cast<int>(n), sc.table(), record + kRecordHeaderBytes,

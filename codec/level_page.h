@@ -109,7 +109,9 @@ struct LevelPageLayout {
 
 // Words (32-bit) of lane data in value k-step group `group` (0, 1, 2), padded
 // to a multiple of 4; and the first uint4 of the group in the lane's order.
-DRIFTKV_HD constexpr int LevelValueGroupKsteps(int group) { return group < 2 ? 3 : 2; }
+DRIFTKV_HD constexpr int LevelValueGroupKsteps(int group) {
+  return group < 2 ? 3 : 2;
+}
 DRIFTKV_HD constexpr int LevelValueGroupWords(int head_dim, int group) {
   const int pairs = LevelValueGroupKsteps(group) * (head_dim / 16) * 4;
   const int triples = (pairs + 2) / 3;
@@ -136,15 +138,14 @@ absl::StatusOr<LevelPageLayout> MakeLevelPageLayout(const DQuantCodec& codec);
 // scale bits in [15:0], offset bits in [31:16]) and the mean record, into a
 // level page (every byte of page[0, page_bytes) written). `layout` comes from
 // MakeLevelPageLayout.
-void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key_levels,
-                   const uint8_t* value_levels, const uint32_t* key_headers,
-                   const uint32_t* value_headers, const uint8_t* mean_record, uint8_t* page);
+void PackLevelPage(const LevelPageLayout& layout, int tokens, const uint8_t* key_levels, const uint8_t* value_levels,
+                   const uint32_t* key_headers, const uint32_t* value_headers, const uint8_t* mean_record,
+                   uint8_t* page);
 
 // The inverse: levels [128][n] (level 0 for absent tokens), headers [128],
 // and the mean record's 4 + n bytes.
-void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t* key_levels,
-                     uint8_t* value_levels, uint32_t* key_headers, uint32_t* value_headers,
-                     uint8_t* mean_record);
+void UnpackLevelPage(const LevelPageLayout& layout, const uint8_t* page, uint8_t* key_levels, uint8_t* value_levels,
+                     uint32_t* key_headers, uint32_t* value_headers, uint8_t* mean_record);
 
 // A token's 4-byte header as StreamCodec::DecodeSymbols reads it from a
 // record: fp16 scale in [15:0], fp16 offset in [31:16]. False for a header
@@ -157,9 +158,8 @@ bool LevelHeaderGrid(uint32_t header, float* scale, float* offset);
 // page. DataLoss naming the token if a record does not decode (the page is
 // then left untouched); InvalidArgument if tokens is outside [1, 128] or the
 // layout is not MakeLevelPageLayout(codec).
-absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
-                         const uint8_t* key_records, const uint8_t* value_records,
-                         const uint8_t* mean_record, int tokens, uint8_t* page);
+absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* key_records,
+                         const uint8_t* value_records, const uint8_t* mean_record, int tokens, uint8_t* page);
 
 // A level page back to cold records (tokens * stride bytes each, and the
 // codec's mean_stride bytes of mean record, padding zeroed): rANS codes the
@@ -168,9 +168,8 @@ absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout
 // payload (a page not made from fitting records); the outputs are then
 // unspecified; DataLoss too for a header LevelHeaderGrid refuses (cold
 // records that would not decode). InvalidArgument as PromotePage.
-absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout,
-                        const uint8_t* page, int tokens, uint8_t* key_records,
-                        uint8_t* value_records, uint8_t* mean_record);
+absl::Status DemotePage(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* page, int tokens,
+                        uint8_t* key_records, uint8_t* value_records, uint8_t* mean_record);
 
 }  // namespace driftkv
 

@@ -51,7 +51,7 @@ constexpr size_t kPageAlign = 64;
 constexpr int kGpuReadAheadBytes = 128;
 
 struct PageLayout {
-  int page_tokens = 0;   // P
+  int page_tokens = 0;  // P
   int kv_heads = 0;
   int head_dim = 0;
   int key_stride = 0;    // Ks, bytes per key record
@@ -67,8 +67,8 @@ struct PageLayout {
 };
 
 // The layout of pages of `page_tokens` tokens with the given record strides.
-inline PageLayout MakePageLayout(int page_tokens, int kv_heads, int head_dim, int key_stride,
-                                 int value_stride, int mean_stride) {
+inline PageLayout MakePageLayout(int page_tokens, int kv_heads, int head_dim, int key_stride, int value_stride,
+                                 int mean_stride) {
   PageLayout l;
   l.page_tokens = page_tokens;
   l.kv_heads = kv_heads;

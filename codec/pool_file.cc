@@ -58,10 +58,9 @@ void Frequencies(const KvCodec& c, uint16_t* k, uint16_t* v) {
 
 std::string FormatCodecOptions(const CodecOptions& o) {
   return absl::StrCat("codec=", o.name, " kv_heads=", o.kv_heads, " head_dim=", o.head_dim,
-                      " key_levels=", o.key_levels, " value_levels=", o.value_levels,
-                      " key_bytes=", o.key_bytes, " value_bytes=", o.value_bytes,
-                      " alpha=", o.alpha, " mean_window=", o.mean_window, " bits=", o.bits,
-                      " group=", o.group, " kappa_k=", o.kappa_k, " kappa_v=", o.kappa_v,
+                      " key_levels=", o.key_levels, " value_levels=", o.value_levels, " key_bytes=", o.key_bytes,
+                      " value_bytes=", o.value_bytes, " alpha=", o.alpha, " mean_window=", o.mean_window,
+                      " bits=", o.bits, " group=", o.group, " kappa_k=", o.kappa_k, " kappa_v=", o.kappa_v,
                       " seed=", o.seed, " rotation=", o.rotation);
 }
 
@@ -72,22 +71,38 @@ absl::StatusOr<CodecOptions> ParseCodecOptions(const std::string& text) {
     const std::string& k = kv.first;
     const std::string& v = kv.second;
     bool ok = true;
-    if (k == "codec") o.name = v;
-    else if (k == "kv_heads") ok = absl::SimpleAtoi(v, &o.kv_heads);
-    else if (k == "head_dim") ok = absl::SimpleAtoi(v, &o.head_dim);
-    else if (k == "key_levels") ok = absl::SimpleAtoi(v, &o.key_levels);
-    else if (k == "value_levels") ok = absl::SimpleAtoi(v, &o.value_levels);
-    else if (k == "key_bytes") ok = absl::SimpleAtoi(v, &o.key_bytes);
-    else if (k == "value_bytes") ok = absl::SimpleAtoi(v, &o.value_bytes);
-    else if (k == "alpha") ok = absl::SimpleAtod(v, &o.alpha);
-    else if (k == "mean_window") ok = absl::SimpleAtoi(v, &o.mean_window);
-    else if (k == "bits") ok = absl::SimpleAtoi(v, &o.bits);
-    else if (k == "group") ok = absl::SimpleAtoi(v, &o.group);
-    else if (k == "kappa_k") ok = absl::SimpleAtod(v, &o.kappa_k);
-    else if (k == "kappa_v") ok = absl::SimpleAtod(v, &o.kappa_v);
-    else if (k == "seed") ok = absl::SimpleAtoi(v, &o.seed);
-    else if (k == "rotation") o.rotation = v;
-    else return absl::InvalidArgumentError(absl::StrCat("unknown codec option \"", k, "\""));
+    if (k == "codec")
+      o.name = v;
+    else if (k == "kv_heads")
+      ok = absl::SimpleAtoi(v, &o.kv_heads);
+    else if (k == "head_dim")
+      ok = absl::SimpleAtoi(v, &o.head_dim);
+    else if (k == "key_levels")
+      ok = absl::SimpleAtoi(v, &o.key_levels);
+    else if (k == "value_levels")
+      ok = absl::SimpleAtoi(v, &o.value_levels);
+    else if (k == "key_bytes")
+      ok = absl::SimpleAtoi(v, &o.key_bytes);
+    else if (k == "value_bytes")
+      ok = absl::SimpleAtoi(v, &o.value_bytes);
+    else if (k == "alpha")
+      ok = absl::SimpleAtod(v, &o.alpha);
+    else if (k == "mean_window")
+      ok = absl::SimpleAtoi(v, &o.mean_window);
+    else if (k == "bits")
+      ok = absl::SimpleAtoi(v, &o.bits);
+    else if (k == "group")
+      ok = absl::SimpleAtoi(v, &o.group);
+    else if (k == "kappa_k")
+      ok = absl::SimpleAtod(v, &o.kappa_k);
+    else if (k == "kappa_v")
+      ok = absl::SimpleAtod(v, &o.kappa_v);
+    else if (k == "seed")
+      ok = absl::SimpleAtoi(v, &o.seed);
+    else if (k == "rotation")
+      o.rotation = v;
+    else
+      return absl::InvalidArgumentError(absl::StrCat("unknown codec option \"", k, "\""));
     if (!ok) return absl::InvalidArgumentError(absl::StrCat("codec option ", k, "=\"", v, "\" is not a number"));
   }
   return o;
@@ -197,23 +212,26 @@ absl::StatusOr<std::string> SerializePool(const Pool& pool) {
 
 absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
   if (bytes.size() < static_cast<size_t>(kPoolFixedHeaderBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("pool file of ", bytes.size(), " bytes is shorter than its 128-byte header"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool file of ", bytes.size(), " bytes is shorter than its 128-byte header"));
   }
   if (std::memcmp(bytes.data(), kPoolMagic, 8) != 0) {
     return absl::InvalidArgumentError("not a driftkv pool file (bad magic)");
   }
   const uint32_t version = GetU32(bytes, 8);
   if (version != kPoolVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("pool file version ", version, " is not supported (this build reads ", kPoolVersion, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool file version ", version, " is not supported (this build reads ", kPoolVersion, ")"));
   }
   const uint64_t header = GetU32(bytes, 12);
   const uint32_t options_bytes = GetU32(bytes, 52);
   if (kPoolFixedHeaderBytes + static_cast<uint64_t>(options_bytes) > header || header > bytes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("pool header size ", header, " or options size ", options_bytes, " is inconsistent"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool header size ", header, " or options size ", options_bytes, " is inconsistent"));
   }
   Pool pool;
-  absl::Status st = ParseOptionsText(bytes.substr(kPoolFixedHeaderBytes, options_bytes), &pool.options,
-                                     &pool.transform);
+  absl::Status st =
+      ParseOptionsText(bytes.substr(kPoolFixedHeaderBytes, options_bytes), &pool.options, &pool.transform);
   if (!st.ok()) return st;
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(pool.options);
   if (!codec.ok()) return codec.status();
@@ -235,8 +253,8 @@ absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
   };
   for (const Field& f : fields) {
     if (f.stored != f.expected) {
-      return absl::InvalidArgumentError(absl::StrCat("pool header ", f.name, " = ", f.stored,
-                                                     " but the codec of its options has ", f.expected));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool header ", f.name, " = ", f.stored, " but the codec of its options has ", f.expected));
     }
   }
   if (compressed > pool.tokens) {
@@ -258,7 +276,8 @@ absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
   }
   const uint64_t want = header + static_cast<uint64_t>(g.layer_stride) * layers;
   if (bytes.size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat("pool file has ", bytes.size(), " bytes, its header describes ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool file has ", bytes.size(), " bytes, its header describes ", want));
   }
   const int64_t n = c.n();
   for (uint32_t l = 0; l < layers; ++l) {

@@ -8,7 +8,9 @@
 namespace driftkv {
 namespace {
 
-double NormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double NormalCdf(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0));
+}
 
 }  // namespace
 
@@ -47,7 +49,8 @@ std::vector<double> LevelProbabilities(int n, int levels) {
 
 absl::Status ModelFrequencies(int n, int levels, double alpha, uint16_t* freq) {
   if (levels < kMinLevels || levels > kMaxLevels) {
-    return absl::InvalidArgumentError(absl::StrCat("levels ", levels, " out of range [", kMinLevels, ", ", kMaxLevels, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("levels ", levels, " out of range [", kMinLevels, ", ", kMaxLevels, "]"));
   }
   if (!(alpha > 0.0) || !(alpha <= 16.0)) {
     return absl::InvalidArgumentError(absl::StrCat("alpha ", alpha, " out of range (0, 16]"));

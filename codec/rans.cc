@@ -1,7 +1,7 @@
 #include "codec/rans.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +10,8 @@ namespace driftkv {
 
 absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table) {
   if (levels < kMinLevels || levels > kMaxLevels) {
-    return absl::InvalidArgumentError(absl::StrCat("levels ", levels, " out of range [", kMinLevels, ", ", kMaxLevels, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("levels ", levels, " out of range [", kMinLevels, ", ", kMaxLevels, "]"));
   }
   uint32_t sum = 0;
   for (int m = 0; m < levels; ++m) {
@@ -30,8 +31,7 @@ absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table) 
     table->cum[m] = static_cast<uint16_t>(c);
     table->cost_bits[m] = static_cast<float>(-std::log2(static_cast<double>(freq[m]) / kProbScale));
     for (uint32_t z = c; z < c + freq[m]; ++z) {
-      table->decode[z] = (static_cast<uint32_t>(freq[m]) << kEntryFreqShift) |
-                         ((z - c) << kEntryBiasShift) |
+      table->decode[z] = (static_cast<uint32_t>(freq[m]) << kEntryFreqShift) | ((z - c) << kEntryBiasShift) |
                          (static_cast<uint32_t>(m) << kEntrySymbolShift);
     }
     c += freq[m];
@@ -39,8 +39,8 @@ absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table) 
   return absl::OkStatus();
 }
 
-size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table,
-                  uint8_t* payload, size_t capacity, uint8_t* scratch) {
+size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table, uint8_t* payload, size_t capacity,
+                  uint8_t* scratch) {
   // Bytes are written backwards from the end of scratch.
   uint8_t* const end = scratch + n + kStateBytes;
   uint8_t* ptr = end;
@@ -88,8 +88,8 @@ int UncheckedSymbols(size_t capacity, int n) {
 
 // Decodes symbols [i, n) with a bounds check (only a corrupt stream reads
 // past the payload; it reads zeros there) and checks how the stream ended.
-absl::Status FinishDecode(const uint8_t* payload, size_t capacity, int n, int i, uint32_t x,
-                          size_t ptr, bool bad_state, const RansTable& table, uint8_t* symbols) {
+absl::Status FinishDecode(const uint8_t* payload, size_t capacity, int n, int i, uint32_t x, size_t ptr, bool bad_state,
+                          const RansTable& table, uint8_t* symbols) {
   for (; i < n; ++i) {
     const DecodeEntry e = table.decode[x & (kProbScale - 1)];
     symbols[i] = static_cast<uint8_t>(EntrySymbol(e));
@@ -109,8 +109,7 @@ absl::Status FinishDecode(const uint8_t* payload, size_t capacity, int n, int i,
 
 }  // namespace
 
-absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
-                        const RansTable& table, uint8_t* symbols) {
+absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n, const RansTable& table, uint8_t* symbols) {
   if (capacity < static_cast<size_t>(kStateBytes)) {
     std::memset(symbols, 0, n);
     return absl::DataLossError(absl::StrCat("payload of ", capacity, " bytes cannot hold the rANS state"));
@@ -133,9 +132,8 @@ absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
   return FinishDecode(payload, capacity, n, i, x, ptr, bad_state, table, symbols);
 }
 
-void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n,
-                    const RansTable& table, uint8_t* sa, uint8_t* sb, absl::Status* status_a,
-                    absl::Status* status_b) {
+void RansDecodePair(const uint8_t* pa, const uint8_t* pb, size_t capacity, int n, const RansTable& table, uint8_t* sa,
+                    uint8_t* sb, absl::Status* status_a, absl::Status* status_b) {
   if (capacity < static_cast<size_t>(kStateBytes)) {
     *status_a = RansDecode(pa, capacity, n, table, sa);
     *status_b = RansDecode(pb, capacity, n, table, sb);

@@ -40,17 +40,23 @@ namespace driftkv {
 //   [31:20] zero
 using DecodeEntry = uint32_t;
 
-inline uint32_t EntryFreq(DecodeEntry e) { return (e >> kEntryFreqShift) & 0xffu; }
-inline uint32_t EntryBias(DecodeEntry e) { return (e >> kEntryBiasShift) & 0xffu; }
-inline uint32_t EntrySymbol(DecodeEntry e) { return (e >> kEntrySymbolShift) & 0xfu; }
+inline uint32_t EntryFreq(DecodeEntry e) {
+  return (e >> kEntryFreqShift) & 0xffu;
+}
+inline uint32_t EntryBias(DecodeEntry e) {
+  return (e >> kEntryBiasShift) & 0xffu;
+}
+inline uint32_t EntrySymbol(DecodeEntry e) {
+  return (e >> kEntrySymbolShift) & 0xfu;
+}
 
 // Frequencies of one alphabet, with everything the coder derives from them.
 struct RansTable {
-  int levels = 0;                          // M
-  uint16_t freq[kMaxLevels] = {};          // f[m], sum 256
-  uint16_t cum[kMaxLevels] = {};           // c[m] = f[0] + ... + f[m-1]
-  float cost_bits[kMaxLevels] = {};        // -log2(f[m] / 256)
-  DecodeEntry decode[kProbScale] = {};     // indexed by x mod 256
+  int levels = 0;                       // M
+  uint16_t freq[kMaxLevels] = {};       // f[m], sum 256
+  uint16_t cum[kMaxLevels] = {};        // c[m] = f[0] + ... + f[m-1]
+  float cost_bits[kMaxLevels] = {};     // -log2(f[m] / 256)
+  DecodeEntry decode[kProbScale] = {};  // indexed by x mod 256
 };
 
 // Builds the table from frequencies. Fails unless 2 <= levels <= 16, every
@@ -62,22 +68,20 @@ absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table);
 // <= capacity the payload holds the stream and a zero tail; otherwise the
 // payload contents are unspecified and the caller must try another
 // assignment. `scratch` must hold at least n + kStateBytes bytes.
-size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table,
-                  uint8_t* payload, size_t capacity, uint8_t* scratch);
+size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table, uint8_t* payload, size_t capacity,
+                  uint8_t* scratch);
 
 // Decodes n symbols from payload[0..capacity). Never reads outside the
 // payload. Returns DataLoss if the initial state is out of range, the stream
 // runs past the payload, or the final state is not kStateLow (the stream is
 // corrupt); symbols[0..n) are then unspecified but written.
-absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n,
-                        const RansTable& table, uint8_t* symbols);
+absl::Status RansDecode(const uint8_t* payload, size_t capacity, int n, const RansTable& table, uint8_t* symbols);
 
 // Decodes two independent streams of the same length and table at once. The
 // two dependency chains interleave, so this runs close to twice the speed of
 // two RansDecode calls. Same guarantees and results as RansDecode for each.
-void RansDecodePair(const uint8_t* payload_a, const uint8_t* payload_b, size_t capacity, int n,
-                    const RansTable& table, uint8_t* symbols_a, uint8_t* symbols_b,
-                    absl::Status* status_a, absl::Status* status_b);
+void RansDecodePair(const uint8_t* payload_a, const uint8_t* payload_b, size_t capacity, int n, const RansTable& table,
+                    uint8_t* symbols_a, uint8_t* symbols_b, absl::Status* status_a, absl::Status* status_b);
 
 }  // namespace driftkv
 

@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeKvCodec(const CodecOptions& o) {
   if (o.name == "dquant") return MakeDQuant(o);
   if (o.name == "int") {
     if (o.rotation != "hadamard" && o.rotation != "identity") {
-      return absl::InvalidArgumentError(absl::StrCat("rotation \"", o.rotation, "\" unknown; use hadamard or identity"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rotation \"", o.rotation, "\" unknown; use hadamard or identity"));
     }
     return baselines::MakeIntCodec(h, d, o.bits, o.group, o.rotation == "hadamard");
   }
@@ -60,8 +61,8 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeKvCodec(const CodecOptions& o) {
   }
   if (o.name == "fp8") return baselines::Fp8Codec::Create(h, d);
   if (o.name == "bf16") return baselines::Bf16Codec::Create(h, d);
-  return absl::InvalidArgumentError(absl::StrCat("unknown codec \"", o.name, "\"; known: ",
-                                                 absl::StrJoin(KvCodecNames(), ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown codec \"", o.name, "\"; known: ", absl::StrJoin(KvCodecNames(), ", ")));
 }
 
 }  // namespace driftkv

@@ -12,7 +12,9 @@
 namespace driftkv {
 namespace {
 
-uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
 
 void StoreU16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
@@ -30,8 +32,7 @@ void Resize(StreamScratch* s, int n) {
 
 // Step 6: the grid of `mode` for the final symbols, rounded to fp16 as step
 // 3 rounds; leaves scale/offset alone when FinalGrid keeps the step-3 grid.
-void RefitToSymbols(int mode, const float* x, const uint8_t* symbols, int n, float* scale,
-                    float* offset) {
+void RefitToSymbols(int mode, const float* x, const uint8_t* symbols, int n, float* scale, float* offset) {
   if (mode == kRefitLeastSquares) return;
   double sm = 0, smm = 0, sx = 0, sxx = 0, sxm = 0;
   for (int i = 0; i < n; ++i) {
@@ -54,12 +55,9 @@ void RefitToSymbols(int mode, const float* x, const uint8_t* symbols, int n, flo
 
 const char* RefitName(Refit r) {
   switch (r) {
-    case Refit::kUnbiased:
-      return "unbiased";
-    case Refit::kNormPreserving:
-      return "norm";
-    case Refit::kLeastSquares:
-      break;
+    case Refit::kUnbiased: return "unbiased";
+    case Refit::kNormPreserving: return "norm";
+    case Refit::kLeastSquares: break;
   }
   return "least_squares";
 }
@@ -68,8 +66,7 @@ absl::StatusOr<Refit> ParseRefit(const std::string& name) {
   for (Refit r : {Refit::kLeastSquares, Refit::kUnbiased, Refit::kNormPreserving}) {
     if (name == RefitName(r)) return r;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("refit \"", name, "\" unknown; use least_squares, unbiased or norm"));
+  return absl::InvalidArgumentError(absl::StrCat("refit \"", name, "\" unknown; use least_squares, unbiased or norm"));
 }
 
 void StreamStats::Add(const StreamStats& o) {
@@ -94,12 +91,10 @@ absl::StatusOr<int> StreamCodec::MinPayloadBytes(int n, int levels, const uint16
   }
   std::vector<uint8_t> symbols(n, static_cast<uint8_t>(cheapest));
   std::vector<uint8_t> scratch(n + kStateBytes), payload(n + kStateBytes);
-  return static_cast<int>(RansEncode(symbols.data(), n, table, payload.data(), payload.size(),
-                                     scratch.data()));
+  return static_cast<int>(RansEncode(symbols.data(), n, table, payload.data(), payload.size(), scratch.data()));
 }
 
-absl::StatusOr<StreamCodec> StreamCodec::Create(int n, int levels, int payload_bytes,
-                                                const uint16_t* freq) {
+absl::StatusOr<StreamCodec> StreamCodec::Create(int n, int levels, int payload_bytes, const uint16_t* freq) {
   if (n < 1 || n > (1 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("stream length ", n, " out of range [1, 1048576]"));
   }
@@ -109,9 +104,9 @@ absl::StatusOr<StreamCodec> StreamCodec::Create(int n, int levels, int payload_b
   absl::StatusOr<int> min_bytes = MinPayloadBytes(n, levels, freq);
   if (!min_bytes.ok()) return min_bytes.status();
   if (payload_bytes < *min_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "container of ", payload_bytes, " bytes is too small for ", n, " values at ", levels,
-        " levels: even the all-central stream needs ", *min_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("container of ", payload_bytes, " bytes is too small for ", n,
+                                                   " values at ", levels, " levels: even the all-central stream needs ",
+                                                   *min_bytes, " bytes"));
   }
   if (payload_bytes > (1 << 24)) {
     return absl::InvalidArgumentError(absl::StrCat("container of ", payload_bytes, " bytes is too large"));
@@ -124,8 +119,8 @@ absl::StatusOr<StreamCodec> StreamCodec::Create(int n, int levels, int payload_b
   return codec;
 }
 
-size_t StreamCodec::EncodeFitting(const float* u, float scale, uint8_t* payload,
-                                  StreamScratch* scratch, StreamStats* stats) const {
+size_t StreamCodec::EncodeFitting(const float* u, float scale, uint8_t* payload, StreamScratch* scratch,
+                                  StreamStats* stats) const {
   const int n = n_;
   const int levels = table_.levels;
   uint8_t* symbols = scratch->symbols.data();
@@ -154,8 +149,7 @@ size_t StreamCodec::EncodeFitting(const float* u, float scale, uint8_t* payload,
   return RansEncode(symbols, n, table_, payload, capacity, scratch->rans.data());
 }
 
-absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch* scratch,
-                                 StreamStats* stats) const {
+absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch* scratch, StreamStats* stats) const {
   const int n = n_;
   const int levels = table_.levels;
   float lo = x[0], hi = x[0];
@@ -163,8 +157,7 @@ absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch*
     if (!std::isfinite(x[i]) || std::fabs(x[i]) > kHalfMax) {
       return absl::InvalidArgumentError(absl::StrCat(
           "value ", x[i], " at stream position ", i,
-          std::isfinite(x[i]) ? " exceeds the fp16 range of the container (|x| <= 65504)"
-                              : " is not finite"));
+          std::isfinite(x[i]) ? " exceeds the fp16 range of the container (|x| <= 65504)" : " is not finite"));
     }
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
@@ -242,8 +235,7 @@ absl::Status StreamCodec::Encode(const float* x, uint8_t* record, StreamScratch*
   return absl::OkStatus();
 }
 
-absl::Status StreamCodec::DecodeSymbols(const uint8_t* record, uint8_t* symbols, float* scale,
-                                        float* offset) const {
+absl::Status StreamCodec::DecodeSymbols(const uint8_t* record, uint8_t* symbols, float* scale, float* offset) const {
   *scale = HalfToFloat(LoadU16(record));
   *offset = HalfToFloat(LoadU16(record + 2));
   absl::Status st = RansDecode(record + kRecordHeaderBytes, payload_bytes_, n_, table_, symbols);
@@ -254,13 +246,13 @@ absl::Status StreamCodec::DecodeSymbols(const uint8_t* record, uint8_t* symbols,
   return st;
 }
 
-absl::Status StreamCodec::DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols,
-                                             float* scale, float* offset) const {
+absl::Status StreamCodec::DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols, float* scale,
+                                             float* offset) const {
   if (count != 2) return DecodeSymbols(records, symbols, scale, offset);
   const uint8_t* b = records + stride();
   absl::Status sa, sb;
-  RansDecodePair(records + kRecordHeaderBytes, b + kRecordHeaderBytes, payload_bytes_, n_, table_,
-                 symbols, symbols + n_, &sa, &sb);
+  RansDecodePair(records + kRecordHeaderBytes, b + kRecordHeaderBytes, payload_bytes_, n_, table_, symbols,
+                 symbols + n_, &sa, &sb);
   for (int k = 0; k < 2; ++k) {
     const uint8_t* r = records + k * stride();
     scale[k] = HalfToFloat(LoadU16(r));

@@ -53,21 +53,20 @@ namespace driftkv {
 // kMaxRetries: codec/format_constants.h.
 
 inline size_t RecordStride(int payload_bytes) {
-  return (static_cast<size_t>(payload_bytes) + kRecordHeaderBytes + kRecordAlign - 1) /
-         kRecordAlign * kRecordAlign;
+  return (static_cast<size_t>(payload_bytes) + kRecordHeaderBytes + kRecordAlign - 1) / kRecordAlign * kRecordAlign;
 }
 
 // What encoding one stream did; summed over streams by the callers.
 struct StreamStats {
   int64_t streams = 0;
   int64_t symbols = 0;
-  int64_t bytes_used = 0;       // rANS bytes including the 4-byte state
-  int64_t bytes_budget = 0;     // C per stream
-  int64_t moved = 0;            // symbols differing from nearest rounding
-  int max_move = 0;             // largest |m - nearest| in levels
-  int64_t retries = 0;          // re-solves because the real length overflowed
-  int64_t fallbacks = 0;        // streams that needed a cheapest-level fallback
-  int64_t constant = 0;         // streams with max == min
+  int64_t bytes_used = 0;    // rANS bytes including the 4-byte state
+  int64_t bytes_budget = 0;  // C per stream
+  int64_t moved = 0;         // symbols differing from nearest rounding
+  int max_move = 0;          // largest |m - nearest| in levels
+  int64_t retries = 0;       // re-solves because the real length overflowed
+  int64_t fallbacks = 0;     // streams that needed a cheapest-level fallback
+  int64_t constant = 0;      // streams with max == min
 
   void Add(const StreamStats& o);
 };
@@ -96,8 +95,7 @@ class StreamCodec {
   // n values per stream, M levels, C payload bytes, frequencies f[0..M).
   // Fails if the parameters are out of range or C cannot hold even the
   // cheapest stream (the error names the minimum C).
-  static absl::StatusOr<StreamCodec> Create(int n, int levels, int payload_bytes,
-                                            const uint16_t* freq);
+  static absl::StatusOr<StreamCodec> Create(int n, int levels, int payload_bytes, const uint16_t* freq);
 
   // The smallest payload that holds the all-cheapest-symbol stream.
   static absl::StatusOr<int> MinPayloadBytes(int n, int levels, const uint16_t* freq);
@@ -112,20 +110,18 @@ class StreamCodec {
 
   // Encodes x[0..n) into record[0..stride()). x must be finite and within
   // the fp16 range (|x| <= 65504), else InvalidArgument naming the value.
-  absl::Status Encode(const float* x, uint8_t* record, StreamScratch* scratch,
-                      StreamStats* stats) const;
+  absl::Status Encode(const float* x, uint8_t* record, StreamScratch* scratch, StreamStats* stats) const;
 
   // Decodes the symbols and the grid of a record. On DataLoss the outputs
   // are defined (symbols in [0, M)) but meaningless.
-  absl::Status DecodeSymbols(const uint8_t* record, uint8_t* symbols, float* scale,
-                             float* offset) const;
+  absl::Status DecodeSymbols(const uint8_t* record, uint8_t* symbols, float* scale, float* offset) const;
 
   // Decodes `count` (1 or 2) consecutive records of a contiguous array
   // (stride() apart) at once; two streams decode nearly twice as fast as
   // one after the other. symbols: count * n; scale/offset: count each.
   // Returns the first error.
-  absl::Status DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols,
-                                  float* scale, float* offset) const;
+  absl::Status DecodeSymbolsUpTo2(const uint8_t* records, int count, uint8_t* symbols, float* scale,
+                                  float* offset) const;
 
   // Decodes to values o + s * m.
   absl::Status Decode(const uint8_t* record, float* x) const;
@@ -133,8 +129,7 @@ class StreamCodec {
  private:
   StreamCodec() = default;
   // Tries assignments until one fits; writes the payload, returns bytes used.
-  size_t EncodeFitting(const float* u, float scale, uint8_t* payload,
-                       StreamScratch* scratch, StreamStats* stats) const;
+  size_t EncodeFitting(const float* u, float scale, uint8_t* payload, StreamScratch* scratch, StreamStats* stats) const;
 
   int n_ = 0;
   int payload_bytes_ = 0;

@@ -24,12 +24,12 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 // values only): vhat is in the folded domain and the stored layer's output
 // o' is mapped back by T_V^-1 before the comparison.
 absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in, const float* values,
-                              const EncodedLayer& enc, const std::vector<float>& khat,
-                              const std::vector<float>& vhat, const LayerTransform* unfold,
-                              EvalAccumulator* acc) {
+                              const EncodedLayer& enc, const std::vector<float>& khat, const std::vector<float>& vhat,
+                              const LayerTransform* unfold, EvalAccumulator* acc) {
   const int d = codec.head_dim(), n = codec.n(), qh = in.q_heads;
   if (qh < 1 || qh % codec.kv_heads() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", qh, " is not a multiple of kv_heads ", codec.kv_heads()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_heads ", qh, " is not a multiple of kv_heads ", codec.kv_heads()));
   }
   if (in.query_tokens > in.tokens) {
     return absl::InvalidArgumentError(absl::StrCat("query tokens ", in.query_tokens, " exceed tokens ", in.tokens));
@@ -54,16 +54,17 @@ absl::Status MeasureAttention(const KvCodec& codec, const EvalLayerInput& in, co
       window.keys = enc.window_keys.data();
       window.values = enc.window_values.data();
       window.tokens = std::max<int64_t>(0, pos + 1 - enc.compressed);
-      absl::Status st =
-          dq != nullptr ? CompressedAttention(dq->codec(), blocks, window, q, qh, static_cast<float>(scale),
-                                              out.data(), lse.data(), &scratch)
-                        : TransformedCompressedAttention(*tq, blocks, window, q, qh, static_cast<float>(scale),
-                                                         out.data(), lse.data(), &scratch);
+      absl::Status st = dq != nullptr
+                            ? CompressedAttention(dq->codec(), blocks, window, q, qh, static_cast<float>(scale),
+                                                  out.data(), lse.data(), &scratch)
+                            : TransformedCompressedAttention(*tq, blocks, window, q, qh, static_cast<float>(scale),
+                                                             out.data(), lse.data(), &scratch);
       // Folded: o' = T_V o, what the folded o_proj reads; o = T_V^-1 o'.
       if (unfold != nullptr) unfold->Outputs(out.data(), qh, out.data());
       for (size_t j = 0; j < out.size(); ++j) alt[j] = out[j];
     } else {
-      ReferenceAttention(khat.data(), vhat.data(), pos + 1, codec.kv_heads(), d, q, qh, scale, alt.data(), alt_lse.data());
+      ReferenceAttention(khat.data(), vhat.data(), pos + 1, codec.kv_heads(), d, q, qh, scale, alt.data(),
+                         alt_lse.data());
       if (unfold != nullptr) {  // the same mapping, in float as above
         for (size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(alt[j]);
         unfold->Outputs(out.data(), qh, out.data());
@@ -95,8 +96,7 @@ absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalA
   const float* model = in.values;
   if (unfold != nullptr) {
     converted.resize(in.tokens * n);
-    unfold->Apply(in.values_already_folded ? Mat::kValueInverse : Mat::kValue, in.values, in.tokens,
-                  converted.data());
+    unfold->Apply(in.values_already_folded ? Mat::kValueInverse : Mat::kValue, in.values, in.tokens, converted.data());
     if (in.values_already_folded) {
       model = converted.data();
     } else {
@@ -156,10 +156,10 @@ std::string EvalJson(const KvCodec& codec, const EvalAccumulator& a) {
       "\"encode_streams_per_s\":%.1f,\"decode_streams_per_s\":%.1f",
       codec.name(), bk, bv, 0.5 * (bk + bv), ratio(a.err_k, a.sum_k), ratio(a.err_v, a.sum_v),
       ratio(k.moved, k.symbols), ratio(v.moved, v.symbols), std::max(k.max_move, v.max_move),
-      ratio(k.bytes_used, k.bytes_budget), ratio(v.bytes_used, v.bytes_budget),
-      static_cast<int>(k.retries + v.retries), static_cast<int>(k.fallbacks + v.fallbacks),
-      static_cast<int>(k.constant + v.constant), static_cast<int>(a.encoded_streams),
-      ratio(a.encoded_streams, a.encode_seconds), ratio(a.encoded_streams, a.decode_seconds));
+      ratio(k.bytes_used, k.bytes_budget), ratio(v.bytes_used, v.bytes_budget), static_cast<int>(k.retries + v.retries),
+      static_cast<int>(k.fallbacks + v.fallbacks), static_cast<int>(k.constant + v.constant),
+      static_cast<int>(a.encoded_streams), ratio(a.encoded_streams, a.encode_seconds),
+      ratio(a.encoded_streams, a.decode_seconds));
   if (a.has_attention) {
     absl::StrAppendFormat(&json, ",\"attn_rel_err\":%.6g", std::sqrt(ratio(a.attn_err, a.attn_sum)));
   }

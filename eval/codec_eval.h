@@ -40,15 +40,15 @@
 namespace driftkv {
 
 struct EvalLayerInput {
-  const float* keys = nullptr;    // [tokens][kv_heads][head_dim]
+  const float* keys = nullptr;  // [tokens][kv_heads][head_dim]
   const float* values = nullptr;
   int64_t tokens = 0;
   const float* queries = nullptr;  // [query_tokens][q_heads][head_dim] or null
   int64_t query_tokens = 0;
   int q_heads = 0;
-  int64_t residual = 0;          // newest tokens kept in bf16
-  double softmax_scale = 0.0;    // 0: 1 / sqrt(head_dim)
-  int threads = 1;               // encode threads (timings are per thread at 1)
+  int64_t residual = 0;        // newest tokens kept in bf16
+  double softmax_scale = 0.0;  // 0: 1 / sqrt(head_dim)
+  int threads = 1;             // encode threads (timings are per thread at 1)
   // Folded-values codecs only (see above): `values` already hold v' = T_V v.
   bool values_already_folded = false;
 };
@@ -82,8 +82,7 @@ struct EvalAccumulator {
 
 // Encodes, decodes and measures one layer; adds to `acc`. If `encoded` is
 // not null it receives the encoded layer (for the pool file).
-absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalAccumulator* acc,
-                           EncodedLayer* encoded);
+absl::Status EvaluateLayer(const KvCodec& codec, const EvalLayerInput& in, EvalAccumulator* acc, EncodedLayer* encoded);
 
 // The JSON object of `driftkv-codec eval` (one line, keys documented in
 // docs/quality.md).

@@ -24,8 +24,7 @@ class Flags {
   void set_usage(std::string usage) { usage_ = std::move(usage); }
 
   // `known` lists the value flags, `switches` the flags without a value.
-  absl::Status Parse(int argc, char** argv, const std::set<std::string>& known,
-                     const std::set<std::string>& switches) {
+  absl::Status Parse(int argc, char** argv, const std::set<std::string>& known, const std::set<std::string>& switches) {
     for (int i = 0; i < argc; ++i) {
       if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") PrintHelpAndExit(known, switches);
     }

@@ -26,10 +26,11 @@ absl::StatusOr<Dtype> ParseDtype(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("dtype \"", name, "\" unknown; use f32, f16 or bf16"));
 }
 
-int DtypeBytes(Dtype d) { return d == Dtype::kF32 ? 4 : 2; }
+int DtypeBytes(Dtype d) {
+  return d == Dtype::kF32 ? 4 : 2;
+}
 
-absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype dtype,
-                                                 int64_t elements) {
+absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype dtype, int64_t elements) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   std::fseek(f.get(), 0, SEEK_END);
@@ -37,9 +38,8 @@ absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype 
   std::fseek(f.get(), 0, SEEK_SET);
   const int64_t want = elements * DtypeBytes(dtype);
   if (size != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " has ", size, " bytes but the shape and dtype need ", want, " (", elements,
-        " values of ", DtypeBytes(dtype), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, " has ", size, " bytes but the shape and dtype need ", want,
+                                                   " (", elements, " values of ", DtypeBytes(dtype), " bytes)"));
   }
   std::vector<uint8_t> bytes(want);
   if (want > 0 && std::fread(bytes.data(), 1, want, f.get()) != static_cast<size_t>(want)) {
@@ -59,8 +59,7 @@ absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype 
   return out;
 }
 
-absl::Status WriteRawTensor(const std::string& path, Dtype dtype, const float* data,
-                            int64_t elements) {
+absl::Status WriteRawTensor(const std::string& path, Dtype dtype, const float* data, int64_t elements) {
   File f(std::fopen(path.c_str(), "wb"));
   if (!f) return absl::NotFoundError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   std::vector<uint8_t> bytes(elements * DtypeBytes(dtype));

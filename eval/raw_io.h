@@ -20,11 +20,9 @@ int DtypeBytes(Dtype d);
 
 // Reads exactly `elements` values; InvalidArgument if the file size differs
 // (the message gives both sizes), NotFound if it cannot be opened.
-absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype dtype,
-                                                 int64_t elements);
+absl::StatusOr<std::vector<float>> ReadRawTensor(const std::string& path, Dtype dtype, int64_t elements);
 
-absl::Status WriteRawTensor(const std::string& path, Dtype dtype, const float* data,
-                            int64_t elements);
+absl::Status WriteRawTensor(const std::string& path, Dtype dtype, const float* data, int64_t elements);
 
 // Parses "T,H,D" or "L,T,H,D" (positive integers) into dims.
 absl::StatusOr<std::vector<int64_t>> ParseShape(const std::string& text);

@@ -21,11 +21,10 @@ absl::StatusOr<ServiceReplay> ServiceReplay::Encode(const DQuantCodec& codec, in
       kb[e] = Bf16ToFloat(FloatToBf16(keys[static_cast<size_t>(j) * p * n + e]));
       vb[e] = Bf16ToFloat(FloatToBf16(values[static_cast<size_t>(j) * p * n + e]));
     }
-    absl::Status st = codec.EncodeWindow(kb.data(), vb.data(), p,
-                                         r.key_records_.data() + static_cast<size_t>(j) * p * codec.key_stride(),
-                                         r.value_records_.data() + static_cast<size_t>(j) * p * codec.value_stride(),
-                                         r.mean_records_.data() + static_cast<size_t>(j) * codec.mean_stride(),
-                                         &scratch, &ks, &vs);
+    absl::Status st = codec.EncodeWindow(
+        kb.data(), vb.data(), p, r.key_records_.data() + static_cast<size_t>(j) * p * codec.key_stride(),
+        r.value_records_.data() + static_cast<size_t>(j) * p * codec.value_stride(),
+        r.mean_records_.data() + static_cast<size_t>(j) * codec.mean_stride(), &scratch, &ks, &vs);
     if (!st.ok()) return st;
   }
   return r;
@@ -37,8 +36,8 @@ absl::Status ServiceReplay::Attend(int64_t tokens, const float* query, int q_hea
   const int n = c.n(), p = c.config().mean_window;
   const int64_t pages = StoredPages(tokens, window_tokens_, p);
   if (static_cast<size_t>(pages) * p * c.key_stride() > key_records_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("replay of ", tokens, " tokens: only ",
-                                                   key_records_.size() / c.key_stride(), " were encoded"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay of ", tokens, " tokens: only ", key_records_.size() / c.key_stride(), " were encoded"));
   }
   std::vector<CompressedBlock> blocks;
   for (int64_t j = 0; j < pages; ++j) {

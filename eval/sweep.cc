@@ -62,13 +62,11 @@ absl::Status Load(const Flags& f, Input* in) {
   const int64_t bytes = qf.tellg();
   const int64_t per_token = in->layers * in->q_heads * in->dim * DtypeBytes(*dtype);
   if (bytes % per_token != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(f.Str("queries"), " has ", bytes,
-                                                   " bytes, not a multiple of layers*q_heads*head_dim*dtype = ",
-                                                   per_token));
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.Str("queries"), " has ", bytes, " bytes, not a multiple of layers*q_heads*head_dim*dtype = ", per_token));
   }
   in->query_tokens = bytes / per_token;
-  absl::StatusOr<std::vector<float>> q =
-      ReadRawTensor(f.Str("queries"), *dtype, bytes / DtypeBytes(*dtype));
+  absl::StatusOr<std::vector<float>> q = ReadRawTensor(f.Str("queries"), *dtype, bytes / DtypeBytes(*dtype));
   if (!q.ok()) return q.status();
   in->queries = *std::move(q);
   return absl::OkStatus();
@@ -105,8 +103,8 @@ Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual, const Trans
     absl::StatusOr<std::unique_ptr<KvCodec>> layer_codec = MakeCodecForLayer(p.options, transform, l);
     absl::Status st = layer_codec.ok() ? EvaluateLayer(**layer_codec, e, &acc, nullptr) : layer_codec.status();
     if (!st.ok()) {
-      std::fprintf(stderr, "sweep: %s %s failed at layer %lld: %s\n", p.options.name.c_str(),
-                   p.config.c_str(), static_cast<long long>(l), std::string(st.message()).c_str());
+      std::fprintf(stderr, "sweep: %s %s failed at layer %lld: %s\n", p.options.name.c_str(), p.config.c_str(),
+                   static_cast<long long>(l), std::string(st.message()).c_str());
       return row;
     }
   }
@@ -119,11 +117,10 @@ Row Evaluate(const Input& in, const SweepPoint& p, int64_t residual, const Trans
   const bool leveled = p.options.name == "dquant" || p.options.name == "fixed";
   row.ok = true;
   row.line = absl::StrFormat(
-      "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6g,%.6g,%s,%.6g,%.6g,%.6g,%.6g,%d", p.options.name, p.config,
-      p.tag, leveled ? p.options.key_levels : 0, leveled ? p.options.value_levels : 0, bk, bv, 0.5 * (bk + bv),
+      "%s,%s,%s,%d,%d,%.6f,%.6f,%.6f,%.6g,%.6g,%s,%.6g,%.6g,%.6g,%.6g,%d", p.options.name, p.config, p.tag,
+      leveled ? p.options.key_levels : 0, leveled ? p.options.value_levels : 0, bk, bv, 0.5 * (bk + bv),
       ratio(acc.err_k, acc.sum_k), ratio(acc.err_v, acc.sum_v),
-      acc.has_attention ? absl::StrFormat("%.6g", std::sqrt(ratio(acc.attn_err, acc.attn_sum)))
-                        : std::string(""),
+      acc.has_attention ? absl::StrFormat("%.6g", std::sqrt(ratio(acc.attn_err, acc.attn_sum))) : std::string(""),
       ratio(k.moved, k.symbols), ratio(v.moved, v.symbols), ratio(k.bytes_used, k.bytes_budget),
       ratio(v.bytes_used, v.bytes_budget), std::max(k.max_move, v.max_move));
   return row;
@@ -188,9 +185,8 @@ int RunSweep(int argc, char** argv) {
     for (size_t i; (i = next++) < points.size();) {
       rows[i] = Evaluate(in, points[i], residual, transform);
       std::lock_guard<std::mutex> lock(log_mu);
-      std::fprintf(stderr, "sweep [%zu/%zu] %s %s %s\n", i + 1, points.size(),
-                   points[i].options.name.c_str(), points[i].config.c_str(),
-                   rows[i].ok ? "" : "(skipped)");
+      std::fprintf(stderr, "sweep [%zu/%zu] %s %s %s\n", i + 1, points.size(), points[i].options.name.c_str(),
+                   points[i].config.c_str(), rows[i].ok ? "" : "(skipped)");
     }
   };
   std::vector<std::thread> threads;

@@ -43,8 +43,7 @@ CodecOptions Base(const std::string& name, int h, int d) {
 std::vector<SweepPoint> DQuantPoints(int h, int d) {
   std::vector<SweepPoint> points;
   SweepPoint def{Base("dquant", h, d), "defaults", "default"};
-  def.config = absl::StrFormat("defaults levels %d/%d", def.options.key_levels,
-                               def.options.value_levels);
+  def.config = absl::StrFormat("defaults levels %d/%d", def.options.key_levels, def.options.value_levels);
   points.push_back(def);
   const double n = static_cast<double>(h) * d;
   CodecOptions probe = Base("dquant", h, d);
@@ -57,9 +56,8 @@ std::vector<SweepPoint> DQuantPoints(int h, int d) {
     p.options.value_levels = Levels(vb, kValueLevelHeadroom);
     p.options.key_bytes = PayloadFor(kb * n / 8 - mean_bytes);
     p.options.value_bytes = PayloadFor(vb * n / 8);
-    p.config = absl::StrFormat("target %.2f bytes %d/%d levels %d/%d", b, p.options.key_bytes,
-                               p.options.value_bytes, p.options.key_levels,
-                               p.options.value_levels);
+    p.config = absl::StrFormat("target %.2f bytes %d/%d levels %d/%d", b, p.options.key_bytes, p.options.value_bytes,
+                               p.options.key_levels, p.options.value_levels);
     points.push_back(p);
   }
   return points;
@@ -90,8 +88,8 @@ absl::StatusOr<SweepPoint> MatchedFixed(const SweepPoint& dq, int h, int d) {
 
 std::vector<SweepPoint> FixedGrid(int h, int d) {
   std::vector<SweepPoint> points;
-  for (auto [k, v] : std::vector<std::pair<int, int>>{
-           {3, 2}, {4, 3}, {5, 3}, {6, 4}, {7, 5}, {8, 6}, {10, 7}, {12, 9}, {16, 12}}) {
+  for (auto [k, v] :
+       std::vector<std::pair<int, int>>{{3, 2}, {4, 3}, {5, 3}, {6, 4}, {7, 5}, {8, 6}, {10, 7}, {12, 9}, {16, 12}}) {
     SweepPoint p{Base("fixed", h, d), absl::StrFormat("levels %d/%d", k, v), ""};
     p.options.key_levels = k;
     p.options.value_levels = v;
@@ -110,8 +108,7 @@ SweepPoint IntLike(const std::string& name, int h, int d, int bits, int group) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::string>& codecs,
-                                                    int h, int d) {
+absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::string>& codecs, int h, int d) {
   std::vector<SweepPoint> points;
   for (const std::string& name : codecs) {
     if (name == "dquant") {
@@ -133,8 +130,8 @@ absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::strin
     } else if (name == "fp8" || name == "bf16") {
       points.push_back(SweepPoint{Base(name, h, d), "-", "default"});
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("sweep: unknown codec \"", name, "\"; known: ",
-                                                     absl::StrJoin(KvCodecNames(), ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sweep: unknown codec \"", name, "\"; known: ", absl::StrJoin(KvCodecNames(), ", ")));
     }
   }
   // Groups larger than n (small shapes) would be rejected; drop them here.

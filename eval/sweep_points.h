@@ -34,8 +34,7 @@ struct SweepPoint {
 };
 
 // InvalidArgument for an unknown codec name.
-absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::string>& codecs,
-                                                    int kv_heads, int head_dim);
+absl::StatusOr<std::vector<SweepPoint>> SweepPoints(const std::vector<std::string>& codecs, int kv_heads, int head_dim);
 
 }  // namespace driftkv
 

@@ -16,9 +16,7 @@ class Rng {
   explicit Rng(uint64_t seed) : gen_(seed) {}
   double Uniform() { return (static_cast<double>(gen_() >> 11) + 0.5) * 0x1.0p-53; }
   double UniformFromZero() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double Normal() {
-    return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(2.0 * kPi * Uniform());
-  }
+  double Normal() { return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(2.0 * kPi * Uniform()); }
   // Box-Muller with both outputs used (cos, then sin): kind "spike".
   double NormalPaired() {
     if (has_pair_) {
@@ -194,6 +192,5 @@ SpikeCase MakeSpikeCase(const SpikeOptions& o) {
   }
   return c;
 }
-
 
 }  // namespace driftkv

@@ -57,7 +57,7 @@ struct SynthParams {
   int tokens = 1024;
   int kv_heads = 4;
   int head_dim = 128;
-  int query_tokens = 128;    // queries at positions tokens - query_tokens + i
+  int query_tokens = 128;  // queries at positions tokens - query_tokens + i
   uint64_t seed = 1;
   // "llm" only:
   double key_mean = 1.0;
@@ -90,8 +90,8 @@ struct SpikeOptions {
   int head_dim = 128;
   int64_t query_tokens = 128;  // positions tokens - query_tokens ...
   double spike_probability = 0.005;
-  double spike = 40.0;         // added to coordinate 0 of a spiky key
-  double query_read = 6.0;     // mean of query coordinate 0 (others: sd 0.5)
+  double spike = 40.0;      // added to coordinate 0 of a spiky key
+  double query_read = 6.0;  // mean of query coordinate 0 (others: sd 0.5)
   uint64_t seed = 1;
 };
 
@@ -102,7 +102,6 @@ struct SpikeCase {
 
 // Kind "spike" (see above); deterministic for given options.
 SpikeCase MakeSpikeCase(const SpikeOptions& o);
-
 
 }  // namespace driftkv
 

@@ -45,8 +45,8 @@ absl::StatusOr<TransformChoice> TransformFromFlags(const Flags& f) {
   absl::Status st = f.Num("layer", &t.layer);
   if (!st.ok()) return st;
   if (f.Has("layer") && (t.layer < 0 || t.layer >= t.set.layers)) {
-    return absl::InvalidArgumentError(absl::StrCat("--layer ", t.layer, " out of range [0, ", t.set.layers,
-                                                   ") of ", f.Str("transforms")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layer ", t.layer, " out of range [0, ", t.set.layers, ") of ", f.Str("transforms")));
   }
   t.values_folded = f.Has("values-folded");
   t.checksum = TransformsChecksum(t.set);
@@ -68,8 +68,8 @@ PoolTransform PoolTransformOf(const TransformChoice& t) {
 absl::Status MatchPoolTransform(const CodecOptions& options, const PoolTransform& stored, const Flags& f,
                                 TransformChoice* t) {
   if (t->given && StoredOptions(options, *t).rotation != options.rotation) {
-    return absl::InvalidArgumentError(absl::StrCat("--transform ", f.Str("transform"),
-                                                   " does not match the pool's rotation ", options.rotation));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transform ", f.Str("transform"), " does not match the pool's rotation ", options.rotation));
   }
   if (stored.kind.empty()) return absl::OkStatus();
   const bool wush = t->given && t->kind == TransformKind::kWush;
@@ -82,14 +82,14 @@ absl::Status MatchPoolTransform(const CodecOptions& options, const PoolTransform
   }
   const std::string stored_sum = absl::StrCat(absl::Hex(stored.transforms_checksum, absl::kZeroPad16));
   if (!wush) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the pool was encoded with --transform wush (transforms file checksum ", stored_sum,
-        "); decode it with --transform wush --transforms FILE"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the pool was encoded with --transform wush (transforms file checksum ", stored_sum,
+                     "); decode it with --transform wush --transforms FILE"));
   }
   if (t->checksum != stored.transforms_checksum) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--transforms ", f.Str("transforms"), " has checksum ", absl::Hex(t->checksum, absl::kZeroPad16),
-        " but the pool was encoded with transforms of checksum ", stored_sum));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transforms ", f.Str("transforms"), " has checksum ", absl::Hex(t->checksum, absl::kZeroPad16),
+                     " but the pool was encoded with transforms of checksum ", stored_sum));
   }
   if (f.Has("layer") && t->layer != stored.layer) {
     return absl::InvalidArgumentError(
@@ -112,8 +112,8 @@ absl::StatusOr<std::unique_ptr<KvCodec>> MakeCodecForLayer(const CodecOptions& o
                                                            int64_t index) {
   if (!t.given) return MakeKvCodec(options);
   const int layer = t.kind != TransformKind::kWush ? 0
-                    : t.layer >= 0                  ? t.layer
-                                                    : static_cast<int>(index % t.set.layers);
+                    : t.layer >= 0                 ? t.layer
+                                                   : static_cast<int>(index % t.set.layers);
   return MakeTransformedCodec(options, t.kind, t.kind == TransformKind::kWush ? &t.set : nullptr, layer,
                               t.values_folded);
 }

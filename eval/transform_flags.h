@@ -42,8 +42,8 @@ std::set<std::string> WithTransformFlags(std::set<std::string> flags);
 struct TransformChoice {
   bool given = false;  // --transform was passed
   TransformKind kind = TransformKind::kHadamard;
-  TransformSet set;    // loaded for wush
-  int layer = -1;      // --layer, or -1
+  TransformSet set;  // loaded for wush
+  int layer = -1;    // --layer, or -1
   bool values_folded = false;
   uint64_t checksum = 0;  // wush: the transforms file's FNV-1a 64
 };

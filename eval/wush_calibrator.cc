@@ -8,8 +8,12 @@
 namespace driftkv {
 
 WushCalibrator::WushCalibrator(int layers, int kv_heads, int q_heads, int head_dim)
-    : layers_(layers), kv_heads_(kv_heads), q_heads_(q_heads), head_dim_(head_dim),
-      has_wo_(layers, false), key_tokens_(layers, 0) {
+    : layers_(layers),
+      kv_heads_(kv_heads),
+      q_heads_(q_heads),
+      head_dim_(head_dim),
+      has_wo_(layers, false),
+      key_tokens_(layers, 0) {
   HeadStats empty{OuterSum(head_dim), OuterSum(head_dim), OuterSum(head_dim), OuterSum(head_dim)};
   stats_.assign(static_cast<size_t>(layers) * kv_heads, empty);
 }
@@ -104,16 +108,16 @@ absl::StatusOr<TransformSet> WushCalibrator::Build(double gamma) const {
       const HeadStats& s = stats_[static_cast<size_t>(l) * kv_heads_ + h];
       absl::StatusOr<WushTransform> k = BuildWushTransform(s.key_gram.sum(), s.key_hessian.sum(), d, gamma);
       if (!k.ok()) {
-        return absl::Status(k.status().code(), absl::StrCat("layer ", l, " kv head ", h, " keys: ",
-                                                            k.status().message()));
+        return absl::Status(k.status().code(),
+                            absl::StrCat("layer ", l, " kv head ", h, " keys: ", k.status().message()));
       }
       std::vector<double> identity(static_cast<size_t>(d) * d, 0.0);
       for (int i = 0; i < d; ++i) identity[i * d + i] = 1.0;
-      absl::StatusOr<WushTransform> v = BuildWushTransform(
-          s.value_gram.sum(), has_wo_[l] ? s.value_hessian.sum() : identity, d, gamma);
+      absl::StatusOr<WushTransform> v =
+          BuildWushTransform(s.value_gram.sum(), has_wo_[l] ? s.value_hessian.sum() : identity, d, gamma);
       if (!v.ok()) {
-        return absl::Status(v.status().code(), absl::StrCat("layer ", l, " kv head ", h, " values: ",
-                                                            v.status().message()));
+        return absl::Status(v.status().code(),
+                            absl::StrCat("layer ", l, " kv head ", h, " values: ", v.status().message()));
       }
       const std::vector<double>* src[4] = {&k->t, &k->inv, &v->t, &v->inv};
       for (int m = 0; m < 4; ++m) {

@@ -31,8 +31,8 @@ class WushCalibrator {
 
   // keys, values: [tokens][kv_heads][head_dim]; queries: [query_tokens]
   // [q_heads][head_dim] (null when query_tokens == 0). Adds to `layer`.
-  absl::Status AddLayer(int layer, const float* keys, const float* values, int64_t tokens,
-                        const float* queries, int64_t query_tokens);
+  absl::Status AddLayer(int layer, const float* keys, const float* values, int64_t tokens, const float* queries,
+                        int64_t query_tokens);
 
   // o_proj of `layer`, [hidden][q_heads * head_dim] (y = W o). Without it
   // the value Hessian of the layer is the identity.

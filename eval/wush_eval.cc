@@ -19,7 +19,9 @@ void AblationErrors::Add(const AblationErrors& o) {
   values += o.values;
 }
 
-double AblationErrors::attention(int m) const { return attn_den[m] > 0 ? std::sqrt(attn_num[m] / attn_den[m]) : 0; }
+double AblationErrors::attention(int m) const {
+  return attn_den[m] > 0 ? std::sqrt(attn_num[m] / attn_den[m]) : 0;
+}
 double AblationErrors::module(int m) const {
   return module_den[m] > 0 ? std::sqrt(module_num[m] / module_den[m]) : 0;
 }
@@ -81,8 +83,8 @@ absl::Status MeasureAblation(const KvCodec& codec, const AblationInput& in, cons
   acc->values += static_cast<int64_t>(size);
   const int64_t width = static_cast<int64_t>(in.q_heads) * in.head_dim;
   for (int mode = 0; mode < kModes; ++mode) {
-    const std::vector<float> o = AttentionOutputs(in, mode == kValuesOnly ? in.keys : khat.data(),
-                                                  mode == kKeysOnly ? in.values : vhat.data());
+    const std::vector<float> o =
+        AttentionOutputs(in, mode == kValuesOnly ? in.keys : khat.data(), mode == kKeysOnly ? in.values : vhat.data());
     for (size_t j = 0; j < o.size(); ++j) {
       const double e = static_cast<double>(reference[j]) - o[j];
       acc->attn_num[mode] += e * e;

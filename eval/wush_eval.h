@@ -24,13 +24,13 @@
 namespace driftkv {
 
 struct AblationInput {
-  const float* keys = nullptr;     // [tokens][kv_heads][head_dim]
+  const float* keys = nullptr;  // [tokens][kv_heads][head_dim]
   const float* values = nullptr;
   int64_t tokens = 0;
   const float* queries = nullptr;  // [query_tokens][q_heads][head_dim], query i at tokens - query_tokens + i
   int64_t query_tokens = 0;
   int kv_heads = 0, q_heads = 0, head_dim = 0;
-  const float* wo = nullptr;       // [hidden][q_heads * head_dim] or null
+  const float* wo = nullptr;  // [hidden][q_heads * head_dim] or null
   int64_t hidden = 0;
 };
 

@@ -48,7 +48,7 @@ class ScriptedStream : public FrameStream {
  private:
   const std::vector<v1::AttendFrame> frames_;
   const int fail_from_;
-  size_t next_ = 0;  // the reader thread's only
+  size_t next_ = 0;                             // the reader thread's only
   std::vector<v1::AttendFrameResult> written_;  // the serving thread's only
   std::atomic<bool> gone_{false};
 };
@@ -79,8 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ScriptedStream stream(std::move(frames), fail_from);
   std::atomic<int64_t> ticks{0};
   const absl::Time start = absl::FromUnixSeconds(1700000000);
-  const absl::Status st = ServeAttendStream(&stream, fuzz::FuzzAttend, "",
-                                            [&] { return start + absl::Microseconds(50 * ticks++); });
+  const absl::Status st =
+      ServeAttendStream(&stream, fuzz::FuzzAttend, "", [&] { return start + absl::Microseconds(50 * ticks++); });
   if (!st.ok() && st.code() != absl::StatusCode::kCancelled) __builtin_trap();
   const std::vector<v1::AttendFrameResult>& out = stream.written();
   if (out.size() > expected.size()) __builtin_trap();

@@ -16,7 +16,8 @@ using namespace driftkv;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const DQuantCodec& codec = fuzz::SmallCodec();
   static std::unique_ptr<PagePool> pool = [&] {
-    absl::StatusOr<std::unique_ptr<PagePool>> p = PagePool::Create(codec.page_layout(), 2 * codec.page_layout().page_bytes);
+    absl::StatusOr<std::unique_ptr<PagePool>> p =
+        PagePool::Create(codec.page_layout(), 2 * codec.page_layout().page_bytes);
     if (!p.ok()) std::abort();
     return *std::move(p);
   }();

@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -28,7 +28,9 @@ void Put(const std::string& dir, const std::string& name, const std::string& byt
   mkdir(dir.c_str(), 0755);
   std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
 }
-std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::string Bytes(const std::vector<uint8_t>& v) {
+  return std::string(v.begin(), v.end());
+}
 
 }  // namespace
 
@@ -47,8 +49,9 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> cold(l.page_bytes);
   CodecScratch scratch;
   StreamStats ks, vs;
-  if (!codec.EncodeWindow(k.data(), v.data(), p, cold.data(), cold.data() + l.value_offset,
-                          cold.data() + l.mean_offset, &scratch, &ks, &vs)
+  if (!codec
+           .EncodeWindow(k.data(), v.data(), p, cold.data(), cold.data() + l.value_offset, cold.data() + l.mean_offset,
+                         &scratch, &ks, &vs)
            .ok()) {
     return 1;
   }
@@ -63,7 +66,10 @@ int main(int argc, char** argv) {
   hot_seed[0] = static_cast<char>(p - 1);  // the first byte also picks the token count: all of them
   Put(out + "/fuzz_level_page", "promoted_page", hot_seed);
   // rANS: levels, n, capacity, frequencies, payload bytes.
-  Put(out + "/fuzz_rans", "eight_levels", std::string("\x06\x3f\x20\x05\x0a\x0f\x03\x01\x02\x04\x08" "ABCDEFGHIJKLMNOPQRSTUVWXYZ", 37));
+  Put(out + "/fuzz_rans", "eight_levels",
+      std::string("\x06\x3f\x20\x05\x0a\x0f\x03\x01\x02\x04\x08"
+                  "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                  37));
   Put(out + "/fuzz_rans", "two_levels", std::string("\x00\x7f\x7c\x00\x00\x01\x02\x03\x04", 9));
   // Transforms: an identity set of 1 layer x 1 head x 16.
   TransformSet t;

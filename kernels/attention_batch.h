@@ -79,7 +79,7 @@ struct AttentionBatch {
   // the window, which is in the model domain, with the query as given.
   const float* transforms_dev = nullptr;  // device form, [layers][kv_heads][4][D][D] f32
   int transform_layers = 0;
-  const int32_t* layer_dev = nullptr;     // [items], each in [0, transform_layers)
+  const int32_t* layer_dev = nullptr;  // [items], each in [0, transform_layers)
   bool values_folded = false;
 };
 

@@ -101,8 +101,8 @@ TEST(DQuantAttentionGpu, Gqa16x8Dim128AndGqa8x4Dim128) {
 
 // Items [first, first + count) of a batch through the fused kernel with the
 // launcher's own split choice; returns out and lse.
-void RunDQuantItems(const DQuantCodec& codec, const HostDQuantBatch& b, const DeviceBuffer& pool, int first,
-                    int count, std::vector<float>* h_out, std::vector<float>* h_lse) {
+void RunDQuantItems(const DQuantCodec& codec, const HostDQuantBatch& b, const DeviceBuffer& pool, int first, int count,
+                    std::vector<float>* h_out, std::vector<float>* h_lse) {
   std::vector<uint32_t> tables(512);
   PackDecodeTable(codec.key_codec().table(), tables.data());
   PackDecodeTable(codec.value_codec().table(), tables.data() + 256);
@@ -162,7 +162,8 @@ void RunBf16Case(int kv_heads, int d, int q_heads, const std::vector<int>& token
   DeviceBuffer pool, pt, ps, tok, q, out, lse, ws;
   ASSERT_TRUE(pool.Upload(b.pool) && pt.Upload(b.page_table) && ps.Upload(b.page_start) && tok.Upload(b.tokens) &&
               q.Upload(b.query));
-  ASSERT_TRUE(out.Resize(static_cast<size_t>(items) * q_heads * d * 4) && lse.Resize(static_cast<size_t>(items) * q_heads * 4));
+  ASSERT_TRUE(out.Resize(static_cast<size_t>(items) * q_heads * d * 4) &&
+              lse.Resize(static_cast<size_t>(items) * q_heads * 4));
   ASSERT_TRUE(ws.Resize(AttentionWorkspaceBytes(items, q_heads, d, b.max_pages)));
   cudaMemset(out.get<void>(), 0xff, out.bytes());
   cudaMemset(lse.get<void>(), 0xff, lse.bytes());
@@ -188,9 +189,9 @@ void RunBf16Case(int kv_heads, int d, int q_heads, const std::vector<int>& token
   std::vector<float> h_out, h_lse;
   ASSERT_TRUE(out.Download(&h_out) && lse.Download(&h_lse));
   for (int i = 0; i < items; ++i) {
-    CheckItem(h_out.data() + static_cast<size_t>(i) * q_heads * d, h_lse[static_cast<size_t>(i) * q_heads], b.ref_keys[i],
-              b.ref_values[i], b.tokens[i], kv_heads, d, b.query.data() + static_cast<size_t>(i) * q_heads * d, q_heads,
-              p.softmax_scale, "bf16", i);
+    CheckItem(h_out.data() + static_cast<size_t>(i) * q_heads * d, h_lse[static_cast<size_t>(i) * q_heads],
+              b.ref_keys[i], b.ref_values[i], b.tokens[i], kv_heads, d,
+              b.query.data() + static_cast<size_t>(i) * q_heads * d, q_heads, p.softmax_scale, "bf16", i);
   }
 }
 

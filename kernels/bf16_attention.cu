@@ -29,9 +29,13 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 template <int D>
 constexpr size_t SmemBytes() {
@@ -42,8 +46,8 @@ template <int D, int G>
 __global__ void __launch_bounds__(kThreads) Bf16AttentionKernel(KernelArgs args) {
   const Bf16AttentionParams& p = args.p;
   constexpr int kRow = D + kPad;
-  constexpr int kHpt = G / 2;               // heads per thread in the score pass
-  constexpr int kDpt = D * G / kThreads;    // channels per thread in the value pass
+  constexpr int kHpt = G / 2;             // heads per thread in the score pass
+  constexpr int kDpt = D * G / kThreads;  // channels per thread in the value pass
   extern __shared__ uint4 smem_raw[];
   uint16_t* kbuf = reinterpret_cast<uint16_t*>(smem_raw);  // [2][kTile][kRow]
   uint16_t* vbuf = kbuf + 2 * kTile * kRow;
@@ -179,7 +183,8 @@ __global__ void __launch_bounds__(kThreads) Bf16AttentionKernel(KernelArgs args)
 absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stream) {
   if (p.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", p.items, " < 1"));
   if (p.kv_heads < 1 || p.q_heads % p.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", p.q_heads, " is not a multiple of kv_heads ", p.kv_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_heads ", p.q_heads, " is not a multiple of kv_heads ", p.kv_heads));
   }
   // About four waves of blocks (one per item, KV head and split), at least
   // two pages per split.
@@ -194,8 +199,7 @@ absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stre
   const int group = p.q_heads / p.kv_heads;
   absl::Status st = DispatchHeadDimGroup(p.head_dim, group, "bf16", [&](auto d, auto g) {
     constexpr int kD = decltype(d)::value, kG = decltype(g)::value;
-    return LaunchKernel(Bf16AttentionKernel<kD, kG>, grid, kThreads, SmemBytes<kD>(), stream, "bf16 attention",
-                        args);
+    return LaunchKernel(Bf16AttentionKernel<kD, kG>, grid, kThreads, SmemBytes<kD>(), stream, "bf16 attention", args);
   });
   if (!st.ok()) return st;
   return LaunchMerge(MergeFor(args.part, args.ws, p.kv_heads, p.query_dev, p.softmax_scale, p.out_dev, p.lse_dev),

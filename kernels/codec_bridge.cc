@@ -15,8 +15,7 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
   for (int z = 0; z < 256; ++z) {
     const DecodeEntry e = table.decode[z];
     const uint32_t m = EntrySymbol(e);
-    out[z] = EntryFreq(e) | (EntryBias(e) << 8) |
-             (static_cast<uint32_t>(FloatToHalf(static_cast<float>(m))) << 16);
+    out[z] = EntryFreq(e) | (EntryBias(e) << 8) | (static_cast<uint32_t>(FloatToHalf(static_cast<float>(m))) << 16);
   }
 }
 

@@ -23,8 +23,7 @@ constexpr float kNegInf = -__builtin_huge_valf();
 //   b0 = B[2t..2t+1][g]  b1 = B[2t+8..2t+9][g]
 //   d0,d1 = D[g][2t..2t+1]  d2,d3 = D[g+8][2t..2t+1]
 // The lower 16 bits of a register hold the element with the lower k index.
-__device__ __forceinline__ void Mma16816(float d[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
+__device__ __forceinline__ void Mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -128,12 +127,8 @@ struct PartialLayout {
   __host__ __device__ size_t ml_index(int item, int split, int h) const {
     return (static_cast<size_t>(item) * splits + split) * q_heads + h;
   }
-  __host__ __device__ size_t acc_index(int item, int split, int h) const {
-    return ml_index(item, split, h) * head_dim;
-  }
-  __host__ __device__ size_t count() const {
-    return static_cast<size_t>(items) * splits * q_heads;
-  }
+  __host__ __device__ size_t acc_index(int item, int split, int h) const { return ml_index(item, split, h) * head_dim; }
+  __host__ __device__ size_t count() const { return static_cast<size_t>(items) * splits * q_heads; }
 };
 
 struct MergeParams {

@@ -40,11 +40,11 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunkPages = 4;
 constexpr int kChunkTokens = kChunkPages * kPageTokens;  // 512, 2 per thread
 constexpr int kWarpTokens = 64;
-constexpr int kSlab = 32;             // channels decoded between two MMA rounds
-constexpr int kKeyRowWords = 20;      // 16 words of fp16 pairs + 4 pad: ldmatrix conflict-free
-constexpr int kValRowWords = 36;      // 32 words (64 tokens) + 4 pad
-constexpr int kStageWords = 1280;     // max(64 * 20, 32 * 36)
-constexpr int kRingBlocks = 4;        // 16-byte blocks per token in the ring
+constexpr int kSlab = 32;          // channels decoded between two MMA rounds
+constexpr int kKeyRowWords = 20;   // 16 words of fp16 pairs + 4 pad: ldmatrix conflict-free
+constexpr int kValRowWords = 36;   // 32 words (64 tokens) + 4 pad
+constexpr int kStageWords = 1280;  // max(64 * 20, 32 * 36)
+constexpr int kRingBlocks = 4;     // 16-byte blocks per token in the ring
 constexpr int kRingWords = 4 * kRingBlocks;
 constexpr int kMaxQHeads = 32;
 constexpr int kMaxN = 1024;
@@ -58,8 +58,8 @@ constexpr uint32_t kSelBase = 0x2104;  // byte_perm selector: (x << 8) | win.byt
 constexpr int kTableRowWords = 64;
 constexpr int kTableWords = 256 * kTableRowWords;
 constexpr int kOffTable = 0;
-constexpr int kGapAcc = 0;              // gap index of the accumulator (4096 words)
-constexpr int kGapQFrag = 128 * 32;     // gap index of the query fragments (4096 words)
+constexpr int kGapAcc = 0;           // gap index of the accumulator (4096 words)
+constexpr int kGapQFrag = 128 * 32;  // gap index of the query fragments (4096 words)
 constexpr int kOffStage = kOffTable + kTableWords;
 constexpr int kOffRing = kOffStage + kWarps * kStageWords;
 constexpr int kOffScore = kOffRing + kWarps * kRingWords * kWarpTokens;
@@ -76,7 +76,9 @@ static_assert(kMaxQHeads * 128 <= 128 * 32 && (kMaxN / 16) * 32 * 2 <= 128 * 32,
 
 // Word of gap index i (i < 8192): row i / 32, word 32 + i % 32. Pairs (2k, 2k + 1)
 // stay adjacent, so 8-byte accesses keep working.
-__device__ __forceinline__ int Gap(int i) { return ((i >> 5) << 6) + 32 + (i & 31); }
+__device__ __forceinline__ int Gap(int i) {
+  return ((i >> 5) << 6) + 32 + (i & 31);
+}
 
 // A float or word array stored in the table's gaps.
 template <typename T>
@@ -176,9 +178,8 @@ __device__ __forceinline__ uint32_t Step(uint32_t& x, uint32_t win, uint32_t& se
 }
 
 // Decodes 4 symbols of each of A and B.
-__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, uint32_t slot4_a,
-                                        uint32_t slot4_b, const uint32_t* table, uint32_t lane4,
-                                        uint32_t ea[4], uint32_t eb[4]) {
+__device__ __forceinline__ void Decode4(Tok& a, Tok& b, const uint32_t* ring, uint32_t slot4_a, uint32_t slot4_b,
+                                        const uint32_t* table, uint32_t lane4, uint32_t ea[4], uint32_t eb[4]) {
   const uint32_t wa = TokWindow(a, ring, slot4_a), wb = TokWindow(b, ring, slot4_b);
   uint32_t sa = kSelBase, sb = kSelBase;
 #pragma unroll
@@ -210,7 +211,9 @@ __device__ __forceinline__ float QValue(const GapArray<uint32_t>& qfrag, int h, 
 // Chunks (of 4 pages) per split of an item with `chunks` chunks: one chunk a
 // split up to 128 chunks (64K tokens), then at most 128 splits, so that one
 // long sequence still fills the GPU; a function of the item alone.
-__host__ __device__ inline int DQuantChunksPerSplit(int chunks) { return chunks <= 128 ? 1 : (chunks + 127) / 128; }
+__host__ __device__ inline int DQuantChunksPerSplit(int chunks) {
+  return chunks <= 128 ? 1 : (chunks + 127) / 128;
+}
 
 struct KernelArgs {
   DQuantAttentionParams p;
@@ -227,15 +230,14 @@ struct Shared {
   GapArray<uint32_t> qfrag;
   float *ks, *ko, *vs, *vo;  // [kChunkTokens] key and value scale and offset of each token
   float* qsum;
-  float* qmu;                // [kChunkPages][kMaxQHeads]
+  float* qmu;                 // [kChunkPages][kMaxQHeads]
   float *mrun, *lrun, *orun;  // [kMaxQHeads] running max, denominator, sum of w_t o_t
   uint8_t* valid;
   float* red;
 };
 
 __device__ __forceinline__ Shared CarveShared(uint32_t* smem) {
-  Shared s{smem + kOffTable,
-           reinterpret_cast<float*>(smem + kOffScore),
+  Shared s{smem + kOffTable, reinterpret_cast<float*>(smem + kOffScore),
            GapArray<float>{reinterpret_cast<float*>(smem + kOffTable), kGapAcc},
            GapArray<uint32_t>{smem + kOffTable, kGapQFrag}};
   s.ks = reinterpret_cast<float*>(smem + kOffTok);
@@ -314,9 +316,7 @@ __device__ __forceinline__ ChunkTokens StartChunk(const DQuantAttentionParams& p
     const int k_ok = first_page + k < pages ? k : 0;
     return p.pool_dev + static_cast<size_t>(pt[k_ok]) * p.layout.page_bytes;
   };
-  auto token_valid = [&](int k) {
-    return first_page + k < pages && (first_page + k) * kPageTokens + idx < tokens;
-  };
+  auto token_valid = [&](int k) { return first_page + k < pages && (first_page + k) * kPageTokens + idx < tokens; };
   const int kA = tid >> 7, kB = 2 + (tid >> 7);
   ChunkTokens c;
   c.va = token_valid(kA);
@@ -371,9 +371,9 @@ __device__ __forceinline__ void LoadValueHeaders(const PageLayout& lay, const Ch
 // write scale * (s_t * dot + o_t * sum q' + q' . mu) (or -inf for absent
 // tokens) to score[head][token] ----
 template <int D, int G>
-__device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c, int kv_heads, float scale,
-                                          int warp, int lane, int ta, int tb, uint32_t lane4, const Shared& s,
-                                          uint32_t* stage, uint32_t* ring) {
+__device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c, int kv_heads, float scale, int warp,
+                                          int lane, int ta, int tb, uint32_t lane4, const Shared& s, uint32_t* stage,
+                                          uint32_t* ring) {
   const int slot_a = lane, slot_b = 32 + lane;
   const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
   const uint32_t ha = TokStart(c.a, ring, slot_a, c.ia * lay.key_stride);
@@ -392,10 +392,10 @@ __device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c,
         uint32_t e0[4], e1[4], f0[4], f1[4];
         Decode4(c.a, c.b, ring, slot4_a, slot4_b, s.table, lane4, e0, f0);
         Decode4(c.a, c.b, ring, slot4_a, slot4_b, s.table, lane4, e1, f1);
-        const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]),
-                                    PackLevels(e1[0], e1[1]), PackLevels(e1[2], e1[3]));
-        const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]),
-                                    PackLevels(f1[0], f1[1]), PackLevels(f1[2], f1[3]));
+        const uint4 wa = make_uint4(PackLevels(e0[0], e0[1]), PackLevels(e0[2], e0[3]), PackLevels(e1[0], e1[1]),
+                                    PackLevels(e1[2], e1[3]));
+        const uint4 wb = make_uint4(PackLevels(f0[0], f0[1]), PackLevels(f0[2], f0[3]), PackLevels(f1[0], f1[1]),
+                                    PackLevels(f1[2], f1[3]));
         *reinterpret_cast<uint4*>(stage + slot_a * kKeyRowWords + q8 * 4) = wa;
         *reinterpret_cast<uint4*>(stage + slot_b * kKeyRowWords + q8 * 4) = wb;
       }
@@ -561,7 +561,8 @@ __device__ __forceinline__ void WritePartialState(const KernelArgs& args, int it
       args.ws.m[mi] = s.mrun[h];
       args.ws.l[mi] = s.lrun[h];
     }
-    for (int d = lane; d < D; d += 32) args.ws.acc[args.part.acc_index(item, split, h) + d] = s.acc[h * D + d] + s.orun[h];
+    for (int d = lane; d < D; d += 32)
+      args.ws.acc[args.part.acc_index(item, split, h) + d] = s.acc[h * D + d] + s.orun[h];
   }
 }
 
@@ -625,11 +626,12 @@ absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t 
   const PageLayout& l = p.layout;
   if (b.items < 1) return absl::InvalidArgumentError(absl::StrCat("items ", b.items, " < 1"));
   if (l.kv_heads < 1 || b.q_heads % l.kv_heads != 0 || b.q_heads > kMaxQHeads) {
-    return absl::InvalidArgumentError(absl::StrCat("q_heads ", b.q_heads, " / kv_heads ", l.kv_heads,
-                                                   ": need a multiple, at most ", kMaxQHeads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_heads ", b.q_heads, " / kv_heads ", l.kv_heads, ": need a multiple, at most ", kMaxQHeads));
   }
   if (l.n() > kMaxN) return absl::InvalidArgumentError(absl::StrCat("kv_heads * head_dim = ", l.n(), " > ", kMaxN));
-  if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty()) return absl::InvalidArgumentError(error);
+  if (const std::string error = GpuPageLayoutError(l, PageUse::kAttend); !error.empty())
+    return absl::InvalidArgumentError(error);
   if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
   // Chunks of kChunkPages pages per item.
   const int chunks = std::max(1, (b.max_pages + kChunkPages - 1) / kChunkPages);

@@ -26,7 +26,9 @@ constexpr int kMeanThreads = 256;
 // codec/format_constants.h and kHalfMax from wire/half.h, the CPU codec's
 // own definitions.
 
-__device__ __forceinline__ float RoundToHalfDev(float f) { return __half2float(__float2half_rn(f)); }
+__device__ __forceinline__ float RoundToHalfDev(float f) {
+  return __half2float(__float2half_rn(f));
+}
 
 __device__ double WarpSumD(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -114,8 +116,8 @@ __device__ int NearestLevelDev(float u, int levels) {
 }
 
 // codec/drift.cc Drift, one warp; returns the assignment's ideal cost.
-__device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, double budget, uint8_t* sym,
-                           Asg* a, int lane) {
+__device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, double budget, uint8_t* sym, Asg* a,
+                           int lane) {
   Build(al.cost_bits, al.levels, 0.0, a, lane);
   const double nearest_cost = AssignCost(u, n, a, nullptr, lane);
   if (nearest_cost <= budget) return AssignCost(u, n, a, sym, lane);
@@ -146,7 +148,8 @@ __device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, doub
     if (lane == 0) BuildAssignmentDev(masked, al.levels, 1.0, a);
     __syncwarp();
     // icost must be the real costs for the returned total.
-    if (lane == 0) for (int j = 0; j < a->count; ++j) a->icost[j] = al.cost_bits[a->level[j]];
+    if (lane == 0)
+      for (int j = 0; j < a->count; ++j) a->icost[j] = al.cost_bits[a->level[j]];
     __syncwarp();
     return AssignCost(u, n, a, sym, lane);
   }
@@ -154,7 +157,10 @@ __device__ double DriftDev(const float* u, int n, const EncodeAlphabet& al, doub
     const double mu = 0.5 * (lo + hi);
     Build(al.cost_bits, al.levels, exp2(mu), a, lane);
     const double c = AssignCost(u, n, a, nullptr, lane);
-    if (c <= budget) hi = mu; else lo = mu;
+    if (c <= budget)
+      hi = mu;
+    else
+      lo = mu;
   }
   Build(al.cost_bits, al.levels, exp2(hi), a, lane);
   return AssignCost(u, n, a, sym, lane);
@@ -274,7 +280,8 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
       o = lo;
     }
     scale = RoundToHalfDev(static_cast<float>(fmin(sc, static_cast<double>(kHalfMax))));
-    offset = RoundToHalfDev(static_cast<float>(fmax(fmin(o, static_cast<double>(kHalfMax)), -static_cast<double>(kHalfMax))));
+    offset = RoundToHalfDev(
+        static_cast<float>(fmax(fmin(o, static_cast<double>(kHalfMax)), -static_cast<double>(kHalfMax))));
   }
   int used = 0;
   bool done = false;
@@ -320,7 +327,8 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
     int moved = 0, max_move = 0;
     for (int i = lane; i < n; i += 32) {
       const float u = s.u[i];
-      const int nearest = !(u > 0.5f) ? 0 : (u >= static_cast<float>(levels - 1) ? levels - 1 : static_cast<int>(ceilf(u - 0.5f)));
+      const int nearest =
+          !(u > 0.5f) ? 0 : (u >= static_cast<float>(levels - 1) ? levels - 1 : static_cast<int>(ceilf(u - 0.5f)));
       const int d = abs(static_cast<int>(s.sym[i]) - nearest);
       moved += d != 0;
       max_move = max(max_move, d);
@@ -361,11 +369,16 @@ __global__ void __launch_bounds__(kEncThreads) EncodeKernel(EncodeParams p) {
   const uint8_t* bytes = s.scratch + n + 4 - used;
   for (int i = lane; i < stride; i += 32) {
     uint8_t v = 0;
-    if (i == 0) v = __half_as_ushort(__float2half_rn(scale)) & 0xff;
-    else if (i == 1) v = __half_as_ushort(__float2half_rn(scale)) >> 8;
-    else if (i == 2) v = __half_as_ushort(__float2half_rn(offset)) & 0xff;
-    else if (i == 3) v = __half_as_ushort(__float2half_rn(offset)) >> 8;
-    else if (i - 4 < used && i - 4 < C) v = bytes[i - 4];
+    if (i == 0)
+      v = __half_as_ushort(__float2half_rn(scale)) & 0xff;
+    else if (i == 1)
+      v = __half_as_ushort(__float2half_rn(scale)) >> 8;
+    else if (i == 2)
+      v = __half_as_ushort(__float2half_rn(offset)) & 0xff;
+    else if (i == 3)
+      v = __half_as_ushort(__float2half_rn(offset)) >> 8;
+    else if (i - 4 < used && i - 4 < C)
+      v = bytes[i - 4];
     record[i] = v;
   }
   if (p.stats_dev != nullptr && lane == 0) p.stats_dev[stream] = st;
@@ -469,7 +482,8 @@ absl::Status LaunchDecodeRecords(const DecodeRecordsParams& p, cudaStream_t stre
 absl::Status LaunchEncode(const EncodeParams& p, cudaStream_t stream) {
   const int n = p.layout.n();
   if (n < 32 || n > kMaxN || n % 32 != 0 || p.layout.head_dim < 2) {
-    return absl::InvalidArgumentError(absl::StrCat("stream length ", n, " unsupported by the GPU encoder (32..1024, multiple of 32)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream length ", n, " unsupported by the GPU encoder (32..1024, multiple of 32)"));
   }
   if (const std::string error = GpuPageLayoutError(p.layout, PageUse::kEncode); !error.empty()) {
     return absl::InvalidArgumentError(error);

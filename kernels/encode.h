@@ -10,8 +10,8 @@
 // grid, rANS (lane 0; the byte order of codec/rans.h), and the same retries
 // and cheapest-level fallbacks as StreamCodec::EncodeFitting, so every stream
 // fits its container; then the alphabet's final grid refit (codec/
-// final_grid.h), which changes only the record's scale and offset. Records decode with the CPU codec and the GPU decoder
-// alike (the format is the decoder's).
+// final_grid.h), which changes only the record's scale and offset. Records decode with the CPU codec and the GPU
+// decoder alike (the format is the decoder's).
 #ifndef DRIFTKV_KERNELS_ENCODE_H_
 #define DRIFTKV_KERNELS_ENCODE_H_
 
@@ -25,7 +25,6 @@
 
 namespace driftkv {
 namespace gpu {
-
 
 // One alphabet as the encoder needs it (host-built by MakeEncodeAlphabets
 // of kernels/codec_bridge.h, passed by value).
@@ -43,20 +42,20 @@ struct EncodeAlphabet {
 
 // Per-stream outcome, [tokens][2] (keys, values), optional.
 struct EncodeStreamStats {
-  int32_t bytes_used;   // rANS bytes including the state
-  int16_t retries;      // re-solves after a real length over C
-  int8_t fallback;      // 1: cheapest-level fallback, 2: one-symbol stream
-  int8_t error;         // 1: a value not finite or beyond the fp16 range
-  int16_t moved;        // symbols differing from nearest rounding (codec/stream_codec.h StreamStats)
-  int8_t max_move;      // largest |m - nearest| in levels
-  int8_t constant;      // 1: max == min (or the grid underflowed fp16): scale 0
+  int32_t bytes_used;  // rANS bytes including the state
+  int16_t retries;     // re-solves after a real length over C
+  int8_t fallback;     // 1: cheapest-level fallback, 2: one-symbol stream
+  int8_t error;        // 1: a value not finite or beyond the fp16 range
+  int16_t moved;       // symbols differing from nearest rounding (codec/stream_codec.h StreamStats)
+  int8_t max_move;     // largest |m - nearest| in levels
+  int8_t constant;     // 1: max == min (or the grid underflowed fp16): scale 0
 };
 
 struct EncodeParams {
   PageLayout layout;
   EncodeAlphabet keys;
   EncodeAlphabet values;
-  const float* keys_dev = nullptr;     // [tokens][kv_heads][head_dim], model domain
+  const float* keys_dev = nullptr;  // [tokens][kv_heads][head_dim], model domain
   const float* values_dev = nullptr;
   // false: no Hadamard rotation (a codec built with rotation "identity",
   // e.g. behind the WUSH transform of kernels/transform.h, which the caller

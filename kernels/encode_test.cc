@@ -36,13 +36,15 @@ void Nmse(const DQuantCodec& codec, const PageLayout& lay, const std::vector<uin
   for (int t = 0; t < tokens; ++t) {
     const uint8_t* page = pool.data() + static_cast<size_t>(t / kPageTokens) * lay.page_bytes;
     const int slot = t % kPageTokens;
-    ASSERT_TRUE(codec.DecodeKey(page + slot * lay.key_stride, page + lay.mean_offset, out.data(), &scratch).ok()) << "key " << t;
+    ASSERT_TRUE(codec.DecodeKey(page + slot * lay.key_stride, page + lay.mean_offset, out.data(), &scratch).ok())
+        << "key " << t;
     for (int j = 0; j < n; ++j) {
       const double x = keys[static_cast<size_t>(t) * n + j];
       ek += (out[j] - x) * (out[j] - x);
       sk += x * x;
     }
-    ASSERT_TRUE(codec.DecodeValue(page + lay.value_offset + slot * lay.value_stride, out.data(), &scratch).ok()) << "value " << t;
+    ASSERT_TRUE(codec.DecodeValue(page + lay.value_offset + slot * lay.value_stride, out.data(), &scratch).ok())
+        << "value " << t;
     for (int j = 0; j < n; ++j) {
       const double x = values[static_cast<size_t>(t) * n + j];
       ev += (out[j] - x) * (out[j] - x);
@@ -53,8 +55,7 @@ void Nmse(const DQuantCodec& codec, const PageLayout& lay, const std::vector<uin
   *nv = ev / sv;
 }
 
-void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
-                   Refit value_refit = kDefaultValueRefit) {
+void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed, Refit value_refit = kDefaultValueRefit) {
   DQuantConfig cfg;
   cfg.kv_heads = kv_heads;
   cfg.head_dim = head_dim;
@@ -78,9 +79,11 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
     uint8_t* page = cpu_pool.data() + static_cast<size_t>(w) * lay.page_bytes;
     StreamStats& ks = cpu_stats[0];
     StreamStats& vs = cpu_stats[1];
-    ASSERT_TRUE(codec->EncodeWindow(keys.data() + static_cast<size_t>(w) * kPageTokens * n,
-                                    values.data() + static_cast<size_t>(w) * kPageTokens * n, count, page,
-                                    page + lay.value_offset, page + lay.mean_offset, &scratch, &ks, &vs).ok());
+    ASSERT_TRUE(codec
+                    ->EncodeWindow(keys.data() + static_cast<size_t>(w) * kPageTokens * n,
+                                   values.data() + static_cast<size_t>(w) * kPageTokens * n, count, page,
+                                   page + lay.value_offset, page + lay.mean_offset, &scratch, &ks, &vs)
+                    .ok());
   }
 
   std::vector<int32_t> page_ids(pages);
@@ -101,7 +104,9 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
   std::vector<uint8_t> gpu_pool;
   ASSERT_TRUE(dpool.Download(&gpu_pool));
   std::vector<EncodeStreamStats> stats(2 * tokens);
-  ASSERT_EQ(cudaMemcpy(stats.data(), dstats.get<void>(), stats.size() * sizeof(EncodeStreamStats), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(stats.data(), dstats.get<void>(), stats.size() * sizeof(EncodeStreamStats), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   int64_t moved[2] = {0, 0}, constant[2] = {0, 0};
   int max_move[2] = {0, 0};
   for (int s = 0; s < 2 * tokens; ++s) {
@@ -130,15 +135,17 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
     const int slot = t % kPageTokens;
     differing += std::memcmp(gpu_pool.data() + page + slot * lay.key_stride,
                              cpu_pool.data() + page + slot * lay.key_stride, lay.key_stride) != 0;
-    differing += std::memcmp(gpu_pool.data() + page + lay.value_offset + slot * lay.value_stride,
-                             cpu_pool.data() + page + lay.value_offset + slot * lay.value_stride, lay.value_stride) != 0;
+    differing +=
+        std::memcmp(gpu_pool.data() + page + lay.value_offset + slot * lay.value_stride,
+                    cpu_pool.data() + page + lay.value_offset + slot * lay.value_stride, lay.value_stride) != 0;
   }
   EXPECT_EQ(differing, 0) << "records differing from the CPU encoder's, of " << 2 * tokens;
 
   // Mean records equal the CPU's.
   for (int w = 0; w < pages; ++w) {
     const size_t off = static_cast<size_t>(w) * lay.page_bytes + lay.mean_offset;
-    EXPECT_EQ(0, std::memcmp(gpu_pool.data() + off, cpu_pool.data() + off, lay.mean_stride)) << "mean record of window " << w;
+    EXPECT_EQ(0, std::memcmp(gpu_pool.data() + off, cpu_pool.data() + off, lay.mean_stride))
+        << "mean record of window " << w;
   }
 
   // Cross-decoding: GPU decoder on both pools vs the CPU decoder.
@@ -173,8 +180,10 @@ void RunEncodeCase(int kv_heads, int head_dim, int tokens, uint64_t seed,
       DQuantCodec::LoadMean(page + lay.mean_offset, n, mu.data());
       for (int kind = 0; kind < 2; ++kind) {
         const StreamCodec& sc = kind == 0 ? codec->key_codec() : codec->value_codec();
-        const uint8_t* rec = kind == 0 ? page + slot * lay.key_stride : page + lay.value_offset + slot * lay.value_stride;
-        ASSERT_TRUE(sc.Decode(rec, cpu.data()).ok()) << (which == 0 ? "GPU" : "CPU") << " record of token " << t << " kind " << kind;
+        const uint8_t* rec =
+            kind == 0 ? page + slot * lay.key_stride : page + lay.value_offset + slot * lay.value_stride;
+        ASSERT_TRUE(sc.Decode(rec, cpu.data()).ok())
+            << (which == 0 ? "GPU" : "CPU") << " record of token " << t << " kind " << kind;
         ASSERT_EQ(gok[2 * t + kind], 1) << "GPU decoder rejects token " << t << " kind " << kind;
         // Trailing record bytes are zero (payload tail and padding).
         const int stride = kind == 0 ? lay.key_stride : lay.value_stride;
@@ -223,8 +232,11 @@ TEST(EncodeGpu, LoneOutlierPinsTheOriginLikeTheCpu) {
   std::vector<uint8_t> cpu_pool(lay.page_bytes, 0);
   CodecScratch scratch;
   StreamStats ks, vs;
-  ASSERT_TRUE(codec->EncodeWindow(keys.data(), values.data(), tokens, cpu_pool.data(), cpu_pool.data() + lay.value_offset,
-                                  cpu_pool.data() + lay.mean_offset, &scratch, &ks, &vs).ok());
+  ASSERT_TRUE(codec
+                  ->EncodeWindow(keys.data(), values.data(), tokens, cpu_pool.data(),
+                                 cpu_pool.data() + lay.value_offset, cpu_pool.data() + lay.mean_offset, &scratch, &ks,
+                                 &vs)
+                  .ok());
   std::vector<int32_t> ids = {0};
   DeviceBuffer dk, dv, dpages, dpool;
   ASSERT_TRUE(dk.Upload(keys) && dv.Upload(values) && dpages.Upload(ids) && dpool.Resize(lay.page_bytes));
@@ -239,7 +251,8 @@ TEST(EncodeGpu, LoneOutlierPinsTheOriginLikeTheCpu) {
   std::vector<uint8_t> gpu_pool;
   ASSERT_TRUE(dpool.Download(&gpu_pool));
   for (int t = 0; t < tokens; ++t) {
-    EXPECT_EQ(0, std::memcmp(gpu_pool.data() + t * lay.key_stride, cpu_pool.data() + t * lay.key_stride, lay.key_stride))
+    EXPECT_EQ(0,
+              std::memcmp(gpu_pool.data() + t * lay.key_stride, cpu_pool.data() + t * lay.key_stride, lay.key_stride))
         << "key record " << t;
     EXPECT_EQ(0, std::memcmp(gpu_pool.data() + lay.value_offset + t * lay.value_stride,
                              cpu_pool.data() + lay.value_offset + t * lay.value_stride, lay.value_stride))
@@ -302,7 +315,9 @@ TEST(EncodeGpu, ConstantStreamsFit) {
   CodecScratch scratch;
   std::vector<float> out(n);
   for (int t = 0; t < tokens; ++t) {
-    ASSERT_TRUE(codec->DecodeValue(pool.data() + ep.layout.value_offset + t * ep.layout.value_stride, out.data(), &scratch).ok());
+    ASSERT_TRUE(
+        codec->DecodeValue(pool.data() + ep.layout.value_offset + t * ep.layout.value_stride, out.data(), &scratch)
+            .ok());
     std::vector<float> want(n, -1.0f);
     HadamardHeads(want.data(), 8, 128);
     // Decoded values are model-domain: H(o) with o = fp16(rotated value).

@@ -52,8 +52,8 @@ absl::Status DispatchHeadDimGroup(int head_dim, int group, const char* what, Lau
     case 64 * 16 + 4: return launch(I64(), G4());
     case 64 * 16 + 2: return launch(I64(), G2());
     default:
-      return absl::InvalidArgumentError(absl::StrCat("no ", what, " kernel for head_dim ", head_dim,
-                                                     " and GQA group ", group, " (have 64/128 x 2/4)"));
+      return absl::InvalidArgumentError(absl::StrCat("no ", what, " kernel for head_dim ", head_dim, " and GQA group ",
+                                                     group, " (have 64/128 x 2/4)"));
   }
 }
 

@@ -53,13 +53,11 @@ __device__ __forceinline__ void MbarInit(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SmemAddr(bar)) : "memory");
 }
 __device__ __forceinline__ void MbarExpect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes)
-               : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          SmemAddr(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(SmemAddr(dst)),
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
 }
@@ -152,8 +150,9 @@ __global__ void DecodeSelfTestKernel(int* bad) {
       Triple(word, k == 0 ? 0x4240u : 0x4341u, d[0], d[1], d[2]);
       uint32_t plo = lo, phi = hi;
       for (int j = 0; j < 3; ++j, plo /= 6, phi /= 6) {
-        const uint32_t want = __half_as_ushort(__float2half_rn(static_cast<float>(plo % 6))) |
-                              (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(static_cast<float>(phi % 6)))) << 16);
+        const uint32_t want =
+            __half_as_ushort(__float2half_rn(static_cast<float>(plo % 6))) |
+            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(static_cast<float>(phi % 6)))) << 16);
         if (d[j] != want) atomicAdd(bad, 1);
       }
     }
@@ -212,7 +211,7 @@ __device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint
     const uint32_t word = Word(raw[w / 4], w % 4);
     Triple(word, 0x4240u, pr[6 * w], pr[6 * w + 1], pr[6 * w + 2]);
     if (2 * w + 1 < kTriples) Triple(word, 0x4341u, pr[6 * w + 3], pr[6 * w + 4], pr[6 * w + 5]);
-    // Fragments completed by this word.
+      // Fragments completed by this word.
 #pragma unroll
     for (int f = 0; f < kPairs / 4; ++f) {
       const int last = 4 * f + 3;
@@ -231,14 +230,14 @@ __device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint
 template <int G>
 struct LaneRoles {
   int g, t;
-  int hp;         // this lane's two heads (local): hp, hp + 1
-  bool owner;     // writes the final state
-  bool upper;     // owns rows g + 8 (else rows g) of the scores
-  bool active;    // lanes of unused columns (G = 2) sit out
-  int row;        // g or g + 8
-  int head_sel;   // B column g reads the weights of head g % G ...
+  int hp;             // this lane's two heads (local): hp, hp + 1
+  bool owner;         // writes the final state
+  bool upper;         // owns rows g + 8 (else rows g) of the scores
+  bool active;        // lanes of unused columns (G = 2) sit out
+  int row;            // g or g + 8
+  int head_sel;       // B column g reads the weights of head g % G ...
   uint32_t half_sel;  // ... its hi (g < G) or lo half
-  bool col_used;  // column g < 2G
+  bool col_used;      // column g < 2G
 };
 
 template <int G>
@@ -573,8 +572,8 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
 // first + w + kWarps, ... of the split.
 template <int D, int G, int kStages, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
-  constexpr int MT = D / 16;   // value m-tiles (16 channels each)
-  constexpr int KS = D / 16;   // key k-steps
+  constexpr int MT = D / 16;  // value m-tiles (16 channels each)
+  constexpr int KS = D / 16;  // key k-steps
   static_assert(G == 2 || G == 4, "GQA group");
   const LevelAttentionParams& p = args.p;
   const AttentionBatch& batch = p.batch;
@@ -583,9 +582,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   const size_t stage_bytes = StageBytes(D, head_bytes);
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);              // [warp][stage]
-  float* qs = reinterpret_cast<float*>(smem + 128);                 // [G][D] rotated query
-  float* qsum = qs + G * D;                                         // [G]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);  // [warp][stage]
+  float* qs = reinterpret_cast<float*>(smem + 128);    // [G][D] rotated query
+  float* qsum = qs + G * D;                            // [G]
   uint8_t* stages = smem + 128 + (G * D + 4) * 4;
   stages = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(stages) + 127) & ~uintptr_t{127});
 
@@ -647,8 +646,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
     float mn0, mn1;
     Rescale<MT>(mx0, mx1, rs, acc, mn0, mn1);
     uint32_t pb[8][2];
-    PageWeights<G>(st, reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(st) + kHdrBytes + D), sc, lr, mn0, mn1, rs,
-                   pb);
+    PageWeights<G>(st, reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(st) + kHdrBytes + D), sc, lr, mn0, mn1, rs, pb);
 
     // ---- 3. values ----
     {

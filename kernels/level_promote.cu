@@ -79,7 +79,8 @@ __device__ __forceinline__ void PackKeyGroup(const uint8_t* lv, int row_bytes, i
     // pair e: k-step grp * 4 + e / 4, register r = e % 4 (token + 8 (r & 1),
     // channel + 8 (r >> 1)); lower channel even, so one 16-bit read.
     const int r = e & 3;
-    const uint32_t two = *reinterpret_cast<const uint16_t*>(base + 8 * (r & 1) * row_bytes + 16 * (e >> 2) + 8 * (r >> 1));
+    const uint32_t two =
+        *reinterpret_cast<const uint16_t*>(base + 8 * (r & 1) * row_bytes + 16 * (e >> 2) + 8 * (r >> 1));
     const uint32_t lo = two & 255u, hi = two >> 8;
     if (e < 15) {
       w[e / 5] |= (lo << (3 * (e % 5))) | (hi << (16 + 3 * (e % 5)));
@@ -147,8 +148,9 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   __shared__ uint32_t table[256];
   // One head's block, packed here and written out with 16-byte stores.
   constexpr int kBlockWords = 48 * D / 4;  // the key block; the value block is not larger
-  static_assert(32 * (LevelValueGroupWords(D, 0) + LevelValueGroupWords(D, 1) + LevelValueGroupWords(D, 2)) <= kBlockWords,
-                "value block fits the staging area");
+  static_assert(
+      32 * (LevelValueGroupWords(D, 0) + LevelValueGroupWords(D, 1) + LevelValueGroupWords(D, 2)) <= kBlockWords,
+      "value block fits the staging area");
   __shared__ __align__(16) uint32_t staged[kBlockWords];
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
@@ -167,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   reinterpret_cast<uint32_t*>(hot + 512 * kind)[tid] = has ? *reinterpret_cast<const uint32_t*>(rec) : 0u;
   if (kind == 0) {
     for (int i = tid; i < (4 + n) / 4; i += kThreads) {
-      reinterpret_cast<uint32_t*>(hot + kLevelMeanOffset)[i] = reinterpret_cast<const uint32_t*>(cold + cl.mean_offset)[i];
+      reinterpret_cast<uint32_t*>(hot + kLevelMeanOffset)[i] =
+          reinterpret_cast<const uint32_t*>(cold + cl.mean_offset)[i];
     }
     if (tid < 3) reinterpret_cast<uint32_t*>(hot + kLevelHeadersBytes)[tid] = 0u;
     const size_t end = hl.blocks_offset + hl.kv_heads * head_bytes;
@@ -201,7 +204,8 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
     __syncthreads();
     {
       const size_t bytes = kind == 0 ? hl.key_block_bytes : hl.value_block_bytes;
-      uint4* out = reinterpret_cast<uint4*>(hot + hl.blocks_offset + h * head_bytes + (kind == 0 ? 0 : hl.key_block_bytes));
+      uint4* out =
+          reinterpret_cast<uint4*>(hot + hl.blocks_offset + h * head_bytes + (kind == 0 ? 0 : hl.key_block_bytes));
       for (size_t i = tid; i < bytes / 16; i += kThreads) out[i] = reinterpret_cast<const uint4*>(staged)[i];
     }
   }

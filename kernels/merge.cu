@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     __syncthreads();
     if (tid < d_count) {
       const int kv = h / (p.part.q_heads / p.kv_heads);
-      acc = TransformedChannel(TransformMatrixAt(p.out_transform_dev, p.layer_dev[item], kv, 3, p.kv_heads, d_count),
-                               a, tid, d_count);
+      acc = TransformedChannel(TransformMatrixAt(p.out_transform_dev, p.layer_dev[item], kv, 3, p.kv_heads, d_count), a,
+                               tid, d_count);
     }
     __syncthreads();
   } else if (p.rotated) {

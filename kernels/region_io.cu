@@ -18,12 +18,9 @@ constexpr int kBlocksPerItem = 4;
 
 __device__ __forceinline__ float LoadAsFloat(const void* p, int i, int dtype) {
   switch (dtype) {
-    case kRegionBf16:
-      return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
-    case kRegionFp16:
-      return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
-    default:
-      return static_cast<const float*>(p)[i];
+    case kRegionBf16: return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
+    case kRegionFp16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
+    default: return static_cast<const float*>(p)[i];
   }
 }
 

@@ -32,11 +32,11 @@ enum RegionDType : int { kRegionBf16 = 1, kRegionFp16 = 2, kRegionF32 = 3 };
 struct RegionIoItem {
   const void* src = nullptr;  // gather: [elements] in src_dtype
   int src_dtype = kRegionF32;
-  void* dst = nullptr;        // scatter: [elements] in dst_dtype (f32 or bf16)
+  void* dst = nullptr;  // scatter: [elements] in dst_dtype (f32 or bf16)
   int dst_dtype = kRegionF32;
-  float* lse = nullptr;       // scatter, optional: [q_heads] f32
-  int row = 0;                // the item's row of the contiguous array
-  int elements = 0;           // of src / dst; at most the launch's stride
+  float* lse = nullptr;  // scatter, optional: [q_heads] f32
+  int row = 0;           // the item's row of the contiguous array
+  int elements = 0;      // of src / dst; at most the launch's stride
 };
 
 struct GatherParams {
@@ -55,7 +55,7 @@ absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream);
 struct ScatterParams {
   const RegionIoItem* items_dev = nullptr;  // [items], device memory
   int items = 0;
-  int stride = 0;                  // elements per row of out_dev
+  int stride = 0;  // elements per row of out_dev
   int q_heads = 0;
   const float* out_dev = nullptr;  // rows [row][stride]
   const float* lse_dev = nullptr;  // rows [row][q_heads]

@@ -36,8 +36,8 @@ struct HeadTransformParams {
   int matrix = kTfKey;
   // rows of `heads` vectors of head_dim floats; head h of a row uses KV head
   // h / (heads / kv_heads) of layer layer_dev[row / rows_per_layer].
-  const float* in_dev = nullptr;    // [rows][heads][head_dim]
-  float* out_dev = nullptr;         // same shape; may equal in_dev
+  const float* in_dev = nullptr;  // [rows][heads][head_dim]
+  float* out_dev = nullptr;       // same shape; may equal in_dev
   int rows = 0, heads = 0;
   const int32_t* layer_dev = nullptr;
   int rows_per_layer = 1;

@@ -10,7 +10,9 @@
 namespace driftkv {
 namespace {
 
-std::string Field(int index, absl::string_view field) { return absl::StrCat("items[", index, "].", field); }
+std::string Field(int index, absl::string_view field) {
+  return absl::StrCat("items[", index, "].", field);
+}
 
 }  // namespace
 
@@ -95,7 +97,8 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     if (!st.ok()) return st;
   }
   const float* values;
-  if (in_place != nullptr && dtype == v1::DTYPE_F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+  if (in_place != nullptr && dtype == v1::DTYPE_F32 &&
+      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
     values = reinterpret_cast<const float*>(bytes.data());
     *in_place = values;
   } else {
@@ -104,8 +107,8 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     values = out->data();
     if (in_place != nullptr) *in_place = values;
   }
-  return CheckValues(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field), values,
-                     elements, limit);
+  return CheckValues(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field), values, elements,
+                     limit);
 }
 
 absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, ItemIo* io) {
@@ -134,8 +137,7 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
     if (!st.ok()) return st;
   }
   if (it.has_output_ref() != it.has_lse_ref()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Field(index, "output_ref"), " and lse_ref: set both or neither"));
+    return absl::InvalidArgumentError(absl::StrCat(Field(index, "output_ref"), " and lse_ref: set both or neither"));
   }
   if (it.has_output_ref()) {
     const size_t eb = out_dtype == v1::DTYPE_BF16 ? 2 : 4;
@@ -163,8 +165,7 @@ absl::Status AttendIo::ReadClientTensors() {
     const auto& [index, field] = read_fields_[r];
     const ClientRead& read = reads_[r];
     if (read.bad >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite"));
+      return absl::InvalidArgumentError(absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite"));
     }
     if (read.host != nullptr) {
       st = CheckValues(absl::StrCat(Field(index, field), "_ref"), read.host, read.elements, value_limit_);
@@ -209,7 +210,8 @@ void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* resu
   if (io->out_ref != nullptr && io->out_ref_device) return;
   if (io->out_ref == nullptr) {
     result->mutable_lse()->Assign(io->lse_scratch.begin(), io->lse_scratch.end());
-    if (io->out_dtype == v1::DTYPE_BF16) FloatToTensor(io->out_scratch.data(), qe, v1::DTYPE_BF16, result->mutable_output());
+    if (io->out_dtype == v1::DTYPE_BF16)
+      FloatToTensor(io->out_scratch.data(), qe, v1::DTYPE_BF16, result->mutable_output());
     return;
   }
   if (io->out_dtype == v1::DTYPE_BF16) {

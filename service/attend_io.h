@@ -51,9 +51,9 @@ struct ItemIo {
   // Output: inline (response) or a region; host scratch when the backend
   // writes floats that must then be converted or copied.
   int out_dtype = v1::DTYPE_F32;
-  void* out_ref = nullptr;       // region memory, or null: inline
+  void* out_ref = nullptr;  // region memory, or null: inline
   float* lse_ref = nullptr;
-  bool out_ref_device = false;   // the backend writes out_ref/lse_ref itself
+  bool out_ref_device = false;  // the backend writes out_ref/lse_ref itself
   std::vector<float> out_scratch, lse_scratch;
   // Indices into the request's ClientRead list (-1: none).
   int query_read = -1, key_read = -1, value_read = -1;
@@ -63,8 +63,7 @@ class AttendIo {
  public:
   // `regions` may be null (the server has none: every ref is NOT_FOUND).
   // `value_limit`: the largest |x| of a decode step's key or value.
-  AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n,
-           float value_limit);
+  AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n, float value_limit);
 
   // Resolves item `index`'s tensors into *io; `q_elements` = q_heads x
   // head_dim. No state changes.

@@ -76,8 +76,8 @@ absl::Status ServeAttendStream(FrameStream* stream, const AttendFn& attend, cons
     if (cancelled) {
       fs = absl::CancelledError(absl::StrCat("frame ", q.frame.frame_id(), " cancelled by the client"));
     } else if (q.frame.timeout_us() > 0 && now() > q.arrived + absl::Microseconds(q.frame.timeout_us())) {
-      fs = absl::DeadlineExceededError(absl::StrCat("frame ", q.frame.frame_id(), ": timeout_us ",
-                                                    q.frame.timeout_us(), " passed before it was started"));
+      fs = absl::DeadlineExceededError(absl::StrCat("frame ", q.frame.frame_id(), ": timeout_us ", q.frame.timeout_us(),
+                                                    " passed before it was started"));
     } else {
       fs = attend(q.frame.request(), result.mutable_response(), tenant);
     }

@@ -16,8 +16,8 @@ absl::StatusOr<std::string> TenantOfAuthorization(absl::string_view value, const
   return *std::move(tenant);
 }
 
-grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata, grpc::AuthContext*,
-                                         OutputMetadata*, OutputMetadata*) {
+grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata, grpc::AuthContext*, OutputMetadata*,
+                                         OutputMetadata*) {
   auto it = auth_metadata.find("authorization");
   if (it == auth_metadata.end()) {
     if (refused_ != nullptr) refused_->Increment();

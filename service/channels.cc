@@ -74,9 +74,9 @@ absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChann
     return absl::UnimplementedError("this server has no NCCL transport (driftkv-server-cuda has one)");
   }
   if (r.nccl_version() != factory_->version()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "nccl_version ", r.nccl_version(), " of the client differs from the server's ", factory_->version(),
-        ": both processes must load the same libnccl (docs/nccl.md)"));
+    return absl::FailedPreconditionError(absl::StrCat("nccl_version ", r.nccl_version(),
+                                                      " of the client differs from the server's ", factory_->version(),
+                                                      ": both processes must load the same libnccl (docs/nccl.md)"));
   }
   const int device = handler_->backend().staging_device();
   if (factory_->needs_device_memory() && device < 0) {
@@ -87,9 +87,9 @@ absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChann
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int>(channels_.size()) >= options_.nccl_max_channels) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          channels_.size(), " channels are open, nccl_max_channels is ", options_.nccl_max_channels,
-          "; close one (CloseChannel) or wait for idle ones to close"));
+      return absl::ResourceExhaustedError(absl::StrCat(channels_.size(), " channels are open, nccl_max_channels is ",
+                                                       options_.nccl_max_channels,
+                                                       "; close one (CloseChannel) or wait for idle ones to close"));
     }
     absl::StatusOr<std::unique_ptr<Transport>> t = factory_->Connect(r.nccl_unique_id(), device);
     if (!t.ok()) return t.status();
@@ -122,7 +122,8 @@ absl::Status ChannelManager::Receive(Channel* c, uint64_t tb, absl::Time deadlin
   if (c->staging == nullptr || c->staging->bytes() < 2 * tb) {
     c->staging.reset();
     absl::StatusOr<std::unique_ptr<StagingBuffer>> s = handler_->backend().AllocateStaging(2 * tb);
-    if (!s.ok()) return absl::ResourceExhaustedError(absl::StrCat(where, "staging of ", 2 * tb, " bytes: ", s.status().message()));
+    if (!s.ok())
+      return absl::ResourceExhaustedError(absl::StrCat(where, "staging of ", 2 * tb, " bytes: ", s.status().message()));
     c->staging = *std::move(s);
   }
   uint8_t* base = static_cast<uint8_t*>(c->staging->data());
@@ -130,14 +131,15 @@ absl::Status ChannelManager::Receive(Channel* c, uint64_t tb, absl::Time deadlin
   absl::Status st = c->transport->StartRecv(parts);
   if (st.ok()) st = PollUntil(deadline, [&] { return c->transport->RecvDone(); });
   if (absl::IsDeadlineExceeded(st)) {
-    return absl::DeadlineExceededError(absl::StrCat(where, "the chunk's ", 2 * tb, " bytes did not arrive by its deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(where, "the chunk's ", 2 * tb, " bytes did not arrive by its deadline"));
   }
   if (!st.ok()) return absl::UnavailableError(absl::StrCat(where, "the transfer failed: ", st.message()));
   return absl::OkStatus();
 }
 
-absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_deadline,
-                                  v1::AppendResponse* response, const std::string& tenant) {
+absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_deadline, v1::AppendResponse* response,
+                                  const std::string& tenant) {
   std::shared_ptr<Channel> c = Find(r.channel_id(), tenant);
   if (c == nullptr) {
     return absl::NotFoundError(absl::StrCat("channel_id ", r.channel_id(),
@@ -146,8 +148,8 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   const std::string aborted = absl::StrCat("; channel ", c->id, " is aborted and nothing of the chunk is stored");
   if (c->busy.exchange(true)) {
     End(c, Ending::kAborted);
-    return absl::FailedPreconditionError(absl::StrCat("channel ", c->id,
-                                                      " already has a chunk in flight (one at a time)", aborted));
+    return absl::FailedPreconditionError(
+        absl::StrCat("channel ", c->id, " already has a chunk in flight (one at a time)", aborted));
   }
   struct Idle {
     Channel* c;
@@ -158,20 +160,21 @@ absl::Status ChannelManager::Push(const v1::PushChunkRequest& r, absl::Time rpc_
   // Framing: what the client is sending must be receivable, or the
   // channel cannot go on.
   const size_t elements = static_cast<size_t>(r.token_count()) * handler_->codec().n();
-  absl::Status st = r.token_count() == 0 ? absl::InvalidArgumentError("token_count 0 must be >= 1")
-                                         : CheckTensorBytes("tensor_bytes", r.dtype(), r.tensor_bytes(), elements,
-                                                            absl::StrCat("token_count ", r.token_count(), " x n ",
-                                                                         handler_->codec().n()));
+  absl::Status st =
+      r.token_count() == 0
+          ? absl::InvalidArgumentError("token_count 0 must be >= 1")
+          : CheckTensorBytes("tensor_bytes", r.dtype(), r.tensor_bytes(), elements,
+                             absl::StrCat("token_count ", r.token_count(), " x n ", handler_->codec().n()));
   if (st.ok() && 2 * r.tensor_bytes() > options_.nccl_max_chunk_bytes) {
-    st = absl::InvalidArgumentError(absl::StrCat("tensor_bytes ", r.tensor_bytes(), ": keys + values exceed nccl_max_chunk_bytes ",
+    st = absl::InvalidArgumentError(absl::StrCat("tensor_bytes ", r.tensor_bytes(),
+                                                 ": keys + values exceed nccl_max_chunk_bytes ",
                                                  options_.nccl_max_chunk_bytes));
   }
   if (!st.ok()) {
     End(c, Ending::kAborted);
     return absl::Status(st.code(), absl::StrCat(st.message(), aborted));
   }
-  const absl::Time deadline =
-      std::min(rpc_deadline, absl::Now() + absl::Seconds(options_.nccl_chunk_timeout_seconds));
+  const absl::Time deadline = std::min(rpc_deadline, absl::Now() + absl::Seconds(options_.nccl_chunk_timeout_seconds));
   st = Receive(c.get(), r.tensor_bytes(), deadline);
   if (!st.ok()) {
     End(c, Ending::kAborted);

@@ -40,12 +40,12 @@ absl::Status ResolveTransform(const v1::ServerConfig& c, ServiceOptions* o) {
   if (*kind != TransformKind::kWush) {
     if (!s.transforms_file().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file \"", s.transforms_file(),
-                                                     "\" is only used with codec.transform \"wush\", not \"",
-                                                     name, "\""));
+                                                     "\" is only used with codec.transform \"wush\", not \"", name,
+                                                     "\""));
     }
     if (s.values_folded()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "codec.values_folded true needs codec.transform \"wush\", not \"", name, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("codec.values_folded true needs codec.transform \"wush\", not \"", name, "\""));
     }
     return absl::OkStatus();
   }
@@ -84,9 +84,9 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
   }
   if (!c.tokens_file().empty()) {
     if (o->tls_cert_file.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokens_file \"", c.tokens_file(), "\" needs TLS (tls_cert_file, tls_key_file): bearer tokens are "
-          "never sent in plaintext"));
+      return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", c.tokens_file(),
+                                                     "\" needs TLS (tls_cert_file, tls_key_file): bearer tokens are "
+                                                     "never sent in plaintext"));
     }
     absl::StatusOr<TokenTable> table = TokenTable::ReadFile(c.tokens_file());
     if (!table.ok()) return table.status();
@@ -100,7 +100,8 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
   o->tenant_defaults.max_pages = c.tenant_max_pages();
   o->tenant_defaults.max_sequences = c.tenant_max_sequences();
   if (c.has_tombstone_seconds()) {
-    if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) || c.tombstone_seconds() > 86400 * 30) {
+    if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) ||
+        c.tombstone_seconds() > 86400 * 30) {
       return absl::InvalidArgumentError(
           absl::StrCat("tombstone_seconds ", c.tombstone_seconds(), " out of range [0, 2592000]"));
     }
@@ -113,12 +114,9 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
 
 const char* TransformName(TransformKind kind) {
   switch (kind) {
-    case TransformKind::kIdentity:
-      return "identity";
-    case TransformKind::kHadamard:
-      return "hadamard";
-    case TransformKind::kWush:
-      return "wush";
+    case TransformKind::kIdentity: return "identity";
+    case TransformKind::kHadamard: return "hadamard";
+    case TransformKind::kWush: return "wush";
   }
   return "?";
 }
@@ -138,8 +136,7 @@ uint64_t ServiceOptions::cold_pool_bytes() const {
 
 absl::Status ValidateHotTier(const ServiceOptions& o) {
   if (!(o.hot_tier_fraction >= 0.0 && o.hot_tier_fraction < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hot_tier_fraction ", o.hot_tier_fraction, " out of range [0, 1)"));
+    return absl::InvalidArgumentError(absl::StrCat("hot_tier_fraction ", o.hot_tier_fraction, " out of range [0, 1)"));
   }
   if (o.hot_tier_bytes > 0 && o.hot_tier_fraction > 0.0) {
     return absl::InvalidArgumentError(absl::StrCat("hot_tier_bytes ", o.hot_tier_bytes, " and hot_tier_fraction ",
@@ -177,8 +174,8 @@ absl::Status ValidateTransform(const ServiceOptions& o) {
               {"head_dim", t.head_dim, o.codec.head_dim}};
   for (const auto& d : dims) {
     if (d.file != d.model) {
-      return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file \"", o.transforms_file, "\" has ",
-                                                     d.what, " ", d.file, " but model.", d.what, " is ", d.model));
+      return absl::InvalidArgumentError(absl::StrCat("codec.transforms_file \"", o.transforms_file, "\" has ", d.what,
+                                                     " ", d.file, " but model.", d.what, " is ", d.model));
     }
   }
   return absl::OkStatus();
@@ -248,8 +245,8 @@ absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
   if (c.has_device_window_cache_bytes()) o->device_window_cache_bytes = c.device_window_cache_bytes();
   if (c.has_max_region_lease_seconds()) {
     if (c.max_region_lease_seconds() < 1 || c.max_region_lease_seconds() > 86400) {
-      return absl::InvalidArgumentError(absl::StrCat("max_region_lease_seconds ", c.max_region_lease_seconds(),
-                                                     " out of range [1, 86400]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_region_lease_seconds ", c.max_region_lease_seconds(), " out of range [1, 86400]"));
     }
     o->max_region_lease_seconds = c.max_region_lease_seconds();
   }
@@ -284,16 +281,16 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   {
     const std::vector<std::string> names = KvCodecNames();
     if (std::find(names.begin(), names.end(), o.codec_name) == names.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("codec.name \"", o.codec_name, "\" unknown (known: ",
-                                                     absl::StrJoin(names, ", "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("codec.name \"", o.codec_name, "\" unknown (known: ", absl::StrJoin(names, ", "), ")"));
     }
   }
   if (!c.codec().page_format().empty()) o.page_format = c.codec().page_format();
   {
     const std::vector<std::string> formats = PageFormatNames();
     if (std::find(formats.begin(), formats.end(), o.page_format) == formats.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("codec.page_format \"", o.page_format, "\" unknown (known: ",
-                                                     absl::StrJoin(formats, ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("codec.page_format \"", o.page_format,
+                                                     "\" unknown (known: ", absl::StrJoin(formats, ", "), ")"));
     }
   }
   DQuantConfig& q = o.codec;
@@ -328,22 +325,20 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   }
   if (c.has_ttl_seconds()) {
     if (!(c.ttl_seconds() >= 0.0) || !std::isfinite(c.ttl_seconds())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ttl_seconds ", c.ttl_seconds(), " must be finite and >= 0"));
+      return absl::InvalidArgumentError(absl::StrCat("ttl_seconds ", c.ttl_seconds(), " must be finite and >= 0"));
     }
     o.ttl_seconds = c.ttl_seconds();
   }
   if (c.has_max_message_bytes()) {
     if (c.max_message_bytes() < 4096 || c.max_message_bytes() > (1ull << 31) - 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_message_bytes ", c.max_message_bytes(), " out of range [4096, 2147483647]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_message_bytes ", c.max_message_bytes(), " out of range [4096, 2147483647]"));
     }
     o.max_message_bytes = c.max_message_bytes();
   }
   if (c.has_max_batch()) {
     if (c.max_batch() < 1 || c.max_batch() > 1u << 20) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_batch ", c.max_batch(), " out of range [1, 1048576]"));
+      return absl::InvalidArgumentError(absl::StrCat("max_batch ", c.max_batch(), " out of range [1, 1048576]"));
     }
     o.max_batch = static_cast<int>(c.max_batch());
   }
@@ -421,15 +416,13 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   }
   if (absl::Status st = ResolveSecurity(c, &o); !st.ok()) return st;
   o.snapshot_dir = c.snapshot_dir();
-  for (const auto& [field, has, value, out] :
-       {std::make_tuple("drain_timeout_seconds", c.has_drain_timeout_seconds(), c.drain_timeout_seconds(),
-                        &o.drain_timeout_seconds),
-        std::make_tuple("drain_notice_seconds", c.has_drain_notice_seconds(), c.drain_notice_seconds(),
-                        &o.drain_notice_seconds)}) {
+  for (const auto& [field, has, value, out] : {std::make_tuple("drain_timeout_seconds", c.has_drain_timeout_seconds(),
+                                                               c.drain_timeout_seconds(), &o.drain_timeout_seconds),
+                                               std::make_tuple("drain_notice_seconds", c.has_drain_notice_seconds(),
+                                                               c.drain_notice_seconds(), &o.drain_notice_seconds)}) {
     if (!has) continue;
     if (!(value >= 0.0) || !(value <= kMaxDrainSeconds)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " ", value, " out of range [0, ", kMaxDrainSeconds, "]"));
+      return absl::InvalidArgumentError(absl::StrCat(field, " ", value, " out of range [0, ", kMaxDrainSeconds, "]"));
     }
     *out = value;
   }

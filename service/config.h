@@ -57,16 +57,16 @@ struct ServiceOptions {
   // interfaces and the backend refuses what it does not serve.
   std::string codec_name = "dquant";
   std::string page_format = "container";
-  DQuantConfig codec;            // kv_heads, head_dim, levels, bytes, alpha, mean_window
+  DQuantConfig codec;  // kv_heads, head_dim, levels, bytes, alpha, mean_window
   uint64_t pool_bytes = 0;
   int window_tokens = kDefaultWindowTokens;  // R
   uint64_t max_sequences = kDefaultMaxSequences;
-  double ttl_seconds = 0.0;      // 0: never expire
+  double ttl_seconds = 0.0;  // 0: never expire
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
   int max_batch = kDefaultMaxBatch;
   int read_chunk_tokens = kDefaultReadChunkTokens;
-  int backend_threads = 0;       // 0: hardware concurrency (at most 16)
-  bool attend_batching = true;   // backends/attend_batcher.h, where the backend prefers it
+  int backend_threads = 0;      // 0: hardware concurrency (at most 16)
+  bool attend_batching = true;  // backends/attend_batcher.h, where the backend prefers it
   // The transform stage (codec.transform). codec.hadamard is true exactly
   // for kHadamard. With kWush, `transforms` holds the set read from
   // `transforms_file` (shared: the handler keeps a reference for its
@@ -98,8 +98,8 @@ struct ServiceOptions {
   std::string tls_cert_file, tls_key_file, tls_client_ca_file;
   std::string tokens_file;
   std::shared_ptr<const TokenTable> tokens;
-  TenantQuota tenant_defaults;         // config tenant_max_pages/_sequences
-  std::string health_listen;           // empty: health only on the main port
+  TenantQuota tenant_defaults;                          // config tenant_max_pages/_sequences
+  std::string health_listen;                            // empty: health only on the main port
   double tombstone_seconds = kDefaultTombstoneSeconds;  // 0: none
   // Graceful drain and warm restart (docs/reliability.md; config
   // snapshot_dir, drain_*): empty snapshot_dir: no snapshot is written or read.
@@ -112,7 +112,7 @@ struct ServiceOptions {
   uint32_t region_socket_mode = kDefaultRegionSocketMode;
   uint64_t max_region_bytes = kDefaultMaxRegionBytes;
   uint64_t max_region_bytes_per_tenant = kDefaultMaxRegionBytesPerTenant;  // 0: unlimited
-  uint32_t max_regions = kDefaultMaxRegions;  // per tenant
+  uint32_t max_regions = kDefaultMaxRegions;                               // per tenant
   uint32_t region_lease_seconds = kDefaultRegionLeaseSeconds;
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
   uint64_t device_window_cache_bytes = 0;  // 0: the backend's default

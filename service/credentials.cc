@@ -6,7 +6,7 @@
 namespace driftkv {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& o,
-                                                                                prometheus::Counter* refused) {
+                                                                               prometheus::Counter* refused) {
   if (!o.tls()) return grpc::InsecureServerCredentials();
   absl::StatusOr<std::string> cert = ReadNonEmptyFile(o.tls_cert_file, "tls_cert_file");
   if (!cert.ok()) return cert.status();

@@ -17,7 +17,7 @@ namespace driftkv {
 // InvalidArgument naming the file that cannot be read. `refused` (may be
 // null) counts calls the token check refuses.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServiceOptions& options,
-                                                                                prometheus::Counter* refused);
+                                                                               prometheus::Counter* refused);
 
 }  // namespace driftkv
 

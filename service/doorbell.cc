@@ -31,9 +31,13 @@ void FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
   timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
   syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
-void FutexWake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+void FutexWake(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
-inline void Pause() { __builtin_ia32_pause(); }
+inline void Pause() {
+  __builtin_ia32_pause();
+}
 
 }  // namespace
 
@@ -74,8 +78,8 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
   if (st.ok()) {
     out_bytes = response->ByteSizeLong();
     if (out_bytes > response_capacity) {
-      st = absl::ResourceExhaustedError(absl::StrCat("doorbell response of ", out_bytes,
-                                                     " bytes exceeds its response capacity ", response_capacity));
+      st = absl::ResourceExhaustedError(
+          absl::StrCat("doorbell response of ", out_bytes, " bytes exceeds its response capacity ", response_capacity));
     } else {
       response->SerializeWithCachedSizesToArray(out);
     }
@@ -167,10 +171,11 @@ class DoorbellTable::Bell {
   std::thread thread_;
 };
 
-DoorbellTable::DoorbellTable(RegionTable* regions, AttendFn attend)
-    : regions_(regions), attend_(std::move(attend)) {}
+DoorbellTable::DoorbellTable(RegionTable* regions, AttendFn attend) : regions_(regions), attend_(std::move(attend)) {}
 
-DoorbellTable::~DoorbellTable() { CloseAll(); }
+DoorbellTable::~DoorbellTable() {
+  CloseAll();
+}
 
 absl::Status DoorbellTable::Open(const v1::OpenDoorbellRequest& request, v1::OpenDoorbellResponse* response,
                                  const std::string& tenant) {
@@ -188,7 +193,8 @@ absl::Status DoorbellTable::Open(const v1::OpenDoorbellRequest& request, v1::Ope
   v1::TensorRef ref;
   ref.set_region_id(request.region_id());
   ref.set_offset(request.offset());
-  absl::StatusOr<RegionView> view = regions_->Resolve(tenant, ref, doorbell::Bytes(c, r), doorbell::kAlignment, "doorbell");
+  absl::StatusOr<RegionView> view =
+      regions_->Resolve(tenant, ref, doorbell::Bytes(c, r), doorbell::kAlignment, "doorbell");
   if (!view.ok()) return view.status();
   if (view->space != MemorySpace::kHost) {
     return absl::InvalidArgumentError(absl::StrCat("doorbell.region_id ", request.region_id(),
@@ -213,8 +219,8 @@ absl::Status DoorbellTable::Open(const v1::OpenDoorbellRequest& request, v1::Ope
                                                      kMaxDoorbells, ")"));
   }
   const uint64_t id = next_id_++;
-  bells_[id] = std::make_unique<Bell>(regions_, &attend_, view->keep_alive, static_cast<uint8_t*>(view->data), c, r,
-                                      tenant);
+  bells_[id] =
+      std::make_unique<Bell>(regions_, &attend_, view->keep_alive, static_cast<uint8_t*>(view->data), c, r, tenant);
   response->set_doorbell_id(id);
   return absl::OkStatus();
 }

@@ -13,11 +13,9 @@ namespace {
 // Times one RPC and records it when it finishes.
 class RpcTimer {
  public:
-  RpcTimer(Metrics* metrics, const char* method)
-      : metrics_(metrics), method_(method), start_(absl::Now()) {}
+  RpcTimer(Metrics* metrics, const char* method) : metrics_(metrics), method_(method), start_(absl::Now()) {}
   grpc::Status Finish(const grpc::Status& status) {
-    metrics_->RecordRpc(method_, StatusCodeName(status.error_code()),
-                        absl::ToDoubleSeconds(absl::Now() - start_));
+    metrics_->RecordRpc(method_, StatusCodeName(status.error_code()), absl::ToDoubleSeconds(absl::Now() - start_));
     return status;
   }
 
@@ -59,9 +57,9 @@ const char* StatusCodeName(grpc::StatusCode code) {
 
 // Every method starts with it: the caller's tenant, or the method returns
 // UNAUTHENTICATED.
-#define DRIFTKV_TENANT_OR_RETURN(tenant, context, timer)                                 \
-  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_.get());          \
-  if (!tenant##_or.ok()) return (timer).Finish(ToGrpcStatus(tenant##_or.status()));      \
+#define DRIFTKV_TENANT_OR_RETURN(tenant, context, timer)                            \
+  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_.get());  \
+  if (!tenant##_or.ok()) return (timer).Finish(ToGrpcStatus(tenant##_or.status())); \
   const std::string& tenant = *tenant##_or
 
 grpc::Status KvCacheService::Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
@@ -72,10 +70,9 @@ grpc::Status KvCacheService::Append(grpc::ServerContext* context, grpc::ServerRe
   for (uint64_t index = 0; reader->Read(&chunk); ++index) {
     absl::Status st = handler_->Append(chunk, response, tenant);
     if (!st.ok()) {
-      return timer.Finish(grpc::Status(
-          static_cast<grpc::StatusCode>(st.code()),
-          absl::StrCat("chunk ", index, " of the stream (", response->chunks(),
-                       " accepted before it): ", st.message())));
+      return timer.Finish(grpc::Status(static_cast<grpc::StatusCode>(st.code()),
+                                       absl::StrCat("chunk ", index, " of the stream (", response->chunks(),
+                                                    " accepted before it): ", st.message())));
     }
   }
   return timer.Finish(grpc::Status::OK);
@@ -93,8 +90,7 @@ grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRe
   RpcTimer timer(metrics_, "Read");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   return timer.Finish(ToGrpcStatus(handler_->Read(
-      *request, [&](const v1::ReadChunk& chunk) { return !context->IsCancelled() && writer->Write(chunk); },
-      tenant)));
+      *request, [&](const v1::ReadChunk& chunk) { return !context->IsCancelled() && writer->Write(chunk); }, tenant)));
 }
 
 grpc::Status KvCacheService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
@@ -111,8 +107,7 @@ grpc::Status KvCacheService::Length(grpc::ServerContext* context, const v1::Leng
   return timer.Finish(ToGrpcStatus(handler_->Length(*request, response, tenant)));
 }
 
-grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*,
-                                  v1::InfoResponse* response) {
+grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   (void)tenant;
@@ -122,8 +117,7 @@ grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRe
   return timer.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::StatsRequest*,
-                                   v1::StatsResponse* response) {
+grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::StatsRequest*, v1::StatsResponse* response) {
   RpcTimer timer(metrics_, "Stats");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   handler_->Stats(response, tenant);
@@ -167,8 +161,7 @@ grpc::Status KvCacheService::RegisterRegion(grpc::ServerContext* context, const 
   return timer.Finish(ToGrpcStatus(regions_->Register(*request, response, tenant)));
 }
 
-grpc::Status KvCacheService::UnregisterRegion(grpc::ServerContext* context,
-                                              const v1::UnregisterRegionRequest* request,
+grpc::Status KvCacheService::UnregisterRegion(grpc::ServerContext* context, const v1::UnregisterRegionRequest* request,
                                               v1::UnregisterRegionResponse*) {
   RpcTimer timer(metrics_, "UnregisterRegion");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
@@ -236,7 +229,6 @@ grpc::Status KvCacheService::CloseDoorbell(grpc::ServerContext* context, const v
   if (doorbells_ == nullptr) return timer.Finish(grpc::Status(grpc::UNIMPLEMENTED, "no doorbells"));
   return timer.Finish(ToGrpcStatus(doorbells_->Close(*request, tenant)));
 }
-
 
 #undef DRIFTKV_TENANT_OR_RETURN
 

@@ -8,11 +8,11 @@
 
 #include "proto/driftkv.grpc.pb.h"
 #include "service/channels.h"
-#include "service/tokens.h"
 #include "service/doorbell.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 #include "service/regions.h"
+#include "service/tokens.h"
 
 namespace driftkv {
 
@@ -42,8 +42,7 @@ class KvCacheService final : public v1::KvCache::Service {
                        v1::ReleaseResponse* response) override;
   grpc::Status Length(grpc::ServerContext* context, const v1::LengthRequest* request,
                       v1::LengthResponse* response) override;
-  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request,
-                    v1::InfoResponse* response) override;
+  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::InfoResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
   grpc::Status OpenChannel(grpc::ServerContext* context, const v1::OpenChannelRequest* request,

@@ -21,8 +21,7 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& options,
-                                                         Metrics* metrics, Clock clock) {
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& options, Metrics* metrics, Clock clock) {
   // The codec and its page representation by name, through their
   // interfaces: a new one is a new implementation, not a change here.
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(options.codec_options());
@@ -34,8 +33,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     return absl::InvalidArgumentError(absl::StrCat("layers ", options.layers, " must be >= 1"));
   }
   if (options.window_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("window_tokens ", options.window_tokens, " must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat("window_tokens ", options.window_tokens, " must be >= 0"));
   }
   if (absl::Status st = ValidateHotTier(options); !st.ok()) return st;
   if (!clock) clock = [] { return absl::Now(); };
@@ -48,8 +46,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
                                     : absl::StrCat("hot_tier_bytes ", options.hot_tier_bytes);
   const int devices = std::max<int>(1, static_cast<int>(options.devices.size()));
   if (devices > 1 && options.hot_tier()) {
-    return absl::InvalidArgumentError(absl::StrCat(hot_field, ": the hot tier runs on one device; devices lists ",
-                                                   devices));
+    return absl::InvalidArgumentError(
+        absl::StrCat(hot_field, ": the hot tier runs on one device; devices lists ", devices));
   }
   absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.cold_pool_bytes(), devices);
   if (!pool.ok()) {
@@ -65,8 +63,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     // Level pages hold D-Quant's symbols: the hot tier needs that codec.
     const auto* dq = dynamic_cast<const DQuantKvCodec*>(h->codec_.get());
     if (dq == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(hot_field, ": the hot tier needs codec \"dquant\", not \"",
-                                                     h->codec_->name(), "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(hot_field, ": the hot tier needs codec \"dquant\", not \"", h->codec_->name(), "\""));
     }
     absl::StatusOr<LevelPageLayout> level = MakeLevelPageLayout(dq->codec());
     if (!level.ok()) {
@@ -111,8 +109,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     device_ids.push_back(options.devices.empty() ? std::max(0, h->backend_->staging_device()) : options.devices[k]);
   }
   if (h->hot_pool_ != nullptr && !h->backend_->SupportsHotTier()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(hot_field, ": backend \"", options.backend, "\" has no hot tier"));
+    return absl::InvalidArgumentError(absl::StrCat(hot_field, ": backend \"", options.backend, "\" has no hot tier"));
   }
   if (options.attend_batching && h->backend_->PrefersBatchedAttend()) {
     Metrics* m = h->metrics_;
@@ -128,9 +125,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     h->metrics_->hot_capacity_bytes->Set(static_cast<double>(h->hot_pool_->capacity_bytes()));
     h->metrics_->hot_capacity_pages->Set(static_cast<double>(h->hot_pool_->capacity_pages()));
     Handler* self = h.get();
-    h->hot_ = std::make_unique<HotTier>(*h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock,
-                                        options.hot_promotion, options.hot_idle_seconds,
-                                        [self] { self->PublishGauges(); });
+    h->hot_ =
+        std::make_unique<HotTier>(*h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock,
+                                  options.hot_promotion, options.hot_idle_seconds, [self] { self->PublishGauges(); });
   }
   h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
                                               std::move(clock), std::move(device_ids));
@@ -149,13 +146,11 @@ float Handler::value_limit() const {
 
 double Handler::TransformGain(const ServiceOptions& o) {
   switch (o.transform) {
-    case TransformKind::kIdentity:
-      return 1.0;
+    case TransformKind::kIdentity: return 1.0;
     case TransformKind::kHadamard:
       // Every entry of the normalised Hadamard matrix is +-1/sqrt(d).
       return std::sqrt(static_cast<double>(o.codec.head_dim));
-    case TransformKind::kWush:
-      break;
+    case TransformKind::kWush: break;
   }
   const TransformSet& t = *o.transforms;
   const int d = t.head_dim;
@@ -178,17 +173,15 @@ double Handler::TransformGain(const ServiceOptions& o) {
 
 absl::Status Handler::CheckLayer(absl::string_view field, uint32_t layer) const {
   if (layer >= static_cast<uint32_t>(options_.layers)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " ", layer, " out of range [0, ", options_.layers, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", layer, " out of range [0, ", options_.layers, ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string& id) const {
   if (id.empty() || id.size() > kMaxSequenceIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " has ", id.size(),
-                                                   " bytes; it must have 1 to ",
-                                                   kMaxSequenceIdBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", id.size(), " bytes; it must have 1 to ", kMaxSequenceIdBytes));
   }
   return absl::OkStatus();
 }

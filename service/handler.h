@@ -56,14 +56,13 @@ class Handler {
 
   // Builds the codec, the pool arena and the backend. `metrics` must outlive
   // the handler; `clock` (for TTLs) defaults to absl::Now.
-  static absl::StatusOr<std::unique_ptr<Handler>> Create(const ServiceOptions& options,
-                                                         Metrics* metrics, Clock clock = nullptr);
+  static absl::StatusOr<std::unique_ptr<Handler>> Create(const ServiceOptions& options, Metrics* metrics,
+                                                         Clock clock = nullptr);
   ~Handler();  // stops the promotion thread (async hot tier) first
 
   // Every call acts for `tenant` ("" without tokens; service/tenant.h).
   // One chunk of an Append stream; adds to `totals` when accepted.
-  absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals,
-                      const std::string& tenant = "");
+  absl::Status Append(const v1::AppendChunk& chunk, v1::AppendResponse* totals, const std::string& tenant = "");
   // DEVICE INGEST (backends/backend.h, docs/nccl.md): a chunk whose keys and
   // values a transport received into staging memory of the backend
   // (backend().AllocateStaging). Exactly Append's semantics and messages:
@@ -72,8 +71,8 @@ class Handler {
   // CheckChunkHeader runs the checks that need no tensor data (the
   // transport uses it before receiving); AppendStaged runs them again.
   absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
-  absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens,
-                            v1::AppendResponse* totals, const std::string& tenant = "");
+  absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens, v1::AppendResponse* totals,
+                            const std::string& tenant = "");
   // A chunk whose keys_ref/values_ref name a registered region: AppendStaged
   // of the region's memory (Append of an AppendChunk with refs comes here).
   absl::Status AppendReferenced(const v1::PushChunkRequest& header, v1::AppendResponse* totals,
@@ -81,17 +80,15 @@ class Handler {
   // Where *_ref fields resolve (null: nowhere); set once, before serving.
   void AttachRegions(RegionTable* regions) { regions_ = regions; }
   Backend& backend() { return *backend_; }
-  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
-                      const std::string& tenant = "");
+  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant = "");
   // Streams the answer through `sink`; false from it stops (Cancelled).
-  absl::Status Read(const v1::ReadRequest& request,
-                    const std::function<bool(const v1::ReadChunk&)>& sink, const std::string& tenant = "");
+  absl::Status Read(const v1::ReadRequest& request, const std::function<bool(const v1::ReadChunk&)>& sink,
+                    const std::string& tenant = "");
   // Frees the sequence, tombstones its id.
   absl::Status Release(const v1::ReleaseRequest& request, v1::ReleaseResponse* response,
                        const std::string& tenant = "");
   // Token counts of every layer; NOT_FOUND for an unknown sequence. Not an access for the TTL.
-  absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response,
-                      const std::string& tenant = "");
+  absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response, const std::string& tenant = "");
   void Info(v1::InfoResponse* response) const;
   void Stats(v1::StatsResponse* response, const std::string& tenant = "") const;
 
@@ -107,7 +104,7 @@ class Handler {
   void BeginDrain() { table_->BeginDrain(); }
   bool draining() const { return table_->draining(); }
   struct SnapshotSummary {
-    uint64_t sequences = 0;          // written / restored
+    uint64_t sequences = 0;  // written / restored
     uint64_t pages = 0;
     uint64_t corrupt_pages = 0;      // checksum mismatches (pages and windows)
     uint64_t dropped_sequences = 0;  // not written / not restored, each logged
@@ -170,12 +167,12 @@ class Handler {
   absl::Status CheckLayer(absl::string_view field, uint32_t layer) const;
   absl::Status CheckSequenceId(absl::string_view field, const std::string& id) const;
   // The header checks of Append and AppendStaged, in Append's order.
-  absl::Status CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token,
-                           uint32_t token_count, const uint32_t* kv_heads, const uint32_t* head_dim) const;
+  absl::Status CheckHeader(const std::string& sequence_id, uint32_t layer, uint64_t first_token, uint32_t token_count,
+                           const uint32_t* kv_heads, const uint32_t* head_dim) const;
   // Where `count` tokens at `first` land; OUT_OF_RANGE on a gap. `length`,
   // `window`: the layer's token counts (in a batch: after earlier items).
-  absl::StatusOr<AppendPlan> PlanAppend(int64_t length, int64_t window, absl::string_view where,
-                                        const std::string& id, uint32_t layer, uint64_t first, int64_t count) const;
+  absl::StatusOr<AppendPlan> PlanAppend(int64_t length, int64_t window, absl::string_view where, const std::string& id,
+                                        uint32_t layer, uint64_t first, int64_t count) const;
   // The `count` repeated tokens at `first` equal the stored ones, else
   // ALREADY_EXISTS naming the range (handler_repeat.cc); the chunk form
   // takes them from the host or from staging. REQUIRES: layer.mu held.

@@ -18,14 +18,12 @@ using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
 using handler_internal::ToBf16;
 
-absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t window,
-                                                        absl::string_view where,
-                                                        const std::string& id, uint32_t layer,
-                                                        uint64_t first, int64_t count) const {
+absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t window, absl::string_view where,
+                                                        const std::string& id, uint32_t layer, uint64_t first,
+                                                        int64_t count) const {
   if (first > static_cast<uint64_t>(length)) {
-    return absl::OutOfRangeError(absl::StrCat(
-        where, " ", first, " leaves a gap: layer ", layer, " of sequence_id ", Quoted(id),
-        " holds ", length, " tokens, so the next token is ", length));
+    return absl::OutOfRangeError(absl::StrCat(where, " ", first, " leaves a gap: layer ", layer, " of sequence_id ",
+                                              Quoted(id), " holds ", length, " tokens, so the next token is ", length));
   }
   AppendPlan plan;
   const int64_t f = static_cast<int64_t>(first);
@@ -50,8 +48,8 @@ void Handler::RecordEncoded(const std::vector<EncodeJob>& jobs) {
 }
 
 absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages,
-                                  const HotTier::Held& held, const StagedTokens* staged) {
+                                  const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
+                                  const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -106,8 +104,8 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   }
   if (!st.ok()) {
     const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
-    return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
-                                                first_page_token + encoded, "): ", st.message()));
+    return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ", first_page_token + encoded,
+                                                "): ", st.message()));
   }
   if (!jobs.empty()) RecordEncoded(jobs);
   // TokenDigest of each token encoded into pages here; kNoDigest for tokens
@@ -156,12 +154,12 @@ absl::Status Handler::CheckHeader(const std::string& sequence_id, uint32_t layer
   // The optional shape fields, before the byte counts (which cannot tell
   // 8 heads x 64 from 4 x 128).
   if (st.ok() && kv_heads != nullptr && *kv_heads != static_cast<uint32_t>(codec_->kv_heads())) {
-    st = absl::InvalidArgumentError(absl::StrCat("kv_heads ", *kv_heads, " does not match the server's kv_heads ",
-                                                 codec_->kv_heads()));
+    st = absl::InvalidArgumentError(
+        absl::StrCat("kv_heads ", *kv_heads, " does not match the server's kv_heads ", codec_->kv_heads()));
   }
   if (st.ok() && head_dim != nullptr && *head_dim != static_cast<uint32_t>(codec_->head_dim())) {
-    st = absl::InvalidArgumentError(absl::StrCat("head_dim ", *head_dim, " does not match the server's head_dim ",
-                                                 codec_->head_dim()));
+    st = absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", *head_dim, " does not match the server's head_dim ", codec_->head_dim()));
   }
   return st;
 }
@@ -245,8 +243,8 @@ absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
   return st;
 }
 
-absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTokens& t,
-                                   v1::AppendResponse* totals, const std::string& tenant) {
+absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTokens& t, v1::AppendResponse* totals,
+                                   const std::string& tenant) {
   absl::Status st = CheckChunkHeader(h);
   if (st.ok() && (t.tokens != h.token_count() || t.dtype != h.dtype())) {
     st = absl::InternalError("staged tokens do not match the chunk header");
@@ -278,8 +276,8 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
   if (first_token != 0 && table_->Find(key) == nullptr) {
     metrics_->rejected_chunks->Increment();
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(sequence_id),
-                                            " not found (a new sequence starts at first_token 0, got ",
-                                            first_token, ")"));
+                                            " not found (a new sequence starts at first_token 0, got ", first_token,
+                                            ")"));
   }
   for (int attempt = 0;; ++attempt) {
     bool created = false;
@@ -296,20 +294,20 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         // Released between lookup and lock: retry, which meets the
         // tombstone (or, with new_incarnation, starts a new sequence).
         if (attempt < 3) continue;
-        return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(sequence_id),
-                                               " was released while appending; retry"));
+        return absl::AbortedError(
+            absl::StrCat("sequence_id ", Quoted(sequence_id), " was released while appending; retry"));
       }
       LayerState& layer = seq->layers[layer_index];
       absl::MutexLock layer_lock(&layer.mu);
       absl::StatusOr<AppendPlan> planned =
-          PlanAppend(layer.length, static_cast<int64_t>(layer.window_keys.size() / n()),
-                     "first_token", sequence_id, layer_index, first_token, token_count);
+          PlanAppend(layer.length, static_cast<int64_t>(layer.window_keys.size() / n()), "first_token", sequence_id,
+                     layer_index, first_token, token_count);
       st = planned.status();
       std::vector<PageId> pages;
       if (st.ok()) {
         plan = *planned;
-        if (plan.skip > 0) st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id,
-                                                 layer_index);
+        if (plan.skip > 0)
+          st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id, layer_index);
       }
       bool charged = false;
       if (st.ok() && plan.pages > 0) {
@@ -381,10 +379,9 @@ absl::Status Handler::AppendReferenced(const v1::PushChunkRequest& h, v1::Append
     // The staged path reads host memory (CPU backend) or memory its device
     // addresses (CUDA: its own device's, or mapped host regions).
     if (view->space == MemorySpace::kDevice && view->device != backend_->staging_device()) {
-      st = absl::FailedPreconditionError(absl::StrCat(k == 0 ? "keys_ref" : "values_ref", ".region_id ", ref.region_id(),
-                                                      " is memory of CUDA device ", view->device, "; the ",
-                                                      backend_->name(), " backend stages on device ",
-                                                      backend_->staging_device()));
+      st = absl::FailedPreconditionError(absl::StrCat(
+          k == 0 ? "keys_ref" : "values_ref", ".region_id ", ref.region_id(), " is memory of CUDA device ",
+          view->device, "; the ", backend_->name(), " backend stages on device ", backend_->staging_device()));
       break;
     }
     (k == 0 ? t.keys : t.values) = view->data;

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "service/attend_io.h"
 #include "service/handler_internal.h"
 #include "wire/tensor.h"
@@ -133,16 +133,15 @@ class Handler::AttendBatch {
  private:
   // Before the batch's locks: promotes (sync) or queues (async) the
   // items' cold layers (HotTier::Prepare). REQUIRES: h_.hot_ set.
-  void PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
-                      const AttendLocks& locks);
+  void PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work, const AttendLocks& locks);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                int64_t* total_pages) const;
   // Reserves total_pages pages, applies the planned steps; *used: pages
   // stored (the rest are freed). REQUIRES: the batch's locks held.
-  absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
-                                int64_t total_pages, size_t* used);
+  absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work, int64_t total_pages,
+                                size_t* used);
 
   Handler& h_;
   AttendIo io_;
@@ -189,8 +188,8 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
   const size_t qe = static_cast<size_t>(it.q_heads()) * d;
   if (absl::Status st = io_.Prepare(it, i, qe, &w->io); !st.ok()) return st;
   if (!w->io.step && it.has_new_token_index()) {
-    return absl::InvalidArgumentError(absl::StrCat(where(".new_token_index "), it.new_token_index(),
-                                                   " is set but new_key/new_value are empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where(".new_token_index "), it.new_token_index(), " is set but new_key/new_value are empty"));
   }
   if (it.has_new_token_index() && it.new_token_index() > kMaxTokenIndex) {
     return absl::InvalidArgumentError(
@@ -204,7 +203,7 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
 }
 
 absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
-                                      int64_t* total_pages) const {
+                                                   int64_t* total_pages) const {
   // Simulated (length, window) per layer: items of one batch may share a layer.
   absl::flat_hash_map<const LayerState*, std::pair<int64_t, int64_t>> sim;
   for (int i = 0; i < request.items_size(); ++i) {
@@ -232,7 +231,7 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
     {
       const uint64_t first = it.has_new_token_index() ? it.new_token_index() : length;
       absl::StatusOr<AppendPlan> plan = h_.PlanAppend(length, window, absl::StrCat("items[", i, "].new_token_index"),
-                                                   it.sequence_id(), it.layer(), first, 1);
+                                                      it.sequence_id(), it.layer(), first, 1);
       if (!plan.ok()) return plan.status();
       w.plan = *plan;
       // A repeated step (new_token_index below the length) must carry the
@@ -240,8 +239,9 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
       // batch: a token planned by an earlier item of the batch is not
       // stored yet, and such a repeat is acknowledged as before.
       if (plan->skip > 0 && static_cast<int64_t>(first) < layer.length) {
-        absl::Status st = h_.CheckRepeat(layer, first, 1, w.io.key.data(), w.io.value.data(),
-                                      absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
+        absl::Status st =
+            h_.CheckRepeat(layer, first, 1, w.io.key.data(), w.io.value.data(),
+                           absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
         if (!st.ok()) return st;
       }
       length += plan->fresh;
@@ -258,7 +258,7 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
 }
 
 absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
-                                       int64_t total_pages, size_t* used) {
+                                                    int64_t total_pages, size_t* used) {
   if (total_pages == 0 && std::none_of(work->begin(), work->end(), [](const AttendWork& w) { return w.io.step; })) {
     return absl::OkStatus();  // nothing to store
   }
@@ -287,8 +287,8 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   // Every layer and sequence of the batch is locked: none may be demoted
   // to make room for a hot layer's new page.
   HotTier::Held held;
-  const bool storing = std::any_of(work->begin(), work->end(),
-                                   [](const AttendWork& w) { return w.io.step && w.plan.fresh > 0; });
+  const bool storing =
+      std::any_of(work->begin(), work->end(), [](const AttendWork& w) { return w.io.step && w.plan.fresh > 0; });
   for (int i = 0; storing && i < request.items_size(); ++i) {
     held.sequences.insert((*work)[i].seq);
     held.layers.insert((*work)[i].layer->id);
@@ -302,8 +302,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     const std::vector<PageId>& mine = reserved[w.seq->device];
     size_t& at = taken[w.seq->device];
     std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
-    st = h_.ApplyAppend(w.layer, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(), pages,
-                        held);
+    st = h_.ApplyAppend(w.layer, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(), pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       break;

@@ -17,8 +17,7 @@ absl::Status Handler::Length(const v1::LengthRequest& request, v1::LengthRespons
   }
   absl::ReaderMutexLock seq_lock(&seq->mu);
   if (seq->released) {
-    return absl::NotFoundError(
-        absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
+    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
   }
   response->clear_layers();
   // One layer at a time, in ascending order (the lock order of handler.h):

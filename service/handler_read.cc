@@ -12,20 +12,18 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::Status Handler::Read(const v1::ReadRequest& request,
-                           const std::function<bool(const v1::ReadChunk&)>& sink, const std::string& tenant) {
+absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<bool(const v1::ReadChunk&)>& sink,
+                           const std::string& tenant) {
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (st.ok()) st = CheckLayer("layer", request.layer());
   const int dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32 : request.dtype();
   if (st.ok() && DTypeBytes(dtype) == 0) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("dtype ", request.dtype(), " is not one of BF16, FP16, F32"));
+    st = absl::InvalidArgumentError(absl::StrCat("dtype ", request.dtype(), " is not one of BF16, FP16, F32"));
   }
   if (!st.ok()) return st;
   SequencePtr seq = table_->Find(TenantKey(tenant, request.sequence_id()));
   if (seq == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
+    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
   }
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -33,22 +31,20 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
   {
     absl::ReaderMutexLock lock(&seq->mu);
     if (seq->released) {
-      return absl::NotFoundError(
-          absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
+      return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
     }
     LayerState& layer = seq->layers[request.layer()];
     absl::ReaderMutexLock layer_lock(&layer.mu);
     const uint64_t length = layer.length;
     if (request.first_token() > length) {
-      return absl::OutOfRangeError(absl::StrCat("first_token ", request.first_token(),
-                                                " is past the end of layer ", request.layer(),
-                                                " (", length, " tokens)"));
+      return absl::OutOfRangeError(absl::StrCat("first_token ", request.first_token(), " is past the end of layer ",
+                                                request.layer(), " (", length, " tokens)"));
     }
     end = request.token_count() == 0 ? length : request.first_token() + request.token_count();
     if (request.token_count() > length || end > length) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "first_token ", request.first_token(), " + token_count ", request.token_count(),
-          " exceeds the length of layer ", request.layer(), " (", length, " tokens)"));
+      return absl::OutOfRangeError(absl::StrCat("first_token ", request.first_token(), " + token_count ",
+                                                request.token_count(), " exceeds the length of layer ", request.layer(),
+                                                " (", length, " tokens)"));
     }
   }
   std::vector<float> keys, values;
@@ -60,8 +56,8 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
     {
       absl::ReaderMutexLock lock(&seq->mu);
       if (seq->released) {
-        return absl::AbortedError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()),
-                                               " was released during Read"));
+        return absl::AbortedError(
+            absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " was released during Read"));
       }
       LayerState& layer = seq->layers[request.layer()];
       absl::ReaderMutexLock layer_lock(&layer.mu);
@@ -75,16 +71,16 @@ absl::Status Handler::Read(const v1::ReadRequest& request,
           // (backends/page_checksum.h, "What it covers").
           if (!layer.hot) {
             st = verifier_->Verify(layer, tok / p, layer.pages[tok / p], request.sequence_id(),
-                                static_cast<int>(request.layer()), kCheckRead);
+                                   static_cast<int>(request.layer()), kCheckRead);
             if (!st.ok()) return st;
           }
           // The tier can change between chunks; each chunk reads it under the lock.
           st = layer.hot ? backend_->DecodeHotTokens(layer.pages[tok / p], static_cast<int>(request.layer()),
                                                      static_cast<int>(in_page), static_cast<int>(run),
                                                      keys.data() + t * n, values.data() + t * n)
-                         : backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(request.layer()), static_cast<int>(in_page),
-                                      static_cast<int>(run), keys.data() + t * n,
-                                      values.data() + t * n);
+                         : backend_->DecodeTokens(layer.pages[tok / p], static_cast<int>(request.layer()),
+                                                  static_cast<int>(in_page), static_cast<int>(run), keys.data() + t * n,
+                                                  values.data() + t * n);
           if (!st.ok()) return st;
           compressed += run;
           t += run;

@@ -33,8 +33,7 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
     ToBf16(values + i * n, n, v.data());
     bool same = true;
     if (t < paged) {
-      same = t >= digested || layer.digests[t] == kNoDigest ||
-             TokenDigest(k.data(), v.data(), n) == layer.digests[t];
+      same = t >= digested || layer.digests[t] == kNoDigest || TokenDigest(k.data(), v.data(), n) == layer.digests[t];
     } else {
       const size_t w = static_cast<size_t>(t - paged) * n;
       same = std::equal(k.begin(), k.end(), layer.window_keys.begin() + w) &&
@@ -48,10 +47,10 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
   }
   if (bad == 0) return absl::OkStatus();
   metrics_->integrity_rejections[kRejectRepeat]->Increment();
-  return absl::AlreadyExistsError(absl::StrCat(
-      where, " of tokens [", bad_first, ", ", bad_last + 1, ") of layer ", layer_index, " of sequence_id ",
-      Quoted(id), " differ from the stored tokens (", bad, " of ", count,
-      " repeated tokens differ, compared as bf16); nothing stored"));
+  return absl::AlreadyExistsError(absl::StrCat(where, " of tokens [", bad_first, ", ", bad_last + 1, ") of layer ",
+                                               layer_index, " of sequence_id ", Quoted(id),
+                                               " differ from the stored tokens (", bad, " of ", count,
+                                               " repeated tokens differ, compared as bf16); nothing stored"));
 }
 
 absl::Status Handler::CheckRepeatChunk(const LayerState& layer, uint64_t first, int64_t count, const float* keys,

@@ -18,19 +18,21 @@ using handler_internal::Quoted;
 
 namespace {
 
-void Log(const std::string& line) { std::cerr << "driftkv-server: snapshot: " << line << std::endl; }
+void Log(const std::string& line) {
+  std::cerr << "driftkv-server: snapshot: " << line << std::endl;
+}
 
 }  // namespace
 
 std::string Handler::SnapshotIdentity() const {
   const KvCodec::Settings c = codec_->settings();
-  return absl::StrCat("codec=", codec_->name(), "\npage_format=", options_.page_format,
-                      "\nlayers=", options_.layers, "\nkv_heads=", codec_->kv_heads(),
-                      "\nhead_dim=", codec_->head_dim(), "\nkey_levels=", c.key_levels,
-                      "\nvalue_levels=", c.value_levels, "\nkey_payload_bytes=", c.key_payload_bytes,
-                      "\nvalue_payload_bytes=", c.value_payload_bytes, "\nalpha=", absl::StrFormat("%.17g", c.alpha),
-                      "\npage_tokens=", pool_->page_tokens(), "\npage_bytes=", pool_->page_stride(),
-                      "\nwindow_tokens=", options_.window_tokens, "\ntransform=", TransformName(options_.transform),
+  return absl::StrCat("codec=", codec_->name(), "\npage_format=", options_.page_format, "\nlayers=", options_.layers,
+                      "\nkv_heads=", codec_->kv_heads(), "\nhead_dim=", codec_->head_dim(),
+                      "\nkey_levels=", c.key_levels, "\nvalue_levels=", c.value_levels,
+                      "\nkey_payload_bytes=", c.key_payload_bytes, "\nvalue_payload_bytes=", c.value_payload_bytes,
+                      "\nalpha=", absl::StrFormat("%.17g", c.alpha), "\npage_tokens=", pool_->page_tokens(),
+                      "\npage_bytes=", pool_->page_stride(), "\nwindow_tokens=", options_.window_tokens,
+                      "\ntransform=", TransformName(options_.transform),
                       "\ntransforms_checksum=", absl::Hex(transforms_checksum_, absl::kZeroPad16),
                       "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n");
 }
@@ -109,8 +111,8 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     framing = (*reader)->NextSequence(&more, &id, &layers);
     if (!framing.ok() || !more) break;
     if (layers != static_cast<uint32_t>(options_.layers)) {
-      framing = absl::DataLossError(absl::StrCat("sequence_id ", Quoted(id), " has ", layers,
-                                                 " layers; the identity says ", options_.layers));
+      framing = absl::DataLossError(
+          absl::StrCat("sequence_id ", Quoted(id), " has ", layers, " layers; the identity says ", options_.layers));
       break;
     }
     // The key names the tenant (service/tenant.h); the sequence goes to the
@@ -128,9 +130,9 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       framing = (*reader)->NextLayer(n, max_window, &h, &keys, &values, &window_intact);
       if (!framing.ok()) break;
       if (static_cast<uint64_t>(h.pages) * p + h.window_tokens != h.length) {
-        framing = absl::DataLossError(absl::StrCat("layer ", l, " of sequence_id ", Quoted(id), ": ", h.pages,
-                                                   " pages and ", h.window_tokens, " window tokens do not make ",
-                                                   h.length, " tokens"));
+        framing =
+            absl::DataLossError(absl::StrCat("layer ", l, " of sequence_id ", Quoted(id), ": ", h.pages, " pages and ",
+                                             h.window_tokens, " window tokens do not make ", h.length, " tokens"));
         break;
       }
       if (!window_intact && why.empty()) {
@@ -159,8 +161,8 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
           metrics_->snapshot_corrupt_pages->Increment();
           verifier_->CountFailure(kCheckSnapshot);
           if (why.empty()) {
-            why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d fails its checksum (stored crc32c %08x)",
-                                  i, static_cast<int64_t>(i) * p, static_cast<int64_t>(i + 1) * p, l, stored);
+            why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d fails its checksum (stored crc32c %08x)", i,
+                                  static_cast<int64_t>(i) * p, static_cast<int64_t>(i + 1) * p, l, stored);
           }
         }
         if (pages.ok()) layer.page_sums.push_back(stored);

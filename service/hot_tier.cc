@@ -23,7 +23,9 @@ HotTier::HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVeri
   if (promotion_ == HotPromotion::kAsync) promoter_ = std::thread([this] { PromotionThread(); });
 }
 
-HotTier::~HotTier() { Stop(); }
+HotTier::~HotTier() {
+  Stop();
+}
 
 void HotTier::Stop() {
   {
@@ -132,8 +134,8 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
 
 absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Held& held) {
   if (count > hot_.capacity_pages()) {
-    return absl::ResourceExhaustedError(absl::StrCat(count, " hot pages needed; the hot tier holds ",
-                                                     hot_.capacity_pages()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(count, " hot pages needed; the hot tier holds ", hot_.capacity_pages()));
   }
   absl::flat_hash_set<uint64_t> tried;
   for (;;) {
@@ -253,9 +255,8 @@ void HotTier::PromotionThread() {
     {
       absl::MutexLock lock(&promote_mu_);
       promote_mu_.Await(absl::Condition(
-          +[](HotTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->promote_mu_) {
-            return t->promote_stop_ || !t->promote_queue_.empty();
-          },
+          +[](HotTier* t)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->promote_mu_) { return t->promote_stop_ || !t->promote_queue_.empty(); },
           this));
       if (promote_stop_) return;
       job = std::move(promote_queue_.front());

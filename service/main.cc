@@ -21,14 +21,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "service/config.h"
 #include "absl/synchronization/mutex.h"
+#include "service/config.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
 ABSL_FLAG(std::string, listen, "", "gRPC address, overrides the config's listen");
 ABSL_FLAG(std::string, metrics, "", "Prometheus address, overrides metrics_listen (\"none\": off)");
-ABSL_FLAG(std::string, backend, "", "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see backends/registry.h)");
+ABSL_FLAG(std::string, backend, "",
+          "compute backend, overrides the config's backend (cpu, or one registered by a linked library, see "
+          "backends/registry.h)");
 ABSL_FLAG(std::string, devices, "", "devices of a multi-GPU server, e.g. 0,1; overrides the config's devices");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "keep Abseil's Mutex deadlock detector on (costs every lock acquisition an edge per lock held; "
@@ -36,8 +38,7 @@ ABSL_FLAG(bool, mutex_deadlock_detection, false,
 
 int main(int argc, char** argv) {
   absl::InitializeSymbolizer(argv[0]);
-  absl::SetProgramUsageMessage(
-      "driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend NAME]");
+  absl::SetProgramUsageMessage("driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend NAME]");
   // --help lists the server's own flags: this file's and those of the
   // backends it links, not absl's or gRPC's
   // (absl's default matches only a file named after the binary).
@@ -93,8 +94,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  absl::StatusOr<std::unique_ptr<driftkv::DriftkvServer>> server =
-      driftkv::DriftkvServer::Start(*options);
+  absl::StatusOr<std::unique_ptr<driftkv::DriftkvServer>> server = driftkv::DriftkvServer::Start(*options);
   if (!server.ok()) {
     std::cerr << "driftkv-server: " << server.status().message() << "\n";
     return 1;
@@ -104,9 +104,8 @@ int main(int argc, char** argv) {
   std::printf(
       "driftkv-server %s: backend %s, %u layers x %u kv_heads x %u head_dim, dquant %.3f/%.3f "
       "bits per key/value, pool %llu pages x %llu bytes (%llu tokens each), window %u tokens, transform %s",
-      info.server_version().c_str(), info.backend().c_str(), info.layers(), info.kv_heads(),
-      info.head_dim(), info.key_bits_per_value(), info.value_bits_per_value(),
-      static_cast<unsigned long long>(info.capacity_pages()),
+      info.server_version().c_str(), info.backend().c_str(), info.layers(), info.kv_heads(), info.head_dim(),
+      info.key_bits_per_value(), info.value_bits_per_value(), static_cast<unsigned long long>(info.capacity_pages()),
       static_cast<unsigned long long>(info.page_bytes()), static_cast<unsigned long long>(info.page_tokens()),
       info.window_tokens(), info.transform().c_str());
   if (info.transform() == "wush") {
@@ -134,8 +133,8 @@ int main(int argc, char** argv) {
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::printf("driftkv-server: %s, shutting down: draining (notice %gs, timeout %gs)\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
-              options->drain_notice_seconds, options->drain_timeout_seconds);
+  std::printf("driftkv-server: %s, shutting down: draining (notice %gs, timeout %gs)\n",
+              signal == SIGINT ? "SIGINT" : "SIGTERM", options->drain_notice_seconds, options->drain_timeout_seconds);
   std::fflush(stdout);
   driftkv::Handler::SnapshotSummary written;
   absl::Status st = (*server)->Drain(&written);

@@ -19,8 +19,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   prometheus::Registry& r = *registry_;
   auto& util = BuildHistogram()
                    .Name("driftkv_budget_utilization_ratio")
-                   .Help("rANS bytes used / container budget per encoded page (mean over the "
-                         "page's streams), by stream")
+                   .Help(
+                       "rANS bytes used / container budget per encoded page (mean over the "
+                       "page's streams), by stream")
                    .Register(r);
   auto& coded = BuildCounter()
                     .Name("driftkv_symbols_coded_total")
@@ -46,62 +47,99 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
     encode_retries[s] = &retries.Add({{"stream", kStream[s]}});
     encode_fallbacks[s] = &fallbacks.Add({{"stream", kStream[s]}});
   }
-  pages_encoded = &BuildCounter().Name("driftkv_pages_encoded_total")
-                       .Help("Pages encoded from the bf16 window").Register(r).Add({});
+  pages_encoded = &BuildCounter()
+                       .Name("driftkv_pages_encoded_total")
+                       .Help("Pages encoded from the bf16 window")
+                       .Register(r)
+                       .Add({});
 
-  pool_capacity_bytes = &BuildGauge().Name("driftkv_pool_capacity_bytes")
-                             .Help("Bytes of the page arena").Register(r).Add({});
-  pool_bytes_in_use = &BuildGauge().Name("driftkv_pool_used_bytes")
-                           .Help("Bytes of the page arena held by pages in use").Register(r).Add({});
-  pool_capacity_pages = &BuildGauge().Name("driftkv_pool_capacity_pages")
-                             .Help("Pages in the arena").Register(r).Add({});
-  pool_pages_in_use = &BuildGauge().Name("driftkv_pool_used_pages")
-                           .Help("Pages in use").Register(r).Add({});
-  device_capacity_pages = &BuildGauge().Name("driftkv_device_capacity_pages")
-                               .Help("Pages of the arena on each device, by device").Register(r);
-  device_pages_in_use = &BuildGauge().Name("driftkv_device_used_pages")
-                             .Help("Pages in use on each device, by device").Register(r);
-  device_sequences = &BuildGauge().Name("driftkv_device_sequences")
-                          .Help("Live sequences placed on each device, by device").Register(r);
-  auto& stored = BuildGauge().Name("driftkv_tokens_stored")
-                     .Help("Tokens stored over all sequences and layers, by form").Register(r);
+  pool_capacity_bytes =
+      &BuildGauge().Name("driftkv_pool_capacity_bytes").Help("Bytes of the page arena").Register(r).Add({});
+  pool_bytes_in_use = &BuildGauge()
+                           .Name("driftkv_pool_used_bytes")
+                           .Help("Bytes of the page arena held by pages in use")
+                           .Register(r)
+                           .Add({});
+  pool_capacity_pages =
+      &BuildGauge().Name("driftkv_pool_capacity_pages").Help("Pages in the arena").Register(r).Add({});
+  pool_pages_in_use = &BuildGauge().Name("driftkv_pool_used_pages").Help("Pages in use").Register(r).Add({});
+  device_capacity_pages = &BuildGauge()
+                               .Name("driftkv_device_capacity_pages")
+                               .Help("Pages of the arena on each device, by device")
+                               .Register(r);
+  device_pages_in_use =
+      &BuildGauge().Name("driftkv_device_used_pages").Help("Pages in use on each device, by device").Register(r);
+  device_sequences = &BuildGauge()
+                          .Name("driftkv_device_sequences")
+                          .Help("Live sequences placed on each device, by device")
+                          .Register(r);
+  auto& stored = BuildGauge()
+                     .Name("driftkv_tokens_stored")
+                     .Help("Tokens stored over all sequences and layers, by form")
+                     .Register(r);
   tokens_compressed = &stored.Add({{"form", "compressed"}});
   tokens_window = &stored.Add({{"form", "bf16_window"}});
-  window_bytes = &BuildGauge().Name("driftkv_window_bytes")
-                      .Help("Bytes of bf16 keys and values held by the windows").Register(r).Add({});
+  window_bytes = &BuildGauge()
+                      .Name("driftkv_window_bytes")
+                      .Help("Bytes of bf16 keys and values held by the windows")
+                      .Register(r)
+                      .Add({});
   sequences = &BuildGauge().Name("driftkv_sequences").Help("Live sequences").Register(r).Add({});
-  sequences_created = &BuildCounter().Name("driftkv_sequences_created_total")
-                           .Help("Sequences created by a first chunk").Register(r).Add({});
-  sequences_released = &BuildCounter().Name("driftkv_sequences_released_total")
-                            .Help("Sequences freed by Release").Register(r).Add({});
-  sequences_expired = &BuildCounter().Name("driftkv_sequences_expired_total")
-                           .Help("Sequences freed after idling longer than the TTL").Register(r).Add({});
-  ingested_bytes = &BuildCounter().Name("driftkv_ingested_bytes_total")
-                        .Help("Raw key+value bytes of new tokens received").Register(r).Add({});
-  ingested_tokens = &BuildCounter().Name("driftkv_ingested_tokens_total")
-                         .Help("New tokens stored (per layer)").Register(r).Add({});
-  duplicate_tokens = &BuildCounter().Name("driftkv_duplicate_tokens_total")
+  sequences_created = &BuildCounter()
+                           .Name("driftkv_sequences_created_total")
+                           .Help("Sequences created by a first chunk")
+                           .Register(r)
+                           .Add({});
+  sequences_released =
+      &BuildCounter().Name("driftkv_sequences_released_total").Help("Sequences freed by Release").Register(r).Add({});
+  sequences_expired = &BuildCounter()
+                           .Name("driftkv_sequences_expired_total")
+                           .Help("Sequences freed after idling longer than the TTL")
+                           .Register(r)
+                           .Add({});
+  ingested_bytes = &BuildCounter()
+                        .Name("driftkv_ingested_bytes_total")
+                        .Help("Raw key+value bytes of new tokens received")
+                        .Register(r)
+                        .Add({});
+  ingested_tokens =
+      &BuildCounter().Name("driftkv_ingested_tokens_total").Help("New tokens stored (per layer)").Register(r).Add({});
+  duplicate_tokens = &BuildCounter()
+                          .Name("driftkv_duplicate_tokens_total")
                           .Help("Tokens received again and acknowledged without storing")
-                          .Register(r).Add({});
-  rejected_chunks = &BuildCounter().Name("driftkv_rejected_requests_total")
-                         .Help("Append chunks and Attend requests rejected").Register(r).Add({});
-  auto& integrity = BuildCounter().Name("driftkv_integrity_rejections_total")
-                        .Help("Append chunks and decode steps refused by an integrity check, by reason "
-                              "(also counted in driftkv_rejected_requests_total)").Register(r);
+                          .Register(r)
+                          .Add({});
+  rejected_chunks = &BuildCounter()
+                         .Name("driftkv_rejected_requests_total")
+                         .Help("Append chunks and Attend requests rejected")
+                         .Register(r)
+                         .Add({});
+  auto& integrity = BuildCounter()
+                        .Name("driftkv_integrity_rejections_total")
+                        .Help(
+                            "Append chunks and decode steps refused by an integrity check, by reason "
+                            "(also counted in driftkv_rejected_requests_total)")
+                        .Register(r);
   integrity_rejections[kRejectCrc32c] = &integrity.Add({{"reason", "crc32c"}});
   integrity_rejections[kRejectRepeat] = &integrity.Add({{"reason", "repeat_mismatch"}});
   integrity_rejections[kRejectTombstone] = &integrity.Add({{"reason", "tombstone"}});
-  unauthenticated = &BuildCounter().Name("driftkv_unauthenticated_total")
+  unauthenticated = &BuildCounter()
+                         .Name("driftkv_unauthenticated_total")
                          .Help("Calls refused for a missing or unlisted bearer token (any service of the port)")
-                         .Register(r).Add({});
-  attention_tokens = &BuildCounter().Name("driftkv_attention_tokens_total")
-                          .Help("Tokens attended over (sum over items)").Register(r).Add({});
-  attention_items = &BuildCounter().Name("driftkv_attention_items_total")
-                         .Help("Attention items computed").Register(r).Add({});
+                         .Register(r)
+                         .Add({});
+  attention_tokens = &BuildCounter()
+                          .Name("driftkv_attention_tokens_total")
+                          .Help("Tokens attended over (sum over items)")
+                          .Register(r)
+                          .Add({});
+  attention_items =
+      &BuildCounter().Name("driftkv_attention_items_total").Help("Attention items computed").Register(r).Add({});
   attend_batch_calls = &BuildHistogram()
                             .Name("driftkv_attend_batch_calls")
-                            .Help("Attend calls merged into one backend call (one kernel launch on the "
-                                  "cuda backend); backends that run calls separately observe nothing")
+                            .Help(
+                                "Attend calls merged into one backend call (one kernel launch on the "
+                                "cuda backend); backends that run calls separately observe nothing")
                             .Register(r)
                             .Add({}, Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64});
   attend_batch_items = &BuildHistogram()
@@ -109,29 +147,48 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             .Help("Attention items per merged backend call")
                             .Register(r)
                             .Add({}, Histogram::BucketBoundaries{1, 4, 16, 64, 256, 1024, 4096});
-  auto& tier_pages_family = BuildGauge().Name("driftkv_pages")
-                                .Help("Pages in use, by tier (cold: D-Quant pages; hot: level pages)").Register(r);
+  auto& tier_pages_family = BuildGauge()
+                                .Name("driftkv_pages")
+                                .Help("Pages in use, by tier (cold: D-Quant pages; hot: level pages)")
+                                .Register(r);
   tier_pages[0] = &tier_pages_family.Add({{"tier", "cold"}});
   tier_pages[1] = &tier_pages_family.Add({{"tier", "hot"}});
-  hot_capacity_bytes = &BuildGauge().Name("driftkv_hot_tier_capacity_bytes")
-                            .Help("Bytes of the hot tier's pool of level pages (0: no hot tier)").Register(r).Add({});
-  hot_capacity_pages = &BuildGauge().Name("driftkv_hot_tier_capacity_pages")
-                            .Help("Level pages the hot tier holds").Register(r).Add({});
-  hot_layers = &BuildGauge().Name("driftkv_hot_layers")
-                    .Help("(sequence, layer)s whose pages are in the hot tier").Register(r).Add({});
-  tier_promotions = &BuildCounter().Name("driftkv_tier_promotions_total")
-                         .Help("Layers promoted from the cold to the hot tier").Register(r).Add({});
-  tier_promotions_skipped = &BuildCounter().Name("driftkv_tier_promotions_skipped_total")
-                                 .Help("Promotions not done for lack of hot pages even after demoting "
-                                       "(the layer was attended cold)").Register(r).Add({});
-  auto& demotions = BuildCounter().Name("driftkv_tier_demotions_total")
-                        .Help("Layers demoted from the hot to the cold tier, by reason").Register(r);
+  hot_capacity_bytes = &BuildGauge()
+                            .Name("driftkv_hot_tier_capacity_bytes")
+                            .Help("Bytes of the hot tier's pool of level pages (0: no hot tier)")
+                            .Register(r)
+                            .Add({});
+  hot_capacity_pages =
+      &BuildGauge().Name("driftkv_hot_tier_capacity_pages").Help("Level pages the hot tier holds").Register(r).Add({});
+  hot_layers = &BuildGauge()
+                    .Name("driftkv_hot_layers")
+                    .Help("(sequence, layer)s whose pages are in the hot tier")
+                    .Register(r)
+                    .Add({});
+  tier_promotions = &BuildCounter()
+                         .Name("driftkv_tier_promotions_total")
+                         .Help("Layers promoted from the cold to the hot tier")
+                         .Register(r)
+                         .Add({});
+  tier_promotions_skipped = &BuildCounter()
+                                 .Name("driftkv_tier_promotions_skipped_total")
+                                 .Help(
+                                     "Promotions not done for lack of hot pages even after demoting "
+                                     "(the layer was attended cold)")
+                                 .Register(r)
+                                 .Add({});
+  auto& demotions = BuildCounter()
+                        .Name("driftkv_tier_demotions_total")
+                        .Help("Layers demoted from the hot to the cold tier, by reason")
+                        .Register(r);
   tier_demotions[kDemoteBudget] = &demotions.Add({{"reason", "budget"}});
   tier_demotions[kDemoteIdle] = &demotions.Add({{"reason", "idle"}});
   tier_demotions[kDemoteAppend] = &demotions.Add({{"reason", "append"}});
   tier_demotions[kDemoteDrain] = &demotions.Add({{"reason", "drain"}});
-  auto& pages_moved = BuildCounter().Name("driftkv_tier_pages_moved_total")
-                    .Help("Pages moved between the tiers, by direction").Register(r);
+  auto& pages_moved = BuildCounter()
+                          .Name("driftkv_tier_pages_moved_total")
+                          .Help("Pages moved between the tiers, by direction")
+                          .Register(r);
   tier_pages_moved[0] = &pages_moved.Add({{"direction", "promote"}});
   tier_pages_moved[1] = &pages_moved.Add({{"direction", "demote"}});
   tier_promotion_seconds = &BuildHistogram()
@@ -140,26 +197,40 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                 .Register(r)
                                 .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                                      0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
-  tenant_pages_ = &BuildGauge().Name("driftkv_tenant_pages")
-                       .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)").Register(r);
-  tenant_sequences_ = &BuildGauge().Name("driftkv_tenant_sequences")
-                           .Help("Live sequences of each tenant (only with tokens)").Register(r);
-  auto& checksum = BuildCounter().Name("driftkv_page_checksum_failures_total")
+  tenant_pages_ = &BuildGauge()
+                       .Name("driftkv_tenant_pages")
+                       .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)")
+                       .Register(r);
+  tenant_sequences_ = &BuildGauge()
+                           .Name("driftkv_tenant_sequences")
+                           .Help("Live sequences of each tenant (only with tokens)")
+                           .Register(r);
+  auto& checksum = BuildCounter()
+                       .Name("driftkv_page_checksum_failures_total")
                        .Help("Pages whose CRC-32C did not match their stored checksum, by where it was checked")
                        .Register(r);
   const char* where[4] = {"read", "attend", "demote", "snapshot"};
   for (int i = 0; i < 4; ++i) checksum_failures[i] = &checksum.Add({{"where", where[i]}});
-  auto& snapshot = BuildCounter().Name("driftkv_snapshot_sequences_total")
-                       .Help("Sequences of the snapshot loaded at start, by outcome").Register(r);
+  auto& snapshot = BuildCounter()
+                       .Name("driftkv_snapshot_sequences_total")
+                       .Help("Sequences of the snapshot loaded at start, by outcome")
+                       .Register(r);
   snapshot_restored_sequences = &snapshot.Add({{"outcome", "restored"}});
   snapshot_dropped_sequences = &snapshot.Add({{"outcome", "dropped"}});
-  snapshot_corrupt_pages = &BuildCounter().Name("driftkv_snapshot_corrupt_pages_total")
+  snapshot_corrupt_pages = &BuildCounter()
+                                .Name("driftkv_snapshot_corrupt_pages_total")
                                 .Help("Pages and windows of the snapshot loaded at start that failed their checksum")
-                                .Register(r).Add({});
-  draining = &BuildGauge().Name("driftkv_draining")
-                  .Help("1 while the server drains (SIGTERM until exit), else 0").Register(r).Add({});
-  rpc_seconds_ = &BuildHistogram().Name("driftkv_rpc_duration_seconds")
-                      .Help("RPC latency by method and gRPC status code").Register(r);
+                                .Register(r)
+                                .Add({});
+  draining = &BuildGauge()
+                  .Name("driftkv_draining")
+                  .Help("1 while the server drains (SIGTERM until exit), else 0")
+                  .Register(r)
+                  .Add({});
+  rpc_seconds_ = &BuildHistogram()
+                      .Name("driftkv_rpc_duration_seconds")
+                      .Help("RPC latency by method and gRPC status code")
+                      .Register(r);
 }
 
 void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_util,
@@ -191,9 +262,8 @@ void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_
 }
 
 void Metrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {
-  static const Histogram::BucketBoundaries kBuckets = {
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-      0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+  static const Histogram::BucketBoundaries kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                       0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
   prometheus::Histogram* h;
   {
     // Family::Add returns the existing metric for known labels.

@@ -49,8 +49,7 @@ class Metrics {
   // page's streams), symbols, moves, retries and fallbacks, by stream.
   // `key_util` / `value_util`: per-stream budget utilisation when the backend
   // reports it (one histogram sample per stream); empty: one sample per page.
-  void RecordPage(const CodecStats& stats, const std::vector<float>& key_util,
-                  const std::vector<float>& value_util);
+  void RecordPage(const CodecStats& stats, const std::vector<float>& key_util, const std::vector<float>& value_util);
   // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
   // What one tenant holds (driftkv_tenant_pages / _sequences{tenant});
@@ -90,18 +89,18 @@ class Metrics {
   prometheus::Histogram* attend_batch_items;
   prometheus::Counter* rejected_chunks;
   prometheus::Counter* integrity_rejections[kIntegrityReasons];  // by IntegrityReason
-  prometheus::Counter* unauthenticated;  // calls refused for a missing or unlisted token
+  prometheus::Counter* unauthenticated;                          // calls refused for a missing or unlisted token
 
   // The hot tier (docs/hot_tier.md, "Service"); zero without one.
-  prometheus::Gauge* tier_pages[2];                // driftkv_pages{tier="cold"|"hot"}
-  prometheus::Gauge* hot_capacity_bytes;           // the hot budget, whole level pages
+  prometheus::Gauge* tier_pages[2];       // driftkv_pages{tier="cold"|"hot"}
+  prometheus::Gauge* hot_capacity_bytes;  // the hot budget, whole level pages
   prometheus::Gauge* hot_capacity_pages;
   prometheus::Gauge* hot_layers;
-  prometheus::Counter* tier_promotions;            // layers
-  prometheus::Counter* tier_promotions_skipped;    // no room even after demoting
+  prometheus::Counter* tier_promotions;                   // layers
+  prometheus::Counter* tier_promotions_skipped;           // no room even after demoting
   prometheus::Counter* tier_demotions[kDemotionReasons];  // layers, by DemotionReason
-  prometheus::Counter* tier_pages_moved[2];        // direction="promote"|"demote"
-  prometheus::Histogram* tier_promotion_seconds;   // per layer promoted
+  prometheus::Counter* tier_pages_moved[2];               // direction="promote"|"demote"
+  prometheus::Histogram* tier_promotion_seconds;          // per layer promoted
 
   // Integrity and warm restart (docs/reliability.md).
   // driftkv_page_checksum_failures_total{where="read"|"attend"|"demote"|"snapshot"}
@@ -109,11 +108,11 @@ class Metrics {
   prometheus::Counter* snapshot_corrupt_pages;      // found at load
   prometheus::Counter* snapshot_dropped_sequences;  // not restored at load
   prometheus::Counter* snapshot_restored_sequences;
-  prometheus::Gauge* draining;                      // 1 from SIGTERM until exit
+  prometheus::Gauge* draining;  // 1 from SIGTERM until exit
 
  private:
   // Buckets of budget_utilization.
-  const prometheus::Histogram::BucketBoundaries utilization_bounds_ = {0.80, 0.85, 0.90, 0.92, 0.94, 0.96,
+  const prometheus::Histogram::BucketBoundaries utilization_bounds_ = {0.80, 0.85, 0.90, 0.92,  0.94, 0.96,
                                                                        0.97, 0.98, 0.99, 0.995, 1.0};
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;

@@ -12,8 +12,8 @@ absl::Status PageVerifier::Verify(const LayerState& layer, size_t index, PageId 
   if (computed == layer.page_sums[index]) return absl::OkStatus();
   CountFailure(site);
   const int64_t p = pool_.page_tokens();
-  std::string where = id.empty() ? "a hot layer being demoted"
-                                 : absl::StrCat("layer ", layer_index, " of sequence_id ", Quoted(id));
+  std::string where =
+      id.empty() ? "a hot layer being demoted" : absl::StrCat("layer ", layer_index, " of sequence_id ", Quoted(id));
   return absl::DataLossError(absl::StrFormat(
       "page %d (tokens [%d, %d)) of %s fails its checksum: stored crc32c %08x, computed %08x; the page is "
       "corrupt and is not served",

@@ -9,7 +9,9 @@
 
 namespace driftkv {
 
-inline std::string Quoted(const std::string& id) { return absl::StrCat("\"", id, "\""); }
+inline std::string Quoted(const std::string& id) {
+  return absl::StrCat("\"", id, "\"");
+}
 
 }  // namespace driftkv
 

@@ -19,7 +19,9 @@
 namespace driftkv {
 namespace {
 
-std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+std::string Errno(const char* what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
 
 }  // namespace
 
@@ -159,8 +161,8 @@ void RegionSocket::Serve(int conn) {
   if (fd >= 0) close(fd);  // the mapping keeps the memory
   if (!st.ok()) {
     reply.error = std::string(st.message());
-    std::cerr << "driftkv-server: regions: refused an attachment from pid " << peer.pid << " uid " << peer.uid
-              << ": " << reply.error << std::endl;
+    std::cerr << "driftkv-server: regions: refused an attachment from pid " << peer.pid << " uid " << peer.uid << ": "
+              << reply.error << std::endl;
   }
   (void)SendWithFd(conn, EncodeAttachReply(reply), -1);
 }

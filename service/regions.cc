@@ -18,7 +18,9 @@ namespace {
 constexpr int kHostIndex = 0;
 constexpr int kIpcIndex = 1;
 
-int IndexOf(v1::RegionKind kind) { return kind == v1::REGION_CUDA_IPC ? kIpcIndex : kHostIndex; }
+int IndexOf(v1::RegionKind kind) {
+  return kind == v1::REGION_CUDA_IPC ? kIpcIndex : kHostIndex;
+}
 
 // Random bytes from the kernel's CSPRNG (tokens must not be guessable).
 void RandomBytes(void* out, size_t n) {
@@ -31,17 +33,17 @@ void RandomBytes(void* out, size_t n) {
   }
 }
 
-void Log(const std::string& line) { std::cerr << "driftkv-server: regions: " << line << std::endl; }
+void Log(const std::string& line) {
+  std::cerr << "driftkv-server: regions: " << line << std::endl;
+}
 
 }  // namespace
 
 RegionTable::RegionTable(const ServiceOptions& options, Backend* backend, prometheus::Registry* registry, Clock clock)
     : options_(options), backend_(backend), clock_(std::move(clock)) {
   if (registry == nullptr) return;
-  auto& regions = prometheus::BuildGauge()
-                      .Name("driftkv_regions")
-                      .Help("Registered memory regions, by kind")
-                      .Register(*registry);
+  auto& regions =
+      prometheus::BuildGauge().Name("driftkv_regions").Help("Registered memory regions, by kind").Register(*registry);
   auto& bytes = prometheus::BuildGauge()
                     .Name("driftkv_region_bytes")
                     .Help("Bytes of registered memory regions, by kind")
@@ -63,7 +65,9 @@ RegionTable::RegionTable(const ServiceOptions& options, Backend* backend, promet
                       .Add({});
 }
 
-RegionTable::~RegionTable() { UnregisterAll(); }
+RegionTable::~RegionTable() {
+  UnregisterAll();
+}
 
 absl::Duration RegionTable::LeaseFor(uint32_t requested_seconds) const {
   const uint32_t s = requested_seconds == 0 ? options_.region_lease_seconds
@@ -121,9 +125,9 @@ absl::StatusOr<std::string> RegionTable::AddPending(void* base, uint64_t size, P
     }
   }
   if (pending_.size() >= kMaxPendingAttachments) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        kMaxPendingAttachments, " attachments are waiting for RegisterRegion; register them or wait ",
-        kAttachTokenSeconds, " s"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kMaxPendingAttachments, " attachments are waiting for RegisterRegion; register them or wait ",
+                     kAttachTokenSeconds, " s"));
   }
   pending_[token] = Pending{std::move(mapping), size, now + absl::Seconds(kAttachTokenSeconds), peer};
   return token;
@@ -133,8 +137,8 @@ absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Build(const v1::Regis
                                                                  const std::string& tenant) {
   if (request.kind() == v1::REGION_HOST_SHM) {
     if (request.attach_token().size() != kAttachTokenBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("attach_token has ", request.attach_token().size(),
-                                                     " bytes; must be ", kAttachTokenBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attach_token has ", request.attach_token().size(), " bytes; must be ", kAttachTokenBytes));
     }
     Pending claimed;
     {
@@ -155,8 +159,8 @@ absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Build(const v1::Regis
       if (absl::Status st = backend->PinHostRegion(base, claimed.size); !st.ok()) return st;
       pinned = true;
     }
-    Log(absl::StrCat("host region of ", claimed.size, " bytes from pid ", claimed.peer.pid, " uid ",
-                     claimed.peer.uid, " registered by tenant \"", tenant, "\""));
+    Log(absl::StrCat("host region of ", claimed.size, " bytes from pid ", claimed.peer.pid, " uid ", claimed.peer.uid,
+                     " registered by tenant \"", tenant, "\""));
     std::shared_ptr<void> mapping = std::move(claimed.mapping);
     return std::make_shared<const Region>(v1::REGION_HOST_SHM, tenant, 0, request.name(), base, claimed.size, -1,
                                           [backend, pinned, mapping]() {
@@ -169,8 +173,8 @@ absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Build(const v1::Regis
                                                      " bytes; must be ", kCudaIpcHandleBytes));
     }
     if (request.size() == 0 || request.size() > options_.max_region_bytes) {
-      return absl::OutOfRangeError(absl::StrCat("size ", request.size(), " out of range [1, max_region_bytes ",
-                                                options_.max_region_bytes, "]"));
+      return absl::OutOfRangeError(
+          absl::StrCat("size ", request.size(), " out of range [1, max_region_bytes ", options_.max_region_bytes, "]"));
     }
     if (backend_ == nullptr) return absl::UnimplementedError("no backend for CUDA IPC regions");
     {
@@ -180,17 +184,16 @@ absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Build(const v1::Regis
       }
       if (absl::Status st = CheckQuota(tenant, request.size()); !st.ok()) return st;
     }
-    absl::StatusOr<void*> dev = backend_->OpenIpcRegion(request.cuda_ipc_handle().data(),
-                                                        request.cuda_ipc_handle().size(), request.device(),
-                                                        request.size());
+    absl::StatusOr<void*> dev = backend_->OpenIpcRegion(
+        request.cuda_ipc_handle().data(), request.cuda_ipc_handle().size(), request.device(), request.size());
     if (!dev.ok()) return dev.status();
     Backend* backend = backend_;
     void* ptr = *dev;
     return std::make_shared<const Region>(v1::REGION_CUDA_IPC, tenant, 0, request.name(), ptr, request.size(),
                                           request.device(), [backend, ptr]() { backend->CloseIpcRegion(ptr); });
   }
-  return absl::InvalidArgumentError(absl::StrCat("kind ", v1::RegionKind_Name(request.kind()),
-                                                 " is not REGION_HOST_SHM or REGION_CUDA_IPC"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("kind ", v1::RegionKind_Name(request.kind()), " is not REGION_HOST_SHM or REGION_CUDA_IPC"));
 }
 
 absl::Status RegionTable::Register(const v1::RegisterRegionRequest& request, v1::RegisterRegionResponse* response,
@@ -299,8 +302,8 @@ absl::Status RegionTable::NotFound(const v1::TensorRef& ref, absl::string_view f
   return absl::NotFoundError(absl::StrCat(field, ".region_id ", ref.region_id(), " not found"));
 }
 
-absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Acquire(const std::string& tenant,
-                                                                  const v1::TensorRef& ref, absl::string_view field) {
+absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Acquire(const std::string& tenant, const v1::TensorRef& ref,
+                                                                   absl::string_view field) {
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(ref.region_id());
   if (it == regions_.end() || it->second.region->tenant() != tenant) return NotFound(ref, field);
@@ -312,8 +315,9 @@ absl::StatusOr<RegionView> RegionTable::View(std::shared_ptr<const Region> regio
                                              uint64_t bytes, uint64_t alignment, absl::string_view field) {
   const uint64_t offset = ref.offset();
   if (offset > region->size() || bytes > region->size() - offset) {
-    return absl::OutOfRangeError(absl::StrCat(field, ".offset ", offset, " + ", bytes, " bytes is past the end of region ",
-                                              ref.region_id(), " (", region->size(), " bytes)"));
+    return absl::OutOfRangeError(absl::StrCat(field, ".offset ", offset, " + ", bytes,
+                                              " bytes is past the end of region ", ref.region_id(), " (",
+                                              region->size(), " bytes)"));
   }
   if (alignment > 1 && offset % alignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".offset ", offset, " is not a multiple of ", alignment));

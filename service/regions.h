@@ -71,10 +71,16 @@ enum class MemorySpace { kHost, kDevice };
 // (`release`, run exactly once).
 class Region {
  public:
-  Region(v1::RegionKind kind, std::string tenant, uint64_t id, std::string name, void* base, uint64_t size,
-         int device, std::function<void()> release)
-      : kind_(kind), tenant_(std::move(tenant)), id_(id), name_(std::move(name)), base_(base), size_(size),
-        device_(device), release_(std::move(release)) {}
+  Region(v1::RegionKind kind, std::string tenant, uint64_t id, std::string name, void* base, uint64_t size, int device,
+         std::function<void()> release)
+      : kind_(kind),
+        tenant_(std::move(tenant)),
+        id_(id),
+        name_(std::move(name)),
+        base_(base),
+        size_(size),
+        device_(device),
+        release_(std::move(release)) {}
   ~Region() {
     if (release_) release_();
   }
@@ -122,8 +128,7 @@ class RegionTable {
 
   // `backend` (may be null: no pinning, no CUDA IPC) and `registry` (may
   // be null: no metrics) must outlive the table. `clock` null: absl::Now.
-  RegionTable(const ServiceOptions& options, Backend* backend, prometheus::Registry* registry,
-              Clock clock = nullptr);
+  RegionTable(const ServiceOptions& options, Backend* backend, prometheus::Registry* registry, Clock clock = nullptr);
   ~RegionTable();  // UnregisterAll
 
   // The region socket's side: takes ownership of a MAP_SHARED mapping
@@ -154,8 +159,8 @@ class RegionTable {
   // as Resolve, same words).
   absl::StatusOr<std::shared_ptr<const Region>> Acquire(const std::string& tenant, const v1::TensorRef& ref,
                                                         absl::string_view field);
-  static absl::StatusOr<RegionView> View(std::shared_ptr<const Region> region, const v1::TensorRef& ref,
-                                         uint64_t bytes, uint64_t alignment, absl::string_view field);
+  static absl::StatusOr<RegionView> View(std::shared_ptr<const Region> region, const v1::TensorRef& ref, uint64_t bytes,
+                                         uint64_t alignment, absl::string_view field);
   // The NOT_FOUND every unknown or foreign region gets.
   static absl::Status NotFound(const v1::TensorRef& ref, absl::string_view field);
   // Whether `tenant` has region `id`, without extending its lease.
@@ -213,8 +218,8 @@ class RegionTable {
   absl::flat_hash_map<uint64_t, Entry> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);  // by attach token
   absl::flat_hash_map<std::string, TenantUse> use_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<uint64_t> issued_ ABSL_GUARDED_BY(mu_);              // every id ever issued
-  absl::flat_hash_set<std::string> ipc_handles_ ABSL_GUARDED_BY(mu_);     // of registered CUDA IPC regions
+  absl::flat_hash_set<uint64_t> issued_ ABSL_GUARDED_BY(mu_);          // every id ever issued
+  absl::flat_hash_set<std::string> ipc_handles_ ABSL_GUARDED_BY(mu_);  // of registered CUDA IPC regions
   absl::flat_hash_map<uint64_t, std::string> handle_of_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -57,16 +57,17 @@ absl::StatusOr<SequencePtr> SequenceTable::FindOrCreate(const std::string& key, 
   if (it != table_.end()) return it->second;
   if (draining_.load()) {
     return absl::UnavailableError(absl::StrCat("server is draining (shutting down for a restart): new sequence_id ",
-                                               Quoted(id), " refused; existing sequences are served until the "
+                                               Quoted(id),
+                                               " refused; existing sequences are served until the "
                                                "drain ends; create it on another replica or after the restart"));
   }
   if (!new_incarnation) {
     if (absl::Status st = CheckTombstone(key, id); !st.ok()) return st;
   }
   if (table_.size() >= options_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_sequences ", options_.max_sequences, " reached; cannot create sequence_id ",
-        Quoted(id), "; release sequences or raise max_sequences"));
+    return absl::ResourceExhaustedError(absl::StrCat("max_sequences ", options_.max_sequences,
+                                                     " reached; cannot create sequence_id ", Quoted(id),
+                                                     "; release sequences or raise max_sequences"));
   }
   if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
@@ -129,8 +130,7 @@ void SequenceTable::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages)
   }
 }
 
-absl::Status SequenceTable::Release(const std::string& key, const std::string& id, uint64_t* tokens,
-                                    uint64_t* pages) {
+absl::Status SequenceTable::Release(const std::string& key, const std::string& id, uint64_t* tokens, uint64_t* pages) {
   SequencePtr seq;
   {
     absl::MutexLock lock(&mu_);

@@ -11,12 +11,10 @@
 
 namespace driftkv {
 
-absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options,
-                                                                    ServerHooks hooks) {
+absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options, ServerHooks hooks) {
   std::unique_ptr<DriftkvServer> s(new DriftkvServer());
   s->metrics_ = std::make_unique<Metrics>();
-  absl::StatusOr<std::unique_ptr<Handler>> handler =
-      Handler::Create(options, s->metrics_.get(), hooks.clock);
+  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(options, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
   s->options_ = options;
@@ -39,13 +37,14 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   s->handler_->AttachRegions(s->regions_.get());
   Handler* attend_handler = s->handler_.get();
   s->doorbells_ = std::make_unique<DoorbellTable>(
-      s->regions_.get(), [attend_handler](const v1::AttendRequest& request, v1::AttendResponse* response,
-                                          const std::string& tenant) {
+      s->regions_.get(),
+      [attend_handler](const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant) {
         return attend_handler->Attend(request, response, tenant);
       });
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
                                                  options.tokens, s->regions_.get(), s->doorbells_.get());
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = MakeServerCredentials(options, s->metrics_->unauthenticated);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentials(options, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
 
   // The standard grpc_server_* metrics and driftkv_server_info
@@ -67,8 +66,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   }
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
@@ -93,8 +91,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       s->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
     } catch (const std::exception& e) {
       s->Shutdown(absl::ZeroDuration());
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
     }
     s->exposer_->RegisterCollectable(s->metrics_->registry());
     const std::vector<int> ports = s->exposer_->GetListeningPorts();
@@ -134,8 +131,7 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
   }
   if (health_server_ != nullptr) {
     health_server_->GetHealthCheckService()->SetServingStatus(false);
@@ -163,6 +159,8 @@ absl::Status DriftkvServer::Drain(Handler::SnapshotSummary* summary) {
   return handler_->WriteSnapshot(options_.snapshot_dir, summary);
 }
 
-DriftkvServer::~DriftkvServer() { Shutdown(absl::ZeroDuration()); }
+DriftkvServer::~DriftkvServer() {
+  Shutdown(absl::ZeroDuration());
+}
 
 }  // namespace driftkv

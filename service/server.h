@@ -16,11 +16,11 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/exposer.h"
 #include "service/config.h"
+#include "service/doorbell.h"
 #include "service/grpc_service.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 #include "service/region_socket.h"
-#include "service/doorbell.h"
 #include "service/regions.h"
 #include "service/server_metrics.h"
 
@@ -40,8 +40,7 @@ class DriftkvServer {
  public:
   // Binds options.listen (port 0: the OS picks) and options.metrics_listen
   // (empty: none). Fails with the reason (bad address, port in use, ...).
-  static absl::StatusOr<std::unique_ptr<DriftkvServer>> Start(const ServiceOptions& options,
-                                                              ServerHooks hooks = {});
+  static absl::StatusOr<std::unique_ptr<DriftkvServer>> Start(const ServiceOptions& options, ServerHooks hooks = {});
   ~DriftkvServer();
 
   int port() const { return port_; }

@@ -17,7 +17,7 @@ using grpc::experimental::ServerRpcInfo;
 // quantiles read the same resolution as on Go servers.
 const prometheus::Histogram::BucketBoundaries& Buckets() {
   static const prometheus::Histogram::BucketBoundaries b = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                             0.5,   1.0,  2.5,   5.0,  10.0};
+                                                            0.5,   1.0,  2.5,   5.0,  10.0};
   return b;
 }
 
@@ -149,8 +149,7 @@ GrpcServerMetrics::GrpcServerMetrics(prometheus::Registry& registry)
   }
 }
 
-const GrpcServerMetrics::Method* GrpcServerMetrics::Get(const std::string& full_method,
-                                                        ServerRpcInfo::Type type) {
+const GrpcServerMetrics::Method* GrpcServerMetrics::Get(const std::string& full_method, ServerRpcInfo::Type type) {
   absl::MutexLock lock(&mu_);
   auto it = methods_.find(full_method);
   if (it != methods_.end()) return it->second.get();
@@ -183,8 +182,8 @@ const GrpcServerMetrics::Method* GrpcServerMetrics::AddLocked(const std::string&
   return out;
 }
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
-GrpcServerMetrics::InterceptorFactory(GrpcServerMetrics* metrics) {
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> GrpcServerMetrics::InterceptorFactory(
+    GrpcServerMetrics* metrics) {
   return std::make_unique<MetricsInterceptorFactory>(metrics);
 }
 

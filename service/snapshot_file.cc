@@ -15,8 +15,12 @@ namespace {
 
 static_assert(sizeof(uint16_t) == 2, "bf16 values are 2 bytes");
 
-void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
-void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+void PutU32(std::string* s, uint32_t v) {
+  s->append(reinterpret_cast<const char*>(&v), 4);
+}
+void PutU64(std::string* s, uint64_t v) {
+  s->append(reinterpret_cast<const char*>(&v), 8);
+}
 uint32_t GetU32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -36,7 +40,9 @@ std::string OsError(absl::string_view what, const std::string& path) {
 
 }  // namespace
 
-std::string SnapshotPath(const std::string& dir) { return absl::StrCat(dir, "/", kSnapshotFileName); }
+std::string SnapshotPath(const std::string& dir) {
+  return absl::StrCat(dir, "/", kSnapshotFileName);
+}
 
 std::string IdentityDifference(absl::string_view snapshot, absl::string_view server) {
   if (snapshot == server) return "";
@@ -54,9 +60,8 @@ std::string IdentityDifference(absl::string_view snapshot, absl::string_view ser
 
 // ---- writer ----
 
-absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& dir,
-                                                                      absl::string_view identity,
-                                                                      size_t page_bytes) {
+absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& dir, absl::string_view identity,
+                                                                     size_t page_bytes) {
   std::unique_ptr<SnapshotWriter> w(new SnapshotWriter());
   w->dir_ = dir;
   w->path_ = SnapshotPath(dir);
@@ -231,8 +236,9 @@ absl::Status SnapshotReader::NextSequence(bool* more, std::string* id, uint32_t*
   return absl::OkStatus();
 }
 
-absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header, std::vector<uint16_t>* keys,
-                                       std::vector<uint16_t>* values, bool* window_intact) {
+absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header,
+                                       std::vector<uint16_t>* keys, std::vector<uint16_t>* values,
+                                       bool* window_intact) {
   uint8_t rec[20];
   if (absl::Status st = Read(rec, sizeof(rec), "layer record"); !st.ok()) return st;
   if (CrcOf(rec, 16) != GetU32(rec + 16)) {

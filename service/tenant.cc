@@ -36,8 +36,8 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
   const int64_t before = pages_.fetch_add(count);
   if (quota_.max_pages > 0 && static_cast<uint64_t>(before + count) > quota_.max_pages) {
     pages_ -= count;
-    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_pages ", quota_.max_pages,
-                                                     ": it holds ", before, " pages and this call needs ", count,
+    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_pages ", quota_.max_pages, ": it holds ",
+                                                     before, " pages and this call needs ", count,
                                                      " more; release sequences or raise the quota"));
   }
   return absl::OkStatus();
@@ -46,8 +46,8 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
 absl::Status TenantUsage::ChargeSequence() {
   const int64_t before = sequences_.load();
   if (quota_.max_sequences > 0 && static_cast<uint64_t>(before) >= quota_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_sequences ",
-                                                     quota_.max_sequences, " reached; release sequences or "
+    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_sequences ", quota_.max_sequences,
+                                                     " reached; release sequences or "
                                                      "raise the quota"));
   }
   ++sequences_;

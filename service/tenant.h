@@ -30,7 +30,6 @@ std::string TenantKey(absl::string_view tenant, absl::string_view id);
 // rebuilds the table from its keys (a snapshot loader).
 std::string TenantOfKey(absl::string_view key);
 
-
 struct TenantQuota {
   uint64_t max_pages = 0;      // pages of both tiers; 0: unlimited
   uint64_t max_sequences = 0;  // 0: unlimited

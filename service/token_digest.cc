@@ -8,7 +8,9 @@ namespace {
 constexpr uint64_t kMul1 = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio
 constexpr uint64_t kMul2 = 0xC2B2AE3D27D4EB4Full;  // xxHash64's prime 2
 
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t Rotl(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
 
 // Folds n uint16 values, four per 64-bit word (little-endian), into h:
 // four independent lanes over consecutive words (the multiplications

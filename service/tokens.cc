@@ -23,7 +23,8 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
     if (words.empty()) continue;
     const std::string where = absl::StrCat("tokens_file ", path, " line ", line_no, ": ");
     if (words.size() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N]"));
     }
     const std::string hash = absl::AsciiStrToLower(words[0]);
     if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -31,7 +32,8 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
           where, "\"", words[0], "\" is not a SHA-256 in hex (64 digits); the file holds hashes, never tokens"));
     }
     const std::string tenant(words[1]);
-    if (absl::Status st = CheckTenantName(tenant); !st.ok()) return absl::InvalidArgumentError(where + std::string(st.message()));
+    if (absl::Status st = CheckTenantName(tenant); !st.ok())
+      return absl::InvalidArgumentError(where + std::string(st.message()));
     if (!t.tenant_of_hash_.emplace(hash, tenant).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, "the hash ", hash.substr(0, 12), "... is listed twice"));
     }

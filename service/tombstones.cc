@@ -28,10 +28,10 @@ absl::Duration Tombstones::Remaining(const std::string& key, absl::Time now) con
 absl::Status Tombstones::CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const {
   const absl::Duration left = Remaining(key, now);
   if (left <= absl::ZeroDuration()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "sequence_id \"%s\" was released; its tombstone lasts %.1f s more (tombstone_seconds %g): set "
-      "new_incarnation to start a new sequence under this id",
-      id, absl::ToDoubleSeconds(left), absl::ToDoubleSeconds(lifetime_)));
+  return absl::FailedPreconditionError(
+      absl::StrFormat("sequence_id \"%s\" was released; its tombstone lasts %.1f s more (tombstone_seconds %g): set "
+                      "new_incarnation to start a new sequence under this id",
+                      id, absl::ToDoubleSeconds(left), absl::ToDoubleSeconds(lifetime_)));
 }
 
 void Tombstones::Erase(const std::string& key) {

@@ -30,8 +30,7 @@ class Tombstones {
   absl::Duration Remaining(const std::string& key, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // FAILED_PRECONDITION naming `id` (the request's sequence_id) and the
   // time left while `key` is tombstoned; OK otherwise.
-  absl::Status CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   void Erase(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops expired entries; returns how many are left.
   size_t Purge(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);

@@ -78,7 +78,8 @@ class FakeStream : public FrameStream {
   bool Read(v1::AttendFrame* frame) override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](FakeStream* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->in_.empty() || s->half_closed_ || s->gone_; },
+        +[](FakeStream* s)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return !s->in_.empty() || s->half_closed_ || s->gone_; },
         this));
     if (gone_ || in_.empty()) return false;
     *frame = std::move(in_.front());
@@ -175,9 +176,7 @@ class FakeAttend {
     absl::MutexLock lock(&mu_);
     return tenants_;
   }
-  static uint64_t TokensOf(const std::string& seq) {
-    return seq.size() * 1000 + std::hash<std::string>()(seq) % 1000;
-  }
+  static uint64_t TokensOf(const std::string& seq) { return seq.size() * 1000 + std::hash<std::string>()(seq) % 1000; }
 
  private:
   absl::Mutex mu_;

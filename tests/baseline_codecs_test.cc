@@ -44,8 +44,8 @@ Kv MakeKv(int tokens, uint32_t seed) {
   return kv;
 }
 
-std::unique_ptr<KvCodec> Make(const std::string& name, int bits = 2, int group = 128,
-                              int key_levels = 6, int value_levels = 3) {
+std::unique_ptr<KvCodec> Make(const std::string& name, int bits = 2, int group = 128, int key_levels = 6,
+                              int value_levels = 3) {
   CodecOptions o;
   o.name = name;
   o.kv_heads = kHeads;
@@ -100,8 +100,8 @@ double AffineBound(float x, float lo, float hi, int levels) {
 // Rotated-domain (int, oscar) bound of every element of every token; the
 // inverse Hadamard is orthonormal, so the squared error is the same in the
 // model's domain.
-void ExpectGroupBound(const std::string& name, const std::vector<float>& x,
-                      const std::vector<float>& xhat, int tokens, int bits, double kappa) {
+void ExpectGroupBound(const std::string& name, const std::vector<float>& x, const std::vector<float>& xhat, int tokens,
+                      int bits, double kappa) {
   const int group = 128, levels = 1 << bits;
   for (int t = 0; t < tokens; ++t) {
     const std::vector<float> r = Rotated(&x[static_cast<size_t>(t) * kN]);
@@ -219,7 +219,8 @@ TEST(FixedCodec, SquaredErrorAtMostNearestRoundingOnTheMinMaxGrid) {
       const std::vector<float>& xh = key ? out.k : out.v;
       std::vector<float> r = Rotated(&x[size_t(t) * kN]);
       const std::vector<float> rh = Rotated(&xh[size_t(t) * kN]);
-      if (key) for (int j = 0; j < kN; ++j) r[j] -= mu[j];
+      if (key)
+        for (int j = 0; j < kN; ++j) r[j] -= mu[j];
       const int m = key ? 6 : 3;
       const float lo = *std::min_element(r.begin(), r.end());
       const float hi = *std::max_element(r.begin(), r.end());
@@ -298,8 +299,8 @@ TEST(Baselines, EncodeWritesExactlyTheStride) {
     std::vector<uint8_t> side(codec->side_stride() + 16, 0xab);
     CodecScratch scratch;
     CodecStats stats;
-    ASSERT_TRUE(codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(), side.data(),
-                                   &scratch, &stats).ok()) << name;
+    ASSERT_TRUE(codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(), side.data(), &scratch, &stats).ok())
+        << name;
     for (int i = 0; i < 16; ++i) {
       EXPECT_EQ(k[codec->key_stride() + i], 0xab) << name;
       EXPECT_EQ(v[codec->value_stride() + i], 0xab) << name;
@@ -318,8 +319,8 @@ TEST(Baselines, RejectNonFiniteAndOutOfRangeInput) {
     for (float bad : {NAN, INFINITY, 1e6f}) {
       Kv in = MakeKv(1, 9);
       in.v[17] = bad;
-      const absl::Status st = codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(),
-                                                 side.data(), &scratch, &stats);
+      const absl::Status st =
+          codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(), side.data(), &scratch, &stats);
       const bool fp16_ok = (name == "fp8" || name == "bf16") && std::isfinite(bad);
       if (fp16_ok) {
         EXPECT_TRUE(st.ok()) << name << " " << bad;
@@ -329,8 +330,9 @@ TEST(Baselines, RejectNonFiniteAndOutOfRangeInput) {
       }
     }
     Kv in = MakeKv(1, 9);
-    EXPECT_FALSE(codec->EncodeBlock(in.k.data(), in.v.data(), 0, k.data(), v.data(), side.data(),
-                                    &scratch, &stats).ok()) << name;
+    EXPECT_FALSE(
+        codec->EncodeBlock(in.k.data(), in.v.data(), 0, k.data(), v.data(), side.data(), &scratch, &stats).ok())
+        << name;
   }
 }
 
@@ -347,7 +349,7 @@ TEST(Baselines, RejectBadOptions) {
   };
   bad("int", [](CodecOptions* c) { c->bits = 0; });
   bad("int", [](CodecOptions* c) { c->bits = 9; });
-  bad("int", [](CodecOptions* c) { c->group = 100; });  // does not divide 512
+  bad("int", [](CodecOptions* c) { c->group = 100; });    // does not divide 512
   bad("int", [](CodecOptions* c) { c->head_dim = 96; });  // Hadamard needs 2^k
   bad("kivi", [](CodecOptions* c) { c->group = 0; });
   bad("oscar", [](CodecOptions* c) { c->kappa_k = 0.4; });
@@ -367,24 +369,23 @@ TEST(Baselines, CorruptRecordsAreDataLossAndStayFinite) {
     std::vector<uint8_t> bytes;
   };
   const std::vector<Case> cases = {
-      {"int", 0, {0x00, 0x7e}},      // fp16 NaN scale
-      {"oscar", 2, {0x00, 0x7c}},    // fp16 +inf zero point
-      {"turbo", 0, {0x00, 0xfc}},    // value grid scale -inf
+      {"int", 0, {0x00, 0x7e}},                       // fp16 NaN scale
+      {"oscar", 2, {0x00, 0x7c}},                     // fp16 +inf zero point
+      {"turbo", 0, {0x00, 0xfc}},                     // value grid scale -inf
       {"fixed", 4, std::vector<uint8_t>(102, 0xff)},  // base-3 integer >= 3^512
-      {"fp8", 10, {0x7f}},           // E4M3 NaN
-      {"bf16", 6, {0x80, 0x7f}},     // bf16 +inf
+      {"fp8", 10, {0x7f}},                            // E4M3 NaN
+      {"bf16", 6, {0x80, 0x7f}},                      // bf16 +inf
   };
   const Kv in = MakeKv(1, 10);
   for (const Case& c : cases) {
     auto codec = Make(c.name, 2, 128, 6, 3);
     std::vector<uint8_t> k(codec->key_stride()), v(codec->value_stride()), side(codec->side_stride());
     CodecScratch scratch;
-    ASSERT_TRUE(codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(), side.data(),
-                                   &scratch, nullptr).ok());
+    ASSERT_TRUE(
+        codec->EncodeBlock(in.k.data(), in.v.data(), 1, k.data(), v.data(), side.data(), &scratch, nullptr).ok());
     std::memcpy(v.data() + c.offset, c.bytes.data(), c.bytes.size());
     std::vector<float> kh(kN), vh(kN);
-    const absl::Status st = codec->DecodeBlock(k.data(), v.data(), side.data(), 1, kh.data(),
-                                               vh.data(), &scratch);
+    const absl::Status st = codec->DecodeBlock(k.data(), v.data(), side.data(), 1, kh.data(), vh.data(), &scratch);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << c.name << ": " << st;
     for (float x : vh) ASSERT_TRUE(std::isfinite(x)) << c.name;
     for (int j = 0; j < kN; ++j) EXPECT_NEAR(kh[j], in.k[j], 4.0) << c.name;  // keys intact

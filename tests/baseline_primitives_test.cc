@@ -16,16 +16,15 @@ namespace baselines {
 namespace {
 
 TEST(BaseM, BytesAreTheIdealChargeRoundedUpOncePerStream) {
-  EXPECT_EQ(BaseMBytes(512, 6), 166u);   // ceil(512 * log2 6 / 8) = ceil(165.4)
-  EXPECT_EQ(BaseMBytes(512, 3), 102u);   // ceil(101.4)
-  EXPECT_EQ(BaseMBytes(512, 4), 128u);   // power of two: exactly 2 bits each
+  EXPECT_EQ(BaseMBytes(512, 6), 166u);  // ceil(512 * log2 6 / 8) = ceil(165.4)
+  EXPECT_EQ(BaseMBytes(512, 3), 102u);  // ceil(101.4)
+  EXPECT_EQ(BaseMBytes(512, 4), 128u);  // power of two: exactly 2 bits each
   EXPECT_EQ(BaseMBytes(1, 2), 1u);
   EXPECT_EQ(BaseMBytes(3, 256), 3u);
   EXPECT_EQ(BaseMBytes(4, 256), 4u);
   for (int m : {3, 5, 6, 7, 11, 13}) {
     for (int n : {1, 7, 97, 512, 1024}) {
-      EXPECT_EQ(BaseMBytes(n, m),
-                static_cast<size_t>(std::ceil(n * std::log2(static_cast<double>(m)) / 8.0)))
+      EXPECT_EQ(BaseMBytes(n, m), static_cast<size_t>(std::ceil(n * std::log2(static_cast<double>(m)) / 8.0)))
           << "n " << n << " M " << m;
     }
   }

@@ -174,7 +174,8 @@ TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBit) {
   ServiceOptions o = testing::SmallOptions(32u << 20);
   o.backend = "cuda";
   o.codec.mean_window = 128;  // the CUDA kernels' page
-  o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-gpu-test-", absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
+  o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-gpu-test-",
+                                 absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
   std::unique_ptr<DriftkvServer> server;  // destroyed before the child ends
   std::unique_ptr<Client> client;
   absl::Status st = testing::StartLoopback(o, {}, {}, &server, &client);

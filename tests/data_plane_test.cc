@@ -131,7 +131,8 @@ class DataPlaneTest : public testing::LoopbackFixture {
   void SetUp() override {
     ServiceOptions o = testing::SmallOptions(32u << 20);
     // sun_path holds 107 bytes: TEST_TMPDIR may be longer.
-    o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-test-", absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
+    o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-test-",
+                                   absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
     Start(o);
   }
   std::unique_ptr<HostRegion> NewRegion(Client* c, uint64_t bytes) {

@@ -10,8 +10,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,8 +74,7 @@ class BellMemory {
     ServeDoorbellRequest(base(), c_, r_, seq_, fn, "alice", &scratch_);
   }
   std::string Response() {
-    return std::string(reinterpret_cast<const char*>(base() + doorbell::kHeaderBytes + c_),
-                       server()->response_bytes);
+    return std::string(reinterpret_cast<const char*>(base() + doorbell::kHeaderBytes + c_), server()->response_bytes);
   }
   bool GuardsIntact() const {
     for (size_t i = 0; i < kGuardBytes; ++i) {
@@ -138,8 +137,7 @@ TEST(ServeDoorbellRequestTest, AnswersWhatTheAttendFnAnswers) {
   ASSERT_TRUE(parsed.ParseFromString(m.Response()));
   EXPECT_EQ(parsed.results(0).tokens(), 78u);
   // A deadline still ahead is no obstacle.
-  m.Request(request.SerializeAsString(), static_cast<uint32_t>(request.ByteSizeLong()),
-            MonotonicNs() + 10'000'000'000);
+  m.Request(request.SerializeAsString(), static_cast<uint32_t>(request.ByteSizeLong()), MonotonicNs() + 10'000'000'000);
   m.Serve();
   ExpectAnswered(m, C::kOk);
   EXPECT_EQ(m.calls, 3);
@@ -206,8 +204,8 @@ TEST(ServeDoorbellRequestTest, AResponseLargerThanTheCapacityIsResourceExhausted
   m.Request(request.SerializeAsString(), static_cast<uint32_t>(request.ByteSizeLong()));
   m.Serve();
   ExpectAnswered(m, C::kResourceExhausted);
-  EXPECT_EQ(m.Response(), absl::StrCat("doorbell response of ", m.answer.ByteSizeLong(),
-                                       " bytes exceeds its response capacity 128"));
+  EXPECT_EQ(m.Response(),
+            absl::StrCat("doorbell response of ", m.answer.ByteSizeLong(), " bytes exceeds its response capacity 128"));
   EXPECT_EQ(m.calls, 1);
 }
 
@@ -399,8 +397,8 @@ std::string ReadAll(const std::string& path) {
 }
 
 TEST_F(DoorbellE2eTest, AClientThatDiesLeavesNothingAfterItsLease) {
-  const std::string helper = absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                                          "/tests/doorbell_client_helper");
+  const std::string helper =
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/tests/doorbell_client_helper");
   const std::string out = testing::TestDir() + "/doorbell-helper.out";
   const std::string cmd = absl::StrCat(helper, " 127.0.0.1:", server_->port(), " ", *dir_, "/ca.pem ",
                                        testing::kAliceToken, " 1 driftkv-dead-bell > ", out);

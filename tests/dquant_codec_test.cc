@@ -18,8 +18,7 @@
 namespace driftkv {
 namespace {
 
-std::unique_ptr<KvCodec> Make(int heads, int dim, int window = 128,
-                              Refit value_refit = kDefaultValueRefit) {
+std::unique_ptr<KvCodec> Make(int heads, int dim, int window = 128, Refit value_refit = kDefaultValueRefit) {
   CodecOptions o;
   o.value_refit = value_refit;
   o.kv_heads = heads;
@@ -83,7 +82,9 @@ void CheckIidNormalBars(Refit value_refit, double nmse_v_bar) {
   EXPECT_NEAR(bits, 2.26, 0.02);
 }
 
-TEST(DQuant, IidNormalMeetsTheQualityBars) { CheckIidNormalBars(kDefaultValueRefit, 0.160); }
+TEST(DQuant, IidNormalMeetsTheQualityBars) {
+  CheckIidNormalBars(kDefaultValueRefit, 0.160);
+}
 
 TEST(DQuant, IidNormalMeetsThePapersBarsWithLeastSquares) {
   CheckIidNormalBars(Refit::kLeastSquares, 0.140);
@@ -113,8 +114,8 @@ TEST(DQuant, CompressedAttentionEqualsAttentionOverDecodedCache) {
         std::vector<float> out(q_heads * 64, NAN), lse(q_heads, NAN);
         AttentionScratch scratch;
         const auto& dq = static_cast<const DQuantKvCodec&>(*codec).codec();
-        ASSERT_TRUE(CompressedAttention(dq, blocks, win, q.data(), q_heads, 0.125f, out.data(),
-                                        lse.data(), &scratch).ok());
+        ASSERT_TRUE(
+            CompressedAttention(dq, blocks, win, q.data(), q_heads, 0.125f, out.data(), lse.data(), &scratch).ok());
         std::vector<double> ref(q_heads * 64), ref_lse(q_heads);
         ReferenceAttention(kh.data(), vh.data(), T, 4, 64, q.data(), q_heads, 0.125, ref.data(), ref_lse.data());
         double err = 0, norm = 0;

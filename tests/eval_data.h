@@ -32,7 +32,9 @@ inline std::string Dir() {
 
 // The prefix of the fixture's files: Dir()/fixture_public (.k.bin,
 // .v.bin, .q.bin, .json).
-inline std::string FixturePrefix() { return Dir() + "/fixture_public"; }
+inline std::string FixturePrefix() {
+  return Dir() + "/fixture_public";
+}
 
 }  // namespace driftkv::eval_data
 

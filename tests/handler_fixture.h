@@ -27,14 +27,16 @@ namespace driftkv {
 namespace testing {
 
 // Where the injected clocks start (any fixed instant would do).
-inline absl::Time FixtureEpoch() { return absl::FromUnixSeconds(1000000); }
+inline absl::Time FixtureEpoch() {
+  return absl::FromUnixSeconds(1000000);
+}
 
 enum class FixtureClock { kInjected, kReal };
 
 // Appends tokens [first, first + count) of `kv` (rows of kSmallN, f32) to
 // layer `layer` of `seq` in chunks of `chunk` tokens; the first error stops.
-inline absl::Status PushTokens(Handler& h, const std::string& seq, uint32_t layer, const Kv& kv, int first,
-                               int count, int chunk = 97) {
+inline absl::Status PushTokens(Handler& h, const std::string& seq, uint32_t layer, const Kv& kv, int first, int count,
+                               int chunk = 97) {
   v1::AppendResponse r;
   for (int t = first; t < first + count; t += chunk) {
     absl::Status st = h.Append(ChunkOf(seq, layer, t, std::min(chunk, first + count - t), kv), &r);

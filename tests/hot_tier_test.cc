@@ -48,8 +48,9 @@ class Tier {
     args.hot_pool = hot_.get();
     backend_ = *MakeBackend("cpu", args);
     verifier_ = std::make_unique<PageVerifier>(*cold_, &metrics_);
-    tier_ = std::make_unique<HotTier>(*cold_, *hot_, *backend_, *verifier_, &metrics_, [this] { return now_; },
-                                      promotion, idle_seconds, std::move(after_move));
+    tier_ = std::make_unique<HotTier>(
+        *cold_, *hot_, *backend_, *verifier_, &metrics_, [this] { return now_; }, promotion, idle_seconds,
+        std::move(after_move));
   }
 
   // A sequence whose every layer holds `pages` encoded cold pages (and no

@@ -14,13 +14,13 @@
 
 #include "codec/compressed_attention.h"
 #include "codec/dquant_codec.h"
-#include "wire/half.h"
 #include "codec/level_attention.h"
 #include "codec/level_page.h"
 #include "codec/rans.h"
 #include "codec/stream_codec.h"
 #include "gtest/gtest.h"
 #include "tests/eval_data.h"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -345,8 +345,8 @@ ColdPage EncodeCold(const DQuantCodec& dq, const float* k, const float* v, int t
   c.mean.resize(dq.mean_stride());
   CodecScratch scratch;
   StreamStats a, b;
-  absl::Status st = dq.EncodeWindow(k, v, tokens, c.keys.data(), c.values.data(), c.mean.data(), &scratch,
-                                    ks ? ks : &a, vs ? vs : &b);
+  absl::Status st = dq.EncodeWindow(k, v, tokens, c.keys.data(), c.values.data(), c.mean.data(), &scratch, ks ? ks : &a,
+                                    vs ? vs : &b);
   EXPECT_TRUE(st.ok()) << st;
   return c;
 }
@@ -650,8 +650,8 @@ void CheckAttentionBitIdentical(int heads, int dim, int q_heads, int tokens, int
     const int count = std::min(128, tokens - t0);
     cold.push_back(EncodeCold(dq, &k[t0 * n], &v[t0 * n], count));
     hot.emplace_back(l.page_bytes);
-    ASSERT_TRUE(PromotePage(dq, l, cold.back().keys.data(), cold.back().values.data(), cold.back().mean.data(),
-                            count, hot.back().data())
+    ASSERT_TRUE(PromotePage(dq, l, cold.back().keys.data(), cold.back().values.data(), cold.back().mean.data(), count,
+                            hot.back().data())
                     .ok());
   }
   for (size_t i = 0; i < cold.size(); ++i) {
@@ -666,8 +666,8 @@ void CheckAttentionBitIdentical(int heads, int dim, int q_heads, int tokens, int
   std::vector<float> out_cold(q_heads * dim), lse_cold(q_heads), out_hot(q_heads * dim, 1.0f), lse_hot(q_heads);
   AttentionScratch as;
   LevelAttentionScratch ls;
-  absl::Status st = CompressedAttention(dq, blocks, win, q.data(), q_heads, 0.125f, out_cold.data(),
-                                        lse_cold.data(), &as);
+  absl::Status st =
+      CompressedAttention(dq, blocks, win, q.data(), q_heads, 0.125f, out_cold.data(), lse_cold.data(), &as);
   ASSERT_TRUE(st.ok()) << st;
   st = LevelAttention(dq, refs, win, q.data(), q_heads, 0.125f, out_hot.data(), lse_hot.data(), &ls);
   ASSERT_TRUE(st.ok()) << st;
@@ -685,7 +685,7 @@ TEST(LevelAttention, BitIdenticalToCompressedAttention) {
   CheckAttentionBitIdentical(8, 128, 32, 300, 21, 2);  // partial last page, window
   CheckAttentionBitIdentical(4, 64, 8, 257, 0, 3);     // GQA 2, a last page of 1 token
   CheckAttentionBitIdentical(4, 64, 8, 200, 64, 4);
-  CheckAttentionBitIdentical(2, 64, 2, 90, 5, 5);      // one partial page, no GQA
+  CheckAttentionBitIdentical(2, 64, 2, 90, 5, 5);  // one partial page, no GQA
 }
 
 TEST(LevelAttention, RealKvBitIdentical) {
@@ -716,8 +716,8 @@ TEST(LevelAttention, RealKvBitIdentical) {
     const int count = std::min(128, kUsed - t0);
     cold.push_back(EncodeCold(dq, &k[t0 * kN], &v[t0 * kN], count));
     hot.emplace_back(l.page_bytes);
-    ASSERT_TRUE(PromotePage(dq, l, cold.back().keys.data(), cold.back().values.data(), cold.back().mean.data(),
-                            count, hot.back().data())
+    ASSERT_TRUE(PromotePage(dq, l, cold.back().keys.data(), cold.back().values.data(), cold.back().mean.data(), count,
+                            hot.back().data())
                     .ok());
   }
   for (size_t i = 0; i < cold.size(); ++i) {

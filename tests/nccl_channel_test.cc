@@ -65,17 +65,17 @@ class ChannelTest : public testing::HandlerFixture {
   }
 
   // Queues the peer's send of tokens [first, first + count), then pushes.
-  absl::Status Push(const std::string& peer, uint64_t channel, const std::string& seq, uint32_t layer,
-                    uint64_t first, uint32_t count, const testing::Kv& kv, v1::AppendResponse* r,
-                    const std::string& tenant = "", bool new_incarnation = false) {
+  absl::Status Push(const std::string& peer, uint64_t channel, const std::string& seq, uint32_t layer, uint64_t first,
+                    uint32_t count, const testing::Kv& kv, v1::AppendResponse* r, const std::string& tenant = "",
+                    bool new_incarnation = false) {
     factory_.link(peer)->QueueSend({Bytes(kv.keys, first, count), Bytes(kv.values, first, count)});
     v1::PushChunkRequest h = Header(channel, seq, layer, first, count);
     h.set_new_incarnation(new_incarnation);
     return channels_->Push(h, absl::InfiniteFuture(), r, tenant);
   }
 
-  absl::Status Append(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
-                      const testing::Kv& kv, v1::AppendResponse* r) {
+  absl::Status Append(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count, const testing::Kv& kv,
+                      v1::AppendResponse* r) {
     return h_->Append(testing::ChunkOf(seq, layer, first, count, kv, v1::DTYPE_BF16), r);
   }
 
@@ -171,8 +171,7 @@ TEST_F(ChannelTest, DeadlineAbortsAndLeavesPoolUnchanged) {
   EXPECT_EQ(after.nccl_channels_open(), 0u);
   EXPECT_EQ(after.nccl_channels_aborted(), 1u);
   // The channel is gone.
-  EXPECT_EQ(channels_->Push(Header(ch, "s", 0, 0, 64), absl::InfiniteFuture(), &r).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(channels_->Push(Header(ch, "s", 0, 0, 64), absl::InfiniteFuture(), &r).code(), absl::StatusCode::kNotFound);
   // The RPC's own deadline, when sooner, bounds the wait too.
   const uint64_t ch2 = Open("slow2");
   st = channels_->Push(Header(ch2, "s", 0, 0, 64), absl::Now() + absl::Milliseconds(20), &r);
@@ -276,7 +275,6 @@ TEST_F(ChannelTest, NoTransportIsUnimplemented) {
   v1::OpenChannelResponse resp;
   EXPECT_EQ(none.Open(req, &resp).code(), absl::StatusCode::kUnimplemented);
 }
-
 
 // Tokens sent again with other data are refused, whether they are still in
 // the window (compared exactly) or already in pages encoded from a host

@@ -67,7 +67,8 @@ TEST(PageLayout, EveryGpuShapeIsTakenByTheKernels) {
       }
     }
   }
-  EXPECT_TRUE(absl::StrContains(gpu::GpuPageLayoutError(Codec(2, 64, 64).page_layout(), gpu::PageUse::kEncode), "pages of 64 tokens"));
+  EXPECT_TRUE(absl::StrContains(gpu::GpuPageLayoutError(Codec(2, 64, 64).page_layout(), gpu::PageUse::kEncode),
+                                "pages of 64 tokens"));
 }
 
 }  // namespace

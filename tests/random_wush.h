@@ -37,8 +37,7 @@ inline std::vector<double> RandomSpd(int d, uint64_t seed) {
 // Mat::kKey or Mat::kValue, is built from RandomSpd seeded at = seed +
 // 100 l + 10 h + int(m) and RandomSpd seeded at + 5000; its inverse goes to
 // the matching *Inverse slot. A failed construction is a test failure.
-inline TransformSet RandomWushSet(int layers, int kv_heads, int head_dim, uint64_t seed,
-                                  uint64_t calibration_tokens) {
+inline TransformSet RandomWushSet(int layers, int kv_heads, int head_dim, uint64_t seed, uint64_t calibration_tokens) {
   TransformSet s;
   s.layers = layers;
   s.kv_heads = kv_heads;

@@ -20,11 +20,11 @@
 #include <sstream>
 #include <string>
 
-#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "client/regions.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
@@ -255,8 +255,8 @@ TEST_F(RegionsE2eTest, AnAttachTokenRegistersOnce) {
 }
 
 TEST_F(RegionsE2eTest, AClientThatDiesLeavesNothingAfterItsLease) {
-  const std::string helper = absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                                          "/tests/region_client_helper");
+  const std::string helper =
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/tests/region_client_helper");
   const std::string out = Dir() + "/helper.out";
   const std::string cmd = absl::StrCat(helper, " 127.0.0.1:", server_->port(), " ", *dir_, "/ca.pem ", kAliceToken,
                                        " 1 driftkv-dead-client > ", out);
@@ -265,11 +265,14 @@ TEST_F(RegionsE2eTest, AClientThatDiesLeavesNothingAfterItsLease) {
   ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadAll(out)), &id)) << ReadAll(out);
   // The process is gone; the server still maps what it wrote.
   EXPECT_TRUE(absl::StrContains(ReadAll("/proc/self/maps"), "memfd:driftkv-dead-client"));
-  absl::StatusOr<RegionView> view = server_->regions().Resolve("alice", [&] {
-    v1::TensorRef ref;
-    ref.set_region_id(id);
-    return ref;
-  }(), 8192, 1, "f");
+  absl::StatusOr<RegionView> view = server_->regions().Resolve(
+      "alice",
+      [&] {
+        v1::TensorRef ref;
+        ref.set_region_id(id);
+        return ref;
+      }(),
+      8192, 1, "f");
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(std::string(static_cast<char*>(view->data), 8192), std::string(8192, 'K'));
   view = absl::CancelledError("dropped");

@@ -64,8 +64,7 @@ TEST(RegionsGpuTest, OpensAnotherProcesssAllocationAndPinsHostMemory) {
   }
 
   EXPECT_EQ(cuda_backend::OpenIpcMemory(handle, 63, 0, kBytes).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cuda_backend::OpenIpcMemory(handle, 64, 4096, kBytes).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda_backend::OpenIpcMemory(handle, 64, 4096, kBytes).status().code(), absl::StatusCode::kInvalidArgument);
   // Past the allocation's end (cudaMalloc rounds 1 MiB to 2 MiB at most).
   EXPECT_EQ(cuda_backend::OpenIpcMemory(handle, 64, 0, 64 << 20).status().code(), absl::StatusCode::kOutOfRange);
   absl::StatusOr<void*> dev = cuda_backend::OpenIpcMemory(handle, 64, 0, kBytes);

@@ -96,8 +96,8 @@ TEST_F(RegionsTest, ResolveGivesTheRegionsMemoryAndChecksRangeAndAlignment) {
 
   absl::Status past = table_->Resolve("alice", Ref(id, 4096 - 12), 16, 4, "items[3].output_ref").status();
   EXPECT_EQ(past.code(), C::kOutOfRange);
-  EXPECT_EQ(past.message(), absl::StrCat("items[3].output_ref.offset 4084 + 16 bytes is past the end of region ", id,
-                                         " (4096 bytes)"));
+  EXPECT_EQ(past.message(),
+            absl::StrCat("items[3].output_ref.offset 4084 + 16 bytes is past the end of region ", id, " (4096 bytes)"));
   // offset + bytes overflowing 64 bits is past the end too, not a wrap.
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   EXPECT_EQ(table_->Resolve("alice", Ref(id, max - 7), 16, 4, "f").status().code(), C::kOutOfRange);
@@ -185,13 +185,13 @@ TEST_F(RegionsTest, PendingAttachmentsAreBounded) {
 }
 
 TEST_F(RegionsTest, LeasesExpireUnlessRenewedOrUsed) {
-  const uint64_t a = Host("alice", 4096);           // default lease, 10 s
-  const uint64_t b = Host("alice", 4096, 1000);     // capped at 100 s
+  const uint64_t a = Host("alice", 4096);        // default lease, 10 s
+  const uint64_t b = Host("alice", 4096, 1000);  // capped at 100 s
   const uint64_t c = Host("bob", 4096, 5);
   v1::RegisterRegionResponse unused;
   now_ += absl::Seconds(8);
   EXPECT_TRUE(table_->Resolve("alice", Ref(a, 0), 4, 4, "f").ok());  // a use extends the lease
-  EXPECT_EQ(table_->ExpireIdle(), 1);                                 // c (5 s)
+  EXPECT_EQ(table_->ExpireIdle(), 1);                                // c (5 s)
   EXPECT_EQ(table_->Resolve("bob", Ref(c, 0), 4, 4, "f").status().code(), C::kNotFound);
   now_ += absl::Seconds(8);
   EXPECT_EQ(table_->ExpireIdle(), 0);  // a: used 8 s ago

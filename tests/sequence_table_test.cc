@@ -29,8 +29,8 @@ class Table {
     pool_ = *PagePool::Create(*MakePageLayoutFor(options_.page_format, *codec_), options_.pool_bytes, slots);
     std::vector<int> ids;
     for (int k = 0; k < slots; ++k) ids.push_back(10 + k);
-    table_ = std::make_unique<SequenceTable>(options_, kN, *pool_, nullptr, &metrics_, [this] { return now; },
-                                             ids);
+    table_ = std::make_unique<SequenceTable>(
+        options_, kN, *pool_, nullptr, &metrics_, [this] { return now; }, ids);
   }
   SequenceTable* operator->() { return table_.get(); }
   absl::StatusOr<SequencePtr> Create(const std::string& tenant, const std::string& id, bool new_incarnation = false,

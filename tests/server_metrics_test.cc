@@ -13,8 +13,8 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
-#include "tests/service_http.h"
 #include "tests/loopback_server.h"
+#include "tests/service_http.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -28,8 +28,7 @@ std::string Series(const std::string& name, const std::string& method, const std
                    const std::string& code = "") {
   std::string labels;
   if (!code.empty()) labels = absl::StrCat("grpc_code=\"", code, "\",");
-  absl::StrAppend(&labels, "grpc_method=\"", method, "\",grpc_service=\"driftkv.v1.KvCache\",grpc_type=\"",
-                  type, "\"");
+  absl::StrAppend(&labels, "grpc_method=\"", method, "\",grpc_service=\"driftkv.v1.KvCache\",grpc_type=\"", type, "\"");
   return absl::StrCat(name, "{", labels, "}");
 }
 
@@ -41,26 +40,25 @@ class ServerMetricsTest : public testing::LoopbackFixture {
     Start(o);
   }
   std::string Scrape() { return testing::HttpGet(server_->metrics_port(), "/metrics"); }
-  double Value(const std::string& text, const std::string& series) {
-    return testing::MetricValue(text, series);
-  }
+  double Value(const std::string& text, const std::string& series) { return testing::MetricValue(text, series); }
 };
 
 TEST_F(ServerMetricsTest, EveryMethodAndCodeStartsAtZero) {
   const std::string text = Scrape();
-  for (const auto& [method, type] : std::vector<std::pair<std::string, std::string>>{
-           {"Append", "client_stream"}, {"Attend", "unary"}, {"Read", "server_stream"},
-           {"Release", "unary"}, {"Info", "unary"}, {"Stats", "unary"}}) {
+  for (const auto& [method, type] : std::vector<std::pair<std::string, std::string>>{{"Append", "client_stream"},
+                                                                                     {"Attend", "unary"},
+                                                                                     {"Read", "server_stream"},
+                                                                                     {"Release", "unary"},
+                                                                                     {"Info", "unary"},
+                                                                                     {"Stats", "unary"}}) {
     EXPECT_EQ(Value(text, Series("grpc_server_started_total", method, type)), 0) << method;
-    for (const char* code : {"OK", "Canceled", "InvalidArgument", "NotFound", "ResourceExhausted",
-                             "OutOfRange", "Unavailable", "DataLoss", "Unauthenticated"}) {
-      EXPECT_EQ(Value(text, Series("grpc_server_handled_total", method, type, code)), 0)
-          << method << " " << code;
+    for (const char* code : {"OK", "Canceled", "InvalidArgument", "NotFound", "ResourceExhausted", "OutOfRange",
+                             "Unavailable", "DataLoss", "Unauthenticated"}) {
+      EXPECT_EQ(Value(text, Series("grpc_server_handled_total", method, type, code)), 0) << method << " " << code;
     }
     EXPECT_EQ(Value(text, Series("grpc_server_handling_seconds_count", method, type)), 0) << method;
   }
-  EXPECT_TRUE(absl::StrContains(
-      text, "driftkv_server_info{backend=\"cpu\",device=\"cpu\",version=\"0.1.0\"} 1"))
+  EXPECT_TRUE(absl::StrContains(text, "driftkv_server_info{backend=\"cpu\",device=\"cpu\",version=\"0.1.0\"} 1"))
       << text;
 }
 
@@ -71,8 +69,7 @@ TEST_F(ServerMetricsTest, CallsMoveTheirSeries) {
   const testing::Kv kv = testing::SyntheticKv(96, kN, 3);
   std::vector<v1::AppendChunk> chunks;
   for (int t = 0; t < 96; t += 32) {
-    chunks.push_back(MakeChunk("s", 0, t, 32, kv.keys.data() + t * kN, kv.values.data() + t * kN, kN,
-                               v1::DTYPE_BF16));
+    chunks.push_back(MakeChunk("s", 0, t, 32, kv.keys.data() + t * kN, kv.values.data() + t * kN, kN, v1::DTYPE_BF16));
   }
   ASSERT_TRUE(client_->Append(chunks).ok());
   // A server stream of 2 messages (read_chunk_tokens 64).
@@ -101,8 +98,9 @@ TEST_F(ServerMetricsTest, CallsMoveTheirSeries) {
   // driftkv's own histogram counts the same calls.
   EXPECT_EQ(Value(text, "driftkv_rpc_duration_seconds_count{code=\"NOT_FOUND\",method=\"Release\"}"), 1);
   // +Inf bucket = count.
-  EXPECT_EQ(Value(text, "grpc_server_handling_seconds_bucket{grpc_method=\"Info\",grpc_service="
-                        "\"driftkv.v1.KvCache\",grpc_type=\"unary\",le=\"+Inf\"}"),
+  EXPECT_EQ(Value(text,
+                  "grpc_server_handling_seconds_bucket{grpc_method=\"Info\",grpc_service="
+                  "\"driftkv.v1.KvCache\",grpc_type=\"unary\",le=\"+Inf\"}"),
             2);
 }
 

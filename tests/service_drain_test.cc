@@ -45,7 +45,8 @@ std::string WriteConfig(const std::string& dir, const std::string& extra) {
   std::ofstream(path) << "model { layers: " << kLayers << " kv_heads: " << kKvHeads << " head_dim: " << kHeadDim
                       << " }\ncodec { name: \"dquant\" page_tokens: " << kPage << " }\nwindow_tokens: " << kWindow
                       << "\npool_bytes: 8388608\nhot_tier_fraction: 0.25\nhot_idle_seconds: 0\n"
-                      << "snapshot_dir: \"" << dir << "/snap\"\ndrain_timeout_seconds: 10\n" << extra;
+                      << "snapshot_dir: \"" << dir << "/snap\"\ndrain_timeout_seconds: 10\n"
+                      << extra;
   // On a GPU machine: DRIFTKV_DRAIN_BACKEND=cuda with driftkv-server-cuda
   // as SERVER restores the pages into the device mirror too.
   if (const char* backend = std::getenv("DRIFTKV_DRAIN_BACKEND")) {

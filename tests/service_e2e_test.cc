@@ -29,8 +29,8 @@ struct Errors {
   double vs_dequant = 0, dequant_sum = 0;  // 1
   double vs_local = 0, local_sum = 0;      // 2
   double service = 0, local = 0, sum = 0;  // 3
-  void Add(const std::vector<float>& out, const std::vector<double>& ref_dequant,
-           const std::vector<float>& local_out, const std::vector<double>& ref) {
+  void Add(const std::vector<float>& out, const std::vector<double>& ref_dequant, const std::vector<float>& local_out,
+           const std::vector<double>& ref) {
     for (size_t i = 0; i < out.size(); ++i) {
       vs_dequant += (out[i] - ref_dequant[i]) * (out[i] - ref_dequant[i]);
       dequant_sum += ref_dequant[i] * ref_dequant[i];
@@ -46,9 +46,9 @@ struct Errors {
 // Pushes `prefill` tokens of each layer (layer-interleaved chunks), then runs
 // `steps` decode steps (one Attend of all layers per step) and measures.
 Errors PushAndDecode(Client& client, const DQuantCodec& codec, int layers, int window_tokens,
-           const std::vector<std::vector<float>>& keys, const std::vector<std::vector<float>>& values,
-           const std::vector<std::vector<float>>& queries, int q_heads, int prefill, int steps,
-           v1::DType dtype) {
+                     const std::vector<std::vector<float>>& keys, const std::vector<std::vector<float>>& values,
+                     const std::vector<std::vector<float>>& queries, int q_heads, int prefill, int steps,
+                     v1::DType dtype) {
   const int kv_heads = codec.config().kv_heads, d = codec.config().head_dim, n = codec.n();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const std::string seq = "e2e";
@@ -71,8 +71,8 @@ Errors PushAndDecode(Client& client, const DQuantCodec& codec, int layers, int w
       it->set_layer(l);
       it->set_dtype(dtype);  // of query, new_key and new_value
       it->set_q_heads(q_heads);
-      FloatToTensor(queries[l].data() + static_cast<size_t>(s) * q_heads * d, static_cast<size_t>(q_heads) * d,
-                    dtype, it->mutable_query());
+      FloatToTensor(queries[l].data() + static_cast<size_t>(s) * q_heads * d, static_cast<size_t>(q_heads) * d, dtype,
+                    it->mutable_query());
       FloatToTensor(keys[l].data() + pos * n, n, dtype, it->mutable_new_key());
       FloatToTensor(values[l].data() + pos * n, n, dtype, it->mutable_new_value());
       it->set_new_token_index(pos);
@@ -91,8 +91,8 @@ Errors PushAndDecode(Client& client, const DQuantCodec& codec, int layers, int w
                          ref_dequant.data(), lse.data());
       ReferenceAttention(keys[l].data(), values[l].data(), pos + 1, kv_heads, d, q, q_heads, scale, ref.data(),
                          lse.data());
-      testing::Attention local = testing::CodecPipeline(codec, keys[l].data(), values[l].data(), pos + 1,
-                                                        window_tokens, q, q_heads, static_cast<float>(scale));
+      testing::Attention local = testing::CodecPipeline(codec, keys[l].data(), values[l].data(), pos + 1, window_tokens,
+                                                        q, q_heads, static_cast<float>(scale));
       e.Add(out, ref_dequant, local.out, ref);
     }
   }
@@ -120,8 +120,8 @@ TEST(EndToEnd, SyntheticMultiLayerDecodeWithinCodecError) {
       queries[l].insert(queries[l].end(), q.begin(), q.end());
     }
   }
-  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), 3, o.window_tokens, keys, values, queries, q_heads,
-                 prefill, steps, v1::DTYPE_BF16);
+  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), 3, o.window_tokens, keys, values,
+                           queries, q_heads, prefill, steps, v1::DTYPE_BF16);
   // 1. Attention in the compressed domain = attention over the decoded cache.
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
   // 2. Nothing added to the codec's own pipeline.
@@ -170,8 +170,8 @@ TEST(EndToEnd, RealFixtureMatchesCodecReplay) {
     TensorToFloat(qraw, v1::DTYPE_FP16, queries[l].size(), queries[l].data());
   }
   (void)kLayers;
-  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), layers, 128, keys, values, queries, kQHeads, prefill,
-                 steps, v1::DTYPE_FP16);
+  Errors e = PushAndDecode(*client, testing::DQuantOf(server->handler().codec()), layers, 128, keys, values, queries,
+                           kQHeads, prefill, steps, v1::DTYPE_FP16);
   EXPECT_LT(std::sqrt(e.vs_dequant / e.dequant_sum), 1e-4);
   EXPECT_LT(std::sqrt(e.vs_local / e.local_sum), 1e-6);
   const double err = std::sqrt(e.service / e.sum);

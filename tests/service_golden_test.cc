@@ -116,9 +116,8 @@ Golden RunService(ServiceOptions o) {
 }
 
 void Expect(const char* name, const Golden& got, const Golden& want, bool check_attend) {
-  const bool same = got.arena == want.arena && got.read == want.read &&
-                    (!check_attend || got.attend == want.attend) && got.page_bytes == want.page_bytes &&
-                    got.capacity_pages == want.capacity_pages;
+  const bool same = got.arena == want.arena && got.read == want.read && (!check_attend || got.attend == want.attend) &&
+                    got.page_bytes == want.page_bytes && got.capacity_pages == want.capacity_pages;
   if (!same) {
     std::printf("%s: {0x%016llxull, 0x%016llxull, 0x%016llxull, %llu, %llu}\n", name,
                 static_cast<unsigned long long>(got.arena), static_cast<unsigned long long>(got.read),
@@ -145,12 +144,14 @@ ServiceOptions Options(int page_tokens, int window_tokens, Refit refit = Refit::
 
 // Pages of 32 tokens, window 32 (the handler tests' shape): 21 pages a layer.
 TEST(ServiceGoldenTest, SmallPagesHadamard) {
-  Expect("small", RunService(Options(32, 32)), {0x5a41d01f496251bfull, 0xcd684cb27e26acf1ull, 0xad6cd7fdb7fbec15ull, 2624, 399}, true);
+  Expect("small", RunService(Options(32, 32)),
+         {0x5a41d01f496251bfull, 0xcd684cb27e26acf1ull, 0xad6cd7fdb7fbec15ull, 2624, 399}, true);
 }
 
 // Pages of 128 tokens (the GPU kernels' page) and the default window.
 TEST(ServiceGoldenTest, DefaultPagesHadamard) {
-  Expect("default", RunService(Options(128, 128)), {0x2c7e4f44e5827b8eull, 0x78feb645737d2756ull, 0xd401dcf00e9a87c6ull, 9920, 105}, true);
+  Expect("default", RunService(Options(128, 128)),
+         {0x2c7e4f44e5827b8eull, 0x78feb645737d2756ull, 0xd401dcf00e9a87c6ull, 9920, 105}, true);
 }
 
 // The default value grid; keys (and so the key records) are those above.
@@ -169,7 +170,8 @@ TEST(ServiceGoldenTest, IdentityTransform) {
   ServiceOptions o = Options(32, 32);
   o.transform = TransformKind::kIdentity;
   o.codec.hadamard = false;
-  Expect("identity", RunService(o), {0x02fb89dc0b8f939aull, 0x0ad372ba86c76997ull, 0x0a49c4d280757fb3ull, 2624, 399}, true);
+  Expect("identity", RunService(o), {0x02fb89dc0b8f939aull, 0x0ad372ba86c76997ull, 0x0a49c4d280757fb3ull, 2624, 399},
+         true);
 }
 
 // WUSH: pages and Read are pinned; Attend is checked by service_wush_test.
@@ -179,7 +181,8 @@ TEST(ServiceGoldenTest, WushTransform) {
   o.codec.hadamard = false;
   o.transforms = WushSet();
   o.transforms_file = "golden.xfm";
-  Expect("wush", RunService(o), {0x7299ac3374d2d021ull, 0x76c5fc4f6c607264ull, 0x1bd9a0462c1909b8ull, 2624, 399}, false);
+  Expect("wush", RunService(o), {0x7299ac3374d2d021ull, 0x76c5fc4f6c607264ull, 0x1bd9a0462c1909b8ull, 2624, 399},
+         false);
 }
 
 }  // namespace

@@ -191,14 +191,13 @@ void RunBoth(const std::string& transforms_file, bool hot = false) {
               continue;
             }
             std::vector<double> ref(got.size()), ref_lse(kQHeads);
-            ReferenceAttention(back->keys.data(), back->values.data(), pos + 1, kKvHeads, kD, queries[l].data(), kQHeads,
-                               1.0 / std::sqrt(static_cast<double>(kD)), ref.data(), ref_lse.data());
+            ReferenceAttention(back->keys.data(), back->values.data(), pos + 1, kKvHeads, kD, queries[l].data(),
+                               kQHeads, 1.0 / std::sqrt(static_cast<double>(kD)), ref.data(), ref_lse.data());
             for (size_t i = 0; i < got.size(); ++i) {
               self_diff[s] += (got[i] - ref[i]) * (got[i] - ref[i]);
               self_norm[s] += ref[i] * ref[i];
             }
           }
-
         }
       }
       // Read: the GPU encoder makes the CPU encoder's decisions with the same
@@ -213,8 +212,9 @@ void RunBoth(const std::string& transforms_file, bool hot = false) {
           continue;
         }
         for (size_t t = 0; t < x->keys.size() / kN; ++t) {
-          const bool same = std::equal(x->keys.begin() + t * kN, x->keys.begin() + (t + 1) * kN, y->keys.begin() + t * kN) &&
-                            std::equal(x->values.begin() + t * kN, x->values.begin() + (t + 1) * kN, y->values.begin() + t * kN);
+          const bool same =
+              std::equal(x->keys.begin() + t * kN, x->keys.begin() + (t + 1) * kN, y->keys.begin() + t * kN) &&
+              std::equal(x->values.begin() + t * kN, x->values.begin() + (t + 1) * kN, y->values.begin() + t * kN);
           differing_tokens[s] += !same;
           read_tokens[s] += 1;
         }
@@ -224,10 +224,10 @@ void RunBoth(const std::string& transforms_file, bool hot = false) {
   for (std::thread& t : threads) t.join();
   for (int s = 0; s < kSeqs; ++s) {
     EXPECT_EQ(failures[s], 0) << "sequence " << s << ": " << first_error[s];
-    std::printf("sequence %d: vs own decoded cache %.3g; cuda vs cpu attention relative L2 %.3g, tokens reading back "
-                "differently %d of %d\n",
-                s, std::sqrt(self_diff[s] / self_norm[s]), std::sqrt(diff[s] / norm[s]), differing_tokens[s],
-                read_tokens[s]);
+    std::printf(
+        "sequence %d: vs own decoded cache %.3g; cuda vs cpu attention relative L2 %.3g, tokens reading back "
+        "differently %d of %d\n",
+        s, std::sqrt(self_diff[s] / self_norm[s]), std::sqrt(diff[s] / norm[s]), differing_tokens[s], read_tokens[s]);
     EXPECT_LT(std::sqrt(self_diff[s] / self_norm[s]), 1e-4) << "sequence " << s;
     EXPECT_LT(std::sqrt(diff[s] / norm[s]), 1e-4) << "sequence " << s;
     EXPECT_EQ(differing_tokens[s], 0) << "sequence " << s;

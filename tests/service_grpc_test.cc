@@ -15,8 +15,8 @@
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
-#include "tests/service_http.h"
 #include "tests/loopback_server.h"
+#include "tests/service_http.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
@@ -36,8 +36,7 @@ class LoseAnswers : public grpc::experimental::Interceptor {
  public:
   LoseAnswers(std::atomic<int>* budget, bool matches) : budget_(budget), matches_(matches) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
-    if (matches_ &&
-        m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
+    if (matches_ && m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
         budget_->fetch_sub(1) > 0) {
       m->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: answer lost"));
     }
@@ -51,10 +50,8 @@ class LoseAnswers : public grpc::experimental::Interceptor {
 
 class LoseAnswersFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  LoseAnswersFactory(std::string method, std::atomic<int>* budget)
-      : method_(std::move(method)), budget_(budget) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(
-      grpc::experimental::ServerRpcInfo* info) override {
+  LoseAnswersFactory(std::string method, std::atomic<int>* budget) : method_(std::move(method)), budget_(budget) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
     return new LoseAnswers(budget_, absl::EndsWith(info->method(), method_));
   }
 
@@ -72,13 +69,13 @@ class GrpcTest : public testing::LoopbackFixture {
   }
   void SetUp() override { Start(); }
 
-  std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer,
-                                      const testing::Kv& kv, int first, int tokens, int chunk) {
+  std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer, const testing::Kv& kv, int first,
+                                      int tokens, int chunk) {
     std::vector<v1::AppendChunk> out;
     for (int t = first; t < first + tokens; t += chunk) {
       const int c = std::min(chunk, first + tokens - t);
-      out.push_back(MakeChunk(seq, layer, t, c, kv.keys.data() + t * kN, kv.values.data() + t * kN,
-                              kN, v1::DTYPE_BF16));
+      out.push_back(
+          MakeChunk(seq, layer, t, c, kv.keys.data() + t * kN, kv.values.data() + t * kN, kN, v1::DTYPE_BF16));
     }
     return out;
   }
@@ -182,7 +179,8 @@ TEST_F(GrpcTest, LengthAfterAPartlyFailedAppendStream) {
   chunks[2].set_kv_heads(4);
   absl::Status st = client_->Append(chunks).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_EQ(st.message(), "chunk 2 of the stream (2 accepted before it): kv_heads 4 does not match the server's kv_heads 2");
+  EXPECT_EQ(st.message(),
+            "chunk 2 of the stream (2 accepted before it): kv_heads 4 does not match the server's kv_heads 2");
   absl::StatusOr<v1::LengthResponse> len = client_->Length("p");
   ASSERT_TRUE(len.ok()) << len.status();
   ASSERT_EQ(len->layers_size(), 2);
@@ -236,7 +234,7 @@ TEST_F(GrpcTest, LostAppendAnswerIsRetriedAndStoredOnce) {
   absl::StatusOr<v1::AppendResponse> a = client_->Append(Chunks("r", 0, kv, 0, 150, 40));
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(client_->retries(), 2);
-  EXPECT_EQ(a->tokens_stored(), 0u);       // the third attempt found everything stored
+  EXPECT_EQ(a->tokens_stored(), 0u);  // the third attempt found everything stored
   EXPECT_EQ(a->tokens_duplicate(), 150u);
   EXPECT_EQ(Stored(), 150u);
   absl::StatusOr<v1::StatsResponse> s = client_->Stats();
@@ -307,8 +305,7 @@ TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
 }
 
 TEST_F(GrpcTest, HealthServiceAnswersServing) {
-  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   for (const char* service : {"", "driftkv.v1.KvCache"}) {
     grpc::ClientContext ctx;
@@ -361,8 +358,7 @@ TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
   absl::StatusOr<v1::StatsResponse> s = client_->Stats();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->sequences(), threads + 1u);
-  EXPECT_EQ(s->tokens_compressed() + s->tokens_window(),
-            static_cast<uint64_t>(threads * (tokens + 20) + tokens + 40));
+  EXPECT_EQ(s->tokens_compressed() + s->tokens_window(), static_cast<uint64_t>(threads * (tokens + 20) + tokens + 40));
 }
 
 TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
@@ -381,21 +377,40 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   ASSERT_FALSE(client_->Attend(req).ok());
   const std::string after = testing::HttpGet(server_->metrics_port(), "/metrics");
   // Every metric of docs/metrics.md is present.
-  for (const char* name :
-       {"driftkv_budget_utilization_ratio_bucket", "driftkv_symbols_coded_total",
-        "driftkv_symbols_moved_total", "driftkv_encode_retries_total",
-        "driftkv_encode_fallbacks_total", "driftkv_pages_encoded_total",
-        "driftkv_pool_capacity_bytes", "driftkv_pool_used_bytes", "driftkv_pool_capacity_pages",
-        "driftkv_pool_used_pages", "driftkv_tokens_stored", "driftkv_window_bytes",
-        "driftkv_sequences", "driftkv_sequences_created_total", "driftkv_sequences_released_total",
-        "driftkv_sequences_expired_total", "driftkv_ingested_bytes_total",
-        "driftkv_ingested_tokens_total", "driftkv_duplicate_tokens_total",
-        "driftkv_rejected_requests_total", "driftkv_attention_tokens_total",
-        "driftkv_attention_items_total", "driftkv_attend_batch_calls_count",
-        "driftkv_attend_batch_items_count", "driftkv_rpc_duration_seconds_bucket", "driftkv_pages",
-        "driftkv_hot_tier_capacity_bytes", "driftkv_hot_tier_capacity_pages", "driftkv_hot_layers",
-        "driftkv_tier_promotions_total", "driftkv_tier_promotions_skipped_total", "driftkv_tier_demotions_total",
-        "driftkv_tier_pages_moved_total", "driftkv_tier_promotion_seconds_count"}) {
+  for (const char* name : {"driftkv_budget_utilization_ratio_bucket",
+                           "driftkv_symbols_coded_total",
+                           "driftkv_symbols_moved_total",
+                           "driftkv_encode_retries_total",
+                           "driftkv_encode_fallbacks_total",
+                           "driftkv_pages_encoded_total",
+                           "driftkv_pool_capacity_bytes",
+                           "driftkv_pool_used_bytes",
+                           "driftkv_pool_capacity_pages",
+                           "driftkv_pool_used_pages",
+                           "driftkv_tokens_stored",
+                           "driftkv_window_bytes",
+                           "driftkv_sequences",
+                           "driftkv_sequences_created_total",
+                           "driftkv_sequences_released_total",
+                           "driftkv_sequences_expired_total",
+                           "driftkv_ingested_bytes_total",
+                           "driftkv_ingested_tokens_total",
+                           "driftkv_duplicate_tokens_total",
+                           "driftkv_rejected_requests_total",
+                           "driftkv_attention_tokens_total",
+                           "driftkv_attention_items_total",
+                           "driftkv_attend_batch_calls_count",
+                           "driftkv_attend_batch_items_count",
+                           "driftkv_rpc_duration_seconds_bucket",
+                           "driftkv_pages",
+                           "driftkv_hot_tier_capacity_bytes",
+                           "driftkv_hot_tier_capacity_pages",
+                           "driftkv_hot_layers",
+                           "driftkv_tier_promotions_total",
+                           "driftkv_tier_promotions_skipped_total",
+                           "driftkv_tier_demotions_total",
+                           "driftkv_tier_pages_moved_total",
+                           "driftkv_tier_promotion_seconds_count"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }
   using testing::MetricValue;
@@ -418,7 +433,8 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   EXPECT_EQ(MetricValue(after, "driftkv_sequences"), 1);
   EXPECT_EQ(MetricValue(before, "driftkv_sequences"), 0);
   EXPECT_EQ(MetricValue(after, "driftkv_rejected_requests_total"), 1);  // the layer-9 Attend
-  EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"Attend\"} 1"))
+  EXPECT_TRUE(
+      absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\",method=\"Attend\"} 1"))
       << after;
   EXPECT_TRUE(absl::StrContains(after, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Append\"} 1"));
 }
@@ -427,8 +443,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
 // ships no stubs for it, so the test speaks it with a generic call: the
 // request {list_services: ""} is field 7, a string, of length 0.
 TEST_F(GrpcTest, ReflectionListsServices) {
-  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;

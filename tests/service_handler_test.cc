@@ -31,15 +31,14 @@ class HandlerTest : public testing::HandlerFixture {
  protected:
   void SetUp() override { Make(); }
 
-  absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int tokens,
-                    int chunk = 97) {
+  absl::Status Push(const std::string& seq, uint32_t layer, const testing::Kv& kv, int tokens, int chunk = 97) {
     return testing::PushTokens(*h_, seq, layer, kv, 0, tokens, chunk);
   }
   // The state a rejected request must leave untouched.
   std::string Snapshot() {
     v1::StatsResponse s = Stats();
-    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/",
-                        s.tokens_window(), "/", s.tokens_ingested());
+    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(), "/",
+                        s.tokens_ingested());
   }
 };
 
@@ -80,12 +79,12 @@ TEST_F(HandlerTest, AttentionMatchesCodecPipelineAndFloatReference) {
   ASSERT_EQ(local.out.size(), out.size());
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], local.out[i], 1e-5) << i;
   for (int h = 0; h < q_heads; ++h) EXPECT_NEAR(r.lse(h), local.lse[h], 1e-4);
-  const double err = testing::RelativeError(out, kv.keys.data(), kv.values.data(), tokens,
-                                            kKvHeads, kD, q.data(), q_heads, scale);
+  const double err =
+      testing::RelativeError(out, kv.keys.data(), kv.values.data(), tokens, kKvHeads, kD, q.data(), q_heads, scale);
   // At ~2.3 bits per value on Gaussian noise the codec's own error is large;
   // the service must add nothing to it (garbage or zeros would give >= 1).
-  const double local_err = testing::RelativeError(local.out, kv.keys.data(), kv.values.data(),
-                                                  tokens, kKvHeads, kD, q.data(), q_heads, scale);
+  const double local_err = testing::RelativeError(local.out, kv.keys.data(), kv.values.data(), tokens, kKvHeads, kD,
+                                                  q.data(), q_heads, scale);
   EXPECT_LE(err, local_err * 1.0001 + 1e-6);
   // About 0.83 with the default (unbiased) value grid, whose scale is larger.
   EXPECT_LT(err, 0.9);
@@ -126,8 +125,7 @@ TEST_F(HandlerTest, SplitKvAttentionEqualsOnePass) {
                   return true;
                 }).ok());
   std::vector<double> ref(out.size()), ref_lse(q_heads);
-  ReferenceAttention(dk.data(), dv.data(), tokens, kKvHeads, kD, q.data(), q_heads, 0.125,
-                     ref.data(), ref_lse.data());
+  ReferenceAttention(dk.data(), dv.data(), tokens, kKvHeads, kD, q.data(), q_heads, 0.125, ref.data(), ref_lse.data());
   double split_err = 0, one_err = 0, den = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     split_err += (out[i] - ref[i]) * (out[i] - ref[i]);
@@ -155,9 +153,7 @@ TEST_F(HandlerTest, WindowOnlyAttentionIsBf16Exact) {
   ASSERT_TRUE(h_->Attend(req, &resp).ok());
   std::vector<float> out(2 * kD);
   std::memcpy(out.data(), resp.results(0).output().data(), out.size() * 4);
-  EXPECT_LT(testing::RelativeError(out, kv.keys.data(), kv.values.data(), 40, kKvHeads, kD,
-                                   q.data(), 2, 0.125),
-            0.01);
+  EXPECT_LT(testing::RelativeError(out, kv.keys.data(), kv.values.data(), 40, kKvHeads, kD, q.data(), 2, 0.125), 0.01);
 }
 
 TEST_F(HandlerTest, ChunkingDoesNotChangeStoredTokens) {
@@ -332,7 +328,8 @@ TEST_F(HandlerTest, BadInputsHaveExactCodesAndChangeNothing) {
   // Byte length not matching the shape.
   v1::AppendChunk c = ChunkOf("x", 0, 70, 2, kv);
   c.mutable_values()->resize(c.values().size() - 4);
-  append_code(c, C::kInvalidArgument, "values has 1020 bytes; token_count 2 x kv_heads 2 x head_dim 64 in f32 needs 1024");
+  append_code(c, C::kInvalidArgument,
+              "values has 1020 bytes; token_count 2 x kv_heads 2 x head_dim 64 in f32 needs 1024");
   v1::AttendItem short_q = QueryItem("x", 0, q, 2);
   short_q.mutable_query()->resize(100);
   attend_code(short_q, C::kInvalidArgument, "items[0].query has 100 bytes");
@@ -609,8 +606,8 @@ TEST_F(HandlerTest, ReleaseRacingAppendAndAttendLeaksNothing) {
   std::atomic<bool> stop{false};
   std::atomic<int> unexpected{0};
   auto ok_code = [&](const absl::Status& st) {
-    if (!st.ok() && st.code() != absl::StatusCode::kNotFound &&
-        st.code() != absl::StatusCode::kOutOfRange && st.code() != absl::StatusCode::kFailedPrecondition) {
+    if (!st.ok() && st.code() != absl::StatusCode::kNotFound && st.code() != absl::StatusCode::kOutOfRange &&
+        st.code() != absl::StatusCode::kFailedPrecondition) {
       ++unexpected;
     }
   };
@@ -689,8 +686,8 @@ TEST(ConfigTest, InvalidConfigsAreRefusedNamingTheField) {
   o->backend = "tpu";
   h = Handler::Create(*o, &m);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(h.status().message(),
-                                "backend \"tpu\" is not available in this build (available: cpu)"))
+  EXPECT_TRUE(
+      absl::StrContains(h.status().message(), "backend \"tpu\" is not available in this build (available: cpu)"))
       << h.status();
 }
 
@@ -745,8 +742,7 @@ TEST(ConfigTest, CodecAndPageFormatByName) {
   ASSERT_TRUE(o.ok()) << o.status();
   h = Handler::Create(*o, &m);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(h.status().message(), "backend \"cpu\" serves codec \"dquant\""))
-      << h.status();
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "backend \"cpu\" serves codec \"dquant\"")) << h.status();
 }
 
 // A backend registered by name is used by the handler (the CUDA backend

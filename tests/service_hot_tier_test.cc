@@ -42,7 +42,9 @@ constexpr int kN = 128, kD = 64, kP = 128, kR = 128, kQHeads = 4;
 // 700 tokens: 4 pages and a 188-token window.
 constexpr int kTokens = 700, kPages = 4;
 
-uint64_t LevelPageBytes() { return MakeLevelPageLayout(2, kD)->page_bytes; }
+uint64_t LevelPageBytes() {
+  return MakeLevelPageLayout(2, kD)->page_bytes;
+}
 
 ServiceOptions HotOptions(int hot_pages) {
   ServiceOptions o = SmallOptions(4u << 20);
@@ -80,8 +82,8 @@ struct Server : testing::TestHandler {
     if (!st.ok()) return st;
     std::vector<Answer> out;
     for (const v1::AttendResult& r : resp.results()) {
-      out.push_back(Answer{r.output(), std::string(reinterpret_cast<const char*>(r.lse().data()),
-                                                   r.lse_size() * sizeof(float))});
+      out.push_back(
+          Answer{r.output(), std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float))});
     }
     return out;
   }
@@ -160,10 +162,14 @@ TEST(HotTier, ReadIdenticalFromBothTiers) {
   std::string part[2];
   Server* servers[2] = {&cold, &hot};
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(servers[i]->h->Read(req, [&](const v1::ReadChunk& c) {
-                  part[i] += c.keys() + c.values();
-                  return true;
-                }).ok());
+    ASSERT_TRUE(servers[i]
+                    ->h
+                    ->Read(req,
+                           [&](const v1::ReadChunk& c) {
+                             part[i] += c.keys() + c.values();
+                             return true;
+                           })
+                    .ok());
   }
   EXPECT_EQ(part[1], part[0]);
   EXPECT_EQ(part[0].size(), 2u * 300 * kN * sizeof(float));
@@ -309,7 +315,7 @@ TEST(HotTier, IdleDemotionWithInjectedClock) {
   ASSERT_TRUE(hot.Attend1("a", 0).ok());
   hot.Advance(20);
   ASSERT_TRUE(hot.Attend1("b", 0).ok());
-  hot.Advance(20);  // a idle 40 s, b 20 s
+  hot.Advance(20);                    // a idle 40 s, b 20 s
   EXPECT_EQ(hot.h->ExpireIdle(), 0);  // no TTL: nothing expires
   EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
   EXPECT_TRUE(hot.h->LayerIsHot("b", 0));
@@ -373,8 +379,8 @@ TEST(HotTier, DecodeStepsIntoHotLayer) {
       FloatToTensor(kv.values.data() + at, kN, v1::DTYPE_F32, it->mutable_new_value());
       v1::AttendResponse resp;
       ASSERT_TRUE(s->h->Attend(req, &resp).ok());
-      outs.push_back(resp.results(0).output() + std::string(reinterpret_cast<const char*>(resp.results(0).lse().data()),
-                                                            kQHeads * sizeof(float)));
+      outs.push_back(resp.results(0).output() +
+                     std::string(reinterpret_cast<const char*>(resp.results(0).lse().data()), kQHeads * sizeof(float)));
     }
     EXPECT_EQ(outs[0], outs[1]) << "step " << i;
   }
@@ -627,8 +633,7 @@ TEST(HotTierConfig, Errors) {
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(o.status().message(), k.message)) << o.status();
   }
-  absl::StatusOr<ServiceOptions> ok =
-      resolve("hot_tier_fraction: 0.25 hot_idle_seconds: 5 hot_promotion: \"async\"");
+  absl::StatusOr<ServiceOptions> ok = resolve("hot_tier_fraction: 0.25 hot_idle_seconds: 5 hot_promotion: \"async\"");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->hot_promotion, HotPromotion::kAsync);
   EXPECT_EQ(ok->hot_idle_seconds, 5.0);

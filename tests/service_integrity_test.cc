@@ -6,8 +6,8 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -62,16 +62,19 @@ class IntegrityTest : public testing::HandlerFixture {
     v1::ReadRequest req;
     req.set_sequence_id(seq);
     std::string all;
-    absl::Status st = h_->Read(req, [&](const v1::ReadChunk& c) {
-      absl::StrAppend(&all, c.keys(), c.values());
-      return true;
-    }, tenant);
+    absl::Status st = h_->Read(
+        req,
+        [&](const v1::ReadChunk& c) {
+          absl::StrAppend(&all, c.keys(), c.values());
+          return true;
+        },
+        tenant);
     return st.ok() ? all : absl::StrCat("error: ", st.ToString());
   }
   std::string State() {
     v1::StatsResponse s = Stats();
-    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(),
-                        "/", s.tokens_ingested());
+    return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(), "/",
+                        s.tokens_ingested());
   }
 };
 
@@ -397,16 +400,15 @@ TEST_F(IntegrityTest, QuotasWithoutTokensNameTheOneTenant) {
   ASSERT_TRUE(Push("a", kv, 10).ok());
   absl::Status st = Push("b", kv, 10);
   EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "the server's one tenant (no tokens_file): quota max_sequences 1"))
-      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "the server's one tenant (no tokens_file): quota max_sequences 1")) << st;
 }
 
 TEST(TokenTableTest, ParsesHashesTenantsAndQuotas) {
   const std::string ha = Sha256Hex("token-of-alice-0123456789");
   const std::string hb = Sha256Hex("token-of-bob-0123456789");
   EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  absl::StatusOr<TokenTable> t = TokenTable::Parse(
-      absl::StrCat("# comment\n", ha, " alice max_pages=10\n\n", hb, " bob   # trailing\n"), "f");
+  absl::StatusOr<TokenTable> t =
+      TokenTable::Parse(absl::StrCat("# comment\n", ha, " alice max_pages=10\n\n", hb, " bob   # trailing\n"), "f");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->size(), 2u);
   EXPECT_EQ(t->TenantOf("token-of-alice-0123456789").value_or("?"), "alice");
@@ -420,10 +422,10 @@ TEST(TokenTableTest, ParsesHashesTenantsAndQuotas) {
   EXPECT_EQ(t->QuotaOf("alice", d).max_pages, 10u);
   EXPECT_EQ(t->QuotaOf("alice", d).max_sequences, 7u);
   EXPECT_EQ(t->QuotaOf("bob", d).max_pages, 3u);
-  for (const std::string& bad : {std::string("plaintext-token alice\n"), absl::StrCat(ha, "\n"),
-                                 absl::StrCat(ha, " a\n", ha, " b\n"), absl::StrCat(ha, " al/ice\n"),
-                                 absl::StrCat(ha, " a max_pages=x\n"),
-                                 absl::StrCat(ha, " a max_pages=1\n", hb, " a max_pages=2\n")}) {
+  for (const std::string& bad :
+       {std::string("plaintext-token alice\n"), absl::StrCat(ha, "\n"), absl::StrCat(ha, " a\n", ha, " b\n"),
+        absl::StrCat(ha, " al/ice\n"), absl::StrCat(ha, " a max_pages=x\n"),
+        absl::StrCat(ha, " a max_pages=1\n", hb, " a max_pages=2\n")}) {
     absl::StatusOr<TokenTable> r = TokenTable::Parse(bad, "f");
     EXPECT_EQ(r.status().code(), C::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StrContains(r.status().message(), "tokens_file f line ")) << r.status();

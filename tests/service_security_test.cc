@@ -11,8 +11,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
@@ -83,8 +83,8 @@ class SecurityTest : public ::testing::Test {
     dir_ = new std::string(Dir() + "/pki");
     ASSERT_EQ(std::system(("mkdir -p " + *dir_).c_str()), 0);
     ASSERT_TRUE(MintPki(*dir_));
-    WriteText(*dir_ + "/tokens", absl::StrCat("# driftkv tokens: hashes only\n", Sha256Hex(kAliceToken),
-                                              " alice\n", Sha256Hex(kBobToken), " bob max_sequences=1\n"));
+    WriteText(*dir_ + "/tokens", absl::StrCat("# driftkv tokens: hashes only\n", Sha256Hex(kAliceToken), " alice\n",
+                                              Sha256Hex(kBobToken), " bob max_sequences=1\n"));
   }
   static std::string F(const std::string& name) { return *dir_ + "/" + name; }
 
@@ -234,8 +234,7 @@ TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
 TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
   Start();
   ASSERT_GT(server_->health_port(), 0);
-  auto plain = grpc::CreateChannel(testing::LoopbackTarget(server_->health_port()),
-                                   grpc::InsecureChannelCredentials());
+  auto plain = grpc::CreateChannel(testing::LoopbackTarget(server_->health_port()), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(plain);
   for (const char* service : {"", "driftkv.v1.KvCache"}) {
     grpc::ClientContext ctx;
@@ -249,11 +248,10 @@ TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
   // With tokens on, health on the main port needs a token like every
   // service there.
   grpc::ChannelArguments args;
-  auto tls = grpc::CreateCustomChannel(
-      testing::LoopbackTarget(server_->port()),
-      grpc::SslCredentials(grpc::SslCredentialsOptions{ReadAll(F("ca.pem")), ReadAll(F("client.key")),
-                                                       ReadAll(F("client.pem"))}),
-      args);
+  auto tls = grpc::CreateCustomChannel(testing::LoopbackTarget(server_->port()),
+                                       grpc::SslCredentials(grpc::SslCredentialsOptions{
+                                           ReadAll(F("ca.pem")), ReadAll(F("client.key")), ReadAll(F("client.pem"))}),
+                                       args);
   {
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckRequest req;
@@ -292,8 +290,7 @@ TEST_F(SecurityTest, TlsWithoutClientCertificatesOrTokens) {
 // it matched.
 class RecordingService final : public v1::KvCache::Service {
  public:
-  grpc::Status Append(grpc::ServerContext*, grpc::ServerReader<v1::AppendChunk>* reader,
-                      v1::AppendResponse*) override {
+  grpc::Status Append(grpc::ServerContext*, grpc::ServerReader<v1::AppendChunk>* reader, v1::AppendResponse*) override {
     v1::AppendChunk c;
     while (reader->Read(&c)) {
       absl::MutexLock lock(&mu);

@@ -47,7 +47,9 @@ inline ServiceOptions SmallOptions(uint64_t pool_pages_bytes = 8u << 20) {
 }
 
 // A port of this host as a client's target (SmallOptions listens there).
-inline std::string LoopbackTarget(int port) { return absl::StrCat("127.0.0.1:", port); }
+inline std::string LoopbackTarget(int port) {
+  return absl::StrCat("127.0.0.1:", port);
+}
 
 // SmallOptions' n = kv_heads x head_dim: the floats of one token's keys.
 constexpr int kSmallN = 128;
@@ -89,8 +91,7 @@ inline std::vector<float> SyntheticQuery(int q_heads, int d, uint32_t seed) {
 // converted to `dtype`, numbered from `first`. No crc32c: the handler is
 // given what the test built (client/client.h MakeChunk sets one).
 inline v1::AppendChunk ChunkOfRows(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
-                                   const float* keys, const float* values, size_t n,
-                                   v1::DType dtype = v1::DTYPE_F32) {
+                                   const float* keys, const float* values, size_t n, v1::DType dtype = v1::DTYPE_F32) {
   v1::AppendChunk c;
   c.set_sequence_id(seq);
   c.set_layer(layer);
@@ -103,15 +104,15 @@ inline v1::AppendChunk ChunkOfRows(const std::string& seq, uint32_t layer, uint6
 }
 
 // Tokens [first, first + count) of `kv` (rows of kSmallN) as one chunk.
-inline v1::AppendChunk ChunkOf(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count,
-                               const Kv& kv, v1::DType dtype = v1::DTYPE_F32) {
+inline v1::AppendChunk ChunkOf(const std::string& seq, uint32_t layer, uint64_t first, uint32_t count, const Kv& kv,
+                               v1::DType dtype = v1::DTYPE_F32) {
   const size_t at = static_cast<size_t>(first) * kSmallN;
   return ChunkOfRows(seq, layer, first, count, kv.keys.data() + at, kv.values.data() + at, kSmallN, dtype);
 }
 
 // One Attend item for query `q` [q_heads][head_dim], converted to `dtype`.
-inline v1::AttendItem QueryItem(const std::string& seq, uint32_t layer, const std::vector<float>& q,
-                                int q_heads, v1::DType dtype = v1::DTYPE_F32) {
+inline v1::AttendItem QueryItem(const std::string& seq, uint32_t layer, const std::vector<float>& q, int q_heads,
+                                v1::DType dtype = v1::DTYPE_F32) {
   v1::AttendItem it;
   it.set_sequence_id(seq);
   it.set_layer(layer);
@@ -138,9 +139,8 @@ inline const DQuantCodec& DQuantOf(const KvCodec& codec) {
 struct Attention {
   std::vector<float> out, lse;
 };
-inline Attention CodecPipeline(const DQuantCodec& codec, const float* keys, const float* values,
-                               int tokens, int window_tokens, const float* query, int q_heads,
-                               float scale) {
+inline Attention CodecPipeline(const DQuantCodec& codec, const float* keys, const float* values, int tokens,
+                               int window_tokens, const float* query, int q_heads, float scale) {
   absl::StatusOr<ServiceReplay> replay = ServiceReplay::Encode(codec, window_tokens, keys, values, tokens);
   if (!replay.ok()) return {};
   Attention a;
@@ -153,12 +153,10 @@ inline Attention CodecPipeline(const DQuantCodec& codec, const float* keys, cons
 
 // Relative L2 error of `out` against the float64 reference attention over
 // the original float keys/values.
-inline double RelativeError(const std::vector<float>& out, const float* keys, const float* values,
-                            int tokens, int kv_heads, int d, const float* query, int q_heads,
-                            double scale) {
+inline double RelativeError(const std::vector<float>& out, const float* keys, const float* values, int tokens,
+                            int kv_heads, int d, const float* query, int q_heads, double scale) {
   std::vector<double> ref(static_cast<size_t>(q_heads) * d), lse(q_heads);
-  ReferenceAttention(keys, values, tokens, kv_heads, d, query, q_heads, scale, ref.data(),
-                     lse.data());
+  ReferenceAttention(keys, values, tokens, kv_heads, d, query, q_heads, scale, ref.data(), lse.data());
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     num += (out[i] - ref[i]) * (out[i] - ref[i]);

@@ -65,7 +65,8 @@ std::unique_ptr<KvCodec> ReferenceCodec(const TransformSet& set, int layer, bool
   o.kv_heads = kKvHeads;
   o.head_dim = kD;
   o.mean_window = kP;
-  absl::StatusOr<std::unique_ptr<KvCodec>> c = MakeTransformedCodec(o, TransformKind::kWush, &set, layer, values_folded);
+  absl::StatusOr<std::unique_ptr<KvCodec>> c =
+      MakeTransformedCodec(o, TransformKind::kWush, &set, layer, values_folded);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;
 }
@@ -368,7 +369,8 @@ TEST_F(WushServiceTest, InfoReportsTheTransform) {
   EXPECT_EQ(info.transform(), "wush");
   const std::string bytes = SerializeTransforms(set);
   uint64_t trailing = 0;
-  for (int i = 0; i < 8; ++i) trailing |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[bytes.size() - 8 + i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    trailing |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[bytes.size() - 8 + i])) << (8 * i);
   EXPECT_EQ(info.transforms_checksum(), trailing);
   EXPECT_NE(trailing, 0u);
   EXPECT_EQ(info.transforms_calibration_tokens(), kCalibrationTokens);

@@ -37,8 +37,12 @@ constexpr int kQHeads = 4;
 // Token count of sequence i: a few tokens (bf16 window only), and every
 // tenth long enough for one compressed page (pages of 32, window 32: the
 // first page is encoded at 64 tokens).
-int TokensOf(int i) { return i % 10 == 0 ? 70 : 3 + i % 5; }
-std::string Id(int i) { return absl::StrCat("seq-", i); }
+int TokensOf(int i) {
+  return i % 10 == 0 ? 70 : 3 + i % 5;
+}
+std::string Id(int i) {
+  return absl::StrCat("seq-", i);
+}
 
 ServiceOptions ReplicaOptions() {
   ServiceOptions o = testing::SmallOptions(16u << 20);
@@ -238,7 +242,8 @@ TEST_F(ShardedTest, DecodeStepsInMixedBatchesBitEqual) {
     ASSERT_TRUE(b.ok()) << b.status();
     for (int k = 0; k < req.items_size(); ++k) {
       ExpectSameResult(a->results(k), b->results(k), req.items(k).sequence_id());
-      EXPECT_EQ(a->results(k).tokens(), static_cast<uint64_t>(TokensOf(std::stoi(req.items(k).sequence_id().substr(4))) + 1));
+      EXPECT_EQ(a->results(k).tokens(),
+                static_cast<uint64_t>(TokensOf(std::stoi(req.items(k).sequence_id().substr(4))) + 1));
     }
   }
 }
@@ -319,8 +324,7 @@ TEST_F(ShardedTest, ZKilledReplicaFailsOnlyItsOwnSequences) {
       }
     }
   }
-  std::printf("replica 1 killed: %d items failed (UNAVAILABLE, all its own), %d answered bit-equal\n", failed,
-              ok);
+  std::printf("replica 1 killed: %d items failed (UNAVAILABLE, all its own), %d answered bit-equal\n", failed, ok);
   EXPECT_GT(failed, 0);
   EXPECT_EQ(failed + ok, kSequences);
   // Append, Read, Length and Release still work for a sequence of another replica,

@@ -128,7 +128,9 @@ void Settle(Client& client, const std::string& id) {
   }
 }
 
-std::string Code(const absl::Status& st) { return absl::StatusCodeToString(st.code()); }
+std::string Code(const absl::Status& st) {
+  return absl::StatusCodeToString(st.code());
+}
 
 // Whole chunks only, at least what was acknowledged: then adopt the length.
 void Resync(Client& client, Seq* s, Counters* counters, std::atomic<int>* failures) {
@@ -207,8 +209,8 @@ class Soak {
         std::unique_ptr<grpc::ClientWriter<v1::AppendChunk>> writer = stub->Append(&ctx, &resp);
         const int k = 1 + static_cast<int>(rng() % 4);
         for (int i = 0; i < k; ++i) {
-          if (!writer->Write(Chunk(s.id, s.seed, static_cast<int>(i % kLayers), s.sent[i % kLayers] + (i / kLayers) * kChunk,
-                                   kChunk))) {
+          if (!writer->Write(Chunk(s.id, s.seed, static_cast<int>(i % kLayers),
+                                   s.sent[i % kLayers] + (i / kLayers) * kChunk, kChunk))) {
             break;
           }
         }

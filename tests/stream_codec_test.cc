@@ -47,8 +47,9 @@ void Fill(Kind kind, std::mt19937_64& rng, std::vector<float>* x) {
 // payload decodes to exactly the symbols the encoder assigned, and the real
 // length never exceeds C.
 TEST(StreamCodec, HundredThousandStreamsAllFitAndDecodeExactly) {
-  struct Config { int n, levels, bytes; } configs[] = {
-      {1024, 8, 331}, {1024, 6, 231}, {128, 8, 42}, {256, 6, 58}, {64, 16, 40}, {512, 3, 90}};
+  struct Config {
+    int n, levels, bytes;
+  } configs[] = {{1024, 8, 331}, {1024, 6, 231}, {128, 8, 42}, {256, 6, 58}, {64, 16, 40}, {512, 3, 90}};
   std::mt19937_64 rng(12345);
   StreamStats stats;
   int total = 0;

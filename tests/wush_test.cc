@@ -212,7 +212,8 @@ TEST(TransformStageTest, CompressedAttentionMatchesDecodedCache) {
   w.tokens = window;
   std::vector<float> out(N * d), lse(N);
   AttentionScratch scratch;
-  ASSERT_TRUE(TransformedCompressedAttention(codec, blocks, w, q.data(), N, 0.125f, out.data(), lse.data(), &scratch).ok());
+  ASSERT_TRUE(
+      TransformedCompressedAttention(codec, blocks, w, q.data(), N, 0.125f, out.data(), lse.data(), &scratch).ok());
   std::vector<double> ref(N * d), ref_lse(N);
   ReferenceAttention(kh.data(), vh.data(), T, 2, d, q.data(), N, 0.125, ref.data(), ref_lse.data());
   double err = 0.0, norm = 0.0;
@@ -339,8 +340,7 @@ TEST(CalibrationTest, ClearErrors) {
   ASSERT_TRUE(c->AddLayer(0, k.data(), k.data(), 64, nullptr, 0).ok());
   absl::StatusOr<TransformSet> s = c->Build();
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.status().message().find("layer 0 kv head 0 keys: Hessian is singular"), std::string::npos)
-      << s.status();
+  EXPECT_NE(s.status().message().find("layer 0 kv head 0 keys: Hessian is singular"), std::string::npos) << s.status();
   // All-zero keys: the Gram matrix is singular.
   absl::StatusOr<WushCalibrator> z = WushCalibrator::Create(1, 1, 2, 16);
   const std::vector<float> zeros(64 * 16, 0.0f), q = Gaussian(64 * 2 * 16, 2);
@@ -371,7 +371,8 @@ TEST(SpikeCaseTest, WushBeatsHadamardWithInt2) {
   for (int i = 0; i < 8; ++i) {  // 8192 calibration tokens, as wush-ablation
     so.seed = 1 + 1000 * i;
     const SpikeCase cal = MakeSpikeCase(so);
-    ASSERT_TRUE(c->AddLayer(0, cal.keys.data(), cal.values.data(), so.tokens, cal.queries.data(), so.query_tokens).ok());
+    ASSERT_TRUE(
+        c->AddLayer(0, cal.keys.data(), cal.values.data(), so.tokens, cal.queries.data(), so.query_tokens).ok());
   }
   absl::StatusOr<TransformSet> set = c->Build();
   ASSERT_TRUE(set.ok());

@@ -31,7 +31,7 @@ struct Side {
   std::vector<double> nearest;  // counts of nearest-level symbols, min-max grid
   std::vector<double> coded;    // counts of coded symbols
   StreamStats stats;
-  std::vector<int64_t> used;    // bytes used per stream
+  std::vector<int64_t> used;  // bytes used per stream
 };
 
 double Entropy(const std::vector<double>& c) {
@@ -140,7 +140,8 @@ int Run(int argc, char** argv) {
   csv << "stream,bytes_used,payload_bytes\n";
   for (int kind = 0; kind < 2; ++kind) {
     const StreamCodec& sc = kind == 0 ? codec->key_codec() : codec->value_codec();
-    for (int64_t u : side[kind].used) csv << (kind == 0 ? "key" : "value") << "," << u << "," << sc.payload_bytes() << "\n";
+    for (int64_t u : side[kind].used)
+      csv << (kind == 0 ? "key" : "value") << "," << u << "," << sc.payload_bytes() << "\n";
   }
   std::printf("| | keys | values |\n|---|---|---|\n");
   double row[2][8];
@@ -166,7 +167,9 @@ int Run(int argc, char** argv) {
                          "analytic model gap CE - H (bits/value)",
                          "entropy of coded symbols after drift (bits/value)",
                          "coded (sharpened) table gap CE - H (bits/value)",
-                         "drift rate", "largest move (levels)", "mean budget utilization",
+                         "drift rate",
+                         "largest move (levels)",
+                         "mean budget utilization",
                          "streams using >= 99% of the payload"};
   for (int r = 0; r < 8; ++r) std::printf("| %s | %.4g | %.4g |\n", names[r], row[0][r], row[1][r]);
   std::printf("\nstreams: %zu keys, %zu values; per-stream bytes in %s/utilization.csv\n", side[0].used.size(),
@@ -177,4 +180,6 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::Run(argc - 1, argv + 1); }
+int main(int argc, char** argv) {
+  return driftkv::Run(argc - 1, argv + 1);
+}

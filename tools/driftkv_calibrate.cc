@@ -72,8 +72,8 @@ absl::Status SplitTriples(int argc, char** argv, std::vector<Triple>* triples, s
     std::string a = argv[i];
     std::vector<std::string>* dst = nullptr;
     std::string value;
-    for (auto [name, list] : {std::pair<const char*, std::vector<std::string>*>{"keys", &k}, {"values", &v},
-                              {"queries", &q}}) {
+    for (auto [name, list] :
+         {std::pair<const char*, std::vector<std::string>*>{"keys", &k}, {"values", &v}, {"queries", &q}}) {
       const std::string flag = absl::StrCat("--", name);
       if (a == flag) {
         if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
@@ -192,7 +192,8 @@ absl::Status Run(int argc, char** argv) {
   st = WriteTransformsFile(f.Str("out"), *set);
   if (!st.ok()) return st;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "wrote %s: %lld layers x %lld kv heads, head_dim %lld, %zu input(s), %llu key tokens per layer, "
+  std::fprintf(stderr,
+               "wrote %s: %lld layers x %lld kv heads, head_dim %lld, %zu input(s), %llu key tokens per layer, "
                "value Hessian %s, gamma %g, %.1f s\n",
                f.Str("out").c_str(), static_cast<long long>(L), static_cast<long long>(H), static_cast<long long>(D),
                triples.size(), static_cast<unsigned long long>(set->calibration_tokens),

@@ -31,9 +31,9 @@
 namespace driftkv {
 namespace {
 
-const std::set<std::string> kCodecFlags = {"codec", "k-levels", "v-levels", "k-bytes", "v-bytes",
-                                           "alpha", "mean-window", "bits", "group", "kappa-k",
-                                           "kappa-v", "seed", "rotation", "v-refit"};
+const std::set<std::string> kCodecFlags = {"codec",   "k-levels",    "v-levels", "k-bytes", "v-bytes",
+                                           "alpha",   "mean-window", "bits",     "group",   "kappa-k",
+                                           "kappa-v", "seed",        "rotation", "v-refit"};
 
 absl::Status CodecFromFlags(const Flags& f, int kv_heads, int head_dim, CodecOptions* o) {
   o->name = f.Str("codec", "dquant");
@@ -99,8 +99,8 @@ absl::Status LoadTensors(const Flags& f, bool want_queries, Tensors* t) {
     std::fclose(fq);
     const int64_t per_token = t->layers * t->q_heads * t->dim * DtypeBytes(*dtype);
     if (bytes % per_token != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(f.Str("queries"), " has ", bytes,
-                                                     " bytes, not a multiple of layers*q_heads*head_dim*dtype = ", per_token));
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.Str("queries"), " has ", bytes, " bytes, not a multiple of layers*q_heads*head_dim*dtype = ", per_token));
     }
     t->query_tokens = bytes / per_token;
     absl::StatusOr<std::vector<float>> q = ReadRawTensor(f.Str("queries"), *dtype, bytes / DtypeBytes(*dtype));
@@ -174,8 +174,8 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
     pool.codec = *std::move(codec);
     st = WritePoolFile(pool_out, pool);
     if (!st.ok()) return st;
-    std::fprintf(stderr, "wrote %s (%lld layers x %lld tokens)\n", pool_out.c_str(),
-                 static_cast<long long>(t.layers), static_cast<long long>(t.tokens));
+    std::fprintf(stderr, "wrote %s (%lld layers x %lld tokens)\n", pool_out.c_str(), static_cast<long long>(t.layers),
+                 static_cast<long long>(t.tokens));
   }
   return absl::OkStatus();
 }
@@ -183,8 +183,9 @@ absl::Status EvalTensors(const Flags& f, const Tensors& t, bool print_json, cons
 int Eval(int argc, char** argv) {
   Flags f;
   f.set_usage("driftkv-codec eval --keys K --values V --shape [L,]T,H,D [--queries Q --q-heads N] [flags]");
-  absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "queries",
-                                                                          "q-heads", "residual", "threads"}),
+  absl::Status st = f.Parse(argc, argv,
+                            With(WithTransformFlags(kCodecFlags),
+                                 {"keys", "values", "shape", "dtype", "queries", "q-heads", "residual", "threads"}),
                             With(TransformSwitches(), {"json", "per-layer"}));
   if (!st.ok()) return Fail(st);
   Tensors t;
@@ -196,9 +197,10 @@ int Eval(int argc, char** argv) {
 int Encode(int argc, char** argv) {
   Flags f;
   f.set_usage("driftkv-codec encode --keys K --values V --shape [L,]T,H,D --out POOL [flags]");
-  absl::Status st = f.Parse(argc, argv, With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "residual",
-                                                                          "threads", "out"}),
-                            With(TransformSwitches(), {"json"}));
+  absl::Status st =
+      f.Parse(argc, argv,
+              With(WithTransformFlags(kCodecFlags), {"keys", "values", "shape", "dtype", "residual", "threads", "out"}),
+              With(TransformSwitches(), {"json"}));
   if (!st.ok()) return Fail(st);
   if (!f.Has("out")) return Fail(absl::InvalidArgumentError("--out POOL is required"));
   Tensors t;
@@ -268,7 +270,8 @@ int Demo(int argc, char** argv) {
   f.set_usage("driftkv-codec demo [codec flags]");
   absl::Status st = f.Parse(argc, argv, With(kCodecFlags, {"residual", "threads"}), {});
   if (!st.ok()) return Fail(st);
-  std::printf("driftkv codec demo: D-Quant on built-in synthetic KV (512 tokens, 8 kv heads x 128, 16 query heads)\n\n");
+  std::printf(
+      "driftkv codec demo: D-Quant on built-in synthetic KV (512 tokens, 8 kv heads x 128, 16 query heads)\n\n");
   for (int structured = 0; structured < 2; ++structured) {
     const Tensors t = Synthetic(structured, 512, 8, 128, 32);
     CodecOptions options;
@@ -319,7 +322,8 @@ int Usage(bool help = false) {
                "  sweep  --codec A,B,... --keys K --values V [--queries Q] --shape ... --out DIR\n"
                "  demo   (synthetic KV)\n"
                "codec flags: --codec NAME --k-levels 8 --v-levels 6 --k-bytes 331 --v-bytes 231\n"
-               "  --v-refit least_squares|unbiased|norm --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k 0.96 --kappa-v 0.92\n"
+               "  --v-refit least_squares|unbiased|norm --alpha 1.4 --mean-window 128 --bits 2 --group 128 --kappa-k "
+               "0.96 --kappa-v 0.92\n"
                "  --rotation hadamard|identity\n"
                "transform flags (eval, encode, decode, sweep): --transform identity|hadamard|wush\n"
                "  --transforms FILE (driftkv-calibrate) [--layer L] [--values-folded]\n"

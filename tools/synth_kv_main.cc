@@ -18,12 +18,12 @@
 int main(int argc, char** argv) {
   using driftkv::Flags;
   Flags f;
-  f.set_usage("synth-kv --out PREFIX [--kind llm|iid] [shape and structure flags]: writes PREFIX.k, PREFIX.v, PREFIX.q");
+  f.set_usage(
+      "synth-kv --out PREFIX [--kind llm|iid] [shape and structure flags]: writes PREFIX.k, PREFIX.v, PREFIX.q");
   absl::Status st = f.Parse(argc - 1, argv + 1,
-                            {"out", "kind", "layers", "tokens", "kv-heads", "head-dim",
-                             "query-tokens", "seed", "key-mean", "outlier-channels",
-                             "outlier-scale", "channel-spread", "token-norm-sigma", "sink-scale",
-                             "value-dof", "query-align"},
+                            {"out", "kind", "layers", "tokens", "kv-heads", "head-dim", "query-tokens", "seed",
+                             "key-mean", "outlier-channels", "outlier-scale", "channel-spread", "token-norm-sigma",
+                             "sink-scale", "value-dof", "query-align"},
                             {});
   driftkv::SynthParams p;
   p.kind = f.Str("kind", p.kind);
@@ -57,8 +57,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "synth-kv: %s\n", std::string(st.message()).c_str());
     return 1;
   }
-  std::printf("--keys %s.k --values %s.v --queries %s.q --q-heads %d --shape %d,%d,%d,%d --dtype f32\n",
-              out.c_str(), out.c_str(), out.c_str(), kv.q_heads, p.layers, p.tokens, p.kv_heads,
-              p.head_dim);
+  std::printf("--keys %s.k --values %s.v --queries %s.q --q-heads %d --shape %d,%d,%d,%d --dtype f32\n", out.c_str(),
+              out.c_str(), out.c_str(), kv.q_heads, p.layers, p.tokens, p.kv_heads, p.head_dim);
   return 0;
 }

@@ -62,8 +62,8 @@ std::vector<Config> Configs(int kv_heads, int head_dim) {
   e.options.value_levels = std::min(16, std::max(3, static_cast<int>(std::lround(std::pow(2.0, vb + 0.74)))));
   e.options.key_bytes = static_cast<int>(std::floor((kb * n / 8 - mean_stride / 128.0) / 4)) * 4 - 4;
   e.options.value_bytes = static_cast<int>(std::floor((vb * n / 8) / 4)) * 4 - 4;
-  e.label = absl::StrCat("dquant --k-bytes ", e.options.key_bytes, " --v-bytes ", e.options.value_bytes,
-                         " --k-levels ", e.options.key_levels, " --v-levels ", e.options.value_levels);
+  e.label = absl::StrCat("dquant --k-bytes ", e.options.key_bytes, " --v-bytes ", e.options.value_bytes, " --k-levels ",
+                         e.options.key_levels, " --v-levels ", e.options.value_levels);
   out.push_back(e);
   return out;
 }
@@ -93,7 +93,8 @@ absl::Status RunJobs(const std::vector<Job>& jobs, const std::vector<Config>& co
           absl::StatusOr<std::unique_ptr<KvCodec>> codec =
               MakeTransformedCodec(configs[c].options, kKinds[k], &set, job.layer, false);
           absl::Status st = codec.status();
-          if (st.ok()) st = MeasureAblation(**codec, job.in, ref, &partial[j][(k * configs.size() + c) * layers + job.layer]);
+          if (st.ok())
+            st = MeasureAblation(**codec, job.in, ref, &partial[j][(k * configs.size() + c) * layers + job.layer]);
           if (!st.ok() && status[j].ok()) status[j] = st;
         }
       }
@@ -129,8 +130,8 @@ void Print(const std::vector<Config>& configs, int layers, bool module, const st
       std::printf("| %s | %s | %.3f | %.4f | %.4f | %.4f |", kKindNames[k], configs[c].label.c_str(), bits,
                   all.attention(kKeysOnly), all.attention(kValuesOnly), all.attention(kBoth));
       if (module) {
-        std::printf(" %.4f | %.4f | %.4f | %.4f |", all.module(kKeysOnly), all.module(kValuesOnly),
-                    all.module(kBoth), std::exp(log_sum / layers));
+        std::printf(" %.4f | %.4f | %.4f | %.4f |", all.module(kKeysOnly), all.module(kValuesOnly), all.module(kBoth),
+                    std::exp(log_sum / layers));
       }
       std::printf(" %s |\n", per_layer.c_str());
     }
@@ -269,12 +270,13 @@ absl::Status RunSpike(const Flags& f) {
   std::vector<AblationErrors> r;
   st = RunJobs(jobs, configs, *set, threads, &r);
   if (!st.ok()) return st;
-  std::printf("synthetic spike case: %lld tokens, %d kv heads x %d, %d query heads, spike %.0f on coordinate 0 with "
-              "probability %.3f, queries read it with mean %.1f; calibrated on %d draws (%d tokens), evaluated on %d other "
-              "draws%s\n\n",
-              static_cast<long long>(o.tokens), o.kv_heads, o.head_dim, o.q_heads, o.spike, o.spike_probability,
-              o.query_read, calib_draws, calib_draws * static_cast<int>(o.tokens), draws,
-              center ? absl::StrCat(", keys centered over ", center, "-token blocks").c_str() : "");
+  std::printf(
+      "synthetic spike case: %lld tokens, %d kv heads x %d, %d query heads, spike %.0f on coordinate 0 with "
+      "probability %.3f, queries read it with mean %.1f; calibrated on %d draws (%d tokens), evaluated on %d other "
+      "draws%s\n\n",
+      static_cast<long long>(o.tokens), o.kv_heads, o.head_dim, o.q_heads, o.spike, o.spike_probability, o.query_read,
+      calib_draws, calib_draws * static_cast<int>(o.tokens), draws,
+      center ? absl::StrCat(", keys centered over ", center, "-token blocks").c_str() : "");
   Print(configs, 1, false, r);
   return absl::OkStatus();
 }
@@ -289,11 +291,11 @@ int main(int argc, char** argv) {
       "              --transforms F [--wo WO --hidden E]\n"
       "wush-ablation --synthetic-spike [--draws 4] [--calib-draws 8] [--seed 1] [--spike 40]\n"
       "              [--spike-probability 0.005] [--query-read 6] [--center-keys W]");
-  absl::Status st = f.Parse(argc - 1, argv + 1,
-                            {"keys", "values", "queries", "windows", "shape", "q-heads", "dtype", "transforms", "wo",
-                             "hidden", "threads", "draws", "seed", "spike", "spike-probability", "query-read", "calib-draws",
-                             "center-keys"},
-                            {"synthetic-spike"});
+  absl::Status st =
+      f.Parse(argc - 1, argv + 1,
+              {"keys", "values", "queries", "windows", "shape", "q-heads", "dtype", "transforms", "wo", "hidden",
+               "threads", "draws", "seed", "spike", "spike-probability", "query-read", "calib-draws", "center-keys"},
+              {"synthetic-spike"});
   if (st.ok()) st = f.Has("synthetic-spike") ? driftkv::RunSpike(f) : driftkv::RunReal(f);
   if (!st.ok()) {
     std::fprintf(stderr, "wush-ablation: %s\n", std::string(st.message()).c_str());

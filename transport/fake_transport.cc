@@ -41,8 +41,8 @@ class FakeTransport : public Transport {
     if (parts.size() != l.posted_.size()) return absl::DataLossError("fake link: part count differs");
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].size() != l.posted_[i].bytes) {
-        return absl::DataLossError(absl::StrCat("fake link: part ", i, " has ", parts[i].size(), " bytes, the receive ",
-                                                l.posted_[i].bytes));
+        return absl::DataLossError(
+            absl::StrCat("fake link: part ", i, " has ", parts[i].size(), " bytes, the receive ", l.posted_[i].bytes));
       }
       std::memcpy(l.posted_[i].data, parts[i].data(), parts[i].size());
     }

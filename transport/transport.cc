@@ -12,7 +12,9 @@ std::atomic<TransportFactory*>& Slot() {
 
 }  // namespace
 
-TransportFactory* DefaultTransportFactory() { return Slot().load(); }
+TransportFactory* DefaultTransportFactory() {
+  return Slot().load();
+}
 
 bool RegisterDefaultTransportFactory(TransportFactory* factory) {
   Slot().store(factory);

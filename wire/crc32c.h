@@ -16,7 +16,9 @@ namespace driftkv {
 // `size` more bytes: Crc32c(a + b) = Crc32cExtend(Crc32c(a), b).
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 
-inline uint32_t Crc32c(absl::string_view bytes) { return Crc32cExtend(0, bytes.data(), bytes.size()); }
+inline uint32_t Crc32c(absl::string_view bytes) {
+  return Crc32cExtend(0, bytes.data(), bytes.size());
+}
 
 }  // namespace driftkv
 

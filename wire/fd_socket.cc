@@ -15,7 +15,9 @@
 namespace driftkv {
 namespace {
 
-std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+std::string Errno(const char* what) {
+  return absl::StrCat(what, ": ", std::strerror(errno));
+}
 
 void SetTimeouts(int sock, absl::Duration timeout) {
   const timeval tv = absl::ToTimeval(timeout);
@@ -166,7 +168,8 @@ absl::StatusOr<AttachReply> AttachFd(const std::string& socket_path, int fd, abs
       reply.append(buf, static_cast<size_t>(n));
     }
     absl::StatusOr<AttachReply> parsed = ParseAttachReply(reply);
-    if (!parsed.ok()) return absl::UnavailableError(absl::StrCat("region socket ", socket_path, ": ", parsed.status().message()));
+    if (!parsed.ok())
+      return absl::UnavailableError(absl::StrCat("region socket ", socket_path, ": ", parsed.status().message()));
     if (!parsed->ok) return absl::FailedPreconditionError(absl::StrCat("region socket refused: ", parsed->error));
     return parsed;
   }();

@@ -39,9 +39,9 @@ constexpr size_t kMaxAttachReplyBytes = 1 + kMaxAttachErrorBytes;
 
 struct AttachReply {
   bool ok = false;
-  std::string token;   // kAttachTokenBytes when ok
-  uint64_t size = 0;   // when ok
-  std::string error;   // when refused
+  std::string token;  // kAttachTokenBytes when ok
+  uint64_t size = 0;  // when ok
+  std::string error;  // when refused
 };
 
 // The reply's bytes (an error longer than kMaxAttachErrorBytes is cut).

@@ -35,7 +35,9 @@ uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);
 
 // Rounds f to the nearest fp16 value and returns it as a float.
-inline float RoundToHalf(float f) { return HalfToFloat(FloatToHalf(f)); }
+inline float RoundToHalf(float f) {
+  return HalfToFloat(FloatToHalf(f));
+}
 
 // float -> bf16 bits, round to nearest even; NaN stays NaN.
 inline uint16_t FloatToBf16(float f) {
@@ -46,7 +48,9 @@ inline uint16_t FloatToBf16(float f) {
 }
 
 // bf16 bits -> float (exact).
-inline float Bf16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+inline float Bf16ToFloat(uint16_t b) {
+  return BitsToFloat(static_cast<uint32_t>(b) << 16);
+}
 
 }  // namespace driftkv
 

@@ -13,12 +13,9 @@ namespace driftkv {
 size_t DTypeBytes(int dtype) {
   switch (dtype) {
     case v1::DTYPE_BF16:
-    case v1::DTYPE_FP16:
-      return 2;
-    case v1::DTYPE_F32:
-      return 4;
-    default:
-      return 0;
+    case v1::DTYPE_FP16: return 2;
+    case v1::DTYPE_F32: return 4;
+    default: return 0;
   }
 }
 
@@ -36,14 +33,13 @@ absl::Status CheckTensorBytes(absl::string_view field, int dtype, size_t bytes, 
                               absl::string_view shape) {
   const size_t width = DTypeBytes(dtype);
   if (width == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", dtype == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED" : absl::StrCat("dtype ", dtype),
-        " is not one of BF16, FP16, F32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", dtype == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED" : absl::StrCat("dtype ", dtype),
+                     " is not one of BF16, FP16, F32"));
   }
   if (bytes != elements * width) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " has ", bytes, " bytes; ", shape,
-                                                   " in ", DTypeName(dtype), " needs ",
-                                                   elements * width));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", bytes, " bytes; ", shape, " in ", DTypeName(dtype), " needs ", elements * width));
   }
   return absl::OkStatus();
 }
@@ -154,9 +150,9 @@ absl::Status CheckValues(absl::string_view field, const float* x, size_t element
   // Some element fails (or the limit is odd): find the first, for the message.
   for (size_t i = 0; i < elements; ++i) {
     if (!std::isfinite(x[i]) || std::fabs(x[i]) > limit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " element ", i, " is ", x[i],
-          std::isfinite(x[i]) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " element ", i, " is ", x[i],
+                       std::isfinite(x[i]) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
     }
   }
   return absl::OkStatus();

@@ -29,12 +29,16 @@ class CpuBackend : public Backend {
   // `layers` (one per model layer) empty: the codec's own rotation.
   // `hot_pool` null: no hot tier; otherwise its pages are level pages of
   // `hot_layout` (MakeCpuBackend checks).
-  CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads,
-             std::vector<LayerTransform> layers, bool values_folded, const PagePool* hot_pool = nullptr,
-             LevelPageLayout hot_layout = LevelPageLayout())
-      : codec_(*codec), pool_(*pool), threads_(threads > 0 ? threads : DefaultThreads()),
-        layers_(std::move(layers)), values_folded_(values_folded), hot_pool_(hot_pool),
-        hot_layout_(hot_layout), workers_(threads_) {}
+  CpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads, std::vector<LayerTransform> layers,
+             bool values_folded, const PagePool* hot_pool = nullptr, LevelPageLayout hot_layout = LevelPageLayout())
+      : codec_(*codec),
+        pool_(*pool),
+        threads_(threads > 0 ? threads : DefaultThreads()),
+        layers_(std::move(layers)),
+        values_folded_(values_folded),
+        hot_pool_(hot_pool),
+        hot_layout_(hot_layout),
+        workers_(threads_) {}
 
   std::string name() const override { return "cpu"; }
 
@@ -66,10 +70,9 @@ class CpuBackend : public Backend {
       }
       k_each.assign(p, StreamStats());
       v_each.assign(p, StreamStats());
-      status[i] = codec_.EncodeWindow(keys, values, p, pool_.key_records(j.page),
-                                      pool_.value_records(j.page), pool_.mean_record(j.page),
-                                      &scratch, &j.stats.keys, &j.stats.values, k_each.data(),
-                                      v_each.data());
+      status[i] = codec_.EncodeWindow(keys, values, p, pool_.key_records(j.page), pool_.value_records(j.page),
+                                      pool_.mean_record(j.page), &scratch, &j.stats.keys, &j.stats.values,
+                                      k_each.data(), v_each.data());
       j.key_utilization.resize(p);
       j.value_utilization.resize(p);
       for (int t = 0; t < p; ++t) {
@@ -83,8 +86,7 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys,
-                            float* values) override {
+  absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     thread_local CodecScratch scratch;
     const LayerTransform* transform = nullptr;
     if (!layers_.empty()) {
@@ -151,8 +153,7 @@ class CpuBackend : public Backend {
     const int per_job = std::max<int>(1, threads_ / std::max<int>(1, static_cast<int>(jobs.size())));
     for (int j = 0; j < static_cast<int>(jobs.size()); ++j) {
       const size_t pages = jobs[j].pages.size();
-      const int n = static_cast<int>(std::max<size_t>(
-          1, std::min<size_t>(per_job, pages / kMinPagesPerPart)));
+      const int n = static_cast<int>(std::max<size_t>(1, std::min<size_t>(per_job, pages / kMinPagesPerPart)));
       for (int k = 0; k < n; ++k) {
         Part p;
         p.job = j;
@@ -186,8 +187,7 @@ class CpuBackend : public Backend {
         return;
       }
       if (layers_.empty()) {
-        p.status = CompressedAttention(codec_, blocks, window, j.query, j.q_heads, j.softmax_scale, out, lse,
-                                       &scratch);
+        p.status = CompressedAttention(codec_, blocks, window, j.query, j.q_heads, j.softmax_scale, out, lse, &scratch);
         return;
       }
       // Each part maps its own pages' output back with T_V^-1; the merge
@@ -249,8 +249,8 @@ class CpuBackend : public Backend {
     }
     absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
     if (!t.ok()) return t.status();
-    return TransformedLevelAttention(codec_, **t, values_folded_, refs, window, j.query, j.q_heads,
-                                     j.softmax_scale, out, lse, &scratch);
+    return TransformedLevelAttention(codec_, **t, values_folded_, refs, window, j.query, j.q_heads, j.softmax_scale,
+                                     out, lse, &scratch);
   }
 
   absl::StatusOr<const LayerTransform*> Transform(int layer) const {
@@ -266,15 +266,14 @@ class CpuBackend : public Backend {
   const int threads_;
   const std::vector<LayerTransform> layers_;  // per model layer; empty without transforms
   const bool values_folded_;
-  const PagePool* const hot_pool_;     // null: no hot tier
-  const LevelPageLayout hot_layout_;   // of hot_pool_'s pages
-  ThreadPool workers_;  // shared by all calls
+  const PagePool* const hot_pool_;    // null: no hot tier
+  const LevelPageLayout hot_layout_;  // of hot_pool_'s pages
+  ThreadPool workers_;                // shared by all calls
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool,
-                                        int threads) {
+std::unique_ptr<Backend> MakeCpuBackend(const DQuantCodec* codec, const PagePool* pool, int threads) {
   return std::make_unique<CpuBackend>(codec, pool, threads, std::vector<LayerTransform>(), false);
 }
 
@@ -293,17 +292,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     hot_layout = *l;
   }
   if (a.transforms == nullptr) {
-    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(*codec, a.pool, a.threads,
-                                                                 std::vector<LayerTransform>(), false, a.hot_pool,
-                                                                 hot_layout));
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(
+        *codec, a.pool, a.threads, std::vector<LayerTransform>(), false, a.hot_pool, hot_layout));
   }
   const TransformSet& set = *a.transforms;
   if ((*codec)->config().hadamard || set.kv_heads != (*codec)->config().kv_heads ||
       set.head_dim != (*codec)->config().head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transforms of ", set.kv_heads, " kv heads x ", set.head_dim, " need a codec of that shape without rotation; "
-        "the codec has ", (*codec)->config().kv_heads, " x ", (*codec)->config().head_dim,
-        (*codec)->config().hadamard ? " with its Hadamard rotation" : ""));
+    return absl::InvalidArgumentError(absl::StrCat("transforms of ", set.kv_heads, " kv heads x ", set.head_dim,
+                                                   " need a codec of that shape without rotation; "
+                                                   "the codec has ",
+                                                   (*codec)->config().kv_heads, " x ", (*codec)->config().head_dim,
+                                                   (*codec)->config().hadamard ? " with its Hadamard rotation" : ""));
   }
   std::vector<LayerTransform> layers;
   layers.reserve(set.layers);
@@ -312,9 +311,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const BackendArgs& a) {
     if (!t.ok()) return t.status();
     layers.push_back(*std::move(t));
   }
-  return std::unique_ptr<Backend>(
-      std::make_unique<CpuBackend>(*codec, a.pool, a.threads, std::move(layers), a.values_folded, a.hot_pool,
-                                   hot_layout));
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(*codec, a.pool, a.threads, std::move(layers),
+                                                               a.values_folded, a.hot_pool, hot_layout));
 }
 
 }  // namespace driftkv

@@ -9,16 +9,17 @@ namespace {
 
 // With `devices` (tests of a multi-device server without GPUs): one CPU
 // backend per pool partition behind backends/multi_device.h.
-const bool kCpuRegistered = RegisterBackend("cpu", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
-  if (a.devices.size() <= 1) return MakeCpuBackend(a);
-  std::vector<std::unique_ptr<Backend>> inner;
-  for (size_t k = 0; k < a.devices.size(); ++k) {
-    absl::StatusOr<std::unique_ptr<Backend>> b = MakeCpuBackend(a);
-    if (!b.ok()) return b.status();
-    inner.push_back(*std::move(b));
-  }
-  return MakeMultiDeviceBackend(std::move(inner), a.pool);
-});
+const bool kCpuRegistered =
+    RegisterBackend("cpu", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      if (a.devices.size() <= 1) return MakeCpuBackend(a);
+      std::vector<std::unique_ptr<Backend>> inner;
+      for (size_t k = 0; k < a.devices.size(); ++k) {
+        absl::StatusOr<std::unique_ptr<Backend>> b = MakeCpuBackend(a);
+        if (!b.ok()) return b.status();
+        inner.push_back(*std::move(b));
+      }
+      return MakeMultiDeviceBackend(std::move(inner), a.pool);
+    });
 
 }  // namespace
 }  // namespace driftkv

@@ -45,8 +45,7 @@ void ThreadPool::Work() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->queue_.empty(); },
-          this));
+          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->queue_.empty(); }, this));
       if (queue_.empty()) return;  // stop_ and nothing left
       loop = queue_.front();
       if (loop->next.load() >= loop->n) {

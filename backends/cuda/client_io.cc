@@ -22,16 +22,16 @@ bool ClientIo::AllOutputs(absl::Span<const AttendJob> jobs) {
 }
 
 absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu::RegionIoItem>& items, bool second,
-                                                         cudaStream_t stream) {
+                                                          cudaStream_t stream) {
   const size_t bytes = items.size() * sizeof(gpu::RegionIoItem);
   const int k = second ? 1 : 0;
   absl::Status st = host_items_[k].Reserve(bytes);
   if (st.ok()) st = items_dev_[k].Reserve(bytes);
   if (!st.ok()) return st;
   std::memcpy(host_items_[k].get<void>(), items.data(), bytes);
-  st = Cuda(cudaMemcpyAsync(items_dev_[k].get<void>(), host_items_[k].get<void>(), bytes, cudaMemcpyHostToDevice,
-                            stream),
-            "upload client tensor list");
+  st = Cuda(
+      cudaMemcpyAsync(items_dev_[k].get<void>(), host_items_[k].get<void>(), bytes, cudaMemcpyHostToDevice, stream),
+      "upload client tensor list");
   if (!st.ok()) return st;
   return items_dev_[k].get<const gpu::RegionIoItem>();
 }
@@ -87,7 +87,8 @@ absl::Status ClientIo::ScatterOutputs(absl::Span<const AttendJob> jobs, int stri
 
 absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   if (reads.empty()) return absl::OkStatus();
-  if (reads.size() > 65535) return absl::InvalidArgumentError(absl::StrCat(reads.size(), " client tensors in one read"));
+  if (reads.size() > 65535)
+    return absl::InvalidArgumentError(absl::StrCat(reads.size(), " client tensors in one read"));
   int stride = 1;
   for (const ClientRead& r : reads) stride = std::max(stride, r.elements);
   std::vector<gpu::RegionIoItem> items(reads.size());
@@ -113,8 +114,8 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   p.bad_dev = bad_dev_.get<int32_t>();
   st = gpu::LaunchGather(p, stream);
   if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(host_bad_.get<void>(), bad_dev_.get<void>(), n * sizeof(int32_t),
-                              cudaMemcpyDeviceToHost, stream),
+    st = Cuda(cudaMemcpyAsync(host_bad_.get<void>(), bad_dev_.get<void>(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                              stream),
               "download client tensor checks");
   }
   // Rows wanted on the host: one copy per run of consecutive wanted rows.

@@ -14,8 +14,6 @@
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
-#include "wire/half.h"
-#include "wire/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
@@ -23,6 +21,8 @@
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 #include "kernels/transform.h"
+#include "wire/half.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -72,10 +72,16 @@ struct DeviceStaging : StagingBuffer {
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
-              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base,
-              PageId end)
-      : codec_(*codec), pool_(*pool), hot_pool_(hot_pool), device_(device), transforms_(transforms),
-        values_folded_(values_folded), window_cache_bytes_(window_cache_bytes), base_(base), end_(end) {}
+              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base, PageId end)
+      : codec_(*codec),
+        pool_(*pool),
+        hot_pool_(hot_pool),
+        device_(device),
+        transforms_(transforms),
+        values_folded_(values_folded),
+        window_cache_bytes_(window_cache_bytes),
+        base_(base),
+        end_(end) {}
   // The device arena: pages [base_, end_) of the pool, page p at
   // (p - base_) * page_bytes.
   size_t arena_bytes() const { return static_cast<size_t>(end_ - base_) * pool_.page_stride(); }
@@ -121,7 +127,9 @@ class CudaBackend : public Backend {
       }
     }
     if (st.ok()) st = tables_.Reserve(tables.size() * 4);
-    if (st.ok()) st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload tables");
+    if (st.ok())
+      st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice),
+                "upload tables");
     if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
     return st;
   }
@@ -147,7 +155,9 @@ class CudaBackend : public Backend {
     }
     absl::Status st = Cuda(cudaMalloc(&hot_arena_, hot_pool_->capacity_bytes()), "cudaMalloc (hot arena)");
     if (st.ok()) st = raw_tables_.Reserve(raw.size() * 4);
-    if (st.ok()) st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice), "upload rANS tables");
+    if (st.ok())
+      st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice),
+                "upload rANS tables");
     return st;
   }
 
@@ -166,7 +176,9 @@ class CudaBackend : public Backend {
       ids[2 * count + i] = moves[i].tokens;
     }
     absl::Status st = promote_ids_.Reserve(4 * ids.size() + 4 * count);
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(promote_ids_.get<void>(), ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_), "upload page ids");
+    if (st.ok())
+      st = Cuda(cudaMemcpyAsync(promote_ids_.get<void>(), ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_),
+                "upload page ids");
     if (!st.ok()) return st;
     gpu::PromoteParams pp;
     pp.cold_pool_dev = static_cast<const uint8_t*>(arena_);
@@ -183,13 +195,15 @@ class CudaBackend : public Backend {
     pp.status_dev = promote_ids_.get<int32_t>() + 3 * count;
     st = gpu::LaunchPromote(pp, stream_);
     std::vector<int32_t> status(count);
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(status.data(), pp.status_dev, 4 * count, cudaMemcpyDeviceToHost, stream_), "download promotion status");
+    if (st.ok())
+      st = Cuda(cudaMemcpyAsync(status.data(), pp.status_dev, 4 * count, cudaMemcpyDeviceToHost, stream_),
+                "download promotion status");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
     if (!st.ok()) return st;
     for (int i = 0; i < count; ++i) {
       if (status[i] != 0) {
-        return absl::DataLossError(absl::StrCat("page ", moves[i].from, " token ", status[i] - 1,
-                                                ": record does not decode (promotion)"));
+        return absl::DataLossError(
+            absl::StrCat("page ", moves[i].from, " token ", status[i] - 1, ": record does not decode (promotion)"));
       }
     }
     return absl::OkStatus();
@@ -207,8 +221,9 @@ class CudaBackend : public Backend {
       st = DemotePage(codec_, hot_layout_, level.data(), m.tokens, cold, cold + layout_.value_offset,
                       cold + layout_.mean_offset);
       if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
-      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to - base_) * layout_.page_bytes, cold,
-                                layout_.page_bytes, cudaMemcpyHostToDevice, stream_), "upload demoted page");
+      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to - base_) * layout_.page_bytes,
+                                cold, layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
+                "upload demoted page");
       if (!st.ok()) return st;
     }
     return Cuda(cudaStreamSynchronize(stream_), "demote");
@@ -217,9 +232,10 @@ class CudaBackend : public Backend {
   absl::Status UploadPages(absl::Span<const PageId> pages) override {
     absl::MutexLock lock(&mu_);
     for (PageId p : pages) {
-      absl::Status st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(p) * layout_.page_bytes,
-                                             pool_.page(p), layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
-                             "upload restored page");
+      absl::Status st =
+          Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(p) * layout_.page_bytes,
+                               pool_.page(p), layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
+               "upload restored page");
       if (!st.ok()) return st;
     }
     return Cuda(cudaStreamSynchronize(stream_), "upload restored pages");
@@ -247,9 +263,11 @@ class CudaBackend : public Backend {
   // The device's hot page into `dst` (host); the page's layer is locked by
   // the caller (Read or demotion), so the page does not change meanwhile.
   absl::Status DownloadHotPage(PageId page, uint8_t* dst) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Status st = Cuda(cudaMemcpyAsync(dst,
-                                           static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
-                                           hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_), "download hot page");
+    absl::Status st =
+        Cuda(cudaMemcpyAsync(
+                 dst, static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
+                 hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
+             "download hot page");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download hot page");
     return st;
   }
@@ -289,16 +307,17 @@ class CudaBackend : public Backend {
     const std::vector<float> packed = gpu::PackTransforms(t);
     absl::Status st = transforms_dev_.Reserve(packed.size() * sizeof(float));
     if (st.ok()) {
-      st = Cuda(cudaMemcpy(transforms_dev_.get<void>(), packed.data(), packed.size() * sizeof(float),
-                           cudaMemcpyHostToDevice), "upload transforms");
+      st = Cuda(
+          cudaMemcpy(transforms_dev_.get<void>(), packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice),
+          "upload transforms");
     }
     return st;
   }
 
   absl::Status CheckLayer(int layer) const {
     if (transforms_ == nullptr || (layer >= 0 && layer < transforms_->layers)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " has no transform (the set has ",
-                                                   transforms_->layers, " layers)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " has no transform (the set has ", transforms_->layers, " layers)"));
   }
 
   // x [rows][kv_heads][head_dim] on the device <- matrix m of each row's layer.
@@ -333,10 +352,12 @@ class CudaBackend : public Backend {
     if (st.ok()) st = values_in_.Reserve(in_bytes);
     for (size_t j = 0; j < jobs.size() && st.ok(); ++j) {
       st = Cuda(cudaMemcpyAsync(keys_in_.get<float>() + j * page_floats, jobs[j].keys, page_floats * sizeof(float),
-                                cudaMemcpyHostToDevice, stream_), "upload keys");
+                                cudaMemcpyHostToDevice, stream_),
+                "upload keys");
       if (st.ok()) {
         st = Cuda(cudaMemcpyAsync(values_in_.get<float>() + j * page_floats, jobs[j].values,
-                                  page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload values");
+                                  page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                  "upload values");
       }
     }
     if (!st.ok()) return st;
@@ -377,7 +398,8 @@ class CudaBackend : public Backend {
     const size_t elements = static_cast<size_t>(t.tokens) * n;
     absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (st.ok()) st = bad_.Reserve(2 * sizeof(unsigned long long));
-    if (st.ok()) st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), check_stream_), "reset check");
+    if (st.ok())
+      st = Cuda(cudaMemsetAsync(bad_.get<void>(), 0xff, 2 * sizeof(unsigned long long), check_stream_), "reset check");
     for (int kind = 0; kind < 2 && st.ok(); ++kind) {
       gpu::IngestParams ip;
       ip.src_dev = kind == 0 ? t.keys : t.values;
@@ -388,7 +410,9 @@ class CudaBackend : public Backend {
       st = gpu::LaunchIngest(ip, check_stream_);
     }
     unsigned long long bad[2] = {0, 0};
-    if (st.ok()) st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, check_stream_), "download check");
+    if (st.ok())
+      st = Cuda(cudaMemcpyAsync(bad, bad_.get<void>(), sizeof(bad), cudaMemcpyDeviceToHost, check_stream_),
+                "download check");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(check_stream_), "check staged tokens");
     if (!st.ok()) return st;
     for (int kind = 0; kind < 2; ++kind) {
@@ -397,14 +421,15 @@ class CudaBackend : public Backend {
       const size_t eb = DTypeBytes(t.dtype);
       std::string raw(eb, '\0');
       st = Cuda(cudaMemcpy(raw.data(), static_cast<const uint8_t*>(kind == 0 ? t.keys : t.values) + bad[kind] * eb, eb,
-                           cudaMemcpyDeviceToHost), "download bad element");
+                           cudaMemcpyDeviceToHost),
+                "download bad element");
       if (!st.ok()) return st;
       float x = 0.0f;
       TensorToFloat(raw, t.dtype, 1, &x);
       const char* field = kind == 0 ? "keys" : "values";
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " element ", bad[kind], " is ", x,
-          std::isfinite(x) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " element ", bad[kind], " is ", x,
+                       std::isfinite(x) ? absl::StrCat("; |x| must be <= ", limit) : "; must be finite"));
     }
     return absl::OkStatus();
   }
@@ -433,8 +458,11 @@ class CudaBackend : public Backend {
     if (st.ok()) st = keys_in_.Reserve(bytes);
     if (st.ok()) st = values_in_.Reserve(bytes);
     if (st.ok() && prefix > 0) {
-      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>(), pk.data(), pk.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window keys");
-      if (st.ok()) st = Cuda(cudaMemcpyAsync(values_in_.get<float>(), pv.data(), pv.size() * 4, cudaMemcpyHostToDevice, stream_), "upload window values");
+      st = Cuda(cudaMemcpyAsync(keys_in_.get<float>(), pk.data(), pk.size() * 4, cudaMemcpyHostToDevice, stream_),
+                "upload window keys");
+      if (st.ok())
+        st = Cuda(cudaMemcpyAsync(values_in_.get<float>(), pv.data(), pv.size() * 4, cudaMemcpyHostToDevice, stream_),
+                  "upload window values");
     }
     const size_t eb = DTypeBytes(t.dtype);
     for (int kind = 0; kind < 2 && st.ok(); ++kind) {
@@ -451,8 +479,13 @@ class CudaBackend : public Backend {
     const size_t rest = (total - encoded) * n;
     std::vector<float> rk(rest), rv(rest);
     if (rest > 0) {
-      st = Cuda(cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window keys");
-      if (st.ok()) st = Cuda(cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_), "download window values");
+      st = Cuda(
+          cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_),
+          "download window keys");
+      if (st.ok())
+        st = Cuda(cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost,
+                                  stream_),
+                  "download window values");
       if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download window");
       if (!st.ok()) return st;
     }
@@ -504,7 +537,8 @@ class CudaBackend : public Backend {
       ids[j] = jobs[j].page - base_;
       ids[jobs.size() + j] = jobs[j].layer;
     }
-    st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_), "upload page ids");
+    st = Cuda(cudaMemcpyAsync(pages_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_),
+              "upload page ids");
     if (st.ok() && transforms_ != nullptr) {
       const int32_t* layers_dev = pages_.get<int32_t>() + jobs.size();
       st = TransformOnDevice(keys_dev, tokens, layers_dev, P, gpu::kTfKey);
@@ -523,7 +557,8 @@ class CudaBackend : public Backend {
     std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
     if (st.ok()) {
       st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
-                                cudaMemcpyDeviceToHost, stream_), "download stats");
+                                cudaMemcpyDeviceToHost, stream_),
+                "download stats");
     }
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "encode");
     if (!st.ok()) return st;
@@ -608,7 +643,8 @@ class CudaBackend : public Backend {
       if (!lst.ok()) return lst;
       layers[i] = j.layer;
       if (j.window.tokens > gpu::kMaxWindow) {
-        return absl::InvalidArgumentError(absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
       }
       start[i] = static_cast<int32_t>(table.size());
       for (PageId p : j.pages) table.push_back(p - base_);
@@ -691,11 +727,12 @@ class CudaBackend : public Backend {
         std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
         std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
         const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-        st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice,
-                                  stream_), "upload window keys");
+        st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice, stream_),
+                  "upload window keys");
         if (st.ok()) {
-          st = Cuda(cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice,
-                                    stream_), "upload window values");
+          st = Cuda(
+              cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice, stream_),
+              "upload window values");
         }
         if (!st.ok()) {
           windows_.Invalidate();
@@ -769,7 +806,7 @@ class CudaBackend : public Backend {
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
   const size_t window_cache_bytes_;
-  const PageId base_, end_;  // the pages of this device (PARTITIONS in page_pool.h)
+  const PageId base_, end_;                      // the pages of this device (PARTITIONS in page_pool.h)
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
   LevelPageLayout hot_layout_;

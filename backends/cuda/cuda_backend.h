@@ -16,9 +16,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "codec/dquant_codec.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
+#include "codec/dquant_codec.h"
 
 namespace driftkv {
 
@@ -36,8 +36,8 @@ constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 // `partition` (PARTITIONS in backends/page_pool.h): the backend owns that
 // partition's pages only, and its device arena holds just those (a
 // multi-GPU server, backends/multi_device.h). No hot tier then.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool,
-                                                         int device = 0, const TransformSet* transforms = nullptr,
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device = 0,
+                                                         const TransformSet* transforms = nullptr,
                                                          bool values_folded = false,
                                                          size_t window_cache_bytes = kDefaultWindowCacheBytes,
                                                          const PagePool* hot_pool = nullptr, int partition = 0);

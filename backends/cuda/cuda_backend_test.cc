@@ -120,7 +120,6 @@ TEST(CudaBackend, MatchesCpuBackend) {
   for (size_t i = 0; i < lse_gpu.size(); ++i) EXPECT_NEAR(lse_gpu[i], lse_cpu[i], 1e-4 * (1 + std::fabs(lse_cpu[i])));
 }
 
-
 // WUSH on the GPU: pages bit-identical to the CPU transform stage (T applied
 // by LayerTransform, then the identity-rotation codec), Read in the model
 // domain, attention equal to TransformedCompressedAttention, items of two
@@ -191,7 +190,8 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
     StreamStats ks, vs;
     ASSERT_TRUE(c.EncodeWindow(tk.data(), tv.data(), P, kr.data(), vr.data(), mr.data(), &scratch, &ks, &vs).ok());
     EXPECT_EQ(std::memcmp(kr.data(), (*pool)->key_records(j.page), kr.size()), 0) << "key records of page " << j.page;
-    EXPECT_EQ(std::memcmp(vr.data(), (*pool)->value_records(j.page), vr.size()), 0) << "value records of page " << j.page;
+    EXPECT_EQ(std::memcmp(vr.data(), (*pool)->value_records(j.page), vr.size()), 0)
+        << "value records of page " << j.page;
     EXPECT_EQ(std::memcmp(mr.data(), (*pool)->mean_record(j.page), mr.size()), 0) << "mean record of page " << j.page;
   }
   // Read gives the model domain back, within the codec's error.
@@ -246,8 +246,8 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
     }
     std::vector<float> out_ref(q_heads * d), lse_ref(q_heads);
     AttentionScratch as;
-    ASSERT_TRUE(TransformedCompressedAttention(*tkv, blocks, ag[s].window, q[s].data(), q_heads,
-                                               ag[s].softmax_scale, out_ref.data(), lse_ref.data(), &as)
+    ASSERT_TRUE(TransformedCompressedAttention(*tkv, blocks, ag[s].window, q[s].data(), q_heads, ag[s].softmax_scale,
+                                               out_ref.data(), lse_ref.data(), &as)
                     .ok());
     double diff = 0, norm = 0;
     for (int i = 0; i < q_heads * d; ++i) {
@@ -267,7 +267,6 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
   (*cuda)->Attend(absl::MakeSpan(&j, 1));
   EXPECT_EQ(j.status.code(), absl::StatusCode::kInvalidArgument);
 }
-
 
 // The device window cache (cuda_backend.cc, WINDOW CACHE): windows that grow
 // by a token per step, move past a page, repeat within a launch, and more

@@ -51,7 +51,9 @@ class GrowableBuffer {
     return st;
   }
   template <typename T>
-  T* get() const { return static_cast<T*>(ptr_); }
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_ = nullptr;

@@ -33,8 +33,7 @@ GetAddressRange AddressRangeFunction() {
   static GetAddressRange fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
       cudaGetLastError();
       return static_cast<GetAddressRange>(nullptr);
@@ -48,8 +47,8 @@ GetAddressRange AddressRangeFunction() {
 
 absl::StatusOr<void*> OpenIpcMemory(const void* handle, size_t handle_bytes, int device, size_t size) {
   if (handle_bytes != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc_handle has ", handle_bytes, " bytes; a cudaIpcMemHandle_t has ",
-                                                   sizeof(cudaIpcMemHandle_t)));
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc_handle has ", handle_bytes,
+                                                   " bytes; a cudaIpcMemHandle_t has ", sizeof(cudaIpcMemHandle_t)));
   }
   int count = 0;
   if (absl::Status st = Cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !st.ok()) return st;
@@ -112,7 +111,9 @@ absl::Status PinHostMemory(void* p, size_t bytes) {
   return st;
 }
 
-void UnpinHostMemory(void* p) { cudaHostUnregister(p); }
+void UnpinHostMemory(void* p) {
+  cudaHostUnregister(p);
+}
 
 }  // namespace cuda_backend
 }  // namespace driftkv

@@ -47,14 +47,14 @@ class WindowCache {
   void Invalidate();
 
   size_t slot_bytes() const { return slot_bytes_; }
-  uint8_t* keys_dev() const { return keys_.get<uint8_t>(); }    // [slots][kMaxWindow][n] bf16
+  uint8_t* keys_dev() const { return keys_.get<uint8_t>(); }  // [slots][kMaxWindow][n] bf16
   uint8_t* values_dev() const { return values_.get<uint8_t>(); }
 
  private:
   struct Slot {
-    uint64_t id = 0;       // 0: free
-    int64_t first = 0;     // absolute index of the slot's token 0
-    int64_t tokens = 0;    // valid tokens in the slot
+    uint64_t id = 0;     // 0: free
+    int64_t first = 0;   // absolute index of the slot's token 0
+    int64_t tokens = 0;  // valid tokens in the slot
     uint64_t last_use = 0;
   };
 

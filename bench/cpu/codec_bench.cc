@@ -57,8 +57,8 @@ void BM_EncodeStreams(benchmark::State& state) {
   int64_t t0 = 0;
   for (auto _ : state) {
     CodecStats stats;
-    benchmark::DoNotOptimize(f.codec->EncodeBlock(f.keys.data() + t0 * kN, f.values.data() + t0 * kN, count,
-                                                  k.data(), v.data(), side.data(), &scratch, &stats));
+    benchmark::DoNotOptimize(f.codec->EncodeBlock(f.keys.data() + t0 * kN, f.values.data() + t0 * kN, count, k.data(),
+                                                  v.data(), side.data(), &scratch, &stats));
     t0 = (t0 + count) % kTokens;
   }
   state.SetItemsProcessed(state.iterations() * 2 * count);  // streams
@@ -96,8 +96,8 @@ void BM_DecodeStreamToFloats(benchmark::State& state) {
   for (auto _ : state) {
     if (keys) {
       benchmark::DoNotOptimize(f.dq().DecodeKey(f.layer.key_records.data() + t * f.codec->key_stride(),
-                                                f.layer.side.data() + (t / 128) * f.codec->side_stride(),
-                                                out.data(), &scratch));
+                                                f.layer.side.data() + (t / 128) * f.codec->side_stride(), out.data(),
+                                                &scratch));
     } else {
       benchmark::DoNotOptimize(
           f.dq().DecodeValue(f.layer.value_records.data() + t * f.codec->value_stride(), out.data(), &scratch));
@@ -117,8 +117,8 @@ void BM_CompressedAttention(benchmark::State& state) {
   std::vector<float> q(32 * kDim, 0.05f), out(32 * kDim), lse(32);
   AttentionScratch scratch;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(CompressedAttention(f.dq(), blocks, Bf16Tokens{}, q.data(), 32, 0.088f,
-                                                 out.data(), lse.data(), &scratch));
+    benchmark::DoNotOptimize(
+        CompressedAttention(f.dq(), blocks, Bf16Tokens{}, q.data(), 32, 0.088f, out.data(), lse.data(), &scratch));
   }
   state.counters["tokens/s"] = benchmark::Counter(kTokens * state.iterations(), benchmark::Counter::kIsRate);
 }

@@ -109,8 +109,8 @@ double TimeHandler(Bench& b, const v1::AttendRequest& req, std::string* answer =
   Check(b.server->handler().Attend(req, &resp), "attend");
   const auto t1 = std::chrono::steady_clock::now();
   if (answer != nullptr) {
-    *answer = resp.results(0).output() + std::string(reinterpret_cast<const char*>(resp.results(0).lse().data()),
-                                                     kQHeads * sizeof(float));
+    *answer = resp.results(0).output() +
+              std::string(reinterpret_cast<const char*>(resp.results(0).lse().data()), kQHeads * sizeof(float));
   }
   return Seconds(t0, t1);
 }
@@ -139,10 +139,11 @@ int Main(int argc, char** argv) {
   Bench off = Start("off", 0, HotPromotion::kSync);
   Bench sync = Start("sync", hot_bytes, HotPromotion::kSync);
   Bench async = Start("async", hot_bytes, HotPromotion::kAsync);
-  std::printf("CPU backend, %d backend threads (hardware), 1 layer x %d tokens, %d KV heads x %d, %d query heads, "
-              "window %d; pool 256 MiB cold, hot tier %llu MiB\n",
-              std::min(16u, std::max(1u, std::thread::hardware_concurrency())), tokens, kKvHeads, kD, kQHeads,
-              kDefaultWindowTokens, static_cast<unsigned long long>(hot_bytes >> 20));
+  std::printf(
+      "CPU backend, %d backend threads (hardware), 1 layer x %d tokens, %d KV heads x %d, %d query heads, "
+      "window %d; pool 256 MiB cold, hot tier %llu MiB\n",
+      std::min(16u, std::max(1u, std::thread::hardware_concurrency())), tokens, kKvHeads, kD, kQHeads,
+      kDefaultWindowTokens, static_cast<unsigned long long>(hot_bytes >> 20));
 
   // 1. Steady state.
   const SynthKv kv = SynthLayer(tokens, kKvHeads, kD, 1);
@@ -180,9 +181,12 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n1. Attend of one item, %d calls each, interleaved; hot answers %s the cold ones bit for bit\n", reps,
               same ? "EQUAL" : "DIFFER FROM");
-  std::printf("| path | cold p50 ms | cold p99 ms | hot p50 ms | hot p99 ms | cold / hot (p50) |\n|---|---:|---:|---:|---:|---:|\n");
-  std::printf("| Handler | %.3f | %.3f | %.3f | %.3f | **%.2fx** |\n", 1e3 * Quantile(h_off, 0.5), 1e3 * Quantile(h_off, 0.99),
-              1e3 * Quantile(h_hot, 0.5), 1e3 * Quantile(h_hot, 0.99), Quantile(h_off, 0.5) / Quantile(h_hot, 0.5));
+  std::printf(
+      "| path | cold p50 ms | cold p99 ms | hot p50 ms | hot p99 ms | cold / hot (p50) "
+      "|\n|---|---:|---:|---:|---:|---:|\n");
+  std::printf("| Handler | %.3f | %.3f | %.3f | %.3f | **%.2fx** |\n", 1e3 * Quantile(h_off, 0.5),
+              1e3 * Quantile(h_off, 0.99), 1e3 * Quantile(h_hot, 0.5), 1e3 * Quantile(h_hot, 0.99),
+              Quantile(h_off, 0.5) / Quantile(h_hot, 0.5));
   std::printf("| gRPC loopback | %.3f | %.3f | %.3f | %.3f | **%.2fx** |\n", 1e3 * Quantile(g_off, 0.5),
               1e3 * Quantile(g_off, 0.99), 1e3 * Quantile(g_hot, 0.5), 1e3 * Quantile(g_hot, 0.99),
               Quantile(g_off, 0.5) / Quantile(g_hot, 0.5));
@@ -213,7 +217,9 @@ int Main(int argc, char** argv) {
     return m.histogram.sample_count == 0 ? 0.0 : 1e3 * m.histogram.sample_sum / m.histogram.sample_count;
   };
   std::printf("\n2. First Attend of a fresh sequence (Handler), median of %d sequences\n", first);
-  std::printf("| server | 1st call ms | 2nd call ms | after the promotion ms | mean promotion ms (metric) |\n|---|---:|---:|---:|---:|\n");
+  std::printf(
+      "| server | 1st call ms | 2nd call ms | after the promotion ms | mean promotion ms (metric) "
+      "|\n|---|---:|---:|---:|---:|\n");
   std::printf("| hot tier off | %.3f | | | |\n", 1e3 * Quantile(f_off, 0.5));
   std::printf("| sync | %.3f | %.3f | %.3f | %.3f |\n", 1e3 * Quantile(f_sync, 0.5), 1e3 * Quantile(f_sync2, 0.5),
               1e3 * Quantile(f_sync2, 0.5), promotion_ms(sync));
@@ -229,4 +235,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace driftkv
 
-int main(int argc, char** argv) { return driftkv::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return driftkv::Main(argc, argv);
+}

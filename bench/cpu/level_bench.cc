@@ -84,8 +84,8 @@ void BM_AttentionHot(benchmark::State& state) {
   std::vector<float> out(kQHeads * kDim), lse(kQHeads);
   LevelAttentionScratch scratch;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(LevelAttention(f.codec, f.refs, Bf16Tokens{}, f.query.data(), kQHeads, 0.088f,
-                                            out.data(), lse.data(), &scratch));
+    benchmark::DoNotOptimize(LevelAttention(f.codec, f.refs, Bf16Tokens{}, f.query.data(), kQHeads, 0.088f, out.data(),
+                                            lse.data(), &scratch));
     benchmark::ClobberMemory();
   }
   state.counters["tokens/s"] = benchmark::Counter(kTokens * state.iterations(), benchmark::Counter::kIsRate);
@@ -114,8 +114,8 @@ void BM_PromotePage(benchmark::State& state) {
   std::vector<uint8_t> page(f.layout.page_bytes);
   int p = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(PromotePage(f.codec, f.layout, f.keys[p].data(), f.values[p].data(),
-                                         f.means[p].data(), kLevelPageTokens, page.data()));
+    benchmark::DoNotOptimize(PromotePage(f.codec, f.layout, f.keys[p].data(), f.values[p].data(), f.means[p].data(),
+                                         kLevelPageTokens, page.data()));
     benchmark::ClobberMemory();
     p = (p + 1) % kPages;
   }
@@ -126,12 +126,12 @@ BENCHMARK(BM_PromotePage)->Unit(benchmark::kMicrosecond);
 // A level page back to cold records (rANS encoding of the known levels).
 void BM_DemotePage(benchmark::State& state) {
   const Fixture& f = Fixture::Get();
-  std::vector<uint8_t> keys(kLevelPageTokens * f.codec.key_stride()),
-      values(kLevelPageTokens * f.codec.value_stride()), mean(f.codec.mean_stride());
+  std::vector<uint8_t> keys(kLevelPageTokens * f.codec.key_stride()), values(kLevelPageTokens * f.codec.value_stride()),
+      mean(f.codec.mean_stride());
   int p = 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(DemotePage(f.codec, f.layout, f.hot[p].data(), kLevelPageTokens, keys.data(),
-                                        values.data(), mean.data()));
+    benchmark::DoNotOptimize(
+        DemotePage(f.codec, f.layout, f.hot[p].data(), kLevelPageTokens, keys.data(), values.data(), mean.data()));
     benchmark::ClobberMemory();
     p = (p + 1) % kPages;
   }

@@ -63,8 +63,7 @@ size_t BaseMBytes(int n, int m) {
   return (bits + 7) / 8;
 }
 
-void PackBaseM(const uint8_t* symbols, int n, int m, size_t bytes, uint8_t* out,
-               std::vector<uint32_t>* limbs) {
+void PackBaseM(const uint8_t* symbols, int n, int m, size_t bytes, uint8_t* out, std::vector<uint32_t>* limbs) {
   limbs->assign(1, 0);
   const int k = ChunkDigits(m);
   // Horner's rule, k digits at a time from the most significant end.

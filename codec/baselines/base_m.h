@@ -23,13 +23,11 @@ constexpr int kMaxBaseM = 256;  // symbols are bytes
 size_t BaseMBytes(int n, int m);
 
 // `limbs` is scratch. Writes exactly `bytes` = BaseMBytes(n, m) bytes.
-void PackBaseM(const uint8_t* symbols, int n, int m, size_t bytes, uint8_t* out,
-               std::vector<uint32_t>* limbs);
+void PackBaseM(const uint8_t* symbols, int n, int m, size_t bytes, uint8_t* out, std::vector<uint32_t>* limbs);
 
 // DataLoss if the stored integer is >= M^n (no symbol string encodes to it);
 // the symbols are then still in [0, M).
-absl::Status UnpackBaseM(const uint8_t* in, size_t bytes, int n, int m, uint8_t* symbols,
-                         std::vector<uint32_t>* limbs);
+absl::Status UnpackBaseM(const uint8_t* in, size_t bytes, int n, int m, uint8_t* symbols, std::vector<uint32_t>* limbs);
 
 }  // namespace baselines
 }  // namespace driftkv

@@ -20,15 +20,12 @@ class Bf16Codec : public TokenwiseCodec {
   size_t value_stride() const override { return 2 * static_cast<size_t>(n()); }
 
  protected:
-  void EncodeStream(bool key, const float* x, uint8_t* record,
-                    CodecScratch* scratch) const override;
+  void EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const override;
   // DataLoss on a NaN or infinite bf16 (the encoder never writes one).
-  absl::Status DecodeStream(bool key, const uint8_t* record, float* x,
-                            CodecScratch* scratch) const override;
+  absl::Status DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const override;
 
  private:
-  Bf16Codec(int kv_heads, int head_dim)
-      : TokenwiseCodec("bf16", kv_heads, head_dim, /*fp16_metadata=*/false) {}
+  Bf16Codec(int kv_heads, int head_dim) : TokenwiseCodec("bf16", kv_heads, head_dim, /*fp16_metadata=*/false) {}
 };
 
 }  // namespace baselines

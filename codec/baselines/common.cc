@@ -17,8 +17,7 @@ absl::Status CheckInput(const float* x, int count, int n, bool fp16_range, const
     if (!finite || (fp16_range && std::fabs(x[i]) > kHalfMax)) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, " of token ", i / n, " channel ", i % n, " is ", x[i],
-          finite ? ", outside the fp16 range of the metadata (|x| <= 65504)"
-                 : "; only finite values can be coded"));
+          finite ? ", outside the fp16 range of the metadata (|x| <= 65504)" : "; only finite values can be coded"));
     }
   }
   return absl::OkStatus();
@@ -29,7 +28,9 @@ void StoreU16(uint8_t* p, uint16_t v) {
   p[1] = static_cast<uint8_t>(v >> 8);
 }
 
-uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
 
 void StoreF32(uint8_t* p, float v) {
   const uint32_t u = FloatBits(v);

@@ -45,32 +45,30 @@ void EncodeMean(const float* rows, int count, int n, size_t stride, uint8_t* rec
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvCodec>> FixedCodec::Create(int kv_heads, int head_dim,
-                                                            int key_levels, int value_levels,
-                                                            int mean_window) {
+absl::StatusOr<std::unique_ptr<KvCodec>> FixedCodec::Create(int kv_heads, int head_dim, int key_levels,
+                                                            int value_levels, int mean_window) {
   if (kv_heads < 1 || kv_heads > 1024 || !IsPowerOfTwo(head_dim) || head_dim > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fixed: shape ", kv_heads, " x ", head_dim,
-        " needs 1 <= kv_heads <= 1024 and a power-of-two head_dim <= 4096 (Hadamard)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fixed: shape ", kv_heads, " x ", head_dim,
+                     " needs 1 <= kv_heads <= 1024 and a power-of-two head_dim <= 4096 (Hadamard)"));
   }
   for (int m : {key_levels, value_levels}) {
     if (m < kMinBaseM || m > kMaxBaseM) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fixed: levels ", m, " out of range [2, 256]"));
+      return absl::InvalidArgumentError(absl::StrCat("fixed: levels ", m, " out of range [2, 256]"));
     }
   }
   if (mean_window < 1 || mean_window > (1 << 16)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fixed: mean_window ", mean_window, " out of range [1, 65536]"));
+    return absl::InvalidArgumentError(absl::StrCat("fixed: mean_window ", mean_window, " out of range [1, 65536]"));
   }
-  return std::unique_ptr<KvCodec>(
-      new FixedCodec(kv_heads, head_dim, key_levels, value_levels, mean_window));
+  return std::unique_ptr<KvCodec>(new FixedCodec(kv_heads, head_dim, key_levels, value_levels, mean_window));
 }
 
-FixedCodec::FixedCodec(int kv_heads, int head_dim, int key_levels, int value_levels,
-                       int mean_window)
-    : kv_heads_(kv_heads), head_dim_(head_dim), key_levels_(key_levels),
-      value_levels_(value_levels), mean_window_(mean_window),
+FixedCodec::FixedCodec(int kv_heads, int head_dim, int key_levels, int value_levels, int mean_window)
+    : kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      key_levels_(key_levels),
+      value_levels_(value_levels),
+      mean_window_(mean_window),
       key_bytes_(BaseMBytes(kv_heads * head_dim, key_levels)),
       value_bytes_(BaseMBytes(kv_heads * head_dim, value_levels)) {}
 
@@ -78,8 +76,8 @@ size_t FixedCodec::side_stride() const {
   return (static_cast<size_t>(n()) + kMeanHeaderBytes + 3) / 4 * 4;
 }
 
-void FixedCodec::EncodeStream(const float* x, int levels, size_t bytes, uint8_t* record,
-                              CodecScratch* scratch, StreamStats* stats) const {
+void FixedCodec::EncodeStream(const float* x, int levels, size_t bytes, uint8_t* record, CodecScratch* scratch,
+                              StreamStats* stats) const {
   const int n = this->n();
   scratch->symbols.resize(n);
   uint8_t* m = scratch->symbols.data();
@@ -148,9 +146,9 @@ absl::Status FixedCodec::DecodeStream(const uint8_t* record, int levels, size_t 
   return st;
 }
 
-absl::Status FixedCodec::EncodeBlock(const float* keys, const float* values, int count,
-                                     uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                                     CodecScratch* scratch, CodecStats* stats) const {
+absl::Status FixedCodec::EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                                     uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                                     CodecStats* stats) const {
   if (count < 1 || count > mean_window_) {
     return absl::InvalidArgumentError(
         absl::StrCat("window of ", count, " tokens out of range [1, ", mean_window_, "]"));
@@ -167,20 +165,17 @@ absl::Status FixedCodec::EncodeBlock(const float* keys, const float* values, int
   for (int t = 0; t < count; ++t) {
     const float* r = &rows[static_cast<size_t>(t) * n];
     for (int j = 0; j < n; ++j) row[j] = r[j] - mu[j];
-    EncodeStream(row.data(), key_levels_, key_bytes_, key_records + t * key_stride(), scratch,
-                 &local.keys);
+    EncodeStream(row.data(), key_levels_, key_bytes_, key_records + t * key_stride(), scratch, &local.keys);
     std::memcpy(row.data(), values + static_cast<size_t>(t) * n, sizeof(float) * n);
     HadamardHeads(row.data(), kv_heads_, head_dim_);
-    EncodeStream(row.data(), value_levels_, value_bytes_, value_records + t * value_stride(),
-                 scratch, &local.values);
+    EncodeStream(row.data(), value_levels_, value_bytes_, value_records + t * value_stride(), scratch, &local.values);
   }
   if (stats != nullptr) stats->Add(local);
   return absl::OkStatus();
 }
 
-absl::Status FixedCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                     const uint8_t* side, int count, float* keys, float* values,
-                                     CodecScratch* scratch) const {
+absl::Status FixedCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side,
+                                     int count, float* keys, float* values, CodecScratch* scratch) const {
   const int n = this->n();
   std::vector<float> mu(n);
   DQuantCodec::LoadMean(side, n, mu.data());
@@ -191,8 +186,7 @@ absl::Status FixedCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* 
     for (int j = 0; j < n; ++j) k[j] += mu[j];
     HadamardHeads(k, kv_heads_, head_dim_);
     float* v = values + static_cast<size_t>(t) * n;
-    result.Update(DecodeStream(value_records + t * value_stride(), value_levels_, value_bytes_, v,
-                               scratch));
+    result.Update(DecodeStream(value_records + t * value_stride(), value_levels_, value_bytes_, v, scratch));
     HadamardHeads(v, kv_heads_, head_dim_);
   }
   return result;

@@ -30,8 +30,7 @@ namespace baselines {
 class FixedCodec : public KvCodec {
  public:
   // head_dim a power of two; levels in [2, 256]; mean_window >= 1.
-  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim,
-                                                         int key_levels, int value_levels,
+  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim, int key_levels, int value_levels,
                                                          int mean_window);
 
   std::string name() const override { return "fixed"; }
@@ -42,20 +41,18 @@ class FixedCodec : public KvCodec {
   int block_tokens() const override { return mean_window_; }
   size_t side_stride() const override;  // D-Quant's mean_stride
 
-  absl::Status EncodeBlock(const float* keys, const float* values, int count,
-                           uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                           CodecScratch* scratch, CodecStats* stats) const override;
-  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                           const uint8_t* side, int count, float* keys, float* values,
-                           CodecScratch* scratch) const override;
+  absl::Status EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                           uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                           CodecStats* stats) const override;
+  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side, int count,
+                           float* keys, float* values, CodecScratch* scratch) const override;
 
  private:
   FixedCodec(int kv_heads, int head_dim, int key_levels, int value_levels, int mean_window);
   // x[0..n) (preprocessed) -> record; counts moved symbols into stats.
-  void EncodeStream(const float* x, int levels, size_t bytes, uint8_t* record,
-                    CodecScratch* scratch, StreamStats* stats) const;
-  absl::Status DecodeStream(const uint8_t* record, int levels, size_t bytes, float* x,
-                            CodecScratch* scratch) const;
+  void EncodeStream(const float* x, int levels, size_t bytes, uint8_t* record, CodecScratch* scratch,
+                    StreamStats* stats) const;
+  absl::Status DecodeStream(const uint8_t* record, int levels, size_t bytes, float* x, CodecScratch* scratch) const;
 
   int kv_heads_, head_dim_, key_levels_, value_levels_, mean_window_;
   size_t key_bytes_, value_bytes_;  // base-M payloads

@@ -28,8 +28,8 @@ const std::array<float, kMaxFiniteCode + 1>& PositiveValues() {
 float E4M3ToFloat(uint8_t code) {
   const int exponent = (code >> 3) & 0xf, mantissa = code & 7;
   if (exponent == 0xf && mantissa == 7) return NAN;
-  const float magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0f, -6)
-                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  const float magnitude =
+      exponent == 0 ? std::ldexp(mantissa / 8.0f, -6) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
   return (code & 0x80) ? -magnitude : magnitude;
 }
 
@@ -48,14 +48,12 @@ uint8_t FloatToE4M3(float x) {
 
 absl::StatusOr<std::unique_ptr<KvCodec>> Fp8Codec::Create(int kv_heads, int head_dim) {
   if (kv_heads < 1 || head_dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fp8: shape ", kv_heads, " x ", head_dim, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("fp8: shape ", kv_heads, " x ", head_dim, " must be positive"));
   }
   return std::unique_ptr<KvCodec>(new Fp8Codec(kv_heads, head_dim));
 }
 
-void Fp8Codec::EncodeStream(bool /*key*/, const float* x, uint8_t* record,
-                            CodecScratch* /*scratch*/) const {
+void Fp8Codec::EncodeStream(bool /*key*/, const float* x, uint8_t* record, CodecScratch* /*scratch*/) const {
   const int n = this->n();
   float max_abs = 0.0f;
   for (int i = 0; i < n; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
@@ -65,8 +63,7 @@ void Fp8Codec::EncodeStream(bool /*key*/, const float* x, uint8_t* record,
   for (int i = 0; i < n; ++i) record[4 + i] = scale > 0.0f ? FloatToE4M3(x[i] / scale) : 0;
 }
 
-absl::Status Fp8Codec::DecodeStream(bool /*key*/, const uint8_t* record, float* x,
-                                    CodecScratch* /*scratch*/) const {
+absl::Status Fp8Codec::DecodeStream(bool /*key*/, const uint8_t* record, float* x, CodecScratch* /*scratch*/) const {
   const int n = this->n();
   float scale = LoadF32(record);
   absl::Status st;

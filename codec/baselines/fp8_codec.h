@@ -33,14 +33,11 @@ class Fp8Codec : public TokenwiseCodec {
   size_t value_stride() const override { return 4 + static_cast<size_t>(n()); }
 
  protected:
-  void EncodeStream(bool key, const float* x, uint8_t* record,
-                    CodecScratch* scratch) const override;
-  absl::Status DecodeStream(bool key, const uint8_t* record, float* x,
-                            CodecScratch* scratch) const override;
+  void EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const override;
+  absl::Status DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const override;
 
  private:
-  Fp8Codec(int kv_heads, int head_dim)
-      : TokenwiseCodec("fp8", kv_heads, head_dim, /*fp16_metadata=*/false) {}
+  Fp8Codec(int kv_heads, int head_dim) : TokenwiseCodec("fp8", kv_heads, head_dim, /*fp16_metadata=*/false) {}
 };
 
 }  // namespace baselines

@@ -14,12 +14,12 @@ absl::Status ValidateGroupSpec(const GroupSpec& s, const char* what) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": bits ", s.bits, " out of range [1, 8]"));
   }
   if (s.group < 1 || s.n % s.group != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": group ", s.group,
-                                                   " must be >= 1 and divide the stream length ", s.n));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": group ", s.group, " must be >= 1 and divide the stream length ", s.n));
   }
   if (!(s.kappa == 1.0 || (s.kappa > 0.5 && s.kappa < 1.0))) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": kappa ", s.kappa,
-                                                   " out of range (0.5, 1) (or 1: no clipping)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": kappa ", s.kappa, " out of range (0.5, 1) (or 1: no clipping)"));
   }
   return absl::OkStatus();
 }
@@ -39,8 +39,7 @@ float Quantile(float* v, int count, double q) {
   return static_cast<float>(a + frac * (b - a));
 }
 
-void EncodeGroups(const GroupSpec& s, const float* x, uint8_t* record, uint8_t* codes,
-                  std::vector<float>* sorted) {
+void EncodeGroups(const GroupSpec& s, const float* x, uint8_t* record, uint8_t* codes, std::vector<float>* sorted) {
   const int levels = 1 << s.bits;
   sorted->resize(s.group);
   for (int g = 0; g * s.group < s.n; ++g) {

@@ -23,8 +23,8 @@ namespace baselines {
 
 struct GroupSpec {
   int n = 0;
-  int group = 128;  // divides n
-  int bits = 2;     // 1..8
+  int group = 128;     // divides n
+  int bits = 2;        // 1..8
   double kappa = 1.0;  // 1: plain min-max; else clip quantile in (0.5, 1)
 };
 
@@ -33,8 +33,7 @@ absl::Status ValidateGroupSpec(const GroupSpec& spec, const char* what);
 size_t GroupRecordBytes(const GroupSpec& spec);
 
 // x[0..n) -> record. `codes` is scratch of >= n bytes, `sorted` of >= group.
-void EncodeGroups(const GroupSpec& spec, const float* x, uint8_t* record, uint8_t* codes,
-                  std::vector<float>* sorted);
+void EncodeGroups(const GroupSpec& spec, const float* x, uint8_t* record, uint8_t* codes, std::vector<float>* sorted);
 
 // record -> x[0..n). DataLoss if a grid is corrupt (its group decodes to 0).
 absl::Status DecodeGroups(const GroupSpec& spec, const uint8_t* record, float* x, uint8_t* codes);

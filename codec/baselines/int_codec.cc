@@ -8,16 +8,15 @@
 namespace driftkv {
 namespace baselines {
 
-absl::StatusOr<std::unique_ptr<GroupAffineCodec>> GroupAffineCodec::Create(
-    std::string name, int kv_heads, int head_dim, bool rotate, const GroupSpec& keys,
-    const GroupSpec& values) {
+absl::StatusOr<std::unique_ptr<GroupAffineCodec>> GroupAffineCodec::Create(std::string name, int kv_heads, int head_dim,
+                                                                           bool rotate, const GroupSpec& keys,
+                                                                           const GroupSpec& values) {
   if (kv_heads < 1 || head_dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": shape ", kv_heads, " x ", head_dim, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": shape ", kv_heads, " x ", head_dim, " must be positive"));
   }
   if (rotate && !IsPowerOfTwo(head_dim)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": head_dim ", head_dim, " must be a power of two (Hadamard rotation)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": head_dim ", head_dim, " must be a power of two (Hadamard rotation)"));
   }
   absl::Status st = ValidateGroupSpec(keys, "keys");
   if (st.ok()) st = ValidateGroupSpec(values, "values");
@@ -26,8 +25,7 @@ absl::StatusOr<std::unique_ptr<GroupAffineCodec>> GroupAffineCodec::Create(
       new GroupAffineCodec(std::move(name), kv_heads, head_dim, rotate, keys, values));
 }
 
-void GroupAffineCodec::EncodeStream(bool key, const float* x, uint8_t* record,
-                                    CodecScratch* scratch) const {
+void GroupAffineCodec::EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const {
   const int n = this->n();
   scratch->row.resize(n);
   scratch->symbols.resize(n);
@@ -37,16 +35,14 @@ void GroupAffineCodec::EncodeStream(bool key, const float* x, uint8_t* record,
   EncodeGroups(key ? keys_ : values_, row, record, scratch->symbols.data(), &scratch->rows);
 }
 
-absl::Status GroupAffineCodec::DecodeStream(bool key, const uint8_t* record, float* x,
-                                            CodecScratch* scratch) const {
+absl::Status GroupAffineCodec::DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const {
   scratch->symbols.resize(n());
   absl::Status st = DecodeGroups(key ? keys_ : values_, record, x, scratch->symbols.data());
   if (rotate_) HadamardHeads(x, kv_heads(), head_dim());
   return st;
 }
 
-absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits,
-                                                      int group, bool rotate) {
+absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits, int group, bool rotate) {
   GroupSpec spec;
   spec.n = kv_heads * head_dim;
   spec.group = group;

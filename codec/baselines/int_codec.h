@@ -24,24 +24,24 @@ class GroupAffineCodec : public TokenwiseCodec {
  public:
   // head_dim must be a power of two when `rotate`. Specs' n must be
   // kv_heads * head_dim.
-  static absl::StatusOr<std::unique_ptr<GroupAffineCodec>> Create(
-      std::string name, int kv_heads, int head_dim, bool rotate, const GroupSpec& keys,
-      const GroupSpec& values);
+  static absl::StatusOr<std::unique_ptr<GroupAffineCodec>> Create(std::string name, int kv_heads, int head_dim,
+                                                                  bool rotate, const GroupSpec& keys,
+                                                                  const GroupSpec& values);
 
   size_t key_stride() const override { return GroupRecordBytes(keys_); }
   size_t value_stride() const override { return GroupRecordBytes(values_); }
 
  protected:
-  void EncodeStream(bool key, const float* x, uint8_t* record,
-                    CodecScratch* scratch) const override;
-  absl::Status DecodeStream(bool key, const uint8_t* record, float* x,
-                            CodecScratch* scratch) const override;
+  void EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const override;
+  absl::Status DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const override;
 
  private:
-  GroupAffineCodec(std::string name, int kv_heads, int head_dim, bool rotate,
-                   const GroupSpec& keys, const GroupSpec& values)
+  GroupAffineCodec(std::string name, int kv_heads, int head_dim, bool rotate, const GroupSpec& keys,
+                   const GroupSpec& values)
       : TokenwiseCodec(std::move(name), kv_heads, head_dim, /*fp16_metadata=*/true),
-        rotate_(rotate), keys_(keys), values_(values) {}
+        rotate_(rotate),
+        keys_(keys),
+        values_(values) {}
 
   bool rotate_;
   GroupSpec keys_;
@@ -51,8 +51,8 @@ class GroupAffineCodec : public TokenwiseCodec {
 // QuaRot-style: rotation, `bits` (1..8) for keys and values, `group` | n.
 // rotate = false (CodecOptions.rotation "identity") skips the Hadamard
 // rotation, for callers that apply their own transform (WUSH-KV).
-absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits,
-                                                      int group, bool rotate = true);
+absl::StatusOr<std::unique_ptr<KvCodec>> MakeIntCodec(int kv_heads, int head_dim, int bits, int group,
+                                                      bool rotate = true);
 
 }  // namespace baselines
 }  // namespace driftkv

@@ -9,11 +9,9 @@
 namespace driftkv {
 namespace baselines {
 
-absl::StatusOr<std::unique_ptr<KvCodec>> KiviCodec::Create(int kv_heads, int head_dim, int bits,
-                                                           int group) {
+absl::StatusOr<std::unique_ptr<KvCodec>> KiviCodec::Create(int kv_heads, int head_dim, int bits, int group) {
   if (kv_heads < 1 || head_dim < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kivi: shape ", kv_heads, " x ", head_dim, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("kivi: shape ", kv_heads, " x ", head_dim, " must be positive"));
   }
   GroupSpec v;
   v.n = kv_heads * head_dim;
@@ -24,11 +22,13 @@ absl::StatusOr<std::unique_ptr<KvCodec>> KiviCodec::Create(int kv_heads, int hea
   return std::unique_ptr<KvCodec>(new KiviCodec(kv_heads, head_dim, v));
 }
 
-size_t KiviCodec::key_stride() const { return PackedBytes(n(), values_.bits); }
+size_t KiviCodec::key_stride() const {
+  return PackedBytes(n(), values_.bits);
+}
 
-absl::Status KiviCodec::EncodeBlock(const float* keys, const float* values, int count,
-                                    uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                                    CodecScratch* scratch, CodecStats* stats) const {
+absl::Status KiviCodec::EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                                    uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                                    CodecStats* stats) const {
   if (count < 1 || count > block_tokens()) {
     return absl::InvalidArgumentError(
         absl::StrCat("block of ", count, " tokens out of range [1, ", block_tokens(), "]"));
@@ -55,8 +55,8 @@ absl::Status KiviCodec::EncodeBlock(const float* keys, const float* values, int 
     const float* k = keys + static_cast<size_t>(t) * n;
     for (int j = 0; j < n; ++j) codes[j] = grids[j].Quantize(k[j]);
     PackBits(codes, n, values_.bits, key_records + t * key_stride());
-    EncodeGroups(values_, values + static_cast<size_t>(t) * n, value_records + t * value_stride(),
-                 codes, &scratch->rows);
+    EncodeGroups(values_, values + static_cast<size_t>(t) * n, value_records + t * value_stride(), codes,
+                 &scratch->rows);
   }
   if (stats != nullptr) {
     stats->keys.streams += count;
@@ -71,9 +71,8 @@ absl::Status KiviCodec::EncodeBlock(const float* keys, const float* values, int 
   return absl::OkStatus();
 }
 
-absl::Status KiviCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                    const uint8_t* side, int count, float* keys, float* values,
-                                    CodecScratch* scratch) const {
+absl::Status KiviCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side,
+                                    int count, float* keys, float* values, CodecScratch* scratch) const {
   const int n = this->n();
   const int levels = 1 << values_.bits;
   absl::Status result;
@@ -85,8 +84,8 @@ absl::Status KiviCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* v
     float* k = keys + static_cast<size_t>(t) * n;
     UnpackBits(key_records + t * key_stride(), n, values_.bits, codes);
     for (int j = 0; j < n; ++j) k[j] = grids[j].Dequantize(codes[j]);
-    result.Update(DecodeGroups(values_, value_records + t * value_stride(),
-                               values + static_cast<size_t>(t) * n, codes));
+    result.Update(
+        DecodeGroups(values_, value_records + t * value_stride(), values + static_cast<size_t>(t) * n, codes));
   }
   return result;
 }

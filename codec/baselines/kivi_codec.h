@@ -29,8 +29,7 @@ namespace baselines {
 class KiviCodec : public KvCodec {
  public:
   // bits in [1, 8]; group >= 1 dividing kv_heads * head_dim.
-  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim, int bits,
-                                                         int group);
+  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim, int bits, int group);
 
   std::string name() const override { return "kivi"; }
   int kv_heads() const override { return kv_heads_; }
@@ -40,12 +39,11 @@ class KiviCodec : public KvCodec {
   int block_tokens() const override { return values_.group; }
   size_t side_stride() const override { return 4 * static_cast<size_t>(n()); }
 
-  absl::Status EncodeBlock(const float* keys, const float* values, int count,
-                           uint8_t* key_records, uint8_t* value_records, uint8_t* side,
-                           CodecScratch* scratch, CodecStats* stats) const override;
-  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                           const uint8_t* side, int count, float* keys, float* values,
-                           CodecScratch* scratch) const override;
+  absl::Status EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                           uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
+                           CodecStats* stats) const override;
+  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side, int count,
+                           float* keys, float* values, CodecScratch* scratch) const override;
 
  private:
   KiviCodec(int kv_heads, int head_dim, const GroupSpec& values)

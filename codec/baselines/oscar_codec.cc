@@ -5,8 +5,7 @@
 namespace driftkv {
 namespace baselines {
 
-absl::StatusOr<std::unique_ptr<KvCodec>> MakeOscarCodec(int kv_heads, int head_dim, int bits,
-                                                        int group, double kappa_k,
+absl::StatusOr<std::unique_ptr<KvCodec>> MakeOscarCodec(int kv_heads, int head_dim, int bits, int group, double kappa_k,
                                                         double kappa_v) {
   GroupSpec k;
   k.n = kv_heads * head_dim;

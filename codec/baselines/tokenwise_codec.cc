@@ -16,9 +16,8 @@ void Count(size_t stride, int n, int count, StreamStats* s) {
 
 }  // namespace
 
-absl::Status TokenwiseCodec::EncodeBlock(const float* keys, const float* values, int count,
-                                         uint8_t* key_records, uint8_t* value_records,
-                                         uint8_t* /*side*/, CodecScratch* scratch,
+absl::Status TokenwiseCodec::EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                                         uint8_t* value_records, uint8_t* /*side*/, CodecScratch* scratch,
                                          CodecStats* stats) const {
   if (count < 1 || count > block_tokens()) {
     return absl::InvalidArgumentError(
@@ -30,8 +29,7 @@ absl::Status TokenwiseCodec::EncodeBlock(const float* keys, const float* values,
   if (!st.ok()) return st;
   for (int t = 0; t < count; ++t) {
     EncodeStream(true, keys + static_cast<size_t>(t) * n, key_records + t * key_stride(), scratch);
-    EncodeStream(false, values + static_cast<size_t>(t) * n, value_records + t * value_stride(),
-                 scratch);
+    EncodeStream(false, values + static_cast<size_t>(t) * n, value_records + t * value_stride(), scratch);
   }
   if (stats != nullptr) {
     Count(key_stride(), n, count, &stats->keys);
@@ -41,8 +39,8 @@ absl::Status TokenwiseCodec::EncodeBlock(const float* keys, const float* values,
 }
 
 absl::Status TokenwiseCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                         const uint8_t* /*side*/, int count, float* keys,
-                                         float* values, CodecScratch* scratch) const {
+                                         const uint8_t* /*side*/, int count, float* keys, float* values,
+                                         CodecScratch* scratch) const {
   absl::Status result;
   const size_t n = static_cast<size_t>(this->n());
   for (int t = 0; t < count; ++t) {

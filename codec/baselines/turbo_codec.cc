@@ -14,8 +14,12 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 constexpr int kLloydIterations = 500;
 
-double Phi(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
-double Pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi); }
+double Phi(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0));
+}
+double Pdf(double x) {
+  return std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+}
 
 uint64_t SplitMix64(uint64_t* state) {
   uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
@@ -73,11 +77,10 @@ std::vector<float> RandomOrthogonal(int dim, uint64_t seed) {
   return std::vector<float>(a.begin(), a.end());
 }
 
-absl::StatusOr<std::unique_ptr<KvCodec>> TurboCodec::Create(int kv_heads, int head_dim, int bits,
-                                                            int group, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<KvCodec>> TurboCodec::Create(int kv_heads, int head_dim, int bits, int group,
+                                                            uint64_t seed) {
   if (kv_heads < 1 || head_dim < 1 || head_dim > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("turbo: shape ", kv_heads, " x ", head_dim, " out of range"));
+    return absl::InvalidArgumentError(absl::StrCat("turbo: shape ", kv_heads, " x ", head_dim, " out of range"));
   }
   if (bits < 1 || bits > 4) {
     return absl::InvalidArgumentError(absl::StrCat("turbo: bits ", bits, " out of range [1, 4]"));
@@ -91,10 +94,11 @@ absl::StatusOr<std::unique_ptr<KvCodec>> TurboCodec::Create(int kv_heads, int he
   return std::unique_ptr<KvCodec>(new TurboCodec(kv_heads, head_dim, bits, v, seed));
 }
 
-TurboCodec::TurboCodec(int kv_heads, int head_dim, int bits, const GroupSpec& values,
-                       uint64_t seed)
+TurboCodec::TurboCodec(int kv_heads, int head_dim, int bits, const GroupSpec& values, uint64_t seed)
     : TokenwiseCodec("turbo", kv_heads, head_dim, /*fp16_metadata=*/true),
-      bits_(bits), values_(values), rotation_(RandomOrthogonal(head_dim, seed)) {
+      bits_(bits),
+      values_(values),
+      rotation_(RandomOrthogonal(head_dim, seed)) {
   const std::vector<double> c = GaussianLloydMax(1 << bits);
   centroids_.assign(c.begin(), c.end());
   for (size_t i = 1; i < c.size(); ++i) bounds_.push_back(static_cast<float>(0.5 * (c[i - 1] + c[i])));
@@ -113,15 +117,15 @@ void TurboCodec::Rotate(const float* x, float* y, bool forward) const {
       double acc = 0.0;
       for (int k = 0; k < d; ++k) {
         acc += static_cast<double>(forward ? rotation_[static_cast<size_t>(i) * d + k]
-                                           : rotation_[static_cast<size_t>(k) * d + i]) * xh[k];
+                                           : rotation_[static_cast<size_t>(k) * d + i]) *
+               xh[k];
       }
       yh[i] = static_cast<float>(acc);
     }
   }
 }
 
-void TurboCodec::EncodeStream(bool key, const float* x, uint8_t* record,
-                              CodecScratch* scratch) const {
+void TurboCodec::EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const {
   const int n = this->n(), d = head_dim();
   scratch->row.resize(n);
   scratch->symbols.resize(n);
@@ -141,15 +145,14 @@ void TurboCodec::EncodeStream(bool key, const float* x, uint8_t* record,
     StoreU16(record + 2 * h, FloatToHalf(norm));
     const float inv = norm > 0.0f ? static_cast<float>(std::sqrt(static_cast<double>(d)) / norm) : 0.0f;
     for (int i = 0; i < d; ++i) {
-      codes[h * d + i] = static_cast<uint8_t>(
-          std::upper_bound(bounds_.begin(), bounds_.end(), yh[i] * inv) - bounds_.begin());
+      codes[h * d + i] =
+          static_cast<uint8_t>(std::upper_bound(bounds_.begin(), bounds_.end(), yh[i] * inv) - bounds_.begin());
     }
   }
   PackBits(codes, n, bits_, record + 2 * kv_heads());
 }
 
-absl::Status TurboCodec::DecodeStream(bool key, const uint8_t* record, float* x,
-                                      CodecScratch* scratch) const {
+absl::Status TurboCodec::DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const {
   const int n = this->n(), d = head_dim();
   scratch->row.resize(n);
   scratch->symbols.resize(n);

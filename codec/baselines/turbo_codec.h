@@ -39,17 +39,15 @@ std::vector<float> RandomOrthogonal(int dim, uint64_t seed);
 class TurboCodec : public TokenwiseCodec {
  public:
   // bits in [1, 4] (keys and values); group divides kv_heads * head_dim.
-  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim, int bits,
-                                                         int group, uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<KvCodec>> Create(int kv_heads, int head_dim, int bits, int group,
+                                                         uint64_t seed);
 
   size_t key_stride() const override;
   size_t value_stride() const override { return GroupRecordBytes(values_); }
 
  protected:
-  void EncodeStream(bool key, const float* x, uint8_t* record,
-                    CodecScratch* scratch) const override;
-  absl::Status DecodeStream(bool key, const uint8_t* record, float* x,
-                            CodecScratch* scratch) const override;
+  void EncodeStream(bool key, const float* x, uint8_t* record, CodecScratch* scratch) const override;
+  absl::Status DecodeStream(bool key, const uint8_t* record, float* x, CodecScratch* scratch) const override;
 
  private:
   TurboCodec(int kv_heads, int head_dim, int bits, const GroupSpec& values, uint64_t seed);

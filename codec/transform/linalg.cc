@@ -93,8 +93,7 @@ absl::Status SymmetricEigen(const double* input, int d, double* w, double* v) {
   // Sort descending (stable on index for equal eigenvalues), fix signs.
   std::vector<int> order(d);
   for (int i = 0; i < d; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int x, int y) { return a[x * d + x] > a[y * d + y]; });
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return a[x * d + x] > a[y * d + y]; });
   std::vector<double> vs(static_cast<size_t>(d) * d);
   for (int c = 0; c < d; ++c) {
     const int src = order[c];

@@ -34,8 +34,8 @@ absl::StatusOr<TransformKind> ParseTransformKind(const std::string& name) {
 
 absl::StatusOr<LayerTransform> LayerTransform::FromSet(const TransformSet& set, int layer) {
   if (layer < 0 || layer >= set.layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range [0, ", set.layers,
-                                                   ") of the transforms file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " out of range [0, ", set.layers, ") of the transforms file"));
   }
   if (set.head_dim > 4096) return absl::InvalidArgumentError("head_dim above 4096");
   LayerTransform t;
@@ -88,21 +88,21 @@ void LayerTransform::Outputs(const float* o, int q_heads, float* out) const {
   }
 }
 
-absl::StatusOr<std::unique_ptr<TransformedKvCodec>> TransformedKvCodec::Create(
-    std::unique_ptr<KvCodec> inner, LayerTransform transform, bool values_folded) {
+absl::StatusOr<std::unique_ptr<TransformedKvCodec>> TransformedKvCodec::Create(std::unique_ptr<KvCodec> inner,
+                                                                               LayerTransform transform,
+                                                                               bool values_folded) {
   if (inner == nullptr) return absl::InvalidArgumentError("no inner codec");
   if (inner->kv_heads() != transform.kv_heads() || inner->head_dim() != transform.head_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("transforms are for ", transform.kv_heads(), " kv heads x ",
-                                                   transform.head_dim(), ", the codec has ", inner->kv_heads(),
-                                                   " x ", inner->head_dim()));
+                                                   transform.head_dim(), ", the codec has ", inner->kv_heads(), " x ",
+                                                   inner->head_dim()));
   }
   return std::unique_ptr<TransformedKvCodec>(
       new TransformedKvCodec(std::move(inner), std::move(transform), values_folded));
 }
 
-absl::Status TransformedKvCodec::EncodeBlock(const float* keys, const float* values, int count,
-                                             uint8_t* key_records, uint8_t* value_records,
-                                             uint8_t* side, CodecScratch* scratch,
+absl::Status TransformedKvCodec::EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
+                                             uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
                                              CodecStats* stats) const {
   // The inner codec owns `scratch`; the transformed block lives here.
   const size_t size = static_cast<size_t>(count) * n();
@@ -112,13 +112,13 @@ absl::Status TransformedKvCodec::EncodeBlock(const float* keys, const float* val
     v.resize(size);
     transform_.Apply(Mat::kValue, values, count, v.data());
   }
-  return inner_->EncodeBlock(k.data(), values_folded_ ? values : v.data(), count, key_records,
-                             value_records, side, scratch, stats);
+  return inner_->EncodeBlock(k.data(), values_folded_ ? values : v.data(), count, key_records, value_records, side,
+                             scratch, stats);
 }
 
 absl::Status TransformedKvCodec::DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                                             const uint8_t* side, int count, float* keys,
-                                             float* values, CodecScratch* scratch) const {
+                                             const uint8_t* side, int count, float* keys, float* values,
+                                             CodecScratch* scratch) const {
   absl::Status st = inner_->DecodeBlock(key_records, value_records, side, count, keys, values, scratch);
   transform_.Apply(Mat::kKeyInverse, keys, count, keys);
   if (!values_folded_) transform_.Apply(Mat::kValueInverse, values, count, values);
@@ -126,8 +126,7 @@ absl::Status TransformedKvCodec::DecodeBlock(const uint8_t* key_records, const u
 }
 
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeTransformedCodec(CodecOptions options, TransformKind kind,
-                                                              const TransformSet* set, int layer,
-                                                              bool values_folded) {
+                                                              const TransformSet* set, int layer, bool values_folded) {
   options.rotation = kind == TransformKind::kHadamard ? "hadamard" : "identity";
   absl::StatusOr<std::unique_ptr<KvCodec>> inner = MakeKvCodec(options);
   if (!inner.ok() || kind != TransformKind::kWush) return inner;

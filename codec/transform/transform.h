@@ -62,8 +62,7 @@ class TransformedKvCodec : public KvCodec {
   // `inner` must have been built with rotation "identity" and match the
   // transform's kv_heads and head_dim (InvalidArgument otherwise).
   static absl::StatusOr<std::unique_ptr<TransformedKvCodec>> Create(std::unique_ptr<KvCodec> inner,
-                                                                    LayerTransform transform,
-                                                                    bool values_folded);
+                                                                    LayerTransform transform, bool values_folded);
 
   const KvCodec& inner() const { return *inner_; }
   const LayerTransform& transform() const { return transform_; }
@@ -80,9 +79,8 @@ class TransformedKvCodec : public KvCodec {
   absl::Status EncodeBlock(const float* keys, const float* values, int count, uint8_t* key_records,
                            uint8_t* value_records, uint8_t* side, CodecScratch* scratch,
                            CodecStats* stats) const override;
-  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records,
-                           const uint8_t* side, int count, float* keys, float* values,
-                           CodecScratch* scratch) const override;
+  absl::Status DecodeBlock(const uint8_t* key_records, const uint8_t* value_records, const uint8_t* side, int count,
+                           float* keys, float* values, CodecScratch* scratch) const override;
 
  private:
   TransformedKvCodec(std::unique_ptr<KvCodec> inner, LayerTransform t, bool folded)
@@ -97,8 +95,7 @@ class TransformedKvCodec : public KvCodec {
 // hadamard set options.rotation; wush builds the inner codec with rotation
 // "identity" and wraps it with layer `layer` of `set` (required then).
 absl::StatusOr<std::unique_ptr<KvCodec>> MakeTransformedCodec(CodecOptions options, TransformKind kind,
-                                                              const TransformSet* set, int layer,
-                                                              bool values_folded);
+                                                              const TransformSet* set, int layer, bool values_folded);
 
 }  // namespace driftkv
 

@@ -30,25 +30,22 @@ namespace driftkv {
 absl::Status TransformedCompressedAttention(const DQuantCodec& codec, const LayerTransform& transform,
                                             bool values_folded, absl::Span<const CompressedBlock> blocks,
                                             const Bf16Tokens& window, const float* query, int q_heads,
-                                            float softmax_scale, float* out, float* lse,
-                                            AttentionScratch* scratch);
+                                            float softmax_scale, float* out, float* lse, AttentionScratch* scratch);
 
 // The same over level pages of the hot tier (codec/level_attention.h):
 // bit-identical to the function above on the cold pages they were promoted
 // from (the same stage around LevelAttention, which is bit-identical to
 // CompressedAttention).
-absl::Status TransformedLevelAttention(const DQuantCodec& codec, const LayerTransform& transform,
-                                       bool values_folded, absl::Span<const LevelPageRef> pages,
-                                       const Bf16Tokens& window, const float* query, int q_heads,
-                                       float softmax_scale, float* out, float* lse,
+absl::Status TransformedLevelAttention(const DQuantCodec& codec, const LayerTransform& transform, bool values_folded,
+                                       absl::Span<const LevelPageRef> pages, const Bf16Tokens& window,
+                                       const float* query, int q_heads, float softmax_scale, float* out, float* lse,
                                        LevelAttentionScratch* scratch);
 
 // The same for a TransformedKvCodec; InvalidArgument if its inner codec is
 // not D-Quant.
-absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec,
-                                            absl::Span<const CompressedBlock> blocks, const Bf16Tokens& window,
-                                            const float* query, int q_heads, float softmax_scale, float* out,
-                                            float* lse, AttentionScratch* scratch);
+absl::Status TransformedCompressedAttention(const TransformedKvCodec& codec, absl::Span<const CompressedBlock> blocks,
+                                            const Bf16Tokens& window, const float* query, int q_heads,
+                                            float softmax_scale, float* out, float* lse, AttentionScratch* scratch);
 
 }  // namespace driftkv
 

@@ -29,7 +29,9 @@ uint64_t Fnv1a64(const char* p, size_t n) {
   return h;
 }
 
-size_t PayloadBytes(uint64_t l, uint64_t h, uint64_t d) { return 16 * l * h * d * d; }
+size_t PayloadBytes(uint64_t l, uint64_t h, uint64_t d) {
+  return 16 * l * h * d * d;
+}
 
 }  // namespace
 
@@ -69,8 +71,8 @@ absl::StatusOr<TransformSet> ParseTransforms(const std::string& in) {
   }
   const uint32_t version = static_cast<uint32_t>(Get(in, 8, 4));
   if (version != kTransformsVersion) {
-    return absl::DataLossError(absl::StrCat("transforms file version ", version, ", this build reads ",
-                                            kTransformsVersion));
+    return absl::DataLossError(
+        absl::StrCat("transforms file version ", version, ", this build reads ", kTransformsVersion));
   }
   const uint64_t l = Get(in, 12, 4), h = Get(in, 16, 4), d = Get(in, 20, 4);
   if (l == 0 || h == 0 || d == 0 || l > 4096 || h > 4096 || d > 4096 || !IsPowerOfTwo(static_cast<int>(d))) {
@@ -78,8 +80,8 @@ absl::StatusOr<TransformSet> ParseTransforms(const std::string& in) {
   }
   const size_t expect = kTransformsHeaderBytes + PayloadBytes(l, h, d) + 8;
   if (in.size() != expect) {
-    return absl::DataLossError(absl::StrCat("transforms file is ", in.size(), " bytes; its header (", l, " layers, ",
-                                            h, " heads, head_dim ", d, ") needs ", expect));
+    return absl::DataLossError(absl::StrCat("transforms file is ", in.size(), " bytes; its header (", l, " layers, ", h,
+                                            " heads, head_dim ", d, ") needs ", expect));
   }
   if (Fnv1a64(in.data(), in.size() - 8) != Get(in, in.size() - 8, 8)) {
     return absl::DataLossError("transforms file checksum mismatch (corrupt or truncated)");

@@ -10,8 +10,7 @@ namespace driftkv {
 namespace {
 
 // Md = M + gamma * tr(M)/d * I, after checking M. `what` names M in errors.
-absl::StatusOr<std::vector<double>> Damp(const std::vector<double>& m, int d, double gamma,
-                                         const char* what) {
+absl::StatusOr<std::vector<double>> Damp(const std::vector<double>& m, int d, double gamma, const char* what) {
   double trace = 0.0;
   for (int i = 0; i < d; ++i) trace += m[i * d + i];
   for (double x : m) {
@@ -71,9 +70,8 @@ void OuterSum::Merge(const OuterSum& other) {
   count_ += other.count_;
 }
 
-absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram,
-                                                 const std::vector<double>& hessian, int d,
-                                                 double gamma) {
+absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram, const std::vector<double>& hessian,
+                                                 int d, double gamma) {
   const size_t dd = static_cast<size_t>(d) * d;
   if (!IsPowerOfTwo(d)) return absl::InvalidArgumentError(absl::StrCat("head_dim ", d, " is not a power of two"));
   if (gram.size() != dd || hessian.size() != dd) {
@@ -102,9 +100,8 @@ absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram
   st = linalg::SymmetricEigen(s.data(), d, lambda.data(), u.data());
   if (!st.ok()) return st;
   if (!(lambda[d - 1] > 0.0)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("damped Gram matrix is singular in Hessian coordinates (smallest eigenvalue ",
-                     lambda[d - 1], ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "damped Gram matrix is singular in Hessian coordinates (smallest eigenvalue ", lambda[d - 1], ")"));
   }
   // A = Lambda^(-1/4) U^T L^T; T = Had A.
   std::vector<double> a(dd), ut = linalg::Transpose(u.data(), d);

@@ -59,9 +59,8 @@ struct WushTransform {
 // d must be a power of two (the Hadamard factor). FailedPrecondition, with a
 // message saying which statistic, when M or H is zero, not finite, or not
 // positive definite after damping; InvalidArgument on shape mismatch.
-absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram,
-                                                 const std::vector<double>& hessian, int d,
-                                                 double gamma = kWushDefaultGamma);
+absl::StatusOr<WushTransform> BuildWushTransform(const std::vector<double>& gram, const std::vector<double>& hessian,
+                                                 int d, double gamma = kWushDefaultGamma);
 
 }  // namespace driftkv
 

@@ -20,8 +20,7 @@ void RandomKv(int tokens, int kv_heads, int head_dim, std::mt19937_64* rng, std:
 }
 
 absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
-                              const std::vector<int>& window, bool shuffle, uint64_t seed,
-                              HostDQuantBatch* b) {
+                              const std::vector<int>& window, bool shuffle, uint64_t seed, HostDQuantBatch* b) {
   b->layout = codec.page_layout();
   const std::string error = GpuPageLayoutError(b->layout, PageUse::kAttend);
   if (!error.empty()) return absl::InvalidArgumentError(error);
@@ -95,8 +94,8 @@ absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::
   return absl::OkStatus();
 }
 
-absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
-                                    float softmax_scale, float* out, float* lse) {
+absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item, float softmax_scale,
+                                    float* out, float* lse) {
   const PageLayout& lay = b.layout;
   std::vector<CompressedBlock> blocks;
   for (int t0 = 0, pg = 0; t0 < b.tokens[item]; t0 += kPageTokens, ++pg) {
@@ -129,10 +128,9 @@ bool DeviceItems::Upload(const HostDQuantBatch& b, int first, int count) {
   const std::vector<float> q(b.query.begin() + first * qd, b.query.begin() + (first + count) * qd);
   int max_pages = 0;
   for (int t : tokens) max_pages = std::max(max_pages, (t + kPageTokens - 1) / kPageTokens);
-  if (!(table_.Upload(b.page_table) && start_.Upload(start) && tokens_.Upload(tokens) &&
-        window_k_.Upload(b.window_k) && window_v_.Upload(b.window_v) && window_tokens_.Upload(wt) &&
-        window_start_.Upload(wstart) && query_.Upload(q) && out_.Resize(count * qd * 4) &&
-        lse_.Resize(static_cast<size_t>(count) * b.q_heads * 4) &&
+  if (!(table_.Upload(b.page_table) && start_.Upload(start) && tokens_.Upload(tokens) && window_k_.Upload(b.window_k) &&
+        window_v_.Upload(b.window_v) && window_tokens_.Upload(wt) && window_start_.Upload(wstart) && query_.Upload(q) &&
+        out_.Resize(count * qd * 4) && lse_.Resize(static_cast<size_t>(count) * b.q_heads * 4) &&
         workspace_.Resize(AttentionWorkspaceBytes(count, b.q_heads, d, std::max(1, max_pages))))) {
     return false;
   }
@@ -163,8 +161,8 @@ bool DeviceItems::Download(std::vector<float>* out, std::vector<float>* lse) con
   return out_.Download(out) && lse_.Download(lse);
 }
 
-void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,
-                    bool shuffle, uint64_t seed, HostBf16Batch* b) {
+void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens, bool shuffle,
+                    uint64_t seed, HostBf16Batch* b) {
   const int n = kv_heads * head_dim, items = static_cast<int>(tokens.size());
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);

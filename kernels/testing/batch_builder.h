@@ -31,13 +31,13 @@ struct HostDQuantBatch {
   PageLayout layout;
   int q_heads = 0;
   int max_pages = 0;
-  std::vector<uint8_t> pool;             // pages, page_bytes each
+  std::vector<uint8_t> pool;  // pages, page_bytes each
   std::vector<int32_t> page_table;
-  std::vector<int32_t> page_start;       // [items]
-  std::vector<int32_t> tokens;           // [items] compressed tokens
-  std::vector<int32_t> window_tokens;    // [items]
+  std::vector<int32_t> page_start;           // [items]
+  std::vector<int32_t> tokens;               // [items] compressed tokens
+  std::vector<int32_t> window_tokens;        // [items]
   std::vector<uint16_t> window_k, window_v;  // [items][kMaxWindow][n] bf16
-  std::vector<float> query;              // [items][q_heads][head_dim]
+  std::vector<float> query;                  // [items][q_heads][head_dim]
   // Per item, model domain, [tokens + window][n]: the decoded compressed
   // tokens (what the kernel must attend to), then the window as floats.
   std::vector<std::vector<float>> ref_keys, ref_values;
@@ -47,13 +47,12 @@ struct HostDQuantBatch {
 // Encodes one random history per item (compressed tokens[i], window[i] <=
 // kMaxWindow) into pages; with shuffle, pages are placed in random order.
 absl::Status BuildDQuantBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>& tokens,
-                              const std::vector<int>& window, bool shuffle, uint64_t seed,
-                              HostDQuantBatch* batch);
+                              const std::vector<int>& window, bool shuffle, uint64_t seed, HostDQuantBatch* batch);
 
 // CPU reference of item i with codec/compressed_attention.h CompressedAttention (the
 // same algorithm in fp32 on the CPU).
-absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item,
-                                    float softmax_scale, float* out, float* lse);
+absl::Status CpuCompressedAttention(const DQuantCodec& codec, const HostDQuantBatch& b, int item, float softmax_scale,
+                                    float* out, float* lse);
 
 struct HostBf16Batch {
   int kv_heads = 0, head_dim = 0, q_heads = 0, max_pages = 0;
@@ -85,8 +84,8 @@ class DeviceItems {
   AttentionBatch batch_;
 };
 
-void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens,
-                    bool shuffle, uint64_t seed, HostBf16Batch* batch);
+void BuildBf16Batch(int kv_heads, int head_dim, int q_heads, const std::vector<int>& tokens, bool shuffle,
+                    uint64_t seed, HostBf16Batch* batch);
 
 }  // namespace gpu
 }  // namespace driftkv

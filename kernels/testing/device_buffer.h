@@ -35,7 +35,9 @@ class DeviceBuffer {
     return cudaMemcpy(v->data(), ptr_, v->size() * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess;
   }
   template <typename T>
-  T* get() const { return static_cast<T*>(ptr_); }
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

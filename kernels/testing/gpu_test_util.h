@@ -18,12 +18,12 @@
 #include "kernels/attention.h"
 
 // Ends the test as skipped, saying so on stdout, when no GPU is usable.
-#define SKIP_WITHOUT_GPU()                         \
-  do {                                             \
-    if (!::driftkv::gpu::GpuAvailable()) {         \
-      std::printf("skipped: no GPU\n");            \
-      GTEST_SKIP() << "skipped: no GPU";           \
-    }                                              \
+#define SKIP_WITHOUT_GPU()                 \
+  do {                                     \
+    if (!::driftkv::gpu::GpuAvailable()) { \
+      std::printf("skipped: no GPU\n");    \
+      GTEST_SKIP() << "skipped: no GPU";   \
+    }                                      \
   } while (0)
 
 namespace driftkv {
@@ -72,8 +72,8 @@ constexpr double kErrFactor = 4.0;
 constexpr double kErrFloor = 2e-5;
 
 // Plain fp32 attention of one item: two passes, no online rescaling.
-inline void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens,
-                         int kv_heads, int d, const float* q, int q_heads, float scale, float* out) {
+inline void NaiveFloatAttention(const std::vector<float>& k, const std::vector<float>& v, int tokens, int kv_heads,
+                                int d, const float* q, int q_heads, float scale, float* out) {
   const int n = kv_heads * d, group = q_heads / kv_heads;
   std::vector<float> s(tokens);
   for (int h = 0; h < q_heads; ++h) {
@@ -115,18 +115,19 @@ inline double DiffNorm(const T* a, const std::vector<double>& ref) {
 // values the kernel must see and naive32 a plain fp32 implementation over the
 // same values; every element must have been written (outputs are poisoned).
 inline void CheckItem(const float* gpu_out, float gpu_lse, const std::vector<float>& keys,
-               const std::vector<float>& values, int tokens, int kv_heads, int d, const float* q,
-               int q_heads, float scale, const char* what, int item) {
+                      const std::vector<float>& values, int tokens, int kv_heads, int d, const float* q, int q_heads,
+                      float scale, const char* what, int item) {
   const size_t od = static_cast<size_t>(q_heads) * d;
   std::vector<double> ref(od), lse(q_heads);
   ReferenceAttention(keys.data(), values.data(), tokens, kv_heads, d, q, q_heads, scale, ref.data(), lse.data());
   std::vector<float> naive(od);
   NaiveFloatAttention(keys, values, tokens, kv_heads, d, q, q_heads, scale, naive.data());
-  for (size_t i = 0; i < od; ++i) ASSERT_TRUE(std::isfinite(gpu_out[i])) << what << " item " << item << " element " << i << " not written";
+  for (size_t i = 0; i < od; ++i)
+    ASSERT_TRUE(std::isfinite(gpu_out[i])) << what << " item " << item << " element " << i << " not written";
   const double err = DiffNorm(gpu_out, ref), naive_err = DiffNorm(naive.data(), ref);
   const double bound = kErrFactor * naive_err + kErrFloor * Norm(ref);
-  EXPECT_LE(err, bound) << what << " item " << item << " tokens " << tokens << ": error " << err
-                        << " vs naive fp32 " << naive_err << ", |ref| " << Norm(ref);
+  EXPECT_LE(err, bound) << what << " item " << item << " tokens " << tokens << ": error " << err << " vs naive fp32 "
+                        << naive_err << ", |ref| " << Norm(ref);
   if (tokens > 0) {
     EXPECT_NEAR(gpu_lse, lse[0], 1e-3 * (1.0 + std::fabs(lse[0]))) << what << " lse, item " << item;
   }
