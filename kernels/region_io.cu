@@ -32,6 +32,20 @@ __device__ __forceinline__ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+__global__ void CopySegmentsKernel(CopySegmentsParams p) {
+  const CopySegment s = p.segments[blockIdx.x];
+  const uintptr_t both = reinterpret_cast<uintptr_t>(s.src) | reinterpret_cast<uintptr_t>(s.dst) | s.bytes;
+  if (both % 16 == 0) {
+    const uint4* src = static_cast<const uint4*>(s.src);
+    uint4* dst = static_cast<uint4*>(s.dst);
+    for (uint32_t i = threadIdx.x; i < s.bytes / 16; i += blockDim.x) dst[i] = src[i];
+  } else {
+    const uint8_t* src = static_cast<const uint8_t*>(s.src);
+    uint8_t* dst = static_cast<uint8_t*>(s.dst);
+    for (uint32_t i = threadIdx.x; i < s.bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 __global__ void ResetBad(int32_t* bad, int items) {
   for (int i = threadIdx.x; i < items; i += blockDim.x) bad[i] = kNoBadElement;
 }
@@ -64,6 +78,14 @@ __global__ void ScatterKernel(ScatterParams p) {
 }
 
 }  // namespace
+
+absl::Status LaunchCopySegments(const CopySegmentsParams& p, cudaStream_t stream) {
+  if (p.count <= 0 || p.count > kMaxCopySegments) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", p.count, " segments (1 to ", kMaxCopySegments, ")"));
+  }
+  CopySegmentsKernel<<<p.count, 128, 0, stream>>>(p);
+  return CudaStatus(cudaGetLastError(), "copy segments launch");
+}
 
 absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream) {
   if (p.items <= 0 || p.items > 65535 || p.stride <= 0 || p.items_dev == nullptr) {

@@ -62,6 +62,24 @@ struct ScatterParams {
 };
 absl::Status LaunchScatter(const ScatterParams& p, cudaStream_t stream);
 
+// Many small host-to-device copies as one: the bytes travel packed in one
+// copy, then this launch moves each segment to its place (e.g. a decode
+// step's new window token of every item into its cache slot: 128 copies
+// of 2 KB per 64-item Attend would each pay a cudaMemcpyAsync's host cost).
+struct CopySegment {
+  const void* src = nullptr;  // device memory
+  void* dst = nullptr;        // device memory
+  uint32_t bytes = 0;
+};
+// Passed by value (a kernel parameter), so no list is uploaded.
+constexpr int kMaxCopySegments = 128;
+struct CopySegmentsParams {
+  int count = 0;
+  CopySegment segments[kMaxCopySegments];
+};
+static_assert(sizeof(CopySegmentsParams) <= 4096, "a kernel parameter");
+absl::Status LaunchCopySegments(const CopySegmentsParams& p, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace driftkv
 

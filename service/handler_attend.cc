@@ -423,9 +423,9 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   h_.totals_.attention_tokens += attended;
   h_.metrics_->attention_tokens->Increment(static_cast<double>(attended));
   h_.metrics_->attention_items->Increment(items);
-  // Gauges move only when pages or windows changed (promotions publish
-  // their own).
-  if (total_pages > 0 || used > 0 || any_step) h_.PublishGauges();
+  // Gauges move when pages or windows changed, or the hot tier may have
+  // promoted this call's layers.
+  if (total_pages > 0 || used > 0 || any_step || h_.hot_ != nullptr) h_.PublishGauges();
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/ingest.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/region_io.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
@@ -717,9 +718,45 @@ class CudaBackend : public Backend {
       st = client_io_.GatherQueries(jobs, q_heads * d, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
     if (!st.ok()) return st;
-    if (cached) {
-      // Missing tokens: packed into the pinned buffer, then one copy per
-      // slot and tensor straight into the slot.
+    if (cached && uploads.size() > 2) {
+      // Missing tokens (typically one a window, a decode step): packed into
+      // the pinned buffer, uploaded in one copy per tensor, then moved to
+      // their slots by one launch per kMaxCopySegments segments.
+      size_t at = 0;
+      const size_t slot_bytes = windows_.slot_bytes();
+      gpu::CopySegmentsParams seg;
+      for (const cuda_backend::WindowCache::Upload& u : uploads) {
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
+        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
+        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
+        at += bytes;
+      }
+      st =
+          Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, at, cudaMemcpyHostToDevice, stream_), "upload window keys");
+      if (st.ok()) {
+        st = Cuda(cudaMemcpyAsync(dstage + off_wv, h + off_wv, at, cudaMemcpyHostToDevice, stream_),
+                  "upload window values");
+      }
+      at = 0;
+      for (size_t k = 0; st.ok() && k < uploads.size(); ++k) {
+        const cuda_backend::WindowCache::Upload& u = uploads[k];
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2;
+        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
+        seg.segments[seg.count++] = {dstage + off_wk + at, windows_.keys_dev() + dst, static_cast<uint32_t>(bytes)};
+        seg.segments[seg.count++] = {dstage + off_wv + at, windows_.values_dev() + dst, static_cast<uint32_t>(bytes)};
+        at += bytes;
+        if (seg.count + 2 > gpu::kMaxCopySegments || k + 1 == uploads.size()) {
+          st = gpu::LaunchCopySegments(seg, stream_);
+          seg.count = 0;
+        }
+      }
+      if (!st.ok()) {
+        windows_.Invalidate();
+        return st;
+      }
+    } else if (cached) {
+      // A few missing runs: one copy per slot and tensor straight into the
+      // slot.
       size_t at = 0;
       const size_t slot_bytes = windows_.slot_bytes();
       for (const cuda_backend::WindowCache::Upload& u : uploads) {
