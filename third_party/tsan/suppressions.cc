@@ -18,6 +18,14 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:libgrpc.so.29\n"
          "race:libgpr.so.29\n"
          "race:libgrpc++.so.1.51\n"
+         // Debian's OpenSSL (libssl, libcrypto), uninstrumented too: with TLS on, gRPC's
+         // decrypted bytes are written by libssl's memcpy on one thread and
+         // parsed (a stream's frames, on a reader thread) on another, with
+         // gRPC's handover invisible to TSan.
+         "called_from_lib:libssl.so.3\n"
+         "race:libssl.so.3\n"
+         "called_from_lib:libcrypto.so.3\n"
+         "race:libcrypto.so.3\n"
          // Abseil's Status and string copies made on gRPC's threads (frames
          // without symbols in the libraries below) are ordered by gRPC's
          // completion queues, which TSan does not see.
