@@ -62,8 +62,10 @@ absl::Status Backend::EncodeStaged(const StagedTokens& t, int n, int page_tokens
   TensorToFloat(AsBytes(static_cast<const uint8_t*>(t.values) + off, fresh_elements * eb), t.dtype, fresh_elements,
                 v.data() + prefix * n);
   std::vector<uint16_t> bk(total * n), bv(total * n);
-  std::memcpy(bk.data(), prefix_keys.data(), prefix * n * 2);
-  std::memcpy(bv.data(), prefix_values.data(), prefix * n * 2);
+  if (prefix > 0) {  // an empty window's data() may be null, which memcpy may not take
+    std::memcpy(bk.data(), prefix_keys.data(), prefix * n * 2);
+    std::memcpy(bv.data(), prefix_values.data(), prefix * n * 2);
+  }
   for (size_t i = prefix * n; i < total * n; ++i) {
     bk[i] = FloatToBf16(k[i]);
     bv[i] = FloatToBf16(v[i]);
