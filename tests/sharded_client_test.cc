@@ -1,5 +1,5 @@
 // driftkv::ShardedClient over three in-process servers on loopback, the
-// bars of issue 15 (docs/operations.md, "Scale out"):
+// scale-out properties of docs/operations.md, "Scale out":
 //  - 3000 small sequences spread within +-15% of a third per replica;
 //  - sharded, batched Attend (mixed batches, decode steps too) and Read are
 //    bit-equal to one server holding every sequence;
