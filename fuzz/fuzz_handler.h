@@ -17,6 +17,23 @@ namespace fuzz {
 
 constexpr int kFuzzTokens = 40;
 
+// The small handler every handler-level fuzz target runs: one KV head of
+// 64, pages of 16 tokens, a 64 KiB pool.
+inline ServiceOptions FuzzOptions() {
+  ServiceOptions o;
+  o.layers = 2;
+  o.codec.kv_heads = 1;
+  o.codec.head_dim = 64;
+  o.codec.mean_window = 16;
+  o.window_tokens = 8;
+  o.pool_bytes = 64 << 10;
+  o.max_sequences = 16;
+  o.max_batch = 16;
+  o.read_chunk_tokens = 32;
+  o.backend_threads = 1;
+  return o;
+}
+
 inline Handler& FreshHandler() {
   static std::unique_ptr<Metrics> metrics;
   static std::unique_ptr<Handler> handler;
@@ -24,17 +41,7 @@ inline Handler& FreshHandler() {
   if (handler == nullptr || ++uses % 4096 == 0) {
     handler.reset();
     metrics = std::make_unique<Metrics>();
-    ServiceOptions o;
-    o.layers = 2;
-    o.codec.kv_heads = 1;
-    o.codec.head_dim = 64;
-    o.codec.mean_window = 16;
-    o.window_tokens = 8;
-    o.pool_bytes = 64 << 10;
-    o.max_sequences = 16;
-    o.max_batch = 16;
-    o.read_chunk_tokens = 32;
-    o.backend_threads = 1;
+    const ServiceOptions o = FuzzOptions();
     absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, metrics.get());
     if (!h.ok()) std::abort();
     handler = *std::move(h);

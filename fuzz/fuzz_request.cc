@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "fuzz/fuzz_handler.h"
 #include "service/handler.h"
 
 using namespace driftkv;
@@ -21,17 +22,7 @@ Handler& Fresh() {
   if (g_handler == nullptr || ++uses % 4096 == 0) {
     g_handler.reset();
     g_metrics = std::make_unique<Metrics>();
-    ServiceOptions o;
-    o.layers = 2;
-    o.codec.kv_heads = 1;
-    o.codec.head_dim = 64;
-    o.codec.mean_window = 16;
-    o.window_tokens = 8;
-    o.pool_bytes = 64 << 10;
-    o.max_sequences = 16;
-    o.max_batch = 16;
-    o.read_chunk_tokens = 32;
-    o.backend_threads = 1;
+    const ServiceOptions o = fuzz::FuzzOptions();
     absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, g_metrics.get());
     if (!h.ok()) std::abort();
     g_handler = *std::move(h);
