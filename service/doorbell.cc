@@ -135,9 +135,11 @@ class DoorbellTable::Bell {
     while (!stop_.load(std::memory_order_relaxed)) {
       const uint64_t seq = __atomic_load_n(&c->request_seq, __ATOMIC_ACQUIRE);
       if (seq != last_) {
+        // A request after the region left the table (unregistered, expired,
+        // drained) goes unanswered, even while this thread is still awake.
+        if (!regions_->Touch(tenant_, region_->id())) break;
         ServeDoorbellRequest(base_, request_capacity_, response_capacity_, seq, *attend_, tenant_, &scratch);
         last_ = seq;
-        regions_->Touch(tenant_, region_->id());
         spin_until = MonotonicNs() + absl::ToInt64Nanoseconds(kSpinTime);
         continue;
       }

@@ -353,10 +353,12 @@ bool RegionTable::Contains(const std::string& tenant, uint64_t id) const {
   return it != regions_.end() && it->second.region->tenant() == tenant;
 }
 
-void RegionTable::Touch(const std::string& tenant, uint64_t id) {
+bool RegionTable::Touch(const std::string& tenant, uint64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
-  if (it != regions_.end() && it->second.region->tenant() == tenant) it->second.expiry = Now() + it->second.lease;
+  if (it == regions_.end() || it->second.region->tenant() != tenant) return false;
+  it->second.expiry = Now() + it->second.lease;
+  return true;
 }
 
 int RegionTable::ExpireIdle() {

@@ -166,8 +166,8 @@ class RegionTable {
   // Whether `tenant` has region `id`, without extending its lease.
   bool Contains(const std::string& tenant, uint64_t id) const;
   // Extends the lease of `tenant`'s region `id` (a use that names it
-  // otherwise than by a ref); nothing if there is none.
-  void Touch(const std::string& tenant, uint64_t id);
+  // otherwise than by a ref); false, and nothing done, if there is none.
+  bool Touch(const std::string& tenant, uint64_t id);
 
   // Removes regions whose lease ran out and stale pending mappings; returns
   // how many regions expired.
