@@ -29,7 +29,7 @@
 //
 //   decode_step_bench --target=127.0.0.1:50051 --path=ipc_stream
 //       [--layers=32] [--sequences=64] [--context=8192] [--steps=20]
-//       [--warmup=3] [--prefill=1] [--q_heads=32] [--tag=run1]
+//       [--warmup=3] [--prefill=1] [--q_heads=32] [--tag=run1] [--with_step=1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -119,6 +119,9 @@ int Run(int argc, char** argv) {
   const int prefill = IntFlag(argc, argv, "prefill", 1);
   const int q_heads = IntFlag(argc, argv, "q_heads", 32);
   const std::string tag = Flag(argc, argv, "tag", "");
+  // 0: attend only, no new key/value (the single-layer latency without a
+  // decode step).
+  const int with_step = IntFlag(argc, argv, "with_step", 1);
   const bool ipc = absl::StartsWith(path, "ipc_"), shm = absl::StartsWith(path, "shm_");
   const bool inline_path = path == "inline_bf16";
   if (!ipc && !shm && !inline_path) CHECK_OK(absl::InvalidArgumentError(absl::StrCat("unknown --path ", path)));
@@ -281,12 +284,16 @@ int Run(int argc, char** argv) {
       it->set_output_dtype(v1::DTYPE_BF16);
       if (inline_path) {
         it->set_query(host.data() + lay.query(l, i), lay.query_bytes());
-        it->set_new_key(host.data() + lay.key(l, i), kN * 2);
-        it->set_new_value(host.data() + lay.value(l, i), kN * 2);
+        if (with_step) {
+          it->set_new_key(host.data() + lay.key(l, i), kN * 2);
+          it->set_new_value(host.data() + lay.value(l, i), kN * 2);
+        }
       } else {
         *it->mutable_query_ref() = Ref(region_id, lay.query(l, i));
-        *it->mutable_new_key_ref() = Ref(region_id, lay.key(l, i));
-        *it->mutable_new_value_ref() = Ref(region_id, lay.value(l, i));
+        if (with_step) {
+          *it->mutable_new_key_ref() = Ref(region_id, lay.key(l, i));
+          *it->mutable_new_value_ref() = Ref(region_id, lay.value(l, i));
+        }
         *it->mutable_output_ref() = Ref(region_id, lay.output(l, i));
         *it->mutable_lse_ref() = Ref(region_id, lay.lse(l, i));
       }
@@ -314,7 +321,7 @@ int Run(int argc, char** argv) {
     const auto step_start = Clock::now();
     for (int l = 0; l < layers; ++l) {
       v1::AttendRequest& req = requests[l];
-      for (int i = 0; i < items; ++i) req.mutable_items(i)->set_new_token_index(next_token);
+      for (int i = 0; with_step && i < items; ++i) req.mutable_items(i)->set_new_token_index(next_token);
       const auto t0 = Clock::now();
       absl::Status st;
       if (stream != nullptr) {
@@ -342,11 +349,11 @@ int Run(int argc, char** argv) {
   std::printf(
       "{\"path\": \"%s\", \"tag\": \"%s\", \"layers\": %d, \"sequences\": %d, \"context\": %d, \"q_heads\": %d, "
       "\"layer_p50_us\": %.1f, \"layer_p99_us\": %.1f, \"step_p50_ms\": %.3f, \"tokens_per_s\": %.1f, "
-      "\"kv_bytes_resident\": %llu, \"prefill_s\": %.2f}\n",
+      "\"kv_bytes_resident\": %llu, \"prefill_s\": %.2f, \"with_step\": %d}\n",
       path.c_str(), tag.c_str(), layers, items, context, q_heads, Quantile(layer_us, 0.5), Quantile(layer_us, 0.99),
       step, items / (step / 1e3),
       static_cast<unsigned long long>(stats->bytes_in_use() + stats->hot_bytes_in_use() + stats->window_bytes()),
-      prefill_s);
+      prefill_s, with_step);
   if (dev != nullptr) {
     UnregisterRegion(&client, region_id).IgnoreError();
     cudaFree(dev);

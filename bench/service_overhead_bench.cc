@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/attend_phases.h"
 #include "backends/registry.h"
 #include "bench/check.h"
 #include "client/attend_stream.h"
@@ -189,8 +190,11 @@ int Run(int argc, char** argv) {
     }
   };
   // By reference: f32 queries, outputs and lse in one host region.
-  auto region = HostRegion::Create(
-      &client, static_cast<uint64_t>(sequences) * (2 * qe + kQHeads) * 4 + DoorbellClient::Bytes(1 << 20, 1 << 20));
+  // After the queries, outputs, lse and the doorbell: each item's decode
+  // step (bf16 key and value) for --with_step.
+  const uint64_t step_bytes = static_cast<uint64_t>(sequences) * 2 * kN * 2;
+  auto region = HostRegion::Create(&client, static_cast<uint64_t>(sequences) * (2 * qe + kQHeads) * 4 +
+                                                DoorbellClient::Bytes(1 << 20, 1 << 20) + step_bytes + 64);
   CHECK_OK(region.status());
   float* shared = static_cast<float*>((*region)->data());
   const uint64_t out_at = static_cast<uint64_t>(sequences) * qe * 4, lse_at = 2 * out_at;
@@ -236,15 +240,43 @@ int Run(int argc, char** argv) {
   std::vector<double> hnd, hnd_cpu, rpc, rpc_cpu, req_ser, req_parse, resp_ser, resp_parse;
   std::vector<double> hnd_ref, rpc_ref, stream_ref, bell_ref;
   if (IntFlag(argc, argv, "handler_by_reference_only", 0) != 0) {
-    // Only Handler::Attend by reference (for a profiler).
+    // Only Handler::Attend by reference (for a profiler); --with_step=1
+    // adds each item's decode step (bf16 key and value by reference), as
+    // a decode worker sends them. Prints the median of each phase
+    // (backends/attend_phases.h).
+    const bool with_step = IntFlag(argc, argv, "with_step", 0) != 0;
+    const uint64_t step_at = (bell_at + DoorbellClient::Bytes(1 << 20, 1 << 20) + 63) / 64 * 64;
+    if (with_step) {
+      std::memcpy(static_cast<char*>((*region)->data()) + step_at, kv.data(), step_bytes);
+      for (int s = 0; s < sequences; ++s) {
+        v1::AttendItem* it = by_ref.mutable_items(s);
+        *it->mutable_new_key_ref() = (*region)->Ref(step_at + static_cast<uint64_t>(s) * 2 * kN * 2);
+        *it->mutable_new_value_ref() = (*region)->Ref(step_at + (static_cast<uint64_t>(s) * 2 + 1) * kN * 2);
+        it->set_dtype(v1::DTYPE_BF16);
+      }
+      // The queries, now bf16 too (a decode worker's dtype), each at its
+      // item's offset.
+      for (int s = 0; s < sequences; ++s) {
+        uint16_t* q = reinterpret_cast<uint16_t*>(static_cast<char*>((*region)->data()) + s * qe * 4);
+        for (size_t e = 0; e < qe; ++e) q[e] = FloatToBf16(query[s * qe + e]);
+      }
+    }
+    std::vector<std::vector<double>> phase_us(static_cast<int>(AttendPhase::kCount));
     for (int i = 0; i < reps; ++i) {
       v1::AttendResponse ref_response;
+      for (int s = 0; with_step && s < sequences; ++s) by_ref.mutable_items(s)->set_new_token_index(context + i);
       const auto t0 = Clock::now();
       CHECK_OK(handler.Attend(by_ref, &ref_response));
       hnd_ref.push_back(Us(Clock::now() - t0));
-      check_ref(ref_response);
+      for (size_t p = 0; p < phase_us.size(); ++p) phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
+      if (!with_step) check_ref(ref_response);
     }
-    std::printf("Handler::Attend by reference: p50 %.1f us, p99 %.1f us\n", Of(hnd_ref).p50, Of(hnd_ref).p99);
+    std::printf("Handler::Attend by reference%s: p50 %.1f us, p99 %.1f us\nphases, p50 us:",
+                with_step ? ", decode steps" : "", Of(hnd_ref).p50, Of(hnd_ref).p99);
+    for (size_t p = 0; p < phase_us.size(); ++p) {
+      std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(phase_us[p]).p50);
+    }
+    std::printf("\n");
     return 0;
   }
   v1::AttendResponse last;

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "backends/attend_phases.h"
 #include "service/attend_io.h"
 #include "service/handler_internal.h"
 #include "wire/tensor.h"
@@ -149,8 +150,14 @@ class Handler::AttendBatch {
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
                              const std::string& tenant) {
+  AttendPhaseClock::Start();
   absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant);
-  if (!st.ok()) metrics_->rejected_chunks->Increment();
+  if (!st.ok()) {
+    metrics_->rejected_chunks->Increment();
+    return st;
+  }
+  AttendPhaseClock::Mark(AttendPhase::kFinish);
+  metrics_->RecordAttendPhases(AttendPhaseClock::totals());
   return st;
 }
 
@@ -340,7 +347,9 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
   }
+  AttendPhaseClock::Mark(AttendPhase::kValidate);
   if (absl::Status st = io_.ReadClientTensors(); !st.ok()) return st;
+  AttendPhaseClock::Mark(AttendPhase::kClientRead);
   // 2. Find the sequences; 3. the hot tier: promote the items' cold layers
   // (sync) or queue them (async), before any lock of the batch is held
   // (LOCK ORDER in handler.h); 4. lock them and their layers in order.
@@ -403,7 +412,9 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
       }
     }
   }
+  AttendPhaseClock::Mark(AttendPhase::kState);
   h_.backend_->Attend(absl::MakeSpan(jobs));
+  AttendPhaseClock::Mark(AttendPhase::kBackendHost);
   locks.TouchAll(*h_.table_);
   if (h_.hot_ != nullptr) {
     // Hot layers cannot be demoted while read-locked: their entries exist.

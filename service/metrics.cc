@@ -147,6 +147,17 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             .Help("Attention items per merged backend call")
                             .Register(r)
                             .Add({}, Histogram::BucketBoundaries{1, 4, 16, 64, 256, 1024, 4096});
+  auto& phases = BuildHistogram()
+                     .Name("driftkv_attend_phase_seconds")
+                     .Help(
+                         "Wall time of one Attend by phase: validate, client_read, state, backend_host, "
+                         "device_wait, finish (their sum is the Handler's time)")
+                     .Register(r);
+  for (int p = 0; p < static_cast<int>(AttendPhase::kCount); ++p) {
+    attend_phase_seconds[p] = &phases.Add({{"phase", AttendPhaseName(static_cast<AttendPhase>(p))}},
+                                          Histogram::BucketBoundaries{0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
+                                                                      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
+  }
   auto& tier_pages_family = BuildGauge()
                                 .Name("driftkv_pages")
                                 .Help("Pages in use, by tier (cold: D-Quant pages; hot: level pages)")
@@ -259,6 +270,10 @@ void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_
     encode_fallbacks[i]->Increment(static_cast<double>(s[i]->fallbacks));
   }
   pages_encoded->Increment();
+}
+
+void Metrics::RecordAttendPhases(const AttendPhaseClock::Totals& totals) {
+  for (size_t p = 0; p < totals.size(); ++p) attend_phase_seconds[p]->Observe(1e-9 * static_cast<double>(totals[p]));
 }
 
 void Metrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {

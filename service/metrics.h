@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "backends/attend_phases.h"
 #include "codec/kv_codec.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -87,6 +88,10 @@ class Metrics {
   prometheus::Counter* attention_items;
   prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
+  // driftkv_attend_phase_seconds{phase}: one Attend's time by phase
+  // (backends/attend_phases.h).
+  prometheus::Histogram* attend_phase_seconds[static_cast<int>(AttendPhase::kCount)];
+  void RecordAttendPhases(const AttendPhaseClock::Totals& totals);
   prometheus::Counter* rejected_chunks;
   prometheus::Counter* integrity_rejections[kIntegrityReasons];  // by IntegrityReason
   prometheus::Counter* unauthenticated;                          // calls refused for a missing or unlisted token

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/attend_phases.h"
 #include "backends/cuda/client_io.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
@@ -825,7 +826,9 @@ class CudaBackend : public Backend {
       st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
                 "download output");
     }
+    AttendPhaseClock::Mark(AttendPhase::kBackendHost);
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
+    AttendPhaseClock::Mark(AttendPhase::kDeviceWait);
     if (!st.ok()) return st;
     for (int i = 0; i < items; ++i) {
       jobs[i].status = absl::OkStatus();

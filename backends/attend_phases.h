@@ -1,0 +1,73 @@
+// Where the wall time of one Attend goes, phase by phase, measured on the
+// thread that runs it. The handler starts the clock when a call begins and
+// marks the end of each of its phases; a backend that runs the call on the
+// same thread marks its own (host work until its launches are queued, then
+// waiting for the device). A mark charges the time since the previous mark
+// to its phase, so the phases add up to the call. The handler publishes the
+// totals (driftkv_attend_phase_seconds, docs/metrics.md).
+//
+// A backend that runs calls on other threads (backends/attend_batcher.h)
+// marks nothing the handler reads: its whole time is then charged to
+// kBackendHost by the handler's mark after Backend::Attend returns.
+#ifndef DRIFTKV_BACKENDS_ATTEND_PHASES_H_
+#define DRIFTKV_BACKENDS_ATTEND_PHASES_H_
+
+#include <array>
+#include <cstdint>
+#include <ctime>
+
+namespace driftkv {
+
+enum class AttendPhase : int {
+  kValidate = 0,  // items checked, tensors inline decoded, references resolved
+  kClientRead,    // tensors in client memory read and checked by the device
+  kState,         // sequences found and locked, hot tier, decode steps applied
+  kBackendHost,   // the backend's host work: tables, staging, launches queued
+  kDeviceWait,    // the backend waiting for the device
+  kFinish,        // outputs converted or copied, counters
+  kCount
+};
+
+inline const char* AttendPhaseName(AttendPhase p) {
+  static const char* const kNames[] = {"validate", "client_read", "state", "backend_host", "device_wait", "finish"};
+  return kNames[static_cast<int>(p)];
+}
+
+class AttendPhaseClock {
+ public:
+  using Totals = std::array<int64_t, static_cast<int>(AttendPhase::kCount)>;  // nanoseconds
+
+  // Begins a call on this thread: every total back to zero.
+  static void Start() {
+    State& s = state();
+    s.totals.fill(0);
+    s.last = NowNs();
+  }
+  // Charges the time since the last mark (or Start) to `phase`.
+  static void Mark(AttendPhase phase) {
+    State& s = state();
+    const int64_t now = NowNs();
+    s.totals[static_cast<int>(phase)] += now - s.last;
+    s.last = now;
+  }
+  static const Totals& totals() { return state().totals; }
+
+ private:
+  struct State {
+    Totals totals{};
+    int64_t last = 0;
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static int64_t NowNs() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_ATTEND_PHASES_H_
