@@ -21,7 +21,7 @@ using ::driftkv::Quoted;
 
 // Rounds float tokens to bf16 bits.
 inline void ToBf16(const float* x, size_t count, uint16_t* out) {
-  for (size_t i = 0; i < count; ++i) out[i] = FloatToBf16(x[i]);
+  FloatsToBf16(x, count, out);
 }
 
 }  // namespace handler_internal

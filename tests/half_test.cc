@@ -1,7 +1,9 @@
 #include "wire/half.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -50,6 +52,36 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.00390625f)), 1.0f);       // tie, even stays
   EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.01171875f)), 1.015625f);  // tie, odd rounds up
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
+}
+
+// The array conversions (vectorised where the CPU allows) give the scalar
+// functions' bits for every input: random bit patterns (NaNs, infinities,
+// subnormals, ties among them), at lengths that leave a scalar tail.
+TEST(Bf16, ArraysMatchTheScalarConversionsBitForBit) {
+  std::mt19937 rng(17);
+  for (size_t count : {0, 1, 7, 8, 9, 63, 1024, 4099}) {
+    std::vector<float> x(count);
+    std::vector<uint16_t> b(count);
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t u = rng();
+      std::memcpy(&x[i], &u, 4);
+      b[i] = static_cast<uint16_t>(rng());
+    }
+    if (count >= 8) {
+      const uint32_t edge[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                               0x3f808000u, 0x3f818000u, 0x00000001u, 0x7f7fffffu};
+      for (int k = 0; k < 8; ++k) std::memcpy(&x[k], &edge[k], 4);
+    }
+    std::vector<uint16_t> got(count);
+    FloatsToBf16(x.data(), count, got.data());
+    std::vector<float> back(count);
+    Bf16ToFloats(b.data(), count, back.data());
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(got[i], FloatToBf16(x[i])) << "count " << count << " element " << i;
+      const float want = Bf16ToFloat(b[i]);
+      ASSERT_EQ(std::memcmp(&back[i], &want, 4), 0) << "count " << count << " element " << i;
+    }
+  }
 }
 
 }  // namespace

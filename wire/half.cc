@@ -1,5 +1,7 @@
 #include "wire/half.h"
 
+#include <cstring>
+
 namespace driftkv {
 
 uint16_t FloatToHalf(float f) {
@@ -39,6 +41,54 @@ float HalfToFloat(uint16_t h) {
     return sign ? -v : v;
   }
   return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+namespace {
+
+using U32x8 = uint32_t __attribute__((vector_size(32)));
+using U16x8 = uint16_t __attribute__((vector_size(16)));
+
+// FloatToBf16 on eight lanes: the same integer steps, so the same bits.
+__attribute__((target("avx2"))) void FloatsToBf16Avx2(const float* x, size_t count, uint16_t* out) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    U32x8 u;
+    std::memcpy(&u, x + i, sizeof(u));
+    const U32x8 nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const U32x8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U32x8 r = nan ? ((u >> 16) | 0x40u) : rounded;
+    const U16x8 h = __builtin_convertvector(r, U16x8);
+    std::memcpy(out + i, &h, sizeof(h));
+  }
+  for (; i < count; ++i) out[i] = FloatToBf16(x[i]);
+}
+
+__attribute__((target("avx2"))) void Bf16ToFloatsAvx2(const uint16_t* b, size_t count, float* out) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    U16x8 h;
+    std::memcpy(&h, b + i, sizeof(h));
+    const U32x8 u = __builtin_convertvector(h, U32x8) << 16;
+    std::memcpy(out + i, &u, sizeof(u));
+  }
+  for (; i < count; ++i) out[i] = Bf16ToFloat(b[i]);
+}
+
+bool HasAvx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+
+}  // namespace
+
+void FloatsToBf16(const float* x, size_t count, uint16_t* out) {
+  if (HasAvx2()) return FloatsToBf16Avx2(x, count, out);
+  for (size_t i = 0; i < count; ++i) out[i] = FloatToBf16(x[i]);
+}
+
+void Bf16ToFloats(const uint16_t* b, size_t count, float* out) {
+  if (HasAvx2()) return Bf16ToFloatsAvx2(b, count, out);
+  for (size_t i = 0; i < count; ++i) out[i] = Bf16ToFloat(b[i]);
 }
 
 }  // namespace driftkv

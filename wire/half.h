@@ -7,6 +7,7 @@
 #ifndef DRIFTKV_WIRE_HALF_H_
 #define DRIFTKV_WIRE_HALF_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -51,6 +52,11 @@ inline uint16_t FloatToBf16(float f) {
 inline float Bf16ToFloat(uint16_t b) {
   return BitsToFloat(static_cast<uint32_t>(b) << 16);
 }
+
+// The same over arrays, bit for bit (AVX2 where the CPU has it): a decode
+// step converts every item's query, key and value on each Attend.
+void FloatsToBf16(const float* x, size_t count, uint16_t* out);
+void Bf16ToFloats(const uint16_t* b, size_t count, float* out);
 
 }  // namespace driftkv
 

@@ -50,6 +50,10 @@ void TensorToFloat(absl::string_view bytes, int dtype, size_t elements, float* o
     std::memcpy(out, p, elements * 4);
     return;
   }
+  if (dtype == v1::DTYPE_BF16 && reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0) {
+    Bf16ToFloats(reinterpret_cast<const uint16_t*>(p), elements, out);
+    return;
+  }
   for (size_t i = 0; i < elements; ++i) {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
@@ -63,6 +67,10 @@ void FloatToTensor(const float* x, size_t elements, int dtype, std::string* out)
   char* p = out->data() + start;
   if (dtype == v1::DTYPE_F32) {
     std::memcpy(p, x, elements * 4);
+    return;
+  }
+  if (dtype == v1::DTYPE_BF16 && reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0) {
+    FloatsToBf16(x, elements, reinterpret_cast<uint16_t*>(p));
     return;
   }
   for (size_t i = 0; i < elements; ++i) {
