@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "backends/attend_phases.h"
 #include "service/attend_io.h"
@@ -418,10 +419,11 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   locks.TouchAll(*h_.table_);
   if (h_.hot_ != nullptr) {
     // Hot layers cannot be demoted while read-locked: their entries exist.
-    const int64_t now = h_.hot_->NowNs();
+    absl::InlinedVector<uint64_t, 64> hot;
     for (int i = 0; i < items; ++i) {
-      if (work[i].layer->hot) h_.hot_->Touch(work[i].layer->id, now);
+      if (work[i].layer->hot) hot.push_back(work[i].layer->id);
     }
+    h_.hot_->Touch(absl::MakeConstSpan(hot), h_.hot_->NowNs());
   }
   locks.Unlock();
   for (int i = 0; i < items; ++i) {

@@ -39,28 +39,34 @@ void HotTier::AddHot(const SequencePtr& seq, int layer_index, uint64_t id) {
   const int64_t now = NowNs();
   absl::MutexLock lock(&hot_mu_);
   auto [it, inserted] = hot_layers_.try_emplace(id, Entry{seq, layer_index, now});
-  if (!inserted) {
-    hot_lru_.erase({it->second.attended_ns, id});
-    it->second.attended_ns = now;
-  }
-  hot_lru_.insert({now, id});
+  if (!inserted) it->second.attended_ns = now;
 }
 
 void HotTier::RemoveHot(uint64_t id) {
   absl::MutexLock lock(&hot_mu_);
   auto it = hot_layers_.find(id);
   if (it == hot_layers_.end()) return;
-  hot_lru_.erase({it->second.attended_ns, id});
   hot_layers_.erase(it);
 }
 
 void HotTier::Touch(uint64_t id, int64_t now_ns) {
+  Touch(absl::MakeConstSpan(&id, 1), now_ns);
+}
+
+void HotTier::Touch(absl::Span<const uint64_t> ids, int64_t now_ns) {
   absl::MutexLock lock(&hot_mu_);
-  auto it = hot_layers_.find(id);
-  if (it == hot_layers_.end() || it->second.attended_ns >= now_ns) return;
-  hot_lru_.erase({it->second.attended_ns, id});
-  it->second.attended_ns = now_ns;
-  hot_lru_.insert({now_ns, id});
+  for (uint64_t id : ids) {
+    auto it = hot_layers_.find(id);
+    if (it != hot_layers_.end() && it->second.attended_ns < now_ns) it->second.attended_ns = now_ns;
+  }
+}
+
+std::vector<std::pair<int64_t, uint64_t>> HotTier::LruLocked() const {
+  std::vector<std::pair<int64_t, uint64_t>> lru;
+  lru.reserve(hot_layers_.size());
+  for (const auto& [id, e] : hot_layers_) lru.emplace_back(e.attended_ns, id);
+  std::sort(lru.begin(), lru.end());
+  return lru;
 }
 
 void HotTier::FreeLayer(LayerState* layer) {
@@ -105,7 +111,7 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
     uint64_t id = 0;
     {
       absl::MutexLock lock(&hot_mu_);
-      for (const auto& [ns, candidate] : hot_lru_) {
+      for (const auto& [ns, candidate] : LruLocked()) {
         if (held.layers.contains(candidate) || tried->contains(candidate)) continue;
         const Entry& e = hot_layers_.at(candidate);
         seq = e.seq;
@@ -286,7 +292,7 @@ bool HotTier::DemoteIdle() {
   std::vector<std::pair<SequencePtr, int>> idle;
   {
     absl::MutexLock lock(&hot_mu_);
-    for (const auto& [ns, id] : hot_lru_) {
+    for (const auto& [ns, id] : LruLocked()) {
       if (ns >= cutoff) break;
       const Entry& e = hot_layers_.at(id);
       idle.emplace_back(e.seq, e.layer);
@@ -312,8 +318,8 @@ bool HotTier::DemoteIdle() {
 std::vector<uint64_t> HotTier::LruOrder() const {
   absl::MutexLock lock(&hot_mu_);
   std::vector<uint64_t> ids;
-  ids.reserve(hot_lru_.size());
-  for (const auto& [ns, id] : hot_lru_) ids.push_back(id);
+  ids.reserve(hot_layers_.size());
+  for (const auto& [ns, id] : LruLocked()) ids.push_back(id);
   return ids;
 }
 

@@ -31,7 +31,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -41,6 +40,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
 #include "service/config.h"
@@ -102,6 +102,8 @@ class HotTier {
   void FreeLayer(LayerState* layer) ABSL_LOCKS_EXCLUDED(hot_mu_);
   // Marks hot layer `id` attended at `now_ns` (Now()).
   void Touch(uint64_t id, int64_t now_ns) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  // The same for several layers (an Attend's), under one lock.
+  void Touch(absl::Span<const uint64_t> ids, int64_t now_ns) ABSL_LOCKS_EXCLUDED(hot_mu_);
   int64_t NowNs() const { return absl::ToUnixNanos(clock_()); }
   // Waits until every queued promotion has run; at once without a thread.
   void DrainPromotions() ABSL_LOCKS_EXCLUDED(promote_mu_);
@@ -132,7 +134,9 @@ class HotTier {
   const double idle_seconds_;
   const std::function<void()> after_move_;
 
-  // The hot layers in least-recently-attended order.
+  // The hot layers; their least-recently-attended order is sorted only
+  // when a demotion asks for it (LruLocked), so that an Attend's touch of
+  // its layers is one hash lookup each.
   struct Entry {
     SequencePtr seq;
     int layer = 0;
@@ -140,7 +144,8 @@ class HotTier {
   };
   mutable absl::Mutex hot_mu_;
   absl::flat_hash_map<uint64_t, Entry> hot_layers_ ABSL_GUARDED_BY(hot_mu_);  // by LayerState::id
-  std::set<std::pair<int64_t, uint64_t>> hot_lru_ ABSL_GUARDED_BY(hot_mu_);   // (attended_ns, id), oldest first
+  // (attended_ns, id) of every hot layer, oldest first.
+  std::vector<std::pair<int64_t, uint64_t>> LruLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(hot_mu_);
   std::atomic<uint64_t> promotions_{0};
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> pages_promoted_{0};
