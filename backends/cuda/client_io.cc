@@ -89,56 +89,79 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   if (reads.empty()) return absl::OkStatus();
   if (reads.size() > 65535)
     return absl::InvalidArgumentError(absl::StrCat(reads.size(), " client tensors in one read"));
+  // Tensors wanted on the host (a decode step's key and value) take the
+  // first rows, packed at their own stride, so that they come back in one
+  // copy; the others (queries, only checked here: the attention launch
+  // gathers them again) are checked without being written anywhere. The
+  // bad-element flags follow the same order.
+  const size_t n = reads.size();
+  std::vector<gpu::RegionIoItem> items;
+  items.reserve(n);
+  std::vector<size_t> order;  // order[k]: the read behind items[k]
+  order.reserve(n);
   int stride = 1;
-  for (const ClientRead& r : reads) stride = std::max(stride, r.elements);
-  std::vector<gpu::RegionIoItem> items(reads.size());
-  for (size_t i = 0; i < reads.size(); ++i) {
-    items[i].src = reads[i].src_dev;
-    items[i].src_dtype = reads[i].dtype;
-    items[i].row = static_cast<int>(i);
-    items[i].elements = reads[i].elements;
+  for (size_t i = 0; i < n; ++i) {
+    if (reads[i].host == nullptr) continue;
+    stride = std::max(stride, reads[i].elements);
+    order.push_back(i);
   }
-  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float), n = reads.size();
-  absl::Status st = rows_dev_.Reserve(n * row_bytes);
-  if (st.ok()) st = host_rows_.Reserve(n * row_bytes);
+  const size_t wanted = order.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (reads[i].host == nullptr) order.push_back(i);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    const ClientRead& r = reads[order[k]];
+    gpu::RegionIoItem io;
+    io.src = r.src_dev;
+    io.src_dtype = r.dtype;
+    io.row = static_cast<int>(k);
+    io.elements = r.elements;
+    items.push_back(io);
+  }
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
+  absl::Status st = rows_dev_.Reserve(std::max<size_t>(wanted, 1) * row_bytes);
+  if (st.ok()) st = host_rows_.Reserve(std::max<size_t>(wanted, 1) * row_bytes);
   if (st.ok()) st = bad_dev_.Reserve(n * sizeof(int32_t));
   if (st.ok()) st = host_bad_.Reserve(n * sizeof(int32_t));
   if (!st.ok()) return st;
   absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
   if (!dev.ok()) return dev.status();
-  gpu::GatherParams p;
-  p.items_dev = *dev;
-  p.items = static_cast<int>(n);
-  p.stride = stride;
-  p.dst_dev = rows_dev_.get<float>();
-  p.bad_dev = bad_dev_.get<int32_t>();
-  st = gpu::LaunchGather(p, stream);
+  if (wanted > 0) {
+    gpu::GatherParams p;
+    p.items_dev = *dev;
+    p.items = static_cast<int>(wanted);
+    p.stride = stride;
+    p.dst_dev = rows_dev_.get<float>();
+    p.bad_dev = bad_dev_.get<int32_t>();
+    st = gpu::LaunchGather(p, stream);
+  }
+  if (st.ok() && wanted < n) {
+    gpu::GatherParams p;
+    p.items_dev = *dev + wanted;
+    p.items = static_cast<int>(n - wanted);
+    p.stride = 1;  // nothing is written
+    p.dst_dev = nullptr;
+    p.bad_dev = bad_dev_.get<int32_t>() + wanted;
+    st = gpu::LaunchGather(p, stream);
+  }
   if (st.ok()) {
     st = Cuda(cudaMemcpyAsync(host_bad_.get<void>(), bad_dev_.get<void>(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
                               stream),
               "download client tensor checks");
   }
-  // Rows wanted on the host: one copy per run of consecutive wanted rows.
-  for (size_t i = 0; st.ok() && i < n;) {
-    if (reads[i].host == nullptr) {
-      ++i;
-      continue;
-    }
-    size_t end = i + 1;
-    while (end < n && reads[end].host != nullptr) ++end;
-    st = Cuda(cudaMemcpyAsync(host_rows_.get<uint8_t>() + i * row_bytes, rows_dev_.get<uint8_t>() + i * row_bytes,
-                              (end - i) * row_bytes, cudaMemcpyDeviceToHost, stream),
+  if (st.ok() && wanted > 0) {
+    st = Cuda(cudaMemcpyAsync(host_rows_.get<void>(), rows_dev_.get<void>(), wanted * row_bytes, cudaMemcpyDeviceToHost,
+                              stream),
               "download client tensors");
-    i = end;
   }
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream), "client tensor read");
   if (!st.ok()) return st;
   const int32_t* bad = host_bad_.get<int32_t>();
-  for (size_t i = 0; i < n; ++i) {
-    reads[i].bad = bad[i] == gpu::kNoBadElement ? -1 : bad[i];
-    if (reads[i].host != nullptr) {
-      std::memcpy(reads[i].host, host_rows_.get<uint8_t>() + i * row_bytes,
-                  static_cast<size_t>(reads[i].elements) * sizeof(float));
+  for (size_t k = 0; k < n; ++k) {
+    ClientRead& r = reads[order[k]];
+    r.bad = bad[k] == gpu::kNoBadElement ? -1 : bad[k];
+    if (k < wanted) {
+      std::memcpy(r.host, host_rows_.get<uint8_t>() + k * row_bytes, static_cast<size_t>(r.elements) * sizeof(float));
     }
   }
   return absl::OkStatus();

@@ -37,8 +37,9 @@ class ClientIo {
   // client output.
   absl::Status ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,
                               const float* lse_dev, cudaStream_t stream);
-  // Backend::ReadClientTensors: one gather, one copy back, one
-  // synchronisation of `stream`.
+  // Backend::ReadClientTensors: the tensors wanted on the host gathered
+  // into packed rows and copied back in one copy, the others only checked;
+  // one synchronisation of `stream`.
   absl::Status Read(absl::Span<ClientRead> reads, cudaStream_t stream);
 
  private:
