@@ -59,7 +59,10 @@ class MultiDeviceBackend : public Backend {
     if (last >= 0) inner_[last]->Attend(absl::MakeSpan(split[last]));
     for (std::future<void>& f : running) f.get();
     for (int k = 0; k < n; ++k) {
-      for (size_t j = 0; j < split[k].size(); ++j) jobs[index[k][j]].status = split[k][j].status;
+      for (size_t j = 0; j < split[k].size(); ++j) {
+        jobs[index[k][j]].status = split[k][j].status;
+        jobs[index[k][j]].query_bad = split[k][j].query_bad;
+      }
     }
   }
 

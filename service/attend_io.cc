@@ -68,9 +68,23 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     }
     absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field);
     if (!view.ok()) return view.status();
+    if (device_reads_ && in_place != nullptr && view->space == MemorySpace::kHost) {
+      // A query in a host region the device reads where it is: checked
+      // here, in its wire form, by the CPU (cheaper than a device round
+      // trip). A client that changes it after this check changes only its
+      // own answer.
+      const int64_t bad = FirstNonFinite(view->data, dtype, elements);
+      if (bad >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(Field(index, field), "_ref element ", bad, " is not finite"));
+      }
+      io->query_dev = view->data;
+      io->query_dtype = dtype;
+      return absl::OkStatus();
+    }
     if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
-      // The device reads it where it is (a query); checked by
-      // ReadClientTensors.
+      // The device reads it where it is; checked by ReadClientTensors, or,
+      // for a query of a call without decode steps, by the attention
+      // launch itself (CheckQuery).
       if (!device_reads_) {
         return absl::FailedPreconditionError(absl::StrCat(Field(index, field), "_ref names device memory; the ",
                                                           backend_->name(), " backend reads host regions only"));
@@ -127,6 +141,7 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
                  std::numeric_limits<float>::max(), &io->converted, &io->query, &io->query_read, io);
   if (!st.ok()) return st;
   io->step = !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
+  any_step_ = any_step_ || io->step;
   if (io->step) {
     st = HostTensor(it, index, "new_key", "new_key_ref", it.new_key(),
                     it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_, value_limit_, &io->key, nullptr,
@@ -161,6 +176,12 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
 
 absl::Status AttendIo::ReadClientTensors() {
   if (reads_.empty()) return absl::OkStatus();
+  if (!any_step_) {
+    // Nothing but queries, and the call changes no state: the attention
+    // launch checks them as it reads them (AttendJob::check_query).
+    check_in_launch_ = true;
+    return absl::OkStatus();
+  }
   absl::Status st = backend_->ReadClientTensors(absl::MakeSpan(reads_));
   if (!st.ok()) return st;
   for (size_t r = 0; r < reads_.size(); ++r) {
@@ -181,6 +202,7 @@ void AttendIo::Bind(ItemIo* io, size_t qe, int q_heads, AttendJob* job, v1::Atte
   job->query = io->query;
   job->query_dev = io->query_dev;
   job->query_dtype = io->query_dtype;
+  job->check_query = check_in_launch_ && io->query_read >= 0;
   if (io->out_ref != nullptr && io->out_ref_device) {
     job->out_dev = io->out_ref;
     job->out_dtype = io->out_dtype;
@@ -206,6 +228,12 @@ void AttendIo::Bind(ItemIo* io, size_t qe, int q_heads, AttendJob* job, v1::Atte
   }
   io->out_scratch.resize(qe);
   job->out = io->out_scratch.data();
+}
+
+absl::Status AttendIo::CheckQuery(int index, const AttendJob& job) const {
+  if (job.query_bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(Field(index, "query"), "_ref element ", job.query_bad, " is not finite"));
 }
 
 void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {

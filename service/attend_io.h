@@ -14,7 +14,10 @@
 //   output,    inline in the AttendResult (output_dtype f32 or bf16), or
 //   lse        written straight into output_ref/lse_ref (both or neither).
 // Tensors the device reads in client memory are checked for non-finite
-// values by ReadClientTensors, one backend call for the whole request.
+// values by ReadClientTensors, one backend call for the whole request; when
+// the request has no decode step (no state changes with it), queries are
+// instead checked by the attention launch that reads them (CheckQuery), and
+// queries in host regions are always checked by the CPU where they are.
 // Bind points an AttendJob at the item's tensors; Finish moves what the
 // backend left in host scratch to its destination.
 //
@@ -74,6 +77,10 @@ class AttendIo {
   // Points `job` at the item's query and output; `result` is the item's
   // AttendResult (its inline output is sized here).
   void Bind(ItemIo* io, size_t q_elements, int q_heads, AttendJob* job, v1::AttendResult* result);
+  // After the backend ran `job`: InvalidArgument naming the element if the
+  // launch found the query non-finite (a call without decode steps leaves
+  // its query checks to the launch; see ReadClientTensors).
+  absl::Status CheckQuery(int index, const AttendJob& job) const;
   // After the backend ran `job`: inline lse and bf16 outputs, host-region
   // copies.
   void Finish(ItemIo* io, size_t q_elements, int q_heads, v1::AttendResult* result);
@@ -101,6 +108,8 @@ class AttendIo {
   // Every region this request resolved, looked up once each; holding them
   // keeps their memory mapped until the request is done.
   absl::InlinedVector<std::shared_ptr<const Region>, 4> seen_;
+  bool any_step_ = false;         // an item has a decode step
+  bool check_in_launch_ = false;  // queries are checked by the attention launch
   std::vector<ClientRead> reads_;
   std::vector<std::pair<int, const char*>> read_fields_;  // item index and field of each read
 };

@@ -3,10 +3,12 @@
 // (finite, |x| <= limit), at every length and position, and name the first
 // bad element.
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "proto/driftkv.pb.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -42,6 +44,46 @@ TEST(CheckValuesTest, AgreesWithTheElementRuleAtEveryLengthAndPosition) {
   const std::vector<float> edge = {2.0f, -2.0f, 0.0f, -0.0f, 1e-45f};
   EXPECT_TRUE(CheckValues("q", edge.data(), edge.size(), 2.0f).ok());
   EXPECT_TRUE(CheckValues("q", nullptr, 0, 2.0f).ok());
+}
+
+// FirstNonFinite checks tensors in their wire form: the first non-finite
+// element (infinities and NaNs of bf16, fp16 and f32) at every length and
+// position, the vector pass and the scalar tail alike; large finite values
+// pass.
+TEST(FirstNonFiniteTest, FindsTheFirstNonFiniteElementInEveryDtype) {
+  struct Case {
+    int dtype;
+    std::vector<uint16_t> bad;  // 16-bit patterns (bf16, fp16)
+    uint16_t big_finite;
+  };
+  const Case cases[] = {{v1::DTYPE_BF16, {0x7f80, 0xff80, 0x7fc0, 0x7f81}, 0x7f7f},
+                        {v1::DTYPE_FP16, {0x7c00, 0xfc00, 0x7e00, 0x7c01}, 0x7bff}};
+  for (const Case& c : cases) {
+    for (size_t n : {1, 15, 16, 17, 33, 100}) {
+      std::vector<uint16_t> x(n, c.big_finite);
+      EXPECT_EQ(FirstNonFinite(x.data(), c.dtype, n), -1) << c.dtype << " " << n;
+      for (size_t at = 0; at < n; ++at) {
+        for (uint16_t bad : c.bad) {
+          std::vector<uint16_t> y = x;
+          y[at] = bad;
+          if (at + 1 < n) y[n - 1] = bad;  // a later one is not the first
+          EXPECT_EQ(FirstNonFinite(y.data(), c.dtype, n), static_cast<int64_t>(at)) << c.dtype << " " << n << " " << at;
+        }
+      }
+    }
+  }
+  const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (size_t n : {1, 8, 31, 64}) {
+    std::vector<float> x(n, std::numeric_limits<float>::max());
+    EXPECT_EQ(FirstNonFinite(x.data(), v1::DTYPE_F32, n), -1);
+    for (size_t at = 0; at < n; ++at) {
+      for (float bad : {kInf, -kInf, kNaN}) {
+        std::vector<float> y = x;
+        y[at] = bad;
+        EXPECT_EQ(FirstNonFinite(y.data(), v1::DTYPE_F32, n), static_cast<int64_t>(at)) << n << " " << at;
+      }
+    }
+  }
 }
 
 }  // namespace

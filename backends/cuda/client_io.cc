@@ -39,6 +39,7 @@ absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu:
 absl::Status ClientIo::GatherQueries(absl::Span<const AttendJob> jobs, int stride, float* query_dev,
                                      cudaStream_t stream) {
   std::vector<gpu::RegionIoItem> items;
+  checked_.clear();
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].query_dev == nullptr) continue;
     gpu::RegionIoItem io;
@@ -47,8 +48,11 @@ absl::Status ClientIo::GatherQueries(absl::Span<const AttendJob> jobs, int strid
     io.row = static_cast<int>(i);
     io.elements = stride;
     items.push_back(io);
+    checked_.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
   }
   if (items.empty()) return absl::OkStatus();
+  const bool check = std::any_of(checked_.begin(), checked_.end(), [](int j) { return j >= 0; });
+  if (!check) checked_.clear();
   absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
   if (!dev.ok()) return dev.status();
   gpu::GatherParams p;
@@ -56,7 +60,28 @@ absl::Status ClientIo::GatherQueries(absl::Span<const AttendJob> jobs, int strid
   p.items = static_cast<int>(items.size());
   p.stride = stride;
   p.dst_dev = query_dev;
-  return gpu::LaunchGather(p, stream);
+  if (check) {
+    absl::Status st = query_bad_dev_.Reserve(items.size() * sizeof(int32_t));
+    if (st.ok()) st = host_query_bad_.Reserve(items.size() * sizeof(int32_t));
+    if (!st.ok()) return st;
+    p.bad_dev = query_bad_dev_.get<int32_t>();
+  }
+  absl::Status st = gpu::LaunchGather(p, stream);
+  if (st.ok() && check) {
+    st = Cuda(cudaMemcpyAsync(host_query_bad_.get<void>(), query_bad_dev_.get<void>(), items.size() * sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, stream),
+              "download query checks");
+  }
+  return st;
+}
+
+void ClientIo::FinishQueryChecks(absl::Span<AttendJob> jobs) {
+  const int32_t* bad = host_query_bad_.get<int32_t>();
+  for (size_t k = 0; k < checked_.size(); ++k) {
+    if (checked_[k] < 0) continue;
+    jobs[checked_[k]].query_bad = bad[k] == gpu::kNoBadElement ? -1 : bad[k];
+  }
+  checked_.clear();
 }
 
 absl::Status ClientIo::ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,

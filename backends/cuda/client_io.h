@@ -32,7 +32,11 @@ class ClientIo {
   // Queues the copy of every client query into row i of query_dev (f32,
   // rows of `stride` floats). The jobs' pointers must stay valid until the
   // stream has run it.
+  // Jobs with check_query are checked on the way (their flags come back
+  // on the stream): after it synchronised, FinishQueryChecks sets their
+  // query_bad.
   absl::Status GatherQueries(absl::Span<const AttendJob> jobs, int stride, float* query_dev, cudaStream_t stream);
+  void FinishQueryChecks(absl::Span<AttendJob> jobs);
   // Queues the copy of row i of out_dev / lse_dev to every job with a
   // client output.
   absl::Status ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,
@@ -51,6 +55,11 @@ class ClientIo {
   PinnedScratch host_items_[2];
   Scratch items_dev_[2];
   Scratch rows_dev_, bad_dev_;
+  // The query checks of the launch in flight: checked_[k] is the job
+  // behind gathered item k (-1: not checked).
+  std::vector<int> checked_;
+  Scratch query_bad_dev_;
+  PinnedScratch host_query_bad_;
   PinnedScratch host_rows_, host_bad_;
 };
 

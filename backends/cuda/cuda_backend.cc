@@ -830,6 +830,7 @@ class CudaBackend : public Backend {
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
     AttendPhaseClock::Mark(AttendPhase::kDeviceWait);
     if (!st.ok()) return st;
+    client_io_.FinishQueryChecks(jobs);
     for (int i = 0; i < items; ++i) {
       jobs[i].status = absl::OkStatus();
       if (jobs[i].out_dev != nullptr) continue;
