@@ -69,6 +69,9 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Unregisters the client's CUDA registrations and closes the
+        channel (a later call opens it again)."""
+        self._places.close()
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
@@ -268,11 +271,7 @@ class Client:
     def register_cuda_region(self, tensor) -> "pb.TensorRef":
         """The TensorRef of a torch CUDA tensor, its allocation registered by
         CUDA IPC on first use (driftkv.regions.CudaRegions, one per client)."""
-        from driftkv.regions import CudaRegions
-        with self._lock:
-            if getattr(self, "_cuda_regions", None) is None:
-                self._cuda_regions = CudaRegions(self)
-        return self._cuda_regions.ref(tensor)
+        return self._places.cuda().ref(tensor)
 
     # -- the data plane's channels (driftkv/attend_stream.py, doorbell.py) ----
 
