@@ -14,6 +14,7 @@ CudaRegions: device memory of torch CUDA tensors, registered by the CUDA IPC
 handle of their allocation (one registration per base allocation of the
 caching allocator, cached).
 """
+import asyncio
 import ctypes
 import fcntl
 import mmap
@@ -235,6 +236,16 @@ class HostRegion:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    async def aclose(self) -> None:
+        """close() from an event loop: its UnregisterRegion runs in a thread."""
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> "HostRegion":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
 
 
 class CudaRegions:
