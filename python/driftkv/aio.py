@@ -344,30 +344,37 @@ class ShardedClient(S.ReplicaClients):
                 raise self._router.named(r, answers[r])
         return S.summed(answers.values())
 
-    async def _attend(self, batch: List[AttendItem], wire_dtype, timeout):
+    async def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None, output_dtype: str = "f32"):
         if not batch:
             raise invalid("items is empty; send at least one item")
         groups = self._router.split(it.sequence_id for it in batch)
+        # Each replica's client sends by reference what lies in its own
+        # regions; the rest of a sub-batch goes inline.
         answers = await self._gather(list(groups), lambda r: self._clients[r]._attend(
-            [batch[i] for i in groups[r]], wire_dtype, timeout))
+            [batch[i] for i in groups[r]], wire_dtype, timeout,
+            None if dests is None else [dests[i] for i in groups[r]], output_dtype))
         return S.scatter_attend(self._router, len(batch), groups, answers)
 
     async def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                          output_dtype: str = "f32",
                           timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
         batch = list(items)
-        return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout))
+        return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout, None, output_dtype),
+                             output_dtype)
 
     async def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+                     out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = None) -> Attention:
-        single = isinstance(items, AttendItem)
-        batch = [items] if single else list(items)
-        out = W.stacked(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
-        return Attention(out.output[0], out.lse[0]) if single else out
+        """See driftkv.ShardedClient.attend (out, lse, output_dtype too)."""
+        plan = S.attend_plan(items, out, lse, output_dtype)
+        return plan.finish(S.all_or_nothing(*await self._attend(plan.batch, wire_dtype, timeout, plan.dests,
+                                                                plan.output_dtype)))
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                             timeout: Optional[float] = None) -> List[AttendResult]:
+                             output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         batch = list(items)
-        return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
+        return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout, None,
+                                                                            output_dtype)), output_dtype)
 
     async def _all(self, fn: Callable) -> list:
         answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))

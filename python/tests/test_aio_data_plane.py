@@ -1,9 +1,10 @@
 """driftkv.aio.Client on the data plane: attend by reference to a host
 region registered from an event loop gives exactly the inline answers
-(f32 and bf16 outputs, decode steps, concurrent calls), out=/lse= are
-filled in place, and a bad reference fails with the same code and message
-as through the sync client. (Torch CUDA tensors need a GPU and
-driftkv-server-cuda: tests/gpu_check_cuda_tensors.py.)"""
+(f32 and bf16 outputs, decode steps, concurrent calls, through
+driftkv.aio.ShardedClient too), out=/lse= are filled in place, and a bad
+reference fails with the same code and message as through the sync
+client. (Torch CUDA tensors need a GPU and driftkv-server-cuda:
+tests/gpu_check_cuda_tensors.py.)"""
 import asyncio
 import os
 import uuid
@@ -206,6 +207,43 @@ def test_torch_cpu_tensors_in_a_region_go_by_reference(aio_dp_server, rng):
     want, out, lse = run(aio_dp_server, body)
     np.testing.assert_array_equal(out, want.output)
     np.testing.assert_array_equal(lse, want.lse)
+
+
+def test_the_aio_sharded_client_passes_destinations_through(aio_dp_server, rng):
+    seq = name("aio-sharded")
+    keys, values = kv(rng, TOKENS)
+    q = queries(rng, 2)
+
+    async def body(c):
+        await c.append(seq, 0, keys, values)
+        items = [AttendItem(seq, 0, q[i]) for i in range(2)]
+        want = await c.attend(items, output_dtype="bf16")
+        sharded = driftkv.aio.ShardedClient([c.target], clients=[c])
+        async with await c.register_host_region(REGION_BYTES, name="pytest-aio-sharded") as region:
+            out = region.alloc((2, Q_HEADS, HEAD_DIM), np.uint16)
+            lse = region.alloc((2, Q_HEADS), np.float32)
+            ref_items = [AttendItem(seq, 0, v) for v in in_region(region, q)]
+            calls = []
+            real = c._attend
+
+            async def spy(batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+                calls.append((await c._attend_request(batch, wire_dtype, dests, output_dtype))[0])
+                return await real(batch, wire_dtype, timeout, dests, output_dtype)
+            c._attend = spy
+            got = await sharded.attend(ref_items, out=out, lse=lse)
+            c._attend = real
+            assert got.output is out and got.lse is lse
+            assert all(m.HasField("query_ref") and m.HasField("output_ref") for m in calls[0].items)
+            each = await sharded.attend_each(items, output_dtype="bf16")
+            with pytest.raises(DriftkvError) as e:
+                await sharded.attend(pb.AttendRequest())
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            return want, out.copy(), lse.copy(), each
+
+    want, out, lse, each = run(aio_dp_server, body)
+    np.testing.assert_array_equal(bf16_bits_to_f32(out), want.output)
+    np.testing.assert_array_equal(lse, want.lse)
+    np.testing.assert_array_equal(np.stack([r.output for r in each]), want.output)
 
 
 # -- bad references: the aio client's errors are the sync client's ----------
