@@ -13,7 +13,7 @@ inline, so a caller never has to know which path a call took.
 import sys
 import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -58,12 +58,14 @@ def nbytes(x: Any) -> int:
 
 class Places:
     """The client's registered host regions (weakly held: a region dropped
-    without close() stops being found) and its CUDA registrations."""
+    without close() stops being found) and its CUDA registrations
+    (driftkv.regions.CudaRegions, made on first use, closed by close())."""
 
     def __init__(self, client):
         self._client = client
         self._lock = threading.Lock()
         self._hosts = weakref.WeakSet()
+        self._cuda = None
 
     def add_host(self, region) -> None:
         with self._lock:
@@ -73,14 +75,47 @@ class Places:
         with self._lock:
             self._hosts.discard(region)
 
-    def ref(self, x: Any, wire: str, output: bool = False) -> Optional["pb.TensorRef"]:
-        """The TensorRef of `x` read (or, output, written) as `wire`, or None."""
+    def cuda(self):
+        """The CUDA registrations (driftkv.regions.CudaRegions)."""
+        with self._lock:
+            if self._cuda is None:
+                from driftkv.regions import CudaRegions
+                self._cuda = CudaRegions(self._client)
+            return self._cuda
+
+    def register_cuda(self, tensors) -> None:
+        """Registers the allocations of torch CUDA tensors not registered
+        yet (blocking: one RegisterRegion per new allocation)."""
+        cuda = self.cuda()
+        for t in tensors:
+            cuda.ref(t)
+
+    def close(self) -> None:
+        """Unregisters the CUDA registrations (host regions are the
+        caller's to close)."""
+        with self._lock:
+            cuda, self._cuda = self._cuda, None
+        if cuda is not None:
+            cuda.close()
+
+    def ref(self, x: Any, wire: str, output: bool = False,
+            unregistered: Optional[List[Any]] = None) -> Optional["pb.TensorRef"]:
+        """The TensorRef of `x` read (or, output, written) as `wire`, or None.
+
+        A CUDA tensor's allocation is registered on first use (an RPC); with
+        an `unregistered` list it is not: such a tensor is appended there
+        and gets None (inline)."""
         if exact_wire(x, output) != wire:
             return None
         if T.is_torch(x) and x.is_cuda:
             if not x.is_contiguous():
                 return None
-            return self._client.register_cuda_region(x)
+            if unregistered is None:
+                return self.cuda().ref(x)
+            ref = self.cuda().lookup(x)
+            if ref is None:
+                unregistered.append(x)
+            return ref
         address = host_address(x)
         if address is None:
             return None
@@ -92,3 +127,21 @@ class Places:
             if offset is not None:
                 return region.ref(offset)
         return None
+
+    def known(self) -> "KnownPlaces":
+        return KnownPlaces(self)
+
+
+class KnownPlaces:
+    """Places as they are now, for a caller that must not wait on the
+    server (the asyncio client's event loop): ref() registers nothing. A
+    CUDA tensor whose allocation is not registered yet gets None and lands
+    in `unregistered`; the caller registers those (Places.register_cuda, in
+    a thread) and builds its request again."""
+
+    def __init__(self, places: Places):
+        self._places = places
+        self.unregistered: List[Any] = []
+
+    def ref(self, x: Any, wire: str, output: bool = False) -> Optional["pb.TensorRef"]:
+        return self._places.ref(x, wire, output, self.unregistered)

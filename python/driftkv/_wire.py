@@ -156,6 +156,38 @@ def destinations(n: int, single: bool, out, lse) -> Optional[List[Destination]]:
     return [(out[i], lse[i]) for i in range(n)]
 
 
+def check_batch(n: int, max_batch: int) -> None:
+    if n > max_batch:
+        raise invalid(f"items has {n} entries; the server's max_batch is {max_batch}")
+
+
+class AttendPlan:
+    """attend(items, out=, lse=, output_dtype=) before and after its call,
+    shared by the sync and asyncio clients: `batch`, `output_dtype` and the
+    per-item destinations `dests` to build the request from, and finish(
+    response), what attend returns. A pb.AttendRequest passes through as
+    `request` (finish then returns the response as it is)."""
+
+    def __init__(self, items, out, lse, output_dtype: Optional[str]):
+        self.request = items if isinstance(items, pb.AttendRequest) else None
+        if self.request is not None:
+            return
+        self.single = isinstance(items, AttendItem)
+        self.batch: List[AttendItem] = [items] if self.single else list(items)
+        self.output_dtype = output_dtype_of(out, output_dtype)
+        self.dests = destinations(len(self.batch), self.single, out, lse)
+        self._out, self._lse = out, lse
+
+    def finish(self, response):
+        if self.request is not None:
+            return response
+        if self.dests is not None:
+            fill(self.batch, response, self.output_dtype, self.dests)
+            return Attention(self._out, self._lse)
+        out = stacked(self.batch, response, self.output_dtype)
+        return Attention(out.output[0], out.lse[0]) if self.single else out
+
+
 def _ref_or_inline(m, field: str, x, wire: str, places) -> None:
     ref = places.ref(x, wire) if places is not None else None
     if ref is not None:

@@ -6,9 +6,21 @@ driftkv.aio.ShardedClient: driftkv.ShardedClient's routing over aio Clients.
 
     async with driftkv.aio.Client("127.0.0.1:50051") as c:
         out, lse = await c.attend(items)
+
+The data plane is the sync client's (driftkv/_refs.py, driftkv/regions.py):
+attend sends by reference what lies in the client's registered host
+regions and torch CUDA tensors, out=/lse= included. Memory regions are
+control-plane work with blocking steps (the region socket's memfd
+handoff, the lease renewer thread), so they go through a sync
+driftkv.Client on the same target and credentials, made with this one
+and connected on first use, its calls run in a thread
+(asyncio.to_thread); the Attend calls themselves stay on grpc.aio. A CUDA
+tensor whose allocation is not registered yet is registered in that
+thread before the request is built again; the event loop never waits on
+a RegisterRegion.
 """
 import asyncio
-from typing import AsyncIterable, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, AsyncIterable, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -19,9 +31,21 @@ from driftkv import sharded as S
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
-from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength, ReadResult,
-                            ReleaseResult, Stats, from_message)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
+                            ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
+from driftkv.client import Client as SyncClient
+
+if TYPE_CHECKING:
+    from driftkv.regions import HostRegion
+
+# Builds of one request at most. The first finds the CUDA tensors not
+# registered yet; the second the lse of an out= that was among them (out
+# and lse go by reference together, so lse is looked at only once out has
+# a ref); the third has everything; a fourth covers an allocation that
+# another call registered smaller meanwhile. The last build's unregistered
+# tensors travel inline, with the same answers.
+_BUILD_ROUNDS = 4
 
 
 class Client:
@@ -45,6 +69,11 @@ class Client:
         self._stub = None
         self._info: Optional[Info] = None
         self._limit = 0
+        # Memory regions' control plane (see the module's header).
+        self._sync = SyncClient(target, timeout=timeout, retry=retry, max_message_bytes=max_message_bytes,
+                                channel_options=channel_options, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                tls_server_name=tls_server_name, token=token)
+        self._places = self._sync._places
 
     async def __aenter__(self) -> "Client":
         await self._connect()
@@ -54,6 +83,8 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        """Unregisters the CUDA registrations, closes both channels."""
+        await asyncio.to_thread(self._sync.close)
         if self._channel is not None:
             await self._channel.close()
         self._channel, self._stub = None, None
@@ -128,23 +159,47 @@ class Client:
         return W.append_result(result)
 
     async def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+                     out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = None) -> Attention:
-        single = isinstance(items, AttendItem)
-        batch = [items] if single else list(items)
-        response = await self._attend(batch, wire_dtype, timeout)
-        out = W.stacked(batch, response)
-        return Attention(out.output[0], out.lse[0]) if single else out
+        """See driftkv.Client.attend: out=, lse=, output_dtype= and the data
+        plane alike (arrays in this client's host regions and torch CUDA
+        tensors go by reference); a pb.AttendRequest passes through."""
+        req, idempotent, finish = await self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
+                                                            output_dtype=output_dtype)
+        stub = await self._connect()
+        return finish(await self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout))
+
+    async def prepare_attend(self, items, *, wire_dtype: Optional[str] = None, out: Optional[Array] = None,
+                             lse: Optional[Array] = None, output_dtype: Optional[str] = None):
+        """See driftkv.Client.prepare_attend: (request, idempotent, finish)."""
+        plan = W.AttendPlan(items, out, lse, output_dtype)
+        if plan.request is not None:
+            return plan.request, False, plan.finish
+        req, idempotent = await self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
+        return req, idempotent, plan.finish
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                             timeout: Optional[float] = None) -> List[AttendResult]:
+                             output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         batch = list(items)
-        return W.attend_results(batch, await self._attend(batch, wire_dtype, timeout))
+        return W.attend_results(batch, await self._attend(batch, wire_dtype, timeout, None, output_dtype),
+                                output_dtype)
 
-    async def _attend(self, batch, wire_dtype, timeout):
+    async def _attend_request(self, batch, wire_dtype, dests, output_dtype):
+        """W.attend_request with the client's places, built on the event
+        loop from registrations that exist already; CUDA allocations seen
+        for the first time are registered in a thread, then it builds again."""
+        await self._connect()
+        W.check_batch(len(batch), self._info.max_batch)
+        for last in [False] * (_BUILD_ROUNDS - 1) + [True]:
+            known = self._places.known()
+            req, idempotent = W.attend_request(batch, wire_dtype, known, dests, output_dtype)
+            if last or not known.unregistered:
+                return req, idempotent
+            await asyncio.to_thread(self._places.register_cuda, known.unregistered)
+
+    async def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
         stub = await self._connect()
-        if len(batch) > self._info.max_batch:
-            raise invalid(f"items has {len(batch)} entries; the server's max_batch is {self._info.max_batch}")
-        req, idempotent = W.attend_request(batch, wire_dtype)
+        req, idempotent = await self._attend_request(batch, wire_dtype, dests, output_dtype)
         return await self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
 
     async def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
@@ -180,6 +235,19 @@ class Client:
 
         r = await self._call(True, attempt, timeout)
         return ReleaseResult(r.tokens_freed, r.pages_freed)
+
+    # -- memory regions (driftkv/regions.py), through the sync client -------
+
+    async def register_host_region(self, nbytes: int, **kwargs) -> "HostRegion":
+        """See driftkv.Client.register_host_region; the region's memfd
+        handoff and RegisterRegion run in a thread. The region is the sync
+        machinery's HostRegion: close() blocks, `await region.aclose()` (or
+        `async with`) does not."""
+        return await asyncio.to_thread(self._sync.register_host_region, nbytes, **kwargs)
+
+    async def register_cuda_region(self, tensor) -> "pb.TensorRef":
+        """See driftkv.Client.register_cuda_region (in a thread)."""
+        return await asyncio.to_thread(self._sync.register_cuda_region, tensor)
 
 
 class _AsyncChunkSender(W.ChunkSender):
@@ -276,30 +344,37 @@ class ShardedClient(S.ReplicaClients):
                 raise self._router.named(r, answers[r])
         return S.summed(answers.values())
 
-    async def _attend(self, batch: List[AttendItem], wire_dtype, timeout):
+    async def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None, output_dtype: str = "f32"):
         if not batch:
             raise invalid("items is empty; send at least one item")
         groups = self._router.split(it.sequence_id for it in batch)
+        # Each replica's client sends by reference what lies in its own
+        # regions; the rest of a sub-batch goes inline.
         answers = await self._gather(list(groups), lambda r: self._clients[r]._attend(
-            [batch[i] for i in groups[r]], wire_dtype, timeout))
+            [batch[i] for i in groups[r]], wire_dtype, timeout,
+            None if dests is None else [dests[i] for i in groups[r]], output_dtype))
         return S.scatter_attend(self._router, len(batch), groups, answers)
 
     async def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
+                          output_dtype: str = "f32",
                           timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
         batch = list(items)
-        return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout))
+        return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout, None, output_dtype),
+                             output_dtype)
 
     async def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
+                     out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = None) -> Attention:
-        single = isinstance(items, AttendItem)
-        batch = [items] if single else list(items)
-        out = W.stacked(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
-        return Attention(out.output[0], out.lse[0]) if single else out
+        """See driftkv.ShardedClient.attend (out, lse, output_dtype too)."""
+        plan = S.attend_plan(items, out, lse, output_dtype)
+        return plan.finish(S.all_or_nothing(*await self._attend(plan.batch, wire_dtype, timeout, plan.dests,
+                                                                plan.output_dtype)))
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
-                             timeout: Optional[float] = None) -> List[AttendResult]:
+                             output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         batch = list(items)
-        return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout)))
+        return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout, None,
+                                                                            output_dtype)), output_dtype)
 
     async def _all(self, fn: Callable) -> list:
         answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))

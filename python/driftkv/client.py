@@ -14,7 +14,7 @@ import grpc
 
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError
 from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -69,6 +69,9 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Unregisters the client's CUDA registrations and closes the
+        channel (a later call opens it again)."""
+        self._places.close()
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
@@ -191,21 +194,11 @@ class Client:
         -> what attend returns. A pb.AttendRequest passes through as it is
         (not idempotent; finish returns the response). For attend_stream()
         and open_doorbell(), and callers that send one request many times."""
-        if isinstance(items, pb.AttendRequest):
-            return items, False, lambda response: response
-        single = isinstance(items, AttendItem)
-        batch = [items] if single else list(items)
-        output_dtype = W.output_dtype_of(out, output_dtype)
-        dests = W.destinations(len(batch), single, out, lse)
-        req, idempotent = self._attend_request(batch, wire_dtype, dests, output_dtype)
-
-        def finish(response) -> Attention:
-            if dests is not None:
-                W.fill(batch, response, output_dtype, dests)
-                return Attention(out, lse)
-            stacked = W.stacked(batch, response, output_dtype)
-            return Attention(stacked.output[0], stacked.lse[0]) if single else stacked
-        return req, idempotent, finish
+        plan = W.AttendPlan(items, out, lse, output_dtype)
+        if plan.request is not None:
+            return plan.request, False, plan.finish
+        req, idempotent = self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
+        return req, idempotent, plan.finish
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
@@ -216,8 +209,7 @@ class Client:
 
     def _attend_request(self, batch, wire_dtype, dests, output_dtype):
         self._connect()
-        if len(batch) > self._info.max_batch:
-            raise invalid(f"items has {len(batch)} entries; the server's max_batch is {self._info.max_batch}")
+        W.check_batch(len(batch), self._info.max_batch)
         return W.attend_request(batch, wire_dtype, self._places, dests, output_dtype)
 
     def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
@@ -279,11 +271,7 @@ class Client:
     def register_cuda_region(self, tensor) -> "pb.TensorRef":
         """The TensorRef of a torch CUDA tensor, its allocation registered by
         CUDA IPC on first use (driftkv.regions.CudaRegions, one per client)."""
-        from driftkv.regions import CudaRegions
-        with self._lock:
-            if getattr(self, "_cuda_regions", None) is None:
-                self._cuda_regions = CudaRegions(self)
-        return self._cuda_regions.ref(tensor)
+        return self._places.cuda().ref(tensor)
 
     # -- the data plane's channels (driftkv/attend_stream.py, doorbell.py) ----
 

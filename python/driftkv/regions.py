@@ -14,6 +14,7 @@ CudaRegions: device memory of torch CUDA tensors, registered by the CUDA IPC
 handle of their allocation (one registration per base allocation of the
 caching allocator, cached).
 """
+import asyncio
 import ctypes
 import fcntl
 import mmap
@@ -236,6 +237,16 @@ class HostRegion:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    async def aclose(self) -> None:
+        """close() from an event loop: its UnregisterRegion runs in a thread."""
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> "HostRegion":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
 
 class CudaRegions:
     """Registers the allocations of torch CUDA tensors by CUDA IPC, once per
@@ -252,7 +263,11 @@ class CudaRegions:
         self._by_handle: Dict[bytes, Tuple[int, int]] = {}  # handle -> (region_id, size)
         self._renewer: Optional[_Renewer] = None
 
-    def ref(self, tensor) -> "pb.TensorRef":
+    @staticmethod
+    def _where(tensor) -> Tuple[bytes, int, int, int]:
+        """(IPC handle of the tensor's allocation, its device, the offset of
+        the tensor's first byte from the allocation's base, the bytes a
+        registration must span to hold the tensor's storage)."""
         if not tensor.is_cuda or not tensor.is_contiguous():
             raise DriftkvError(grpc.StatusCode.INVALID_ARGUMENT, "a contiguous CUDA tensor is required")
         # torch >= 2.0 has untyped_storage(); 1.13 storage().untyped().
@@ -264,7 +279,22 @@ class CudaRegions:
         shared = storage._share_cuda_()
         device, handle, storage_bytes, storage_offset = shared[0], bytes(shared[1]), shared[2], shared[3]
         offset = storage_offset + tensor.storage_offset() * tensor.element_size()
-        need = storage_offset + storage_bytes
+        return handle, device, offset, storage_offset + storage_bytes
+
+    def lookup(self, tensor) -> Optional["pb.TensorRef"]:
+        """The TensorRef of the tensor when its allocation is registered
+        already (large enough), else None; never calls the server. Reads
+        without the lock (a dict lookup is atomic), so that a registration
+        in progress, which holds the lock through its RPC, does not stall
+        an event loop."""
+        handle, _, offset, need = self._where(tensor)
+        known = self._by_handle.get(handle)
+        if known is None or known[1] < need:
+            return None
+        return pb.TensorRef(region_id=known[0], offset=offset)
+
+    def ref(self, tensor) -> "pb.TensorRef":
+        handle, device, offset, need = self._where(tensor)
         with self._lock:
             known = self._by_handle.get(handle)
             if known is None or known[1] < need:
@@ -282,6 +312,11 @@ class CudaRegions:
                 known = (r.region_id, need)
                 self._by_handle[handle] = known
         return pb.TensorRef(region_id=known[0], offset=offset)
+
+    def registered(self) -> int:
+        """How many allocations are registered now."""
+        with self._lock:
+            return len(self._by_handle)
 
     def close(self) -> None:
         if self._renewer:

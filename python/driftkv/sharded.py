@@ -181,6 +181,14 @@ def each_result(items: Sequence[AttendItem], results: list, errors: list,
     return out
 
 
+def attend_plan(items, out, lse, output_dtype: Optional[str]) -> W.AttendPlan:
+    """The AttendPlan of a sharded attend: AttendItems only (a ready
+    pb.AttendRequest has no owner to route by)."""
+    if isinstance(items, pb.AttendRequest):
+        raise invalid("a ShardedClient routes AttendItems; send a pb.AttendRequest through one replica's client")
+    return W.AttendPlan(items, out, lse, output_dtype)
+
+
 def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
     """The answers as one response; raises the first failed item's error."""
     for e in errors:
@@ -359,16 +367,9 @@ class ShardedClient(ReplicaClients):
         output_dtype as there), all or nothing: raises the first failed
         item's error. Destinations in registered memory of the replicas that
         answered may have been written even when the call raises."""
-        single = isinstance(items, AttendItem)
-        batch = [items] if single else list(items)
-        output_dtype = W.output_dtype_of(out, output_dtype)
-        dests = W.destinations(len(batch), single, out, lse)
-        response = all_or_nothing(*self._attend(batch, wire_dtype, timeout, dests, output_dtype))
-        if dests is not None:
-            W.fill(batch, response, output_dtype, dests)
-            return Attention(out, lse)
-        stacked = W.stacked(batch, response, output_dtype)
-        return Attention(stacked.output[0], stacked.lse[0]) if single else stacked
+        plan = attend_plan(items, out, lse, output_dtype)
+        return plan.finish(all_or_nothing(*self._attend(plan.batch, wire_dtype, timeout, plan.dests,
+                                                        plan.output_dtype)))
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
