@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -215,6 +216,30 @@ TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBit) {
                             testing::RefAnswer(specs[i], req.items(i), got->results(i), *arena),
                             absl::StrCat(prefix, " round ", round, " item ", i));
       }
+    }
+  }
+  // A non-finite query by reference is refused naming the item and the
+  // element, and changes nothing: without a decode step the attention
+  // launch checks it, with one (applied before attention) it is checked
+  // first; queries in host regions are checked by the CPU.
+  for (testing::Arena* arena : std::vector<testing::Arena*>{&device, &host}) {
+    const std::string prefix = arena == &device ? "d-" : "h-";
+    for (bool with_step : {false, true}) {
+      std::vector<ItemSpec> specs = Specs(2);
+      ItemSpec bad = specs[0];  // layer 1, no step
+      bad.query[37] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<ItemSpec> batch = {with_step ? specs.back() : specs[1], bad};
+      arena->Reset();
+      v1::AttendRequest req;
+      for (const ItemSpec& spec : batch) *req.add_items() = testing::ByRef(spec, prefix, *arena);
+      absl::StatusOr<v1::AttendResponse> got = client->Attend(req);
+      const std::string what = absl::StrCat(prefix, with_step ? " with a step" : " without a step");
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << got.status();
+      EXPECT_NE(got.status().message().find("items[1].query_ref element 37 is not finite"), std::string::npos)
+          << what << ": " << got.status();
+      absl::StatusOr<v1::LengthResponse> len = client->Length(prefix + "s0");
+      ASSERT_TRUE(len.ok()) << len.status();
+      EXPECT_EQ(len->layers(0).tokens(), static_cast<uint64_t>(kPrefill + 2)) << what << ": the step was stored";
     }
   }
   EXPECT_TRUE(UnregisterRegion(client.get(), reg->region_id()).ok());

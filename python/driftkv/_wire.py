@@ -271,7 +271,9 @@ def _store(dest, r, output_dtype: str, q: int, d: int) -> None:
 def _assign(dst, src: np.ndarray) -> None:
     if T.is_torch(dst):
         torch = sys.modules["torch"]
-        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)))
+        # from_numpy wants a writable array (the answer's may be a view of
+        # read-only bytes): copied only then.
+        dst.copy_(torch.from_numpy(np.require(src, requirements=["C", "W"])))
     else:
         dst[...] = src
 

@@ -248,6 +248,27 @@ class HostRegion:
         await self.aclose()
 
 
+_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def _ipc_handle(shareable: bytes) -> bytes:
+    """The cudaIpcMemHandle_t inside torch's shareable handle of a block:
+    older torch gives the 64 bytes alone; newer torch puts a format-version
+    byte and a kind byte before them (kind 'c': a cudaMalloc block). A block
+    of an expandable segment (kind 'e') has no cudaIpcMemHandle_t."""
+    if len(shareable) == _IPC_HANDLE_BYTES:
+        return shareable
+    if len(shareable) == _IPC_HANDLE_BYTES + 2 and shareable[1] == ord("c"):
+        return shareable[2:]
+    if len(shareable) >= 2 and shareable[1] == ord("e"):
+        raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION,
+                           "the tensor lives in an expandable segment (PYTORCH_CUDA_ALLOC_CONF "
+                           "expandable_segments:True), which has no CUDA IPC handle; allocate it without "
+                           "expandable segments or pass it inline")
+    raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION,
+                       f"torch's shareable handle of {len(shareable)} bytes is not one this client knows")
+
+
 class CudaRegions:
     """Registers the allocations of torch CUDA tensors by CUDA IPC, once per
     base allocation of torch's caching allocator (a later tensor of the same
@@ -277,7 +298,7 @@ class CudaRegions:
         # torch.multiprocessing.reductions.reduce_tensor unpacks it.
         storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage().untyped()
         shared = storage._share_cuda_()
-        device, handle, storage_bytes, storage_offset = shared[0], bytes(shared[1]), shared[2], shared[3]
+        device, handle, storage_bytes, storage_offset = shared[0], _ipc_handle(bytes(shared[1])), shared[2], shared[3]
         offset = storage_offset + tensor.storage_offset() * tensor.element_size()
         return handle, device, offset, storage_offset + storage_bytes
 

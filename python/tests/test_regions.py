@@ -104,3 +104,18 @@ def test_reference_errors_name_the_ref_field(region_server):
                     c.attend(req)
                 assert e.value.code == code
                 assert e.value.details.startswith(words), e.value.details
+
+
+def test_the_ipc_handle_inside_torchs_shareable_handle():
+    """torch's shareable handle of a block: the raw 64-byte
+    cudaIpcMemHandle_t (older torch) or a version byte and a kind byte
+    before it; a block of an expandable segment has none to register."""
+    from driftkv.regions import _ipc_handle
+    raw = bytes(range(64))
+    assert _ipc_handle(raw) == raw
+    assert _ipc_handle(bytes([2, ord("c")]) + raw) == raw
+    assert _ipc_handle(bytes([3, ord("c")]) + raw) == raw
+    for bad in (bytes([2, ord("e")]) + raw, bytes(65), bytes(10)):
+        with pytest.raises(driftkv.DriftkvError) as e:
+            _ipc_handle(bad)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
