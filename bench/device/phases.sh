@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# (bench/device/README.md: how to bundle what it runs)
+# One device call: decode-step benchmark paths against one server, with the
+# server's driftkv_attend_phase_seconds scraped around each run.
+set -uo pipefail
+B=.device/bundle/run
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+rm -f /tmp/driftkv-dp.sock
+$B driftkv-server-cuda --config bench/device/${CONF:-dp_server.textproto} > $OUT/server.log 2>&1 &
+S=$!
+for i in $(seq 60); do [ -S /tmp/driftkv-dp.sock ] && break; sleep 1; done
+sleep 1
+scrape() {
+  python3 - "$1" <<'PY'
+import sys, urllib.request, re
+t = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
+out = open(sys.argv[1], "w")
+for line in t.splitlines():
+    if line.startswith("driftkv_attend_phase_seconds_sum") or line.startswith("driftkv_attend_phase_seconds_count"):
+        out.write(line + "\n")
+PY
+}
+delta() {
+  python3 - "$1" "$2" <<'PY'
+import sys, re
+def load(p):
+    d = {}
+    for l in open(p):
+        k, v = l.rsplit(" ", 1); d[k] = float(v)
+    return d
+a, b = load(sys.argv[1]), load(sys.argv[2])
+n = None; tot = 0; row = []
+for k in b:
+    if "_count" in k: n = b[k] - a.get(k, 0)
+for k in sorted(b):
+    if "_sum" in k:
+        ph = re.search(r'phase="([a-z_]+)"', k).group(1)
+        us = (b[k] - a.get(k, 0)) / n * 1e6 if n else 0
+        tot += us; row.append(f"{ph}={us:.1f}")
+print(f"  server phases, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
+PY
+}
+P="--target=127.0.0.1:50051 --layers=32 --sequences=64 --context=8192 --steps=${STEPS:-12} --warmup=3"
+timeout 300 $B decode_step_bench $P --path=ipc_stream --prefill=1 2>&1 | tail -1
+k=0
+for spec in ${PATHS:-shm_doorbell:1 ipc_doorbell:1 shm_doorbell:0 ipc_doorbell:0 ipc_stream:1 inline_bf16:1}; do
+  p=${spec%:*}; w=${spec#*:}; k=$((k+1))
+  scrape /tmp/m$k.a
+  timeout 120 $B decode_step_bench $P --path=$p --prefill=0 --with_step=$w 2>&1 | tail -1
+  scrape /tmp/m$k.b
+  delta /tmp/m$k.a /tmp/m$k.b
+done
+if [ -n "${AFTER:-}" ]; then eval "$AFTER"; fi
+kill -TERM $S; wait $S
+tail -2 $OUT/server.log
