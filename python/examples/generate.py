@@ -30,7 +30,9 @@ model's shape (4 layers x 4 KV heads x 128) works, CUDA backend included.
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from typing import List, Optional, Tuple
@@ -69,17 +71,73 @@ def windows(ids: List[int], count: int, span: int, avoid: List[Tuple[int, int]])
     return starts
 
 
+class Transport:
+    """How the decode worker reaches driftkv. "shm": unary gRPC whose
+    queries, the step's keys and values, outputs and lse live in a host
+    shared-memory region (the server on this host, with a region socket):
+    the messages carry references only. "doorbell": the same region, and
+    the requests cross it too (no socket; the client spins on the answer,
+    which costs a core). "grpc": tensors inline. `want` "auto" takes shm
+    when the server has a region socket, else grpc."""
+
+    def __init__(self, client: driftkv.Client, batch: int, q_heads: int, kv_heads: int, head_dim: int, want: str):
+        self.bell = None
+        self.region = None
+        self.name = "grpc"
+        if want == "grpc":
+            return
+        want_bell = want == "doorbell"
+        try:
+            arrays = 4 * batch * (2 * q_heads * head_dim + 2 * kv_heads * head_dim + q_heads) + 5 * 64
+            self.region = client.register_host_region(arrays + (5 << 20), name="driftkv-generate")
+            self.q = self.region.alloc((batch, q_heads, head_dim), np.float32)
+            self.k = self.region.alloc((batch, kv_heads, head_dim), np.float32)
+            self.v = self.region.alloc((batch, kv_heads, head_dim), np.float32)
+            self.out = self.region.alloc((batch, q_heads, head_dim), np.float32)
+            self.lse = self.region.alloc((batch, q_heads), np.float32)
+            if want_bell:
+                self.bell = client.open_doorbell(self.region)
+            self.name = "doorbell in host shared memory" if want_bell else "gRPC, tensors in host shared memory"
+        except driftkv.DriftkvError as e:
+            if want != "auto":
+                raise SystemExit(f"driftkv-generate: no host shared memory: {e}")
+            self.close()
+            self.name = f"grpc (no host shared memory: {e.details})"
+
+    def by_reference(self) -> bool:
+        return self.region is not None
+
+    def close(self) -> None:
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
+        if self.region is not None:
+            self.region.close()
+            self.region = None
+
+
 class DriftkvAttention:
     """The decode worker's attention: one Attend per layer and step, an item
     per sequence, each appending the new token at its index (idempotent, so
     the client may retry it)."""
 
-    def __init__(self, client: driftkv.Client, sequence_ids: List[str]):
+    def __init__(self, client: driftkv.Client, sequence_ids: List[str], transport: Transport):
         self.client = client
         self.ids = sequence_ids
+        self.transport = transport
         self.latencies: List[float] = []
 
     def __call__(self, layer, q, k, v, position):
+        t = self.transport
+        if t.by_reference() and q.device.type == "cpu":
+            t0 = time.perf_counter()
+            t.q[...], t.k[...], t.v[...] = q.float().numpy(), k.float().numpy(), v.float().numpy()
+            items = [driftkv.AttendItem(sid, layer, t.q[b], new_key=t.k[b], new_value=t.v[b], new_token_index=position)
+                     for b, sid in enumerate(self.ids)]
+            (t.bell or self.client).attend(items, out=t.out, lse=t.lse)
+            out = torch.from_numpy(t.out.copy())
+            self.latencies.append(time.perf_counter() - t0)
+            return out
         items = [driftkv.AttendItem(sid, layer, q[b], new_key=k[b], new_value=v[b], new_token_index=position)
                  for b, sid in enumerate(self.ids)]
         t0 = time.perf_counter()
@@ -163,6 +221,10 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=1, help="prompts whose texts are printed")
     ap.add_argument("--device", default="auto", help="torch device: auto, cpu, cuda")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--transport", choices=("auto", "shm", "doorbell", "grpc"), default="auto",
+                    help="how Attend reaches the server: shm (gRPC, tensors by reference in host shared memory), "
+                         "doorbell (requests through shared memory too), grpc (tensors inline); auto: shm when the "
+                         "server has a region socket (the server this starts has one), else grpc")
     ap.add_argument("--json", help="write the metrics to this file")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless top-1 agreement >= 90%% and mean KL <= 0.02 nats")
@@ -189,7 +251,12 @@ def main(argv=None) -> int:
 
     server = None
     if args.server is None:
-        server = LocalServer(args.config, binary=args.server_bin)
+        # The sample config plus a region socket, so that the decode worker
+        # can take the fast path (docs/data_plane.md).
+        sock_dir = tempfile.mkdtemp(prefix="driftkv-generate-")
+        with open(args.config) as f:
+            config_text = f.read() + f'\nregion_socket: "{os.path.join(sock_dir, "regions.sock")}"\n'
+        server = LocalServer(config_text=config_text, binary=args.server_bin)
         target = server.target
     else:
         target = args.server
@@ -214,6 +281,8 @@ def main(argv=None) -> int:
             first, kv = model.prefill(batch[:, :P])
             prefill_s = time.perf_counter() - t0
 
+            transport = Transport(client, B, model.q_heads, model.kv_heads, model.head_dim, args.transport)
+            print(f"decode worker's transport: {transport.name}")
             results = {}
             latencies: List[float] = []
             pushes = []
@@ -223,7 +292,7 @@ def main(argv=None) -> int:
                 stored, push_s = push(client, kv, seqs)
                 pushes.append((stored, push_s))
                 exact_attn = LocalCache(model, kv, P + N)
-                remote_attn = DriftkvAttention(client, seqs)
+                remote_attn = DriftkvAttention(client, seqs, transport)
                 times = {"exact": 0.0, "driftkv": 0.0}
                 kls: List[float] = []
                 agree: List[bool] = []
@@ -265,6 +334,7 @@ def main(argv=None) -> int:
                                  "steps": N if mode == "forced" else N - 1}
             stats = client.stats()
             lengths = client.length(created[0])
+            transport.close()
     finally:
         if created:
             try:
@@ -278,6 +348,7 @@ def main(argv=None) -> int:
                 pass
         if server is not None:
             server.stop()
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
     # -- the texts ---------------------------------------------------------
     def same_prefix(a, b):
@@ -321,7 +392,7 @@ def main(argv=None) -> int:
           f"({pushed / push_s:,.0f} tokens/s, bf16 on the wire, {len(pushes)} pushes)")
     print(f"decode: driftkv {tps['driftkv']:.1f} tokens/s, exact local attention {tps['exact']:.1f} tokens/s "
           f"({B} sequences per step, {model.layers} Attend calls of {B} items per step)")
-    print(f"Attend latency: p50 {1e3 * quantile(latencies, 0.5):.2f} ms, p90 {1e3 * quantile(latencies, 0.9):.2f} ms, "
+    print(f"Attend ({transport.name}) latency: p50 {1e3 * quantile(latencies, 0.5):.2f} ms, p90 {1e3 * quantile(latencies, 0.9):.2f} ms, "
           f"p99 {1e3 * quantile(latencies, 0.99):.2f} ms over {len(latencies)} calls of {B} items "
           f"({P}-{P + N - 1} tokens per layer)")
     print(f"server: layer 0 of one sequence holds {lengths[0].tokens} tokens ({lengths[0].compressed_tokens} compressed, "
@@ -334,6 +405,7 @@ def main(argv=None) -> int:
                "greedy_same_prefix": gen["greedy"], "sampled_same_prefix": gen["sampled"],
                "tokens_per_s": tps, "attend_p50_ms": 1e3 * quantile(latencies, 0.5),
                "attend_p99_ms": 1e3 * quantile(latencies, 0.99), "attend_calls": len(latencies),
+               "transport": transport.name,
                "backend": info.backend, "device": device}
     if args.json:
         with open(args.json, "w") as out:

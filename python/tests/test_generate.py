@@ -41,5 +41,5 @@ def test_generate_smoke(server, tmp_path, capsys):
     assert m["attend_calls"] == 4 * (8 + 7 + 7)  # a batched Attend per layer and decode step
     assert m["top1_agreement"] >= 0.75 and m["mean_kl"] < 0.1
     for line in ("top-1 agreement with exact attention", "mean per-token KL(exact || driftkv)", "greedy, exact attention",
-                 "greedy, driftkv", "Attend latency: p50", "decode: driftkv"):
+                 "greedy, driftkv", ") latency: p50", "decode: driftkv", "decode worker's transport: "):
         assert line in printed, line
