@@ -209,6 +209,51 @@ TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
   EXPECT_EQ(State(), before);
 }
 
+// Two items of one Attend stepping the same token: the second repeats a
+// token the first adds, so it is compared with the first's data, exactly as
+// if the two had been sent as two calls; a conflict refuses the whole call.
+TEST_F(IntegrityTest, ConflictingDecodeStepsInOneBatchAreRejected) {
+  const testing::Kv kv = SyntheticKv(61, kN, 7);
+  ASSERT_TRUE(Push("b", kv, 60).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 8);
+  std::vector<float> k(kv.keys.begin() + 60 * kN, kv.keys.begin() + 61 * kN);
+  std::vector<float> v(kv.values.begin() + 60 * kN, kv.values.begin() + 61 * kN);
+  auto step = [&](const std::vector<float>& key) {
+    v1::AttendItem it = QueryItem("b", 0, q, 2);
+    FloatToTensor(key.data(), kN, v1::DTYPE_F32, it.mutable_new_key());
+    FloatToTensor(v.data(), kN, v1::DTYPE_F32, it.mutable_new_value());
+    it.set_new_token_index(60);
+    return it;
+  };
+  std::vector<float> other = k;
+  other[3] += 1.0f;
+  v1::AttendRequest req;
+  *req.add_items() = step(k);
+  *req.add_items() = step(other);
+  const std::string stored = ReadAll("b"), before = State();
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1].new_key/new_value of tokens [60, 61)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[0]")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(ReadAll("b"), stored);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectRepeat]->Value(), 1);
+  // Identical repeats in one batch: one token stored, both answered.
+  req.clear_items();
+  *req.add_items() = step(k);
+  *req.add_items() = step(k);
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  ASSERT_EQ(resp.results_size(), 2);
+  EXPECT_EQ(resp.results(0).tokens(), 61u);
+  EXPECT_EQ(resp.results(1).tokens(), 61u);
+  // And the token stored is the first item's: a later call with the
+  // other data is refused.
+  req.clear_items();
+  *req.add_items() = step(other);
+  EXPECT_EQ(h_->Attend(req, &resp).code(), C::kAlreadyExists);
+}
+
 TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
   ServiceOptions o = SmallOptions();
   o.tombstone_seconds = 600;
