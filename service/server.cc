@@ -68,7 +68,6 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
-  s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
 
   if (!options.health_listen.empty()) {
@@ -82,9 +81,9 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       return absl::UnavailableError(
           absl::StrCat("cannot serve health on ", options.health_listen, " (address in use or invalid)"));
     }
-    s->health_server_->GetHealthCheckService()->SetServingStatus(true);
     s->health_server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
   }
+  s->SetServing(true);
 
   if (!options.metrics_listen.empty()) {
     try {
@@ -129,14 +128,11 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  SetServing(false);
   if (server_ != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
   }
-  if (health_server_ != nullptr) {
-    health_server_->GetHealthCheckService()->SetServingStatus(false);
-    health_server_->Shutdown(std::chrono::system_clock::now());
-  }
+  if (health_server_ != nullptr) health_server_->Shutdown(std::chrono::system_clock::now());
   exposer_.reset();
   // After the calls in flight: nothing refers to a region any more.
   if (doorbells_ != nullptr) doorbells_->CloseAll();
@@ -144,13 +140,18 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   if (regions_ != nullptr) regions_->UnregisterAll();
 }
 
+void DriftkvServer::SetServing(bool serving) {
+  // The form without a name sets every service name the health service
+  // knows ("" and driftkv.v1.KvCache), so no probe sees one left behind.
+  for (grpc::Server* s : {server_.get(), health_server_.get()}) {
+    if (s != nullptr) s->GetHealthCheckService()->SetServingStatus(serving);
+  }
+}
+
 absl::Status DriftkvServer::Drain(Handler::SnapshotSummary* summary) {
   handler_->BeginDrain();
   metrics_->draining->Set(1);
-  if (server_ != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-    server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", false);
-  }
+  SetServing(false);
   // Load balancers and readiness probes see NOT_SERVING and move new work
   // elsewhere; calls on existing sequences are still taken meanwhile.
   absl::SleepFor(absl::Seconds(options_.drain_notice_seconds));

@@ -56,7 +56,8 @@ class DriftkvServer {
   // then cancels the rest. Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
-  // The graceful drain (docs/reliability.md): health NOT_SERVING and new
+  // The graceful drain (docs/reliability.md): health NOT_SERVING (every
+  // service name, on the main and the health port) and new
   // sequences refused (UNAVAILABLE) for options.drain_notice_seconds while
   // existing ones are served, then Shutdown(drain_timeout_seconds), then
   // the snapshot to options.snapshot_dir when set (*summary says what was
@@ -68,6 +69,8 @@ class DriftkvServer {
 
  private:
   DriftkvServer() = default;
+  // Every health service name on the main port and on the health port.
+  void SetServing(bool serving);
 
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // grpc_server_*, in metrics_'s registry

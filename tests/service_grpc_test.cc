@@ -323,6 +323,43 @@ TEST_F(GrpcTest, HealthServiceAnswersServing) {
   EXPECT_EQ(stub->Check(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(int port, const std::string& service) {
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(port), grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = grpc::health::v1::Health::NewStub(channel)->Check(&ctx, req, &resp);
+  return st.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
+// Probes may point at the health-only port: a drain must show there too,
+// for every service name, or a draining pod stays Ready.
+TEST_F(GrpcTest, DrainIsNotServingOnEveryHealthServiceOfBothPorts) {
+  ServiceOptions o = SmallOptions();
+  o.health_listen = "127.0.0.1:0";
+  o.drain_notice_seconds = 3;
+  o.drain_timeout_seconds = 1;
+  Start(o);
+  const int ports[] = {server_->port(), server_->health_port()};
+  const char* services[] = {"", "driftkv.v1.KvCache"};
+  using S = grpc::health::v1::HealthCheckResponse;
+  for (int port : ports) {
+    for (const char* service : services) ASSERT_EQ(HealthOf(port, service), S::SERVING) << port << " " << service;
+  }
+  Handler::SnapshotSummary summary;
+  std::thread drain([&] { EXPECT_TRUE(server_->Drain(&summary).ok()); });
+  // Drain sets the status before its notice period starts.
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (!server_->handler().draining() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  for (int port : ports) {
+    for (const char* service : services) EXPECT_EQ(HealthOf(port, service), S::NOT_SERVING) << port << " " << service;
+  }
+  drain.join();
+}
+
 TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
   const int threads = 6, tokens = 130;
   const testing::Kv kv = SyntheticKv(tokens + threads * 40, kN, 11);
