@@ -6,6 +6,7 @@
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -53,7 +54,8 @@ class DriftkvServer {
   Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
-  // then cancels the rest. Idempotent.
+  // then cancels the rest; returns as soon as they are done (idle
+  // connections do not hold it). Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
   // The graceful drain (docs/reliability.md): health NOT_SERVING (every
@@ -83,6 +85,9 @@ class DriftkvServer {
   // regions go.
   std::unique_ptr<DoorbellTable> doorbells_;
   std::unique_ptr<KvCacheService> service_;
+  // KvCache calls in flight on server_ (outlives it: its interceptors
+  // count here until the last call is gone).
+  std::atomic<int64_t> calls_in_flight_{0};
   std::unique_ptr<grpc::Server> server_;
   // Plaintext grpc.health.v1 only (options.health_listen), mirroring the
   // main port's serving status.

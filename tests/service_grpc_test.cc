@@ -3,6 +3,11 @@
 // message limit, idempotent retries (answers lost on purpose by a server
 // interceptor), the health service, concurrent clients, and /metrics
 // scraped over HTTP.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -358,6 +363,34 @@ TEST_F(GrpcTest, DrainIsNotServingOnEveryHealthServiceOfBothPorts) {
     for (const char* service : services) EXPECT_EQ(HealthOf(port, service), S::NOT_SERVING) << port << " " << service;
   }
   drain.join();
+}
+
+// grpc::Server::Shutdown waits for connections, not only calls: a client
+// connected but idle must not hold a drain for its whole timeout. The idle
+// client is an HTTP/2 connection that never reads again, as a Python
+// channel with no call in progress behaves: it never answers the GOAWAY.
+TEST_F(GrpcTest, DrainWithAnIdleConnectedClientEndsWellBeforeItsTimeout) {
+  ServiceOptions o = SmallOptions();
+  o.drain_notice_seconds = 0;
+  o.drain_timeout_seconds = 20;
+  Start(o);
+  ASSERT_TRUE(client_->Info().ok());  // a connected client, then idle
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  // The client preface, then an empty SETTINGS frame (length 0, type 4).
+  const std::string preface = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + std::string("\0\0\0\4\0\0\0\0\0", 9);
+  ASSERT_EQ(write(fd, preface.data(), preface.size()), static_cast<ssize_t>(preface.size()));
+  absl::SleepFor(absl::Milliseconds(200));  // the server has taken the connection
+  Handler::SnapshotSummary summary;
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(server_->Drain(&summary).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(o.drain_timeout_seconds / 4));
+  close(fd);
 }
 
 TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
