@@ -184,7 +184,8 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
   const int d = h_.codec_->head_dim(), kv_heads = h_.codec_->kv_heads();
   // Field names are built only for a message.
   auto where = [i](absl::string_view field) { return absl::StrCat("items[", i, "]", field); };
-  if (it.sequence_id().empty() || it.sequence_id().size() > kMaxSequenceIdBytes) {
+  if (it.sequence_id().empty() || it.sequence_id().size() > kMaxSequenceIdBytes ||
+      handler_internal::ControlByteOffset(it.sequence_id()) >= 0) {
     return h_.CheckSequenceId(where(".sequence_id"), it.sequence_id());
   }
   if (it.layer() >= static_cast<uint32_t>(h_.options_.layers)) return h_.CheckLayer(where(".layer"), it.layer());

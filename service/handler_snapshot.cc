@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "service/handler.h"
 #include "service/handler_internal.h"
 #include "service/snapshot_file.h"
@@ -22,6 +24,47 @@ void Log(const std::string& line) {
   std::cerr << "driftkv-server: snapshot: " << line << std::endl;
 }
 
+constexpr absl::string_view kTenancyKey = "tenancy=";
+
+const char* TenancyName(bool tokens) {
+  return tokens ? "tokens" : "none";
+}
+
+// `identity` without its tenancy line (to compare with a snapshot older
+// than kSnapshotFirstTenancyVersion, which has none).
+std::string WithoutTenancy(absl::string_view identity) {
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(identity, absl::ByString("\n"), absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, kTenancyKey)) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+// Why the table key `key` of a snapshot cannot be restored ("" if it can).
+// `known`: the snapshot records its tenancy, and it is this server's
+// (`tokens`). A key of a named tenant is "\0" tenant "\0" id
+// (service/tenant.h); ids never hold NUL or control bytes. Without a
+// record, a NUL may be a planted id's, not a tenant's: such keys are not
+// restored at all.
+std::string KeyProblem(const std::string& key, bool known, bool tokens) {
+  if (!known) {
+    if (handler_internal::ControlByteOffset(key) < 0) return "";
+    return "the snapshot does not record whether it was written with tokens, and the key has a NUL or control byte "
+           "(a tenant's, or an id of a server without tokens that would become a tenant's)";
+  }
+  if (!tokens) {
+    const int64_t at = handler_internal::ControlByteOffset(key);
+    return at < 0 ? "" : absl::StrCat("byte ", at, " of the id is a NUL or control byte");
+  }
+  const size_t end = key.empty() || key[0] != '\0' ? std::string::npos : key.find('\0', 1);
+  if (end == std::string::npos || end == 1) return "the key names no tenant, but the snapshot was written with tokens";
+  const absl::string_view id = absl::string_view(key).substr(end + 1);
+  if (id.empty() || handler_internal::ControlByteOffset(id) >= 0) {
+    return "the id part of the tenant's key is empty or has a NUL or control byte";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string Handler::SnapshotIdentity() const {
@@ -34,7 +77,8 @@ std::string Handler::SnapshotIdentity() const {
                       "\npage_bytes=", pool_->page_stride(), "\nwindow_tokens=", options_.window_tokens,
                       "\ntransform=", TransformName(options_.transform),
                       "\ntransforms_checksum=", absl::Hex(transforms_checksum_, absl::kZeroPad16),
-                      "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n");
+                      "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n", kTenancyKey,
+                      TenancyName(options_.tokens != nullptr), "\n");
 }
 
 absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* summary) {
@@ -89,7 +133,19 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   summary->path = path;
   absl::StatusOr<std::unique_ptr<SnapshotReader>> reader = SnapshotReader::Open(path);
   if (!reader.ok()) return reader.status();
-  if (std::string diff = IdentityDifference((*reader)->identity(), SnapshotIdentity()); !diff.empty()) {
+  // Keys carry tenants only with tokens: a snapshot of the other mode would
+  // give ids to other tenants (or an id that holds a NUL to a tenant).
+  const bool tokens = options_.tokens != nullptr;
+  const bool tenancy_known = (*reader)->version() >= kSnapshotFirstTenancyVersion;
+  const std::string server_identity = tenancy_known ? SnapshotIdentity() : WithoutTenancy(SnapshotIdentity());
+  if (std::string diff = IdentityDifference((*reader)->identity(), server_identity); !diff.empty()) {
+    if (absl::StartsWith(diff, "tenancy:")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "snapshot ", path, " was written by a server ", tokens ? "without" : "with",
+          " bearer tokens, and this one runs ", tokens ? "with" : "without", " them (", diff,
+          "); its sequence ids would change tenants; refusing to load it; start with the tokens_file setting that "
+          "wrote it, or move the file away to start empty"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "snapshot ", path, " was written with another codec or shape (", diff,
         "); refusing to load it; start with the config that wrote it, or move the file away to start empty"));
@@ -120,7 +176,8 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     TenantUsage* usage = table_->Usage(TenantOfKey(id));
     const int device = table_->PlaceNew();
     auto seq = std::make_shared<Sequence>(id, options_.layers, usage, device);
-    std::string why;  // the first reason to drop this sequence; empty: keep
+    // The first reason to drop this sequence; empty: keep.
+    std::string why = KeyProblem(id, tenancy_known, tokens);
     std::vector<PageId> reserved;
     std::vector<uint16_t> keys, values;
     for (uint32_t l = 0; l < layers && framing.ok(); ++l) {

@@ -61,8 +61,13 @@ std::string IdentityDifference(absl::string_view snapshot, absl::string_view ser
 // ---- writer ----
 
 absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& dir, absl::string_view identity,
-                                                                     size_t page_bytes) {
+                                                                     size_t page_bytes, uint32_t version) {
+  if (version < 1 || version > kSnapshotVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshot version ", version, " is not in [1, ", kSnapshotVersion, "]"));
+  }
   std::unique_ptr<SnapshotWriter> w(new SnapshotWriter());
+  w->version_ = version;
   w->dir_ = dir;
   w->path_ = SnapshotPath(dir);
   w->tmp_path_ = w->path_ + ".tmp";
@@ -70,7 +75,7 @@ absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::
   w->file_ = std::fopen(w->tmp_path_.c_str(), "wb");
   if (w->file_ == nullptr) return absl::UnavailableError(OsError("cannot create", w->tmp_path_));
   std::string header(kSnapshotMagic, sizeof(kSnapshotMagic));
-  PutU32(&header, kSnapshotVersion);
+  PutU32(&header, version);
   PutU32(&header, static_cast<uint32_t>(identity.size()));
   header.append(identity.data(), identity.size());
   if (absl::Status st = w->WriteWithCrc(header); !st.ok()) return st;
@@ -168,10 +173,11 @@ absl::StatusOr<std::unique_ptr<SnapshotReader>> SnapshotReader::Open(const std::
     return absl::DataLossError(absl::StrCat(path, " is not a driftkv snapshot (bad magic)"));
   }
   const uint32_t version = GetU32(fixed + 8), identity_bytes = GetU32(fixed + 12);
-  if (version != kSnapshotVersion) {
+  if (version < 1 || version > kSnapshotVersion) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, ": snapshot version ", version, " is not the supported ", kSnapshotVersion));
+        absl::StrCat(path, ": snapshot version ", version, " is not one of the supported 1 to ", kSnapshotVersion));
   }
+  r->version_ = version;
   if (identity_bytes > kSnapshotMaxIdentityBytes) {
     return absl::DataLossError(absl::StrCat(path, ": identity of ", identity_bytes, " bytes exceeds ",
                                             kSnapshotMaxIdentityBytes, " (corrupt header)"));

@@ -3,9 +3,11 @@
 // with their CRC-32C), written at drain and read at the next start.
 //
 // Byte layout, little-endian, one file `snapshot.dkvs` in snapshot_dir:
-//   header    "DKVSNAP\0" (8) | u32 version (1) | u32 identity bytes |
+//   header    "DKVSNAP\0" (8) | u32 version (2) | u32 identity bytes |
 //             identity (text, "key=value\n" lines: the codec, shape and page
-//             size the pages were written with) | u32 CRC-32C of all before
+//             size the pages were written with; from version 2 also
+//             "tenancy=tokens" or "tenancy=none", whether the keys carry
+//             tenants) | u32 CRC-32C of all before
 //   sequence  u32 'SEQ1' | u32 id bytes | id | u32 layers |
 //             u32 CRC-32C of this record's bytes before it
 //     layer   u64 length | u32 window tokens | u32 pages |
@@ -19,7 +21,9 @@
 // Framing fields (ids, counts, lengths) are checked by their own CRCs before
 // they are believed, so a flipped bit in a page or a window loses that
 // sequence only; one in a framing field loses the rest of the file (reported,
-// never guessed). The writer writes `snapshot.dkvs.tmp`, fsyncs it and
+// never guessed). Versions: 1 has no tenancy line (the keys' form is
+// unknown: the loader keeps only keys without NUL or control bytes); 2 adds
+// it. Readers take both. The writer writes `snapshot.dkvs.tmp`, fsyncs it and
 // renames it over `snapshot.dkvs` (then fsyncs the folder): a crash while
 // writing leaves the previous snapshot or none, never a torn one.
 #ifndef DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
@@ -38,7 +42,8 @@
 namespace driftkv {
 
 constexpr char kSnapshotMagic[8] = {'D', 'K', 'V', 'S', 'N', 'A', 'P', '\0'};
-constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint32_t kSnapshotVersion = 2;
+constexpr uint32_t kSnapshotFirstTenancyVersion = 2;   // identity has "tenancy="
 constexpr uint32_t kSnapshotSequenceTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kSnapshotEndTag = 0x31444E45;       // "END1"
 constexpr const char* kSnapshotFileName = "snapshot.dkvs";
@@ -58,8 +63,10 @@ std::string IdentityDifference(absl::string_view snapshot, absl::string_view ser
 // the temporary file is removed on destruction.
 class SnapshotWriter {
  public:
+  // `version`: an older one writes that version's layout (tests of the
+  // readers of old files).
   static absl::StatusOr<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, absl::string_view identity,
-                                                              size_t page_bytes);
+                                                              size_t page_bytes, uint32_t version = kSnapshotVersion);
   ~SnapshotWriter();
 
   absl::Status BeginSequence(absl::string_view id, uint32_t layers);
@@ -77,13 +84,14 @@ class SnapshotWriter {
 
   std::string dir_, tmp_path_, path_;
   size_t page_bytes_ = 0;
+  uint32_t version_ = kSnapshotVersion;
   FILE* file_ = nullptr;
   bool committed_ = false;
   uint64_t sequences_ = 0, pages_ = 0;
 };
 
 // Reads a snapshot record by record. Open checks the header (magic,
-// version, CRC) and returns the identity; Next* follow the layout. A
+// version 1 to kSnapshotVersion, CRC) and returns the identity; Next* follow the layout. A
 // DataLoss status from a framing read means the rest of the file cannot be
 // trusted; a page whose checksum does not match is reported by Page's
 // `*intact`, and reading can go on.
@@ -92,6 +100,7 @@ class SnapshotReader {
   static absl::StatusOr<std::unique_ptr<SnapshotReader>> Open(const std::string& path);
   ~SnapshotReader();
   const std::string& identity() const { return identity_; }
+  uint32_t version() const { return version_; }
 
   // false in *more at the trailer (whose CRC and counts are checked).
   absl::Status NextSequence(bool* more, std::string* id, uint32_t* layers);
@@ -116,6 +125,7 @@ class SnapshotReader {
   std::string path_;
   FILE* file_ = nullptr;
   std::string identity_;
+  uint32_t version_ = 0;
   uint64_t sequences_ = 0, pages_ = 0;
 };
 

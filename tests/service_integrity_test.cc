@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "service/snapshot_file.h"
 #include "service/tokens.h"
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
@@ -384,6 +385,100 @@ TEST_F(IntegrityTest, TenantsSeeOnlyTheirOwnSequences) {
   EXPECT_EQ(Stats("alice").tenant_sequences(), 1u);
   EXPECT_EQ(Stats("bob").tenant_sequences(), 0u);
   EXPECT_EQ(Stats("alice").tenant(), "alice");
+}
+
+// A NUL would let an id of a server without tokens take the form of a
+// tenant's key ("\0alice\0planted" is alice's "planted" once tokens are
+// on); control bytes have no place in a logged identifier.
+TEST_F(IntegrityTest, SequenceIdsWithNulOrControlBytesAreRefused) {
+  const testing::Kv kv = SyntheticKv(10, kN, 11);
+  const std::string planted("\0alice\0planted", 14);
+  absl::Status st = Append(ChunkOf(planted, 0, 0, 10, kv));
+  EXPECT_EQ(st.code(), C::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x00 at offset 0")) << st;
+  st = Append(ChunkOf("tab\there", 0, 0, 10, kv));
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x09 at offset 3")) << st;
+  st = Append(ChunkOf("del\x7f", 0, 0, 10, kv));
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x7f at offset 3")) << st;
+  EXPECT_EQ(Stats().sequences(), 0u);
+  v1::AttendRequest req;
+  *req.add_items() = QueryItem("fine", 0, SyntheticQuery(2, kD, 12), 2);
+  *req.add_items() = QueryItem(std::string("x\0", 2), 0, SyntheticQuery(2, kD, 12), 2);
+  v1::AttendResponse resp;
+  st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), C::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1].sequence_id has byte 0x00 at offset 1")) << st;
+  v1::LengthRequest lr;
+  lr.set_sequence_id(planted);
+  v1::LengthResponse len;
+  EXPECT_EQ(h_->Length(lr, &len).code(), C::kInvalidArgument);
+  // Printable ASCII and UTF-8 are ids as before.
+  EXPECT_TRUE(Append(ChunkOf("chat-1/\xc3\xbc ok", 0, 0, 10, kv)).ok());
+}
+
+// The table keys of a snapshot carry tenants only when tokens were on: a
+// snapshot of the other mode would move ids between tenants.
+TEST_F(IntegrityTest, SnapshotOfTheOtherTenancyModeIsRefused) {
+  const testing::Kv kv = SyntheticKv(40, kN, 13);
+  ServiceOptions with_tokens = SmallOptions();
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(Sha256Hex("token-of-alice-0123456789") + " alice\n", "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  with_tokens.tokens = std::make_shared<const TokenTable>(*std::move(t));
+  for (bool tokens_first : {false, true}) {
+    SCOPED_TRACE(tokens_first);
+    Make(tokens_first ? with_tokens : SmallOptions());
+    ASSERT_TRUE(Push("plain", kv, 40, tokens_first ? "alice" : "").ok());
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/tenancy_", tokens_first);
+    std::filesystem::create_directories(dir);
+    Handler::SnapshotSummary written, loaded;
+    ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+    Make(tokens_first ? SmallOptions() : with_tokens);
+    absl::Status st = h_->LoadSnapshot(dir, &loaded);
+    EXPECT_EQ(st.code(), C::kFailedPrecondition) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), tokens_first ? "tenancy: snapshot tokens, this server none"
+                                                             : "tenancy: snapshot none, this server tokens"))
+        << st;
+    EXPECT_EQ(Stats().sequences(), 0u);
+    // The same mode loads it.
+    Make(tokens_first ? with_tokens : SmallOptions());
+    ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+    EXPECT_EQ(loaded.sequences, 1u);
+  }
+}
+
+// A version 1 snapshot does not say whether tokens were on: a key with a
+// NUL or control byte may be an id planted on a server without tokens, so
+// it is not restored (logged); the others load as before.
+TEST_F(IntegrityTest, VersionOneSnapshotsLoadWithoutKeysHoldingControlBytes) {
+  ServiceOptions o = SmallOptions();
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(Sha256Hex("token-of-alice-0123456789") + " alice\n", "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  o.tokens = std::make_shared<const TokenTable>(*std::move(t));
+  Make(o);
+  std::string identity = h_->SnapshotIdentity();
+  const size_t at = identity.find("tenancy=tokens\n");
+  ASSERT_NE(at, std::string::npos) << identity;
+  identity.erase(at, std::string("tenancy=tokens\n").size());
+  const std::string dir = ::testing::TempDir() + "/version1";
+  std::filesystem::create_directories(dir);
+  {
+    absl::StatusOr<std::unique_ptr<SnapshotWriter>> w =
+        SnapshotWriter::Open(dir, identity, h_->pool().page_stride(), 1);
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (const std::string& key : {std::string("\0alice\0planted", 14), std::string("plain")}) {
+      ASSERT_TRUE((*w)->BeginSequence(key, static_cast<uint32_t>(options_.layers)).ok());
+      for (int l = 0; l < options_.layers; ++l) ASSERT_TRUE((*w)->BeginLayer(0, 0, 0, {}, {}).ok());
+    }
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  Handler::SnapshotSummary loaded;
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(loaded.sequences, 1u);
+  EXPECT_EQ(loaded.dropped_sequences, 1u);
+  v1::LengthRequest lr;
+  lr.set_sequence_id("planted");
+  v1::LengthResponse len;
+  EXPECT_EQ(h_->Length(lr, &len, "alice").code(), C::kNotFound);
 }
 
 TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
