@@ -20,8 +20,18 @@ using handler_internal::Quoted;
 
 namespace {
 
+// Lines name clients' ids: Quoted escapes them, ForLog anything else.
 void Log(const std::string& line) {
-  std::cerr << "driftkv-server: snapshot: " << line << std::endl;
+  std::cerr << "driftkv-server: snapshot: " << ForLog(line) << std::endl;
+}
+
+// A table key as a log names it: `sequence_id "chat" of tenant "alice"`
+// for a tenant's key (service/tenant.h), else the escaped key.
+std::string DescribeKey(const std::string& key) {
+  const std::string tenant = TenantOfKey(key);
+  if (tenant.empty() || key.size() < tenant.size() + 2) return absl::StrCat("sequence_id ", Quoted(key));
+  return absl::StrCat("sequence_id ", Quoted(absl::string_view(key).substr(tenant.size() + 2)), " of tenant ",
+                      Quoted(tenant));
 }
 
 constexpr absl::string_view kTenancyKey = "tenancy=";
@@ -106,7 +116,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       }
     }
     if (!bad.ok()) {
-      Log(absl::StrCat("sequence_id ", Quoted(key), " not written: ", bad.message()));
+      Log(absl::StrCat(DescribeKey(key), " not written: ", bad.message()));
       ++summary->dropped_sequences;
       continue;
     }
@@ -154,6 +164,7 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   const int64_t p = pool_->page_tokens();
   const uint32_t max_window = static_cast<uint32_t>(options_.window_tokens + p);
   auto drop = [&](const std::string& id, const std::string& why) {
+    // The key as the file has it: its tenant part may be a planted id's.
     Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
     ++summary->dropped_sequences;
     ++totals_.snapshot_dropped_sequences;

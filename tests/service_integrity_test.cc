@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "service/quoted.h"
 #include "service/snapshot_file.h"
 #include "service/tokens.h"
 #include "tests/handler_fixture.h"
@@ -78,6 +79,15 @@ class IntegrityTest : public testing::HandlerFixture {
                         s.tokens_ingested());
   }
 };
+
+// Client strings in messages and logs: printable ASCII as given, anything
+// that could forge a log line escaped.
+TEST(QuotedTest, EscapesEveryByteThatIsNotPrintableAscii) {
+  EXPECT_EQ(Quoted("chat-1"), "\"chat-1\"");
+  EXPECT_EQ(Quoted(std::string("\0a\nb\"\\\x1b[2J\x7f\xc3\xbc", 13)),
+            "\"\\x00a\\x0ab\\\"\\\\\\x1b[2J\\x7f\\xc3\\xbc\"");
+  EXPECT_EQ(ForLog("line\nforged \"x\""), "line\\x0aforged \"x\"");
+}
 
 TEST(Crc32cTest, KnownVectorsAndExtension) {
   EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
@@ -472,9 +482,14 @@ TEST_F(IntegrityTest, VersionOneSnapshotsLoadWithoutKeysHoldingControlBytes) {
     ASSERT_TRUE((*w)->Commit().ok());
   }
   Handler::SnapshotSummary loaded;
+  ::testing::internal::CaptureStderr();
   ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(loaded.sequences, 1u);
   EXPECT_EQ(loaded.dropped_sequences, 1u);
+  // The log names the key escaped, never with its raw bytes.
+  EXPECT_TRUE(absl::StrContains(log, "sequence_id \"\\x00alice\\x00planted\" not restored")) << log;
+  EXPECT_EQ(log.find('\0'), std::string::npos);
   v1::LengthRequest lr;
   lr.set_sequence_id("planted");
   v1::LengthResponse len;
