@@ -3,6 +3,7 @@
 // service/snapshot_file.h).
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "absl/strings/match.h"
@@ -77,6 +78,24 @@ std::string KeyProblem(const std::string& key, bool known, bool tokens) {
 
 }  // namespace
 
+std::string Handler::RestoreReport(const std::string& dir, const SnapshotSummary& s) {
+  std::string line;
+  if (!s.found) {
+    line = absl::StrCat("no snapshot in ", dir, "; nothing restored");
+    if (!s.already_loaded.empty()) {
+      absl::StrAppend(&line, " (", s.already_loaded, " was loaded at an earlier start and is not loaded twice)");
+    }
+  } else {
+    line = absl::StrCat("restored ", s.sequences, " sequences (", s.pages, " pages) from ", s.path, "; ",
+                        s.corrupt_pages, " corrupt pages, ", s.dropped_sequences, " sequences dropped",
+                        s.rest_lost ? ", the rest of the file lost to a corrupt record" : "");
+  }
+  if (!s.removed_temporary.empty()) {
+    absl::StrAppend(&line, "; removed ", s.removed_temporary, " (an interrupted snapshot write, never complete)");
+  }
+  return line;
+}
+
 std::string Handler::SnapshotIdentity() const {
   const KvCodec::Settings c = codec_->settings();
   return absl::StrCat("codec=", codec_->name(), "\npage_format=", options_.page_format, "\nlayers=", options_.layers,
@@ -141,8 +160,20 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
 absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summary) {
   const std::string path = SnapshotPath(dir);
   summary->path = path;
+  // A write killed before its rename leaves snapshot.dkvs.tmp: never a
+  // whole snapshot (the rename is what makes one), so it is removed.
+  const std::string tmp = path + ".tmp";
+  if (std::remove(tmp.c_str()) == 0) {
+    summary->removed_temporary = tmp;
+    Log(absl::StrCat("removed ", tmp, ", left by a snapshot write that was interrupted before it completed"));
+  }
   absl::StatusOr<std::unique_ptr<SnapshotReader>> reader = SnapshotReader::Open(path);
-  if (!reader.ok()) return reader.status();
+  if (!reader.ok()) {
+    const std::string loaded = path + ".loaded";
+    if (absl::IsNotFound(reader.status()) && std::ifstream(loaded).good()) summary->already_loaded = loaded;
+    return reader.status();
+  }
+  summary->found = true;
   // Keys carry tenants only with tokens: a snapshot of the other mode would
   // give ids to other tenants (or an id that holds a NUL to a tenant).
   const bool tokens = options_.tokens != nullptr;

@@ -5,6 +5,7 @@
 // behind them (CRC-32C, the tokens file).
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -494,6 +495,39 @@ TEST_F(IntegrityTest, VersionOneSnapshotsLoadWithoutKeysHoldingControlBytes) {
   lr.set_sequence_id("planted");
   v1::LengthResponse len;
   EXPECT_EQ(h_->Length(lr, &len, "alice").code(), C::kNotFound);
+}
+
+// After a kill -9 there is no snapshot, perhaps the temporary file of a
+// write that never completed: the start says so, and names that file.
+TEST_F(IntegrityTest, RestoreReportSaysWhatWasFound) {
+  const std::string dir = ::testing::TempDir() + "/restore_report";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary none;
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &none)));
+  EXPECT_EQ(Handler::RestoreReport(dir, none), absl::StrCat("no snapshot in ", dir, "; nothing restored"));
+  const std::string tmp = dir + "/snapshot.dkvs.tmp";
+  std::ofstream(tmp) << "half a snapshot";
+  Handler::SnapshotSummary leftover;
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &leftover)));
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_EQ(Handler::RestoreReport(dir, leftover),
+            absl::StrCat("no snapshot in ", dir, "; nothing restored; removed ", tmp,
+                         " (an interrupted snapshot write, never complete)"));
+  // A snapshot, loaded: the count and the file; at the next start the file
+  // loaded then is named, not loaded again.
+  ASSERT_TRUE(Push("s", SyntheticKv(30, kN, 14), 30).ok());
+  Handler::SnapshotSummary written, loaded, again;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make();
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_TRUE(absl::StartsWith(Handler::RestoreReport(dir, loaded),
+                               absl::StrCat("restored 1 sequences (0 pages) from ", dir, "/snapshot.dkvs; ")))
+      << Handler::RestoreReport(dir, loaded);
+  Make();
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &again)));
+  EXPECT_TRUE(absl::StrContains(Handler::RestoreReport(dir, again), "snapshot.dkvs.loaded was loaded at an earlier"))
+      << Handler::RestoreReport(dir, again);
 }
 
 TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
