@@ -119,6 +119,14 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       SnapshotWriter::Open(dir, SnapshotIdentity(), pool_->page_stride());
   if (!writer.ok()) return writer.status();
   summary->path = SnapshotPath(dir);
+  // Released ids stay released across the restart (for their time left).
+  std::vector<std::pair<std::string, uint64_t>> tombstones;
+  for (const auto& [key, left] : table_->TombstoneEntries()) {
+    tombstones.emplace_back(key, static_cast<uint64_t>(absl::ToInt64Nanoseconds(left)));
+  }
+  std::sort(tombstones.begin(), tombstones.end());
+  if (absl::Status st = (*writer)->Tombstones(tombstones); !st.ok()) return st;
+  std::vector<uint64_t> digests;
   const size_t n = this->n();
   for (const auto& [key, seq] : all) {
     absl::MutexLock seq_lock(&seq->mu);
@@ -149,6 +157,12 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
         st = (*writer)->Page(pool_->page(layer.pages[i]), layer.page_sums[i]);
       }
+      // One digest per paged token (kNoDigest where none was kept), so
+      // that restored paged tokens are compared on repeat as before.
+      digests.assign(layer.digests.begin(),
+                     layer.digests.begin() + std::min(layer.digests.size(), layer.pages.size() * pool_->page_tokens()));
+      digests.resize(layer.pages.size() * pool_->page_tokens(), kNoDigest);
+      if (st.ok()) st = (*writer)->Digests(digests);
       summary->pages += layer.pages.size();
     }
     if (!st.ok()) return st;
@@ -194,6 +208,20 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const uint32_t max_window = static_cast<uint32_t>(options_.window_tokens + p);
+  const bool with_digests = (*reader)->version() >= kSnapshotFirstDigestVersion;
+  if (with_digests && !(*reader)->tombstones_intact()) {
+    Log(absl::StrCat("the tombstones of ", path, " fail their checksum; released ids are not restored as released"));
+  }
+  if (options_.tombstone_seconds > 0) {
+    // For at most this server's tombstone_seconds; the time spent down is
+    // not counted (a tombstone lasts longer, never shorter).
+    const absl::Duration lifetime = absl::Seconds(options_.tombstone_seconds);
+    for (const auto& [key, left_ns] : (*reader)->tombstones()) {
+      if (!KeyProblem(key, tenancy_known, tokens).empty()) continue;
+      table_->RestoreTombstone(key, std::min(lifetime, absl::Nanoseconds(static_cast<int64_t>(left_ns))));
+    }
+  }
+  std::vector<uint64_t> digests;
   auto drop = [&](const std::string& id, const std::string& why) {
     // The key as the file has it: its tenant part may be a planted id's.
     Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
@@ -266,12 +294,24 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         }
         if (pages.ok()) layer.page_sums.push_back(stored);
       }
+      bool digests_intact = false;
+      if (with_digests && framing.ok()) {
+        framing = (*reader)->Digests(static_cast<uint64_t>(h.pages) * p, &digests, &digests_intact);
+        if (framing.ok() && !digests_intact) {
+          Log(absl::StrCat("the token digests of layer ", l, " of sequence_id ", Quoted(id),
+                           " fail their checksum; its paged tokens are restored without them (repeats not compared)"));
+        }
+      }
       if (pages.ok()) {
         layer.pages = *pages;
-        // The snapshot keeps no token digests: the restored paged tokens
-        // have none (kNoDigest), so digests stay aligned with token
-        // positions for the pages appended after the restore.
-        layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
+        // One digest per paged token; kNoDigest (not compared on repeat)
+        // where the snapshot has none (before version 3, or a failed
+        // CRC), so digests stay aligned with token positions.
+        if (digests_intact) {
+          layer.digests = digests;
+        } else {
+          layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
+        }
         reserved.insert(reserved.end(), pages->begin(), pages->end());
       }
       layer.window_keys = keys;

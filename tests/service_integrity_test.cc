@@ -163,9 +163,8 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   EXPECT_EQ(ReadAll("p"), stored);
 }
 
-// A warm restart keeps no token digests: restored paged tokens are not
-// compared on repeat, and pages appended after the restore still are (the
-// digests stay aligned with token positions).
+// Pages appended after a warm restart are compared by digest too (the
+// digests stay aligned with token positions after the restored ones).
 TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   const testing::Kv kv = SyntheticKv(600, kN, 5);
   ASSERT_TRUE(Push("r", kv, 300).ok());
@@ -194,6 +193,50 @@ TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "tokens [310, 311)")) << st;
   EXPECT_EQ(ReadAll("r"), stored);
+}
+
+// The snapshot carries the tombstones and the token digests: after a warm
+// restart a released id is still released, and a repeat of a restored
+// paged token with other data is still refused.
+TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
+  ServiceOptions o = SmallOptions();
+  o.tombstone_seconds = 600;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(200, kN, 15);
+  ASSERT_TRUE(Push("p", kv, 200).ok());
+  ASSERT_TRUE(Push("gone", kv, 30).ok());
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("gone");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  const std::string dir = ::testing::TempDir() + "/tombstones_digests";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  ASSERT_EQ(loaded.sequences, 1u);
+  EXPECT_EQ(Stats().tombstones(), 1u);
+  absl::Status st = Push("gone", kv, 30);
+  EXPECT_EQ(st.code(), C::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id \"gone\" was released")) << st;
+  const std::string stored = ReadAll("p");
+  testing::Kv other = kv;
+  other.values[70 * kN + 3] = -other.values[70 * kN + 3] + 0.25f;  // a restored paged token
+  st = Append(ChunkOf("p", 0, 64, 20, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [70, 71)")) << st;
+  EXPECT_EQ(ReadAll("p"), stored);
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(ChunkOf("p", 0, 0, 200, kv), &r).ok());
+  EXPECT_EQ(r.tokens_duplicate(), 200u);
+  // A server with tombstones off restores none.
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  o.tombstone_seconds = 0;
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(Stats().tombstones(), 0u);
 }
 
 TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
