@@ -39,6 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         PageChecksum stored = 0;
         if (!(*r)->Page(kPageBytes, page.data(), &stored, &intact).ok()) return 0;
       }
+      if ((*r)->version() >= kSnapshotFirstDigestVersion && h.pages <= 64) {
+        std::vector<uint64_t> digests;
+        if (!(*r)->Digests(uint64_t{h.pages} * 16, &digests, &intact).ok()) return 0;
+      }
     }
   }
   return 0;

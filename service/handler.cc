@@ -183,6 +183,11 @@ absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string
     return absl::InvalidArgumentError(
         absl::StrCat(field, " has ", id.size(), " bytes; it must have 1 to ", kMaxSequenceIdBytes));
   }
+  if (const int64_t at = handler_internal::ControlByteOffset(id); at >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " has byte 0x", absl::Hex(static_cast<unsigned char>(id[at]), absl::kZeroPad2), " at offset ", at,
+        "; NUL and control bytes (below 0x20, and 0x7f) are not allowed in a sequence id"));
+  }
   return absl::OkStatus();
 }
 

@@ -110,14 +110,24 @@ class Handler {
     uint64_t dropped_sequences = 0;  // not written / not restored, each logged
     bool rest_lost = false;          // load: a corrupt framing field ended the reading early
     std::string path;
+    bool found = false;             // load: a snapshot file was there
+    std::string removed_temporary;  // load: a leftover snapshot.dkvs.tmp, removed ("" if none)
+    std::string already_loaded;     // load, none found: snapshot.dkvs.loaded of an earlier start, if there
   };
+  // The start's line about the load into `summary` (LoadSnapshot's), e.g.
+  // "restored 3 sequences (12 pages) from DIR/snapshot.dkvs; ..." or "no
+  // snapshot in DIR; nothing restored", naming a removed temporary file.
+  static std::string RestoreReport(const std::string& dir, const SnapshotSummary& summary);
   // Writes every sequence to `dir` (service/snapshot_file.h), hot layers in
   // their cold form (demoted first; a layer that cannot be demoted or whose
   // page fails its checksum drops its sequence, counted and logged). Call
   // after the RPCs have stopped; takes every lock meanwhile.
   absl::Status WriteSnapshot(const std::string& dir, SnapshotSummary* summary);
   // Restores the snapshot in `dir`, verifying every page; call once, on an
-  // empty handler, before serving. NotFound when there is none;
+  // empty handler, before serving. NotFound when there is none (then
+  // summary->found is false); a leftover temporary file of an interrupted
+  // write (never a whole snapshot) is removed first, and named in
+  // summary->removed_temporary;
   // FailedPrecondition naming the field for another codec/shape
   // (SnapshotIdentity). A sequence with a corrupt page or window, or that no
   // longer fits, is dropped (logged, counted in *summary, Stats, metrics).

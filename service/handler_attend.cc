@@ -23,6 +23,7 @@ namespace driftkv {
 
 using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
+using handler_internal::ToBf16;
 
 // One Attend call in steps: validate (tensors inline or by reference:
 // service/attend_io.h), find the sequences, bring the layers to the hot
@@ -140,6 +141,11 @@ class Handler::AttendBatch {
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                int64_t* total_pages) const;
+  // Item `i` repeats token `first`, which item `e` of the same batch adds:
+  // ALREADY_EXISTS, as for a stored token (Handler::CheckRepeat), unless
+  // both carry the same bf16 data.
+  absl::Status CheckRepeatInBatch(const AttendWork& earlier, int e, const AttendWork& w, int i, uint64_t first,
+                                  const v1::AttendItem& it) const;
   // Reserves total_pages pages, applies the planned steps; *used: pages
   // stored (the rest are freed). REQUIRES: the batch's locks held.
   absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work, int64_t total_pages,
@@ -178,7 +184,8 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
   const int d = h_.codec_->head_dim(), kv_heads = h_.codec_->kv_heads();
   // Field names are built only for a message.
   auto where = [i](absl::string_view field) { return absl::StrCat("items[", i, "]", field); };
-  if (it.sequence_id().empty() || it.sequence_id().size() > kMaxSequenceIdBytes) {
+  if (it.sequence_id().empty() || it.sequence_id().size() > kMaxSequenceIdBytes ||
+      handler_internal::ControlByteOffset(it.sequence_id()) >= 0) {
     return h_.CheckSequenceId(where(".sequence_id"), it.sequence_id());
   }
   if (it.layer() >= static_cast<uint32_t>(h_.options_.layers)) return h_.CheckLayer(where(".layer"), it.layer());
@@ -210,10 +217,31 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
   return absl::OkStatus();
 }
 
+absl::Status Handler::AttendBatch::CheckRepeatInBatch(const AttendWork& earlier, int e, const AttendWork& w, int i,
+                                                      uint64_t first, const v1::AttendItem& it) const {
+  const size_t n = h_.n();
+  std::vector<uint16_t> a(n), b(n);
+  auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
+    ToBf16(x.data(), n, a.data());
+    ToBf16(y.data(), n, b.data());
+    return a == b;
+  };
+  if (same(earlier.io.key, w.io.key) && same(earlier.io.value, w.io.value)) return absl::OkStatus();
+  h_.metrics_->integrity_rejections[kRejectRepeat]->Increment();
+  return absl::AlreadyExistsError(absl::StrCat("items[", i, "].new_key/new_value of tokens [", first, ", ", first + 1,
+                                               ") of layer ", it.layer(), " of sequence_id ", Quoted(it.sequence_id()),
+                                               " differ from those of items[", e,
+                                               "] of the same call (compared as bf16); nothing stored"));
+}
+
 absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                                    int64_t* total_pages) const {
   // Simulated (length, window) per layer: items of one batch may share a layer.
   absl::flat_hash_map<const LayerState*, std::pair<int64_t, int64_t>> sim;
+  // Which item of the batch planned each token it adds: a later item that
+  // repeats that token must carry the same data, as it would have to if the
+  // two were sent as two calls.
+  absl::flat_hash_map<std::pair<const LayerState*, uint64_t>, int> planned;
   for (int i = 0; i < request.items_size(); ++i) {
     const v1::AttendItem& it = request.items(i);
     AttendWork& w = (*work)[i];
@@ -243,14 +271,21 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
       if (!plan.ok()) return plan.status();
       w.plan = *plan;
       // A repeated step (new_token_index below the length) must carry the
-      // stored token. Checked against the layer as it was before this
-      // batch: a token planned by an earlier item of the batch is not
-      // stored yet, and such a repeat is acknowledged as before.
+      // stored token, or the token an earlier item of the batch planned
+      // (not stored yet: compared with that item's data).
       if (plan->skip > 0 && static_cast<int64_t>(first) < layer.length) {
         absl::Status st =
             h_.CheckRepeat(layer, first, 1, w.io.key.data(), w.io.value.data(),
                            absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
         if (!st.ok()) return st;
+      } else if (plan->skip > 0) {
+        auto earlier = planned.find(std::make_pair(&layer, first));
+        if (earlier != planned.end()) {
+          absl::Status st = CheckRepeatInBatch((*work)[earlier->second], earlier->second, w, i, first, it);
+          if (!st.ok()) return st;
+        }
+      } else {
+        planned.emplace(std::make_pair(&layer, first), i);
       }
       length += plan->fresh;
       window += plan->fresh - plan->pages * h_.pool_->page_tokens();

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 #include "service/quoted.h"
 #include "wire/half.h"
 
@@ -18,6 +20,18 @@ namespace handler_internal {
 constexpr uint64_t kMaxTokenIndex = uint64_t{1} << 48;
 
 using ::driftkv::Quoted;
+
+// The offset of the first NUL or control byte (below 0x20, or 0x7f) of a
+// sequence id, or -1. Such bytes are refused: a NUL would let an id take
+// the form of a tenant's table key (service/tenant.h), and control bytes
+// have no place in an identifier that is logged.
+inline int64_t ControlByteOffset(absl::string_view id) {
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c == 0x7f) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
 
 // Rounds float tokens to bf16 bits.
 inline void ToBf16(const float* x, size_t count, uint16_t* out) {

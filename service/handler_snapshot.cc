@@ -3,10 +3,13 @@
 // service/snapshot_file.h).
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "service/handler.h"
 #include "service/handler_internal.h"
 #include "service/snapshot_file.h"
@@ -18,11 +21,80 @@ using handler_internal::Quoted;
 
 namespace {
 
+// Lines name clients' ids: Quoted escapes them, ForLog anything else.
 void Log(const std::string& line) {
-  std::cerr << "driftkv-server: snapshot: " << line << std::endl;
+  std::cerr << "driftkv-server: snapshot: " << ForLog(line) << std::endl;
+}
+
+// A table key as a log names it: `sequence_id "chat" of tenant "alice"`
+// for a tenant's key (service/tenant.h), else the escaped key.
+std::string DescribeKey(const std::string& key) {
+  const std::string tenant = TenantOfKey(key);
+  if (tenant.empty() || key.size() < tenant.size() + 2) return absl::StrCat("sequence_id ", Quoted(key));
+  return absl::StrCat("sequence_id ", Quoted(absl::string_view(key).substr(tenant.size() + 2)), " of tenant ",
+                      Quoted(tenant));
+}
+
+constexpr absl::string_view kTenancyKey = "tenancy=";
+
+const char* TenancyName(bool tokens) {
+  return tokens ? "tokens" : "none";
+}
+
+// `identity` without its tenancy line (to compare with a snapshot older
+// than kSnapshotFirstTenancyVersion, which has none).
+std::string WithoutTenancy(absl::string_view identity) {
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(identity, absl::ByString("\n"), absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, kTenancyKey)) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+// Why the table key `key` of a snapshot cannot be restored ("" if it can).
+// `known`: the snapshot records its tenancy, and it is this server's
+// (`tokens`). A key of a named tenant is "\0" tenant "\0" id
+// (service/tenant.h); ids never hold NUL or control bytes. Without a
+// record, a NUL may be a planted id's, not a tenant's: such keys are not
+// restored at all.
+std::string KeyProblem(const std::string& key, bool known, bool tokens) {
+  if (!known) {
+    if (handler_internal::ControlByteOffset(key) < 0) return "";
+    return "the snapshot does not record whether it was written with tokens, and the key has a NUL or control byte "
+           "(a tenant's, or an id of a server without tokens that would become a tenant's)";
+  }
+  if (!tokens) {
+    const int64_t at = handler_internal::ControlByteOffset(key);
+    return at < 0 ? "" : absl::StrCat("byte ", at, " of the id is a NUL or control byte");
+  }
+  const size_t end = key.empty() || key[0] != '\0' ? std::string::npos : key.find('\0', 1);
+  if (end == std::string::npos || end == 1) return "the key names no tenant, but the snapshot was written with tokens";
+  const absl::string_view id = absl::string_view(key).substr(end + 1);
+  if (id.empty() || handler_internal::ControlByteOffset(id) >= 0) {
+    return "the id part of the tenant's key is empty or has a NUL or control byte";
+  }
+  return "";
 }
 
 }  // namespace
+
+std::string Handler::RestoreReport(const std::string& dir, const SnapshotSummary& s) {
+  std::string line;
+  if (!s.found) {
+    line = absl::StrCat("no snapshot in ", dir, "; nothing restored");
+    if (!s.already_loaded.empty()) {
+      absl::StrAppend(&line, " (", s.already_loaded, " was loaded at an earlier start and is not loaded twice)");
+    }
+  } else {
+    line = absl::StrCat("restored ", s.sequences, " sequences (", s.pages, " pages) from ", s.path, "; ",
+                        s.corrupt_pages, " corrupt pages, ", s.dropped_sequences, " sequences dropped",
+                        s.rest_lost ? ", the rest of the file lost to a corrupt record" : "");
+  }
+  if (!s.removed_temporary.empty()) {
+    absl::StrAppend(&line, "; removed ", s.removed_temporary, " (an interrupted snapshot write, never complete)");
+  }
+  return line;
+}
 
 std::string Handler::SnapshotIdentity() const {
   const KvCodec::Settings c = codec_->settings();
@@ -34,7 +106,8 @@ std::string Handler::SnapshotIdentity() const {
                       "\npage_bytes=", pool_->page_stride(), "\nwindow_tokens=", options_.window_tokens,
                       "\ntransform=", TransformName(options_.transform),
                       "\ntransforms_checksum=", absl::Hex(transforms_checksum_, absl::kZeroPad16),
-                      "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n");
+                      "\nvalues_folded=", options_.values_folded ? 1 : 0, "\n", kTenancyKey,
+                      TenancyName(options_.tokens != nullptr), "\n");
 }
 
 absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* summary) {
@@ -46,6 +119,14 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       SnapshotWriter::Open(dir, SnapshotIdentity(), pool_->page_stride());
   if (!writer.ok()) return writer.status();
   summary->path = SnapshotPath(dir);
+  // Released ids stay released across the restart (for their time left).
+  std::vector<std::pair<std::string, uint64_t>> tombstones;
+  for (const auto& [key, left] : table_->TombstoneEntries()) {
+    tombstones.emplace_back(key, static_cast<uint64_t>(absl::ToInt64Nanoseconds(left)));
+  }
+  std::sort(tombstones.begin(), tombstones.end());
+  if (absl::Status st = (*writer)->Tombstones(tombstones); !st.ok()) return st;
+  std::vector<uint64_t> digests;
   const size_t n = this->n();
   for (const auto& [key, seq] : all) {
     absl::MutexLock seq_lock(&seq->mu);
@@ -62,7 +143,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       }
     }
     if (!bad.ok()) {
-      Log(absl::StrCat("sequence_id ", Quoted(key), " not written: ", bad.message()));
+      Log(absl::StrCat(DescribeKey(key), " not written: ", bad.message()));
       ++summary->dropped_sequences;
       continue;
     }
@@ -76,6 +157,12 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
         st = (*writer)->Page(pool_->page(layer.pages[i]), layer.page_sums[i]);
       }
+      // One digest per paged token (kNoDigest where none was kept), so
+      // that restored paged tokens are compared on repeat as before.
+      digests.assign(layer.digests.begin(),
+                     layer.digests.begin() + std::min(layer.digests.size(), layer.pages.size() * pool_->page_tokens()));
+      digests.resize(layer.pages.size() * pool_->page_tokens(), kNoDigest);
+      if (st.ok()) st = (*writer)->Digests(digests);
       summary->pages += layer.pages.size();
     }
     if (!st.ok()) return st;
@@ -87,9 +174,33 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
 absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summary) {
   const std::string path = SnapshotPath(dir);
   summary->path = path;
+  // A write killed before its rename leaves snapshot.dkvs.tmp: never a
+  // whole snapshot (the rename is what makes one), so it is removed.
+  const std::string tmp = path + ".tmp";
+  if (std::remove(tmp.c_str()) == 0) {
+    summary->removed_temporary = tmp;
+    Log(absl::StrCat("removed ", tmp, ", left by a snapshot write that was interrupted before it completed"));
+  }
   absl::StatusOr<std::unique_ptr<SnapshotReader>> reader = SnapshotReader::Open(path);
-  if (!reader.ok()) return reader.status();
-  if (std::string diff = IdentityDifference((*reader)->identity(), SnapshotIdentity()); !diff.empty()) {
+  if (!reader.ok()) {
+    const std::string loaded = path + ".loaded";
+    if (absl::IsNotFound(reader.status()) && std::ifstream(loaded).good()) summary->already_loaded = loaded;
+    return reader.status();
+  }
+  summary->found = true;
+  // Keys carry tenants only with tokens: a snapshot of the other mode would
+  // give ids to other tenants (or an id that holds a NUL to a tenant).
+  const bool tokens = options_.tokens != nullptr;
+  const bool tenancy_known = (*reader)->version() >= kSnapshotFirstTenancyVersion;
+  const std::string server_identity = tenancy_known ? SnapshotIdentity() : WithoutTenancy(SnapshotIdentity());
+  if (std::string diff = IdentityDifference((*reader)->identity(), server_identity); !diff.empty()) {
+    if (absl::StartsWith(diff, "tenancy:")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "snapshot ", path, " was written by a server ", tokens ? "without" : "with",
+          " bearer tokens, and this one runs ", tokens ? "with" : "without", " them (", diff,
+          "); its sequence ids would change tenants; refusing to load it; start with the tokens_file setting that "
+          "wrote it, or move the file away to start empty"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "snapshot ", path, " was written with another codec or shape (", diff,
         "); refusing to load it; start with the config that wrote it, or move the file away to start empty"));
@@ -97,7 +208,22 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const uint32_t max_window = static_cast<uint32_t>(options_.window_tokens + p);
+  const bool with_digests = (*reader)->version() >= kSnapshotFirstDigestVersion;
+  if (with_digests && !(*reader)->tombstones_intact()) {
+    Log(absl::StrCat("the tombstones of ", path, " fail their checksum; released ids are not restored as released"));
+  }
+  if (options_.tombstone_seconds > 0) {
+    // For at most this server's tombstone_seconds; the time spent down is
+    // not counted (a tombstone lasts longer, never shorter).
+    const absl::Duration lifetime = absl::Seconds(options_.tombstone_seconds);
+    for (const auto& [key, left_ns] : (*reader)->tombstones()) {
+      if (!KeyProblem(key, tenancy_known, tokens).empty()) continue;
+      table_->RestoreTombstone(key, std::min(lifetime, absl::Nanoseconds(static_cast<int64_t>(left_ns))));
+    }
+  }
+  std::vector<uint64_t> digests;
   auto drop = [&](const std::string& id, const std::string& why) {
+    // The key as the file has it: its tenant part may be a planted id's.
     Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
     ++summary->dropped_sequences;
     ++totals_.snapshot_dropped_sequences;
@@ -120,7 +246,8 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     TenantUsage* usage = table_->Usage(TenantOfKey(id));
     const int device = table_->PlaceNew();
     auto seq = std::make_shared<Sequence>(id, options_.layers, usage, device);
-    std::string why;  // the first reason to drop this sequence; empty: keep
+    // The first reason to drop this sequence; empty: keep.
+    std::string why = KeyProblem(id, tenancy_known, tokens);
     std::vector<PageId> reserved;
     std::vector<uint16_t> keys, values;
     for (uint32_t l = 0; l < layers && framing.ok(); ++l) {
@@ -167,12 +294,24 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         }
         if (pages.ok()) layer.page_sums.push_back(stored);
       }
+      bool digests_intact = false;
+      if (with_digests && framing.ok()) {
+        framing = (*reader)->Digests(static_cast<uint64_t>(h.pages) * p, &digests, &digests_intact);
+        if (framing.ok() && !digests_intact) {
+          Log(absl::StrCat("the token digests of layer ", l, " of sequence_id ", Quoted(id),
+                           " fail their checksum; its paged tokens are restored without them (repeats not compared)"));
+        }
+      }
       if (pages.ok()) {
         layer.pages = *pages;
-        // The snapshot keeps no token digests: the restored paged tokens
-        // have none (kNoDigest), so digests stay aligned with token
-        // positions for the pages appended after the restore.
-        layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
+        // One digest per paged token; kNoDigest (not compared on repeat)
+        // where the snapshot has none (before version 3, or a failed
+        // CRC), so digests stay aligned with token positions.
+        if (digests_intact) {
+          layer.digests = digests;
+        } else {
+          layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
+        }
         reserved.insert(reserved.end(), pages->begin(), pages->end());
       }
       layer.window_keys = keys;

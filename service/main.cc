@@ -115,12 +115,8 @@ int main(int argc, char** argv) {
                 info.values_folded() ? ", values folded" : "");
   }
   const driftkv::Handler::SnapshotSummary& restored = (*server)->restored();
-  if (!restored.path.empty()) {
-    std::printf("\nrestored %llu sequences (%llu pages) from %s; %llu corrupt pages, %llu sequences dropped%s",
-                static_cast<unsigned long long>(restored.sequences), static_cast<unsigned long long>(restored.pages),
-                restored.path.c_str(), static_cast<unsigned long long>(restored.corrupt_pages),
-                static_cast<unsigned long long>(restored.dropped_sequences),
-                restored.rest_lost ? ", the rest of the file lost to a corrupt record" : "");
+  if (!options->snapshot_dir.empty()) {
+    std::printf("\n%s", driftkv::Handler::RestoreReport(options->snapshot_dir, restored).c_str());
   }
   // "listening on port N (gRPC)" starts the line: scripts parse it.
   std::printf("\nlistening on port %d (gRPC)", (*server)->port());

@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "service/quoted.h"
 #include "wire/fd_socket.h"
 
 namespace driftkv {
@@ -162,7 +163,7 @@ void RegionSocket::Serve(int conn) {
   if (!st.ok()) {
     reply.error = std::string(st.message());
     std::cerr << "driftkv-server: regions: refused an attachment from pid " << peer.pid << " uid " << peer.uid << ": "
-              << reply.error << std::endl;
+              << ForLog(reply.error) << std::endl;
   }
   (void)SendWithFd(conn, EncodeAttachReply(reply), -1);
 }

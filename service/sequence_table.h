@@ -81,6 +81,10 @@ class SequenceTable {
   // is tombstoned.
   absl::Status CheckTombstone(const std::string& key, const std::string& id) const;
   void EraseTombstone(const std::string& key) { tombstones_.Erase(key); }
+  // The live tombstones with their time left (a snapshot's), and one put
+  // back (a restore's).
+  std::vector<std::pair<std::string, absl::Duration>> TombstoneEntries() const { return tombstones_.Entries(clock_()); }
+  void RestoreTombstone(const std::string& key, absl::Duration left) { tombstones_.Restore(key, clock_(), left); }
   // Drops expired tombstones; returns how many are left.
   size_t PurgeTombstones() { return tombstones_.Purge(clock_()); }
 

@@ -1,15 +1,47 @@
 #include "service/server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "service/credentials.h"
 
 namespace driftkv {
+namespace {
+
+// Counts the KvCache calls in flight: one interceptor lives as long as its
+// call. Health and reflection calls are left out (a health Watch lasts as
+// long as its client likes; ending it at shutdown loses nothing).
+class CallCounter : public grpc::experimental::Interceptor {
+ public:
+  explicit CallCounter(std::atomic<int64_t>* calls) : calls_(calls) { calls_->fetch_add(1); }
+  ~CallCounter() override { calls_->fetch_sub(1); }
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override { methods->Proceed(); }
+
+ private:
+  std::atomic<int64_t>* const calls_;
+};
+
+class CallCounterFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCounterFactory(std::atomic<int64_t>* calls) : calls_(calls) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    if (!absl::StartsWith(info->method(), "/driftkv.v1.KvCache/")) return nullptr;
+    return new CallCounter(calls_);
+  }
+
+ private:
+  std::atomic<int64_t>* const calls_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options, ServerHooks hooks) {
   std::unique_ptr<DriftkvServer> s(new DriftkvServer());
@@ -51,6 +83,7 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   // (service/server_metrics.h); the interceptor goes last, so that it
   // records the status that is sent.
   s->grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*s->metrics_->registry());
+  hooks.interceptors.insert(hooks.interceptors.begin(), std::make_unique<CallCounterFactory>(&s->calls_in_flight_));
   hooks.interceptors.push_back(GrpcServerMetrics::InterceptorFactory(s->grpc_metrics_.get()));
   RegisterServerInfo(*s->metrics_->registry(), kServerVersion, options.backend, options.devices);
 
@@ -68,7 +101,6 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
   }
-  s->server_->GetHealthCheckService()->SetServingStatus(true);
   s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
 
   if (!options.health_listen.empty()) {
@@ -82,9 +114,9 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       return absl::UnavailableError(
           absl::StrCat("cannot serve health on ", options.health_listen, " (address in use or invalid)"));
     }
-    s->health_server_->GetHealthCheckService()->SetServingStatus(true);
     s->health_server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
   }
+  s->SetServing(true);
 
   if (!options.metrics_listen.empty()) {
     try {
@@ -129,14 +161,26 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  SetServing(false);
   if (server_ != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
+    // grpc::Server::Shutdown returns when every connection is closed, not
+    // when every call is done: a client that is connected but idle (and
+    // does not act on the GOAWAY, as a Python channel with no call does not)
+    // would hold it for the whole grace. So once the KvCache calls in
+    // flight are done, the remaining connections are cut. Polled: a call
+    // is counted from its first interceptor on, so one accepted an instant
+    // before the shutdown but not yet dispatched may be cancelled with them.
+    absl::Notification shut;
+    std::thread closer([this, &shut] {
+      while (!shut.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+        if (calls_in_flight_.load() == 0) grpc_server_cancel_all_calls(server_->c_server());
+      }
+    });
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(grace)));
+    shut.Notify();
+    closer.join();
   }
-  if (health_server_ != nullptr) {
-    health_server_->GetHealthCheckService()->SetServingStatus(false);
-    health_server_->Shutdown(std::chrono::system_clock::now());
-  }
+  if (health_server_ != nullptr) health_server_->Shutdown(std::chrono::system_clock::now());
   exposer_.reset();
   // After the calls in flight: nothing refers to a region any more.
   if (doorbells_ != nullptr) doorbells_->CloseAll();
@@ -144,13 +188,18 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   if (regions_ != nullptr) regions_->UnregisterAll();
 }
 
+void DriftkvServer::SetServing(bool serving) {
+  // The form without a name sets every service name the health service
+  // knows ("" and driftkv.v1.KvCache), so no probe sees one left behind.
+  for (grpc::Server* s : {server_.get(), health_server_.get()}) {
+    if (s != nullptr) s->GetHealthCheckService()->SetServingStatus(serving);
+  }
+}
+
 absl::Status DriftkvServer::Drain(Handler::SnapshotSummary* summary) {
   handler_->BeginDrain();
   metrics_->draining->Set(1);
-  if (server_ != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-    server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", false);
-  }
+  SetServing(false);
   // Load balancers and readiness probes see NOT_SERVING and move new work
   // elsewhere; calls on existing sequences are still taken meanwhile.
   absl::SleepFor(absl::Seconds(options_.drain_notice_seconds));

@@ -6,6 +6,7 @@
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -53,10 +54,12 @@ class DriftkvServer {
   Metrics& metrics() { return *metrics_; }
 
   // Stops accepting calls, lets calls in flight finish for up to `grace`,
-  // then cancels the rest. Idempotent.
+  // then cancels the rest; returns as soon as they are done (idle
+  // connections do not hold it). Idempotent.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
-  // The graceful drain (docs/reliability.md): health NOT_SERVING and new
+  // The graceful drain (docs/reliability.md): health NOT_SERVING (every
+  // service name, on the main and the health port) and new
   // sequences refused (UNAVAILABLE) for options.drain_notice_seconds while
   // existing ones are served, then Shutdown(drain_timeout_seconds), then
   // the snapshot to options.snapshot_dir when set (*summary says what was
@@ -68,6 +71,8 @@ class DriftkvServer {
 
  private:
   DriftkvServer() = default;
+  // Every health service name on the main port and on the health port.
+  void SetServing(bool serving);
 
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // grpc_server_*, in metrics_'s registry
@@ -80,6 +85,9 @@ class DriftkvServer {
   // regions go.
   std::unique_ptr<DoorbellTable> doorbells_;
   std::unique_ptr<KvCacheService> service_;
+  // KvCache calls in flight on server_ (outlives it: its interceptors
+  // count here until the last call is gone).
+  std::atomic<int64_t> calls_in_flight_{0};
   std::unique_ptr<grpc::Server> server_;
   // Plaintext grpc.health.v1 only (options.health_listen), mirroring the
   // main port's serving status.

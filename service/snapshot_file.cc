@@ -61,8 +61,13 @@ std::string IdentityDifference(absl::string_view snapshot, absl::string_view ser
 // ---- writer ----
 
 absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::string& dir, absl::string_view identity,
-                                                                     size_t page_bytes) {
+                                                                     size_t page_bytes, uint32_t version) {
+  if (version < 1 || version > kSnapshotVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshot version ", version, " is not in [1, ", kSnapshotVersion, "]"));
+  }
   std::unique_ptr<SnapshotWriter> w(new SnapshotWriter());
+  w->version_ = version;
   w->dir_ = dir;
   w->path_ = SnapshotPath(dir);
   w->tmp_path_ = w->path_ + ".tmp";
@@ -70,7 +75,7 @@ absl::StatusOr<std::unique_ptr<SnapshotWriter>> SnapshotWriter::Open(const std::
   w->file_ = std::fopen(w->tmp_path_.c_str(), "wb");
   if (w->file_ == nullptr) return absl::UnavailableError(OsError("cannot create", w->tmp_path_));
   std::string header(kSnapshotMagic, sizeof(kSnapshotMagic));
-  PutU32(&header, kSnapshotVersion);
+  PutU32(&header, version);
   PutU32(&header, static_cast<uint32_t>(identity.size()));
   header.append(identity.data(), identity.size());
   if (absl::Status st = w->WriteWithCrc(header); !st.ok()) return st;
@@ -95,7 +100,36 @@ absl::Status SnapshotWriter::WriteWithCrc(const std::string& bytes) {
   return Write(out.data(), out.size());
 }
 
+absl::Status SnapshotWriter::Tombstones(const std::vector<std::pair<std::string, uint64_t>>& entries) {
+  if (version_ < kSnapshotFirstDigestVersion || tombstones_written_) return absl::OkStatus();
+  tombstones_written_ = true;
+  std::string body;
+  for (const auto& [key, left_ns] : entries) {
+    PutU32(&body, static_cast<uint32_t>(key.size()));
+    body.append(key);
+    PutU64(&body, left_ns);
+  }
+  std::string head;
+  PutU32(&head, kSnapshotTombstoneTag);
+  PutU32(&head, static_cast<uint32_t>(entries.size()));
+  PutU32(&head, static_cast<uint32_t>(body.size()));
+  if (absl::Status st = WriteWithCrc(head); !st.ok()) return st;
+  return WriteWithCrc(body);
+}
+
+absl::Status SnapshotWriter::Digests(absl::Span<const uint64_t> digests) {
+  if (version_ < kSnapshotFirstDigestVersion) return absl::OkStatus();
+  std::string count;
+  PutU32(&count, static_cast<uint32_t>(digests.size()));
+  if (absl::Status st = WriteWithCrc(count); !st.ok()) return st;
+  const uint32_t crc = CrcOf(digests.data(), digests.size() * 8);
+  absl::Status st = Write(digests.data(), digests.size() * 8);
+  if (st.ok()) st = Write(&crc, 4);
+  return st;
+}
+
 absl::Status SnapshotWriter::BeginSequence(absl::string_view id, uint32_t layers) {
+  if (absl::Status st = Tombstones({}); !st.ok()) return st;
   std::string rec;
   PutU32(&rec, kSnapshotSequenceTag);
   PutU32(&rec, static_cast<uint32_t>(id.size()));
@@ -129,6 +163,7 @@ absl::Status SnapshotWriter::Page(const uint8_t* bytes, PageChecksum checksum) {
 }
 
 absl::Status SnapshotWriter::Commit() {
+  if (absl::Status st = Tombstones({}); !st.ok()) return st;
   std::string rec;
   PutU32(&rec, kSnapshotEndTag);
   PutU64(&rec, sequences_);
@@ -168,10 +203,11 @@ absl::StatusOr<std::unique_ptr<SnapshotReader>> SnapshotReader::Open(const std::
     return absl::DataLossError(absl::StrCat(path, " is not a driftkv snapshot (bad magic)"));
   }
   const uint32_t version = GetU32(fixed + 8), identity_bytes = GetU32(fixed + 12);
-  if (version != kSnapshotVersion) {
+  if (version < 1 || version > kSnapshotVersion) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, ": snapshot version ", version, " is not the supported ", kSnapshotVersion));
+        absl::StrCat(path, ": snapshot version ", version, " is not one of the supported 1 to ", kSnapshotVersion));
   }
+  r->version_ = version;
   if (identity_bytes > kSnapshotMaxIdentityBytes) {
     return absl::DataLossError(absl::StrCat(path, ": identity of ", identity_bytes, " bytes exceeds ",
                                             kSnapshotMaxIdentityBytes, " (corrupt header)"));
@@ -183,7 +219,60 @@ absl::StatusOr<std::unique_ptr<SnapshotReader>> SnapshotReader::Open(const std::
   if (crc != CrcOf(r->identity_.data(), identity_bytes, CrcOf(fixed, sizeof(fixed)))) {
     return absl::DataLossError(absl::StrCat(path, ": header checksum mismatch (corrupt header)"));
   }
+  if (version >= kSnapshotFirstDigestVersion) {
+    if (absl::Status st = r->ReadTombstones(); !st.ok()) return st;
+  }
   return r;
+}
+
+absl::Status SnapshotReader::ReadTombstones() {
+  uint8_t head[16];
+  if (absl::Status st = Read(head, sizeof(head), "tombstone block"); !st.ok()) return st;
+  if (CrcOf(head, 12) != GetU32(head + 12) || GetU32(head) != kSnapshotTombstoneTag) {
+    return absl::DataLossError(absl::StrCat(path_, ": tombstone block header corrupt (corrupt header)"));
+  }
+  const uint32_t count = GetU32(head + 4), bytes = GetU32(head + 8);
+  if (bytes > kSnapshotMaxTombstoneBytes) {
+    return absl::DataLossError(absl::StrCat(path_, ": tombstone block of ", bytes, " bytes exceeds ",
+                                            kSnapshotMaxTombstoneBytes, " (corrupt header)"));
+  }
+  std::string body(bytes, '\0');
+  uint32_t crc = 0;
+  if (absl::Status st = Read(body.data(), bytes, "tombstones"); !st.ok()) return st;
+  if (absl::Status st = Read(&crc, 4, "tombstone checksum"); !st.ok()) return st;
+  tombstones_intact_ = crc == CrcOf(body.data(), bytes);
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(body.data());
+  size_t at = 0;
+  for (uint32_t i = 0; tombstones_intact_ && i < count; ++i) {
+    if (bytes - at < 4 || bytes - at - 4 < static_cast<size_t>(GetU32(p + at)) + 8) {
+      tombstones_intact_ = false;
+      break;
+    }
+    const uint32_t key_bytes = GetU32(p + at);
+    tombstones_.emplace_back(body.substr(at + 4, key_bytes), GetU64(p + at + 4 + key_bytes));
+    at += 4 + static_cast<size_t>(key_bytes) + 8;
+  }
+  if (!tombstones_intact_) tombstones_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::Digests(uint64_t count, std::vector<uint64_t>* out, bool* intact) {
+  uint8_t head[8];
+  if (absl::Status st = Read(head, sizeof(head), "digest count"); !st.ok()) return st;
+  if (CrcOf(head, 4) != GetU32(head + 4)) {
+    return absl::DataLossError(absl::StrCat(path_, ": digest count checksum mismatch in sequence ", sequences_));
+  }
+  if (GetU32(head) != count) {
+    return absl::DataLossError(absl::StrCat(path_, ": ", GetU32(head), " token digests where the layer has ", count,
+                                            " paged tokens, in sequence ", sequences_));
+  }
+  out->resize(count);
+  uint32_t crc = 0;
+  absl::Status st = Read(out->data(), count * 8, "token digests");
+  if (st.ok()) st = Read(&crc, 4, "digest checksum");
+  if (!st.ok()) return st;
+  *intact = crc == CrcOf(out->data(), count * 8);
+  return absl::OkStatus();
 }
 
 SnapshotReader::~SnapshotReader() {

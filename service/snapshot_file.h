@@ -3,9 +3,14 @@
 // with their CRC-32C), written at drain and read at the next start.
 //
 // Byte layout, little-endian, one file `snapshot.dkvs` in snapshot_dir:
-//   header    "DKVSNAP\0" (8) | u32 version (1) | u32 identity bytes |
+//   header    "DKVSNAP\0" (8) | u32 version (2) | u32 identity bytes |
 //             identity (text, "key=value\n" lines: the codec, shape and page
-//             size the pages were written with) | u32 CRC-32C of all before
+//             size the pages were written with; from version 2 also
+//             "tenancy=tokens" or "tenancy=none", whether the keys carry
+//             tenants) | u32 CRC-32C of all before
+//   tombstones (version 3) u32 'TMB1' | u32 count | u32 entry bytes |
+//             u32 CRC-32C of those 12 bytes | entries: (u32 key bytes | key |
+//             u64 nanoseconds left) x count | u32 CRC-32C of the entries
 //   sequence  u32 'SEQ1' | u32 id bytes | id | u32 layers |
 //             u32 CRC-32C of this record's bytes before it
 //     layer   u64 length | u32 window tokens | u32 pages |
@@ -14,14 +19,21 @@
 //             u32 CRC-32C of the window's bytes |
 //       page  u32 page checksum (backends/page_checksum.h) | page bytes
 //             (the cold page, page_bytes of the identity)
+//       digests (version 3, after the pages) u32 count (pages x P) |
+//             u32 CRC-32C of the count | u64 token digest x count
+//             (service/token_digest.h; 0: none) | u32 CRC-32C of them
 //   trailer   u32 'END1' | u64 sequences | u64 pages | u32 CRC-32C of those 20 bytes
 //
 // Framing fields (ids, counts, lengths) are checked by their own CRCs before
 // they are believed, so a flipped bit in a page or a window loses that
 // sequence only; one in a framing field loses the rest of the file (reported,
-// never guessed). The writer writes `snapshot.dkvs.tmp`, fsyncs it and
-// renames it over `snapshot.dkvs` (then fsyncs the folder): a crash while
-// writing leaves the previous snapshot or none, never a torn one.
+// never guessed). Versions: 1 has no tenancy line (the keys' form is
+// unknown: the loader keeps only keys without NUL or control bytes); 2 adds
+// it; 3 adds the tombstones and each layer's token digests. Readers take
+// all three (no tombstones or digests before 3). A tombstone block or a
+// digest array failing its CRC is lost alone (reported by its `intact`). The writer writes `snapshot.dkvs.tmp`, fsyncs
+// it and renames it over `snapshot.dkvs` (then fsyncs the folder): a crash while writing leaves the previous snapshot
+// or none, never a torn one.
 #ifndef DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
 #define DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
 
@@ -29,6 +41,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -38,7 +52,11 @@
 namespace driftkv {
 
 constexpr char kSnapshotMagic[8] = {'D', 'K', 'V', 'S', 'N', 'A', 'P', '\0'};
-constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint32_t kSnapshotVersion = 3;
+constexpr uint32_t kSnapshotFirstTenancyVersion = 2;    // identity has "tenancy="
+constexpr uint32_t kSnapshotFirstDigestVersion = 3;     // tombstones and digests
+constexpr uint32_t kSnapshotTombstoneTag = 0x31424D54;  // "TMB1"
+constexpr uint32_t kSnapshotMaxTombstoneBytes = 1u << 30;
 constexpr uint32_t kSnapshotSequenceTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kSnapshotEndTag = 0x31444E45;       // "END1"
 constexpr const char* kSnapshotFileName = "snapshot.dkvs";
@@ -58,15 +76,23 @@ std::string IdentityDifference(absl::string_view snapshot, absl::string_view ser
 // the temporary file is removed on destruction.
 class SnapshotWriter {
  public:
+  // `version`: an older one writes that version's layout (tests of the
+  // readers of old files).
   static absl::StatusOr<std::unique_ptr<SnapshotWriter>> Open(const std::string& dir, absl::string_view identity,
-                                                              size_t page_bytes);
+                                                              size_t page_bytes, uint32_t version = kSnapshotVersion);
   ~SnapshotWriter();
 
+  // Version 3: the tombstones, (key, nanoseconds left); before the first
+  // sequence (none written: an empty block).
+  absl::Status Tombstones(const std::vector<std::pair<std::string, uint64_t>>& entries);
   absl::Status BeginSequence(absl::string_view id, uint32_t layers);
   // Window bf16 arrays of window_tokens * n values each.
   absl::Status BeginLayer(uint64_t length, uint32_t window_tokens, uint32_t pages,
                           absl::Span<const uint16_t> window_keys, absl::Span<const uint16_t> window_values);
   absl::Status Page(const uint8_t* bytes, PageChecksum checksum);
+  // Version 3: after a layer's pages, its token digests (pages x P).
+  absl::Status Digests(absl::Span<const uint64_t> digests);
+  uint32_t version() const { return version_; }
   // Trailer, fsync, rename, fsync of the folder.
   absl::Status Commit();
 
@@ -77,13 +103,15 @@ class SnapshotWriter {
 
   std::string dir_, tmp_path_, path_;
   size_t page_bytes_ = 0;
+  uint32_t version_ = kSnapshotVersion;
+  bool tombstones_written_ = false;
   FILE* file_ = nullptr;
   bool committed_ = false;
   uint64_t sequences_ = 0, pages_ = 0;
 };
 
 // Reads a snapshot record by record. Open checks the header (magic,
-// version, CRC) and returns the identity; Next* follow the layout. A
+// version 1 to kSnapshotVersion, CRC) and returns the identity; Next* follow the layout. A
 // DataLoss status from a framing read means the rest of the file cannot be
 // trusted; a page whose checksum does not match is reported by Page's
 // `*intact`, and reading can go on.
@@ -92,6 +120,11 @@ class SnapshotReader {
   static absl::StatusOr<std::unique_ptr<SnapshotReader>> Open(const std::string& path);
   ~SnapshotReader();
   const std::string& identity() const { return identity_; }
+  uint32_t version() const { return version_; }
+  // Version 3: the tombstones read by Open, (key, nanoseconds left);
+  // tombstones_intact() is false when their CRC failed (then none).
+  const std::vector<std::pair<std::string, uint64_t>>& tombstones() const { return tombstones_; }
+  bool tombstones_intact() const { return tombstones_intact_; }
 
   // false in *more at the trailer (whose CRC and counts are checked).
   absl::Status NextSequence(bool* more, std::string* id, uint32_t* layers);
@@ -108,14 +141,21 @@ class SnapshotReader {
   // Reads one page of `page_bytes` into `out`; *intact: its CRC-32C
   // matches the stored checksum (*stored).
   absl::Status Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact);
+  // Version 3, after a layer's pages: its digests, `count` of them (pages x
+  // P; another count is DataLoss). *intact false: their CRC failed.
+  absl::Status Digests(uint64_t count, std::vector<uint64_t>* out, bool* intact);
 
  private:
   SnapshotReader() = default;
+  absl::Status ReadTombstones();
   absl::Status Read(void* data, size_t size, absl::string_view what);
 
   std::string path_;
   FILE* file_ = nullptr;
   std::string identity_;
+  uint32_t version_ = 0;
+  std::vector<std::pair<std::string, uint64_t>> tombstones_;
+  bool tombstones_intact_ = true;
   uint64_t sequences_ = 0, pages_ = 0;
 };
 

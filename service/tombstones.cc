@@ -18,6 +18,21 @@ void Tombstones::Add(const std::string& key, absl::Time now) {
   }
 }
 
+std::vector<std::pair<std::string, absl::Duration>> Tombstones::Entries(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, absl::Duration>> out;
+  for (const auto& [key, until] : until_) {
+    if (until > now) out.emplace_back(key, until - now);
+  }
+  return out;
+}
+
+void Tombstones::Restore(const std::string& key, absl::Time now, absl::Duration left) {
+  absl::MutexLock lock(&mu_);
+  absl::Time& until = until_[key];
+  until = std::max(until, now + left);
+}
+
 absl::Duration Tombstones::Remaining(const std::string& key, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = until_.find(key);

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -32,6 +34,10 @@ class Tombstones {
   // time left while `key` is tombstoned; OK otherwise.
   absl::Status CheckAppend(const std::string& key, absl::string_view id, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   void Erase(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every live entry with its time left after `now` (for a snapshot).
+  std::vector<std::pair<std::string, absl::Duration>> Entries(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Tombstones `key` until now + `left` (a restored entry; any lifetime).
+  void Restore(const std::string& key, absl::Time now, absl::Duration left) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops expired entries; returns how many are left.
   size_t Purge(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -220,12 +220,15 @@ TEST_F(DrainTest, CorruptSnapshotPageIsReportedAndNotServed) {
   kill(a.pid, SIGTERM);
   ASSERT_EQ(a.Wait(), 0) << Slurp(a.log);
 
-  // The file ends with the last sequence's (s5, 700 tokens) last layer's
-  // pages, then the 24-byte trailer: flip one bit of its last page.
+  // The file ends with the last sequence's (s5, 700 tokens: 5 pages and
+  // 60 window tokens) last layer's pages, its token digests (count, CRC,
+  // 8 bytes per paged token, CRC) and the 24-byte trailer: flip one bit of
+  // its last page.
   const std::string path = dir_ + "/snap/snapshot.dkvs";
   std::string bytes = Slurp(path);
-  ASSERT_GT(bytes.size(), 1000u);
-  bytes[bytes.size() - 24 - 500] ^= 0x10;
+  const size_t digests = 12 + 8 * 5 * kPage;
+  ASSERT_GT(bytes.size(), digests + 1000u);
+  bytes[bytes.size() - 24 - digests - 500] ^= 0x10;
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 
   ServerProcess b;

@@ -3,6 +3,11 @@
 // message limit, idempotent retries (answers lost on purpose by a server
 // interceptor), the health service, concurrent clients, and /metrics
 // scraped over HTTP.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -321,6 +326,71 @@ TEST_F(GrpcTest, HealthServiceAnswersServing) {
   req.set_service("no.such.Service");
   grpc::health::v1::HealthCheckResponse resp;
   EXPECT_EQ(stub->Check(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(int port, const std::string& service) {
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(port), grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = grpc::health::v1::Health::NewStub(channel)->Check(&ctx, req, &resp);
+  return st.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
+// Probes may point at the health-only port: a drain must show there too,
+// for every service name, or a draining pod stays Ready.
+TEST_F(GrpcTest, DrainIsNotServingOnEveryHealthServiceOfBothPorts) {
+  ServiceOptions o = SmallOptions();
+  o.health_listen = "127.0.0.1:0";
+  o.drain_notice_seconds = 3;
+  o.drain_timeout_seconds = 1;
+  Start(o);
+  const int ports[] = {server_->port(), server_->health_port()};
+  const char* services[] = {"", "driftkv.v1.KvCache"};
+  using S = grpc::health::v1::HealthCheckResponse;
+  for (int port : ports) {
+    for (const char* service : services) ASSERT_EQ(HealthOf(port, service), S::SERVING) << port << " " << service;
+  }
+  Handler::SnapshotSummary summary;
+  std::thread drain([&] { EXPECT_TRUE(server_->Drain(&summary).ok()); });
+  // Drain sets the status before its notice period starts.
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (!server_->handler().draining() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  for (int port : ports) {
+    for (const char* service : services) EXPECT_EQ(HealthOf(port, service), S::NOT_SERVING) << port << " " << service;
+  }
+  drain.join();
+}
+
+// grpc::Server::Shutdown waits for connections, not only calls: a client
+// connected but idle must not hold a drain for its whole timeout. The idle
+// client is an HTTP/2 connection that never reads again, as a Python
+// channel with no call in progress behaves: it never answers the GOAWAY.
+TEST_F(GrpcTest, DrainWithAnIdleConnectedClientEndsWellBeforeItsTimeout) {
+  ServiceOptions o = SmallOptions();
+  o.drain_notice_seconds = 0;
+  o.drain_timeout_seconds = 20;
+  Start(o);
+  ASSERT_TRUE(client_->Info().ok());  // a connected client, then idle
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  // The client preface, then an empty SETTINGS frame (length 0, type 4).
+  const std::string preface = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + std::string("\0\0\0\4\0\0\0\0\0", 9);
+  ASSERT_EQ(write(fd, preface.data(), preface.size()), static_cast<ssize_t>(preface.size()));
+  absl::SleepFor(absl::Milliseconds(200));  // the server has taken the connection
+  Handler::SnapshotSummary summary;
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(server_->Drain(&summary).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(o.drain_timeout_seconds / 4));
+  close(fd);
 }
 
 TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {

@@ -5,6 +5,7 @@
 // behind them (CRC-32C, the tokens file).
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
+#include "service/quoted.h"
+#include "service/snapshot_file.h"
 #include "service/tokens.h"
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
@@ -77,6 +80,15 @@ class IntegrityTest : public testing::HandlerFixture {
                         s.tokens_ingested());
   }
 };
+
+// Client strings in messages and logs: printable ASCII as given, anything
+// that could forge a log line escaped.
+TEST(QuotedTest, EscapesEveryByteThatIsNotPrintableAscii) {
+  EXPECT_EQ(Quoted("chat-1"), "\"chat-1\"");
+  EXPECT_EQ(Quoted(std::string("\0a\nb\"\\\x1b[2J\x7f\xc3\xbc", 13)),
+            "\"\\x00a\\x0ab\\\"\\\\\\x1b[2J\\x7f\\xc3\\xbc\"");
+  EXPECT_EQ(ForLog("line\nforged \"x\""), "line\\x0aforged \"x\"");
+}
 
 TEST(Crc32cTest, KnownVectorsAndExtension) {
   EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value
@@ -151,9 +163,8 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
   EXPECT_EQ(ReadAll("p"), stored);
 }
 
-// A warm restart keeps no token digests: restored paged tokens are not
-// compared on repeat, and pages appended after the restore still are (the
-// digests stay aligned with token positions).
+// Pages appended after a warm restart are compared by digest too (the
+// digests stay aligned with token positions after the restored ones).
 TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   const testing::Kv kv = SyntheticKv(600, kN, 5);
   ASSERT_TRUE(Push("r", kv, 300).ok());
@@ -184,6 +195,50 @@ TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   EXPECT_EQ(ReadAll("r"), stored);
 }
 
+// The snapshot carries the tombstones and the token digests: after a warm
+// restart a released id is still released, and a repeat of a restored
+// paged token with other data is still refused.
+TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
+  ServiceOptions o = SmallOptions();
+  o.tombstone_seconds = 600;
+  Make(o);
+  const testing::Kv kv = SyntheticKv(200, kN, 15);
+  ASSERT_TRUE(Push("p", kv, 200).ok());
+  ASSERT_TRUE(Push("gone", kv, 30).ok());
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("gone");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(h_->Release(rel, &rr).ok());
+  const std::string dir = ::testing::TempDir() + "/tombstones_digests";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  ASSERT_EQ(loaded.sequences, 1u);
+  EXPECT_EQ(Stats().tombstones(), 1u);
+  absl::Status st = Push("gone", kv, 30);
+  EXPECT_EQ(st.code(), C::kFailedPrecondition) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id \"gone\" was released")) << st;
+  const std::string stored = ReadAll("p");
+  testing::Kv other = kv;
+  other.values[70 * kN + 3] = -other.values[70 * kN + 3] + 0.25f;  // a restored paged token
+  st = Append(ChunkOf("p", 0, 64, 20, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [70, 71)")) << st;
+  EXPECT_EQ(ReadAll("p"), stored);
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(ChunkOf("p", 0, 0, 200, kv), &r).ok());
+  EXPECT_EQ(r.tokens_duplicate(), 200u);
+  // A server with tombstones off restores none.
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  o.tombstone_seconds = 0;
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(Stats().tombstones(), 0u);
+}
+
 TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
   const testing::Kv kv = SyntheticKv(60, kN, 4);
   ASSERT_TRUE(Push("d", kv, 60).ok());
@@ -207,6 +262,51 @@ TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
   EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "items[0].new_key/new_value of tokens [59, 60)")) << st;
   EXPECT_EQ(State(), before);
+}
+
+// Two items of one Attend stepping the same token: the second repeats a
+// token the first adds, so it is compared with the first's data, exactly as
+// if the two had been sent as two calls; a conflict refuses the whole call.
+TEST_F(IntegrityTest, ConflictingDecodeStepsInOneBatchAreRejected) {
+  const testing::Kv kv = SyntheticKv(61, kN, 7);
+  ASSERT_TRUE(Push("b", kv, 60).ok());
+  const std::vector<float> q = SyntheticQuery(2, kD, 8);
+  std::vector<float> k(kv.keys.begin() + 60 * kN, kv.keys.begin() + 61 * kN);
+  std::vector<float> v(kv.values.begin() + 60 * kN, kv.values.begin() + 61 * kN);
+  auto step = [&](const std::vector<float>& key) {
+    v1::AttendItem it = QueryItem("b", 0, q, 2);
+    FloatToTensor(key.data(), kN, v1::DTYPE_F32, it.mutable_new_key());
+    FloatToTensor(v.data(), kN, v1::DTYPE_F32, it.mutable_new_value());
+    it.set_new_token_index(60);
+    return it;
+  };
+  std::vector<float> other = k;
+  other[3] += 1.0f;
+  v1::AttendRequest req;
+  *req.add_items() = step(k);
+  *req.add_items() = step(other);
+  const std::string stored = ReadAll("b"), before = State();
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1].new_key/new_value of tokens [60, 61)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[0]")) << st;
+  EXPECT_EQ(State(), before);
+  EXPECT_EQ(ReadAll("b"), stored);
+  EXPECT_EQ(metrics_.integrity_rejections[kRejectRepeat]->Value(), 1);
+  // Identical repeats in one batch: one token stored, both answered.
+  req.clear_items();
+  *req.add_items() = step(k);
+  *req.add_items() = step(k);
+  ASSERT_TRUE(h_->Attend(req, &resp).ok());
+  ASSERT_EQ(resp.results_size(), 2);
+  EXPECT_EQ(resp.results(0).tokens(), 61u);
+  EXPECT_EQ(resp.results(1).tokens(), 61u);
+  // And the token stored is the first item's: a later call with the
+  // other data is refused.
+  req.clear_items();
+  *req.add_items() = step(other);
+  EXPECT_EQ(h_->Attend(req, &resp).code(), C::kAlreadyExists);
 }
 
 TEST_F(IntegrityTest, ReleasedIdIsTombstonedUntilNewIncarnationOrTime) {
@@ -339,6 +439,138 @@ TEST_F(IntegrityTest, TenantsSeeOnlyTheirOwnSequences) {
   EXPECT_EQ(Stats("alice").tenant_sequences(), 1u);
   EXPECT_EQ(Stats("bob").tenant_sequences(), 0u);
   EXPECT_EQ(Stats("alice").tenant(), "alice");
+}
+
+// A NUL would let an id of a server without tokens take the form of a
+// tenant's key ("\0alice\0planted" is alice's "planted" once tokens are
+// on); control bytes have no place in a logged identifier.
+TEST_F(IntegrityTest, SequenceIdsWithNulOrControlBytesAreRefused) {
+  const testing::Kv kv = SyntheticKv(10, kN, 11);
+  const std::string planted("\0alice\0planted", 14);
+  absl::Status st = Append(ChunkOf(planted, 0, 0, 10, kv));
+  EXPECT_EQ(st.code(), C::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x00 at offset 0")) << st;
+  st = Append(ChunkOf("tab\there", 0, 0, 10, kv));
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x09 at offset 3")) << st;
+  st = Append(ChunkOf("del\x7f", 0, 0, 10, kv));
+  EXPECT_TRUE(absl::StrContains(st.message(), "sequence_id has byte 0x7f at offset 3")) << st;
+  EXPECT_EQ(Stats().sequences(), 0u);
+  v1::AttendRequest req;
+  *req.add_items() = QueryItem("fine", 0, SyntheticQuery(2, kD, 12), 2);
+  *req.add_items() = QueryItem(std::string("x\0", 2), 0, SyntheticQuery(2, kD, 12), 2);
+  v1::AttendResponse resp;
+  st = h_->Attend(req, &resp);
+  EXPECT_EQ(st.code(), C::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1].sequence_id has byte 0x00 at offset 1")) << st;
+  v1::LengthRequest lr;
+  lr.set_sequence_id(planted);
+  v1::LengthResponse len;
+  EXPECT_EQ(h_->Length(lr, &len).code(), C::kInvalidArgument);
+  // Printable ASCII and UTF-8 are ids as before.
+  EXPECT_TRUE(Append(ChunkOf("chat-1/\xc3\xbc ok", 0, 0, 10, kv)).ok());
+}
+
+// The table keys of a snapshot carry tenants only when tokens were on: a
+// snapshot of the other mode would move ids between tenants.
+TEST_F(IntegrityTest, SnapshotOfTheOtherTenancyModeIsRefused) {
+  const testing::Kv kv = SyntheticKv(40, kN, 13);
+  ServiceOptions with_tokens = SmallOptions();
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(Sha256Hex("token-of-alice-0123456789") + " alice\n", "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  with_tokens.tokens = std::make_shared<const TokenTable>(*std::move(t));
+  for (bool tokens_first : {false, true}) {
+    SCOPED_TRACE(tokens_first);
+    Make(tokens_first ? with_tokens : SmallOptions());
+    ASSERT_TRUE(Push("plain", kv, 40, tokens_first ? "alice" : "").ok());
+    const std::string dir = absl::StrCat(::testing::TempDir(), "/tenancy_", tokens_first);
+    std::filesystem::create_directories(dir);
+    Handler::SnapshotSummary written, loaded;
+    ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+    Make(tokens_first ? SmallOptions() : with_tokens);
+    absl::Status st = h_->LoadSnapshot(dir, &loaded);
+    EXPECT_EQ(st.code(), C::kFailedPrecondition) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), tokens_first ? "tenancy: snapshot tokens, this server none"
+                                                             : "tenancy: snapshot none, this server tokens"))
+        << st;
+    EXPECT_EQ(Stats().sequences(), 0u);
+    // The same mode loads it.
+    Make(tokens_first ? with_tokens : SmallOptions());
+    ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+    EXPECT_EQ(loaded.sequences, 1u);
+  }
+}
+
+// A version 1 snapshot does not say whether tokens were on: a key with a
+// NUL or control byte may be an id planted on a server without tokens, so
+// it is not restored (logged); the others load as before.
+TEST_F(IntegrityTest, VersionOneSnapshotsLoadWithoutKeysHoldingControlBytes) {
+  ServiceOptions o = SmallOptions();
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(Sha256Hex("token-of-alice-0123456789") + " alice\n", "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  o.tokens = std::make_shared<const TokenTable>(*std::move(t));
+  Make(o);
+  std::string identity = h_->SnapshotIdentity();
+  const size_t at = identity.find("tenancy=tokens\n");
+  ASSERT_NE(at, std::string::npos) << identity;
+  identity.erase(at, std::string("tenancy=tokens\n").size());
+  const std::string dir = ::testing::TempDir() + "/version1";
+  std::filesystem::create_directories(dir);
+  {
+    absl::StatusOr<std::unique_ptr<SnapshotWriter>> w =
+        SnapshotWriter::Open(dir, identity, h_->pool().page_stride(), 1);
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (const std::string& key : {std::string("\0alice\0planted", 14), std::string("plain")}) {
+      ASSERT_TRUE((*w)->BeginSequence(key, static_cast<uint32_t>(options_.layers)).ok());
+      for (int l = 0; l < options_.layers; ++l) ASSERT_TRUE((*w)->BeginLayer(0, 0, 0, {}, {}).ok());
+    }
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  Handler::SnapshotSummary loaded;
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(loaded.sequences, 1u);
+  EXPECT_EQ(loaded.dropped_sequences, 1u);
+  // The log names the key escaped, never with its raw bytes.
+  EXPECT_TRUE(absl::StrContains(log, "sequence_id \"\\x00alice\\x00planted\" not restored")) << log;
+  EXPECT_EQ(log.find('\0'), std::string::npos);
+  v1::LengthRequest lr;
+  lr.set_sequence_id("planted");
+  v1::LengthResponse len;
+  EXPECT_EQ(h_->Length(lr, &len, "alice").code(), C::kNotFound);
+}
+
+// After a kill -9 there is no snapshot, perhaps the temporary file of a
+// write that never completed: the start says so, and names that file.
+TEST_F(IntegrityTest, RestoreReportSaysWhatWasFound) {
+  const std::string dir = ::testing::TempDir() + "/restore_report";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary none;
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &none)));
+  EXPECT_EQ(Handler::RestoreReport(dir, none), absl::StrCat("no snapshot in ", dir, "; nothing restored"));
+  const std::string tmp = dir + "/snapshot.dkvs.tmp";
+  std::ofstream(tmp) << "half a snapshot";
+  Handler::SnapshotSummary leftover;
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &leftover)));
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_EQ(Handler::RestoreReport(dir, leftover),
+            absl::StrCat("no snapshot in ", dir, "; nothing restored; removed ", tmp,
+                         " (an interrupted snapshot write, never complete)"));
+  // A snapshot, loaded: the count and the file; at the next start the file
+  // loaded then is named, not loaded again.
+  ASSERT_TRUE(Push("s", SyntheticKv(30, kN, 14), 30).ok());
+  Handler::SnapshotSummary written, loaded, again;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make();
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_TRUE(absl::StartsWith(Handler::RestoreReport(dir, loaded),
+                               absl::StrCat("restored 1 sequences (0 pages) from ", dir, "/snapshot.dkvs; ")))
+      << Handler::RestoreReport(dir, loaded);
+  Make();
+  EXPECT_TRUE(absl::IsNotFound(h_->LoadSnapshot(dir, &again)));
+  EXPECT_TRUE(absl::StrContains(Handler::RestoreReport(dir, again), "snapshot.dkvs.loaded was loaded at an earlier"))
+      << Handler::RestoreReport(dir, again);
 }
 
 TEST_F(IntegrityTest, TenantQuotasAreResourceExhaustedNamingTheQuota) {
