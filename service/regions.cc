@@ -11,6 +11,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "service/quoted.h"
 
 namespace driftkv {
 namespace {
@@ -160,7 +161,7 @@ absl::StatusOr<std::shared_ptr<const Region>> RegionTable::Build(const v1::Regis
       pinned = true;
     }
     Log(absl::StrCat("host region of ", claimed.size, " bytes from pid ", claimed.peer.pid, " uid ", claimed.peer.uid,
-                     " registered by tenant \"", tenant, "\""));
+                     " registered by tenant ", Quoted(tenant)));
     std::shared_ptr<void> mapping = std::move(claimed.mapping);
     return std::make_shared<const Region>(v1::REGION_HOST_SHM, tenant, 0, request.name(), base, claimed.size, -1,
                                           [backend, pinned, mapping]() {
@@ -383,7 +384,7 @@ int RegionTable::ExpireIdle() {
     }
   }
   for (const auto& r : expired) {
-    Log(absl::StrCat("region ", r->id(), " (\"", r->name(), "\", tenant \"", r->tenant(), "\") expired"));
+    Log(absl::StrCat("region ", r->id(), " (", Quoted(r->name()), ", tenant ", Quoted(r->tenant()), ") expired"));
   }
   if (expirations_ != nullptr) expirations_->Increment(static_cast<double>(expired.size()));
   return static_cast<int>(expired.size());
