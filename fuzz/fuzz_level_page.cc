@@ -12,8 +12,9 @@
 // 127 (all 128 tokens). The host decoder (a Hadamard rotation per token)
 // decodes at most kDecodeTokens of them, from the token the second byte
 // picks, so that every token position of the page is still read.
-// Inputs longer than the page are refused (-1: libFuzzer does not keep
-// them), and every buffer is allocated once.
+// Inputs longer than the page return at once (-1: newer libFuzzers then
+// keep them out of the corpus; Debian's clang 14 reads it as 0), and every
+// buffer is allocated once.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
