@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "codec/hadamard.h"
 #include "codec/prob_model.h"
 
@@ -46,6 +47,11 @@ absl::StatusOr<StreamCodec> MakeStreamCodec(int n, int levels, int bytes, int re
   return StreamCodec::Create(n, levels, bytes, freq);
 }
 
+// The payload bytes whose CodedBitsPerValue is at least `bits`.
+int BytesForCodedBits(double bits, int n) {
+  return static_cast<int>(std::ceil((bits * n + kStateBits) / 8.0));
+}
+
 }  // namespace
 
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
@@ -63,6 +69,25 @@ int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
   if (!ModelFrequencies(n, levels, alpha, freq).ok()) return scaled;
   absl::StatusOr<int> min_bytes = StreamCodec::MinPayloadBytes(n, levels, freq);
   return min_bytes.ok() ? std::max(scaled, *min_bytes) : scaled;
+}
+
+double CodedBitsPerValue(int payload_bytes, int n) {
+  return (8.0 * payload_bytes - kStateBits) / n;
+}
+
+std::string QualityEnvelopeWarning(const DQuantCodec& codec) {
+  const int n = codec.n();
+  const double key = CodedBitsPerValue(codec.config().key_bytes, n);
+  const double value = CodedBitsPerValue(codec.config().value_bytes, n);
+  const double key_ref = CodedBitsPerValue(kReferenceKeyBytes, kReferenceStreamLength);
+  const double value_ref = CodedBitsPerValue(kReferenceValueBytes, kReferenceStreamLength);
+  if (key >= kQualityEnvelopeShare * key_ref && value >= kQualityEnvelopeShare * value_ref) return "";
+  return absl::StrFormat(
+      "kv_heads x head_dim = %d is outside D-Quant's quality envelope: a record's 8 fixed bytes (grid, rANS "
+      "state) leave %.2f/%.2f coded bits per key/value against %.2f/%.2f at n = 1024, so expect a larger "
+      "NMSE and attention error (docs/quality.md \"Small shapes\"); codec.key_bytes/value_bytes of %d/%d "
+      "code the reference's bits",
+      n, key, value, key_ref, value_ref, BytesForCodedBits(key_ref, n), BytesForCodedBits(value_ref, n));
 }
 
 absl::Status DQuantConfig::Validate() const {

@@ -129,6 +129,28 @@ class DQuantCodec {
 // The resolved payload size for a stream of n values (see key_bytes).
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
 
+// Bits per value the rANS coder may spend on a stream of n values in a
+// payload of C bytes: 8 C less the flushed state (kStateBits), over n.
+// A record also stores a 4-byte grid, so 8 of its bytes are fixed costs;
+// DefaultPayloadBytes keeps the reference's *stored* bits per value, so at
+// small n the fixed bytes take a growing share and fewer bits are coded:
+// keys 2.55 and values 1.77 at n = 1024, 2.38 and 1.63 at n = 256. At
+// n = 128 the values' payload is the smallest that holds any stream (the
+// all-central one), so nearly every value is coded as the central level.
+double CodedBitsPerValue(int payload_bytes, int n);
+
+// The quality envelope (docs/quality.md "Small shapes"): streams whose
+// coded bits per value are at least this share of the reference's (n =
+// 1024, 331 and 231 bytes) meet the documented NMSE bars. Measured at the
+// default containers: n = 512 codes 98-99% of the reference's bits and
+// meets them; n = 256 codes 92-93% and its value NMSE is 24% higher.
+constexpr double kQualityEnvelopeShare = 0.95;
+
+// Empty when both streams of `codec` are inside the envelope; otherwise one
+// line for the server's stderr naming n, the coded bits per value against
+// the reference's, and what to do about it.
+std::string QualityEnvelopeWarning(const DQuantCodec& codec);
+
 }  // namespace driftkv
 
 #endif  // DRIFTKV_CODEC_DQUANT_CODEC_H_

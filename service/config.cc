@@ -181,6 +181,12 @@ absl::Status ValidateTransform(const ServiceOptions& o) {
   return absl::OkStatus();
 }
 
+std::string QualityWarning(const ServiceOptions& options) {
+  if (options.codec_name != "dquant") return "";
+  absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(options.codec);
+  return codec.ok() ? QualityEnvelopeWarning(*codec) : "";
+}
+
 CodecOptions ServiceOptions::codec_options() const {
   CodecOptions o;
   o.name = codec_name;

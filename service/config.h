@@ -141,6 +141,13 @@ absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
 // and its value ("model.head_dim 96 must be a power of two ...").
 absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& config);
 
+// Empty, or one line for stderr at start when the D-Quant codec of resolved
+// options is outside its quality envelope (QualityEnvelopeWarning of
+// codec/dquant_codec.h: at the default containers, kv_heads * head_dim
+// below 512). Other codecs, and options whose codec does not build, give
+// empty (the server's start reports the latter).
+std::string QualityWarning(const ServiceOptions& options);
+
 // "identity", "hadamard" or "wush".
 const char* TransformName(TransformKind kind);
 

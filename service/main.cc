@@ -87,6 +87,8 @@ int main(int argc, char** argv) {
     std::cerr << "driftkv-server: invalid config " << path << ": " << options.status().message() << "\n";
     return 2;
   }
+  const std::string quality = driftkv::QualityWarning(*options);
+  if (!quality.empty()) std::cerr << "driftkv-server: warning: " << quality << "\n";
   // SIGINT/SIGTERM are blocked in every thread (the server's threads inherit
   // the mask) and taken synchronously by sigwait below: no signal handler runs.
   sigset_t stop_signals;
