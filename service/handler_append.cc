@@ -10,13 +10,13 @@
 #include "service/handler_internal.h"
 #include "service/token_digest.h"
 #include "wire/crc32c.h"
+#include "wire/half.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 
 using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
-using handler_internal::ToBf16;
 
 absl::StatusOr<Handler::AppendPlan> Handler::PlanAppend(int64_t length, int64_t window, absl::string_view where,
                                                         const std::string& id, uint32_t layer, uint64_t first,
@@ -80,8 +80,8 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
     GrowWindow(&layer->window_keys, (window + plan.fresh) * n, most);
     GrowWindow(&layer->window_values, (window + plan.fresh) * n, most);
-    ToBf16(keys + plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n);
-    ToBf16(values + plan.skip * n, plan.fresh * n, layer->window_values.data() + window * n);
+    FloatsToBf16(keys + plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n);
+    FloatsToBf16(values + plan.skip * n, plan.fresh * n, layer->window_values.data() + window * n);
     layer->length += plan.fresh;
     table_->CountTokens(0, plan.fresh);
     return absl::OkStatus();
@@ -106,8 +106,8 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     all_v = layer->window_values;
     all_k.resize((window + plan.fresh) * n);
     all_v.resize((window + plan.fresh) * n);
-    ToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
-    ToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
+    FloatsToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
+    FloatsToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
     if (plan.pages > 0) {
       fk.resize(encoded * n);
       fv.resize(encoded * n);

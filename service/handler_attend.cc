@@ -17,13 +17,13 @@
 #include "backends/attend_phases.h"
 #include "service/attend_io.h"
 #include "service/handler_internal.h"
+#include "wire/half.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 
 using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
-using handler_internal::ToBf16;
 
 // One Attend call in steps: validate (tensors inline or by reference:
 // service/attend_io.h), find the sequences, bring the layers to the hot
@@ -222,8 +222,8 @@ absl::Status Handler::AttendBatch::CheckRepeatInBatch(const AttendWork& earlier,
   const size_t n = h_.n();
   std::vector<uint16_t> a(n), b(n);
   auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
-    ToBf16(x.data(), n, a.data());
-    ToBf16(y.data(), n, b.data());
+    FloatsToBf16(x.data(), n, a.data());
+    FloatsToBf16(y.data(), n, b.data());
     return a == b;
   };
   if (same(earlier.io.key, w.io.key) && same(earlier.io.value, w.io.value)) return absl::OkStatus();

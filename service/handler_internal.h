@@ -10,7 +10,6 @@
 #include "absl/strings/string_view.h"
 
 #include "service/quoted.h"
-#include "wire/half.h"
 
 namespace driftkv {
 namespace handler_internal {
@@ -31,11 +30,6 @@ inline int64_t ControlByteOffset(absl::string_view id) {
     if (c < 0x20 || c == 0x7f) return static_cast<int64_t>(i);
   }
   return -1;
-}
-
-// Rounds float tokens to bf16 bits.
-inline void ToBf16(const float* x, size_t count, uint16_t* out) {
-  FloatsToBf16(x, count, out);
 }
 
 }  // namespace handler_internal

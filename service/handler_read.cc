@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "service/handler_internal.h"
+#include "wire/half.h"
 #include "wire/tensor.h"
 
 namespace driftkv {

@@ -9,11 +9,11 @@
 #include "service/handler.h"
 #include "service/handler_internal.h"
 #include "service/token_digest.h"
+#include "wire/half.h"
 
 namespace driftkv {
 
 using handler_internal::Quoted;
-using handler_internal::ToBf16;
 
 absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
                                   const float* values, absl::string_view where, const std::string& id,
@@ -29,8 +29,8 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
   int64_t bad_first = -1, bad_last = -1, bad = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = static_cast<int64_t>(first) + i;
-    ToBf16(keys + i * n, n, k.data());
-    ToBf16(values + i * n, n, v.data());
+    FloatsToBf16(keys + i * n, n, k.data());
+    FloatsToBf16(values + i * n, n, v.data());
     bool same = true;
     if (t < paged) {
       same = t >= digested || layer.digests[t] == kNoDigest || TokenDigest(k.data(), v.data(), n) == layer.digests[t];
