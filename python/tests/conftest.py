@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from concurrent import futures
 
 import grpc
@@ -34,6 +35,13 @@ max_sequences: 256
 def server():
     with LocalServer(config_text=MODEL_CONFIG) as s:
         yield s
+
+
+def region_socket_server(tag: str) -> LocalServer:
+    """A server of MODEL_CONFIG with a region socket of its own (host
+    regions attach there), named so that concurrent test runs differ."""
+    path = f"/tmp/driftkv-pytest-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+    return LocalServer(config_text=MODEL_CONFIG + f'region_socket: "{path}"\n')
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ reference fails with the same code and message as through the sync
 client. (Torch CUDA tensors need a GPU and driftkv-server-cuda:
 tests/gpu_check_cuda_tensors.py.)"""
 import asyncio
-import os
 import uuid
 
 import grpc
@@ -20,9 +19,8 @@ from driftkv._errors import DriftkvError
 from driftkv._proto import pb
 from driftkv._tensors import bf16_bits_to_f32, f32_to_bf16_bits
 from driftkv import regions as R
-from driftkv.local_server import LocalServer
 
-from conftest import MODEL_CONFIG, kv
+from conftest import kv, region_socket_server
 
 Q_HEADS, HEAD_DIM, TOKENS = 8, 128, 300  # 300 tokens: two pages and a window
 REGION_BYTES = 1 << 20
@@ -30,8 +28,7 @@ REGION_BYTES = 1 << 20
 
 @pytest.fixture(scope="module")
 def aio_dp_server():
-    path = f"/tmp/driftkv-pytest-aio-dp-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
-    with LocalServer(config_text=MODEL_CONFIG + f'region_socket: "{path}"\n') as s:
+    with region_socket_server("aio-dp") as s:
         yield s
 
 

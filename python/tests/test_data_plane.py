@@ -3,7 +3,6 @@ host region gives exactly the inline answers (f32 and bf16 outputs, decode
 steps too), out=/lse= are filled in place, the AttendStream and the doorbell
 answer what the unary call answers, and their errors carry the server's
 code and message."""
-import os
 
 import grpc
 import numpy as np
@@ -14,17 +13,15 @@ from driftkv import AttendItem
 from driftkv._errors import DriftkvError
 from driftkv._proto import pb
 from driftkv._tensors import bf16_bits_to_f32, f32_to_bf16_bits
-from driftkv.local_server import LocalServer
 
-from conftest import MODEL_CONFIG, kv
+from conftest import kv, region_socket_server
 
 Q_HEADS, HEAD_DIM, TOKENS = 8, 128, 300  # 300 tokens: two pages and a window
 
 
 @pytest.fixture(scope="module")
 def dp_server():
-    path = f"/tmp/driftkv-pytest-dp-{os.getpid()}.sock"
-    with LocalServer(config_text=MODEL_CONFIG + f'region_socket: "{path}"\n') as s:
+    with region_socket_server("dp") as s:
         yield s
 
 
