@@ -117,11 +117,12 @@ struct AttendJob {
   void* out_dev = nullptr;          // [q_heads][head_dim] in out_dtype
   int out_dtype = 3;                // f32 3 or bf16 1
   float* lse_dev = nullptr;         // [q_heads] f32
-  // With check_query, the backend checks the query at query_dev as it
-  // reads it and sets query_bad to the index of a non-finite element (-1:
-  // none); the output is then meaningless. The handler asks for it only
-  // where no state changes with the call (it has no decode step), so one
-  // launch can both check and attend.
+  // With check_query, the backend checks the query (at query_dev, or
+  // `query`) as it reads it and sets query_bad to the index of a
+  // non-finite element (-1: none); the output, written where it goes, is
+  // then meaningless. The handler asks for it only where no state changes
+  // with the call (it has no decode step), so one pass over the query (on
+  // the CUDA backend, the launch's own gather) both checks and reads it.
   bool check_query = false;
   int64_t query_bad = -1;  // out
   absl::Status status;     // out

@@ -1,5 +1,6 @@
 #include "service/attend_io.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -69,16 +70,16 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     absl::StatusOr<RegionView> view = Resolve(*ref, elements * eb, eb, index, ref_field);
     if (!view.ok()) return view.status();
     if (device_reads_ && in_place != nullptr && view->space == MemorySpace::kHost) {
-      // A query in a host region the device reads where it is: checked
-      // here, in its wire form, by the CPU (cheaper than a device round
-      // trip). A client that changes it after this check changes only its
-      // own answer.
-      const int64_t bad = FirstNonFinite(view->data, dtype, elements);
-      if (bad >= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(Field(index, field), "_ref element ", bad, " is not finite"));
-      }
+      // A query in a host region the device reads where it is; the host
+      // checks it in its wire form when the request steps (cheaper than a
+      // device round trip). A client that changes it after its check
+      // changes only its own answer.
       io->query_dev = view->data;
       io->query_dtype = dtype;
+      io->query_host = view->data;
+      io->query_host_dtype = dtype;
+      io->query_by_ref = true;
+      host_queries_.push_back({index, io, elements});
       return absl::OkStatus();
     }
     if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
@@ -120,6 +121,13 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     TensorToFloat(bytes, dtype, elements, out->data());
     values = out->data();
     if (in_place != nullptr) *in_place = values;
+  }
+  if (in_place != nullptr) {
+    io->query_host = values;
+    io->query_host_dtype = v1::DTYPE_F32;
+    io->query_by_ref = ref != nullptr;
+    host_queries_.push_back({index, io, elements});
+    return absl::OkStatus();
   }
   // The field's name is built only for a message.
   if (CheckValues("", values, elements, limit).ok()) return absl::OkStatus();
@@ -175,13 +183,17 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
 }
 
 absl::Status AttendIo::ReadClientTensors() {
-  if (reads_.empty()) return absl::OkStatus();
   if (!any_step_) {
-    // Nothing but queries, and the call changes no state: the attention
-    // launch checks them as it reads them (AttendJob::check_query).
+    // Nothing but queries, and the call changes no state: the backend
+    // checks them as it reads them (AttendJob::check_query).
     check_in_launch_ = true;
     return absl::OkStatus();
   }
+  for (const HostQuery& q : host_queries_) {
+    const int64_t bad = FirstNonFinite(q.io->query_host, q.io->query_host_dtype, q.elements);
+    if (bad >= 0) return QueryError(q.index, *q.io, bad);
+  }
+  if (reads_.empty()) return absl::OkStatus();
   absl::Status st = backend_->ReadClientTensors(absl::MakeSpan(reads_));
   if (!st.ok()) return st;
   for (size_t r = 0; r < reads_.size(); ++r) {
@@ -202,7 +214,7 @@ void AttendIo::Bind(ItemIo* io, size_t qe, int q_heads, AttendJob* job, v1::Atte
   job->query = io->query;
   job->query_dev = io->query_dev;
   job->query_dtype = io->query_dtype;
-  job->check_query = check_in_launch_ && io->query_read >= 0;
+  job->check_query = check_in_launch_;
   if (io->out_ref != nullptr && io->out_ref_device) {
     job->out_dev = io->out_ref;
     job->out_dtype = io->out_dtype;
@@ -230,10 +242,24 @@ void AttendIo::Bind(ItemIo* io, size_t qe, int q_heads, AttendJob* job, v1::Atte
   job->out = io->out_scratch.data();
 }
 
-absl::Status AttendIo::CheckQuery(int index, const AttendJob& job) const {
+absl::Status AttendIo::CheckQuery(int index, const ItemIo& io, const AttendJob& job) const {
   if (job.query_bad < 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(Field(index, "query"), "_ref element ", job.query_bad, " is not finite"));
+  return QueryError(index, io, job.query_bad);
+}
+
+absl::Status AttendIo::QueryError(int index, const ItemIo& io, int64_t bad) const {
+  const std::string field = Field(index, io.query_by_ref || io.query_host == nullptr ? "query_ref" : "query");
+  if (io.query_host != nullptr) {
+    // The value, as the check saw it unless the client changed it since.
+    const size_t eb = DTypeBytes(io.query_host_dtype);
+    float v = 0.0f;
+    TensorToFloat(absl::string_view(static_cast<const char*>(io.query_host) + bad * eb, eb), io.query_host_dtype, 1,
+                  &v);
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is ", v, "; must be finite"));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is not finite"));
 }
 
 void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {

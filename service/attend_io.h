@@ -13,11 +13,14 @@
 //   new_value  to the host as floats (the bf16 window lives there).
 //   output,    inline in the AttendResult (output_dtype f32 or bf16), or
 //   lse        written straight into output_ref/lse_ref (both or neither).
-// Tensors the device reads in client memory are checked for non-finite
-// values by ReadClientTensors, one backend call for the whole request; when
-// the request has no decode step (no state changes with it), queries are
-// instead checked by the attention launch that reads them (CheckQuery), and
-// queries in host regions are always checked by the CPU where they are.
+// Queries are checked for non-finite values where it costs least. A call
+// without a decode step changes no state, so its queries are checked by
+// the backend as it reads them (AttendJob::check_query; CheckQuery turns
+// what it found into the item's error): no pass of the handler's over the
+// queries. A call with a decode step must refuse a bad query before its
+// steps are applied: ReadClientTensors checks host queries on the CPU in
+// their wire form, and the tensors the device reads in client memory in
+// one backend call for the whole request.
 // Bind points an AttendJob at the item's tensors; Finish moves what the
 // backend left in host scratch to its destination.
 //
@@ -48,6 +51,12 @@ struct ItemIo {
   std::vector<float> converted;
   const void* query_dev = nullptr;
   int query_dtype = v1::DTYPE_F32;
+  // The query as the host can read it, for its check and its error
+  // message: `query_host` in `query_host_dtype` (null: device memory only);
+  // `query_by_ref`: it came by query_ref (the name messages use).
+  const void* query_host = nullptr;
+  int query_host_dtype = v1::DTYPE_F32;
+  bool query_by_ref = false;
   // The decode step's token, host floats [n] each.
   bool step = false;
   std::vector<float> key, value;
@@ -71,16 +80,18 @@ class AttendIo {
   // Resolves item `index`'s tensors into *io; `q_elements` = q_heads x
   // head_dim. No state changes.
   absl::Status Prepare(const v1::AttendItem& item, int index, size_t q_elements, ItemIo* io);
-  // Reads and checks, in one backend call, the tensors Prepare left in
-  // client memory; InvalidArgument naming the first non-finite value.
+  // After every item's Prepare: with a decode step in the request, checks
+  // the queries and reads and checks, in one backend call, the tensors
+  // Prepare left in client memory (InvalidArgument naming the first
+  // non-finite value); without one, leaves the queries to the backend.
   absl::Status ReadClientTensors();
   // Points `job` at the item's query and output; `result` is the item's
   // AttendResult (its inline output is sized here).
   void Bind(ItemIo* io, size_t q_elements, int q_heads, AttendJob* job, v1::AttendResult* result);
   // After the backend ran `job`: InvalidArgument naming the element if the
-  // launch found the query non-finite (a call without decode steps leaves
-  // its query checks to the launch; see ReadClientTensors).
-  absl::Status CheckQuery(int index, const AttendJob& job) const;
+  // backend found the query non-finite (a call without decode steps leaves
+  // its query checks to the backend; see ReadClientTensors).
+  absl::Status CheckQuery(int index, const ItemIo& io, const AttendJob& job) const;
   // After the backend ran `job`: inline lse and bf16 outputs, host-region
   // copies.
   void Finish(ItemIo* io, size_t q_elements, int q_heads, v1::AttendResult* result);
@@ -110,6 +121,17 @@ class AttendIo {
   absl::InlinedVector<std::shared_ptr<const Region>, 4> seen_;
   bool any_step_ = false;         // an item has a decode step
   bool check_in_launch_ = false;  // queries are checked by the attention launch
+  // The item's error for element `bad` of its query.
+  absl::Status QueryError(int index, const ItemIo& io, int64_t bad) const;
+
+  // Queries the host can read, checked by ReadClientTensors when the
+  // request has a decode step.
+  struct HostQuery {
+    int index;
+    const ItemIo* io;
+    size_t elements;
+  };
+  std::vector<HostQuery> host_queries_;
   std::vector<ClientRead> reads_;
   std::vector<std::pair<int, const char*>> read_fields_;  // item index and field of each read
 };

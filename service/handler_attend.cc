@@ -465,7 +465,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     if (!jobs[i].status.ok()) {
       return absl::Status(jobs[i].status.code(), absl::StrCat("items[", i, "]: ", jobs[i].status.message()));
     }
-    if (absl::Status st = io_.CheckQuery(i, jobs[i]); !st.ok()) return st;
+    if (absl::Status st = io_.CheckQuery(i, work[i].io, jobs[i]); !st.ok()) return st;
     io_.Finish(&work[i].io, static_cast<size_t>(request.items(i).q_heads()) * d, jobs[i].q_heads,
                response->mutable_results(i));
   }

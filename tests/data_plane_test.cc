@@ -477,6 +477,30 @@ TEST_F(DataPlaneTest, BadReferencesAreRefusedByNameAndChangeNothing) {
     EXPECT_EQ(Lengths(*client_, "s0") + Lengths(*client_, "s1"), lengths) << c.name;
   }
 
+  // Without decode steps the backend checks the queries as it reads them:
+  // the same words, by reference and inline, in f32 and bf16.
+  for (const v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    for (const bool by_ref : {true, false}) {
+      arena.Reset();
+      ItemSpec plain = good;
+      plain.dtype = dtype;
+      plain.key.clear();
+      plain.value.clear();
+      plain.token_index.reset();
+      ItemSpec spoilt = plain;
+      spoilt.seq = "s1";
+      spoilt.query[9] = -std::numeric_limits<float>::infinity();
+      std::vector<v1::AttendItem> items;
+      for (const ItemSpec& s : {plain, spoilt}) items.push_back(by_ref ? ByRef(s, "", arena) : Inline(s, ""));
+      absl::StatusOr<v1::AttendResponse> r = Attend(*client_, items);
+      EXPECT_EQ(r.status().code(), C::kInvalidArgument) << r.status();
+      EXPECT_EQ(r.status().message(),
+                absl::StrCat("items[1].query", by_ref ? "_ref" : "", " element 9 is -inf; must be finite"))
+          << "dtype " << dtype << (by_ref ? " by reference" : " inline");
+      EXPECT_EQ(StoredState(*client_), stored);
+    }
+  }
+
   // Append by reference: the same words for the chunk's fields.
   v1::AppendChunk chunk;
   chunk.set_sequence_id("s0");

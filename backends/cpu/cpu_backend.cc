@@ -16,6 +16,8 @@
 #include "codec/level_page.h"
 #include "codec/transform/transform.h"
 #include "codec/transform/transform_attention.h"
+#include "proto/driftkv.pb.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -142,6 +144,10 @@ class CpuBackend : public Backend {
   // is bit-identical to CompressedAttention per part: a layer's answer does
   // not depend on its tier.
   void Attend(absl::Span<AttendJob> jobs) override {
+    const int d = codec_.config().head_dim;
+    for (AttendJob& j : jobs) {
+      if (j.check_query) j.query_bad = FirstNonFinite(j.query, v1::DTYPE_F32, static_cast<size_t>(j.q_heads) * d);
+    }
     struct Part {
       int job = 0;
       size_t first = 0, end = 0;  // pages [first, end)
@@ -202,7 +208,6 @@ class CpuBackend : public Backend {
       for (size_t i = 0; i < parts.size(); ++i) jobs[parts[i].job].status = parts[i].status;
       return;
     }
-    const int d = codec_.config().head_dim;
     for (size_t begin = 0; begin < parts.size();) {
       size_t end = begin;
       while (end < parts.size() && parts[end].job == parts[begin].job) ++end;

@@ -696,6 +696,11 @@ class CudaBackend : public Backend {
       if (jobs[i].query_dev == nullptr) {
         std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query,
                     sizeof(float) * q_heads * d);
+        // A host query: checked here, as it is staged (the gather checks
+        // those it reads in client memory).
+        if (jobs[i].check_query) {
+          jobs[i].query_bad = FirstNonFinite(jobs[i].query, v1::DTYPE_F32, static_cast<size_t>(q_heads) * d);
+        }
       }
       const size_t wn = static_cast<size_t>(wtok[i]) * n;
       if (!cached && wn > 0) {
