@@ -19,17 +19,22 @@
 namespace driftkv {
 
 enum class AttendPhase : int {
-  kValidate = 0,  // items checked, tensors inline decoded, references resolved
+  kRequest = 0,   // a persistent channel's request copied and parsed (doorbell)
+  kValidate,      // items checked, tensors inline decoded, references resolved
   kClientRead,    // tensors in client memory read and checked by the device
-  kState,         // sequences found and locked, hot tier, decode steps applied
-  kBackendHost,   // the backend's host work: tables, staging, launches queued
+  kLookup,        // sequences found (one table lookup per distinct sequence)
+  kHotTier,       // the items' layers brought to (or queued for) the hot tier
+  kState,         // locks taken, decode steps planned and applied, jobs built
+  kBackendPlan,   // the backend's host work before its first device call
+  kBackendHost,   // the backend's device calls: copies and launches queued
   kDeviceWait,    // the backend waiting for the device
   kFinish,        // outputs converted or copied, counters
   kCount
 };
 
 inline const char* AttendPhaseName(AttendPhase p) {
-  static const char* const kNames[] = {"validate", "client_read", "state", "backend_host", "device_wait", "finish"};
+  static const char* const kNames[] = {"request", "validate",     "client_read",  "lookup",      "hot_tier",
+                                       "state",   "backend_plan", "backend_host", "device_wait", "finish"};
   return kNames[static_cast<int>(p)];
 }
 
@@ -37,9 +42,23 @@ class AttendPhaseClock {
  public:
   using Totals = std::array<int64_t, static_cast<int>(AttendPhase::kCount)>;  // nanoseconds
 
-  // Begins a call on this thread: every total back to zero.
+  // Begins a call on this thread: every total back to zero. A channel
+  // that parses the request itself begins the call there (Begin) and the
+  // handler's Start then keeps what the channel charged.
+  static void Begin() {
+    State& s = state();
+    s.totals.fill(0);
+    s.last = NowNs();
+    s.begun = true;
+  }
+  // A call the channel began but will not pass to the handler.
+  static void Abandon() { state().begun = false; }
   static void Start() {
     State& s = state();
+    if (s.begun) {
+      s.begun = false;
+      return;
+    }
     s.totals.fill(0);
     s.last = NowNs();
   }
@@ -56,6 +75,7 @@ class AttendPhaseClock {
   struct State {
     Totals totals{};
     int64_t last = 0;
+    bool begun = false;
   };
   static State& state() {
     thread_local State s;

@@ -261,15 +261,33 @@ int Run(int argc, char** argv) {
         for (size_t e = 0; e < qe; ++e) q[e] = FloatToBf16(query[s * qe + e]);
       }
     }
+    // --via_doorbell=1: each call is made twice, interleaved, through the
+    // doorbell and to the Handler directly (the difference is the
+    // doorbell's own cost; phases are the direct calls').
+    const bool via_doorbell = IntFlag(argc, argv, "via_doorbell", 0) != 0;
     std::vector<std::vector<double>> phase_us(static_cast<int>(AttendPhase::kCount));
     for (int i = 0; i < reps; ++i) {
       v1::AttendResponse ref_response;
-      for (int s = 0; with_step && s < sequences; ++s) by_ref.mutable_items(s)->set_new_token_index(context + i);
+      for (int s = 0; with_step && s < sequences; ++s) {
+        by_ref.mutable_items(s)->set_new_token_index(context + (via_doorbell ? 2 * i : i));
+      }
+      if (via_doorbell) {
+        const auto t0 = Clock::now();
+        absl::StatusOr<v1::AttendResponse> r = (*bell)->Attend(by_ref);
+        bell_ref.push_back(Us(Clock::now() - t0));
+        CHECK_OK(r.status());
+        if (!with_step) check_ref(*r);
+        for (int s = 0; with_step && s < sequences; ++s) by_ref.mutable_items(s)->set_new_token_index(context + 2 * i + 1);
+      }
       const auto t0 = Clock::now();
       CHECK_OK(handler.Attend(by_ref, &ref_response));
       hnd_ref.push_back(Us(Clock::now() - t0));
       for (size_t p = 0; p < phase_us.size(); ++p) phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
       if (!with_step) check_ref(ref_response);
+    }
+    if (via_doorbell) {
+      std::printf("doorbell, by reference%s: p50 %.1f us, p99 %.1f us\n", with_step ? ", decode steps" : "",
+                  Of(bell_ref).p50, Of(bell_ref).p99);
     }
     std::printf("Handler::Attend by reference%s: p50 %.1f us, p99 %.1f us\nphases, p50 us:",
                 with_step ? ", decode steps" : "", Of(hnd_ref).p50, Of(hnd_ref).p99);

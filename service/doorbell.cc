@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/attend_phases.h"
 #include "google/protobuf/arena.h"
 #include "wire/doorbell.h"
 
@@ -45,6 +46,7 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
                           const AttendFn& attend, const std::string& tenant, std::string* scratch) {
   auto* c = reinterpret_cast<ClientLine*>(base + doorbell::kClientLine);
   auto* s = reinterpret_cast<ServerLine*>(base + doorbell::kServerLine);
+  AttendPhaseClock::Begin();
   const uint32_t bytes = __atomic_load_n(&c->request_bytes, __ATOMIC_RELAXED);
   const int64_t deadline = __atomic_load_n(&c->deadline_ns, __ATOMIC_RELAXED);
   google::protobuf::Arena arena;
@@ -72,7 +74,12 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
           absl::StrCat("doorbell request ", seq, ": its deadline passed ", late_ns / 1000, " us before it was read"));
     }
   }
-  if (st.ok()) st = attend(*request, response, tenant);
+  if (st.ok()) {
+    AttendPhaseClock::Mark(AttendPhase::kRequest);
+    st = attend(*request, response, tenant);
+  } else {
+    AttendPhaseClock::Abandon();
+  }
   uint8_t* out = base + doorbell::kHeaderBytes + request_capacity;
   uint64_t out_bytes = 0;
   if (st.ok()) {

@@ -391,7 +391,9 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // (LOCK ORDER in handler.h); 4. lock them and their layers in order.
   AttendLocks locks;
   if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) return st;
+  AttendPhaseClock::Mark(AttendPhase::kLookup);
   if (h_.hot_ != nullptr) PrepareHotTier(request, work, locks);
+  AttendPhaseClock::Mark(AttendPhase::kHotTier);
   locks.Lock();
   // 5. Plan every decode step on simulated lengths; 6. reserve all pages
   // at once, then apply the steps.

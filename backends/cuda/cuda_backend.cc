@@ -710,6 +710,7 @@ class CudaBackend : public Backend {
     }
     uint8_t* dstage = a_stage_.get<uint8_t>();
     const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
+    AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
     if (!cuda_backend::ClientIo::AllQueries(jobs)) {
       st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     } else {
