@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/attend_phases.h"
-#include "google/protobuf/arena.h"
 #include "wire/doorbell.h"
 
 namespace driftkv {
@@ -43,15 +42,15 @@ inline void Pause() {
 }  // namespace
 
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
-                          const AttendFn& attend, const std::string& tenant, std::string* scratch) {
+                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch) {
   auto* c = reinterpret_cast<ClientLine*>(base + doorbell::kClientLine);
   auto* s = reinterpret_cast<ServerLine*>(base + doorbell::kServerLine);
   AttendPhaseClock::Begin();
   const uint32_t bytes = __atomic_load_n(&c->request_bytes, __ATOMIC_RELAXED);
   const int64_t deadline = __atomic_load_n(&c->deadline_ns, __ATOMIC_RELAXED);
-  google::protobuf::Arena arena;
-  auto* request = google::protobuf::Arena::CreateMessage<v1::AttendRequest>(&arena);
-  auto* response = google::protobuf::Arena::CreateMessage<v1::AttendResponse>(&arena);
+  v1::AttendRequest* request = &scratch->request;
+  v1::AttendResponse* response = &scratch->response;
+  response->Clear();
   absl::Status st;
   if (bytes > request_capacity) {
     st = absl::InvalidArgumentError(
@@ -59,8 +58,8 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
   } else {
     // One copy out of the shared memory, then parse the copy: the client
     // can change the shared bytes at any time.
-    scratch->assign(reinterpret_cast<const char*>(base + doorbell::kHeaderBytes), bytes);
-    if (!request->ParseFromString(*scratch)) {
+    scratch->bytes.assign(reinterpret_cast<const char*>(base + doorbell::kHeaderBytes), bytes);
+    if (!request->ParseFromString(scratch->bytes)) {
       st = absl::InvalidArgumentError(absl::StrCat("doorbell request of ", bytes, " bytes is not an AttendRequest"));
     }
   }
@@ -137,7 +136,7 @@ class DoorbellTable::Bell {
   void Run() {
     auto* c = reinterpret_cast<ClientLine*>(base_ + doorbell::kClientLine);
     auto* s = reinterpret_cast<ServerLine*>(base_ + doorbell::kServerLine);
-    std::string scratch;
+    DoorbellScratch scratch;
     int64_t spin_until = MonotonicNs() + absl::ToInt64Nanoseconds(kSpinTime);
     while (!stop_.load(std::memory_order_relaxed)) {
       const uint64_t seq = __atomic_load_n(&c->request_seq, __ATOMIC_ACQUIRE);

@@ -43,8 +43,17 @@ using AttendFn = std::function<absl::Status(const v1::AttendRequest&, v1::Attend
 // writes the answer (response_seq last). `scratch` is reused between calls.
 // Never reads or writes outside [base, base + Bytes(capacities)), whatever
 // the memory holds. Exposed for tests and the fuzz target.
+//
+// A doorbell's requests look alike call after call (the same items, other
+// layers and offsets): parsing into the same messages every time reuses
+// their strings and sub-messages instead of allocating them again.
+struct DoorbellScratch {
+  std::string bytes;  // the request, copied out of the shared memory
+  v1::AttendRequest request;
+  v1::AttendResponse response;
+};
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
-                          const AttendFn& attend, const std::string& tenant, std::string* scratch);
+                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch);
 
 class DoorbellTable {
  public:

@@ -15,9 +15,10 @@
 //
 // LOCK ORDER across the service, outermost first:
 //   SequenceTable::mu_   the table (never held while a sequence is locked);
-//   Sequence::mu         several in ascending id order;
+//   Sequence::mu         several in ascending address order (only
+//                        Attend locks several; any one total order does);
 //   LayerState::mu       all Sequence::mu before any, layers in ascending
-//                        (id, layer) order;
+//                        (sequence address, layer) order;
 //   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's, the
 //   tombstones' and RegionTable's locks, the handler's totals; nothing is
 //   acquired under them.

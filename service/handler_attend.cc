@@ -41,8 +41,8 @@ class Handler::AttendBatch {
   };
 
   // The locks of one Attend batch, taken in the order of handler.h: every
-  // sequence (readers, id order), then every layer ((id, layer) order;
-  // writers where a decode step appends).
+  // sequence (readers, address order), then every layer ((sequence
+  // address, layer) order; writers where a decode step appends).
   class AttendLocks {
    public:
     // Finds the items' sequences (one lookup per distinct sequence_id);
@@ -52,30 +52,33 @@ class Handler::AttendBatch {
       absl::flat_hash_map<absl::string_view, int> by_id;  // index into held_
       by_id.reserve(request.items_size());
       item_seq_.resize(request.items_size());
+      layers_.reserve(request.items_size());
+      absl::InlinedVector<absl::string_view, 64> ids;  // each distinct sequence_id once
+      for (int i = 0; i < request.items_size(); ++i) {
+        auto [slot, fresh] = by_id.try_emplace(request.items(i).sequence_id(), static_cast<int>(ids.size()));
+        if (fresh) ids.push_back(request.items(i).sequence_id());
+        item_seq_[i] = slot->second;
+      }
+      table.FindAll(tenant, absl::MakeConstSpan(ids), &held_);
       for (int i = 0; i < request.items_size(); ++i) {
         const v1::AttendItem& it = request.items(i);
-        auto [slot, fresh] = by_id.try_emplace(it.sequence_id(), static_cast<int>(held_.size()));
-        if (fresh) {
-          SequencePtr found = table.Find(TenantKey(tenant, it.sequence_id()));
-          if (found == nullptr) {
-            return absl::NotFoundError(
-                absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found"));
-          }
-          seqs_.push_back({found.get(), false});
-          held_.push_back(std::move(found));
+        Sequence* seq = held_[item_seq_[i]].get();
+        if (seq == nullptr) {
+          return absl::NotFoundError(
+              absl::StrCat("items[", i, "].sequence_id ", Quoted(it.sequence_id()), " not found"));
         }
-        item_seq_[i] = slot->second;
-        Sequence* seq = held_[slot->second].get();
         AttendWork& w = (*work)[i];
         w.seq = seq;
         w.layer = &seq->layers[it.layer()];
         layers_.push_back({w.layer, seq, it.layer(), w.io.step});
       }
-      // Lock order: sequences by id; layers by (id, layer), each once (a
-      // writer if any of its items steps).
-      std::sort(seqs_.begin(), seqs_.end(), [](const auto& a, const auto& b) { return a.first->id < b.first->id; });
+      for (const SequencePtr& seq : held_) seqs_.push_back({seq.get(), false});
+      // Lock order (handler.h): sequences by address; layers by (sequence
+      // address, layer), each once (a writer if any of its items steps).
+      // Addresses, not ids: no string compares.
+      std::sort(seqs_.begin(), seqs_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       std::sort(layers_.begin(), layers_.end(), [](const LayerLock& a, const LayerLock& b) {
-        return a.seq->id != b.seq->id ? a.seq->id < b.seq->id : a.index < b.index;
+        return a.seq != b.seq ? a.seq < b.seq : a.index < b.index;
       });
       size_t out = 0;
       for (size_t k = 0; k < layers_.size(); ++k) {
@@ -109,7 +112,6 @@ class Handler::AttendBatch {
         }
       }
       for (auto& [seq, unused] : seqs_) seq->mu.ReaderUnlock();
-      layers_.clear();  // held_ keeps the sequences alive until the call returns
     }
     void TouchAll(const SequenceTable& table) {
       const int64_t now = table.NowNs();
@@ -134,7 +136,14 @@ class Handler::AttendBatch {
   absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant);
 
  private:
-  // Before the batch's locks: promotes (sync) or queues (async) the
+  // Whether an item's layer is in the cold tier (a decode loop's layers
+  // are hot call after call: then the hot tier has nothing to do).
+  // REQUIRES: the batch's locks held.
+  static bool AnyCold(const std::vector<AttendWork>& work) {
+    return std::any_of(work.begin(), work.end(),
+                       [](const AttendWork& w) { return !w.seq->released && !w.layer->hot; });
+  }
+  // Without the batch's locks: promotes (sync) or queues (async) the
   // items' cold layers (HotTier::Prepare). REQUIRES: h_.hot_ set.
   void PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work, const AttendLocks& locks);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
@@ -392,9 +401,14 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   AttendLocks locks;
   if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) return st;
   AttendPhaseClock::Mark(AttendPhase::kLookup);
-  if (h_.hot_ != nullptr) PrepareHotTier(request, work, locks);
-  AttendPhaseClock::Mark(AttendPhase::kHotTier);
   locks.Lock();
+  if (h_.hot_ != nullptr && AnyCold(work)) {
+    // Promotion takes the layers' locks itself: the batch's go first.
+    locks.Unlock();
+    PrepareHotTier(request, work, locks);
+    locks.Lock();
+  }
+  AttendPhaseClock::Mark(AttendPhase::kHotTier);
   // 5. Plan every decode step on simulated lengths; 6. reserve all pages
   // at once, then apply the steps.
   int64_t total_pages = 0;

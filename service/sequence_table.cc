@@ -41,6 +41,23 @@ SequencePtr SequenceTable::Find(const std::string& key) const {
   return it == table_.end() ? nullptr : it->second;
 }
 
+void SequenceTable::FindAll(absl::string_view tenant, absl::Span<const absl::string_view> ids,
+                            std::vector<SequencePtr>* out) const {
+  out->clear();
+  out->reserve(ids.size());
+  std::string key;
+  absl::MutexLock lock(&mu_);
+  for (absl::string_view id : ids) {
+    absl::string_view k = id;
+    if (!tenant.empty()) {
+      key = TenantKey(tenant, id);
+      k = key;
+    }
+    auto it = table_.find(k);
+    out->push_back(it == table_.end() ? nullptr : it->second);
+  }
+}
+
 absl::Status SequenceTable::CheckTombstone(const std::string& key, const std::string& id) const {
   absl::Status st = tombstones_.CheckAppend(key, id, clock_());
   if (!st.ok()) metrics_->integrity_rejections[kRejectTombstone]->Increment();

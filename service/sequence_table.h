@@ -32,6 +32,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/page_pool.h"
 #include "prometheus/gauge.h"
@@ -56,6 +58,10 @@ class SequenceTable {
 
   // By table key (TenantKey).
   SequencePtr Find(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The sequences `ids` of `tenant`, in order (null: none), under one
+  // acquisition of the table's lock.
+  void FindAll(absl::string_view tenant, absl::Span<const absl::string_view> ids, std::vector<SequencePtr>* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Finds or creates; *created tells which. UNAVAILABLE while draining,
   // FAILED_PRECONDITION for a tombstoned key unless `new_incarnation`,
   // RESOURCE_EXHAUSTED at max_sequences or the tenant's max_sequences;

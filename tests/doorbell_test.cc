@@ -94,7 +94,7 @@ class BellMemory {
   const uint64_t c_, r_;
   std::vector<uint8_t> buf_;
   uint64_t seq_ = 0;
-  std::string scratch_;
+  DoorbellScratch scratch_;
 };
 
 v1::AttendRequest SmallRequest() {
