@@ -8,11 +8,13 @@ class DriftkvError(Exception):
     """A failed call: the server's (or gRPC's) status code and message.
 
     `code` is a grpc.StatusCode; `details` the message, which names the
-    field and the value (docs/api.md, "Status codes"). Arguments the client
-    can reject before sending (an array of the wrong rank, an unknown wire
-    dtype) raise it too, with INVALID_ARGUMENT. `replica` is the replica's
-    name when a ShardedClient's call failed there (`details` then starts
-    with "replica NAME: "), else None.
+    field and the value (docs/api.md, "Status codes"). Every failure of a
+    client raises it. Arguments the client can reject itself (a list where
+    an array goes, an array of the wrong rank or dtype, queries of a
+    stacked batch that differ in shape, an unknown wire dtype) raise it
+    with INVALID_ARGUMENT before anything is sent (driftkv._validate).
+    `replica` is the replica's name when a ShardedClient's call failed
+    there (`details` then starts with "replica NAME: "), else None.
     """
 
     def __init__(self, code: grpc.StatusCode, details: str, *, replica: Optional[str] = None):

@@ -21,8 +21,8 @@ from driftkv import _tensors as T
 from driftkv._proto import pb
 
 # numpy dtypes that are a wire type as they are. numpy has no bfloat16: a
-# uint16 destination holds bf16 bit patterns; a uint16 input is not taken
-# for bf16 (inline, the client converts its integer values).
+# uint16 destination holds bf16 bit patterns; a uint16 input is refused
+# before sending (driftkv._validate: inputs are floating-point arrays).
 _NUMPY_WIRE = {np.dtype("<f4"): "f32", np.dtype("<f2"): "fp16"}
 BF16_BITS = np.dtype("<u2")
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, AsyncIterable, Callable, Iterable, List, Optio
 import grpc
 import grpc.aio
 
+from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
 from driftkv import sharded as S
@@ -59,6 +60,8 @@ class Client:
         self.target = target
         self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
         self._security.credentials()  # bad files and a token without TLS fail here
+        if V.timeout(timeout) is None:
+            raise invalid("timeout is None; expected a number of seconds > 0")
         self.timeout = timeout
         self.retry = retry
         self.retries = 0
@@ -116,13 +119,15 @@ class Client:
 
     async def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
         """Awaits attempt(timeout) under the retry rules; raises DriftkvError."""
+        t = V.timeout(timeout)
+        t = self.timeout if t is None else t
         error = None
         for n, sleep in enumerate(self.retry.sleeps(idempotent)):
             if n > 0:
                 self.retries += 1
                 await asyncio.sleep(sleep)
             try:
-                return await attempt(timeout or self.timeout)
+                return await attempt(t)
             except grpc.RpcError as e:
                 error = e
                 if not retryable(e):
@@ -138,8 +143,8 @@ class Client:
         return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
 
     async def length(self, sequence_id: str) -> List[LayerLength]:
+        req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
         stub = await self._connect()
-        req = pb.LengthRequest(sequence_id=sequence_id)
         return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t)))
 
     async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
@@ -152,8 +157,9 @@ class Client:
                             progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
         """See driftkv.Client.append_chunks; `chunks` may also be an async
         iterable (e.g. an async generator fed by the prefill)."""
-        stub = await self._connect()
         sender = _AsyncChunkSender(chunks, progress)
+        V.timeout(timeout)
+        stub = await self._connect()
         result = await self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
         sender.raise_failure()
         return W.append_result(result)
@@ -164,6 +170,7 @@ class Client:
         """See driftkv.Client.attend: out=, lse=, output_dtype= and the data
         plane alike (arrays in this client's host regions and torch CUDA
         tensors go by reference); a pb.AttendRequest passes through."""
+        V.timeout(timeout)
         req, idempotent, finish = await self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
                                                             output_dtype=output_dtype)
         stub = await self._connect()
@@ -172,7 +179,7 @@ class Client:
     async def prepare_attend(self, items, *, wire_dtype: Optional[str] = None, out: Optional[Array] = None,
                              lse: Optional[Array] = None, output_dtype: Optional[str] = None):
         """See driftkv.Client.prepare_attend: (request, idempotent, finish)."""
-        plan = W.AttendPlan(items, out, lse, output_dtype)
+        plan = W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
         if plan.request is not None:
             return plan.request, False, plan.finish
         req, idempotent = await self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
@@ -180,7 +187,7 @@ class Client:
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                              output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, await self._attend(batch, wire_dtype, timeout, None, output_dtype),
                                 output_dtype)
 
@@ -198,14 +205,17 @@ class Client:
             await asyncio.to_thread(self._places.register_cuda, known.unregistered)
 
     async def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+        """One Attend of a batch checked already (AttendPlan, results_batch)."""
+        V.timeout(timeout)
         stub = await self._connect()
         req, idempotent = await self._attend_request(batch, wire_dtype, dests, output_dtype)
         return await self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
 
     async def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
                    wire_dtype: str = "f32", timeout: Optional[float] = None) -> ReadResult:
-        stub = await self._connect()
         request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        V.timeout(timeout)
+        stub = await self._connect()
         chunks = []
 
         async def attempt(t):
@@ -220,8 +230,9 @@ class Client:
         return W.read_result(chunks, self._info)
 
     async def release(self, sequence_id: str, *, timeout: Optional[float] = None) -> ReleaseResult:
+        req = pb.ReleaseRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = await self._connect()
-        req = pb.ReleaseRequest(sequence_id=sequence_id)
         tries = [0]
 
         async def attempt(t):
@@ -263,7 +274,7 @@ class _AsyncChunkSender(W.ChunkSender):
         if not self._async:
             return self._next()
         try:
-            return W.chunk_message(await self._aiter.__anext__())
+            return W.chunk_message(await self._aiter.__anext__(), f"chunks[{len(self._sent)}]")
         except StopAsyncIteration:
             return None
         except Exception as e:  # noqa: BLE001 - re-raised by raise_failure
@@ -334,7 +345,7 @@ class ShardedClient(S.ReplicaClients):
     async def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
                             timeout: Optional[float] = None) -> AppendResult:
         """See driftkv.ShardedClient.append_chunks (a sync iterable, read to
-        the end first)."""
+        the end first, every chunk checked before any is sent)."""
         groups = S.grouped_chunks(self._router, chunks)
         total = S.ProgressSum(progress)
         answers = await self._gather(list(groups), lambda r: self._clients[r].append_chunks(
@@ -345,8 +356,8 @@ class ShardedClient(S.ReplicaClients):
         return S.summed(answers.values())
 
     async def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None, output_dtype: str = "f32"):
-        if not batch:
-            raise invalid("items is empty; send at least one item")
+        """See driftkv.ShardedClient._attend: a batch checked already."""
+        V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
         # regions; the rest of a sub-batch goes inline.
@@ -358,7 +369,7 @@ class ShardedClient(S.ReplicaClients):
     async def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                           output_dtype: str = "f32",
                           timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout, None, output_dtype),
                              output_dtype)
 
@@ -366,13 +377,13 @@ class ShardedClient(S.ReplicaClients):
                      out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = None) -> Attention:
         """See driftkv.ShardedClient.attend (out, lse, output_dtype too)."""
-        plan = S.attend_plan(items, out, lse, output_dtype)
+        plan = S.attend_plan(items, out, lse, output_dtype, wire_dtype)
         return plan.finish(S.all_or_nothing(*await self._attend(plan.batch, wire_dtype, timeout, plan.dests,
                                                                 plan.output_dtype)))
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                              output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout, None,
                                                                             output_dtype)), output_dtype)
 

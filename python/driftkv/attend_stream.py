@@ -15,6 +15,7 @@ from typing import Optional
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv._errors import DriftkvError
 from driftkv._proto import pb
 
@@ -54,7 +55,8 @@ class AttendStream:
         give what attend gives; a pb.AttendRequest gives the
         pb.AttendResponse. `timeout` (seconds) is the frame's deadline on
         the server, from its arrival: a frame not started by then answers
-        DEADLINE_EXCEEDED."""
+        DEADLINE_EXCEEDED. Everything is checked before the frame is sent."""
+        V.timeout(timeout)
         req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
         frame = pb.AttendFrame(request=req)
         if timeout is not None:

@@ -5,6 +5,9 @@ The channel is opened on the first call: the client asks the server's Info
 over a bootstrap channel and sizes its send and receive limits to the
 server's max_message_bytes (gRPC's 4 MiB default cannot receive a
 maximum-size Attend answer).
+
+Every call checks its arguments whole before sending anything
+(driftkv._validate).
 """
 import threading
 import time
@@ -12,9 +15,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, 
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
-from driftkv._errors import DriftkvError
+from driftkv._errors import DriftkvError, invalid
 from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -48,6 +52,8 @@ class Client:
         self.target = target
         self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
         self._security.credentials()  # bad files and a token without TLS fail here
+        if V.timeout(timeout) is None:
+            raise invalid("timeout is None; expected a number of seconds > 0")
         self.timeout = timeout
         self.retry = retry
         self.retries = 0  # attempts beyond the first, over the client's life (any thread)
@@ -107,6 +113,8 @@ class Client:
 
     def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
         """Runs attempt(timeout) under the retry rules; raises DriftkvError."""
+        t = V.timeout(timeout)
+        t = self.timeout if t is None else t
         error = None
         for n, sleep in enumerate(self.retry.sleeps(idempotent)):
             if n > 0:
@@ -114,7 +122,7 @@ class Client:
                     self.retries += 1
                 time.sleep(sleep)
             try:
-                return attempt(timeout or self.timeout)
+                return attempt(t)
             except grpc.RpcError as e:
                 error = e
                 if not retryable(e):
@@ -135,8 +143,8 @@ class Client:
     def length(self, sequence_id: str) -> List[LayerLength]:
         """Each layer's stored tokens (compressed + window), layer 0 first.
         NOT_FOUND for an unknown sequence."""
+        req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
         stub = self._connect()
-        req = pb.LengthRequest(sequence_id=sequence_id)
         return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t)))
 
     def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
@@ -156,9 +164,12 @@ class Client:
         Retried on UNAVAILABLE: the chunks already sent are sent again (the
         server acknowledges stored tokens without storing them twice), so
         they are kept until the call ends. progress(chunks, tokens) is called
-        as each new chunk is handed to gRPC (from gRPC's sending thread)."""
-        stub = self._connect()
+        as each new chunk is handed to gRPC (from gRPC's sending thread).
+        A list or tuple of chunks is checked whole before the call: a bad
+        chunk raises DriftkvError(INVALID_ARGUMENT) and nothing is sent."""
         sender = W.ChunkSender(chunks, progress)
+        V.timeout(timeout)
+        stub = self._connect()
         result = self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
         sender.raise_failure()
         return W.append_result(result)
@@ -170,7 +181,9 @@ class Client:
         head_dim], lse [items, q_heads]) float32, as the first query's kind
         of array (numpy, or torch on its device). A single AttendItem gives
         (output [q_heads, head_dim], lse [q_heads]). Queries of one batch
-        must share their shape (attend_results takes any).
+        must share their shape (attend_results takes any). Every item is
+        checked before anything is sent: a refused batch applied no decode
+        step.
 
         out, lse: the caller's arrays of those shapes, filled and returned
         (both or neither). output_dtype "f32" or "bf16" (default: out's own,
@@ -182,6 +195,7 @@ class Client:
         region (register_host_region) or are torch CUDA tensors go by
         reference, the server reading and writing them in place; the others
         travel inline. The answers are the same either way."""
+        V.timeout(timeout)
         req, idempotent, finish = self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
                                                       output_dtype=output_dtype)
         stub = self._connect()
@@ -194,7 +208,7 @@ class Client:
         -> what attend returns. A pb.AttendRequest passes through as it is
         (not idempotent; finish returns the response). For attend_stream()
         and open_doorbell(), and callers that send one request many times."""
-        plan = W.AttendPlan(items, out, lse, output_dtype)
+        plan = W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
         if plan.request is not None:
             return plan.request, False, plan.finish
         req, idempotent = self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
@@ -204,7 +218,7 @@ class Client:
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult (output, lse, tokens,
         compressed_tokens) per item."""
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
     def _attend_request(self, batch, wire_dtype, dests, output_dtype):
@@ -213,6 +227,8 @@ class Client:
         return W.attend_request(batch, wire_dtype, self._places, dests, output_dtype)
 
     def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+        """One Attend of a batch checked already (AttendPlan, results_batch)."""
+        V.timeout(timeout)
         stub = self._connect()
         req, idempotent = self._attend_request(batch, wire_dtype, dests, output_dtype)
         return self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
@@ -223,8 +239,9 @@ class Client:
         token_count) (0: to the end) as float32 [tokens, kv_heads,
         head_dim], page tokens decoded. A retry resumes after the last chunk
         received."""
-        stub = self._connect()
         request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        V.timeout(timeout)
+        stub = self._connect()
         chunks = []
 
         def attempt(t):
@@ -242,8 +259,9 @@ class Client:
         """Frees a sequence. A repeat after a lost answer that finds nothing
         (NOT_FOUND) means the first attempt freed it: reported as success
         with unknown counts (0, 0)."""
+        req = pb.ReleaseRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = self._connect()
-        req = pb.ReleaseRequest(sequence_id=sequence_id)
         tries = [0]
 
         def attempt(t):

@@ -28,6 +28,7 @@ from typing import Optional
 import grpc
 import numpy as np
 
+from driftkv import _validate as V
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb
 from driftkv.attend_stream import status_code
@@ -100,7 +101,9 @@ class Doorbell:
         """Client.attend through the doorbell (items, or a pb.AttendRequest
         for a pb.AttendResponse). `timeout` (default: the client's) is the
         request's deadline on the server and bounds the wait here: no
-        answer GRACE_SECONDS past it breaks the doorbell (open another)."""
+        answer GRACE_SECONDS past it breaks the doorbell (open another).
+        Everything is checked before the request is written."""
+        V.timeout(timeout)
         req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
         data = req.SerializeToString()
         if len(data) > self._request_capacity:

@@ -27,6 +27,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Ty
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb
@@ -181,12 +182,13 @@ def each_result(items: Sequence[AttendItem], results: list, errors: list,
     return out
 
 
-def attend_plan(items, out, lse, output_dtype: Optional[str]) -> W.AttendPlan:
+def attend_plan(items, out, lse, output_dtype: Optional[str], wire_dtype: Optional[str]) -> W.AttendPlan:
     """The AttendPlan of a sharded attend: AttendItems only (a ready
-    pb.AttendRequest has no owner to route by)."""
+    pb.AttendRequest has no owner to route by), every item checked before
+    any replica is sent its part."""
     if isinstance(items, pb.AttendRequest):
         raise invalid("a ShardedClient routes AttendItems; send a pb.AttendRequest through one replica's client")
-    return W.AttendPlan(items, out, lse, output_dtype)
+    return W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
 
 
 def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
@@ -200,7 +202,9 @@ def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
 
 
 def grouped_chunks(router: Router, chunks: Iterable[Chunk]) -> Dict[int, List[Chunk]]:
-    chunks = list(chunks)
+    """The chunks by owner, every one checked before any replica is sent
+    its group."""
+    chunks = V.chunks(list(chunks))
     return {r: [chunks[k] for k in where] for r, where in router.split(c.sequence_id for c in chunks).items()}
 
 
@@ -255,7 +259,7 @@ class ReplicaClients:
 
     def replica_of(self, sequence_id: str) -> int:
         """The index in `replicas` of the replica that holds `sequence_id`."""
-        return self._router.owner(sequence_id)
+        return self._router.owner(V.text(sequence_id, "sequence_id"))
 
     def client(self, replica: int):
         """The client of replica `replica`."""
@@ -326,7 +330,8 @@ class ShardedClient(ReplicaClients):
         iterable to the end first. On failure raises the first failed
         replica's error (in replica order), named; the other replicas'
         chunks were stored (resend: Append is idempotent). progress(chunks,
-        tokens) counts over all replicas."""
+        tokens) counts over all replicas. Every chunk is checked before any
+        is sent (a bad one raises DriftkvError(INVALID_ARGUMENT))."""
         groups = grouped_chunks(self._router, chunks)
         total = ProgressSum(progress)
         answers = _concurrently(list(groups), lambda r: self._clients[r].append_chunks(
@@ -338,8 +343,9 @@ class ShardedClient(ReplicaClients):
 
     def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None,
                 output_dtype: str = "f32") -> Tuple[list, list]:
-        if not batch:
-            raise invalid("items is empty; send at least one item")
+        """The per-replica calls of a batch checked already (AttendPlan,
+        results_batch): a bad item never lets another replica's part go."""
+        V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
         # regions; the rest of a sub-batch goes inline.
@@ -356,8 +362,9 @@ class ShardedClient(ReplicaClients):
         DriftkvError of its replica's sub-batch (a batch is all-or-nothing on
         one replica, so one bad item fails the items that share its replica;
         a replica down fails its items with UNAVAILABLE). The C++
-        ShardedClient::AttendEach."""
-        batch = list(items)
+        ShardedClient::AttendEach. A batch the client can refuse (checked
+        before anything is sent) raises DriftkvError(INVALID_ARGUMENT)."""
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return each_result(batch, *self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
     def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
@@ -367,14 +374,14 @@ class ShardedClient(ReplicaClients):
         output_dtype as there), all or nothing: raises the first failed
         item's error. Destinations in registered memory of the replicas that
         answered may have been written even when the call raises."""
-        plan = attend_plan(items, out, lse, output_dtype)
+        plan = attend_plan(items, out, lse, output_dtype, wire_dtype)
         return plan.finish(all_or_nothing(*self._attend(plan.batch, wire_dtype, timeout, plan.dests,
                                                         plan.output_dtype)))
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult per item, all or nothing."""
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout, None, output_dtype)),
                                 output_dtype)
 
