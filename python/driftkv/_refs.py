@@ -91,10 +91,19 @@ class Places:
             cuda.ref(t)
 
     def close(self) -> None:
-        """Unregisters the CUDA registrations (host regions are the
-        caller's to close)."""
+        """Closes the host regions still open (each unregisters itself and
+        stops its lease renewer) and unregisters the CUDA registrations: the
+        client's close(), after which nothing could renew or unregister
+        them. An error of the server is not raised (its leases expire)."""
+        from driftkv._errors import DriftkvError
         with self._lock:
             cuda, self._cuda = self._cuda, None
+            hosts = list(self._hosts)
+        for region in hosts:
+            try:
+                region.close()
+            except DriftkvError:
+                pass
         if cuda is not None:
             cuda.close()
 

@@ -29,13 +29,13 @@ from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
 from driftkv import sharded as S
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
-from driftkv.client import Client as SyncClient
+from driftkv.client import Client as SyncClient, _repr
 
 if TYPE_CHECKING:
     from driftkv.regions import HostRegion
@@ -65,6 +65,7 @@ class Client:
         self.timeout = timeout
         self.retry = retry
         self.retries = 0
+        self._closed = False
         self._max_message_bytes = max_message_bytes
         self._extra = list(channel_options)
         self._lock = asyncio.Lock()
@@ -85,12 +86,24 @@ class Client:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    def __repr__(self) -> str:
+        return _repr("driftkv.aio.Client", self.target, self._security, self._closed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
-        """Unregisters the CUDA registrations, closes both channels."""
+        """See driftkv.Client.close: final, idempotent; closes the host
+        regions still open, unregisters the CUDA registrations, closes both
+        channels (calls in flight end CANCELLED)."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.to_thread(self._sync.close)
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel, self._stub = None, None
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
 
     async def server_info(self) -> Info:
         await self._connect()
@@ -102,6 +115,8 @@ class Client:
 
     async def _connect(self):
         async with self._lock:
+            if self._closed:
+                raise closed_error(self)
             if self._stub is not None:
                 return self._stub
             bootstrap = open_channel(self.target, self._extra, self._security, aio=True)
@@ -129,9 +144,15 @@ class Client:
             try:
                 return await attempt(t)
             except grpc.RpcError as e:
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
                 error = e
                 if not retryable(e):
                     break
+            except Exception:  # noqa: BLE001 - grpc.aio's UsageError on a channel closed meanwhile
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
+                raise
         raise DriftkvError.from_rpc(error)
 
     async def info(self) -> Info:
@@ -311,10 +332,13 @@ class ShardedClient(S.ReplicaClients):
         await self.close()
 
     async def close(self) -> None:
+        """Closes every replica's client: final, idempotent."""
+        self._closed = True
         for c in self._clients:
             await c.close()
 
     async def _routed(self, sequence_id: str, call: Callable):
+        self._check_open()
         r = self.replica_of(sequence_id)
         try:
             return await call(self._clients[r])
@@ -346,6 +370,7 @@ class ShardedClient(S.ReplicaClients):
                             timeout: Optional[float] = None) -> AppendResult:
         """See driftkv.ShardedClient.append_chunks (a sync iterable, read to
         the end first, every chunk checked before any is sent)."""
+        self._check_open()
         groups = S.grouped_chunks(self._router, chunks)
         total = S.ProgressSum(progress)
         answers = await self._gather(list(groups), lambda r: self._clients[r].append_chunks(
@@ -357,6 +382,7 @@ class ShardedClient(S.ReplicaClients):
 
     async def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None, output_dtype: str = "f32"):
         """See driftkv.ShardedClient._attend: a batch checked already."""
+        self._check_open()
         V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
@@ -388,6 +414,7 @@ class ShardedClient(S.ReplicaClients):
                                                                             output_dtype)), output_dtype)
 
     async def _all(self, fn: Callable) -> list:
+        self._check_open()
         answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 

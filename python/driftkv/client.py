@@ -7,7 +7,8 @@ server's max_message_bytes (gRPC's 4 MiB default cannot receive a
 maximum-size Attend answer).
 
 Every call checks its arguments whole before sending anything
-(driftkv._validate).
+(driftkv._validate). close() is final: the calls of other threads in
+flight end CANCELLED, later calls raise FAILED_PRECONDITION.
 """
 import threading
 import time
@@ -18,7 +19,7 @@ import grpc
 from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -64,6 +65,7 @@ class Client:
         self._channel: Optional[grpc.Channel] = None
         self._stub = None
         self._info: Optional[Info] = None
+        self._closed = False
         self._places = Places(self)  # registered memory, found by address
 
     # -- connection -------------------------------------------------------
@@ -74,11 +76,24 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return _repr("driftkv.Client", self.target, self._security, self._closed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        """Unregisters the client's CUDA registrations and closes the
-        channel (a later call opens it again)."""
-        self._places.close()
+        """Closes the client for good (again: nothing). Closes the host
+        regions still open and unregisters the CUDA registrations, then
+        closes the channel: calls in flight on other threads end with
+        DriftkvError(CANCELLED), later calls raise
+        DriftkvError(FAILED_PRECONDITION)."""
+        if self._closed:
+            return
+        self._places.close()  # needs the channel: before it closes
         with self._lock:
+            self._closed = True
             if self._channel is not None:
                 self._channel.close()
             self._channel, self._stub = None, None
@@ -97,6 +112,8 @@ class Client:
 
     def _connect(self):
         with self._lock:
+            if self._closed:
+                raise closed_error(self)
             if self._stub is not None:
                 return self._stub
             bootstrap = open_channel(self.target, self._extra, self._security)
@@ -124,9 +141,15 @@ class Client:
             try:
                 return attempt(t)
             except grpc.RpcError as e:
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
                 error = e
                 if not retryable(e):
                     break
+            except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
+                raise
         raise DriftkvError.from_rpc(error)
 
     # -- methods ----------------------------------------------------------
@@ -306,3 +329,10 @@ class Client:
         go there)."""
         from driftkv.doorbell import Doorbell
         return Doorbell(self, region, offset, **kwargs)
+
+
+def _repr(kind: str, target: str, security: Security, closed: bool) -> str:
+    """"<driftkv.Client target='h:p' tls open>": the target, TLS or not and
+    the state; never the token or the key."""
+    tls = " tls" if security.tls_ca else ""
+    return f"<{kind} target={target!r}{tls} {'closed' if closed else 'open'}>"

@@ -149,9 +149,14 @@ class Doorbell:
         return finish(response)
 
     def close(self) -> None:
+        """Stops the server's watcher; nothing when closed already or when
+        the client was closed (its regions, the doorbell's among them, are
+        unregistered then)."""
         if self._closed:
             return
         self._closed = True
+        if self._client.closed:
+            return
         stub = self._client._connect()
         req = pb.CloseDoorbellRequest(doorbell_id=self.id)
         self._client._call(False, lambda t: stub.CloseDoorbell(req, timeout=t))

@@ -29,7 +29,7 @@ import grpc
 
 from driftkv import _validate as V
 from driftkv import _wire as W
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult, ReleaseResult, Stats)
@@ -252,6 +252,19 @@ class ReplicaClients:
         elif len(clients) != len(self._router.replicas):
             raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
         self._clients = list(clients)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        kind = f"{type(self).__module__.replace('.sharded', '')}.{type(self).__name__}"
+        return f"<{kind} replicas={self._router.replicas!r} {'closed' if self._closed else 'open'}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise closed_error(self)
 
     @property
     def replicas(self) -> List[str]:
@@ -294,10 +307,14 @@ class ShardedClient(ReplicaClients):
         self.close()
 
     def close(self) -> None:
+        """Closes every replica's client (see driftkv.Client.close): final,
+        idempotent."""
+        self._closed = True
         for c in self._clients:
             c.close()
 
     def _routed(self, sequence_id: str, call: Callable):
+        self._check_open()
         r = self.replica_of(sequence_id)
         try:
             return call(self._clients[r])
@@ -332,6 +349,7 @@ class ShardedClient(ReplicaClients):
         chunks were stored (resend: Append is idempotent). progress(chunks,
         tokens) counts over all replicas. Every chunk is checked before any
         is sent (a bad one raises DriftkvError(INVALID_ARGUMENT))."""
+        self._check_open()
         groups = grouped_chunks(self._router, chunks)
         total = ProgressSum(progress)
         answers = _concurrently(list(groups), lambda r: self._clients[r].append_chunks(
@@ -345,6 +363,7 @@ class ShardedClient(ReplicaClients):
                 output_dtype: str = "f32") -> Tuple[list, list]:
         """The per-replica calls of a batch checked already (AttendPlan,
         results_batch): a bad item never lets another replica's part go."""
+        self._check_open()
         V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
@@ -388,6 +407,7 @@ class ShardedClient(ReplicaClients):
     # -- every replica -------------------------------------------------------
 
     def _all(self, fn: Callable) -> list:
+        self._check_open()
         answers = _concurrently(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 

@@ -1,0 +1,174 @@
+"""Python conventions of the package: repr of the clients and LocalServer
+(never a secret), close() final and idempotent."""
+import asyncio
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+import driftkv
+import driftkv.aio
+from conftest import MODEL_CONFIG
+from driftkv import DriftkvError
+from driftkv._proto import pb, pb_grpc
+from driftkv.local_server import LocalServer
+
+TOKEN = "secret-token-0123456789"
+
+
+def test_repr_names_target_and_state_never_the_token(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nnot checked before the first call\n-----END CERTIFICATE-----\n")
+    c = driftkv.Client("kv-0.example:50051", tls_ca=str(ca), token=TOKEN)
+    assert repr(c) == "<driftkv.Client target='kv-0.example:50051' tls open>"
+    c.close()
+    assert repr(c) == "<driftkv.Client target='kv-0.example:50051' tls closed>" and c.closed
+
+    a = driftkv.aio.Client("127.0.0.1:1", tls_ca=str(ca), token=TOKEN)
+    assert repr(a) == "<driftkv.aio.Client target='127.0.0.1:1' tls open>"
+    asyncio.run(a.close())
+    assert repr(a) == "<driftkv.aio.Client target='127.0.0.1:1' tls closed>"
+
+    s = driftkv.ShardedClient(["a:1", "b:2"], tls_ca=str(ca), token=TOKEN)
+    assert repr(s) == "<driftkv.ShardedClient replicas=['a:1', 'b:2'] open>"
+    assert "tls open" in repr(s.client(0))
+    s.close()
+    assert repr(s) == "<driftkv.ShardedClient replicas=['a:1', 'b:2'] closed>"
+    sa = driftkv.aio.ShardedClient(["a:1"])
+    assert repr(sa) == "<driftkv.aio.ShardedClient replicas=['a:1'] open>"
+    for x in (c, a, s, sa):
+        assert TOKEN not in repr(x) and str(ca) not in repr(x)
+
+
+def test_local_server_repr_says_target_and_whether_it_runs():
+    with LocalServer(config_text=MODEL_CONFIG) as srv:
+        assert repr(srv) == (f"<driftkv.local_server.LocalServer target='{srv.target}' pid={srv.process.pid} "
+                             "running>")
+        srv.stop()
+        assert repr(srv).endswith(f"pid={srv.process.pid} stopped, exit code {srv.process.returncode}>")
+
+
+def test_close_is_idempotent_and_final(server):
+    c = driftkv.Client(server.target)
+    assert c.info().layers == 4
+    c.close()
+    c.close()
+    calls = [c.info, c.stats, lambda: c.length("s"), lambda: c.release("s"), lambda: c.read("s", 0),
+             lambda: c.attend(driftkv.AttendItem("s", 0, np.zeros((8, 128), np.float32))),
+             c.attend_stream, lambda: c.register_host_region(4096), lambda: c.server_info]
+    for call in calls:
+        with pytest.raises(DriftkvError) as e:
+            call()
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert e.value.details == f"<driftkv.Client target='{server.target}' closed> is closed; make a new client"
+
+    with driftkv.ShardedClient([server.target]) as s:
+        assert s.info_all()[0].layers == 4
+    s.close()
+    item = driftkv.AttendItem("s", 0, np.zeros((8, 128), np.float32))
+    for call in (lambda: s.length("s"), s.info_all, lambda: s.attend_each([item])):
+        with pytest.raises(DriftkvError) as e:
+            call()
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "is closed" in e.value.details
+
+    async def main():
+        async with driftkv.aio.Client(server.target) as a:
+            assert (await a.info()).layers == 4
+        await a.close()
+        with pytest.raises(DriftkvError) as e:
+            await a.length("s")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "is closed" in e.value.details
+        sa = driftkv.aio.ShardedClient([server.target])
+        await sa.close()
+        await sa.close()
+        with pytest.raises(DriftkvError) as e:
+            await sa.info_all()
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+    asyncio.run(main())
+
+
+class Holding(pb_grpc.KvCacheServicer):
+    """A server whose calls (but Info) hold until the client cancels them
+    (or 10 s pass); `done` is set when the held call ended, `cancelled`
+    then says whether the client had cancelled it."""
+
+    def __init__(self):
+        self.held = threading.Event()
+        self.done = threading.Event()
+        self.cancelled = False
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        pb_grpc.add_KvCacheServicer_to_server(self, self.server)
+        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def Info(self, request, context):
+        return pb.InfoResponse(layers=1, kv_heads=4, head_dim=128, max_message_bytes=1 << 26, max_batch=64)
+
+    def _hold(self, context):
+        self.held.set()
+        start = time.monotonic()
+        while context.is_active() and time.monotonic() - start < 10:
+            time.sleep(0.005)
+        self.cancelled = not context.is_active()
+        self.done.set()
+
+    def Length(self, request, context):
+        self._hold(context)
+        return pb.LengthResponse()
+
+    def Attend(self, request, context):
+        self._hold(context)
+        return pb.AttendResponse()
+
+    def Read(self, request, context):
+        yield pb.ReadChunk(first_token=0, token_count=1, dtype=pb.DTYPE_F32, keys=bytes(2048), values=bytes(2048))
+        self._hold(context)
+
+    def Append(self, request_iterator, context):
+        next(request_iterator)
+        self._hold(context)
+        return pb.AppendResponse()
+
+    def AttendStream(self, request_iterator, context):
+        for frame in request_iterator:
+            self._hold(context)
+            yield pb.AttendFrameResult(frame_id=frame.frame_id)
+
+    def close(self):
+        self.server.stop(0)
+
+
+@pytest.fixture
+def holding():
+    h = Holding()
+    yield h
+    h.close()
+
+
+def after_held(holding, action, delay=0.1):
+    """Runs action() on a thread once the server holds a call."""
+    def run():
+        if holding.held.wait(10):
+            time.sleep(delay)
+            action()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_close_cancels_the_calls_in_flight(holding):
+    c = driftkv.Client(holding.target, timeout=20)
+    c.info()
+    after_held(holding, c.close)
+    start = time.monotonic()
+    with pytest.raises(DriftkvError) as e:
+        c.length("s")
+    assert time.monotonic() - start < 5
+    assert (e.value.code, e.value.details) == (
+        grpc.StatusCode.CANCELLED, f"<driftkv.Client target='{holding.target}' closed> was closed during the call; "
+        "make a new client")
+    assert holding.done.wait(5) and holding.cancelled
