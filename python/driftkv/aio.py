@@ -155,18 +155,22 @@ class Client:
                 raise
         raise DriftkvError.from_rpc(error)
 
-    async def info(self) -> Info:
+    async def info(self, *, timeout: Optional[float] = None) -> Info:
+        V.timeout(timeout)
         stub = await self._connect()
-        return from_message(Info, await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+        return from_message(Info, await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t), timeout))
 
-    async def stats(self) -> Stats:
+    async def stats(self, *, timeout: Optional[float] = None) -> Stats:
+        V.timeout(timeout)
         stub = await self._connect()
-        return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+        return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t),
+                                                    timeout))
 
-    async def length(self, sequence_id: str) -> List[LayerLength]:
+    async def length(self, sequence_id: str, *, timeout: Optional[float] = None) -> List[LayerLength]:
         req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = await self._connect()
-        return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t)))
+        return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
     async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                      wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
@@ -360,8 +364,8 @@ class ShardedClient(S.ReplicaClients):
     async def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
         return await self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
 
-    async def length(self, sequence_id: str) -> List[LayerLength]:
-        return await self._routed(sequence_id, lambda c: c.length(sequence_id))
+    async def length(self, sequence_id: str, **kwargs) -> List[LayerLength]:
+        return await self._routed(sequence_id, lambda c: c.length(sequence_id, **kwargs))
 
     async def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
         return await self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
@@ -418,8 +422,10 @@ class ShardedClient(S.ReplicaClients):
         answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 
-    async def info_all(self) -> List[Union[Info, DriftkvError]]:
-        return await self._all(lambda c: c.info())
+    async def info_all(self, *, timeout: Optional[float] = None) -> List[Union[Info, DriftkvError]]:
+        V.timeout(timeout)
+        return await self._all(lambda c: c.info(timeout=timeout))
 
-    async def stats_all(self) -> List[Union[Stats, DriftkvError]]:
-        return await self._all(lambda c: c.stats())
+    async def stats_all(self, *, timeout: Optional[float] = None) -> List[Union[Stats, DriftkvError]]:
+        V.timeout(timeout)
+        return await self._all(lambda c: c.stats(timeout=timeout))

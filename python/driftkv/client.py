@@ -7,8 +7,11 @@ server's max_message_bytes (gRPC's 4 MiB default cannot receive a
 maximum-size Attend answer).
 
 Every call checks its arguments whole before sending anything
-(driftkv._validate). close() is final: the calls of other threads in
-flight end CANCELLED, later calls raise FAILED_PRECONDITION.
+(driftkv._validate) and has a deadline (timeout=, else the client's).
+KeyboardInterrupt during a call cancels its RPC (gRPC cancels a blocking
+call it leaves; the Read stream is cancelled here) and propagates as it
+is. close() is final: the calls of other threads in flight end CANCELLED,
+later calls raise FAILED_PRECONDITION.
 """
 import threading
 import time
@@ -154,21 +157,24 @@ class Client:
 
     # -- methods ----------------------------------------------------------
 
-    def info(self) -> Info:
+    def info(self, *, timeout: Optional[float] = None) -> Info:
         """The server's model shape, codec, limits and hot tier (asked anew)."""
+        V.timeout(timeout)
         stub = self._connect()
-        return from_message(Info, self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+        return from_message(Info, self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t), timeout))
 
-    def stats(self) -> Stats:
+    def stats(self, *, timeout: Optional[float] = None) -> Stats:
+        V.timeout(timeout)
         stub = self._connect()
-        return from_message(Stats, self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+        return from_message(Stats, self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t), timeout))
 
-    def length(self, sequence_id: str) -> List[LayerLength]:
+    def length(self, sequence_id: str, *, timeout: Optional[float] = None) -> List[LayerLength]:
         """Each layer's stored tokens (compressed + window), layer 0 first.
         NOT_FOUND for an unknown sequence."""
         req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = self._connect()
-        return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t)))
+        return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
     def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
@@ -272,8 +278,13 @@ class Client:
                                      else request.first_token)
             if resumed is None:
                 return None
-            for c in stub.Read(resumed, timeout=t):
-                chunks.append(c)
+            call = stub.Read(resumed, timeout=t)
+            try:
+                for c in call:
+                    chunks.append(c)
+            except BaseException:  # KeyboardInterrupt included: the stream ends here, not when collected
+                call.cancel()
+                raise
 
         self._call(True, attempt, timeout)
         return W.read_result(chunks, self._info)

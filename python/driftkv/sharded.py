@@ -330,10 +330,10 @@ class ShardedClient(ReplicaClients):
     def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
         return self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
 
-    def length(self, sequence_id: str) -> List[LayerLength]:
+    def length(self, sequence_id: str, **kwargs) -> List[LayerLength]:
         """Each layer's stored tokens, from the owner (NOT_FOUND there when it
         does not hold the sequence: restarted, or another replica list)."""
-        return self._routed(sequence_id, lambda c: c.length(sequence_id))
+        return self._routed(sequence_id, lambda c: c.length(sequence_id, **kwargs))
 
     def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
         return self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
@@ -411,10 +411,12 @@ class ShardedClient(ReplicaClients):
         answers = _concurrently(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 
-    def info_all(self) -> List[Union[Info, DriftkvError]]:
+    def info_all(self, *, timeout: Optional[float] = None) -> List[Union[Info, DriftkvError]]:
         """Every replica's Info (or its error), in replica order."""
-        return self._all(lambda c: c.info())
+        V.timeout(timeout)
+        return self._all(lambda c: c.info(timeout=timeout))
 
-    def stats_all(self) -> List[Union[Stats, DriftkvError]]:
+    def stats_all(self, *, timeout: Optional[float] = None) -> List[Union[Stats, DriftkvError]]:
         """Every replica's Stats (or its error), in replica order."""
-        return self._all(lambda c: c.stats())
+        V.timeout(timeout)
+        return self._all(lambda c: c.stats(timeout=timeout))

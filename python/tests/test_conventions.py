@@ -172,3 +172,88 @@ def test_close_cancels_the_calls_in_flight(holding):
         grpc.StatusCode.CANCELLED, f"<driftkv.Client target='{holding.target}' closed> was closed during the call; "
         "make a new client")
     assert holding.done.wait(5) and holding.cancelled
+
+
+# -- deadlines and cancellation ------------------------------------------------
+
+def held_calls(c):
+    """(name, call) of the calls Holding holds, each with timeout=."""
+    item = driftkv.AttendItem("s", 0, np.zeros((8, 128), np.float32))
+    kv = np.zeros((4, 4, 128), np.float32)
+    return [("length", lambda t: c.length("s", timeout=t)), ("attend", lambda t: c.attend(item, timeout=t)),
+            ("read", lambda t: c.read("s", 0, timeout=t)), ("append", lambda t: c.append("s", 0, kv, kv, timeout=t))]
+
+
+def reset(holding):
+    holding.held.clear()
+    holding.done.clear()
+    holding.cancelled = False
+
+
+def test_every_call_takes_a_timeout_that_cancels_it(holding, server):
+    with driftkv.Client(holding.target, timeout=30, retry=driftkv.RetryPolicy(max_attempts=1)) as c:
+        assert c.info(timeout=5).layers == 1
+        for name, call in held_calls(c):
+            reset(holding)
+            start = time.monotonic()
+            with pytest.raises(DriftkvError) as e:
+                call(0.3)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, name
+            assert time.monotonic() - start < 5, name
+            assert holding.done.wait(5) and holding.cancelled, name
+    with driftkv.Client(server.target) as c:
+        assert c.stats(timeout=5).capacity_pages > 0
+    with driftkv.ShardedClient([server.target]) as s:
+        assert s.info_all(timeout=5)[0].layers == 4 and s.stats_all(timeout=5)[0].capacity_pages > 0
+        with pytest.raises(DriftkvError) as e:
+            s.length("no-such-sequence", timeout=5)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+    async def main():
+        async with driftkv.aio.Client(holding.target, timeout=30) as a:
+            reset(holding)
+            with pytest.raises(DriftkvError) as e:
+                await a.length("s", timeout=0.3)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert (await a.info(timeout=5)).layers == 1
+
+    asyncio.run(main())
+    assert holding.done.wait(5) and holding.cancelled
+
+
+def interrupt_when_held(holding):
+    """KeyboardInterrupt in the main thread (the test's) 0.1 s after the
+    server started holding a call."""
+    import _thread
+    return after_held(holding, _thread.interrupt_main)
+
+
+@pytest.mark.parametrize("name", ["length", "attend", "read", "append"])
+def test_keyboard_interrupt_cancels_the_call(holding, name):
+    kept = []
+    with driftkv.Client(holding.target, timeout=30) as c:
+        c.info()
+        call = dict(held_calls(c))[name]
+        interrupt_when_held(holding)
+        try:
+            call(None)
+        except KeyboardInterrupt as e:
+            kept.append(e)  # the traceback (and its frames) stays alive: no help from the collector
+        assert kept, "the call returned"
+        assert holding.done.wait(5) and holding.cancelled
+
+
+def test_an_interrupted_attend_stream_is_broken_not_out_of_step(holding):
+    item = driftkv.AttendItem("s", 0, np.zeros((8, 128), np.float32))
+    with driftkv.Client(holding.target, timeout=30) as c:
+        stream = c.attend_stream()
+        interrupt_when_held(holding)
+        with pytest.raises(KeyboardInterrupt):
+            stream.attend(item)
+        assert holding.done.wait(5) and holding.cancelled  # the call is cancelled, not left holding
+        # Frame 1's answer will never be taken for frame 2's.
+        with pytest.raises(DriftkvError) as e:
+            stream.attend(item)
+        assert (e.value.code, e.value.details) == (
+            grpc.StatusCode.CANCELLED, "the AttendStream was interrupted waiting for frame 1; open another")
+        stream.close()
