@@ -1,6 +1,9 @@
 """Python conventions of the package: repr of the clients and LocalServer
-(never a secret), close() final and idempotent."""
+(never a secret), close() final and idempotent, timeout= on every call,
+KeyboardInterrupt cancelling the call it interrupts, py.typed shipped."""
 import asyncio
+import os
+import sys
 import threading
 import time
 from concurrent import futures
@@ -257,3 +260,16 @@ def test_an_interrupted_attend_stream_is_broken_not_out_of_step(holding):
         assert (e.value.code, e.value.details) == (
             grpc.StatusCode.CANCELLED, "the AttendStream was interrupted waiting for frame 1; open another")
         stream.close()
+
+
+def test_py_typed_ships_with_the_package():
+    """PEP 561: the marker next to __init__.py, and the package data that
+    puts it in a wheel."""
+    package = os.path.dirname(driftkv.__file__)
+    assert os.path.isfile(os.path.join(package, "py.typed"))
+    if sys.version_info < (3, 11):
+        pytest.skip("reading pyproject.toml needs tomllib (Python 3.11)")
+    import tomllib
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["driftkv"]
