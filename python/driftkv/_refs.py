@@ -21,8 +21,8 @@ from driftkv import _tensors as T
 from driftkv._proto import pb
 
 # numpy dtypes that are a wire type as they are. numpy has no bfloat16: a
-# uint16 destination holds bf16 bit patterns; a uint16 input is not taken
-# for bf16 (inline, the client converts its integer values).
+# uint16 destination holds bf16 bit patterns; a uint16 input is refused
+# before sending (driftkv._validate: inputs are floating-point arrays).
 _NUMPY_WIRE = {np.dtype("<f4"): "f32", np.dtype("<f2"): "fp16"}
 BF16_BITS = np.dtype("<u2")
 
@@ -91,10 +91,19 @@ class Places:
             cuda.ref(t)
 
     def close(self) -> None:
-        """Unregisters the CUDA registrations (host regions are the
-        caller's to close)."""
+        """Closes the host regions still open (each unregisters itself and
+        stops its lease renewer) and unregisters the CUDA registrations: the
+        client's close(), after which nothing could renew or unregister
+        them. An error of the server is not raised (its leases expire)."""
+        from driftkv._errors import DriftkvError
         with self._lock:
             cuda, self._cuda = self._cuda, None
+            hosts = list(self._hosts)
+        for region in hosts:
+            try:
+                region.close()
+            except DriftkvError:
+                pass
         if cuda is not None:
             cuda.close()
 

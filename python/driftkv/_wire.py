@@ -6,6 +6,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from driftkv import _tensors as T
+from driftkv import _validate as V
 from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
@@ -25,24 +26,15 @@ def channel_options(max_message_bytes: int) -> List[Tuple[str, int]]:
             ("grpc.max_send_message_length", int(max_message_bytes))]
 
 
-def _tensor3(name: str, x, where: str = "") -> Tuple[int, int, int]:
-    s = T.shape(x)
-    if len(s) != 3:
-        raise invalid(f"{where}{name} has shape {s}; expected [tokens, kv_heads, head_dim]")
-    return s
-
-
-def chunk_message(c: Chunk) -> "pb.AppendChunk":
+def chunk_message(c: Chunk, where: str = "chunk", checked: bool = False) -> "pb.AppendChunk":
     """An AppendChunk with its shape fields set from the arrays (the server
-    checks them: a wrong head layout is refused naming the field)."""
-    ks = _tensor3("keys", c.keys)
-    vs = _tensor3("values", c.values)
-    if ks != vs:
-        raise invalid(f"keys has shape {ks} but values has shape {vs}")
+    checks them: a wrong head layout is refused naming the field). The
+    chunk is checked first (driftkv._validate) unless `checked` says it was."""
+    ks = T.shape(c.keys) if checked else V.chunk(c, where)
     wire = c.wire_dtype or T.natural_wire(c.keys)
-    m = pb.AppendChunk(sequence_id=c.sequence_id, layer=c.layer, first_token=c.first_token,
+    m = pb.AppendChunk(sequence_id=c.sequence_id, layer=int(c.layer), first_token=int(c.first_token),
                        token_count=ks[0], dtype=T.check_wire(wire), kv_heads=ks[1], head_dim=ks[2],
-                       new_incarnation=c.new_incarnation)
+                       new_incarnation=bool(c.new_incarnation))
     m.keys = T.to_wire(c.keys, wire)
     m.values = T.to_wire(c.values, wire)
     m.crc32c = crc32c_extend(crc32c(m.keys), m.values)
@@ -50,14 +42,12 @@ def chunk_message(c: Chunk) -> "pb.AppendChunk":
 
 
 def split_layer(sequence_id: str, layer: int, keys, values, first_token: int, chunk_tokens: int,
-                wire_dtype: Optional[str]) -> Iterable[Chunk]:
-    """One layer's [tokens, kv_heads, head_dim] as chunks of chunk_tokens."""
-    ks = _tensor3("keys", keys)
-    if chunk_tokens < 1:
-        raise invalid(f"chunk_tokens {chunk_tokens} must be >= 1")
-    for t in range(0, ks[0], chunk_tokens):
-        yield Chunk(sequence_id, layer, first_token + t, keys[t:t + chunk_tokens], values[t:t + chunk_tokens],
-                    wire_dtype)
+                wire_dtype: Optional[str]) -> List[Chunk]:
+    """One layer's [tokens, kv_heads, head_dim] as chunks of chunk_tokens
+    (views, not copies), every argument checked before any is made."""
+    ks = V.layer_arrays(sequence_id, layer, keys, values, first_token, chunk_tokens, wire_dtype)
+    return [Chunk(sequence_id, layer, first_token + t, keys[t:t + chunk_tokens], values[t:t + chunk_tokens],
+                  wire_dtype) for t in range(0, ks[0], chunk_tokens)]
 
 
 # progress(chunks, tokens): new chunks and tokens handed to gRPC so far.
@@ -69,14 +59,18 @@ class ChunkSender:
 
     Reads the caller's chunks lazily and keeps the messages sent, so that a
     retried attempt sends them again before going on (the server
-    acknowledges stored tokens without storing them twice). A chunk that
-    cannot be converted, or an exception of the caller's iterable, ends the
+    acknowledges stored tokens without storing them twice). Chunks given as
+    a list or tuple are checked, all of them, here, before the call starts
+    (a bad one raises DriftkvError and nothing is sent); an iterator's are
+    checked as they are read. A chunk of an iterator that fails its check
+    or cannot be converted, or an exception of the iterator, ends the
     stream there: the chunks before it are committed by the call, then
     raise_failure() raises it (gRPC would otherwise only log it).
     """
 
     def __init__(self, chunks: Iterable[Chunk], progress: Optional[Progress]):
-        self._source = iter(chunks)
+        self._checked = isinstance(chunks, (list, tuple))
+        self._source = iter(V.chunks(chunks) if self._checked else chunks)
         self._progress = progress
         self._sent: List["pb.AppendChunk"] = []
         self._failure: Optional[BaseException] = None
@@ -84,7 +78,7 @@ class ChunkSender:
 
     def _next(self):
         try:
-            return chunk_message(next(self._source))
+            return chunk_message(next(self._source), f"chunks[{len(self._sent)}]", self._checked)
         except StopIteration:
             return None
         except Exception as e:  # noqa: BLE001 - re-raised by raise_failure
@@ -149,6 +143,8 @@ def destinations(n: int, single: bool, out, lse) -> Optional[List[Destination]]:
         return None
     if out is None or lse is None:
         raise invalid("out and lse go together (both or neither)")
+    V.destination(out, "out", bf16_bits=True)
+    V.destination(lse, "lse", bf16_bits=False)
     if single:
         return [(out, lse)]
     if T.shape(out)[:1] != (n,) or T.shape(lse)[:1] != (n,):
@@ -161,21 +157,43 @@ def check_batch(n: int, max_batch: int) -> None:
         raise invalid(f"items has {n} entries; the server's max_batch is {max_batch}")
 
 
+def item_list(items) -> List[AttendItem]:
+    if isinstance(items, AttendItem):
+        return [items]
+    try:
+        return list(items)
+    except TypeError:
+        raise invalid(f"items is a {type(items).__name__}; expected an AttendItem or a list of them") from None
+
+
+def results_batch(items, wire_dtype: Optional[str], output_dtype: str) -> List[AttendItem]:
+    """attend_results()'s items as a list, every item checked (queries of
+    any shapes) before anything is sent."""
+    batch = item_list(items)
+    check_output_dtype(output_dtype)
+    V.attend_items(batch, wire_dtype, stack=False)
+    return batch
+
+
 class AttendPlan:
     """attend(items, out=, lse=, output_dtype=) before and after its call,
     shared by the sync and asyncio clients: `batch`, `output_dtype` and the
     per-item destinations `dests` to build the request from, and finish(
-    response), what attend returns. A pb.AttendRequest passes through as
-    `request` (finish then returns the response as it is)."""
+    response), what attend returns. Every argument is checked here, before
+    anything is sent (driftkv._validate), the stacking of the answers
+    included: the queries of a list share one shape. A pb.AttendRequest
+    passes through as `request`, unchecked (finish then returns the
+    response as it is)."""
 
-    def __init__(self, items, out, lse, output_dtype: Optional[str]):
+    def __init__(self, items, out, lse, output_dtype: Optional[str], wire_dtype: Optional[str] = None):
         self.request = items if isinstance(items, pb.AttendRequest) else None
         if self.request is not None:
             return
         self.single = isinstance(items, AttendItem)
-        self.batch: List[AttendItem] = [items] if self.single else list(items)
-        self.output_dtype = output_dtype_of(out, output_dtype)
+        self.batch: List[AttendItem] = item_list(items)
         self.dests = destinations(len(self.batch), self.single, out, lse)
+        self.output_dtype = output_dtype_of(out, output_dtype)
+        V.attend_items(self.batch, wire_dtype, stack=not self.single, dests=self.dests)
         self._out, self._lse = out, lse
 
     def finish(self, response):
@@ -200,46 +218,33 @@ def attend_request(items: Sequence[AttendItem], wire_dtype: Optional[str], place
                    dests: Optional[Sequence[Destination]] = None,
                    output_dtype: str = "f32") -> Tuple["pb.AttendRequest", bool]:
     """The request and whether repeating it is harmless (no decode step
-    without new_token_index). With `places` (driftkv._refs.Places), tensors
+    without new_token_index), from items checked already (AttendPlan,
+    results_batch). With `places` (driftkv._refs.Places), tensors
     already in registered memory go by reference (query_ref, new_key_ref,
     new_value_ref) and destinations there become output_ref/lse_ref; the
     others travel inline and stacked() copies their answers."""
-    if len(items) == 0:
-        raise invalid("items is empty; send at least one item")
     out_enum = check_output_dtype(output_dtype)
     req = pb.AttendRequest()
     idempotent = True
     for i, it in enumerate(items):
         qs = T.shape(it.query)
-        if len(qs) != 2:
-            raise invalid(f"items[{i}].query has shape {qs}; expected [q_heads, head_dim]")
         wire = wire_dtype or T.natural_wire(it.query)
-        m = req.items.add(sequence_id=it.sequence_id, layer=it.layer, dtype=T.check_wire(wire), q_heads=qs[0],
-                          head_dim=qs[1])
+        m = req.items.add(sequence_id=it.sequence_id, layer=int(it.layer), dtype=T.check_wire(wire),
+                          q_heads=qs[0], head_dim=qs[1])
         if out_enum != pb.DTYPE_F32:
             m.output_dtype = out_enum
         _ref_or_inline(m, "query", it.query, wire, places)
-        if (it.new_key is None) != (it.new_value is None):
-            raise invalid(f"items[{i}]: new_key and new_value go together (both or neither)")
         if it.new_key is not None:
             for name, x in (("new_key", it.new_key), ("new_value", it.new_value)):
-                s = T.shape(x)
-                if len(s) != 2 or s[1] != qs[1]:
-                    raise invalid(f"items[{i}].{name} has shape {s}; expected [kv_heads, {qs[1]}]")
                 _ref_or_inline(m, name, x, wire, places)
             if it.new_token_index is None:
                 idempotent = False
             else:
-                m.new_token_index = it.new_token_index
-        elif it.new_token_index is not None:
-            raise invalid(f"items[{i}].new_token_index {it.new_token_index} is set but new_key/new_value are not")
+                m.new_token_index = int(it.new_token_index)
         if it.softmax_scale is not None:
-            m.softmax_scale = it.softmax_scale
+            m.softmax_scale = float(it.softmax_scale)
         if dests is not None and dests[i] is not None:
             out, lse = dests[i]
-            if T.shape(out) != qs or T.shape(lse) != qs[:1]:
-                raise invalid(f"items[{i}]: out has shape {T.shape(out)} and lse {T.shape(lse)}; expected "
-                              f"{list(qs)} and [{qs[0]}]")
             out_ref = places.ref(out, output_dtype, output=True) if places is not None else None
             lse_ref = places.ref(lse, "f32", output=True) if out_ref is not None else None
             if lse_ref is not None:  # both by reference or neither (the server's rule)
@@ -303,12 +308,9 @@ def fill(items: Sequence[AttendItem], response, output_dtype: str, dests: Sequen
 
 def stacked(items: Sequence[AttendItem], response, output_dtype: str = "f32") -> Attention:
     """(output [items, q_heads, head_dim], lse [items, q_heads]) float32 as
-    the first query's kind of array."""
-    shapes = {T.shape(it.query) for it in items}
-    if len(shapes) != 1:
-        raise invalid(f"items have queries of shapes {sorted(shapes)}; attend() stacks equal shapes only, "
-                      "attend_results() takes any")
-    q, d = shapes.pop()
+    the first query's kind of array; the queries share one shape
+    (AttendPlan checked it before the call)."""
+    q, d = T.shape(items[0].query)
     o = np.empty((len(items), q, d), dtype=np.float32)
     lse = np.empty((len(items), q), dtype=np.float32)
     for i, r in enumerate(response.results):
@@ -318,8 +320,9 @@ def stacked(items: Sequence[AttendItem], response, output_dtype: str = "f32") ->
 
 
 def read_request(sequence_id: str, layer: int, first_token: int, token_count: int, wire_dtype: str):
-    return pb.ReadRequest(sequence_id=sequence_id, layer=layer, first_token=first_token, token_count=token_count,
-                          dtype=T.check_wire(wire_dtype))
+    return pb.ReadRequest(sequence_id=V.text(sequence_id, "sequence_id"), layer=V.integer(layer, "layer"),
+                          first_token=V.integer(first_token, "first_token", high=V.UINT64_MAX),
+                          token_count=V.integer(token_count, "token_count"), dtype=T.check_wire(wire_dtype))
 
 
 def resumed_read(request, next_token: int):

@@ -25,16 +25,17 @@ from typing import TYPE_CHECKING, AsyncIterable, Callable, Iterable, List, Optio
 import grpc
 import grpc.aio
 
+from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
 from driftkv import sharded as S
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
-from driftkv.client import Client as SyncClient
+from driftkv.client import Client as SyncClient, _repr
 
 if TYPE_CHECKING:
     from driftkv.regions import HostRegion
@@ -59,9 +60,12 @@ class Client:
         self.target = target
         self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
         self._security.credentials()  # bad files and a token without TLS fail here
+        if V.timeout(timeout) is None:
+            raise invalid("timeout is None; expected a number of seconds > 0")
         self.timeout = timeout
         self.retry = retry
         self.retries = 0
+        self._closed = False
         self._max_message_bytes = max_message_bytes
         self._extra = list(channel_options)
         self._lock = asyncio.Lock()
@@ -82,12 +86,24 @@ class Client:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    def __repr__(self) -> str:
+        return _repr("driftkv.aio.Client", self.target, self._security, self._closed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
-        """Unregisters the CUDA registrations, closes both channels."""
+        """See driftkv.Client.close: final, idempotent; closes the host
+        regions still open, unregisters the CUDA registrations, closes both
+        channels (calls in flight end CANCELLED)."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.to_thread(self._sync.close)
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel, self._stub = None, None
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
 
     async def server_info(self) -> Info:
         await self._connect()
@@ -99,6 +115,8 @@ class Client:
 
     async def _connect(self):
         async with self._lock:
+            if self._closed:
+                raise closed_error(self)
             if self._stub is not None:
                 return self._stub
             bootstrap = open_channel(self.target, self._extra, self._security, aio=True)
@@ -116,31 +134,43 @@ class Client:
 
     async def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
         """Awaits attempt(timeout) under the retry rules; raises DriftkvError."""
+        t = V.timeout(timeout)
+        t = self.timeout if t is None else t
         error = None
         for n, sleep in enumerate(self.retry.sleeps(idempotent)):
             if n > 0:
                 self.retries += 1
                 await asyncio.sleep(sleep)
             try:
-                return await attempt(timeout or self.timeout)
+                return await attempt(t)
             except grpc.RpcError as e:
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
                 error = e
                 if not retryable(e):
                     break
+            except Exception:  # noqa: BLE001 - grpc.aio's UsageError on a channel closed meanwhile
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
+                raise
         raise DriftkvError.from_rpc(error)
 
-    async def info(self) -> Info:
+    async def info(self, *, timeout: Optional[float] = None) -> Info:
+        V.timeout(timeout)
         stub = await self._connect()
-        return from_message(Info, await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+        return from_message(Info, await self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t), timeout))
 
-    async def stats(self) -> Stats:
+    async def stats(self, *, timeout: Optional[float] = None) -> Stats:
+        V.timeout(timeout)
         stub = await self._connect()
-        return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+        return from_message(Stats, await self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t),
+                                                    timeout))
 
-    async def length(self, sequence_id: str) -> List[LayerLength]:
+    async def length(self, sequence_id: str, *, timeout: Optional[float] = None) -> List[LayerLength]:
+        req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = await self._connect()
-        req = pb.LengthRequest(sequence_id=sequence_id)
-        return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t)))
+        return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
     async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                      wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
@@ -152,8 +182,9 @@ class Client:
                             progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
         """See driftkv.Client.append_chunks; `chunks` may also be an async
         iterable (e.g. an async generator fed by the prefill)."""
-        stub = await self._connect()
         sender = _AsyncChunkSender(chunks, progress)
+        V.timeout(timeout)
+        stub = await self._connect()
         result = await self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
         sender.raise_failure()
         return W.append_result(result)
@@ -164,6 +195,7 @@ class Client:
         """See driftkv.Client.attend: out=, lse=, output_dtype= and the data
         plane alike (arrays in this client's host regions and torch CUDA
         tensors go by reference); a pb.AttendRequest passes through."""
+        V.timeout(timeout)
         req, idempotent, finish = await self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
                                                             output_dtype=output_dtype)
         stub = await self._connect()
@@ -172,7 +204,7 @@ class Client:
     async def prepare_attend(self, items, *, wire_dtype: Optional[str] = None, out: Optional[Array] = None,
                              lse: Optional[Array] = None, output_dtype: Optional[str] = None):
         """See driftkv.Client.prepare_attend: (request, idempotent, finish)."""
-        plan = W.AttendPlan(items, out, lse, output_dtype)
+        plan = W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
         if plan.request is not None:
             return plan.request, False, plan.finish
         req, idempotent = await self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
@@ -180,7 +212,7 @@ class Client:
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                              output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, await self._attend(batch, wire_dtype, timeout, None, output_dtype),
                                 output_dtype)
 
@@ -198,14 +230,17 @@ class Client:
             await asyncio.to_thread(self._places.register_cuda, known.unregistered)
 
     async def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+        """One Attend of a batch checked already (AttendPlan, results_batch)."""
+        V.timeout(timeout)
         stub = await self._connect()
         req, idempotent = await self._attend_request(batch, wire_dtype, dests, output_dtype)
         return await self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
 
     async def read(self, sequence_id: str, layer: int, *, first_token: int = 0, token_count: int = 0,
                    wire_dtype: str = "f32", timeout: Optional[float] = None) -> ReadResult:
-        stub = await self._connect()
         request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        V.timeout(timeout)
+        stub = await self._connect()
         chunks = []
 
         async def attempt(t):
@@ -220,8 +255,9 @@ class Client:
         return W.read_result(chunks, self._info)
 
     async def release(self, sequence_id: str, *, timeout: Optional[float] = None) -> ReleaseResult:
+        req = pb.ReleaseRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = await self._connect()
-        req = pb.ReleaseRequest(sequence_id=sequence_id)
         tries = [0]
 
         async def attempt(t):
@@ -263,7 +299,7 @@ class _AsyncChunkSender(W.ChunkSender):
         if not self._async:
             return self._next()
         try:
-            return W.chunk_message(await self._aiter.__anext__())
+            return W.chunk_message(await self._aiter.__anext__(), f"chunks[{len(self._sent)}]")
         except StopAsyncIteration:
             return None
         except Exception as e:  # noqa: BLE001 - re-raised by raise_failure
@@ -300,10 +336,13 @@ class ShardedClient(S.ReplicaClients):
         await self.close()
 
     async def close(self) -> None:
+        """Closes every replica's client: final, idempotent."""
+        self._closed = True
         for c in self._clients:
             await c.close()
 
     async def _routed(self, sequence_id: str, call: Callable):
+        self._check_open()
         r = self.replica_of(sequence_id)
         try:
             return await call(self._clients[r])
@@ -325,8 +364,8 @@ class ShardedClient(S.ReplicaClients):
     async def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
         return await self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
 
-    async def length(self, sequence_id: str) -> List[LayerLength]:
-        return await self._routed(sequence_id, lambda c: c.length(sequence_id))
+    async def length(self, sequence_id: str, **kwargs) -> List[LayerLength]:
+        return await self._routed(sequence_id, lambda c: c.length(sequence_id, **kwargs))
 
     async def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
         return await self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
@@ -334,7 +373,8 @@ class ShardedClient(S.ReplicaClients):
     async def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
                             timeout: Optional[float] = None) -> AppendResult:
         """See driftkv.ShardedClient.append_chunks (a sync iterable, read to
-        the end first)."""
+        the end first, every chunk checked before any is sent)."""
+        self._check_open()
         groups = S.grouped_chunks(self._router, chunks)
         total = S.ProgressSum(progress)
         answers = await self._gather(list(groups), lambda r: self._clients[r].append_chunks(
@@ -345,8 +385,9 @@ class ShardedClient(S.ReplicaClients):
         return S.summed(answers.values())
 
     async def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None, output_dtype: str = "f32"):
-        if not batch:
-            raise invalid("items is empty; send at least one item")
+        """See driftkv.ShardedClient._attend: a batch checked already."""
+        self._check_open()
+        V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
         # regions; the rest of a sub-batch goes inline.
@@ -358,7 +399,7 @@ class ShardedClient(S.ReplicaClients):
     async def attend_each(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                           output_dtype: str = "f32",
                           timeout: Optional[float] = None) -> List[Union[AttendResult, DriftkvError]]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return S.each_result(batch, *await self._attend(batch, wire_dtype, timeout, None, output_dtype),
                              output_dtype)
 
@@ -366,22 +407,25 @@ class ShardedClient(S.ReplicaClients):
                      out: Optional[Array] = None, lse: Optional[Array] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = None) -> Attention:
         """See driftkv.ShardedClient.attend (out, lse, output_dtype too)."""
-        plan = S.attend_plan(items, out, lse, output_dtype)
+        plan = S.attend_plan(items, out, lse, output_dtype, wire_dtype)
         return plan.finish(S.all_or_nothing(*await self._attend(plan.batch, wire_dtype, timeout, plan.dests,
                                                                 plan.output_dtype)))
 
     async def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                              output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, S.all_or_nothing(*await self._attend(batch, wire_dtype, timeout, None,
                                                                             output_dtype)), output_dtype)
 
     async def _all(self, fn: Callable) -> list:
+        self._check_open()
         answers = await self._gather(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 
-    async def info_all(self) -> List[Union[Info, DriftkvError]]:
-        return await self._all(lambda c: c.info())
+    async def info_all(self, *, timeout: Optional[float] = None) -> List[Union[Info, DriftkvError]]:
+        V.timeout(timeout)
+        return await self._all(lambda c: c.info(timeout=timeout))
 
-    async def stats_all(self) -> List[Union[Stats, DriftkvError]]:
-        return await self._all(lambda c: c.stats())
+    async def stats_all(self, *, timeout: Optional[float] = None) -> List[Union[Stats, DriftkvError]]:
+        V.timeout(timeout)
+        return await self._all(lambda c: c.stats(timeout=timeout))

@@ -15,6 +15,7 @@ from typing import Optional
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv._errors import DriftkvError
 from driftkv._proto import pb
 
@@ -54,7 +55,10 @@ class AttendStream:
         give what attend gives; a pb.AttendRequest gives the
         pb.AttendResponse. `timeout` (seconds) is the frame's deadline on
         the server, from its arrival: a frame not started by then answers
-        DEADLINE_EXCEEDED."""
+        DEADLINE_EXCEEDED. Everything is checked before the frame is sent.
+        KeyboardInterrupt while waiting cancels the call and breaks the
+        stream (the frame's answer would be taken for the next one's)."""
+        V.timeout(timeout)
         req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
         frame = pb.AttendFrame(request=req)
         if timeout is not None:
@@ -76,6 +80,12 @@ class AttendStream:
                 self._broken = DriftkvError(grpc.StatusCode.UNAVAILABLE,
                                             f"the AttendStream ended: {error.details} ({error.code.name})")
                 raise self._broken from None
+            except BaseException:  # KeyboardInterrupt: frame_id's answer is still to come
+                self._broken = DriftkvError(grpc.StatusCode.CANCELLED,
+                                            f"the AttendStream was interrupted waiting for frame {frame.frame_id}; "
+                                            "open another")
+                self._call.cancel()
+                raise
         if result.frame_id != frame.frame_id:
             raise DriftkvError(grpc.StatusCode.INTERNAL,
                                f"answer for frame {result.frame_id} while waiting for {frame.frame_id}")

@@ -5,6 +5,13 @@ The channel is opened on the first call: the client asks the server's Info
 over a bootstrap channel and sizes its send and receive limits to the
 server's max_message_bytes (gRPC's 4 MiB default cannot receive a
 maximum-size Attend answer).
+
+Every call checks its arguments whole before sending anything
+(driftkv._validate) and has a deadline (timeout=, else the client's).
+KeyboardInterrupt during a call cancels its RPC (gRPC cancels a blocking
+call it leaves; the Read stream is cancelled here) and propagates as it
+is. close() is final: the calls of other threads in flight end CANCELLED,
+later calls raise FAILED_PRECONDITION.
 """
 import threading
 import time
@@ -12,9 +19,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, 
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._channel import Security, open_channel
-from driftkv._errors import DriftkvError
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
@@ -48,6 +56,8 @@ class Client:
         self.target = target
         self._security = Security(tls_ca, tls_cert, tls_key, tls_server_name, token)
         self._security.credentials()  # bad files and a token without TLS fail here
+        if V.timeout(timeout) is None:
+            raise invalid("timeout is None; expected a number of seconds > 0")
         self.timeout = timeout
         self.retry = retry
         self.retries = 0  # attempts beyond the first, over the client's life (any thread)
@@ -58,6 +68,7 @@ class Client:
         self._channel: Optional[grpc.Channel] = None
         self._stub = None
         self._info: Optional[Info] = None
+        self._closed = False
         self._places = Places(self)  # registered memory, found by address
 
     # -- connection -------------------------------------------------------
@@ -68,11 +79,24 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return _repr("driftkv.Client", self.target, self._security, self._closed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        """Unregisters the client's CUDA registrations and closes the
-        channel (a later call opens it again)."""
-        self._places.close()
+        """Closes the client for good (again: nothing). Closes the host
+        regions still open and unregisters the CUDA registrations, then
+        closes the channel: calls in flight on other threads end with
+        DriftkvError(CANCELLED), later calls raise
+        DriftkvError(FAILED_PRECONDITION)."""
+        if self._closed:
+            return
+        self._places.close()  # needs the channel: before it closes
         with self._lock:
+            self._closed = True
             if self._channel is not None:
                 self._channel.close()
             self._channel, self._stub = None, None
@@ -91,6 +115,8 @@ class Client:
 
     def _connect(self):
         with self._lock:
+            if self._closed:
+                raise closed_error(self)
             if self._stub is not None:
                 return self._stub
             bootstrap = open_channel(self.target, self._extra, self._security)
@@ -107,6 +133,8 @@ class Client:
 
     def _call(self, idempotent: bool, attempt: Callable, timeout: Optional[float] = None):
         """Runs attempt(timeout) under the retry rules; raises DriftkvError."""
+        t = V.timeout(timeout)
+        t = self.timeout if t is None else t
         error = None
         for n, sleep in enumerate(self.retry.sleeps(idempotent)):
             if n > 0:
@@ -114,30 +142,39 @@ class Client:
                     self.retries += 1
                 time.sleep(sleep)
             try:
-                return attempt(timeout or self.timeout)
+                return attempt(t)
             except grpc.RpcError as e:
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
                 error = e
                 if not retryable(e):
                     break
+            except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+                if self._closed:
+                    raise closed_error(self, grpc.StatusCode.CANCELLED) from None
+                raise
         raise DriftkvError.from_rpc(error)
 
     # -- methods ----------------------------------------------------------
 
-    def info(self) -> Info:
+    def info(self, *, timeout: Optional[float] = None) -> Info:
         """The server's model shape, codec, limits and hot tier (asked anew)."""
+        V.timeout(timeout)
         stub = self._connect()
-        return from_message(Info, self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t)))
+        return from_message(Info, self._call(True, lambda t: stub.Info(pb.InfoRequest(), timeout=t), timeout))
 
-    def stats(self) -> Stats:
+    def stats(self, *, timeout: Optional[float] = None) -> Stats:
+        V.timeout(timeout)
         stub = self._connect()
-        return from_message(Stats, self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t)))
+        return from_message(Stats, self._call(True, lambda t: stub.Stats(pb.StatsRequest(), timeout=t), timeout))
 
-    def length(self, sequence_id: str) -> List[LayerLength]:
+    def length(self, sequence_id: str, *, timeout: Optional[float] = None) -> List[LayerLength]:
         """Each layer's stored tokens (compressed + window), layer 0 first.
         NOT_FOUND for an unknown sequence."""
+        req = pb.LengthRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = self._connect()
-        req = pb.LengthRequest(sequence_id=sequence_id)
-        return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t)))
+        return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
     def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
@@ -156,9 +193,12 @@ class Client:
         Retried on UNAVAILABLE: the chunks already sent are sent again (the
         server acknowledges stored tokens without storing them twice), so
         they are kept until the call ends. progress(chunks, tokens) is called
-        as each new chunk is handed to gRPC (from gRPC's sending thread)."""
-        stub = self._connect()
+        as each new chunk is handed to gRPC (from gRPC's sending thread).
+        A list or tuple of chunks is checked whole before the call: a bad
+        chunk raises DriftkvError(INVALID_ARGUMENT) and nothing is sent."""
         sender = W.ChunkSender(chunks, progress)
+        V.timeout(timeout)
+        stub = self._connect()
         result = self._call(True, lambda t: stub.Append(sender.stream(), timeout=t), timeout)
         sender.raise_failure()
         return W.append_result(result)
@@ -170,7 +210,9 @@ class Client:
         head_dim], lse [items, q_heads]) float32, as the first query's kind
         of array (numpy, or torch on its device). A single AttendItem gives
         (output [q_heads, head_dim], lse [q_heads]). Queries of one batch
-        must share their shape (attend_results takes any).
+        must share their shape (attend_results takes any). Every item is
+        checked before anything is sent: a refused batch applied no decode
+        step.
 
         out, lse: the caller's arrays of those shapes, filled and returned
         (both or neither). output_dtype "f32" or "bf16" (default: out's own,
@@ -182,6 +224,7 @@ class Client:
         region (register_host_region) or are torch CUDA tensors go by
         reference, the server reading and writing them in place; the others
         travel inline. The answers are the same either way."""
+        V.timeout(timeout)
         req, idempotent, finish = self.prepare_attend(items, wire_dtype=wire_dtype, out=out, lse=lse,
                                                       output_dtype=output_dtype)
         stub = self._connect()
@@ -194,7 +237,7 @@ class Client:
         -> what attend returns. A pb.AttendRequest passes through as it is
         (not idempotent; finish returns the response). For attend_stream()
         and open_doorbell(), and callers that send one request many times."""
-        plan = W.AttendPlan(items, out, lse, output_dtype)
+        plan = W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
         if plan.request is not None:
             return plan.request, False, plan.finish
         req, idempotent = self._attend_request(plan.batch, wire_dtype, plan.dests, plan.output_dtype)
@@ -204,7 +247,7 @@ class Client:
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult (output, lse, tokens,
         compressed_tokens) per item."""
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
     def _attend_request(self, batch, wire_dtype, dests, output_dtype):
@@ -213,6 +256,8 @@ class Client:
         return W.attend_request(batch, wire_dtype, self._places, dests, output_dtype)
 
     def _attend(self, batch, wire_dtype, timeout, dests=None, output_dtype="f32"):
+        """One Attend of a batch checked already (AttendPlan, results_batch)."""
+        V.timeout(timeout)
         stub = self._connect()
         req, idempotent = self._attend_request(batch, wire_dtype, dests, output_dtype)
         return self._call(idempotent, lambda t: stub.Attend(req, timeout=t), timeout)
@@ -223,8 +268,9 @@ class Client:
         token_count) (0: to the end) as float32 [tokens, kv_heads,
         head_dim], page tokens decoded. A retry resumes after the last chunk
         received."""
-        stub = self._connect()
         request = W.read_request(sequence_id, layer, first_token, token_count, wire_dtype)
+        V.timeout(timeout)
+        stub = self._connect()
         chunks = []
 
         def attempt(t):
@@ -232,8 +278,13 @@ class Client:
                                      else request.first_token)
             if resumed is None:
                 return None
-            for c in stub.Read(resumed, timeout=t):
-                chunks.append(c)
+            call = stub.Read(resumed, timeout=t)
+            try:
+                for c in call:
+                    chunks.append(c)
+            except BaseException:  # KeyboardInterrupt included: the stream ends here, not when collected
+                call.cancel()
+                raise
 
         self._call(True, attempt, timeout)
         return W.read_result(chunks, self._info)
@@ -242,8 +293,9 @@ class Client:
         """Frees a sequence. A repeat after a lost answer that finds nothing
         (NOT_FOUND) means the first attempt freed it: reported as success
         with unknown counts (0, 0)."""
+        req = pb.ReleaseRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
         stub = self._connect()
-        req = pb.ReleaseRequest(sequence_id=sequence_id)
         tries = [0]
 
         def attempt(t):
@@ -288,3 +340,10 @@ class Client:
         go there)."""
         from driftkv.doorbell import Doorbell
         return Doorbell(self, region, offset, **kwargs)
+
+
+def _repr(kind: str, target: str, security: Security, closed: bool) -> str:
+    """"<driftkv.Client target='h:p' tls open>": the target, TLS or not and
+    the state; never the token or the key."""
+    tls = " tls" if security.tls_ca else ""
+    return f"<{kind} target={target!r}{tls} {'closed' if closed else 'open'}>"

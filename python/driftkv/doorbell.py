@@ -28,6 +28,7 @@ from typing import Optional
 import grpc
 import numpy as np
 
+from driftkv import _validate as V
 from driftkv._errors import DriftkvError, invalid
 from driftkv._proto import pb
 from driftkv.attend_stream import status_code
@@ -100,14 +101,18 @@ class Doorbell:
         """Client.attend through the doorbell (items, or a pb.AttendRequest
         for a pb.AttendResponse). `timeout` (default: the client's) is the
         request's deadline on the server and bounds the wait here: no
-        answer GRACE_SECONDS past it breaks the doorbell (open another)."""
+        answer GRACE_SECONDS past it breaks the doorbell (open another), so
+        does KeyboardInterrupt while waiting (the server may still be
+        reading the request; the next one would overwrite it). Everything
+        is checked before the request is written."""
+        V.timeout(timeout)
         req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
         data = req.SerializeToString()
         if len(data) > self._request_capacity:
             raise invalid(f"request of {len(data)} bytes exceeds the doorbell's capacity {self._request_capacity}")
         if self._broken or self._closed:
             raise DriftkvError(grpc.StatusCode.FAILED_PRECONDITION,
-                               "the doorbell was closed or timed out; open another")
+                               "the doorbell was closed, timed out or interrupted; open another")
         timeout = self._client.timeout if timeout is None else timeout
         start = time.monotonic_ns()  # CLOCK_MONOTONIC, the server's clock
         deadline = start + int(timeout * 1e9)
@@ -120,18 +125,11 @@ class Doorbell:
         self._u32[3] = seq & 0xFFFFFFFF
         if self._u32[21]:
             self._wake_server()
-        spin_until = start + int(SPIN_SECONDS * 1e9)
-        while int(self._u64[8]) != seq:
-            now = time.monotonic_ns()
-            if now > deadline + int(GRACE_SECONDS * 1e9):
-                self._broken = True
-                raise DriftkvError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"no answer through doorbell {self.id} within {timeout} s and {GRACE_SECONDS} s")
-            if now < spin_until:
-                continue
-            if self._u32[21] and int(self._u64[8]) != seq:
-                self._wake_server()
-            time.sleep(SLEEP_SECONDS)
+        try:
+            self._wait(seq, start, deadline, timeout)
+        except BaseException:  # KeyboardInterrupt included
+            self._broken = True
+            raise
         code = int(self._i32[18])
         size = min(int(self._u32[19]), len(self._response))
         answer = self._response[:size].tobytes()
@@ -145,10 +143,28 @@ class Doorbell:
                                f"doorbell answer of {size} bytes is not an AttendResponse") from None
         return finish(response)
 
+    def _wait(self, seq: int, start: int, deadline: int, timeout: float) -> None:
+        spin_until = start + int(SPIN_SECONDS * 1e9)
+        while int(self._u64[8]) != seq:
+            now = time.monotonic_ns()
+            if now > deadline + int(GRACE_SECONDS * 1e9):
+                raise DriftkvError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"no answer through doorbell {self.id} within {timeout} s and {GRACE_SECONDS} s")
+            if now < spin_until:
+                continue
+            if self._u32[21] and int(self._u64[8]) != seq:
+                self._wake_server()
+            time.sleep(SLEEP_SECONDS)
+
     def close(self) -> None:
+        """Stops the server's watcher; nothing when closed already or when
+        the client was closed (its regions, the doorbell's among them, are
+        unregistered then)."""
         if self._closed:
             return
         self._closed = True
+        if self._client.closed:
+            return
         stub = self._client._connect()
         req = pb.CloseDoorbellRequest(doorbell_id=self.id)
         self._client._call(False, lambda t: stub.CloseDoorbell(req, timeout=t))

@@ -59,6 +59,14 @@ class LocalServer:
         self.stop()
         raise TimeoutError(f"driftkv-server did not start within {timeout} s:\n{self.log()}")
 
+    def __repr__(self) -> str:
+        """"<driftkv.local_server.LocalServer target='127.0.0.1:PORT' pid=N
+        running>" (or "stopped, exit code C")."""
+        code = self.process.poll()
+        state = "running" if code is None else f"stopped, exit code {code}"
+        target = getattr(self, "target", None)  # not yet while starting
+        return f"<driftkv.local_server.LocalServer target={target!r} pid={self.process.pid} {state}>"
+
     def log(self) -> str:
         with open(self.log_path) as f:
             return f.read()

@@ -27,8 +27,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Ty
 
 import grpc
 
+from driftkv import _validate as V
 from driftkv import _wire as W
-from driftkv._errors import DriftkvError, invalid
+from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
                             ReadResult, ReleaseResult, Stats)
@@ -181,12 +182,13 @@ def each_result(items: Sequence[AttendItem], results: list, errors: list,
     return out
 
 
-def attend_plan(items, out, lse, output_dtype: Optional[str]) -> W.AttendPlan:
+def attend_plan(items, out, lse, output_dtype: Optional[str], wire_dtype: Optional[str]) -> W.AttendPlan:
     """The AttendPlan of a sharded attend: AttendItems only (a ready
-    pb.AttendRequest has no owner to route by)."""
+    pb.AttendRequest has no owner to route by), every item checked before
+    any replica is sent its part."""
     if isinstance(items, pb.AttendRequest):
         raise invalid("a ShardedClient routes AttendItems; send a pb.AttendRequest through one replica's client")
-    return W.AttendPlan(items, out, lse, output_dtype)
+    return W.AttendPlan(items, out, lse, output_dtype, wire_dtype)
 
 
 def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
@@ -200,7 +202,9 @@ def all_or_nothing(results: list, errors: list) -> "pb.AttendResponse":
 
 
 def grouped_chunks(router: Router, chunks: Iterable[Chunk]) -> Dict[int, List[Chunk]]:
-    chunks = list(chunks)
+    """The chunks by owner, every one checked before any replica is sent
+    its group."""
+    chunks = V.chunks(list(chunks))
     return {r: [chunks[k] for k in where] for r, where in router.split(c.sequence_id for c in chunks).items()}
 
 
@@ -248,6 +252,19 @@ class ReplicaClients:
         elif len(clients) != len(self._router.replicas):
             raise invalid(f"{len(clients)} clients for {len(self._router.replicas)} replicas")
         self._clients = list(clients)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        kind = f"{type(self).__module__.replace('.sharded', '')}.{type(self).__name__}"
+        return f"<{kind} replicas={self._router.replicas!r} {'closed' if self._closed else 'open'}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise closed_error(self)
 
     @property
     def replicas(self) -> List[str]:
@@ -255,7 +272,7 @@ class ReplicaClients:
 
     def replica_of(self, sequence_id: str) -> int:
         """The index in `replicas` of the replica that holds `sequence_id`."""
-        return self._router.owner(sequence_id)
+        return self._router.owner(V.text(sequence_id, "sequence_id"))
 
     def client(self, replica: int):
         """The client of replica `replica`."""
@@ -290,10 +307,14 @@ class ShardedClient(ReplicaClients):
         self.close()
 
     def close(self) -> None:
+        """Closes every replica's client (see driftkv.Client.close): final,
+        idempotent."""
+        self._closed = True
         for c in self._clients:
             c.close()
 
     def _routed(self, sequence_id: str, call: Callable):
+        self._check_open()
         r = self.replica_of(sequence_id)
         try:
             return call(self._clients[r])
@@ -309,10 +330,10 @@ class ShardedClient(ReplicaClients):
     def read(self, sequence_id: str, layer: int, **kwargs) -> ReadResult:
         return self._routed(sequence_id, lambda c: c.read(sequence_id, layer, **kwargs))
 
-    def length(self, sequence_id: str) -> List[LayerLength]:
+    def length(self, sequence_id: str, **kwargs) -> List[LayerLength]:
         """Each layer's stored tokens, from the owner (NOT_FOUND there when it
         does not hold the sequence: restarted, or another replica list)."""
-        return self._routed(sequence_id, lambda c: c.length(sequence_id))
+        return self._routed(sequence_id, lambda c: c.length(sequence_id, **kwargs))
 
     def release(self, sequence_id: str, **kwargs) -> ReleaseResult:
         return self._routed(sequence_id, lambda c: c.release(sequence_id, **kwargs))
@@ -326,7 +347,9 @@ class ShardedClient(ReplicaClients):
         iterable to the end first. On failure raises the first failed
         replica's error (in replica order), named; the other replicas'
         chunks were stored (resend: Append is idempotent). progress(chunks,
-        tokens) counts over all replicas."""
+        tokens) counts over all replicas. Every chunk is checked before any
+        is sent (a bad one raises DriftkvError(INVALID_ARGUMENT))."""
+        self._check_open()
         groups = grouped_chunks(self._router, chunks)
         total = ProgressSum(progress)
         answers = _concurrently(list(groups), lambda r: self._clients[r].append_chunks(
@@ -338,8 +361,10 @@ class ShardedClient(ReplicaClients):
 
     def _attend(self, batch: List[AttendItem], wire_dtype, timeout, dests=None,
                 output_dtype: str = "f32") -> Tuple[list, list]:
-        if not batch:
-            raise invalid("items is empty; send at least one item")
+        """The per-replica calls of a batch checked already (AttendPlan,
+        results_batch): a bad item never lets another replica's part go."""
+        self._check_open()
+        V.timeout(timeout)
         groups = self._router.split(it.sequence_id for it in batch)
         # Each replica's client sends by reference what lies in its own
         # regions; the rest of a sub-batch goes inline.
@@ -356,8 +381,9 @@ class ShardedClient(ReplicaClients):
         DriftkvError of its replica's sub-batch (a batch is all-or-nothing on
         one replica, so one bad item fails the items that share its replica;
         a replica down fails its items with UNAVAILABLE). The C++
-        ShardedClient::AttendEach."""
-        batch = list(items)
+        ShardedClient::AttendEach. A batch the client can refuse (checked
+        before anything is sent) raises DriftkvError(INVALID_ARGUMENT)."""
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return each_result(batch, *self._attend(batch, wire_dtype, timeout, None, output_dtype), output_dtype)
 
     def attend(self, items: Union[AttendItem, Sequence[AttendItem]], *, wire_dtype: Optional[str] = None,
@@ -367,27 +393,30 @@ class ShardedClient(ReplicaClients):
         output_dtype as there), all or nothing: raises the first failed
         item's error. Destinations in registered memory of the replicas that
         answered may have been written even when the call raises."""
-        plan = attend_plan(items, out, lse, output_dtype)
+        plan = attend_plan(items, out, lse, output_dtype, wire_dtype)
         return plan.finish(all_or_nothing(*self._attend(plan.batch, wire_dtype, timeout, plan.dests,
                                                         plan.output_dtype)))
 
     def attend_results(self, items: Sequence[AttendItem], *, wire_dtype: Optional[str] = None,
                        output_dtype: str = "f32", timeout: Optional[float] = None) -> List[AttendResult]:
         """Like attend, one AttendResult per item, all or nothing."""
-        batch = list(items)
+        batch = W.results_batch(items, wire_dtype, output_dtype)
         return W.attend_results(batch, all_or_nothing(*self._attend(batch, wire_dtype, timeout, None, output_dtype)),
                                 output_dtype)
 
     # -- every replica -------------------------------------------------------
 
     def _all(self, fn: Callable) -> list:
+        self._check_open()
         answers = _concurrently(list(range(len(self._clients))), lambda r: fn(self._clients[r]))
         return [self._router.named(r, a) if isinstance(a, DriftkvError) else a for r, a in sorted(answers.items())]
 
-    def info_all(self) -> List[Union[Info, DriftkvError]]:
+    def info_all(self, *, timeout: Optional[float] = None) -> List[Union[Info, DriftkvError]]:
         """Every replica's Info (or its error), in replica order."""
-        return self._all(lambda c: c.info())
+        V.timeout(timeout)
+        return self._all(lambda c: c.info(timeout=timeout))
 
-    def stats_all(self) -> List[Union[Stats, DriftkvError]]:
+    def stats_all(self, *, timeout: Optional[float] = None) -> List[Union[Stats, DriftkvError]]:
         """Every replica's Stats (or its error), in replica order."""
-        return self._all(lambda c: c.stats())
+        V.timeout(timeout)
+        return self._all(lambda c: c.stats(timeout=timeout))
