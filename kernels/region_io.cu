@@ -91,7 +91,7 @@ absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream) {
   if (p.items <= 0 || p.items > 65535 || p.stride <= 0 || p.items_dev == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("gather of ", p.items, " items, rows of ", p.stride));
   }
-  if (p.bad_dev != nullptr) ResetBad<<<1, 256, 0, stream>>>(p.bad_dev, p.items);
+  if (p.bad_dev != nullptr && !p.bad_ready) ResetBad<<<1, 256, 0, stream>>>(p.bad_dev, p.items);
   GatherKernel<<<dim3(kBlocksPerItem, p.items), kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "gather launch");
 }

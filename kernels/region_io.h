@@ -44,10 +44,12 @@ struct GatherParams {
   int items = 0;
   int stride = 0;            // elements per row of dst_dev
   float* dst_dev = nullptr;  // rows [row][stride] f32; null: check only
-  // [items] int32, optional: the launcher fills them with kNoBadElement,
-  // then each is atomicMin'd with the index of a non-finite element of its
-  // item; read them after the stream synchronises.
+  // [items] int32, optional: the launcher fills them with kNoBadElement
+  // (unless bad_ready: the caller's upload already did), then each is
+  // atomicMin'd with the index of a non-finite element of its item; read
+  // them after the stream synchronises.
   int32_t* bad_dev = nullptr;
+  bool bad_ready = false;
 };
 constexpr int32_t kNoBadElement = 0x7fffffff;
 absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream);

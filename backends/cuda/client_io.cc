@@ -21,54 +21,79 @@ bool ClientIo::AllOutputs(absl::Span<const AttendJob> jobs) {
   return std::all_of(jobs.begin(), jobs.end(), [](const AttendJob& j) { return j.out_dev != nullptr; });
 }
 
-absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu::RegionIoItem>& items, bool second,
+absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu::RegionIoItem>& items,
                                                           cudaStream_t stream) {
   const size_t bytes = items.size() * sizeof(gpu::RegionIoItem);
-  const int k = second ? 1 : 0;
-  absl::Status st = host_items_[k].Reserve(bytes);
-  if (st.ok()) st = items_dev_[k].Reserve(bytes);
+  absl::Status st = host_items_.Reserve(bytes);
+  if (st.ok()) st = items_dev_.Reserve(bytes);
   if (!st.ok()) return st;
-  std::memcpy(host_items_[k].get<void>(), items.data(), bytes);
-  st = Cuda(
-      cudaMemcpyAsync(items_dev_[k].get<void>(), host_items_[k].get<void>(), bytes, cudaMemcpyHostToDevice, stream),
-      "upload client tensor list");
+  std::memcpy(host_items_.get<void>(), items.data(), bytes);
+  st = Cuda(cudaMemcpyAsync(items_dev_.get<void>(), host_items_.get<void>(), bytes, cudaMemcpyHostToDevice, stream),
+            "upload client tensor list");
   if (!st.ok()) return st;
-  return items_dev_[k].get<const gpu::RegionIoItem>();
+  return items_dev_.get<const gpu::RegionIoItem>();
 }
 
-absl::Status ClientIo::GatherQueries(absl::Span<const AttendJob> jobs, int stride, float* query_dev,
-                                     cudaStream_t stream) {
-  std::vector<gpu::RegionIoItem> items;
+size_t ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride) {
+  gather_.clear();
+  scatter_.clear();
   checked_.clear();
+  stride_ = stride;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (jobs[i].query_dev == nullptr) continue;
-    gpu::RegionIoItem io;
-    io.src = jobs[i].query_dev;
-    io.src_dtype = jobs[i].query_dtype;
-    io.row = static_cast<int>(i);
-    io.elements = stride;
-    items.push_back(io);
-    checked_.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
+    if (jobs[i].query_dev != nullptr) {
+      gpu::RegionIoItem io;
+      io.src = jobs[i].query_dev;
+      io.src_dtype = jobs[i].query_dtype;
+      io.row = static_cast<int>(i);
+      io.elements = stride;
+      gather_.push_back(io);
+      checked_.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
+    }
+    if (jobs[i].out_dev != nullptr) {
+      gpu::RegionIoItem io;
+      io.dst = jobs[i].out_dev;
+      io.dst_dtype = jobs[i].out_dtype;
+      io.lse = jobs[i].lse_dev;
+      io.row = static_cast<int>(i);
+      io.elements = stride;
+      scatter_.push_back(io);
+    }
   }
-  if (items.empty()) return absl::OkStatus();
-  const bool check = std::any_of(checked_.begin(), checked_.end(), [](int j) { return j >= 0; });
-  if (!check) checked_.clear();
-  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
-  if (!dev.ok()) return dev.status();
+  check_ = std::any_of(checked_.begin(), checked_.end(), [](int j) { return j >= 0; });
+  if (!check_) checked_.clear();
+  auto align = [](size_t b) { return (b + 63) & ~static_cast<size_t>(63); };
+  scatter_at_ = align(gather_.size() * sizeof(gpu::RegionIoItem));
+  bad_at_ = scatter_at_ + align(scatter_.size() * sizeof(gpu::RegionIoItem));
+  const size_t bytes = bad_at_ + (check_ ? gather_.size() * sizeof(int32_t) : 0);
+  return gather_.empty() && scatter_.empty() ? 0 : bytes;
+}
+
+void ClientIo::Stage(uint8_t* host) const {
+  if (!gather_.empty()) std::memcpy(host, gather_.data(), gather_.size() * sizeof(gpu::RegionIoItem));
+  if (!scatter_.empty()) std::memcpy(host + scatter_at_, scatter_.data(), scatter_.size() * sizeof(gpu::RegionIoItem));
+  if (check_) {
+    int32_t* bad = reinterpret_cast<int32_t*>(host + bad_at_);
+    std::fill(bad, bad + gather_.size(), gpu::kNoBadElement);
+  }
+}
+
+absl::Status ClientIo::GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream) {
+  if (gather_.empty()) return absl::OkStatus();
   gpu::GatherParams p;
-  p.items_dev = *dev;
-  p.items = static_cast<int>(items.size());
-  p.stride = stride;
+  p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev);
+  p.items = static_cast<int>(gather_.size());
+  p.stride = stride_;
   p.dst_dev = query_dev;
-  if (check) {
-    absl::Status st = query_bad_dev_.Reserve(items.size() * sizeof(int32_t));
-    if (st.ok()) st = host_query_bad_.Reserve(items.size() * sizeof(int32_t));
+  if (check_) {
+    absl::Status st = host_query_bad_.Reserve(gather_.size() * sizeof(int32_t));
     if (!st.ok()) return st;
-    p.bad_dev = query_bad_dev_.get<int32_t>();
+    // The flags were uploaded set (Stage): no launch resets them.
+    p.bad_dev = const_cast<int32_t*>(reinterpret_cast<const int32_t*>(dev + bad_at_));
+    p.bad_ready = true;
   }
   absl::Status st = gpu::LaunchGather(p, stream);
-  if (st.ok() && check) {
-    st = Cuda(cudaMemcpyAsync(host_query_bad_.get<void>(), query_bad_dev_.get<void>(), items.size() * sizeof(int32_t),
+  if (st.ok() && check_) {
+    st = Cuda(cudaMemcpyAsync(host_query_bad_.get<void>(), dev + bad_at_, gather_.size() * sizeof(int32_t),
                               cudaMemcpyDeviceToHost, stream),
               "download query checks");
   }
@@ -84,26 +109,13 @@ void ClientIo::FinishQueryChecks(absl::Span<AttendJob> jobs) {
   checked_.clear();
 }
 
-absl::Status ClientIo::ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,
-                                      const float* lse_dev, cudaStream_t stream) {
-  std::vector<gpu::RegionIoItem> items;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (jobs[i].out_dev == nullptr) continue;
-    gpu::RegionIoItem io;
-    io.dst = jobs[i].out_dev;
-    io.dst_dtype = jobs[i].out_dtype;
-    io.lse = jobs[i].lse_dev;
-    io.row = static_cast<int>(i);
-    io.elements = stride;
-    items.push_back(io);
-  }
-  if (items.empty()) return absl::OkStatus();
-  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, true, stream);
-  if (!dev.ok()) return dev.status();
+absl::Status ClientIo::ScatterOutputs(const uint8_t* dev, int q_heads, const float* out_dev, const float* lse_dev,
+                                      cudaStream_t stream) {
+  if (scatter_.empty()) return absl::OkStatus();
   gpu::ScatterParams p;
-  p.items_dev = *dev;
-  p.items = static_cast<int>(items.size());
-  p.stride = stride;
+  p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev + scatter_at_);
+  p.items = static_cast<int>(scatter_.size());
+  p.stride = stride_;
   p.q_heads = q_heads;
   p.out_dev = out_dev;
   p.lse_dev = lse_dev;
@@ -149,7 +161,7 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   if (st.ok()) st = bad_dev_.Reserve(n * sizeof(int32_t));
   if (st.ok()) st = host_bad_.Reserve(n * sizeof(int32_t));
   if (!st.ok()) return st;
-  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, false, stream);
+  absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, stream);
   if (!dev.ok()) return dev.status();
   if (wanted > 0) {
     gpu::GatherParams p;

@@ -29,36 +29,47 @@ class ClientIo {
   static bool AnyOutput(absl::Span<const AttendJob> jobs);
   static bool AllOutputs(absl::Span<const AttendJob> jobs);
 
-  // Queues the copy of every client query into row i of query_dev (f32,
-  // rows of `stride` floats). The jobs' pointers must stay valid until the
-  // stream has run it.
-  // Jobs with check_query are checked on the way (their flags come back
-  // on the stream): after it synchronised, FinishQueryChecks sets their
-  // query_bad.
-  absl::Status GatherQueries(absl::Span<const AttendJob> jobs, int stride, float* query_dev, cudaStream_t stream);
+  // An Attend launch's client tensors, in steps that add no device call
+  // of their own but the two launches and one copy of the check flags:
+  //  1. Plan lists them (the gather's and the scatter's items, and the
+  //     query check flags) and returns the bytes they take in the launch's
+  //     staging upload (0: none);
+  //  2. Stage writes them at `host` in the staging buffer, the flags set
+  //     to kNoBadElement, so that the launch's one upload carries them;
+  //  3. GatherQueries queues the copy of every client query into row i of
+  //     query_dev (f32, rows of `stride` floats), checking those of jobs
+  //     with check_query on the way (their flags come back on the stream:
+  //     after it synchronised, FinishQueryChecks sets their query_bad);
+  //     ScatterOutputs queues the copy of row i of out_dev / lse_dev to
+  //     every job with a client output. `dev` is the device address of
+  //     what Stage wrote. The jobs' pointers must stay valid until the
+  //     stream has run them.
+  size_t Plan(absl::Span<const AttendJob> jobs, int stride);
+  void Stage(uint8_t* host) const;
+  absl::Status GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(absl::Span<AttendJob> jobs);
-  // Queues the copy of row i of out_dev / lse_dev to every job with a
-  // client output.
-  absl::Status ScatterOutputs(absl::Span<const AttendJob> jobs, int stride, int q_heads, const float* out_dev,
-                              const float* lse_dev, cudaStream_t stream);
+  absl::Status ScatterOutputs(const uint8_t* dev, int q_heads, const float* out_dev, const float* lse_dev,
+                              cudaStream_t stream);
   // Backend::ReadClientTensors: the tensors wanted on the host gathered
   // into packed rows and copied back in one copy, the others only checked;
   // one synchronisation of `stream`.
   absl::Status Read(absl::Span<ClientRead> reads, cudaStream_t stream);
 
  private:
-  // Uploads `items` (through pinned memory) and returns their device copy.
-  absl::StatusOr<const gpu::RegionIoItem*> Upload(const std::vector<gpu::RegionIoItem>& items, bool second,
-                                                  cudaStream_t stream);
-  // Two item lists may be in flight on the stream at once (gather and
-  // scatter of one launch), so each has its own buffers.
-  PinnedScratch host_items_[2];
-  Scratch items_dev_[2];
+  // Uploads `items` (through pinned memory) and returns their device copy
+  // (Read's list).
+  absl::StatusOr<const gpu::RegionIoItem*> Upload(const std::vector<gpu::RegionIoItem>& items, cudaStream_t stream);
+  PinnedScratch host_items_;
+  Scratch items_dev_;
   Scratch rows_dev_, bad_dev_;
-  // The query checks of the launch in flight: checked_[k] is the job
-  // behind gathered item k (-1: not checked).
+  // The launch in flight (Plan): its items, where Stage puts them, and
+  // the query checks: checked_[k] is the job behind gathered item k (-1:
+  // not checked).
+  std::vector<gpu::RegionIoItem> gather_, scatter_;
+  int stride_ = 0;
+  size_t scatter_at_ = 0, bad_at_ = 0;
+  bool check_ = false;
   std::vector<int> checked_;
-  Scratch query_bad_dev_;
   PinnedScratch host_query_bad_;
   PinnedScratch host_rows_, host_bad_;
 };

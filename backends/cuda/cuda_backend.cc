@@ -44,15 +44,17 @@ using cuda_backend::Scratch;
 //                         bf16 window tokens: the missing tokens of cached
 //                         windows, or every window back to back
 struct StagingLayout {
-  StagingLayout(int items, size_t table_entries, size_t query_floats, size_t window_tokens, int n) {
+  StagingLayout(int items, size_t table_entries, size_t client_bytes, size_t query_floats, size_t window_tokens,
+                int n) {
     auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
     table = align(static_cast<size_t>(items) * 5 * 4);
-    query = table + align(std::max<size_t>(table_entries, 1) * 4);
+    client = table + align(std::max<size_t>(table_entries, 1) * 4);
+    query = client + align(client_bytes);
     window_keys = query + align(query_floats * 4);
     window_values = window_keys + align(std::max<size_t>(window_tokens, 1) * n * 2);
     bytes = window_values + align(std::max<size_t>(window_tokens, 1) * n * 2);
   }
-  size_t table, query, window_keys, window_values, bytes;
+  size_t table, client, query, window_keys, window_values, bytes;
 };
 
 // A staging buffer in device memory (DEVICE INGEST in backends/backend.h).
@@ -638,6 +640,9 @@ class CudaBackend : public Backend {
     const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
     const int P = pool_.page_tokens();
     std::vector<int32_t> table, start(items), tokens(items), wtok(items), layers(items);
+    size_t entries = 0;
+    for (const AttendJob& j : jobs) entries += j.pages.size();
+    table.reserve(entries);
     int max_pages = 0;
     for (int i = 0; i < items; ++i) {
       const AttendJob& j = jobs[i];
@@ -649,7 +654,9 @@ class CudaBackend : public Backend {
             absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
       }
       start[i] = static_cast<int32_t>(table.size());
-      for (PageId p : j.pages) table.push_back(p - base_);
+      const size_t at = table.size();
+      table.resize(at + j.pages.size());
+      for (size_t k = 0; k < j.pages.size(); ++k) table[at + k] = static_cast<int32_t>(j.pages[k] - base_);
       tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
       wtok[i] = static_cast<int32_t>(j.window.tokens);
       max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
@@ -673,8 +680,10 @@ class CudaBackend : public Backend {
       }
     }
     const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    const StagingLayout stage(items, table.size(), qsz, total_w, n);
-    const size_t off_table = stage.table, off_query = stage.query, off_wk = stage.window_keys;
+    // Client tensors' item lists and check flags travel in the same upload.
+    const size_t client_bytes = client_io_.Plan(jobs, q_heads * d);
+    const StagingLayout stage(items, table.size(), client_bytes, qsz, total_w, n);
+    const size_t off_table = stage.table, off_client = stage.client, off_query = stage.query, off_wk = stage.window_keys;
     const size_t off_wv = stage.window_values, stage_bytes = stage.bytes;
     const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
     const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
@@ -692,6 +701,7 @@ class CudaBackend : public Backend {
     std::memcpy(hs + 3 * items, layers.data(), items * 4);
     std::memcpy(hs + 4 * items, wstart.data(), items * 4);
     std::memcpy(h + off_table, table.data(), table.size() * 4);
+    if (client_bytes > 0) client_io_.Stage(h + off_client);
     for (int i = 0; i < items; ++i) {
       if (jobs[i].query_dev == nullptr) {
         std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query,
@@ -722,7 +732,7 @@ class CudaBackend : public Backend {
       }
     }
     if (st.ok()) {
-      st = client_io_.GatherQueries(jobs, q_heads * d, reinterpret_cast<float*>(dstage + off_query), stream_);
+      st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
     if (!st.ok()) return st;
     if (cached && uploads.size() > 2) {
@@ -827,7 +837,8 @@ class CudaBackend : public Backend {
     }
     if (!st.ok()) return st;
     const float* out = host_out_.get<float>();
-    st = client_io_.ScatterOutputs(jobs, q_heads * d, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz, stream_);
+    st = client_io_.ScatterOutputs(dstage + off_client, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz,
+                                   stream_);
     if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
       st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
                 "download output");
