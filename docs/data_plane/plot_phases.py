@@ -15,13 +15,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PHASES = ["validate", "client_read", "state", "backend_host", "device_wait", "finish"]
+PHASES = ["request", "validate", "client_read", "lookup", "hot_tier", "state", "backend_plan", "backend_host",
+          "device_wait", "finish"]
 
 
 def main():
     data = json.load(open(os.path.join(HERE, "phases_h200.json")))
     paths = data["paths"]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(12.5, 5.6))
     names = [p["path"] for p in paths]
     left = [0.0] * len(paths)
     for phase in PHASES:
@@ -35,7 +36,7 @@ def main():
     ax.invert_yaxis()
     ax.set_xlabel("us per Attend (64 items x 8K tokens, hot tier); 'no step': attend only")
     ax.set_title("Where a layer's Attend goes, H200, decode_step_bench (server phases: means)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "phases_h200.png"), dpi=110)
 
