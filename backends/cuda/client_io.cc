@@ -34,7 +34,7 @@ absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu:
   return items_dev_.get<const gpu::RegionIoItem>();
 }
 
-size_t ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride) {
+absl::StatusOr<size_t> ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride) {
   gather_.clear();
   scatter_.clear();
   checked_.clear();
@@ -65,6 +65,10 @@ size_t ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride) {
   scatter_at_ = align(gather_.size() * sizeof(gpu::RegionIoItem));
   bad_at_ = scatter_at_ + align(scatter_.size() * sizeof(gpu::RegionIoItem));
   const size_t bytes = bad_at_ + (check_ ? gather_.size() * sizeof(int32_t) : 0);
+  if (check_) {
+    absl::Status st = host_query_bad_.Reserve(gather_.size() * sizeof(int32_t));
+    if (!st.ok()) return st;
+  }
   return gather_.empty() && scatter_.empty() ? 0 : bytes;
 }
 
@@ -85,8 +89,6 @@ absl::Status ClientIo::GatherQueries(const uint8_t* dev, float* query_dev, cudaS
   p.stride = stride_;
   p.dst_dev = query_dev;
   if (check_) {
-    absl::Status st = host_query_bad_.Reserve(gather_.size() * sizeof(int32_t));
-    if (!st.ok()) return st;
     // The flags were uploaded set (Stage): no launch resets them.
     p.bad_dev = const_cast<int32_t*>(reinterpret_cast<const int32_t*>(dev + bad_at_));
     p.bad_ready = true;

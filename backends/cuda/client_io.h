@@ -33,7 +33,7 @@ class ClientIo {
   // of their own but the two launches and one copy of the check flags:
   //  1. Plan lists them (the gather's and the scatter's items, and the
   //     query check flags) and returns the bytes they take in the launch's
-  //     staging upload (0: none);
+  //     staging upload (0: none), its host buffers sized;
   //  2. Stage writes them at `host` in the staging buffer, the flags set
   //     to kNoBadElement, so that the launch's one upload carries them;
   //  3. GatherQueries queues the copy of every client query into row i of
@@ -44,7 +44,16 @@ class ClientIo {
   //     every job with a client output. `dev` is the device address of
   //     what Stage wrote. The jobs' pointers must stay valid until the
   //     stream has run them.
-  size_t Plan(absl::Span<const AttendJob> jobs, int stride);
+  absl::StatusOr<size_t> Plan(absl::Span<const AttendJob> jobs, int stride);
+  // What the planned launch's device calls take by value (LaunchGraph).
+  struct Shape {
+    int64_t gathers, scatters, check;
+    const void* flags;
+  };
+  Shape shape() const {
+    return {static_cast<int64_t>(gather_.size()), static_cast<int64_t>(scatter_.size()), check_,
+            host_query_bad_.get<void>()};
+  }
   void Stage(uint8_t* host) const;
   absl::Status GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(absl::Span<AttendJob> jobs);

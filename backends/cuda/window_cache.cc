@@ -30,8 +30,10 @@ bool WindowCache::Plan(absl::Span<const AttendJob> jobs, std::vector<int>* slot_
   const int items = static_cast<int>(jobs.size());
   slot_of->assign(items, -1);
   uploads->clear();
-  std::vector<std::pair<int, Slot>> commits;
-  absl::flat_hash_map<uint64_t, size_t> taken;  // window id -> its entry in commits
+  std::vector<std::pair<int, Slot>>& commits = commits_;
+  absl::flat_hash_map<uint64_t, size_t>& taken = taken_;  // window id -> its entry in commits
+  commits.clear();
+  taken.clear();
   for (int i = 0; i < items; ++i) {
     const AttendJob& j = jobs[i];
     if (j.window.tokens == 0) continue;

@@ -63,6 +63,9 @@ class WindowCache {
   std::vector<Slot> slots_;
   absl::flat_hash_map<uint64_t, int> index_;  // window_id -> slot
   uint64_t launch_ = 0;
+  // Plan's scratch, kept between calls for its capacity.
+  std::vector<std::pair<int, Slot>> commits_;
+  absl::flat_hash_map<uint64_t, size_t> taken_;
 };
 
 }  // namespace cuda_backend

@@ -7,7 +7,7 @@ B=.device/bundle/run
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 rm -f /tmp/driftkv-dp.sock
-$B driftkv-server-cuda --config bench/device/${CONF:-dp_server.textproto} > $OUT/server.log 2>&1 &
+env ${SERVER_ENV:-} $B driftkv-server-cuda --config bench/device/${CONF:-dp_server.textproto} >> $OUT/server.log 2>&1 &
 S=$!
 for i in $(seq 60); do [ -S /tmp/driftkv-dp.sock ] && break; sleep 1; done
 sleep 1
