@@ -45,15 +45,6 @@ class ClientIo {
   //     what Stage wrote. The jobs' pointers must stay valid until the
   //     stream has run them.
   absl::StatusOr<size_t> Plan(absl::Span<const AttendJob> jobs, int stride);
-  // What the planned launch's device calls take by value (LaunchGraph).
-  struct Shape {
-    int64_t gathers, scatters, check;
-    const void* flags;
-  };
-  Shape shape() const {
-    return {static_cast<int64_t>(gather_.size()), static_cast<int64_t>(scatter_.size()), check_,
-            host_query_bad_.get<void>()};
-  }
   void Stage(uint8_t* host) const;
   absl::Status GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(absl::Span<AttendJob> jobs);

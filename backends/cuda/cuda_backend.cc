@@ -6,14 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/attend_phases.h"
 #include "backends/cuda/client_io.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
-#include "backends/cuda/launch_graph.h"
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
@@ -739,164 +737,126 @@ class CudaBackend : public Backend {
     uint8_t* dstage = a_stage_.get<uint8_t>();
     const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
     AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
-    // Every device call of the launch, queued on stream_ (LaunchGraph may
-    // capture them once and replay them).
-    auto issue = [&]() -> absl::Status {
-      absl::Status st;
-      if (!cuda_backend::ClientIo::AllQueries(jobs)) {
-        st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-      } else {
-        // Every query is in client memory: the query rows are gathered below.
-        st = Cuda(cudaMemcpyAsync(dstage, h, off_query, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-        if (st.ok() && used > off_wk) {
-          st = Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, used - off_wk, cudaMemcpyHostToDevice, stream_),
-                    "upload attention windows");
-        }
+    if (!cuda_backend::ClientIo::AllQueries(jobs)) {
+      st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+    } else {
+      // Every query is in client memory: the query rows are gathered below.
+      st = Cuda(cudaMemcpyAsync(dstage, h, off_query, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
+      if (st.ok() && used > off_wk) {
+        st = Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, used - off_wk, cudaMemcpyHostToDevice, stream_),
+                  "upload attention windows");
       }
+    }
+    if (st.ok()) {
+      st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
+    }
+    if (!st.ok()) return st;
+    if (cached && uploads.size() > 2) {
+      // Missing tokens (typically one a window, a decode step): packed into
+      // the pinned buffer, uploaded in one copy per tensor, then moved to
+      // their slots by one launch per kMaxCopySegments segments.
+      size_t at = 0;
+      const size_t slot_bytes = windows_.slot_bytes();
+      gpu::CopySegmentsParams seg;
+      for (const cuda_backend::WindowCache::Upload& u : uploads) {
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
+        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
+        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
+        at += bytes;
+      }
+      st =
+          Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, at, cudaMemcpyHostToDevice, stream_), "upload window keys");
       if (st.ok()) {
-        st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
+        st = Cuda(cudaMemcpyAsync(dstage + off_wv, h + off_wv, at, cudaMemcpyHostToDevice, stream_),
+                  "upload window values");
       }
-      if (!st.ok()) return st;
-      if (cached && uploads.size() > 2) {
-        // Missing tokens (typically one a window, a decode step): packed into
-        // the pinned buffer, uploaded in one copy per tensor, then moved to
-        // their slots by one launch per kMaxCopySegments segments.
-        size_t at = 0;
-        const size_t slot_bytes = windows_.slot_bytes();
-        gpu::CopySegmentsParams seg;
-        for (const cuda_backend::WindowCache::Upload& u : uploads) {
-          const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
-          std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
-          std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
-          at += bytes;
+      at = 0;
+      for (size_t k = 0; st.ok() && k < uploads.size(); ++k) {
+        const cuda_backend::WindowCache::Upload& u = uploads[k];
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2;
+        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
+        seg.segments[seg.count++] = {dstage + off_wk + at, windows_.keys_dev() + dst, static_cast<uint32_t>(bytes)};
+        seg.segments[seg.count++] = {dstage + off_wv + at, windows_.values_dev() + dst, static_cast<uint32_t>(bytes)};
+        at += bytes;
+        if (seg.count + 2 > gpu::kMaxCopySegments || k + 1 == uploads.size()) {
+          st = gpu::LaunchCopySegments(seg, stream_);
+          seg.count = 0;
         }
-        st = Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, at, cudaMemcpyHostToDevice, stream_),
+      }
+      if (!st.ok()) {
+        windows_.Invalidate();
+        return st;
+      }
+    } else if (cached) {
+      // A few missing runs: one copy per slot and tensor straight into the
+      // slot.
+      size_t at = 0;
+      const size_t slot_bytes = windows_.slot_bytes();
+      for (const cuda_backend::WindowCache::Upload& u : uploads) {
+        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
+        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
+        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
+        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
+        st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice, stream_),
                   "upload window keys");
         if (st.ok()) {
-          st = Cuda(cudaMemcpyAsync(dstage + off_wv, h + off_wv, at, cudaMemcpyHostToDevice, stream_),
-                    "upload window values");
-        }
-        at = 0;
-        for (size_t k = 0; st.ok() && k < uploads.size(); ++k) {
-          const cuda_backend::WindowCache::Upload& u = uploads[k];
-          const size_t bytes = static_cast<size_t>(u.count) * n * 2;
-          const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-          seg.segments[seg.count++] = {dstage + off_wk + at, windows_.keys_dev() + dst, static_cast<uint32_t>(bytes)};
-          seg.segments[seg.count++] = {dstage + off_wv + at, windows_.values_dev() + dst, static_cast<uint32_t>(bytes)};
-          at += bytes;
-          if (seg.count + 2 > gpu::kMaxCopySegments || k + 1 == uploads.size()) {
-            st = gpu::LaunchCopySegments(seg, stream_);
-            seg.count = 0;
-          }
+          st = Cuda(
+              cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice, stream_),
+              "upload window values");
         }
         if (!st.ok()) {
           windows_.Invalidate();
           return st;
         }
-      } else if (cached) {
-        // A few missing runs: one copy per slot and tensor straight into the
-        // slot.
-        size_t at = 0;
-        const size_t slot_bytes = windows_.slot_bytes();
-        for (const cuda_backend::WindowCache::Upload& u : uploads) {
-          const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
-          std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
-          std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
-          const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-          st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice, stream_),
-                    "upload window keys");
-          if (st.ok()) {
-            st = Cuda(
-                cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice, stream_),
-                "upload window values");
-          }
-          if (!st.ok()) {
-            windows_.Invalidate();
-            return st;
-          }
-          at += bytes;
-        }
+        at += bytes;
       }
-      int32_t* small = reinterpret_cast<int32_t*>(dstage);
-      const bool hot = jobs[0].hot;
-      if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
-      // One batch for whichever kernel the pages need.
-      gpu::AttentionBatch batch;
-      batch.items = items;
-      batch.q_heads = q_heads;
-      batch.max_pages = max_pages;
-      batch.page_table_dev = reinterpret_cast<const int32_t*>(dstage + off_table);
-      batch.page_start_dev = small;
-      batch.tokens_dev = small + items;
-      batch.window_tokens_dev = small + 2 * items;
-      batch.window_start_dev = small + 4 * items;
-      batch.window_k_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.keys_dev() : dstage + off_wk);
-      batch.window_v_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.values_dev() : dstage + off_wv);
-      batch.query_dev = reinterpret_cast<const float*>(dstage + off_query);
-      batch.softmax_scale = jobs[0].softmax_scale;
-      batch.out_dev = a_out_.get<float>();
-      batch.lse_dev = a_out_.get<float>() + qsz;
-      batch.workspace_dev = a_ws_.get<void>();
-      if (transforms_ != nullptr) {
-        batch.transforms_dev = transforms_dev_.get<float>();
-        batch.transform_layers = transforms_->layers;
-        batch.layer_dev = small + 3 * items;
-        batch.values_folded = values_folded_;
-      }
-      if (hot) {
-        gpu::LevelAttentionParams hp;
-        hp.batch = batch;
-        hp.pool_dev = static_cast<const uint8_t*>(hot_arena_);
-        hp.layout = hot_layout_;
-        st = gpu::LaunchLevelAttention(hp, stream_);
-      } else {
-        gpu::DQuantAttentionParams p;
-        p.batch = batch;
-        p.pool_dev = static_cast<const uint8_t*>(arena_);
-        p.layout = layout_;
-        p.tables_dev = tables_.get<uint32_t>();
-        st = gpu::LaunchDQuantAttention(p, stream_);
-      }
-      if (!st.ok()) return st;
-      st = client_io_.ScatterOutputs(dstage + off_client, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz,
-                                     stream_);
-      if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
-        st =
-            Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
-                 "download output");
-      }
-      return st;
-    };
-    if (uploads.empty()) {
-      // No window tokens to move: the calls' shape is all in this.
-      const cuda_backend::ClientIo::Shape io = client_io_.shape();
-      const cuda_backend::LaunchGraph::Signature signature = {items,
-                                                              q_heads,
-                                                              max_pages,
-                                                              jobs[0].hot,
-                                                              cached,
-                                                              static_cast<int64_t>(total_w),
-                                                              static_cast<int64_t>(used),
-                                                              static_cast<int64_t>(off_client),
-                                                              static_cast<int64_t>(off_query),
-                                                              static_cast<int64_t>(off_wk),
-                                                              static_cast<int64_t>(off_wv),
-                                                              static_cast<int64_t>(out_bytes),
-                                                              cuda_backend::ClientIo::AllQueries(jobs),
-                                                              cuda_backend::ClientIo::AllOutputs(jobs),
-                                                              io.gathers,
-                                                              io.scatters,
-                                                              io.check,
-                                                              reinterpret_cast<int64_t>(io.flags),
-                                                              reinterpret_cast<int64_t>(dstage),
-                                                              reinterpret_cast<int64_t>(h),
-                                                              reinterpret_cast<int64_t>(a_out_.get<void>()),
-                                                              reinterpret_cast<int64_t>(host_out_.get<void>()),
-                                                              reinterpret_cast<int64_t>(a_ws_.get<void>()),
-                                                              absl::bit_cast<int32_t>(jobs[0].softmax_scale)};
-      st = graph_.Run(signature, stream_, issue);
+    }
+    int32_t* small = reinterpret_cast<int32_t*>(dstage);
+    const bool hot = jobs[0].hot;
+    if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
+    // One batch for whichever kernel the pages need.
+    gpu::AttentionBatch batch;
+    batch.items = items;
+    batch.q_heads = q_heads;
+    batch.max_pages = max_pages;
+    batch.page_table_dev = reinterpret_cast<const int32_t*>(dstage + off_table);
+    batch.page_start_dev = small;
+    batch.tokens_dev = small + items;
+    batch.window_tokens_dev = small + 2 * items;
+    batch.window_start_dev = small + 4 * items;
+    batch.window_k_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.keys_dev() : dstage + off_wk);
+    batch.window_v_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.values_dev() : dstage + off_wv);
+    batch.query_dev = reinterpret_cast<const float*>(dstage + off_query);
+    batch.softmax_scale = jobs[0].softmax_scale;
+    batch.out_dev = a_out_.get<float>();
+    batch.lse_dev = a_out_.get<float>() + qsz;
+    batch.workspace_dev = a_ws_.get<void>();
+    if (transforms_ != nullptr) {
+      batch.transforms_dev = transforms_dev_.get<float>();
+      batch.transform_layers = transforms_->layers;
+      batch.layer_dev = small + 3 * items;
+      batch.values_folded = values_folded_;
+    }
+    if (hot) {
+      gpu::LevelAttentionParams hp;
+      hp.batch = batch;
+      hp.pool_dev = static_cast<const uint8_t*>(hot_arena_);
+      hp.layout = hot_layout_;
+      st = gpu::LaunchLevelAttention(hp, stream_);
     } else {
-      st = issue();
+      gpu::DQuantAttentionParams p;
+      p.batch = batch;
+      p.pool_dev = static_cast<const uint8_t*>(arena_);
+      p.layout = layout_;
+      p.tables_dev = tables_.get<uint32_t>();
+      st = gpu::LaunchDQuantAttention(p, stream_);
+    }
+    if (!st.ok()) return st;
+    st = client_io_.ScatterOutputs(dstage + off_client, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz,
+                                   stream_);
+    if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
+      st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
+                "download output");
     }
     const float* out = host_out_.get<float>();
     AttendPhaseClock::Mark(AttendPhase::kBackendHost);
@@ -939,7 +899,6 @@ class CudaBackend : public Backend {
   Scratch bad_ ABSL_GUARDED_BY(check_mu_);
   cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
   cuda_backend::ClientIo client_io_ ABSL_GUARDED_BY(mu_);
-  cuda_backend::LaunchGraph graph_ ABSL_GUARDED_BY(mu_);
   // AttendRunLocked's arrays (see there).
   struct LaunchPlan {
     std::vector<int32_t> table, start, tokens, wtok, layers, wstart;

@@ -119,9 +119,9 @@ TEST(CudaBackend, MatchesCpuBackend) {
   EXPECT_LE(diff, 1e-4 * norm) << "max |gpu - cpu| " << diff << ", max |cpu| " << norm;
   for (size_t i = 0; i < lse_gpu.size(); ++i) EXPECT_NEAR(lse_gpu[i], lse_cpu[i], 1e-4 * (1 + std::fabs(lse_cpu[i])));
 
-  // Launches of one shape repeat as a captured graph (backends/cuda/
-  // launch_graph.h): with other queries each time, every answer equals
-  // the one its queries got when the calls were issued one by one.
+  // Launches of one shape, call after call, reuse the backend's staging
+  // and plans: with other queries each time, every answer equals the one
+  // its queries got in a call of another shape.
   std::vector<std::vector<float>> other(seq_pages.size());
   for (size_t s = 0; s < seq_pages.size(); ++s) {
     other[s].resize(q[s].size());
