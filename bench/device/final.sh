@@ -21,3 +21,4 @@ timeout 120 $B service_hot_bench --sequences=64 --context=8192 --reps=30 --clien
 grep -A4 "^| tier" $OUT/hot_bench.log; tail -4 $OUT/hot_bench.log
 gtest cuda_backend_test 60
 gtest service_gpu_test 60
+gtest region_io_test 60
