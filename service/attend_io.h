@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -69,6 +70,20 @@ struct ItemIo {
   std::vector<float> out_scratch, lse_scratch;
   // Indices into the request's ClientRead list (-1: none).
   int query_read = -1, key_read = -1, value_read = -1;
+
+  // Every field back to its default but the vectors, which keep their
+  // contents and capacity: storage reused call after call allocates and
+  // zero-fills nothing when the calls are alike (every use of a vector
+  // sizes it and writes it whole first).
+  void Reset() {
+    ItemIo fresh;
+    fresh.converted.swap(converted);
+    fresh.key.swap(key);
+    fresh.value.swap(value);
+    fresh.out_scratch.swap(out_scratch);
+    fresh.lse_scratch.swap(lse_scratch);
+    *this = std::move(fresh);
+  }
 };
 
 class AttendIo {

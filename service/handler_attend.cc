@@ -38,7 +38,24 @@ class Handler::AttendBatch {
     Sequence* seq = nullptr;
     LayerState* layer = nullptr;
     AppendPlan plan;
+
+    // Back to a fresh item, keeping the io's vectors (ItemIo::Reset).
+    void Reset() {
+      AttendWork fresh;
+      fresh.io = std::move(io);
+      fresh.io.Reset();
+      *this = std::move(fresh);
+    }
   };
+  // The calling thread's items, reused call after call (a doorbell's or a
+  // stream's thread makes every call of its decode loop): `items` of them,
+  // each Reset. Bounded by max_batch items per thread.
+  static std::vector<AttendWork>& ThreadItems(int items) {
+    thread_local std::vector<AttendWork> storage;
+    storage.resize(items);  // exactly: callers walk the whole vector
+    for (int i = 0; i < items; ++i) storage[i].Reset();
+    return storage;
+  }
 
   // The locks of one Attend batch, taken in the order of handler.h: every
   // sequence (readers, address order), then every layer ((sequence
@@ -140,8 +157,7 @@ class Handler::AttendBatch {
   // are hot call after call: then the hot tier has nothing to do).
   // REQUIRES: the batch's locks held.
   static bool AnyCold(const std::vector<AttendWork>& work) {
-    return std::any_of(work.begin(), work.end(),
-                       [](const AttendWork& w) { return !w.seq->released && !w.layer->hot; });
+    return std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return !w.seq->released && !w.layer->hot; });
   }
   // Without the batch's locks: promotes (sync) or queues (async) the
   // items' cold layers (HotTier::Prepare). REQUIRES: h_.hot_ set.
@@ -387,7 +403,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   }
   // 1. Validate every item before touching any state; tensors the device
   // reads in client memory are checked in one backend call.
-  std::vector<AttendWork> work(items);
+  std::vector<AttendWork>& work = ThreadItems(items);
   for (int i = 0; i < items; ++i) {
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
