@@ -19,16 +19,16 @@
 namespace driftkv {
 
 enum class AttendPhase : int {
-  kRequest = 0,   // a persistent channel's request copied and parsed (doorbell)
-  kValidate,      // items checked, tensors inline decoded, references resolved
-  kClientRead,    // tensors in client memory read and checked by the device
-  kLookup,        // sequences found (one table lookup per distinct sequence)
-  kHotTier,       // the items' layers brought to (or queued for) the hot tier
-  kState,         // locks taken, decode steps planned and applied, jobs built
-  kBackendPlan,   // the backend's host work before its first device call
-  kBackendHost,   // the backend's device calls: copies and launches queued
-  kDeviceWait,    // the backend waiting for the device
-  kFinish,        // outputs converted or copied, counters
+  kRequest = 0,  // a persistent channel's request copied and parsed (doorbell)
+  kValidate,     // items checked, tensors inline decoded, references resolved
+  kClientRead,   // tensors in client memory read and checked by the device
+  kLookup,       // sequences found (one table lookup per distinct sequence)
+  kHotTier,      // the items' layers brought to (or queued for) the hot tier
+  kState,        // locks taken, decode steps planned and applied, jobs built
+  kBackendPlan,  // the backend's host work before its first device call
+  kBackendHost,  // the backend's device calls: copies and launches queued
+  kDeviceWait,   // the backend waiting for the device
+  kFinish,       // outputs converted or copied, counters
   kCount
 };
 

@@ -277,7 +277,8 @@ int Run(int argc, char** argv) {
         bell_ref.push_back(Us(Clock::now() - t0));
         CHECK_OK(r.status());
         if (!with_step) check_ref(*r);
-        for (int s = 0; with_step && s < sequences; ++s) by_ref.mutable_items(s)->set_new_token_index(context + 2 * i + 1);
+        for (int s = 0; with_step && s < sequences; ++s)
+          by_ref.mutable_items(s)->set_new_token_index(context + 2 * i + 1);
       }
       const auto t0 = Clock::now();
       CHECK_OK(handler.Attend(by_ref, &ref_response));
