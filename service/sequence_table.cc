@@ -258,7 +258,7 @@ void SequenceTable::PublishGauges() const {
     device_used_gauges_[k]->Set(static_cast<double>(pool_.pages_in_use(static_cast<int>(k))));
     device_sequence_gauges_[k]->Set(static_cast<double>(device_sequences(static_cast<int>(k))));
   }
-  if (options_.tokens != nullptr) {
+  if (options_.tokens != nullptr && options_.metrics_per_tenant) {
     ledger_.ForEach([this](const TenantUsage& u) {
       metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()));
     });
