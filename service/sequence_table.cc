@@ -169,6 +169,7 @@ absl::Status SequenceTable::Release(const std::string& key, const std::string& i
     seq->released = true;
   }
   ++sequences_released_;
+  seq->usage->CountRelease();
   metrics_->sequences_released->Increment();
   return absl::OkStatus();
 }
@@ -195,6 +196,7 @@ int SequenceTable::ExpireIdle() {
     uint64_t tokens = 0, pages = 0;
     FreeLocked(seq.get(), &tokens, &pages);
     seq->released = true;
+    seq->usage->CountExpiry();
     ++expired;
   }
   if (expired > 0) {

@@ -245,6 +245,42 @@ TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
   EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_pages{tenant=\"alice\"}"), 0);
 }
 
+// A tenant's Stats holds its own figures and the pool's load, nothing that
+// counts another tenant's activity (docs/api.md, "Info, Stats").
+TEST_F(SecurityTest, StatsShowsNoOtherTenantsTombstonesReleasesOrSequences) {
+  Start();
+  Client alice(Options(kAliceToken)), bob(Options(kBobToken));
+  const testing::Kv kv = SyntheticKv(70, kN, 5);
+  v1::AppendChunk a1 = Chunk("a1", kv, 70), a2 = Chunk("a2", kv, 70), b = Chunk("b", kv, 10);
+  ASSERT_TRUE(alice.Append({&a1, 1}).ok());
+  ASSERT_TRUE(alice.Append({&a2, 1}).ok());
+  ASSERT_TRUE(alice.Release("a1").ok());
+  ASSERT_TRUE(bob.Append({&b, 1}).ok());
+  absl::StatusOr<v1::StatsResponse> as = alice.Stats(), bs = bob.Stats();
+  ASSERT_TRUE(as.ok() && bs.ok());
+  EXPECT_EQ(as->tombstones(), 1u);
+  EXPECT_EQ(as->sequences_released(), 1u);
+  EXPECT_EQ(as->sequences(), 1u);
+  EXPECT_EQ(bs->tombstones(), 0u);
+  EXPECT_EQ(bs->sequences_released(), 0u);
+  EXPECT_EQ(bs->sequences(), 1u);
+  EXPECT_EQ(bs->tenant_sequences(), 1u);
+  // Whole-server activity is the operator's (the metrics port), not a tenant's.
+  for (const v1::StatsResponse* s : {&*as, &*bs}) {
+    EXPECT_EQ(s->tokens_ingested(), 0u);
+    EXPECT_EQ(s->bytes_ingested(), 0u);
+    EXPECT_EQ(s->tokens_window(), 0u);
+    EXPECT_EQ(s->symbols_key(), 0u);
+    ASSERT_EQ(s->devices_size(), 1);
+    EXPECT_EQ(s->devices(0).sequences(), 0u);
+  }
+  // The pool's load is the same figure for both.
+  EXPECT_GT(bs->capacity_pages(), 0u);
+  EXPECT_EQ(bs->capacity_pages(), as->capacity_pages());
+  EXPECT_EQ(bs->pages_in_use(), as->pages_in_use());
+  EXPECT_EQ(bs->devices(0).pages_in_use(), bs->pages_in_use());
+}
+
 // The metrics port has no authentication: by default no series names a
 // tenant.
 TEST_F(SecurityTest, MetricsNameNoTenantByDefault) {
