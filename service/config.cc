@@ -99,6 +99,7 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
   o->health_listen = c.health_listen();
   o->tenant_defaults.max_pages = c.tenant_max_pages();
   o->tenant_defaults.max_sequences = c.tenant_max_sequences();
+  o->metrics_per_tenant = c.metrics_per_tenant();
   if (c.has_tombstone_seconds()) {
     if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) ||
         c.tombstone_seconds() > 86400 * 30) {

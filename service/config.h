@@ -98,7 +98,10 @@ struct ServiceOptions {
   std::string tls_cert_file, tls_key_file, tls_client_ca_file;
   std::string tokens_file;
   std::shared_ptr<const TokenTable> tokens;
-  TenantQuota tenant_defaults;                          // config tenant_max_pages/_sequences
+  TenantQuota tenant_defaults;  // config tenant_max_pages/_sequences
+  // The metrics port shows each tenant's figures (config
+  // metrics_per_tenant; only with tokens). Off: no series names a tenant.
+  bool metrics_per_tenant = false;
   std::string health_listen;                            // empty: health only on the main port
   double tombstone_seconds = kDefaultTombstoneSeconds;  // 0: none
   // Graceful drain and warm restart (docs/reliability.md; config

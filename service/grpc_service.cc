@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "service/attend_stream.h"
 #include "service/auth.h"
+#include "service/stats_scope.h"
 
 namespace driftkv {
 namespace {
@@ -123,6 +124,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::Stats
   handler_->Stats(response, tenant);
   channels_->Stats(response);
   if (regions_ != nullptr) regions_->Stats(response, tenant);
+  if (tokens_ != nullptr) KeepTenantScope(response);
   return timer.Finish(grpc::Status::OK);
 }
 

@@ -103,12 +103,17 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
   const TenantQuota quota = options_.QuotaOf(tenant);
   r->set_tenant_max_pages(quota.max_pages);
   r->set_tenant_max_sequences(quota.max_sequences);
+  // Without tokens the one tenant "" holds every sequence and tombstone, so
+  // these are the whole server's figures there.
   if (const TenantUsage* u = table_->FindTenant(tenant); u != nullptr) {
     r->set_tenant_pages(u->pages());
     r->set_tenant_sequences(u->sequences());
+    r->set_sequences(u->sequences());
+    r->set_sequences_released(u->released());
+    r->set_sequences_expired(u->expired());
   }
-  r->set_tombstones(table_->PurgeTombstones());
-  r->set_sequences(table_->size());
+  table_->PurgeTombstones();
+  r->set_tombstones(table_->TenantTombstones(tenant));
   const int64_t in_use = pool_->pages_in_use();
   r->set_pages_in_use(in_use);
   r->set_capacity_pages(pool_->capacity_pages());
@@ -127,8 +132,6 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
   r->set_tokens_compressed(table_->tokens_compressed());
   r->set_tokens_window(table_->tokens_window());
   r->set_window_bytes(static_cast<uint64_t>(4) * n() * table_->tokens_window());
-  r->set_sequences_expired(table_->sequences_expired());
-  r->set_sequences_released(table_->sequences_released());
   r->set_tokens_ingested(totals_.tokens_ingested.load());
   r->set_bytes_ingested(totals_.bytes_ingested.load());
   r->set_attention_tokens(totals_.attention_tokens.load());

@@ -15,7 +15,7 @@ constexpr const char* kStream[2] = {"key", "value"};
 
 }  // namespace
 
-Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Registry>()) {
   prometheus::Registry& r = *registry_;
   auto& util = BuildHistogram()
                    .Name("driftkv_budget_utilization_ratio")
@@ -208,14 +208,16 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                 .Register(r)
                                 .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                                      0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
-  tenant_pages_ = &BuildGauge()
-                       .Name("driftkv_tenant_pages")
-                       .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)")
-                       .Register(r);
-  tenant_sequences_ = &BuildGauge()
-                           .Name("driftkv_tenant_sequences")
-                           .Help("Live sequences of each tenant (only with tokens)")
-                           .Register(r);
+  if (per_tenant) {
+    tenant_pages_ = &BuildGauge()
+                         .Name("driftkv_tenant_pages")
+                         .Help("Pages (both tiers) held by each tenant's sequences (only with tokens)")
+                         .Register(r);
+    tenant_sequences_ = &BuildGauge()
+                             .Name("driftkv_tenant_sequences")
+                             .Help("Live sequences of each tenant (only with tokens)")
+                             .Register(r);
+  }
   auto& checksum = BuildCounter()
                        .Name("driftkv_page_checksum_failures_total")
                        .Help("Pages whose CRC-32C did not match their stored checksum, by where it was checked")
@@ -289,6 +291,7 @@ void Metrics::RecordRpc(const std::string& method, const std::string& code, doub
 }
 
 void Metrics::SetTenant(const std::string& tenant, double pages, double sequences) {
+  if (tenant_pages_ == nullptr) return;
   prometheus::Gauge *p, *s;
   {
     absl::MutexLock lock(&mu_);

@@ -42,7 +42,10 @@ enum IntegrityReason : int { kRejectCrc32c = 0, kRejectRepeat = 1, kRejectTombst
 
 class Metrics {
  public:
-  Metrics();
+  // `per_tenant`: register driftkv_tenant_pages / _sequences{tenant}
+  // (config metrics_per_tenant). Without it no series carries a tenant's
+  // name: the metrics port has no authentication.
+  explicit Metrics(bool per_tenant = false);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -55,6 +58,7 @@ class Metrics {
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
   // What one tenant holds (driftkv_tenant_pages / _sequences{tenant});
   // only with tokens, so the label set is the tokens file's tenants.
+  // Does nothing unless constructed with `per_tenant`.
   void SetTenant(const std::string& tenant, double pages, double sequences);
 
   // By stream kind (label stream="key"/"value").
@@ -121,8 +125,8 @@ class Metrics {
                                                                        0.97, 0.98, 0.99, 0.995, 1.0};
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;
-  prometheus::Family<prometheus::Gauge>* tenant_pages_;
-  prometheus::Family<prometheus::Gauge>* tenant_sequences_;
+  prometheus::Family<prometheus::Gauge>* tenant_pages_ = nullptr;  // null unless per_tenant
+  prometheus::Family<prometheus::Gauge>* tenant_sequences_ = nullptr;
   absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_ and tenant_*
 };
 

@@ -169,6 +169,7 @@ absl::Status SequenceTable::Release(const std::string& key, const std::string& i
     seq->released = true;
   }
   ++sequences_released_;
+  seq->usage->CountRelease();
   metrics_->sequences_released->Increment();
   return absl::OkStatus();
 }
@@ -195,6 +196,7 @@ int SequenceTable::ExpireIdle() {
     uint64_t tokens = 0, pages = 0;
     FreeLocked(seq.get(), &tokens, &pages);
     seq->released = true;
+    seq->usage->CountExpiry();
     ++expired;
   }
   if (expired > 0) {
@@ -258,7 +260,7 @@ void SequenceTable::PublishGauges() const {
     device_used_gauges_[k]->Set(static_cast<double>(pool_.pages_in_use(static_cast<int>(k))));
     device_sequence_gauges_[k]->Set(static_cast<double>(device_sequences(static_cast<int>(k))));
   }
-  if (options_.tokens != nullptr) {
+  if (options_.tokens != nullptr && options_.metrics_per_tenant) {
     ledger_.ForEach([this](const TenantUsage& u) {
       metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()));
     });

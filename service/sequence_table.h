@@ -93,6 +93,10 @@ class SequenceTable {
   void RestoreTombstone(const std::string& key, absl::Duration left) { tombstones_.Restore(key, clock_(), left); }
   // Drops expired tombstones; returns how many are left.
   size_t PurgeTombstones() { return tombstones_.Purge(clock_()); }
+  // Live tombstones of `tenant`'s ids (without tokens, "": all of them).
+  size_t TenantTombstones(absl::string_view tenant) const {
+    return tombstones_.CountWithPrefix(TenantKey(tenant, ""), clock_());
+  }
 
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }

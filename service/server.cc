@@ -45,7 +45,7 @@ class CallCounterFactory : public grpc::experimental::ServerInterceptorFactoryIn
 
 absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options, ServerHooks hooks) {
   std::unique_ptr<DriftkvServer> s(new DriftkvServer());
-  s->metrics_ = std::make_unique<Metrics>();
+  s->metrics_ = std::make_unique<Metrics>(options.metrics_per_tenant);
   absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(options, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);

@@ -45,6 +45,11 @@ class TenantUsage {
   const TenantQuota& quota() const { return quota_; }
   int64_t pages() const { return pages_.load(); }
   int64_t sequences() const { return sequences_.load(); }
+  // Sequences of the tenant freed by Release and by idle expiry (Stats).
+  uint64_t released() const { return released_.load(); }
+  uint64_t expired() const { return expired_.load(); }
+  void CountRelease() { ++released_; }
+  void CountExpiry() { ++expired_; }
 
   // RESOURCE_EXHAUSTED naming the quota ("tenant \"a\" quota max_pages 8:
   // it holds 7 pages and this call needs 2") when `count` more pages would
@@ -61,6 +66,8 @@ class TenantUsage {
   const TenantQuota quota_;
   std::atomic<int64_t> pages_{0};
   std::atomic<int64_t> sequences_{0};
+  std::atomic<uint64_t> released_{0};
+  std::atomic<uint64_t> expired_{0};
 };
 
 // Every tenant's usage, created on first use with its quota. Entries live

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 
 namespace driftkv {
@@ -58,6 +59,13 @@ size_t Tombstones::Purge(absl::Time now) {
   absl::MutexLock lock(&mu_);
   PurgeLocked(now);
   return until_.size();
+}
+
+size_t Tombstones::CountWithPrefix(absl::string_view prefix, absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, until] : until_) n += until > now && absl::StartsWith(key, prefix);
+  return n;
 }
 
 void Tombstones::PurgeLocked(absl::Time now) {

@@ -40,6 +40,9 @@ class Tombstones {
   void Restore(const std::string& key, absl::Time now, absl::Duration left) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops expired entries; returns how many are left.
   size_t Purge(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // How many keys starting with `prefix` are tombstoned after `now`
+  // (a scan of every entry: for Stats, not for a hot path).
+  size_t CountWithPrefix(absl::string_view prefix, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void PurgeLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

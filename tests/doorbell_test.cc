@@ -411,7 +411,7 @@ TEST_F(DoorbellE2eTest, AClientThatDiesLeavesNothingAfterItsLease) {
   // The lease (1 s) runs out, the reaper drops the region, the doorbell
   // stops and is swept, and the last mapping goes with it.
   EXPECT_TRUE(SweptToNone());
-  EXPECT_EQ(alice_->Stats()->regions(), 0u);
+  EXPECT_EQ(alice_->Stats()->tenant_regions(), 0u);
   EXPECT_FALSE(absl::StrContains(ReadAll("/proc/self/maps"), "memfd:driftkv-dead-bell"));
   EXPECT_EQ(CloseRaw(alice_.get(), id).code(), C::kNotFound);
 }

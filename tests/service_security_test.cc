@@ -44,6 +44,17 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
+// The lines of `text` that contain `word` (a failure message's excerpt of
+// a /metrics page).
+std::string LinesWith(const std::string& text, const std::string& word) {
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StrContains(line, word)) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -96,6 +107,7 @@ class SecurityTest : public ::testing::Test {
     o.tls_cert_file = F("server.pem");
     o.tls_key_file = F("server.key");
     if (client_ca) o.tls_client_ca_file = F("ca.pem");
+    o.metrics_per_tenant = metrics_per_tenant_;
     if (tokens) {
       absl::StatusOr<TokenTable> t = TokenTable::ReadFile(F("tokens"));
       ASSERT_TRUE(t.ok()) << t.status();
@@ -126,6 +138,7 @@ class SecurityTest : public ::testing::Test {
   }
 
   static std::string* dir_;
+  bool metrics_per_tenant_ = false;  // read by Start
   std::unique_ptr<DriftkvServer> server_;
 };
 std::string* SecurityTest::dir_ = nullptr;
@@ -213,6 +226,7 @@ TEST_F(SecurityTest, TenantBCannotSeeReadAttendOrReleaseTenantAsSequence) {
 }
 
 TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
+  metrics_per_tenant_ = true;
   Start();
   Client bob(Options(kBobToken));
   const testing::Kv kv = SyntheticKv(10, kN, 3);
@@ -229,6 +243,59 @@ TEST_F(SecurityTest, TenantQuotaFromTheTokensFileIsResourceExhausted) {
   EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_sequences{tenant=\"bob\"}"), 1) << metrics;
   EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_sequences{tenant=\"alice\"}"), 2);
   EXPECT_EQ(testing::MetricValue(metrics, "driftkv_tenant_pages{tenant=\"alice\"}"), 0);
+}
+
+// A tenant's Stats holds its own figures and the pool's load, nothing that
+// counts another tenant's activity (docs/api.md, "Info, Stats").
+TEST_F(SecurityTest, StatsShowsNoOtherTenantsTombstonesReleasesOrSequences) {
+  Start();
+  Client alice(Options(kAliceToken)), bob(Options(kBobToken));
+  const testing::Kv kv = SyntheticKv(70, kN, 5);
+  v1::AppendChunk a1 = Chunk("a1", kv, 70), a2 = Chunk("a2", kv, 70), b = Chunk("b", kv, 10);
+  ASSERT_TRUE(alice.Append({&a1, 1}).ok());
+  ASSERT_TRUE(alice.Append({&a2, 1}).ok());
+  ASSERT_TRUE(alice.Release("a1").ok());
+  ASSERT_TRUE(bob.Append({&b, 1}).ok());
+  absl::StatusOr<v1::StatsResponse> as = alice.Stats(), bs = bob.Stats();
+  ASSERT_TRUE(as.ok() && bs.ok());
+  EXPECT_EQ(as->tombstones(), 1u);
+  EXPECT_EQ(as->sequences_released(), 1u);
+  EXPECT_EQ(as->sequences(), 1u);
+  EXPECT_EQ(bs->tombstones(), 0u);
+  EXPECT_EQ(bs->sequences_released(), 0u);
+  EXPECT_EQ(bs->sequences(), 1u);
+  EXPECT_EQ(bs->tenant_sequences(), 1u);
+  // Whole-server activity is the operator's (the metrics port), not a tenant's.
+  for (const v1::StatsResponse* s : {&*as, &*bs}) {
+    EXPECT_EQ(s->tokens_ingested(), 0u);
+    EXPECT_EQ(s->bytes_ingested(), 0u);
+    EXPECT_EQ(s->tokens_window(), 0u);
+    EXPECT_EQ(s->symbols_key(), 0u);
+    ASSERT_EQ(s->devices_size(), 1);
+    EXPECT_EQ(s->devices(0).sequences(), 0u);
+  }
+  // The pool's load is the same figure for both.
+  EXPECT_GT(bs->capacity_pages(), 0u);
+  EXPECT_EQ(bs->capacity_pages(), as->capacity_pages());
+  EXPECT_EQ(bs->pages_in_use(), as->pages_in_use());
+  EXPECT_EQ(bs->devices(0).pages_in_use(), bs->pages_in_use());
+}
+
+// The metrics port has no authentication: by default no series names a
+// tenant.
+TEST_F(SecurityTest, MetricsNameNoTenantByDefault) {
+  Start();
+  Client alice(Options(kAliceToken)), bob(Options(kBobToken));
+  const testing::Kv kv = SyntheticKv(70, kN, 6);
+  v1::AppendChunk a = Chunk("a", kv, 70), b = Chunk("b", kv, 10);
+  ASSERT_TRUE(alice.Append({&a, 1}).ok());
+  ASSERT_TRUE(bob.Append({&b, 1}).ok());
+  ASSERT_TRUE(alice.Release("a").ok());
+  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_TRUE(absl::StrContains(metrics, "driftkv_sequences ")) << metrics.substr(0, 200);
+  EXPECT_FALSE(absl::StrContains(metrics, "tenant")) << LinesWith(metrics, "tenant");
+  EXPECT_FALSE(absl::StrContains(metrics, "alice")) << LinesWith(metrics, "alice");
+  EXPECT_FALSE(absl::StrContains(metrics, "bob")) << LinesWith(metrics, "bob");
 }
 
 TEST_F(SecurityTest, HealthAndMetricsAreReachableWithoutAToken) {
@@ -339,6 +406,10 @@ TEST(SecurityConfigTest, TokensNeedTlsAndFilesMustBeReadable) {
   c.set_pool_bytes(1 << 20);
   ASSERT_TRUE(ResolveConfig(c).ok());
   EXPECT_EQ(ResolveConfig(c)->tombstone_seconds, 600.0);
+  EXPECT_FALSE(ResolveConfig(c)->metrics_per_tenant);
+  v1::ServerConfig per_tenant = c;
+  per_tenant.set_metrics_per_tenant(true);
+  EXPECT_TRUE(ResolveConfig(per_tenant)->metrics_per_tenant);
   v1::ServerConfig bad = c;
   bad.set_tokens_file("/nonexistent/tokens");
   EXPECT_TRUE(absl::StrContains(ResolveConfig(bad).status().message(), "needs TLS")) << ResolveConfig(bad).status();
