@@ -76,44 +76,78 @@ DRIFTKV_AVX2 inline __m256 Load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// kHeads query heads (rows of q, d apart) against one KV head's channels m:
-// lane k of acc[h] is the partial sum over i = k mod 8.
-template <typename T, int kHeads>
-DRIFTKV_AVX2 void DotRunAvx2(const float* q, int d, const T* m, float* dots) {
-  __m256 acc[kHeads];
-  for (int h = 0; h < kHeads; ++h) acc[h] = _mm256_setzero_ps();
+// Combine8 of up to four accumulators at once, element h of the result
+// for acc[h]: lo + hi gives (a0 + a4, a1 + a5, a2 + a6, a3 + a7); two
+// horizontal adds then pair elements (0, 1) and (2, 3), then the two pairs.
+DRIFTKV_AVX2 inline __m128 Combine4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m128 s0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  const __m128 s1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
+  const __m128 s2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
+  const __m128 s3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
+  return _mm_hadd_ps(_mm_hadd_ps(s0, s1), _mm_hadd_ps(s2, s3));
+}
+
+// kHeads query heads (rows of q, d apart) against one KV head's channels
+// in kTokens tokens (rows of m, n apart): lane k of acc[t][h] is the
+// partial sum over i = k mod 8. The tokens share the loads of q.
+template <typename T, int kHeads, int kTokens>
+DRIFTKV_AVX2 void DotRunAvx2(const float* q, int d, const T* m, int n, float* dots, int dots_stride) {
+  __m256 acc[kTokens][kHeads];
+  for (int t = 0; t < kTokens; ++t) {
+    for (int h = 0; h < kHeads; ++h) acc[t][h] = _mm256_setzero_ps();
+  }
   int i = 0;
   for (; i + 8 <= d; i += 8) {
-    const __m256 v = Load8(m + i);
-    for (int h = 0; h < kHeads; ++h) acc[h] = _mm256_add_ps(acc[h], _mm256_mul_ps(_mm256_loadu_ps(q + h * d + i), v));
+    __m256 v[kTokens];
+    for (int t = 0; t < kTokens; ++t) v[t] = Load8(m + static_cast<size_t>(t) * n + i);
+    for (int h = 0; h < kHeads; ++h) {
+      const __m256 qh = _mm256_loadu_ps(q + h * d + i);
+      for (int t = 0; t < kTokens; ++t) acc[t][h] = _mm256_add_ps(acc[t][h], _mm256_mul_ps(qh, v[t]));
+    }
   }
-  for (int h = 0; h < kHeads; ++h) {
-    alignas(32) float a[8];
-    _mm256_store_ps(a, acc[h]);
-    for (int k = i; k < d; ++k) a[k & 7] += q[h * d + k] * ToFloat(m[k]);
-    dots[h] = Combine8(a);
+  for (int t = 0; t < kTokens; ++t) {
+    float* out = dots + t * dots_stride;
+    if (i == d) {
+      __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int h = 0; h < kHeads; ++h) a[h] = acc[t][h];
+      alignas(16) float r[4];
+      _mm_store_ps(r, Combine4(a[0], a[1], a[2], a[3]));
+      for (int h = 0; h < kHeads; ++h) out[h] = r[h];
+      continue;
+    }
+    const T* row = m + static_cast<size_t>(t) * n;
+    for (int h = 0; h < kHeads; ++h) {
+      alignas(32) float a[8];
+      _mm256_store_ps(a, acc[t][h]);
+      for (int k = i; k < d; ++k) a[k & 7] += q[h * d + k] * ToFloat(row[k]);
+      out[h] = Combine8(a);
+    }
+  }
+}
+
+template <typename T, int kTokens>
+DRIFTKV_AVX2 void DotTokensAvx2(const AttentionShape& s, const float* q, const T* x, float* dots) {
+  const int d = s.head_dim, n = s.n(), group = s.group, q_heads = s.q_heads;
+  for (int h = 0; h < q_heads;) {
+    const int heads = std::min(kRunHeads, group - h % group);
+    const float* qh = q + static_cast<size_t>(h) * d;
+    const T* m = x + static_cast<size_t>(h / group) * d;
+    switch (heads) {
+      case 1: DotRunAvx2<T, 1, kTokens>(qh, d, m, n, dots + h, q_heads); break;
+      case 2: DotRunAvx2<T, 2, kTokens>(qh, d, m, n, dots + h, q_heads); break;
+      case 3: DotRunAvx2<T, 3, kTokens>(qh, d, m, n, dots + h, q_heads); break;
+      default: DotRunAvx2<T, 4, kTokens>(qh, d, m, n, dots + h, q_heads); break;
+    }
+    h += heads;
   }
 }
 
 template <typename T>
 DRIFTKV_AVX2 void DotsAvx2(const AttentionShape& s, const float* q, const T* x, int count, float* dots) {
-  const int d = s.head_dim, n = s.n(), group = s.group, q_heads = s.q_heads;
-  for (int t = 0; t < count; ++t) {
-    const T* row = x + static_cast<size_t>(t) * n;
-    float* out = dots + static_cast<size_t>(t) * q_heads;
-    for (int h = 0; h < q_heads;) {
-      const int heads = std::min(kRunHeads, group - h % group);
-      const float* qh = q + static_cast<size_t>(h) * d;
-      const T* m = row + static_cast<size_t>(h / group) * d;
-      switch (heads) {
-        case 1: DotRunAvx2<T, 1>(qh, d, m, out + h); break;
-        case 2: DotRunAvx2<T, 2>(qh, d, m, out + h); break;
-        case 3: DotRunAvx2<T, 3>(qh, d, m, out + h); break;
-        default: DotRunAvx2<T, 4>(qh, d, m, out + h); break;
-      }
-      h += heads;
-    }
-  }
+  const size_t n = s.n(), q_heads = s.q_heads;
+  int t = 0;
+  for (; t + 2 <= count; t += 2) DotTokensAvx2<T, 2>(s, q, x + t * n, dots + t * q_heads);
+  if (t < count) DotTokensAvx2<T, 1>(s, q, x + t * n, dots + t * q_heads);
 }
 
 // kHeads query heads of one KV head: acc rows d apart, weights c[t * c_stride
