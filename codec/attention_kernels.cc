@@ -15,6 +15,8 @@ namespace {
 // Query heads of one KV head that share a pass over its tokens (the GQA
 // groups of common models are 1 to 8 heads; registers hold 4).
 constexpr int kRunHeads = 4;
+// How many tokens ahead the weighted sums prefetch their rows.
+constexpr int kPrefetchTokens = 8;
 
 inline float ToFloat(uint8_t level) {
   return static_cast<float>(level);
@@ -164,6 +166,11 @@ DRIFTKV_AVX2 void AccumulateRunAvx2(const float* c, int c_stride, const T* m, in
     }
     for (int t = 0; t < count; ++t) {
       const T* row = m + static_cast<size_t>(t) * n + i;
+      // Tokens are n elements apart: a stride the hardware prefetcher may
+      // not follow when the rows come from memory (the bf16 window).
+      if (t + kPrefetchTokens < count) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchTokens * static_cast<size_t>(n)), _MM_HINT_T0);
+      }
       const __m256 v0 = Load8(row), v1 = Load8(row + 8);
       const float* w = c + static_cast<size_t>(t) * c_stride;
       for (int h = 0; h < kHeads; ++h) {
