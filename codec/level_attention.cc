@@ -48,10 +48,12 @@ absl::Status LevelAttention(const DQuantCodec& codec, absl::Span<const LevelPage
     // memory, not in cache, and the unpacking reads a page in strides the
     // hardware does not foresee.
     if (p + 1 < pages.size()) Prefetch(pages[p + 1].page, layout->page_bytes);
-    const size_t share = window_bytes / pages.size(), from = p * share;
-    Prefetch(reinterpret_cast<const uint8_t*>(window.keys) + from, p + 1 < pages.size() ? share : window_bytes - from);
-    Prefetch(reinterpret_cast<const uint8_t*>(window.values) + from,
-             p + 1 < pages.size() ? share : window_bytes - from);
+    if (window_bytes > 0) {
+      const size_t share = window_bytes / pages.size(), from = p * share;
+      const size_t bytes = p + 1 < pages.size() ? share : window_bytes - from;
+      Prefetch(reinterpret_cast<const uint8_t*>(window.keys) + from, bytes);
+      Prefetch(reinterpret_cast<const uint8_t*>(window.values) + from, bytes);
+    }
     for (int t = 0; t < tokens; ++t) {
       const bool key_ok = LevelHeaderGrid(s->key_headers[t], &s->key_scale[t], &s->key_offset[t]);
       if (!key_ok || !LevelHeaderGrid(s->value_headers[t], &s->value_scale[t], &s->value_offset[t])) {
