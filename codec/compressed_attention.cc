@@ -2,74 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
 #include "codec/lse_merge.h"
-#include "wire/half.h"
 
 namespace driftkv {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int kMaxGroup = 4;  // query heads whose dot products share one pass over m
-
-// Dot products of `count` query heads (rows of q, head_dim d apart) with
-// one KV head's levels m, as floats (exact: levels are small integers).
-// Each sum runs in eight partial sums, acc[k] over j = k mod 8 in order of j,
-// combined as ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)): a fixed
-// order, so the result does not depend on the machine or on how the loop is
-// vectorised (no -ffast-math, no contraction). The SSE path below performs
-// exactly these operations, eight partial sums in two registers, and shares
-// the loads of m among up to four heads (the heads of a GQA group).
-template <int kHeads>
-void DotHeadsFixed(const float* q, const float* m, int d, float* dots) {
-  float acc[kHeads][8] = {};
-  int j = 0;
-#if defined(__SSE2__)
-  __m128 lo[kHeads], hi[kHeads];
-  for (int h = 0; h < kHeads; ++h) lo[h] = hi[h] = _mm_setzero_ps();
-  for (; j + 8 <= d; j += 8) {
-    const __m128 m0 = _mm_loadu_ps(m + j), m1 = _mm_loadu_ps(m + j + 4);
-    for (int h = 0; h < kHeads; ++h) {
-      lo[h] = _mm_add_ps(lo[h], _mm_mul_ps(_mm_loadu_ps(q + h * d + j), m0));
-      hi[h] = _mm_add_ps(hi[h], _mm_mul_ps(_mm_loadu_ps(q + h * d + j + 4), m1));
-    }
-  }
-  for (int h = 0; h < kHeads; ++h) {
-    _mm_storeu_ps(acc[h], lo[h]);
-    _mm_storeu_ps(acc[h] + 4, hi[h]);
-  }
-#else
-  for (; j + 8 <= d; j += 8) {
-    for (int h = 0; h < kHeads; ++h) {
-      for (int k = 0; k < 8; ++k) acc[h][k] += q[h * d + j + k] * m[j + k];
-    }
-  }
-#endif
-  for (int h = 0; h < kHeads; ++h) {
-    for (int i = j; i < d; ++i) acc[h][i & 7] += q[h * d + i] * m[i];
-    const float* a = acc[h];
-    dots[h] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-  }
-}
-
-void DotHeads(const float* q, int count, const float* m, int d, float* dots) {
-  int h = 0;
-  for (; h + kMaxGroup <= count; h += kMaxGroup) DotHeadsFixed<kMaxGroup>(q + h * d, m, d, dots + h);
-  for (; h < count; ++h) DotHeadsFixed<1>(q + h * d, m, d, dots + h);
-}
-
-void LevelsToFloat(const uint8_t* m, int n, float* out) {
-  for (int j = 0; j < n; ++j) out[j] = static_cast<float>(m[j]);
-}
-
 }  // namespace
 
 absl::Status AttentionCore::Begin(const float* query, int q_heads, float softmax_scale) {
@@ -81,6 +23,10 @@ absl::Status AttentionCore::Begin(const float* query, int q_heads, float softmax
   q_heads_ = q_heads;
   group_ = q_heads / kv_heads;
   softmax_scale_ = softmax_scale;
+  kernels_ = s_->kernels != nullptr ? s_->kernels : &BestAttentionKernels();
+  shape_.q_heads = q_heads;
+  shape_.group = group_;
+  shape_.head_dim = d;
   AttentionScratch* s = s_;
   const size_t qd = static_cast<size_t>(q_heads) * d;
   s->q_rot.assign(query, query + qd);
@@ -96,8 +42,6 @@ absl::Status AttentionCore::Begin(const float* query, int q_heads, float softmax
   s->offset.assign(q_heads, 0.0f);
   s->max.assign(q_heads, kNegInf);
   s->denom.assign(q_heads, 0.0f);
-  s->k_raw.resize(n);
-  s->level_f.resize(n);
   return absl::OkStatus();
 }
 
@@ -136,75 +80,68 @@ void AttentionCore::BeginBlock(const uint8_t* mean_record, int tokens) {
 // Scores, eq. (8).
 void AttentionCore::KeyTokens(int t0, int count, const uint8_t* levels, const float* sc, const float* off) {
   AttentionScratch* s = s_;
-  const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
+  const int q_heads = q_heads_;
   const float softmax_scale = softmax_scale_;
-  float* mf = s->level_f.data();
-  float dots[kMaxGroup];
+  float* scores = s->scores.data() + static_cast<size_t>(t0) * q_heads;
+  kernels_->dots_levels(shape_, s->q_rot.data(), levels, count, scores);
   for (int k = 0; k < count; ++k) {
-    const int t = t0 + k;
-    LevelsToFloat(levels + static_cast<size_t>(k) * n, n, mf);
-    for (int h0 = 0; h0 < q_heads; h0 += group) {  // one KV head, its `group` query heads
-      for (int g0 = 0; g0 < group; g0 += kMaxGroup) {
-        const int heads = std::min(kMaxGroup, group - g0);
-        DotHeads(s->q_rot.data() + static_cast<size_t>(h0 + g0) * d, heads, mf + (h0 / group) * d, d, dots);
-        for (int i = 0; i < heads; ++i) {
-          const int h = h0 + g0 + i;
-          s->scores[t * q_heads + h] = softmax_scale * (sc[k] * dots[i] + off[k] * s->q_sum[h] + s->q_mu[h]);
-        }
-      }
+    float* row = scores + static_cast<size_t>(k) * q_heads;
+    for (int h = 0; h < q_heads; ++h) {
+      row[h] = softmax_scale * (sc[k] * row[h] + off[k] * s->q_sum[h] + s->q_mu[h]);
+    }
+  }
+}
+
+void AttentionCore::Softmax(float* scores, int tokens) {
+  AttentionScratch* s = s_;
+  const int q_heads = q_heads_;
+  for (int h = 0; h < q_heads; ++h) {
+    float m = kNegInf;
+    for (int t = 0; t < tokens; ++t) m = std::max(m, scores[static_cast<size_t>(t) * q_heads + h]);
+    Rescale(h, m);
+  }
+  for (int t = 0; t < tokens; ++t) {
+    float* row = scores + static_cast<size_t>(t) * q_heads;
+    for (int h = 0; h < q_heads; ++h) {
+      row[h] = std::exp(row[h] - s->max[h]);
+      s->denom[h] += row[h];
     }
   }
 }
 
 void AttentionCore::EndKeys() {
-  AttentionScratch* s = s_;
-  for (int h = 0; h < q_heads_; ++h) {
-    float m = kNegInf;
-    for (int t = 0; t < block_tokens_; ++t) m = std::max(m, s->scores[t * q_heads_ + h]);
-    Rescale(h, m);
-  }
+  Softmax(s_->scores.data(), block_tokens_);
 }
 
 // Values, eq. (9).
 void AttentionCore::ValueTokens(int t0, int count, const uint8_t* levels, const float* sc, const float* off) {
   AttentionScratch* s = s_;
-  const int d = codec_.config().head_dim, n = codec_.n(), group = group_, q_heads = q_heads_;
-  float* mf = s->level_f.data();
+  const int q_heads = q_heads_;
+  const float* w = s->scores.data() + static_cast<size_t>(t0) * q_heads;
+  s->coef.resize(static_cast<size_t>(count) * q_heads);
   for (int k = 0; k < count; ++k) {
-    const int t = t0 + k;
-    LevelsToFloat(levels + static_cast<size_t>(k) * n, n, mf);
     for (int h = 0; h < q_heads; ++h) {
-      const float w = std::exp(s->scores[t * q_heads + h] - s->max[h]);
-      s->denom[h] += w;
-      s->offset[h] += w * off[k];
-      const float ws = w * sc[k];
-      float* a = s->acc_rot.data() + h * d;
-      const float* m = mf + (h / group) * d;
-      for (int j = 0; j < d; ++j) a[j] += ws * m[j];
+      const float wk = w[static_cast<size_t>(k) * q_heads + h];
+      s->offset[h] += wk * off[k];
+      s->coef[static_cast<size_t>(k) * q_heads + h] = wk * sc[k];
     }
   }
+  kernels_->accumulate_levels(shape_, s->coef.data(), levels, count, s->acc_rot.data());
 }
 
 // The bf16 window, in the model's domain.
 void AttentionCore::Window(const Bf16Tokens& window) {
   AttentionScratch* s = s_;
-  const int d = codec_.config().head_dim, n = codec_.n(), group = group_;
-  for (int64_t t = 0; t < window.tokens; ++t) {
-    const uint16_t* k = window.keys + t * n;
-    for (int j = 0; j < n; ++j) s->k_raw[j] = Bf16ToFloat(k[j]);
-    for (int h = 0; h < q_heads_; ++h) {
-      const float* q = query_ + h * d;
-      const float* kk = s->k_raw.data() + (h / group) * d;
-      float dot = 0.0f;
-      for (int j = 0; j < d; ++j) dot += q[j] * kk[j];
-      const float score = softmax_scale_ * dot;
-      Rescale(h, score);
-      const float w = std::exp(score - s->max[h]);
-      s->denom[h] += w;
-      const uint16_t* v = window.values + t * n + (h / group) * d;
-      float* r = s->acc_raw.data() + h * d;
-      for (int j = 0; j < d; ++j) r[j] += w * Bf16ToFloat(v[j]);
-    }
+  const size_t n = codec_.n();
+  const int q_heads = q_heads_;
+  s->scores.resize(static_cast<size_t>(kWindowBlockTokens) * q_heads);
+  float* scores = s->scores.data();
+  for (int64_t t0 = 0; t0 < window.tokens; t0 += kWindowBlockTokens) {
+    const int count = static_cast<int>(std::min<int64_t>(kWindowBlockTokens, window.tokens - t0));
+    kernels_->dots_bf16(shape_, query_, window.keys + t0 * n, count, scores);
+    for (size_t i = 0; i < static_cast<size_t>(count) * q_heads; ++i) scores[i] *= softmax_scale_;
+    Softmax(scores, count);
+    kernels_->accumulate_bf16(shape_, scores, window.values + t0 * n, count, s->acc_raw.data());
   }
 }
 

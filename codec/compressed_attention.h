@@ -11,8 +11,11 @@
 // in bf16 (the "window") and are attended to in the model's domain.
 //
 // Softmax is online over blocks: (max, denominator, accumulator) per query
-// head. An empty history gives out = 0 and lse = -inf, the identity of the
-// merge rule below.
+// head, rescaled once a block (the window runs in blocks of
+// kWindowBlockTokens). An empty history gives out = 0 and lse = -inf, the
+// identity of the merge rule below. Dot products and value sums run in the
+// fixed order of codec/attention_kernels.h, so the bits depend on the
+// tokens and their blocks only: not on the batch, the thread or the CPU.
 #ifndef DRIFTKV_CODEC_COMPRESSED_ATTENTION_H_
 #define DRIFTKV_CODEC_COMPRESSED_ATTENTION_H_
 
@@ -21,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "codec/attention_kernels.h"
 #include "codec/dquant_codec.h"
 #include "codec/encoded_layer.h"
 
@@ -43,10 +47,19 @@ struct Bf16Tokens {
 
 struct AttentionScratch {
   CodecScratch codec;
-  std::vector<float> q_rot, q_sum, q_mu, mu, scores, acc_rot, acc_raw, offset, max, denom, k_raw;
-  std::vector<float> level_f;  // one token's levels as floats
+  // scores: [block tokens][q_heads], the softmax weights after EndKeys;
+  // coef: [tokens][q_heads], weight x value scale of ValueTokens' tokens.
+  std::vector<float> q_rot, q_sum, q_mu, mu, scores, coef, acc_rot, acc_raw, offset, max, denom;
   std::vector<uint8_t> levels;
+  // The loops' implementation (codec/attention_kernels.h); null: the
+  // fastest this CPU runs. Every implementation gives the same bits.
+  const AttentionKernels* kernels = nullptr;
 };
+
+// The window's tokens go through the softmax this many at a time: large
+// enough that the rescaling is rare, small enough that their scores
+// ([kWindowBlockTokens][q_heads] floats) stay in the L1 cache.
+constexpr int kWindowBlockTokens = 128;
 
 // The blocks holding the first `tokens` (at most layer.compressed) compressed
 // tokens of a layer stored contiguously by `codec`; the last may be partial.
@@ -63,6 +76,8 @@ std::vector<CompressedBlock> LayerBlocks(const KvCodec& codec, const EncodedLaye
 //     split into calls); EndKeys; ValueTokens over the tokens in order;
 //   Window (any number of tokens, also none); Finish.
 // Levels are not range-checked here (the decoders produce levels < M).
+// The block's softmax weights are computed once, in EndKeys; the window's
+// tokens are scored, weighted and summed kWindowBlockTokens at a time.
 class AttentionCore {
  public:
   // `codec` and `scratch` must outlive the core; the core owns no memory.
@@ -84,9 +99,15 @@ class AttentionCore {
 
  private:
   void Rescale(int h, float m);
+  // Raises each head's max to the largest of scores [tokens][q_heads],
+  // turns the scores into weights exp(score - max) and adds them to the
+  // denominators.
+  void Softmax(float* scores, int tokens);
 
   const DQuantCodec& codec_;
   AttentionScratch* s_;
+  const AttentionKernels* kernels_ = nullptr;
+  AttentionShape shape_;
   const float* query_ = nullptr;
   int q_heads_ = 0, group_ = 1, block_tokens_ = 0;
   float softmax_scale_ = 0.0f;

@@ -29,28 +29,30 @@ BF16_BITS = np.dtype("<u2")
 
 def exact_wire(x: Any, output: bool = False) -> Optional[str]:
     """The wire dtype whose bytes `x` holds as it is, or None."""
-    if T.is_torch(x):
-        torch = sys.modules["torch"]
-        return {torch.float32: "f32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(x.dtype)
     if isinstance(x, np.ndarray):
         if output and x.dtype == BF16_BITS:
             return "bf16"
         return _NUMPY_WIRE.get(x.dtype)
+    if T.is_torch(x):
+        torch = sys.modules["torch"]
+        return {torch.float32: "f32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(x.dtype)
     return None
 
 
 def host_address(x: Any) -> Optional[int]:
     """The address of the first byte of a C-contiguous host array, else None."""
+    if isinstance(x, np.ndarray):
+        return int(x.__array_interface__["data"][0]) if x.flags.c_contiguous else None
     if T.is_torch(x):
         if x.is_cuda or not x.is_contiguous():
             return None
         return int(x.data_ptr())
-    if isinstance(x, np.ndarray) and x.flags.c_contiguous:
-        return int(x.__array_interface__["data"][0])
     return None
 
 
 def nbytes(x: Any) -> int:
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
     if T.is_torch(x):
         return int(x.numel() * x.element_size())
     return int(x.nbytes)
@@ -65,15 +67,22 @@ class Places:
         self._client = client
         self._lock = threading.Lock()
         self._hosts = weakref.WeakSet()
+        # The regions as a tuple of weak references, rebuilt under the lock
+        # on each change and read without it (a decode loop looks up
+        # several arrays per Attend; iterating the WeakSet under the lock
+        # each time was most of building a request).
+        self._host_refs = ()
         self._cuda = None
 
     def add_host(self, region) -> None:
         with self._lock:
             self._hosts.add(region)
+            self._host_refs = tuple(weakref.ref(r) for r in self._hosts)
 
     def discard_host(self, region) -> None:
         with self._lock:
             self._hosts.discard(region)
+            self._host_refs = tuple(weakref.ref(r) for r in self._hosts)
 
     def cuda(self):
         """The CUDA registrations (driftkv.regions.CudaRegions)."""
@@ -129,10 +138,9 @@ class Places:
         if address is None:
             return None
         size = nbytes(x)
-        with self._lock:
-            hosts = list(self._hosts)
-        for region in hosts:
-            offset = region.offset_of(address, size)
+        for host in self._host_refs:
+            region = host()
+            offset = region.offset_of(address, size) if region is not None else None
             if offset is not None:
                 return region.ref(offset)
         return None

@@ -76,8 +76,8 @@ class Transport:
     queries, the step's keys and values, outputs and lse live in a host
     shared-memory region (the server on this host, with a region socket):
     the messages carry references only. "doorbell": the same region, and
-    the requests cross it too (no socket; the client spins on the answer,
-    which costs a core). "grpc": tensors inline. `want` "auto" takes shm
+    the requests cross it too (no socket; the client sleeps on a futex
+    for the answer). "grpc": tensors inline. `want` "auto" takes shm
     when the server has a region socket, else grpc."""
 
     def __init__(self, client: driftkv.Client, batch: int, q_heads: int, kv_heads: int, head_dim: int, want: str):
