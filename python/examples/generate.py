@@ -77,8 +77,9 @@ class Transport:
     shared-memory region (the server on this host, with a region socket):
     the messages carry references only. "doorbell": the same region, and
     the requests cross it too (no socket; the client sleeps on a futex
-    for the answer). "grpc": tensors inline. `want` "auto" takes shm
-    when the server has a region socket, else grpc."""
+    for the answer). "grpc": tensors inline. `want` "auto" takes the
+    doorbell when the server has a region socket (the fast path: no
+    socket per call), else grpc."""
 
     def __init__(self, client: driftkv.Client, batch: int, q_heads: int, kv_heads: int, head_dim: int, want: str):
         self.bell = None
@@ -86,7 +87,7 @@ class Transport:
         self.name = "grpc"
         if want == "grpc":
             return
-        want_bell = want == "doorbell"
+        want_bell = want in ("doorbell", "auto")
         try:
             arrays = 4 * batch * (2 * q_heads * head_dim + 2 * kv_heads * head_dim + q_heads) + 5 * 64
             self.region = client.register_host_region(arrays + (5 << 20), name="driftkv-generate")
@@ -223,8 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--transport", choices=("auto", "shm", "doorbell", "grpc"), default="auto",
                     help="how Attend reaches the server: shm (gRPC, tensors by reference in host shared memory), "
-                         "doorbell (requests through shared memory too), grpc (tensors inline); auto: shm when the "
-                         "server has a region socket (the server this starts has one), else grpc")
+                         "doorbell (requests through shared memory too), grpc (tensors inline); auto: the doorbell "
+                         "when the server has a region socket (the server this starts has one), else grpc")
     ap.add_argument("--json", help="write the metrics to this file")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 unless top-1 agreement >= 90%% and mean KL <= 0.02 nats")
