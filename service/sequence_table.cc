@@ -45,15 +45,9 @@ void SequenceTable::FindAll(absl::string_view tenant, absl::Span<const absl::str
                             std::vector<SequencePtr>* out) const {
   out->clear();
   out->reserve(ids.size());
-  std::string key;
   absl::MutexLock lock(&mu_);
   for (absl::string_view id : ids) {
-    absl::string_view k = id;
-    if (!tenant.empty()) {
-      key = TenantKey(tenant, id);
-      k = key;
-    }
-    auto it = table_.find(k);
+    auto it = table_.find(TenantKey(tenant, id));
     out->push_back(it == table_.end() ? nullptr : it->second);
   }
 }

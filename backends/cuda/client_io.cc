@@ -81,7 +81,7 @@ void ClientIo::Stage(uint8_t* host) const {
   }
 }
 
-absl::Status ClientIo::GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream) {
+absl::Status ClientIo::GatherQueries(uint8_t* dev, float* query_dev, cudaStream_t stream) {
   if (gather_.empty()) return absl::OkStatus();
   gpu::GatherParams p;
   p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev);
@@ -90,7 +90,7 @@ absl::Status ClientIo::GatherQueries(const uint8_t* dev, float* query_dev, cudaS
   p.dst_dev = query_dev;
   if (check_) {
     // The flags were uploaded set (Stage): no launch resets them.
-    p.bad_dev = const_cast<int32_t*>(reinterpret_cast<const int32_t*>(dev + bad_at_));
+    p.bad_dev = reinterpret_cast<int32_t*>(dev + bad_at_);
     p.bad_ready = true;
   }
   absl::Status st = gpu::LaunchGather(p, stream);

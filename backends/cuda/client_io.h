@@ -46,7 +46,7 @@ class ClientIo {
   //     stream has run them.
   absl::StatusOr<size_t> Plan(absl::Span<const AttendJob> jobs, int stride);
   void Stage(uint8_t* host) const;
-  absl::Status GatherQueries(const uint8_t* dev, float* query_dev, cudaStream_t stream);
+  absl::Status GatherQueries(uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(absl::Span<AttendJob> jobs);
   absl::Status ScatterOutputs(const uint8_t* dev, int q_heads, const float* out_dev, const float* lse_dev,
                               cudaStream_t stream);
