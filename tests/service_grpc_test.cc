@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -63,6 +64,20 @@ class LoseAnswersFactory : public grpc::experimental::ServerInterceptorFactoryIn
  private:
   std::string method_;
   std::atomic<int>* budget_;
+};
+
+// Real time plus an offset the test moves forward; shared with the server's
+// threads, so it outlives them through the shared_ptr in AsClock.
+class SkewedClock {
+ public:
+  void Advance(absl::Duration d) { offset_ns_->fetch_add(absl::ToInt64Nanoseconds(d)); }
+  std::function<absl::Time()> AsClock() const {
+    std::shared_ptr<std::atomic<int64_t>> offset = offset_ns_;
+    return [offset] { return absl::Now() + absl::Nanoseconds(offset->load()); };
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> offset_ns_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 class GrpcTest : public testing::LoopbackFixture {
@@ -548,16 +563,22 @@ TEST_F(GrpcTest, ReflectionListsServices) {
   cq.Shutdown();
 }
 
-// The server's own TTL thread (not a test clock) releases idle sequences.
+// The server's own reaper thread releases idle sequences. Its clock moves
+// only when the test says so: on a loaded machine real time could pass the
+// TTL between the Append and the first check.
 TEST_F(GrpcTest, TtlReaperReleasesIdleSequences) {
   ServiceOptions o = SmallOptions();
-  o.ttl_seconds = 0.3;
-  Start(o);
+  o.ttl_seconds = 30;
+  SkewedClock clock;
+  ServerHooks hooks;
+  hooks.clock = clock.AsClock();
+  Start(o, std::move(hooks));
   const testing::Kv kv = SyntheticKv(100, kN, 15);
   ASSERT_TRUE(client_->Append(Chunks("idle", 0, kv, 0, 100, 100)).ok());
   EXPECT_EQ(client_->Stats()->sequences(), 1u);
+  clock.Advance(absl::Seconds(60));
   absl::StatusOr<v1::StatsResponse> s;
-  for (int i = 0; i < 50; ++i) {  // up to 5 s; expected after ~0.3-0.4 s
+  for (int i = 0; i < 100; ++i) {  // up to 10 s; the reaper runs each second
     absl::SleepFor(absl::Milliseconds(100));
     s = client_->Stats();
     if (s.ok() && s->sequences() == 0) break;
@@ -581,8 +602,11 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   o.metrics_listen = "127.0.0.1:0";
   ServiceOptions cold_options = o;
   o.hot_tier_bytes = 2 << 20;
-  o.hot_idle_seconds = 0.3;
-  Start(o);
+  o.hot_idle_seconds = 30;
+  SkewedClock clock;  // the layer idles only when the test advances it
+  ServerHooks hooks;
+  hooks.clock = clock.AsClock();
+  Start(o, std::move(hooks));
   cold_options.metrics_listen = "";
   absl::StatusOr<std::unique_ptr<DriftkvServer>> cold_server = DriftkvServer::Start(cold_options);
   ASSERT_TRUE(cold_server.ok()) << cold_server.status();
@@ -621,8 +645,9 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotions_total"), 1);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_seconds_count"), 1);
   EXPECT_EQ(MetricValue(text, "driftkv_hot_tier_capacity_bytes"), static_cast<double>(info->hot_capacity_bytes()));
-  // The reaper (hot_idle_seconds 0.3, no TTL) demotes the idle layer.
-  for (int i = 0; i < 50 && s.ok() && s->hot_pages_in_use() > 0; ++i) {  // up to 5 s
+  // The server's reaper (no TTL) demotes the layer once it has idled.
+  clock.Advance(absl::Seconds(60));
+  for (int i = 0; i < 100 && s.ok() && s->hot_pages_in_use() > 0; ++i) {  // up to 10 s
     absl::SleepFor(absl::Milliseconds(100));
     s = client_->Stats();
   }
