@@ -111,8 +111,7 @@ grpc::Status KvCacheService::Length(grpc::ServerContext* context, const v1::Leng
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
-  (void)tenant;
-  handler_->Info(response);
+  handler_->Info(response, tenant);
   channels_->Info(response);
   if (regions_ != nullptr) regions_->Info(response);
   return timer.Finish(grpc::Status::OK);

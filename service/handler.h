@@ -90,7 +90,9 @@ class Handler {
                        const std::string& tenant = "");
   // Token counts of every layer; NOT_FOUND for an unknown sequence. Not an access for the TTL.
   absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response, const std::string& tenant = "");
-  void Info(v1::InfoResponse* response) const;
+  // `tenant`: the caller's; with tokens, restored_sequences counts only
+  // its own sequences.
+  void Info(v1::InfoResponse* response, const std::string& tenant = "") const;
   void Stats(v1::StatsResponse* response, const std::string& tenant = "") const;
 
   // Releases sequences idle for longer than the TTL (none if it is 0);
@@ -161,7 +163,7 @@ class Handler {
   // What the handler has done, for Stats (codec_mu is a leaf lock).
   struct Totals {
     std::atomic<uint64_t> tokens_ingested{0}, bytes_ingested{0}, attention_tokens{0};
-    std::atomic<uint64_t> snapshot_corrupt_pages{0}, snapshot_dropped_sequences{0}, restored_sequences{0};
+    std::atomic<uint64_t> snapshot_corrupt_pages{0}, snapshot_dropped_sequences{0};
     absl::Mutex codec_mu;
     CodecStats codec ABSL_GUARDED_BY(codec_mu);
   };

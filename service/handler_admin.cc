@@ -40,7 +40,7 @@ void Handler::PublishGauges() {
   if (hot_ != nullptr) hot_->PublishGauges();
 }
 
-void Handler::Info(v1::InfoResponse* r) const {
+void Handler::Info(v1::InfoResponse* r, const std::string& tenant) const {
   const KvCodec::Settings c = codec_->settings();
   r->set_server_version(kServerVersion);
   r->set_backend(backend_->name());
@@ -94,7 +94,9 @@ void Handler::Info(v1::InfoResponse* r) const {
     r->set_hot_idle_seconds(options_.hot_idle_seconds);
   }
   r->set_draining(draining());
-  r->set_restored_sequences(totals_.restored_sequences.load());
+  // Without tokens the one tenant "" holds every sequence.
+  const TenantUsage* usage = table_->FindTenant(tenant);
+  r->set_restored_sequences(usage != nullptr ? usage->restored() : 0);
   r->set_verify_pages_on_attend(options_.verify_pages_on_attend);
 }
 

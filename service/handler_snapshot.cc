@@ -346,7 +346,7 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     }
     summary->pages += reserved.size();
     ++summary->sequences;
-    ++totals_.restored_sequences;
+    seq->usage->CountRestore();
     metrics_->snapshot_restored_sequences->Increment();
   }
   if (!framing.ok()) {

@@ -50,6 +50,9 @@ class TenantUsage {
   uint64_t expired() const { return expired_.load(); }
   void CountRelease() { ++released_; }
   void CountExpiry() { ++expired_; }
+  // Sequences of the tenant restored from the snapshot at start (Info).
+  uint64_t restored() const { return restored_.load(); }
+  void CountRestore() { ++restored_; }
 
   // RESOURCE_EXHAUSTED naming the quota ("tenant \"a\" quota max_pages 8:
   // it holds 7 pages and this call needs 2") when `count` more pages would
@@ -68,6 +71,7 @@ class TenantUsage {
   std::atomic<int64_t> sequences_{0};
   std::atomic<uint64_t> released_{0};
   std::atomic<uint64_t> expired_{0};
+  std::atomic<uint64_t> restored_{0};
 };
 
 // Every tenant's usage, created on first use with its quota. Entries live

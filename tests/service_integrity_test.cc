@@ -500,6 +500,34 @@ TEST_F(IntegrityTest, SnapshotOfTheOtherTenancyModeIsRefused) {
   }
 }
 
+// Info.restored_sequences tells a tenant how many of its own sequences
+// came back, not how many every tenant had.
+TEST_F(IntegrityTest, RestoredSequencesAreCountedPerTenant) {
+  const testing::Kv kv = SyntheticKv(40, kN, 14);
+  ServiceOptions o = SmallOptions();
+  absl::StatusOr<TokenTable> t = TokenTable::Parse(
+      Sha256Hex("token-of-alice-0123456789") + " alice\n" + Sha256Hex("token-of-bob-0123456789") + " bob\n", "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  o.tokens = std::make_shared<const TokenTable>(*std::move(t));
+  Make(o);
+  for (const char* id : {"a1", "a2", "a3"}) ASSERT_TRUE(Push(id, kv, 40, "alice").ok());
+  ASSERT_TRUE(Push("b1", kv, 40, "bob").ok());
+  const std::string dir = ::testing::TempDir() + "/restored_per_tenant";
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(loaded.sequences, 4u);
+  v1::InfoResponse info;
+  h_->Info(&info, "alice");
+  EXPECT_EQ(info.restored_sequences(), 3u);
+  h_->Info(&info, "bob");
+  EXPECT_EQ(info.restored_sequences(), 1u);
+  h_->Info(&info, "carol");
+  EXPECT_EQ(info.restored_sequences(), 0u);
+}
+
 // A version 1 snapshot does not say whether tokens were on: a key with a
 // NUL or control byte may be an id planted on a server without tokens, so
 // it is not restored (logged); the others load as before.
