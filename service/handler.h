@@ -202,6 +202,22 @@ class Handler {
   absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
                            const StagedTokens* staged = nullptr);
+  // ApplyAppend in parts, so that a batch of decode steps encodes every
+  // item's new pages in one backend call (AttendBatch::ApplyAttendSteps):
+  // PrepareAppend lays out a host append's tokens and encode jobs (no
+  // encoding); after the jobs are encoded, CommitAppend stores them as
+  // ApplyAppend does. On a failure of the encoding, EncodeError is its
+  // message.
+  struct PendingAppend {
+    std::vector<uint16_t> all_k, all_v;  // the window and the new tokens, bf16; paged ones first
+    std::vector<float> fk, fv;           // the paged tokens as the encoder reads them
+    std::vector<EncodeJob> jobs;         // one per new page
+  };
+  void PrepareAppend(const LayerState& layer, int layer_index, const AppendPlan& plan, const float* keys,
+                     const float* values, const std::vector<PageId>& pages, PendingAppend* out) const;
+  absl::Status CommitAppend(LayerState* layer, const AppendPlan& plan, const std::vector<PageId>& pages,
+                            const HotTier::Held& held, bool staged, PendingAppend* pending);
+  absl::Status EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const;
   void RecordEncoded(const std::vector<EncodeJob>& jobs);
   // Append after the checks: finds or creates the sequence, plans,
   // reserves and stores, updates the totals.
