@@ -66,9 +66,16 @@ void GrowWindow(std::vector<uint16_t>* w, size_t size, size_t most) {
 
 }  // namespace
 
-absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
-                                  const StagedTokens* staged) {
+HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
+  HeldBytes b;
+  b.cold_pages = plan.pages * static_cast<int64_t>(pool_->page_stride());
+  b.windows = (plan.fresh - plan.pages * pool_->page_tokens()) * WindowBytesPerToken(n());
+  return b;
+}
+
+absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, int layer_index, const AppendPlan& plan,
+                                  const float* keys, const float* values, const std::vector<PageId>& pages,
+                                  const HotTier::Held& held, const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -144,7 +151,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
   // Append is never refused for the hot tier's sake).
   std::vector<PageId> hot;
   if (layer->hot && !pages.empty()) {
-    if (absl::Status st = hot_->PlaceNewPages(layer, pages, held, &hot); !st.ok()) return st;
+    if (absl::Status st = hot_->PlaceNewPages(layer, usage, pages, held, &hot); !st.ok()) return st;
   }
   // Commit.
   if (!hot.empty()) {
@@ -329,10 +336,19 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         if (plan.skip > 0)
           st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id, layer_index);
       }
+      // The tenant's quotas, before any memory is taken: the pages, and
+      // the bytes of the new pages and of the window's growth (less the
+      // tokens the pages take out of it).
       bool charged = false;
       if (st.ok() && plan.pages > 0) {
         st = seq->usage->ChargePages(plan.pages);
         charged = st.ok();
+      }
+      ByteCharge bytes;
+      if (st.ok()) {
+        absl::StatusOr<ByteCharge> taken = ByteCharge::Take(seq->usage, AppendBytes(plan));
+        st = taken.status();
+        if (st.ok()) bytes = *std::move(taken);
       }
       if (st.ok()) {
         absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages, seq->device);
@@ -342,11 +358,14 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         HotTier::Held held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
+        st = ApplyAppend(&layer, seq->usage, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
-      if (st.ok()) table_->Touch(seq);
+      if (st.ok()) {
+        bytes.Keep();
+        table_->Touch(seq);
+      }
     }
     if (!st.ok()) {
       metrics_->rejected_chunks->Increment();

@@ -335,6 +335,17 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   if (total_pages > 0) {
     if (absl::Status st = usage->ChargePages(total_pages); !st.ok()) return st;
   }
+  // And for the bytes of the new pages and of the windows' growth.
+  HeldBytes planned;
+  for (int i = 0; i < request.items_size(); ++i) {
+    const AttendWork& w = (*work)[i];
+    if (w.io.step && w.plan.fresh > 0) planned += h_.AppendBytes(w.plan);
+  }
+  absl::StatusOr<ByteCharge> charge = ByteCharge::Take(usage, planned);
+  if (!charge.ok()) {
+    if (total_pages > 0) usage->RefundPages(total_pages);
+    return charge.status();
+  }
   // Pages of each device slot, all-or-nothing over the batch.
   std::vector<int64_t> need(h_.pool_->partitions(), 0);
   for (int i = 0; i < request.items_size(); ++i) {
@@ -362,6 +373,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     held.layers.insert((*work)[i].layer->id);
   }
   absl::Status st;
+  HeldBytes applied;  // AppendBytes of the items stored
   for (int i = 0; i < request.items_size() && st.ok(); ++i) {
     AttendWork& w = (*work)[i];
     const v1::AttendItem& it = request.items(i);
@@ -370,11 +382,13 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     const std::vector<PageId>& mine = reserved[w.seq->device];
     size_t& at = taken[w.seq->device];
     std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
-    st = h_.ApplyAppend(w.layer, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(), pages, held);
+    st = h_.ApplyAppend(w.layer, w.seq->usage, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(),
+                        pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       break;
     }
+    applied += h_.AppendBytes(w.plan);
     *used += pages.size();
     at += pages.size();
     h_.totals_.tokens_ingested += 1;
@@ -390,6 +404,13 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     }
   }
   if (unused > 0) usage->RefundPages(unused);
+  if (st.ok()) {
+    charge->Keep();
+  } else {
+    // The items stored before the failure keep what they hold.
+    *charge = ByteCharge();
+    usage->AddBytes(applied);
+  }
   return st;
 }
 
