@@ -84,8 +84,14 @@ absl::Status ChannelManager::Open(const v1::OpenChannelRequest& r, v1::OpenChann
                                                       " has no device memory to receive into; use backend cuda"));
   }
   auto channel = std::make_shared<Channel>();
+  const uint64_t cap = options_.QuotaOf(tenant).max_nccl_channels;
   {
     absl::MutexLock lock(&mu_);
+    // The tenant's own cap first: it names what the caller can change.
+    if (const int64_t held = OpenLocked(tenant); cap > 0 && static_cast<uint64_t>(held) >= cap) {
+      return QuotaExhausted(tenant, "max_nccl_channels", cap, absl::StrCat(held, " open channels"), "1 more",
+                            "close one (CloseChannel) or wait for idle ones to close, or raise the quota");
+    }
     if (static_cast<int>(channels_.size()) >= options_.nccl_max_channels) {
       return absl::ResourceExhaustedError(absl::StrCat(channels_.size(), " channels are open, nccl_max_channels is ",
                                                        options_.nccl_max_channels,
@@ -223,11 +229,19 @@ void ChannelManager::Info(v1::InfoResponse* r) const {
   r->set_nccl_max_chunk_bytes(options_.nccl_max_chunk_bytes);
 }
 
-void ChannelManager::Stats(v1::StatsResponse* r) const {
+int64_t ChannelManager::OpenLocked(const std::string& tenant) const {
+  int64_t open = 0;
+  for (const auto& [id, c] : channels_) open += c->tenant == tenant ? 1 : 0;
+  return open;
+}
+
+void ChannelManager::Stats(v1::StatsResponse* r, const std::string& tenant) const {
   {
     absl::MutexLock lock(&mu_);
     r->set_nccl_channels_open(channels_.size());
+    r->set_tenant_nccl_channels(OpenLocked(tenant));
   }
+  r->set_tenant_max_nccl_channels(options_.QuotaOf(tenant).max_nccl_channels);
   r->set_nccl_channels_opened(opened_);
   r->set_nccl_channels_aborted(aborted_);
   r->set_nccl_channels_idle_closed(idle_closed_);

@@ -14,8 +14,10 @@
 // untouched; other channels and RPCs go on. A framing error (the bytes the
 // client is sending cannot be received) also aborts the channel; a chunk
 // that arrived and is then rejected (a gap, a bad value) leaves it open.
-// At most nccl_max_channels are open; CloseIdle closes those unused for
-// nccl_idle_seconds.
+// At most nccl_max_channels are open, and at most its quota's
+// max_nccl_channels of one tenant (config tenant_max_nccl_channels, by
+// default with tokens an equal share: service/tenant_quotas.h); CloseIdle
+// closes those unused for nccl_idle_seconds.
 #ifndef DRIFTKV_SERVICE_CHANNELS_H_
 #define DRIFTKV_SERVICE_CHANNELS_H_
 
@@ -55,7 +57,8 @@ class ChannelManager {
   int CloseIdle();
 
   void Info(v1::InfoResponse* response) const;
-  void Stats(v1::StatsResponse* response) const;
+  // The channels of the whole server, and `tenant`'s and its quota.
+  void Stats(v1::StatsResponse* response, const std::string& tenant = "") const;
 
  private:
   struct Channel;
@@ -67,6 +70,8 @@ class ChannelManager {
   // Waits for the link, then receives keys and values (tensor_bytes each)
   // into the channel's staging buffer by `deadline`.
   absl::Status Receive(Channel* channel, uint64_t tensor_bytes, absl::Time deadline);
+  // Channels of `tenant` open now.
+  int64_t OpenLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Handler* const handler_;
   TransportFactory* const factory_;

@@ -11,6 +11,7 @@
 #include "backends/page_format.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "service/tenant_quotas.h"
 
 namespace driftkv {
 namespace {
@@ -97,8 +98,7 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
     o->tokens = std::make_shared<const TokenTable>(*std::move(table));
   }
   o->health_listen = c.health_listen();
-  o->tenant_defaults.max_pages = c.tenant_max_pages();
-  o->tenant_defaults.max_sequences = c.tenant_max_sequences();
+  if (absl::Status st = ResolveTenantQuotas(c, o); !st.ok()) return st;
   o->metrics_per_tenant = c.metrics_per_tenant();
   if (c.has_tombstone_seconds()) {
     if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) ||

@@ -98,7 +98,9 @@ struct ServiceOptions {
   std::string tls_cert_file, tls_key_file, tls_client_ca_file;
   std::string tokens_file;
   std::shared_ptr<const TokenTable> tokens;
-  TenantQuota tenant_defaults;  // config tenant_max_pages/_sequences
+  // Every tenant's quotas (config tenant_max_*, with tokens the shares of
+  // service/tenant_quotas.h); a token line's max_*= overrides them.
+  TenantQuota tenant_defaults;
   // The metrics port shows each tenant's figures (config
   // metrics_per_tenant; only with tokens). Off: no series names a tenant.
   bool metrics_per_tenant = false;

@@ -121,7 +121,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::Stats
   RpcTimer timer(metrics_, "Stats");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   handler_->Stats(response, tenant);
-  channels_->Stats(response);
+  channels_->Stats(response, tenant);
   if (regions_ != nullptr) regions_->Stats(response, tenant);
   if (tokens_ != nullptr) KeepTenantScope(response);
   return timer.Finish(grpc::Status::OK);

@@ -198,10 +198,15 @@ class Handler {
   // Stores plan.fresh tokens (float [count][n], rounded to bf16 here; or
   // `staged`) using `pages` reserved cold pages; on failure nothing changed
   // and the caller frees them; on success the layer owns them (a hot layer's
-  // go hot: HotTier::PlaceNewPages). REQUIRES: layer->mu held as a writer.
-  absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                           const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
-                           const StagedTokens* staged = nullptr);
+  // go hot: HotTier::PlaceNewPages, which changes `usage`'s bytes for
+  // them). The caller has charged AppendBytes(plan) to `usage`, the
+  // layer's tenant. REQUIRES: layer->mu held as a writer.
+  absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, int layer_index, const AppendPlan& plan,
+                           const float* keys, const float* values, const std::vector<PageId>& pages,
+                           const HotTier::Held& held, const StagedTokens* staged = nullptr);
+  // What storing `plan` changes in its tenant's bytes: its pages as cold
+  // pages, its window by fresh tokens less those the pages take out.
+  HeldBytes AppendBytes(const AppendPlan& plan) const;
   // ApplyAppend in parts, so that a batch of decode steps encodes every
   // item's new pages in one backend call (AttendBatch::ApplyAttendSteps):
   // PrepareAppend lays out a host append's tokens and encode jobs (no
@@ -215,8 +220,9 @@ class Handler {
   };
   void PrepareAppend(const LayerState& layer, int layer_index, const AppendPlan& plan, const float* keys,
                      const float* values, const std::vector<PageId>& pages, PendingAppend* out) const;
-  absl::Status CommitAppend(LayerState* layer, const AppendPlan& plan, const std::vector<PageId>& pages,
-                            const HotTier::Held& held, bool staged, PendingAppend* pending);
+  absl::Status CommitAppend(LayerState* layer, TenantUsage* usage, const AppendPlan& plan,
+                            const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
+                            PendingAppend* pending);
   absl::Status EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const;
   void RecordEncoded(const std::vector<EncodeJob>& jobs);
   // Append after the checks: finds or creates the sequence, plans,

@@ -105,10 +105,12 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
   const TenantQuota quota = options_.QuotaOf(tenant);
   r->set_tenant_max_pages(quota.max_pages);
   r->set_tenant_max_sequences(quota.max_sequences);
+  r->set_tenant_max_bytes(quota.max_bytes);
   // Without tokens the one tenant "" holds every sequence and tombstone, so
   // these are the whole server's figures there.
   if (const TenantUsage* u = table_->FindTenant(tenant); u != nullptr) {
     r->set_tenant_pages(u->pages());
+    r->set_tenant_bytes(static_cast<uint64_t>(std::max<int64_t>(0, u->bytes())));
     r->set_tenant_sequences(u->sequences());
     r->set_sequences(u->sequences());
     r->set_sequences_released(u->released());

@@ -101,9 +101,16 @@ absl::Status Handler::EncodeError(const LayerState& layer, const AppendPlan& pla
                                               first_page_token + plan.pages * p, "): ", st.message()));
 }
 
-absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
-                                  const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
-                                  const StagedTokens* staged) {
+HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
+  HeldBytes b;
+  b.cold_pages = plan.pages * static_cast<int64_t>(pool_->page_stride());
+  b.windows = (plan.fresh - plan.pages * pool_->page_tokens()) * WindowBytesPerToken(n());
+  return b;
+}
+
+absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, int layer_index, const AppendPlan& plan,
+                                  const float* keys, const float* values, const std::vector<PageId>& pages,
+                                  const HotTier::Held& held, const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
@@ -137,11 +144,12 @@ absl::Status Handler::ApplyAppend(LayerState* layer, int layer_index, const Appe
     st = backend_->EncodePages(absl::MakeSpan(pending.jobs));
   }
   if (!st.ok()) return EncodeError(*layer, plan, st);
-  return CommitAppend(layer, plan, pages, held, staged != nullptr, &pending);
+  return CommitAppend(layer, usage, plan, pages, held, staged != nullptr, &pending);
 }
 
-absl::Status Handler::CommitAppend(LayerState* layer, const AppendPlan& plan, const std::vector<PageId>& pages,
-                                   const HotTier::Held& held, bool staged, PendingAppend* pending) {
+absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const AppendPlan& plan,
+                                   const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
+                                   PendingAppend* pending) {
   const size_t n = this->n();
   const int64_t encoded = plan.pages * pool_->page_tokens();
   const std::vector<uint16_t>& all_k = pending->all_k;
@@ -163,7 +171,7 @@ absl::Status Handler::CommitAppend(LayerState* layer, const AppendPlan& plan, co
   // Append is never refused for the hot tier's sake).
   std::vector<PageId> hot;
   if (layer->hot && !pages.empty()) {
-    if (absl::Status st = hot_->PlaceNewPages(layer, pages, held, &hot); !st.ok()) return st;
+    if (absl::Status st = hot_->PlaceNewPages(layer, usage, pages, held, &hot); !st.ok()) return st;
   }
   // Commit.
   if (!hot.empty()) {
@@ -348,10 +356,19 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         if (plan.skip > 0)
           st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id, layer_index);
       }
+      // The tenant's quotas, before any memory is taken: the pages, and
+      // the bytes of the new pages and of the window's growth (less the
+      // tokens the pages take out of it).
       bool charged = false;
       if (st.ok() && plan.pages > 0) {
         st = seq->usage->ChargePages(plan.pages);
         charged = st.ok();
+      }
+      ByteCharge bytes;
+      if (st.ok()) {
+        absl::StatusOr<ByteCharge> taken = ByteCharge::Take(seq->usage, AppendBytes(plan));
+        st = taken.status();
+        if (st.ok()) bytes = *std::move(taken);
       }
       if (st.ok()) {
         absl::StatusOr<std::vector<PageId>> reserved = pool_->Reserve(plan.pages, seq->device);
@@ -361,11 +378,14 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         HotTier::Held held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
+        st = ApplyAppend(&layer, seq->usage, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
-      if (st.ok()) table_->Touch(seq);
+      if (st.ok()) {
+        bytes.Keep();
+        table_->Touch(seq);
+      }
     }
     if (!st.ok()) {
       metrics_->rejected_chunks->Increment();

@@ -374,6 +374,17 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   if (total_pages > 0) {
     if (absl::Status st = usage->ChargePages(total_pages); !st.ok()) return st;
   }
+  // And for the bytes of the new pages and of the windows' growth.
+  HeldBytes planned;
+  for (int i = 0; i < request.items_size(); ++i) {
+    const AttendWork& w = (*work)[i];
+    if (w.io.step && w.plan.fresh > 0) planned += h_.AppendBytes(w.plan);
+  }
+  absl::StatusOr<ByteCharge> charge = ByteCharge::Take(usage, planned);
+  if (!charge.ok()) {
+    if (total_pages > 0) usage->RefundPages(total_pages);
+    return charge.status();
+  }
   // Pages of each device slot, all-or-nothing over the batch.
   std::vector<int64_t> need(h_.pool_->partitions(), 0);
   for (int i = 0; i < request.items_size(); ++i) {
@@ -414,6 +425,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   const bool encoded = EncodeStepPages(request, *work, pages_of, &pending);
   absl::Status st;
   int failed = request.items_size();  // the first item not stored
+  HeldBytes applied;                  // AppendBytes of the items stored
   for (int i = 0; i < request.items_size() && st.ok(); ++i) {
     AttendWork& w = (*work)[i];
     const v1::AttendItem& it = request.items(i);
@@ -421,16 +433,17 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     if (!w.io.step || w.plan.fresh == 0) continue;
     const std::vector<PageId>& pages = pages_of[i];
     if (encoded && w.plan.pages > 0) {
-      st = h_.CommitAppend(w.layer, w.plan, pages, held, /*staged=*/false, &pending[i]);
+      st = h_.CommitAppend(w.layer, w.seq->usage, w.plan, pages, held, /*staged=*/false, &pending[i]);
     } else {
-      st = h_.ApplyAppend(w.layer, static_cast<int>(it.layer()), w.plan, w.io.key.data(), w.io.value.data(), pages,
-                          held);
+      st = h_.ApplyAppend(w.layer, w.seq->usage, static_cast<int>(it.layer()), w.plan, w.io.key.data(),
+                          w.io.value.data(), pages, held);
     }
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       failed = i;
       break;
     }
+    applied += h_.AppendBytes(w.plan);
     *used += pages.size();
     h_.totals_.tokens_ingested += 1;
     h_.totals_.bytes_ingested += 2 * h_.n() * DTypeBytes(it.dtype());
@@ -451,6 +464,13 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     }
   }
   if (unused > 0) usage->RefundPages(unused);
+  if (st.ok()) {
+    charge->Keep();
+  } else {
+    // The items stored before the failure keep what they hold.
+    *charge = ByteCharge();
+    usage->AddBytes(applied);
+  }
   return st;
 }
 

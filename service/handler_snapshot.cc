@@ -137,7 +137,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
     for (size_t l = 0; l < seq->layers.size() && bad.ok(); ++l) {
       LayerState& layer = seq->layers[l];
       absl::MutexLock layer_lock(&layer.mu);
-      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, kDemoteDrain);
+      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, seq->usage, kDemoteDrain);
       for (size_t i = 0; i < layer.pages.size() && bad.ok(); ++i) {
         bad = verifier_->Verify(layer, i, layer.pages[i], key, static_cast<int>(l), kCheckSnapshot);
       }

@@ -69,13 +69,19 @@ std::vector<std::pair<int64_t, uint64_t>> HotTier::LruLocked() const {
   return lru;
 }
 
+HeldBytes HotTier::MoveBytes(int64_t count, bool to_hot) const {
+  const int64_t cold = count * static_cast<int64_t>(cold_.page_stride());
+  const int64_t hot = count * static_cast<int64_t>(hot_.page_stride());
+  return to_hot ? HeldBytes{-cold, hot, 0} : HeldBytes{cold, -hot, 0};
+}
+
 void HotTier::FreeLayer(LayerState* layer) {
   hot_.Free(layer->pages);
   RemoveHot(layer->id);
   layer->hot = false;
 }
 
-absl::Status HotTier::DemoteLocked(LayerState* layer, DemotionReason reason) {
+absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, DemotionReason reason) {
   const int p = cold_.page_tokens();
   absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()));
   if (!cold.ok()) return cold.status();
@@ -94,6 +100,7 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, DemotionReason reason) {
     }
   }
   hot_.Free(layer->pages);
+  usage->AddBytes(MoveBytes(static_cast<int64_t>(moves.size()), /*to_hot=*/false));
   layer->pages = *std::move(cold);
   layer->hot = false;
   RemoveHot(layer->id);
@@ -130,7 +137,8 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
     LayerState& layer = seq->layers[index];
     if (!seq->released && layer.mu.TryLock()) {
       // A hot layer without pages holds nothing worth demoting.
-      demoted = layer.hot && layer.id == id && !layer.pages.empty() && DemoteLocked(&layer, kDemoteBudget).ok();
+      demoted =
+          layer.hot && layer.id == id && !layer.pages.empty() && DemoteLocked(&layer, seq->usage, kDemoteBudget).ok();
       layer.mu.Unlock();
     }
     if (lock_seq) seq->mu.ReaderUnlock();
@@ -189,6 +197,15 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       }
       hot->insert(hot->end(), extra->begin(), extra->end());
     }
+    // The tenant pays for the layer's pages at the hot page size; without
+    // room in its max_bytes the layer stays cold.
+    absl::StatusOr<ByteCharge> charge =
+        ByteCharge::Take(seq->usage, MoveBytes(static_cast<int64_t>(layer.pages.size()), /*to_hot=*/true));
+    if (!charge.ok()) {
+      hot_.Free(*hot);
+      metrics_->tier_promotions_skipped->Increment();
+      return false;
+    }
     const int p = cold_.page_tokens();
     std::vector<TierMove> moves(layer.pages.size());
     for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer.pages[i], (*hot)[i], p};
@@ -198,6 +215,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       hot_.Free(*hot);
       return false;
     }
+    charge->Keep();
     cold_.Free(layer.pages);
     layer.pages = *std::move(hot);
     layer.hot = true;
@@ -212,15 +230,20 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   return promoted;
 }
 
-absl::Status HotTier::PlaceNewPages(LayerState* layer, const std::vector<PageId>& cold, const Held& held,
-                                    std::vector<PageId>* hot) {
+absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const std::vector<PageId>& cold,
+                                    const Held& held, std::vector<PageId>* hot) {
   hot->clear();
+  // The new pages at the hot page size; without room in the tenant's
+  // max_bytes the layer goes cold, as without a hot page.
+  absl::StatusOr<ByteCharge> charge =
+      ByteCharge::Take(usage, MoveBytes(static_cast<int64_t>(cold.size()), /*to_hot=*/true));
+  if (!charge.ok()) return DemoteLocked(layer, usage, kDemoteAppend);
   Held mine = held;  // the layer never makes room for its own pages
   mine.layers.insert(layer->id);
   absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine);
   if (!reserved.ok()) {
     if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
-    return DemoteLocked(layer, kDemoteAppend);
+    return DemoteLocked(layer, usage, kDemoteAppend);
   }
   const int p = cold_.page_tokens();
   std::vector<TierMove> moves(cold.size());
@@ -228,8 +251,9 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, const std::vector<PageId>
   if (absl::Status st = backend_.PromotePages(moves); !st.ok()) {
     hot_.Free(*reserved);
     if (!absl::IsResourceExhausted(st)) return st;
-    return DemoteLocked(layer, kDemoteAppend);
+    return DemoteLocked(layer, usage, kDemoteAppend);
   }
+  charge->Keep();
   pages_promoted_ += moves.size();
   metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
   *hot = *std::move(reserved);
@@ -310,7 +334,7 @@ bool HotTier::DemoteIdle() {
       auto it = hot_layers_.find(layer.id);
       if (it == hot_layers_.end() || it->second.attended_ns >= cutoff) continue;
     }
-    DemoteLocked(&layer, kDemoteIdle).IgnoreError();  // no cold room: stays hot, tried again later
+    DemoteLocked(&layer, seq->usage, kDemoteIdle).IgnoreError();  // no cold room: stays hot, tried again later
   }
   return !idle.empty();
 }

@@ -19,6 +19,11 @@
 //     never refused for the hot tier's sake).
 //   - Layers not attended for idle_seconds go cold (DemoteIdle).
 //   - Demoted bytes must match the cold form's checksum (PageVerifier).
+//   - A layer's tenant is charged for its pages at their tier's page size
+//     (TenantUsage's max_bytes): a move changes the charge by the
+//     difference. Promotion charges it first and leaves the layer cold
+//     when the tenant has no room; a hot layer's new page goes cold the
+//     same way; demotion never fails for it.
 //
 // Locks: a layer moves under its LayerState::mu as a writer, with its
 // Sequence::mu held as a reader (or writer). hot_mu_ (the LRU) and
@@ -84,14 +89,16 @@ class HotTier {
   // locks are free; false when there is none. `tried` collects the layers
   // looked at (each is looked at once per caller).
   bool DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried);
-  // Moves a hot layer's pages to the cold pool.
-  // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
-  absl::Status DemoteLocked(LayerState* layer, DemotionReason reason);
-  // Where the new cold pages `cold` of the hot `layer` go: on OK either
-  // *hot holds their hot pages (the caller frees `cold`) or, with no hot
-  // page to be had, *hot is empty and the layer was demoted.
-  // REQUIRES: layer->mu held as a writer, layer->hot.
-  absl::Status PlaceNewPages(LayerState* layer, const std::vector<PageId>& cold, const Held& held,
+  // Moves a hot layer's pages to the cold pool; `usage`: the layer's
+  // tenant's. REQUIRES: layer->mu held as a writer and its sequence's mu;
+  // layer->hot.
+  absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, DemotionReason reason);
+  // Where the new cold pages `cold` of the hot `layer` go (their tenant,
+  // `usage`, is charged for them as cold pages): on OK either *hot holds
+  // their hot pages (the caller frees `cold`) or, with no hot page to be
+  // had or no room in the tenant's max_bytes, *hot is empty and the layer
+  // was demoted. REQUIRES: layer->mu held as a writer, layer->hot.
+  absl::Status PlaceNewPages(LayerState* layer, TenantUsage* usage, const std::vector<PageId>& cold, const Held& held,
                              std::vector<PageId>* hot);
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
@@ -122,6 +129,9 @@ class HotTier {
  private:
   void PromotionThread();
   void AddHot(const SequencePtr& seq, int layer_index, uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  // The change in a tenant's bytes when `count` pages move to the hot
+  // pool (`to_hot`) or back.
+  HeldBytes MoveBytes(int64_t count, bool to_hot) const;
   void RemoveHot(uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
 
   PagePool& cold_;

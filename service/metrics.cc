@@ -217,6 +217,12 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                              .Name("driftkv_tenant_sequences")
                              .Help("Live sequences of each tenant (only with tokens)")
                              .Register(r);
+    tenant_bytes_ = &BuildGauge()
+                         .Name("driftkv_tenant_bytes")
+                         .Help(
+                             "Bytes held by each tenant: cold and hot pages at their page size, bf16 windows "
+                             "(the quantity tenant_max_bytes limits; only with tokens)")
+                         .Register(r);
   }
   auto& checksum = BuildCounter()
                        .Name("driftkv_page_checksum_failures_total")
@@ -290,16 +296,18 @@ void Metrics::RecordRpc(const std::string& method, const std::string& code, doub
   h->Observe(seconds);
 }
 
-void Metrics::SetTenant(const std::string& tenant, double pages, double sequences) {
+void Metrics::SetTenant(const std::string& tenant, double pages, double sequences, double bytes) {
   if (tenant_pages_ == nullptr) return;
-  prometheus::Gauge *p, *s;
+  prometheus::Gauge *p, *s, *b;
   {
     absl::MutexLock lock(&mu_);
     p = &tenant_pages_->Add({{"tenant", tenant}});
     s = &tenant_sequences_->Add({{"tenant", tenant}});
+    b = &tenant_bytes_->Add({{"tenant", tenant}});
   }
   p->Set(pages);
   s->Set(sequences);
+  b->Set(bytes);
 }
 
 }  // namespace driftkv

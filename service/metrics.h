@@ -42,7 +42,7 @@ enum IntegrityReason : int { kRejectCrc32c = 0, kRejectRepeat = 1, kRejectTombst
 
 class Metrics {
  public:
-  // `per_tenant`: register driftkv_tenant_pages / _sequences{tenant}
+  // `per_tenant`: register driftkv_tenant_pages / _sequences / _bytes{tenant}
   // (config metrics_per_tenant). Without it no series carries a tenant's
   // name: the metrics port has no authentication.
   explicit Metrics(bool per_tenant = false);
@@ -56,10 +56,10 @@ class Metrics {
   void RecordPage(const CodecStats& stats, const std::vector<float>& key_util, const std::vector<float>& value_util);
   // One finished RPC. `code` is the gRPC status code name, e.g. "OK".
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
-  // What one tenant holds (driftkv_tenant_pages / _sequences{tenant});
-  // only with tokens, so the label set is the tokens file's tenants.
-  // Does nothing unless constructed with `per_tenant`.
-  void SetTenant(const std::string& tenant, double pages, double sequences);
+  // What one tenant holds (driftkv_tenant_pages / _sequences /
+  // _bytes{tenant}); only with tokens, so the label set is the tokens
+  // file's tenants. Does nothing unless constructed with `per_tenant`.
+  void SetTenant(const std::string& tenant, double pages, double sequences, double bytes);
 
   // By stream kind (label stream="key"/"value").
   prometheus::Histogram* budget_utilization[2];
@@ -127,6 +127,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* rpc_seconds_;
   prometheus::Family<prometheus::Gauge>* tenant_pages_ = nullptr;  // null unless per_tenant
   prometheus::Family<prometheus::Gauge>* tenant_sequences_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* tenant_bytes_ = nullptr;
   absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_ and tenant_*
 };
 

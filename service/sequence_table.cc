@@ -119,11 +119,24 @@ void SequenceTable::DropIfEmpty(const SequencePtr& seq) {
   seq->released = true;
 }
 
+HeldBytes SequenceTable::BytesOf(const LayerState& l) const {
+  HeldBytes b;
+  const int64_t pages = static_cast<int64_t>(l.pages.size());
+  if (l.hot) {
+    b.hot_pages = pages * static_cast<int64_t>(hot_->pool().page_stride());
+  } else {
+    b.cold_pages = pages * static_cast<int64_t>(pool_.page_stride());
+  }
+  b.windows = static_cast<int64_t>(l.window_keys.size() / n_) * WindowBytesPerToken(n_);
+  return b;
+}
+
 void SequenceTable::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
   const int64_t p = pool_.page_tokens();
   for (LayerState& l : seq->layers) {
     *tokens += l.length;
     *pages += l.pages.size();
+    seq->usage->RefundBytes(BytesOf(l));
     if (l.hot) {
       hot_->FreeLayer(&l);
     } else {
@@ -220,19 +233,34 @@ int SequenceTable::PlaceNew() const {
   return LeastLoadedDevice();
 }
 
+HeldBytes SequenceTable::BytesOf(const Sequence& seq) const {
+  HeldBytes b;
+  for (const LayerState& l : seq.layers) b += BytesOf(l);
+  return b;
+}
+
 absl::Status SequenceTable::Adopt(const SequencePtr& seq, int64_t pages) {
   absl::MutexLock lock(&mu_);
   if (table_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(absl::StrCat("max_sequences ", options_.max_sequences, " reached"));
   }
   if (table_.count(seq->id) != 0) return absl::AlreadyExistsError("sequence_id repeated in the snapshot");
-  // The tenant's quotas count the sequence and its pages.
+  // The tenant's quotas count the sequence, its pages and their bytes and
+  // its windows' bytes, as the appends that made them did.
   absl::Status quota = seq->usage->ChargeSequence();
-  if (quota.ok()) {
-    quota = seq->usage->ChargePages(pages);
-    if (!quota.ok()) seq->usage->RefundSequence();
-  }
   if (!quota.ok()) return quota;
+  quota = seq->usage->ChargePages(pages);
+  if (!quota.ok()) {
+    seq->usage->RefundSequence();
+    return quota;
+  }
+  absl::StatusOr<ByteCharge> bytes = ByteCharge::Take(seq->usage, BytesOf(*seq));
+  if (!bytes.ok()) {
+    seq->usage->RefundPages(pages);
+    seq->usage->RefundSequence();
+    return bytes.status();
+  }
+  bytes->Keep();
   table_.emplace(seq->id, seq);
   ++device_sequences_[seq->device];
   return absl::OkStatus();
@@ -242,6 +270,7 @@ void SequenceTable::Unadopt(const SequencePtr& seq, int64_t pages) {
   absl::MutexLock lock(&mu_);
   auto it = table_.find(seq->id);
   seq->usage->RefundPages(pages);
+  seq->usage->RefundBytes(BytesOf(*seq));
   EraseLocked(it);
 }
 
@@ -256,7 +285,8 @@ void SequenceTable::PublishGauges() const {
   }
   if (options_.tokens != nullptr && options_.metrics_per_tenant) {
     ledger_.ForEach([this](const TenantUsage& u) {
-      metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()));
+      metrics_->SetTenant(u.name(), static_cast<double>(u.pages()), static_cast<double>(u.sequences()),
+                          static_cast<double>(u.bytes()));
     });
   }
 }

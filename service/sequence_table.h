@@ -7,7 +7,9 @@
 // TENANTS (service/tenant.h). The table is keyed by TenantKey(tenant,
 // sequence_id), so a tenant sees only its own sequences. Each sequence
 // points at its tenant's TenantUsage (the ledger owns it), charged for
-// itself here and for its pages by whoever reserves them.
+// itself here, and for its pages and their bytes and its windows' bytes
+// by whoever reserves the pages or grows the windows; the table refunds
+// what a released or expired sequence held (BytesOf).
 //
 // TOMBSTONES (service/tombstones.h). Release tombstones a key before it
 // leaves the table, both under mu_, and FindOrCreate checks tombstones
@@ -121,10 +123,17 @@ class SequenceTable {
   // Every entry (key, sequence), unordered.
   std::vector<std::pair<std::string, SequencePtr>> Entries() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Bytes a layer holds: its pages at their tier's page size, its window
+  // tokens at WindowBytesPerToken. REQUIRES: the layer's mu (or its
+  // sequence's as a writer), or a sequence no one else sees yet.
+  HeldBytes BytesOf(const LayerState& layer) const;
+  HeldBytes BytesOf(const Sequence& seq) const;
+
   // RESTORE (a snapshot loader builds sequences itself): the device slot
-  // for a new sequence; Adopt enters `seq`, charging its tenant for it
-  // and its `pages` (RESOURCE_EXHAUSTED / ALREADY_EXISTS / the quota's
-  // error, nothing changed); Unadopt undoes an Adopt.
+  // for a new sequence; Adopt enters `seq`, charging its tenant for it,
+  // its `pages` and the bytes of its pages and windows (RESOURCE_EXHAUSTED
+  // / ALREADY_EXISTS / the quota's error, nothing changed); Unadopt undoes
+  // an Adopt.
   int PlaceNew() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Adopt(const SequencePtr& seq, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
   void Unadopt(const SequencePtr& seq, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);

@@ -13,6 +13,10 @@ void KeepTenantScope(v1::StatsResponse* stats) {
   kept.set_tenant_pages(s.tenant_pages());
   kept.set_tenant_max_sequences(s.tenant_max_sequences());
   kept.set_tenant_max_pages(s.tenant_max_pages());
+  kept.set_tenant_bytes(s.tenant_bytes());
+  kept.set_tenant_max_bytes(s.tenant_max_bytes());
+  kept.set_tenant_nccl_channels(s.tenant_nccl_channels());
+  kept.set_tenant_max_nccl_channels(s.tenant_max_nccl_channels());
   kept.set_tenant_regions(s.tenant_regions());
   kept.set_tenant_region_bytes(s.tenant_region_bytes());
   kept.set_sequences(s.sequences());

@@ -29,16 +29,34 @@ std::string Who(const std::string& name) {
                       : absl::StrCat("tenant \"", name, "\"");
 }
 
+constexpr absl::string_view kReleaseOrRaise = "release sequences or raise the quota";
+
 }  // namespace
+
+std::string HeldBytes::ToString(bool change) const {
+  const std::pair<const char*, int64_t> parts[] = {
+      {"cold pages", cold_pages}, {"hot pages", hot_pages}, {"windows", windows}};
+  std::string out;
+  for (const auto& [name, x] : parts) {
+    if (change && x == 0) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ", ", name, " ", change && x > 0 ? "+" : "", x);
+  }
+  return out;
+}
+
+absl::Status QuotaExhausted(const std::string& tenant, absl::string_view quota, uint64_t limit, absl::string_view holds,
+                            absl::string_view needs, absl::string_view remedy) {
+  return absl::ResourceExhaustedError(absl::StrCat(Who(tenant), " quota ", quota, " ", limit, ": it holds ", holds,
+                                                   " and this call needs ", needs, "; ", remedy));
+}
 
 absl::Status TenantUsage::ChargePages(int64_t count) {
   if (count <= 0) return absl::OkStatus();
   const int64_t before = pages_.fetch_add(count);
   if (quota_.max_pages > 0 && static_cast<uint64_t>(before + count) > quota_.max_pages) {
     pages_ -= count;
-    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_pages ", quota_.max_pages, ": it holds ",
-                                                     before, " pages and this call needs ", count,
-                                                     " more; release sequences or raise the quota"));
+    return QuotaExhausted(name_, "max_pages", quota_.max_pages, absl::StrCat(before, " pages"),
+                          absl::StrCat(count, " more"), kReleaseOrRaise);
   }
   return absl::OkStatus();
 }
@@ -46,12 +64,65 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
 absl::Status TenantUsage::ChargeSequence() {
   const int64_t before = sequences_.load();
   if (quota_.max_sequences > 0 && static_cast<uint64_t>(before) >= quota_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat(Who(name_), " quota max_sequences ", quota_.max_sequences,
-                                                     " reached; release sequences or "
-                                                     "raise the quota"));
+    return QuotaExhausted(name_, "max_sequences", quota_.max_sequences, absl::StrCat(before, " sequences"), "1 more",
+                          kReleaseOrRaise);
   }
   ++sequences_;
   return absl::OkStatus();
+}
+
+absl::Status TenantUsage::ChargeBytes(const HeldBytes& delta) {
+  const int64_t total = delta.total();
+  const int64_t before = bytes_.fetch_add(total);
+  if (total > 0 && quota_.max_bytes > 0 && static_cast<uint64_t>(before + total) > quota_.max_bytes) {
+    bytes_ -= total;
+    return QuotaExhausted(name_, "max_bytes", quota_.max_bytes,
+                          absl::StrCat(before, " bytes (", held_bytes().ToString(), ")"),
+                          absl::StrCat(total, " more (", delta.ToString(/*change=*/true), ")"), kReleaseOrRaise);
+  }
+  cold_bytes_ += delta.cold_pages;
+  hot_bytes_ += delta.hot_pages;
+  window_bytes_ += delta.windows;
+  return absl::OkStatus();
+}
+
+void TenantUsage::AddBytes(const HeldBytes& delta) {
+  bytes_ += delta.total();
+  cold_bytes_ += delta.cold_pages;
+  hot_bytes_ += delta.hot_pages;
+  window_bytes_ += delta.windows;
+}
+
+absl::StatusOr<ByteCharge> ByteCharge::Take(TenantUsage* usage, const HeldBytes& bytes) {
+  ByteCharge c;
+  if (bytes.total() > 0) {
+    if (absl::Status st = usage->ChargeBytes(bytes); !st.ok()) return st;
+    c.applied_ = true;
+  }
+  c.usage_ = usage;
+  c.bytes_ = bytes;
+  return c;
+}
+
+ByteCharge& ByteCharge::operator=(ByteCharge&& o) noexcept {
+  if (this != &o) {
+    Release();
+    usage_ = o.usage_;
+    bytes_ = o.bytes_;
+    applied_ = o.applied_;
+    o.usage_ = nullptr;
+  }
+  return *this;
+}
+
+void ByteCharge::Keep() {
+  if (usage_ != nullptr && !applied_) usage_->AddBytes(bytes_);
+  usage_ = nullptr;
+}
+
+void ByteCharge::Release() {
+  if (usage_ != nullptr && applied_) usage_->RefundBytes(bytes_);
+  usage_ = nullptr;
 }
 
 TenantUsage* TenantLedger::Get(const std::string& tenant) {

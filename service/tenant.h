@@ -16,9 +16,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "wire/tenant_name.h"  // CheckTenantName
@@ -31,13 +33,52 @@ std::string TenantKey(absl::string_view tenant, absl::string_view id);
 std::string TenantOfKey(absl::string_view key);
 
 struct TenantQuota {
-  uint64_t max_pages = 0;      // pages of both tiers; 0: unlimited
-  uint64_t max_sequences = 0;  // 0: unlimited
+  uint64_t max_pages = 0;          // pages of both tiers; 0: unlimited
+  uint64_t max_sequences = 0;      // 0: unlimited
+  uint64_t max_bytes = 0;          // HeldBytes::total(); 0: unlimited
+  uint64_t max_nccl_channels = 0;  // open NCCL channels (service/channels.h); 0: unlimited
 };
 
+// Memory a tenant holds, in bytes, by what holds it; as a change, signed.
+// Pages count at their own pool's page size (cold D-Quant pages and hot
+// level pages differ); a window token is its bf16 keys and values,
+// WindowBytesPerToken. Whatever holds memory for a tenant in future (pins,
+// which do not exist yet) gets its own field here and charges it through
+// ByteCharge like the rest.
+struct HeldBytes {
+  int64_t cold_pages = 0;
+  int64_t hot_pages = 0;
+  int64_t windows = 0;
+
+  int64_t total() const { return cold_pages + hot_pages + windows; }
+  HeldBytes operator-() const { return {-cold_pages, -hot_pages, -windows}; }
+  HeldBytes& operator+=(const HeldBytes& o) {
+    cold_pages += o.cold_pages;
+    hot_pages += o.hot_pages;
+    windows += o.windows;
+    return *this;
+  }
+  // "cold pages 8192, hot pages 0, windows 4096"; as a `change`, only
+  // the nonzero ones, signed: "cold pages +8192, windows -12288".
+  std::string ToString(bool change = false) const;
+};
+
+// Bytes of one window token of `n` values per token (kv_heads * head_dim):
+// n keys and n values, 2 bytes each (bf16).
+inline int64_t WindowBytesPerToken(int n) {
+  return 4 * static_cast<int64_t>(n);
+}
+
+// RESOURCE_EXHAUSTED in the one form every quota uses: `tenant "a" quota
+// max_pages 8: it holds 7 pages and this call needs 2 more; REMEDY`
+// (`holds` "7 pages", `needs` "2 more").
+// `tenant` "" is the one anonymous tenant of a server without tokens.
+absl::Status QuotaExhausted(const std::string& tenant, absl::string_view quota, uint64_t limit, absl::string_view holds,
+                            absl::string_view needs, absl::string_view remedy);
+
 // What one tenant holds. Counters are atomic: charged before pages are
-// reserved (so concurrent appends cannot overshoot the quota) and refunded
-// when they are freed or a reservation is given back.
+// reserved or windows grow (so concurrent appends cannot overshoot a
+// quota) and refunded when they are freed or a reservation is given back.
 class TenantUsage {
  public:
   TenantUsage(std::string name, TenantQuota quota) : name_(std::move(name)), quota_(quota) {}
@@ -45,6 +86,8 @@ class TenantUsage {
   const TenantQuota& quota() const { return quota_; }
   int64_t pages() const { return pages_.load(); }
   int64_t sequences() const { return sequences_.load(); }
+  int64_t bytes() const { return bytes_.load(); }
+  HeldBytes held_bytes() const { return {cold_bytes_.load(), hot_bytes_.load(), window_bytes_.load()}; }
   // Sequences of the tenant freed by Release and by idle expiry (Stats).
   uint64_t released() const { return released_.load(); }
   uint64_t expired() const { return expired_.load(); }
@@ -55,7 +98,7 @@ class TenantUsage {
   void CountRestore() { ++restored_; }
 
   // RESOURCE_EXHAUSTED naming the quota ("tenant \"a\" quota max_pages 8:
-  // it holds 7 pages and this call needs 2") when `count` more pages would
+  // it holds 7 pages and this call needs 2 more") when `count` more pages would
   // exceed it; nothing is charged then.
   absl::Status ChargePages(int64_t count);
   void RefundPages(int64_t count) { pages_ -= count; }
@@ -63,15 +106,54 @@ class TenantUsage {
   // creations (the handler's table_mu_).
   absl::Status ChargeSequence();
   void RefundSequence() { --sequences_; }
+  // Adds `delta`; when its total is positive and would take the tenant
+  // over max_bytes, RESOURCE_EXHAUSTED naming what it holds and what the
+  // call needs, and nothing is charged. Callers go through ByteCharge.
+  absl::Status ChargeBytes(const HeldBytes& delta);
+  // Adds `delta` without the quota's check: refunds, and changes the
+  // server makes on its own that must not fail (a demotion).
+  void AddBytes(const HeldBytes& delta);
+  void RefundBytes(const HeldBytes& delta) { AddBytes(-delta); }
 
  private:
   const std::string name_;
   const TenantQuota quota_;
   std::atomic<int64_t> pages_{0};
   std::atomic<int64_t> sequences_{0};
+  std::atomic<int64_t> bytes_{0};  // the total the quota checks
+  std::atomic<int64_t> cold_bytes_{0}, hot_bytes_{0}, window_bytes_{0};
   std::atomic<uint64_t> released_{0};
   std::atomic<uint64_t> expired_{0};
   std::atomic<uint64_t> restored_{0};
+};
+
+// Bytes charged to a tenant for memory about to be taken. Take it before
+// taking the memory, Keep() once the memory is taken and held (its holder
+// refunds the bytes when it frees it); destroyed without Keep(), nothing
+// stays charged. A change that shrinks what the tenant holds (total <= 0:
+// a page that replaces window tokens) is applied only by Keep(), so a call
+// that fails never leaves the tenant charged less than it holds. Memory
+// held for as long as some object lives (a future pin) can keep the
+// ByteCharge itself and let its destructor refund it: call Keep() only to
+// hand the bytes over.
+class ByteCharge {
+ public:
+  ByteCharge() = default;
+  // Charges `bytes` to `usage` (not null) when their total is positive;
+  // the quota's error otherwise.
+  static absl::StatusOr<ByteCharge> Take(TenantUsage* usage, const HeldBytes& bytes);
+  ByteCharge(ByteCharge&& o) noexcept { *this = std::move(o); }
+  ByteCharge& operator=(ByteCharge&& o) noexcept;
+  ByteCharge(const ByteCharge&) = delete;
+  ByteCharge& operator=(const ByteCharge&) = delete;
+  ~ByteCharge() { Release(); }
+  void Keep();
+
+ private:
+  void Release();
+  TenantUsage* usage_ = nullptr;  // null: nothing outstanding
+  HeldBytes bytes_;
+  bool applied_ = false;  // bytes_ already added to usage_
 };
 
 // Every tenant's usage, created on first use with its quota. Entries live

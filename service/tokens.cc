@@ -1,5 +1,6 @@
 #include "service/tokens.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -24,7 +25,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
     const std::string where = absl::StrCat("tokens_file ", path, " line ", line_no, ": ");
     if (words.size() < 2) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N]"));
+          absl::StrCat(where,
+                       "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N] [max_bytes=N] "
+                       "[max_nccl_channels=N]"));
     }
     const std::string hash = absl::AsciiStrToLower(words[0]);
     if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -41,16 +44,20 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
     for (size_t i = 2; i < words.size(); ++i) {
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(words[i], absl::MaxSplits('=', 1));
       uint64_t value = 0;
-      if (!absl::SimpleAtoi(kv.second, &value) || (kv.first != "max_pages" && kv.first != "max_sequences")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, "\"", words[i], "\" is not max_pages=N or max_sequences=N"));
+      std::optional<uint64_t>* slot = kv.first == "max_pages"           ? &limits.max_pages
+                                      : kv.first == "max_sequences"     ? &limits.max_sequences
+                                      : kv.first == "max_bytes"         ? &limits.max_bytes
+                                      : kv.first == "max_nccl_channels" ? &limits.max_nccl_channels
+                                                                        : nullptr;
+      if (!absl::SimpleAtoi(kv.second, &value) || slot == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "\"", words[i], "\" is not max_pages=N, max_sequences=N, max_bytes=N or max_nccl_channels=N"));
       }
-      std::optional<uint64_t>& slot = kv.first == "max_pages" ? limits.max_pages : limits.max_sequences;
-      if (slot.has_value() && *slot != value) {
+      if (slot->has_value() && **slot != value) {
         return absl::InvalidArgumentError(absl::StrCat(where, kv.first, " ", value, " of tenant \"", tenant,
-                                                       "\" disagrees with ", *slot, " on an earlier line"));
+                                                       "\" disagrees with ", **slot, " on an earlier line"));
       }
-      slot = value;
+      *slot = value;
     }
   }
   return t;
@@ -77,8 +84,16 @@ TenantQuota TokenTable::QuotaOf(const std::string& tenant, const TenantQuota& de
   if (it != limits_.end()) {
     if (it->second.max_pages) q.max_pages = *it->second.max_pages;
     if (it->second.max_sequences) q.max_sequences = *it->second.max_sequences;
+    if (it->second.max_bytes) q.max_bytes = *it->second.max_bytes;
+    if (it->second.max_nccl_channels) q.max_nccl_channels = *it->second.max_nccl_channels;
   }
   return q;
+}
+
+std::vector<std::pair<std::string, TokenTable::Limits>> TokenTable::Tenants() const {
+  std::vector<std::pair<std::string, Limits>> all(limits_.begin(), limits_.end());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return all;
 }
 
 }  // namespace driftkv

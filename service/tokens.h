@@ -1,7 +1,8 @@
 // Bearer tokens and their tenants, read from config tokens_file. The file
 // never holds a token, only its SHA-256 (64 lowercase hex digits), so a
 // leaked file grants nothing. One line per token:
-//   SHA256HEX TENANT [max_pages=N] [max_sequences=N]
+//   SHA256HEX TENANT [max_pages=N] [max_sequences=N] [max_bytes=N]
+//                    [max_nccl_channels=N]
 // '#' starts a comment; blank lines are ignored. Several tokens may name
 // one tenant (rotation: add the new token, move clients, drop the old);
 // their quotas, where given, must agree. Make a line with
@@ -12,6 +13,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -29,15 +32,19 @@ class TokenTable {
 
   // The tenant of a presented token; nullopt when it is not listed.
   std::optional<std::string> TenantOf(absl::string_view token) const;
-  // The tenant's quotas: its lines' max_pages/max_sequences, `defaults`
-  // (config tenant_max_*) for those its lines leave out.
+  // The tenant's quotas: its lines' max_*=, `defaults` (config
+  // tenant_max_*) for those its lines leave out.
   TenantQuota QuotaOf(const std::string& tenant, const TenantQuota& defaults) const;
   size_t size() const { return tenant_of_hash_.size(); }
 
- private:
+  // What a tenant's lines set (unset: the config's default applies).
   struct Limits {
-    std::optional<uint64_t> max_pages, max_sequences;
+    std::optional<uint64_t> max_pages, max_sequences, max_bytes, max_nccl_channels;
   };
+  // Every tenant the file names, sorted, with what its lines set.
+  std::vector<std::pair<std::string, Limits>> Tenants() const;
+
+ private:
   absl::flat_hash_map<std::string, std::string> tenant_of_hash_;
   absl::flat_hash_map<std::string, Limits> limits_;
 };

@@ -4,7 +4,8 @@
 // cold form; least recently attended layers are demoted first; a held
 // layer is never demoted; a busy layer is skipped (TryLock); ReserveHot
 // demotes until the pages fit, then says RESOURCE_EXHAUSTED; idle layers
-// go cold; queued async promotions of one layer coalesce.
+// go cold; queued async promotions of one layer coalesce; a move changes
+// the tenant's bytes by the difference of the page sizes.
 #include <memory>
 #include <thread>
 #include <vector>
@@ -54,9 +55,10 @@ class Tier {
   }
 
   // A sequence whose every layer holds `pages` encoded cold pages (and no
-  // window), with their checksums.
-  SequencePtr NewSequence(int pages, uint32_t seed) {
-    auto seq = std::make_shared<Sequence>("s" + std::to_string(seed), kLayers, &usage_, 0);
+  // window), with their checksums; `usage` (default: a tenant without
+  // quotas) is its tenant's, not charged here.
+  SequencePtr NewSequence(int pages, uint32_t seed, TenantUsage* usage = nullptr) {
+    auto seq = std::make_shared<Sequence>("s" + std::to_string(seed), kLayers, usage ? usage : &usage_, 0);
     for (int l = 0; l < kLayers; ++l) {
       LayerState& layer = seq->layers[l];
       const testing::Kv kv = testing::SyntheticKv(pages * kP, kN, seed * 7 + l);
@@ -100,6 +102,40 @@ class Tier {
   std::unique_ptr<HotTier> tier_;
 };
 
+// The tenant of a layer holds its pages at their tier's page size: a
+// promotion charges the difference, a demotion gives it back, and a
+// promotion that does not fit the tenant's max_bytes leaves the layer cold.
+TEST(HotTierTest, TierMovesChargeTheDifferenceOfThePageSizes) {
+  Tier t(8);
+  const int64_t cold = static_cast<int64_t>(t.cold().page_stride());
+  const int64_t hot = static_cast<int64_t>(t.hot().page_stride());
+  ASSERT_GT(hot, cold);  // level pages are the larger: the tight case below relies on it
+  TenantUsage usage("t", TenantQuota{});
+  SequencePtr s = t.NewSequence(2, 1, &usage);
+  usage.AddBytes({2 * kLayers * cold, 0, 0});  // as the Appends charged them
+  ASSERT_TRUE(t.Promote(s, 0, 1));
+  EXPECT_EQ(usage.held_bytes().cold_pages, 2 * cold);
+  EXPECT_EQ(usage.held_bytes().hot_pages, 2 * hot);
+  EXPECT_EQ(usage.bytes(), 2 * cold + 2 * hot);
+  {
+    absl::ReaderMutexLock seq_lock(&s->mu);
+    absl::MutexLock lock(&s->layers[0].mu);
+    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, kDemoteBudget).ok());
+  }
+  EXPECT_EQ(usage.bytes(), 2 * kLayers * cold);
+  EXPECT_EQ(usage.held_bytes().hot_pages, 0);
+
+  TenantQuota quota;
+  quota.max_bytes = static_cast<uint64_t>(2 * kLayers * cold + hot - cold);  // one page moved, not two
+  TenantUsage tight("u", quota);
+  SequencePtr u = t.NewSequence(2, 2, &tight);
+  tight.AddBytes({2 * kLayers * cold, 0, 0});
+  EXPECT_FALSE(t.Promote(u, 0, 2));
+  EXPECT_FALSE(t.IsHot(u, 0));
+  EXPECT_EQ(tight.bytes(), 2 * kLayers * cold);
+  EXPECT_EQ(t.hot().pages_in_use(), 0);
+}
+
 TEST(HotTierTest, PromotionAndDemotionKeepTheColdForm) {
   Tier t(8);
   SequencePtr s = t.NewSequence(2, 1);
@@ -116,7 +152,7 @@ TEST(HotTierTest, PromotionAndDemotionKeepTheColdForm) {
     absl::ReaderMutexLock seq_lock(&s->mu);
     absl::MutexLock lock(&s->layers[0].mu);
     // Demotion verifies every page against its cold checksum.
-    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], kDemoteBudget).ok());
+    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, kDemoteBudget).ok());
   }
   EXPECT_FALSE(t.IsHot(s, 0));
   EXPECT_EQ(t.hot().pages_in_use(), 0);

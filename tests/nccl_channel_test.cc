@@ -1,8 +1,8 @@
 // The NCCL ingest channels' state machine (service/channels.h) over the
 // fake transport, CPU backend: the same tokens through Append and through
 // a channel give identical stores; deadline, dead peer, framing errors,
-// busy channels, the channel limit, idle close, version mismatch; rejected
-// chunks leave the pool unchanged and the channel usable.
+// busy channels, the channel limit and each tenant's, idle close, version
+// mismatch; rejected chunks leave the pool unchanged and the channel usable.
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +12,7 @@
 #include "service/handler.h"
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
+#include "tests/tenant_config.h"
 #include "transport/fake_transport.h"
 #include "wire/tensor.h"
 
@@ -266,6 +267,47 @@ TEST_F(ChannelTest, LimitVersionIdleAndClose) {
   EXPECT_EQ(s.nccl_channels_open(), 0u);
   EXPECT_EQ(s.nccl_channels_idle_closed(), 1u);
   EXPECT_EQ(s.nccl_channels_opened(), 2u);
+}
+
+// With tokens no tenant may hold every channel: by default each gets
+// nccl_max_channels divided among the tokens file's tenants, and a token
+// line may set its own.
+TEST_F(ChannelTest, OneTenantCannotHoldEveryChannel) {
+  absl::StatusOr<ServiceOptions> o = testing::TenantOptions("channels", "nccl_max_channels: 4", {"alice", "bob"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  Make(*o);
+  auto open = [&](const std::string& peer, const std::string& tenant) {
+    v1::OpenChannelRequest r;
+    r.set_nccl_unique_id(peer);
+    r.set_nccl_version(factory_.version());
+    v1::OpenChannelResponse resp;
+    return channels_->Open(r, &resp, tenant);
+  };
+  ASSERT_TRUE(open("a1", "alice").ok());
+  ASSERT_TRUE(open("a2", "alice").ok());
+  absl::Status st = open("a3", "alice");
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("tenant \"alice\" quota max_nccl_channels 2: it holds 2 open channels and this call "
+                              "needs 1 more"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(open("b1", "bob").ok());
+  EXPECT_TRUE(open("b2", "bob").ok());
+  // A closed channel gives its tenant room again.
+  v1::CloseChannelRequest close;
+  close.set_channel_id(1);
+  v1::CloseChannelResponse closed;
+  ASSERT_TRUE(channels_->Close(close, &closed, "alice").ok());
+  EXPECT_TRUE(open("a4", "alice").ok());
+
+  // A token line sets its tenant's own cap; the others share.
+  o = testing::TenantOptions("channels-lines", "nccl_max_channels: 4", {"alice max_nccl_channels=3", "bob", "carol"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  Make(*o);
+  for (const char* peer : {"x1", "x2", "x3"}) EXPECT_TRUE(open(peer, "alice").ok()) << peer;
+  EXPECT_EQ(open("x4", "alice").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(open("y1", "bob").ok());
+  EXPECT_EQ(open("y2", "bob").code(), absl::StatusCode::kResourceExhausted);  // 4 / 3 tenants: 1
 }
 
 TEST_F(ChannelTest, NoTransportIsUnimplemented) {

@@ -133,6 +133,10 @@ class Stats:
     tenant_region_bytes: int
     regions_registered: int         # since start
     regions_expired: int
+    tenant_bytes: int               # the caller's tenant's pages (both tiers) and windows, in bytes
+    tenant_max_bytes: int           # 0: unlimited
+    tenant_nccl_channels: int       # the caller's tenant's open NCCL channels
+    tenant_max_nccl_channels: int   # 0: unlimited
 
 
 _ITEMS = {("Info", "devices"): DeviceInfo, ("Stats", "devices"): DeviceStats}
