@@ -1,54 +1,77 @@
-// Bearer-token authentication of the gRPC port (docs/security.md).
+// Who a call is: its bearer token and, optionally, its client certificate
+// (docs/security.md).
 //
-// TokenAuthProcessor is gRPC's server-side hook for call credentials
-// (grpc::AuthMetadataProcessor, installed on the port's TLS credentials):
-// it runs for every call on the port, before any service sees it, so calls
-// to every service there (KvCache, health, reflection) fail closed with
-// UNAUTHENTICATED when the "authorization: Bearer TOKEN" metadata is
-// missing or names no listed token. (A grpc::experimental server
-// interceptor cannot refuse a call; this can.) It only gates: gRPC hands
-// it the connection's auth context, shared by every call on the
-// connection, so a per-call identity cannot be kept there. The tenant is
-// taken again from each call's own metadata by CallTenant.
+// Authenticator is the one place credentials are checked. The token
+// ("authorization: Bearer TOKEN" metadata) names a tenant in the tokens in
+// force (service/token_store.h, which a reload replaces). With a binding,
+// the connection's client certificate must prove it too: a token line's
+// cert=NAME asks for a certificate with NAME as subject CN or as a
+// subjectAltName; tenant_from_certificate asks that the certificate's
+// subject CN be the token's tenant. A token alone, stolen without its
+// certificate's private key, then opens nothing.
+//
+// Two callers, both failing closed with UNAUTHENTICATED: the port's gate
+// (service/credentials.cc, gRPC's auth metadata processor), which runs for
+// every call to every service of the port (KvCache, health, reflection)
+// before any of them sees it; and CallTenant, which every KvCache method
+// calls to learn its tenant from the call's own metadata (the gate sees
+// the connection's auth context, shared by every call on it, so a per-call
+// tenant cannot be kept there).
+//
+// Refusals say which rule failed and what the connection presented, never
+// the token, the token's tenant or the names it is bound to: a caller that
+// fails the binding has not proven to be that tenant.
 #ifndef DRIFTKV_SERVICE_AUTH_H_
 #define DRIFTKV_SERVICE_AUTH_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpc/grpc_security.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/security/auth_metadata_processor.h"
-#include "prometheus/counter.h"
-#include "service/tokens.h"
+#include "service/token_store.h"
 
 namespace driftkv {
 
-// The tenant of an "authorization" metadata value ("Bearer TOKEN", the
-// scheme case-insensitive); UNAUTHENTICATED without saying why a token
-// failed beyond "not valid".
-absl::StatusOr<std::string> TenantOfAuthorization(absl::string_view value, const TokenTable& tokens);
+// The names a verified client certificate carries, as gRPC's TLS reports
+// them in the connection's auth context ("x509_common_name",
+// "x509_subject_alternative_name"). Empty without a client certificate.
+struct PeerCertificate {
+  std::string common_name;
+  std::vector<std::string> alt_names;
 
-class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
- public:
-  // `refused` (may be null) counts the calls refused.
-  TokenAuthProcessor(std::shared_ptr<const TokenTable> tokens, prometheus::Counter* refused)
-      : tokens_(std::move(tokens)), refused_(refused) {}
-  // One hash and one lookup: cheap enough to run on gRPC's own thread.
-  bool IsBlocking() const override { return false; }
-  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
-                       OutputMetadata* consumed_auth_metadata, OutputMetadata* response_metadata) override;
-
- private:
-  const std::shared_ptr<const TokenTable> tokens_;
-  prometheus::Counter* const refused_;
+  bool empty() const { return common_name.empty() && alt_names.empty(); }
+  // NAME is the subject CN or one of the subjectAltNames.
+  bool Names(absl::string_view name) const;
 };
 
-// The tenant a call acts for: "" when `tokens` is null (tokens off); else
-// from the call's "authorization" metadata, UNAUTHENTICATED when missing
-// or not listed (checked again here, so a call the processor did not see
-// is refused too).
-absl::StatusOr<std::string> CallTenant(const grpc::ServerContext& context, const TokenTable* tokens);
+PeerCertificate PeerCertificateOf(const grpc::AuthContext& context);
+PeerCertificate PeerCertificateOf(const grpc_auth_context* context);
+
+class Authenticator {
+ public:
+  // `tokens` must not be null.
+  Authenticator(std::shared_ptr<const TokenStore> tokens, bool tenant_from_certificate)
+      : tokens_(std::move(tokens)), tenant_from_certificate_(tenant_from_certificate) {}
+
+  // The tenant of an "authorization" metadata value ("Bearer TOKEN", the
+  // scheme case-insensitive) presented over a connection whose client
+  // certificate is `peer`; UNAUTHENTICATED when the token is not listed or
+  // a binding does not hold.
+  absl::StatusOr<std::string> TenantOf(absl::string_view authorization, const PeerCertificate& peer) const;
+
+ private:
+  const std::shared_ptr<const TokenStore> tokens_;
+  const bool tenant_from_certificate_;
+};
+
+// The tenant a call acts for: "" when `auth` is null (tokens off); else
+// from the call's one "authorization" metadata and its connection's client
+// certificate, UNAUTHENTICATED when missing, repeated or refused.
+absl::StatusOr<std::string> CallTenant(const grpc::ServerContext& context, const Authenticator* auth);
 
 }  // namespace driftkv
 

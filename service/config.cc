@@ -65,6 +65,22 @@ absl::Status ResolveTransform(const v1::ServerConfig& c, ServiceOptions* o) {
   return ValidateTransform(*o);
 }
 
+}  // namespace
+
+absl::StatusOr<TokenTable> ReadTokensFile(const std::string& path, bool client_certificates) {
+  absl::StatusOr<TokenTable> table = TokenTable::ReadFile(path);
+  if (!table.ok()) return table.status();
+  if (table->size() == 0) return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", path, "\" lists no token"));
+  if (table->binds_certificates() && !client_certificates) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", path,
+                                                   "\" binds tokens to client certificates (cert=) and needs "
+                                                   "tls_client_ca_file (mTLS)"));
+  }
+  return table;
+}
+
+namespace {
+
 // The transport-security, tenant and tombstone fields.
 absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
   o->tls_cert_file = c.tls_cert_file();
@@ -89,13 +105,24 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
                                                      "\" needs TLS (tls_cert_file, tls_key_file): bearer tokens are "
                                                      "never sent in plaintext"));
     }
-    absl::StatusOr<TokenTable> table = TokenTable::ReadFile(c.tokens_file());
+    absl::StatusOr<TokenTable> table = ReadTokensFile(c.tokens_file(), o->client_certificates());
     if (!table.ok()) return table.status();
-    if (table->size() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", c.tokens_file(), "\" lists no token"));
-    }
     o->tokens_file = c.tokens_file();
     o->tokens = std::make_shared<const TokenTable>(*std::move(table));
+  }
+  o->tenant_from_certificate = c.tenant_from_certificate();
+  if (o->tenant_from_certificate && (o->tokens == nullptr || !o->client_certificates())) {
+    return absl::InvalidArgumentError(
+        "tenant_from_certificate needs tokens_file and tls_client_ca_file: the tenant comes from the token and "
+        "must match the client certificate");
+  }
+  if (c.has_reload_interval_seconds()) {
+    const double r = c.reload_interval_seconds();
+    if (!(r >= 0.0 && r <= kMaxReloadIntervalSeconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reload_interval_seconds ", r, " out of range [0, ", kMaxReloadIntervalSeconds, "]"));
+    }
+    o->reload_interval_seconds = r;
   }
   o->health_listen = c.health_listen();
   if (absl::Status st = ResolveTenantQuotas(c, o); !st.ok()) return st;

@@ -16,6 +16,7 @@
 #include "codec/transform/transforms_file.h"
 #include "proto/config.pb.h"
 #include "service/tenant.h"
+#include "service/token_store.h"
 #include "service/tokens.h"
 
 namespace driftkv {
@@ -42,6 +43,7 @@ constexpr uint64_t kDefaultMaxRegionBytesPerTenant = 4ull << 30;
 constexpr uint32_t kDefaultMaxRegions = 64;
 constexpr uint32_t kDefaultRegionLeaseSeconds = 60;
 constexpr uint32_t kDefaultMaxRegionLeaseSeconds = 3600;
+constexpr double kMaxReloadIntervalSeconds = 86400.0;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
@@ -97,9 +99,21 @@ struct ServiceOptions {
   // every call then acts for the tenant its token names.
   std::string tls_cert_file, tls_key_file, tls_client_ca_file;
   std::string tokens_file;
-  std::shared_ptr<const TokenTable> tokens;
-  // Every tenant's quotas (config tenant_max_*, with tokens the shares of
-  // service/tenant_quotas.h); a token line's max_*= overrides them.
+  std::shared_ptr<const TokenTable> tokens;  // as read at start
+  // The tokens in force once a reload may have replaced `tokens`, with
+  // the tenant defaults resolved for them (DriftkvServer::Start makes it
+  // from `tokens` and `tenant_defaults`); null: `tokens` holds.
+  std::shared_ptr<TokenStore> token_store;
+  // Every call's tenant must be its client certificate's subject CN
+  // (needs tokens and mTLS; service/auth.h).
+  bool tenant_from_certificate = false;
+  // The watch of tokens_file and the TLS files (0: SIGHUP only).
+  double reload_interval_seconds = 0.0;
+  // The config's tenant_max_* as written (unset ones absent), and every
+  // tenant's quotas resolved from them for `tokens` (with tokens, the
+  // shares of service/tenant_quotas.h); a token line's max_*= overrides
+  // them. A reload of tokens_file resolves them again for its tenants.
+  TenantQuotaSettings tenant_settings;
   TenantQuota tenant_defaults;
   // The metrics port shows each tenant's figures (config
   // metrics_per_tenant; only with tokens). Off: no series names a tenant.
@@ -125,8 +139,9 @@ struct ServiceOptions {
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }
   bool client_certificates() const { return !tls_client_ca_file.empty(); }
-  // The quotas of `tenant`.
+  // The quotas of `tenant` in the tokens in force.
   TenantQuota QuotaOf(const std::string& tenant) const {
+    if (token_store != nullptr) return token_store->QuotaOf(tenant);
     return tokens != nullptr ? tokens->QuotaOf(tenant, tenant_defaults) : tenant_defaults;
   }
   bool hot_tier() const { return hot_tier_bytes > 0 || hot_tier_fraction > 0.0; }
@@ -141,6 +156,11 @@ struct ServiceOptions {
 
 // Reads a text-format ServerConfig; the error names the file and the line.
 absl::StatusOr<v1::ServerConfig> LoadConfigFile(const std::string& path);
+
+// Reads tokens_file at `path` with the checks of a start: it parses, lists
+// a token, and binds no certificate (cert=) unless `client_certificates`
+// (mTLS is on). InvalidArgument naming the file and the line otherwise.
+absl::StatusOr<TokenTable> ReadTokensFile(const std::string& path, bool client_certificates);
 
 // Fills defaults and checks every field; InvalidArgument names the field
 // and its value ("model.head_dim 96 must be a power of two ...").

@@ -59,7 +59,7 @@ const char* StatusCodeName(grpc::StatusCode code) {
 // Every method starts with it: the caller's tenant, or the method returns
 // UNAUTHENTICATED.
 #define DRIFTKV_TENANT_OR_RETURN(tenant, context, timer)                            \
-  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), tokens_.get());  \
+  absl::StatusOr<std::string> tenant##_or = CallTenant(*(context), auth_);          \
   if (!tenant##_or.ok()) return (timer).Finish(ToGrpcStatus(tenant##_or.status())); \
   const std::string& tenant = *tenant##_or
 
@@ -123,7 +123,7 @@ grpc::Status KvCacheService::Stats(grpc::ServerContext* context, const v1::Stats
   handler_->Stats(response, tenant);
   channels_->Stats(response, tenant);
   if (regions_ != nullptr) regions_->Stats(response, tenant);
-  if (tokens_ != nullptr) KeepTenantScope(response);
+  if (auth_ != nullptr) KeepTenantScope(response);
   return timer.Finish(grpc::Status::OK);
 }
 

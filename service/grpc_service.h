@@ -7,28 +7,27 @@
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
 #include "proto/driftkv.grpc.pb.h"
+#include "service/auth.h"
 #include "service/channels.h"
 #include "service/doorbell.h"
 #include "service/handler.h"
 #include "service/metrics.h"
 #include "service/regions.h"
-#include "service/tokens.h"
 
 namespace driftkv {
 
 class KvCacheService final : public v1::KvCache::Service {
  public:
   // All must outlive the service.
-  // `tokens`: null without tokens; else each call's tenant comes from its
-  // bearer token (service/auth.h).
+  // `auth`: null without tokens; else each call's tenant comes from its
+  // bearer token and client certificate (service/auth.h).
   // `regions`, `doorbells`: null answers their methods with UNIMPLEMENTED.
-  KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics,
-                 std::shared_ptr<const TokenTable> tokens = nullptr, RegionTable* regions = nullptr,
-                 DoorbellTable* doorbells = nullptr)
+  KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics, const Authenticator* auth = nullptr,
+                 RegionTable* regions = nullptr, DoorbellTable* doorbells = nullptr)
       : handler_(handler),
         channels_(channels),
         metrics_(metrics),
-        tokens_(std::move(tokens)),
+        auth_(auth),
         regions_(regions),
         doorbells_(doorbells) {}
 
@@ -68,7 +67,7 @@ class KvCacheService final : public v1::KvCache::Service {
   Handler* const handler_;
   ChannelManager* const channels_;
   Metrics* const metrics_;
-  const std::shared_ptr<const TokenTable> tokens_;
+  const Authenticator* const auth_;
   RegionTable* const regions_;
   DoorbellTable* const doorbells_;
 };

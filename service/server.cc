@@ -46,10 +46,23 @@ class CallCounterFactory : public grpc::experimental::ServerInterceptorFactoryIn
 absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const ServiceOptions& options, ServerHooks hooks) {
   std::unique_ptr<DriftkvServer> s(new DriftkvServer());
   s->metrics_ = std::make_unique<Metrics>(options.metrics_per_tenant);
-  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(options, s->metrics_.get(), hooks.clock);
+  s->options_ = options;
+  if (options.tokens != nullptr) {
+    // Quotas too come from the tokens in force (ServiceOptions::QuotaOf).
+    if (s->options_.token_store == nullptr)
+      s->options_.token_store = std::make_shared<TokenStore>(options.tokens, options.tenant_defaults);
+    s->token_store_ = s->options_.token_store;
+    s->auth_ = std::make_shared<const Authenticator>(s->token_store_, options.tenant_from_certificate);
+  }
+  if (options.tls()) {
+    absl::StatusOr<TlsFiles> files =
+        ReadTlsFiles(options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file);
+    if (!files.ok()) return files.status();
+    s->certificates_ = std::make_unique<CertificateSource>(*std::move(files));
+  }
+  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(s->options_, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);
-  s->options_ = options;
   if (!options.snapshot_dir.empty()) {
     // Before the first call is taken: the restored sequences are the state
     // every call sees.
@@ -74,10 +87,12 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
         return attend_handler->Attend(request, response, tenant);
       });
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
-                                                 options.tokens, s->regions_.get(), s->doorbells_.get());
+                                                 s->auth_.get(), s->regions_.get(), s->doorbells_.get());
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
-      MakeServerCredentials(options, s->metrics_->unauthenticated);
+      MakeServerCredentials(options, s->certificates_.get(), s->auth_, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
+  s->reloader_ = std::make_unique<CredentialReloader>(options, s->token_store_.get(), s->certificates_.get(),
+                                                      *s->metrics_->registry());
 
   // The standard grpc_server_* metrics and driftkv_server_info
   // (service/server_metrics.h); the interceptor goes last, so that it
@@ -137,6 +152,13 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   // Memory regions whose lease ran out are unregistered (RegionTable::ExpireIdle),
   // so the reaper always runs.
   const bool channels = transport != nullptr && options.nccl_max_channels > 0;
+  if (options.reload_interval_seconds > 0.0 && (options.tokens != nullptr || options.tls())) {
+    DriftkvServer* self = s.get();
+    const absl::Duration period = absl::Seconds(options.reload_interval_seconds);
+    s->watcher_ = std::thread([self, period] {
+      while (!self->stop_.WaitForNotificationWithTimeout(period)) self->reloader_->ReloadChanged().IgnoreError();
+    });
+  }
   if (hooks.start_reaper) {
     // Checks a few times per TTL (and idle time), at most once a second.
     absl::Duration period = absl::Seconds(1);
@@ -161,6 +183,7 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  if (watcher_.joinable()) watcher_.join();
   SetServing(false);
   if (server_ != nullptr) {
     // grpc::Server::Shutdown returns when every connection is closed, not

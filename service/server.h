@@ -1,7 +1,8 @@
 // A running driftkv server: handler, gRPC server (KvCache, the standard
 // health service, server reflection; TLS, mTLS and tokens as configured,
-// service/credentials.h), an optional plaintext health-only port, the
-// Prometheus exposer, the TTL reaper and the memory regions. Used by
+// service/credentials.h, reloaded by service/credential_reloader.h), an
+// optional plaintext health-only port, the Prometheus exposer, the TTL
+// reaper and the memory regions. Used by
 // driftkv-server's main and by the in-process tests.
 #ifndef DRIFTKV_SERVICE_SERVER_H_
 #define DRIFTKV_SERVICE_SERVER_H_
@@ -16,7 +17,10 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/exposer.h"
+#include "service/auth.h"
 #include "service/config.h"
+#include "service/credential_reloader.h"
+#include "service/credentials.h"
 #include "service/doorbell.h"
 #include "service/grpc_service.h"
 #include "service/handler.h"
@@ -65,6 +69,10 @@ class DriftkvServer {
   // the snapshot to options.snapshot_dir when set (*summary says what was
   // written). The status is the snapshot's.
   absl::Status Drain(Handler::SnapshotSummary* summary);
+  // Re-reads tokens_file and the TLS files (SIGHUP): what passes the
+  // checks replaces what is in force, what fails is refused and logged
+  // (service/credential_reloader.h). The status is the first refusal.
+  absl::Status ReloadCredentials() { return reloader_->ReloadAll(); }
   // What Start restored from options.snapshot_dir (zeros: none).
   const Handler::SnapshotSummary& restored() const { return restored_; }
   void Wait() { server_->Wait(); }
@@ -85,6 +93,14 @@ class DriftkvServer {
   // regions go.
   std::unique_ptr<DoorbellTable> doorbells_;
   std::unique_ptr<KvCacheService> service_;
+  // The tokens in force (null without tokens), checked by auth_; the TLS
+  // files in force (null without TLS), which gRPC fetches at each
+  // handshake, so it outlives server_; and what reloads them.
+  std::shared_ptr<TokenStore> token_store_;
+  std::shared_ptr<const Authenticator> auth_;
+  std::unique_ptr<CertificateSource> certificates_;
+  std::unique_ptr<CredentialReloader> reloader_;
+  std::thread watcher_;  // every options.reload_interval_seconds, when > 0
   // KvCache calls in flight on server_ (outlives it: its interceptors
   // count here until the last call is gone).
   std::atomic<int64_t> calls_in_flight_{0};

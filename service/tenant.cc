@@ -52,19 +52,21 @@ absl::Status QuotaExhausted(const std::string& tenant, absl::string_view quota, 
 
 absl::Status TenantUsage::ChargePages(int64_t count) {
   if (count <= 0) return absl::OkStatus();
+  const TenantQuota quota = this->quota();
   const int64_t before = pages_.fetch_add(count);
-  if (quota_.max_pages > 0 && static_cast<uint64_t>(before + count) > quota_.max_pages) {
+  if (quota.max_pages > 0 && static_cast<uint64_t>(before + count) > quota.max_pages) {
     pages_ -= count;
-    return QuotaExhausted(name_, "max_pages", quota_.max_pages, absl::StrCat(before, " pages"),
+    return QuotaExhausted(name_, "max_pages", quota.max_pages, absl::StrCat(before, " pages"),
                           absl::StrCat(count, " more"), kReleaseOrRaise);
   }
   return absl::OkStatus();
 }
 
 absl::Status TenantUsage::ChargeSequence() {
+  const TenantQuota quota = this->quota();
   const int64_t before = sequences_.load();
-  if (quota_.max_sequences > 0 && static_cast<uint64_t>(before) >= quota_.max_sequences) {
-    return QuotaExhausted(name_, "max_sequences", quota_.max_sequences, absl::StrCat(before, " sequences"), "1 more",
+  if (quota.max_sequences > 0 && static_cast<uint64_t>(before) >= quota.max_sequences) {
+    return QuotaExhausted(name_, "max_sequences", quota.max_sequences, absl::StrCat(before, " sequences"), "1 more",
                           kReleaseOrRaise);
   }
   ++sequences_;
@@ -73,10 +75,11 @@ absl::Status TenantUsage::ChargeSequence() {
 
 absl::Status TenantUsage::ChargeBytes(const HeldBytes& delta) {
   const int64_t total = delta.total();
+  const TenantQuota quota = total > 0 ? this->quota() : TenantQuota();
   const int64_t before = bytes_.fetch_add(total);
-  if (total > 0 && quota_.max_bytes > 0 && static_cast<uint64_t>(before + total) > quota_.max_bytes) {
+  if (total > 0 && quota.max_bytes > 0 && static_cast<uint64_t>(before + total) > quota.max_bytes) {
     bytes_ -= total;
-    return QuotaExhausted(name_, "max_bytes", quota_.max_bytes,
+    return QuotaExhausted(name_, "max_bytes", quota.max_bytes,
                           absl::StrCat(before, " bytes (", held_bytes().ToString(), ")"),
                           absl::StrCat(total, " more (", delta.ToString(/*change=*/true), ")"), kReleaseOrRaise);
   }
@@ -128,7 +131,7 @@ void ByteCharge::Release() {
 TenantUsage* TenantLedger::Get(const std::string& tenant) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<TenantUsage>& u = usage_[tenant];
-  if (u == nullptr) u = std::make_unique<TenantUsage>(tenant, quota_of_(tenant));
+  if (u == nullptr) u = std::make_unique<TenantUsage>(tenant, &quota_of_);
   return u.get();
 }
 

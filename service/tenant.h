@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -37,6 +38,12 @@ struct TenantQuota {
   uint64_t max_sequences = 0;      // 0: unlimited
   uint64_t max_bytes = 0;          // HeldBytes::total(); 0: unlimited
   uint64_t max_nccl_channels = 0;  // open NCCL channels (service/channels.h); 0: unlimited
+};
+
+// The config's tenant_max_* as written: unset ones are absent (with
+// tokens, service/tenant_quotas.h gives them defaults).
+struct TenantQuotaSettings {
+  std::optional<uint64_t> max_pages, max_sequences, max_bytes, max_nccl_channels;
 };
 
 // Memory a tenant holds, in bytes, by what holds it; as a change, signed.
@@ -81,9 +88,14 @@ absl::Status QuotaExhausted(const std::string& tenant, absl::string_view quota, 
 // quota) and refunded when they are freed or a reservation is given back.
 class TenantUsage {
  public:
-  TenantUsage(std::string name, TenantQuota quota) : name_(std::move(name)), quota_(quota) {}
+  using QuotaFn = std::function<TenantQuota(const std::string& tenant)>;
+  // Quotas fixed for the usage's life, or looked up at every charge in
+  // `quota_of` (which must outlive the usage), so that a reload of the
+  // tokens file applies to tenants already seen.
+  TenantUsage(std::string name, TenantQuota quota) : name_(std::move(name)), fixed_(quota) {}
+  TenantUsage(std::string name, const QuotaFn* quota_of) : name_(std::move(name)), quota_of_(quota_of) {}
   const std::string& name() const { return name_; }
-  const TenantQuota& quota() const { return quota_; }
+  TenantQuota quota() const { return quota_of_ != nullptr ? (*quota_of_)(name_) : fixed_; }
   int64_t pages() const { return pages_.load(); }
   int64_t sequences() const { return sequences_.load(); }
   int64_t bytes() const { return bytes_.load(); }
@@ -117,7 +129,8 @@ class TenantUsage {
 
  private:
   const std::string name_;
-  const TenantQuota quota_;
+  const TenantQuota fixed_;
+  const QuotaFn* const quota_of_ = nullptr;
   std::atomic<int64_t> pages_{0};
   std::atomic<int64_t> sequences_{0};
   std::atomic<int64_t> bytes_{0};  // the total the quota checks
@@ -160,7 +173,7 @@ class ByteCharge {
 // as long as the ledger (sequences keep raw pointers to them).
 class TenantLedger {
  public:
-  using QuotaFn = std::function<TenantQuota(const std::string& tenant)>;
+  using QuotaFn = TenantUsage::QuotaFn;
   explicit TenantLedger(QuotaFn quota_of) : quota_of_(std::move(quota_of)) {}
   TenantUsage* Get(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
   // Null when the tenant holds nothing and never did.

@@ -20,9 +20,16 @@
 
 namespace driftkv {
 
-// Sets o->tenant_defaults from `c` and the rules above; InvalidArgument
-// naming the fields and their values when the rules cannot hold. Call it
-// again after the tokens file changes. REQUIRES: o->tokens (null without
+// Every tenant's default quotas from `settings` by the rules above, for
+// the tenants of `tokens` (null: no tokens; the settings as written, 0 for
+// unset); InvalidArgument naming the fields and their values when the
+// rules cannot hold. `tokens_file` names the file in messages.
+absl::StatusOr<TenantQuota> ResolveTenantDefaults(const TenantQuotaSettings& settings, const TokenTable* tokens,
+                                                  const std::string& tokens_file, uint64_t max_sequences,
+                                                  uint32_t nccl_max_channels);
+
+// Sets o->tenant_settings from `c` and o->tenant_defaults by
+// ResolveTenantDefaults for o->tokens. REQUIRES: o->tokens (null without
 // tokens), o->tokens_file, o->max_sequences and o->nccl_max_channels
 // resolved.
 absl::Status ResolveTenantQuotas(const v1::ServerConfig& c, ServiceOptions* o);

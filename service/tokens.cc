@@ -12,6 +12,13 @@
 #include "absl/strings/str_split.h"
 
 namespace driftkv {
+namespace {
+
+// The longest certificate name a line may bind (a DNS name is at most 253
+// bytes; URIs such as SPIFFE ids may be longer).
+constexpr size_t kMaxCertificateNameBytes = 1024;
+
+}  // namespace
 
 absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::string& path) {
   TokenTable t;
@@ -27,7 +34,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        "expected SHA256HEX TENANT [max_pages=N] [max_sequences=N] [max_bytes=N] "
-                       "[max_nccl_channels=N]"));
+                       "[max_nccl_channels=N] [cert=NAME ...]"));
     }
     const std::string hash = absl::AsciiStrToLower(words[0]);
     if (hash.size() != 64 || hash.find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -37,12 +44,22 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
     const std::string tenant(words[1]);
     if (absl::Status st = CheckTenantName(tenant); !st.ok())
       return absl::InvalidArgumentError(where + std::string(st.message()));
-    if (!t.tenant_of_hash_.emplace(hash, tenant).second) {
+    auto [entry, fresh] = t.grant_of_hash_.emplace(hash, TokenGrant{tenant, {}});
+    if (!fresh) {
       return absl::InvalidArgumentError(absl::StrCat(where, "the hash ", hash.substr(0, 12), "... is listed twice"));
     }
     Limits& limits = t.limits_[tenant];
     for (size_t i = 2; i < words.size(); ++i) {
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(words[i], absl::MaxSplits('=', 1));
+      if (kv.first == "cert") {
+        if (kv.second.empty() || kv.second.size() > kMaxCertificateNameBytes) {
+          return absl::InvalidArgumentError(absl::StrCat(where, "\"", words[i], "\": a certificate name is 1 to ",
+                                                         kMaxCertificateNameBytes, " bytes"));
+        }
+        entry->second.certificates.emplace_back(kv.second);
+        t.binds_certificates_ = true;
+        continue;
+      }
       uint64_t value = 0;
       std::optional<uint64_t>* slot = kv.first == "max_pages"           ? &limits.max_pages
                                       : kv.first == "max_sequences"     ? &limits.max_sequences
@@ -50,8 +67,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, const std::
                                       : kv.first == "max_nccl_channels" ? &limits.max_nccl_channels
                                                                         : nullptr;
       if (!absl::SimpleAtoi(kv.second, &value) || slot == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, "\"", words[i], "\" is not max_pages=N, max_sequences=N, max_bytes=N or max_nccl_channels=N"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "\"", words[i],
+                         "\" is not max_pages=N, max_sequences=N, max_bytes=N, max_nccl_channels=N or cert=NAME"));
       }
       if (slot->has_value() && **slot != value) {
         return absl::InvalidArgumentError(absl::StrCat(where, kv.first, " ", value, " of tenant \"", tenant,
@@ -71,11 +89,16 @@ absl::StatusOr<TokenTable> TokenTable::ReadFile(const std::string& path) {
   return Parse(text.str(), path);
 }
 
+const TokenGrant* TokenTable::Find(absl::string_view token) const {
+  if (token.empty()) return nullptr;
+  auto it = grant_of_hash_.find(Sha256Hex(token));
+  return it == grant_of_hash_.end() ? nullptr : &it->second;
+}
+
 std::optional<std::string> TokenTable::TenantOf(absl::string_view token) const {
-  if (token.empty()) return std::nullopt;
-  auto it = tenant_of_hash_.find(Sha256Hex(token));
-  if (it == tenant_of_hash_.end()) return std::nullopt;
-  return it->second;
+  const TokenGrant* grant = Find(token);
+  if (grant == nullptr) return std::nullopt;
+  return grant->tenant;
 }
 
 TenantQuota TokenTable::QuotaOf(const std::string& tenant, const TenantQuota& defaults) const {
