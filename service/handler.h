@@ -142,6 +142,11 @@ class Handler {
   void DrainPromotions();
   // Whether the layer's pages are hot (false for an unknown sequence).
   bool LayerIsHot(const std::string& sequence_id, uint32_t layer);
+  // TESTS ONLY: runs `fn` on layer `layer` of the sequence at table key
+  // `key` under the sequence's and the layer's locks (writer), the way a
+  // fault would reach memory: tests/page_checksum_test.cc flips bytes of
+  // windows and finds the pages to corrupt. False for an unknown sequence.
+  bool WithLayerForTest(const std::string& key, uint32_t layer, const std::function<void(LayerState&)>& fn);
 
   const ServiceOptions& options() const { return options_; }
   // The codec (codec.name) behind its interface; pages have its page_format.
@@ -196,8 +201,11 @@ class Handler {
   // Stores plan.fresh tokens (float [count][n], rounded to bf16 here; or
   // `staged`) using `pages` reserved cold pages; on failure nothing changed
   // and the caller frees them; on success the layer owns them (a hot layer's
-  // go hot: HotTier::PlaceNewPages). REQUIRES: layer->mu held as a writer.
-  absl::Status ApplyAppend(LayerState* layer, int layer_index, const AppendPlan& plan, const float* keys,
+  // go hot: HotTier::PlaceNewPages). The window's tokens that are encoded
+  // into pages are checked first (DATA_LOSS naming `name`'s window), and the
+  // window's checksums follow its tokens (LayerState::window_sums).
+  // REQUIRES: layer->mu held as a writer.
+  absl::Status ApplyAppend(LayerState* layer, const LayerName& name, const AppendPlan& plan, const float* keys,
                            const float* values, const std::vector<PageId>& pages, const HotTier::Held& held,
                            const StagedTokens* staged = nullptr);
   void RecordEncoded(const std::vector<EncodeJob>& jobs);

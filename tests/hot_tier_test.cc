@@ -47,7 +47,7 @@ class Tier {
     args.pool = cold_.get();
     args.hot_pool = hot_.get();
     backend_ = *MakeBackend("cpu", args);
-    verifier_ = std::make_unique<PageVerifier>(*cold_, &metrics_);
+    verifier_ = std::make_unique<PageVerifier>(*cold_, hot_.get(), *backend_, &metrics_, kN);
     tier_ = std::make_unique<HotTier>(
         *cold_, *hot_, *backend_, *verifier_, &metrics_, [this] { return now_; }, promotion, idle_seconds,
         std::move(after_move));
@@ -116,7 +116,7 @@ TEST(HotTierTest, PromotionAndDemotionKeepTheColdForm) {
     absl::ReaderMutexLock seq_lock(&s->mu);
     absl::MutexLock lock(&s->layers[0].mu);
     // Demotion verifies every page against its cold checksum.
-    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], kDemoteBudget).ok());
+    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], LayerName{s->id, 0}, kDemoteBudget).ok());
   }
   EXPECT_FALSE(t.IsHot(s, 0));
   EXPECT_EQ(t.hot().pages_in_use(), 0);
