@@ -24,8 +24,8 @@
 
 namespace driftkv {
 
-// Wraps `inner`; EncodePages, DecodeTokens, the hot tier, DEVICE INGEST and
-// MEMORY REGIONS pass through.
+// Wraps `inner`; EncodePages, DecodeTokens, the hot tier, ChecksumPages,
+// DEVICE INGEST and MEMORY REGIONS pass through.
 class BatchingBackend : public Backend {
  public:
   // Called once per inner Attend with the number of calls and jobs merged
@@ -44,6 +44,9 @@ class BatchingBackend : public Backend {
   bool PrefersBatchedAttend() const override { return true; }
   // The hot tier passes through (a merged batch may mix hot and cold jobs).
   absl::Status UploadPages(absl::Span<const PageId> pages) override { return inner_->UploadPages(pages); }
+  absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
+    return inner_->ChecksumPages(pool, pages, sums);
+  }
   bool SupportsHotTier() const override { return inner_->SupportsHotTier(); }
   absl::Status PromotePages(absl::Span<const TierMove> moves) override { return inner_->PromotePages(moves); }
   absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "backends/page_checksum.h"
 #include "backends/page_pool.h"
 #include "codec/compressed_attention.h"
 #include "codec/kv_codec.h"
@@ -169,6 +170,18 @@ class Backend {
   // DecodeTokens for a page of the hot pool.
   virtual absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) {
     return absl::UnimplementedError(name() + " backend has no hot tier");
+  }
+
+  // INTEGRITY (backends/page_checksum.h). sums[i] = CRC-32C of page
+  // pages[i] of `pool` (the cold pool or the hot pool) as this backend holds
+  // it for attention and for moves between the tiers: the host pool's bytes
+  // for a backend that computes on the host pool (the default, cpu); the
+  // device arena's copy for one that mirrors it (cuda: the pages are
+  // downloaded, then summed on the host), so a check covers the bytes the
+  // kernels read, not a host-side shadow. `sums` holds pages.size() entries.
+  virtual absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) {
+    for (size_t i = 0; i < pages.size(); ++i) sums[i] = Crc32c(pool.page(pages[i]), pool.page_stride());
+    return absl::OkStatus();
   }
 
   // The caller wrote these cold pages' bytes in the host pool itself (the

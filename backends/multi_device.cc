@@ -36,6 +36,21 @@ class MultiDeviceBackend : public Backend {
     return inner_[Owner(page)]->DecodeTokens(page, layer, first, count, keys, values);
   }
 
+  // Each page from the device that holds it (hot pools are not
+  // partitioned: no hot tier here, and they go to device 0 as the default).
+  absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
+    size_t begin = 0;
+    while (begin < pages.size()) {
+      const int k = &pool == &pool_ ? Owner(pages[begin]) : 0;
+      size_t end = begin + 1;
+      while (end < pages.size() && (&pool == &pool_ ? Owner(pages[end]) : 0) == k) ++end;
+      absl::Status st = inner_[k]->ChecksumPages(pool, pages.subspan(begin, end - begin), sums + begin);
+      if (!st.ok()) return st;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
   void Attend(absl::Span<AttendJob> jobs) override {
     const int n = static_cast<int>(inner_.size());
     std::vector<std::vector<AttendJob>> split(n);

@@ -5,13 +5,17 @@
 //
 // WHAT IT COVERS. The cold page (a D-Quant page, codec/page_layout.h) is the
 // canonical form of a page: the handler computes the checksum when the page
-// is encoded and keeps it host-side beside the page id (never inside the
-// arena, so a corrupted arena cannot also corrupt its own checksum). A hot
-// page (a level page, codec/level_page.h) is a byte-exact promotion of a
-// cold page and demotes back to the same bytes, so it carries the checksum
-// of its cold form, checked whenever it becomes cold again (demotion, the
-// snapshot). The snapshot file stores each page in cold form with this
-// checksum (service/snapshot_file.h).
+// is encoded, from the bytes the backend holds (Backend::ChecksumPages: on
+// cuda the device's copy), and keeps it host-side beside the page id (never
+// inside the arena, so a corrupted arena cannot also corrupt its own
+// checksum). A hot page (a level page, codec/level_page.h) is a byte-exact
+// promotion of a cold page, checked before it is promoted; the checksum of
+// its level form is recorded at promotion and checked while it stays hot
+// (Read, Attend with verify_pages_on_attend) and before it is demoted, whose
+// result must match the cold checksum again. The snapshot file stores each
+// page in cold form with this checksum (service/snapshot_file.h). The bf16
+// windows carry the same CRC per token (service/page_verifier.h,
+// WindowTokenSum).
 //
 // The CRC itself is wire/crc32c.h's, the one Append chunks carry (SSE4.2,
 // 8 bytes per instruction; docs/reliability.md has the measured speed).

@@ -125,7 +125,7 @@ struct ServiceOptions {
   std::string snapshot_dir;
   double drain_timeout_seconds = kDefaultDrainTimeoutSeconds;
   double drain_notice_seconds = kDefaultDrainNoticeSeconds;
-  bool verify_pages_on_attend = false;  // Attend checks each cold page's CRC-32C
+  bool verify_pages_on_attend = false;  // Attend checks each page's and window token's CRC-32C
   // Memory regions (service/regions.h; config region_*, max_region*).
   std::string region_socket;  // empty: no host shared-memory regions
   uint32_t region_socket_mode = kDefaultRegionSocketMode;

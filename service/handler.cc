@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
-  h->verifier_ = std::make_unique<PageVerifier>(*h->pool_, h->metrics_);
+  h->verifier_ = std::make_unique<PageVerifier>(*h->pool_, h->hot_pool_.get(), *h->backend_, h->metrics_, h->n());
   if (h->hot_pool_ != nullptr) {
     h->metrics_->hot_capacity_bytes->Set(static_cast<double>(h->hot_pool_->capacity_bytes()));
     h->metrics_->hot_capacity_pages->Set(static_cast<double>(h->hot_pool_->capacity_pages()));

@@ -144,6 +144,11 @@ class Handler {
   void DrainPromotions();
   // Whether the layer's pages are hot (false for an unknown sequence).
   bool LayerIsHot(const std::string& sequence_id, uint32_t layer);
+  // TESTS ONLY: runs `fn` on layer `layer` of the sequence at table key
+  // `key` under the sequence's and the layer's locks (writer), the way a
+  // fault would reach memory: tests/page_checksum_test.cc flips bytes of
+  // windows and finds the pages to corrupt. False for an unknown sequence.
+  bool WithLayerForTest(const std::string& key, uint32_t layer, const std::function<void(LayerState&)>& fn);
 
   const ServiceOptions& options() const { return options_; }
   // The codec (codec.name) behind its interface; pages have its page_format.
@@ -200,8 +205,11 @@ class Handler {
   // and the caller frees them; on success the layer owns them (a hot layer's
   // go hot: HotTier::PlaceNewPages, which changes `usage`'s bytes for
   // them). The caller has charged AppendBytes(plan) to `usage`, the
-  // layer's tenant. REQUIRES: layer->mu held as a writer.
-  absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, int layer_index, const AppendPlan& plan,
+  // layer's tenant. The window's tokens that are encoded into pages are
+  // checked first (CheckWindowToEncode), and the window's checksums follow
+  // its tokens (LayerState::window_sums). REQUIRES: layer->mu held as a
+  // writer.
+  absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                            const float* keys, const float* values, const std::vector<PageId>& pages,
                            const HotTier::Held& held, const StagedTokens* staged = nullptr);
   // What storing `plan` changes in its tenant's bytes: its pages as cold
@@ -210,9 +218,9 @@ class Handler {
   // ApplyAppend in parts, so that a batch of decode steps encodes every
   // item's new pages in one backend call (AttendBatch::ApplyAttendSteps):
   // PrepareAppend lays out a host append's tokens and encode jobs (no
-  // encoding); after the jobs are encoded, CommitAppend stores them as
-  // ApplyAppend does. On a failure of the encoding, EncodeError is its
-  // message.
+  // encoding); after the jobs are encoded and CheckWindowToEncode passed,
+  // CommitAppend stores them as ApplyAppend does. On a failure of the
+  // encoding, EncodeError is its message.
   struct PendingAppend {
     std::vector<uint16_t> all_k, all_v;  // the window and the new tokens, bf16; paged ones first
     std::vector<float> fk, fv;           // the paged tokens as the encoder reads them
@@ -220,7 +228,11 @@ class Handler {
   };
   void PrepareAppend(const LayerState& layer, int layer_index, const AppendPlan& plan, const float* keys,
                      const float* values, const std::vector<PageId>& pages, PendingAppend* out) const;
-  absl::Status CommitAppend(LayerState* layer, TenantUsage* usage, const AppendPlan& plan,
+  // DATA_LOSS naming the window token when a window token that `plan`
+  // encodes into a page fails its checksum (a page encoded from it would
+  // carry a fresh, valid one).
+  absl::Status CheckWindowToEncode(const LayerState& layer, const LayerName& name, const AppendPlan& plan) const;
+  absl::Status CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                             const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
                             PendingAppend* pending);
   absl::Status EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const;

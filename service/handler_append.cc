@@ -94,6 +94,15 @@ void Handler::PrepareAppend(const LayerState& layer, int layer_index, const Appe
   }
 }
 
+absl::Status Handler::CheckWindowToEncode(const LayerState& layer, const LayerName& name,
+                                          const AppendPlan& plan) const {
+  // The window's tokens that go into pages must be what was stored: a page
+  // encoded from a corrupt window would carry a fresh, valid checksum.
+  const int64_t window = static_cast<int64_t>(layer.window_keys.size() / n());
+  return verifier_->VerifyWindow(layer, 0, std::min(window, plan.pages * pool_->page_tokens()), name,
+                                 "encoded into a page");
+}
+
 absl::Status Handler::EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const {
   const int64_t p = pool_->page_tokens();
   const int64_t first_page_token = static_cast<int64_t>(layer.pages.size()) * p;
@@ -108,10 +117,12 @@ HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
   return b;
 }
 
-absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, int layer_index, const AppendPlan& plan,
-                                  const float* keys, const float* values, const std::vector<PageId>& pages,
-                                  const HotTier::Held& held, const StagedTokens* staged) {
+absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                                  const AppendPlan& plan, const float* keys, const float* values,
+                                  const std::vector<PageId>& pages, const HotTier::Held& held,
+                                  const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
+  const int layer_index = name.layer;
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
@@ -124,12 +135,16 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, int lay
     GrowWindow(&layer->window_values, (window + plan.fresh) * n, most);
     FloatsToBf16(keys + plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n);
     FloatsToBf16(values + plan.skip * n, plan.fresh * n, layer->window_values.data() + window * n);
+    for (int64_t t = window; t < window + plan.fresh; ++t) {
+      layer->window_sums.push_back(WindowTokenSum(&layer->window_keys[t * n], &layer->window_values[t * n], n));
+    }
     layer->length += plan.fresh;
     table_->CountTokens(0, plan.fresh);
     return absl::OkStatus();
   }
+  absl::Status st = CheckWindowToEncode(*layer, name, plan);
+  if (!st.ok()) return st;
   PendingAppend pending;
-  absl::Status st;
   if (staged != nullptr) {
     pending.jobs.assign(plan.pages, EncodeJob());
     for (int64_t i = 0; i < plan.pages; ++i) {
@@ -137,23 +152,47 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, int lay
       pending.jobs[i].layer = layer_index;
     }
     st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
-                                layer->window_keys, layer->window_values, absl::MakeSpan(pending.jobs), &pending.all_k,
-                                &pending.all_v);
+                                layer->window_keys, layer->window_values, absl::MakeSpan(pending.jobs),
+                                &pending.all_k, &pending.all_v);
   } else {
     PrepareAppend(*layer, layer_index, plan, keys, values, pages, &pending);
     st = backend_->EncodePages(absl::MakeSpan(pending.jobs));
   }
   if (!st.ok()) return EncodeError(*layer, plan, st);
-  return CommitAppend(layer, usage, plan, pages, held, staged != nullptr, &pending);
+  return CommitAppend(layer, usage, name, plan, pages, held, staged != nullptr, &pending);
 }
 
-absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const AppendPlan& plan,
-                                   const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
-                                   PendingAppend* pending) {
+absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                                   const AppendPlan& plan, const std::vector<PageId>& pages,
+                                   const HotTier::Held& held, bool staged, PendingAppend* pending) {
   const size_t n = this->n();
-  const int64_t encoded = plan.pages * pool_->page_tokens();
+  const int64_t p = pool_->page_tokens();
+  const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
+  const int64_t encoded = plan.pages * p;
   const std::vector<uint16_t>& all_k = pending->all_k;
   const std::vector<uint16_t>& all_v = pending->all_v;
+  // The window after this append: S[encoded, window + fresh) of S = [window;
+  // new tokens]. Tokens that were in the window keep their checksums (never
+  // recomputed from the bytes, which would launder a corruption); the
+  // staged path's come back from the backend's staging and must match.
+  std::vector<PageChecksum> window_sums(window + plan.fresh - encoded);
+  {
+    const size_t skip = staged ? 0 : encoded;  // where token `encoded` is in all_k
+    for (int64_t t = encoded; t < window + plan.fresh; ++t) {
+      const size_t at = (t - encoded + skip) * n;
+      const PageChecksum sum =
+          t < window && !staged ? layer->window_sums[t] : WindowTokenSum(&all_k[at], &all_v[at], n);
+      if (t < window && sum != layer->window_sums[t]) {
+        verifier_->CountFailure(kCheckWindow);
+        return absl::DataLossError(absl::StrFormat(
+            "token %d of the bf16 window of layer %d of sequence_id %s came back from the %s backend's staging "
+            "different from what was stored: stored crc32c %08x, computed %08x; nothing stored",
+            static_cast<int64_t>(layer->pages.size()) * p + t, name.layer, Quoted(name.sequence_id), backend_->name(),
+            layer->window_sums[t], sum));
+      }
+      window_sums[t - encoded] = sum;
+    }
+  }
   if (!pending->jobs.empty()) RecordEncoded(pending->jobs);
   // TokenDigest of each token encoded into pages here; kNoDigest for tokens
   // encoded from device staging, whose bf16 form never reaches the host.
@@ -161,21 +200,23 @@ absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const 
   if (!staged) {
     for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
   }
-  // Checksums of the new pages' cold form, before any promotion.
-  std::vector<PageChecksum> sums(pages.size());
-  for (size_t i = 0; i < pages.size() && i < static_cast<size_t>(plan.pages); ++i) {
-    sums[i] = Crc32c(pool_->page(pages[i]), pool_->page_stride());
-  }
+  // Checksums of the new pages' cold form, before any promotion, as the
+  // backend holds them (on cuda the device's copy, which the host arena
+  // mirrors: a Read that checks the mirror then checks the copy too).
+  std::vector<PageChecksum> sums;
+  if (absl::Status st = verifier_->ColdSums(pages, &sums); !st.ok()) return st;
   // A hot layer's new pages go hot at once; with no hot page to be had,
   // even after demoting other layers, the layer goes cold instead (an
   // Append is never refused for the hot tier's sake).
   std::vector<PageId> hot;
+  std::vector<PageChecksum> hot_sums;
   if (layer->hot && !pages.empty()) {
-    if (absl::Status st = hot_->PlaceNewPages(layer, usage, pages, held, &hot); !st.ok()) return st;
+    if (absl::Status st = hot_->PlaceNewPages(layer, usage, name, pages, held, &hot, &hot_sums); !st.ok()) return st;
   }
   // Commit.
   if (!hot.empty()) {
     layer->pages.insert(layer->pages.end(), hot.begin(), hot.end());
+    layer->hot_sums.insert(layer->hot_sums.end(), hot_sums.begin(), hot_sums.end());
     pool_->Free(pages);
   } else {
     layer->pages.insert(layer->pages.end(), pages.begin(), pages.end());
@@ -185,6 +226,7 @@ absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const 
   const size_t kept = staged ? 0 : encoded * n;
   layer->window_keys.assign(all_k.begin() + kept, all_k.end());
   layer->window_values.assign(all_v.begin() + kept, all_v.end());
+  layer->window_sums = std::move(window_sums);
   layer->length += plan.fresh;
   table_->CountTokens(encoded, plan.fresh - encoded);
   return absl::OkStatus();
@@ -378,7 +420,8 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         HotTier::Held held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, seq->usage, static_cast<int>(layer_index), plan, keys, values, pages, held, staged);
+        st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan, keys,
+                         values, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);

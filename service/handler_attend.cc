@@ -160,8 +160,10 @@ class Handler::AttendBatch {
     return std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return !w.seq->released && !w.layer->hot; });
   }
   // Without the batch's locks: promotes (sync) or queues (async) the
-  // items' cold layers (HotTier::Prepare). REQUIRES: h_.hot_ set.
-  void PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work, const AttendLocks& locks);
+  // items' cold layers (HotTier::Prepare); DATA_LOSS "items[i]: ..." when
+  // a sync promotion finds a corrupt cold page. REQUIRES: h_.hot_ set.
+  absl::Status PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
+                              const AttendLocks& locks);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
@@ -201,16 +203,23 @@ absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendRespons
   return st;
 }
 
-void Handler::AttendBatch::PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
-                                          const AttendLocks& locks) {
+absl::Status Handler::AttendBatch::PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
+                                                  const AttendLocks& locks) {
   // The request's layers, each once; they are never demoted to make room
   // for each other.
   std::vector<std::pair<SequencePtr, int>> layers;
+  std::vector<int> item;  // the first item of each of `layers`
   absl::flat_hash_set<uint64_t> ids;
   for (int i = 0; i < request.items_size(); ++i) {
-    if (ids.insert(work[i].layer->id).second) layers.emplace_back(locks.sequence(i), request.items(i).layer());
+    if (ids.insert(work[i].layer->id).second) {
+      layers.emplace_back(locks.sequence(i), request.items(i).layer());
+      item.push_back(i);
+    }
   }
-  h_.hot_->Prepare(layers, ids);
+  size_t failed = 0;
+  absl::Status st = h_.hot_->Prepare(layers, ids, &failed);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("items[", item[failed], "]: ", st.message()));
 }
 
 absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, int i, AttendWork* w) {
@@ -432,11 +441,14 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     if (w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.io.step || w.plan.fresh == 0) continue;
     const std::vector<PageId>& pages = pages_of[i];
+    const LayerName name{it.sequence_id(), static_cast<int>(it.layer())};
     if (encoded && w.plan.pages > 0) {
-      st = h_.CommitAppend(w.layer, w.seq->usage, w.plan, pages, held, /*staged=*/false, &pending[i]);
+      // The window's tokens were encoded unchecked; a corrupt one fails
+      // here, before anything is stored, as in ApplyAppend.
+      st = h_.CheckWindowToEncode(*w.layer, name, w.plan);
+      if (st.ok()) st = h_.CommitAppend(w.layer, w.seq->usage, name, w.plan, pages, held, /*staged=*/false, &pending[i]);
     } else {
-      st = h_.ApplyAppend(w.layer, w.seq->usage, static_cast<int>(it.layer()), w.plan, w.io.key.data(),
-                          w.io.value.data(), pages, held);
+      st = h_.ApplyAppend(w.layer, w.seq->usage, name, w.plan, w.io.key.data(), w.io.value.data(), pages, held);
     }
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
@@ -502,7 +514,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   if (h_.hot_ != nullptr && AnyCold(work)) {
     // Promotion takes the layers' locks itself: the batch's go first.
     locks.Unlock();
-    PrepareHotTier(request, work, locks);
+    if (absl::Status st = PrepareHotTier(request, work, locks); !st.ok()) return st;
     locks.Lock();
   }
   AttendPhaseClock::Mark(AttendPhase::kHotTier);
@@ -546,18 +558,22 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     any_step = any_step || work[i].io.step;
   }
   if (h_.options_.verify_pages_on_attend) {
-    // Each cold page against its checksum before it is attended (hot
-    // pages: backends/page_checksum.h, "What it covers").
+    // Everything an item attends, against its checksums, before any is
+    // attended: its pages in their tier as the backend holds them (the
+    // device's copy on cuda) and its bf16 window. A layer of several items
+    // is checked once.
+    absl::flat_hash_set<const LayerState*> checked;
     for (int i = 0; i < items; ++i) {
       const LayerState& layer = *work[i].layer;
-      if (layer.hot) continue;
-      for (size_t k = 0; k < layer.pages.size(); ++k) {
-        absl::Status st = h_.verifier_->Verify(layer, k, layer.pages[k], work[i].seq->id,
-                                               static_cast<int>(request.items(i).layer()), kCheckAttend);
-        if (!st.ok()) {
-          locks.Unlock();
-          return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
-        }
+      if (!checked.insert(&layer).second) continue;
+      const LayerName name{work[i].seq->id, static_cast<int>(request.items(i).layer())};
+      absl::Status st = h_.verifier_->VerifyLayerPages(layer, PageVerifier::Copy::kBackend, name, kCheckAttend);
+      if (st.ok()) {
+        st = h_.verifier_->VerifyWindow(layer, 0, static_cast<int64_t>(layer.window_sums.size()), name, "served");
+      }
+      if (!st.ok()) {
+        locks.Unlock();
+        return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       }
     }
   }

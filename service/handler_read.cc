@@ -63,18 +63,22 @@ absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<b
       LayerState& layer = seq->layers[request.layer()];
       absl::ReaderMutexLock layer_lock(&layer.mu);
       const int64_t paged = static_cast<int64_t>(layer.pages.size()) * p;
+      const LayerName name{request.sequence_id(), static_cast<int>(request.layer())};
       for (int64_t t = 0; t < count;) {
         const int64_t tok = static_cast<int64_t>(pos) + t;
         if (tok < paged) {
           const int64_t in_page = tok % p;
           const int64_t run = std::min(count - t, p - in_page);
-          // A hot page is checked when it returns to its cold form
-          // (backends/page_checksum.h, "What it covers").
-          if (!layer.hot) {
-            st = verifier_->Verify(layer, tok / p, layer.pages[tok / p], request.sequence_id(),
-                                   static_cast<int>(request.layer()), kCheckRead);
-            if (!st.ok()) return st;
-          }
+          // Each page in the form it is decoded from: a cold page's host
+          // bytes (what DecodeTokens decodes), a hot page's level form as
+          // the backend holds it (service/page_verifier.h, WHICH COPY).
+          const size_t i = static_cast<size_t>(tok / p);
+          st = layer.hot ? verifier_->VerifyHotPages(absl::MakeConstSpan(&layer.pages[i], 1),
+                                                     absl::MakeConstSpan(&layer.hot_sums[i], 1), i, name, kCheckRead)
+                         : verifier_->VerifyColdPages(absl::MakeConstSpan(&layer.pages[i], 1),
+                                                      absl::MakeConstSpan(&layer.page_sums[i], 1), i,
+                                                      PageVerifier::Copy::kHost, name, kCheckRead);
+          if (!st.ok()) return st;
           // The tier can change between chunks; each chunk reads it under the lock.
           st = layer.hot ? backend_->DecodeHotTokens(layer.pages[tok / p], static_cast<int>(request.layer()),
                                                      static_cast<int>(in_page), static_cast<int>(run),
@@ -86,6 +90,8 @@ absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<b
           compressed += run;
           t += run;
         } else {
+          st = verifier_->VerifyWindow(layer, tok - paged, tok - paged + 1, name, "served");
+          if (!st.ok()) return st;
           const size_t w = static_cast<size_t>(tok - paged) * n;
           for (size_t j = 0; j < n; ++j) {
             keys[t * n + j] = Bf16ToFloat(layer.window_keys[w + j]);

@@ -131,15 +131,21 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
   for (const auto& [key, seq] : all) {
     absl::MutexLock seq_lock(&seq->mu);
     if (seq->released) continue;
-    // First every layer in cold form and every page checked: a sequence
-    // goes into the file whole or not at all.
+    // First every layer in cold form, every page and window checked: a
+    // sequence goes into the file whole or not at all, and the file's CRCs
+    // (computed by the writer) never vouch for bytes that were corrupt.
     absl::Status bad;
     for (size_t l = 0; l < seq->layers.size() && bad.ok(); ++l) {
       LayerState& layer = seq->layers[l];
       absl::MutexLock layer_lock(&layer.mu);
-      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, seq->usage, kDemoteDrain);
-      for (size_t i = 0; i < layer.pages.size() && bad.ok(); ++i) {
-        bad = verifier_->Verify(layer, i, layer.pages[i], key, static_cast<int>(l), kCheckSnapshot);
+      const LayerName name{key, static_cast<int>(l)};
+      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, seq->usage, name, kDemoteDrain);
+      if (bad.ok())
+        bad = verifier_->VerifyColdPages(layer.pages, layer.page_sums, 0, PageVerifier::Copy::kHost, name,
+                                         kCheckSnapshot);
+      if (bad.ok()) {
+        bad = verifier_->VerifyWindow(layer, 0, static_cast<int64_t>(layer.window_sums.size()), name,
+                                      "written to the snapshot");
       }
     }
     if (!bad.ok()) {
@@ -316,6 +322,12 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       }
       layer.window_keys = keys;
       layer.window_values = values;
+      // The file's window CRC vouched for these bytes (a failing one drops
+      // the sequence): from here each token carries its own.
+      layer.window_sums.resize(h.window_tokens);
+      for (uint32_t t = 0; t < h.window_tokens; ++t) {
+        layer.window_sums[t] = WindowTokenSum(&keys[t * n], &values[t * n], n);
+      }
       layer.length = static_cast<int64_t>(h.length);
     }
     if (!framing.ok()) {

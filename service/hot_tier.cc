@@ -79,9 +79,16 @@ void HotTier::FreeLayer(LayerState* layer) {
   hot_.Free(layer->pages);
   RemoveHot(layer->id);
   layer->hot = false;
+  layer->hot_sums.clear();
 }
 
-absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, DemotionReason reason) {
+absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason) {
+  // The hot pages as the backend holds them must be the level pages
+  // recorded at promotion: a corrupt one would demote into a cold page (and
+  // the cold check below would catch it only as a cold mismatch).
+  if (absl::Status st = verifier_.VerifyHotPages(layer->pages, layer->hot_sums, 0, name, kCheckDemote); !st.ok()) {
+    return st;
+  }
   const int p = cold_.page_tokens();
   absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()));
   if (!cold.ok()) return cold.status();
@@ -91,18 +98,19 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, Demoti
     cold_.Free(*cold);
     return st;
   }
-  // The demoted bytes must be the cold page the hot one was promoted from.
-  for (size_t i = 0; i < moves.size(); ++i) {
-    absl::Status st = verifier_.Verify(*layer, i, (*cold)[i], "", -1, kCheckDemote);
-    if (!st.ok()) {
-      cold_.Free(*cold);
-      return st;
-    }
+  // The demoted bytes, as the backend holds them, must be the cold page the
+  // hot one was promoted from.
+  absl::Status st =
+      verifier_.VerifyColdPages(*cold, layer->page_sums, 0, PageVerifier::Copy::kBackend, name, kCheckDemote);
+  if (!st.ok()) {
+    cold_.Free(*cold);
+    return st;
   }
   hot_.Free(layer->pages);
   usage->AddBytes(MoveBytes(static_cast<int64_t>(moves.size()), /*to_hot=*/false));
   layer->pages = *std::move(cold);
   layer->hot = false;
+  layer->hot_sums.clear();
   RemoveHot(layer->id);
   ++demotions_;
   pages_demoted_ += moves.size();
@@ -137,8 +145,8 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
     LayerState& layer = seq->layers[index];
     if (!seq->released && layer.mu.TryLock()) {
       // A hot layer without pages holds nothing worth demoting.
-      demoted =
-          layer.hot && layer.id == id && !layer.pages.empty() && DemoteLocked(&layer, seq->usage, kDemoteBudget).ok();
+      demoted = layer.hot && layer.id == id && !layer.pages.empty() &&
+                DemoteLocked(&layer, seq->usage, LayerName{seq->id, index}, kDemoteBudget).ok();
       layer.mu.Unlock();
     }
     if (lock_seq) seq->mu.ReaderUnlock();
@@ -158,7 +166,8 @@ absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Hel
   }
 }
 
-bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude) {
+bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude,
+                           absl::Status* corrupt) {
   const absl::Time start = absl::Now();
   LayerState& layer = seq->layers[layer_index];
   int64_t need = 0;
@@ -197,6 +206,16 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       }
       hot->insert(hot->end(), extra->begin(), extra->end());
     }
+    // A corrupt cold page must not become a valid-looking hot page: the
+    // cold pages, as the backend holds them (what promotion reads), first.
+    const LayerName name{seq->id, layer_index};
+    absl::Status st =
+        verifier_.VerifyColdPages(layer.pages, layer.page_sums, 0, PageVerifier::Copy::kBackend, name, kCheckPromote);
+    if (!st.ok()) {
+      hot_.Free(*hot);
+      if (corrupt != nullptr) *corrupt = st;
+      return false;
+    }
     // The tenant pays for the layer's pages at the hot page size; without
     // room in its max_bytes the layer stays cold.
     absl::StatusOr<ByteCharge> charge =
@@ -209,7 +228,11 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
     const int p = cold_.page_tokens();
     std::vector<TierMove> moves(layer.pages.size());
     for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer.pages[i], (*hot)[i], p};
-    if (absl::Status st = backend_.PromotePages(moves); !st.ok()) {
+    // The level form's checksums are read back from what the backend holds.
+    std::vector<PageChecksum> sums;
+    st = backend_.PromotePages(moves);
+    if (st.ok()) st = verifier_.HotSums(*hot, &sums);
+    if (!st.ok()) {
       // A page that does not decode: the layer stays cold, and attending
       // it reports the DataLoss.
       hot_.Free(*hot);
@@ -218,6 +241,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
     charge->Keep();
     cold_.Free(layer.pages);
     layer.pages = *std::move(hot);
+    layer.hot_sums = std::move(sums);
     layer.hot = true;
     AddHot(seq, layer_index, layer.id);
     ++promotions_;
@@ -230,28 +254,34 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   return promoted;
 }
 
-absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const std::vector<PageId>& cold,
-                                    const Held& held, std::vector<PageId>* hot) {
+absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                                    const std::vector<PageId>& cold, const Held& held, std::vector<PageId>* hot,
+                                    std::vector<PageChecksum>* hot_sums) {
   hot->clear();
+  hot_sums->clear();
   // The new pages at the hot page size; without room in the tenant's
   // max_bytes the layer goes cold, as without a hot page.
   absl::StatusOr<ByteCharge> charge =
       ByteCharge::Take(usage, MoveBytes(static_cast<int64_t>(cold.size()), /*to_hot=*/true));
-  if (!charge.ok()) return DemoteLocked(layer, usage, kDemoteAppend);
+  if (!charge.ok()) return DemoteLocked(layer, usage, name, kDemoteAppend);
   Held mine = held;  // the layer never makes room for its own pages
   mine.layers.insert(layer->id);
   absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine);
   if (!reserved.ok()) {
     if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
-    return DemoteLocked(layer, usage, kDemoteAppend);
+    return DemoteLocked(layer, usage, name, kDemoteAppend);
   }
   const int p = cold_.page_tokens();
   std::vector<TierMove> moves(cold.size());
   for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{cold[i], (*reserved)[i], p};
-  if (absl::Status st = backend_.PromotePages(moves); !st.ok()) {
+  // The cold pages' checksums were read from the backend's copy by the
+  // caller a moment ago, under this lock: that was their check.
+  absl::Status st = backend_.PromotePages(moves);
+  if (st.ok()) st = verifier_.HotSums(*reserved, hot_sums);
+  if (!st.ok()) {
     hot_.Free(*reserved);
     if (!absl::IsResourceExhausted(st)) return st;
-    return DemoteLocked(layer, usage, kDemoteAppend);
+    return DemoteLocked(layer, usage, name, kDemoteAppend);
   }
   charge->Keep();
   pages_promoted_ += moves.size();
@@ -260,9 +290,10 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
   return absl::OkStatus();
 }
 
-void HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
-                      const absl::flat_hash_set<uint64_t>& ids) {
-  for (const auto& [seq, index] : layers) {
+absl::Status HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
+                              const absl::flat_hash_set<uint64_t>& ids, size_t* failed) {
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const auto& [seq, index] = layers[k];
     LayerState& layer = seq->layers[index];
     {
       absl::ReaderMutexLock seq_lock(&seq->mu);
@@ -271,12 +302,17 @@ void HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
       if (layer.hot) continue;
     }
     if (promotion_ == HotPromotion::kSync) {
-      PromoteLayer(seq, index, ids);
+      absl::Status corrupt;
+      if (!PromoteLayer(seq, index, ids, &corrupt) && !corrupt.ok()) {
+        if (failed != nullptr) *failed = k;
+        return corrupt;
+      }
     } else if (!layer.promotion_queued.exchange(true)) {
       absl::MutexLock lock(&promote_mu_);
       promote_queue_.emplace_back(seq, index);
     }
   }
+  return absl::OkStatus();
 }
 
 void HotTier::PromotionThread() {
@@ -334,7 +370,8 @@ bool HotTier::DemoteIdle() {
       auto it = hot_layers_.find(layer.id);
       if (it == hot_layers_.end() || it->second.attended_ns >= cutoff) continue;
     }
-    DemoteLocked(&layer, seq->usage, kDemoteIdle).IgnoreError();  // no cold room: stays hot, tried again later
+    DemoteLocked(&layer, seq->usage, LayerName{seq->id, index}, kDemoteIdle)
+        .IgnoreError();  // no cold room: stays hot, tried again later
   }
   return !idle.empty();
 }

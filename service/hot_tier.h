@@ -18,7 +18,12 @@
 //     even after demoting others, the layer itself goes cold (an Append is
 //     never refused for the hot tier's sake).
 //   - Layers not attended for idle_seconds go cold (DemoteIdle).
-//   - Demoted bytes must match the cold form's checksum (PageVerifier).
+//   - Checksums (PageVerifier), each over the bytes the backend holds: a
+//     cold page is checked before it is promoted (a corrupt one stays cold
+//     and a sync promotion reports DATA_LOSS), the level form's checksum is
+//     recorded after (LayerState::hot_sums); a hot page is checked against
+//     it before demotion, and the demoted bytes against the cold checksum.
+//     A layer that fails either stays where it was.
 //   - A layer's tenant is charged for its pages at their tier's page size
 //     (TenantUsage's max_bytes): a move changes the charge by the
 //     difference. Promotion charges it first and leaves the layer cold
@@ -77,11 +82,17 @@ class HotTier {
 
   // Before an Attend takes its locks: promotes (sync) or queues (async)
   // the cold ones of `layers` (each once); none is demoted to make room
-  // for another (`ids`: their LayerState::id). No lock held.
-  void Prepare(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids);
+  // for another (`ids`: their LayerState::id). No lock held. Sync: DATA_LOSS
+  // when a layer's cold page fails its checksum (*failed: its index in
+  // `layers`), and the layers after it are not promoted.
+  absl::Status Prepare(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
+                       size_t* failed = nullptr);
   // Promotes one layer, making room by demoting layers not in `exclude`.
-  // No lock held. False when it stays cold (no room; a corrupt page).
-  bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude);
+  // No lock held. False when it stays cold: no room, a page that does not
+  // decode, or one failing its checksum (then *corrupt, if given, is the
+  // DATA_LOSS naming it).
+  bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude,
+                    absl::Status* corrupt = nullptr);
   // `count` hot pages, demoting least recently attended layers until they
   // fit; RESOURCE_EXHAUSTED when nothing more can be demoted.
   absl::StatusOr<std::vector<PageId>> ReserveHot(int64_t count, const Held& held);
@@ -90,16 +101,20 @@ class HotTier {
   // looked at (each is looked at once per caller).
   bool DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried);
   // Moves a hot layer's pages to the cold pool; `usage`: the layer's
-  // tenant's. REQUIRES: layer->mu held as a writer and its sequence's mu;
-  // layer->hot.
-  absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, DemotionReason reason);
+  // tenant's, `name`: the layer in messages. DATA_LOSS, the layer staying
+  // hot, when a hot page or its demoted form fails its checksum.
+  // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
+  absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
   // Where the new cold pages `cold` of the hot `layer` go (their tenant,
   // `usage`, is charged for them as cold pages): on OK either *hot holds
-  // their hot pages (the caller frees `cold`) or, with no hot page to be
-  // had or no room in the tenant's max_bytes, *hot is empty and the layer
-  // was demoted. REQUIRES: layer->mu held as a writer, layer->hot.
-  absl::Status PlaceNewPages(LayerState* layer, TenantUsage* usage, const std::vector<PageId>& cold, const Held& held,
-                             std::vector<PageId>* hot);
+  // their hot pages and *hot_sums their level form's checksums (the caller
+  // frees `cold`) or, with no hot page to be had or no room in the
+  // tenant's max_bytes, both are empty and the layer was demoted.
+  // REQUIRES: layer->mu held as a writer, layer->hot; `cold` checksummed
+  // from the backend's copy under that lock.
+  absl::Status PlaceNewPages(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                             const std::vector<PageId>& cold, const Held& held, std::vector<PageId>* hot,
+                             std::vector<PageChecksum>* hot_sums);
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
   bool DemoteIdle();

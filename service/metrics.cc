@@ -226,10 +226,12 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
   }
   auto& checksum = BuildCounter()
                        .Name("driftkv_page_checksum_failures_total")
-                       .Help("Pages whose CRC-32C did not match their stored checksum, by where it was checked")
+                       .Help(
+                           "Pages and bf16 window tokens whose CRC-32C did not match their stored checksum, by "
+                           "where it was checked")
                        .Register(r);
-  const char* where[4] = {"read", "attend", "demote", "snapshot"};
-  for (int i = 0; i < 4; ++i) checksum_failures[i] = &checksum.Add({{"where", where[i]}});
+  const char* where[6] = {"read", "attend", "demote", "snapshot", "promote", "window"};  // ChecksumSite order
+  for (int i = 0; i < 6; ++i) checksum_failures[i] = &checksum.Add({{"where", where[i]}});
   auto& snapshot = BuildCounter()
                        .Name("driftkv_snapshot_sequences_total")
                        .Help("Sequences of the snapshot loaded at start, by outcome")

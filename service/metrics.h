@@ -112,8 +112,9 @@ class Metrics {
   prometheus::Histogram* tier_promotion_seconds;          // per layer promoted
 
   // Integrity and warm restart (docs/reliability.md).
-  // driftkv_page_checksum_failures_total{where="read"|"attend"|"demote"|"snapshot"}
-  prometheus::Counter* checksum_failures[4];
+  // driftkv_page_checksum_failures_total{where="read"|"attend"|"demote"|"snapshot"|"promote"|"window"},
+  // by ChecksumSite (service/page_verifier.h).
+  prometheus::Counter* checksum_failures[6];
   prometheus::Counter* snapshot_corrupt_pages;      // found at load
   prometheus::Counter* snapshot_dropped_sequences;  // not restored at load
   prometheus::Counter* snapshot_restored_sequences;

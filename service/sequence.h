@@ -9,7 +9,9 @@
 //   length = pages.size() * P + window tokens,
 //   window tokens in [0, R + P), and >= R once any page exists;
 //   page i holds tokens [i P, (i + 1) P) = one key-mean window;
-//   page_sums.size() == pages.size(); digests.size() == pages.size() * P.
+//   page_sums.size() == pages.size(); digests.size() == pages.size() * P;
+//   hot_sums.size() == pages.size() while hot, empty while cold;
+//   window_sums.size() == window tokens.
 // When an append makes the window hold >= R + P tokens, its oldest P tokens
 // are encoded into a new page, as often as needed. Encoding reads the bf16
 // values, so a token's stored form does not depend on how it was chunked.
@@ -55,8 +57,16 @@ struct LayerState {
   // CRC-32C of each page's cold form (backends/page_checksum.h), parallel
   // to `pages` in either tier: tier moves keep the bytes' cold form.
   std::vector<PageChecksum> page_sums;
+  // CRC-32C of each page's level form while the layer is hot (parallel to
+  // `pages`), recorded at promotion from the bytes the backend holds, after
+  // the cold page was checked; empty while cold.
+  std::vector<PageChecksum> hot_sums;
   std::vector<uint16_t> window_keys;  // bf16 [window tokens][n]
   std::vector<uint16_t> window_values;
+  // WindowTokenSum (service/page_verifier.h) of each window token: a token
+  // entering the window adds its CRC, one leaving for a page takes its CRC
+  // away (checked first), so a decode step sums one token's 4 n bytes.
+  std::vector<PageChecksum> window_sums;
   // TokenDigest of every paged token (pages.size() * P entries, token
   // order), for comparing repeated Appends (service/token_digest.h).
   std::vector<uint64_t> digests;

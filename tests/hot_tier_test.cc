@@ -48,7 +48,7 @@ class Tier {
     args.pool = cold_.get();
     args.hot_pool = hot_.get();
     backend_ = *MakeBackend("cpu", args);
-    verifier_ = std::make_unique<PageVerifier>(*cold_, &metrics_);
+    verifier_ = std::make_unique<PageVerifier>(*cold_, hot_.get(), *backend_, &metrics_, kN);
     tier_ = std::make_unique<HotTier>(
         *cold_, *hot_, *backend_, *verifier_, &metrics_, [this] { return now_; }, promotion, idle_seconds,
         std::move(after_move));
@@ -120,7 +120,7 @@ TEST(HotTierTest, TierMovesChargeTheDifferenceOfThePageSizes) {
   {
     absl::ReaderMutexLock seq_lock(&s->mu);
     absl::MutexLock lock(&s->layers[0].mu);
-    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, kDemoteBudget).ok());
+    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, LayerName{s->id, 0}, kDemoteBudget).ok());
   }
   EXPECT_EQ(usage.bytes(), 2 * kLayers * cold);
   EXPECT_EQ(usage.held_bytes().hot_pages, 0);
@@ -152,7 +152,7 @@ TEST(HotTierTest, PromotionAndDemotionKeepTheColdForm) {
     absl::ReaderMutexLock seq_lock(&s->mu);
     absl::MutexLock lock(&s->layers[0].mu);
     // Demotion verifies every page against its cold checksum.
-    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, kDemoteBudget).ok());
+    ASSERT_TRUE(t.tier().DemoteLocked(&s->layers[0], s->usage, LayerName{s->id, 0}, kDemoteBudget).ok());
   }
   EXPECT_FALSE(t.IsHot(s, 0));
   EXPECT_EQ(t.hot().pages_in_use(), 0);

@@ -245,6 +245,42 @@ class CudaBackend : public Backend {
     return Cuda(cudaStreamSynchronize(stream_), "upload restored pages");
   }
 
+  // INTEGRITY (backends/backend.h): each page as the device arena holds it
+  // (the cold arena for the cold pool, the hot arena for the hot pool),
+  // downloaded in batches of kChecksumBatch pages and summed on the host. The
+  // host pool is a mirror (cold) or unused (hot): what the kernels read is
+  // the device's copy, so that is what a check must see.
+  absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
+    const bool cold = &pool == &pool_;
+    if (!cold && (hot_pool_ == nullptr || &pool != hot_pool_)) return Backend::ChecksumPages(pool, pages, sums);
+    if (pages.empty()) return absl::OkStatus();
+    const size_t bytes = cold ? layout_.page_bytes : hot_layout_.page_bytes;
+    const uint8_t* arena = static_cast<const uint8_t*>(cold ? arena_ : hot_arena_);
+    std::vector<uint8_t> host(std::min(pages.size(), kChecksumBatch) * bytes);
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    for (size_t begin = 0; begin < pages.size(); begin += kChecksumBatch) {
+      const size_t end = std::min(pages.size(), begin + kChecksumBatch);
+      absl::Status st;
+      for (size_t i = begin; i < end && st.ok(); ++i) {
+        if (cold && (pages[i] < base_ || pages[i] >= end_)) {
+          return absl::InternalError(absl::StrCat("page ", pages[i], " is not on this device's arena"));
+        }
+        const size_t at = static_cast<size_t>(cold ? pages[i] - base_ : pages[i]) * bytes;
+        st =
+            Cuda(cudaMemcpyAsync(host.data() + (i - begin) * bytes, arena + at, bytes, cudaMemcpyDeviceToHost, stream_),
+                 "download a page for its checksum");
+      }
+      if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download pages for their checksums");
+      if (!st.ok()) return st;
+      for (size_t i = begin; i < end; ++i) sums[i] = Crc32c(host.data() + (i - begin) * bytes, bytes);
+    }
+    return absl::OkStatus();
+  }
+  // Pages per download of ChecksumPages: 64 cold pages of the default shape
+  // are 4.6 MB of host buffer.
+  static constexpr size_t kChecksumBatch = 64;
+
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
     absl::Status st = CheckLayer(layer);
