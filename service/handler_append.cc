@@ -117,10 +117,9 @@ HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
   return b;
 }
 
-absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name,
-                                  const AppendPlan& plan, const float* keys, const float* values,
-                                  const std::vector<PageId>& pages, const HotTier::Held& held,
-                                  const StagedTokens* staged) {
+absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
+                                  const float* keys, const float* values, const std::vector<PageId>& pages,
+                                  const HotTier::Held& held, const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const int layer_index = name.layer;
   const size_t n = this->n();
@@ -152,8 +151,8 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
       pending.jobs[i].layer = layer_index;
     }
     st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
-                                layer->window_keys, layer->window_values, absl::MakeSpan(pending.jobs),
-                                &pending.all_k, &pending.all_v);
+                                layer->window_keys, layer->window_values, absl::MakeSpan(pending.jobs), &pending.all_k,
+                                &pending.all_v);
   } else {
     PrepareAppend(*layer, layer_index, plan, keys, values, pages, &pending);
     st = backend_->EncodePages(absl::MakeSpan(pending.jobs));
@@ -162,9 +161,9 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
   return CommitAppend(layer, usage, name, plan, pages, held, staged != nullptr, &pending);
 }
 
-absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name,
-                                   const AppendPlan& plan, const std::vector<PageId>& pages,
-                                   const HotTier::Held& held, bool staged, PendingAppend* pending) {
+absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
+                                   const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
+                                   PendingAppend* pending) {
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
@@ -420,8 +419,8 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         HotTier::Held held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan, keys,
-                         values, pages, held, staged);
+        st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan, keys, values,
+                         pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);

@@ -446,7 +446,8 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
       // The window's tokens were encoded unchecked; a corrupt one fails
       // here, before anything is stored, as in ApplyAppend.
       st = h_.CheckWindowToEncode(*w.layer, name, w.plan);
-      if (st.ok()) st = h_.CommitAppend(w.layer, w.seq->usage, name, w.plan, pages, held, /*staged=*/false, &pending[i]);
+      if (st.ok())
+        st = h_.CommitAppend(w.layer, w.seq->usage, name, w.plan, pages, held, /*staged=*/false, &pending[i]);
     } else {
       st = h_.ApplyAppend(w.layer, w.seq->usage, name, w.plan, w.io.key.data(), w.io.value.data(), pages, held);
     }

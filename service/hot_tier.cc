@@ -82,7 +82,8 @@ void HotTier::FreeLayer(LayerState* layer) {
   layer->hot_sums.clear();
 }
 
-absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason) {
+absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                                   DemotionReason reason) {
   // The hot pages as the backend holds them must be the level pages
   // recorded at promotion: a corrupt one would demote into a cold page (and
   // the cold check below would catch it only as a cold mismatch).

@@ -258,6 +258,40 @@ TEST_P(TierChecksumTest, CorruptWindowIsNotEncodedIntoAPage) {
   EXPECT_TRUE(Read().ok());
 }
 
+// Steps of several layers that each fill a page are encoded together; a
+// corrupt window among them is still refused before anything is stored.
+TEST_P(TierChecksumTest, CorruptWindowInABatchOfFillingStepsIsNotEncoded) {
+  Make(GetParam(), false);
+  ASSERT_TRUE(testing::PushTokens(*h_, "seq", 1, kv_, kTokens, 67).ok());  // window 255 = R + P - 1
+  ASSERT_TRUE(testing::PushTokens(*h_, "other", 1, kv_, 0, kTokens + 67).ok());
+  const int step = kTokens + 67;
+  const size_t n = testing::kSmallN;
+  v1::AttendRequest a;
+  for (const char* id : {"seq", "other"}) {
+    v1::AttendItem* it = a.add_items();
+    *it = testing::QueryItem(id, 1, testing::SyntheticQuery(4, 64, 3), 4);
+    it->set_new_key(std::string(reinterpret_cast<const char*>(kv_.keys.data() + step * n), n * 4));
+    it->set_new_value(std::string(reinterpret_cast<const char*>(kv_.values.data() + step * n), n * 4));
+  }
+  const size_t pages_before = Pages().size();
+  const uint64_t in_use = Stats().pages_in_use() + Stats().hot_pages_in_use();
+  FlipWindow(3);
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(a, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[0]")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "(window token 3 of tokens [512, 767)) of the bf16 window")) << st;
+  EXPECT_EQ(Counted(kCheckWindow), 1.0);
+  EXPECT_EQ(Length(), step);  // nothing stored, on either layer
+  EXPECT_EQ(Pages().size(), pages_before);
+  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use);
+  FlipWindow(3);
+  ASSERT_TRUE(h_->Attend(a, &resp).ok());  // intact: both steps encode a page
+  EXPECT_EQ(Pages().size(), pages_before + 1);
+  EXPECT_EQ(Length(), step + 1);
+  EXPECT_TRUE(Read().ok());
+}
+
 TEST_P(TierChecksumTest, CorruptWindowIsNotWrittenToTheSnapshot) {
   Make(GetParam(), false);
   FlipWindow(100);
