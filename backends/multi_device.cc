@@ -36,6 +36,20 @@ class MultiDeviceBackend : public Backend {
     return inner_[Owner(page)]->DecodeTokens(page, layer, first, count, keys, values);
   }
 
+  // Restored pages (a snapshot's) to the device that holds each.
+  absl::Status UploadPages(absl::Span<const PageId> pages) override {
+    size_t begin = 0;
+    while (begin < pages.size()) {
+      const int k = Owner(pages[begin]);
+      size_t end = begin + 1;
+      while (end < pages.size() && Owner(pages[end]) == k) ++end;
+      absl::Status st = inner_[k]->UploadPages(pages.subspan(begin, end - begin));
+      if (!st.ok()) return st;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
+
   // Each page from the device that holds it (hot pools are not
   // partitioned: no hot tier here, and they go to device 0 as the default).
   absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/multi_device.h"
 #include "gtest/gtest.h"
 #include "service/handler.h"
 #include "tests/service_test_util.h"
@@ -102,6 +103,42 @@ TEST(MultiDeviceTest, PlacementAndBitEqualAttention) {
   const uint64_t freed0 = before0 - st.devices(0).pages_in_use(), freed1 = before1 - st.devices(1).pages_in_use();
   EXPECT_TRUE((freed0 == rr.pages_freed() && freed1 == 0) || (freed1 == rr.pages_freed() && freed0 == 0))
       << freed0 << " " << freed1;
+}
+
+// Records the pages each device is asked to upload.
+class UploadRecorder : public Backend {
+ public:
+  explicit UploadRecorder(std::vector<PageId>* uploaded) : uploaded_(uploaded) {}
+  std::string name() const override { return "recorder"; }
+  absl::Status EncodePages(absl::Span<EncodeJob>) override { return absl::OkStatus(); }
+  absl::Status DecodeTokens(PageId, int, int, int, float*, float*) override { return absl::OkStatus(); }
+  void Attend(absl::Span<AttendJob>) override {}
+  absl::Status UploadPages(absl::Span<const PageId> pages) override {
+    uploaded_->insert(uploaded_->end(), pages.begin(), pages.end());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<PageId>* uploaded_;
+};
+
+// A snapshot's restored pages reach the device that holds each.
+TEST(MultiDeviceTest, RestoredPagesAreUploadedToTheirOwnDevice) {
+  Metrics m;
+  std::unique_ptr<Handler> h = Make(&m, {0, 1});
+  ASSERT_NE(h, nullptr);
+  const PagePool& pool = h->pool();
+  ASSERT_EQ(pool.partitions(), 2);
+  std::vector<PageId> got0, got1;
+  std::vector<std::unique_ptr<Backend>> inner;
+  inner.push_back(std::make_unique<UploadRecorder>(&got0));
+  inner.push_back(std::make_unique<UploadRecorder>(&got1));
+  std::unique_ptr<Backend> multi = MakeMultiDeviceBackend(std::move(inner), &pool);
+  const PageId a = pool.partition_begin(0), b = pool.partition_begin(1);
+  const std::vector<PageId> pages = {a, a + 1, b, b + 2, a + 3};
+  ASSERT_TRUE(multi->UploadPages(pages).ok());
+  EXPECT_EQ(got0, (std::vector<PageId>{a, a + 1, a + 3}));
+  EXPECT_EQ(got1, (std::vector<PageId>{b, b + 2}));
 }
 
 TEST(MultiDeviceTest, FullDeviceRefusesAsAWhole) {

@@ -237,7 +237,7 @@ class CudaBackend : public Backend {
     absl::MutexLock lock(&mu_);
     for (PageId p : pages) {
       absl::Status st =
-          Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(p) * layout_.page_bytes,
+          Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(p - base_) * layout_.page_bytes,
                                pool_.page(p), layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
                "upload restored page");
       if (!st.ok()) return st;
