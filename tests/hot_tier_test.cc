@@ -296,10 +296,10 @@ TEST(HotTierTest, QueuedPromotionsOfOneLayerCoalesce) {
     }
   });
   SequencePtr s = t.NewSequence(1, 10);
-  t.tier().Prepare({{s, 0}}, {t.Id(s, 0)});
+  EXPECT_TRUE(t.tier().Prepare({{s, 0}}, {t.Id(s, 0)}).ok());
   first_moved.WaitForNotification();
   EXPECT_TRUE(t.IsHot(s, 0));
-  for (int i = 0; i < 3; ++i) t.tier().Prepare({{s, 1}}, {t.Id(s, 1)});
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(t.tier().Prepare({{s, 1}}, {t.Id(s, 1)}).ok());
   go_on.Notify();
   t.tier().DrainPromotions();
   EXPECT_TRUE(t.IsHot(s, 1));
