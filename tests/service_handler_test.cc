@@ -293,7 +293,9 @@ TEST(HandlerBatchTest, StepsFillingPagesOnManyLayersStoreWhatAppendsStore) {
     ASSERT_TRUE(batched.h->Attend(steps_ab, &resp).ok());
     ASSERT_TRUE(batched.h->Attend(steps_c, &resp).ok());
     EXPECT_EQ(batched.Stats().pages_in_use() + batched.Stats().hot_pages_in_use(), 6u);
-    if (hot) EXPECT_EQ(batched.Stats().hot_pages_in_use(), 6u);
+    if (hot) {
+      EXPECT_EQ(batched.Stats().hot_pages_in_use(), 6u);
+    }
     // The same tokens, each layer appended alone.
     for (size_t s = 0; s < seqs.size(); ++s) {
       for (uint32_t layer = 0; layer < 2; ++layer) {
