@@ -206,7 +206,7 @@ class Handler {
   // go hot: HotTier::PlaceNewPages, which changes `usage`'s bytes for
   // them). The caller has charged AppendBytes(plan) to `usage`, the
   // layer's tenant. The window's tokens that are encoded into pages are
-  // checked first (CheckWindowToEncode), and the window's checksums follow
+  // checked first (DATA_LOSS naming `name`'s window), and the window's checksums follow
   // its tokens (LayerState::window_sums). REQUIRES: layer->mu held as a
   // writer.
   absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
@@ -215,27 +215,6 @@ class Handler {
   // What storing `plan` changes in its tenant's bytes: its pages as cold
   // pages, its window by fresh tokens less those the pages take out.
   HeldBytes AppendBytes(const AppendPlan& plan) const;
-  // ApplyAppend in parts, so that a batch of decode steps encodes every
-  // item's new pages in one backend call (AttendBatch::ApplyAttendSteps):
-  // PrepareAppend lays out a host append's tokens and encode jobs (no
-  // encoding); after the jobs are encoded and CheckWindowToEncode passed,
-  // CommitAppend stores them as ApplyAppend does. On a failure of the
-  // encoding, EncodeError is its message.
-  struct PendingAppend {
-    std::vector<uint16_t> all_k, all_v;  // the window and the new tokens, bf16; paged ones first
-    std::vector<float> fk, fv;           // the paged tokens as the encoder reads them
-    std::vector<EncodeJob> jobs;         // one per new page
-  };
-  void PrepareAppend(const LayerState& layer, int layer_index, const AppendPlan& plan, const float* keys,
-                     const float* values, const std::vector<PageId>& pages, PendingAppend* out) const;
-  // DATA_LOSS naming the window token when a window token that `plan`
-  // encodes into a page fails its checksum (a page encoded from it would
-  // carry a fresh, valid one).
-  absl::Status CheckWindowToEncode(const LayerState& layer, const LayerName& name, const AppendPlan& plan) const;
-  absl::Status CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
-                            const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
-                            PendingAppend* pending);
-  absl::Status EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const;
   void RecordEncoded(const std::vector<EncodeJob>& jobs);
   // Append after the checks: finds or creates the sequence, plans,
   // reserves and stores, updates the totals.

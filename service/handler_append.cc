@@ -66,50 +66,6 @@ void GrowWindow(std::vector<uint16_t>* w, size_t size, size_t most) {
 
 }  // namespace
 
-void Handler::PrepareAppend(const LayerState& layer, int layer_index, const AppendPlan& plan, const float* keys,
-                            const float* values, const std::vector<PageId>& pages, PendingAppend* out) const {
-  const size_t n = this->n();
-  const int64_t p = pool_->page_tokens();
-  const int64_t window = static_cast<int64_t>(layer.window_keys.size() / n);
-  const int64_t encoded = plan.pages * p;
-  // The current window and every new token, in bf16.
-  out->all_k.assign(layer.window_keys.begin(), layer.window_keys.end());
-  out->all_v.assign(layer.window_values.begin(), layer.window_values.end());
-  out->all_k.resize((window + plan.fresh) * n);
-  out->all_v.resize((window + plan.fresh) * n);
-  FloatsToBf16(keys + plan.skip * n, plan.fresh * n, out->all_k.data() + window * n);
-  FloatsToBf16(values + plan.skip * n, plan.fresh * n, out->all_v.data() + window * n);
-  out->fk.resize(encoded * n);
-  out->fv.resize(encoded * n);
-  for (size_t i = 0; i < out->fk.size(); ++i) {
-    out->fk[i] = Bf16ToFloat(out->all_k[i]);
-    out->fv[i] = Bf16ToFloat(out->all_v[i]);
-  }
-  out->jobs.assign(plan.pages, EncodeJob());
-  for (int64_t i = 0; i < plan.pages; ++i) {
-    out->jobs[i].page = pages[i];
-    out->jobs[i].layer = layer_index;
-    out->jobs[i].keys = out->fk.data() + i * p * n;
-    out->jobs[i].values = out->fv.data() + i * p * n;
-  }
-}
-
-absl::Status Handler::CheckWindowToEncode(const LayerState& layer, const LayerName& name,
-                                          const AppendPlan& plan) const {
-  // The window's tokens that go into pages must be what was stored: a page
-  // encoded from a corrupt window would carry a fresh, valid checksum.
-  const int64_t window = static_cast<int64_t>(layer.window_keys.size() / n());
-  return verifier_->VerifyWindow(layer, 0, std::min(window, plan.pages * pool_->page_tokens()), name,
-                                 "encoded into a page");
-}
-
-absl::Status Handler::EncodeError(const LayerState& layer, const AppendPlan& plan, const absl::Status& st) const {
-  const int64_t p = pool_->page_tokens();
-  const int64_t first_page_token = static_cast<int64_t>(layer.pages.size()) * p;
-  return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ",
-                                              first_page_token + plan.pages * p, "): ", st.message()));
-}
-
 HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
   HeldBytes b;
   b.cold_pages = plan.pages * static_cast<int64_t>(pool_->page_stride());
@@ -141,46 +97,61 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     table_->CountTokens(0, plan.fresh);
     return absl::OkStatus();
   }
-  absl::Status st = CheckWindowToEncode(*layer, name, plan);
-  if (!st.ok()) return st;
-  PendingAppend pending;
-  if (staged != nullptr) {
-    pending.jobs.assign(plan.pages, EncodeJob());
-    for (int64_t i = 0; i < plan.pages; ++i) {
-      pending.jobs[i].page = pages[i];
-      pending.jobs[i].layer = layer_index;
-    }
-    st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
-                                layer->window_keys, layer->window_values, absl::MakeSpan(pending.jobs), &pending.all_k,
-                                &pending.all_v);
-  } else {
-    PrepareAppend(*layer, layer_index, plan, keys, values, pages, &pending);
-    st = backend_->EncodePages(absl::MakeSpan(pending.jobs));
-  }
-  if (!st.ok()) return EncodeError(*layer, plan, st);
-  return CommitAppend(layer, usage, name, plan, pages, held, staged != nullptr, &pending);
-}
-
-absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
-                                   const std::vector<PageId>& pages, const HotTier::Held& held, bool staged,
-                                   PendingAppend* pending) {
-  const size_t n = this->n();
-  const int64_t p = pool_->page_tokens();
-  const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
   const int64_t encoded = plan.pages * p;
-  const std::vector<uint16_t>& all_k = pending->all_k;
-  const std::vector<uint16_t>& all_v = pending->all_v;
+  // all_k/all_v: the tokens that stay in the window after this append
+  // (staged), or the current window and every new token (host), in bf16.
+  std::vector<uint16_t> all_k, all_v;
+  std::vector<EncodeJob> jobs(plan.pages);
+  for (int64_t i = 0; i < plan.pages; ++i) {
+    jobs[i].page = pages[i];
+    jobs[i].layer = layer_index;
+  }
+  std::vector<float> fk, fv;  // host: the paged tokens as the encoder reads them
+  // The window's tokens that go into pages must be what was stored: a page
+  // encoded from a corrupt window would carry a fresh, valid checksum.
+  absl::Status st = verifier_->VerifyWindow(*layer, 0, std::min(window, encoded), name, "encoded into a page");
+  if (!st.ok()) return st;
+  if (staged != nullptr) {
+    st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
+                                layer->window_keys, layer->window_values, absl::MakeSpan(jobs), &all_k, &all_v);
+  } else {
+    // The new tokens in bf16, after the current window.
+    all_k = layer->window_keys;
+    all_v = layer->window_values;
+    all_k.resize((window + plan.fresh) * n);
+    all_v.resize((window + plan.fresh) * n);
+    FloatsToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
+    FloatsToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
+    if (plan.pages > 0) {
+      fk.resize(encoded * n);
+      fv.resize(encoded * n);
+      for (size_t i = 0; i < fk.size(); ++i) {
+        fk[i] = Bf16ToFloat(all_k[i]);
+        fv[i] = Bf16ToFloat(all_v[i]);
+      }
+      for (int64_t i = 0; i < plan.pages; ++i) {
+        jobs[i].keys = fk.data() + i * p * n;
+        jobs[i].values = fv.data() + i * p * n;
+      }
+      st = backend_->EncodePages(absl::MakeSpan(jobs));
+    }
+  }
+  if (!st.ok()) {
+    const int64_t first_page_token = static_cast<int64_t>(layer->pages.size()) * p;
+    return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ", first_page_token + encoded,
+                                                "): ", st.message()));
+  }
   // The window after this append: S[encoded, window + fresh) of S = [window;
   // new tokens]. Tokens that were in the window keep their checksums (never
   // recomputed from the bytes, which would launder a corruption); the
   // staged path's come back from the backend's staging and must match.
   std::vector<PageChecksum> window_sums(window + plan.fresh - encoded);
   {
-    const size_t skip = staged ? 0 : encoded;  // where token `encoded` is in all_k
+    const size_t skip = staged != nullptr ? 0 : encoded;  // where token `encoded` is in all_k
     for (int64_t t = encoded; t < window + plan.fresh; ++t) {
       const size_t at = (t - encoded + skip) * n;
       const PageChecksum sum =
-          t < window && !staged ? layer->window_sums[t] : WindowTokenSum(&all_k[at], &all_v[at], n);
+          t < window && staged == nullptr ? layer->window_sums[t] : WindowTokenSum(&all_k[at], &all_v[at], n);
       if (t < window && sum != layer->window_sums[t]) {
         verifier_->CountFailure(kCheckWindow);
         return absl::DataLossError(absl::StrFormat(
@@ -192,11 +163,11 @@ absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const 
       window_sums[t - encoded] = sum;
     }
   }
-  if (!pending->jobs.empty()) RecordEncoded(pending->jobs);
+  if (!jobs.empty()) RecordEncoded(jobs);
   // TokenDigest of each token encoded into pages here; kNoDigest for tokens
   // encoded from device staging, whose bf16 form never reaches the host.
   std::vector<uint64_t> new_digests(encoded, kNoDigest);
-  if (!staged) {
+  if (staged == nullptr) {
     for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
   }
   // Checksums of the new pages' cold form, before any promotion, as the
@@ -222,7 +193,7 @@ absl::Status Handler::CommitAppend(LayerState* layer, TenantUsage* usage, const 
   }
   layer->digests.insert(layer->digests.end(), new_digests.begin(), new_digests.end());
   layer->page_sums.insert(layer->page_sums.end(), sums.begin(), sums.end());
-  const size_t kept = staged ? 0 : encoded * n;
+  const size_t kept = staged != nullptr ? 0 : encoded * n;
   layer->window_keys.assign(all_k.begin() + kept, all_k.end());
   layer->window_values.assign(all_v.begin() + kept, all_v.end());
   layer->window_sums = std::move(window_sums);

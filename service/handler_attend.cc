@@ -177,14 +177,6 @@ class Handler::AttendBatch {
   // stored (the rest are freed). REQUIRES: the batch's locks held.
   absl::Status ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work, int64_t total_pages,
                                 size_t* used);
-  // Encodes the new pages of every step that fills one (pages_of[i], item
-  // i's) in one backend call, so that the backend spreads them over its
-  // threads; (*pending)[i] holds item i's, to commit. False when fewer
-  // than two items fill a page, a layer has two steps, or the encoding
-  // failed: then each item stores itself (ApplyAppend), and a failure
-  // names its item.
-  bool EncodeStepPages(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
-                       const std::vector<std::vector<PageId>>& pages_of, std::vector<Handler::PendingAppend>* pending);
 
   Handler& h_;
   AttendIo io_;
@@ -342,37 +334,6 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
   return absl::OkStatus();
 }
 
-bool Handler::AttendBatch::EncodeStepPages(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
-                                           const std::vector<std::vector<PageId>>& pages_of,
-                                           std::vector<Handler::PendingAppend>* pending) {
-  const int items = request.items_size();
-  int filling = 0;
-  absl::flat_hash_set<uint64_t> layers;
-  for (int i = 0; i < items; ++i) {
-    if (!work[i].io.step || work[i].plan.fresh == 0) continue;
-    filling += work[i].plan.pages > 0;
-    // An item reads its layer's window as the items before it left it, so
-    // a layer with two steps in the batch stores them one after the other.
-    if (!layers.insert(work[i].layer->id).second) return false;
-  }
-  if (filling < 2) return false;
-  pending->resize(items);
-  std::vector<EncodeJob> jobs;
-  for (int i = 0; i < items; ++i) {
-    const AttendWork& w = work[i];
-    if (!w.io.step || w.plan.fresh == 0 || w.plan.pages == 0) continue;
-    h_.PrepareAppend(*w.layer, static_cast<int>(request.items(i).layer()), w.plan, w.io.key.data(), w.io.value.data(),
-                     pages_of[i], &(*pending)[i]);
-    for (EncodeJob& j : (*pending)[i].jobs) jobs.push_back(std::move(j));
-  }
-  if (!h_.backend_->EncodePages(absl::MakeSpan(jobs)).ok()) return false;
-  size_t next = 0;  // the jobs go back to their items, in the order taken
-  for (int i = 0; i < items; ++i) {
-    for (EncodeJob& j : (*pending)[i].jobs) j = std::move(jobs[next++]);
-  }
-  return true;
-}
-
 absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                                     int64_t total_pages, size_t* used) {
   if (total_pages == 0 && std::none_of(work->begin(), work->end(), [](const AttendWork& w) { return w.io.step; })) {
@@ -430,8 +391,6 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     pages_of[i].assign(mine.begin() + at, mine.begin() + at + w.plan.pages);
     at += w.plan.pages;
   }
-  std::vector<Handler::PendingAppend> pending;
-  const bool encoded = EncodeStepPages(request, *work, pages_of, &pending);
   absl::Status st;
   int failed = request.items_size();  // the first item not stored
   HeldBytes applied;                  // AppendBytes of the items stored
@@ -441,16 +400,8 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     if (w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.io.step || w.plan.fresh == 0) continue;
     const std::vector<PageId>& pages = pages_of[i];
-    const LayerName name{it.sequence_id(), static_cast<int>(it.layer())};
-    if (encoded && w.plan.pages > 0) {
-      // The window's tokens were encoded unchecked; a corrupt one fails
-      // here, before anything is stored, as in ApplyAppend.
-      st = h_.CheckWindowToEncode(*w.layer, name, w.plan);
-      if (st.ok())
-        st = h_.CommitAppend(w.layer, w.seq->usage, name, w.plan, pages, held, /*staged=*/false, &pending[i]);
-    } else {
-      st = h_.ApplyAppend(w.layer, w.seq->usage, name, w.plan, w.io.key.data(), w.io.value.data(), pages, held);
-    }
+    st = h_.ApplyAppend(w.layer, w.seq->usage, LayerName{it.sequence_id(), static_cast<int>(it.layer())}, w.plan,
+                        w.io.key.data(), w.io.value.data(), pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       failed = i;

@@ -258,8 +258,8 @@ TEST_P(TierChecksumTest, CorruptWindowIsNotEncodedIntoAPage) {
   EXPECT_TRUE(Read().ok());
 }
 
-// Steps of several layers that each fill a page are encoded together; a
-// corrupt window among them is still refused before anything is stored.
+// Steps of several layers that each fill a page: a corrupt window among
+// them is refused before anything of the batch is stored.
 TEST_P(TierChecksumTest, CorruptWindowInABatchOfFillingStepsIsNotEncoded) {
   Make(GetParam(), false);
   ASSERT_TRUE(testing::PushTokens(*h_, "seq", 1, kv_, kTokens, 67).ok());  // window 255 = R + P - 1

@@ -249,10 +249,9 @@ TEST_F(HandlerTest, BatchWithStepsOnOneLayerAppliesThemInOrder) {
   EXPECT_EQ(Stats().pages_in_use(), 1u);
 }
 
-// A batch whose decode steps fill a page on several layers encodes those
-// pages together; what it stores and answers is what the same tokens
-// appended one call at a time store and answer, cold and hot, and with a
-// layer that has two steps in the batch (stored one after the other).
+// A batch whose decode steps fill a page on several layers stores and
+// answers what the same tokens appended one call at a time store and
+// answer, cold and hot, and with a layer that has two steps in the batch.
 TEST(HandlerBatchTest, StepsFillingPagesOnManyLayersStoreWhatAppendsStore) {
   for (bool hot : {false, true}) {
     SCOPED_TRACE(hot ? "hot tier" : "cold");
