@@ -22,8 +22,10 @@
 #include "service/tenant_quotas.h"
 #include "service/tokens.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
+#include "tests/server_process.h"
 #include "tests/service_http.h"
 #include "tests/service_test_util.h"
+#include "tests/tenant_server.h"
 
 namespace driftkv {
 namespace {
@@ -33,28 +35,12 @@ using testing::SyntheticKv;
 using C = absl::StatusCode;
 
 constexpr int kN = 128;
-const char kAliceToken[] = "alice-0123456789abcdef0123456789abcdef";
-const char kBobToken[] = "bob-fedcba9876543210fedcba9876543210";
+using testing::kAliceToken;
+using testing::kBobToken;
+using testing::ReplaceText;
+using testing::Slurp;
+using testing::WriteText;
 const char kCarolToken[] = "carol-00112233445566778899aabbccddeeff";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-}
-
-// Writes `text` to a temporary file then renames it over `path`: a new
-// inode, as a Kubernetes Secret update gives, and never a half-written file.
-void Replace(const std::string& path, const std::string& text) {
-  WriteText(path + ".tmp", text);
-  ASSERT_EQ(std::rename((path + ".tmp").c_str(), path.c_str()), 0) << path;
-}
 
 bool Run(const std::string& cmd) {
   if (std::system((cmd + " >/dev/null 2>&1").c_str()) == 0) return true;
@@ -65,7 +51,7 @@ bool Run(const std::string& cmd) {
 // Under `d`: CA "ca" and CA "ca2"; server certificates for 127.0.0.1 from
 // each (server, server2); client certificates from ca: alice-worker (SAN
 // DNS:alice.workers.example), alice, bob; from ca2: carol.
-bool MintPki(const std::string& d) {
+bool MintTwoCaPki(const std::string& d) {
   const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   WriteText(d + "/server.ext", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
   WriteText(d + "/alice-worker.ext", "subjectAltName=DNS:alice.workers.example\n");
@@ -106,7 +92,7 @@ class CredentialTest : public ::testing::Test {
     const char* tmp = std::getenv("TEST_TMPDIR");
     pki_ = new std::string(absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/pki"));
     ASSERT_EQ(std::system(("mkdir -p " + *pki_).c_str()), 0);
-    ASSERT_TRUE(MintPki(*pki_));
+    ASSERT_TRUE(MintTwoCaPki(*pki_));
   }
   static std::string P(const std::string& name) { return *pki_ + "/" + name; }
 
@@ -115,9 +101,9 @@ class CredentialTest : public ::testing::Test {
     // hold them; each test rewrites them.
     dir_ = absl::StrCat(*pki_, "/", ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_EQ(std::system(("mkdir -p " + dir_).c_str()), 0);
-    Replace(F("tls.crt"), ReadAll(P("server.pem")));
-    Replace(F("tls.key"), ReadAll(P("server.key")));
-    Replace(F("ca.crt"), ReadAll(P("ca.pem")));
+    ReplaceText(F("tls.crt"), Slurp(P("server.pem")));
+    ReplaceText(F("tls.key"), Slurp(P("server.key")));
+    ReplaceText(F("ca.crt"), Slurp(P("ca.pem")));
   }
   std::string F(const std::string& name) const { return dir_ + "/" + name; }
 
@@ -171,8 +157,7 @@ class CredentialTest : public ::testing::Test {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     auto channel = grpc::CreateCustomChannel(
         testing::LoopbackTarget(server_->port()),
-        grpc::SslCredentials({ReadAll(P(trusted_ca + ".pem")), ReadAll(P(cert + ".key")), ReadAll(P(cert + ".pem"))}),
-        args);
+        grpc::SslCredentials({Slurp(P(trusted_ca + ".pem")), Slurp(P(cert + ".key")), Slurp(P(cert + ".pem"))}), args);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
@@ -295,7 +280,7 @@ TEST_F(CredentialTest, CertBoundTokenIsRefusedWithAnotherCertificate) {
   // Health on the main port is behind the same gate.
   auto channel =
       grpc::CreateChannel(testing::LoopbackTarget(server_->port()),
-                          grpc::SslCredentials({ReadAll(P("ca.pem")), ReadAll(P("bob.key")), ReadAll(P("bob.pem"))}));
+                          grpc::SslCredentials({Slurp(P("ca.pem")), Slurp(P("bob.key")), Slurp(P("bob.pem"))}));
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAliceToken));
   grpc::health::v1::HealthCheckRequest req;
@@ -336,8 +321,8 @@ TEST_F(CredentialTest, ReloadTakesAddedTokensAndDropsRemovedOnes) {
   ASSERT_TRUE(alice.Info().ok());
   EXPECT_EQ(carol_token.Info().status().code(), C::kUnauthenticated);
   // Carol added, alice removed, and bob bound to a certificate.
-  Replace(F("tokens"),
-          absl::StrCat(TokenLine(kCarolToken, "carol max_sequences=1"), TokenLine(kBobToken, "bob cert=bob")));
+  ReplaceText(F("tokens"),
+              absl::StrCat(TokenLine(kCarolToken, "carol max_sequences=1"), TokenLine(kBobToken, "bob cert=bob")));
   ASSERT_TRUE(server_->ReloadCredentials().ok());
   // The same clients, on the same connections: every call is checked
   // against the tokens in force.
@@ -368,7 +353,7 @@ TEST_F(CredentialTest, ReloadResolvesTheTenantsSharesAgain) {
     return c.Append({&chunk, 1}).status();
   };
   for (const char* id : {"a1", "a2", "a3"}) ASSERT_TRUE(append(alice, id).ok()) << id;  // her share is 4
-  Replace(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice"), TokenLine(kCarolToken, "carol")));
+  ReplaceText(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice"), TokenLine(kCarolToken, "carol")));
   ASSERT_TRUE(server_->ReloadCredentials().ok());
   Client carol(Options(kCarolToken, "alice"));
   // Shares of 2 each: alice, holding 3, is refused until she is under 2.
@@ -381,8 +366,8 @@ TEST_F(CredentialTest, ReloadResolvesTheTenantsSharesAgain) {
   EXPECT_EQ(stats->tenant_max_sequences(), 2u);
   // Limits that add up to more than max_sequences are refused; the shares
   // in force stay.
-  Replace(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice max_sequences=3"),
-                                    TokenLine(kCarolToken, "carol max_sequences=3")));
+  ReplaceText(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice max_sequences=3"),
+                                        TokenLine(kCarolToken, "carol max_sequences=3")));
   st = server_->ReloadCredentials();
   EXPECT_EQ(st.code(), C::kInvalidArgument) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "add up to 6")) << st;
@@ -400,7 +385,7 @@ TEST_F(CredentialTest, BadTokensFileIsRefusedAndTheTokensInForceStay) {
   };
   int failed = 0;
   for (const std::string& text : cases) {
-    Replace(F("tokens"), text);
+    ReplaceText(F("tokens"), text);
     absl::Status st = server_->ReloadCredentials();
     EXPECT_EQ(st.code(), C::kInvalidArgument) << text;
     EXPECT_TRUE(absl::StrContains(st.message(), F("tokens"))) << st;
@@ -417,7 +402,7 @@ TEST_F(CredentialTest, BadTokensFileIsRefusedAndTheTokensInForceStay) {
 TEST_F(CredentialTest, BindingsInTheTokensFileNeedMtlsOnReloadToo) {
   WriteText(F("tokens"), TokenLine(kAliceToken, "alice"));
   Start(false, 0.0, /*client_ca=*/false);
-  Replace(F("tokens"), TokenLine(kAliceToken, "alice cert=alice"));
+  ReplaceText(F("tokens"), TokenLine(kAliceToken, "alice cert=alice"));
   absl::Status st = server_->ReloadCredentials();
   EXPECT_TRUE(absl::StrContains(st.message(), "needs tls_client_ca_file")) << st;
   EXPECT_EQ(Metric(kTokensFailed), 1);
@@ -430,9 +415,9 @@ TEST_F(CredentialTest, ReloadedCertificatesServeNewConnections) {
   Start();
   ASSERT_TRUE(InfoOnNewConnection("ca", "alice", kAliceToken).ok());
   EXPECT_EQ(InfoOnNewConnection("ca2", "carol", kCarolToken).error_code(), grpc::StatusCode::UNAVAILABLE);
-  Replace(F("tls.crt"), ReadAll(P("server2.pem")));
-  Replace(F("tls.key"), ReadAll(P("server2.key")));
-  Replace(F("ca.crt"), ReadAll(P("ca2.pem")));
+  ReplaceText(F("tls.crt"), Slurp(P("server2.pem")));
+  ReplaceText(F("tls.key"), Slurp(P("server2.key")));
+  ReplaceText(F("ca.crt"), Slurp(P("ca2.pem")));
   ASSERT_TRUE(server_->ReloadCredentials().ok());
   grpc::Status st = InfoOnNewConnection("ca2", "carol", kCarolToken);
   EXPECT_TRUE(st.ok()) << st.error_message();
@@ -450,14 +435,14 @@ TEST_F(CredentialTest, BadCertificateFilesAreRefusedAndTheOnesInForceStay) {
     const char* error;
   };
   const Case cases[] = {
-      {"tls.key", ReadAll(P("server2.key")), "is not the private key of the certificate"},  // half a rotation
+      {"tls.key", Slurp(P("server2.key")), "is not the private key of the certificate"},  // half a rotation
       {"tls.crt", "-----BEGIN CERTIFICATE-----\nnot base64\n", "holds no PEM certificate"},
       {"ca.crt", "", "tls_client_ca_file"},
   };
   int failed = 0;
   for (const Case& c : cases) {
     SetUp();  // the good files back
-    Replace(F(c.file), c.text);
+    ReplaceText(F(c.file), c.text);
     absl::Status st = server_->ReloadCredentials();
     EXPECT_EQ(st.code(), C::kInvalidArgument) << c.file;
     EXPECT_TRUE(absl::StrContains(st.message(), c.error)) << st;
@@ -472,18 +457,18 @@ TEST_F(CredentialTest, BadCertificateFilesAreRefusedAndTheOnesInForceStay) {
 TEST_F(CredentialTest, TheWatchReloadsChangedFilesAndRefusesBadOnesOnce) {
   WriteText(F("tokens"), TokenLine(kAliceToken, "alice"));
   Start(false, /*reload_interval_seconds=*/0.05);
-  Replace(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice"), TokenLine(kCarolToken, "carol")));
+  ReplaceText(F("tokens"), absl::StrCat(TokenLine(kAliceToken, "alice"), TokenLine(kCarolToken, "carol")));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (!InfoAs(kCarolToken, "alice").ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_TRUE(InfoAs(kCarolToken, "alice").ok());
   EXPECT_EQ(Metric(kTokensOk), 1);
   EXPECT_EQ(Metric(kTlsOk), 0) << "unchanged TLS files are not reloaded";
-  Replace(F("tokens"), "garbage\n");
+  ReplaceText(F("tokens"), "garbage\n");
   while (Metric(kTokensFailed) < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   absl::SleepFor(absl::Milliseconds(300));  // several more looks
   EXPECT_EQ(Metric(kTokensFailed), 1) << "a bad file is refused once, not at every look";
   EXPECT_TRUE(InfoAs(kCarolToken, "alice").ok());
-  Replace(F("tls.key"), ReadAll(P("server.key")));  // same bytes, new inode
+  ReplaceText(F("tls.key"), Slurp(P("server.key")));  // same bytes, new inode
   while (Metric(kTlsOk) < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(Metric(kTlsOk), 1);
 }

@@ -21,15 +21,11 @@ namespace {
 
 using testing::kAliceToken;
 using testing::kBobToken;
+using testing::ReplaceText;
 using testing::ServerProcess;
 using testing::Slurp;
 
 std::string g_server;  // argv[1]
-
-void Replace(const std::string& path, const std::string& text) {
-  std::ofstream(path + ".tmp") << text;
-  ASSERT_EQ(std::rename((path + ".tmp").c_str(), path.c_str()), 0);
-}
 
 // Polls `ok` for up to 10 s.
 template <typename F>
@@ -45,7 +41,7 @@ TEST(CredentialSighupTest, SighupReloadsTheTokensFileAndRefusesABadOne) {
   const std::string d = testing::TestDir() + "/sighup";
   ASSERT_EQ(std::system(("mkdir -p " + d).c_str()), 0);
   ASSERT_TRUE(testing::MintPki(d));
-  Replace(d + "/tokens", absl::StrCat(Sha256Hex(kAliceToken), " alice\n"));
+  ReplaceText(d + "/tokens", absl::StrCat(Sha256Hex(kAliceToken), " alice\n"));
   const std::string config = d + "/server.textproto";
   std::ofstream(config) << "model { layers: 2 kv_heads: 2 head_dim: 64 }\npool_bytes: 8388608\n"
                         << "drain_notice_seconds: 0\ntls_cert_file: \"" << d << "/server.pem\"\n"
@@ -65,13 +61,13 @@ TEST(CredentialSighupTest, SighupReloadsTheTokensFileAndRefusesABadOne) {
   EXPECT_EQ(info(kAliceToken), absl::StatusCode::kOk);
   EXPECT_EQ(info(kBobToken), absl::StatusCode::kUnauthenticated);
 
-  Replace(d + "/tokens", absl::StrCat(Sha256Hex(kBobToken), " bob\n"));
+  ReplaceText(d + "/tokens", absl::StrCat(Sha256Hex(kBobToken), " bob\n"));
   ASSERT_EQ(kill(server.pid, SIGHUP), 0);
   EXPECT_TRUE(Eventually([&] { return info(kBobToken) == absl::StatusCode::kOk; })) << Slurp(log);
   EXPECT_EQ(info(kAliceToken), absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(absl::StrContains(Slurp(log), "taken: 1 tokens")) << Slurp(log);
 
-  Replace(d + "/tokens", "not a tokens file\n");
+  ReplaceText(d + "/tokens", "not a tokens file\n");
   ASSERT_EQ(kill(server.pid, SIGHUP), 0);
   EXPECT_TRUE(Eventually([&] { return absl::StrContains(Slurp(log), "refused, the tokens in force stay"); }))
       << Slurp(log);

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -35,6 +36,13 @@ inline std::string TestDir() {
 inline void WriteText(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
+}
+
+// Writes `text` to a temporary file, then renames it over `path`: a new
+// inode, as a Kubernetes Secret update gives, and never a half-written file.
+inline void ReplaceText(const std::string& path, const std::string& text) {
+  WriteText(path + ".tmp", text);
+  ASSERT_EQ(std::rename((path + ".tmp").c_str(), path.c_str()), 0) << path;
 }
 
 // A CA and a server certificate for 127.0.0.1 in `d` (tokens need TLS).
