@@ -74,6 +74,18 @@ class IntegrityTest : public testing::HandlerFixture {
         tenant);
     return st.ok() ? all : absl::StrCat("error: ", st.ToString());
   }
+  // A warm restart: writes the handler's snapshot into the folder `name`
+  // (emptied first), then replaces the handler with one of `o` that loads
+  // it; the summary of the load in *loaded.
+  void Restart(const std::string& name, const ServiceOptions& o, Handler::SnapshotSummary* loaded) {
+    const std::string dir = ::testing::TempDir() + "/" + name;
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    Handler::SnapshotSummary written;
+    ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+    Make(o);
+    ASSERT_TRUE(h_->LoadSnapshot(dir, loaded).ok());
+  }
   std::string State() {
     v1::StatsResponse s = Stats();
     return absl::StrCat(s.sequences(), "/", s.pages_in_use(), "/", s.tokens_compressed(), "/", s.tokens_window(), "/",
@@ -168,12 +180,8 @@ TEST_F(IntegrityTest, RepeatedPagedTokensAreComparedByDigest) {
 TEST_F(IntegrityTest, PagesAppendedAfterARestoreAreStillComparedByDigest) {
   const testing::Kv kv = SyntheticKv(600, kN, 5);
   ASSERT_TRUE(Push("r", kv, 300).ok());
-  const std::string dir = ::testing::TempDir() + "/integrity_restore";
-  std::filesystem::create_directories(dir);
-  Handler::SnapshotSummary written, loaded;
-  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
-  Make();
-  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  Handler::SnapshotSummary loaded;
+  ASSERT_NO_FATAL_FAILURE(Restart("integrity_restore", SmallOptions(), &loaded));
   ASSERT_EQ(loaded.sequences, 1u);
   v1::AppendResponse r;
   for (int t = 300; t < 600; t += 50) ASSERT_TRUE(h_->Append(ChunkOf("r", 0, t, 50, kv), &r).ok());
@@ -209,13 +217,8 @@ TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
   rel.set_sequence_id("gone");
   v1::ReleaseResponse rr;
   ASSERT_TRUE(h_->Release(rel, &rr).ok());
-  const std::string dir = ::testing::TempDir() + "/tombstones_digests";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  Handler::SnapshotSummary written, loaded;
-  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
-  Make(o);
-  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  Handler::SnapshotSummary loaded;
+  ASSERT_NO_FATAL_FAILURE(Restart("tombstones_digests", o, &loaded));
   ASSERT_EQ(loaded.sequences, 1u);
   EXPECT_EQ(Stats().tombstones(), 1u);
   absl::Status st = Push("gone", kv, 30);
@@ -232,10 +235,8 @@ TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
   ASSERT_TRUE(h_->Append(ChunkOf("p", 0, 0, 200, kv), &r).ok());
   EXPECT_EQ(r.tokens_duplicate(), 200u);
   // A server with tombstones off restores none.
-  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
   o.tombstone_seconds = 0;
-  Make(o);
-  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  ASSERT_NO_FATAL_FAILURE(Restart("tombstones_digests", o, &loaded));
   EXPECT_EQ(Stats().tombstones(), 0u);
 }
 
@@ -512,12 +513,8 @@ TEST_F(IntegrityTest, RestoredSequencesAreCountedPerTenant) {
   Make(o);
   for (const char* id : {"a1", "a2", "a3"}) ASSERT_TRUE(Push(id, kv, 40, "alice").ok());
   ASSERT_TRUE(Push("b1", kv, 40, "bob").ok());
-  const std::string dir = ::testing::TempDir() + "/restored_per_tenant";
-  std::filesystem::create_directories(dir);
-  Handler::SnapshotSummary written, loaded;
-  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
-  Make(o);
-  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  Handler::SnapshotSummary loaded;
+  ASSERT_NO_FATAL_FAILURE(Restart("restored_per_tenant", o, &loaded));
   EXPECT_EQ(loaded.sequences, 4u);
   v1::InfoResponse info;
   h_->Info(&info, "alice");
