@@ -206,9 +206,9 @@ class Handler {
   // go hot: HotTier::PlaceNewPages, which changes `usage`'s bytes for
   // them). The caller has charged AppendBytes(plan) to `usage`, the
   // layer's tenant. The window's tokens that are encoded into pages are
-  // checked first (DATA_LOSS naming `name`'s window), and the window's checksums follow
-  // its tokens (LayerState::window_sums). REQUIRES: layer->mu held as a
-  // writer.
+  // checked first (DATA_LOSS naming `name`'s window), and the window's
+  // checksums follow its tokens (LayerState::window_sums).
+  // REQUIRES: layer->mu held as a writer.
   absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                            const float* keys, const float* values, const std::vector<PageId>& pages,
                            const HotTier::Held& held, const StagedTokens* staged = nullptr);

@@ -381,46 +381,31 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     held.sequences.insert((*work)[i].seq);
     held.layers.insert((*work)[i].layer->id);
   }
-  // Each item's share of the reserved pages, in item order.
-  std::vector<std::vector<PageId>> pages_of(request.items_size());
-  for (int i = 0; i < request.items_size(); ++i) {
-    const AttendWork& w = (*work)[i];
-    if (!w.io.step || w.plan.fresh == 0) continue;
-    const std::vector<PageId>& mine = reserved[w.seq->device];
-    size_t& at = taken[w.seq->device];
-    pages_of[i].assign(mine.begin() + at, mine.begin() + at + w.plan.pages);
-    at += w.plan.pages;
-  }
   absl::Status st;
-  int failed = request.items_size();  // the first item not stored
-  HeldBytes applied;                  // AppendBytes of the items stored
+  HeldBytes applied;  // AppendBytes of the items stored
   for (int i = 0; i < request.items_size() && st.ok(); ++i) {
     AttendWork& w = (*work)[i];
     const v1::AttendItem& it = request.items(i);
     if (w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.io.step || w.plan.fresh == 0) continue;
-    const std::vector<PageId>& pages = pages_of[i];
+    const std::vector<PageId>& mine = reserved[w.seq->device];
+    size_t& at = taken[w.seq->device];
+    std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
     st = h_.ApplyAppend(w.layer, w.seq->usage, LayerName{it.sequence_id(), static_cast<int>(it.layer())}, w.plan,
                         w.io.key.data(), w.io.value.data(), pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
-      failed = i;
       break;
     }
     applied += h_.AppendBytes(w.plan);
     *used += pages.size();
+    at += pages.size();
     h_.totals_.tokens_ingested += 1;
     h_.totals_.bytes_ingested += 2 * h_.n() * DTypeBytes(it.dtype());
     h_.metrics_->ingested_tokens->Increment();
     h_.metrics_->ingested_bytes->Increment(2.0 * h_.n() * DTypeBytes(it.dtype()));
   }
-  // Pages of the items not stored go back, and any reserved page no item took.
   int64_t unused = 0;
-  for (int i = failed; i < request.items_size(); ++i) {
-    if (pages_of[i].empty()) continue;
-    unused += static_cast<int64_t>(pages_of[i].size());
-    h_.pool_->Free(pages_of[i]);
-  }
   for (size_t k = 0; k < reserved.size(); ++k) {
     if (taken[k] < reserved[k].size()) {
       unused += static_cast<int64_t>(reserved[k].size() - taken[k]);
