@@ -17,15 +17,32 @@ std::string Field(int index, absl::string_view field) {
 
 }  // namespace
 
-AttendIo::AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n,
-                   float value_limit)
+AttendIo::AttendIo(RegionTable* regions, PinnedStagingPool* staging, Backend* backend, const std::string& tenant,
+                   int head_dim, int n, float value_limit)
     : regions_(regions),
+      staging_(staging),
       backend_(backend),
       tenant_(tenant),
       head_dim_(head_dim),
       n_(n),
       value_limit_(value_limit),
       device_reads_(backend->AddressesClientMemory()) {}
+
+void AttendIo::StageInline(const v1::AttendRequest& request) {
+  if (staging_ == nullptr || !device_reads_) return;
+  // Claims round up to 64 bytes (PinnedStagingPool::Lease::Claim).
+  auto rounded = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  uint64_t total = 0;
+  for (const v1::AttendItem& it : request.items()) {
+    if (!it.has_query_ref()) total += rounded(it.query().size());
+    const uint64_t q_heads = it.q_heads();
+    if (it.has_output_ref() || q_heads == 0 || q_heads > 65536) continue;
+    const uint64_t eb = it.output_dtype() == v1::DTYPE_BF16 ? 2 : 4;
+    total += rounded(q_heads * head_dim_ * eb) + rounded(q_heads * 4);
+  }
+  if (total == 0 || total > PinnedStagingPool::kMaxBytes) return;
+  staged_ = staging_->Take(total);
+}
 
 absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
                                              const char* field) {
@@ -110,6 +127,19 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
                                   : absl::StrCat("1 token x kv_heads ", n_ / head_dim_, " x head_dim ", head_dim_);
     absl::Status st = CheckTensorBytes(Field(index, field), dtype, bytes.size(), elements, shape);
     if (!st.ok()) return st;
+    void* staged = in_place != nullptr ? staged_.Claim(bytes.size()) : nullptr;
+    if (staged != nullptr) {
+      // The device reads the query in its wire dtype from pinned staging,
+      // as it reads one in a host region (see StageInline).
+      std::memcpy(staged, bytes.data(), bytes.size());
+      io->query_dev = staged;
+      io->query_dtype = dtype;
+      io->query_host = staged;
+      io->query_host_dtype = dtype;
+      io->query_by_ref = false;
+      host_queries_.push_back({index, io, elements});
+      return absl::OkStatus();
+    }
   }
   const float* values;
   if (in_place != nullptr && dtype == v1::DTYPE_F32 &&
@@ -178,6 +208,16 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
     io->out_ref = out->data;
     io->lse_ref = static_cast<float*>(lse->data);
     io->out_ref_device = device_reads_;
+  } else if (device_reads_) {
+    const size_t eb = out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    void* out = staged_.Claim(qe * eb);
+    void* lse = out != nullptr ? staged_.Claim(qe / head_dim_ * 4) : nullptr;
+    if (lse != nullptr) {
+      io->out_ref = out;
+      io->lse_ref = static_cast<float*>(lse);
+      io->out_ref_device = true;
+      io->out_staged = true;
+    }
   }
   return absl::OkStatus();
 }
@@ -263,6 +303,12 @@ absl::Status AttendIo::QueryError(int index, const ItemIo& io, int64_t bad) cons
 }
 
 void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {
+  if (io->out_staged) {
+    const size_t eb = io->out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    result->mutable_output()->assign(static_cast<const char*>(io->out_ref), qe * eb);
+    result->mutable_lse()->Assign(io->lse_ref, io->lse_ref + q_heads);
+    return;
+  }
   if (io->out_ref != nullptr && io->out_ref_device) return;
   if (io->out_ref == nullptr) {
     result->mutable_lse()->Assign(io->lse_scratch.begin(), io->lse_scratch.end());

@@ -13,6 +13,11 @@
 //   new_value  to the host as floats (the bf16 window lives there).
 //   output,    inline in the AttendResult (output_dtype f32 or bf16), or
 //   lse        written straight into output_ref/lse_ref (both or neither).
+// On a backend that addresses client memory, inline queries and outputs
+// pass through pinned host staging (service/pinned_staging.h) that the
+// device reads and writes like a host region: the query is copied there in
+// its wire dtype, the output comes back in the dtype asked for, and Finish
+// copies it into the response.
 // Queries are checked for non-finite values where it costs least. A call
 // without a decode step changes no state, so its queries are checked by
 // the backend as it reads them (AttendJob::check_query; CheckQuery turns
@@ -40,6 +45,7 @@
 #include "absl/status/status.h"
 #include "backends/backend.h"
 #include "proto/driftkv.pb.h"
+#include "service/pinned_staging.h"
 #include "service/regions.h"
 
 namespace driftkv {
@@ -67,6 +73,7 @@ struct ItemIo {
   void* out_ref = nullptr;  // region memory, or null: inline
   float* lse_ref = nullptr;
   bool out_ref_device = false;  // the backend writes out_ref/lse_ref itself
+  bool out_staged = false;      // out_ref/lse_ref are pinned staging of an inline output
   std::vector<float> out_scratch, lse_scratch;
   // Indices into the request's ClientRead list (-1: none).
   int query_read = -1, key_read = -1, value_read = -1;
@@ -88,9 +95,17 @@ struct ItemIo {
 
 class AttendIo {
  public:
-  // `regions` may be null (the server has none: every ref is NOT_FOUND).
+  // `regions` may be null (the server has none: every ref is NOT_FOUND);
+  // `staging` may be null (inline tensors go through host floats).
   // `value_limit`: the largest |x| of a decode step's key or value.
-  AttendIo(RegionTable* regions, Backend* backend, const std::string& tenant, int head_dim, int n, float value_limit);
+  AttendIo(RegionTable* regions, PinnedStagingPool* staging, Backend* backend, const std::string& tenant, int head_dim,
+           int n, float value_limit);
+
+  // Before any Prepare: takes pinned staging for the request's inline
+  // queries and outputs when the device reads client memory. Sizes come
+  // from the unchecked request; a tensor that does not fit (or a request
+  // the pool cannot serve) takes the host path, with the same answer.
+  void StageInline(const v1::AttendRequest& request);
 
   // Resolves item `index`'s tensors into *io; `q_elements` = q_heads x
   // head_dim. No state changes.
@@ -126,6 +141,8 @@ class AttendIo {
                           std::vector<float>* out, const float** in_place, int* read, ItemIo* io);
 
   RegionTable* const regions_;
+  PinnedStagingPool* const staging_;
+  PinnedStagingPool::Lease staged_;  // this request's pinned staging
   Backend* const backend_;
   const std::string& tenant_;
   const int head_dim_, n_;

@@ -118,6 +118,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
       m->attend_batch_items->Observe(jobs);
     });
   }
+  if (h->backend_->AddressesClientMemory()) {
+    h->inline_staging_ = std::make_unique<PinnedStagingPool>(h->backend_.get());
+  }
   h->metrics_->pool_capacity_bytes->Set(static_cast<double>(h->pool_->capacity_bytes()));
   h->metrics_->pool_capacity_pages->Set(static_cast<double>(h->pool_->capacity_pages()));
   h->verifier_ = std::make_unique<PageVerifier>(*h->pool_, h->hot_pool_.get(), *h->backend_, h->metrics_, h->n());

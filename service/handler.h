@@ -44,6 +44,7 @@
 #include "service/hot_tier.h"
 #include "service/metrics.h"
 #include "service/page_verifier.h"
+#include "service/pinned_staging.h"
 #include "service/regions.h"
 #include "service/sequence_table.h"
 
@@ -231,6 +232,9 @@ class Handler {
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PagePool> hot_pool_;  // level pages; null without a hot tier
   std::unique_ptr<Backend> backend_;
+  // Inline Attend tensors the device reads and writes; null unless the
+  // backend addresses client memory. Declared after backend_: goes first.
+  std::unique_ptr<PinnedStagingPool> inline_staging_;
   std::unique_ptr<PageVerifier> verifier_;
   std::unique_ptr<HotTier> hot_;  // null without a hot tier
   std::unique_ptr<SequenceTable> table_;

@@ -149,7 +149,9 @@ class Handler::AttendBatch {
   };
 
   AttendBatch(Handler& h, const std::string& tenant)
-      : h_(h), io_(h.regions_, h.backend_.get(), tenant, h.codec_->head_dim(), h.n(), h.value_limit()) {}
+      : h_(h),
+        io_(h.regions_, h.inline_staging_.get(), h.backend_.get(), tenant, h.codec_->head_dim(), h.n(),
+            h.value_limit()) {}
   absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant);
 
  private:
@@ -434,6 +436,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // 1. Validate every item before touching any state; tensors the device
   // reads in client memory are checked in one backend call.
   std::vector<AttendWork>& work = ThreadItems(items);
+  io_.StageInline(request);
   for (int i = 0; i < items; ++i) {
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
