@@ -16,6 +16,7 @@
 //
 //   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
 //                          [--dtype=f32|bf16] [--deadlock_detection]
+//                          [--device_like=1]  (NullDeviceBackend)
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -73,6 +74,54 @@ const bool kRegistered = RegisterBackend("null", [](const BackendArgs&) {
   return absl::StatusOr<std::unique_ptr<Backend>>(std::make_unique<NullBackend>());
 });
 
+// The same, with the CUDA backend's contract for client memory
+// (--device_like=1): queries read at query_dev in their dtype, outputs
+// written at out_dev/lse_dev, host memory "pinned" for nothing. Inline
+// tensors then take the handler's pinned staging, as on the CUDA backend.
+class NullDeviceBackend : public NullBackend {
+ public:
+  std::string name() const override { return "null_device"; }
+  bool AddressesClientMemory() const override { return true; }
+  absl::Status ReadClientTensors(absl::Span<ClientRead> reads) override {
+    for (ClientRead& r : reads) r.bad = -1;
+    return absl::OkStatus();
+  }
+  void Attend(absl::Span<AttendJob> jobs) override {
+    for (AttendJob& j : jobs) {
+      const size_t last = static_cast<size_t>(j.q_heads) * kD - 1;
+      float q[2];
+      if (j.query_dev != nullptr) {
+        const size_t eb = DTypeBytes(j.query_dtype);
+        const char* src = static_cast<const char*>(j.query_dev);
+        TensorToFloat(absl::string_view(src, eb), j.query_dtype, 1, &q[0]);
+        TensorToFloat(absl::string_view(src + last * eb, eb), j.query_dtype, 1, &q[1]);
+      } else {
+        q[0] = j.query[0];
+        q[1] = j.query[last];
+      }
+      const float tokens = static_cast<float>(j.window_first + j.window.tokens);
+      if (j.out_dev != nullptr) {
+        if (j.out_dtype == v1::DTYPE_BF16) {
+          static_cast<uint16_t*>(j.out_dev)[0] = FloatToBf16(q[0]);
+          static_cast<uint16_t*>(j.out_dev)[last] = FloatToBf16(q[1]);
+        } else {
+          static_cast<float*>(j.out_dev)[0] = q[0];
+          static_cast<float*>(j.out_dev)[last] = q[1];
+        }
+        std::fill(j.lse_dev, j.lse_dev + j.q_heads, tokens);
+      } else {
+        j.out[0] = q[0];
+        j.out[last] = q[1];
+        std::fill(j.lse, j.lse + j.q_heads, tokens);
+      }
+      j.status = absl::OkStatus();
+    }
+  }
+};
+const bool kRegisteredDevice = RegisterBackend("null_device", [](const BackendArgs&) {
+  return absl::StatusOr<std::unique_ptr<Backend>>(std::make_unique<NullDeviceBackend>());
+});
+
 using Clock = std::chrono::steady_clock;
 double Us(Clock::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
@@ -122,7 +171,7 @@ int Run(int argc, char** argv) {
   ServiceOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";
-  o.backend = "null";
+  o.backend = IntFlag(argc, argv, "device_like", 0) != 0 ? "null_device" : "null";
   o.layers = 1;
   o.codec.kv_heads = kKvHeads;
   o.codec.head_dim = kD;

@@ -2,12 +2,14 @@
 # (bench/device/README.md: how to bundle what it runs)
 # One device call: decode-step benchmark paths against one server, with the
 # server's driftkv_attend_phase_seconds scraped around each run.
+# SERVER and BENCH name the bundled binaries (defaults driftkv-server-cuda,
+# decode_step_bench), SHAPE the model shape, PREFILL_PATH the prefill's path.
 set -uo pipefail
 B=.device/bundle/run
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 rm -f /tmp/driftkv-dp.sock
-env ${SERVER_ENV:-} $B driftkv-server-cuda --config bench/device/${CONF:-dp_server.textproto} >> $OUT/server.log 2>&1 &
+env ${SERVER_ENV:-} $B ${SERVER:-driftkv-server-cuda} --config bench/device/${CONF:-dp_server.textproto} >> $OUT/server.log 2>&1 &
 S=$!
 for i in $(seq 60); do [ -S /tmp/driftkv-dp.sock ] && break; sleep 1; done
 sleep 1
@@ -41,13 +43,14 @@ for k in sorted(b):
 print(f"  server phases, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
 PY
 }
-P="--target=127.0.0.1:50051 --layers=32 --sequences=64 --context=8192 --steps=${STEPS:-12} --warmup=3"
-timeout 300 $B decode_step_bench $P --path=ipc_stream --prefill=1 2>&1 | tail -1
+P="--target=127.0.0.1:50051 ${SHAPE:---layers=32 --sequences=64 --context=8192} --steps=${STEPS:-12} --warmup=3"
+BENCH=${BENCH:-decode_step_bench}
+timeout 300 env ${SERVER_ENV:-} $B $BENCH $P --path=${PREFILL_PATH:-ipc_stream} --prefill=1 2>&1 | tail -1
 k=0
 for spec in ${PATHS:-shm_doorbell:1 ipc_doorbell:1 shm_doorbell:0 ipc_doorbell:0 ipc_stream:1 inline_bf16:1}; do
   p=${spec%:*}; w=${spec#*:}; k=$((k+1))
   scrape /tmp/m$k.a
-  timeout 120 $B decode_step_bench $P --path=$p --prefill=0 --with_step=$w 2>&1 | tail -1
+  timeout 120 env ${SERVER_ENV:-} $B $BENCH $P --path=$p --prefill=0 --with_step=$w 2>&1 | tail -1
   scrape /tmp/m$k.b
   delta /tmp/m$k.a /tmp/m$k.b
 done
