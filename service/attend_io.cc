@@ -99,7 +99,7 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
       host_queries_.push_back({index, io, elements});
       return absl::OkStatus();
     }
-    if (view->space == MemorySpace::kDevice || (device_reads_ && read != nullptr && in_place != nullptr)) {
+    if (view->space == MemorySpace::kDevice) {
       // The device reads it where it is; checked by ReadClientTensors, or,
       // for a query of a call without decode steps, by the attention
       // launch itself (CheckQuery).

@@ -66,8 +66,8 @@ class HostAddressingBackend : public Backend {
     for (ClientRead& r : reads) {
       r.bad = FirstNonFinite(r.src_dev, r.dtype, r.elements);
       if (r.host != nullptr) {
-        TensorToFloat(absl::string_view(static_cast<const char*>(r.src_dev), r.elements * DTypeBytes(r.dtype)),
-                      r.dtype, r.elements, r.host);
+        TensorToFloat(absl::string_view(static_cast<const char*>(r.src_dev), r.elements * DTypeBytes(r.dtype)), r.dtype,
+                      r.elements, r.host);
       }
     }
     return absl::OkStatus();
@@ -159,8 +159,8 @@ v1::AttendRequest MixedRequest(const std::vector<Kv>& kv, int step_at) {
   for (int s = 0; s < 2; ++s) {
     for (uint32_t layer = 0; layer < 2; ++layer, ++k) {
       const int q_heads = 2 * (1 + k % 2);
-      v1::AttendItem it = QueryItem(s == 0 ? "a" : "b", layer, SyntheticQuery(q_heads, kD, 40 + k), q_heads,
-                                    dtypes[k % 3]);
+      v1::AttendItem it =
+          QueryItem(s == 0 ? "a" : "b", layer, SyntheticQuery(q_heads, kD, 40 + k), q_heads, dtypes[k % 3]);
       it.set_output_dtype(k % 2 == 0 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
       if (step_at >= 0) {
         const size_t at = static_cast<size_t>(step_at) * kN;
@@ -299,7 +299,7 @@ TEST(PinnedStagingPoolTest, BuffersArePinnedOnceReusedGrownAndUnpinnedAtTheEnd) 
     }
     {
       PinnedStagingPool::Lease l = pool.Take(2000);
-      EXPECT_EQ(l.Claim(1), first);  // the same buffer again
+      EXPECT_EQ(l.Claim(1), first);                      // the same buffer again
       PinnedStagingPool::Lease other = pool.Take(2000);  // taken: a second one
       EXPECT_NE(other.Claim(1), first);
     }
