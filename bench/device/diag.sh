@@ -4,10 +4,7 @@
 # benchmark's single-layer paths (no decode step) and the doorbell paths
 # with steps, each with the server's phases; the hot-tier kernel alone.
 set -uo pipefail
-B=.device/bundle/run
-gtest() {
-  echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
-}
+. bench/device/gtest.sh
 gtest data_plane_gpu_test 90
 gtest service_gpu_test 60
 gtest cuda_backend_test 60

@@ -5,11 +5,8 @@
 # metrics and the Python CUDA-tensor check, local SDPA, the hot-tier service
 # bench, the other GPU tests.
 set -uo pipefail
-B=.device/bundle/run
+. bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
-gtest() {
-  echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
-}
 gtest data_plane_gpu_test 90
 PATHS="${PATHS:-shm_doorbell:1 ipc_doorbell:1 shm_doorbell:0 ipc_doorbell:0 ipc_stream:0 ipc_stream:1 shm_stream:1 ipc_unary:1 inline_bf16:0 inline_bf16:1}" STEPS=15 \
   AFTER='PYTHONPATH=python timeout 60 python3 python/tests/gpu_check_cuda_tensors.py --target 127.0.0.1:50051 --region-socket /tmp/driftkv-dp.sock > $OUT/gpu_check.json 2> $OUT/gpu_check.err; echo "gpu_check rc=$?"; tail -c 1200 $OUT/gpu_check.json; tail -4 $OUT/gpu_check.err' \

@@ -8,10 +8,7 @@
 # each run; 8 layers x 64 sequences x 8192 tokens (the per-layer figures
 # are those of 32 layers). The GPU tests first.
 set -uo pipefail
-B=.device/bundle/run
-gtest() {
-  echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
-}
+. bench/device/gtest.sh
 gtest data_plane_gpu_test 90
 gtest service_gpu_test 60
 for round in 1 2; do

@@ -1,0 +1,7 @@
+# Sourced by the device scripts: B, the bundle's launcher, and
+# `gtest NAME SECONDS`, which runs a bundled test binary with its log in
+# $OUT/NAME.log and prints its exit status and verdict lines.
+B=.device/bundle/run
+gtest() {
+  echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
+}
