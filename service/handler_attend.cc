@@ -458,6 +458,28 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     locks.Lock();
   }
   AttendPhaseClock::Mark(AttendPhase::kHotTier);
+  if (h_.options_.verify_pages_on_attend) {
+    // Everything an item attends, against its checksums, before any
+    // decode step is stored (a failure changes nothing) or any item is
+    // attended: its pages in their tier as the backend holds them (the
+    // device's copy on cuda) and its bf16 window. A step's own tokens are
+    // checked as they leave the window (ApplyAppend). A layer of several
+    // items is checked once.
+    absl::flat_hash_set<const LayerState*> checked;
+    for (int i = 0; i < items; ++i) {
+      const LayerState& layer = *work[i].layer;
+      if (!checked.insert(&layer).second) continue;
+      const LayerName name{work[i].seq->id, static_cast<int>(request.items(i).layer())};
+      absl::Status st = h_.verifier_->VerifyLayerPages(layer, PageVerifier::Copy::kBackend, name, kCheckAttend);
+      if (st.ok()) {
+        st = h_.verifier_->VerifyWindow(layer, 0, static_cast<int64_t>(layer.window_sums.size()), name, "served");
+      }
+      if (!st.ok()) {
+        locks.Unlock();
+        return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
+      }
+    }
+  }
   // 5. Plan every decode step on simulated lengths; 6. reserve all pages
   // at once, then apply the steps.
   int64_t total_pages = 0;
@@ -496,26 +518,6 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     r->set_compressed_tokens(layer.pages.size() * h_.pool_->page_tokens());
     attended += layer.length;
     any_step = any_step || work[i].io.step;
-  }
-  if (h_.options_.verify_pages_on_attend) {
-    // Everything an item attends, against its checksums, before any is
-    // attended: its pages in their tier as the backend holds them (the
-    // device's copy on cuda) and its bf16 window. A layer of several items
-    // is checked once.
-    absl::flat_hash_set<const LayerState*> checked;
-    for (int i = 0; i < items; ++i) {
-      const LayerState& layer = *work[i].layer;
-      if (!checked.insert(&layer).second) continue;
-      const LayerName name{work[i].seq->id, static_cast<int>(request.items(i).layer())};
-      absl::Status st = h_.verifier_->VerifyLayerPages(layer, PageVerifier::Copy::kBackend, name, kCheckAttend);
-      if (st.ok()) {
-        st = h_.verifier_->VerifyWindow(layer, 0, static_cast<int64_t>(layer.window_sums.size()), name, "served");
-      }
-      if (!st.ok()) {
-        locks.Unlock();
-        return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
-      }
-    }
   }
   AttendPhaseClock::Mark(AttendPhase::kState);
   h_.backend_->Attend(absl::MakeSpan(jobs));

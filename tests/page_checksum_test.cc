@@ -24,6 +24,7 @@
 #include "service/handler.h"
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -108,6 +109,36 @@ TEST_F(ChecksumHandlerTest, FlippedBitIsDataLossOnAttendWhenVerifying) {
   v1::InfoResponse info;
   h_->Info(&info);
   EXPECT_TRUE(info.verify_pages_on_attend());
+}
+
+// A decode step in an Attend that finds a corrupt page is not stored: the
+// call changes nothing, and succeeds, step and all, once the page is
+// intact.
+TEST_F(ChecksumHandlerTest, AttendThatFindsACorruptPageStoresNoDecodeStep) {
+  Make(true);
+  const testing::Kv kv = testing::SyntheticKv(101, 128, 5);
+  v1::AttendRequest a;
+  v1::AttendItem* it = a.add_items();
+  *it = testing::QueryItem("seq", 1, testing::SyntheticQuery(2, 64, 1), 2);
+  FloatToTensor(kv.keys.data() + 100 * 128, 128, v1::DTYPE_F32, it->mutable_new_key());
+  FloatToTensor(kv.values.data() + 100 * 128, 128, v1::DTYPE_F32, it->mutable_new_value());
+  it->set_new_token_index(100);
+  auto length = [&] {
+    v1::LengthRequest req;
+    req.set_sequence_id("seq");
+    v1::LengthResponse resp;
+    EXPECT_TRUE(h_->Length(req, &resp).ok());
+    return resp.layers(1).tokens();
+  };
+  h_->pool().page(0)[h_->pool().page_stride() - 1] ^= 0x80;
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(a, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_EQ(length(), 100u);
+  h_->pool().page(0)[h_->pool().page_stride() - 1] ^= 0x80;
+  st = h_->Attend(a, &resp);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(length(), 101u);
 }
 
 // A layer of 700 tokens (4 pages of 128 and a 188-token window, R = 128)
