@@ -72,7 +72,8 @@ absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t 
 
 absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
                                   const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements,
-                                  float limit, std::vector<float>* out, const float** in_place, int* read, ItemIo* io) {
+                                  float limit, std::vector<float>* out, std::vector<uint16_t>* out16,
+                                  const float** in_place, int* read, ItemIo* io) {
   const int dtype = item.dtype();
   const size_t eb = DTypeBytes(dtype);
   absl::string_view bytes = inline_bytes;
@@ -112,10 +113,12 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
         io->query_dtype = dtype;
         *read = static_cast<int>(reads_.size());
         reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), nullptr});
+        read_bf16_.push_back(nullptr);
       } else {
         out->resize(elements);
         *read = static_cast<int>(reads_.size());
         reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), out->data()});
+        read_bf16_.push_back(out16);
       }
       read_fields_.emplace_back(index, field);
       return absl::OkStatus();
@@ -141,6 +144,15 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
       return absl::OkStatus();
     }
   }
+  if (in_place == nullptr && dtype == v1::DTYPE_BF16) {
+    // A step's bf16 token: copied (a region may change under us) and
+    // checked in the window's own form.
+    out16->resize(elements);
+    std::memcpy(out16->data(), bytes.data(), elements * sizeof(uint16_t));
+    if (CheckBf16Values("", out16->data(), elements, limit).ok()) return absl::OkStatus();
+    return CheckBf16Values(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field),
+                           out16->data(), elements, limit);
+  }
   const float* values;
   if (in_place != nullptr && dtype == v1::DTYPE_F32 &&
       reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
@@ -160,9 +172,13 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
     return absl::OkStatus();
   }
   // The field's name is built only for a message.
-  if (CheckValues("", values, elements, limit).ok()) return absl::OkStatus();
-  return CheckValues(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field), values, elements,
-                     limit);
+  if (!CheckValues("", values, elements, limit).ok()) {
+    return CheckValues(ref != nullptr ? absl::StrCat(Field(index, field), "_ref") : Field(index, field), values,
+                       elements, limit);
+  }
+  out16->resize(elements);
+  FloatsToBf16(values, elements, out16->data());
+  return absl::OkStatus();
 }
 
 absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, ItemIo* io) {
@@ -176,18 +192,18 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
   io->out_dtype = out_dtype;
   absl::Status st =
       HostTensor(it, index, "query", "query_ref", it.query(), it.has_query_ref() ? &it.query_ref() : nullptr, qe,
-                 std::numeric_limits<float>::max(), &io->converted, &io->query, &io->query_read, io);
+                 std::numeric_limits<float>::max(), &io->converted, nullptr, &io->query, &io->query_read, io);
   if (!st.ok()) return st;
   io->step = !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
   any_step_ = any_step_ || io->step;
   if (io->step) {
     st = HostTensor(it, index, "new_key", "new_key_ref", it.new_key(),
-                    it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_, value_limit_, &io->key, nullptr,
+                    it.has_new_key_ref() ? &it.new_key_ref() : nullptr, n_, value_limit_, &io->key, &io->key16, nullptr,
                     &io->key_read, io);
     if (st.ok()) {
       st = HostTensor(it, index, "new_value", "new_value_ref", it.new_value(),
-                      it.has_new_value_ref() ? &it.new_value_ref() : nullptr, n_, value_limit_, &io->value, nullptr,
-                      &io->value_read, io);
+                      it.has_new_value_ref() ? &it.new_value_ref() : nullptr, n_, value_limit_, &io->value,
+                      &io->value16, nullptr, &io->value_read, io);
     }
     if (!st.ok()) return st;
   }
@@ -243,8 +259,12 @@ absl::Status AttendIo::ReadClientTensors() {
       return absl::InvalidArgumentError(absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite"));
     }
     if (read.host != nullptr) {
-      if (CheckValues("", read.host, read.elements, value_limit_).ok()) continue;
-      return CheckValues(absl::StrCat(Field(index, field), "_ref"), read.host, read.elements, value_limit_);
+      if (!CheckValues("", read.host, read.elements, value_limit_).ok()) {
+        return CheckValues(absl::StrCat(Field(index, field), "_ref"), read.host, read.elements, value_limit_);
+      }
+      std::vector<uint16_t>* out16 = read_bf16_[r];
+      out16->resize(read.elements);
+      FloatsToBf16(read.host, read.elements, out16->data());
     }
   }
   return absl::OkStatus();

@@ -10,7 +10,9 @@
 //              is; otherwise it must be host memory and is read like
 //              inline bytes (in place when f32 and aligned).
 //   new_key/   inline bytes, or new_key_ref/new_value_ref: always brought
-//   new_value  to the host as floats (the bf16 window lives there).
+//   new_value  to the host in bf16, the bf16 window's form (bf16 from the
+//              wire is copied and checked as it is; other dtypes through
+//              floats).
 //   output,    inline in the AttendResult (output_dtype f32 or bf16), or
 //   lse        written straight into output_ref/lse_ref (both or neither).
 // On a backend that addresses client memory, inline queries and outputs
@@ -64,8 +66,10 @@ struct ItemIo {
   const void* query_host = nullptr;
   int query_host_dtype = v1::DTYPE_F32;
   bool query_by_ref = false;
-  // The decode step's token, host floats [n] each.
+  // The decode step's token, bf16 [n] each (key/value: float scratch for
+  // wire dtypes other than bf16 and for device reads).
   bool step = false;
+  std::vector<uint16_t> key16, value16;
   std::vector<float> key, value;
   // Output: inline (response) or a region; host scratch when the backend
   // writes floats that must then be converted or copied.
@@ -87,6 +91,8 @@ struct ItemIo {
     fresh.converted.swap(converted);
     fresh.key.swap(key);
     fresh.value.swap(value);
+    fresh.key16.swap(key16);
+    fresh.value16.swap(value16);
     fresh.out_scratch.swap(out_scratch);
     fresh.lse_scratch.swap(lse_scratch);
     *this = std::move(fresh);
@@ -132,13 +138,15 @@ class AttendIo {
   // left empty: seen_ holds the region.
   absl::StatusOr<RegionView> Resolve(const v1::TensorRef& ref, uint64_t bytes, uint64_t alignment, int index,
                                      const char* field);
-  // One input tensor, inline or by `ref` (null: inline): into *out as
-  // floats (or, with `in_place` set, a query: *in_place points at the
-  // floats, in place when possible, or the device reads it). `field` and
-  // `ref_field` ("query", "query_ref") name the two ways in messages.
+  // One input tensor, inline or by `ref` (null: inline): a decode step's
+  // key or value into *out16 in bf16 (*out: float scratch), or, with
+  // `in_place` set, a query: *in_place points at its floats (in place when
+  // possible; *out holds converted ones), or the device reads it. `field`
+  // and `ref_field` ("query", "query_ref") name the two ways in messages.
   absl::Status HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
                           const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements, float limit,
-                          std::vector<float>* out, const float** in_place, int* read, ItemIo* io);
+                          std::vector<float>* out, std::vector<uint16_t>* out16, const float** in_place, int* read,
+                          ItemIo* io);
 
   RegionTable* const regions_;
   PinnedStagingPool* const staging_;
@@ -166,6 +174,7 @@ class AttendIo {
   std::vector<HostQuery> host_queries_;
   std::vector<ClientRead> reads_;
   std::vector<std::pair<int, const char*>> read_fields_;  // item index and field of each read
+  std::vector<std::vector<uint16_t>*> read_bf16_;         // each read's bf16 destination (null: a query)
 };
 
 }  // namespace driftkv

@@ -165,6 +165,17 @@ class Handler {
     int64_t fresh = 0;  // tokens to store
     int64_t pages = 0;  // pages to encode
   };
+  // New tokens [count][n] as the host holds them: floats (an Append
+  // chunk), or bf16 (a decode step, kept in the window's own form from the
+  // wire on: no round trip through floats).
+  struct HostTokens {
+    const float* keys = nullptr;
+    const float* values = nullptr;
+    const uint16_t* keys_bf16 = nullptr;  // set: the tokens are these
+    const uint16_t* values_bf16 = nullptr;
+    // Elements [first, first + count) of the keys and of the values, in bf16.
+    void CopyBf16(size_t first, size_t count, uint16_t* k, uint16_t* v) const;
+  };
   class AttendBatch;  // one Attend call in steps (handler_attend.cc)
   // What the handler has done, for Stats (codec_mu is a leaf lock).
   struct Totals {
@@ -195,9 +206,8 @@ class Handler {
   // The `count` repeated tokens at `first` equal the stored ones, else
   // ALREADY_EXISTS naming the range (handler_repeat.cc); the chunk form
   // takes them from the host or from staging. REQUIRES: layer.mu held.
-  absl::Status CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
-                           const float* values, absl::string_view where, const std::string& id,
-                           uint32_t layer_index) const;
+  absl::Status CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const HostTokens& tokens,
+                           absl::string_view where, const std::string& id, uint32_t layer_index) const;
   absl::Status CheckRepeatChunk(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
                                 const float* values, const StagedTokens* staged, const std::string& id,
                                 uint32_t layer_index) const;
@@ -211,8 +221,8 @@ class Handler {
   // checksums follow its tokens (LayerState::window_sums).
   // REQUIRES: layer->mu held as a writer.
   absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
-                           const float* keys, const float* values, const std::vector<PageId>& pages,
-                           const HotTier::Held& held, const StagedTokens* staged = nullptr);
+                           const HostTokens& tokens, const std::vector<PageId>& pages, const HotTier::Held& held,
+                           const StagedTokens* staged = nullptr);
   // What storing `plan` changes in its tenant's bytes: its pages as cold
   // pages, its window by fresh tokens less those the pages take out.
   HeldBytes AppendBytes(const AppendPlan& plan) const;

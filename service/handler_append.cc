@@ -73,9 +73,19 @@ HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
   return b;
 }
 
+void Handler::HostTokens::CopyBf16(size_t first, size_t count, uint16_t* k, uint16_t* v) const {
+  if (keys_bf16 != nullptr) {
+    std::memcpy(k, keys_bf16 + first, count * sizeof(uint16_t));
+    std::memcpy(v, values_bf16 + first, count * sizeof(uint16_t));
+    return;
+  }
+  FloatsToBf16(keys + first, count, k);
+  FloatsToBf16(values + first, count, v);
+}
+
 absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
-                                  const float* keys, const float* values, const std::vector<PageId>& pages,
-                                  const HotTier::Held& held, const StagedTokens* staged) {
+                                  const HostTokens& tokens, const std::vector<PageId>& pages, const HotTier::Held& held,
+                                  const StagedTokens* staged) {
   if (plan.fresh == 0) return absl::OkStatus();
   const int layer_index = name.layer;
   const size_t n = this->n();
@@ -88,8 +98,8 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
     GrowWindow(&layer->window_keys, (window + plan.fresh) * n, most);
     GrowWindow(&layer->window_values, (window + plan.fresh) * n, most);
-    FloatsToBf16(keys + plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n);
-    FloatsToBf16(values + plan.skip * n, plan.fresh * n, layer->window_values.data() + window * n);
+    tokens.CopyBf16(plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n,
+                    layer->window_values.data() + window * n);
     for (int64_t t = window; t < window + plan.fresh; ++t) {
       layer->window_sums.push_back(WindowTokenSum(&layer->window_keys[t * n], &layer->window_values[t * n], n));
     }
@@ -120,8 +130,7 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     all_v = layer->window_values;
     all_k.resize((window + plan.fresh) * n);
     all_v.resize((window + plan.fresh) * n);
-    FloatsToBf16(keys + plan.skip * n, plan.fresh * n, all_k.data() + window * n);
-    FloatsToBf16(values + plan.skip * n, plan.fresh * n, all_v.data() + window * n);
+    tokens.CopyBf16(plan.skip * n, plan.fresh * n, all_k.data() + window * n, all_v.data() + window * n);
     if (plan.pages > 0) {
       fk.resize(encoded * n);
       fv.resize(encoded * n);
@@ -390,8 +399,8 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         HotTier::Held held;
         held.sequences.insert(seq);
-        st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan, keys, values,
-                         pages, held, staged);
+        st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan,
+                         HostTokens{keys, values}, pages, held, staged);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);

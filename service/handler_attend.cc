@@ -167,6 +167,10 @@ class Handler::AttendBatch {
   absl::Status PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
                               const AttendLocks& locks);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
+  // An item's decode-step token, in bf16.
+  static HostTokens StepTokens(const AttendWork& w) {
+    return HostTokens{nullptr, nullptr, w.io.key16.data(), w.io.value16.data()};
+  }
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
                                int64_t* total_pages) const;
@@ -255,14 +259,7 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
 
 absl::Status Handler::AttendBatch::CheckRepeatInBatch(const AttendWork& earlier, int e, const AttendWork& w, int i,
                                                       uint64_t first, const v1::AttendItem& it) const {
-  const size_t n = h_.n();
-  std::vector<uint16_t> a(n), b(n);
-  auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
-    FloatsToBf16(x.data(), n, a.data());
-    FloatsToBf16(y.data(), n, b.data());
-    return a == b;
-  };
-  if (same(earlier.io.key, w.io.key) && same(earlier.io.value, w.io.value)) return absl::OkStatus();
+  if (earlier.io.key16 == w.io.key16 && earlier.io.value16 == w.io.value16) return absl::OkStatus();
   h_.metrics_->integrity_rejections[kRejectRepeat]->Increment();
   return absl::AlreadyExistsError(absl::StrCat("items[", i, "].new_key/new_value of tokens [", first, ", ", first + 1,
                                                ") of layer ", it.layer(), " of sequence_id ", Quoted(it.sequence_id()),
@@ -311,8 +308,8 @@ absl::Status Handler::AttendBatch::PlanAttendSteps(const v1::AttendRequest& requ
       // (not stored yet: compared with that item's data).
       if (plan->skip > 0 && static_cast<int64_t>(first) < layer.length) {
         absl::Status st =
-            h_.CheckRepeat(layer, first, 1, w.io.key.data(), w.io.value.data(),
-                           absl::StrCat("items[", i, "].new_key/new_value"), it.sequence_id(), it.layer());
+            h_.CheckRepeat(layer, first, 1, StepTokens(w), absl::StrCat("items[", i, "].new_key/new_value"),
+                           it.sequence_id(), it.layer());
         if (!st.ok()) return st;
       } else if (plan->skip > 0) {
         auto earlier = planned.find(std::make_pair(&layer, first));
@@ -394,7 +391,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     size_t& at = taken[w.seq->device];
     std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
     st = h_.ApplyAppend(w.layer, w.seq->usage, LayerName{it.sequence_id(), static_cast<int>(it.layer())}, w.plan,
-                        w.io.key.data(), w.io.value.data(), pages, held);
+                        StepTokens(w), pages, held);
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
       break;

@@ -15,9 +15,8 @@ namespace driftkv {
 
 using handler_internal::Quoted;
 
-absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
-                                  const float* values, absl::string_view where, const std::string& id,
-                                  uint32_t layer_index) const {
+absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64_t count, const HostTokens& tokens,
+                                  absl::string_view where, const std::string& id, uint32_t layer_index) const {
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const int64_t paged = static_cast<int64_t>(layer.pages.size()) * p;
@@ -29,8 +28,7 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
   int64_t bad_first = -1, bad_last = -1, bad = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = static_cast<int64_t>(first) + i;
-    FloatsToBf16(keys + i * n, n, k.data());
-    FloatsToBf16(values + i * n, n, v.data());
+    tokens.CopyBf16(i * n, n, k.data(), v.data());
     bool same = true;
     if (t < paged) {
       same = t >= digested || layer.digests[t] == kNoDigest || TokenDigest(k.data(), v.data(), n) == layer.digests[t];
@@ -56,11 +54,13 @@ absl::Status Handler::CheckRepeat(const LayerState& layer, uint64_t first, int64
 absl::Status Handler::CheckRepeatChunk(const LayerState& layer, uint64_t first, int64_t count, const float* keys,
                                        const float* values, const StagedTokens* staged, const std::string& id,
                                        uint32_t layer_index) const {
-  if (staged == nullptr) return CheckRepeat(layer, first, count, keys, values, "keys/values", id, layer_index);
+  if (staged == nullptr) {
+    return CheckRepeat(layer, first, count, HostTokens{keys, values}, "keys/values", id, layer_index);
+  }
   std::vector<float> k(static_cast<size_t>(count) * n()), v(k.size());
   absl::Status st = backend_->CopyStagedToHost(*staged, static_cast<int>(n()), count, k.data(), v.data());
   if (!st.ok()) return st;
-  return CheckRepeat(layer, first, count, k.data(), v.data(), "keys/values", id, layer_index);
+  return CheckRepeat(layer, first, count, HostTokens{k.data(), v.data()}, "keys/values", id, layer_index);
 }
 
 }  // namespace driftkv

@@ -1,6 +1,7 @@
 // Decode steps in Attend batches that fill pages on several layers at
 // once (as a batch of sequences of one length does at every page
 // boundary): what they store and answer against one Append per token.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,50 @@ TEST(HandlerBatchTest, StepsFillingPagesOnManyLayersStoreWhatAppendsStore) {
     }
     EXPECT_EQ(batched.Stats().tokens_compressed(), alone.Stats().tokens_compressed());
     EXPECT_EQ(batched.Stats().tokens_window(), alone.Stats().tokens_window());
+  }
+}
+
+// Decode steps in each wire dtype store what Appends of the same tokens in
+// that dtype store, through a page boundary; a repeated step with the
+// stored token is accepted and one with another token refused by name.
+TEST(HandlerBatchTest, StepsInEveryDtypeStoreWhatAppendsOfThatDtypeStore) {
+  for (v1::DType dtype : {v1::DTYPE_BF16, v1::DTYPE_FP16, v1::DTYPE_F32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const ServiceOptions o = SmallOptions();
+    const int start = o.window_tokens + o.codec.mean_window - 3, steps = 6;  // a page fills on the 3rd step
+    testing::TestHandler stepped(o), appended(o);
+    ASSERT_NE(stepped.h, nullptr);
+    ASSERT_NE(appended.h, nullptr);
+    const testing::Kv kv = SyntheticKv(start + steps, kN, 7);
+    const std::vector<float> q = SyntheticQuery(2, kD, 8);
+    v1::AppendResponse r;
+    for (int t = 0; t < start + steps; t += 16) {
+      const int count = std::min(16, start + steps - t);
+      if (t < start) {
+        ASSERT_TRUE(stepped.h->Append(testing::ChunkOf("s", 0, t, std::min(count, start - t), kv, dtype), &r).ok());
+      }
+      ASSERT_TRUE(appended.h->Append(testing::ChunkOf("s", 0, t, count, kv, dtype), &r).ok());
+    }
+    auto step = [&](int t, const testing::Kv& from) {
+      v1::AttendRequest req;
+      v1::AttendItem* it = req.add_items();
+      *it = QueryItem("s", 0, q, 2, dtype);
+      FloatToTensor(from.keys.data() + static_cast<size_t>(t) * kN, kN, dtype, it->mutable_new_key());
+      FloatToTensor(from.values.data() + static_cast<size_t>(t) * kN, kN, dtype, it->mutable_new_value());
+      it->set_new_token_index(t);
+      v1::AttendResponse resp;
+      return stepped.h->Attend(req, &resp);
+    };
+    for (int t = start; t < start + steps; ++t) {
+      const absl::Status st = step(t, kv);
+      ASSERT_TRUE(st.ok()) << t << " " << st;
+    }
+    EXPECT_EQ(stepped.Read("s", 0), appended.Read("s", 0));
+    EXPECT_TRUE(step(start + 1, kv).ok());  // the stored token again
+    const testing::Kv other = SyntheticKv(start + steps, kN, 9);
+    const absl::Status st = step(start + 1, other);
+    EXPECT_EQ(st.code(), absl::StatusCode::kAlreadyExists) << st;
+    EXPECT_EQ(stepped.Read("s", 0), appended.Read("s", 0));
   }
 }
 

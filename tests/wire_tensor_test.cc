@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "proto/driftkv.pb.h"
+#include "wire/half.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -44,6 +45,34 @@ TEST(CheckValuesTest, AgreesWithTheElementRuleAtEveryLengthAndPosition) {
   const std::vector<float> edge = {2.0f, -2.0f, 0.0f, -0.0f, 1e-45f};
   EXPECT_TRUE(CheckValues("q", edge.data(), edge.size(), 2.0f).ok());
   EXPECT_TRUE(CheckValues("q", nullptr, 0, 2.0f).ok());
+}
+
+// CheckBf16Values gives CheckValues' verdict and message on the floats of
+// the same bf16 values: every bf16 bit pattern against limits that are and
+// are not bf16 values themselves, and a bad value at every position.
+TEST(CheckBf16ValuesTest, AgreesWithCheckValuesOnTheFloatsForEveryBitPattern) {
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float limits[] = {0.0f,       1e-30f, 2.0f,  std::nextafter(2.0f, 3.0f),
+                          2.0078125f, 3.3e4f, 1e38f, std::numeric_limits<float>::max(),
+                          kInf};
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const uint16_t b = static_cast<uint16_t>(bits);
+    const float f = Bf16ToFloat(b);
+    for (float limit : limits) {
+      const absl::Status a = CheckBf16Values("k", &b, 1, limit), want = CheckValues("k", &f, 1, limit);
+      ASSERT_EQ(a, want) << std::hex << bits << " " << limit;
+    }
+  }
+  for (size_t n : {1, 8, 33}) {
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<uint16_t> x(n, FloatToBf16(-1.5f));
+      x[at] = FloatToBf16(3.0f);
+      std::vector<float> f(n);
+      for (size_t i = 0; i < n; ++i) f[i] = Bf16ToFloat(x[i]);
+      EXPECT_EQ(CheckBf16Values("k", x.data(), n, 2.0f), CheckValues("k", f.data(), n, 2.0f));
+      EXPECT_FALSE(CheckBf16Values("k", x.data(), n, 2.0f).ok());
+    }
+  }
 }
 
 // FirstNonFinite checks tensors in their wire form: the first non-finite

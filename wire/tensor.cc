@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "wire/half.h"
@@ -175,6 +176,48 @@ bool AllFinite16(const uint16_t* x, size_t elements, uint16_t exponent) {
   return true;
 }
 
+// The largest magnitude's bits of `elements` 16-bit floats (sign cleared),
+// sixteen or eight lanes at a time.
+__attribute__((target("avx2"))) uint16_t MaxAbs16Avx2(const uint16_t* x, size_t elements) {
+  U16x16 m0 = {}, m1 = {};
+  size_t i = 0;
+  for (; i + 32 <= elements; i += 32) {
+    U16x16 a, b;
+    std::memcpy(&a, x + i, sizeof(a));
+    std::memcpy(&b, x + i + 16, sizeof(b));
+    a &= 0x7fff;
+    b &= 0x7fff;
+    m0 = m0 > a ? m0 : a;
+    m1 = m1 > b ? m1 : b;
+  }
+  m0 = m0 > m1 ? m0 : m1;
+  uint16_t m = 0;
+  for (int k = 0; k < 16; ++k) m = std::max(m, m0[k]);
+  for (; i < elements; ++i) m = std::max<uint16_t>(m, x[i] & 0x7fff);
+  return m;
+}
+
+using U16x8 = uint16_t __attribute__((vector_size(16)));
+uint16_t MaxAbs16V2(const uint16_t* x, size_t elements) {
+  U16x8 m0 = {};
+  size_t i = 0;
+  for (; i + 8 <= elements; i += 8) {
+    U16x8 a;
+    std::memcpy(&a, x + i, sizeof(a));
+    a &= 0x7fff;
+    m0 = m0 > a ? m0 : a;
+  }
+  uint16_t m = 0;
+  for (int k = 0; k < 8; ++k) m = std::max(m, m0[k]);
+  for (; i < elements; ++i) m = std::max<uint16_t>(m, x[i] & 0x7fff);
+  return m;
+}
+
+uint16_t MaxAbs16(const uint16_t* x, size_t elements) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? MaxAbs16Avx2(x, elements) : MaxAbs16V2(x, elements);
+}
+
 }  // namespace
 
 int64_t FirstNonFinite(const void* data, int dtype, size_t elements) {
@@ -215,6 +258,22 @@ absl::Status CheckValues(absl::string_view field, const float* x, size_t element
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckBf16Values(absl::string_view field, const uint16_t* x, size_t elements, float limit) {
+  if (limit >= 0.0f) {
+    // A bf16 magnitude grows with its bits, and a non-finite one has every
+    // exponent bit: |x| <= limit is (bits & 0x7fff) <= the largest bf16
+    // magnitude not above the limit (the limit's top 16 bits).
+    const float capped = std::min(limit, std::numeric_limits<float>::max());
+    uint32_t bits;
+    std::memcpy(&bits, &capped, 4);
+    const uint16_t most = static_cast<uint16_t>(bits >> 16);
+    if (MaxAbs16(x, elements) <= most) return absl::OkStatus();
+  }
+  std::vector<float> f(elements);
+  Bf16ToFloats(x, elements, f.data());
+  return CheckValues(field, f.data(), elements, limit);
 }
 
 }  // namespace driftkv

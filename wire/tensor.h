@@ -32,6 +32,11 @@ void FloatToTensor(const float* x, size_t elements, int dtype, std::string* out)
 // field, the element index and the value.
 absl::Status CheckValues(absl::string_view field, const float* x, size_t elements, float limit);
 
+// CheckValues of `elements` bf16 values (bit patterns), without converting
+// them unless one fails: the same verdict and message as CheckValues of
+// their floats.
+absl::Status CheckBf16Values(absl::string_view field, const uint16_t* x, size_t elements, float limit);
+
 // The index of the first non-finite value of `elements` values of `dtype`
 // (bf16, fp16 or f32) at `data`, or -1: a check of tensors in their wire
 // form, without converting them.
