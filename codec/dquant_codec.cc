@@ -55,6 +55,10 @@ int BytesForCodedBits(double bits, int n) {
 }  // namespace
 
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
+  return LegacyDefaultPayloadBytes(n, reference_bytes, levels, alpha);
+}
+
+int LegacyDefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
   // Keep the reference's stored bits per value: the record stride is the
   // reference stride's share for n, rounded to the nearest multiple of 4
   // (ties up), and the payload may not exceed its share of the reference

@@ -48,10 +48,8 @@ struct DQuantConfig {
   int head_dim = 0;
   int key_levels = kDefaultKeyLevels;
   int value_levels = kDefaultValueLevels;
-  // Payload bytes per stream; 0 picks the reference bits per value for this
-  // n: 331 and 231 at n = 1024, otherwise a record of the reference's
-  // share of bytes (see DefaultPayloadBytes), but never less than the
-  // smallest payload that can hold a stream.
+  // Payload bytes per stream; 0 picks DefaultPayloadBytes for this n (331
+  // and 231 at n = 1024). DQuantCodec::config() holds the resolved sizes.
   int key_bytes = 0;
   int value_bytes = 0;
   double alpha = kDefaultAlpha;
@@ -126,8 +124,18 @@ class DQuantCodec {
   StreamCodec values_;
 };
 
-// The resolved payload size for a stream of n values (see key_bytes).
+// The resolved payload size C of a stream of n values when key_bytes
+// (value_bytes) is 0; `reference_bytes` is the reference payload at n =
+// 1024 (kReferenceKeyBytes or kReferenceValueBytes). docs/api.md "Default
+// containers" writes the rule out. Today LegacyDefaultPayloadBytes.
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
+
+// The default of pool files of version 1 (codec/pool_file.h), which store
+// key_bytes=0 / value_bytes=0 for "the default for n": the record stride is
+// the reference stride's share for n, rounded to a multiple of 4, and the
+// payload at most the reference payload's share, but never less than the
+// smallest payload that holds a stream (StreamCodec::MinPayloadBytes).
+int LegacyDefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
 
 // Bits per value the rANS coder may spend on a stream of n values in a
 // payload of C bytes: 8 C less the flushed state (kStateBits), over n.

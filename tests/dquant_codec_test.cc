@@ -248,8 +248,8 @@ TEST(PoolFile, RoundTripsAndRejectsDamage) {
   bad[0] = 'X';
   EXPECT_NE(ParsePool(bad).status().message().find("magic"), std::string::npos);
   bad = *bytes;
-  bad[8] = 2;
-  EXPECT_NE(ParsePool(bad).status().message().find("version 2"), std::string::npos);
+  bad[8] = 3;
+  EXPECT_NE(ParsePool(bad).status().message().find("version 3"), std::string::npos);
   EXPECT_FALSE(ParsePool(bytes->substr(0, bytes->size() - 1)).ok());
   EXPECT_FALSE(ParsePool(bytes->substr(0, 50)).ok());
   bad = *bytes;
