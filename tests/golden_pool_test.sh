@@ -10,10 +10,14 @@
 # commands without --v-refit.
 #
 # They are pool files of version 1 (key_bytes=0 value_bytes=0 in their
-# options); encode now writes version 2, which records the resolved payload
-# sizes (codec/pool_file.h "Versions"). A fresh file must therefore equal
-# its golden one in every byte but the version and the options text (and
-# the options' length), and decode to the same floats.
+# options, 40 and 25 bytes as their writer resolved them); encode now
+# writes version 2, which records the resolved payload sizes
+# (codec/pool_file.h "Versions"), and n = 128 now defaults to 48 and 36
+# bytes (docs/api.md "Default containers"). A fresh file written with
+# --k-bytes 40 --v-bytes 25 must therefore equal its golden one in every
+# byte but the version and the options text (and the options' length), and
+# decode to the same floats. The file of today's defaults is pinned by its
+# SHA-256 (recorded when the defaults changed).
 #
 #   synth-kv --out s --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7
 #   synth-kv --out c --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8
@@ -65,7 +69,7 @@ expect_sum "$tmp/c.k" e118a6d7aabd90723886e3bb305a31b791ec20c8cd1f849d884f6fd8e7
   --out "$tmp/c.xfm" 2>/dev/null
 expect_sum "$tmp/c.xfm" c1d82b27f953656b005349d0540212f021758feedc22a32c8777fd538b1c117a "transforms file"
 
-enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44)
+enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44 --k-bytes 40 --v-bytes 25)
 "$codec" "${enc[@]}" --v-refit least_squares --out "$tmp/dquant.dkv" >/dev/null
 same_pool "$tmp/dquant.dkv" "$golden_dquant" "the D-Quant pool file"
 "$codec" "${enc[@]}" --v-refit least_squares --transform wush --transforms "$tmp/c.xfm" \
@@ -95,4 +99,12 @@ expect_sum "$tmp/uw.v" 6135e910bb2dd5566cf7cd626f0e87a66efadc78610ae70dcc5c77b21
 cmp "$tmp/fd.k" "$tmp/ud.k" && cmp "$tmp/fd.v" "$tmp/ud.v" || fail "the fresh D-Quant file decodes differently"
 "$codec" decode --in "$tmp/wush_u.dkv" --out "$tmp/fw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
 cmp "$tmp/fw.k" "$tmp/uw.k" && cmp "$tmp/fw.v" "$tmp/uw.v" || fail "the fresh WUSH file decodes differently"
+
+# Today's default containers for n = 128 (48 and 36 bytes).
+"$codec" encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44 --out "$tmp/now.dkv" >/dev/null
+grep -aq " key_bytes=48 value_bytes=36 " "$tmp/now.dkv" || fail "the default containers of n = 128 are not 48/36"
+expect_sum "$tmp/now.dkv" 1814ad6200db2efbd363f9ddb65025c0ee74738d63abd694d5d9762353af7bcf "the D-Quant pool file of today's defaults"
+"$codec" decode --in "$tmp/now.dkv" --out "$tmp/nd" >/dev/null
+expect_sum "$tmp/nd.k" c2d3f5ad65f502832e15c91fe634b755a47b1c7c47e5466062ca04c8b5cbfa12 "decoded D-Quant keys of today's defaults"
+expect_sum "$tmp/nd.v" 69f7b1e237194f984646e730c2c886f14eab13a96ac21c014ac9ac3b066a5089 "decoded D-Quant values of today's defaults"
 echo PASS
