@@ -145,7 +145,8 @@ constexpr int kCodedBitsRuleBelow = 512;
 
 // The default of every n in earlier releases, which still resolves the
 // key_bytes=0 / value_bytes=0 of the pool files they wrote (version 1,
-// codec/pool_file.h): the record stride is the reference stride's share for
+// codec/pool_file.h) and recognises the sizes of their servers'
+// snapshots: the record stride is the reference stride's share for
 // n, rounded to a multiple of 4, and the payload at most the reference
 // payload's share, but never less than the smallest payload that holds a
 // stream (StreamCodec::MinPayloadBytes). Below n = 512 it codes fewer bits
