@@ -12,10 +12,12 @@ Runs `driftkv-codec eval` (default containers) for n in 64..2048 on
              queries, so attention is per real head); n = 64 splits each
              head into dims 0-63 and 64-127 (not a real head: RoPE pairs
              dim i with i + 64, so no attention figure).
-and prints a markdown table (nmse_k, nmse_v, attn_rel_err, resolved
-payload bytes and bits per value).
+and prints a markdown table (nmse_k, nmse_v, attn_rel_err, stored bits
+per value as `Info` counts them). Each n < 512 is run twice on the same
+data: at today's default containers and at the default of earlier releases
+(BEFORE, pinned with --k-bytes/--v-bytes; --no-before skips it).
 
-  bench/small_shape_envelope.py --codec-bin bazel-bin/tools/driftkv-codec [--out DIR]
+  bench/small_shape_envelope.py --codec-bin bazel-bin/tools/driftkv-codec [--out DIR] [--no-before]
 """
 import argparse
 import json
@@ -27,14 +29,19 @@ import numpy as np
 
 NS = [64, 128, 256, 512, 1024, 2048]
 
+# Key and value payload bytes of the default containers of n < 512 before
+# they coded the reference's bits per value (LegacyDefaultPayloadBytes,
+# docs/api.md "Default containers", column "before"); n >= 512 kept theirs.
+BEFORE = {64: (18, 15), 128: (40, 25), 256: (80, 56)}
+
 
 def eval_dir(repo):
     d = os.environ.get("DRIFTKV_EVAL_DIR") or os.path.join(repo, "..", "shared", "eval")
     return d if os.path.exists(os.path.join(d, "fixture_public.k.bin")) else None
 
 
-def run(codec_bin, out, name, k, v, q, q_heads):
-    """k, v: [L][T][H][D]; q: [L][Q][QH][D] or None. Returns eval's JSON."""
+def run(codec_bin, out, name, k, v, q, q_heads, extra=()):
+    """k, v: [L][T][H][D]; q: [L][Q][QH][D] or None; extra: more eval flags. Returns eval's JSON."""
     paths = {}
     for what, x in (("k", k), ("v", v), ("q", q)):
         if x is None:
@@ -42,7 +49,7 @@ def run(codec_bin, out, name, k, v, q, q_heads):
         paths[what] = os.path.join(out, f"{name}.{what}.bin")
         np.ascontiguousarray(x, dtype=np.float32).tofile(paths[what])
     cmd = [codec_bin, "eval", "--keys", paths["k"], "--values", paths["v"], "--shape", ",".join(map(str, k.shape)),
-           "--json"]
+           "--json", *extra]
     if q is not None:
         cmd += ["--queries", paths["q"], "--q-heads", str(q_heads)]
     res = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -86,6 +93,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--codec-bin", required=True)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-before", action="store_true", help="skip the runs at the earlier containers")
     a = ap.parse_args()
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = a.out or tempfile.mkdtemp()
@@ -99,16 +107,22 @@ def main():
                 continue
             k, v, q, qh = synthetic(n, rng) if data == "synthetic" else real(n, e)
             r = run(a.codec_bin, out, f"{data}{n}", k, v, q, qh)
-            rows.append((n, data, k.shape, r))
-    print("| n | data | shape L,T,H,D | nmse_k | nmse_v | attn_rel_err | bits/value k, v |")
-    print("| ---: | --- | --- | ---: | ---: | ---: | --- |")
-    for n, data, shape, r in rows:
+            rows.append((n, data, k.shape, "default", r))
+            if n in BEFORE and not a.no_before:
+                kb, vb = BEFORE[n]
+                r = run(a.codec_bin, out, f"{data}{n}", k, v, q, qh, ["--k-bytes", str(kb), "--v-bytes", str(vb)])
+                rows.append((n, data, k.shape, f"before: {kb}, {vb}", r))
+    print("| n | data | shape L,T,H,D | containers | nmse_k | nmse_v | attn_rel_err | bits/value k, v |")
+    print("| ---: | --- | --- | --- | ---: | ---: | ---: | --- |")
+    for n, data, shape, containers, r in rows:
         attn = r.get("attn_rel_err")
         bpv = r.get("bits_per_value", {})
-        print(f"| {n} | {data} | {','.join(map(str, shape))} | {r['nmse_k']:.4f} | {r['nmse_v']:.4f} | "
-              f"{'-' if attn is None else f'{attn:.3f}'} | {bpv.get('k', 0):.3f}, {bpv.get('v', 0):.3f} |")
+        print(f"| {n} | {data} | {','.join(map(str, shape))} | {containers} | {r['nmse_k']:.4f} | "
+              f"{r['nmse_v']:.4f} | {'-' if attn is None else f'{attn:.3f}'} | "
+              f"{bpv.get('k', 0):.3f}, {bpv.get('v', 0):.3f} |")
     with open(os.path.join(out, "envelope.json"), "w") as f:
-        json.dump([{"n": n, "data": d, "shape": list(s), "eval": r} for n, d, s, r in rows], f, indent=1)
+        json.dump([{"n": n, "data": d, "shape": list(s), "containers": c, "eval": r} for n, d, s, c, r in rows], f,
+                  indent=1)
 
 
 if __name__ == "__main__":

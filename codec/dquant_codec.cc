@@ -55,6 +55,24 @@ int BytesForCodedBits(double bits, int n) {
 }  // namespace
 
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
+  if (n >= kCodedBitsRuleBelow) return LegacyDefaultPayloadBytes(n, reference_bytes, levels, alpha);
+  // CodedBitsPerValue(C, n) >= CodedBitsPerValue(R, 1024), in integers:
+  // 8 C - 32 >= (8 R - 32) n / 1024, so C = ceil(((8 R - 32) n + 32768) / 8192).
+  const int64_t coded_bits = 8 * static_cast<int64_t>(reference_bytes) - kStateBits;  // 2616 or 1816
+  const int64_t scale = 8 * static_cast<int64_t>(kReferenceStreamLength);
+  int64_t bytes = (coded_bits * n + kStateBits * kReferenceStreamLength + scale - 1) / scale;
+  uint16_t freq[kMaxLevels];
+  if (ModelFrequencies(n, levels, alpha, freq).ok()) {
+    absl::StatusOr<int> min_bytes = StreamCodec::MinPayloadBytes(n, levels, freq);
+    if (min_bytes.ok()) bytes = std::max<int64_t>(bytes, *min_bytes);
+  }
+  // The stride's alignment bytes: RecordStride(C) - 4 is C rounded up to a
+  // multiple of 4, since the header is 4 bytes.
+  static_assert(kRecordHeaderBytes % kRecordAlign == 0, "C + header is aligned when C is");
+  return static_cast<int>((bytes + kRecordAlign - 1) / kRecordAlign * kRecordAlign);
+}
+
+int LegacyDefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha) {
   // Keep the reference's stored bits per value: the record stride is the
   // reference stride's share for n, rounded to the nearest multiple of 4
   // (ties up), and the payload may not exceed its share of the reference
@@ -82,12 +100,15 @@ std::string QualityEnvelopeWarning(const DQuantCodec& codec) {
   const double key_ref = CodedBitsPerValue(kReferenceKeyBytes, kReferenceStreamLength);
   const double value_ref = CodedBitsPerValue(kReferenceValueBytes, kReferenceStreamLength);
   if (key >= kQualityEnvelopeShare * key_ref && value >= kQualityEnvelopeShare * value_ref) return "";
+  const DQuantConfig& c = codec.config();
   return absl::StrFormat(
-      "kv_heads x head_dim = %d is outside D-Quant's quality envelope: a record's 8 fixed bytes (grid, rANS "
-      "state) leave %.2f/%.2f coded bits per key/value against %.2f/%.2f at n = 1024, so expect a larger "
-      "NMSE and attention error (docs/quality.md \"Small shapes\"); codec.key_bytes/value_bytes of %d/%d "
-      "code the reference's bits",
-      n, key, value, key_ref, value_ref, BytesForCodedBits(key_ref, n), BytesForCodedBits(value_ref, n));
+      "kv_heads x head_dim = %d with key_bytes/value_bytes %d/%d is outside D-Quant's quality envelope: a "
+      "record's 8 fixed bytes (grid, rANS state) leave %.2f/%.2f coded bits per key/value against %.2f/%.2f at "
+      "n = 1024, so expect a larger NMSE and attention error (docs/quality.md \"Small shapes\"); "
+      "codec.key_bytes/value_bytes of at least %d/%d code the reference's bits (unset, they resolve to %d/%d)",
+      n, c.key_bytes, c.value_bytes, key, value, key_ref, value_ref, BytesForCodedBits(key_ref, n),
+      BytesForCodedBits(value_ref, n), DefaultPayloadBytes(n, kReferenceKeyBytes, c.key_levels, c.alpha),
+      DefaultPayloadBytes(n, kReferenceValueBytes, c.value_levels, c.alpha));
 }
 
 absl::Status DQuantConfig::Validate() const {

@@ -48,10 +48,8 @@ struct DQuantConfig {
   int head_dim = 0;
   int key_levels = kDefaultKeyLevels;
   int value_levels = kDefaultValueLevels;
-  // Payload bytes per stream; 0 picks the reference bits per value for this
-  // n: 331 and 231 at n = 1024, otherwise a record of the reference's
-  // share of bytes (see DefaultPayloadBytes), but never less than the
-  // smallest payload that can hold a stream.
+  // Payload bytes per stream; 0 picks DefaultPayloadBytes for this n (331
+  // and 231 at n = 1024). DQuantCodec::config() holds the resolved sizes.
   int key_bytes = 0;
   int value_bytes = 0;
   double alpha = kDefaultAlpha;
@@ -126,29 +124,57 @@ class DQuantCodec {
   StreamCodec values_;
 };
 
-// The resolved payload size for a stream of n values (see key_bytes).
+// The resolved payload size C of a stream of n values when key_bytes
+// (value_bytes) is 0; `reference_bytes` is the reference payload R at n =
+// 1024 (kReferenceKeyBytes or kReferenceValueBytes). docs/api.md "Default
+// containers" writes the rule out.
+//   n >= kCodedBitsRuleBelow: LegacyDefaultPayloadBytes, the reference's
+//     stored bits per value (the defaults of every earlier release).
+//   n <  kCodedBitsRuleBelow: a record's 8 fixed bytes (grid and rANS state)
+//     are charged to the record, not to the payload: the smallest C that
+//     codes the reference's bits per value, CodedBitsPerValue(C, n) >=
+//     CodedBitsPerValue(R, 1024), but not less than the smallest payload
+//     that holds a stream, rounded up to a multiple of 4 (the stride's
+//     alignment bytes, which cost no memory).
 int DefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
+
+// Where DefaultPayloadBytes switches rules. The legacy rule codes 98% of
+// the reference's bits per value at n = 512 and 92% at n = 256 against the
+// 95% of kQualityEnvelopeShare; shapes from 512 up keep their containers.
+constexpr int kCodedBitsRuleBelow = 512;
+
+// The default of every n in earlier releases, which still resolves the
+// key_bytes=0 / value_bytes=0 of the pool files they wrote (version 1,
+// codec/pool_file.h) and recognises the sizes of their servers'
+// snapshots: the record stride is the reference stride's share for
+// n, rounded to a multiple of 4, and the payload at most the reference
+// payload's share, but never less than the smallest payload that holds a
+// stream (StreamCodec::MinPayloadBytes). Below n = 512 it codes fewer bits
+// per value than the reference (the fixed bytes take a growing share).
+int LegacyDefaultPayloadBytes(int n, int reference_bytes, int levels, double alpha);
 
 // Bits per value the rANS coder may spend on a stream of n values in a
 // payload of C bytes: 8 C less the flushed state (kStateBits), over n.
-// A record also stores a 4-byte grid, so 8 of its bytes are fixed costs;
-// DefaultPayloadBytes keeps the reference's *stored* bits per value, so at
-// small n the fixed bytes take a growing share and fewer bits are coded:
-// keys 2.55 and values 1.77 at n = 1024, 2.38 and 1.63 at n = 256. At
-// n = 128 the values' payload is the smallest that holds any stream (the
-// all-central one), so nearly every value is coded as the central level.
+// A record also stores a 4-byte grid, so 8 of its bytes are fixed costs:
+// keeping the reference's *stored* bits per value (LegacyDefaultPayloadBytes)
+// codes fewer bits at small n (keys 2.55 and values 1.77 at n = 1024, 2.38
+// and 1.63 at n = 256; at n = 128 the values' payload is the smallest that
+// holds any stream, the all-central one), which DefaultPayloadBytes avoids
+// below n = 512.
 double CodedBitsPerValue(int payload_bytes, int n);
 
 // The quality envelope (docs/quality.md "Small shapes"): streams whose
 // coded bits per value are at least this share of the reference's (n =
 // 1024, 331 and 231 bytes) meet the documented NMSE bars. Measured at the
-// default containers: n = 512 codes 98-99% of the reference's bits and
-// meets them; n = 256 codes 92-93% and its value NMSE is 24% higher.
+// legacy containers: n = 512 codes 98-99% of the reference's bits and
+// meets them; n = 256 codes 92-93% and its value NMSE is 24% higher. The
+// default containers are inside it at every n; pinned ones may not be.
 constexpr double kQualityEnvelopeShare = 0.95;
 
 // Empty when both streams of `codec` are inside the envelope; otherwise one
-// line for the server's stderr naming n, the coded bits per value against
-// the reference's, and what to do about it.
+// line for the server's stderr naming n, the payloads, the coded bits per
+// value against the reference's, and the payloads that would code the
+// reference's bits (at least, and the defaults for n).
 std::string QualityEnvelopeWarning(const DQuantCodec& codec);
 
 }  // namespace driftkv

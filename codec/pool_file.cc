@@ -158,6 +158,51 @@ absl::Status ParseOptionsText(const std::string& text, CodecOptions* options, Po
   return absl::OkStatus();
 }
 
+// The options a file of kPoolVersion stores: a codec with payload sizes
+// (D-Quant) has them resolved, a 0 replaced by what `c` resolved it to.
+absl::StatusOr<CodecOptions> OptionsToStore(const CodecOptions& options, const KvCodec& c) {
+  const KvCodec::Settings s = c.settings();
+  CodecOptions o = options;
+  if (s.key_payload_bytes == 0 && s.value_payload_bytes == 0) {
+    // No such knob; D-Quant has it, and a 0 in its file would be refused.
+    if (o.name != "dquant") return o;
+    return absl::InvalidArgumentError("the pool's D-Quant codec does not report its payload sizes");
+  }
+  if ((o.key_bytes != 0 && o.key_bytes != s.key_payload_bytes) ||
+      (o.value_bytes != 0 && o.value_bytes != s.value_payload_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("pool options key_bytes=", o.key_bytes,
+                                                   " value_bytes=", o.value_bytes, " but its codec has ",
+                                                   s.key_payload_bytes, " and ", s.value_payload_bytes));
+  }
+  o.key_bytes = s.key_payload_bytes;
+  o.value_bytes = s.value_payload_bytes;
+  return o;
+}
+
+// D-Quant's payload sizes as the file's writer resolved them. Version 1
+// stored 0 for the default: the rule of the releases that wrote it
+// resolves it, never today's (which may differ). From version 2 a 0 would
+// be ambiguous and is refused.
+absl::Status ResolveStoredPayloads(uint32_t version, CodecOptions* o) {
+  if (o->name != "dquant") return absl::OkStatus();
+  if (version >= kPoolFirstResolvedVersion) {
+    if (o->key_bytes > 0 && o->value_bytes > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("pool file version ", version, " stores key_bytes=", o->key_bytes,
+                                                   " value_bytes=", o->value_bytes,
+                                                   "; from version 2 both are the resolved payload sizes"));
+  }
+  if (o->key_bytes != 0 && o->value_bytes != 0) return absl::OkStatus();
+  // n only after the codec's range checks of the shape.
+  absl::StatusOr<std::unique_ptr<KvCodec>> checked = MakeKvCodec(*o);
+  if (!checked.ok()) return checked.status();
+  const int n = (*checked)->n();
+  if (o->key_bytes == 0) o->key_bytes = LegacyDefaultPayloadBytes(n, kReferenceKeyBytes, o->key_levels, o->alpha);
+  if (o->value_bytes == 0) {
+    o->value_bytes = LegacyDefaultPayloadBytes(n, kReferenceValueBytes, o->value_levels, o->alpha);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> SerializePool(const Pool& pool) {
@@ -165,7 +210,9 @@ absl::StatusOr<std::string> SerializePool(const Pool& pool) {
   if (pool.layers.empty()) return absl::InvalidArgumentError("pool has no layers");
   const int64_t compressed = pool.layers[0].compressed;
   const Geometry g = LayerGeometry(c, pool.tokens, compressed);
-  const std::string options = FormatCodecOptions(pool.options) + FormatPoolTransform(pool.transform);
+  absl::StatusOr<CodecOptions> stored = OptionsToStore(pool.options, c);
+  if (!stored.ok()) return stored.status();
+  const std::string options = FormatCodecOptions(*stored) + FormatPoolTransform(pool.transform);
   const int64_t header = (kPoolFixedHeaderBytes + options.size() + 63) / 64 * 64;
   std::string out(header + g.layer_stride * pool.layers.size(), '\0');
   std::memcpy(&out[0], kPoolMagic, 8);
@@ -219,9 +266,9 @@ absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
     return absl::InvalidArgumentError("not a driftkv pool file (bad magic)");
   }
   const uint32_t version = GetU32(bytes, 8);
-  if (version != kPoolVersion) {
+  if (version < 1 || version > kPoolVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pool file version ", version, " is not supported (this build reads ", kPoolVersion, ")"));
+        absl::StrCat("pool file version ", version, " is not supported (this build reads 1 to ", kPoolVersion, ")"));
   }
   const uint64_t header = GetU32(bytes, 12);
   const uint32_t options_bytes = GetU32(bytes, 52);
@@ -232,6 +279,7 @@ absl::StatusOr<Pool> ParsePool(const std::string& bytes) {
   Pool pool;
   absl::Status st =
       ParseOptionsText(bytes.substr(kPoolFixedHeaderBytes, options_bytes), &pool.options, &pool.transform);
+  if (st.ok()) st = ResolveStoredPayloads(version, &pool.options);
   if (!st.ok()) return st;
   absl::StatusOr<std::unique_ptr<KvCodec>> codec = MakeKvCodec(pool.options);
   if (!codec.ok()) return codec.status();

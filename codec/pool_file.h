@@ -4,7 +4,7 @@
 // (little-endian):
 //
 //   [0:8)     magic "DKVPOOL\0"
-//   [8:12)    version (1)
+//   [8:12)    version (2; readers take 1 and 2)
 //   [12:16)   header_bytes: offset of layer 0
 //   [16:20)   layers           [20:24)  tokens per layer
 //   [24:28)   kv_heads         [28:32)  head_dim
@@ -24,6 +24,14 @@
 //     window keys   [tokens - compressed][kv_heads][head_dim] bf16
 //     window values [tokens - compressed][kv_heads][head_dim] bf16
 //
+// Versions: 1 stores key_bytes=0 / value_bytes=0 for D-Quant's default
+// containers, "the default for n" of the writer's release; 2 (the same
+// layout) always stores the resolved payload sizes, so that a later change
+// of the default cannot change how a file reads. A reader resolves the 0 of
+// a version 1 file with LegacyDefaultPayloadBytes (codec/dquant_codec.h),
+// the rule of every release that wrote version 1, and a 0 in a version 2
+// D-Quant file is refused.
+//
 // Reading checks the magic, the version, that the codec rebuilt from the
 // options has the stored strides and frequencies, and the file size; every
 // failure is a status naming the field.
@@ -42,7 +50,8 @@
 namespace driftkv {
 
 constexpr char kPoolMagic[8] = {'D', 'K', 'V', 'P', 'O', 'O', 'L', '\0'};
-constexpr uint32_t kPoolVersion = 1;
+constexpr uint32_t kPoolVersion = 2;
+constexpr uint32_t kPoolFirstResolvedVersion = 2;  // key_bytes/value_bytes never 0
 constexpr int kPoolFixedHeaderBytes = 128;
 
 // The transform stage (codec/transform/transform.h) the pool was written behind,
@@ -60,6 +69,8 @@ struct PoolTransform {
 };
 
 struct Pool {
+  // As read: D-Quant's key_bytes/value_bytes resolved (never 0). SerializePool
+  // writes the payloads of `codec` in place of a 0.
   CodecOptions options;
   PoolTransform transform;
   // Built from `options` alone: for wush the inner codec (rotation

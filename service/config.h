@@ -168,9 +168,10 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& config);
 
 // Empty, or one line for stderr at start when the D-Quant codec of resolved
 // options is outside its quality envelope (QualityEnvelopeWarning of
-// codec/dquant_codec.h: at the default containers, kv_heads * head_dim
-// below 512). Other codecs, and options whose codec does not build, give
-// empty (the server's start reports the latter).
+// codec/dquant_codec.h: key_bytes or value_bytes set below what codes 95%
+// of the reference's bits per value; the defaults never are). Other
+// codecs, and options whose codec does not build, give empty (the server's
+// start reports the latter).
 std::string QualityWarning(const ServiceOptions& options);
 
 // "identity", "hadamard" or "wush".

@@ -89,8 +89,6 @@ int main(int argc, char** argv) {
     std::cerr << "driftkv-server: invalid config " << path << ": " << options.status().message() << "\n";
     return 2;
   }
-  const std::string quality = driftkv::QualityWarning(*options);
-  if (!quality.empty()) std::cerr << "driftkv-server: warning: " << quality << "\n";
   // SIGINT/SIGTERM/SIGHUP are blocked in every thread (the server's threads
   // inherit the mask) and taken synchronously by sigwait below: no signal
   // handler runs.
@@ -105,6 +103,10 @@ int main(int argc, char** argv) {
     std::cerr << "driftkv-server: " << server.status().message() << "\n";
     return 1;
   }
+  // The codec in force: the config's, or a snapshot's payload sizes (kept).
+  if (!(*server)->kept_payloads().empty()) std::cerr << "driftkv-server: " << (*server)->kept_payloads() << "\n";
+  const std::string quality = driftkv::QualityWarning((*server)->handler().options());
+  if (!quality.empty()) std::cerr << "driftkv-server: warning: " << quality << "\n";
   driftkv::v1::InfoResponse info;
   (*server)->handler().Info(&info);
   std::printf(

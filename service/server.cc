@@ -12,6 +12,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "service/credentials.h"
+#include "service/snapshot_compat.h"
 
 namespace driftkv {
 namespace {
@@ -60,6 +61,8 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
     if (!files.ok()) return files.status();
     s->certificates_ = std::make_unique<CertificateSource>(*std::move(files));
   }
+  // A snapshot of the earlier default containers keeps them (service/snapshot_compat.h).
+  s->kept_payloads_ = KeepSnapshotPayloads(&s->options_);
   absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(s->options_, s->metrics_.get(), hooks.clock);
   if (!handler.ok()) return handler.status();
   s->handler_ = *std::move(handler);

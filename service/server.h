@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -75,6 +76,10 @@ class DriftkvServer {
   absl::Status ReloadCredentials() { return reloader_->ReloadAll(); }
   // What Start restored from options.snapshot_dir (zeros: none).
   const Handler::SnapshotSummary& restored() const { return restored_; }
+  // The line of KeepSnapshotPayloads (service/snapshot_compat.h) when Start
+  // kept a snapshot's payload sizes in place of the config's defaults ("":
+  // it did not); handler().options() holds the sizes in force.
+  const std::string& kept_payloads() const { return kept_payloads_; }
   void Wait() { server_->Wait(); }
 
  private:
@@ -113,6 +118,7 @@ class DriftkvServer {
   absl::Notification stop_;
   ServiceOptions options_;
   Handler::SnapshotSummary restored_;
+  std::string kept_payloads_;
   int port_ = 0;
   int metrics_port_ = 0;
   int health_port_ = 0;

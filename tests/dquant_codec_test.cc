@@ -151,9 +151,9 @@ TEST(DQuant, IdentityRotation) {
     err += (k[i] - kh[i]) * (k[i] - kh[i]);
     sum += k[i] * k[i];
   }
-  // n = 96 at the reference bits per value: the 4-byte grid and 4-byte rANS
-  // state cost 0.67 bits per value here, so the error sits above the
-  // n = 1024 figure (0.062); a broken path gives O(1).
+  // n = 96: the default containers code the reference's bits per value
+  // (docs/api.md "Default containers"), so the error is about the n = 1024
+  // figure (0.062; 0.041 here); a broken path gives O(1).
   EXPECT_LT(err / sum, 0.15);
   const auto& dq = static_cast<const DQuantKvCodec&>(**codec).codec();
   const std::vector<CompressedBlock> blocks = LayerBlocks(**codec, enc, enc.compressed);
@@ -212,13 +212,16 @@ TEST(DQuant, NonFiniteInputNamesTheToken) {
 }
 
 TEST(DQuant, DefaultContainerKeepsBitsPerValue) {
-  // n = 128 cannot: the all-central value stream alone needs 25 bytes
-  // there (4 + 128 x 1.28 bits), so its record is 32 bytes, not 28.
-  for (int n_heads : {2, 4, 8, 16}) {
+  // From n = 512 up the default keeps the reference's stored bits.
+  for (int n_heads : {4, 8, 16}) {
     auto codec = Make(n_heads, 128);
     const double bits = 0.5 * (codec->key_bits_per_value() + codec->value_bits_per_value());
     EXPECT_NEAR(bits, 2.26, 0.03) << n_heads;
   }
+  // Below, it keeps the reference's coded bits instead, and stores more:
+  // n = 256 records of 92 and 68 bytes, n = 128 of 52 and 40.
+  EXPECT_NEAR(0.5 * (Make(2, 128)->key_bits_per_value() + Make(2, 128)->value_bits_per_value()), 2.53, 0.01);
+  EXPECT_NEAR(0.5 * (Make(1, 128)->key_bits_per_value() + Make(1, 128)->value_bits_per_value()), 2.91, 0.01);
 }
 
 TEST(PoolFile, RoundTripsAndRejectsDamage) {
@@ -248,8 +251,8 @@ TEST(PoolFile, RoundTripsAndRejectsDamage) {
   bad[0] = 'X';
   EXPECT_NE(ParsePool(bad).status().message().find("magic"), std::string::npos);
   bad = *bytes;
-  bad[8] = 2;
-  EXPECT_NE(ParsePool(bad).status().message().find("version 2"), std::string::npos);
+  bad[8] = 3;
+  EXPECT_NE(ParsePool(bad).status().message().find("version 3"), std::string::npos);
   EXPECT_FALSE(ParsePool(bytes->substr(0, bytes->size() - 1)).ok());
   EXPECT_FALSE(ParsePool(bytes->substr(0, 50)).ok());
   bad = *bytes;

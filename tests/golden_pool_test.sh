@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Golden pool files: what `driftkv-codec encode` writes must not change
-# (same bytes for the same inputs and flags), and what `decode` returns for
-# them must not change either. The files in tests/testdata/ were written
+# (same records for the same inputs and flags), and what `decode` returns
+# for them must not change either. The files in tests/testdata/ were written
 # with the commands below before the restructuring of the source tree; a
 # refactoring that changes one byte fails here. Those two were written with
 # the least-squares value grid, the default then: `--v-refit least_squares`
 # must still write them. The *_unbiased files were written with the
 # default since ("unbiased", codec/stream_codec.h step 6) by the same
 # commands without --v-refit.
+#
+# They are pool files of version 1 (key_bytes=0 value_bytes=0 in their
+# options, 40 and 25 bytes as their writer resolved them); encode now
+# writes version 2, which records the resolved payload sizes
+# (codec/pool_file.h "Versions"), and n = 128 now defaults to 48 and 36
+# bytes (docs/api.md "Default containers"). A fresh file written with
+# --k-bytes 40 --v-bytes 25 must therefore equal its golden one in every
+# byte but the version and the options text (and the options' length), and
+# decode to the same floats. The file of today's defaults is pinned by its
+# SHA-256 (recorded when the defaults changed).
 #
 #   synth-kv --out s --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7
 #   synth-kv --out c --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8
@@ -34,6 +44,20 @@ sum() { sha256sum "$1" | cut -d' ' -f1; }
 expect_sum() {  # expect_sum FILE SHA256 WHAT
   [ "$(sum "$1")" = "$2" ] || fail "$3 changed: sha256 $(sum "$1"), expected $2"
 }
+u32() { od -An -tu4 -j "$2" -N4 "$1" | tr -d ' '; }  # u32 FILE OFFSET
+bytes() { tail -c +$(($2 + 1)) "$1" | head -c "$3"; }  # bytes FILE OFFSET COUNT
+# same_pool FRESH GOLDEN WHAT: FRESH is version 2 with the resolved payloads
+# of the golden version 1 file, and its header fields and layers are the
+# golden file's.
+same_pool() {
+  [ "$(u32 "$1" 8)" = 2 ] || fail "$3: version $(u32 "$1" 8), expected 2"
+  [ "$(u32 "$2" 8)" = 1 ] || fail "$3: the golden file is not version 1"
+  grep -aq " key_bytes=40 value_bytes=25 " "$1" || fail "$3: the options do not record key_bytes=40 value_bytes=25"
+  cmp <(bytes "$1" 12 40) <(bytes "$2" 12 40) >/dev/null || fail "$3: header [12, 52) differs from the golden one"
+  cmp <(bytes "$1" 56 72) <(bytes "$2" 56 72) >/dev/null || fail "$3: header [56, 128) differs from the golden one"
+  cmp <(tail -c +$(($(u32 "$1" 12) + 1)) "$1") <(tail -c +$(($(u32 "$2" 12) + 1)) "$2") >/dev/null ||
+    fail "$3: the layers differ from the golden ones"
+}
 
 "$synth" --out "$tmp/s" --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 --query-tokens 16 --seed 7 >/dev/null
 "$synth" --out "$tmp/c" --layers 2 --tokens 256 --kv-heads 2 --head-dim 64 --query-tokens 64 --seed 8 >/dev/null
@@ -45,16 +69,16 @@ expect_sum "$tmp/c.k" e118a6d7aabd90723886e3bb305a31b791ec20c8cd1f849d884f6fd8e7
   --out "$tmp/c.xfm" 2>/dev/null
 expect_sum "$tmp/c.xfm" c1d82b27f953656b005349d0540212f021758feedc22a32c8777fd538b1c117a "transforms file"
 
-enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44)
+enc=(encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44 --k-bytes 40 --v-bytes 25)
 "$codec" "${enc[@]}" --v-refit least_squares --out "$tmp/dquant.dkv" >/dev/null
-cmp "$tmp/dquant.dkv" "$golden_dquant" || fail "the D-Quant pool file differs from the golden one"
+same_pool "$tmp/dquant.dkv" "$golden_dquant" "the D-Quant pool file"
 "$codec" "${enc[@]}" --v-refit least_squares --transform wush --transforms "$tmp/c.xfm" \
   --out "$tmp/wush.dkv" >/dev/null
-cmp "$tmp/wush.dkv" "$golden_wush" || fail "the WUSH pool file differs from the golden one"
+same_pool "$tmp/wush.dkv" "$golden_wush" "the WUSH pool file"
 "$codec" "${enc[@]}" --out "$tmp/dquant_u.dkv" >/dev/null
-cmp "$tmp/dquant_u.dkv" "$golden_dquant_unbiased" || fail "the default D-Quant pool file differs from the golden one"
+same_pool "$tmp/dquant_u.dkv" "$golden_dquant_unbiased" "the default D-Quant pool file"
 "$codec" "${enc[@]}" --transform wush --transforms "$tmp/c.xfm" --out "$tmp/wush_u.dkv" >/dev/null
-cmp "$tmp/wush_u.dkv" "$golden_wush_unbiased" || fail "the default WUSH pool file differs from the golden one"
+same_pool "$tmp/wush_u.dkv" "$golden_wush_unbiased" "the default WUSH pool file"
 
 # Decoding the committed files (not the fresh ones) gives the same floats as before.
 "$codec" decode --in "$golden_dquant" --out "$tmp/rd" >/dev/null
@@ -70,4 +94,17 @@ expect_sum "$tmp/ud.v" c57efb32ec460ad37a8b0f3d157c55bc013b4159bded0af53f70213a7
 "$codec" decode --in "$golden_wush_unbiased" --out "$tmp/uw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
 expect_sum "$tmp/uw.k" fb6ca70a48ecf3a6e5c5aaeff924b1f3d28f36315beb9400ca1ffa85f97d25c7 "decoded default WUSH keys"
 expect_sum "$tmp/uw.v" 6135e910bb2dd5566cf7cd626f0e87a66efadc78610ae70dcc5c77b212fe44af "decoded default WUSH values"
+# The fresh version 2 files decode to the same floats as their golden ones.
+"$codec" decode --in "$tmp/dquant_u.dkv" --out "$tmp/fd" >/dev/null
+cmp "$tmp/fd.k" "$tmp/ud.k" && cmp "$tmp/fd.v" "$tmp/ud.v" || fail "the fresh D-Quant file decodes differently"
+"$codec" decode --in "$tmp/wush_u.dkv" --out "$tmp/fw" --transform wush --transforms "$tmp/c.xfm" >/dev/null
+cmp "$tmp/fw.k" "$tmp/uw.k" && cmp "$tmp/fw.v" "$tmp/uw.v" || fail "the fresh WUSH file decodes differently"
+
+# Today's default containers for n = 128 (48 and 36 bytes).
+"$codec" encode --keys "$tmp/s.k" --values "$tmp/s.v" --shape 2,300,2,64 --residual 44 --out "$tmp/now.dkv" >/dev/null
+grep -aq " key_bytes=48 value_bytes=36 " "$tmp/now.dkv" || fail "the default containers of n = 128 are not 48/36"
+expect_sum "$tmp/now.dkv" 1814ad6200db2efbd363f9ddb65025c0ee74738d63abd694d5d9762353af7bcf "the D-Quant pool file of today's defaults"
+"$codec" decode --in "$tmp/now.dkv" --out "$tmp/nd" >/dev/null
+expect_sum "$tmp/nd.k" c2d3f5ad65f502832e15c91fe634b755a47b1c7c47e5466062ca04c8b5cbfa12 "decoded D-Quant keys of today's defaults"
+expect_sum "$tmp/nd.v" 69f7b1e237194f984646e730c2c886f14eab13a96ac21c014ac9ac3b066a5089 "decoded D-Quant values of today's defaults"
 echo PASS

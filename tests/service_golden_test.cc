@@ -11,6 +11,12 @@
 // tests below select explicitly so that the old behaviour keeps its bytes;
 // the *Unbiased tests pin the default grid ("unbiased").
 //
+// All were recorded with the default containers of n = 128 then, 40 and
+// 25 payload bytes; Options pins those, so that the figures keep meaning
+// "no stored byte moved" (and show that a config with the sizes set is
+// served as before). The defaults of n = 128 are 48 and 36 bytes since
+// (docs/api.md "Default containers"): TodaysDefaultContainers pins them.
+//
 // The Attend checksums were recorded again when the bf16 window's attention
 // became block-wise (codec/compressed_attention.h: scores of up to
 // kWindowBlockTokens tokens in eight partial sums, one softmax update per
@@ -141,8 +147,13 @@ void Expect(const char* name, const Golden& got, const Golden& want, bool check_
   EXPECT_EQ(got.capacity_pages, want.capacity_pages) << name << ": pages in the pool";
 }
 
+// The containers the figures were recorded with (LegacyDefaultPayloadBytes of n = 128).
+constexpr int kRecordedKeyBytes = 40, kRecordedValueBytes = 25;
+
 ServiceOptions Options(int page_tokens, int window_tokens, Refit refit = Refit::kLeastSquares) {
   ServiceOptions o = testing::SmallOptions(1u << 20);
+  o.codec.key_bytes = kRecordedKeyBytes;
+  o.codec.value_bytes = kRecordedValueBytes;
   o.codec.value_refit = refit;
   o.codec.mean_window = page_tokens;
   o.window_tokens = window_tokens;
@@ -180,6 +191,20 @@ TEST(ServiceGoldenTest, IdentityTransform) {
   o.codec.hadamard = false;
   Expect("identity", RunService(o), {0x02fb89dc0b8f939aull, 0x0ad372ba86c76997ull, 0x609d320ff057915cull, 2624, 399},
          true);
+}
+
+// The default containers of n = 128 since they code the reference's bits
+// per value (48 and 36 bytes; recorded when they became the default).
+TEST(ServiceGoldenTest, TodaysDefaultContainers) {
+  static_assert(kRecordedKeyBytes == 40 && kRecordedValueBytes == 25, "the legacy defaults of n = 128");
+  EXPECT_EQ(LegacyDefaultPayloadBytes(kN, kReferenceKeyBytes, kDefaultKeyLevels, kDefaultAlpha), kRecordedKeyBytes);
+  EXPECT_EQ(LegacyDefaultPayloadBytes(kN, kReferenceValueBytes, kDefaultValueLevels, kDefaultAlpha),
+            kRecordedValueBytes);
+  ServiceOptions o = Options(128, 128, Refit::kUnbiased);
+  o.codec.key_bytes = 0;
+  o.codec.value_bytes = 0;
+  Expect("default containers", RunService(o),
+         {0x663de062a11e1fedull, 0x7709a83d7b0b900eull, 0x500f8d68c24dbd73ull, 11968, 87}, true);
 }
 
 // WUSH: pages and Read are pinned; Attend is checked by service_wush_test.
