@@ -33,14 +33,18 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& lay
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the pool arena of ", bytes, " bytes"));
   }
   std::memset(pool->arena_.get(), 0, bytes);  // commits the memory now, not on first use
-  pool->free_.resize(partitions);
   for (int k = 0; k <= partitions; ++k) {
     pool->begin_.push_back(static_cast<PageId>(static_cast<int64_t>(pages) * k / partitions));
   }
-  for (int k = 0; k < partitions; ++k) {
-    std::vector<PageId>& f = pool->free_[k];
-    f.reserve(pool->begin_[k + 1] - pool->begin_[k]);
-    for (PageId i = pool->begin_[k + 1] - 1; i >= pool->begin_[k]; --i) f.push_back(i);
+  {
+    absl::MutexLock lock(&pool->mu_);
+    pool->refs_.assign(pages, 0);
+    pool->free_.resize(partitions);
+    for (int k = 0; k < partitions; ++k) {
+      std::vector<PageId>& f = pool->free_[k];
+      f.reserve(pool->begin_[k + 1] - pool->begin_[k]);
+      for (PageId i = pool->begin_[k + 1] - 1; i >= pool->begin_[k]; --i) f.push_back(i);
+    }
   }
   return pool;
 }
@@ -87,12 +91,25 @@ absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partiti
   }
   out.assign(f.end() - count, f.end());
   f.resize(free - count);
+  for (PageId p : out) refs_[p] = 1;
   return out;
+}
+
+void PagePool::Retain(absl::Span<const PageId> pages) {
+  absl::MutexLock lock(&mu_);
+  for (PageId p : pages) ++refs_[p];
 }
 
 void PagePool::Free(const std::vector<PageId>& pages) {
   absl::MutexLock lock(&mu_);
-  for (PageId p : pages) free_[partitions() == 1 ? 0 : partition_of(p)].push_back(p);
+  for (PageId p : pages) {
+    if (--refs_[p] == 0) free_[partitions() == 1 ? 0 : partition_of(p)].push_back(p);
+  }
+}
+
+int32_t PagePool::references(PageId p) const {
+  absl::MutexLock lock(&mu_);
+  return refs_[p];
 }
 
 }  // namespace driftkv

@@ -6,6 +6,16 @@
 // Reserve() is all-or-nothing: either every page asked for is handed out or
 // none is, and RESOURCE_EXHAUSTED names the capacity. Thread-safe.
 //
+// REFERENCES. Every page in use has a reference count: Reserve hands a page
+// out with one, Retain adds one (a second holder sharing the page: a
+// forked sequence, docs/prefix_cache.md), Free drops one and puts the page
+// back on the free list only when none is left. A holder that never
+// retains sees the pool exactly as without counts. The pool does not know
+// who holds a page: pages_in_use counts distinct pages, and whoever
+// charges memory to a tenant decides how a shared page is charged. A page
+// is immutable while shared: its bytes are written once, before its first
+// holder publishes it, and never again (tier moves copy into new pages).
+//
 // PARTITIONS. A pool may be split into `partitions` contiguous ranges of
 // page ids, one per device of a multi-GPU server (backends/multi_device.h):
 // partition k holds ids [partition_begin(k), partition_begin(k + 1)), and
@@ -22,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "codec/compressed_attention.h"
 #include "codec/page_layout.h"
 
@@ -56,8 +67,17 @@ class PagePool {
   // Hands out `count` pages of `partition`, or none: RESOURCE_EXHAUSTED
   // "pool full: ...".
   absl::StatusOr<std::vector<PageId>> Reserve(int64_t count, int partition = 0);
-  // Returns pages to the free list. REQUIRES: each was reserved and not yet freed.
+  // Adds one reference to each of `pages` (a page may appear more than
+  // once: one reference per appearance). REQUIRES: each is in use, and
+  // the caller holds a reference to it for the duration of the call (so
+  // that no Free can return it to the free list meanwhile).
+  void Retain(absl::Span<const PageId> pages);
+  // Drops one reference to each page; a page whose last reference goes
+  // returns to the free list. REQUIRES: each is in use, and the caller
+  // holds the reference it drops.
   void Free(const std::vector<PageId>& pages);
+  // Page p's reference count: 0 when free (tests, tools).
+  int32_t references(PageId p) const;
 
   // Page p's first byte.
   uint8_t* page(PageId p) const { return base(p); }
@@ -82,6 +102,9 @@ class PagePool {
   mutable absl::Mutex mu_;
   // Per partition, LIFO: recently freed pages are warm.
   std::vector<std::vector<PageId>> free_ ABSL_GUARDED_BY(mu_);
+  // Per page: its holders (0: on a free list). 32 bits: a page shared by
+  // more holders than a pool has pages is not a use this pool serves.
+  std::vector<int32_t> refs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace driftkv

@@ -249,6 +249,23 @@ absl::StatusOr<v1::LengthResponse> Client::Length(const std::string& sequence_id
   return response;
 }
 
+absl::StatusOr<v1::ForkResponse> Client::Fork(const std::string& source_sequence_id, const std::string& sequence_id,
+                                              uint64_t tokens, bool new_incarnation) {
+  v1::ForkRequest request;
+  request.set_source_sequence_id(source_sequence_id);
+  request.set_sequence_id(sequence_id);
+  request.set_tokens(tokens);
+  request.set_new_incarnation(new_incarnation);
+  v1::ForkResponse response;
+  grpc::Status st = WithRetries(false, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub_->Fork(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
 absl::StatusOr<v1::InfoResponse> Client::Info() {
   v1::InfoResponse response;
   grpc::Status st = WithRetries(true, [&](int) {

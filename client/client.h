@@ -11,6 +11,8 @@
 //            sets new_token_index; otherwise never (a repeat would append twice);
 //   Read     retried, resuming after the last chunk received;
 //   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
+//   Fork     never (a repeat after a lost answer is ALREADY_EXISTS; Length
+//            of the new id tells whether the first attempt created it);
 //   Length, Info, Stats retried.
 // Thread-safe: one Client may be shared by many threads.
 //
@@ -98,6 +100,11 @@ class Client {
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
   // Token counts of every layer of a sequence (retried: read-only).
   absl::StatusOr<v1::LengthResponse> Length(const std::string& sequence_id);
+  // Creates `sequence_id` sharing the first `tokens` tokens (a multiple of
+  // page_tokens) of every layer of `source_sequence_id` (docs/api.md,
+  // "Fork"); append to it from token `tokens` on. Not retried.
+  absl::StatusOr<v1::ForkResponse> Fork(const std::string& source_sequence_id, const std::string& sequence_id,
+                                        uint64_t tokens, bool new_incarnation = false);
   absl::StatusOr<v1::InfoResponse> Info();
   absl::StatusOr<v1::StatsResponse> Stats();
 

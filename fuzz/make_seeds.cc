@@ -142,6 +142,22 @@ int main(int argc, char** argv) {
     q.set_sequence_id("s");
     Put(out + "/fuzz_request", "release", std::string(1, '\3') + q.SerializeAsString());
   }
+  {
+    // Fork requests of sequence "s" (fuzz_fork.cc): the first byte says
+    // what follows a fork that was made.
+    auto fork = [](const std::string& source, const std::string& id, uint64_t tokens) {
+      v1::ForkRequest f;
+      f.set_source_sequence_id(source);
+      f.set_sequence_id(id);
+      f.set_tokens(tokens);
+      return f.SerializeAsString();
+    };
+    Put(out + "/fuzz_fork", "release", std::string(1, '\0') + fork("s", "f", 16));
+    Put(out + "/fuzz_fork", "append", std::string(1, '\1') + fork("s", "f", 32));
+    Put(out + "/fuzz_fork", "attend", std::string(1, '\2') + fork("s", "f", 16));
+    Put(out + "/fuzz_fork", "keep", std::string(1, '\3') + fork("s", "k", 32));
+    Put(out + "/fuzz_fork", "partial_page", std::string(1, '\0') + fork("s", "f", 8));
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {

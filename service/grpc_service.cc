@@ -108,6 +108,13 @@ grpc::Status KvCacheService::Length(grpc::ServerContext* context, const v1::Leng
   return timer.Finish(ToGrpcStatus(handler_->Length(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::Fork(grpc::ServerContext* context, const v1::ForkRequest* request,
+                                  v1::ForkResponse* response) {
+  RpcTimer timer(metrics_, "Fork");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Fork(*request, response, tenant)));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);

@@ -1,7 +1,7 @@
 // Handler: construction (the codec, the pools, the backend and the
 // collaborators) and the field checks. The RPCs are in handler_append.cc,
-// handler_attend.cc, handler_read.cc, handler_length.cc, handler_admin.cc
-// (Release, expiry, Info, Stats) and handler_snapshot.cc.
+// handler_attend.cc, handler_read.cc, handler_length.cc, handler_fork.cc,
+// handler_admin.cc (Release, expiry, Info, Stats) and handler_snapshot.cc.
 #include "service/handler.h"
 
 #include <algorithm>

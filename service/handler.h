@@ -18,7 +18,8 @@
 //   Sequence::mu         several in ascending address order (only
 //                        Attend locks several; any one total order does);
 //   LayerState::mu       all Sequence::mu before any, layers in ascending
-//                        (sequence address, layer) order;
+//                        (sequence address, layer) order (Attend, and
+//                        Fork: every layer of its source as a reader);
 //   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's, the
 //   tombstones' and RegionTable's locks, the handler's totals; nothing is
 //   acquired under them.
@@ -91,6 +92,12 @@ class Handler {
                        const std::string& tenant = "");
   // Token counts of every layer; NOT_FOUND for an unknown sequence. Not an access for the TTL.
   absl::Status Length(const v1::LengthRequest& request, v1::LengthResponse* response, const std::string& tenant = "");
+  // Creates request.sequence_id sharing the first request.tokens tokens
+  // (whole pages) of every layer of request.source_sequence_id by
+  // reference (handler_fork.cc, docs/prefix_cache.md): the same creation
+  // rules and quotas as an Append's new sequence, each layer in its
+  // source's tier with an empty window. All or nothing.
+  absl::Status Fork(const v1::ForkRequest& request, v1::ForkResponse* response, const std::string& tenant = "");
   // `tenant`: the caller's; with tokens, restored_sequences counts only
   // its own sequences.
   void Info(v1::InfoResponse* response, const std::string& tenant = "") const;

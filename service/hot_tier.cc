@@ -75,6 +75,10 @@ HeldBytes HotTier::MoveBytes(int64_t count, bool to_hot) const {
   return to_hot ? HeldBytes{-cold, hot, 0} : HeldBytes{cold, -hot, 0};
 }
 
+void HotTier::AddShared(const SequencePtr& seq, int layer_index) {
+  AddHot(seq, layer_index, seq->layers[layer_index].id);
+}
+
 void HotTier::FreeLayer(LayerState* layer) {
   hot_.Free(layer->pages);
   RemoveHot(layer->id);

@@ -18,6 +18,11 @@
 //     even after demoting others, the layer itself goes cold (an Append is
 //     never refused for the hot tier's sake).
 //   - Layers not attended for idle_seconds go cold (DemoteIdle).
+//   - Pages may be shared by several layers (a forked sequence's, with
+//     PagePool reference counts): a move reserves new pages for the layer
+//     and frees its old ones, which drops only its own references, so the
+//     other holders keep theirs in their tier. A fork's hot layer enters
+//     the LRU through AddShared.
 //   - Checksums (PageVerifier), each over the bytes the backend holds: a
 //     cold page is checked before it is promoted (a corrupt one stays cold
 //     and a sync promotion reports DATA_LOSS), the level form's checksum is
@@ -118,6 +123,12 @@ class HotTier {
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
   bool DemoteIdle();
+  // Enters a layer that became hot without a promotion, by sharing the
+  // level pages of another hot layer (Handler::Fork), in the LRU as
+  // attended now: from here it is demoted like any hot layer. REQUIRES:
+  // the layer's mu held (either mode) and its sequence's mu as a reader;
+  // the layer hot, its sequence in the table.
+  void AddShared(const SequencePtr& seq, int layer_index) ABSL_LOCKS_EXCLUDED(hot_mu_);
   // Gives a hot layer's pages back to the hot pool and forgets the layer
   // (the caller clears layer->pages). REQUIRES: the layer's sequence's mu
   // held as a writer; layer->hot.

@@ -87,7 +87,7 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
   sequences = &BuildGauge().Name("driftkv_sequences").Help("Live sequences").Register(r).Add({});
   sequences_created = &BuildCounter()
                            .Name("driftkv_sequences_created_total")
-                           .Help("Sequences created by a first chunk")
+                           .Help("Sequences created by a first chunk or by a Fork")
                            .Register(r)
                            .Add({});
   sequences_released =

@@ -7,7 +7,10 @@
 // Invariants of a layer with `length` tokens (P = page_tokens, R =
 // window_tokens of the config):
 //   length = pages.size() * P + window tokens,
-//   window tokens in [0, R + P), and >= R once any page exists;
+//   window tokens in [0, R + P), and >= R once any page was encoded by
+//   the layer's own appends; a forked layer (Handler::Fork) starts with
+//   its source's first pages and an empty window, and holds fewer than R
+//   window tokens until appends fill it;
 //   page i holds tokens [i P, (i + 1) P) = one key-mean window;
 //   page_sums.size() == pages.size(); digests.size() == pages.size() * P;
 //   hot_sums.size() == pages.size() while hot, empty while cold;
@@ -15,6 +18,13 @@
 // When an append makes the window hold >= R + P tokens, its oldest P tokens
 // are encoded into a new page, as often as needed. Encoding reads the bf16
 // values, so a token's stored form does not depend on how it was chunked.
+// So a fork of k pages that is appended the rest of L tokens holds exactly
+// the pages and window of a sequence given all L tokens, as long as k is
+// at most that sequence's pages: (L - R) / P rounded down, when L >= R + P.
+// Pages may be shared by several sequences' layers (Fork), each holding one
+// reference (backends/page_pool.h, REFERENCES): a page's bytes never change
+// once written, and a layer frees only its own references (release, tier
+// moves).
 //
 // Locks (the order across all of the service is in service/handler.h):
 //   Sequence::mu    readers: any operation on the sequence's layers;

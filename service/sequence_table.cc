@@ -66,6 +66,18 @@ absl::StatusOr<SequencePtr> SequenceTable::FindOrCreate(const std::string& key, 
   *created = false;
   auto it = table_.find(key);
   if (it != table_.end()) return it->second;
+  if (absl::Status st = AdmitLocked(key, id, usage, new_incarnation, /*charge=*/true); !st.ok()) return st;
+  const int device = LeastLoadedDevice();
+  ++device_sequences_[device];
+  auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
+  Touch(seq.get());
+  table_.emplace(key, seq);
+  *created = true;
+  return seq;
+}
+
+absl::Status SequenceTable::AdmitLocked(const std::string& key, const std::string& id, TenantUsage* usage,
+                                        bool new_incarnation, bool charge) const {
   if (draining_.load()) {
     return absl::UnavailableError(absl::StrCat("server is draining (shutting down for a restart): new sequence_id ",
                                                Quoted(id),
@@ -80,16 +92,36 @@ absl::StatusOr<SequencePtr> SequenceTable::FindOrCreate(const std::string& key, 
                                                      " reached; cannot create sequence_id ", Quoted(id),
                                                      "; release sequences or raise max_sequences"));
   }
-  if (absl::Status st = usage->ChargeSequence(); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
-  }
-  const int device = LeastLoadedDevice();
-  ++device_sequences_[device];
-  auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
+  absl::Status st = charge ? usage->ChargeSequence() : usage->CheckSequence();
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(st.message(), "; cannot create sequence_id ", Quoted(id)));
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status Exists(const std::string& id) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("sequence_id ", Quoted(id), " already exists; fork into a new id, or release it first"));
+}
+
+}  // namespace
+
+absl::Status SequenceTable::CheckNew(const std::string& key, const std::string& id, TenantUsage* usage,
+                                     bool new_incarnation) const {
+  absl::MutexLock lock(&mu_);
+  if (table_.contains(key)) return Exists(id);
+  return AdmitLocked(key, id, usage, new_incarnation, /*charge=*/false);
+}
+
+absl::Status SequenceTable::Insert(const SequencePtr& seq, const std::string& id, bool new_incarnation) {
+  absl::MutexLock lock(&mu_);
+  if (table_.contains(seq->id)) return Exists(id);
+  if (absl::Status st = AdmitLocked(seq->id, id, seq->usage, new_incarnation, /*charge=*/true); !st.ok()) return st;
+  ++device_sequences_[seq->device];
   Touch(seq.get());
-  table_.emplace(key, seq);
-  *created = true;
-  return seq;
+  table_.emplace(seq->id, seq);
+  if (new_incarnation) tombstones_.Erase(seq->id);
+  return absl::OkStatus();
 }
 
 int SequenceTable::LeastLoadedDevice() const {

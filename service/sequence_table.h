@@ -71,6 +71,16 @@ class SequenceTable {
   // the least loaded device slot.
   absl::StatusOr<SequencePtr> FindOrCreate(const std::string& key, const std::string& id, const std::string& tenant,
                                            bool new_incarnation, bool* created) ABSL_LOCKS_EXCLUDED(mu_);
+  // FORK (Handler::Fork builds a sequence where no one else sees it, then
+  // enters it). CheckNew: what creating `key` would answer now, changing
+  // nothing: ALREADY_EXISTS when it exists, else FindOrCreate's errors.
+  // Insert: enters `seq` (its id is the key) under the same rules, checked
+  // again under the table's lock, charging `seq`'s tenant for one sequence
+  // (its pages and bytes are the caller's to charge and refund) and its
+  // device slot; with `new_incarnation` the key's tombstone goes.
+  absl::Status CheckNew(const std::string& key, const std::string& id, TenantUsage* usage, bool new_incarnation) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Insert(const SequencePtr& seq, const std::string& id, bool new_incarnation) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a sequence the caller created if it is still empty.
   void DropIfEmpty(const SequencePtr& seq) ABSL_LOCKS_EXCLUDED(mu_);
   // Tombstones `key`, removes it and frees its pages and windows (waits
@@ -147,6 +157,12 @@ class SequenceTable {
   // The device slot for a new sequence: fewest pages in use, then fewest
   // sequences.
   int LeastLoadedDevice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checks of a new sequence under the absent `key`, in FindOrCreate's
+  // order (drain, tombstone unless `new_incarnation`, max_sequences, the
+  // tenant's max_sequences); with `charge` the tenant's sequence count is
+  // charged when they pass.
+  absl::Status AdmitLocked(const std::string& key, const std::string& id, TenantUsage* usage, bool new_incarnation,
+                           bool charge) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a sequence from the table, refunding its tenant's sequence
   // count and its device slot's.
   void EraseLocked(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -62,13 +62,18 @@ absl::Status TenantUsage::ChargePages(int64_t count) {
   return absl::OkStatus();
 }
 
-absl::Status TenantUsage::ChargeSequence() {
+absl::Status TenantUsage::CheckSequence() const {
   const TenantQuota quota = this->quota();
   const int64_t before = sequences_.load();
   if (quota.max_sequences > 0 && static_cast<uint64_t>(before) >= quota.max_sequences) {
     return QuotaExhausted(name_, "max_sequences", quota.max_sequences, absl::StrCat(before, " sequences"), "1 more",
                           kReleaseOrRaise);
   }
+  return absl::OkStatus();
+}
+
+absl::Status TenantUsage::ChargeSequence() {
+  if (absl::Status st = CheckSequence(); !st.ok()) return st;
   ++sequences_;
   return absl::OkStatus();
 }

@@ -115,8 +115,11 @@ class TenantUsage {
   absl::Status ChargePages(int64_t count);
   void RefundPages(int64_t count) { pages_ -= count; }
   // The same for one new sequence. REQUIRES: the caller serialises
-  // creations (the handler's table_mu_).
+  // creations (SequenceTable's lock).
   absl::Status ChargeSequence();
+  // ChargeSequence's error, without charging: whether one more sequence
+  // would fit now (a request's early check; the charge decides).
+  absl::Status CheckSequence() const;
   void RefundSequence() { --sequences_; }
   // Adds `delta`; when its total is positive and would take the tenant
   // over max_bytes, RESOURCE_EXHAUSTED naming what it holds and what the

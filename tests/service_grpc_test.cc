@@ -324,6 +324,47 @@ TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
   EXPECT_EQ(client_->Release("x").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Fork over the wire: shares, reads back as its source's prefix, answers
+// refusals with their codes, is timed as "Fork", and is never retried (a
+// lost answer is UNAVAILABLE; Length of the new id shows it was made).
+TEST_F(GrpcTest, ForkOverTheWireIsNotRetried) {
+  std::atomic<int> budget{0};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Fork", &budget));
+  ServiceOptions o = SmallOptions();
+  o.metrics_listen = "127.0.0.1:0";
+  Start(o, std::move(hooks));
+  const testing::Kv kv = SyntheticKv(200, kN, 15);
+  std::vector<v1::AppendChunk> chunks = Chunks("src", 0, kv, 0, 200, 100);
+  for (const v1::AppendChunk& c : Chunks("src", 1, kv, 0, 200, 100)) chunks.push_back(c);
+  ASSERT_TRUE(client_->Append(chunks).ok());
+  const uint64_t pages = client_->Stats()->pages_in_use();
+  absl::StatusOr<v1::ForkResponse> f = client_->Fork("src", "f", 128);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->pages_shared(), 8u);
+  EXPECT_EQ(f->layers(0).tokens(), 128u);
+  EXPECT_EQ(client_->Stats()->pages_in_use(), pages);
+  absl::StatusOr<Client::Tensors> got = client_->ReadFloat("f", 1, 0, 0);
+  absl::StatusOr<Client::Tensors> want = client_->ReadFloat("src", 1, 0, 128);
+  ASSERT_TRUE(got.ok() && want.ok());
+  EXPECT_EQ(got->tokens, 128u);
+  EXPECT_EQ(got->keys, want->keys);
+  EXPECT_EQ(got->values, want->values);
+  absl::Status st = client_->Fork("ghost", "g", 32).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(st.message(), "source_sequence_id \"ghost\" not found");
+  EXPECT_EQ(client_->Fork("src", "f", 32).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(client_->Fork("src", "g", 33).status().code(), absl::StatusCode::kInvalidArgument);
+  budget = 1;
+  EXPECT_EQ(client_->Fork("src", "lost", 64).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client_->retries(), 0);
+  EXPECT_EQ(client_->Length("lost")->layers(1).compressed_tokens(), 64u);
+  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Fork\"} 2"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"NOT_FOUND\",method=\"Fork\"} 1"));
+}
+
 TEST_F(GrpcTest, HealthServiceAnswersServing) {
   auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);

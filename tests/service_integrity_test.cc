@@ -240,6 +240,60 @@ TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
   EXPECT_EQ(Stats().tombstones(), 0u);
 }
 
+// Forks share their source's pages (Handler::Fork); a snapshot writes each
+// sequence's pages, shared ones once per sequence, and a warm restart
+// restores every sequence bit for bit, its paged tokens still compared by
+// digest, each with pages of its own.
+TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdentically) {
+  const testing::Kv kv = SyntheticKv(400, kN, 16), other = SyntheticKv(400, kN, 17);
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(testing::PushTokens(*h_, "src", l, kv, 0, 300).ok());
+  auto fork = [&](const std::string& id, uint64_t tokens) {
+    v1::ForkRequest req;
+    req.set_source_sequence_id("src");
+    req.set_sequence_id(id);
+    req.set_tokens(tokens);
+    v1::ForkResponse resp;
+    return h_->Fork(req, &resp);
+  };
+  ASSERT_TRUE(fork("f", 128).ok());
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(testing::PushTokens(*h_, "f", l, other, 128, 272).ok());
+  ASSERT_TRUE(fork("g", 256).ok());
+  // What each sequence answers: lengths, both layers' tokens, an Attend.
+  auto answers = [&](const std::string& id) {
+    v1::LengthRequest lr;
+    lr.set_sequence_id(id);
+    v1::LengthResponse len;
+    std::string all = h_->Length(lr, &len).ToString() + len.ShortDebugString();
+    for (uint32_t l = 0; l < 2; ++l) {
+      all += testing::ReadLayerBytes(*h_, id, l);
+      v1::AttendRequest req;
+      *req.add_items() = QueryItem(id, l, SyntheticQuery(2, kD, 3 + l), 2);
+      v1::AttendResponse resp;
+      all += h_->Attend(req, &resp).ToString() + resp.SerializeAsString();
+    }
+    return all;
+  };
+  const std::vector<std::string> ids = {"src", "f", "g"};
+  std::vector<std::string> before;
+  for (const std::string& id : ids) before.push_back(answers(id));
+  const uint64_t shared_pages = Stats().pages_in_use();
+  Handler::SnapshotSummary loaded;
+  ASSERT_NO_FATAL_FAILURE(Restart("forks", SmallOptions(), &loaded));
+  EXPECT_EQ(loaded.sequences, 3u);
+  EXPECT_EQ(loaded.pages, (8 + 11 + 8) * 2u);  // the forks' pages written with each
+  EXPECT_GT(loaded.pages, shared_pages);
+  EXPECT_EQ(Stats().pages_in_use(), loaded.pages);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(answers(ids[i]), before[i]) << ids[i];
+  // The shared prefix's digests came along: other data for it is refused.
+  absl::Status st = Append(ChunkOf("g", 0, 64, 20, other));
+  EXPECT_EQ(st.code(), C::kAlreadyExists) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "tokens [64, ")) << st;
+  v1::AppendResponse r;
+  ASSERT_TRUE(h_->Append(ChunkOf("g", 0, 0, 256, kv), &r).ok());
+  EXPECT_EQ(r.tokens_duplicate(), 256u);
+  EXPECT_EQ(answers("g"), before[2]);
+}
+
 TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
   const testing::Kv kv = SyntheticKv(60, kN, 4);
   ASSERT_TRUE(Push("d", kv, 60).ok());

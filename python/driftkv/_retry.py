@@ -11,6 +11,7 @@ lost) and only where a repeat is harmless:
   Attend, a step without index   never (a repeat would append the token twice)
   Read                           retried, resuming after the last chunk received
   Release                        retried; NOT_FOUND on a repeat means the first attempt freed it
+  Fork                           never (a repeat would be ALREADY_EXISTS; Length says if it was made)
   Length, Info, Stats            retried (read-only)
 
 Backoff: 20 ms doubling to 1 s, each sleep drawn uniformly in

@@ -3,7 +3,7 @@ the generated messages stay in driftkv._proto). Field meanings: docs/api.md
 and proto/driftkv.proto."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 Array = Any  # np.ndarray or torch.Tensor
 
@@ -168,6 +168,11 @@ class LayerLength(NamedTuple):
     tokens: int             # compressed_tokens + window_tokens
     compressed_tokens: int  # in pages (either tier)
     window_tokens: int      # in the bf16 window
+
+
+class ForkResult(NamedTuple):
+    layers: List[LayerLength]  # the new sequence's, layer 0 first: every token in pages
+    pages_shared: int          # the source's pages it took a reference to, all layers
 
 
 class Attention(NamedTuple):

@@ -10,8 +10,8 @@ from driftkv import _validate as V
 from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
-from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
-                            ReadResult)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
+                            LayerLength, ReadResult)
 
 # Tokens per Append message when the caller does not choose: 256 tokens of
 # the eval model's 4 x 128 in f32 are 1 MiB of keys and values.
@@ -350,3 +350,17 @@ def read_result(chunks, info: Info) -> ReadResult:
 
 def lengths(response) -> List[LayerLength]:
     return [LayerLength(l.tokens, l.compressed_tokens, l.window_tokens) for l in response.layers]
+
+
+def fork_request(source_sequence_id: str, sequence_id: str, tokens: int, new_incarnation: bool):
+    """The ForkRequest, its fields checked (the server checks tokens against
+    page_tokens and the source's layers)."""
+    if not isinstance(new_incarnation, bool):
+        raise invalid(f"new_incarnation is {new_incarnation!r}; expected a bool")
+    return pb.ForkRequest(source_sequence_id=V.text(source_sequence_id, "source_sequence_id"),
+                          sequence_id=V.text(sequence_id, "sequence_id"),
+                          tokens=V.integer(tokens, "tokens", 1, V.UINT64_MAX), new_incarnation=new_incarnation)
+
+
+def fork_result(response) -> ForkResult:
+    return ForkResult(lengths(response), response.pages_shared)

@@ -32,8 +32,8 @@ from driftkv import sharded as S
 from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
-from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
-                            ReadResult, ReleaseResult, Stats, from_message)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
+                            LayerLength, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 from driftkv.client import Client as SyncClient, _repr
 
@@ -271,6 +271,14 @@ class Client:
 
         r = await self._call(True, attempt, timeout)
         return ReleaseResult(r.tokens_freed, r.pages_freed)
+
+    async def fork(self, source_sequence_id: str, sequence_id: str, tokens: int, *, new_incarnation: bool = False,
+                   timeout: Optional[float] = None) -> ForkResult:
+        """See driftkv.Client.fork (never retried)."""
+        req = W.fork_request(source_sequence_id, sequence_id, tokens, new_incarnation)
+        V.timeout(timeout)
+        stub = await self._connect()
+        return W.fork_result(await self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
 
     # -- memory regions (driftkv/regions.py), through the sync client -------
 

@@ -26,8 +26,8 @@ from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
-from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
-                            ReadResult, ReleaseResult, Stats, from_message)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
+                            LayerLength, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 
 if TYPE_CHECKING:  # imported where used: regions and channels are optional
@@ -309,6 +309,19 @@ class Client:
 
         r = self._call(True, attempt, timeout)
         return ReleaseResult(r.tokens_freed, r.pages_freed)
+
+    def fork(self, source_sequence_id: str, sequence_id: str, tokens: int, *, new_incarnation: bool = False,
+             timeout: Optional[float] = None) -> ForkResult:
+        """Creates sequence_id sharing the first `tokens` tokens of every
+        layer of source_sequence_id by reference (docs/python.md, "Fork"):
+        `tokens` a multiple of page_tokens (Info), at most the tokens in
+        pages of each of the source's layers. Append to the new sequence from
+        token `tokens` on. Never retried: a repeat after a lost answer would
+        be ALREADY_EXISTS; length(sequence_id) tells whether it was made."""
+        req = W.fork_request(source_sequence_id, sequence_id, tokens, new_incarnation)
+        V.timeout(timeout)
+        stub = self._connect()
+        return W.fork_result(self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
 
     # -- memory regions (driftkv/regions.py) ---------------------------------
 

@@ -106,6 +106,9 @@ class LosingProxy(pb_grpc.KvCacheServicer):
     def Length(self, request, context):
         return self._forward("Length", lambda: self.stub.Length(request), context)
 
+    def Fork(self, request, context):
+        return self._forward("Fork", lambda: self.stub.Fork(request), context)
+
     def Info(self, request, context):
         return self._forward("Info", lambda: self.stub.Info(request), context)
 

@@ -80,3 +80,25 @@ def test_aio_retries_and_the_unretried_step(proxy, rng):
             assert await c.release(s) == driftkv.ReleaseResult(0, 0)
 
     asyncio.run(main())
+
+
+def test_fork_in_asyncio(server, rng):
+    s, f = "a-" + uuid.uuid4().hex[:12], "a-" + uuid.uuid4().hex[:12]
+    keys, values = kv(rng, 400)
+
+    async def main():
+        async with driftkv.aio.Client(server.target) as c:
+            for layer in range(4):
+                await c.append(s, layer, keys, values)  # 2 pages per layer
+            r = await c.fork(s, f, 128, timeout=10)
+            assert r == driftkv.ForkResult([driftkv.LayerLength(128, 128, 0)] * 4, 4)
+            back = await c.read(f, 3)
+            np.testing.assert_array_equal(back.keys, (await c.read(s, 3, token_count=128)).keys)
+            with pytest.raises(driftkv.DriftkvError) as e:
+                await c.fork(s, f, 128)
+            assert e.value.code == grpc.StatusCode.ALREADY_EXISTS and c.retries == 0
+            await c.release(s)
+            assert (await c.length(f))[0] == driftkv.LayerLength(128, 128, 0)
+            await c.release(f)
+
+    asyncio.run(main())

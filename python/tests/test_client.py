@@ -192,6 +192,60 @@ def test_length_is_the_same_in_either_tier(hot_server, rng):
         c.release(s)
 
 
+def test_fork_then_the_rest_answers_as_a_fresh_sequence(client, rng):
+    s, f, w = sid(), sid(), sid()
+    keys, values = kv(rng, 700)
+    more_k, more_v = kv(rng, 700)
+    for layer in range(4):
+        client.append(s, layer, keys[:600], values[:600])  # 3 pages of 128 per layer
+    pages = client.stats().pages_in_use
+    assert client.fork(s, f, 256) == driftkv.ForkResult([driftkv.LayerLength(256, 256, 0)] * 4, 8)
+    assert client.stats().pages_in_use == pages  # shared, not copied
+    # The fork's own continuation after the shared prefix.
+    want_k, want_v = np.concatenate([keys[:256], more_k[256:]]), np.concatenate([values[:256], more_v[256:]])
+    q = rng.standard_normal((8, 128)).astype(np.float32)
+    for layer in range(4):
+        client.append(f, layer, want_k[256:], want_v[256:], first_token=256)
+        client.append(w, layer, want_k, want_v)
+        got, fresh = client.read(f, layer), client.read(w, layer)
+        np.testing.assert_array_equal(got.keys, fresh.keys)
+        np.testing.assert_array_equal(got.values, fresh.values)
+        assert got.compressed_tokens == fresh.compressed_tokens == 512
+        a, b = client.attend(driftkv.AttendItem(f, layer, q)), client.attend(driftkv.AttendItem(w, layer, q))
+        np.testing.assert_array_equal(a.output, b.output)
+        np.testing.assert_array_equal(a.lse, b.lse)
+    assert client.length(f) == client.length(w)
+    for x in (s, f, w):
+        client.release(x)
+
+
+def test_fork_refusals(client, rng):
+    s = sid()
+    keys, values = kv(rng, 300)
+    for layer in range(4):
+        client.append(s, layer, keys, values)  # 1 page per layer
+    for args, code, details in (
+            (("ghost", "x", 128), grpc.StatusCode.NOT_FOUND, 'source_sequence_id "ghost" not found'),
+            ((s, "x", 100), grpc.StatusCode.INVALID_ARGUMENT,
+             "tokens 100 is not a positive multiple of page_tokens 128; a fork shares whole pages "
+             "(append the rest to it)"),
+            ((s, "x", 256), grpc.StatusCode.INVALID_ARGUMENT,
+             f'tokens 256 exceeds the 128 paged tokens of layer 0 of source_sequence_id "{s}"; only tokens in '
+             "full pages are shared (the bf16 window's are not)"),
+            ((s, s, 128), grpc.StatusCode.INVALID_ARGUMENT,
+             f'sequence_id "{s}" is also the source_sequence_id; a fork needs a new id'),
+            ((s, "x", 0), grpc.StatusCode.INVALID_ARGUMENT, "tokens 0 out of range [1, 18446744073709551615]"),
+            ((s, 7, 128), grpc.StatusCode.INVALID_ARGUMENT, "sequence_id is 7; expected a str")):
+        with pytest.raises(driftkv.DriftkvError) as e:
+            client.fork(*args)
+        assert (e.value.code, e.value.details) == (code, details)
+    assert client.stats().sequences >= 1 and [l.tokens for l in client.length(s)] == [300] * 4
+    with pytest.raises(driftkv.DriftkvError) as e:
+        client.length("x")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    client.release(s)
+
+
 def test_maximum_size_attend_fits_the_channel_sized_from_info(client, server, rng):
     s = sid()
     keys, values = kv(rng, 5)

@@ -104,6 +104,21 @@ def test_lost_release_answer_is_success(client, proxy, rng):
     assert e.value.code == grpc.StatusCode.NOT_FOUND
 
 
+def test_fork_is_never_retried(client, proxy, rng):
+    s, f = sid(), sid()
+    keys, values = kv(rng, 300)
+    for layer in range(4):
+        client.append(s, layer, keys, values)
+    proxy.lose["Fork"] = 1
+    with pytest.raises(driftkv.DriftkvError) as e:
+        client.fork(s, f, 128)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert proxy.calls["Fork"] == 1 and client.retries == 0
+    assert client.length(f)[0] == driftkv.LayerLength(128, 128, 0)  # the lost answer's fork was made
+    client.release(f)
+    client.release(s)
+
+
 def test_read_only_calls_are_retried(client, proxy, rng):
     s = sid()
     keys, values = kv(rng, 5)
