@@ -1,0 +1,99 @@
+// Handler::Fork on the CUDA backend (docs/prefix_cache.md): a fork that is
+// appended the rest of its tokens answers exactly what a sequence given all
+// of them answers (Read bytes, Attend output and lse bit for bit), in the
+// cold and the hot tier, and its tokens read back as the CPU backend's do.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "codec/level_page.h"
+#include "gtest/gtest.h"
+#include "kernels/testing/gpu_test_util.h"
+#include "service/handler.h"
+#include "tests/handler_fixture.h"
+#include "tests/service_test_util.h"
+
+namespace driftkv {
+namespace {
+
+using testing::Kv;
+using testing::TestHandler;
+
+constexpr int kLayers = 2, kKvHeads = 2, kD = 128, kN = kKvHeads * kD, kQHeads = 4, kP = 128;
+
+ServiceOptions Options(const char* backend, bool hot) {
+  ServiceOptions o = testing::SmallOptions(16u << 20);
+  o.backend = backend;
+  o.layers = kLayers;
+  o.codec.kv_heads = kKvHeads;
+  o.codec.head_dim = kD;
+  o.codec.mean_window = kP;
+  o.window_tokens = kP;
+  if (hot) o.hot_tier_bytes = 64 * MakeLevelPageLayout(kKvHeads, kD)->page_bytes;
+  return o;
+}
+
+absl::Status Push(TestHandler& t, const std::string& seq, const Kv& kv, int first, int count) {
+  v1::AppendResponse r;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int at = first; at < first + count; at += 200) {
+      const int c = std::min(200, first + count - at);
+      const size_t off = static_cast<size_t>(at) * kN;
+      absl::Status st = t.h->Append(
+          testing::ChunkOfRows(seq, l, at, c, kv.keys.data() + off, kv.values.data() + off, kN), &r);
+      if (!st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Each layer's tokens as Read returns them, then each layer's Attend answer.
+std::string Answers(TestHandler& t, const std::string& seq) {
+  std::string all;
+  for (uint32_t l = 0; l < kLayers; ++l) all += t.Read(seq, l);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    v1::AttendRequest req;
+    *req.add_items() = testing::QueryItem(seq, l, testing::SyntheticQuery(kQHeads, kD, 7 + l), kQHeads);
+    v1::AttendResponse resp;
+    absl::Status st = t.h->Attend(req, &resp);
+    if (!st.ok()) return st.ToString();
+    const v1::AttendResult& r = resp.results(0);
+    all += r.output();
+    all.append(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * 4);
+  }
+  return all;
+}
+
+TEST(ForkGpu, AppendingTheRestEqualsAFreshSequenceInBothTiers) {
+  SKIP_WITHOUT_GPU();
+  for (bool hot : {false, true}) {
+    SCOPED_TRACE(hot ? "hot" : "cold");
+    TestHandler cuda(Options("cuda", hot)), cpu(Options("cpu", hot));
+    ASSERT_NE(cuda.h, nullptr);
+    ASSERT_NE(cpu.h, nullptr);
+    const Kv kv = testing::SyntheticKv(1000, kN, 3), other = testing::SyntheticKv(1000, kN, 4);
+    Kv want = other;
+    std::copy(kv.keys.begin(), kv.keys.begin() + 384 * kN, want.keys.begin());
+    std::copy(kv.values.begin(), kv.values.begin() + 384 * kN, want.values.begin());
+    for (TestHandler* t : {&cuda, &cpu}) {
+      ASSERT_TRUE(Push(*t, "src", kv, 0, 700).ok());
+      Answers(*t, "src");  // promotes, with a hot tier
+      v1::ForkRequest fork;
+      fork.set_source_sequence_id("src");
+      fork.set_sequence_id("f");
+      fork.set_tokens(384);
+      v1::ForkResponse resp;
+      absl::Status st = t->h->Fork(fork, &resp, "");
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_TRUE(Push(*t, "f", want, 384, 616).ok());
+      ASSERT_TRUE(Push(*t, "whole", want, 0, 1000).ok());
+    }
+    EXPECT_EQ(cuda.h->LayerIsHot("f", 0), hot);
+    EXPECT_EQ(Answers(cuda, "f"), Answers(cuda, "whole"));
+    for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(cuda.Read("f", l), cpu.Read("f", l)) << l;
+  }
+}
+
+}  // namespace
+}  // namespace driftkv
