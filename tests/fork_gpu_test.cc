@@ -40,8 +40,8 @@ absl::Status Push(TestHandler& t, const std::string& seq, const Kv& kv, int firs
     for (int at = first; at < first + count; at += 200) {
       const int c = std::min(200, first + count - at);
       const size_t off = static_cast<size_t>(at) * kN;
-      absl::Status st = t.h->Append(
-          testing::ChunkOfRows(seq, l, at, c, kv.keys.data() + off, kv.values.data() + off, kN), &r);
+      absl::Status st =
+          t.h->Append(testing::ChunkOfRows(seq, l, at, c, kv.keys.data() + off, kv.values.data() + off, kN), &r);
       if (!st.ok()) return st;
     }
   }
@@ -92,6 +92,36 @@ TEST(ForkGpu, AppendingTheRestEqualsAFreshSequenceInBothTiers) {
     EXPECT_EQ(cuda.h->LayerIsHot("f", 0), hot);
     EXPECT_EQ(Answers(cuda, "f"), Answers(cuda, "whole"));
     for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(cuda.Read("f", l), cpu.Read("f", l)) << l;
+  }
+}
+
+// With verify_pages_on_attend the CUDA backend checks the device's copy of
+// every page an Attend reads (Backend::ChecksumPages downloads it) against
+// the checksums recorded at encoding (cold) and at promotion (hot): intact
+// pages pass in both tiers, through a fork and its source, and nothing is
+// counted as a failure.
+TEST(ForkGpu, VerifiedAttendsPassOnTheDevicesCopyInBothTiers) {
+  SKIP_WITHOUT_GPU();
+  for (bool hot : {false, true}) {
+    SCOPED_TRACE(hot ? "hot" : "cold");
+    ServiceOptions o = Options("cuda", hot);
+    o.verify_pages_on_attend = true;
+    TestHandler cuda(o);
+    ASSERT_NE(cuda.h, nullptr);
+    const Kv kv = testing::SyntheticKv(700, kN, 5);
+    ASSERT_TRUE(Push(cuda, "src", kv, 0, 700).ok());
+    const std::string first = Answers(cuda, "src");  // promotes, with a hot tier
+    EXPECT_EQ(Answers(cuda, "src"), first);
+    v1::ForkRequest fork;
+    fork.set_source_sequence_id("src");
+    fork.set_sequence_id("f");
+    fork.set_tokens(256);
+    v1::ForkResponse resp;
+    ASSERT_TRUE(cuda.h->Fork(fork, &resp, "").ok());
+    ASSERT_TRUE(Push(cuda, "f", kv, 256, 444).ok());
+    EXPECT_EQ(Answers(cuda, "f"), first);
+    EXPECT_EQ(cuda.h->LayerIsHot("src", 1), hot);
+    EXPECT_EQ(cuda.Stats().checksum_failures(), 0u);
   }
 }
 
