@@ -95,17 +95,16 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
     LayerReaders layers(source->layers);
     st = CheckPaged(*source, source_id, tokens, p);
     if (!st.ok()) return st;
+    for (size_t i = 0; i < source->layers.size(); ++i) {
+      fork->layers[i].pages.assign(source->layers[i].pages.begin(), source->layers[i].pages.begin() + pages);
+      fork->layers[i].hot = source->layers[i].hot;
+    }
     // The tenant pays for the fork's pages as if they were its own, at
     // their tier's page size (TenantUsage counts what each sequence
     // holds; the pool counts distinct pages).
-    HeldBytes held;
-    for (const LayerState& l : source->layers) {
-      const int64_t stride = static_cast<int64_t>(l.hot ? hot_pool_->page_stride() : pool_->page_stride());
-      (l.hot ? held.hot_pages : held.cold_pages) += pages * stride;
-    }
     st = usage->ChargePages(shared);
     if (!st.ok()) return st;
-    absl::StatusOr<ByteCharge> taken = ByteCharge::Take(usage, held);
+    absl::StatusOr<ByteCharge> taken = ByteCharge::Take(usage, table_->BytesOf(*fork));
     if (!taken.ok()) {
       usage->RefundPages(shared);
       return taken.status();
@@ -114,14 +113,12 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
     for (size_t i = 0; i < source->layers.size(); ++i) {
       const LayerState& from = source->layers[i];
       LayerState& to = fork->layers[i];
-      to.pages.assign(from.pages.begin(), from.pages.begin() + pages);
       (from.hot ? *hot_pool_ : *pool_).Retain(to.pages);
       to.page_sums.assign(from.page_sums.begin(), from.page_sums.begin() + pages);
       if (from.hot) to.hot_sums.assign(from.hot_sums.begin(), from.hot_sums.begin() + pages);
       const size_t digests = std::min(from.digests.size(), static_cast<size_t>(pages * p));
       to.digests.assign(from.digests.begin(), from.digests.begin() + digests);
       to.length = static_cast<int64_t>(tokens);
-      to.hot = from.hot;
     }
   }
 
