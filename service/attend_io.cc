@@ -30,14 +30,13 @@ AttendIo::AttendIo(RegionTable* regions, PinnedStagingPool* staging, Backend* ba
 
 void AttendIo::StageInline(const v1::AttendRequest& request) {
   if (staging_ == nullptr || !device_reads_) return;
-  // Claims round up to 64 bytes (PinnedStagingPool::Lease::Claim).
-  auto rounded = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  auto rounded = PinnedStagingPool::Lease::Claimed;
   uint64_t total = 0;
   for (const v1::AttendItem& it : request.items()) {
     if (!it.has_query_ref()) total += rounded(it.query().size());
     const uint64_t q_heads = it.q_heads();
     if (it.has_output_ref() || q_heads == 0 || q_heads > 65536) continue;
-    const uint64_t eb = it.output_dtype() == v1::DTYPE_BF16 ? 2 : 4;
+    const uint64_t eb = it.output_dtype() == v1::DTYPE_BF16 ? 2 : 4;  // unspecified: f32
     total += rounded(q_heads * head_dim_ * eb) + rounded(q_heads * 4);
   }
   if (total == 0 || total > PinnedStagingPool::kMaxBytes) return;
@@ -211,7 +210,7 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
     return absl::InvalidArgumentError(absl::StrCat(Field(index, "output_ref"), " and lse_ref: set both or neither"));
   }
   if (it.has_output_ref()) {
-    const size_t eb = out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    const size_t eb = DTypeBytes(out_dtype);
     const size_t q_heads = qe / head_dim_;
     absl::StatusOr<RegionView> out = Resolve(it.output_ref(), qe * eb, eb, index, "output_ref");
     if (!out.ok()) return out.status();
@@ -225,7 +224,7 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
     io->lse_ref = static_cast<float*>(lse->data);
     io->out_ref_device = device_reads_;
   } else if (device_reads_) {
-    const size_t eb = out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    const size_t eb = DTypeBytes(out_dtype);
     void* out = staged_.Claim(qe * eb);
     void* lse = out != nullptr ? staged_.Claim(qe / head_dim_ * 4) : nullptr;
     if (lse != nullptr) {
@@ -324,7 +323,7 @@ absl::Status AttendIo::QueryError(int index, const ItemIo& io, int64_t bad) cons
 
 void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {
   if (io->out_staged) {
-    const size_t eb = io->out_dtype == v1::DTYPE_BF16 ? 2 : 4;
+    const size_t eb = DTypeBytes(io->out_dtype);
     result->mutable_output()->assign(static_cast<const char*>(io->out_ref), qe * eb);
     result->mutable_lse()->Assign(io->lse_ref, io->lse_ref + q_heads);
     return;

@@ -7,7 +7,6 @@
 namespace driftkv {
 namespace {
 
-constexpr size_t kAlign = 64;
 constexpr size_t kMinBytes = size_t{1} << 20;
 
 }  // namespace
@@ -32,7 +31,7 @@ PinnedStagingPool::Lease& PinnedStagingPool::Lease::operator=(Lease&& other) noe
 void* PinnedStagingPool::Lease::Claim(size_t bytes) {
   if (data_ == nullptr || bytes > bytes_ - used_) return nullptr;
   void* p = data_ + used_;
-  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  used_ += Claimed(bytes);
   if (used_ > bytes_) used_ = bytes_;
   return p;
 }

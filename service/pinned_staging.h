@@ -14,6 +14,7 @@
 #define DRIFTKV_SERVICE_PINNED_STAGING_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,9 +45,12 @@ class PinnedStagingPool {
     // `bytes` at a 64-byte boundary of the buffer, or null when they do not
     // fit in what is left.
     void* Claim(size_t bytes);
+    // What a Claim of `bytes` takes of the buffer.
+    static uint64_t Claimed(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
     size_t capacity() const { return bytes_; }
 
    private:
+    static constexpr size_t kAlign = 64;
     friend class PinnedStagingPool;
     void Release();
     PinnedStagingPool* pool_ = nullptr;
