@@ -32,6 +32,25 @@ enum class AttendPhase : int {
   kCount
 };
 
+// Device time of one Attend by stage, from events the backend records on
+// its stream around its device calls when asked to (the CUDA backend with
+// DRIFTKV_DEVICE_TIMING=1; docs/metrics.md). Stages are device time, not
+// wall time: they do not add up to the call, and the gaps between them
+// (the device idle, waiting for the host to queue the next call) are the
+// difference between their sum and the device's span.
+enum class DeviceStage : int {
+  kInputs = 0,  // uploads of the launch's tables and windows, queries gathered
+  kAttention,   // the attention kernels (and their merge)
+  kOutputs,     // outputs scattered to client memory or downloaded
+  kSpan,        // from the first device call's start to the last one's end
+  kCount
+};
+
+inline const char* DeviceStageName(DeviceStage s) {
+  static const char* const kNames[] = {"inputs", "attention", "outputs", "span"};
+  return kNames[static_cast<int>(s)];
+}
+
 inline const char* AttendPhaseName(AttendPhase p) {
   static const char* const kNames[] = {"request", "validate",     "client_read",  "lookup",      "hot_tier",
                                        "state",   "backend_plan", "backend_host", "device_wait", "finish"};
@@ -40,7 +59,8 @@ inline const char* AttendPhaseName(AttendPhase p) {
 
 class AttendPhaseClock {
  public:
-  using Totals = std::array<int64_t, static_cast<int>(AttendPhase::kCount)>;  // nanoseconds
+  using Totals = std::array<int64_t, static_cast<int>(AttendPhase::kCount)>;        // nanoseconds
+  using DeviceTotals = std::array<int64_t, static_cast<int>(DeviceStage::kCount)>;  // nanoseconds
 
   // Begins a call on this thread: every total back to zero. A channel
   // that parses the request itself begins the call there (Begin) and the
@@ -48,6 +68,8 @@ class AttendPhaseClock {
   static void Begin() {
     State& s = state();
     s.totals.fill(0);
+    s.device.fill(0);
+    s.device_timed = false;
     s.last = NowNs();
     s.begun = true;
   }
@@ -60,6 +82,8 @@ class AttendPhaseClock {
       return;
     }
     s.totals.fill(0);
+    s.device.fill(0);
+    s.device_timed = false;
     s.last = NowNs();
   }
   // Charges the time since the last mark (or Start) to `phase`.
@@ -70,12 +94,23 @@ class AttendPhaseClock {
     s.last = now;
   }
   static const Totals& totals() { return state().totals; }
+  // Adds device time measured by the backend to `stage`.
+  static void AddDevice(DeviceStage stage, int64_t ns) {
+    State& s = state();
+    s.device[static_cast<int>(stage)] += ns;
+    s.device_timed = true;
+  }
+  // Whether this call's backend measured its device stages (AddDevice).
+  static bool device_timed() { return state().device_timed; }
+  static const DeviceTotals& device_totals() { return state().device; }
 
  private:
   struct State {
     Totals totals{};
+    DeviceTotals device{};
     int64_t last = 0;
     bool begun = false;
+    bool device_timed = false;
   };
   static State& state() {
     thread_local State s;

@@ -15,6 +15,11 @@
 //   shm_doorbell  everything in host shared memory (a CPU client: this
 //                 process makes no CUDA call); a doorbell
 //   shm_stream    host shared memory; the AttendStream
+//   ipc_prepared, shm_prepared
+//                 as ipc_doorbell and shm_doorbell, each layer's request
+//                 prepared once on the doorbell (wire/doorbell.h, PREPARED
+//                 REQUESTS): a call sends no request bytes, only its slot
+//                 and the steps taken since
 //   inline_bf16   bf16 queries and outputs inline in unary Attend RPCs
 //
 // The worker does no GPU work between calls (its queries are written into
@@ -307,13 +312,20 @@ int Run(int argc, char** argv) {
     CHECK_OK(s.status());
     stream = *std::move(s);
   }
-  if (absl::EndsWith(path, "_doorbell")) {
+  const bool prepared = absl::EndsWith(path, "_prepared");
+  if (absl::EndsWith(path, "_doorbell") || prepared) {
     auto r = HostRegion::Create(&client, DoorbellClient::Bytes(1 << 20, 1 << 20));
     CHECK_OK(r.status());
     bell_region = *std::move(r);
     auto b = DoorbellClient::Open(&client, bell_region.get(), 0, 1 << 20, 1 << 20);
     CHECK_OK(b.status());
     bell = *std::move(b);
+  }
+  const uint64_t first_token = next_token;
+  for (int l = 0; prepared && l < layers; ++l) {
+    v1::AttendRequest& req = requests[l];
+    for (int i = 0; with_step && i < items; ++i) req.mutable_items(i)->set_new_token_index(first_token);
+    CHECK_OK(bell->Prepare(static_cast<uint32_t>(l), req));
   }
   std::vector<double> layer_us, step_ms;
   v1::AttendResponse response;
@@ -324,7 +336,9 @@ int Run(int argc, char** argv) {
       for (int i = 0; with_step && i < items; ++i) req.mutable_items(i)->set_new_token_index(next_token);
       const auto t0 = Clock::now();
       absl::Status st;
-      if (stream != nullptr) {
+      if (prepared) {
+        st = bell->AttendPrepared(static_cast<uint32_t>(l), next_token - first_token, &response);
+      } else if (stream != nullptr) {
         stream->frame().mutable_request()->Swap(&req);
         st = stream->Call();
         stream->frame().mutable_request()->Swap(&req);

@@ -106,7 +106,26 @@ absl::Status DoorbellClient::Call(absl::string_view request_bytes, absl::Duratio
   return Ring(static_cast<uint32_t>(request_bytes.size()), timeout, response);
 }
 
-absl::Status DoorbellClient::Ring(uint32_t bytes, absl::Duration timeout, v1::AttendResponse* response) {
+absl::Status DoorbellClient::Prepare(uint32_t slot, const v1::AttendRequest& request, absl::Duration timeout) {
+  const size_t bytes = request.ByteSizeLong();
+  if (bytes > request_capacity_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request of ", bytes, " bytes exceeds the doorbell's capacity ", request_capacity_));
+  }
+  if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  request.SerializeWithCachedSizesToArray(base_ + doorbell::kHeaderBytes);
+  v1::AttendResponse unused;
+  return Ring(static_cast<uint32_t>(bytes), timeout, &unused, doorbell::kPrepare, slot);
+}
+
+absl::Status DoorbellClient::AttendPrepared(uint32_t slot, uint64_t token_index_offset, v1::AttendResponse* response,
+                                            absl::Duration timeout) {
+  if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  return Ring(0, timeout, response, doorbell::kAttendPrepared, slot, token_index_offset);
+}
+
+absl::Status DoorbellClient::Ring(uint32_t bytes, absl::Duration timeout, v1::AttendResponse* response, uint32_t kind,
+                                  uint32_t slot, uint64_t offset) {
   auto* c = reinterpret_cast<ClientLine*>(base_ + doorbell::kClientLine);
   auto* s = reinterpret_cast<ServerLine*>(base_ + doorbell::kServerLine);
   const int64_t start = MonotonicNs();
@@ -114,6 +133,9 @@ absl::Status DoorbellClient::Ring(uint32_t bytes, absl::Duration timeout, v1::At
   const uint64_t seq = ++seq_;
   __atomic_store_n(&c->request_bytes, bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&c->deadline_ns, deadline, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->kind, kind, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->slot, slot, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->token_index_offset, offset, __ATOMIC_RELAXED);
   __atomic_store_n(&c->request_seq, seq, __ATOMIC_SEQ_CST);
   __atomic_store_n(&c->request_word, static_cast<uint32_t>(seq), __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&s->server_sleeping, __ATOMIC_SEQ_CST) != 0) {
@@ -142,6 +164,7 @@ absl::Status DoorbellClient::Ring(uint32_t bytes, absl::Duration timeout, v1::At
       std::min<uint32_t>(__atomic_load_n(&s->response_bytes, __ATOMIC_RELAXED), response_capacity_);
   const char* out = reinterpret_cast<const char*>(base_ + doorbell::kHeaderBytes + request_capacity_);
   if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), absl::string_view(out, out_bytes));
+  if (kind == doorbell::kPrepare) return absl::OkStatus();  // nothing answered
   if (!response->ParseFromArray(out, static_cast<int>(out_bytes))) {
     return absl::DataLossError(absl::StrCat("doorbell answer of ", out_bytes, " bytes is not an AttendResponse"));
   }

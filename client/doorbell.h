@@ -42,6 +42,15 @@ class DoorbellClient {
                                             absl::Duration timeout = absl::ZeroDuration());
   // The same with the request already serialized; *response parsed into.
   absl::Status Call(absl::string_view request_bytes, absl::Duration timeout, v1::AttendResponse* response);
+  // PREPARED REQUESTS (wire/doorbell.h): keeps `request` (every tensor by
+  // reference) in `slot` on the server, for AttendPrepared to answer again
+  // and again without sending it; an empty request empties the slot.
+  absl::Status Prepare(uint32_t slot, const v1::AttendRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  // Answers the request kept in `slot`, each new_token_index it set
+  // advanced by `token_index_offset` (the decode steps taken since it was
+  // prepared). The tensors are read from the regions at this call.
+  absl::Status AttendPrepared(uint32_t slot, uint64_t token_index_offset, v1::AttendResponse* response,
+                              absl::Duration timeout = absl::ZeroDuration());
   absl::Status Close();
   uint64_t id() const { return id_; }
   // Bytes a doorbell of these capacities spans in its region.
@@ -50,7 +59,9 @@ class DoorbellClient {
  private:
   DoorbellClient() = default;
   // Rings for the `bytes` of request already in the request area and waits.
-  absl::Status Ring(uint32_t bytes, absl::Duration timeout, v1::AttendResponse* response);
+  // `kind`, `slot` and `offset` as wire/doorbell.h's client line has them.
+  absl::Status Ring(uint32_t bytes, absl::Duration timeout, v1::AttendResponse* response, uint32_t kind = 0,
+                    uint32_t slot = 0, uint64_t offset = 0);
   Client* client_ = nullptr;
   uint8_t* base_ = nullptr;
   uint64_t request_capacity_ = 0, response_capacity_ = 0;

@@ -3,8 +3,10 @@
 // capacities (64 to 512 bytes each); the rest is the doorbell's memory
 // (wire/doorbell.h: client line, server line, request area, response
 // area), zero-padded or cut to exactly its size, in a heap block of that
-// size (ASan: nothing may be read or written outside it). The request is
-// answered by a real Handler (fuzz/fuzz_handler.h). After it the server
+// size (ASan: nothing may be read or written outside it). The request, of
+// any kind (an AttendRequest, one to prepare, a prepared slot to answer),
+// is answered by a real Handler (fuzz/fuzz_handler.h); prepared slots
+// persist from input to input, as they do on a doorbell. After it the server
 // line must say: response_seq = the request_seq served, response_bytes
 // within the response capacity, a valid status code; on OK the response
 // area parses as an AttendResponse.

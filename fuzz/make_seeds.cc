@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
     it->set_dtype(v1::DTYPE_BF16);
     it->set_query(std::string(64 * 2, '\x3c'));
     const std::string request = a.SerializeAsString();
-    auto bell = [](uint8_t c_sel, uint8_t r_sel, const std::string& req) {
+    auto bell = [](uint8_t c_sel, uint8_t r_sel, const std::string& req, uint32_t kind = doorbell::kAttend,
+                   uint32_t slot = 0, uint64_t offset = 0) {
       std::string m(2 + doorbell::kHeaderBytes, '\0');
       m[0] = static_cast<char>(c_sel);
       m[1] = static_cast<char>(r_sel);
@@ -176,12 +177,27 @@ int main(int argc, char** argv) {
       line.request_seq = 1;
       line.request_bytes = static_cast<uint32_t>(req.size());
       line.request_word = 1;
+      line.kind = kind;
+      line.slot = slot;
+      line.token_index_offset = offset;
       std::memcpy(&m[2], &line, sizeof(line));
       return m + req;
     };
     Put(out + "/fuzz_doorbell", "attend", bell(3, 7, request));
     Put(out + "/fuzz_doorbell", "response_too_large", bell(3, 0, request));
     Put(out + "/fuzz_doorbell", "garbage", bell(0, 0, std::string(16, '\xff')));
+    // Prepared requests (wire/doorbell.h): one by reference with a decode
+    // step kept in slot 2, then answered with its token index advanced.
+    v1::AttendRequest p;
+    v1::AttendItem* pi = p.add_items();
+    pi->set_sequence_id("s");
+    pi->set_q_heads(1);
+    pi->mutable_query_ref()->set_region_id(1);
+    pi->mutable_new_key_ref()->set_region_id(1);
+    pi->mutable_new_value_ref()->set_region_id(1);
+    pi->set_new_token_index(3);
+    Put(out + "/fuzz_doorbell", "prepare", bell(3, 7, p.SerializeAsString(), doorbell::kPrepare, 2));
+    Put(out + "/fuzz_doorbell", "attend_prepared", bell(3, 7, "", doorbell::kAttendPrepared, 2, 5));
     // AttendStream frames: [flags][length][request] records (fuzz_attend_frame.cc).
     auto frame = [](uint8_t flags, const std::string& req) {
       return std::string(1, static_cast<char>(flags)) + std::string(1, static_cast<char>(req.size())) + req;

@@ -7,8 +7,11 @@
 
 #include <climits>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backends/attend_phases.h"
 #include "wire/doorbell.h"
@@ -41,28 +44,98 @@ inline void Pause() {
 
 }  // namespace
 
+namespace {
+
+// The inline tensor an item of a prepared request carries, or null.
+const char* InlineTensor(const v1::AttendItem& it) {
+  if (!it.query().empty()) return "query";
+  if (!it.new_key().empty()) return "new_key";
+  if (!it.new_value().empty()) return "new_value";
+  return nullptr;
+}
+
+// kPrepare: keeps (or, with no bytes, drops) the request in `slot`. A
+// refused request leaves the slot as it was.
+absl::Status Prepare(absl::string_view bytes, uint32_t slot, DoorbellScratch* scratch) {
+  auto& slots = scratch->prepared;
+  const uint64_t old = slot < slots.size() && slots[slot] != nullptr ? slots[slot]->bytes : 0;
+  std::unique_ptr<DoorbellScratch::Prepared> p;
+  if (!bytes.empty()) {
+    if (scratch->prepared_bytes - old + bytes.size() > doorbell::kMaxPreparedBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("doorbell prepared request of ", bytes.size(),
+                                                       " bytes: the doorbell's prepared requests would hold ",
+                                                       scratch->prepared_bytes - old + bytes.size(),
+                                                       " bytes (kMaxPreparedBytes ", doorbell::kMaxPreparedBytes, ")"));
+    }
+    p = std::make_unique<DoorbellScratch::Prepared>();
+    if (!p->request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("doorbell prepared request of ", bytes.size(), " bytes is not an AttendRequest"));
+    }
+    for (int i = 0; i < p->request.items_size(); ++i) {
+      const v1::AttendItem& it = p->request.items(i);
+      if (const char* field = InlineTensor(it); field != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].", field, " is inline; a prepared request names its tensors by reference (",
+                         field, "_ref)"));
+      }
+      if (it.has_new_token_index()) p->indexed.emplace_back(i, it.new_token_index());
+    }
+    p->bytes = bytes.size();
+  }
+  if (slot >= slots.size()) {
+    if (p == nullptr) return absl::OkStatus();
+    slots.resize(slot + 1);
+  }
+  scratch->prepared_bytes = scratch->prepared_bytes - old + (p != nullptr ? p->bytes : 0);
+  slots[slot] = std::move(p);
+  return absl::OkStatus();
+}
+
+// kAttendPrepared: the request in `slot`, its token indexes advanced.
+absl::StatusOr<const v1::AttendRequest*> Prepared(uint32_t slot, uint64_t offset, DoorbellScratch* scratch) {
+  if (slot >= scratch->prepared.size() || scratch->prepared[slot] == nullptr) {
+    return absl::NotFoundError(absl::StrCat("doorbell prepared slot ", slot, " is empty"));
+  }
+  DoorbellScratch::Prepared& p = *scratch->prepared[slot];
+  for (const auto& [item, index] : p.indexed) {
+    if (offset > std::numeric_limits<uint64_t>::max() - index) {
+      return absl::InvalidArgumentError(absl::StrCat("doorbell token_index_offset ", offset, " overflows items[", item,
+                                                     "].new_token_index ", index, " of prepared slot ", slot));
+    }
+  }
+  for (const auto& [item, index] : p.indexed) p.request.mutable_items(item)->set_new_token_index(index + offset);
+  return &p.request;
+}
+
+}  // namespace
+
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
                           const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch) {
   auto* c = reinterpret_cast<ClientLine*>(base + doorbell::kClientLine);
   auto* s = reinterpret_cast<ServerLine*>(base + doorbell::kServerLine);
   AttendPhaseClock::Begin();
+  // Each word of the client line is read once: the client may change them.
   const uint32_t bytes = __atomic_load_n(&c->request_bytes, __ATOMIC_RELAXED);
   const int64_t deadline = __atomic_load_n(&c->deadline_ns, __ATOMIC_RELAXED);
-  v1::AttendRequest* request = &scratch->request;
+  const uint32_t kind = __atomic_load_n(&c->kind, __ATOMIC_RELAXED);
+  const uint32_t slot = __atomic_load_n(&c->slot, __ATOMIC_RELAXED);
+  const uint64_t offset = __atomic_load_n(&c->token_index_offset, __ATOMIC_RELAXED);
   v1::AttendResponse* response = &scratch->response;
   response->Clear();
+  const v1::AttendRequest* request = nullptr;
   absl::Status st;
-  if (bytes > request_capacity) {
+  if (kind != doorbell::kAttend && kind != doorbell::kPrepare && kind != doorbell::kAttendPrepared) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("doorbell kind ", kind, " is not 0 (attend), 1 (prepare) or 2 (attend prepared)"));
+  } else if (kind != doorbell::kAttend && slot >= doorbell::kMaxPreparedSlots) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("doorbell slot ", slot, " is not below kMaxPreparedSlots ", doorbell::kMaxPreparedSlots));
+  } else if (kind != doorbell::kAttendPrepared && bytes > request_capacity) {
     st = absl::InvalidArgumentError(
         absl::StrCat("doorbell request_bytes ", bytes, " exceeds its request capacity ", request_capacity));
-  } else {
-    // One copy out of the shared memory, then parse the copy: the client
-    // can change the shared bytes at any time.
-    scratch->bytes.assign(reinterpret_cast<const char*>(base + doorbell::kHeaderBytes), bytes);
-    if (!request->ParseFromString(scratch->bytes)) {
-      st = absl::InvalidArgumentError(absl::StrCat("doorbell request of ", bytes, " bytes is not an AttendRequest"));
-    }
   }
+  // A late request changes nothing, a kPrepare included.
   if (st.ok() && deadline != 0) {
     const int64_t now = MonotonicNs();
     if (now > deadline) {
@@ -73,7 +146,27 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
           absl::StrCat("doorbell request ", seq, ": its deadline passed ", late_ns / 1000, " us before it was read"));
     }
   }
-  if (st.ok()) {
+  if (st.ok() && kind != doorbell::kAttendPrepared) {
+    // One copy out of the shared memory, then parse the copy: the client
+    // can change the shared bytes at any time.
+    scratch->bytes.assign(reinterpret_cast<const char*>(base + doorbell::kHeaderBytes), bytes);
+    if (kind == doorbell::kPrepare) {
+      st = Prepare(scratch->bytes, slot, scratch);
+    } else if (!scratch->request.ParseFromString(scratch->bytes)) {
+      st = absl::InvalidArgumentError(absl::StrCat("doorbell request of ", bytes, " bytes is not an AttendRequest"));
+    } else {
+      request = &scratch->request;
+    }
+  }
+  if (st.ok() && kind == doorbell::kAttendPrepared) {
+    absl::StatusOr<const v1::AttendRequest*> p = Prepared(slot, offset, scratch);
+    if (p.ok()) {
+      request = *p;
+    } else {
+      st = p.status();
+    }
+  }
+  if (st.ok() && request != nullptr) {
     AttendPhaseClock::Mark(AttendPhase::kRequest);
     st = attend(*request, response, tenant);
   } else {
@@ -81,7 +174,7 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
   }
   uint8_t* out = base + doorbell::kHeaderBytes + request_capacity;
   uint64_t out_bytes = 0;
-  if (st.ok()) {
+  if (st.ok() && request != nullptr) {
     out_bytes = response->ByteSizeLong();
     if (out_bytes > response_capacity) {
       st = absl::ResourceExhaustedError(

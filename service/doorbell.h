@@ -20,6 +20,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -38,19 +40,30 @@ using AttendFn = std::function<absl::Status(const v1::AttendRequest&, v1::Attend
 
 // Serves the request in the doorbell at `base` whose request_seq is `seq`
 // (the memory as wire/doorbell.h lays it out, `request_capacity` and
-// `response_capacity` bytes of areas): copies and parses the request,
-// answers it through `attend` for `tenant` unless its deadline passed, and
+// `response_capacity` bytes of areas): by its kind, copies and parses the
+// request and answers it through `attend` for `tenant` unless its deadline
+// passed, keeps it as a prepared request, or answers a prepared one; then
 // writes the answer (response_seq last). `scratch` is reused between calls.
 // Never reads or writes outside [base, base + Bytes(capacities)), whatever
 // the memory holds. Exposed for tests and the fuzz target.
 //
 // A doorbell's requests look alike call after call (the same items, other
 // layers and offsets): parsing into the same messages every time reuses
-// their strings and sub-messages instead of allocating them again.
+// their strings and sub-messages instead of allocating them again. The
+// scratch also keeps the doorbell's prepared requests (wire/doorbell.h,
+// PREPARED REQUESTS).
 struct DoorbellScratch {
   std::string bytes;  // the request, copied out of the shared memory
   v1::AttendRequest request;
   v1::AttendResponse response;
+  struct Prepared {
+    v1::AttendRequest request;
+    // (item, new_token_index as prepared) of the items that set one.
+    std::vector<std::pair<int, uint64_t>> indexed;
+    uint64_t bytes = 0;  // serialized size, counted against kMaxPreparedBytes
+  };
+  std::vector<std::unique_ptr<Prepared>> prepared;  // by slot; null: empty
+  uint64_t prepared_bytes = 0;
 };
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
                           const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch);

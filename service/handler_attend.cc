@@ -197,7 +197,7 @@ absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendRespons
     return st;
   }
   AttendPhaseClock::Mark(AttendPhase::kFinish);
-  metrics_->RecordAttendPhases(AttendPhaseClock::totals());
+  metrics_->RecordAttendPhases();
   return st;
 }
 

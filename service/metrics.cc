@@ -158,6 +158,18 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                                           Histogram::BucketBoundaries{0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
                                                                       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1});
   }
+  auto& device = BuildHistogram()
+                     .Name("driftkv_attend_device_seconds")
+                     .Help(
+                         "Device time of one Attend by stage (inputs, attention, outputs) and the device's span "
+                         "from the first call's start to the last one's end; only with DRIFTKV_DEVICE_TIMING=1 "
+                         "on the cuda backend")
+                     .Register(r);
+  for (int s = 0; s < static_cast<int>(DeviceStage::kCount); ++s) {
+    attend_device_seconds[s] = &device.Add({{"stage", DeviceStageName(static_cast<DeviceStage>(s))}},
+                                           Histogram::BucketBoundaries{0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
+                                                                       0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1});
+  }
   auto& tier_pages_family = BuildGauge()
                                 .Name("driftkv_pages")
                                 .Help("Pages in use, by tier (cold: D-Quant pages; hot: level pages)")
@@ -282,8 +294,12 @@ void Metrics::RecordPage(const CodecStats& stats, const std::vector<float>& key_
   pages_encoded->Increment();
 }
 
-void Metrics::RecordAttendPhases(const AttendPhaseClock::Totals& totals) {
+void Metrics::RecordAttendPhases() {
+  const AttendPhaseClock::Totals& totals = AttendPhaseClock::totals();
   for (size_t p = 0; p < totals.size(); ++p) attend_phase_seconds[p]->Observe(1e-9 * static_cast<double>(totals[p]));
+  if (!AttendPhaseClock::device_timed()) return;
+  const AttendPhaseClock::DeviceTotals& device = AttendPhaseClock::device_totals();
+  for (size_t s = 0; s < device.size(); ++s) attend_device_seconds[s]->Observe(1e-9 * static_cast<double>(device[s]));
 }
 
 void Metrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {

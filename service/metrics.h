@@ -95,7 +95,12 @@ class Metrics {
   // driftkv_attend_phase_seconds{phase}: one Attend's time by phase
   // (backends/attend_phases.h).
   prometheus::Histogram* attend_phase_seconds[static_cast<int>(AttendPhase::kCount)];
-  void RecordAttendPhases(const AttendPhaseClock::Totals& totals);
+  // driftkv_attend_device_seconds{stage}: one Attend's device time by
+  // stage, observed only for calls whose backend timed them (DeviceStage).
+  prometheus::Histogram* attend_device_seconds[static_cast<int>(DeviceStage::kCount)];
+  // Records this thread's AttendPhaseClock: the phases, and the device
+  // stages when the backend timed them.
+  void RecordAttendPhases();
   prometheus::Counter* rejected_chunks;
   prometheus::Counter* integrity_rejections[kIntegrityReasons];  // by IntegrityReason
   prometheus::Counter* unauthenticated;                          // calls refused for a missing or unlisted token

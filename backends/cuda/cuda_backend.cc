@@ -12,6 +12,7 @@
 #include "backends/cuda/client_io.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
+#include "backends/cuda/stage_timer.h"
 #include "backends/cuda/window_cache.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
@@ -773,6 +774,7 @@ class CudaBackend : public Backend {
     uint8_t* dstage = a_stage_.get<uint8_t>();
     const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
     AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
+    timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
     if (!cuda_backend::ClientIo::AllQueries(jobs)) {
       st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     } else {
@@ -847,6 +849,7 @@ class CudaBackend : public Backend {
         at += bytes;
       }
     }
+    timer_.Mark(cuda_backend::StageTimer::kInputsDone, stream_);
     int32_t* small = reinterpret_cast<int32_t*>(dstage);
     const bool hot = jobs[0].hot;
     if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
@@ -888,6 +891,7 @@ class CudaBackend : public Backend {
       st = gpu::LaunchDQuantAttention(p, stream_);
     }
     if (!st.ok()) return st;
+    timer_.Mark(cuda_backend::StageTimer::kAttentionDone, stream_);
     st = client_io_.ScatterOutputs(dstage + off_client, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz,
                                    stream_);
     if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
@@ -895,10 +899,12 @@ class CudaBackend : public Backend {
                 "download output");
     }
     const float* out = host_out_.get<float>();
+    timer_.Mark(cuda_backend::StageTimer::kOutputsDone, stream_);
     AttendPhaseClock::Mark(AttendPhase::kBackendHost);
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
     AttendPhaseClock::Mark(AttendPhase::kDeviceWait);
     if (!st.ok()) return st;
+    timer_.Collect();
     client_io_.FinishQueryChecks(jobs);
     for (int i = 0; i < items; ++i) {
       jobs[i].status = absl::OkStatus();
@@ -943,6 +949,7 @@ class CudaBackend : public Backend {
   };
   LaunchPlan plan_ ABSL_GUARDED_BY(mu_);
   PinnedScratch host_stage_, host_out_;
+  cuda_backend::StageTimer timer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

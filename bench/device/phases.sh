@@ -19,8 +19,9 @@ import sys, urllib.request, re
 t = urllib.request.urlopen("http://127.0.0.1:9464/metrics").read().decode()
 out = open(sys.argv[1], "w")
 for line in t.splitlines():
-    if line.startswith("driftkv_attend_phase_seconds_sum") or line.startswith("driftkv_attend_phase_seconds_count"):
-        out.write(line + "\n")
+    for m in ("driftkv_attend_phase_seconds", "driftkv_attend_device_seconds"):
+        if line.startswith(m + "_sum") or line.startswith(m + "_count"):
+            out.write(line + "\n")
 PY
 }
 delta() {
@@ -32,15 +33,19 @@ def load(p):
         k, v = l.rsplit(" ", 1); d[k] = float(v)
     return d
 a, b = load(sys.argv[1]), load(sys.argv[2])
-n = None; tot = 0; row = []
-for k in b:
-    if "_count" in k: n = b[k] - a.get(k, 0)
-for k in sorted(b):
-    if "_sum" in k:
-        ph = re.search(r'phase="([a-z_]+)"', k).group(1)
-        us = (b[k] - a.get(k, 0)) / n * 1e6 if n else 0
-        tot += us; row.append(f"{ph}={us:.1f}")
-print(f"  server phases, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
+for metric, label, title in (("phase", "phase", "server phases"), ("device", "stage", "device stages")):
+    n = None; tot = 0; row = []
+    keys = [k for k in b if k.startswith(f"driftkv_attend_{metric}_seconds")]
+    for k in keys:
+        if "_count" in k: n = b[k] - a.get(k, 0)
+    if not n: continue
+    for k in sorted(keys):
+        if "_sum" in k:
+            ph = re.search(label + r'="([a-z_]+)"', k).group(1)
+            us = (b[k] - a.get(k, 0)) / n * 1e6
+            if ph != "span": tot += us
+            row.append(f"{ph}={us:.1f}")
+    print(f"  {title}, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
 PY
 }
 P="--target=127.0.0.1:50051 ${SHAPE:---layers=32 --sequences=64 --context=8192} --steps=${STEPS:-12} --warmup=3"
