@@ -89,15 +89,17 @@ v1::AttendItem Item(int s, const std::vector<float>& query) {
 
 // The attention kernel alone on `sequences` x `context` tokens of synthetic
 // pages of one tier (decode work does not depend on the bytes), same
-// window and query shape as the service: CUDA-event median.
-double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps) {
+// window and query shape as the service: CUDA-event median. With spread
+// > 1 the pages lie `spread` pages apart in a pool that many times larger
+// (as a layer's pages lie among other layers' in the service's pool).
+double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps, int spread = 1) {
   const int comp = context - window, pages = (comp + 127) / 128;
   const PageLayout cl = codec.page_layout();
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec);
   CHECK_OK(hl.status());
   const size_t page_bytes = hot ? hl->page_bytes : cl.page_bytes;
   const size_t total = static_cast<size_t>(sequences) * pages;
-  gpu::DeviceBuffer pool(total * page_bytes);
+  gpu::DeviceBuffer pool(total * spread * page_bytes);
   // Pages of real records, so that the cold kernel's rANS decodes valid
   // streams: encode one window and replicate it.
   {
@@ -118,11 +120,11 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
       page = cold;
     }
     for (size_t i = 0; i < total; ++i) {
-      cudaMemcpy(pool.get<uint8_t>() + i * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice);
+      cudaMemcpy(pool.get<uint8_t>() + i * spread * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice);
     }
   }
   std::vector<int32_t> table(total), start(sequences), tokens(sequences, comp), wt(sequences, window);
-  for (size_t i = 0; i < total; ++i) table[i] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < total; ++i) table[i] = static_cast<int32_t>(i * spread);
   for (int i = 0; i < sequences; ++i) start[i] = i * pages;
   std::vector<uint16_t> w(static_cast<size_t>(sequences) * gpu::kMaxWindow * kN, FloatToBf16(0.5f));
   std::vector<float> q(static_cast<size_t>(sequences) * kQHeads * kD, 0.25f);
@@ -330,7 +332,7 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) 
 }
 
 int Main(int argc, char** argv) {
-  int sequences = 64, context = 8192, reps = 30, clients = 8;
+  int sequences = 64, context = 8192, reps = 30, clients = 8, spread = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--sequences=", 0) == 0)
@@ -341,6 +343,8 @@ int Main(int argc, char** argv) {
       reps = std::stoi(a.substr(7));
     else if (a.rfind("--clients=", 0) == 0)
       clients = std::stoi(a.substr(10));
+    else if (a.rfind("--kernel_only_spread=", 0) == 0)
+      spread = std::stoi(a.substr(21));
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -348,6 +352,22 @@ int Main(int argc, char** argv) {
   }
   if (!gpu::GpuAvailable()) {
     std::printf("skipped: no GPU\n");
+    return 0;
+  }
+  if (spread > 0) {
+    // The hot kernel alone, pages packed and pages `spread` apart, three
+    // rounds alternating.
+    DQuantConfig cfg;
+    cfg.kv_heads = kKvHeads;
+    cfg.head_dim = kD;
+    absl::StatusOr<DQuantCodec> codec = DQuantCodec::Create(cfg);
+    CHECK_OK(codec.status());
+    for (int round = 0; round < 3; ++round) {
+      const double packed = KernelMs(*codec, sequences, context, 128, true, reps, 1);
+      const double spread_ms = KernelMs(*codec, sequences, context, 128, true, reps, spread);
+      std::printf("hot kernel alone, %d x %d: pages packed %.3f ms, %d apart %.3f ms\n", sequences, context, packed,
+                  spread, spread_ms);
+    }
     return 0;
   }
   std::printf("service on the GPU: 1 layer, %d sequences x %d tokens, 8 KV heads x 128, GQA 32/8, %d reps\n", sequences,

@@ -5,7 +5,8 @@ cross shared memory, no socket.
 
 Views of the two header lines (little-endian, at the doorbell's offset):
   client line  u64[0] request_seq, u32[2] request_bytes, u32[3]
-               request_word (the server's futex word), i64[2] deadline_ns
+               request_word (the server's futex word), i64[2] deadline_ns,
+               u32[6] kind, u32[7] slot, u64[4] token_index_offset
   server line  u64[8] response_seq, i32[18] code, u32[19] response_bytes,
                u32[20] response_word, u32[21] server_sleeping
 then the request area (request_capacity bytes) and the response area.
@@ -46,6 +47,11 @@ WAIT_SECONDS = 0.05     # each futex wait's timeout (then the loop checks again)
 # A request with a deadline is answered by the server (DEADLINE_EXCEEDED
 # at worst); this long past it the server is not answering at all.
 GRACE_SECONDS = 1.0
+# Kinds of request (wire/doorbell.h) and the prepared slots' limit.
+KIND_ATTEND = 0
+KIND_PREPARE = 1
+KIND_ATTEND_PREPARED = 2
+MAX_PREPARED_SLOTS = 1024
 
 
 class _Timespec(ctypes.Structure):
@@ -92,6 +98,7 @@ class Doorbell:
         self._sys_futex = _SYS_FUTEX[machine]
         area[:HEADER_BYTES] = 0
         self._seq = 0
+        self._prepared = {}  # slot -> finish of the request prepared there
         self._broken = False
         self._closed = False
         stub = client._connect()
@@ -123,7 +130,42 @@ class Doorbell:
         is checked before the request is written."""
         V.timeout(timeout)
         req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
-        data = req.SerializeToString()
+        return finish(self._call(KIND_ATTEND, 0, 0, req.SerializeToString(), timeout))
+
+    def prepare(self, slot: int, request_or_items, **kwargs) -> None:
+        """Keeps the request attend(request_or_items, **kwargs) would send
+        in `slot` on the server (wire/doorbell.h, PREPARED REQUESTS), for
+        attend_prepared to answer again and again without sending it. Every
+        tensor must be by reference (arrays in registered regions, out= too):
+        the server refuses inline ones. A decode loop prepares one request
+        per layer, writes each step's queries (and new keys and values) into
+        the same arrays, and calls attend_prepared(layer, steps_taken)."""
+        self._check_slot(slot)
+        timeout = kwargs.pop("timeout", None)
+        V.timeout(timeout)
+        req, _, finish = self._client.prepare_attend(request_or_items, **kwargs)
+        self._call(KIND_PREPARE, slot, 0, req.SerializeToString(), timeout)
+        self._prepared[slot] = finish
+
+    def attend_prepared(self, slot: int, token_index_offset: int = 0, *, timeout: Optional[float] = None):
+        """What attend returned for the request prepared in `slot`, answered
+        now (the tensors read from their regions at this call), each
+        new_token_index it set advanced by `token_index_offset`."""
+        self._check_slot(slot)
+        V.timeout(timeout)
+        if not 0 <= token_index_offset < 1 << 64:
+            raise invalid(f"token_index_offset {token_index_offset} must be in [0, 2^64)")
+        finish = self._prepared.get(slot)
+        response = self._call(KIND_ATTEND_PREPARED, slot, token_index_offset, b"", timeout)
+        return finish(response) if finish is not None else response
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < MAX_PREPARED_SLOTS:
+            raise invalid(f"slot {slot} must be in [0, {MAX_PREPARED_SLOTS})")
+
+    def _call(self, kind: int, slot: int, offset: int, data: bytes, timeout: Optional[float]):
+        """Writes a request of `kind` and waits for its answer: a parsed
+        pb.AttendResponse (None for KIND_PREPARE)."""
         if len(data) > self._request_capacity:
             raise invalid(f"request of {len(data)} bytes exceeds the doorbell's capacity {self._request_capacity}")
         if self._broken or self._closed:
@@ -132,11 +174,15 @@ class Doorbell:
         timeout = self._client.timeout if timeout is None else timeout
         start = time.monotonic_ns()  # CLOCK_MONOTONIC, the server's clock
         deadline = start + int(timeout * 1e9)
-        self._request[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        if data:
+            self._request[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._seq += 1
         seq = self._seq
         self._u32[2] = len(data)
         self._i64[2] = deadline
+        self._u32[6] = kind
+        self._u32[7] = slot
+        self._u64[4] = offset
         self._u64[0] = seq
         self._u32[3] = seq & 0xFFFFFFFF
         if self._u32[21]:
@@ -151,13 +197,15 @@ class Doorbell:
         answer = self._response[:size].tobytes()
         if code != 0:
             raise DriftkvError(status_code(code), answer.decode("utf-8", "replace"))
+        if kind == KIND_PREPARE:
+            return None
         response = pb.AttendResponse()
         try:
             response.ParseFromString(answer)
         except Exception:  # noqa: BLE001 - protobuf's DecodeError, by any backend
             raise DriftkvError(grpc.StatusCode.DATA_LOSS,
                                f"doorbell answer of {size} bytes is not an AttendResponse") from None
-        return finish(response)
+        return response
 
     def _wait(self, seq: int, start: int, deadline: int, timeout: float) -> None:
         # A short spin, then sleep on response_word: spinning through the

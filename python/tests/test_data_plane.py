@@ -240,3 +240,47 @@ def test_the_sharded_client_passes_destinations_through(client, region, rng):
     np.testing.assert_array_equal(lse, want.lse)
     each = sharded.attend_results(items, output_dtype="bf16")
     np.testing.assert_array_equal(np.stack([r.output for r in each]), want.output)
+
+
+def test_prepared_doorbell_requests_decode_as_inline_attends_do(client, region, rng):
+    # "dp-prep" by prepared requests (everything in the region), "dp-twin"
+    # (the same tokens) by inline Attends with the same decode steps: the
+    # same bits, step after step.
+    keys, values = stored(client, rng, "dp-prep")
+    for layer in (0, 1):
+        client.append("dp-twin", layer, keys, values)
+    kv_heads = keys.shape[1]
+    q = region.alloc((2, Q_HEADS, HEAD_DIM), np.float32)
+    nk = region.alloc((2, kv_heads, HEAD_DIM), np.float32)
+    nv = region.alloc((2, kv_heads, HEAD_DIM), np.float32)
+    out = region.alloc((2, Q_HEADS, HEAD_DIM), np.float32)
+    lse = region.alloc((2, Q_HEADS), np.float32)
+    with client.open_doorbell(region, request_capacity=64 << 10, response_capacity=64 << 10) as bell:
+        for layer in (0, 1):
+            bell.prepare(layer, AttendItem("dp-prep", layer, q[layer], new_key=nk[layer], new_value=nv[layer],
+                                           new_token_index=TOKENS), out=out[layer], lse=lse[layer])
+        for step in range(4):
+            for layer in (0, 1):
+                q[layer] = rng.standard_normal((Q_HEADS, HEAD_DIM)).astype(np.float32)
+                nk[layer] = rng.standard_normal((kv_heads, HEAD_DIM)).astype(np.float32)
+                nv[layer] = rng.standard_normal((kv_heads, HEAD_DIM)).astype(np.float32)
+                got = bell.attend_prepared(layer, step, timeout=5.0)
+                assert got.output is out[layer] or np.shares_memory(got.output, out)
+                want = client.attend(AttendItem("dp-twin", layer, q[layer].copy(), new_key=nk[layer].copy(),
+                                                new_value=nv[layer].copy(), new_token_index=TOKENS + step))
+                np.testing.assert_array_equal(out[layer], want.output)
+                np.testing.assert_array_equal(lse[layer], want.lse)
+        assert client.length("dp-prep")[1].tokens == TOKENS + 4
+        # Inline tensors cannot be prepared; an empty slot is NOT_FOUND; a
+        # slot out of range is refused before anything is sent.
+        with pytest.raises(DriftkvError) as inline:
+            bell.prepare(5, AttendItem("dp-prep", 0, queries(rng, 1)[0]))
+        assert inline.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is inline; a prepared request names its tensors by reference" in inline.value.details
+        with pytest.raises(DriftkvError) as empty:
+            bell.attend_prepared(5)
+        assert (empty.value.code, empty.value.details) == (grpc.StatusCode.NOT_FOUND,
+                                                           "doorbell prepared slot 5 is empty")
+        with pytest.raises(DriftkvError) as bad:
+            bell.attend_prepared(1024)
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
