@@ -92,42 +92,60 @@ v1::AttendItem Item(int s, const std::vector<float>& query) {
 // window and query shape as the service: CUDA-event median. With spread
 // > 1 the pages lie `spread` pages apart in a pool that many times larger
 // (as a layer's pages lie among other layers' in the service's pool).
-double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps, int spread = 1) {
+// With cycle > 1 there are `cycle` copies of the pages (layers), each
+// packed, and launch i reads copy i % cycle: a decode step's Attends read
+// one layer after another, never the same pages twice in a row.
+// With varied set, the queries and windows are random normal and the pages
+// 16 distinct encoded windows (otherwise every page is the same window and
+// queries and windows are constants).
+double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps, int spread = 1,
+                bool varied = false, int cycle = 1) {
   const int comp = context - window, pages = (comp + 127) / 128;
   const PageLayout cl = codec.page_layout();
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec);
   CHECK_OK(hl.status());
   const size_t page_bytes = hot ? hl->page_bytes : cl.page_bytes;
   const size_t total = static_cast<size_t>(sequences) * pages;
-  gpu::DeviceBuffer pool(total * spread * page_bytes);
+  gpu::DeviceBuffer pool(total * spread * cycle * page_bytes);
   // Pages of real records, so that the cold kernel's rANS decodes valid
-  // streams: encode one window and replicate it.
+  // streams: encode windows and replicate them.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> g(0.0f, 1.0f);
   {
-    std::mt19937_64 rng(3);
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    std::vector<float> k(128 * kN), v(k.size());
-    for (float& x : k) x = g(rng);
-    for (float& x : v) x = g(rng);
-    std::vector<uint8_t> cold(cl.page_bytes, 0), page(page_bytes, 0);
-    CodecScratch scratch;
-    StreamStats ks, vs;
-    CHECK_OK(codec.EncodeWindow(k.data(), v.data(), 128, cold.data(), cold.data() + cl.value_offset,
-                                cold.data() + cl.mean_offset, &scratch, &ks, &vs));
-    if (hot) {
-      CHECK_OK(PromotePage(codec, *hl, cold.data(), cold.data() + cl.value_offset, cold.data() + cl.mean_offset, 128,
-                           page.data()));
-    } else {
-      page = cold;
-    }
-    for (size_t i = 0; i < total; ++i) {
-      cudaMemcpy(pool.get<uint8_t>() + i * spread * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice);
+    const int distinct = varied ? 16 : 1;
+    for (int d = 0; d < distinct; ++d) {
+      std::vector<float> k(128 * kN), v(k.size());
+      for (float& x : k) x = g(rng);
+      for (float& x : v) x = g(rng);
+      std::vector<uint8_t> cold(cl.page_bytes, 0), page(page_bytes, 0);
+      CodecScratch scratch;
+      StreamStats ks, vs;
+      CHECK_OK(codec.EncodeWindow(k.data(), v.data(), 128, cold.data(), cold.data() + cl.value_offset,
+                                  cold.data() + cl.mean_offset, &scratch, &ks, &vs));
+      if (hot) {
+        CHECK_OK(PromotePage(codec, *hl, cold.data(), cold.data() + cl.value_offset, cold.data() + cl.mean_offset, 128,
+                             page.data()));
+      } else {
+        page = cold;
+      }
+      for (size_t i = d; i < total; i += distinct) {
+        cudaMemcpy(pool.get<uint8_t>() + i * spread * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice);
+      }
     }
   }
-  std::vector<int32_t> table(total), start(sequences), tokens(sequences, comp), wt(sequences, window);
-  for (size_t i = 0; i < total; ++i) table[i] = static_cast<int32_t>(i * spread);
+  for (int c = 1; c < cycle; ++c) {
+    cudaMemcpy(pool.get<uint8_t>() + c * total * spread * page_bytes, pool.get<uint8_t>(), total * spread * page_bytes,
+               cudaMemcpyDeviceToDevice);
+  }
+  std::vector<int32_t> table(total * cycle), start(sequences), tokens(sequences, comp), wt(sequences, window);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i * spread);
   for (int i = 0; i < sequences; ++i) start[i] = i * pages;
   std::vector<uint16_t> w(static_cast<size_t>(sequences) * gpu::kMaxWindow * kN, FloatToBf16(0.5f));
   std::vector<float> q(static_cast<size_t>(sequences) * kQHeads * kD, 0.25f);
+  if (varied) {
+    for (uint16_t& x : w) x = FloatToBf16(g(rng));
+    for (float& x : q) x = g(rng);
+  }
   gpu::DeviceBuffer dt, ds, dtok, dw, dwt, dq, out, lse, ws, tabs;
   dt.Upload(table);
   ds.Upload(start);
@@ -176,9 +194,18 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) launch();
+  int next = 0;
+  auto next_layer = [&] {
+    batch.page_table_dev = dt.get<int32_t>() + static_cast<size_t>(next) * total;
+    next = (next + 1) % cycle;
+  };
+  for (int i = 0; i < 5; ++i) {
+    next_layer();
+    launch();
+  }
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
+    next_layer();
     cudaEventRecord(a);
     launch();
     cudaEventRecord(b);
@@ -365,8 +392,12 @@ int Main(int argc, char** argv) {
     for (int round = 0; round < 3; ++round) {
       const double packed = KernelMs(*codec, sequences, context, 128, true, reps, 1);
       const double spread_ms = KernelMs(*codec, sequences, context, 128, true, reps, spread);
-      std::printf("hot kernel alone, %d x %d: pages packed %.3f ms, %d apart %.3f ms\n", sequences, context, packed,
-                  spread, spread_ms);
+      const double varied = KernelMs(*codec, sequences, context, 128, true, reps, 1, true);
+      const double cycled = KernelMs(*codec, sequences, context, 128, true, reps, 1, false, 8);
+      std::printf(
+          "hot kernel alone, %d x %d: pages packed %.3f ms, %d apart %.3f ms, varied data (random queries and "
+          "windows, 16 distinct pages) %.3f ms, 8 layers in turn %.3f ms\n",
+          sequences, context, packed, spread, spread_ms, varied, cycled);
     }
     return 0;
   }

@@ -3,7 +3,8 @@
 // byte what the same item answers inline on the same server (queries f32
 // and bf16, outputs f32 and bf16, GQA groups 2 and 4, a decode step), over
 // sets of sequences of identical content ("i-" inline, "d-" device, "h-"
-// host). A process cannot open its own IPC handles, so a child forked
+// host), on a server without a hot tier and on one whose layers go hot
+// (the level kernel). A process cannot open its own IPC handles, so a child forked
 // before any CUDA call of this process owns the allocation and copies
 // bytes in and out of it on the parent's commands. Prints "skipped: no
 // GPU" without one.
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/regions.h"
+#include "codec/level_page.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
 #include "service/server.h"
@@ -160,21 +162,15 @@ std::vector<ItemSpec> Specs(int round) {
   return v;
 }
 
-TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBit) {
-  ChildProcess child;
-  ASSERT_EQ(pipe(child.to_parent), 0);
-  ASSERT_EQ(pipe(child.to_child), 0);
-  child.pid = fork();
-  ASSERT_GE(child.pid, 0);
-  if (child.pid == 0) Child(child.to_parent[1], child.to_child[0]);
-  char handle[64];
-  ASSERT_TRUE(ReadFull(child.to_parent[0], handle, sizeof(handle)));
-  SKIP_WITHOUT_GPU();
-  if (std::string(handle, 64) == std::string(64, '\0')) GTEST_SKIP() << "the child could not allocate";
-
+// The whole check on one server of its own, its pages in the cold tier or
+// (hot) in the hot tier, where the level kernel attends: the answers must
+// be the inline ones. `handle` is the child's allocation.
+void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProcess& child) {
+  SCOPED_TRACE(hot ? "hot tier" : "cold tier");
   ServiceOptions o = testing::SmallOptions(32u << 20);
   o.backend = "cuda";
   o.codec.mean_window = 128;  // the CUDA kernels' page
+  if (hot) o.hot_tier_bytes = 64 * MakeLevelPageLayout(kSmallN / kD, kD)->page_bytes;
   o.region_socket = absl::StrCat("/tmp/driftkv-data-plane-gpu-test-",
                                  absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
   std::unique_ptr<DriftkvServer> server;  // destroyed before the child ends
@@ -246,7 +242,32 @@ TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBit) {
   EXPECT_TRUE(UnregisterRegion(client.get(), reg->region_id()).ok());
   host_region->reset();
   client.reset();
+  if (hot) {
+    // Every layer attended went hot (the level kernel answered).
+    v1::StatsResponse stats;
+    server->handler().Stats(&stats);
+    EXPECT_GT(stats.hot_pages_in_use(), 0u);
+  }
   server->Shutdown(absl::Seconds(1));
+}
+
+// One test for both tiers: the child must be forked before this process
+// makes any CUDA call, so there is one child for the process.
+TEST(DataPlaneGpuTest, CudaIpcAndHostReferencesAnswerInlineBitForBitInBothTiers) {
+  ChildProcess child;
+  ASSERT_EQ(pipe(child.to_parent), 0);
+  ASSERT_EQ(pipe(child.to_child), 0);
+  child.pid = fork();
+  ASSERT_GE(child.pid, 0);
+  if (child.pid == 0) Child(child.to_parent[1], child.to_child[0]);
+  char handle[64];
+  ASSERT_TRUE(ReadFull(child.to_parent[0], handle, sizeof(handle)));
+  SKIP_WITHOUT_GPU();
+  if (std::string(handle, 64) == std::string(64, '\0')) GTEST_SKIP() << "the child could not allocate";
+  for (bool hot : {false, true}) {
+    CheckReferencesAnswerInline(hot, handle, child);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 }  // namespace

@@ -147,9 +147,9 @@ TEST(DoorbellPreparedTest, RefusalsAreExactAndChangeNothing) {
     if (std::string(field) == "new_value") it->set_new_value(std::string(8, 'v'));
     Prepare(m, 3, bad);
     ExpectAnswered(m, C::kInvalidArgument);
-    EXPECT_EQ(m.Response(), absl::StrCat("items[1].", field,
-                                         " is inline; a prepared request names its tensors by reference (", field,
-                                         "_ref)"));
+    EXPECT_EQ(m.Response(),
+              absl::StrCat("items[1].", field, " is inline; a prepared request names its tensors by reference (", field,
+                           "_ref)"));
   }
   // Bytes that are no AttendRequest; bytes past the capacity.
   m.Ring(doorbell::kPrepare, 3, 0, std::string(16, '\xff'), 16);
@@ -194,9 +194,9 @@ TEST(DoorbellPreparedTest, PreparedBytesAreBounded) {
   }
   Prepare(m, fit, big);
   ExpectAnswered(m, C::kResourceExhausted);
-  EXPECT_EQ(m.Response(), absl::StrCat("doorbell prepared request of ", each,
-                                       " bytes: the doorbell's prepared requests would hold ", each * (fit + 1),
-                                       " bytes (kMaxPreparedBytes ", doorbell::kMaxPreparedBytes, ")"));
+  EXPECT_EQ(m.Response(),
+            absl::StrCat("doorbell prepared request of ", each, " bytes: the doorbell's prepared requests would hold ",
+                         each * (fit + 1), " bytes (kMaxPreparedBytes ", doorbell::kMaxPreparedBytes, ")"));
   RunPrepared(m, fit, 0);
   ExpectAnswered(m, C::kNotFound);
   // Replacing a slot counts its old bytes out; emptying one makes room.

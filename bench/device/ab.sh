@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # (bench/device/README.md: how to bundle what it runs)
 # A/B of server builds on the decode-step benchmark: for each of ROUNDS
-# rounds, each VARIANTS entry "name:server-binary[:ENV=value]" in turn, a
+# rounds, each VARIANTS entry "name:server-binary[:ENV=value[+ENV=value]]" in turn, a
 # fresh server and phases.sh's runs of PATHS against it (SHAPE, default 8
 # layers x 64 sequences x 8192 tokens: per-layer figures as in 32-layer
 # runs). Each run's output also goes to $OUT/ab.log.

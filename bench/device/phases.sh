@@ -6,6 +6,8 @@
 # decode_step_bench), SHAPE the model shape, PREFILL_PATH the prefill's path.
 set -uo pipefail
 B=.device/bundle/run
+# SERVER_ENV: VAR=value pairs joined by '+' (ab.sh's VARIANTS field).
+SERVER_ENV=${SERVER_ENV//+/ }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 rm -f /tmp/driftkv-dp.sock
