@@ -1,0 +1,712 @@
+#include "tiers/disk_page_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "tiers/aligned_buffer.h"
+#include "tiers/segment_reader.h"
+#include "wire/crc32c.h"
+
+namespace driftkv {
+namespace tiers {
+
+// An open segment file. Reads hold a reference, so that a segment deleted
+// (unlinked) meanwhile keeps its descriptor until they finish.
+struct DiskPageStore::SegmentFile {
+  FileIo* io = nullptr;
+  std::string path;
+  int fd = -1;
+  ~SegmentFile() {
+    if (fd >= 0) io->Close(fd);
+  }
+};
+
+struct DiskPageStore::Segment {
+  std::shared_ptr<SegmentFile> file;
+  uint64_t end = 0;      // where the next record goes
+  uint64_t charged = 0;  // bytes counted in used_
+  int inflight = 0;      // writes allocated here and not finished
+  bool sealed = false;   // footer written, or being written
+  bool lost = false;     // the file was removed under the store
+  int64_t live = 0;      // index entries in this segment
+  // Records whose write completed (the footer's entries); cleared at seal.
+  std::vector<RecordInfo> written;
+  // Segment id -> how many of its records one of ours hides (a newer record
+  // or a tombstone of the same key). While such a segment exists this one
+  // must too, or a restart would bring the hidden records back.
+  absl::flat_hash_map<uint64_t, int> hides;
+  absl::flat_hash_set<uint64_t> hidden_by;  // the reverse relation
+};
+
+namespace {
+
+// Charged per segment beyond its records' own footer entries: the
+// trailer and the footer's rounding to a block.
+constexpr uint64_t kSegmentOverhead = 2 * kDiskAlign;
+
+std::string Errno(absl::string_view what, const std::string& path) {
+  return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
+}
+
+// UNAVAILABLE, or RESOURCE_EXHAUSTED when the disk is full.
+absl::Status IoError(absl::string_view what, const std::string& path) {
+  const bool full = errno == ENOSPC || errno == EDQUOT;
+  std::string message = Errno(what, path);
+  return full ? absl::ResourceExhaustedError(absl::StrCat("disk full: ", message)) : absl::UnavailableError(message);
+}
+
+// pwrite of all `size` bytes; a short write is an error (ENOSPC when the
+// kernel gave no reason: that is what a short regular-file write means).
+bool WriteAll(FileIo* io, int fd, const uint8_t* data, size_t size, uint64_t offset) {
+  while (size > 0) {
+    const ssize_t n = io->Pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      return false;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+bool ReadAll(FileIo* io, int fd, uint8_t* data, size_t size, uint64_t offset) {
+  while (size > 0) {
+    const ssize_t n = io->Pread(fd, data, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;  // the file ends before the record
+      return false;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+DiskPageStore::DiskPageStore(const DiskPageStoreOptions& options)
+    : options_(options),
+      io_(options.io != nullptr ? options.io : FileIo::Posix()),
+      record_bytes_(RecordBytes(options.page_bytes)) {}
+
+absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPageStoreOptions& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("dir is empty");
+  if (options.page_bytes == 0 || options.page_bytes > kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_bytes ", options.page_bytes, " is not in (0, ", kMaxPayloadBytes, "]"));
+  }
+  const uint64_t smallest = RecordBytes(options.page_bytes) + FooterBytes(1);
+  if (options.segment_bytes < smallest || options.segment_bytes > kMaxSegmentBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_bytes ", options.segment_bytes, " is not in [", smallest,
+                                                   " (one page and a footer), ", kMaxSegmentBytes, "]"));
+  }
+  if (options.budget_bytes < RecordBytes(options.page_bytes) + kFooterEntryBytes + kSegmentOverhead) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("budget_bytes ", options.budget_bytes, " holds no page of ", options.page_bytes, " bytes"));
+  }
+  if (options.io_threads < 1 || options.queue_capacity < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("io_threads ", options.io_threads, " and queue_capacity ",
+                                                   options.queue_capacity, " must be at least 1"));
+  }
+  std::unique_ptr<DiskPageStore> store(new DiskPageStore(options));
+  const absl::Time start = absl::Now();
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->direct_ = options.direct_io;
+  }
+  if (mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::UnavailableError(Errno("cannot create the disk level's directory", options.dir));
+  }
+  if (absl::Status st = store->Restore(); !st.ok()) return st;
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->stats_.open_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  }
+  store->queue_ = std::make_unique<IoQueue>(options.io_threads, options.queue_capacity);
+  return store;
+}
+
+DiskPageStore::~DiskPageStore() {
+  queue_.reset();  // runs what is queued
+  std::vector<uint64_t> to_seal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (active_ != 0) to_seal.push_back(active_);
+    active_ = 0;
+  }
+  SealAll(to_seal);
+}
+
+// ---- restore ----
+
+absl::Status DiskPageStore::Restore() {
+  std::vector<uint64_t> ids;
+  DIR* d = opendir(options_.dir.c_str());
+  if (d == nullptr) return absl::UnavailableError(Errno("cannot list", options_.dir));
+  while (struct dirent* e = readdir(d)) {
+    uint64_t id = 0;
+    if (ParseSegmentFileName(e->d_name, &id)) ids.push_back(id);
+  }
+  closedir(d);
+  std::sort(ids.begin(), ids.end());
+  absl::MutexLock lock(&mu_);
+  if (options_.wipe_at_open) {
+    for (uint64_t id : ids) {
+      const std::string path = absl::StrCat(options_.dir, "/", SegmentFileName(id));
+      if (io_->Unlink(path.c_str()) != 0) return absl::UnavailableError(Errno("cannot remove", path));
+    }
+    if (!ids.empty()) next_segment_ = ids.back() + 1;
+    return absl::OkStatus();
+  }
+  // (sequence, segment, record) of every segment, replayed in sequence order.
+  struct Entry {
+    uint64_t segment;
+    RecordInfo record;
+  };
+  std::vector<Entry> entries;
+  for (uint64_t id : ids) {
+    next_segment_ = id + 1;
+    auto file = std::make_shared<SegmentFile>();
+    file->io = io_;
+    file->path = absl::StrCat(options_.dir, "/", SegmentFileName(id));
+    file->fd = io_->Open(file->path.c_str(), O_RDWR, 0);
+    if (file->fd < 0) return absl::UnavailableError(Errno("cannot open", file->path));
+    struct stat st;
+    if (fstat(file->fd, &st) != 0) return absl::UnavailableError(Errno("cannot stat", file->path));
+    const int fd = file->fd;
+    FileIo* io = io_;
+    absl::StatusOr<SegmentIndex> index =
+        ReadSegmentIndex(static_cast<uint64_t>(st.st_size), [io, fd](uint64_t at, size_t size, uint8_t* dst) {
+          return ReadAll(io, fd, dst, size, at) ? absl::OkStatus() : absl::DataLossError("short read");
+        });
+    if (!index.ok())
+      return absl::Status(index.status().code(), absl::StrCat(file->path, ": ", index.status().message()));
+    stats_.open_bytes_read += index->bytes_read;
+    stats_.open_skipped_blocks += index->skipped_blocks;
+    stats_.open_corrupt_records += index->corrupt_records;
+    if (index->records.empty()) {  // nothing to keep: an empty or wholly torn segment
+      if (io_->Unlink(file->path.c_str()) != 0) return absl::UnavailableError(Errno("cannot remove", file->path));
+      continue;
+    }
+    if (!index->sealed) {
+      // Drop the torn tail and seal what verified.
+      ++stats_.open_segments_scanned;
+      const std::vector<uint8_t> footer = EncodeFooter(index->records, index->records_end);
+      AlignedBuffer buf(footer.size());
+      if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a footer");
+      std::memcpy(buf.data(), footer.data(), footer.size());
+      if (io_->Ftruncate(fd, static_cast<off_t>(index->records_end)) != 0 ||
+          !WriteAll(io_, fd, buf.data(), footer.size(), index->records_end) || io_->Fdatasync(fd) != 0) {
+        return IoError("cannot seal", file->path);
+      }
+    } else {
+      ++stats_.open_segments_footer;
+    }
+    if (direct_) {
+      // Reads of pages bypass the page cache from now on.
+      const int direct_fd = io_->Open(file->path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC, 0);
+      if (direct_fd >= 0) {
+        io_->Close(file->fd);
+        file->fd = direct_fd;
+      }
+    }
+    auto seg = std::make_unique<Segment>();
+    seg->file = file;
+    seg->end = index->records_end;
+    seg->charged = index->records_end + FooterBytes(index->records.size());
+    seg->sealed = true;
+    used_ += seg->charged;
+    segments_[id] = std::move(seg);
+    for (const RecordInfo& r : index->records) {
+      entries.push_back({id, r});
+      next_seq_ = std::max(next_seq_, r.seq + 1);
+    }
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.record.seq < b.record.seq; });
+  // No segment is deleted before every record has been applied: one that
+  // looks dead half-way may hold a later record still.
+  restoring_ = true;
+  for (const Entry& e : entries) Apply(e.segment, e.record);
+  restoring_ = false;
+  std::vector<uint64_t> all;
+  for (const auto& [id, seg] : segments_) all.push_back(id);
+  for (uint64_t id : all) MaybeDelete(id);
+  return absl::OkStatus();
+}
+
+void DiskPageStore::Apply(uint64_t id, const RecordInfo& r) {
+  Segment& seg = *segments_.at(id);
+  auto it = index_.find(r.key);
+  if (it != index_.end()) {
+    Location& old = it->second;
+    if (old.record.seq > r.seq) {
+      // A newer write of the key finished first: this record is born dead,
+      // hidden by the newer one.
+      if (old.segment != id) {
+        auto other = segments_.find(old.segment);
+        if (++other->second->hides[id] == 1) seg.hidden_by.insert(old.segment);
+      }
+      return;
+    }
+    if (old.segment != id) {
+      if (++seg.hides[old.segment] == 1) segments_.at(old.segment)->hidden_by.insert(id);
+    }
+    --segments_.at(old.segment)->live;
+    const uint64_t old_segment = old.segment;
+    index_.erase(it);
+    if (old_segment != id) MaybeDelete(old_segment);
+  } else if (r.type == RecordType::kTombstone) {
+    return;
+  }
+  if (r.type == RecordType::kPage) {
+    index_[r.key] = Location{id, r};
+    ++seg.live;
+  }
+}
+
+// ---- segments ----
+
+absl::StatusOr<std::shared_ptr<DiskPageStore::SegmentFile>> DiskPageStore::CreateSegmentFile(uint64_t id) {
+  auto file = std::make_shared<SegmentFile>();
+  file->io = io_;
+  file->path = absl::StrCat(options_.dir, "/", SegmentFileName(id));
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (direct_) {
+      file->fd = io_->Open(file->path.c_str(), flags | O_DIRECT, 0644);
+      if (file->fd < 0 && errno == EINVAL) direct_ = false;  // the file system refuses O_DIRECT
+    }
+    if (file->fd < 0 && !direct_) file->fd = io_->Open(file->path.c_str(), flags, 0644);
+    if (file->fd >= 0 || errno != ENOENT) break;
+    // The directory is gone: make it again, once.
+    if (mkdir(options_.dir.c_str(), 0755) != 0 && errno != EEXIST) break;
+  }
+  if (file->fd < 0) return IoError("cannot create segment", file->path);
+  stats_.direct_io = direct_;
+  if (options_.durability == Durability::kPowerLoss) SyncDir();
+  return file;
+}
+
+void DiskPageStore::SyncDir() {
+  const int fd = open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+absl::StatusOr<DiskPageStore::Allocation> DiskPageStore::Allocate(const RecordInfo& record,
+                                                                  std::vector<uint64_t>* to_seal) {
+  const uint64_t bytes = RecordBytes(record.payload_bytes);
+  Segment* seg = active_ != 0 ? segments_.at(active_).get() : nullptr;
+  // The footer must fit too: one entry per record written here so far.
+  if (seg != nullptr &&
+      seg->end + bytes + FooterBytes(seg->written.size() + seg->inflight + 1) > options_.segment_bytes) {
+    if (seg->inflight == 0) to_seal->push_back(active_);
+    active_ = 0;
+    seg = nullptr;
+  }
+  if (seg == nullptr) {
+    const uint64_t id = next_segment_;
+    absl::StatusOr<std::shared_ptr<SegmentFile>> file = CreateSegmentFile(id);
+    if (!file.ok()) return file.status();
+    ++next_segment_;
+    auto fresh = std::make_unique<Segment>();
+    fresh->file = *std::move(file);
+    fresh->charged = kSegmentOverhead;
+    used_ += kSegmentOverhead;
+    seg = fresh.get();
+    segments_[id] = std::move(fresh);
+    active_ = id;
+  }
+  Allocation a;
+  a.file = seg->file;
+  a.segment = active_;
+  a.record = record;
+  a.record.offset = seg->end;
+  a.record.seq = next_seq_++;
+  seg->end += bytes;
+  ++seg->inflight;
+  return a;
+}
+
+void DiskPageStore::SealAll(const std::vector<uint64_t>& ids) {
+  for (uint64_t id : ids) Seal(id);
+}
+
+void DiskPageStore::Seal(uint64_t id) {
+  std::shared_ptr<SegmentFile> file;
+  std::vector<RecordInfo> records;
+  uint64_t end = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = segments_.find(id);
+    if (it == segments_.end() || it->second->sealed) return;
+    Segment& seg = *it->second;
+    seg.sealed = true;
+    file = seg.file;
+    records = std::move(seg.written);
+    seg.written.clear();
+    end = seg.end;
+  }
+  std::sort(records.begin(), records.end(), [](const RecordInfo& a, const RecordInfo& b) { return a.seq < b.seq; });
+  const std::vector<uint8_t> footer = EncodeFooter(records, end);
+  AlignedBuffer buf(footer.size());
+  bool ok = buf.data() != nullptr;
+  if (ok) {
+    std::memcpy(buf.data(), footer.data(), footer.size());
+    // A write that failed past the last good one may have left bytes beyond
+    // `end`: the footer must end the file.
+    ok = WriteAll(io_, file->fd, buf.data(), footer.size(), end) &&
+         io_->Ftruncate(file->fd, static_cast<off_t>(end + footer.size())) == 0 && io_->Fdatasync(file->fd) == 0;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = segments_.find(id);
+  if (it == segments_.end()) return;
+  Segment& seg = *it->second;
+  if (!ok) {
+    // An unsealed segment is scanned at the next Open; nothing is lost.
+    ++stats_.write_failures;
+  }
+  used_ -= seg.charged;
+  seg.charged = end + FooterBytes(records.size());
+  used_ += seg.charged;
+  MaybeDelete(id);
+}
+
+bool DiskPageStore::Deletable(const Segment& s) const {
+  if (s.live != 0 || s.inflight != 0 || !s.sealed) return false;
+  for (const auto& [other, count] : s.hides) {
+    if (segments_.contains(other)) return false;
+  }
+  return true;
+}
+
+void DiskPageStore::MaybeDelete(uint64_t first) {
+  std::vector<uint64_t> work = {first};
+  bool deleted = false;
+  while (!work.empty()) {
+    const uint64_t id = work.back();
+    work.pop_back();
+    auto it = segments_.find(id);
+    if (restoring_ || it == segments_.end() || id == active_ || !Deletable(*it->second)) continue;
+    std::unique_ptr<Segment> seg = std::move(it->second);
+    segments_.erase(it);
+    // A failed unlink leaves a file whose records are all dead or hidden:
+    // the next Open finds the same and deletes it then.
+    io_->Unlink(seg->file->path.c_str());
+    used_ -= seg->charged;
+    ++stats_.segments_deleted;
+    deleted = true;
+    for (uint64_t other : seg->hidden_by) work.push_back(other);
+  }
+  if (deleted && options_.durability == Durability::kPowerLoss) SyncDir();
+}
+
+void DiskPageStore::LoseSegment(uint64_t id) {
+  auto it = segments_.find(id);
+  if (it == segments_.end()) return;
+  Segment& seg = *it->second;
+  if (!seg.lost) {
+    seg.lost = true;
+    ++stats_.lost_segments;
+    for (auto e = index_.begin(); e != index_.end();) {
+      if (e->second.segment == id) {
+        ++stats_.lost_pages;
+        index_.erase(e++);
+      } else {
+        ++e;
+      }
+    }
+    seg.live = 0;
+    seg.sealed = true;  // nothing to seal: the file is gone
+    if (active_ == id) active_ = 0;
+  }
+  // Writes in flight finish into the unlinked file, report the loss and
+  // call this again; the last one forgets the segment.
+  if (seg.inflight > 0) return;
+  used_ -= seg.charged;
+  std::vector<uint64_t> hidden_by(seg.hidden_by.begin(), seg.hidden_by.end());
+  segments_.erase(it);
+  for (uint64_t other : hidden_by) MaybeDelete(other);
+}
+
+void DiskPageStore::CheckFiles() {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> lost;
+  for (const auto& [id, seg] : segments_) {
+    struct stat st;
+    if (fstat(seg->file->fd, &st) != 0 || st.st_nlink == 0) lost.push_back(id);
+  }
+  for (uint64_t id : lost) LoseSegment(id);
+}
+
+// ---- writes ----
+
+absl::Status DiskPageStore::PutAsync(uint64_t key, const uint8_t* bytes, uint32_t crc32c, Callback done) {
+  const uint64_t charge = record_bytes_ + kFooterEntryBytes;
+  {
+    absl::MutexLock lock(&mu_);
+    // A new segment may be needed for it: its overhead counts too.
+    if (used_ + reserved_ + charge + kSegmentOverhead > options_.budget_bytes) {
+      ++stats_.budget_refusals;
+      return absl::ResourceExhaustedError(absl::StrCat("disk level budget of ", options_.budget_bytes,
+                                                       " bytes reached (", used_ + reserved_, " used); page of key ",
+                                                       key, " not stored"));
+    }
+    reserved_ += charge;
+  }
+  auto buffer = std::make_shared<AlignedBuffer>(record_bytes_);
+  if (buffer->data() == nullptr) {
+    absl::MutexLock lock(&mu_);
+    reserved_ -= charge;
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a buffer of ", record_bytes_, " bytes"));
+  }
+  std::memcpy(buffer->data() + kRecordHeaderBytes, bytes, options_.page_bytes);
+  RecordInfo record;
+  record.type = RecordType::kPage;
+  record.key = key;
+  record.payload_bytes = static_cast<uint32_t>(options_.page_bytes);
+  record.payload_crc = crc32c;
+  absl::Status queued = queue_->Submit(
+      [this, buffer, record, charge, done = std::move(done)] { done(WriteRecord(buffer->data(), record, charge)); },
+      options_.submit_wait);
+  if (!queued.ok()) {
+    absl::MutexLock lock(&mu_);
+    reserved_ -= charge;
+    ++stats_.queue_refusals;
+  }
+  return queued;
+}
+
+absl::Status DiskPageStore::WriteRecord(uint8_t* buffer, const RecordInfo& record, uint64_t charge) {
+  if (record.type == RecordType::kPage &&
+      Crc32cExtend(0, buffer + kRecordHeaderBytes, record.payload_bytes) != record.payload_crc) {
+    absl::MutexLock lock(&mu_);
+    reserved_ -= charge;
+    ++stats_.put_crc_mismatches;
+    return absl::DataLossError(
+        absl::StrCat("page of key ", record.key, " does not match the CRC-32C given with it; not stored"));
+  }
+  std::vector<uint64_t> to_seal;
+  absl::StatusOr<Allocation> got;
+  {
+    absl::MutexLock lock(&mu_);
+    reserved_ -= charge;
+    got = Allocate(record, &to_seal);
+    if (got.ok()) {
+      segments_.at(got->segment)->charged += charge;
+      used_ += charge;
+    } else {
+      ++stats_.write_failures;
+    }
+  }
+  SealAll(to_seal);
+  if (!got.ok()) return got.status();
+  Allocation a = *std::move(got);
+  EncodeRecordHeader(a.record, buffer);
+  const uint64_t size = RecordBytes(record.payload_bytes);
+  absl::Status st;
+  if (!WriteAll(io_, a.file->fd, buffer, size, a.record.offset) ||
+      (options_.durability == Durability::kPowerLoss && io_->Fdatasync(a.file->fd) != 0)) {
+    st = IoError("cannot write", a.file->path);
+  } else {
+    struct stat s;
+    if (fstat(a.file->fd, &s) != 0 || s.st_nlink == 0) {
+      st = absl::UnavailableError(
+          absl::StrCat("segment ", a.file->path, " was removed while being written (the directory deleted?)"));
+    }
+  }
+  bool seal = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = segments_.find(a.segment);
+    Segment& seg = *it->second;
+    --seg.inflight;
+    if (st.ok() && seg.lost) {
+      st = absl::UnavailableError(absl::StrCat("segment ", a.file->path, " was removed while being written"));
+    }
+    if (st.ok()) {
+      seg.written.push_back(a.record);
+      Apply(a.segment, a.record);
+      if (record.type == RecordType::kPage) {
+        ++stats_.puts;
+      } else {
+        ++stats_.erases;
+      }
+    } else {
+      ++stats_.write_failures;
+      struct stat s;
+      if (seg.lost || (fstat(a.file->fd, &s) == 0 && s.st_nlink == 0)) LoseSegment(a.segment);
+    }
+    it = segments_.find(a.segment);
+    seal = it != segments_.end() && it->second->inflight == 0 && a.segment != active_ && !it->second->sealed;
+  }
+  if (seal) Seal(a.segment);
+  return st;
+}
+
+absl::Status DiskPageStore::Put(uint64_t key, const uint8_t* bytes, uint32_t crc32c) {
+  absl::Notification done;
+  absl::Status result;
+  absl::Status queued = PutAsync(key, bytes, crc32c, [&](absl::Status st) {
+    result = std::move(st);
+    done.Notify();
+  });
+  if (!queued.ok()) return queued;
+  done.WaitForNotification();
+  return result;
+}
+
+absl::Status DiskPageStore::Erase(uint64_t key) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!index_.contains(key)) return absl::NotFoundError(absl::StrCat("key ", key, " is not on disk"));
+    // Charged, never refused for the budget: Erase is how a full disk
+    // level makes room.
+    reserved_ += kDiskAlign + kFooterEntryBytes;
+  }
+  // The key stays readable until its tombstone is written; Apply of the
+  // tombstone then drops it and makes its segment hide the page's.
+  absl::Notification done;
+  absl::Status result;
+  auto buffer = std::make_shared<AlignedBuffer>(kDiskAlign);
+  RecordInfo record;
+  record.type = RecordType::kTombstone;
+  record.key = key;
+  absl::Status queued = buffer->data() == nullptr
+                            ? absl::ResourceExhaustedError("cannot allocate a tombstone")
+                            : queue_->Submit(
+                                  [&, buffer, record] {
+                                    result = WriteRecord(buffer->data(), record, kDiskAlign + kFooterEntryBytes);
+                                    done.Notify();
+                                  },
+                                  options_.submit_wait);
+  if (queued.ok()) {
+    done.WaitForNotification();
+    if (result.ok()) return absl::OkStatus();
+  }
+  const absl::Status& why = queued.ok() ? result : queued;
+  absl::MutexLock lock(&mu_);
+  if (!queued.ok()) {
+    reserved_ -= kDiskAlign + kFooterEntryBytes;
+    ++stats_.queue_refusals;
+  }
+  // Forget it all the same: a full disk must still let pages go.
+  auto it = index_.find(key);
+  if (it != index_.end()) {
+    const uint64_t id = it->second.segment;
+    index_.erase(it);
+    --segments_.at(id)->live;
+    MaybeDelete(id);
+  }
+  return absl::Status(why.code(), absl::StrCat("key ", key,
+                                               " erased, but its tombstone was not written (it may "
+                                               "come back after a restart): ",
+                                               why.message()));
+}
+
+// ---- reads ----
+
+absl::Status DiskPageStore::GetAsync(uint64_t key, uint8_t* dst, Callback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!index_.contains(key)) return absl::NotFoundError(absl::StrCat("key ", key, " is not on disk"));
+  }
+  absl::Status queued =
+      queue_->Submit([this, key, dst, done = std::move(done)] { done(ReadRecord(key, dst)); }, options_.submit_wait);
+  if (!queued.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.queue_refusals;
+  }
+  return queued;
+}
+
+absl::Status DiskPageStore::ReadRecord(uint64_t key, uint8_t* dst) {
+  std::shared_ptr<SegmentFile> file;
+  RecordInfo want;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return absl::NotFoundError(absl::StrCat("key ", key, " is not on disk"));
+    file = segments_.at(it->second.segment)->file;
+    want = it->second.record;
+  }
+  AlignedBuffer buf(RecordBytes(want.payload_bytes));
+  if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a read buffer");
+  if (!ReadAll(io_, file->fd, buf.data(), buf.size(), want.offset)) return IoError("cannot read", file->path);
+  RecordInfo got;
+  absl::Status st = ParseRecordHeader(buf.data(), &got);
+  if (st.ok() && (got.key != key || got.seq != want.seq || got.type != RecordType::kPage ||
+                  got.payload_bytes != want.payload_bytes || got.payload_crc != want.payload_crc)) {
+    st = absl::DataLossError(absl::StrCat("header of key ", got.key, " sequence ", got.seq, " where key ", key,
+                                          " sequence ", want.seq, " was written"));
+  }
+  if (st.ok() && Crc32cExtend(0, buf.data() + kRecordHeaderBytes, want.payload_bytes) != want.payload_crc) {
+    st = absl::DataLossError("page checksum mismatch");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!st.ok()) {
+    ++stats_.checksum_failures;
+    return absl::DataLossError(absl::StrCat("disk page of key ", key, " in ", file->path, " at offset ", want.offset,
+                                            ": ", st.message(), "; not served"));
+  }
+  std::memcpy(dst, buf.data() + kRecordHeaderBytes, want.payload_bytes);
+  ++stats_.gets;
+  return absl::OkStatus();
+}
+
+absl::Status DiskPageStore::Get(uint64_t key, uint8_t* dst) {
+  absl::Notification done;
+  absl::Status result;
+  absl::Status queued = GetAsync(key, dst, [&](absl::Status st) {
+    result = std::move(st);
+    done.Notify();
+  });
+  if (!queued.ok()) return queued;
+  done.WaitForNotification();
+  return result;
+}
+
+// ---- queries ----
+
+bool DiskPageStore::Contains(uint64_t key) const {
+  absl::MutexLock lock(&mu_);
+  return index_.contains(key);
+}
+
+void DiskPageStore::Flush() {
+  queue_->Drain();
+}
+
+uint64_t DiskPageStore::bytes_used() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+DiskPageStoreStats DiskPageStore::stats() const {
+  absl::MutexLock lock(&mu_);
+  DiskPageStoreStats s = stats_;
+  s.pages = index_.size();
+  s.bytes_used = used_;
+  s.segments = segments_.size();
+  s.direct_io = direct_;
+  return s;
+}
+
+}  // namespace tiers
+}  // namespace driftkv
