@@ -19,7 +19,9 @@ absl::Status ReadFooter(uint64_t file_size, const ReadAt& read, SegmentIndex* in
   uint32_t crc = 0;
   if (absl::Status st = ParseTrailer(trailer, file_size, &count, &at, &end, &crc); !st.ok()) return st;
   std::vector<uint8_t> entries(count * kFooterEntryBytes);
-  if (absl::Status st = read(at, entries.size(), entries.data()); !st.ok()) return st;
+  if (count > 0) {
+    if (absl::Status st = read(at, entries.size(), entries.data()); !st.ok()) return st;
+  }
   index->bytes_read += entries.size();
   if (absl::Status st = ParseFooterEntries(entries.data(), count, crc, end, &index->records); !st.ok()) return st;
   index->records_end = end;
@@ -38,7 +40,9 @@ absl::Status Scan(uint64_t file_size, const ReadAt& read, SegmentIndex* index) {
     bool kept = false;
     if (ParseRecordHeader(header, &r).ok() && file_size - at - kRecordHeaderBytes >= r.payload_bytes) {
       buf.resize(r.payload_bytes);
-      if (absl::Status st = read(at + kRecordHeaderBytes, buf.size(), buf.data()); !st.ok()) return st;
+      if (!buf.empty()) {
+        if (absl::Status st = read(at + kRecordHeaderBytes, buf.size(), buf.data()); !st.ok()) return st;
+      }
       index->bytes_read += buf.size();
       if (Crc32cExtend(0, buf.data(), buf.size()) == r.payload_crc) {
         r.offset = at;

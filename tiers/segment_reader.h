@@ -17,7 +17,8 @@
 namespace driftkv {
 namespace tiers {
 
-// Reads exactly `size` bytes at `offset` (inside the file) into `dst`.
+// Reads exactly `size` bytes (never 0) at `offset` (inside the file) into
+// `dst`.
 using ReadAt = std::function<absl::Status(uint64_t offset, size_t size, uint8_t* dst)>;
 
 struct SegmentIndex {
