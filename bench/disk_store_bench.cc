@@ -2,24 +2,29 @@
 // the disk's own sequential limit, in the same run and the same directory
 // (docs/tiers.md, "Figures"):
 //
-//   disk_store_bench DIR [MIB=2048] [THREADS=4] [QUEUE=64] [SYNC_PAGES=2000]
+//   disk_store_bench DIR [MIB=1024] [READERS=8] [WRITERS=2] [QUEUE=128]
+//                    [SYNC_PAGES=2000] [ROUNDS=3]
 //
-// Per page size (74,496 bytes: a cold page of the default shape; 96,320):
+// Per page size (74,496 bytes: a cold page of the default shape; 96,320),
+// ROUNDS rounds of, back to back (the disk's speed drifts: each figure is
+// compared with dd's of its own round, and the medians are printed):
 //   dd      `dd if=/dev/zero of=DIR/dd.bin bs=1M oflag=direct conv=fdatasync`
-//           of MIB MiB, then `dd if=DIR/dd.bin of=/dev/null bs=1M
-//           iflag=direct`: the disk's sequential write and read, page cache
-//           bypassed;
+//           of as many bytes as the records, later `dd if=DIR/dd.bin
+//           of=/dev/null bs=1M iflag=direct`: the disk's sequential write
+//           and read, page cache bypassed;
 //   write   MIB MiB of pages through PutAsync (kProcess durability), timed
 //           from the first submit to the store's close (which seals and
 //           fdatasyncs the last segment: every byte is on the device);
 //   open    Open on the result: seconds and bytes read (footers only);
 //   read    every page through GetAsync, CRC-checked by the store, read with
 //           O_DIRECT (cold: the page cache is bypassed, never warm);
-//   sync    SYNC_PAGES pages with kPowerLoss (fdatasync after each write).
+//   sync    once, SYNC_PAGES pages with kPowerLoss (fdatasync after each
+//           write call).
 // GB/s count page bytes (10^9), not the records' padding.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -79,12 +84,13 @@ Pages MakePages(size_t page_bytes, int count) {
   return p;
 }
 
-DiskPageStoreOptions Options(const std::string& dir, size_t page_bytes, int threads, int queue) {
+DiskPageStoreOptions Options(const std::string& dir, size_t page_bytes, int readers, int writers, int queue) {
   DiskPageStoreOptions o;
   o.dir = dir;
   o.page_bytes = page_bytes;
   o.budget_bytes = uint64_t{1} << 40;
-  o.io_threads = threads;
+  o.read_threads = readers;
+  o.write_threads = writers;
   o.queue_capacity = queue;
   o.submit_wait = absl::Seconds(60);
   return o;
@@ -108,56 +114,55 @@ void PutAll(DiskPageStore& s, const Pages& pages, uint64_t n) {
   if (failed > 0) std::exit(1);
 }
 
-void Bench(const std::string& dir, size_t page_bytes, uint64_t mib, int threads, int queue, uint64_t sync_pages) {
-  const uint64_t n = (mib << 20) / page_bytes;
-  const double gb = static_cast<double>(n * page_bytes) / 1e9;
-  const Pages pages = MakePages(page_bytes, 64);
-  std::printf("\npage %zu bytes: %" PRIu64 " pages (%.2f GB of pages, %.2f GB of records), %d threads, queue %d\n",
-              page_bytes, n, gb, static_cast<double>(n * RecordBytes(page_bytes)) / 1e9, threads, queue);
+struct Round {
+  double dd_write = 0, dd_read = 0, write = 0, read = 0;  // GB/s
+  double pages_per_call = 0;
+  DiskPageStoreStats open;
+  bool direct = false;
+};
 
-  // The disk's own limit: the same number of bytes as the records.
-  const uint64_t dd_mib = (n * RecordBytes(page_bytes)) >> 20;
+// One round: dd write, the store's write, dd read, the store's read, back
+// to back so that each pair sees the same disk.
+Round RunRound(const std::string& dir, const DiskPageStoreOptions& options, const Pages& pages, uint64_t n, int queue,
+               int readers) {
+  Round r;
+  const size_t page_bytes = options.page_bytes;
+  const double gb = static_cast<double>(n * page_bytes) / 1e9;
+  const uint64_t dd_mib = (n * RecordBytes(page_bytes)) >> 20;  // as many bytes as the records
   const std::string dd_file = dir + "/dd.bin";
   uint64_t dd_bytes = 0;
   const double dd_w =
       RunDd("if=/dev/zero of=" + dd_file + " bs=1M count=" + std::to_string(dd_mib) + " oflag=direct conv=fdatasync",
             &dd_bytes);
-  const double dd_w_gbs = dd_bytes / dd_w / 1e9;
-  const double dd_r = RunDd("if=" + dd_file + " of=/dev/null bs=1M iflag=direct", &dd_bytes);
-  const double dd_r_gbs = dd_bytes / dd_r / 1e9;
-  std::remove(dd_file.c_str());
-  if (dd_w <= 0 || dd_r <= 0) {
-    std::fprintf(stderr, "dd failed\n");
-    std::exit(1);
-  }
+  if (dd_w <= 0) std::exit(1);
+  r.dd_write = dd_bytes / dd_w / 1e9;
 
-  const std::string store_dir = dir + "/store";
-  DiskPageStoreOptions o = Options(store_dir, page_bytes, threads, queue);
+  DiskPageStoreOptions o = options;
   o.wipe_at_open = true;
   absl::Time t0 = absl::Now();
-  bool direct = false;
   {
     absl::StatusOr<std::unique_ptr<DiskPageStore>> s = DiskPageStore::Open(o);
     CHECK_OK(s.status());
     PutAll(**s, pages, n);
-    direct = (*s)->stats().direct_io;
+    r.direct = (*s)->stats().direct_io;
+    r.pages_per_call = static_cast<double>(n) / (*s)->stats().write_calls;
   }  // close: seals and fdatasyncs the last segment
-  const double write_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.write = gb / absl::ToDoubleSeconds(absl::Now() - t0);
 
   o.wipe_at_open = false;
   absl::StatusOr<std::unique_ptr<DiskPageStore>> s = DiskPageStore::Open(o);
   CHECK_OK(s.status());
-  const DiskPageStoreStats open = (*s)->stats();
-  if (open.pages != n) {
-    std::fprintf(stderr, "reopened with %" PRIu64 " pages, not %" PRIu64 "\n", open.pages, n);
+  r.open = (*s)->stats();
+  if (r.open.pages != n) {
+    std::fprintf(stderr, "reopened with %" PRIu64 " pages, not %" PRIu64 "\n", r.open.pages, n);
     std::exit(1);
   }
-  std::vector<std::vector<uint8_t>> dst(queue + threads + 1, std::vector<uint8_t>(page_bytes));
+  std::vector<std::vector<uint8_t>> dst(queue + readers + 1, std::vector<uint8_t>(page_bytes));
   std::atomic<uint64_t> done{0}, bad{0};
   absl::Notification all;
   t0 = absl::Now();
   // Destination buffers are reused round-robin; a buffer is reused only
-  // after the queue has moved past it (queue + threads jobs apart), and
+  // after the queue has moved past it (queue + readers jobs apart), and
   // every page is checked against its source in the callback.
   for (uint64_t k = 0; k < n; ++k) {
     uint8_t* d = dst[k % dst.size()].data();
@@ -167,60 +172,98 @@ void Bench(const std::string& dir, size_t page_bytes, uint64_t mib, int threads,
     }));
   }
   all.WaitForNotification();
-  const double read_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  r.read = gb / absl::ToDoubleSeconds(absl::Now() - t0);
   if (bad > 0) {
     std::fprintf(stderr, "%" PRIu64 " pages read back wrong\n", bad.load());
     std::exit(1);
   }
   s->reset();
+  const double dd_r = RunDd("if=" + dd_file + " of=/dev/null bs=1M iflag=direct", &dd_bytes);
+  std::remove(dd_file.c_str());
+  if (dd_r <= 0) std::exit(1);
+  r.dd_read = dd_bytes / dd_r / 1e9;
+  return r;
+}
 
-  // Durability kPowerLoss: an fdatasync per write.
-  double sync_s = 0;
-  if (sync_pages > 0) {
-    o.wipe_at_open = true;
-    o.durability = Durability::kPowerLoss;
-    t0 = absl::Now();
-    {
-      absl::StatusOr<std::unique_ptr<DiskPageStore>> w = DiskPageStore::Open(o);
-      CHECK_OK(w.status());
-      PutAll(**w, pages, sync_pages);
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Bench(const std::string& dir, size_t page_bytes, uint64_t mib, int readers, int writers, int queue,
+           uint64_t sync_pages, int rounds) {
+  const uint64_t n = (mib << 20) / page_bytes;
+  const Pages pages = MakePages(page_bytes, 64);
+  std::printf("\npage %zu bytes: %" PRIu64
+              " pages (%.2f GB of pages, %.2f GB of records), %d readers, %d writers, "
+              "queue %d\n",
+              page_bytes, n, static_cast<double>(n * page_bytes) / 1e9,
+              static_cast<double>(n * RecordBytes(page_bytes)) / 1e9, readers, writers, queue);
+  const std::string store_dir = dir + "/store";
+  const DiskPageStoreOptions o = Options(store_dir, page_bytes, readers, writers, queue);
+  std::printf("%5s %9s %9s %7s %9s %9s %7s %9s %11s\n", "round", "dd w GB/s", "store w", "x dd", "dd r GB/s", "store r",
+              "x dd", "pages/wr", "open s");
+  std::vector<double> wx, rx, w, r;
+  bool direct = true;
+  for (int i = 0; i < rounds; ++i) {
+    const Round x = RunRound(dir, o, pages, n, queue, readers);
+    direct = direct && x.direct;
+    wx.push_back(x.write / x.dd_write);
+    rx.push_back(x.read / x.dd_read);
+    w.push_back(x.write);
+    r.push_back(x.read);
+    std::printf("%5d %9.3f %9.3f %7.2f %9.3f %9.3f %7.2f %9.1f %11.4f\n", i + 1, x.dd_write, x.write, wx.back(),
+                x.dd_read, x.read, rx.back(), x.pages_per_call, x.open.open_seconds);
+    if (i == 0) {
+      std::printf("      open read %" PRIu64 " bytes (%.4f%% of the records) from %" PRIu64 " footers\n",
+                  x.open.open_bytes_read,
+                  100.0 * x.open.open_bytes_read / static_cast<double>(n * RecordBytes(page_bytes)),
+                  x.open.open_segments_footer);
     }
-    sync_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+  std::printf(
+      "median: store write %.3f GB/s (%.0f pages/s) = %.2f x dd; store read %.3f GB/s (%.0f pages/s) = "
+      "%.2f x dd; direct_io %s (reads cold: the page cache bypassed)\n",
+      Median(w), Median(w) * 1e9 / page_bytes, Median(wx), Median(r), Median(r) * 1e9 / page_bytes, Median(rx),
+      direct ? "yes" : "NO");
+
+  // Durability kPowerLoss: an fdatasync after each write call.
+  if (sync_pages > 0) {
+    DiskPageStoreOptions s = o;
+    s.wipe_at_open = true;
+    s.durability = Durability::kPowerLoss;
+    const absl::Time t0 = absl::Now();
+    {
+      absl::StatusOr<std::unique_ptr<DiskPageStore>> st = DiskPageStore::Open(s);
+      CHECK_OK(st.status());
+      PutAll(**st, pages, sync_pages);
+    }
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    std::printf("kPowerLoss: %" PRIu64 " pages in %.3f s: %.3f GB/s, %.0f pages/s\n", sync_pages, secs,
+                static_cast<double>(sync_pages * page_bytes) / 1e9 / secs, sync_pages / secs);
   }
   std::filesystem::remove_all(store_dir);
-
-  std::printf("direct_io: %s (reads bypass the page cache: cold)\n", direct ? "yes" : "NO (page cache in the way)");
-  std::printf("%-34s %10s %12s %10s\n", "what", "GB/s", "pages/s", "x dd");
-  std::printf("%-34s %10.3f %12s %10s\n", "dd write 1M oflag=direct fdatasync", dd_w_gbs, "", "");
-  std::printf("%-34s %10.3f %12s %10s\n", "dd read 1M iflag=direct", dd_r_gbs, "", "");
-  std::printf("%-34s %10.3f %12.0f %10.2f\n", "store write (kProcess, to close)", gb / write_s, n / write_s,
-              gb / write_s / dd_w_gbs);
-  std::printf("%-34s %10.3f %12.0f %10.2f\n", "store read (O_DIRECT, CRC checked)", gb / read_s, n / read_s,
-              gb / read_s / dd_r_gbs);
-  if (sync_pages > 0) {
-    const double sync_gb = static_cast<double>(sync_pages * page_bytes) / 1e9;
-    std::printf("%-34s %10.3f %12.0f %10.2f\n", "store write (kPowerLoss, fdatasync)", sync_gb / sync_s,
-                sync_pages / sync_s, sync_gb / sync_s / dd_w_gbs);
-  }
-  std::printf("open: %.3f s, %" PRIu64 " bytes read (%.4f%% of the records), %" PRIu64 " segments from footers\n",
-              open.open_seconds, open.open_bytes_read,
-              100.0 * open.open_bytes_read / static_cast<double>(n * RecordBytes(page_bytes)),
-              open.open_segments_footer);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: disk_store_bench DIR [MIB=2048] [THREADS=4] [QUEUE=64] [SYNC_PAGES=2000]\n");
+    std::fprintf(stderr,
+                 "usage: disk_store_bench DIR [MIB=1024] [READERS=8] [WRITERS=2] [QUEUE=128] [SYNC_PAGES=2000] "
+                 "[ROUNDS=3]\n");
     return 2;
   }
   const std::string dir = argv[1];
-  const uint64_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 2048;
-  const int threads = argc > 3 ? std::atoi(argv[3]) : 4;
-  const int queue = argc > 4 ? std::atoi(argv[4]) : 64;
-  const uint64_t sync_pages = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 2000;
+  const uint64_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1024;
+  const int readers = argc > 3 ? std::atoi(argv[3]) : 8;
+  const int writers = argc > 4 ? std::atoi(argv[4]) : 2;
+  const int queue = argc > 5 ? std::atoi(argv[5]) : 128;
+  const uint64_t sync_pages = argc > 6 ? std::strtoull(argv[6], nullptr, 10) : 2000;
+  const int rounds = argc > 7 ? std::atoi(argv[7]) : 3;
   std::filesystem::create_directories(dir);
-  for (size_t page_bytes : {size_t{74496}, size_t{96320}}) Bench(dir, page_bytes, mib, threads, queue, sync_pages);
+  for (size_t page_bytes : {size_t{74496}, size_t{96320}}) {
+    Bench(dir, page_bytes, mib, readers, writers, queue, sync_pages, rounds);
+  }
   return 0;
 }

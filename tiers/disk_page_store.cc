@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "tiers/aligned_buffer.h"
 #include "tiers/segment_reader.h"
 #include "wire/crc32c.h"
 
@@ -119,8 +120,9 @@ absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPag
     return absl::InvalidArgumentError(
         absl::StrCat("budget_bytes ", options.budget_bytes, " holds no page of ", options.page_bytes, " bytes"));
   }
-  if (options.io_threads < 1 || options.queue_capacity < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("io_threads ", options.io_threads, " and queue_capacity ",
+  if (options.read_threads < 1 || options.write_threads < 1 || options.queue_capacity < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("read_threads ", options.read_threads, ", write_threads ",
+                                                   options.write_threads, " and queue_capacity ",
                                                    options.queue_capacity, " must be at least 1"));
   }
   std::unique_ptr<DiskPageStore> store(new DiskPageStore(options));
@@ -137,12 +139,19 @@ absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPag
     absl::MutexLock lock(&store->mu_);
     store->stats_.open_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   }
-  store->queue_ = std::make_unique<IoQueue>(options.io_threads, options.queue_capacity);
+  store->queue_ = std::make_unique<IoQueue>(options.read_threads, options.queue_capacity);
+  DiskPageStore* raw = store.get();
+  for (int i = 0; i < options.write_threads; ++i) store->writers_.emplace_back([raw] { raw->WriterLoop(); });
   return store;
 }
 
 DiskPageStore::~DiskPageStore() {
-  queue_.reset();  // runs what is queued
+  queue_.reset();  // runs the queued reads
+  {
+    absl::MutexLock lock(&mu_);
+    stop_writers_ = true;  // they write what is pending first
+  }
+  for (std::thread& t : writers_) t.join();
   std::vector<uint64_t> to_seal;
   {
     absl::MutexLock lock(&mu_);
@@ -297,6 +306,12 @@ absl::StatusOr<std::shared_ptr<DiskPageStore::SegmentFile>> DiskPageStore::Creat
     if (mkdir(options_.dir.c_str(), 0755) != 0 && errno != EEXIST) break;
   }
   if (file->fd < 0) return IoError("cannot create segment", file->path);
+  if (options_.preallocate && io_->Fallocate(file->fd, static_cast<off_t>(options_.segment_bytes)) != 0 &&
+      errno != EOPNOTSUPP) {
+    absl::Status st = IoError("cannot preallocate", file->path);
+    io_->Unlink(file->path.c_str());
+    return st;
+  }
   stats_.direct_io = direct_;
   if (options_.durability == Durability::kPowerLoss) SyncDir();
   return file;
@@ -468,96 +483,169 @@ absl::Status DiskPageStore::PutAsync(uint64_t key, const uint8_t* bytes, uint32_
                                                        " bytes reached (", used_ + reserved_, " used); page of key ",
                                                        key, " not stored"));
     }
-    reserved_ += charge;
   }
-  auto buffer = std::make_shared<AlignedBuffer>(record_bytes_);
-  if (buffer->data() == nullptr) {
-    absl::MutexLock lock(&mu_);
-    reserved_ -= charge;
+  PendingWrite w;
+  w.buffer = std::make_shared<AlignedBuffer>(record_bytes_);
+  if (w.buffer->data() == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a buffer of ", record_bytes_, " bytes"));
   }
-  std::memcpy(buffer->data() + kRecordHeaderBytes, bytes, options_.page_bytes);
-  RecordInfo record;
-  record.type = RecordType::kPage;
-  record.key = key;
-  record.payload_bytes = static_cast<uint32_t>(options_.page_bytes);
-  record.payload_crc = crc32c;
-  absl::Status queued = queue_->Submit(
-      [this, buffer, record, charge, done = std::move(done)] { done(WriteRecord(buffer->data(), record, charge)); },
-      options_.submit_wait);
-  if (!queued.ok()) {
-    absl::MutexLock lock(&mu_);
-    reserved_ -= charge;
-    ++stats_.queue_refusals;
-  }
-  return queued;
+  std::memcpy(w.buffer->data() + kRecordHeaderBytes, bytes, options_.page_bytes);
+  w.record.type = RecordType::kPage;
+  w.record.key = key;
+  w.record.payload_bytes = static_cast<uint32_t>(options_.page_bytes);
+  w.record.payload_crc = crc32c;
+  w.charge = charge;
+  w.done = std::move(done);
+  return Accept(std::move(w));
 }
 
-absl::Status DiskPageStore::WriteRecord(uint8_t* buffer, const RecordInfo& record, uint64_t charge) {
-  if (record.type == RecordType::kPage &&
-      Crc32cExtend(0, buffer + kRecordHeaderBytes, record.payload_bytes) != record.payload_crc) {
-    absl::MutexLock lock(&mu_);
-    reserved_ -= charge;
-    ++stats_.put_crc_mismatches;
-    return absl::DataLossError(
-        absl::StrCat("page of key ", record.key, " does not match the CRC-32C given with it; not stored"));
+absl::Status DiskPageStore::Accept(PendingWrite w) {
+  absl::MutexLock lock(&mu_);
+  auto room = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_writers_ || accepted_ < options_.queue_capacity; };
+  mu_.AwaitWithTimeout(absl::Condition(&room), options_.submit_wait);
+  if (stop_writers_) return absl::FailedPreconditionError("the disk level is closing");
+  if (accepted_ >= options_.queue_capacity) {
+    ++stats_.queue_refusals;
+    return absl::UnavailableError(absl::StrCat("write queue full: ", options_.queue_capacity,
+                                               " pages waiting for the disk after ",
+                                               absl::FormatDuration(options_.submit_wait)));
   }
+  ++accepted_;
+  reserved_ += w.charge;
+  pending_.push_back(std::move(w));
+  return absl::OkStatus();
+}
+
+void DiskPageStore::WriterLoop() {
+  for (;;) {
+    std::vector<PendingWrite> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_writers_ || !pending_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (pending_.empty()) return;  // closing, nothing left
+      uint64_t bytes = 0;
+      while (!pending_.empty() &&
+             (batch.empty() || bytes + pending_.front().buffer->size() <= options_.max_write_bytes)) {
+        bytes += pending_.front().buffer->size();
+        batch.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+    }
+    WriteBatch(std::move(batch));
+  }
+}
+
+void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch) {
+  const size_t n = batch.size();
+  std::vector<absl::Status> status(n);
+  for (size_t i = 0; i < n; ++i) {
+    const RecordInfo& r = batch[i].record;
+    if (r.type == RecordType::kPage &&
+        Crc32cExtend(0, batch[i].buffer->data() + kRecordHeaderBytes, r.payload_bytes) != r.payload_crc) {
+      status[i] = absl::DataLossError(
+          absl::StrCat("page of key ", r.key, " does not match the CRC-32C given with it; not stored"));
+    }
+  }
+  // Offsets and sequence numbers for the whole batch in one go, so that
+  // records of one segment are adjacent: one pwritev per segment.
+  std::vector<Allocation> alloc(n);
   std::vector<uint64_t> to_seal;
-  absl::StatusOr<Allocation> got;
   {
     absl::MutexLock lock(&mu_);
-    reserved_ -= charge;
-    got = Allocate(record, &to_seal);
-    if (got.ok()) {
-      segments_.at(got->segment)->charged += charge;
-      used_ += charge;
-    } else {
-      ++stats_.write_failures;
+    for (size_t i = 0; i < n; ++i) {
+      reserved_ -= batch[i].charge;
+      if (!status[i].ok()) {
+        ++stats_.put_crc_mismatches;
+        continue;
+      }
+      absl::StatusOr<Allocation> got = Allocate(batch[i].record, &to_seal);
+      if (!got.ok()) {
+        ++stats_.write_failures;
+        status[i] = got.status();
+        continue;
+      }
+      alloc[i] = *std::move(got);
+      segments_.at(alloc[i].segment)->charged += batch[i].charge;
+      used_ += batch[i].charge;
     }
   }
   SealAll(to_seal);
-  if (!got.ok()) return got.status();
-  Allocation a = *std::move(got);
-  EncodeRecordHeader(a.record, buffer);
-  const uint64_t size = RecordBytes(record.payload_bytes);
-  absl::Status st;
-  if (!WriteAll(io_, a.file->fd, buffer, size, a.record.offset) ||
-      (options_.durability == Durability::kPowerLoss && io_->Fdatasync(a.file->fd) != 0)) {
-    st = IoError("cannot write", a.file->path);
-  } else {
-    struct stat s;
-    if (fstat(a.file->fd, &s) != 0 || s.st_nlink == 0) {
-      st = absl::UnavailableError(
-          absl::StrCat("segment ", a.file->path, " was removed while being written (the directory deleted?)"));
-    }
+  for (size_t i = 0; i < n; ++i) {
+    if (status[i].ok()) EncodeRecordHeader(alloc[i].record, batch[i].buffer->data());
   }
-  bool seal = false;
+  // Each run [begin, end) of adjacent records of one segment: one pwritev.
+  uint64_t write_calls = 0;
+  for (size_t begin = 0; begin < n;) {
+    if (!status[begin].ok()) {
+      ++begin;
+      continue;
+    }
+    size_t end = begin + 1;
+    uint64_t next = alloc[begin].record.offset + batch[begin].buffer->size();
+    while (end < n && status[end].ok() && alloc[end].segment == alloc[begin].segment &&
+           alloc[end].record.offset == next && end - begin < IOV_MAX) {
+      next += batch[end].buffer->size();
+      ++end;
+    }
+    std::vector<struct iovec> iov(end - begin);
+    for (size_t i = begin; i < end; ++i) iov[i - begin] = {batch[i].buffer->data(), batch[i].buffer->size()};
+    const SegmentFile& file = *alloc[begin].file;
+    const uint64_t bytes = next - alloc[begin].record.offset;
+    absl::Status st;
+    const ssize_t wrote =
+        io_->Pwritev(file.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(alloc[begin].record.offset));
+    if (wrote != static_cast<ssize_t>(bytes)) {
+      if (wrote >= 0) errno = ENOSPC;  // a short write to a regular file
+      st = IoError("cannot write", file.path);
+    } else if (options_.durability == Durability::kPowerLoss && io_->Fdatasync(file.fd) != 0) {
+      st = IoError("cannot sync", file.path);
+    } else {
+      struct stat s;
+      if (fstat(file.fd, &s) != 0 || s.st_nlink == 0) {
+        st = absl::UnavailableError(
+            absl::StrCat("segment ", file.path, " was removed while being written (the directory deleted?)"));
+      }
+    }
+    for (size_t i = begin; i < end; ++i) status[i] = st;
+    begin = end;
+    ++write_calls;
+  }
+  std::vector<uint64_t> seal;
   {
     absl::MutexLock lock(&mu_);
-    auto it = segments_.find(a.segment);
-    Segment& seg = *it->second;
-    --seg.inflight;
-    if (st.ok() && seg.lost) {
-      st = absl::UnavailableError(absl::StrCat("segment ", a.file->path, " was removed while being written"));
-    }
-    if (st.ok()) {
-      seg.written.push_back(a.record);
-      Apply(a.segment, a.record);
-      if (record.type == RecordType::kPage) {
-        ++stats_.puts;
-      } else {
-        ++stats_.erases;
+    stats_.write_calls += write_calls;
+    for (size_t i = 0; i < n; ++i) {
+      --accepted_;
+      if (alloc[i].file == nullptr) continue;  // never allocated
+      const uint64_t id = alloc[i].segment;
+      auto it = segments_.find(id);
+      Segment& seg = *it->second;
+      --seg.inflight;
+      if (status[i].ok() && seg.lost) {
+        status[i] = absl::UnavailableError(absl::StrCat("segment ", alloc[i].file->path, " was removed"));
       }
-    } else {
-      ++stats_.write_failures;
-      struct stat s;
-      if (seg.lost || (fstat(a.file->fd, &s) == 0 && s.st_nlink == 0)) LoseSegment(a.segment);
+      if (status[i].ok()) {
+        seg.written.push_back(alloc[i].record);
+        Apply(id, alloc[i].record);
+        ++(alloc[i].record.type == RecordType::kPage ? stats_.puts : stats_.erases);
+      } else {
+        ++stats_.write_failures;
+        struct stat s;
+        if (seg.lost || (fstat(alloc[i].file->fd, &s) == 0 && s.st_nlink == 0)) LoseSegment(id);
+      }
+      it = segments_.find(id);
+      if (it != segments_.end() && it->second->inflight == 0 && id != active_ && !it->second->sealed &&
+          std::find(seal.begin(), seal.end(), id) == seal.end()) {
+        seal.push_back(id);
+      }
     }
-    it = segments_.find(a.segment);
-    seal = it != segments_.end() && it->second->inflight == 0 && a.segment != active_ && !it->second->sealed;
   }
-  if (seal) Seal(a.segment);
-  return st;
+  SealAll(seal);
+  for (size_t i = 0; i < n; ++i) {
+    if (batch[i].done) batch[i].done(status[i]);
+  }
 }
 
 absl::Status DiskPageStore::Put(uint64_t key, const uint8_t* bytes, uint32_t crc32c) {
@@ -576,36 +664,30 @@ absl::Status DiskPageStore::Erase(uint64_t key) {
   {
     absl::MutexLock lock(&mu_);
     if (!index_.contains(key)) return absl::NotFoundError(absl::StrCat("key ", key, " is not on disk"));
-    // Charged, never refused for the budget: Erase is how a full disk
-    // level makes room.
-    reserved_ += kDiskAlign + kFooterEntryBytes;
   }
   // The key stays readable until its tombstone is written; Apply of the
-  // tombstone then drops it and makes its segment hide the page's.
+  // tombstone then drops it and makes its segment hide the page's. A
+  // tombstone is charged but never refused for the budget: Erase is how a
+  // full disk level makes room.
   absl::Notification done;
   absl::Status result;
-  auto buffer = std::make_shared<AlignedBuffer>(kDiskAlign);
-  RecordInfo record;
-  record.type = RecordType::kTombstone;
-  record.key = key;
-  absl::Status queued = buffer->data() == nullptr
-                            ? absl::ResourceExhaustedError("cannot allocate a tombstone")
-                            : queue_->Submit(
-                                  [&, buffer, record] {
-                                    result = WriteRecord(buffer->data(), record, kDiskAlign + kFooterEntryBytes);
-                                    done.Notify();
-                                  },
-                                  options_.submit_wait);
+  PendingWrite w;
+  w.buffer = std::make_shared<AlignedBuffer>(kDiskAlign);
+  w.record.type = RecordType::kTombstone;
+  w.record.key = key;
+  w.charge = kDiskAlign + kFooterEntryBytes;
+  w.done = [&](absl::Status st) {
+    result = std::move(st);
+    done.Notify();
+  };
+  absl::Status queued =
+      w.buffer->data() == nullptr ? absl::ResourceExhaustedError("cannot allocate a tombstone") : Accept(std::move(w));
   if (queued.ok()) {
     done.WaitForNotification();
     if (result.ok()) return absl::OkStatus();
   }
   const absl::Status& why = queued.ok() ? result : queued;
   absl::MutexLock lock(&mu_);
-  if (!queued.ok()) {
-    reserved_ -= kDiskAlign + kFooterEntryBytes;
-    ++stats_.queue_refusals;
-  }
   // Forget it all the same: a full disk must still let pages go.
   auto it = index_.find(key);
   if (it != index_.end()) {
@@ -690,6 +772,11 @@ bool DiskPageStore::Contains(uint64_t key) const {
 }
 
 void DiskPageStore::Flush() {
+  {
+    absl::MutexLock lock(&mu_);
+    auto written = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return accepted_ == 0; };
+    mu_.Await(absl::Condition(&written));
+  }
   queue_->Drain();
 }
 

@@ -1,27 +1,36 @@
 // The disk level: fixed-size pages under caller-chosen 64-bit keys, in
-// segment files under one directory, within a byte budget, written and read
-// by a small pool of I/O threads behind a bounded queue. The format is
+// segment files under one directory, within a byte budget. The format is
 // tiers/disk_format.h; docs/tiers.md has the figures.
+//
+// I/O. PutAsync copies the page into a queue of at most queue_capacity
+// pages (a full queue makes the caller wait up to submit_wait, then
+// UNAVAILABLE: memory stays bounded). write_threads writers each take the
+// run of queued records at its head, up to max_write_bytes, give them
+// adjacent offsets and write them with one pwritev (O_DIRECT): a page is
+// 74 KB, and a disk wants megabytes per request. GetAsync queues one
+// pread of the record on read_threads readers (tiers/io_queue.h, the same
+// bound). Why threads and not io_uring: docs/tiers.md, "I/O".
 //
 // PAGES. Every page has `page_bytes` bytes and travels with its CRC-32C
 // (backends/page_checksum.h's: the one the handler keeps beside each page).
 // Put checks the bytes against it before writing them (a page that does not
 // match is refused, never stored with a fresh checksum); Get checks them
 // again after reading and answers DATA_LOSS, naming the key and the file,
-// without touching `dst`'s caller-visible meaning: never bad bytes as good.
+// leaving `dst` untouched: never bad bytes as good.
 //
 // STORED. A Put is reported stored (its callback gets OK) once its record
 // is written and the durability policy is met; only then do Contains and
 // Get see it. A Put that fails (budget, queue full, I/O error, disk full)
 // is not indexed, now or after a restart, even if part of its bytes reached
 // the file. Durability:
-//   kProcess   the write returned: the bytes are the kernel's (or, with
+//   kProcess   the write returned: the bytes are the kernel's (with
 //              O_DIRECT, the device's). Survives kill -9 of this process;
-//              a power loss or kernel crash may lose records not yet in a
-//              sealed segment.
-//   kPowerLoss the segment was also fdatasync'ed after the write (and the
-//              folder after a segment file was created): survives a power
-//              loss on a device that honours flushes.
+//              a power loss or kernel crash may lose records of the
+//              segment being written (sealed ones were fdatasync'ed).
+//   kPowerLoss the segment was also fdatasync'ed after the write call that
+//              carried the record (one per batch: group commit), and the
+//              folder after a segment file was created or deleted:
+//              survives a power loss on a device that honours flushes.
 // A segment is sealed (footer written, fdatasync'ed) in both modes when it
 // is full and at a clean close.
 //
@@ -32,12 +41,15 @@
 // erased after a restart. wipe_at_open removes every segment file instead.
 //
 // SPACE. Every record occupies RecordBytes(page_bytes) (4096-aligned) plus a
-// footer entry; the budget counts these and each segment's footer block. A
+// footer entry; the budget counts these and each segment's footer block
+// (the segment being written is preallocated: the disk holds up to one
+// segment_bytes more than the budget counts). A
 // segment none of whose records is still the current one for its key (and
 // that hides no older record of a key that another segment still holds) is
 // deleted. Not compacted: a segment with one live record keeps its space.
 //
-// Thread-safe. Callbacks run on an I/O thread and may call the store.
+// Thread-safe. Callbacks run on an I/O thread and may call the store (not
+// Flush, nor destroy it).
 // Concurrent Put and Erase of the same key are ordered by when each reaches
 // the disk, which a restart may see in the other order; callers serialise
 // the operations of one key.
@@ -46,9 +58,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "tiers/aligned_buffer.h"
 #include "tiers/disk_format.h"
 #include "tiers/file_io.h"
 #include "tiers/io_queue.h"
@@ -71,10 +86,17 @@ struct DiskPageStoreOptions {
   size_t page_bytes = 0;      // every page's size, (0, kMaxPayloadBytes]
   uint64_t budget_bytes = 0;  // segment files' bytes, footers included
   uint64_t segment_bytes = uint64_t{128} << 20;
-  int io_threads = 4;
-  int queue_capacity = 64;  // jobs waiting; a queued write holds one page
-  // How long PutAsync/GetAsync wait for room in a full queue before
-  // answering UNAVAILABLE.
+  // Reserve a new segment's blocks when it is created (fallocate), so that
+  // writes into it do not extend the file: ext4 serialises O_DIRECT writes
+  // that do. The disk then holds up to one segment beyond the budget.
+  bool preallocate = true;
+  int read_threads = 8;                          // GetAsync: pread of one record each
+  int write_threads = 2;                         // each writes a run of queued records in one pwritev
+  uint64_t max_write_bytes = uint64_t{2} << 20;  // of one pwritev
+  // Pages accepted by PutAsync and not yet written (each holds a copy of
+  // its page), and reads waiting, each at most this many.
+  int queue_capacity = 64;
+  // How long PutAsync/GetAsync wait for room before answering UNAVAILABLE.
   absl::Duration submit_wait = absl::Milliseconds(100);
   bool wipe_at_open = false;
   // O_DIRECT when the file system takes it (falls back silently: stats()
@@ -92,6 +114,7 @@ struct DiskPageStoreStats {
   uint64_t checksum_failures = 0;           // Gets answered DATA_LOSS for the bytes read
   uint64_t put_crc_mismatches = 0;          // Puts refused: bytes did not match their CRC
   uint64_t write_failures = 0;              // I/O errors of writes (ENOSPC among them)
+  uint64_t write_calls = 0;                 // pwritev calls: records / write_calls is the batching
   uint64_t budget_refusals = 0;
   uint64_t queue_refusals = 0;
   uint64_t segments_deleted = 0;
@@ -177,9 +200,23 @@ class DiskPageStore {
   absl::StatusOr<std::shared_ptr<SegmentFile>> CreateSegmentFile(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The write of a record (page or tombstone) and its bookkeeping; the job
   // an I/O thread runs.
-  // `buffer`: the record's bytes, header left to fill (RecordBytes of the
-  // payload); `charge` was reserved against the budget.
-  absl::Status WriteRecord(uint8_t* buffer, const RecordInfo& record, uint64_t charge);
+  // A record accepted for writing: its bytes (header left to fill,
+  // RecordBytes of the payload), what it is, its budget charge, and who to
+  // tell.
+  struct PendingWrite {
+    std::shared_ptr<AlignedBuffer> buffer;
+    RecordInfo record;
+    uint64_t charge = 0;
+    Callback done;
+  };
+  // Waits up to submit_wait for room among the accepted writes, then
+  // queues `w` for the writer threads.
+  absl::Status Accept(PendingWrite w);
+  void WriterLoop();
+  // Writes `batch` (taken from pending_ in order): checks each page's CRC,
+  // allocates them together, writes each run of adjacent records in one
+  // pwritev, indexes what was written, runs the callbacks.
+  void WriteBatch(std::vector<PendingWrite> batch);
   absl::Status ReadRecord(uint64_t key, uint8_t* dst);
   // Writes the footer of segment `id` (no write in flight, not active).
   void Seal(uint64_t id);
@@ -206,8 +243,13 @@ class DiskPageStore {
   bool direct_ ABSL_GUARDED_BY(mu_) = false;
   bool restoring_ ABSL_GUARDED_BY(mu_) = false;  // Open is replaying the segments
   DiskPageStoreStats stats_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingWrite> pending_ ABSL_GUARDED_BY(mu_);
+  int accepted_ ABSL_GUARDED_BY(mu_) = 0;  // pending_ and batches being written
+  bool stop_writers_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> writers_;
 
-  // Last: its destructor runs the queued jobs while the rest still exists.
+  // Reads. Last: its destructor runs the queued reads while the rest still
+  // exists.
   std::unique_ptr<IoQueue> queue_;
 };
 

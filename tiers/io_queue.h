@@ -1,16 +1,10 @@
-// A bounded job queue served by a fixed pool of I/O threads: the disk
-// level's asynchrony and its back-pressure.
+// A bounded job queue served by a fixed pool of threads: the disk level's
+// reads (tiers/disk_page_store.h), each a blocking pread, as many in flight
+// as there are threads.
 //
 // BOUND. At most `capacity` jobs wait; Submit waits up to `wait` for room
-// and then answers UNAVAILABLE naming the capacity, so that memory held by
-// queued jobs (a page each, for a write) never exceeds capacity jobs plus
-// one per blocked submitter. Jobs start in submission order; with several
-// threads they may finish in any order.
-//
-// Why threads and not io_uring: liburing is not among the Debian packages
-// this project builds from, and blocking pread/pwrite on a few threads
-// keeps as many requests in flight as there are threads (docs/tiers.md,
-// "I/O", has the measurement).
+// and then answers UNAVAILABLE naming the capacity. Jobs start in
+// submission order; with several threads they may finish in any order.
 #ifndef DRIFTKV_TIERS_IO_QUEUE_H_
 #define DRIFTKV_TIERS_IO_QUEUE_H_
 
