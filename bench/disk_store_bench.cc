@@ -2,7 +2,7 @@
 // the disk's own sequential limit, in the same run and the same directory
 // (docs/tiers.md, "Figures"):
 //
-//   disk_store_bench DIR [MIB=1024] [READERS=8] [WRITERS=2] [QUEUE=128]
+//   disk_store_bench DIR [MIB=1024] [READERS=16] [WRITERS=2] [QUEUE=256]
 //                    [SYNC_PAGES=2000] [ROUNDS=3]
 //
 // Per page size (74,496 bytes: a cold page of the default shape; 96,320),
@@ -20,6 +20,10 @@
 //           O_DIRECT (cold: the page cache is bypassed, never warm);
 //   sync    once, SYNC_PAGES pages with kPowerLoss (fdatasync after each
 //           write call).
+// Other options are the store's defaults; for experiments the environment
+// may set DISK_BENCH_PREALLOCATE=0|1, DISK_BENCH_WRITE_MIB=N (the largest
+// write call) and DISK_BENCH_DIRECT=0|1 (0: buffered I/O, and the reads are
+// then no longer cold).
 // GB/s count page bytes (10^9), not the records' padding.
 #include <fcntl.h>
 #include <unistd.h>
@@ -34,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bench/check.h"
@@ -93,6 +98,9 @@ DiskPageStoreOptions Options(const std::string& dir, size_t page_bytes, int read
   o.write_threads = writers;
   o.queue_capacity = queue;
   o.submit_wait = absl::Seconds(60);
+  if (const char* e = std::getenv("DISK_BENCH_PREALLOCATE")) o.preallocate = std::atoi(e) != 0;
+  if (const char* e = std::getenv("DISK_BENCH_WRITE_MIB")) o.max_write_bytes = std::strtoull(e, nullptr, 10) << 20;
+  if (const char* e = std::getenv("DISK_BENCH_DIRECT")) o.direct_io = std::atoi(e) != 0;
   return o;
 }
 
@@ -157,17 +165,31 @@ Round RunRound(const std::string& dir, const DiskPageStoreOptions& options, cons
     std::fprintf(stderr, "reopened with %" PRIu64 " pages, not %" PRIu64 "\n", r.open.pages, n);
     std::exit(1);
   }
+  // Destination buffers: a free list, a buffer back on it once its read's
+  // callback has checked the page against its source.
   std::vector<std::vector<uint8_t>> dst(queue + readers + 1, std::vector<uint8_t>(page_bytes));
+  absl::Mutex free_mu;
+  std::vector<size_t> free_list;
+  for (size_t i = 0; i < dst.size(); ++i) free_list.push_back(i);
   std::atomic<uint64_t> done{0}, bad{0};
   absl::Notification all;
   t0 = absl::Now();
-  // Destination buffers are reused round-robin; a buffer is reused only
-  // after the queue has moved past it (queue + readers jobs apart), and
-  // every page is checked against its source in the callback.
   for (uint64_t k = 0; k < n; ++k) {
-    uint8_t* d = dst[k % dst.size()].data();
-    CHECK_OK((*s)->GetAsync(k, d, [&, k, d](absl::Status st) {
+    size_t slot;
+    {
+      absl::MutexLock lock(&free_mu);
+      free_mu.Await(absl::Condition(
+          +[](std::vector<size_t>* f) { return !f->empty(); }, &free_list));
+      slot = free_list.back();
+      free_list.pop_back();
+    }
+    uint8_t* d = dst[slot].data();
+    CHECK_OK((*s)->GetAsync(k, d, [&, k, d, slot](absl::Status st) {
       if (!st.ok() || Crc32cExtend(0, d, page_bytes) != pages.crc[k % pages.crc.size()]) ++bad;
+      {
+        absl::MutexLock lock(&free_mu);
+        free_list.push_back(slot);
+      }
       if (++done == n) all.Notify();
     }));
   }
@@ -250,15 +272,15 @@ void Bench(const std::string& dir, size_t page_bytes, uint64_t mib, int readers,
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: disk_store_bench DIR [MIB=1024] [READERS=8] [WRITERS=2] [QUEUE=128] [SYNC_PAGES=2000] "
+                 "usage: disk_store_bench DIR [MIB=1024] [READERS=16] [WRITERS=2] [QUEUE=256] [SYNC_PAGES=2000] "
                  "[ROUNDS=3]\n");
     return 2;
   }
   const std::string dir = argv[1];
   const uint64_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1024;
-  const int readers = argc > 3 ? std::atoi(argv[3]) : 8;
+  const int readers = argc > 3 ? std::atoi(argv[3]) : 16;
   const int writers = argc > 4 ? std::atoi(argv[4]) : 2;
-  const int queue = argc > 5 ? std::atoi(argv[5]) : 128;
+  const int queue = argc > 5 ? std::atoi(argv[5]) : 256;
   const uint64_t sync_pages = argc > 6 ? std::strtoull(argv[6], nullptr, 10) : 2000;
   const int rounds = argc > 7 ? std::atoi(argv[7]) : 3;
   std::filesystem::create_directories(dir);

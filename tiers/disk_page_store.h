@@ -90,12 +90,12 @@ struct DiskPageStoreOptions {
   // writes into it do not extend the file: ext4 serialises O_DIRECT writes
   // that do. The disk then holds up to one segment beyond the budget.
   bool preallocate = true;
-  int read_threads = 8;                          // GetAsync: pread of one record each
+  int read_threads = 16;                         // GetAsync: pread of one record each
   int write_threads = 2;                         // each writes a run of queued records in one pwritev
-  uint64_t max_write_bytes = uint64_t{2} << 20;  // of one pwritev
+  uint64_t max_write_bytes = uint64_t{8} << 20;  // of one pwritev
   // Pages accepted by PutAsync and not yet written (each holds a copy of
   // its page), and reads waiting, each at most this many.
-  int queue_capacity = 64;
+  int queue_capacity = 256;  // 20 MB of 74 KB pages
   // How long PutAsync/GetAsync wait for room before answering UNAVAILABLE.
   absl::Duration submit_wait = absl::Milliseconds(100);
   bool wipe_at_open = false;
