@@ -520,6 +520,7 @@ absl::Status DiskPageStore::Accept(PendingWrite w) {
 void DiskPageStore::WriterLoop() {
   for (;;) {
     std::vector<PendingWrite> batch;
+    std::vector<uint64_t> to_seal;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_writers_ || !pending_.empty(); };
@@ -532,47 +533,42 @@ void DiskPageStore::WriterLoop() {
         batch.push_back(std::move(pending_.front()));
         pending_.pop_front();
       }
+      // Sequence numbers in the order the records were accepted, whichever
+      // writer takes them: the later of two operations on one key wins,
+      // now and when a restart replays them.
+      for (PendingWrite& w : batch) {
+        reserved_ -= w.charge;
+        absl::StatusOr<Allocation> got = Allocate(w.record, &to_seal);
+        if (!got.ok()) {
+          w.status = got.status();
+          continue;
+        }
+        w.alloc = *std::move(got);
+        segments_.at(w.alloc.segment)->charged += w.charge;
+        used_ += w.charge;
+      }
     }
-    WriteBatch(std::move(batch));
+    WriteBatch(std::move(batch), to_seal);
   }
 }
 
-void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch) {
+void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch, const std::vector<uint64_t>& to_seal) {
+  SealAll(to_seal);
   const size_t n = batch.size();
   std::vector<absl::Status> status(n);
+  std::vector<Allocation> alloc(n);
+  std::vector<bool> crc_bad(n, false);
   for (size_t i = 0; i < n; ++i) {
+    status[i] = std::move(batch[i].status);
+    alloc[i] = std::move(batch[i].alloc);
     const RecordInfo& r = batch[i].record;
-    if (r.type == RecordType::kPage &&
+    if (status[i].ok() && r.type == RecordType::kPage &&
         Crc32cExtend(0, batch[i].buffer->data() + kRecordHeaderBytes, r.payload_bytes) != r.payload_crc) {
+      // Its space stays a hole, which no footer lists.
+      crc_bad[i] = true;
       status[i] = absl::DataLossError(
           absl::StrCat("page of key ", r.key, " does not match the CRC-32C given with it; not stored"));
     }
-  }
-  // Offsets and sequence numbers for the whole batch in one go, so that
-  // records of one segment are adjacent: one pwritev per segment.
-  std::vector<Allocation> alloc(n);
-  std::vector<uint64_t> to_seal;
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < n; ++i) {
-      reserved_ -= batch[i].charge;
-      if (!status[i].ok()) {
-        ++stats_.put_crc_mismatches;
-        continue;
-      }
-      absl::StatusOr<Allocation> got = Allocate(batch[i].record, &to_seal);
-      if (!got.ok()) {
-        ++stats_.write_failures;
-        status[i] = got.status();
-        continue;
-      }
-      alloc[i] = *std::move(got);
-      segments_.at(alloc[i].segment)->charged += batch[i].charge;
-      used_ += batch[i].charge;
-    }
-  }
-  SealAll(to_seal);
-  for (size_t i = 0; i < n; ++i) {
     if (status[i].ok()) EncodeRecordHeader(alloc[i].record, batch[i].buffer->data());
   }
   // Each run [begin, end) of adjacent records of one segment: one pwritev.
@@ -616,9 +612,13 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch) {
   {
     absl::MutexLock lock(&mu_);
     stats_.write_calls += write_calls;
+    accepted_ -= static_cast<int>(n);
+    callbacks_ += static_cast<int>(n);  // until they have run: Flush waits for them
     for (size_t i = 0; i < n; ++i) {
-      --accepted_;
-      if (alloc[i].file == nullptr) continue;  // never allocated
+      if (alloc[i].file == nullptr) {  // never allocated
+        ++stats_.write_failures;
+        continue;
+      }
       const uint64_t id = alloc[i].segment;
       auto it = segments_.find(id);
       Segment& seg = *it->second;
@@ -630,6 +630,8 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch) {
         seg.written.push_back(alloc[i].record);
         Apply(id, alloc[i].record);
         ++(alloc[i].record.type == RecordType::kPage ? stats_.puts : stats_.erases);
+      } else if (crc_bad[i]) {
+        ++stats_.put_crc_mismatches;
       } else {
         ++stats_.write_failures;
         struct stat s;
@@ -646,6 +648,8 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch) {
   for (size_t i = 0; i < n; ++i) {
     if (batch[i].done) batch[i].done(status[i]);
   }
+  absl::MutexLock lock(&mu_);
+  callbacks_ -= static_cast<int>(n);
 }
 
 absl::Status DiskPageStore::Put(uint64_t key, const uint8_t* bytes, uint32_t crc32c) {
@@ -774,7 +778,7 @@ bool DiskPageStore::Contains(uint64_t key) const {
 void DiskPageStore::Flush() {
   {
     absl::MutexLock lock(&mu_);
-    auto written = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return accepted_ == 0; };
+    auto written = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return accepted_ == 0 && callbacks_ == 0; };
     mu_.Await(absl::Condition(&written));
   }
   queue_->Drain();

@@ -49,10 +49,11 @@
 // deleted. Not compacted: a segment with one live record keeps its space.
 //
 // Thread-safe. Callbacks run on an I/O thread and may call the store (not
-// Flush, nor destroy it).
-// Concurrent Put and Erase of the same key are ordered by when each reaches
-// the disk, which a restart may see in the other order; callers serialise
-// the operations of one key.
+// Flush, nor destroy it). ORDER: writes (pages and tombstones) get their
+// sequence numbers in the order PutAsync and Erase accepted them, so of two
+// operations on one key the later one wins, now and after a restart,
+// whichever finishes first. Erase acts on what is stored: a Put of the key
+// still in flight is not erased by it (NOT_FOUND when nothing was stored).
 #ifndef DRIFTKV_TIERS_DISK_PAGE_STORE_H_
 #define DRIFTKV_TIERS_DISK_PAGE_STORE_H_
 
@@ -208,15 +209,18 @@ class DiskPageStore {
     RecordInfo record;
     uint64_t charge = 0;
     Callback done;
+    // Set by the writer that takes it: where it goes, or why nowhere.
+    Allocation alloc;
+    absl::Status status;
   };
   // Waits up to submit_wait for room among the accepted writes, then
   // queues `w` for the writer threads.
   absl::Status Accept(PendingWrite w);
   void WriterLoop();
-  // Writes `batch` (taken from pending_ in order): checks each page's CRC,
-  // allocates them together, writes each run of adjacent records in one
-  // pwritev, indexes what was written, runs the callbacks.
-  void WriteBatch(std::vector<PendingWrite> batch);
+  // Writes `batch` (taken from pending_ in order and allocated): seals
+  // `to_seal`, checks each page's CRC, writes each run of adjacent records
+  // in one pwritev, indexes what was written, runs the callbacks.
+  void WriteBatch(std::vector<PendingWrite> batch, const std::vector<uint64_t>& to_seal);
   absl::Status ReadRecord(uint64_t key, uint8_t* dst);
   // Writes the footer of segment `id` (no write in flight, not active).
   void Seal(uint64_t id);
@@ -244,7 +248,8 @@ class DiskPageStore {
   bool restoring_ ABSL_GUARDED_BY(mu_) = false;  // Open is replaying the segments
   DiskPageStoreStats stats_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingWrite> pending_ ABSL_GUARDED_BY(mu_);
-  int accepted_ ABSL_GUARDED_BY(mu_) = 0;  // pending_ and batches being written
+  int accepted_ ABSL_GUARDED_BY(mu_) = 0;   // pending_ and batches being written
+  int callbacks_ ABSL_GUARDED_BY(mu_) = 0;  // of written batches, not yet run
   bool stop_writers_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> writers_;
 
