@@ -306,8 +306,11 @@ absl::StatusOr<std::shared_ptr<DiskPageStore::SegmentFile>> DiskPageStore::Creat
     if (mkdir(options_.dir.c_str(), 0755) != 0 && errno != EEXIST) break;
   }
   if (file->fd < 0) return IoError("cannot create segment", file->path);
-  if (options_.preallocate && io_->Fallocate(file->fd, static_cast<off_t>(options_.segment_bytes)) != 0 &&
-      errno != EOPNOTSUPP) {
+  // No more than the budget has left: a small budget does not reserve a
+  // whole segment of disk (writes past the reservation extend the file).
+  const uint64_t left = options_.budget_bytes > used_ ? options_.budget_bytes - used_ : 0;
+  const uint64_t reserve = RoundUpToBlock(std::min(options_.segment_bytes, std::max(left, record_bytes_)));
+  if (options_.preallocate && io_->Fallocate(file->fd, static_cast<off_t>(reserve)) != 0 && errno != EOPNOTSUPP) {
     absl::Status st = IoError("cannot preallocate", file->path);
     io_->Unlink(file->path.c_str());
     return st;

@@ -42,8 +42,9 @@
 //
 // SPACE. Every record occupies RecordBytes(page_bytes) (4096-aligned) plus a
 // footer entry; the budget counts these and each segment's footer block
-// (the segment being written is preallocated: the disk holds up to one
-// segment_bytes more than the budget counts). A
+// (the segment being written is preallocated, up to what the budget has
+// left: the disk holds up to one segment_bytes more than the budget
+// counts). A
 // segment none of whose records is still the current one for its key (and
 // that hides no older record of a key that another segment still holds) is
 // deleted. Not compacted: a segment with one live record keeps its space.
