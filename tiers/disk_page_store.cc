@@ -488,7 +488,9 @@ absl::Status DiskPageStore::PutAsync(uint64_t key, const uint8_t* bytes, uint32_
     }
   }
   PendingWrite w;
-  w.buffer = std::make_shared<AlignedBuffer>(record_bytes_);
+  // The header is written in full when the record is allocated, the page
+  // just below: only the padding needs zeros.
+  w.buffer = std::make_shared<AlignedBuffer>(record_bytes_, kRecordHeaderBytes + options_.page_bytes);
   if (w.buffer->data() == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a buffer of ", record_bytes_, " bytes"));
   }
@@ -735,7 +737,7 @@ absl::Status DiskPageStore::ReadRecord(uint64_t key, uint8_t* dst) {
     file = segments_.at(it->second.segment)->file;
     want = it->second.record;
   }
-  AlignedBuffer buf(RecordBytes(want.payload_bytes));
+  AlignedBuffer buf(RecordBytes(want.payload_bytes), RecordBytes(want.payload_bytes));  // pread fills it
   if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a read buffer");
   if (!ReadAll(io_, file->fd, buf.data(), buf.size(), want.offset)) return IoError("cannot read", file->path);
   RecordInfo got;

@@ -93,7 +93,7 @@ struct DiskPageStoreOptions {
   // that do. The disk then holds up to one segment beyond the budget.
   bool preallocate = true;
   int read_threads = 16;                         // GetAsync: pread of one record each
-  int write_threads = 2;                         // each writes a run of queued records in one pwritev
+  int write_threads = 4;                         // each writes a run of queued records in one pwritev
   uint64_t max_write_bytes = uint64_t{8} << 20;  // of one pwritev
   // Pages accepted by PutAsync and not yet written (each holds a copy of
   // its page), and reads waiting, each at most this many.
