@@ -83,6 +83,22 @@ bool WriteAll(FileIo* io, int fd, const uint8_t* data, size_t size, uint64_t off
   return true;
 }
 
+// Checks the record at `rec` against what the index says `key` holds:
+// header, key, sequence, size, page CRC-32C. Why not, when it fails.
+absl::Status CheckRecord(const uint8_t* rec, uint64_t key, const RecordInfo& want) {
+  RecordInfo got;
+  if (absl::Status st = ParseRecordHeader(rec, &got); !st.ok()) return st;
+  if (got.key != key || got.seq != want.seq || got.type != RecordType::kPage ||
+      got.payload_bytes != want.payload_bytes || got.payload_crc != want.payload_crc) {
+    return absl::DataLossError(absl::StrCat("header of key ", got.key, " sequence ", got.seq, " where key ", key,
+                                            " sequence ", want.seq, " was written"));
+  }
+  if (Crc32cExtend(0, rec + kRecordHeaderBytes, want.payload_bytes) != want.payload_crc) {
+    return absl::DataLossError("page checksum mismatch");
+  }
+  return absl::OkStatus();
+}
+
 bool ReadAll(FileIo* io, int fd, uint8_t* data, size_t size, uint64_t offset) {
   while (size > 0) {
     const ssize_t n = io->Pread(fd, data, size, static_cast<off_t>(offset));
@@ -737,26 +753,18 @@ absl::Status DiskPageStore::ReadRecord(uint64_t key, uint8_t* dst) {
     file = segments_.at(it->second.segment)->file;
     want = it->second.record;
   }
-  AlignedBuffer buf(RecordBytes(want.payload_bytes), RecordBytes(want.payload_bytes));  // pread fills it
+  const uint64_t size = RecordBytes(want.payload_bytes);
+  AlignedBuffer buf(size, size);  // pread fills it
   if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a read buffer");
   if (!ReadAll(io_, file->fd, buf.data(), buf.size(), want.offset)) return IoError("cannot read", file->path);
-  RecordInfo got;
-  absl::Status st = ParseRecordHeader(buf.data(), &got);
-  if (st.ok() && (got.key != key || got.seq != want.seq || got.type != RecordType::kPage ||
-                  got.payload_bytes != want.payload_bytes || got.payload_crc != want.payload_crc)) {
-    st = absl::DataLossError(absl::StrCat("header of key ", got.key, " sequence ", got.seq, " where key ", key,
-                                          " sequence ", want.seq, " was written"));
-  }
-  if (st.ok() && Crc32cExtend(0, buf.data() + kRecordHeaderBytes, want.payload_bytes) != want.payload_crc) {
-    st = absl::DataLossError("page checksum mismatch");
-  }
+  absl::Status st = CheckRecord(buf.data(), key, want);
+  if (st.ok()) std::memcpy(dst, buf.data() + kRecordHeaderBytes, want.payload_bytes);
   absl::MutexLock lock(&mu_);
   if (!st.ok()) {
     ++stats_.checksum_failures;
     return absl::DataLossError(absl::StrCat("disk page of key ", key, " in ", file->path, " at offset ", want.offset,
                                             ": ", st.message(), "; not served"));
   }
-  std::memcpy(dst, buf.data() + kRecordHeaderBytes, want.payload_bytes);
   ++stats_.gets;
   return absl::OkStatus();
 }
