@@ -20,13 +20,17 @@
 //           O_DIRECT (cold: the page cache is bypassed, never warm), and
 //           compared with its source here;
 //   sync    once, SYNC_PAGES pages with kPowerLoss (fdatasync after each
-//           write call).
+//           write call);
+//   crash   once, Open after a child writing pages killed itself (SIGKILL)
+//           with 1.5 segments stored: the time and bytes of the scan.
 // Other options are the store's defaults; for experiments the environment
 // may set DISK_BENCH_PREALLOCATE=0|1, DISK_BENCH_WRITE_MIB=N (the largest
 // write call) and DISK_BENCH_DIRECT=0|1 (0: buffered I/O, and the reads are
 // then no longer cold).
 // GB/s count page bytes (10^9), not the records' padding.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -265,6 +269,39 @@ void Bench(const std::string& dir, size_t page_bytes, uint64_t mib, int readers,
     const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
     std::printf("kPowerLoss: %" PRIu64 " pages in %.3f s: %.3f GB/s, %.0f pages/s\n", sync_pages, secs,
                 static_cast<double>(sync_pages * page_bytes) / 1e9 / secs, sync_pages / secs);
+  }
+
+  // Open after kill -9: a child writes until 1.5 segments of pages are
+  // stored, then kills itself with writes in flight; Open scans the
+  // segment it was writing (payloads verified) and reads the footers of
+  // the others.
+  {
+    DiskPageStoreOptions c = o;
+    c.wipe_at_open = true;
+    const uint64_t target = c.segment_bytes * 3 / 2 / RecordBytes(page_bytes);
+    const pid_t child = fork();
+    if (child == 0) {
+      absl::StatusOr<std::unique_ptr<DiskPageStore>> st = DiskPageStore::Open(c);
+      if (!st.ok()) _exit(2);
+      std::atomic<uint64_t> stored{0};
+      for (uint64_t k = 0;; ++k) {
+        const size_t i = k % pages.bytes.size();
+        (void)(*st)->PutAsync(k, pages.bytes[i].data(), pages.crc[i], [&](absl::Status r) {
+          if (r.ok() && ++stored == target) raise(SIGKILL);
+        });
+      }
+    }
+    int wstatus = 0;
+    waitpid(child, &wstatus, 0);
+    if (!WIFSIGNALED(wstatus)) std::exit(1);
+    c.wipe_at_open = false;
+    absl::StatusOr<std::unique_ptr<DiskPageStore>> st = DiskPageStore::Open(c);
+    CHECK_OK(st.status());
+    const DiskPageStoreStats x = (*st)->stats();
+    std::printf("open after kill -9 at %" PRIu64 " pages stored: %.3f s, %" PRIu64 " pages, %" PRIu64
+                " segments scanned, %" PRIu64 " from footers, %" PRIu64 " bytes read, %" PRIu64 " blocks skipped\n",
+                target, x.open_seconds, x.pages, x.open_segments_scanned, x.open_segments_footer, x.open_bytes_read,
+                x.open_skipped_blocks);
   }
   std::filesystem::remove_all(store_dir);
 }
