@@ -18,6 +18,7 @@
 #include "fuzz/fuzz_util.h"
 #include "proto/driftkv.pb.h"
 #include "service/snapshot_file.h"
+#include "tiers/disk_format.h"
 #include "wire/doorbell.h"
 
 using namespace driftkv;
@@ -100,6 +101,34 @@ int main(int argc, char** argv) {
     Put(out + "/fuzz_snapshot", "two_sequences", std::string(std::istreambuf_iterator<char>(f), {}));
     std::remove(SnapshotPath(dir).c_str());
     rmdir(dir.c_str());
+  }
+  // Disk level segments (tiers/disk_format.h): records of 100-byte pages
+  // and a tombstone, sealed by a footer, unsealed, and torn mid-record.
+  {
+    std::string segment;
+    std::vector<tiers::RecordInfo> records;
+    for (uint64_t i = 0; i < 3; ++i) {
+      tiers::RecordInfo r;
+      r.type = i == 2 ? tiers::RecordType::kTombstone : tiers::RecordType::kPage;
+      r.key = i == 2 ? 10 : 10 + i;
+      r.seq = i + 1;
+      r.offset = segment.size();
+      const std::string payload =
+          r.type == tiers::RecordType::kPage ? std::string(100, static_cast<char>('a' + i)) : "";
+      r.payload_bytes = static_cast<uint32_t>(payload.size());
+      r.payload_crc = Crc32c(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+      std::string rec(tiers::RecordBytes(payload.size()), '\0');
+      tiers::EncodeRecordHeader(r, reinterpret_cast<uint8_t*>(rec.data()));
+      rec.replace(tiers::kRecordHeaderBytes, payload.size(), payload);
+      segment += rec;
+      records.push_back(r);
+    }
+    Put(out + "/fuzz_disk_records", "unsealed", segment);
+    Put(out + "/fuzz_disk_records", "torn", segment.substr(0, segment.size() - 4096 + 40));
+    records.pop_back();
+    segment.resize(2 * 4096);
+    const std::vector<uint8_t> footer = tiers::EncodeFooter(records, segment.size());
+    Put(out + "/fuzz_disk_records", "sealed", segment + Bytes(footer));
   }
   // Pool file: the head of the golden pool (header, codec line, first
   // records; the fuzzer's max_len is 16 KiB) and a codec-options line.
