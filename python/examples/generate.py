@@ -77,7 +77,9 @@ class Transport:
     shared-memory region (the server on this host, with a region socket):
     the messages carry references only. "doorbell": the same region, and
     the requests cross it too (no socket; the client sleeps on a futex
-    for the answer). "grpc": tensors inline. `want` "auto" takes the
+    for the answer), each layer's request prepared on the doorbell once
+    (a call sends only the layer's slot and the steps taken). "grpc":
+    tensors inline. `want` "auto" takes the
     doorbell when the server has a region socket (the fast path: no
     socket per call), else grpc."""
 
@@ -127,15 +129,27 @@ class DriftkvAttention:
         self.ids = sequence_ids
         self.transport = transport
         self.latencies: List[float] = []
+        self.prepared = {}  # layer -> the position its doorbell request was prepared at
 
     def __call__(self, layer, q, k, v, position):
         t = self.transport
         if t.by_reference() and q.device.type == "cpu":
             t0 = time.perf_counter()
             t.q[...], t.k[...], t.v[...] = q.float().numpy(), k.float().numpy(), v.float().numpy()
-            items = [driftkv.AttendItem(sid, layer, t.q[b], new_key=t.k[b], new_value=t.v[b], new_token_index=position)
-                     for b, sid in enumerate(self.ids)]
-            (t.bell or self.client).attend(items, out=t.out, lse=t.lse)
+            if t.bell is not None:
+                # Each layer's request is prepared on the doorbell once; a
+                # call then sends only the layer's slot and the steps taken.
+                first = self.prepared.get(layer)
+                if first is None:
+                    items = [driftkv.AttendItem(sid, layer, t.q[b], new_key=t.k[b], new_value=t.v[b],
+                                                new_token_index=position) for b, sid in enumerate(self.ids)]
+                    t.bell.prepare(layer, items, out=t.out, lse=t.lse)
+                    first = self.prepared[layer] = position
+                t.bell.attend_prepared(layer, position - first)
+            else:
+                items = [driftkv.AttendItem(sid, layer, t.q[b], new_key=t.k[b], new_value=t.v[b],
+                                            new_token_index=position) for b, sid in enumerate(self.ids)]
+                self.client.attend(items, out=t.out, lse=t.lse)
             out = torch.from_numpy(t.out.copy())
             self.latencies.append(time.perf_counter() - t0)
             return out
