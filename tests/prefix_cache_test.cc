@@ -492,28 +492,36 @@ TEST(PrefixCache, ConcurrentAppendsForksLookupsAndEvictions) {
     TestHandler probe(SmallOptions());
     stride = probe.h->pool().page_stride();
   }
-  TestHandler t(SmallOptions(120 * stride));
-  const Kv kv = SyntheticKv(400, kN, 13);
-  const std::vector<uint32_t> ids = Ids(400, 13);
+  TestHandler t(SmallOptions(72 * stride));
+  // Prompt 0 is shared by every thread; prompts 1-4 are one thread's each,
+  // and their cached pages fill the pool until some are evicted.
+  constexpr int kPrompts = 5, kTokens = 400;
+  std::vector<Kv> kv;
+  std::vector<std::vector<uint32_t>> ids;
+  std::vector<std::string> expected;
   TestHandler ref(SmallOptions());
-  ASSERT_TRUE(PushAllIds(*ref.h, "whole", kv, &ids, 0, 400).ok());
-  const std::string expected = Stored(*ref.h, "whole");
+  for (int i = 0; i < kPrompts; ++i) {
+    kv.push_back(SyntheticKv(kTokens, kN, 20 + i));
+    ids.push_back(Ids(kTokens, 20 + i));
+    const std::string id = absl::StrCat("whole", i);
+    ASSERT_TRUE(PushAllIds(*ref.h, id, kv[i], &ids[i], 0, kTokens).ok());
+    expected.push_back(Stored(*ref.h, id));
+  }
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int w = 0; w < 4; ++w) {
     threads.emplace_back([&, w] {
-      for (int i = 0; i < 6; ++i) {
+      for (int i = 0; i < 8; ++i) {
+        const int prompt = i % 2 == 0 ? 0 : 1 + w;
         const std::string id = absl::StrCat("t", w, "-", i);
-        absl::StatusOr<v1::ForkResponse> f = ForkPrefix(*t.h, ids, id);
-        int from = 0;
-        if (f.ok()) {
-          from = static_cast<int>(f->tokens());
-        }
-        absl::Status st = PushAllIds(*t.h, id, kv, &ids, from, 400 - from, 61 + w);
+        absl::StatusOr<v1::ForkResponse> f = ForkPrefix(*t.h, ids[prompt], id);
+        const int from = f.ok() ? static_cast<int>(f->tokens()) : 0;
+        absl::Status st = PushAllIds(*t.h, id, kv[prompt], &ids[prompt], from, kTokens - from, 61 + w);
         if (st.ok()) {
-          (void)Lookup(*t.h, ids);
+          const v1::LookupResponse r = Lookup(*t.h, ids[prompt]);
+          if (r.pages() < static_cast<uint64_t>(from / kP)) ++failures;
           if (AttendBytes(*t.h, id, 0).empty()) ++failures;
-          if (Stored(*t.h, id) != expected) ++failures;
+          if (Stored(*t.h, id) != expected[prompt]) ++failures;
         } else if (st.code() != C::kResourceExhausted) {
           ++failures;
         }
@@ -523,6 +531,7 @@ TEST(PrefixCache, ConcurrentAppendsForksLookupsAndEvictions) {
   }
   for (std::thread& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(t.h->prefix_index().evictions(), 0u);
   t.h->prefix_index().EvictAll();
   EXPECT_EQ(t.Stats().pages_in_use(), 0u);
   EXPECT_EQ(t.Stats().sequences(), 0u);
