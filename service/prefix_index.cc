@@ -57,6 +57,9 @@ void PrefixIndex::Insert(const PageKey& ns, int layer, absl::Span<const PageKey>
 }
 
 void PrefixIndex::MarkUnhashed(const PageKey& ns, const PageKey& parent) {
+  // Every prompt's first page has the root for parent: a mark there would
+  // say nothing about any one prompt.
+  if (parent == PageKeyRoot()) return;
   absl::MutexLock lock(&mu_);
   if (unhashed_.size() >= kRemembered) unhashed_.clear();
   unhashed_.insert(NodeKey{ns, parent});

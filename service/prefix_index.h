@@ -83,8 +83,10 @@ class PrefixIndex {
   // reference is dropped) and becomes the most recent.
   void Insert(const PageKey& ns, int layer, absl::Span<const PageKey> keys, std::vector<Page> pages)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // A sequence of `ns` went on past the page keyed `parent` (PageKeyRoot()
-  // for its first page) with tokens without ids.
+  // A sequence of `ns` went on past the page keyed `parent` with tokens
+  // without ids. Not recorded for the root (a sequence without any ids):
+  // every prompt's first page has it for parent, so a first page is never
+  // said to be unhashed.
   void MarkUnhashed(const PageKey& ns, const PageKey& parent) ABSL_LOCKS_EXCLUDED(mu_);
   // The leading pages of `keys` held under `ns`; changes nothing.
   void Lookup(const PageKey& ns, absl::Span<const PageKey> keys, Match* match) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -324,6 +324,9 @@ TEST(PrefixCache, MissReasonsTellUnhashedEvictedAndAnotherTenant) {
   EXPECT_EQ(r.miss_message(),
             "page 3 (tokens [96, 128)) of layer 0 is not indexed: a sequence holding the pages before it went on "
             "with tokens appended without token_ids");
+  // A sequence without any ids says nothing of a prompt's first page.
+  ASSERT_TRUE(PushAllIds(*t.h, "n", kv, nullptr, 0, 100, 100, "alice").ok());
+  EXPECT_EQ(Lookup(*t.h, Ids(64, 99), "alice").miss_reason(), v1::MISS_NEVER_STORED);
   // Bob sees nothing of alice's, in the words of a prompt never stored.
   r = Lookup(*t.h, ids, "bob");
   EXPECT_EQ(r.pages(), 0u);
