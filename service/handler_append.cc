@@ -247,6 +247,13 @@ std::string ShapeOf(uint32_t count, int kv_heads, int head_dim) {
   return absl::StrCat("token_count ", count, " x kv_heads ", kv_heads, " x head_dim ", head_dim);
 }
 
+// AppendChunk.token_ids: none, or one per token.
+absl::Status CheckTokenIdCount(const v1::AppendChunk& c) {
+  if (c.token_ids().empty() || static_cast<uint32_t>(c.token_ids_size()) == c.token_count()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("token_ids has ", c.token_ids_size(), " ids; token_count ",
+                                                 c.token_count(), " needs one per token (or none)"));
+}
+
 }  // namespace
 
 absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals, const std::string& tenant) {
@@ -274,10 +281,9 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     h.set_new_incarnation(c.new_incarnation());
     if (c.has_keys_ref()) *h.mutable_keys_ref() = c.keys_ref();
     if (c.has_values_ref()) *h.mutable_values_ref() = c.values_ref();
-    if (!c.token_ids().empty() && static_cast<uint32_t>(c.token_ids_size()) != c.token_count()) {
+    if (absl::Status ids = CheckTokenIdCount(c); !ids.ok()) {
       metrics_->rejected_chunks->Increment();
-      return absl::InvalidArgumentError(absl::StrCat("token_ids has ", c.token_ids_size(), " ids; token_count ",
-                                                     c.token_count(), " needs one per token (or none)"));
+      return ids;
     }
     return AppendReferenced(h, totals, tenant, c.token_ids());
   }
@@ -286,10 +292,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
                                 c.has_kv_heads() ? &kv_heads : nullptr, c.has_head_dim() ? &head_dim : nullptr);
   const size_t elements = static_cast<size_t>(c.token_count()) * n();
   const std::string shape = ShapeOf(c.token_count(), codec_->kv_heads(), codec_->head_dim());
-  if (st.ok() && !c.token_ids().empty() && static_cast<uint32_t>(c.token_ids_size()) != c.token_count()) {
-    st = absl::InvalidArgumentError(absl::StrCat("token_ids has ", c.token_ids_size(), " ids; token_count ",
-                                                 c.token_count(), " needs one per token (or none)"));
-  }
+  if (st.ok()) st = CheckTokenIdCount(c);
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
   if (st.ok() && c.has_crc32c()) {
