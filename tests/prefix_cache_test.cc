@@ -24,6 +24,7 @@
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
 #include "tests/tenant_config.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
@@ -384,6 +385,39 @@ TEST(PrefixCache, EvictionUnderPressureKeepsEveryLivePage) {
   EXPECT_EQ(t.Stats().pages_in_use(), 0u);
   for (PageId p = 0; p < 40; ++p) EXPECT_EQ(t.h->pool().references(p), 0) << p;
   EXPECT_EQ(t.h->prefix_index().entries(), 0);
+}
+
+// A decode step that seals a page in a full pool evicts a cached page,
+// as an Append does (both reserve through the pool's reclaimer), and its
+// layer answers as a sequence given the token by Append.
+TEST(PrefixCache, ADecodeStepInAFullPoolEvictsACachedPage) {
+  size_t stride = 0;
+  {
+    TestHandler probe(SmallOptions());
+    stride = probe.h->pool().page_stride();
+  }
+  TestHandler t(SmallOptions(40 * stride)), ref(SmallOptions());
+  const Kv a = SyntheticKv(300, kN, 14), b = SyntheticKv(448, kN, 15);
+  const std::vector<uint32_t> ids = Ids(300, 14);
+  ASSERT_TRUE(PushAllIds(*t.h, "a", a, &ids, 0, 300).ok());  // 16 pages
+  ASSERT_TRUE(Release(*t.h, "a").ok());                      // cached
+  // 447 tokens: 12 pages per layer and a window of R + P - 1 = 63.
+  ASSERT_TRUE(PushAllIds(*t.h, "b", b, nullptr, 0, 447).ok());
+  ASSERT_EQ(t.Stats().pages_in_use(), 40u);
+  ASSERT_EQ(t.h->prefix_index().evictions(), 0u);
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  *it = testing::QueryItem("b", 0, SyntheticQuery(kQHeads, kD, 3), kQHeads);
+  FloatToTensor(b.keys.data() + 447 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+  FloatToTensor(b.values.data() + 447 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+  it->set_new_token_index(447);
+  v1::AttendResponse resp;
+  absl::Status st = t.h->Attend(req, &resp);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(t.h->prefix_index().evictions(), 1u);
+  EXPECT_EQ(t.Stats().pages_in_use(), 40u);
+  ASSERT_TRUE(PushIds(*ref.h, "b", 0, b, nullptr, 0, 448).ok());
+  EXPECT_EQ(testing::ReadLayerBytes(*t.h, "b", 0), testing::ReadLayerBytes(*ref.h, "b", 0));
 }
 
 TEST(PrefixCache, RefusalsNameTheFieldAndChangeNothing) {
