@@ -74,6 +74,14 @@ int64_t PagePool::pages_in_use(int partition) const {
 }
 
 absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partition) {
+  int64_t short_by = 0;
+  absl::StatusOr<std::vector<PageId>> out = TryReserve(count, partition, &short_by);
+  if (out.ok() || short_by == 0 || !reclaimer_) return out;
+  reclaimer_(short_by, partition);
+  return TryReserve(count, partition, &short_by);
+}
+
+absl::StatusOr<std::vector<PageId>> PagePool::TryReserve(int64_t count, int partition, int64_t* short_by) {
   std::vector<PageId> out;
   if (count <= 0) return out;
   if (partition < 0 || partition >= partitions()) {
@@ -83,6 +91,7 @@ absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partiti
   std::vector<PageId>& f = free_[partition];
   const int64_t free = static_cast<int64_t>(f.size());
   if (count > free) {
+    *short_by = count - free;
     const int64_t cap = begin_[partition + 1] - begin_[partition];
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool full: capacity ", cap, " pages", partitions() > 1 ? absl::StrCat(" on device slot ", partition) : "",
@@ -105,6 +114,14 @@ void PagePool::Free(const std::vector<PageId>& pages) {
   for (PageId p : pages) {
     if (--refs_[p] == 0) free_[partitions() == 1 ? 0 : partition_of(p)].push_back(p);
   }
+}
+
+bool PagePool::FreeIfLast(PageId p) {
+  absl::MutexLock lock(&mu_);
+  if (refs_[p] != 1) return false;
+  refs_[p] = 0;
+  free_[partitions() == 1 ? 0 : partition_of(p)].push_back(p);
+  return true;
 }
 
 int32_t PagePool::references(PageId p) const {

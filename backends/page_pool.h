@@ -16,6 +16,12 @@
 // is immutable while shared: its bytes are written once, before its first
 // holder publishes it, and never again (tier moves copy into new pages).
 //
+// RECLAIMER. A cache that holds references of its own (the prefix index,
+// service/prefix_index.h) may register a reclaimer: when Reserve finds too
+// few free pages in a partition it calls reclaimer(short, partition)
+// without the pool's lock, then tries once more. The reclaimer drops
+// references it alone holds (FreeIfLast), never one another holder needs.
+//
 // PARTITIONS. A pool may be split into `partitions` contiguous ranges of
 // page ids, one per device of a multi-GPU server (backends/multi_device.h):
 // partition k holds ids [partition_begin(k), partition_begin(k + 1)), and
@@ -26,7 +32,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -76,6 +84,13 @@ class PagePool {
   // returns to the free list. REQUIRES: each is in use, and the caller
   // holds the reference it drops.
   void Free(const std::vector<PageId>& pages);
+  // Drops the caller's reference to p only if it is the last one (the page
+  // then returns to the free list): true when it did. REQUIRES: the caller
+  // holds a reference to p.
+  bool FreeIfLast(PageId p);
+  // See RECLAIMER; set before the pool is shared (not synchronised), null
+  // to remove. It must not call Reserve.
+  void SetReclaimer(std::function<void(int64_t pages, int partition)> reclaimer) { reclaimer_ = std::move(reclaimer); }
   // Page p's reference count: 0 when free (tests, tools).
   int32_t references(PageId p) const;
 
@@ -92,11 +107,14 @@ class PagePool {
  private:
   PagePool() = default;
   uint8_t* base(PageId p) const { return arena_.get() + static_cast<size_t>(p) * stride_; }
+  // Reserve without the reclaimer; *short_by: pages missing when it fails.
+  absl::StatusOr<std::vector<PageId>> TryReserve(int64_t count, int partition, int64_t* short_by);
 
   PageLayout layout_;
   size_t stride_ = 0;  // layout_.page_bytes
   int64_t capacity_ = 0;
   std::unique_ptr<uint8_t[]> arena_;
+  std::function<void(int64_t, int)> reclaimer_;
 
   std::vector<PageId> begin_;  // partition k: [begin_[k], begin_[k + 1])
   mutable absl::Mutex mu_;

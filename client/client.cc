@@ -266,6 +266,42 @@ absl::StatusOr<v1::ForkResponse> Client::Fork(const std::string& source_sequence
   return response;
 }
 
+absl::StatusOr<v1::ForkResponse> Client::ForkFromPrefix(absl::Span<const uint32_t> token_ids,
+                                                        const std::string& sequence_id, uint64_t max_tokens,
+                                                        bool new_incarnation) {
+  v1::ForkRequest request;
+  request.mutable_prefix_token_ids()->Add(token_ids.begin(), token_ids.end());
+  request.set_sequence_id(sequence_id);
+  request.set_tokens(max_tokens);
+  request.set_new_incarnation(new_incarnation);
+  v1::ForkResponse response;
+  grpc::Status st = WithRetries(false, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub_->Fork(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::LookupResponse> Client::Lookup(absl::Span<const uint32_t> token_ids) {
+  v1::LookupRequest request;
+  request.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
+  return Lookup(request);
+}
+
+absl::StatusOr<v1::LookupResponse> Client::Lookup(const v1::LookupRequest& request) {
+  v1::LookupResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    return stub_->Lookup(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
 absl::StatusOr<v1::InfoResponse> Client::Info() {
   v1::InfoResponse response;
   grpc::Status st = WithRetries(true, [&](int) {
@@ -313,7 +349,8 @@ absl::StatusOr<Client::Tensors> Client::ReadFloat(const std::string& sequence_id
 }
 
 v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token, uint32_t count,
-                          const float* keys, const float* values, size_t n, v1::DType dtype) {
+                          const float* keys, const float* values, size_t n, v1::DType dtype,
+                          absl::Span<const uint32_t> token_ids) {
   v1::AppendChunk c;
   c.set_sequence_id(sequence_id);
   c.set_layer(layer);
@@ -323,6 +360,7 @@ v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64
   FloatToTensor(keys, static_cast<size_t>(count) * n, dtype, c.mutable_keys());
   FloatToTensor(values, static_cast<size_t>(count) * n, dtype, c.mutable_values());
   c.set_crc32c(ChunkCrc32c(c));
+  c.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
   return c;
 }
 

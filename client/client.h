@@ -13,7 +13,7 @@
 //   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
 //   Fork     never (a repeat after a lost answer is ALREADY_EXISTS; Length
 //            of the new id tells whether the first attempt created it);
-//   Length, Info, Stats retried.
+//   Lookup, Length, Info, Stats retried.
 // Thread-safe: one Client may be shared by many threads.
 //
 // Security (docs/security.md): TLS when tls_ca_file is set (the server's CA),
@@ -105,6 +105,18 @@ class Client {
   // "Fork"); append to it from token `tokens` on. Not retried.
   absl::StatusOr<v1::ForkResponse> Fork(const std::string& source_sequence_id, const std::string& sequence_id,
                                         uint64_t tokens, bool new_incarnation = false);
+  // Creates `sequence_id` sharing the longest prefix of the prompt
+  // `token_ids` that the server's prefix index holds in every layer
+  // (docs/api.md, "Fork from a prefix"), at most `max_tokens` tokens
+  // unless 0; the answer's `tokens` says how many (append from there).
+  // NOT_FOUND when none is held. Not retried.
+  absl::StatusOr<v1::ForkResponse> ForkFromPrefix(absl::Span<const uint32_t> token_ids, const std::string& sequence_id,
+                                                  uint64_t max_tokens = 0, bool new_incarnation = false);
+  // The longest prefix of the prompt `token_ids` the server holds, per
+  // layer and overall, and why the next page is not (docs/api.md,
+  // "Lookup"). Retried: read-only.
+  absl::StatusOr<v1::LookupResponse> Lookup(absl::Span<const uint32_t> token_ids);
+  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
   absl::StatusOr<v1::InfoResponse> Info();
   absl::StatusOr<v1::StatsResponse> Stats();
 
@@ -144,8 +156,11 @@ class Client {
 // The chunk's CRC-32C over keys then values (AppendChunk.crc32c).
 uint32_t ChunkCrc32c(const v1::AppendChunk& chunk);
 
+// `token_ids`: the chunk's tokens' ids (count of them, AppendChunk.token_ids)
+// or none.
 v1::AppendChunk MakeChunk(const std::string& sequence_id, uint32_t layer, uint64_t first_token, uint32_t count,
-                          const float* keys, const float* values, size_t n, v1::DType dtype);
+                          const float* keys, const float* values, size_t n, v1::DType dtype,
+                          absl::Span<const uint32_t> token_ids = {});
 
 // Output floats of one AttendResult ([q_heads][head_dim]).
 std::vector<float> OutputFloats(const v1::AttendResult& result);

@@ -187,6 +187,25 @@ int main(int argc, char** argv) {
     Put(out + "/fuzz_fork", "keep", std::string(1, '\3') + fork("s", "k", 32));
     Put(out + "/fuzz_fork", "partial_page", std::string(1, '\0') + fork("s", "f", 8));
   }
+  {
+    // Lookup requests (fuzz_lookup.cc): the first byte's bit 0 turns the
+    // ids into page keys; "p" holds ids 0..47.
+    auto ids = [](int first, int count) {
+      v1::LookupRequest l;
+      for (int i = first; i < first + count; ++i) l.add_token_ids(i);
+      return l.SerializeAsString();
+    };
+    Put(out + "/fuzz_lookup", "hit", std::string(1, '\0') + ids(0, 48));
+    Put(out + "/fuzz_lookup", "hit_keys", std::string(1, '\1') + ids(0, 40));
+    Put(out + "/fuzz_lookup", "longer", std::string(1, '\0') + ids(0, 100));
+    Put(out + "/fuzz_lookup", "miss", std::string(1, '\0') + ids(1, 32));
+    Put(out + "/fuzz_lookup", "short", std::string(1, '\0') + ids(0, 5));
+    v1::LookupRequest bad;
+    bad.add_page_keys("abc");
+    Put(out + "/fuzz_lookup", "bad_key", std::string(1, '\0') + bad.SerializeAsString());
+    bad.add_token_ids(3);
+    Put(out + "/fuzz_lookup", "both", std::string(1, '\0') + bad.SerializeAsString());
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {

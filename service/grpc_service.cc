@@ -115,6 +115,13 @@ grpc::Status KvCacheService::Fork(grpc::ServerContext* context, const v1::ForkRe
   return timer.Finish(ToGrpcStatus(handler_->Fork(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                                    v1::LookupResponse* response) {
+  RpcTimer timer(metrics_, "Lookup");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Lookup(*request, response, tenant)));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);

@@ -42,6 +42,8 @@ class KvCacheService final : public v1::KvCache::Service {
   grpc::Status Length(grpc::ServerContext* context, const v1::LengthRequest* request,
                       v1::LengthResponse* response) override;
   grpc::Status Fork(grpc::ServerContext* context, const v1::ForkRequest* request, v1::ForkResponse* response) override;
+  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                      v1::LookupResponse* response) override;
   grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::InfoResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;

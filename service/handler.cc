@@ -134,6 +134,14 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   }
   h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
                                               std::move(clock), std::move(device_ids));
+  h->codec_identity_ = h->SnapshotIdentity();
+  h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers);
+  // A Reserve of the cold pool that falls short evicts cached pages first
+  // (Append, decode steps, demotion, restore alike).
+  h->pool_->SetReclaimer([self = h.get()](int64_t pages, int partition) {
+    const int64_t freed = self->index_->Evict(pages, partition);
+    if (freed > 0) self->metrics_->prefix_evictions->Increment(static_cast<double>(freed));
+  });
   h->PublishGauges();
   return h;
 }
@@ -141,6 +149,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
 Handler::~Handler() {
   // The promotion thread publishes gauges through the table: stop it first.
   if (hot_ != nullptr) hot_->Stop();
+  if (pool_ != nullptr) pool_->SetReclaimer(nullptr);
 }
 
 float Handler::value_limit() const {

@@ -20,9 +20,15 @@
 //   LayerState::mu       all Sequence::mu before any, layers in ascending
 //                        (sequence address, layer) order (Attend, and
 //                        Fork: every layer of its source as a reader);
+//   TokenIds::mu         a sequence's token ids (service/sequence.h), under
+//                        its layer's lock; nothing but the leaves under it;
+//   PrefixIndex::mu_     the prefix index (service/prefix_index.h), taken
+//                        under layer locks (Append inserts, Reserve
+//                        reclaims, also from under HotTier's locks); only
+//                        the pools' locks are taken under it;
 //   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's, the
-//   tombstones' and RegionTable's locks, the handler's totals; nothing is
-//   acquired under them.
+//   tombstones' and RegionTable's locks, the handler's totals, the pools';
+//   nothing is acquired under them but the index's as said.
 // So one sequence's layers ingest in parallel and many Attends share a layer. Attend promotes
 // before it takes its batch's locks; demotion TryLocks its victim, so it may run under them.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
@@ -46,6 +52,7 @@
 #include "service/metrics.h"
 #include "service/page_verifier.h"
 #include "service/pinned_staging.h"
+#include "service/prefix_index.h"
 #include "service/regions.h"
 #include "service/sequence_table.h"
 
@@ -75,11 +82,11 @@ class Handler {
   // transport uses it before receiving); AppendStaged runs them again.
   absl::Status CheckChunkHeader(const v1::PushChunkRequest& header) const;
   absl::Status AppendStaged(const v1::PushChunkRequest& header, const StagedTokens& tokens, v1::AppendResponse* totals,
-                            const std::string& tenant = "");
+                            const std::string& tenant = "", absl::Span<const uint32_t> token_ids = {});
   // A chunk whose keys_ref/values_ref name a registered region: AppendStaged
   // of the region's memory (Append of an AppendChunk with refs comes here).
   absl::Status AppendReferenced(const v1::PushChunkRequest& header, v1::AppendResponse* totals,
-                                const std::string& tenant = "");
+                                const std::string& tenant = "", absl::Span<const uint32_t> token_ids = {});
   // Where *_ref fields resolve (null: nowhere); set once, before serving.
   void AttachRegions(RegionTable* regions) { regions_ = regions; }
   Backend& backend() { return *backend_; }
@@ -97,7 +104,14 @@ class Handler {
   // reference (handler_fork.cc, docs/prefix_cache.md): the same creation
   // rules and quotas as an Append's new sequence, each layer in its
   // source's tier with an empty window. All or nothing.
+  // With prefix_token_ids or prefix_page_keys instead of a source: the
+  // longest prefix the prefix index holds in every layer, cold.
   absl::Status Fork(const v1::ForkRequest& request, v1::ForkResponse* response, const std::string& tenant = "");
+  // The longest prefix of a prompt the prefix index holds for `tenant`,
+  // per layer and overall, and why the next page is not held
+  // (handler_lookup.cc). Read-only.
+  absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
+                      const std::string& tenant = "") const;
   // `tenant`: the caller's; with tokens, restored_sequences counts only
   // its own sequences.
   void Info(v1::InfoResponse* response, const std::string& tenant = "") const;
@@ -162,6 +176,8 @@ class Handler {
   // The codec (codec.name) behind its interface; pages have its page_format.
   const KvCodec& codec() const { return *codec_; }
   const PagePool& pool() const { return *pool_; }
+  // Full cold pages by content (service/prefix_index.h).
+  PrefixIndex& prefix_index() { return *index_; }
   // The hot tier's pool of level pages, or null without one.
   const PagePool* hot_pool() const { return hot_pool_.get(); }
 
@@ -227,9 +243,16 @@ class Handler {
   // checked first (DATA_LOSS naming `name`'s window), and the window's
   // checksums follow its tokens (LayerState::window_sums).
   // REQUIRES: layer->mu held as a writer.
+  // With `sealed`, its first sealed->keyed new pages are also handed out
+  // for the prefix index (sealed->pages: their cold pages, each with a
+  // reference of its own, checksums and digests), on success only.
+  struct SealedPages {
+    int64_t keyed = 0;
+    std::vector<PrefixIndex::Page> pages;
+  };
   absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                            const HostTokens& tokens, const std::vector<PageId>& pages, const HotTier::Held& held,
-                           const StagedTokens* staged = nullptr);
+                           const StagedTokens* staged = nullptr, SealedPages* sealed = nullptr);
   // What storing `plan` changes in its tenant's bytes: its pages as cold
   // pages, its window by fresh tokens less those the pages take out.
   HeldBytes AppendBytes(const AppendPlan& plan) const;
@@ -238,7 +261,24 @@ class Handler {
   // reserves and stores, updates the totals.
   absl::Status StoreChunk(const std::string& tenant, const std::string& sequence_id, bool new_incarnation,
                           uint32_t layer, uint64_t first_token, uint32_t token_count, int dtype, const float* keys,
-                          const float* values, const StagedTokens* staged, v1::AppendResponse* totals);
+                          const float* values, const StagedTokens* staged, v1::AppendResponse* totals,
+                          absl::Span<const uint32_t> token_ids);
+  // The namespace of `tenant`'s page keys under this codec (page_key.h).
+  PageKey NamespaceOf(const std::string& tenant) const { return NamespaceKey(codec_identity_, tenant); }
+  // The page keys of a prompt given as ids or keys (`ids_field`,
+  // `keys_field`: the request's field names, for messages); exactly one
+  // of them non-empty, keys of 16 bytes.
+  absl::Status PromptKeys(absl::string_view ids_field, absl::Span<const uint32_t> ids, absl::string_view keys_field,
+                          const google::protobuf::RepeatedPtrField<std::string>& keys, std::vector<PageKey>* out) const;
+  // Why page `page` of a prompt is not held, in words.
+  std::string MissMessage(const PrefixIndex::Match& m) const;
+  // FORK (handler_fork.cc): from the prefix index; and the steps any fork
+  // ends with: the tenant's charge for `shared` pages and the fork's bytes,
+  // then the table's Insert (every reference and charge given back on a
+  // refusal), the counts and the answer.
+  absl::Status ForkFromPrefix(const v1::ForkRequest& request, v1::ForkResponse* response, const std::string& tenant);
+  absl::Status EnterFork(const SequencePtr& fork, const std::string& id, bool new_incarnation, int64_t shared,
+                         uint64_t tokens, v1::ForkResponse* response);
   void PublishGauges();
 
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
@@ -255,6 +295,10 @@ class Handler {
   std::unique_ptr<PageVerifier> verifier_;
   std::unique_ptr<HotTier> hot_;  // null without a hot tier
   std::unique_ptr<SequenceTable> table_;
+  // Holds references into pool_ (whose reclaimer it is): declared after
+  // it, so destroyed first.
+  std::unique_ptr<PrefixIndex> index_;
+  std::string codec_identity_;  // SnapshotIdentity(), for NamespaceOf
   RegionTable* regions_ = nullptr;
   mutable Totals totals_;
 };

@@ -38,6 +38,7 @@ void Handler::PublishGauges() {
   table_->PublishGauges();
   metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
   if (hot_ != nullptr) hot_->PublishGauges();
+  if (index_ != nullptr) metrics_->prefix_index_pages->Set(static_cast<double>(index_->entries()));
 }
 
 void Handler::Info(v1::InfoResponse* r, const std::string& tenant) const {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "service/handler_internal.h"
 #include "service/token_digest.h"
+#include "service/token_ids.h"
 #include "wire/crc32c.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
@@ -85,7 +86,7 @@ void Handler::HostTokens::CopyBf16(size_t first, size_t count, uint16_t* k, uint
 
 absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                                   const HostTokens& tokens, const std::vector<PageId>& pages, const HotTier::Held& held,
-                                  const StagedTokens* staged) {
+                                  const StagedTokens* staged, SealedPages* sealed) {
   if (plan.fresh == 0) return absl::OkStatus();
   const int layer_index = name.layer;
   const size_t n = this->n();
@@ -192,7 +193,15 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
   if (layer->hot && !pages.empty()) {
     if (absl::Status st = hot_->PlaceNewPages(layer, usage, name, pages, held, &hot, &hot_sums); !st.ok()) return st;
   }
-  // Commit.
+  // Commit. The index gets references of its own to the cold pages, taken
+  // before a hot layer lets them go.
+  if (sealed != nullptr && sealed->keyed > 0) {
+    for (int64_t i = 0; i < sealed->keyed; ++i) {
+      sealed->pages.push_back(PrefixIndex::Page{
+          pages[i], sums[i], std::vector<uint64_t>(new_digests.begin() + i * p, new_digests.begin() + (i + 1) * p)});
+    }
+    pool_->Retain(absl::MakeConstSpan(pages).first(sealed->keyed));
+  }
   if (!hot.empty()) {
     layer->pages.insert(layer->pages.end(), hot.begin(), hot.end());
     layer->hot_sums.insert(layer->hot_sums.end(), hot_sums.begin(), hot_sums.end());
@@ -238,6 +247,13 @@ std::string ShapeOf(uint32_t count, int kv_heads, int head_dim) {
   return absl::StrCat("token_count ", count, " x kv_heads ", kv_heads, " x head_dim ", head_dim);
 }
 
+// AppendChunk.token_ids: none, or one per token.
+absl::Status CheckTokenIdCount(const v1::AppendChunk& c) {
+  if (c.token_ids().empty() || static_cast<uint32_t>(c.token_ids_size()) == c.token_count()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("token_ids has ", c.token_ids_size(), " ids; token_count ",
+                                                 c.token_count(), " needs one per token (or none)"));
+}
+
 }  // namespace
 
 absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* totals, const std::string& tenant) {
@@ -265,13 +281,18 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     h.set_new_incarnation(c.new_incarnation());
     if (c.has_keys_ref()) *h.mutable_keys_ref() = c.keys_ref();
     if (c.has_values_ref()) *h.mutable_values_ref() = c.values_ref();
-    return AppendReferenced(h, totals, tenant);
+    if (absl::Status ids = CheckTokenIdCount(c); !ids.ok()) {
+      metrics_->rejected_chunks->Increment();
+      return ids;
+    }
+    return AppendReferenced(h, totals, tenant, c.token_ids());
   }
   const uint32_t kv_heads = c.kv_heads(), head_dim = c.head_dim();
   absl::Status st = CheckHeader(c.sequence_id(), c.layer(), c.first_token(), c.token_count(),
                                 c.has_kv_heads() ? &kv_heads : nullptr, c.has_head_dim() ? &head_dim : nullptr);
   const size_t elements = static_cast<size_t>(c.token_count()) * n();
   const std::string shape = ShapeOf(c.token_count(), codec_->kv_heads(), codec_->head_dim());
+  if (st.ok()) st = CheckTokenIdCount(c);
   if (st.ok()) st = CheckTensorBytes("keys", c.dtype(), c.keys().size(), elements, shape);
   if (st.ok()) st = CheckTensorBytes("values", c.dtype(), c.values().size(), elements, shape);
   if (st.ok() && c.has_crc32c()) {
@@ -298,7 +319,7 @@ absl::Status Handler::Append(const v1::AppendChunk& c, v1::AppendResponse* total
     return st;
   }
   return StoreChunk(tenant, c.sequence_id(), c.new_incarnation(), c.layer(), c.first_token(), c.token_count(),
-                    c.dtype(), keys.data(), values.data(), nullptr, totals);
+                    c.dtype(), keys.data(), values.data(), nullptr, totals, c.token_ids());
 }
 
 absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
@@ -312,7 +333,7 @@ absl::Status Handler::CheckChunkHeader(const v1::PushChunkRequest& h) const {
 }
 
 absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTokens& t, v1::AppendResponse* totals,
-                                   const std::string& tenant) {
+                                   const std::string& tenant, absl::Span<const uint32_t> token_ids) {
   absl::Status st = CheckChunkHeader(h);
   if (st.ok() && (t.tokens != h.token_count() || t.dtype != h.dtype())) {
     st = absl::InternalError("staged tokens do not match the chunk header");
@@ -323,13 +344,13 @@ absl::Status Handler::AppendStaged(const v1::PushChunkRequest& h, const StagedTo
     return st;
   }
   return StoreChunk(tenant, h.sequence_id(), h.new_incarnation(), h.layer(), h.first_token(), h.token_count(),
-                    h.dtype(), nullptr, nullptr, &t, totals);
+                    h.dtype(), nullptr, nullptr, &t, totals, token_ids);
 }
 
 absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& sequence_id, bool new_incarnation,
                                  uint32_t layer_index, uint64_t first_token, uint32_t token_count, int dtype,
                                  const float* keys, const float* values, const StagedTokens* staged,
-                                 v1::AppendResponse* totals) {
+                                 v1::AppendResponse* totals, absl::Span<const uint32_t> token_ids) {
   absl::Status st;
   const std::string key = TenantKey(tenant, sequence_id);
   // A released id is tombstoned: only a new incarnation may reuse it (a
@@ -377,6 +398,24 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         if (plan.skip > 0)
           st = CheckRepeatChunk(layer, first_token, plan.skip, keys, values, staged, sequence_id, layer_index);
       }
+      // The token ids, after every other check of the chunk's content;
+      // undone below if the chunk is refused after all.
+      TokenIdsChange ids_change;
+      bool ids_changed = false;
+      std::vector<PageKey> new_keys;  // of the layer's pages this chunk seals, as far as known
+      SealedPages sealed;
+      if (st.ok()) {
+        absl::MutexLock ids_lock(&seq->token_ids.mu);
+        st = AcceptTokenIds(&seq->token_ids, first_token, token_count, token_ids, plan.fresh > 0, pool_->page_tokens(),
+                            sequence_id, layer_index, &ids_change);
+        ids_changed = st.ok();
+        const size_t first_page = layer.pages.size();
+        const size_t known = seq->token_ids.keys.size();
+        for (size_t k = first_page; k < first_page + plan.pages && k < known; ++k) {
+          new_keys.push_back(seq->token_ids.keys[k]);
+        }
+        sealed.keyed = static_cast<int64_t>(new_keys.size());
+      }
       // The tenant's quotas, before any memory is taken: the pages, and
       // the bytes of the new pages and of the window's growth (less the
       // tokens the pages take out of it).
@@ -400,13 +439,24 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         HotTier::Held held;
         held.sequences.insert(seq);
         st = ApplyAppend(&layer, seq->usage, LayerName{sequence_id, static_cast<int>(layer_index)}, plan,
-                         HostTokens{keys, values}, pages, held, staged);
+                         HostTokens{keys, values}, pages, held, staged, &sealed);
         if (!st.ok()) pool_->Free(pages);
       }
       if (!st.ok() && charged) seq->usage->RefundPages(plan.pages);
+      if (!st.ok() && ids_changed) {
+        absl::MutexLock ids_lock(&seq->token_ids.mu);
+        UndoTokenIds(&seq->token_ids, ids_change);
+      }
       if (st.ok()) {
         bytes.Keep();
         table_->Touch(seq);
+        if (!sealed.pages.empty() || ids_change.closed_now) {
+          const PageKey ns = NamespaceOf(tenant);
+          if (ids_change.closed_now) index_->MarkUnhashed(ns, ids_change.unhashed_after);
+          if (!sealed.pages.empty()) {
+            index_->Insert(ns, static_cast<int>(layer_index), new_keys, std::move(sealed.pages));
+          }
+        }
       }
     }
     if (!st.ok()) {
@@ -438,7 +488,7 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
 namespace driftkv {
 
 absl::Status Handler::AppendReferenced(const v1::PushChunkRequest& h, v1::AppendResponse* totals,
-                                       const std::string& tenant) {
+                                       const std::string& tenant, absl::Span<const uint32_t> token_ids) {
   absl::Status st = CheckChunkHeader(h);
   if (st.ok() && (!h.has_keys_ref() || !h.has_values_ref())) {
     st = absl::InvalidArgumentError("keys_ref and values_ref: set both");
@@ -472,7 +522,7 @@ absl::Status Handler::AppendReferenced(const v1::PushChunkRequest& h, v1::Append
     metrics_->rejected_chunks->Increment();
     return st;
   }
-  return AppendStaged(h, t, totals, tenant);
+  return AppendStaged(h, t, totals, tenant, token_ids);
 }
 
 }  // namespace driftkv

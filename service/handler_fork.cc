@@ -1,13 +1,15 @@
 // Handler::Fork: a new sequence that shares the first whole pages of every
-// layer of an existing one by reference (docs/prefix_cache.md).
+// layer of an existing one, or of a prefix the prefix index holds, by
+// reference (docs/prefix_cache.md).
 //
 // The new sequence is built where no one else sees it: the references to
-// the source's pages are taken, and the tenant charged, while every layer
-// of the source is held as a reader (no tier move or release can free a
-// page meanwhile); then the table enters it, checking the creation rules
-// again under its own lock. A refusal there gives every reference and
-// charge back, so a failed Fork leaves nothing behind. Last, its hot
-// layers join the hot tier's LRU (HotTier::AddShared).
+// the source's pages are taken while every layer of the source is held as
+// a reader (no tier move or release can free a page meanwhile), or under
+// the prefix index's lock (no eviction can); then the tenant is charged
+// and the table enters it, checking the creation rules again under its
+// own lock. A refusal gives every reference and charge back, so a failed
+// Fork leaves nothing behind. Last, its hot layers join the hot tier's LRU
+// (HotTier::AddShared); a fork from a prefix is cold until attended.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/handler.h"
 #include "service/handler_internal.h"
+#include "service/token_ids.h"
 
 namespace driftkv {
 
@@ -58,6 +61,9 @@ absl::Status CheckPaged(const Sequence& source, const std::string& source_id, ui
 }  // namespace
 
 absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* response, const std::string& tenant) {
+  if (!request.prefix_token_ids().empty() || !request.prefix_page_keys().empty()) {
+    return ForkFromPrefix(request, response, tenant);
+  }
   const std::string& source_id = request.source_sequence_id();
   const std::string& id = request.sequence_id();
   const uint64_t tokens = request.tokens();
@@ -83,10 +89,8 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
   if (!st.ok()) return st;
 
   const int64_t pages = static_cast<int64_t>(tokens / p);  // per layer
-  const int64_t shared = pages * options_.layers;
   // The pages live in the source's partition: so does the fork.
   auto fork = std::make_shared<Sequence>(key, options_.layers, usage, source->device);
-  ByteCharge bytes;
   {
     absl::ReaderMutexLock source_lock(&source->mu);
     if (source->released) {
@@ -95,24 +99,13 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
     LayerReaders layers(source->layers);
     st = CheckPaged(*source, source_id, tokens, p);
     if (!st.ok()) return st;
-    for (size_t i = 0; i < source->layers.size(); ++i) {
-      fork->layers[i].pages.assign(source->layers[i].pages.begin(), source->layers[i].pages.begin() + pages);
-      fork->layers[i].hot = source->layers[i].hot;
-    }
-    // The tenant pays for the fork's pages as if they were its own, at
-    // their tier's page size (TenantUsage counts what each sequence
-    // holds; the pool counts distinct pages).
-    st = usage->ChargePages(shared);
-    if (!st.ok()) return st;
-    absl::StatusOr<ByteCharge> taken = ByteCharge::Take(usage, table_->BytesOf(*fork));
-    if (!taken.ok()) {
-      usage->RefundPages(shared);
-      return taken.status();
-    }
-    bytes = *std::move(taken);
+    // The references are taken while the source's layers are held: no
+    // tier move or release can free a page meanwhile.
     for (size_t i = 0; i < source->layers.size(); ++i) {
       const LayerState& from = source->layers[i];
       LayerState& to = fork->layers[i];
+      to.pages.assign(from.pages.begin(), from.pages.begin() + pages);
+      to.hot = from.hot;
       (from.hot ? *hot_pool_ : *pool_).Retain(to.pages);
       to.page_sums.assign(from.page_sums.begin(), from.page_sums.begin() + pages);
       if (from.hot) to.hot_sums.assign(from.hot_sums.begin(), from.hot_sums.begin() + pages);
@@ -120,18 +113,39 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
       to.digests.assign(from.digests.begin(), from.digests.begin() + digests);
       to.length = static_cast<int64_t>(tokens);
     }
+    absl::MutexLock ids(&source->token_ids.mu);
+    CopyTokenIds(source->token_ids, static_cast<int64_t>(tokens), static_cast<int>(p), &fork->token_ids);
   }
+  st = EnterFork(fork, id, request.new_incarnation(), pages * options_.layers, tokens, response);
+  if (st.ok()) table_->Touch(source.get());
+  return st;
+}
 
-  st = table_->Insert(fork, id, request.new_incarnation());
-  if (!st.ok()) {
-    // No one has seen the fork: its references go back as they came.
+absl::Status Handler::EnterFork(const SequencePtr& fork, const std::string& id, bool new_incarnation, int64_t shared,
+                                uint64_t tokens, v1::ForkResponse* response) {
+  TenantUsage* usage = fork->usage;
+  // No one has seen the fork: on a refusal its references go back as they came.
+  auto give_back = [&] {
     for (LayerState& l : fork->layers) (l.hot ? *hot_pool_ : *pool_).Free(l.pages);
-    usage->RefundPages(shared);
-    return st;  // `bytes` refunds the bytes
+  };
+  // The tenant pays for the fork's pages as if they were its own, at
+  // their tier's page size (TenantUsage counts what each sequence
+  // holds; the pool counts distinct pages).
+  absl::Status st = usage->ChargePages(shared);
+  if (!st.ok()) {
+    give_back();
+    return st;
   }
-  bytes.Keep();
+  absl::StatusOr<ByteCharge> bytes = ByteCharge::Take(usage, table_->BytesOf(*fork));
+  if (bytes.ok()) st = table_->Insert(fork, id, new_incarnation);
+  if (!bytes.ok() || !st.ok()) {
+    give_back();
+    usage->RefundPages(shared);
+    return bytes.ok() ? st : bytes.status();  // `bytes` refunds the bytes
+  }
+  bytes->Keep();
+  const int64_t p = pool_->page_tokens();
   table_->CountTokens(shared * p, 0);
-  table_->Touch(source.get());
   if (hot_ != nullptr) {
     // Hot layers join the LRU unless something moved or released them
     // since the table made the fork visible.
@@ -151,8 +165,72 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
     l->set_window_tokens(0);
   }
   response->set_pages_shared(static_cast<uint64_t>(shared));
+  response->set_tokens(tokens);
   PublishGauges();
   return absl::OkStatus();
+}
+
+absl::Status Handler::ForkFromPrefix(const v1::ForkRequest& request, v1::ForkResponse* response,
+                                     const std::string& tenant) {
+  const std::string& id = request.sequence_id();
+  const int64_t p = pool_->page_tokens();
+  absl::Status st = CheckSequenceId("sequence_id", id);
+  if (st.ok() && !request.source_sequence_id().empty()) {
+    st = absl::InvalidArgumentError(absl::StrCat("source_sequence_id ", Quoted(request.source_sequence_id()),
+                                                 " and a prefix (prefix_token_ids or prefix_page_keys) are both "
+                                                 "set; name one source"));
+  }
+  if (st.ok() && request.tokens() % p != 0) {
+    st = absl::InvalidArgumentError(absl::StrCat("tokens ", request.tokens(), " is not a multiple of page_tokens ", p,
+                                                 "; with a prefix it bounds the whole pages taken (0: no bound)"));
+  }
+  std::vector<PageKey> keys;
+  if (st.ok()) {
+    st = PromptKeys("prefix_token_ids", request.prefix_token_ids(), "prefix_page_keys", request.prefix_page_keys(),
+                    &keys);
+  }
+  if (st.ok() && keys.empty()) {
+    st = absl::InvalidArgumentError(absl::StrCat("prefix_token_ids has ", request.prefix_token_ids_size(),
+                                                 " ids, fewer than page_tokens ", p, ": a fork shares whole pages"));
+  }
+  if (!st.ok()) return st;
+  TenantUsage* usage = table_->Usage(tenant);
+  const std::string key = TenantKey(tenant, id);
+  st = table_->CheckNew(key, id, usage, request.new_incarnation());
+  if (!st.ok()) return st;
+
+  const PageKey ns = NamespaceOf(tenant);
+  const int64_t most = request.tokens() == 0 ? static_cast<int64_t>(keys.size()) : request.tokens() / p;
+  PrefixIndex::Taken taken;
+  PrefixIndex::Match match;
+  const int64_t pages = index_->Take(ns, keys, most, &taken, &match);
+  if (pages == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("no stored prefix of the prompt for sequence_id ", Quoted(id), ": ", MissMessage(match)));
+  }
+  const uint64_t tokens = static_cast<uint64_t>(pages * p);
+  // The pages are cold, in the partition Take found them in.
+  auto fork = std::make_shared<Sequence>(key, options_.layers, usage, taken.partition);
+  for (int i = 0; i < options_.layers; ++i) {
+    LayerState& to = fork->layers[i];
+    to.pages = std::move(taken.pages[i]);
+    to.page_sums = std::move(taken.sums[i]);
+    to.digests = std::move(taken.digests[i]);
+    to.length = static_cast<int64_t>(tokens);
+  }
+  {
+    TokenIds& t = fork->token_ids;
+    absl::MutexLock ids(&t.mu);
+    t.keys.assign(keys.begin(), keys.begin() + pages);
+    if (!request.prefix_token_ids().empty()) {
+      t.ids.assign(request.prefix_token_ids().begin(), request.prefix_token_ids().begin() + tokens);
+    } else {
+      t.ids_begin = static_cast<int64_t>(tokens);
+    }
+  }
+  st = EnterFork(fork, id, request.new_incarnation(), pages * options_.layers, tokens, response);
+  if (st.ok()) metrics_->prefix_pages_forked->Increment(static_cast<double>(pages * options_.layers));
+  return st;
 }
 
 }  // namespace driftkv

@@ -90,6 +90,21 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                            .Help("Sequences created by a first chunk or by a Fork")
                            .Register(r)
                            .Add({});
+  prefix_index_pages = &BuildGauge()
+                            .Name("driftkv_prefix_index_pages")
+                            .Help("Pages the prefix index holds (one per page key and layer), cached or shared")
+                            .Register(r)
+                            .Add({});
+  prefix_evictions = &BuildCounter()
+                          .Name("driftkv_prefix_evictions_total")
+                          .Help("Prefix index pages evicted to make room (LRU, pages no sequence holds)")
+                          .Register(r)
+                          .Add({});
+  prefix_pages_forked = &BuildCounter()
+                             .Name("driftkv_prefix_pages_forked_total")
+                             .Help("Pages shared by Fork from a prefix, all layers")
+                             .Register(r)
+                             .Add({});
   sequences_released =
       &BuildCounter().Name("driftkv_sequences_released_total").Help("Sequences freed by Release").Register(r).Add({});
   sequences_expired = &BuildCounter()

@@ -125,6 +125,11 @@ class Metrics {
   prometheus::Counter* snapshot_restored_sequences;
   prometheus::Gauge* draining;  // 1 from SIGTERM until exit
 
+  // The prefix index (docs/prefix_cache.md).
+  prometheus::Gauge* prefix_index_pages;     // (page key, layer) entries, each holding a cold page
+  prometheus::Counter* prefix_evictions;     // entries evicted for room
+  prometheus::Counter* prefix_pages_forked;  // pages shared by Fork from a prefix, all layers
+
  private:
   // Buckets of budget_utilization.
   const prometheus::Histogram::BucketBoundaries utilization_bounds_ = {0.80, 0.85, 0.90, 0.92,  0.94, 0.96,

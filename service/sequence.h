@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
+#include "service/page_key.h"
 #include "service/tenant.h"
 
 namespace driftkv {
@@ -93,6 +94,25 @@ struct LayerState {
   }
 };
 
+// The token ids a sequence was given (AppendChunk.token_ids), shared by
+// its layers, and the page keys they name (service/page_key.h). Ids of
+// tokens [ids_begin, ids_begin + ids.size()) are kept, so that a layer's
+// chunk can be compared with what another layer's chunk said; keys[k] is
+// the key of page k for every page whose ids are all known
+// (keys.size() = (ids_begin + ids.size()) / P). ids_begin is 0 unless the
+// sequence was forked from page keys (whose ids the server never saw).
+// `closed`: tokens were stored past the last known id without ids; no id
+// is added from then on (the sequence is unhashed from that page on).
+// 4 bytes per token and 16 per page: small beside the tokens' pages.
+struct TokenIds {
+  absl::Mutex mu;  // a leaf below LayerState::mu, above the prefix index's
+  int64_t ids_begin ABSL_GUARDED_BY(mu) = 0;
+  std::vector<uint32_t> ids ABSL_GUARDED_BY(mu);
+  std::vector<PageKey> keys ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  int64_t end() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return ids_begin + static_cast<int64_t>(ids.size()); }
+};
+
 struct Sequence {
   Sequence(std::string key, int layers, TenantUsage* usage, int device)
       : id(std::move(key)), usage(usage), device(device), layers(layers) {}
@@ -104,6 +124,7 @@ struct Sequence {
   const int device;
   absl::Mutex mu;
   std::vector<LayerState> layers;  // fixed size; see LayerState
+  TokenIds token_ids;
   bool released ABSL_GUARDED_BY(mu) = false;
   std::atomic<int64_t> last_access_ns{0};
 };

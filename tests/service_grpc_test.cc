@@ -365,6 +365,53 @@ TEST_F(GrpcTest, ForkOverTheWireIsNotRetried) {
   EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"NOT_FOUND\",method=\"Fork\"} 1"));
 }
 
+// The prefix cache over the wire: chunks with token ids, a Lookup whose
+// lost answer is retried, Fork from the prefix (not retried), timed as
+// "Lookup" and "Fork".
+TEST_F(GrpcTest, LookupAndForkFromAPrefixOverTheWire) {
+  std::atomic<int> budget{1};
+  ServerHooks hooks;
+  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Lookup", &budget));
+  ServiceOptions o = SmallOptions();
+  o.metrics_listen = "127.0.0.1:0";
+  Start(o, std::move(hooks));
+  const testing::Kv kv = SyntheticKv(200, kN, 16);
+  std::vector<uint32_t> ids(200);
+  for (int i = 0; i < 200; ++i) ids[i] = 7 * i + 3;
+  std::vector<v1::AppendChunk> chunks;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (int t = 0; t < 200; t += 100) {
+      chunks.push_back(MakeChunk("src", layer, t, 100, kv.keys.data() + t * kN, kv.values.data() + t * kN, kN,
+                                 v1::DTYPE_BF16, absl::MakeConstSpan(ids).subspan(t, 100)));
+    }
+  }
+  ASSERT_TRUE(client_->Append(chunks).ok());
+  ASSERT_TRUE(client_->Release("src").ok());
+  absl::StatusOr<v1::LookupResponse> l = client_->Lookup(ids);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(client_->retries(), 1);
+  EXPECT_EQ(l->pages(), 5u);
+  EXPECT_EQ(l->prompt_pages(), 6u);
+  EXPECT_EQ(l->miss_reason(), v1::MISS_NEVER_STORED);
+  const uint64_t pages = client_->Stats()->pages_in_use();
+  absl::StatusOr<v1::ForkResponse> f = client_->ForkFromPrefix(ids, "f", 128);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tokens(), 128u);
+  EXPECT_EQ(client_->Stats()->pages_in_use(), pages);
+  absl::StatusOr<Client::Tensors> got = client_->ReadFloat("f", 1, 0, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, 128u);
+  std::vector<uint32_t> other(ids.begin(), ids.end());
+  other[0] += 1;
+  absl::Status st = client_->ForkFromPrefix(other, "g").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_EQ(client_->Lookup(v1::LookupRequest()).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Lookup\"} 2"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_prefix_index_pages 10")) << metrics;
+}
+
 TEST_F(GrpcTest, HealthServiceAnswersServing) {
   auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);

@@ -3,7 +3,7 @@ the generated messages stay in driftkv._proto). Field meanings: docs/api.md
 and proto/driftkv.proto."""
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 Array = Any  # np.ndarray or torch.Tensor
 
@@ -172,7 +172,21 @@ class LayerLength(NamedTuple):
 
 class ForkResult(NamedTuple):
     layers: List[LayerLength]  # the new sequence's, layer 0 first: every token in pages
-    pages_shared: int          # the source's pages it took a reference to, all layers
+    pages_shared: int          # pages it took a reference to, all layers
+    tokens: int = 0            # tokens taken per layer (whole pages)
+
+
+class LookupResult(NamedTuple):
+    """The longest prefix of a prompt the server's prefix index holds
+    (docs/api.md, "Lookup")."""
+    prompt_pages: int        # full pages in the prompt
+    pages: int               # held in every layer (min of layer_pages)
+    tokens: int              # pages * page_tokens
+    layer_pages: List[int]   # leading pages held, per layer
+    miss_reason: str         # "none", "never_stored", "evicted" or "unhashed": of page `pages`
+    miss_page: int
+    miss_layer: int
+    miss_message: str        # "" when nothing is missing
 
 
 class Attention(NamedTuple):
@@ -209,6 +223,9 @@ class Chunk:
     # Starts a new sequence under an id released less than
     # Info.tombstone_seconds ago (docs/api.md, "Release").
     new_incarnation: bool = False
+    # The tokens' ids, one per token, or None (docs/prefix_cache.md): they
+    # name the sequence's pages in the server's prefix index.
+    token_ids: Optional[Sequence[int]] = None
 
 
 @dataclass

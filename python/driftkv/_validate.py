@@ -183,7 +183,23 @@ def chunk(c: Any, where: str) -> Tuple[int, int, int]:
     if ks[0] == 0:
         raise invalid(f"{where}.keys has shape {ks}; a chunk holds at least 1 token")
     wire(c.wire_dtype, c.keys, f"{where}.wire_dtype")
+    if c.token_ids is not None:
+        token_ids(c.token_ids, f"{where}.token_ids", ks[0])
     return ks
+
+
+def token_ids(ids: Any, where: str, count: Optional[int] = None) -> List[int]:
+    """Token ids as a list of uint32 ints, `count` of them when given."""
+    try:
+        out = [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise invalid(f"{where} is {type(ids).__name__}; expected a sequence of integers") from None
+    if count is not None and len(out) != count:
+        raise invalid(f"{where} has {len(out)} ids; the chunk has {count} tokens (one id per token)")
+    for n, i in enumerate(out):
+        if not 0 <= i <= 0xFFFFFFFF:
+            raise invalid(f"{where}[{n}] is {i}; token ids are uint32")
+    return out
 
 
 def chunks(cs: Sequence[Any]) -> List[Any]:

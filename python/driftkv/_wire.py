@@ -11,7 +11,7 @@ from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, ReadResult)
+                            LayerLength, LookupResult, ReadResult)
 
 # Tokens per Append message when the caller does not choose: 256 tokens of
 # the eval model's 4 x 128 in f32 are 1 MiB of keys and values.
@@ -38,16 +38,21 @@ def chunk_message(c: Chunk, where: str = "chunk", checked: bool = False) -> "pb.
     m.keys = T.to_wire(c.keys, wire)
     m.values = T.to_wire(c.values, wire)
     m.crc32c = crc32c_extend(crc32c(m.keys), m.values)
+    if c.token_ids is not None:
+        m.token_ids.extend(int(i) for i in c.token_ids)
     return m
 
 
 def split_layer(sequence_id: str, layer: int, keys, values, first_token: int, chunk_tokens: int,
-                wire_dtype: Optional[str]) -> List[Chunk]:
+                wire_dtype: Optional[str], token_ids=None) -> List[Chunk]:
     """One layer's [tokens, kv_heads, head_dim] as chunks of chunk_tokens
-    (views, not copies), every argument checked before any is made."""
+    (views, not copies), every argument checked before any is made;
+    `token_ids` (one per token, or None) split alike."""
     ks = V.layer_arrays(sequence_id, layer, keys, values, first_token, chunk_tokens, wire_dtype)
+    ids = None if token_ids is None else V.token_ids(token_ids, "token_ids", ks[0])
     return [Chunk(sequence_id, layer, first_token + t, keys[t:t + chunk_tokens], values[t:t + chunk_tokens],
-                  wire_dtype) for t in range(0, ks[0], chunk_tokens)]
+                  wire_dtype, token_ids=None if ids is None else ids[t:t + chunk_tokens])
+            for t in range(0, ks[0], chunk_tokens)]
 
 
 # progress(chunks, tokens): new chunks and tokens handed to gRPC so far.
@@ -363,4 +368,41 @@ def fork_request(source_sequence_id: str, sequence_id: str, tokens: int, new_inc
 
 
 def fork_result(response) -> ForkResult:
-    return ForkResult(lengths(response), response.pages_shared)
+    return ForkResult(lengths(response), response.pages_shared, response.tokens)
+
+
+def prompt_fields(token_ids, page_keys, ids_field: str, keys_field: str) -> dict:
+    """The prompt of a Lookup or a Fork from a prefix as request fields:
+    exactly one of token_ids (uint32s) and page_keys (16-byte keys,
+    driftkv.prefix.page_keys)."""
+    if (token_ids is None) == (page_keys is None):
+        raise invalid(f"pass one of {ids_field} and {keys_field}")
+    if token_ids is not None:
+        return {ids_field: V.token_ids(token_ids, ids_field)}
+    keys = list(page_keys)
+    for n, k in enumerate(keys):
+        if not isinstance(k, (bytes, bytearray)) or len(k) != 16:
+            raise invalid(f"{keys_field}[{n}] is not 16 bytes; page keys are driftkv.prefix.page_keys' bytes")
+    return {keys_field: [bytes(k) for k in keys]}
+
+
+def fork_prefix_request(sequence_id: str, token_ids, page_keys, max_tokens: int, new_incarnation: bool):
+    """The ForkRequest of a fork from a prefix, its fields checked."""
+    if not isinstance(new_incarnation, bool):
+        raise invalid(f"new_incarnation is {new_incarnation!r}; expected a bool")
+    return pb.ForkRequest(sequence_id=V.text(sequence_id, "sequence_id"),
+                          tokens=V.integer(max_tokens, "max_tokens", 0, V.UINT64_MAX),
+                          new_incarnation=new_incarnation,
+                          **prompt_fields(token_ids, page_keys, "prefix_token_ids", "prefix_page_keys"))
+
+
+def lookup_request(token_ids, page_keys):
+    return pb.LookupRequest(**prompt_fields(token_ids, page_keys, "token_ids", "page_keys"))
+
+
+_MISS = {0: "none", 1: "never_stored", 2: "evicted", 3: "unhashed"}
+
+
+def lookup_result(r) -> LookupResult:
+    return LookupResult(r.prompt_pages, r.pages, r.tokens, list(r.layer_pages), _MISS.get(r.miss_reason, "unknown"),
+                        r.miss_page, r.miss_layer, r.miss_message)

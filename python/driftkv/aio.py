@@ -33,7 +33,7 @@ from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, ReadResult, ReleaseResult, Stats, from_message)
+                            LayerLength, LookupResult, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 from driftkv.client import Client as SyncClient, _repr
 
@@ -174,9 +174,10 @@ class Client:
 
     async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                      wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
-                     progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
+                     progress: Optional[Progress] = None, timeout: Optional[float] = None,
+                     token_ids: Optional[Sequence[int]] = None) -> AppendResult:
         return await self.append_chunks(W.split_layer(sequence_id, layer, keys, values, first_token, chunk_tokens,
-                                                      wire_dtype), progress=progress, timeout=timeout)
+                                                      wire_dtype, token_ids), progress=progress, timeout=timeout)
 
     async def append_chunks(self, chunks: Union[Iterable[Chunk], AsyncIterable[Chunk]], *,
                             progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
@@ -276,6 +277,23 @@ class Client:
                    timeout: Optional[float] = None) -> ForkResult:
         """See driftkv.Client.fork (never retried)."""
         req = W.fork_request(source_sequence_id, sequence_id, tokens, new_incarnation)
+        V.timeout(timeout)
+        stub = await self._connect()
+        return W.fork_result(await self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
+
+    async def lookup(self, token_ids: Optional[Sequence[int]] = None, *, page_keys: Optional[Sequence[bytes]] = None,
+                     timeout: Optional[float] = None) -> LookupResult:
+        """See driftkv.Client.lookup (retried: read-only)."""
+        req = W.lookup_request(token_ids, page_keys)
+        V.timeout(timeout)
+        stub = await self._connect()
+        return W.lookup_result(await self._call(True, lambda t: stub.Lookup(req, timeout=t), timeout))
+
+    async def fork_from_prefix(self, sequence_id: str, token_ids: Optional[Sequence[int]] = None, *,
+                               page_keys: Optional[Sequence[bytes]] = None, max_tokens: int = 0,
+                               new_incarnation: bool = False, timeout: Optional[float] = None) -> ForkResult:
+        """See driftkv.Client.fork_from_prefix (never retried)."""
+        req = W.fork_prefix_request(sequence_id, token_ids, page_keys, max_tokens, new_incarnation)
         V.timeout(timeout)
         stub = await self._connect()
         return W.fork_result(await self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))

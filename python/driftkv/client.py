@@ -27,7 +27,7 @@ from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, ReadResult, ReleaseResult, Stats, from_message)
+                            LayerLength, LookupResult, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 
 if TYPE_CHECKING:  # imported where used: regions and channels are optional
@@ -178,11 +178,14 @@ class Client:
 
     def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
-               progress: Optional[Progress] = None, timeout: Optional[float] = None) -> AppendResult:
+               progress: Optional[Progress] = None, timeout: Optional[float] = None,
+               token_ids: Optional[Sequence[int]] = None) -> AppendResult:
         """Stores keys and values [tokens, kv_heads, head_dim] of one layer
-        from first_token on, in chunks of chunk_tokens, in one Append call."""
+        from first_token on, in chunks of chunk_tokens, in one Append call.
+        token_ids (one per token) name the sequence's full pages in the
+        server's prefix index, for lookup and fork_from_prefix."""
         return self.append_chunks(W.split_layer(sequence_id, layer, keys, values, first_token, chunk_tokens,
-                                                wire_dtype), progress=progress, timeout=timeout)
+                                                wire_dtype, token_ids), progress=progress, timeout=timeout)
 
     def append_chunks(self, chunks: Iterable[Chunk], *, progress: Optional[Progress] = None,
                       timeout: Optional[float] = None) -> AppendResult:
@@ -319,6 +322,30 @@ class Client:
         token `tokens` on. Never retried: a repeat after a lost answer would
         be ALREADY_EXISTS; length(sequence_id) tells whether it was made."""
         req = W.fork_request(source_sequence_id, sequence_id, tokens, new_incarnation)
+        V.timeout(timeout)
+        stub = self._connect()
+        return W.fork_result(self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
+
+    def lookup(self, token_ids: Optional[Sequence[int]] = None, *, page_keys: Optional[Sequence[bytes]] = None,
+               timeout: Optional[float] = None) -> LookupResult:
+        """The longest prefix of a prompt (its token ids, or its page keys
+        from driftkv.prefix.page_keys) that the server's prefix index holds
+        for this client's tenant, per layer and overall, and why the next
+        page is not held (docs/python.md, "Prefix cache"). Retried:
+        read-only."""
+        req = W.lookup_request(token_ids, page_keys)
+        V.timeout(timeout)
+        stub = self._connect()
+        return W.lookup_result(self._call(True, lambda t: stub.Lookup(req, timeout=t), timeout))
+
+    def fork_from_prefix(self, sequence_id: str, token_ids: Optional[Sequence[int]] = None, *,
+                         page_keys: Optional[Sequence[bytes]] = None, max_tokens: int = 0,
+                         new_incarnation: bool = False, timeout: Optional[float] = None) -> ForkResult:
+        """Creates sequence_id sharing the longest prefix of the prompt that
+        the prefix index holds in every layer (at most max_tokens unless 0);
+        ForkResult.tokens says how many: append from there. NOT_FOUND when
+        none is held. Never retried, like fork."""
+        req = W.fork_prefix_request(sequence_id, token_ids, page_keys, max_tokens, new_incarnation)
         V.timeout(timeout)
         stub = self._connect()
         return W.fork_result(self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))

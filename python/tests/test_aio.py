@@ -91,7 +91,7 @@ def test_fork_in_asyncio(server, rng):
             for layer in range(4):
                 await c.append(s, layer, keys, values)  # 2 pages per layer
             r = await c.fork(s, f, 128, timeout=10)
-            assert r == driftkv.ForkResult([driftkv.LayerLength(128, 128, 0)] * 4, 4)
+            assert r == driftkv.ForkResult([driftkv.LayerLength(128, 128, 0)] * 4, 4, 128)
             back = await c.read(f, 3)
             np.testing.assert_array_equal(back.keys, (await c.read(s, 3, token_count=128)).keys)
             with pytest.raises(driftkv.DriftkvError) as e:

@@ -199,7 +199,7 @@ def test_fork_then_the_rest_answers_as_a_fresh_sequence(client, rng):
     for layer in range(4):
         client.append(s, layer, keys[:600], values[:600])  # 3 pages of 128 per layer
     pages = client.stats().pages_in_use
-    assert client.fork(s, f, 256) == driftkv.ForkResult([driftkv.LayerLength(256, 256, 0)] * 4, 8)
+    assert client.fork(s, f, 256) == driftkv.ForkResult([driftkv.LayerLength(256, 256, 0)] * 4, 8, 256)
     assert client.stats().pages_in_use == pages  # shared, not copied
     # The fork's own continuation after the shared prefix.
     want_k, want_v = np.concatenate([keys[:256], more_k[256:]]), np.concatenate([values[:256], more_v[256:]])

@@ -1,0 +1,81 @@
+// Handler::Lookup: the longest prefix of a prompt that the prefix index
+// holds for the caller's tenant (service/prefix_index.h), and the prompt
+// keys Lookup and Fork from a prefix share.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "service/handler.h"
+#include "service/handler_internal.h"
+
+namespace driftkv {
+
+absl::Status Handler::PromptKeys(absl::string_view ids_field, absl::Span<const uint32_t> ids,
+                                 absl::string_view keys_field,
+                                 const google::protobuf::RepeatedPtrField<std::string>& keys,
+                                 std::vector<PageKey>* out) const {
+  out->clear();
+  if (!ids.empty() && !keys.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids_field, " and ", keys_field, " are both set; send one or the other"));
+  }
+  if (ids.empty() && keys.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids_field, " and ", keys_field, " are both empty; send the prompt's token ids or its page keys"));
+  }
+  if (!ids.empty()) {
+    out->reserve(ids.size() / pool_->page_tokens());
+    ChainPageKeys(ids, pool_->page_tokens(), out);
+    return absl::OkStatus();
+  }
+  out->resize(keys.size());
+  for (int i = 0; i < keys.size(); ++i) {
+    if (!PageKey::FromBytes(keys[i], &(*out)[i])) {
+      out->clear();
+      return absl::InvalidArgumentError(
+          absl::StrCat(keys_field, "[", i, "] has ", keys[i].size(), " bytes; a page key has ", PageKey::kBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Handler::MissMessage(const PrefixIndex::Match& m) const {
+  const int64_t p = pool_->page_tokens();
+  const std::string page =
+      absl::StrCat("page ", m.pages, " (tokens [", m.pages * p, ", ", (m.pages + 1) * p, ")) of layer ", m.miss_layer);
+  switch (m.miss) {
+    case PrefixIndex::Miss::kNone: return "every page is held";
+    case PrefixIndex::Miss::kEvicted: return absl::StrCat(page, " was evicted to make room");
+    case PrefixIndex::Miss::kUnhashed:
+      return absl::StrCat(page,
+                          " is not indexed: a sequence holding the pages before it went on with tokens "
+                          "appended without token_ids");
+    case PrefixIndex::Miss::kNeverStored: break;
+  }
+  return absl::StrCat(page, " was never stored with token_ids by this tenant under this codec");
+}
+
+absl::Status Handler::Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
+                             const std::string& tenant) const {
+  thread_local std::vector<PageKey> keys;  // no allocation per call once grown
+  absl::Status st = PromptKeys("token_ids", request.token_ids(), "page_keys", request.page_keys(), &keys);
+  if (!st.ok()) return st;
+  PrefixIndex::Match m;
+  index_->Lookup(NamespaceOf(tenant), keys, &m);
+  response->Clear();
+  response->set_prompt_pages(keys.size());
+  response->set_pages(static_cast<uint64_t>(m.pages));
+  response->set_tokens(static_cast<uint64_t>(m.pages * pool_->page_tokens()));
+  for (int64_t n : m.layer_pages) response->add_layer_pages(static_cast<uint64_t>(n));
+  switch (m.miss) {
+    case PrefixIndex::Miss::kNone: response->set_miss_reason(v1::MISS_NONE); return absl::OkStatus();
+    case PrefixIndex::Miss::kNeverStored: response->set_miss_reason(v1::MISS_NEVER_STORED); break;
+    case PrefixIndex::Miss::kEvicted: response->set_miss_reason(v1::MISS_EVICTED); break;
+    case PrefixIndex::Miss::kUnhashed: response->set_miss_reason(v1::MISS_UNHASHED); break;
+  }
+  response->set_miss_page(static_cast<uint64_t>(m.pages));
+  response->set_miss_layer(static_cast<uint32_t>(m.miss_layer));
+  response->set_miss_message(MissMessage(m));
+  return absl::OkStatus();
+}
+
+}  // namespace driftkv
