@@ -256,6 +256,10 @@ absl::StatusOr<v1::ForkResponse> Client::Fork(const std::string& source_sequence
   request.set_sequence_id(sequence_id);
   request.set_tokens(tokens);
   request.set_new_incarnation(new_incarnation);
+  return SendFork(request);
+}
+
+absl::StatusOr<v1::ForkResponse> Client::SendFork(const v1::ForkRequest& request) {
   v1::ForkResponse response;
   grpc::Status st = WithRetries(false, [&](int) {
     grpc::ClientContext context;
@@ -274,14 +278,7 @@ absl::StatusOr<v1::ForkResponse> Client::ForkFromPrefix(absl::Span<const uint32_
   request.set_sequence_id(sequence_id);
   request.set_tokens(max_tokens);
   request.set_new_incarnation(new_incarnation);
-  v1::ForkResponse response;
-  grpc::Status st = WithRetries(false, [&](int) {
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    return stub_->Fork(&context, request, &response);
-  });
-  if (!st.ok()) return FromGrpc(st);
-  return response;
+  return SendFork(request);
 }
 
 absl::StatusOr<v1::LookupResponse> Client::Lookup(absl::Span<const uint32_t> token_ids) {

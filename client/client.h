@@ -141,6 +141,9 @@ class Client {
   template <typename Call>
   grpc::Status WithRetries(bool idempotent, Call call);
   void SetDeadline(grpc::ClientContext* context) const;
+  // Fork and ForkFromPrefix: one Fork RPC, never retried (a repeat after a
+  // lost answer would be ALREADY_EXISTS).
+  absl::StatusOr<v1::ForkResponse> SendFork(const v1::ForkRequest& request);
 
   ClientOptions options_;
   absl::Status init_status_;  // MakeClientChannel's error: every call returns it

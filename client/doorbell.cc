@@ -81,13 +81,18 @@ absl::Status DoorbellClient::Close() {
   return FromGrpc(client_->stub()->CloseDoorbell(&context, req, &r));
 }
 
-absl::StatusOr<v1::AttendResponse> DoorbellClient::Attend(const v1::AttendRequest& request, absl::Duration timeout) {
-  const size_t bytes = request.ByteSizeLong();
+absl::Status DoorbellClient::Writable(size_t bytes) const {
   if (bytes > request_capacity_) {
     return absl::InvalidArgumentError(
         absl::StrCat("request of ", bytes, " bytes exceeds the doorbell's capacity ", request_capacity_));
   }
   if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::AttendResponse> DoorbellClient::Attend(const v1::AttendRequest& request, absl::Duration timeout) {
+  const size_t bytes = request.ByteSizeLong();
+  if (absl::Status st = Writable(bytes); !st.ok()) return st;
   request.SerializeWithCachedSizesToArray(base_ + doorbell::kHeaderBytes);
   v1::AttendResponse response;
   absl::Status st = Ring(static_cast<uint32_t>(bytes), timeout, &response);
@@ -97,22 +102,14 @@ absl::StatusOr<v1::AttendResponse> DoorbellClient::Attend(const v1::AttendReques
 
 absl::Status DoorbellClient::Call(absl::string_view request_bytes, absl::Duration timeout,
                                   v1::AttendResponse* response) {
-  if (request_bytes.size() > request_capacity_) {
-    return absl::InvalidArgumentError(absl::StrCat("request of ", request_bytes.size(),
-                                                   " bytes exceeds the doorbell's capacity ", request_capacity_));
-  }
-  if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  if (absl::Status st = Writable(request_bytes.size()); !st.ok()) return st;
   std::memcpy(base_ + doorbell::kHeaderBytes, request_bytes.data(), request_bytes.size());
   return Ring(static_cast<uint32_t>(request_bytes.size()), timeout, response);
 }
 
 absl::Status DoorbellClient::Prepare(uint32_t slot, const v1::AttendRequest& request, absl::Duration timeout) {
   const size_t bytes = request.ByteSizeLong();
-  if (bytes > request_capacity_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request of ", bytes, " bytes exceeds the doorbell's capacity ", request_capacity_));
-  }
-  if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  if (absl::Status st = Writable(bytes); !st.ok()) return st;
   request.SerializeWithCachedSizesToArray(base_ + doorbell::kHeaderBytes);
   v1::AttendResponse unused;
   return Ring(static_cast<uint32_t>(bytes), timeout, &unused, doorbell::kPrepare, slot);
@@ -120,7 +117,7 @@ absl::Status DoorbellClient::Prepare(uint32_t slot, const v1::AttendRequest& req
 
 absl::Status DoorbellClient::AttendPrepared(uint32_t slot, uint64_t token_index_offset, v1::AttendResponse* response,
                                             absl::Duration timeout) {
-  if (broken_ || closed_) return absl::FailedPreconditionError("the doorbell was closed or timed out; open another");
+  if (absl::Status st = Writable(0); !st.ok()) return st;
   return Ring(0, timeout, response, doorbell::kAttendPrepared, slot, token_index_offset);
 }
 

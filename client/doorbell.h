@@ -59,6 +59,9 @@ class DoorbellClient {
  private:
   DoorbellClient() = default;
   // Rings for the `bytes` of request already in the request area and waits.
+  // OK when a request of `bytes` fits the request area and the doorbell
+  // still answers; otherwise the refusal, before anything is written.
+  absl::Status Writable(size_t bytes) const;
   // `kind`, `slot` and `offset` as wire/doorbell.h's client line has them.
   absl::Status Ring(uint32_t bytes, absl::Duration timeout, v1::AttendResponse* response, uint32_t kind = 0,
                     uint32_t slot = 0, uint64_t offset = 0);
