@@ -43,11 +43,13 @@ enum class DeviceStage : int {
   kAttention,   // the attention kernels (and their merge)
   kOutputs,     // outputs scattered to client memory or downloaded
   kSpan,        // from the first device call's start to the last one's end
+  kUpload,      // of kInputs: the upload of the launch's tables alone
+  kMerge,       // of kAttention: the merge of the splits and the bf16 window
   kCount
 };
 
 inline const char* DeviceStageName(DeviceStage s) {
-  static const char* const kNames[] = {"inputs", "attention", "outputs", "span"};
+  static const char* const kNames[] = {"inputs", "attention", "outputs", "span", "upload", "merge"};
   return kNames[static_cast<int>(s)];
 }
 

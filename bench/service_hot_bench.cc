@@ -97,9 +97,12 @@ v1::AttendItem Item(int s, const std::vector<float>& query) {
 // one layer after another, never the same pages twice in a row.
 // With varied set, the queries and windows are random normal and the pages
 // 16 distinct encoded windows (otherwise every page is the same window and
-// queries and windows are constants).
+// queries and windows are constants). With separate_windows, keys and
+// values of the window are two buffers (the service's device window cache
+// has two; otherwise one buffer serves both). *merge_ms, when given, gets
+// the median of the hot merge launch alone.
 double KernelMs(const DQuantCodec& codec, int sequences, int context, int window, bool hot, int reps, int spread = 1,
-                bool varied = false, int cycle = 1) {
+                bool varied = false, int cycle = 1, bool separate_windows = false, double* merge_ms = nullptr) {
   const int comp = context - window, pages = (comp + 127) / 128;
   const PageLayout cl = codec.page_layout();
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec);
@@ -146,11 +149,15 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
     for (uint16_t& x : w) x = FloatToBf16(g(rng));
     for (float& x : q) x = g(rng);
   }
-  gpu::DeviceBuffer dt, ds, dtok, dw, dwt, dq, out, lse, ws, tabs;
+  gpu::DeviceBuffer dt, ds, dtok, dw, dwv, dwt, dq, out, lse, ws, tabs;
   dt.Upload(table);
   ds.Upload(start);
   dtok.Upload(tokens);
   dw.Upload(w);
+  if (separate_windows) {
+    for (uint16_t& x : w) x = FloatToBf16(g(rng));
+    dwv.Upload(w);
+  }
   dwt.Upload(wt);
   dq.Upload(q);
   out.Resize(q.size() * 4);
@@ -168,19 +175,22 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
   batch.page_start_dev = ds.get<int32_t>();
   batch.tokens_dev = dtok.get<int32_t>();
   batch.window_k_dev = dw.get<uint16_t>();
-  batch.window_v_dev = dw.get<uint16_t>();
+  batch.window_v_dev = separate_windows ? dwv.get<uint16_t>() : dw.get<uint16_t>();
   batch.window_tokens_dev = dwt.get<int32_t>();
   batch.query_dev = dq.get<float>();
   batch.softmax_scale = 1.0f / std::sqrt(128.0f);
   batch.out_dev = out.get<float>();
   batch.lse_dev = lse.get<float>();
   batch.workspace_dev = ws.get<void>();
+  cudaEvent_t split = nullptr;  // between the split kernel and the merge
+  if (merge_ms != nullptr && hot) cudaEventCreate(&split);
   auto launch = [&] {
     if (hot) {
       gpu::LevelAttentionParams p;
       p.batch = batch;
       p.pool_dev = pool.get<uint8_t>();
       p.layout = *hl;
+      p.split_done = split;
       CHECK_OK(gpu::LaunchLevelAttention(p, nullptr));
     } else {
       gpu::DQuantAttentionParams p;
@@ -203,7 +213,7 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
     next_layer();
     launch();
   }
-  std::vector<double> times;
+  std::vector<double> times, merges;
   for (int i = 0; i < reps; ++i) {
     next_layer();
     cudaEventRecord(a);
@@ -213,9 +223,17 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     times.push_back(ms);
+    if (split != nullptr) {
+      cudaEventElapsedTime(&ms, split, b);
+      merges.push_back(ms);
+    }
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  if (split != nullptr) {
+    cudaEventDestroy(split);
+    *merge_ms = Of(merges).p50;
+  }
   return Of(times).p50;
 }
 
@@ -398,6 +416,19 @@ int Main(int argc, char** argv) {
           "hot kernel alone, %d x %d: pages packed %.3f ms, %d apart %.3f ms, varied data (random queries and "
           "windows, 16 distinct pages) %.3f ms, 8 layers in turn %.3f ms\n",
           sequences, context, packed, spread, spread_ms, varied, cycled);
+      // As the service holds them: separate random key and value windows,
+      // 128, then 146 tokens (the pages as for 128) (a decode benchmark's after its 18 prefill
+      // steps), then 255 (the most a window holds); the merge alone beside.
+      for (int w : {128, 146, 255}) {
+        double merge = 0.0, merge_shared = 0.0;
+        const double one =
+            KernelMs(*codec, sequences, context - 128 + w, w, true, reps, 1, true, 1, false, &merge_shared);
+        const double two = KernelMs(*codec, sequences, context - 128 + w, w, true, reps, 1, true, 1, true, &merge);
+        std::printf(
+            "  window %d tokens: one buffer for keys and values %.3f ms (merge %.3f), separate %.3f ms (merge "
+            "%.3f)\n",
+            w, one, merge_shared, two, merge);
+      }
     }
     return 0;
   }

@@ -723,6 +723,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return LaunchKernel(LevelAttentionKernel<D, G, kStages, 4>, grid, kThreads, smem, stream, "level attention", args);
   });
   if (!st.ok()) return st;
+  if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
   return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 

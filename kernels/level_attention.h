@@ -37,6 +37,9 @@ struct LevelAttentionParams {
   AttentionBatch batch;
   const uint8_t* pool_dev = nullptr;  // the level page pool, device memory
   LevelPageLayout layout;
+  // Recorded on the stream between the split kernel and the merge when set
+  // (a timing probe's; null: nothing recorded).
+  cudaEvent_t split_done = nullptr;
 };
 
 // Pages per split of an item with `pages` pages: a function of the item's

@@ -785,6 +785,7 @@ class CudaBackend : public Backend {
                   "upload attention windows");
       }
     }
+    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
     if (st.ok()) {
       st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
@@ -881,6 +882,7 @@ class CudaBackend : public Backend {
       hp.batch = batch;
       hp.pool_dev = static_cast<const uint8_t*>(hot_arena_);
       hp.layout = hot_layout_;
+      hp.split_done = timer_.Event(cuda_backend::StageTimer::kSplitDone);
       st = gpu::LaunchLevelAttention(hp, stream_);
     } else {
       gpu::DQuantAttentionParams p;

@@ -11,7 +11,8 @@ namespace cuda_backend {
 
 StageTimer::StageTimer() {
   const char* v = std::getenv("DRIFTKV_DEVICE_TIMING");
-  enabled_ = v != nullptr && std::strcmp(v, "1") == 0;
+  isolated_ = v != nullptr && std::strcmp(v, "isolated") == 0;
+  enabled_ = isolated_ || (v != nullptr && std::strcmp(v, "1") == 0);
 }
 
 StageTimer::~StageTimer() {
@@ -20,20 +21,34 @@ StageTimer::~StageTimer() {
   }
 }
 
-void StageTimer::Mark(Point point, cudaStream_t stream) {
-  if (!enabled_) return;
+cudaEvent_t StageTimer::Event(Point point) {
+  if (!Create()) return nullptr;
+  marked_[point] = true;
+  return events_[point];
+}
+
+bool StageTimer::Create() {
+  if (!enabled_) return false;
   if (!created_) {
     // On the stream's device, which the caller made current.
     for (cudaEvent_t& e : events_) {
       if (cudaEventCreate(&e) != cudaSuccess) {
         cudaGetLastError();
         enabled_ = false;  // the destructor frees what was made
-        return;
+        return false;
       }
     }
     created_ = true;
   }
+  return true;
+}
+
+void StageTimer::Mark(Point point, cudaStream_t stream) {
+  if (!Create()) return;
   marked_[point] = cudaEventRecord(events_[point], stream) == cudaSuccess;
+  if (point != kInputsDone) return;
+  if (isolated_ && marked_[point]) cudaStreamSynchronize(stream);
+  marked_[kAttentionStart] = cudaEventRecord(events_[kAttentionStart], stream) == cudaSuccess;
 }
 
 void StageTimer::Collect() {
@@ -45,7 +60,9 @@ void StageTimer::Collect() {
     }
   };
   between(kStart, kInputsDone, DeviceStage::kInputs);
-  between(kInputsDone, kAttentionDone, DeviceStage::kAttention);
+  between(kStart, kUploaded, DeviceStage::kUpload);
+  between(kAttentionStart, kAttentionDone, DeviceStage::kAttention);
+  between(kSplitDone, kAttentionDone, DeviceStage::kMerge);
   between(kAttentionDone, kOutputsDone, DeviceStage::kOutputs);
   between(kStart, kOutputsDone, DeviceStage::kSpan);
   cudaGetLastError();  // an unmarked pair's error is not the launch's

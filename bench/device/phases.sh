@@ -45,7 +45,7 @@ for metric, label, title in (("phase", "phase", "server phases"), ("device", "st
         if "_sum" in k:
             ph = re.search(label + r'="([a-z_]+)"', k).group(1)
             us = (b[k] - a.get(k, 0)) / n * 1e6
-            if ph != "span": tot += us
+            if ph not in ("span", "upload", "merge"): tot += us
             row.append(f"{ph}={us:.1f}")
     print(f"  {title}, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
 PY
