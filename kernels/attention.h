@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "codec/page_layout.h"
 #include "kernels/attention_batch.h"
 
@@ -86,6 +87,13 @@ size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pag
 
 absl::Status LaunchDQuantAttention(const DQuantAttentionParams& p, cudaStream_t stream);
 absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stream);
+
+// Runs the split-KV merge both ways, one block per query head and one per
+// KV head's group, on random partial states and bf16 windows of 0 ..
+// kMaxWindow - 1 tokens (rotated or not); returns how many output and lse
+// floats differ in their bits (tests: 0).
+absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads, int head_dim, int splits,
+                                           bool rotated);
 
 // True when a CUDA device is usable (tests print "skipped: no GPU" otherwise).
 bool GpuAvailable();

@@ -150,6 +150,7 @@ struct MergeParams {
   float softmax_scale;
   float* out_dev;
   float* lse_dev;
+  bool per_head = false;  // one block per query head even where a group's block applies
 };
 
 // Splits of the workspace into (m, l, acc) arrays.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "codec/dquant_codec.h"
@@ -162,6 +163,19 @@ TEST(LevelAttentionGpu, DequantisersExhaustive) {
   absl::StatusOr<int> bad = LevelDecodeSelfTest();
   ASSERT_TRUE(bad.ok()) << bad.status();
   EXPECT_EQ(*bad, 0);
+}
+
+// The merge's block per KV head group against its block per query head:
+// the same bits, with and without the rotation, for GQA 4 and 2.
+TEST(LevelAttentionGpu, MergeGroupBlocksMatchPerHeadBlocks) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [q_heads, kv_heads, head_dim] : {std::tuple{32, 8, 128}, std::tuple{8, 4, 64}}) {
+    for (bool rotated : {false, true}) {
+      absl::StatusOr<int64_t> differ = MergeKernelsDiffer(40, q_heads, kv_heads, head_dim, 5, rotated);
+      ASSERT_TRUE(differ.ok()) << differ.status();
+      EXPECT_EQ(*differ, 0) << q_heads << "/" << kv_heads << " x " << head_dim << (rotated ? " rotated" : "");
+    }
+  }
 }
 
 TEST(LevelAttentionGpu, Gqa32x8Dim128) {
