@@ -501,9 +501,9 @@ absl::Status ValidateDiskLevel(const ServiceOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk_level.budget_bytes ", d.budget_bytes, " must be >= ", kMinDiskLevelBytes));
   }
-  if (d.segment_bytes < kMinDiskLevelBytes || d.segment_bytes > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [", kMinDiskLevelBytes, ", 2^40]"));
+  if (d.segment_bytes < kMinDiskSegmentBytes || d.segment_bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [",
+                                                   kMinDiskSegmentBytes, ", 2^40]"));
   }
   if (o.hot_tier()) {
     return absl::InvalidArgumentError(

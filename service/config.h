@@ -56,6 +56,7 @@ struct DiskLevelOptions {
   bool on() const { return !dir.empty(); }
 };
 constexpr uint64_t kMinDiskLevelBytes = uint64_t{1} << 20;
+constexpr uint64_t kMinDiskSegmentBytes = uint64_t{256} << 10;
 
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };

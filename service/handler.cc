@@ -138,6 +138,13 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers);
   if (options.disk_level.on()) {
     if (absl::Status st = ValidateDiskLevel(options); !st.ok()) return st;
+    // The cuda backend keeps device copies of pool pages that a move up
+    // would not refresh: not built yet (docs/tiers.md, "Not built yet").
+    if (options.backend != "cpu") {
+      return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", options.disk_level.dir,
+                                                     "\" with backend \"", options.backend,
+                                                     "\": the disk level is built for the cpu backend only"));
+    }
     absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Create(options.disk_level, *h->pool_, h->metrics_);
     if (!spill.ok()) return spill.status();
     h->spill_ = *std::move(spill);
