@@ -150,6 +150,10 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     h->spill_ = *std::move(spill);
     SpillTier* t = h->spill_.get();
     h->table_->SetSpillHooks({[t](const SequencePtr& seq) { t->Track(seq); }, [t](Sequence& seq) { t->Forget(seq); }});
+  } else {
+    // The level's series exist at zero without it, as the hot tier's do
+    // (the registry keeps them; dashboards and alerts find them).
+    SpillMetrics zero(*h->metrics_);
   }
   // A Reserve of the cold pool that falls short evicts cached pages first
   // (Append, decode steps, demotion, restore alike), then moves least

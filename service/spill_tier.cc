@@ -153,14 +153,14 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
     const int layer_index = static_cast<int>(layer - seq->layers.data());
     absl::Status st = done[j];
     if (st.ok() && Crc32c(pool_.page(fresh[j]), pool_.page_stride()) != layer->page_sums[i]) {
-      st = absl::DataLossError("page checksum mismatch in the pool after the read");
+      st = absl::DataLossError("page checksum mismatch in the pool after the read; not served");
     }
     if (!st.ok()) {
       if (st.code() == absl::StatusCode::kDataLoss) metrics_.checksum_failures->Increment();
       failed = absl::Status(st.code() == absl::StatusCode::kDataLoss ? st.code() : absl::StatusCode::kUnavailable,
                             absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i,
                                          " (tokens [", i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(),
-                                         ")) did not come back from the disk level: ", st.message(), "; not served"));
+                                         ")) did not come back from the disk level: ", st.message()));
     }
   }
   if (!failed.ok()) {
