@@ -305,8 +305,8 @@ absl::Status ResolveDiskLevel(const v1::ServerConfig& c, ServiceOptions* o) {
     return absl::InvalidArgumentError("disk_level.dir \"\": the disk level needs a directory");
   }
   if (!d.at_start().empty() && d.at_start() != "wipe") {
-    return absl::InvalidArgumentError(absl::StrCat("disk_level.at_start \"", d.at_start(),
-                                                   "\" unknown; only \"wipe\" is built (docs/tiers.md)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.at_start \"", d.at_start(), "\" unknown; only \"wipe\" is built (docs/tiers.md)"));
   }
   DiskLevelOptions& out = o->disk_level;
   out.dir = d.dir();
@@ -502,14 +502,13 @@ absl::Status ValidateDiskLevel(const ServiceOptions& o) {
         absl::StrCat("disk_level.budget_bytes ", d.budget_bytes, " must be >= ", kMinDiskLevelBytes));
   }
   if (d.segment_bytes < kMinDiskSegmentBytes || d.segment_bytes > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError(absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [",
-                                                   kMinDiskSegmentBytes, ", 2^40]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [", kMinDiskSegmentBytes, ", 2^40]"));
   }
   if (o.hot_tier()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("disk_level.dir \"", d.dir, "\" with a hot tier (hot_tier_bytes ", o.hot_tier_bytes,
-                     ", hot_tier_fraction ", o.hot_tier_fraction,
-                     "): the disk level moves cold pages only; not built with a hot tier yet"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "disk_level.dir \"", d.dir, "\" with a hot tier (hot_tier_bytes ", o.hot_tier_bytes, ", hot_tier_fraction ",
+        o.hot_tier_fraction, "): the disk level moves cold pages only; not built with a hot tier yet"));
   }
   if (!o.snapshot_dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", d.dir, "\" with snapshot_dir \"",

@@ -141,8 +141,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     // The cuda backend keeps device copies of pool pages that a move up
     // would not refresh: not built yet (docs/tiers.md, "Not built yet").
     if (options.backend != "cpu") {
-      return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", options.disk_level.dir,
-                                                     "\" with backend \"", options.backend,
+      return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", options.disk_level.dir, "\" with backend \"",
+                                                     options.backend,
                                                      "\": the disk level is built for the cpu backend only"));
     }
     absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Create(options.disk_level, *h->pool_, h->metrics_);
@@ -211,8 +211,7 @@ absl::Status Handler::CheckLayer(absl::string_view field, uint32_t layer) const 
   return absl::OkStatus();
 }
 
-absl::Status Handler::Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins,
-                               int64_t* restored) {
+absl::Status Handler::Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins, int64_t* restored) {
   if (spill_ == nullptr) return absl::OkStatus();
   pins->emplace_back(seq);
   return spill_->Restore(seq, id, restored);

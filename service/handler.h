@@ -292,8 +292,7 @@ class Handler {
   // they are below (SpillTier::Restore; `id` names it in messages). OK at
   // once without a disk level (nothing pinned). REQUIRES: none of seq's
   // locks held; *pins lives until the caller's locks of seq are taken.
-  absl::Status Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins,
-                        int64_t* restored = nullptr);
+  absl::Status Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins, int64_t* restored = nullptr);
 
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
   const std::unique_ptr<const KvCodec> codec_;

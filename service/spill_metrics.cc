@@ -20,7 +20,11 @@ std::map<std::string, std::string> Direction(const char* direction) {
 
 SpillMetrics::SpillMetrics(Metrics& m) {
   prometheus::Registry& r = *m.registry();
-  pages = &BuildGauge().Name("driftkv_level_pages").Help("Pages stored on a level below the pool, by level").Register(r).Add(kDisk);
+  pages = &BuildGauge()
+               .Name("driftkv_level_pages")
+               .Help("Pages stored on a level below the pool, by level")
+               .Register(r)
+               .Add(kDisk);
   bytes = &BuildGauge()
                .Name("driftkv_level_bytes")
                .Help("Bytes a level below the pool holds against its budget (disk: segment files), by level")
@@ -63,8 +67,8 @@ SpillMetrics::SpillMetrics(Metrics& m) {
                          .Name("driftkv_level_restore_seconds")
                          .Help("Time to bring one sequence's pages back into the pool from a level, by level")
                          .Register(r)
-                         .Add(kDisk, prometheus::Histogram::BucketBoundaries{0.0001, 0.0003, 0.001, 0.003, 0.01,
-                                                                             0.03, 0.1, 0.3, 1.0, 3.0, 10.0});
+                         .Add(kDisk, prometheus::Histogram::BucketBoundaries{0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03,
+                                                                             0.1, 0.3, 1.0, 3.0, 10.0});
 }
 
 }  // namespace driftkv

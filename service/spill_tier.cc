@@ -139,9 +139,9 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
   absl::StatusOr<std::vector<PageId>> reserved = pool_.Reserve(static_cast<int64_t>(where.size()), seq->device);
   if (!reserved.ok()) {
     metrics_.move_failures[kMoveUp]->Increment();
-    return absl::ResourceExhaustedError(absl::StrCat("sequence_id ", Quoted(id), " has ", where.size(),
-                                                     " pages on the disk level and the pool has no room for them: ",
-                                                     reserved.status().message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sequence_id ", Quoted(id), " has ", where.size(),
+                     " pages on the disk level and the pool has no room for them: ", reserved.status().message()));
   }
   const std::vector<PageId>& fresh = *reserved;
   std::vector<absl::Status> done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
@@ -158,8 +158,8 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
     if (!st.ok()) {
       if (st.code() == absl::StatusCode::kDataLoss) metrics_.checksum_failures->Increment();
       failed = absl::Status(st.code() == absl::StatusCode::kDataLoss ? st.code() : absl::StatusCode::kUnavailable,
-                            absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i,
-                                         " (tokens [", i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(),
+                            absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i, " (tokens [",
+                                         i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(),
                                          ")) did not come back from the disk level: ", st.message()));
     }
   }
@@ -240,8 +240,7 @@ void SpillTier::EraseLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](SpillTier* t) { return t->stop_ || !t->to_erase_.empty(); },
-          this));
+          +[](SpillTier* t) { return t->stop_ || !t->to_erase_.empty(); }, this));
       if (to_erase_.empty()) return;  // stopping, nothing left
       keys.assign(to_erase_.begin(), to_erase_.end());
       to_erase_.clear();
@@ -261,8 +260,7 @@ void SpillTier::EraseLoop() {
 void SpillTier::DrainErases() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](SpillTier* t) { return t->to_erase_.empty() && t->erasing_ == 0; },
-      this));
+      +[](SpillTier* t) { return t->to_erase_.empty() && t->erasing_ == 0; }, this));
 }
 
 }  // namespace driftkv

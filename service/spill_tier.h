@@ -124,7 +124,8 @@ class SpillTier {
   int64_t MoveDownLocked(Sequence* seq);
   // Runs `jobs` Put or Get calls on the store and waits for all of them:
   // each job's status, in order.
-  std::vector<absl::Status> RunAll(size_t jobs, const std::function<absl::Status(size_t, tiers::DiskPageStore::Callback)>& submit);
+  std::vector<absl::Status> RunAll(size_t jobs,
+                                   const std::function<absl::Status(size_t, tiers::DiskPageStore::Callback)>& submit);
   void Publish();
   void EraseLoop();
 

@@ -308,7 +308,8 @@ TEST(DiskLevelTest, ConcurrentAppendsAndReadsMoveSequencesAndLoseNothing) {
     threads.emplace_back([&, t] {
       for (int k = 0; k < kEach && errors[t].empty(); ++k) {
         const int i = t * kEach + k;
-        if (absl::Status st = AddSequence(disk, i); !st.ok()) errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
+        if (absl::Status st = AddSequence(disk, i); !st.ok())
+          errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
         for (int j = t * kEach; j <= i && errors[t].empty(); ++j) {
           v1::ReadRequest req;
           req.set_sequence_id(Id(j));
@@ -319,8 +320,10 @@ TEST(DiskLevelTest, ConcurrentAppendsAndReadsMoveSequencesAndLoseNothing) {
             got += c.values();
             return true;
           });
-          if (!st.ok()) errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
-          else if (got != want[j]) errors[t] = absl::StrCat("read ", j, ": bytes differ");
+          if (!st.ok())
+            errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
+          else if (got != want[j])
+            errors[t] = absl::StrCat("read ", j, ": bytes differ");
         }
       }
     });
@@ -348,8 +351,7 @@ TEST(DiskLevelTest, ConfigNamesTheFieldAndTheValue) {
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"keep\" }", "disk_level.at_start \"keep\""},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 durability: \"fast\" }",
             "disk_level.durability \"fast\""},
-           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 segment_bytes: 100 }",
-            "disk_level.segment_bytes 100"},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 segment_bytes: 100 }", "disk_level.segment_bytes 100"},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } hot_tier_bytes: 1048576", "hot tier"},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } snapshot_dir: \"/tmp/s\"", "snapshot_dir"},
        }) {
