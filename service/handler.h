@@ -31,6 +31,9 @@
 //   nothing is acquired under them but the index's as said.
 // So one sequence's layers ingest in parallel and many Attends share a layer. Attend promotes
 // before it takes its batch's locks; demotion TryLocks its victim, so it may run under them.
+// The disk level (service/spill_tier.h) restores a sequence before a request
+// takes its locks; its moves down TryLock their victim's Sequence::mu as a
+// writer, so they may run under any lock above; SpillTier::mu_ is a leaf.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
 #define DRIFTKV_SERVICE_HANDLER_H_
 
