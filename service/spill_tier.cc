@@ -241,7 +241,8 @@ void SpillTier::EraseLoop() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](SpillTier* t) { return t->stop_ || !t->to_erase_.empty(); }, this));
-      if (to_erase_.empty()) return;  // stopping, nothing left
+      // Stopping: what is left stays on disk, wiped at the next start.
+      if (stop_) return;
       keys.assign(to_erase_.begin(), to_erase_.end());
       to_erase_.clear();
       erasing_ = static_cast<int>(keys.size());

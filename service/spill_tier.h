@@ -87,7 +87,8 @@ class SpillTier {
   // of `pool`'s page size. `pool` and `metrics` must outlive the tier.
   static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const DiskLevelOptions& options, PagePool& pool,
                                                            Metrics* metrics);
-  // Erases what is queued for erasing, then closes the store.
+  // Stops the eraser (records still queued for erasing stay on disk until
+  // the wipe of the next start), then closes the store.
   ~SpillTier();
 
   // A sequence entered the table: a candidate from now on (held weakly).
