@@ -76,9 +76,13 @@ int64_t PagePool::pages_in_use(int partition) const {
 absl::StatusOr<std::vector<PageId>> PagePool::Reserve(int64_t count, int partition) {
   int64_t short_by = 0;
   absl::StatusOr<std::vector<PageId>> out = TryReserve(count, partition, &short_by);
-  if (out.ok() || short_by == 0 || !reclaimer_) return out;
-  reclaimer_(short_by, partition);
-  return TryReserve(count, partition, &short_by);
+  // Pages one reclaim freed may go to a concurrent Reserve before this
+  // one tries again: a few rounds, each for what is still missing.
+  for (int round = 0; round < kReclaimRounds && !out.ok() && short_by > 0 && reclaimer_; ++round) {
+    reclaimer_(short_by, partition);
+    out = TryReserve(count, partition, &short_by);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<PageId>> PagePool::TryReserve(int64_t count, int partition, int64_t* short_by) {

@@ -19,7 +19,9 @@
 // RECLAIMER. A cache that holds references of its own (the prefix index,
 // service/prefix_index.h) may register a reclaimer: when Reserve finds too
 // few free pages in a partition it calls reclaimer(short, partition)
-// without the pool's lock, then tries once more. The reclaimer drops
+// without the pool's lock, then tries once more; up to kReclaimRounds
+// times while it still falls short (another Reserve may take what one
+// reclaim freed). The reclaimer drops
 // references it alone holds (FreeIfLast), never one another holder needs.
 //
 // PARTITIONS. A pool may be split into `partitions` contiguous ranges of
@@ -50,6 +52,7 @@ using PageId = int32_t;
 
 class PagePool {
  public:
+  static constexpr int kReclaimRounds = 4;
   // `capacity_bytes` is rounded down to whole pages; fails when that leaves
   // no page (the message names both sizes).
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(const PageLayout& layout, uint64_t capacity_bytes,

@@ -235,6 +235,20 @@ absl::StatusOr<v1::ReleaseResponse> Client::Release(const std::string& sequence_
   return response;
 }
 
+absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(const std::string& sequence_id) {
+  v1::PrefetchRequest request;
+  request.set_sequence_id(sequence_id);
+  v1::PrefetchResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    return stub_->Prefetch(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
 absl::StatusOr<v1::LengthResponse> Client::Length(const std::string& sequence_id) {
   v1::LengthRequest request;
   request.set_sequence_id(sequence_id);

@@ -13,7 +13,7 @@
 //   Release  retried; NOT_FOUND on a repeat means the first attempt freed it;
 //   Fork     never (a repeat after a lost answer is ALREADY_EXISTS; Length
 //            of the new id tells whether the first attempt created it);
-//   Lookup, Length, Info, Stats retried.
+//   Lookup, Length, Info, Stats, Prefetch retried.
 // Thread-safe: one Client may be shared by many threads.
 //
 // Security (docs/security.md): TLS when tls_ca_file is set (the server's CA),
@@ -100,6 +100,9 @@ class Client {
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
   // Token counts of every layer of a sequence (retried: read-only).
   absl::StatusOr<v1::LengthResponse> Length(const std::string& sequence_id);
+  // Brings a sequence's pages back into the pool from the disk level
+  // (docs/tiers.md) before an Attend; retried: idempotent.
+  absl::StatusOr<v1::PrefetchResponse> Prefetch(const std::string& sequence_id);
   // Creates `sequence_id` sharing the first `tokens` tokens (a multiple of
   // page_tokens) of every layer of `source_sequence_id` (docs/api.md,
   // "Fork"); append to it from token `tokens` on. Not retried.

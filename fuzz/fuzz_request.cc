@@ -35,7 +35,7 @@ Handler& Fresh() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Handler& h = Fresh();
-  const uint8_t method = data[0] % 6;
+  const uint8_t method = data[0] % 7;
   ++data;
   --size;
   switch (method) {
@@ -72,6 +72,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!q.ParseFromArray(data, static_cast<int>(size))) return 0;
       v1::LengthResponse r;
       (void)h.Length(q, &r);
+      break;
+    }
+    case 5: {
+      v1::PrefetchRequest q;
+      if (!q.ParseFromArray(data, static_cast<int>(size))) return 0;
+      v1::PrefetchResponse r;
+      (void)h.Prefetch(q, &r);
       break;
     }
     default: {

@@ -170,6 +170,9 @@ int main(int argc, char** argv) {
     v1::ReleaseRequest q;
     q.set_sequence_id("s");
     Put(out + "/fuzz_request", "release", std::string(1, '\3') + q.SerializeAsString());
+    v1::PrefetchRequest pf;
+    pf.set_sequence_id("s");
+    Put(out + "/fuzz_request", "prefetch", std::string(1, '\5') + pf.SerializeAsString());
   }
   {
     // Fork requests of sequence "s" (fuzz_fork.cc): the first byte says

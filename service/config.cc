@@ -295,6 +295,34 @@ absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
 
 }  // namespace
 
+namespace {
+
+// config disk_level into o->disk_level, with ValidateDiskLevel's checks.
+absl::Status ResolveDiskLevel(const v1::ServerConfig& c, ServiceOptions* o) {
+  if (!c.has_disk_level()) return absl::OkStatus();
+  const v1::DiskLevel& d = c.disk_level();
+  if (d.dir().empty()) {
+    return absl::InvalidArgumentError("disk_level.dir \"\": the disk level needs a directory");
+  }
+  if (!d.at_start().empty() && d.at_start() != "wipe") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.at_start \"", d.at_start(), "\" unknown; only \"wipe\" is built (docs/tiers.md)"));
+  }
+  DiskLevelOptions& out = o->disk_level;
+  out.dir = d.dir();
+  out.budget_bytes = d.budget_bytes();
+  if (d.has_segment_bytes()) out.segment_bytes = d.segment_bytes();
+  if (d.durability() == "power_loss") {
+    out.power_loss = true;
+  } else if (!d.durability().empty() && d.durability() != "process") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.durability \"", d.durability(), "\" unknown; use process or power_loss"));
+  }
+  return ValidateDiskLevel(*o);
+}
+
+}  // namespace
+
 absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   ServiceOptions o;
   if (!c.listen().empty()) o.listen = c.listen();
@@ -462,7 +490,32 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   }
   if (c.has_verify_pages_on_attend()) o.verify_pages_on_attend = c.verify_pages_on_attend();
   if (absl::Status st = ResolveRegions(c, &o); !st.ok()) return st;
+  if (absl::Status st = ResolveDiskLevel(c, &o); !st.ok()) return st;
   return o;
+}
+
+absl::Status ValidateDiskLevel(const ServiceOptions& o) {
+  const DiskLevelOptions& d = o.disk_level;
+  if (!d.on()) return absl::OkStatus();
+  if (d.budget_bytes < kMinDiskLevelBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.budget_bytes ", d.budget_bytes, " must be >= ", kMinDiskLevelBytes));
+  }
+  if (d.segment_bytes < kMinDiskSegmentBytes || d.segment_bytes > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [", kMinDiskSegmentBytes, ", 2^40]"));
+  }
+  if (o.hot_tier()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "disk_level.dir \"", d.dir, "\" with a hot tier (hot_tier_bytes ", o.hot_tier_bytes, ", hot_tier_fraction ",
+        o.hot_tier_fraction, "): the disk level moves cold pages only; not built with a hot tier yet"));
+  }
+  if (!o.snapshot_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", d.dir, "\" with snapshot_dir \"",
+                                                   o.snapshot_dir,
+                                                   "\": a snapshot does not hold pages below the pool yet"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace driftkv

@@ -45,6 +45,19 @@ constexpr uint32_t kDefaultRegionLeaseSeconds = 60;
 constexpr uint32_t kDefaultMaxRegionLeaseSeconds = 3600;
 constexpr double kMaxReloadIntervalSeconds = 86400.0;
 
+// The disk level below the pool (docs/tiers.md; config disk_level): off
+// while `dir` is empty. Segment files are wiped at start: nothing below
+// the pool outlives the process that moved it there.
+struct DiskLevelOptions {
+  std::string dir;
+  uint64_t budget_bytes = 0;
+  uint64_t segment_bytes = uint64_t{128} << 20;
+  bool power_loss = false;  // durability "power_loss": fdatasync per write batch
+  bool on() const { return !dir.empty(); }
+};
+constexpr uint64_t kMinDiskLevelBytes = uint64_t{1} << 20;
+constexpr uint64_t kMinDiskSegmentBytes = uint64_t{256} << 10;
+
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
 
@@ -135,6 +148,7 @@ struct ServiceOptions {
   uint32_t region_lease_seconds = kDefaultRegionLeaseSeconds;
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
   uint64_t device_window_cache_bytes = 0;  // 0: the backend's default
+  DiskLevelOptions disk_level;
 
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }
@@ -190,6 +204,12 @@ const char* HotPromotionName(HotPromotion mode);
 // ResolveConfig and Handler::Create call it (whether the codec and the
 // backend have a hot tier is checked by Handler::Create).
 absl::Status ValidateHotTier(const ServiceOptions& options);
+
+// The disk level's fields are in range and it is not combined with what it
+// does not support yet (the hot tier, snapshot_dir); InvalidArgument
+// naming the config field and its value otherwise. ResolveConfig and
+// Handler::Create call it; nothing to check when it is off.
+absl::Status ValidateDiskLevel(const ServiceOptions& options);
 
 }  // namespace driftkv
 

@@ -108,6 +108,13 @@ grpc::Status KvCacheService::Length(grpc::ServerContext* context, const v1::Leng
   return timer.Finish(ToGrpcStatus(handler_->Length(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
+                                      v1::PrefetchResponse* response) {
+  RpcTimer timer(metrics_, "Prefetch");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Prefetch(*request, response, tenant)));
+}
+
 grpc::Status KvCacheService::Fork(grpc::ServerContext* context, const v1::ForkRequest* request,
                                   v1::ForkResponse* response) {
   RpcTimer timer(metrics_, "Fork");

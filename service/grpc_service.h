@@ -41,6 +41,8 @@ class KvCacheService final : public v1::KvCache::Service {
                        v1::ReleaseResponse* response) override;
   grpc::Status Length(grpc::ServerContext* context, const v1::LengthRequest* request,
                       v1::LengthResponse* response) override;
+  grpc::Status Prefetch(grpc::ServerContext* context, const v1::PrefetchRequest* request,
+                        v1::PrefetchResponse* response) override;
   grpc::Status Fork(grpc::ServerContext* context, const v1::ForkRequest* request, v1::ForkResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;

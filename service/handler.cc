@@ -136,11 +136,32 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
                                               std::move(clock), std::move(device_ids));
   h->codec_identity_ = h->SnapshotIdentity();
   h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers);
+  if (options.disk_level.on()) {
+    if (absl::Status st = ValidateDiskLevel(options); !st.ok()) return st;
+    // The cuda backend keeps device copies of pool pages that a move up
+    // would not refresh: not built yet (docs/tiers.md, "Not built yet").
+    if (options.backend != "cpu") {
+      return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", options.disk_level.dir, "\" with backend \"",
+                                                     options.backend,
+                                                     "\": the disk level is built for the cpu backend only"));
+    }
+    absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Create(options.disk_level, *h->pool_, h->metrics_);
+    if (!spill.ok()) return spill.status();
+    h->spill_ = *std::move(spill);
+    SpillTier* t = h->spill_.get();
+    h->table_->SetSpillHooks({[t](const SequencePtr& seq) { t->Track(seq); }, [t](Sequence& seq) { t->Forget(seq); }});
+  } else {
+    // The level's series exist at zero without it, as the hot tier's do
+    // (the registry keeps them; dashboards and alerts find them).
+    SpillMetrics zero(*h->metrics_);
+  }
   // A Reserve of the cold pool that falls short evicts cached pages first
-  // (Append, decode steps, demotion, restore alike).
+  // (Append, decode steps, demotion, restore alike), then moves least
+  // recently used sequences to the disk level.
   h->pool_->SetReclaimer([self = h.get()](int64_t pages, int partition) {
     const int64_t freed = self->index_->Evict(pages, partition);
     if (freed > 0) self->metrics_->prefix_evictions->Increment(static_cast<double>(freed));
+    if (freed < pages && self->spill_ != nullptr) self->spill_->MoveDown(pages - freed, partition);
   });
   h->PublishGauges();
   return h;
@@ -188,6 +209,12 @@ absl::Status Handler::CheckLayer(absl::string_view field, uint32_t layer) const 
     return absl::InvalidArgumentError(absl::StrCat(field, " ", layer, " out of range [0, ", options_.layers, ")"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Handler::Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins, int64_t* restored) {
+  if (spill_ == nullptr) return absl::OkStatus();
+  pins->emplace_back(seq);
+  return spill_->Restore(seq, id, restored);
 }
 
 absl::Status Handler::CheckSequenceId(absl::string_view field, const std::string& id) const {

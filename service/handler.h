@@ -31,6 +31,9 @@
 //   nothing is acquired under them but the index's as said.
 // So one sequence's layers ingest in parallel and many Attends share a layer. Attend promotes
 // before it takes its batch's locks; demotion TryLocks its victim, so it may run under them.
+// The disk level (service/spill_tier.h) restores a sequence before a request
+// takes its locks; its moves down TryLock their victim's Sequence::mu as a
+// writer, so they may run under any lock above; SpillTier::mu_ is a leaf.
 #ifndef DRIFTKV_SERVICE_HANDLER_H_
 #define DRIFTKV_SERVICE_HANDLER_H_
 
@@ -55,6 +58,7 @@
 #include "service/prefix_index.h"
 #include "service/regions.h"
 #include "service/sequence_table.h"
+#include "service/spill_tier.h"
 
 namespace driftkv {
 
@@ -112,6 +116,11 @@ class Handler {
   // (handler_lookup.cc). Read-only.
   absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                       const std::string& tenant = "") const;
+  // Brings the sequence's pages back into the pool from the disk level
+  // (handler_prefetch.cc, docs/tiers.md); NOT_FOUND for an unknown
+  // sequence. Without a disk level: OK, nothing restored.
+  absl::Status Prefetch(const v1::PrefetchRequest& request, v1::PrefetchResponse* response,
+                        const std::string& tenant = "");
   // `tenant`: the caller's; with tokens, restored_sequences counts only
   // its own sequences.
   void Info(v1::InfoResponse* response, const std::string& tenant = "") const;
@@ -180,6 +189,8 @@ class Handler {
   PrefixIndex& prefix_index() { return *index_; }
   // The hot tier's pool of level pages, or null without one.
   const PagePool* hot_pool() const { return hot_pool_.get(); }
+  // The disk level below the pool (service/spill_tier.h), or null.
+  SpillTier* spill_tier() { return spill_.get(); }
 
  private:
   // How one append of `count` tokens starting at `first` lands on a layer.
@@ -280,6 +291,11 @@ class Handler {
   absl::Status EnterFork(const SequencePtr& fork, const std::string& id, bool new_incarnation, int64_t shared,
                          uint64_t tokens, v1::ForkResponse* response);
   void PublishGauges();
+  // THE DISK LEVEL: pins `seq` into *pins and brings its pages back when
+  // they are below (SpillTier::Restore; `id` names it in messages). OK at
+  // once without a disk level (nothing pinned). REQUIRES: none of seq's
+  // locks held; *pins lives until the caller's locks of seq are taken.
+  absl::Status Resident(Sequence* seq, absl::string_view id, std::vector<SpillPin>* pins, int64_t* restored = nullptr);
 
   const ServiceOptions options_;  // keeps options_.transforms alive for backend_
   const std::unique_ptr<const KvCodec> codec_;
@@ -301,6 +317,9 @@ class Handler {
   std::string codec_identity_;  // SnapshotIdentity(), for NamespaceOf
   RegionTable* regions_ = nullptr;
   mutable Totals totals_;
+  // Null without config disk_level. Last: it is the pool's reclaimer and
+  // the table's hooks point at it, and its eraser thread goes first.
+  std::unique_ptr<SpillTier> spill_;
 };
 
 }  // namespace driftkv

@@ -446,6 +446,13 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // (LOCK ORDER in handler.h); 4. lock them and their layers in order.
   AttendLocks locks;
   if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) return st;
+  // Pages on the disk level come back first, whole sequences, before any
+  // lock is taken: the answer never comes from partial data.
+  std::vector<SpillPin> pins;
+  for (int i = 0; i < items && h_.spill_ != nullptr; ++i) {
+    absl::Status st = h_.Resident(work[i].seq, request.items(i).sequence_id(), &pins);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
+  }
   AttendPhaseClock::Mark(AttendPhase::kLookup);
   locks.Lock();
   if (h_.hot_ != nullptr && AnyCold(work)) {

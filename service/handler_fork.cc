@@ -82,6 +82,10 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
   SequencePtr source = table_->Find(TenantKey(tenant, source_id));
   if (source == nullptr)
     return absl::NotFoundError(absl::StrCat("source_sequence_id ", Quoted(source_id), " not found"));
+  // The fork shares the source's pages: they come back from the disk level first.
+  std::vector<SpillPin> pins;
+  st = Resident(source.get(), source_id, &pins);
+  if (!st.ok()) return st;
   // The source's tenant is the caller's (the key says so): its ledger pays.
   TenantUsage* usage = source->usage;
   const std::string key = TenantKey(tenant, id);

@@ -26,6 +26,10 @@ absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<b
   if (seq == nullptr) {
     return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
   }
+  // Its pages stay in the pool until the last chunk is read.
+  std::vector<SpillPin> pins;
+  st = Resident(seq.get(), request.sequence_id(), &pins);
+  if (!st.ok()) return st;
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   uint64_t end = 0;

@@ -72,6 +72,7 @@ absl::StatusOr<SequencePtr> SequenceTable::FindOrCreate(const std::string& key, 
   auto seq = std::make_shared<Sequence>(key, options_.layers, usage, device);
   Touch(seq.get());
   table_.emplace(key, seq);
+  if (spill_.entered) spill_.entered(seq);
   *created = true;
   return seq;
 }
@@ -120,6 +121,7 @@ absl::Status SequenceTable::Insert(const SequencePtr& seq, const std::string& id
   ++device_sequences_[seq->device];
   Touch(seq.get());
   table_.emplace(seq->id, seq);
+  if (spill_.entered) spill_.entered(seq);
   if (new_incarnation) tombstones_.Erase(seq->id);
   return absl::OkStatus();
 }
@@ -165,13 +167,16 @@ HeldBytes SequenceTable::BytesOf(const LayerState& l) const {
 
 void SequenceTable::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
   const int64_t p = pool_.page_tokens();
+  // Pages on the disk level hold no pool page (each is kPageBelow).
+  const bool below = seq->below;
+  if (below) spill_.free_below(*seq);
   for (LayerState& l : seq->layers) {
     *tokens += l.length;
     *pages += l.pages.size();
     seq->usage->RefundBytes(BytesOf(l));
     if (l.hot) {
       hot_->FreeLayer(&l);
-    } else {
+    } else if (!below) {
       pool_.Free(l.pages);
     }
     tokens_compressed_ -= static_cast<int64_t>(l.pages.size()) * p;

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,17 @@ class SequenceTable {
   absl::Status Adopt(const SequencePtr& seq, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
   void Unadopt(const SequencePtr& seq, int64_t pages) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // THE DISK LEVEL (service/spill_tier.h), set once before serving (both
+  // may be empty): `entered` is told of every sequence entered into the
+  // table, under mu_ (it takes only leaf locks); `free_below` frees what a
+  // sequence being released or expired holds on the disk level, called
+  // with its mu held as a writer, instead of freeing its pages to the pool.
+  struct SpillHooks {
+    std::function<void(const SequencePtr&)> entered;
+    std::function<void(Sequence&)> free_below;
+  };
+  void SetSpillHooks(SpillHooks hooks) { spill_ = std::move(hooks); }
+
   // Sets the gauges of the tokens, the sequences, each device and (with
   // tokens) each tenant.
   void PublishGauges() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -190,6 +202,7 @@ class SequenceTable {
   std::atomic<int64_t> tokens_window_{0};
   std::atomic<uint64_t> sequences_expired_{0};
   std::atomic<uint64_t> sequences_released_{0};
+  SpillHooks spill_;
 };
 
 }  // namespace driftkv

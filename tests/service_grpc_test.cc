@@ -217,6 +217,9 @@ TEST_F(GrpcTest, LengthAfterAPartlyFailedAppendStream) {
   EXPECT_EQ(a->tokens_stored(), 120u);
   EXPECT_EQ(client_->Length("p")->layers(0).tokens(), 200u);
   EXPECT_EQ(client_->Length("ghost").status().code(), absl::StatusCode::kNotFound);
+  // Prefetch over the wire: nothing below without a disk level; tenant-scoped lookup.
+  EXPECT_EQ(client_->Prefetch("p")->pages_restored(), 0u);
+  EXPECT_EQ(client_->Prefetch("ghost").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->retries(), 0);
 }
 

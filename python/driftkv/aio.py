@@ -172,6 +172,13 @@ class Client:
         stub = await self._connect()
         return W.lengths(await self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
+    async def prefetch(self, sequence_id: str, *, timeout: Optional[float] = None) -> int:
+        """driftkv.Client.prefetch."""
+        req = pb.PrefetchRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
+        stub = await self._connect()
+        return int((await self._call(True, lambda t: stub.Prefetch(req, timeout=t), timeout)).pages_restored)
+
     async def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                      wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
                      progress: Optional[Progress] = None, timeout: Optional[float] = None,

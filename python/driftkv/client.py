@@ -176,6 +176,17 @@ class Client:
         stub = self._connect()
         return W.lengths(self._call(True, lambda t: stub.Length(req, timeout=t), timeout))
 
+    def prefetch(self, sequence_id: str, *, timeout: Optional[float] = None) -> int:
+        """Brings the sequence's pages back into the server's pool from the
+        disk level below it (docs/tiers.md), before the Attend a scheduler
+        is about to send; returns the pages brought back (0: all were there,
+        or the server has no disk level). NOT_FOUND for an unknown
+        sequence, DATA_LOSS for a page that did not come back intact."""
+        req = pb.PrefetchRequest(sequence_id=V.text(sequence_id, "sequence_id"))
+        V.timeout(timeout)
+        stub = self._connect()
+        return int(self._call(True, lambda t: stub.Prefetch(req, timeout=t), timeout).pages_restored)
+
     def append(self, sequence_id: str, layer: int, keys, values, *, first_token: int = 0,
                wire_dtype: Optional[str] = None, chunk_tokens: int = W.DEFAULT_CHUNK_TOKENS,
                progress: Optional[Progress] = None, timeout: Optional[float] = None,

@@ -178,6 +178,17 @@ def test_an_iterator_that_fails_keeps_the_chunks_before_it(client, rng):
     client.release(s)
 
 
+def test_prefetch_without_a_disk_level_restores_nothing(client, rng):
+    s = sid()
+    keys, values = kv(rng, 200)
+    client.append(s, 0, keys, values)
+    assert client.prefetch(s) == 0
+    with pytest.raises(driftkv.DriftkvError) as e:
+        client.prefetch(sid())
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    client.release(s)
+
+
 def test_length_is_the_same_in_either_tier(hot_server, rng):
     with driftkv.Client(hot_server.target) as c:
         assert c.info().hot_tier

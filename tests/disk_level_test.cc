@@ -1,0 +1,365 @@
+// The disk level under the pool (service/spill_tier.h, docs/tiers.md): a
+// CPU-backend handler with a tiny pool and a disk budget holds many times
+// the sequences the pool alone holds, every token reads back bit-identical
+// and Attend answers equal those of a handler that never moved a page; a
+// corrupted page on disk is DATA_LOSS for its sequence only; Prefetch's
+// statuses; the config's checks.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "service/config.h"
+#include "service/handler.h"
+#include "tests/disk_test_util.h"
+#include "tests/handler_fixture.h"
+#include "tests/service_test_util.h"
+
+namespace driftkv {
+namespace {
+
+using testing::FixtureClock;
+using testing::Kv;
+using testing::QueryItem;
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+using testing::TestHandler;
+using tiers::testing::ScratchDir;
+using tiers::testing::SegmentFiles;
+
+constexpr int kTokens = 200;  // per layer, P = 32: a few pages and a window
+constexpr int kQHeads = 4;
+constexpr int kD = 64;
+constexpr uint64_t kPoolBytes = 160u << 10;  // a few sequences' pages
+
+std::string Id(int i) {
+  return absl::StrCat("s", i);
+}
+
+ServiceOptions DiskOptions(const std::string& dir, uint64_t budget = 16u << 20) {
+  ServiceOptions o = SmallOptions(kPoolBytes);
+  o.max_sequences = 4096;
+  o.disk_level.dir = dir;
+  o.disk_level.budget_bytes = budget;
+  o.disk_level.segment_bytes = 1u << 20;
+  return o;
+}
+
+// Appends sequence i (both layers, kTokens each, data of seed i).
+absl::Status AddSequence(TestHandler& t, int i) {
+  const Kv kv = SyntheticKv(kTokens, testing::kSmallN, 1000 + i);
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    if (absl::Status st = t.Push(Id(i), layer, kv, 0, kTokens); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// Attend of both layers of sequence i: each answer's output and lse bytes.
+absl::StatusOr<std::string> AttendBytes(Handler& h, int i) {
+  v1::AttendRequest req;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    *req.add_items() = QueryItem(Id(i), layer, SyntheticQuery(kQHeads, kD, 7 + i + layer), kQHeads);
+  }
+  v1::AttendResponse resp;
+  if (absl::Status st = h.Attend(req, &resp); !st.ok()) return st;
+  std::string out;
+  for (const v1::AttendResult& r : resp.results()) {
+    out += r.output();
+    out += std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float));
+  }
+  return out;
+}
+
+double Counter(Metrics& m, const std::string& name, const std::string& direction = "") {
+  for (const auto& family : m.registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      bool match = direction.empty();
+      for (const auto& label : metric.label) {
+        if (label.name == "direction" && label.value == direction) match = true;
+      }
+      if (match) return metric.counter.value + metric.gauge.value;
+    }
+  }
+  return -1;
+}
+
+// How many sequences a handler without a disk level holds in kPoolBytes.
+int PoolOnlyCapacity() {
+  TestHandler t(SmallOptions(kPoolBytes));
+  int held = 0;
+  while (AddSequence(t, held).ok()) ++held;
+  return held;
+}
+
+TEST(DiskLevelTest, HoldsManyTimesThePoolAndEveryTokenComesBackBitIdentical) {
+  const int pool_only = PoolOnlyCapacity();
+  ASSERT_GE(pool_only, 1);
+  const int sequences = 10 * pool_only;
+  TestHandler disk(DiskOptions(ScratchDir("level_capacity")), FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  TestHandler never_moved(big);
+  for (int i = 0; i < sequences; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok()) << "sequence " << i << " of " << sequences << " (the pool alone holds "
+                                           << pool_only << "): " << AddSequence(disk, i);
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  EXPECT_GT(disk.h->spill_tier()->sequences_below(), sequences / 2);
+  // Every sequence, oldest first: each read brings it back up (moving
+  // others down), and answers as if it never moved.
+  for (int i = 0; i < sequences; ++i) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+    }
+  }
+  for (int i = sequences - 1; i >= 0; --i) {
+    absl::StatusOr<std::string> a = AttendBytes(*disk.h, i);
+    ASSERT_TRUE(a.ok()) << a.status();
+    absl::StatusOr<std::string> b = AttendBytes(*never_moved.h, i);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(*a, *b) << "sequence " << i;
+  }
+  EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "down"), 0);
+  EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "up"), 0);
+  EXPECT_EQ(Counter(disk.metrics, "driftkv_level_checksum_failures_total"), 0);
+  std::printf("pool alone: %d sequences; with the disk level: %d (%.1fx), %lld below at the end\n", pool_only,
+              sequences, static_cast<double>(sequences) / pool_only,
+              static_cast<long long>(disk.h->spill_tier()->sequences_below()));
+}
+
+TEST(DiskLevelTest, AppendAndForkOfASequenceBelowContinueWhereItStopped) {
+  TestHandler disk(DiskOptions(ScratchDir("level_append")), FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  TestHandler never_moved(big);
+  const int n = 2 * PoolOnlyCapacity() + 2;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok());
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  // Sequence 0 is the least recently used: below by now.
+  ASSERT_GT(disk.h->spill_tier()->sequences_below(), 0);
+  const Kv more = SyntheticKv(kTokens + 64, testing::kSmallN, 77);  // rows [kTokens, kTokens + 64) appended
+  for (TestHandler* t : {&disk, &never_moved}) {
+    ASSERT_TRUE(t->Push(Id(0), 0, more, kTokens, 64).ok());
+    v1::ForkRequest f;
+    f.set_sequence_id("fork");
+    f.set_source_sequence_id(Id(1));
+    f.set_tokens(128);
+    v1::ForkResponse fr;
+    ASSERT_TRUE(t->h->Fork(f, &fr).ok());
+  }
+  EXPECT_EQ(disk.Read(Id(0), 0), never_moved.Read(Id(0), 0));
+  EXPECT_EQ(disk.Read("fork", 1), never_moved.Read("fork", 1));
+}
+
+TEST(DiskLevelTest, CorruptPageOnDiskIsDataLossForItsSequenceOnly) {
+  const std::string dir = ScratchDir("level_corrupt");
+  TestHandler disk(DiskOptions(dir), FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  TestHandler never_moved(big);
+  const int n = 4 * PoolOnlyCapacity() + 2;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok());
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  // The first record of the first segment is a page of s0 (the first
+  // sequence moved down): flip a byte of its payload.
+  std::vector<std::string> segments = SegmentFiles(dir);
+  ASSERT_FALSE(segments.empty());
+  {
+    const int fd = open(segments[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b = 0;
+    const off_t at = static_cast<off_t>(tiers::kRecordHeaderBytes + 100);
+    ASSERT_EQ(pread(fd, &b, 1, at), 1);
+    b ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+  }
+  v1::ReadRequest req;
+  req.set_sequence_id(Id(0));
+  absl::Status st = disk.h->Read(req, [](const v1::ReadChunk&) { return true; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("not served"), std::string::npos) << st;
+  v1::PrefetchRequest p;
+  p.set_sequence_id(Id(0));
+  v1::PrefetchResponse pr;
+  EXPECT_EQ(disk.h->Prefetch(p, &pr).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(AttendBytes(*disk.h, 0).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_GE(Counter(disk.metrics, "driftkv_level_checksum_failures_total"), 3);
+  // Every other sequence, below or not, is served as before.
+  for (int i = 1; i < n; ++i) {
+    EXPECT_EQ(disk.Read(Id(i), 1), never_moved.Read(Id(i), 1)) << "sequence " << i;
+  }
+  // The broken one can still be released.
+  v1::ReleaseRequest r;
+  r.set_sequence_id(Id(0));
+  v1::ReleaseResponse rr;
+  EXPECT_TRUE(disk.h->Release(r, &rr).ok());
+}
+
+TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
+  TestHandler disk(DiskOptions(ScratchDir("level_prefetch")), FixtureClock::kReal);
+  const int n = 3 * PoolOnlyCapacity() + 1;
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(AddSequence(disk, i).ok());
+  v1::PrefetchRequest p;
+  v1::PrefetchResponse r;
+  p.set_sequence_id(Id(0));
+  ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
+  EXPECT_GT(r.pages_restored(), 0u);
+  ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.pages_restored(), 0u);  // already in the pool
+  p.set_sequence_id("");
+  EXPECT_EQ(disk.h->Prefetch(p, &r).code(), absl::StatusCode::kInvalidArgument);
+  p.set_sequence_id("nope");
+  EXPECT_EQ(disk.h->Prefetch(p, &r).code(), absl::StatusCode::kNotFound);
+  p.set_sequence_id(Id(1));
+  absl::Status foreign = disk.h->Prefetch(p, &r, "another-tenant");
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << foreign;
+  // Release of a sequence below erases its pages from the disk.
+  p.set_sequence_id(Id(0));
+  const uint64_t before = disk.h->spill_tier()->store().stats().pages;
+  ASSERT_GT(before, 0u);
+  for (int i = 0; i < n; ++i) {
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(Id(i));
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(disk.h->Release(rel, &rr).ok());
+  }
+  disk.h->spill_tier()->DrainErases();
+  EXPECT_EQ(disk.h->spill_tier()->store().stats().pages, 0u);
+  EXPECT_EQ(disk.h->spill_tier()->sequences_below(), 0);
+  // Without a disk level: nothing to bring back.
+  TestHandler plain(SmallOptions(kPoolBytes));
+  ASSERT_TRUE(AddSequence(plain, 0).ok());
+  p.set_sequence_id(Id(0));
+  ASSERT_TRUE(plain.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.pages_restored(), 0u);
+}
+
+TEST(DiskLevelTest, FullDiskBudgetIsResourceExhaustedUntilRoomIsMade) {
+  // 2 MiB of disk: some sequences' pages, then Append is refused again.
+  ServiceOptions o = DiskOptions(ScratchDir("level_budget"), 2u << 20);
+  o.disk_level.segment_bytes = 256u << 10;
+  TestHandler disk(o, FixtureClock::kReal);
+  absl::Status st;
+  int held = 0;
+  for (; held < 1000; ++held) {
+    st = AddSequence(disk, held);
+    if (!st.ok()) break;
+  }
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_GT(held, PoolOnlyCapacity());
+  // A sequence in the pool is served; one below needs room on the disk
+  // for whatever it displaces: RESOURCE_EXHAUSTED naming the disk level,
+  // nothing lost.
+  v1::ReadRequest req;
+  req.set_sequence_id(Id(held - 1));
+  EXPECT_TRUE(disk.h->Read(req, [](const v1::ReadChunk&) { return true; }).ok());
+  req.set_sequence_id(Id(0));
+  st = disk.h->Read(req, [](const v1::ReadChunk&) { return true; });
+  if (!st.ok()) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find("disk level"), std::string::npos) << st;
+  }
+  // Releasing others makes room: then it comes back.
+  for (int i = 1; i < held; ++i) {
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(Id(i));
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(disk.h->Release(rel, &rr).ok());
+  }
+  disk.h->spill_tier()->DrainErases();
+  st = disk.h->Read(req, [](const v1::ReadChunk&) { return true; });
+  EXPECT_TRUE(st.ok()) << st;
+  std::printf("2 MiB disk level: %d sequences before the budget refused (the pool alone: %d); s0: %s\n", held,
+              PoolOnlyCapacity(), st.ToString().c_str());
+}
+
+TEST(DiskLevelTest, ConcurrentAppendsAndReadsMoveSequencesAndLoseNothing) {
+  // 4 threads, each appending its own sequences and reading earlier ones
+  // back, over a pool of a few sequences: moves down run inside other
+  // threads' Appends while sequences are pinned, locked and restored.
+  constexpr int kThreads = 4, kEach = 8;
+  ServiceOptions o = DiskOptions(ScratchDir("level_threads"));
+  o.pool_bytes = 2 * kPoolBytes;
+  TestHandler disk(o, FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  TestHandler never_moved(big);
+  std::vector<std::string> want(kThreads * kEach);
+  for (int i = 0; i < kThreads * kEach; ++i) {
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    want[i] = never_moved.Read(Id(i), 1);
+  }
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kEach && errors[t].empty(); ++k) {
+        const int i = t * kEach + k;
+        if (absl::Status st = AddSequence(disk, i); !st.ok())
+          errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
+        for (int j = t * kEach; j <= i && errors[t].empty(); ++j) {
+          v1::ReadRequest req;
+          req.set_sequence_id(Id(j));
+          req.set_layer(1);
+          std::string got;
+          absl::Status st = disk.h->Read(req, [&](const v1::ReadChunk& c) {
+            got += c.keys();
+            got += c.values();
+            return true;
+          });
+          if (!st.ok())
+            errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
+          else if (got != want[j])
+            errors[t] = absl::StrCat("read ", j, ": bytes differ");
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+  EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "up"), 0);
+}
+
+absl::Status Resolve(const std::string& text) {
+  v1::ServerConfig c;
+  const std::string base = "model { layers: 2 kv_heads: 2 head_dim: 64 } pool_bytes: 8388608 ";
+  if (!google::protobuf::TextFormat::ParseFromString(base + text, &c)) return absl::InternalError("parse");
+  return ResolveConfig(c).status();
+}
+
+TEST(DiskLevelTest, ConfigNamesTheFieldAndTheValue) {
+  EXPECT_TRUE(Resolve("disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 }").ok());
+  EXPECT_TRUE(Resolve("disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"wipe\" durability: "
+                      "\"power_loss\" }")
+                  .ok());
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"disk_level { budget_bytes: 1048576 }", "disk_level.dir \"\""},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 4096 }", "disk_level.budget_bytes 4096 must be >= 1048576"},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"keep\" }", "disk_level.at_start \"keep\""},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 durability: \"fast\" }",
+            "disk_level.durability \"fast\""},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 segment_bytes: 100 }", "disk_level.segment_bytes 100"},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } hot_tier_bytes: 1048576", "hot tier"},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } snapshot_dir: \"/tmp/s\"", "snapshot_dir"},
+       }) {
+    absl::Status st = Resolve(text);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st << " | " << text;
+  }
+}
+
+}  // namespace
+}  // namespace driftkv
