@@ -206,6 +206,23 @@ int main(int argc, char** argv) {
     bad.add_token_ids(3);
     Put(out + "/fuzz_lookup", "both", std::string(1, '\0') + bad.SerializeAsString());
   }
+  {
+    // Pin requests (fuzz_pin.cc); "q" holds ids 0..47.
+    auto pin = [](const std::string& id, int first, int count, uint64_t tokens, double ttl) {
+      v1::PinRequest p;
+      p.set_pin_id(id);
+      for (int i = first; i < first + count; ++i) p.add_prefix_token_ids(i);
+      p.set_tokens(tokens);
+      p.set_ttl_seconds(ttl);
+      return p.SerializeAsString();
+    };
+    Put(out + "/fuzz_pin", "hit", pin("p", 0, 48, 0, 60));
+    Put(out + "/fuzz_pin", "bounded", pin("p", 0, 48, 16, 60));
+    Put(out + "/fuzz_pin", "miss", pin("p", 1, 32, 0, 60));
+    Put(out + "/fuzz_pin", "no_lease", pin("p", 0, 48, 0, 0));
+    Put(out + "/fuzz_pin", "no_id", pin("", 0, 48, 0, 60));
+    Put(out + "/fuzz_pin", "odd_tokens", pin("p", 0, 48, 5, 60));
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {

@@ -122,6 +122,20 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext* context, const v1::Look
   return timer.Finish(ToGrpcStatus(handler_->Lookup(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::Pin(grpc::ServerContext* context, const v1::PinRequest* request,
+                                 v1::PinResponse* response) {
+  RpcTimer timer(metrics_, "Pin");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Pin(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::Unpin(grpc::ServerContext* context, const v1::UnpinRequest* request,
+                                   v1::UnpinResponse* response) {
+  RpcTimer timer(metrics_, "Unpin");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Unpin(*request, response, tenant)));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);

@@ -51,6 +51,7 @@
 #include "service/hot_tier.h"
 #include "service/metrics.h"
 #include "service/page_verifier.h"
+#include "service/pin_table.h"
 #include "service/pinned_staging.h"
 #include "service/prefix_index.h"
 #include "service/regions.h"
@@ -112,6 +113,16 @@ class Handler {
   // (handler_lookup.cc). Read-only.
   absl::Status Lookup(const v1::LookupRequest& request, v1::LookupResponse* response,
                       const std::string& tenant = "") const;
+  // Pins the longest prefix the prefix index holds for `tenant` in every
+  // layer (at most request.tokens) for request.ttl_seconds, charged to the
+  // tenant; a live pin of the same id is replaced (handler_pin.cc,
+  // service/pin_table.h). NOT_FOUND when nothing is held, in the words of
+  // an unknown prefix whatever tenant holds it.
+  absl::Status Pin(const v1::PinRequest& request, v1::PinResponse* response, const std::string& tenant = "");
+  // Removes a live pin of `tenant`; NOT_FOUND otherwise.
+  absl::Status Unpin(const v1::UnpinRequest& request, v1::UnpinResponse* response, const std::string& tenant = "");
+  // The longest lease a Pin may ask for (a week): pins end by themselves.
+  static constexpr double kMaxPinSeconds = 7 * 24 * 3600.0;
   // `tenant`: the caller's; with tokens, restored_sequences counts only
   // its own sequences.
   void Info(v1::InfoResponse* response, const std::string& tenant = "") const;
@@ -178,6 +189,8 @@ class Handler {
   const PagePool& pool() const { return *pool_; }
   // Full cold pages by content (service/prefix_index.h).
   PrefixIndex& prefix_index() { return *index_; }
+  // Pinned prefixes (service/pin_table.h).
+  const PinTable& pins() const { return *pins_; }
   // The hot tier's pool of level pages, or null without one.
   const PagePool* hot_pool() const { return hot_pool_.get(); }
 
@@ -298,6 +311,10 @@ class Handler {
   // Holds references into pool_ (whose reclaimer it is): declared after
   // it, so destroyed first.
   std::unique_ptr<PrefixIndex> index_;
+  // Holds references into pool_ and charges in table_'s ledger: declared
+  // after both, so destroyed first.
+  std::unique_ptr<PinTable> pins_;
+  Clock clock_;                 // pin leases
   std::string codec_identity_;  // SnapshotIdentity(), for NamespaceOf
   RegionTable* regions_ = nullptr;
   mutable Totals totals_;

@@ -105,6 +105,11 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                              .Help("Pages shared by Fork from a prefix, all layers")
                              .Register(r)
                              .Add({});
+  prefix_pinned_pages = &BuildGauge()
+                             .Name("driftkv_prefix_pinned_pages")
+                             .Help("Page references held by pins (Pin RPC), all layers; never evicted")
+                             .Register(r)
+                             .Add({});
   sequences_released =
       &BuildCounter().Name("driftkv_sequences_released_total").Help("Sequences freed by Release").Register(r).Add({});
   sequences_expired = &BuildCounter()

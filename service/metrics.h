@@ -129,6 +129,7 @@ class Metrics {
   prometheus::Gauge* prefix_index_pages;     // (page key, layer) entries, each holding a cold page
   prometheus::Counter* prefix_evictions;     // entries evicted for room
   prometheus::Counter* prefix_pages_forked;  // pages shared by Fork from a prefix, all layers
+  prometheus::Gauge* prefix_pinned_pages;    // page references held by pins, all layers
 
  private:
   // Buckets of budget_utilization.
