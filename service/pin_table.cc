@@ -74,7 +74,8 @@ absl::StatusOr<int64_t> PinTable::Remove(const std::string& key, const std::stri
   absl::MutexLock lock(&mu_);
   auto it = pins_.find(key);
   if (it == pins_.end() || it->second.expires <= now) {
-    return absl::NotFoundError(absl::StrCat("pin_id ", Quoted(pin_id), " is not a live pin (never made, removed, "
+    return absl::NotFoundError(absl::StrCat("pin_id ", Quoted(pin_id),
+                                            " is not a live pin (never made, removed, "
                                             "or its lease ended)"));
   }
   const int64_t n = static_cast<int64_t>(it->second.pages.size());

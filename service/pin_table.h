@@ -35,8 +35,8 @@ class PinTable {
  public:
   // What Put did.
   struct Placed {
-    bool replaced = false;             // a live pin of the key was replaced
-    int64_t replaced_pages = 0;        // its pages
+    bool replaced = false;       // a live pin of the key was replaced
+    int64_t replaced_pages = 0;  // its pages
   };
 
   // `pool`: the cold pool, which must outlive the table.

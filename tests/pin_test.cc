@@ -172,8 +172,8 @@ TEST(Pins, QuotasChargePinsAndTenantsSeeOnlyTheirOwn) {
   const std::vector<uint32_t> ids = Ids(300, 5);
   ASSERT_TRUE(Push(*t.h, "a", a, &ids, 0, 300, "alice").ok());  // 16 pages charged
   ASSERT_TRUE(Release(*t.h, "a", "alice").ok());
-  ASSERT_TRUE(Pin(*t.h, "p1", ids, 256, 60, "alice").ok());  // 16
-  EXPECT_TRUE(Pin(*t.h, "p1", ids, 256, 60, "alice").ok());  // renewed at 16 of 20
+  ASSERT_TRUE(Pin(*t.h, "p1", ids, 256, 60, "alice").ok());                      // 16
+  EXPECT_TRUE(Pin(*t.h, "p1", ids, 256, 60, "alice").ok());                      // renewed at 16 of 20
   absl::StatusOr<v1::PinResponse> over = Pin(*t.h, "p2", ids, 96, 60, "alice");  // 6 more
   EXPECT_EQ(over.status().code(), C::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(over.status().message(), "pin_id \"p2\": tenant \"alice\" quota max_pages 20"))
