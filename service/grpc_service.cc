@@ -136,6 +136,17 @@ grpc::Status KvCacheService::Unpin(grpc::ServerContext* context, const v1::Unpin
   return timer.Finish(ToGrpcStatus(handler_->Unpin(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::WatchPages(grpc::ServerContext* context, const v1::WatchPagesRequest* request,
+                                        grpc::ServerWriter<v1::PageEventBatch>* writer) {
+  RpcTimer timer(metrics_, "WatchPages");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  absl::Status st = handler_->WatchPages(
+      *request, [writer](const v1::PageEventBatch& batch) { return writer->Write(batch); },
+      [context] { return context->IsCancelled(); }, tenant);
+  // CANCELLED when the client cancels it: that is its normal end.
+  return timer.Finish(ToGrpcStatus(st));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);

@@ -136,7 +136,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
                                               std::move(clock), std::move(device_ids));
   h->codec_identity_ = h->SnapshotIdentity();
-  h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers);
+  h->events_ = std::make_unique<PageEvents>();
+  h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers, h->events_.get());
   h->pins_ = std::make_unique<PinTable>(*h->pool_);
   // A Reserve of the cold pool that falls short evicts cached pages first
   // (Append, decode steps, demotion, restore alike).

@@ -57,6 +57,7 @@ void PrefixIndex::Insert(const PageKey& ns, int layer, const PageKey& parent, ab
         s.digests = std::move(pages[i].digests);
         ++node.held;
         ++entries_;
+        if (events_ != nullptr) events_->Publish(ns, PageEvents::Event{true, layer, keys[i]});
       }
       PushFront(&s);
     }
@@ -170,6 +171,7 @@ void PrefixIndex::DropSlot(Slot* s) {
   if (evicted_.size() >= kRemembered) evicted_.clear();
   evicted_.insert(EvictedKey{key, s->layer});
   ++evictions_;
+  if (events_ != nullptr) events_->Publish(key.ns, PageEvents::Event{false, s->layer, key.key});
   auto it = map_.find(key);
   if (--it->second.held == 0) {
     map_.erase(it);

@@ -48,6 +48,7 @@
 #include "absl/types/span.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
+#include "service/page_events.h"
 #include "service/page_key.h"
 
 namespace driftkv {
@@ -85,8 +86,10 @@ class PrefixIndex {
     int partition = 0;  // every page's
   };
 
-  // `pool`: the cold pool, which must outlive the index.
-  PrefixIndex(PagePool& pool, int layers) : pool_(pool), layers_(layers) {}
+  // `pool`: the cold pool, which must outlive the index; `events` (may be
+  // null) is told of every entry entered and evicted, and must outlive it.
+  PrefixIndex(PagePool& pool, int layers, PageEvents* events = nullptr)
+      : pool_(pool), layers_(layers), events_(events) {}
   ~PrefixIndex();  // drops every reference it holds
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
@@ -164,6 +167,7 @@ class PrefixIndex {
 
   PagePool& pool_;
   const int layers_;
+  PageEvents* const events_;
   mutable absl::Mutex mu_;
   Map map_ ABSL_GUARDED_BY(mu_);
   Slot* head_ ABSL_GUARDED_BY(mu_) = nullptr;  // most recent

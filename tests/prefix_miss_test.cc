@@ -124,12 +124,12 @@ TEST(PrefixMiss, AnotherTenantsPagesAreNeverStoredToTheCallerOnly) {
   EXPECT_EQ(Lookups(metrics, "other_namespace"), 1.0);
   EXPECT_EQ(Lookups(metrics, "never_stored"), 1.0);
   EXPECT_EQ(Lookup(h, ids, "alice").pages(), 5u);  // 200 tokens, a window of 32
-  EXPECT_EQ(Counter(metrics, "driftkv_tenant_prefix_lookups_total", {{"tenant", "bob"}, {"outcome", "other_namespace"}}),
-            1.0);
+  EXPECT_EQ(
+      Counter(metrics, "driftkv_tenant_prefix_lookups_total", {{"tenant", "bob"}, {"outcome", "other_namespace"}}),
+      1.0);
   EXPECT_EQ(Counter(metrics, "driftkv_tenant_prefix_lookup_pages_total", {{"tenant", "alice"}, {"outcome", "hit"}}),
             5.0);
-  EXPECT_EQ(Counter(metrics, "driftkv_tenant_prefix_lookup_pages_total", {{"tenant", "bob"}, {"outcome", "hit"}}),
-            0.0);
+  EXPECT_EQ(Counter(metrics, "driftkv_tenant_prefix_lookup_pages_total", {{"tenant", "bob"}, {"outcome", "hit"}}), 0.0);
   // Without per_tenant no series names a tenant.
   TestHandler plain(SmallOptions());
   Lookup(*plain.h, ids);
