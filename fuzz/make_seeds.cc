@@ -223,6 +223,19 @@ int main(int argc, char** argv) {
     Put(out + "/fuzz_pin", "no_id", pin("", 0, 48, 0, 60));
     Put(out + "/fuzz_pin", "odd_tokens", pin("p", 0, 48, 5, 60));
   }
+  {
+    // WatchPages requests (fuzz_watch_pages.cc): 8 events each.
+    auto watch = [](uint32_t batch, uint32_t buffer) {
+      v1::WatchPagesRequest w;
+      w.set_max_batch(batch);
+      w.set_buffer_events(buffer);
+      return w.SerializeAsString();
+    };
+    Put(out + "/fuzz_watch_pages", "defaults", watch(0, 0));
+    Put(out + "/fuzz_watch_pages", "one_by_one", watch(1, 0));
+    Put(out + "/fuzz_watch_pages", "overflow", watch(3, 2));
+    Put(out + "/fuzz_watch_pages", "too_big", watch(5000, 0));
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {
