@@ -222,9 +222,10 @@ int Main(int argc, char** argv) {
     }
     for (std::thread& t : runs) t.join();
   }
-  std::printf("%d prompts of %d tokens, Zipf exponent %.2f, %d requests (seed %d), %d layer(s) of %d x %d, "
-              "pages of %d tokens; hit rate over the last 80%% of requests\n",
-              tr.prompts, tr.tokens, zipf, requests, seed, tr.layers, tr.kv_heads, kD, kP);
+  std::printf(
+      "%d prompts of %d tokens, Zipf exponent %.2f, %d requests (seed %d), %d layer(s) of %d x %d, "
+      "pages of %d tokens; hit rate over the last 80%% of requests\n",
+      tr.prompts, tr.tokens, zipf, requests, seed, tr.layers, tr.kv_heads, kD, kP);
   std::printf("%10s %12s %12s %10s %10s\n", "budget MiB", "driftkv pages", "bf16 pages", "driftkv", "bf16");
   std::ofstream out;
   if (!csv.empty()) {

@@ -94,8 +94,10 @@ TEST(PrefixStress, SixteenClientsForkAppendAttendAndReleaseUnderPressure) {
         const std::string id = absl::StrCat("c", w, "-", i);
         if (w == 0 && i % 4 == 0) {
           v1::PinRequest pin;
-          pin.set_pin_id(absl::StrCat("sys", i % 8 / 4));
-          pin.mutable_prefix_token_ids()->Add(ids[i % kShared].begin(), ids[i % kShared].end());
+          // Pin "sys0" holds shared prompt 0, "sys1" prompt 1; renewed in turn.
+          const int shared = i / 4 % kShared;
+          pin.set_pin_id(absl::StrCat("sys", shared));
+          pin.mutable_prefix_token_ids()->Add(ids[shared].begin(), ids[shared].end());
           pin.set_tokens(128);
           pin.set_ttl_seconds(30);
           v1::PinResponse pr;
@@ -134,8 +136,7 @@ TEST(PrefixStress, SixteenClientsForkAppendAttendAndReleaseUnderPressure) {
   EXPECT_GT(t.h->prefix_index().evictions(), 0u);
   std::printf("%lld requests by %d clients, %lld forks, %lld refused for room, %llu evictions\n",
               static_cast<long long>(requests.load()), kClients, static_cast<long long>(forked.load()),
-              static_cast<long long>(refused.load()),
-              static_cast<unsigned long long>(t.h->prefix_index().evictions()));
+              static_cast<long long>(refused.load()), static_cast<unsigned long long>(t.h->prefix_index().evictions()));
   // Only the pins and the cache are left; evicting the cache leaves the pins.
   EXPECT_EQ(t.Stats().sequences(), 0u);
   t.h->prefix_index().EvictAll();
