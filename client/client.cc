@@ -313,6 +313,35 @@ absl::StatusOr<v1::LookupResponse> Client::Lookup(const v1::LookupRequest& reque
   return response;
 }
 
+absl::StatusOr<v1::PinResponse> Client::Pin(const std::string& pin_id, absl::Span<const uint32_t> token_ids,
+                                            double ttl_seconds, uint64_t max_tokens) {
+  v1::PinRequest request;
+  request.set_pin_id(pin_id);
+  request.mutable_prefix_token_ids()->Add(token_ids.begin(), token_ids.end());
+  request.set_ttl_seconds(ttl_seconds);
+  request.set_tokens(max_tokens);
+  v1::PinResponse response;
+  grpc::Status st = WithRetries(true, [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    response.Clear();
+    return stub_->Pin(&context, request, &response);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::UnpinResponse> Client::Unpin(const std::string& pin_id) {
+  v1::UnpinRequest request;
+  request.set_pin_id(pin_id);
+  v1::UnpinResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::Status st = stub_->Unpin(&context, request, &response);
+  if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
 absl::StatusOr<v1::InfoResponse> Client::Info() {
   v1::InfoResponse response;
   grpc::Status st = WithRetries(true, [&](int) {

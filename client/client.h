@@ -120,6 +120,15 @@ class Client {
   // "Lookup"). Retried: read-only.
   absl::StatusOr<v1::LookupResponse> Lookup(absl::Span<const uint32_t> token_ids);
   absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
+  // Pins the longest prefix of `token_ids` the server holds in every layer
+  // (at most `max_tokens` unless 0) for `ttl_seconds`, as `pin_id`
+  // (docs/api.md, "Pin"); repeating it renews the pin. Retried (a repeat
+  // replaces the pin with itself).
+  absl::StatusOr<v1::PinResponse> Pin(const std::string& pin_id, absl::Span<const uint32_t> token_ids,
+                                      double ttl_seconds, uint64_t max_tokens = 0);
+  // Removes a pin; NOT_FOUND when it is not live. Not retried. (Page
+  // events: stub()->WatchPages, a server stream; docs/api.md.)
+  absl::StatusOr<v1::UnpinResponse> Unpin(const std::string& pin_id);
   absl::StatusOr<v1::InfoResponse> Info();
   absl::StatusOr<v1::StatsResponse> Stats();
 

@@ -209,6 +209,36 @@ int main(int argc, char** argv) {
     bad.add_token_ids(3);
     Put(out + "/fuzz_lookup", "both", std::string(1, '\0') + bad.SerializeAsString());
   }
+  {
+    // Pin requests (fuzz_pin.cc); "q" holds ids 0..47.
+    auto pin = [](const std::string& id, int first, int count, uint64_t tokens, double ttl) {
+      v1::PinRequest p;
+      p.set_pin_id(id);
+      for (int i = first; i < first + count; ++i) p.add_prefix_token_ids(i);
+      p.set_tokens(tokens);
+      p.set_ttl_seconds(ttl);
+      return p.SerializeAsString();
+    };
+    Put(out + "/fuzz_pin", "hit", pin("p", 0, 48, 0, 60));
+    Put(out + "/fuzz_pin", "bounded", pin("p", 0, 48, 16, 60));
+    Put(out + "/fuzz_pin", "miss", pin("p", 1, 32, 0, 60));
+    Put(out + "/fuzz_pin", "no_lease", pin("p", 0, 48, 0, 0));
+    Put(out + "/fuzz_pin", "no_id", pin("", 0, 48, 0, 60));
+    Put(out + "/fuzz_pin", "odd_tokens", pin("p", 0, 48, 5, 60));
+  }
+  {
+    // WatchPages requests (fuzz_watch_pages.cc): 8 events each.
+    auto watch = [](uint32_t batch, uint32_t buffer) {
+      v1::WatchPagesRequest w;
+      w.set_max_batch(batch);
+      w.set_buffer_events(buffer);
+      return w.SerializeAsString();
+    };
+    Put(out + "/fuzz_watch_pages", "defaults", watch(0, 0));
+    Put(out + "/fuzz_watch_pages", "one_by_one", watch(1, 0));
+    Put(out + "/fuzz_watch_pages", "overflow", watch(3, 2));
+    Put(out + "/fuzz_watch_pages", "too_big", watch(5000, 0));
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {

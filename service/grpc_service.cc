@@ -129,6 +129,31 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext* context, const v1::Look
   return timer.Finish(ToGrpcStatus(handler_->Lookup(*request, response, tenant)));
 }
 
+grpc::Status KvCacheService::Pin(grpc::ServerContext* context, const v1::PinRequest* request,
+                                 v1::PinResponse* response) {
+  RpcTimer timer(metrics_, "Pin");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Pin(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::Unpin(grpc::ServerContext* context, const v1::UnpinRequest* request,
+                                   v1::UnpinResponse* response) {
+  RpcTimer timer(metrics_, "Unpin");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  return timer.Finish(ToGrpcStatus(handler_->Unpin(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::WatchPages(grpc::ServerContext* context, const v1::WatchPagesRequest* request,
+                                        grpc::ServerWriter<v1::PageEventBatch>* writer) {
+  RpcTimer timer(metrics_, "WatchPages");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  absl::Status st = handler_->WatchPages(
+      *request, [writer](const v1::PageEventBatch& batch) { return writer->Write(batch); },
+      [context] { return context->IsCancelled(); }, tenant);
+  // CANCELLED when the client cancels it: that is its normal end.
+  return timer.Finish(ToGrpcStatus(st));
+}
+
 grpc::Status KvCacheService::Info(grpc::ServerContext* context, const v1::InfoRequest*, v1::InfoResponse* response) {
   RpcTimer timer(metrics_, "Info");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);

@@ -46,6 +46,11 @@ class KvCacheService final : public v1::KvCache::Service {
   grpc::Status Fork(grpc::ServerContext* context, const v1::ForkRequest* request, v1::ForkResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
+  grpc::Status Pin(grpc::ServerContext* context, const v1::PinRequest* request, v1::PinResponse* response) override;
+  grpc::Status Unpin(grpc::ServerContext* context, const v1::UnpinRequest* request,
+                     v1::UnpinResponse* response) override;
+  grpc::Status WatchPages(grpc::ServerContext* context, const v1::WatchPagesRequest* request,
+                          grpc::ServerWriter<v1::PageEventBatch>* writer) override;
   grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::InfoResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;

@@ -132,10 +132,13 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
         std::make_unique<HotTier>(*h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock,
                                   options.hot_promotion, options.hot_idle_seconds, [self] { self->PublishGauges(); });
   }
+  h->clock_ = clock;
   h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
                                               std::move(clock), std::move(device_ids));
   h->codec_identity_ = h->SnapshotIdentity();
-  h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers);
+  h->events_ = std::make_unique<PageEvents>();
+  h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers, h->events_.get());
+  h->pins_ = std::make_unique<PinTable>(*h->pool_);
   if (options.disk_level.on()) {
     if (absl::Status st = ValidateDiskLevel(options); !st.ok()) return st;
     // The cuda backend keeps device copies of pool pages that a move up

@@ -54,6 +54,7 @@
 #include "service/hot_tier.h"
 #include "service/metrics.h"
 #include "service/page_verifier.h"
+#include "service/pin_table.h"
 #include "service/pinned_staging.h"
 #include "service/prefix_index.h"
 #include "service/regions.h"
@@ -121,6 +122,24 @@ class Handler {
   // sequence. Without a disk level: OK, nothing restored.
   absl::Status Prefetch(const v1::PrefetchRequest& request, v1::PrefetchResponse* response,
                         const std::string& tenant = "");
+  // Pins the longest prefix the prefix index holds for `tenant` in every
+  // layer (at most request.tokens) for request.ttl_seconds, charged to the
+  // tenant; a live pin of the same id is replaced (handler_pin.cc,
+  // service/pin_table.h). NOT_FOUND when nothing is held, in the words of
+  // an unknown prefix whatever tenant holds it.
+  absl::Status Pin(const v1::PinRequest& request, v1::PinResponse* response, const std::string& tenant = "");
+  // Removes a live pin of `tenant`; NOT_FOUND otherwise.
+  absl::Status Unpin(const v1::UnpinRequest& request, v1::UnpinResponse* response, const std::string& tenant = "");
+  // The longest lease a Pin may ask for (a week): pins end by themselves.
+  static constexpr double kMaxPinSeconds = 7 * 24 * 3600.0;
+  // Streams the prefix index's stored / evicted events of `tenant`'s pages
+  // through `sink` from now on (handler_watch.cc, service/page_events.h)
+  // until `stop` (asked at least every `poll`) says so or `sink` returns
+  // false: then Cancelled. INVALID_ARGUMENT for sizes out of range,
+  // RESOURCE_EXHAUSTED past PageEvents::kMaxSubscribers.
+  absl::Status WatchPages(const v1::WatchPagesRequest& request,
+                          const std::function<bool(const v1::PageEventBatch&)>& sink, const std::function<bool()>& stop,
+                          const std::string& tenant = "", absl::Duration poll = absl::Milliseconds(200));
   // `tenant`: the caller's; with tokens, restored_sequences counts only
   // its own sequences.
   void Info(v1::InfoResponse* response, const std::string& tenant = "") const;
@@ -187,6 +206,10 @@ class Handler {
   const PagePool& pool() const { return *pool_; }
   // Full cold pages by content (service/prefix_index.h).
   PrefixIndex& prefix_index() { return *index_; }
+  // Subscribers of WatchPages (service/page_events.h).
+  PageEvents& page_events() { return *events_; }
+  // Pinned prefixes (service/pin_table.h).
+  const PinTable& pins() const { return *pins_; }
   // The hot tier's pool of level pages, or null without one.
   const PagePool* hot_pool() const { return hot_pool_.get(); }
   // The disk level below the pool (service/spill_tier.h), or null.
@@ -313,7 +336,13 @@ class Handler {
   std::unique_ptr<SequenceTable> table_;
   // Holds references into pool_ (whose reclaimer it is): declared after
   // it, so destroyed first.
+  // Told of the index's entries: declared before it, so destroyed after.
+  std::unique_ptr<PageEvents> events_;
   std::unique_ptr<PrefixIndex> index_;
+  // Holds references into pool_ and charges in table_'s ledger: declared
+  // after both, so destroyed first.
+  std::unique_ptr<PinTable> pins_;
+  Clock clock_;                 // pin leases
   std::string codec_identity_;  // SnapshotIdentity(), for NamespaceOf
   RegionTable* regions_ = nullptr;
   mutable Totals totals_;

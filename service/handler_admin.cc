@@ -27,7 +27,8 @@ int Handler::ExpireIdle() {
   table_->PurgeTombstones();
   if (hot_ != nullptr && hot_->DemoteIdle()) PublishGauges();
   const int expired = table_->ExpireIdle();
-  if (expired > 0) PublishGauges();
+  const int pins_ended = pins_->Expire(clock_());
+  if (expired > 0 || pins_ended > 0) PublishGauges();
   return expired;
 }
 
@@ -39,6 +40,7 @@ void Handler::PublishGauges() {
   metrics_->tier_pages[0]->Set(static_cast<double>(in_use));
   if (hot_ != nullptr) hot_->PublishGauges();
   if (index_ != nullptr) metrics_->prefix_index_pages->Set(static_cast<double>(index_->entries()));
+  if (pins_ != nullptr) metrics_->prefix_pinned_pages->Set(static_cast<double>(pins_->pages()));
 }
 
 void Handler::Info(v1::InfoResponse* r, const std::string& tenant) const {

@@ -407,7 +407,8 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       // undone below if the chunk is refused after all.
       TokenIdsChange ids_change;
       bool ids_changed = false;
-      std::vector<PageKey> new_keys;  // of the layer's pages this chunk seals, as far as known
+      std::vector<PageKey> new_keys;   // of the layer's pages this chunk seals, as far as known
+      PageKey parent = PageKeyRoot();  // of new_keys[0]
       SealedPages sealed;
       if (st.ok()) {
         absl::MutexLock ids_lock(&seq->token_ids.mu);
@@ -416,6 +417,7 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
         ids_changed = st.ok();
         const size_t first_page = layer.pages.size();
         const size_t known = seq->token_ids.keys.size();
+        if (first_page > 0 && first_page <= known) parent = seq->token_ids.keys[first_page - 1];
         for (size_t k = first_page; k < first_page + plan.pages && k < known; ++k) {
           new_keys.push_back(seq->token_ids.keys[k]);
         }
@@ -459,7 +461,7 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
           const PageKey ns = NamespaceOf(tenant);
           if (ids_change.closed_now) index_->MarkUnhashed(ns, ids_change.unhashed_after);
           if (!sealed.pages.empty()) {
-            index_->Insert(ns, static_cast<int>(layer_index), new_keys, std::move(sealed.pages));
+            index_->Insert(ns, static_cast<int>(layer_index), parent, new_keys, std::move(sealed.pages));
           }
         }
       }

@@ -9,6 +9,9 @@
 
 namespace driftkv {
 
+// Metrics::RecordLookup's outcome labels follow PrefixIndex::Miss.
+static_assert(static_cast<int>(PrefixIndex::Miss::kOtherNamespace) == 5, "Metrics::LookupOutcomeName");
+
 absl::Status Handler::PromptKeys(absl::string_view ids_field, absl::Span<const uint32_t> ids,
                                  absl::string_view keys_field,
                                  const google::protobuf::RepeatedPtrField<std::string>& keys,
@@ -49,7 +52,12 @@ std::string Handler::MissMessage(const PrefixIndex::Match& m) const {
       return absl::StrCat(page,
                           " is not indexed: a sequence holding the pages before it went on with tokens "
                           "appended without token_ids");
-    case PrefixIndex::Miss::kNeverStored: break;
+    case PrefixIndex::Miss::kDiverged:
+      return absl::StrCat(page,
+                          " is not held, but another page following the same prefix was stored: the prompt "
+                          "diverges from a stored one inside this page (other token ids, or hashed otherwise)");
+    case PrefixIndex::Miss::kNeverStored:
+    case PrefixIndex::Miss::kOtherNamespace: break;  // the same words: tenants see nothing of each other
   }
   return absl::StrCat(page, " was never stored with token_ids by this tenant under this codec");
 }
@@ -66,9 +74,13 @@ absl::Status Handler::Lookup(const v1::LookupRequest& request, v1::LookupRespons
   response->set_pages(static_cast<uint64_t>(m.pages));
   response->set_tokens(static_cast<uint64_t>(m.pages * pool_->page_tokens()));
   for (int64_t n : m.layer_pages) response->add_layer_pages(static_cast<uint64_t>(n));
+  metrics_->RecordLookup(tenant, static_cast<int>(m.miss), static_cast<uint64_t>(m.pages),
+                         keys.size() - static_cast<uint64_t>(m.pages));
   switch (m.miss) {
     case PrefixIndex::Miss::kNone: response->set_miss_reason(v1::MISS_NONE); return absl::OkStatus();
-    case PrefixIndex::Miss::kNeverStored: response->set_miss_reason(v1::MISS_NEVER_STORED); break;
+    case PrefixIndex::Miss::kNeverStored:
+    case PrefixIndex::Miss::kOtherNamespace: response->set_miss_reason(v1::MISS_NEVER_STORED); break;
+    case PrefixIndex::Miss::kDiverged: response->set_miss_reason(v1::MISS_DIVERGED); break;
     case PrefixIndex::Miss::kEvicted: response->set_miss_reason(v1::MISS_EVICTED); break;
     case PrefixIndex::Miss::kUnhashed: response->set_miss_reason(v1::MISS_UNHASHED); break;
   }

@@ -105,6 +105,11 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                              .Help("Pages shared by Fork from a prefix, all layers")
                              .Register(r)
                              .Add({});
+  prefix_pinned_pages = &BuildGauge()
+                             .Name("driftkv_prefix_pinned_pages")
+                             .Help("Page references held by pins (Pin RPC), all layers; never evicted")
+                             .Register(r)
+                             .Add({});
   sequences_released =
       &BuildCounter().Name("driftkv_sequences_released_total").Help("Sequences freed by Release").Register(r).Add({});
   sequences_expired = &BuildCounter()
@@ -235,6 +240,28 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                                 .Register(r)
                                 .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                                      0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
+  auto& lookups = BuildCounter()
+                      .Name("driftkv_prefix_lookups_total")
+                      .Help("Lookups by outcome: hit (every page held) or the first missing page's reason")
+                      .Register(r);
+  auto& lookup_pages = BuildCounter()
+                           .Name("driftkv_prefix_lookup_pages_total")
+                           .Help("Prompt pages of Lookups: held (outcome hit), or missing, by the first miss's reason")
+                           .Register(r);
+  for (int o = 0; o < kLookupOutcomes; ++o) {
+    lookups_[o] = &lookups.Add({{"outcome", LookupOutcomeName(o)}});
+    lookup_pages_[o] = &lookup_pages.Add({{"outcome", LookupOutcomeName(o)}});
+  }
+  if (per_tenant) {
+    tenant_lookups_ = &BuildCounter()
+                           .Name("driftkv_tenant_prefix_lookups_total")
+                           .Help("driftkv_prefix_lookups_total of each tenant (only with tokens)")
+                           .Register(r);
+    tenant_lookup_pages_ = &BuildCounter()
+                                .Name("driftkv_tenant_prefix_lookup_pages_total")
+                                .Help("driftkv_prefix_lookup_pages_total of each tenant (only with tokens)")
+                                .Register(r);
+  }
   if (per_tenant) {
     tenant_pages_ = &BuildGauge()
                          .Name("driftkv_tenant_pages")
@@ -341,6 +368,32 @@ void Metrics::SetTenant(const std::string& tenant, double pages, double sequence
   p->Set(pages);
   s->Set(sequences);
   b->Set(bytes);
+}
+
+const char* Metrics::LookupOutcomeName(int outcome) {
+  // PrefixIndex::Miss's order; kNone is a whole hit.
+  static constexpr const char* kNames[kLookupOutcomes] = {"hit",      "never_stored", "evicted",
+                                                          "unhashed", "diverged",     "other_namespace"};
+  return outcome >= 0 && outcome < kLookupOutcomes ? kNames[outcome] : "never_stored";
+}
+
+void Metrics::RecordLookup(const std::string& tenant, int outcome, uint64_t hit, uint64_t missed) {
+  if (outcome < 0 || outcome >= kLookupOutcomes) outcome = 1;
+  lookups_[outcome]->Increment();
+  if (hit > 0) lookup_pages_[0]->Increment(static_cast<double>(hit));
+  if (missed > 0) lookup_pages_[outcome]->Increment(static_cast<double>(missed));
+  if (tenant_lookups_ == nullptr) return;
+  prometheus::Counter *calls, *held, *lost;
+  {
+    absl::MutexLock lock(&mu_);
+    const char* name = LookupOutcomeName(outcome);
+    calls = &tenant_lookups_->Add({{"tenant", tenant}, {"outcome", name}});
+    held = &tenant_lookup_pages_->Add({{"tenant", tenant}, {"outcome", "hit"}});
+    lost = &tenant_lookup_pages_->Add({{"tenant", tenant}, {"outcome", name}});
+  }
+  calls->Increment();
+  if (hit > 0) held->Increment(static_cast<double>(hit));
+  if (missed > 0) lost->Increment(static_cast<double>(missed));
 }
 
 }  // namespace driftkv

@@ -60,6 +60,15 @@ class Metrics {
   // _bytes{tenant}); only with tokens, so the label set is the tokens
   // file's tenants. Does nothing unless constructed with `per_tenant`.
   void SetTenant(const std::string& tenant, double pages, double sequences, double bytes);
+  // One Lookup (docs/prefix_cache.md, "Hit rates"): `hit` leading pages
+  // held, `missed` pages after them, all counted under `outcome`, the
+  // first miss's reason (PrefixIndex::Miss as an int; kNone: the whole
+  // prompt was held): driftkv_prefix_lookups_total{outcome} and
+  // driftkv_prefix_lookup_pages_total{outcome}, the hit pages under
+  // outcome="hit"; with `per_tenant`, also per tenant.
+  void RecordLookup(const std::string& tenant, int outcome, uint64_t hit, uint64_t missed);
+  // The outcome label of RecordLookup's `outcome`.
+  static const char* LookupOutcomeName(int outcome);
 
   // By stream kind (label stream="key"/"value").
   prometheus::Histogram* budget_utilization[2];
@@ -129,6 +138,7 @@ class Metrics {
   prometheus::Gauge* prefix_index_pages;     // (page key, layer) entries, each holding a cold page
   prometheus::Counter* prefix_evictions;     // entries evicted for room
   prometheus::Counter* prefix_pages_forked;  // pages shared by Fork from a prefix, all layers
+  prometheus::Gauge* prefix_pinned_pages;    // page references held by pins, all layers
 
  private:
   // Buckets of budget_utilization.
@@ -139,6 +149,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* tenant_pages_ = nullptr;  // null unless per_tenant
   prometheus::Family<prometheus::Gauge>* tenant_sequences_ = nullptr;
   prometheus::Family<prometheus::Gauge>* tenant_bytes_ = nullptr;
+  // driftkv_prefix_lookups_total / _lookup_pages_total by outcome
+  // (kLookupOutcomes labels: "hit" and the miss reasons), and per tenant.
+  static constexpr int kLookupOutcomes = 6;
+  prometheus::Counter* lookups_[kLookupOutcomes] = {};
+  prometheus::Counter* lookup_pages_[kLookupOutcomes] = {};
+  prometheus::Family<prometheus::Counter>* tenant_lookups_ = nullptr;  // null unless per_tenant
+  prometheus::Family<prometheus::Counter>* tenant_lookup_pages_ = nullptr;
   absl::Mutex mu_;  // guards lazily added label sets of rpc_seconds_ and tenant_*
 };
 

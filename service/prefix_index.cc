@@ -25,14 +25,22 @@ void PrefixIndex::PushFront(Slot* s) {
   head_ = s;
 }
 
-void PrefixIndex::Insert(const PageKey& ns, int layer, absl::Span<const PageKey> keys, std::vector<Page> pages) {
+void PrefixIndex::Insert(const PageKey& ns, int layer, const PageKey& parent, absl::Span<const PageKey> keys,
+                         std::vector<Page> pages) {
   std::vector<PageId> duplicates;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < pages.size(); ++i) {
+      // The root is every first page's parent: it says nothing.
+      const PageKey& before = i == 0 ? parent : keys[i - 1];
+      if (!(before == PageKeyRoot())) {
+        if (parents_.size() >= kRemembered) parents_.clear();
+        parents_.insert(NodeKey{ns, before});
+      }
       auto [it, created] = map_.try_emplace(NodeKey{ns, keys[i]});
       Node& node = it->second;
       if (created) {
+        ++namespaces_[keys[i]];
         node.slots.resize(layers_);
         for (int l = 0; l < layers_; ++l) {
           node.slots[l].key = &it->first;
@@ -49,6 +57,7 @@ void PrefixIndex::Insert(const PageKey& ns, int layer, absl::Span<const PageKey>
         s.digests = std::move(pages[i].digests);
         ++node.held;
         ++entries_;
+        if (events_ != nullptr) events_->Publish(ns, PageEvents::Event{true, layer, keys[i]});
       }
       PushFront(&s);
     }
@@ -93,10 +102,15 @@ void PrefixIndex::LookupLocked(const PageKey& ns, absl::Span<const PageKey> keys
       static_cast<int>(std::find(m->layer_pages.begin(), m->layer_pages.end(), m->pages) - m->layer_pages.begin());
   const NodeKey missing{ns, keys[m->pages]};
   const NodeKey after{ns, m->pages == 0 ? PageKeyRoot() : keys[m->pages - 1]};
+  const bool in_namespace = map_.contains(missing);
   if (evicted_.contains(EvictedKey{missing, m->miss_layer})) {
     m->miss = Miss::kEvicted;
   } else if (unhashed_.contains(after)) {
     m->miss = Miss::kUnhashed;
+  } else if (!in_namespace && m->pages > 0 && parents_.contains(after)) {
+    m->miss = Miss::kDiverged;
+  } else if (!in_namespace && namespaces_.contains(missing.key)) {
+    m->miss = Miss::kOtherNamespace;
   } else {
     m->miss = Miss::kNeverStored;
   }
@@ -157,8 +171,13 @@ void PrefixIndex::DropSlot(Slot* s) {
   if (evicted_.size() >= kRemembered) evicted_.clear();
   evicted_.insert(EvictedKey{key, s->layer});
   ++evictions_;
+  if (events_ != nullptr) events_->Publish(key.ns, PageEvents::Event{false, s->layer, key.key});
   auto it = map_.find(key);
-  if (--it->second.held == 0) map_.erase(it);
+  if (--it->second.held == 0) {
+    map_.erase(it);
+    auto n = namespaces_.find(key.key);
+    if (--n->second == 0) namespaces_.erase(n);
+  }
 }
 
 int64_t PrefixIndex::EvictLocked(int64_t pages, int partition) {

@@ -22,7 +22,14 @@
 // (namespace, key, layer) it evicted and the (namespace, parent key) after
 // which a sequence went on without token ids, to say why a page is not
 // held; beyond that the oldest are forgotten (the sets are cleared when
-// full) and such a page reads as never stored.
+// full) and such a page reads as never stored. It also remembers, the same
+// way, each (namespace, parent key) after which some page was entered:
+// a prompt whose page is not held although the page before it is, and
+// another page followed that one, diverged (its tokens, or their hashing,
+// differ from what was stored). And it counts the namespaces holding each
+// key, to tell a page held under another namespace (another tenant or
+// codec) from one never stored: that reason is for the server's metrics
+// only, callers must be told "never stored" (service/tenant.h).
 //
 // Locks: mu_ is taken under any Sequence::mu or LayerState::mu (Append
 // inserts under the layer's lock; Reserve reclaims under it) and only the
@@ -34,12 +41,14 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
+#include "service/page_events.h"
 #include "service/page_key.h"
 
 namespace driftkv {
@@ -48,7 +57,12 @@ class PrefixIndex {
  public:
   static constexpr size_t kRemembered = size_t{1} << 16;
 
-  enum class Miss { kNone, kNeverStored, kEvicted, kUnhashed };
+  // Why page `pages` of a prompt is not held, in the order they are
+  // tried: evicted (that page), unhashed (after the page before it),
+  // diverged (another page followed the page before it), held under
+  // another namespace only, never stored. kDiverged and kOtherNamespace
+  // are only said of a page whose key the namespace holds in no layer.
+  enum class Miss { kNone, kNeverStored, kEvicted, kUnhashed, kDiverged, kOtherNamespace };
 
   // A sealed page handed to the index: the cold page, its checksum and the
   // TokenDigest of each of its tokens (what a fork layer copies).
@@ -72,17 +86,20 @@ class PrefixIndex {
     int partition = 0;  // every page's
   };
 
-  // `pool`: the cold pool, which must outlive the index.
-  PrefixIndex(PagePool& pool, int layers) : pool_(pool), layers_(layers) {}
+  // `pool`: the cold pool, which must outlive the index; `events` (may be
+  // null) is told of every entry entered and evicted, and must outlive it.
+  PrefixIndex(PagePool& pool, int layers, PageEvents* events = nullptr)
+      : pool_(pool), layers_(layers), events_(events) {}
   ~PrefixIndex();  // drops every reference it holds
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
 
   // Enters pages[i] as (ns, keys[i], layer), taking over the caller's one
   // reference to each; a key already held keeps its page (the new
-  // reference is dropped) and becomes the most recent.
-  void Insert(const PageKey& ns, int layer, absl::Span<const PageKey> keys, std::vector<Page> pages)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // reference is dropped) and becomes the most recent. `parent`: the key
+  // of the page before keys[0] (PageKeyRoot() for a sequence's page 0).
+  void Insert(const PageKey& ns, int layer, const PageKey& parent, absl::Span<const PageKey> keys,
+              std::vector<Page> pages) ABSL_LOCKS_EXCLUDED(mu_);
   // A sequence of `ns` went on past the page keyed `parent` with tokens
   // without ids. Not recorded for the root (a sequence without any ids):
   // every prompt's first page has it for parent, so a first page is never
@@ -150,6 +167,7 @@ class PrefixIndex {
 
   PagePool& pool_;
   const int layers_;
+  PageEvents* const events_;
   mutable absl::Mutex mu_;
   Map map_ ABSL_GUARDED_BY(mu_);
   Slot* head_ ABSL_GUARDED_BY(mu_) = nullptr;  // most recent
@@ -157,7 +175,9 @@ class PrefixIndex {
   int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<EvictedKey> evicted_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<NodeKey> unhashed_ ABSL_GUARDED_BY(mu_);  // (ns, parent key)
+  absl::flat_hash_set<NodeKey> unhashed_ ABSL_GUARDED_BY(mu_);         // (ns, parent key)
+  absl::flat_hash_set<NodeKey> parents_ ABSL_GUARDED_BY(mu_);          // (ns, key a page followed)
+  absl::flat_hash_map<PageKey, int> namespaces_ ABSL_GUARDED_BY(mu_);  // nodes holding each key
 };
 
 }  // namespace driftkv

@@ -415,6 +415,40 @@ TEST_F(GrpcTest, LookupAndForkFromAPrefixOverTheWire) {
   EXPECT_TRUE(absl::StrContains(metrics, "driftkv_prefix_index_pages 10")) << metrics;
 }
 
+// Pin and Unpin through the client, and WatchPages' stream: the pages of
+// a sequence appended with ids arrive as PAGE_STORED events, then the
+// client cancels the stream (CANCELLED).
+TEST_F(GrpcTest, PinUnpinAndWatchPagesOverTheWire) {
+  auto stub = client_->stub();
+  grpc::ClientContext watch;
+  std::unique_ptr<grpc::ClientReader<v1::PageEventBatch>> events = stub->WatchPages(&watch, v1::WatchPagesRequest());
+  const testing::Kv kv = SyntheticKv(100, kN, 17);
+  std::vector<uint32_t> ids(100);
+  for (int i = 0; i < 100; ++i) ids[i] = 5 * i + 1;
+  // The subscription is made when the server runs the call, which the
+  // client does not see: give it time before the pages are stored.
+  std::vector<v1::AppendChunk> chunks;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    chunks.push_back(
+        MakeChunk("p", layer, 0, 100, kv.keys.data(), kv.values.data(), kN, v1::DTYPE_BF16, absl::MakeConstSpan(ids)));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(client_->Append(chunks).ok());
+  v1::PageEventBatch batch;
+  int stored = 0;
+  while (stored < 4 && events->Read(&batch)) {
+    for (const v1::PageEvent& e : batch.events()) stored += e.kind() == v1::PAGE_STORED ? 1 : 0;
+  }
+  EXPECT_EQ(stored, 4);  // 2 pages of 2 layers
+  watch.TryCancel();
+  EXPECT_EQ(events->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  absl::StatusOr<v1::PinResponse> pin = client_->Pin("sys", ids, 60);
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  EXPECT_EQ(pin->pages_pinned(), 4u);
+  EXPECT_EQ(client_->Unpin("sys")->pages_unpinned(), 4u);
+  EXPECT_EQ(client_->Unpin("sys").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(GrpcTest, HealthServiceAnswersServing) {
   auto channel = grpc::CreateChannel(testing::LoopbackTarget(server_->port()), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);

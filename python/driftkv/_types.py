@@ -183,7 +183,7 @@ class LookupResult(NamedTuple):
     pages: int               # held in every layer (min of layer_pages)
     tokens: int              # pages * page_tokens
     layer_pages: List[int]   # leading pages held, per layer
-    miss_reason: str         # "none", "never_stored", "evicted" or "unhashed": of page `pages`
+    miss_reason: str         # "none", "never_stored", "evicted", "unhashed" or "diverged": of page `pages`
     miss_page: int
     miss_layer: int
     miss_message: str        # "" when nothing is missing

@@ -400,7 +400,7 @@ def lookup_request(token_ids, page_keys):
     return pb.LookupRequest(**prompt_fields(token_ids, page_keys, "token_ids", "page_keys"))
 
 
-_MISS = {0: "none", 1: "never_stored", 2: "evicted", 3: "unhashed"}
+_MISS = {0: "none", 1: "never_stored", 2: "evicted", 3: "unhashed", 4: "diverged"}
 
 
 def lookup_result(r) -> LookupResult:
