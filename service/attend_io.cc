@@ -321,10 +321,16 @@ absl::Status AttendIo::QueryError(int index, const ItemIo& io, int64_t bad) cons
   return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is not finite"));
 }
 
-void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* result) {
+void AttendIo::Finish(ItemIo* io, int index, size_t qe, int q_heads, v1::AttendResult* result) {
   if (io->out_staged) {
     const size_t eb = DTypeBytes(io->out_dtype);
-    result->mutable_output()->assign(static_cast<const char*>(io->out_ref), qe * eb);
+    const absl::string_view bytes(static_cast<const char*>(io->out_ref), qe * eb);
+    if (leave_ != nullptr) {
+      if (leave_->outputs.size() <= static_cast<size_t>(index)) leave_->outputs.resize(index + 1);
+      leave_->outputs[index] = bytes;
+    } else {
+      result->mutable_output()->assign(bytes.data(), bytes.size());
+    }
     result->mutable_lse()->Assign(io->lse_ref, io->lse_ref + q_heads);
     return;
   }
@@ -338,6 +344,11 @@ void AttendIo::Finish(ItemIo* io, size_t qe, int q_heads, v1::AttendResult* resu
   if (io->out_dtype == v1::DTYPE_BF16) {
     FloatsToBf16(io->out_scratch.data(), qe, static_cast<uint16_t*>(io->out_ref));
   }
+}
+
+void AttendIo::HandOverStaging() {
+  if (leave_ == nullptr || leave_->outputs.empty()) return;
+  leave_->lease = std::make_shared<PinnedStagingPool::Lease>(std::move(staged_));
 }
 
 }  // namespace driftkv

@@ -45,6 +45,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "backends/backend.h"
 #include "proto/driftkv.pb.h"
 #include "service/pinned_staging.h"
@@ -99,6 +100,17 @@ struct ItemIo {
   }
 };
 
+// The inline outputs of an Attend left where the device wrote them, in the
+// call's pinned staging, for an edge that sends them without a copy
+// (service/attend_wire.h). The lease keeps the buffer out of the pool, and
+// so the bytes unchanged, until its last holder lets it go.
+struct StagedOutputs {
+  std::shared_ptr<PinnedStagingPool::Lease> lease;
+  // By result index: the output's bytes in the lease's buffer; empty (or
+  // past the end) where the result's own output field holds them.
+  std::vector<absl::string_view> outputs;
+};
+
 class AttendIo {
  public:
   // `regions` may be null (the server has none: every ref is NOT_FOUND);
@@ -128,9 +140,16 @@ class AttendIo {
   // backend found the query non-finite (a call without decode steps leaves
   // its query checks to the backend; see ReadClientTensors).
   absl::Status CheckQuery(int index, const ItemIo& io, const AttendJob& job) const;
-  // After the backend ran `job`: inline lse and bf16 outputs, host-region
-  // copies.
-  void Finish(ItemIo* io, size_t q_elements, int q_heads, v1::AttendResult* result);
+  // Before the first Finish: inline outputs in pinned staging stay there
+  // and are named in *out (by item index) instead of being copied into
+  // their results; HandOverStaging then gives *out the staging.
+  void LeaveStagedOutputs(StagedOutputs* out) { leave_ = out; }
+  // After the backend ran `job` of item `index`: inline lse and bf16
+  // outputs, host-region copies.
+  void Finish(ItemIo* io, int index, size_t q_elements, int q_heads, v1::AttendResult* result);
+  // After the last Finish: the staging goes to LeaveStagedOutputs's *out
+  // if an output was left there.
+  void HandOverStaging();
 
  private:
   // `bytes` at `ref`, aligned to `alignment`, of a region of the tenant;
@@ -151,6 +170,7 @@ class AttendIo {
   RegionTable* const regions_;
   PinnedStagingPool* const staging_;
   PinnedStagingPool::Lease staged_;  // this request's pinned staging
+  StagedOutputs* leave_ = nullptr;   // LeaveStagedOutputs
   Backend* const backend_;
   const std::string& tenant_;
   const int head_dim_, n_;

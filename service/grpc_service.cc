@@ -1,10 +1,13 @@
 #include "service/grpc_service.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "service/attend_io.h"
 #include "service/attend_stream.h"
+#include "service/attend_wire.h"
 #include "service/auth.h"
 #include "service/stats_scope.h"
 
@@ -79,11 +82,42 @@ grpc::Status KvCacheService::Append(grpc::ServerContext* context, grpc::ServerRe
   return timer.Finish(grpc::Status::OK);
 }
 
+KvCacheService::KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics, const Authenticator* auth,
+                               RegionTable* regions, DoorbellTable* doorbells)
+    : handler_(handler), channels_(channels), metrics_(metrics), auth_(auth), regions_(regions), doorbells_(doorbells) {
+  // The generated service registers its methods in the proto's order.
+  const int attend =
+      v1::AttendRequest::descriptor()->file()->FindServiceByName("KvCache")->FindMethodByName("Attend")->index();
+  MarkMethodStreamed(attend, new grpc::internal::StreamedUnaryHandler<v1::AttendRequest, grpc::ByteBuffer>(
+                                 [this](grpc::ServerContext* context,
+                                        grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
+                                   return AttendToBuffer(context, stream);
+                                 }));
+}
+
 grpc::Status KvCacheService::Attend(grpc::ServerContext* context, const v1::AttendRequest* request,
                                     v1::AttendResponse* response) {
   RpcTimer timer(metrics_, "Attend");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
   return timer.Finish(ToGrpcStatus(handler_->Attend(*request, response, tenant)));
+}
+
+grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
+                                            grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
+  RpcTimer timer(metrics_, "Attend");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  v1::AttendRequest request;
+  if (!stream->Read(&request)) {
+    return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
+  }
+  v1::AttendResponse response;
+  StagedOutputs staged;
+  const absl::Status st = handler_->Attend(request, &response, tenant, &staged);
+  if (!st.ok()) return timer.Finish(ToGrpcStatus(st));
+  // Sent with the status that follows, as a unary answer is; the call
+  // serialises (refs) the buffer at once.
+  stream->Write(AttendResponseBuffer(response, std::move(staged)), grpc::WriteOptions().set_last_message());
+  return timer.Finish(grpc::Status::OK);
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,

@@ -65,6 +65,8 @@ namespace driftkv {
 
 constexpr const char* kServerVersion = "0.1.0";
 
+struct StagedOutputs;  // service/attend_io.h
+
 class Handler {
  public:
   using Clock = ServiceClock;
@@ -95,7 +97,11 @@ class Handler {
   // Where *_ref fields resolve (null: nowhere); set once, before serving.
   void AttachRegions(RegionTable* regions) { regions_ = regions; }
   Backend& backend() { return *backend_; }
-  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant = "");
+  // With `staged` set, inline outputs the device wrote into pinned staging
+  // stay there, named in *staged, and their results' output fields stay
+  // empty (service/attend_wire.h sends them from there).
+  absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant = "",
+                      StagedOutputs* staged = nullptr);
   // Streams the answer through `sink`; false from it stops (Cancelled).
   absl::Status Read(const v1::ReadRequest& request, const std::function<bool(const v1::ReadChunk&)>& sink,
                     const std::string& tenant = "");

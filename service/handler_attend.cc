@@ -152,7 +152,8 @@ class Handler::AttendBatch {
       : h_(h),
         io_(h.regions_, h.inline_staging_.get(), h.backend_.get(), tenant, h.codec_->head_dim(), h.n(),
             h.value_limit()) {}
-  absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant);
+  absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
+                   StagedOutputs* staged);
 
  private:
   // Whether an item's layer is in the cold tier (a decode loop's layers
@@ -188,11 +189,12 @@ class Handler::AttendBatch {
   AttendIo io_;
 };
 
-absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response,
-                             const std::string& tenant) {
+absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
+                             StagedOutputs* staged) {
   AttendPhaseClock::Start();
-  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant);
+  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant, staged);
   if (!st.ok()) {
+    if (staged != nullptr) *staged = StagedOutputs();  // may name staging given back
     metrics_->rejected_chunks->Increment();
     return st;
   }
@@ -423,7 +425,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
 }
 
 absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::AttendResponse* response,
-                                       const std::string& tenant) {
+                                       const std::string& tenant, StagedOutputs* staged) {
   const int items = request.items_size();
   if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
   if (items > h_.options_.max_batch) {
@@ -434,6 +436,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // reads in client memory are checked in one backend call.
   std::vector<AttendWork>& work = ThreadItems(items);
   io_.StageInline(request);
+  if (staged != nullptr) io_.LeaveStagedOutputs(staged);
   for (int i = 0; i < items; ++i) {
     absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
     if (!st.ok()) return st;
@@ -541,9 +544,10 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
       return absl::Status(jobs[i].status.code(), absl::StrCat("items[", i, "]: ", jobs[i].status.message()));
     }
     if (absl::Status st = io_.CheckQuery(i, work[i].io, jobs[i]); !st.ok()) return st;
-    io_.Finish(&work[i].io, static_cast<size_t>(request.items(i).q_heads()) * d, jobs[i].q_heads,
+    io_.Finish(&work[i].io, i, static_cast<size_t>(request.items(i).q_heads()) * d, jobs[i].q_heads,
                response->mutable_results(i));
   }
+  io_.HandOverStaging();
   h_.totals_.attention_tokens += attended;
   h_.metrics_->attention_tokens->Increment(static_cast<double>(attended));
   h_.metrics_->attention_items->Increment(items);

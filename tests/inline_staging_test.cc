@@ -13,8 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include "backends/registry.h"
 #include "gtest/gtest.h"
+#include "service/attend_io.h"
+#include "service/attend_wire.h"
 #include "service/handler.h"
 #include "service/pinned_staging.h"
 #include "tests/handler_fixture.h"
@@ -261,6 +266,70 @@ TEST(InlineStagingTest, ConcurrentCallersGetTheirLoneAnswers) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures, 0);
+}
+
+std::string WireBytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// Outputs left in the staging (what the gRPC edge asks for) go on the wire
+// as the bytes of the copied answer; the staging stays leased, and so
+// unchanged, while its answer is on its way: the calls made meanwhile take
+// other buffers, and the staging comes back to the pool once sent.
+TEST(InlineStagingTest, OutputsLeftInStagingGoOutAsTheCopiedAnswer) {
+  Pair p(true);
+  const v1::AttendRequest first = MixedRequest(p.kv, -1);
+  v1::AttendRequest second = first;
+  for (v1::AttendItem& it : *second.mutable_items()) {  // other queries: -0.5x
+    std::vector<float> q(it.query().size() / DTypeBytes(it.dtype()));
+    TensorToFloat(it.query(), it.dtype(), q.size(), q.data());
+    for (float& x : q) x *= -0.5f;
+    it.clear_query();
+    FloatToTensor(q.data(), q.size(), it.dtype(), it.mutable_query());
+  }
+  v1::AttendResponse want_first, want_second;
+  ASSERT_TRUE(p.plain.h->Attend(first, &want_first).ok());
+  ASSERT_TRUE(p.plain.h->Attend(second, &want_second).ok());
+  ASSERT_NE(want_first.SerializeAsString(), want_second.SerializeAsString());
+
+  v1::AttendResponse r1;
+  StagedOutputs s1;
+  ASSERT_TRUE(p.staged.h->Attend(first, &r1, "", &s1).ok());
+  ASSERT_EQ(s1.outputs.size(), static_cast<size_t>(first.items_size()));
+  for (int i = 0; i < r1.results_size(); ++i) EXPECT_TRUE(r1.results(i).output().empty()) << i;
+  const int pins = g_pins;
+  grpc::ByteBuffer b1 = AttendResponseBuffer(r1, std::move(s1));
+  // Calls while b1 is held: each writes its own staging.
+  for (int k = 0; k < 3; ++k) {
+    v1::AttendResponse r2;
+    StagedOutputs s2;
+    ASSERT_TRUE(p.staged.h->Attend(second, &r2, "", &s2).ok());
+    EXPECT_EQ(WireBytes(AttendResponseBuffer(r2, std::move(s2))), want_second.SerializeAsString());
+  }
+  EXPECT_EQ(g_pins - pins, 1);  // one more buffer, reused by the three calls
+  EXPECT_EQ(WireBytes(b1), want_first.SerializeAsString());
+  b1.Clear();
+  v1::AttendResponse r3;
+  StagedOutputs s3;
+  ASSERT_TRUE(p.staged.h->Attend(first, &r3, "", &s3).ok());
+  EXPECT_EQ(WireBytes(AttendResponseBuffer(r3, std::move(s3))), want_first.SerializeAsString());
+  EXPECT_EQ(g_pins - pins, 1);  // b1's buffer came back: nothing pinned anew
+}
+
+// A refused call leaves nothing named in its StagedOutputs.
+TEST(InlineStagingTest, ARefusedCallLeavesNoStagedOutputs) {
+  Pair p(false);
+  v1::AttendRequest req = MixedRequest(p.kv, -1);
+  req.mutable_items(3)->set_sequence_id("nobody");
+  v1::AttendResponse r;
+  StagedOutputs s;
+  EXPECT_EQ(p.staged.h->Attend(req, &r, "", &s).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(s.outputs.empty());
+  EXPECT_EQ(s.lease, nullptr);
 }
 
 // The pool's own rules, on a backend that counts pins (and may refuse).
