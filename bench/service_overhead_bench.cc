@@ -17,6 +17,7 @@
 //   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
 //                          [--dtype=f32|bf16] [--deadlock_detection]
 //                          [--device_like=1]  (NullDeviceBackend)
+//                          [--inline_only=1 [--out_bf16=1]]  (inline only)
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -345,6 +346,51 @@ int Run(int argc, char** argv) {
       std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(phase_us[p]).p50);
     }
     std::printf("\n");
+    return 0;
+  }
+  if (IntFlag(argc, argv, "inline_only", 0) != 0) {
+    // Only inline Attends, over gRPC and to the Handler, interleaved (for
+    // a profiler of the inline path); --out_bf16=1 asks for bf16 outputs,
+    // the decode worker's dtype.
+    const bool out_bf16 = IntFlag(argc, argv, "out_bf16", 0) != 0;
+    for (int s = 0; s < sequences && out_bf16; ++s) request.mutable_items(s)->set_output_dtype(v1::DTYPE_BF16);
+    auto check_inline = [&](const v1::AttendResponse& r) {
+      if (!out_bf16) return check(r);
+      for (int s = 0; s < sequences; ++s) {
+        const float* want = query.data() + static_cast<size_t>(s) * qe;
+        const std::string& out = r.results(s).output();
+        uint16_t first = 0, last = 0;
+        if (out.size() == 2 * qe) {
+          std::memcpy(&first, out.data(), 2);
+          std::memcpy(&last, out.data() + 2 * (qe - 1), 2);
+        }
+        if (out.size() != 2 * qe || first != FloatToBf16(want[0]) || last != FloatToBf16(want[qe - 1]) ||
+            r.results(s).lse_size() != kQHeads || r.results(s).lse(0) != static_cast<float>(context)) {
+          CHECK_OK(absl::InternalError(absl::StrCat("wrong inline bf16 answer for item ", s)));
+        }
+      }
+    };
+    for (int i = 0; i < reps; ++i) {
+      const double c0 = CpuUs();
+      auto t0 = Clock::now();
+      absl::StatusOr<v1::AttendResponse> r = client.Attend(request);
+      rpc.push_back(Us(Clock::now() - t0));
+      rpc_cpu.push_back(CpuUs() - c0);
+      CHECK_OK(r.status());
+      check_inline(*r);
+      v1::AttendResponse direct;
+      t0 = Clock::now();
+      CHECK_OK(handler.Attend(request, &direct));
+      hnd.push_back(Us(Clock::now() - t0));
+      check_inline(direct);
+    }
+    std::printf("inline, %s queries, %s outputs (%zu bytes request, %zu bytes response), %d reps\n",
+                DTypeName(dtype).c_str(), out_bf16 ? "bf16" : "f32", request.ByteSizeLong(),
+                client.Attend(request)->ByteSizeLong(), reps);
+    std::printf(
+        "gRPC (library client): p50 %.1f us, p99 %.1f us; CPU time of all threads p50 %.1f us\n"
+        "Handler::Attend: p50 %.1f us, p99 %.1f us\n",
+        Of(rpc).p50, Of(rpc).p99, Of(rpc_cpu).p50, Of(hnd).p50, Of(hnd).p99);
     return 0;
   }
   v1::AttendResponse last;
