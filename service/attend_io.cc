@@ -346,6 +346,31 @@ void AttendIo::Finish(ItemIo* io, int index, size_t qe, int q_heads, v1::AttendR
   }
 }
 
+bool AttendIo::Keepable(absl::Span<const ItemIo* const> items) const {
+  if (!device_reads_ || any_step_) return false;
+  for (const ItemIo* io : items) {
+    // An inline query is staged (query_host set, not by reference).
+    const bool query_inline = !io->query_by_ref && io->query_host != nullptr;
+    if (io->step || io->query_dev == nullptr || query_inline || io->out_ref == nullptr || !io->out_ref_device ||
+        io->out_staged) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool AttendIo::AcquireAgain(absl::Span<const uint64_t> ids) {
+  if (regions_ == nullptr) return false;
+  for (uint64_t id : ids) {
+    v1::TensorRef ref;
+    ref.set_region_id(id);
+    absl::StatusOr<std::shared_ptr<const Region>> r = regions_->Acquire(tenant_, ref, "kept");
+    if (!r.ok()) return false;
+    seen_.push_back(*std::move(r));
+  }
+  return true;
+}
+
 void AttendIo::HandOverStaging() {
   if (leave_ == nullptr || leave_->outputs.empty()) return;
   leave_->lease = std::make_shared<PinnedStagingPool::Lease>(std::move(staged_));

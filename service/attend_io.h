@@ -46,6 +46,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "backends/backend.h"
 #include "proto/driftkv.pb.h"
 #include "service/pinned_staging.h"
@@ -150,6 +151,18 @@ class AttendIo {
   // After the last Finish: the staging goes to LeaveStagedOutputs's *out
   // if an output was left there.
   void HandOverStaging();
+
+  // Whether the request's items, as Prepare resolved them, are what an
+  // AttendReuse may keep: no decode step, every query read and every
+  // output written by the device where the client put it (no converted
+  // or staged copy that a call fills).
+  bool Keepable(absl::Span<const ItemIo* const> items) const;
+  // Instead of Prepare, for items kept from an earlier call: looks up the
+  // regions `ids` again for the tenant (held for this call, leases
+  // extended); false if one is gone. Such a request has no decode step.
+  bool AcquireAgain(absl::Span<const uint64_t> ids);
+  // The regions Prepare resolved (each once).
+  absl::Span<const std::shared_ptr<const Region>> regions() const { return seen_; }
 
  private:
   // `bytes` at `ref`, aligned to `alignment`, of a region of the tenant;

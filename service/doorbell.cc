@@ -93,7 +93,7 @@ absl::Status Prepare(absl::string_view bytes, uint32_t slot, DoorbellScratch* sc
 }
 
 // kAttendPrepared: the request in `slot`, its token indexes advanced.
-absl::StatusOr<const v1::AttendRequest*> Prepared(uint32_t slot, uint64_t offset, DoorbellScratch* scratch) {
+absl::StatusOr<DoorbellScratch::Prepared*> Prepared(uint32_t slot, uint64_t offset, DoorbellScratch* scratch) {
   if (slot >= scratch->prepared.size() || scratch->prepared[slot] == nullptr) {
     return absl::NotFoundError(absl::StrCat("doorbell prepared slot ", slot, " is empty"));
   }
@@ -105,13 +105,14 @@ absl::StatusOr<const v1::AttendRequest*> Prepared(uint32_t slot, uint64_t offset
     }
   }
   for (const auto& [item, index] : p.indexed) p.request.mutable_items(item)->set_new_token_index(index + offset);
-  return &p.request;
+  return &p;
 }
 
 }  // namespace
 
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
-                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch) {
+                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch,
+                          const ReusingAttendFn* reusing) {
   auto* c = reinterpret_cast<ClientLine*>(base + doorbell::kClientLine);
   auto* s = reinterpret_cast<ServerLine*>(base + doorbell::kServerLine);
   AttendPhaseClock::Begin();
@@ -124,6 +125,7 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
   v1::AttendResponse* response = &scratch->response;
   response->Clear();
   const v1::AttendRequest* request = nullptr;
+  AttendReuse* reuse = nullptr;  // a prepared request's
   absl::Status st;
   if (kind != doorbell::kAttend && kind != doorbell::kPrepare && kind != doorbell::kAttendPrepared) {
     st = absl::InvalidArgumentError(
@@ -159,16 +161,18 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
     }
   }
   if (st.ok() && kind == doorbell::kAttendPrepared) {
-    absl::StatusOr<const v1::AttendRequest*> p = Prepared(slot, offset, scratch);
+    absl::StatusOr<DoorbellScratch::Prepared*> p = Prepared(slot, offset, scratch);
     if (p.ok()) {
-      request = *p;
+      request = &(*p)->request;
+      reuse = &(*p)->reuse;
     } else {
       st = p.status();
     }
   }
   if (st.ok() && request != nullptr) {
     AttendPhaseClock::Mark(AttendPhase::kRequest);
-    st = attend(*request, response, tenant);
+    st = reuse != nullptr && reusing != nullptr && *reusing ? (*reusing)(*request, response, tenant, reuse)
+                                                            : attend(*request, response, tenant);
   } else {
     AttendPhaseClock::Abandon();
   }
@@ -198,10 +202,12 @@ void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t res
 // One doorbell and its thread.
 class DoorbellTable::Bell {
  public:
-  Bell(RegionTable* regions, const AttendFn* attend, std::shared_ptr<const Region> region, uint8_t* base,
-       uint64_t request_capacity, uint64_t response_capacity, std::string tenant)
+  Bell(RegionTable* regions, const AttendFn* attend, const ReusingAttendFn* reusing,
+       std::shared_ptr<const Region> region, uint8_t* base, uint64_t request_capacity, uint64_t response_capacity,
+       std::string tenant)
       : regions_(regions),
         attend_(attend),
+        reusing_(reusing),
         region_(std::move(region)),
         base_(base),
         request_capacity_(request_capacity),
@@ -237,7 +243,7 @@ class DoorbellTable::Bell {
         // A request after the region left the table (unregistered, expired,
         // drained) goes unanswered, even while this thread is still awake.
         if (!regions_->Touch(tenant_, region_->id())) break;
-        ServeDoorbellRequest(base_, request_capacity_, response_capacity_, seq, *attend_, tenant_, &scratch);
+        ServeDoorbellRequest(base_, request_capacity_, response_capacity_, seq, *attend_, tenant_, &scratch, reusing_);
         last_ = seq;
         spin_until = MonotonicNs() + absl::ToInt64Nanoseconds(kSpinTime);
         continue;
@@ -263,6 +269,7 @@ class DoorbellTable::Bell {
 
   RegionTable* const regions_;
   const AttendFn* const attend_;
+  const ReusingAttendFn* const reusing_;
   const std::shared_ptr<const Region> region_;
   uint8_t* const base_;
   const uint64_t request_capacity_, response_capacity_;
@@ -272,7 +279,8 @@ class DoorbellTable::Bell {
   std::thread thread_;
 };
 
-DoorbellTable::DoorbellTable(RegionTable* regions, AttendFn attend) : regions_(regions), attend_(std::move(attend)) {}
+DoorbellTable::DoorbellTable(RegionTable* regions, AttendFn attend, ReusingAttendFn reusing)
+    : regions_(regions), attend_(std::move(attend)), reusing_(std::move(reusing)) {}
 
 DoorbellTable::~DoorbellTable() {
   CloseAll();
@@ -320,8 +328,8 @@ absl::Status DoorbellTable::Open(const v1::OpenDoorbellRequest& request, v1::Ope
                                                      kMaxDoorbells, ")"));
   }
   const uint64_t id = next_id_++;
-  bells_[id] =
-      std::make_unique<Bell>(regions_, &attend_, view->keep_alive, static_cast<uint8_t*>(view->data), c, r, tenant);
+  bells_[id] = std::make_unique<Bell>(regions_, &attend_, &reusing_, view->keep_alive,
+                                      static_cast<uint8_t*>(view->data), c, r, tenant);
   response->set_doorbell_id(id);
   return absl::OkStatus();
 }

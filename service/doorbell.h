@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/driftkv.pb.h"
+#include "service/attend_reuse.h"
 #include "service/regions.h"
 
 namespace driftkv {
@@ -37,6 +38,10 @@ constexpr int kMaxDoorbells = 256;
 constexpr absl::Duration kSpinTime = absl::Microseconds(200);
 
 using AttendFn = std::function<absl::Status(const v1::AttendRequest&, v1::AttendResponse*, const std::string&)>;
+// The same with what a prepared request keeps between its calls
+// (service/attend_reuse.h).
+using ReusingAttendFn =
+    std::function<absl::Status(const v1::AttendRequest&, v1::AttendResponse*, const std::string&, AttendReuse*)>;
 
 // Serves the request in the doorbell at `base` whose request_seq is `seq`
 // (the memory as wire/doorbell.h lays it out, `request_capacity` and
@@ -61,17 +66,21 @@ struct DoorbellScratch {
     // (item, new_token_index as prepared) of the items that set one.
     std::vector<std::pair<int, uint64_t>> indexed;
     uint64_t bytes = 0;  // serialized size, counted against kMaxPreparedBytes
+    AttendReuse reuse;   // what `reusing` keeps between the slot's calls
   };
   std::vector<std::unique_ptr<Prepared>> prepared;  // by slot; null: empty
   uint64_t prepared_bytes = 0;
 };
+// `reusing` (may be null) answers prepared requests instead of `attend`.
 void ServeDoorbellRequest(uint8_t* base, uint64_t request_capacity, uint64_t response_capacity, uint64_t seq,
-                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch);
+                          const AttendFn& attend, const std::string& tenant, DoorbellScratch* scratch,
+                          const ReusingAttendFn* reusing = nullptr);
 
 class DoorbellTable {
  public:
-  // `regions` must outlive the table.
-  DoorbellTable(RegionTable* regions, AttendFn attend);
+  // `regions` must outlive the table. `reusing` (may be empty) answers
+  // prepared requests.
+  DoorbellTable(RegionTable* regions, AttendFn attend, ReusingAttendFn reusing = nullptr);
   ~DoorbellTable();  // CloseAll
 
   absl::Status Open(const v1::OpenDoorbellRequest& request, v1::OpenDoorbellResponse* response,
@@ -88,6 +97,7 @@ class DoorbellTable {
   class Bell;
   RegionTable* const regions_;
   const AttendFn attend_;
+  const ReusingAttendFn reusing_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Bell>> bells_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

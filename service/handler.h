@@ -50,6 +50,7 @@
 #include "backends/page_pool.h"
 #include "codec/kv_codec.h"
 #include "proto/driftkv.pb.h"
+#include "service/attend_reuse.h"
 #include "service/config.h"
 #include "service/hot_tier.h"
 #include "service/metrics.h"
@@ -100,8 +101,11 @@ class Handler {
   // With `staged` set, inline outputs the device wrote into pinned staging
   // stay there, named in *staged, and their results' output fields stay
   // empty (service/attend_wire.h sends them from there).
+  // With `reuse` set, the call keeps in it what the same request's next
+  // call can use again, and uses what an earlier call kept
+  // (service/attend_reuse.h); the answer is the same either way.
   absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant = "",
-                      StagedOutputs* staged = nullptr);
+                      StagedOutputs* staged = nullptr, AttendReuse* reuse = nullptr);
   // Streams the answer through `sink`; false from it stops (Cancelled).
   absl::Status Read(const v1::ReadRequest& request, const std::function<bool(const v1::ReadChunk&)>& sink,
                     const std::string& tenant = "");

@@ -29,6 +29,24 @@ using handler_internal::Quoted;
 // service/attend_io.h), find the sequences, bring the layers to the hot
 // tier, lock, plan and apply the decode steps, attend. Its host work per
 // item is constant: no std::map, no string built unless an error needs it.
+namespace {
+
+// The fields of an item that AttendIo::Keepable accepts: its tensors are
+// where the client put them, so no vector of the ItemIo is in use.
+void CopyKeptFields(const ItemIo& from, ItemIo* to) {
+  to->query_dev = from.query_dev;
+  to->query_dtype = from.query_dtype;
+  to->query_host = from.query_host;
+  to->query_host_dtype = from.query_host_dtype;
+  to->query_by_ref = from.query_by_ref;
+  to->out_dtype = from.out_dtype;
+  to->out_ref = from.out_ref;
+  to->lse_ref = from.lse_ref;
+  to->out_ref_device = from.out_ref_device;
+}
+
+}  // namespace
+
 class Handler::AttendBatch {
  public:
   // One item of an Attend request, validated and decoded.
@@ -130,6 +148,10 @@ class Handler::AttendBatch {
       }
       for (auto& [seq, unused] : seqs_) seq->mu.ReaderUnlock();
     }
+    // Whether a sequence was released. REQUIRES: Lock() held.
+    bool AnyReleased() const {
+      return std::any_of(seqs_.begin(), seqs_.end(), [](const auto& s) { return s.first->released; });
+    }
     void TouchAll(const SequenceTable& table) {
       const int64_t now = table.NowNs();
       for (auto& [seq, unused] : seqs_) seq->last_access_ns.store(now);
@@ -148,12 +170,23 @@ class Handler::AttendBatch {
     std::vector<LayerLock> layers_;
   };
 
+  // What an AttendReuse keeps (service/attend_reuse.h): the items'
+  // resolved tensors, the regions they lie in (held mapped) and the
+  // sequences with their lock order.
+  struct Kept {
+    std::string tenant;
+    std::vector<ItemIo> io;
+    std::vector<float> scale;
+    std::vector<uint64_t> regions;  // ids (never reused), looked up again at each use
+    AttendLocks locks;
+  };
+
   AttendBatch(Handler& h, const std::string& tenant)
       : h_(h),
         io_(h.regions_, h.inline_staging_.get(), h.backend_.get(), tenant, h.codec_->head_dim(), h.n(),
             h.value_limit()) {}
   absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
-                   StagedOutputs* staged);
+                   StagedOutputs* staged, AttendReuse* reuse);
 
  private:
   // Whether an item's layer is in the cold tier (a decode loop's layers
@@ -168,6 +201,13 @@ class Handler::AttendBatch {
   absl::Status PrepareHotTier(const v1::AttendRequest& request, const std::vector<AttendWork>& work,
                               const AttendLocks& locks);
   absl::Status ValidateAttendItem(const v1::AttendItem& item, int index, AttendWork* work);
+  // Takes the items' tensors from `kept` when every region they lie in is
+  // still the tenant's (looked up again: held for the call, leases
+  // extended); false when one is gone (then nothing of `kept` is used).
+  bool UseKept(const Kept& kept, const std::string& tenant, std::vector<AttendWork>* work);
+  // What a later call of the same request can use again; null when the
+  // request is not one to keep (AttendIo::Keepable). Takes `locks`.
+  std::shared_ptr<Kept> Keep(const std::vector<AttendWork>& work, const std::string& tenant, AttendLocks* locks);
   // An item's decode-step token, in bf16.
   static HostTokens StepTokens(const AttendWork& w) {
     return HostTokens{nullptr, nullptr, w.io.key16.data(), w.io.value16.data()};
@@ -190,9 +230,9 @@ class Handler::AttendBatch {
 };
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
-                             StagedOutputs* staged) {
+                             StagedOutputs* staged, AttendReuse* reuse) {
   AttendPhaseClock::Start();
-  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant, staged);
+  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant, staged, reuse);
   if (!st.ok()) {
     if (staged != nullptr) *staged = StagedOutputs();  // may name staging given back
     metrics_->rejected_chunks->Increment();
@@ -257,6 +297,35 @@ absl::Status Handler::AttendBatch::ValidateAttendItem(const v1::AttendItem& it, 
     return absl::InvalidArgumentError(absl::StrCat(where(".softmax_scale "), w->scale, " must be finite and > 0"));
   }
   return absl::OkStatus();
+}
+
+bool Handler::AttendBatch::UseKept(const Kept& kept, const std::string& tenant, std::vector<AttendWork>* work) {
+  if (kept.tenant != tenant || kept.io.size() != work->size()) return false;
+  if (!io_.AcquireAgain(absl::MakeConstSpan(kept.regions))) return false;
+  for (size_t i = 0; i < work->size(); ++i) {
+    AttendWork& w = (*work)[i];
+    CopyKeptFields(kept.io[i], &w.io);
+    w.scale = kept.scale[i];
+  }
+  return true;
+}
+
+std::shared_ptr<Handler::AttendBatch::Kept> Handler::AttendBatch::Keep(const std::vector<AttendWork>& work,
+                                                                       const std::string& tenant, AttendLocks* locks) {
+  absl::InlinedVector<const ItemIo*, 64> items;
+  for (const AttendWork& w : work) items.push_back(&w.io);
+  if (h_.spill_ != nullptr || !io_.Keepable(absl::MakeConstSpan(items))) return nullptr;
+  auto kept = std::make_shared<Kept>();
+  kept->tenant = tenant;
+  kept->io.resize(work.size());
+  kept->scale.resize(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    CopyKeptFields(work[i].io, &kept->io[i]);
+    kept->scale[i] = work[i].scale;
+  }
+  for (const std::shared_ptr<const Region>& r : io_.regions()) kept->regions.push_back(r->id());
+  kept->locks = std::move(*locks);
+  return kept;
 }
 
 absl::Status Handler::AttendBatch::CheckRepeatInBatch(const AttendWork& earlier, int e, const AttendWork& w, int i,
@@ -425,7 +494,7 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
 }
 
 absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::AttendResponse* response,
-                                       const std::string& tenant, StagedOutputs* staged) {
+                                       const std::string& tenant, StagedOutputs* staged, AttendReuse* reuse) {
   const int items = request.items_size();
   if (items == 0) return absl::InvalidArgumentError("items is empty; send at least one item");
   if (items > h_.options_.max_batch) {
@@ -434,12 +503,21 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   }
   // 1. Validate every item before touching any state; tensors the device
   // reads in client memory are checked in one backend call.
+  // What an earlier call of this request kept replaces the checks and
+  // lookups of steps 1 and 2 while its regions and sequences last.
   std::vector<AttendWork>& work = ThreadItems(items);
-  io_.StageInline(request);
-  if (staged != nullptr) io_.LeaveStagedOutputs(staged);
-  for (int i = 0; i < items; ++i) {
-    absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
-    if (!st.ok()) return st;
+  std::shared_ptr<Kept> kept = reuse != nullptr ? std::static_pointer_cast<Kept>(reuse->state_) : nullptr;
+  if (kept != nullptr && !UseKept(*kept, tenant, &work)) {
+    reuse->Clear();
+    kept = nullptr;
+  }
+  if (kept == nullptr) {
+    io_.StageInline(request);
+    if (staged != nullptr) io_.LeaveStagedOutputs(staged);
+    for (int i = 0; i < items; ++i) {
+      absl::Status st = ValidateAttendItem(request.items(i), i, &work[i]);
+      if (!st.ok()) return st;
+    }
   }
   AttendPhaseClock::Mark(AttendPhase::kValidate);
   if (absl::Status st = io_.ReadClientTensors(); !st.ok()) return st;
@@ -447,8 +525,16 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // 2. Find the sequences; 3. the hot tier: promote the items' cold layers
   // (sync) or queue them (async), before any lock of the batch is held
   // (LOCK ORDER in handler.h); 4. lock them and their layers in order.
-  AttendLocks locks;
-  if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) return st;
+  AttendLocks fresh_locks;
+  AttendLocks& locks = kept != nullptr ? kept->locks : fresh_locks;
+  if (kept != nullptr) {
+    for (int i = 0; i < items; ++i) {
+      work[i].seq = locks.sequence(i).get();
+      work[i].layer = &work[i].seq->layers[request.items(i).layer()];
+    }
+  } else if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) {
+    return st;
+  }
   // Pages on the disk level come back first, whole sequences, before any
   // lock is taken: the answer never comes from partial data.
   std::vector<SpillPin> pins;
@@ -458,6 +544,14 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   }
   AttendPhaseClock::Mark(AttendPhase::kLookup);
   locks.Lock();
+  if (kept != nullptr && locks.AnyReleased()) {
+    // A kept sequence is gone: its id may name another one now. The full
+    // path answers as for a request never kept.
+    locks.Unlock();
+    reuse->Clear();
+    kept = nullptr;
+    return Run(request, response, tenant, staged, nullptr);
+  }
   if (h_.hot_ != nullptr && AnyCold(work)) {
     // Promotion takes the layers' locks itself: the batch's go first.
     locks.Unlock();
@@ -554,6 +648,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   // Gauges move when pages or windows changed, or the hot tier may have
   // promoted this call's layers.
   if (total_pages > 0 || used > 0 || any_step || h_.hot_ != nullptr) h_.PublishGauges();
+  if (reuse != nullptr && kept == nullptr) reuse->state_ = Keep(work, tenant, &fresh_locks);
   return absl::OkStatus();
 }
 

@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
       s->regions_.get(),
       [attend_handler](const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant) {
         return attend_handler->Attend(request, response, tenant);
+      },
+      [attend_handler](const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
+                       AttendReuse* reuse) {
+        return attend_handler->Attend(request, response, tenant, nullptr, reuse);
       });
   s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
                                                  s->auth_.get(), s->regions_.get(), s->doorbells_.get());
