@@ -18,6 +18,7 @@
 //                          [--dtype=f32|bf16] [--deadlock_detection]
 //                          [--device_like=1]  (NullDeviceBackend)
 //                          [--inline_only=1 [--out_bf16=1]]  (inline only)
+//                          [--handler_by_reference_only=1 [--with_step=1] [--reuse=1]]
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,7 @@
 #include "client/client.h"
 #include "client/doorbell.h"
 #include "client/regions.h"
+#include "service/attend_reuse.h"
 #include "service/server.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
@@ -315,6 +317,11 @@ int Run(int argc, char** argv) {
     // doorbell and to the Handler directly (the difference is the
     // doorbell's own cost; phases are the direct calls').
     const bool via_doorbell = IntFlag(argc, argv, "via_doorbell", 0) != 0;
+    // --reuse=1: the calls keep what the next can use again, as a
+    // doorbell's prepared request does (service/attend_reuse.h; kept only
+    // on a backend that reads client memory: --device_like=1).
+    AttendReuse reuse;
+    AttendReuse* const reusing = IntFlag(argc, argv, "reuse", 0) != 0 ? &reuse : nullptr;
     std::vector<std::vector<double>> phase_us(static_cast<int>(AttendPhase::kCount));
     for (int i = 0; i < reps; ++i) {
       v1::AttendResponse ref_response;
@@ -331,7 +338,7 @@ int Run(int argc, char** argv) {
           by_ref.mutable_items(s)->set_new_token_index(context + 2 * i + 1);
       }
       const auto t0 = Clock::now();
-      CHECK_OK(handler.Attend(by_ref, &ref_response));
+      CHECK_OK(handler.Attend(by_ref, &ref_response, "", nullptr, reusing));
       hnd_ref.push_back(Us(Clock::now() - t0));
       for (size_t p = 0; p < phase_us.size(); ++p) phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
       if (!with_step) check_ref(ref_response);
