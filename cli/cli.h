@@ -26,6 +26,7 @@ ABSL_DECLARE_FLAG(std::string, metrics_url);
 ABSL_DECLARE_FLAG(int, streams);
 ABSL_DECLARE_FLAG(int, steps);
 ABSL_DECLARE_FLAG(std::string, servers);
+ABSL_DECLARE_FLAG(uint64_t, count);
 
 namespace driftkv {
 namespace cli {
@@ -86,6 +87,18 @@ absl::StatusOr<v1::AppendResponse> PushLayerNccl(NcclChannel* channel, const std
                                                  const float* values);
 // token-hash: the tokens_file line of the token on stdin (service/tokens.h; wire/sha256.h).
 int TokenHash(const std::string& tenant);
+
+// The prompt's token ids from --token_ids (a comma list) or
+// --token_ids_file; with neither, an empty list unless `required`.
+absl::StatusOr<std::vector<uint32_t>> TokenIdsFromFlags(bool required);
+
+// The prefix-cache commands (prefix.cc): lookup prints the pages held per
+// layer and the first miss's reason; pin and unpin; watch prints a line
+// per page event until --count events or SIGINT/SIGTERM.
+int Lookup(Client& client, const v1::InfoResponse& info);
+int Pin(Client& client);
+int Unpin(Client& client);
+int Watch(Client& client);
 
 int Bench(Client& client);
 int Demo(Client& client);

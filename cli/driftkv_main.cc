@@ -3,6 +3,8 @@
 //   driftkv [--server HOST:PORT] COMMAND [flags]
 //   push     --sequence S (--synthetic --tokens T | --keys F --values F) [--layers L]
 //            [--new_incarnation] (reuse an id released less than tombstone_seconds ago)
+//            [--token_ids L | --token_ids_file F]: one id per token, so that the
+//            sequence's full pages enter the prefix index (docs/prefix_cache.md)
 //            F holds [layers][T][kv_heads][head_dim] (all layers, layer-major) or,
 //            when it contains "{layer}", one [T][kv_heads][head_dim] file per layer;
 //            --file_dtype fp16|bf16|f32, --skip_bytes to start inside a file;
@@ -14,6 +16,16 @@
 //   release  --sequence S
 //   length   --sequence S: tokens of every layer (compressed + bf16 window)
 //   stats    model shape, codec, capacity and usage
+//   lookup   (--token_ids 1,2,3 | --token_ids_file F): the prompt's pages the
+//            prefix index holds, per layer and in every layer, and why the
+//            next one is not held
+//   pin      --pin_id P (--token_ids L | --token_ids_file F) [--ttl_s S]
+//            [--max_tokens N]: keeps that prefix resident for the lease
+//   unpin    --pin_id P
+//   watch    [--count N] [--max_batch B] [--buffer_events E]: a line per page
+//            stored in or evicted from the prefix index ("stored KEYHEX layer
+//            L"; "dropped N" when the server dropped events), until N events
+//            or SIGINT/SIGTERM (exit status 0 either way)
 //   bench    --sequences N --tokens T --steps S [--servers A,B,C]: ingest and Attend
 //            throughput (over several replicas: sequences spread by rendezvous hashing)
 //   demo     pushes a synthetic context, attends decode steps, compares with
@@ -61,7 +73,7 @@ ABSL_FLAG(int, layer, 0, "attend/read: layer");
 ABSL_FLAG(std::string, queries, "", "attend: f32 query file [Q][q_heads][head_dim]");
 ABSL_FLAG(std::string, out, "", "attend: f32 output file [Q][q_heads][head_dim]");
 ABSL_FLAG(uint64_t, first, 0, "read: first token");
-ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end)");
+ABSL_FLAG(uint64_t, count, 0, "read: tokens (0: to the end); watch: events to print (0: until interrupted)");
 ABSL_FLAG(std::string, out_keys, "", "read: f32 key file");
 ABSL_FLAG(std::string, out_values, "", "read: f32 value file");
 ABSL_FLAG(std::string, tenant, "", "token-hash: the tenant the token acts for");
@@ -111,6 +123,15 @@ int Push(Client& client, const v1::InfoResponse& info) {
   }
   const int64_t layer_bytes = static_cast<int64_t>(tokens) * n * DTypeBytes(dtype);
   const std::string transport = absl::GetFlag(FLAGS_transport);
+  absl::StatusOr<std::vector<uint32_t>> ids = TokenIdsFromFlags(false);
+  if (!ids.ok()) return Fail(ids.status());
+  if (!ids->empty() && ids->size() != static_cast<size_t>(tokens)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("push has ", ids->size(), " token ids for --tokens ", tokens, "; give one id per token")));
+  }
+  if (!ids->empty() && transport != "grpc") {
+    return Fail(absl::InvalidArgumentError("token ids travel with gRPC Append only; push them with --transport grpc"));
+  }
   std::unique_ptr<NcclChannel> channel;
   if (transport == "nccl") {
     absl::StatusOr<std::unique_ptr<NcclChannel>> ch = NcclChannel::Open(&client, absl::GetFlag(FLAGS_cuda_device));
@@ -148,7 +169,9 @@ int Push(Client& client, const v1::InfoResponse& info) {
       std::vector<v1::AppendChunk> chunks;
       for (int t = 0; t < tokens; t += chunk) {
         const int c = std::min(chunk, tokens - t);
-        chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype));
+        const absl::Span<const uint32_t> chunk_ids =
+            ids->empty() ? absl::Span<const uint32_t>() : absl::MakeConstSpan(*ids).subspan(t, c);
+        chunks.push_back(MakeChunk(seq, l, t, c, keys.data() + t * n, values.data() + t * n, n, dtype, chunk_ids));
         chunks.back().set_new_incarnation(t == 0 && absl::GetFlag(FLAGS_new_incarnation));
       }
       r = client.Append(chunks);
@@ -271,7 +294,8 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "driftkv [--server HOST:PORT] push|attend|read|release|length|stats|bench|demo|fixture|token-hash [flags]\n"
+      "driftkv [--server HOST:PORT] "
+      "push|attend|read|release|length|stats|lookup|pin|unpin|watch|bench|demo|fixture|token-hash [flags]\n"
       "see the top of cli/driftkv_main.cc or docs/api.md");
   // --help lists the flags defined in cli/ (absl's default matches only a
   // file named after the binary).
@@ -299,6 +323,10 @@ int main(int argc, char** argv) {
   if (cmd == "release") return Release(client);
   if (cmd == "length") return Length(client);
   if (cmd == "stats") return PrintStats(client, *info);
+  if (cmd == "lookup") return Lookup(client, *info);
+  if (cmd == "pin") return Pin(client);
+  if (cmd == "unpin") return Unpin(client);
+  if (cmd == "watch") return Watch(client);
   if (cmd == "bench") return Bench(client);
   if (cmd == "demo") return Demo(client);
   if (cmd == "fixture") return Fixture(client);

@@ -20,6 +20,8 @@ expect "--servers" "$2"
 expect "--fixture" "$2"
 expect "--tls_ca" "$2"
 expect "--token_file" "$2"
+expect "--token_ids" "$2"
+expect "--pin_id" "$2"
 expect "driftkv-codec COMMAND --help" "$3"
 expect "--k-levels" "$3" encode
 expect "--q-heads" "$4"

@@ -24,7 +24,8 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 from driftkv._errors import DriftkvError  # noqa: E402
 from driftkv._retry import RetryPolicy
 from driftkv._types import (AppendResult, AttendItem, AttendResult, Attention, Chunk, DeviceInfo, DeviceStats,
-                            ForkResult, Info, LayerLength, LookupResult, ReadResult, ReleaseResult, Stats)
+                            ForkResult, Info, LayerLength, LookupResult, PageEvent, PageEventBatch, PinResult,
+                            ReadResult, ReleaseResult, Stats)
 from driftkv.client import Client
 from driftkv.merge import merge_attention
 from driftkv.sharded import ShardedClient, rendezvous_owner, rendezvous_score, split_replicas
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AppendResult", "AttendItem", "AttendResult", "Attention", "Chunk", "Client", "DeviceInfo", "DeviceStats",
-    "DriftkvError", "ForkResult", "Info",
-    "LayerLength", "LookupResult", "ReadResult", "ReleaseResult", "RetryPolicy", "ShardedClient", "Stats", "merge_attention",
+    "DriftkvError", "ForkResult", "Info", "LayerLength", "LookupResult", "PageEvent", "PageEventBatch", "PinResult",
+    "ReadResult", "ReleaseResult", "RetryPolicy", "ShardedClient", "Stats", "merge_attention",
     "rendezvous_owner", "rendezvous_score", "split_replicas",
 ]

@@ -13,6 +13,10 @@ lost) and only where a repeat is harmless:
   Release                        retried; NOT_FOUND on a repeat means the first attempt freed it
   Fork                           never (a repeat would be ALREADY_EXISTS; Length says if it was made)
   Length, Info, Stats            retried (read-only)
+  Lookup, Prefetch               retried (read-only; idempotent)
+  Pin                            retried (a repeat replaces the pin with itself)
+  Unpin                          never (a repeat after a lost answer would be NOT_FOUND)
+  WatchPages                     never (subscribe again and rebuild the picture)
 
 Backoff: 20 ms doubling to 1 s, each sleep drawn uniformly in
 [backoff / 2, backoff], at most `max_attempts` attempts (4).

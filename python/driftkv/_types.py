@@ -189,6 +189,31 @@ class LookupResult(NamedTuple):
     miss_message: str        # "" when nothing is missing
 
 
+class PinResult(NamedTuple):
+    """A pin of a stored prefix (docs/api.md, "Pin")."""
+    tokens: int              # tokens pinned per layer (whole pages)
+    pages_pinned: int        # pages referenced, all layers
+    expire_unix_ms: int      # when the lease ends, by the server's clock
+    replaced: bool           # a live pin of this id was replaced (renewed)
+
+
+class PageEvent(NamedTuple):
+    """One entry of the caller's tenant into the server's prefix index, or
+    out of it (docs/api.md, "WatchPages")."""
+    kind: str                # "stored" (Lookup finds it) or "evicted" (Lookup says "evicted")
+    page_key: bytes          # 16 bytes: driftkv.prefix.page_keys' key of the page
+    layer: int
+
+
+class PageEventBatch(NamedTuple):
+    """One message of a page watch: its events in the order they happened,
+    and the events this subscriber missed before them because its buffer
+    on the server was full (nonzero: the picture has gaps; rebuild it with
+    lookup and keep reading)."""
+    events: List[PageEvent]
+    dropped: int
+
+
 class Attention(NamedTuple):
     """A batch's attention: output float32 [items, q_heads, head_dim] and lse
     float32 [items, q_heads] (ln sum_t exp(scale q.k_t)); without the item

@@ -88,6 +88,14 @@ def timeout(t: Any, where: str = "timeout") -> Optional[float]:
     return float(t)
 
 
+def lease(t: Any, where: str) -> float:
+    """A lease in seconds: a finite number > 0 (its upper bound is the
+    server's to say)."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < t < float("inf"):
+        raise invalid(f"{where} is {t!r}; expected a number of seconds > 0")
+    return float(t)
+
+
 def destination(x: Any, where: str, bf16_bits: bool) -> Tuple[int, ...]:
     """The shape of a writable output array: floating-point, or for out
     numpy uint16 holding bf16 bit patterns."""

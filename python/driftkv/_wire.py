@@ -11,7 +11,7 @@ from driftkv._crc32c import crc32c, crc32c_extend
 from driftkv._errors import invalid
 from driftkv._proto import pb
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, LookupResult, ReadResult)
+                            LayerLength, LookupResult, PageEvent, PageEventBatch, PinResult, ReadResult)
 
 # Tokens per Append message when the caller does not choose: 256 tokens of
 # the eval model's 4 x 128 in f32 are 1 MiB of keys and values.
@@ -406,3 +406,34 @@ _MISS = {0: "none", 1: "never_stored", 2: "evicted", 3: "unhashed", 4: "diverged
 def lookup_result(r) -> LookupResult:
     return LookupResult(r.prompt_pages, r.pages, r.tokens, list(r.layer_pages), _MISS.get(r.miss_reason, "unknown"),
                         r.miss_page, r.miss_layer, r.miss_message)
+
+
+def pin_request(pin_id: str, token_ids, page_keys, ttl_seconds, max_tokens: int):
+    """The PinRequest, its fields checked (the server checks the lease's
+    upper bound and max_tokens against page_tokens)."""
+    return pb.PinRequest(pin_id=V.text(pin_id, "pin_id"), ttl_seconds=V.lease(ttl_seconds, "ttl_seconds"),
+                         tokens=V.integer(max_tokens, "max_tokens", 0, V.UINT64_MAX),
+                         **prompt_fields(token_ids, page_keys, "prefix_token_ids", "prefix_page_keys"))
+
+
+def pin_result(r) -> PinResult:
+    return PinResult(r.tokens, r.pages_pinned, r.expire_unix_ms, r.replaced)
+
+
+# WatchPagesRequest's bounds (proto/driftkv.proto): events per message and
+# the subscriber's buffer on the server; 0 takes the server's default.
+MAX_WATCH_BATCH = 4096
+MAX_WATCH_BUFFER = 1 << 20
+
+
+def watch_request(max_batch: int, buffer_events: int):
+    return pb.WatchPagesRequest(max_batch=V.integer(max_batch, "max_batch", 0, MAX_WATCH_BATCH),
+                                buffer_events=V.integer(buffer_events, "buffer_events", 0, MAX_WATCH_BUFFER))
+
+
+_EVENT = {1: "stored", 2: "evicted"}
+
+
+def page_event_batch(m) -> PageEventBatch:
+    return PageEventBatch([PageEvent(_EVENT.get(e.kind, "unknown"), bytes(e.page_key), e.layer) for e in m.events],
+                          m.dropped)

@@ -33,9 +33,10 @@ from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, LookupResult, ReadResult, ReleaseResult, Stats, from_message)
+                            LayerLength, LookupResult, PinResult, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 from driftkv.client import Client as SyncClient, _repr
+from driftkv.page_watch import AsyncPageWatch
 
 if TYPE_CHECKING:
     from driftkv.regions import HostRegion
@@ -304,6 +305,32 @@ class Client:
         V.timeout(timeout)
         stub = await self._connect()
         return W.fork_result(await self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
+
+    async def pin(self, pin_id: str, token_ids: Optional[Sequence[int]] = None, *,
+                  page_keys: Optional[Sequence[bytes]] = None, ttl_seconds: float, max_tokens: int = 0,
+                  timeout: Optional[float] = None) -> PinResult:
+        """See driftkv.Client.pin (retried: a repeat replaces the pin)."""
+        req = W.pin_request(pin_id, token_ids, page_keys, ttl_seconds, max_tokens)
+        V.timeout(timeout)
+        stub = await self._connect()
+        return W.pin_result(await self._call(True, lambda t: stub.Pin(req, timeout=t), timeout))
+
+    async def unpin(self, pin_id: str, *, timeout: Optional[float] = None) -> int:
+        """See driftkv.Client.unpin (never retried)."""
+        req = pb.UnpinRequest(pin_id=V.text(pin_id, "pin_id"))
+        V.timeout(timeout)
+        stub = await self._connect()
+        return int((await self._call(False, lambda t: stub.Unpin(req, timeout=t), timeout)).pages_unpinned)
+
+    async def watch_pages(self, *, max_batch: int = 0, buffer_events: int = 0,
+                          timeout: Optional[float] = None) -> AsyncPageWatch:
+        """See driftkv.Client.watch_pages: an async iterator of
+        PageEventBatch (`async for b in await c.watch_pages()`); cancel(),
+        `await w.aclose()` or the `async with` block's end stops it."""
+        req = W.watch_request(max_batch, buffer_events)
+        t = V.timeout(timeout)
+        stub = await self._connect()
+        return AsyncPageWatch(self, stub.WatchPages(req, timeout=t))
 
     # -- memory regions (driftkv/regions.py), through the sync client -------
 

@@ -27,12 +27,13 @@ from driftkv._refs import Places
 from driftkv._proto import pb, pb_grpc
 from driftkv._retry import RetryPolicy, retryable
 from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
-                            LayerLength, LookupResult, ReadResult, ReleaseResult, Stats, from_message)
+                            LayerLength, LookupResult, PinResult, ReadResult, ReleaseResult, Stats, from_message)
 from driftkv._wire import Progress
 
 if TYPE_CHECKING:  # imported where used: regions and channels are optional
     from driftkv.attend_stream import AttendStream
     from driftkv.doorbell import Doorbell
+    from driftkv.page_watch import PageWatch
     from driftkv.regions import HostRegion
 
 
@@ -360,6 +361,53 @@ class Client:
         V.timeout(timeout)
         stub = self._connect()
         return W.fork_result(self._call(False, lambda t: stub.Fork(req, timeout=t), timeout))
+
+    def pin(self, pin_id: str, token_ids: Optional[Sequence[int]] = None, *,
+            page_keys: Optional[Sequence[bytes]] = None, ttl_seconds: float, max_tokens: int = 0,
+            timeout: Optional[float] = None) -> PinResult:
+        """Keeps the longest prefix of the prompt that the prefix index holds
+        in every layer (at most max_tokens, a multiple of page_tokens,
+        unless 0) resident for ttl_seconds (at most a week), as pin_id of
+        this client's tenant: eviction never frees its pages, and the tenant
+        is charged for them until the lease ends or unpin (docs/python.md,
+        "Pins and page events"). Pinning a live pin_id again replaces it
+        (PinResult.replaced): that is how a lease is renewed. NOT_FOUND when
+        nothing of the prompt is held, RESOURCE_EXHAUSTED naming the quota
+        past the tenant's max_pages or max_bytes (a pin of that id already
+        there stays). Retried: a repeat replaces the pin with itself."""
+        req = W.pin_request(pin_id, token_ids, page_keys, ttl_seconds, max_tokens)
+        V.timeout(timeout)
+        stub = self._connect()
+        return W.pin_result(self._call(True, lambda t: stub.Pin(req, timeout=t), timeout))
+
+    def unpin(self, pin_id: str, *, timeout: Optional[float] = None) -> int:
+        """Removes a pin of this client's tenant before its lease ends;
+        returns the page references it gave back (all layers). NOT_FOUND
+        when pin_id is not a live pin (never made, removed, lease over).
+        Never retried: a repeat after a lost answer would be NOT_FOUND."""
+        req = pb.UnpinRequest(pin_id=V.text(pin_id, "pin_id"))
+        V.timeout(timeout)
+        stub = self._connect()
+        return int(self._call(False, lambda t: stub.Unpin(req, timeout=t), timeout).pages_unpinned)
+
+    def watch_pages(self, *, max_batch: int = 0, buffer_events: int = 0,
+                    timeout: Optional[float] = None) -> "PageWatch":
+        """The prefix index's page events of this client's tenant from now
+        on, as an iterator of PageEventBatch (driftkv.page_watch): at most
+        max_batch events a batch (0: 256; at most 4096), buffered on the
+        server up to buffer_events (0: 65536; at most 1048576) before it
+        drops them (PageEventBatch.dropped, PageWatch.dropped). cancel() or
+        the with block's end stops it. `timeout` bounds the whole stream
+        (DEADLINE_EXCEEDED); None: no deadline, unlike the other calls.
+        Never retried."""
+        from driftkv.page_watch import PageWatch
+        req = W.watch_request(max_batch, buffer_events)
+        t = V.timeout(timeout)
+        stub = self._connect()
+        try:
+            return PageWatch(self, stub.WatchPages(req, timeout=t))
+        except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+            raise closed_error(self, grpc.StatusCode.CANCELLED) from None
 
     # -- memory regions (driftkv/regions.py) ---------------------------------
 

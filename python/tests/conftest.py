@@ -109,6 +109,12 @@ class LosingProxy(pb_grpc.KvCacheServicer):
     def Fork(self, request, context):
         return self._forward("Fork", lambda: self.stub.Fork(request), context)
 
+    def Pin(self, request, context):
+        return self._forward("Pin", lambda: self.stub.Pin(request), context)
+
+    def Unpin(self, request, context):
+        return self._forward("Unpin", lambda: self.stub.Unpin(request), context)
+
     def Info(self, request, context):
         return self._forward("Info", lambda: self.stub.Info(request), context)
 

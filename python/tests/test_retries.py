@@ -1,7 +1,8 @@
 """The retry and deadline rules (docs/api.md, "Retries and deadlines"),
 with answers lost on purpose by a proxy (conftest.LosingProxy): retried
-calls store their data once, the non-idempotent decode step is not
-retried, Read resumes after the last chunk, deadlines end a call."""
+calls store their data once, the non-idempotent decode step, Fork and
+Unpin are not retried, Pin is, Read resumes after the last chunk,
+deadlines end a call."""
 import uuid
 
 import grpc
@@ -117,6 +118,27 @@ def test_fork_is_never_retried(client, proxy, rng):
     assert client.length(f)[0] == driftkv.LayerLength(128, 128, 0)  # the lost answer's fork was made
     client.release(f)
     client.release(s)
+
+
+def test_a_lost_pin_is_retried_and_a_lost_unpin_is_not(client, proxy, rng):
+    s = sid()
+    keys, values = kv(rng, 384)
+    ids = rng.integers(0, 2**32, 384, dtype=np.uint64).tolist()
+    for layer in range(4):
+        client.append(s, layer, keys, values, token_ids=ids)  # 2 pages a layer
+    client.release(s)
+    proxy.lose["Pin"] = 1
+    r = client.pin("lost-pin", ids, ttl_seconds=30)
+    assert proxy.calls["Pin"] == 2 and client.retries == 1
+    assert (r.pages_pinned, r.replaced) == (8, True)  # the lost answer's pin was made; the repeat replaced it
+    proxy.lose["Unpin"] = 1
+    with pytest.raises(driftkv.DriftkvError) as e:
+        client.unpin("lost-pin")
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert proxy.calls["Unpin"] == 1 and client.retries == 1
+    with pytest.raises(driftkv.DriftkvError) as e:  # the lost answer's unpin was done
+        client.unpin("lost-pin")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
 
 
 def test_read_only_calls_are_retried(client, proxy, rng):

@@ -12,11 +12,12 @@ import pytest
 
 import driftkv
 import driftkv.aio
-from driftkv import _crc32c
+from driftkv import _crc32c, prefix
 from driftkv._proto import pb, pb_grpc
 from driftkv._wire import chunk_message
 from driftkv.local_server import LocalServer
 from conftest import MODEL_CONFIG
+from test_pins import LAYERS, P, Collector, expected, random_ids, store, subscribe
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-fedcba9876543210"
@@ -133,6 +134,30 @@ def test_tokens_asyncio_and_sharded(secure_server, pki):
                                     tls_key=f"{pki}/client.key", token=BOB)
     with sharded:
         assert [s.tenant for s in sharded.stats_all()] == ["bob"]
+
+
+def test_page_events_and_pins_are_the_tenants_own(secure_server, pki):
+    rng = np.random.default_rng(7)
+    with _client(secure_server, pki, ALICE) as alice, _client(secure_server, pki, BOB) as bob:
+        got = Collector(alice.watch_pages())
+        subscribe(alice, got, rng)
+        bobs, alices = random_ids(rng, P), random_ids(rng, P)
+        store(bob, rng, bobs)
+        store(alice, rng, alices)
+        assert got.wait_for(expected("stored", alices))
+        # Events come in order: bob's, stored first, would be there by now.
+        assert not {key for _, key, _ in got.seen()} & set(prefix.page_keys(bobs, P))
+        assert alice.pin("same-name", alices, ttl_seconds=30).pages_pinned == LAYERS
+        with pytest.raises(driftkv.DriftkvError) as e:
+            bob.pin("same-name", alices, ttl_seconds=30)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND and "was never stored" in e.value.details
+        with pytest.raises(driftkv.DriftkvError) as e:
+            bob.unpin("same-name")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert alice.unpin("same-name") == LAYERS
+        got.watch.cancel()
+        got.thread.join(5)
+        assert got.error is None
 
 
 def test_a_token_is_never_sent_in_plaintext():

@@ -130,6 +130,11 @@ def bad_calls(s, keys, values, q):
         ("sequence_id as bytes", lambda c: c.release(s.encode()), f"sequence_id is {s.encode()!r}; expected a str"),
         ("timeout 0", lambda c: c.attend(AttendItem(s, 0, q), timeout=0),
          "timeout is 0; expected a number of seconds > 0"),
+        ("pin without a lease", lambda c: c.pin("p", [1] * 128, ttl_seconds=0),
+         "ttl_seconds is 0; expected a number of seconds > 0"),
+        ("pin of no prompt", lambda c: c.pin("p", ttl_seconds=5), "pass one of prefix_token_ids and prefix_page_keys"),
+        ("pin_id as bytes", lambda c: c.unpin(b"p"), "pin_id is b'p'; expected a str"),
+        ("watch batch past 4096", lambda c: c.watch_pages(max_batch=4097), "max_batch 4097 out of range [0, 4096]"),
     ]
 
 
@@ -164,6 +169,14 @@ def test_asyncio_client_checks_before_sending(proxy, stored, rng):
             with pytest.raises(DriftkvError) as e:
                 await c.append(s, 0, keys, values[:5], first_token=0)
             assert e.value.details == "values has shape (5, 4, 128); expected (21, 4, 128) like keys"
+            assert proxy.calls == calls
+            for call, details in ((lambda: c.pin("p", [1] * 128, ttl_seconds=-1),
+                                   "ttl_seconds is -1; expected a number of seconds > 0"),
+                                  (lambda: c.watch_pages(buffer_events=-1),
+                                   "buffer_events -1 out of range [0, 1048576]")):
+                with pytest.raises(DriftkvError) as e:
+                    await call()
+                assert (e.value.code, e.value.details) == (grpc.StatusCode.INVALID_ARGUMENT, details)
             assert proxy.calls == calls
             assert (await c.length(s))[0].tokens == 20
 
