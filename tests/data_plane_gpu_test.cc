@@ -26,6 +26,8 @@
 #include "codec/level_page.h"
 #include "gtest/gtest.h"
 #include "kernels/testing/gpu_test_util.h"
+#include "service/attend_reuse.h"
+#include "service/handler.h"
 #include "service/server.h"
 #include "tests/data_plane_items.h"
 #include "tests/loopback_server.h"
@@ -211,6 +213,35 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
         testing::ExpectSame(testing::InlineAnswer(want->results(i)),
                             testing::RefAnswer(specs[i], req.items(i), got->results(i), *arena),
                             absl::StrCat(prefix, " round ", round, " item ", i));
+      }
+    }
+  }
+  // A request that keeps its items and sequences between calls (a
+  // prepared doorbell request's AttendReuse) answers the inline bits call
+  // after call, its outputs cleared before each.
+  {
+    std::vector<ItemSpec> specs = Specs(5);
+    specs.pop_back();  // no decode step: kept
+    v1::AttendRequest inline_req;
+    for (const ItemSpec& s : specs) *inline_req.add_items() = testing::Inline(s, "i-");
+    absl::StatusOr<v1::AttendResponse> want = client->Attend(inline_req);
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (testing::Arena* arena : std::vector<testing::Arena*>{&device, &host}) {
+      const std::string prefix = arena == &device ? "d-" : "h-";
+      AttendReuse reuse;
+      for (int call = 0; call < 3; ++call) {
+        arena->Reset();  // the same offsets: the queries again, the outputs cleared
+        v1::AttendRequest req;
+        for (const ItemSpec& s : specs) *req.add_items() = testing::ByRef(s, prefix, *arena);
+        v1::AttendResponse got;
+        absl::Status st = server->handler().Attend(req, &got, "", nullptr, &reuse);
+        ASSERT_TRUE(st.ok()) << prefix << ": " << st;
+        EXPECT_FALSE(reuse.empty()) << prefix << ": the request was not kept";
+        for (size_t i = 0; i < specs.size(); ++i) {
+          testing::ExpectSame(testing::InlineAnswer(want->results(i)),
+                              testing::RefAnswer(specs[i], req.items(i), got.results(i), *arena),
+                              absl::StrCat(prefix, " kept, call ", call, " item ", i));
+        }
       }
     }
   }
