@@ -55,6 +55,41 @@ namespace {
 // is written once when reserved: a decode step that then appends one token
 // to each of 64 windows neither reallocates nor takes page faults (on a VM
 // those cost ~5 us each, every other step).
+// Per-thread buffers of ApplyAppend's general path, kept between calls (a
+// decode loop seals a page in every layer it steps, one call in
+// page_tokens; fresh allocations of that size fault their pages in each
+// time). A buffer grown past kMaxKeptBytes by a large Append is let go.
+struct AppendScratch {
+  std::vector<uint16_t> fresh_k, fresh_v;
+  std::vector<float> keys, values;
+};
+constexpr size_t kMaxKeptBytes = size_t{8} << 20;
+
+class ThreadScratch {
+ public:
+  ThreadScratch() : s_(Get()) {}
+  ~ThreadScratch() {
+    Trim(&s_.fresh_k);
+    Trim(&s_.fresh_v);
+    Trim(&s_.keys);
+    Trim(&s_.values);
+  }
+  ThreadScratch(const ThreadScratch&) = delete;
+  ThreadScratch& operator=(const ThreadScratch&) = delete;
+  AppendScratch* operator->() { return &s_; }
+
+ private:
+  static AppendScratch& Get() {
+    thread_local AppendScratch s;
+    return s;
+  }
+  template <class T>
+  static void Trim(std::vector<T>* v) {
+    if (v->capacity() * sizeof(T) > kMaxKeptBytes) std::vector<T>().swap(*v);
+  }
+  AppendScratch& s_;
+};
+
 void GrowWindow(std::vector<uint16_t>* w, size_t size, size_t most) {
   if (w->capacity() < size) {
     const size_t keep = w->size();
@@ -109,15 +144,28 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     return absl::OkStatus();
   }
   const int64_t encoded = plan.pages * p;
-  // all_k/all_v: the tokens that stay in the window after this append
-  // (staged), or the current window and every new token (host), in bf16.
+  // S = [window; new tokens], in bf16. Host tokens: the window stays where
+  // it is until the commit and the new tokens go to `fresh_k`/`fresh_v`;
+  // staged tokens: `all_k`/`all_v` hold S[encoded, end) (what stays in the
+  // window). Nothing holds the whole of S: a decode step that seals a page
+  // would copy the window (a page and more) for every item.
   std::vector<uint16_t> all_k, all_v;
+  ThreadScratch scratch;
+  std::vector<uint16_t>& fresh_k = scratch->fresh_k;
+  std::vector<uint16_t>& fresh_v = scratch->fresh_v;
+  auto key_row = [&](int64_t t) -> const uint16_t* {
+    if (staged != nullptr) return &all_k[(t - encoded) * n];
+    return t < window ? &layer->window_keys[t * n] : &fresh_k[(t - window) * n];
+  };
+  auto value_row = [&](int64_t t) -> const uint16_t* {
+    if (staged != nullptr) return &all_v[(t - encoded) * n];
+    return t < window ? &layer->window_values[t * n] : &fresh_v[(t - window) * n];
+  };
   std::vector<EncodeJob> jobs(plan.pages);
   for (int64_t i = 0; i < plan.pages; ++i) {
     jobs[i].page = pages[i];
     jobs[i].layer = layer_index;
   }
-  std::vector<float> fk, fv;  // host: the paged tokens as the encoder reads them
   // The window's tokens that go into pages must be what was stored: a page
   // encoded from a corrupt window would carry a fresh, valid checksum.
   absl::Status st = verifier_->VerifyWindow(*layer, 0, std::min(window, encoded), name, "encoded into a page");
@@ -126,19 +174,21 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     st = backend_->EncodeStaged(*staged, static_cast<int>(n), static_cast<int>(p), plan.skip, plan.fresh,
                                 layer->window_keys, layer->window_values, absl::MakeSpan(jobs), &all_k, &all_v);
   } else {
-    // The new tokens in bf16, after the current window.
-    all_k = layer->window_keys;
-    all_v = layer->window_values;
-    all_k.resize((window + plan.fresh) * n);
-    all_v.resize((window + plan.fresh) * n);
-    tokens.CopyBf16(plan.skip * n, plan.fresh * n, all_k.data() + window * n, all_v.data() + window * n);
+    fresh_k.resize(plan.fresh * n);
+    fresh_v.resize(plan.fresh * n);
+    tokens.CopyBf16(plan.skip * n, plan.fresh * n, fresh_k.data(), fresh_v.data());
     if (plan.pages > 0) {
+      // The paged tokens as the encoder reads them: the window's first,
+      // then the new ones.
+      std::vector<float>& fk = scratch->keys;
+      std::vector<float>& fv = scratch->values;
       fk.resize(encoded * n);
       fv.resize(encoded * n);
-      for (size_t i = 0; i < fk.size(); ++i) {
-        fk[i] = Bf16ToFloat(all_k[i]);
-        fv[i] = Bf16ToFloat(all_v[i]);
-      }
+      const int64_t from_window = std::min(window, encoded);
+      Bf16ToFloats(layer->window_keys.data(), from_window * n, fk.data());
+      Bf16ToFloats(layer->window_values.data(), from_window * n, fv.data());
+      Bf16ToFloats(fresh_k.data(), (encoded - from_window) * n, fk.data() + from_window * n);
+      Bf16ToFloats(fresh_v.data(), (encoded - from_window) * n, fv.data() + from_window * n);
       for (int64_t i = 0; i < plan.pages; ++i) {
         jobs[i].keys = fk.data() + i * p * n;
         jobs[i].values = fv.data() + i * p * n;
@@ -151,34 +201,30 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
     return absl::Status(st.code(), absl::StrCat("encoding tokens [", first_page_token, ", ", first_page_token + encoded,
                                                 "): ", st.message()));
   }
-  // The window after this append: S[encoded, window + fresh) of S = [window;
-  // new tokens]. Tokens that were in the window keep their checksums (never
-  // recomputed from the bytes, which would launder a corruption); the
-  // staged path's come back from the backend's staging and must match.
+  // The window after this append: S[encoded, window + fresh). Tokens that
+  // were in the window keep their checksums (never recomputed from the
+  // bytes, which would launder a corruption); the staged path's come back
+  // from the backend's staging and must match.
   std::vector<PageChecksum> window_sums(window + plan.fresh - encoded);
-  {
-    const size_t skip = staged != nullptr ? 0 : encoded;  // where token `encoded` is in all_k
-    for (int64_t t = encoded; t < window + plan.fresh; ++t) {
-      const size_t at = (t - encoded + skip) * n;
-      const PageChecksum sum =
-          t < window && staged == nullptr ? layer->window_sums[t] : WindowTokenSum(&all_k[at], &all_v[at], n);
-      if (t < window && sum != layer->window_sums[t]) {
-        verifier_->CountFailure(kCheckWindow);
-        return absl::DataLossError(absl::StrFormat(
-            "token %d of the bf16 window of layer %d of sequence_id %s came back from the %s backend's staging "
-            "different from what was stored: stored crc32c %08x, computed %08x; nothing stored",
-            static_cast<int64_t>(layer->pages.size()) * p + t, name.layer, Quoted(name.sequence_id), backend_->name(),
-            layer->window_sums[t], sum));
-      }
-      window_sums[t - encoded] = sum;
+  for (int64_t t = encoded; t < window + plan.fresh; ++t) {
+    const PageChecksum sum =
+        t < window && staged == nullptr ? layer->window_sums[t] : WindowTokenSum(key_row(t), value_row(t), n);
+    if (t < window && sum != layer->window_sums[t]) {
+      verifier_->CountFailure(kCheckWindow);
+      return absl::DataLossError(absl::StrFormat(
+          "token %d of the bf16 window of layer %d of sequence_id %s came back from the %s backend's staging "
+          "different from what was stored: stored crc32c %08x, computed %08x; nothing stored",
+          static_cast<int64_t>(layer->pages.size()) * p + t, name.layer, Quoted(name.sequence_id), backend_->name(),
+          layer->window_sums[t], sum));
     }
+    window_sums[t - encoded] = sum;
   }
   if (!jobs.empty()) RecordEncoded(jobs);
   // TokenDigest of each token encoded into pages here; kNoDigest for tokens
   // encoded from device staging, whose bf16 form never reaches the host.
   std::vector<uint64_t> new_digests(encoded, kNoDigest);
   if (staged == nullptr) {
-    for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(&all_k[t * n], &all_v[t * n], n);
+    for (int64_t t = 0; t < encoded; ++t) new_digests[t] = TokenDigest(key_row(t), value_row(t), n);
   }
   // Checksums of the new pages' cold form, before any promotion, as the
   // backend holds them (on cuda the device's copy, which the host arena
@@ -211,9 +257,29 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
   }
   layer->digests.insert(layer->digests.end(), new_digests.begin(), new_digests.end());
   layer->page_sums.insert(layer->page_sums.end(), sums.begin(), sums.end());
-  const size_t kept = staged != nullptr ? 0 : encoded * n;
-  layer->window_keys.assign(all_k.begin() + kept, all_k.end());
-  layer->window_values.assign(all_v.begin() + kept, all_v.end());
+  if (staged != nullptr) {
+    layer->window_keys.assign(all_k.begin(), all_k.end());
+    layer->window_values.assign(all_v.begin(), all_v.end());
+  } else {
+    // In place: the window's tokens that stay move to its front, the new
+    // ones that stay follow (the window's capacity, written once, holds).
+    const int64_t stay = std::max<int64_t>(0, window - encoded);  // of the old window
+    const int64_t from_fresh = std::max<int64_t>(0, encoded - window);
+    if (stay > 0 && encoded > 0) {
+      std::memmove(layer->window_keys.data(), layer->window_keys.data() + encoded * n, stay * n * sizeof(uint16_t));
+      std::memmove(layer->window_values.data(), layer->window_values.data() + encoded * n, stay * n * sizeof(uint16_t));
+    }
+    const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
+    const size_t size = (stay + plan.fresh - from_fresh) * n;
+    layer->window_keys.resize(stay * n);
+    layer->window_values.resize(stay * n);
+    GrowWindow(&layer->window_keys, size, std::max(most, size));
+    GrowWindow(&layer->window_values, size, std::max(most, size));
+    std::memcpy(layer->window_keys.data() + stay * n, fresh_k.data() + from_fresh * n,
+                (plan.fresh - from_fresh) * n * sizeof(uint16_t));
+    std::memcpy(layer->window_values.data() + stay * n, fresh_v.data() + from_fresh * n,
+                (plan.fresh - from_fresh) * n * sizeof(uint16_t));
+  }
   layer->window_sums = std::move(window_sums);
   layer->length += plan.fresh;
   table_->CountTokens(encoded, plan.fresh - encoded);
