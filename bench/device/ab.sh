@@ -11,7 +11,7 @@ for round in $(seq ${ROUNDS:-2}); do
     IFS=: read -r name server env <<< "$v"
     echo "== round $round: $name" | tee -a $OUT/ab.log
     SERVER=$server BENCH=${BENCH:-decode_step_bench} SERVER_ENV=${env:-} \
-      SHAPE="${SHAPE:---layers=8 --sequences=64 --context=8192}" PREFILL_PATH=shm_doorbell STEPS=15 PATHS="$PATHS" \
+      SHAPE="${SHAPE:---layers=8 --sequences=64 --context=8192}" PREFILL_PATH=shm_doorbell STEPS=${STEPS:-15} PATHS="$PATHS" \
       bash bench/device/phases.sh 2>&1 | cut -c1-400 | tee -a $OUT/ab.log
   done
 done
