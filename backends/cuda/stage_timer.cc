@@ -45,6 +45,10 @@ bool StageTimer::Create() {
 
 void StageTimer::Mark(Point point, cudaStream_t stream) {
   if (!Create()) return;
+  // A launch that failed after some marks (Event's among them) never
+  // reached Collect: a new launch starts from none, so no stage of it is
+  // timed from the failed one's events.
+  if (point == kStart) marked_.fill(false);
   marked_[point] = cudaEventRecord(events_[point], stream) == cudaSuccess;
   if (point != kInputsDone) return;
   if (isolated_ && marked_[point]) cudaStreamSynchronize(stream);
