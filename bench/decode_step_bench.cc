@@ -50,6 +50,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "client/attend_stream.h"
 #include "client/client.h"
 #include "client/doorbell.h"
@@ -59,22 +60,11 @@
 namespace driftkv {
 namespace {
 
+using bench::Flag;
+using bench::IntFlag;
+
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD;
 constexpr int kChunk = 2048;  // prefill tokens per chunk
-
-std::string Flag(int argc, char** argv, const char* name, const std::string& def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], prefix)) return argv[i] + prefix.size();
-  }
-  return def;
-}
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  int v = def;
-  const std::string s = Flag(argc, argv, name, "");
-  if (!s.empty()) CHECK_OK(absl::SimpleAtoi(s, &v) ? absl::OkStatus() : absl::InvalidArgumentError(name));
-  return v;
-}
 
 void CheckCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {

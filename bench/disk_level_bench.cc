@@ -21,27 +21,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "service/handler.h"
 #include "wire/half.h"
 
 namespace driftkv {
 namespace {
 
+using bench::Flag;
+using bench::IntFlag;
+
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kPageTokens = 128;
-
-std::string Flag(int argc, char** argv, const char* name, const std::string& def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], prefix)) return argv[i] + prefix.size();
-  }
-  return def;
-}
-
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  int v = def;
-  const std::string s = Flag(argc, argv, name, "");
-  return !s.empty() && absl::SimpleAtoi(s, &v) ? v : def;
-}
 
 // bf16 keys or values [tokens][kN] of pattern `seed`, in (-1, 1).
 std::string Tokens(int tokens, uint32_t seed) {

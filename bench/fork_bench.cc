@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "codec/level_page.h"
 #include "service/handler.h"
 #include "wire/half.h"
@@ -30,16 +31,9 @@
 namespace driftkv {
 namespace {
 
-constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kPageTokens = 128;
+using bench::IntFlag;
 
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    int v;
-    if (absl::StartsWith(argv[i], prefix) && absl::SimpleAtoi(argv[i] + prefix.size(), &v)) return v;
-  }
-  return def;
-}
+constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kPageTokens = 128;
 
 // Appends tokens [0, context) to `layers` of sequence "source", layer l
 // on thread l % threads, in bf16 chunks of 1024 tokens of one random

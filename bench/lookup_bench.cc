@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "client/client.h"
 #include "service/page_key.h"
 #include "service/server.h"
@@ -33,16 +34,9 @@
 namespace driftkv {
 namespace {
 
-constexpr int kPageTokens = 128, kN = 64;
+using bench::IntFlag;
 
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    int v;
-    if (absl::StartsWith(argv[i], prefix) && absl::SimpleAtoi(argv[i] + prefix.size(), &v)) return v;
-  }
-  return def;
-}
+constexpr int kPageTokens = 128, kN = 64;
 
 void Quantiles(const char* what, std::vector<double> us) {
   std::sort(us.begin(), us.end());

@@ -21,22 +21,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "service/handler.h"
 #include "wire/half.h"
 
 namespace driftkv {
 namespace {
 
-constexpr int kD = 64, kPageTokens = 128;
+using bench::IntFlag;
 
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    int v;
-    if (absl::StartsWith(argv[i], prefix) && absl::SimpleAtoi(argv[i] + prefix.size(), &v)) return v;
-  }
-  return def;
-}
+constexpr int kD = 64, kPageTokens = 128;
 
 // bf16 keys or values of tokens [first, first + count) of request `r`:
 // the prompt's tokens are the same in every request, a suffix's its own.

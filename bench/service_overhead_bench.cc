@@ -37,6 +37,7 @@
 #include "backends/attend_phases.h"
 #include "backends/registry.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "client/attend_stream.h"
 #include "client/client.h"
 #include "client/doorbell.h"
@@ -48,6 +49,8 @@
 
 namespace driftkv {
 namespace {
+
+using bench::IntFlag;
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32;
 
@@ -143,15 +146,6 @@ struct Quantiles {
 Quantiles Of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
-}
-
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    int v;
-    if (absl::StartsWith(argv[i], prefix) && absl::SimpleAtoi(argv[i] + prefix.size(), &v)) return v;
-  }
-  return def;
 }
 
 int Run(int argc, char** argv) {

@@ -40,27 +40,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
+#include "bench/flags.h"
 #include "service/handler.h"
 #include "wire/half.h"
 
 namespace driftkv {
 namespace {
 
+using bench::Flag;
+using bench::IntFlag;
+
 constexpr int kD = 64, kP = 128;
 // Budgets, as fractions of the bf16 bytes of every prompt's pages.
 constexpr double kBudgets[] = {0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0};
-
-std::string Flag(int argc, char** argv, const char* name, const std::string& def) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], prefix)) return argv[i] + prefix.size();
-  }
-  return def;
-}
-int IntFlag(int argc, char** argv, const char* name, int def) {
-  int v = def;
-  return absl::SimpleAtoi(Flag(argc, argv, name, ""), &v) ? v : def;
-}
 
 struct Trace {
   int prompts, tokens, layers, kv_heads;
