@@ -14,7 +14,6 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 gtest data_plane_gpu_test 120
 gtest service_gpu_test 120
-gtest cuda_backend_test 120
 echo "== kernel alone"
 timeout 150 $B service_hot_bench --sequences=64 --context=8192 --reps=40 --kernel_only_spread=8 2>&1 | tee $OUT/kernel.log | tail -4
 VARIANTS="before:driftkv-server-cuda-before:DRIFTKV_DEVICE_TIMING=1 after:driftkv-server-cuda:DRIFTKV_DEVICE_TIMING=1" \
