@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/byte_buffer_bytes.h"
 
 namespace driftkv {
 namespace {
 
-std::string Bytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
+using testing::ByteBufferBytes;
 
 v1::AttendResult Result(int heads, uint64_t tokens) {
   v1::AttendResult r;
@@ -61,9 +56,9 @@ TEST(AttendWireTest, StagedOutputsSerialiseAsTheCopiedAnswer) {
   }
   const std::string want = with_outputs.SerializeAsString();
   const grpc::ByteBuffer buffer = AttendResponseBuffer(without, staged);
-  EXPECT_EQ(Bytes(buffer), want);
+  EXPECT_EQ(ByteBufferBytes(buffer), want);
   v1::AttendResponse back;
-  ASSERT_TRUE(back.ParseFromString(Bytes(buffer)));
+  ASSERT_TRUE(back.ParseFromString(ByteBufferBytes(buffer)));
   EXPECT_EQ(back.SerializeAsString(), want);
 }
 
@@ -71,8 +66,8 @@ TEST(AttendWireTest, WithoutStagedOutputsItIsProtobufsSerialisation) {
   v1::AttendResponse r;
   *r.add_results() = Result(4, 77);
   r.mutable_results(0)->set_output(std::string(512, 'x'));
-  EXPECT_EQ(Bytes(AttendResponseBuffer(r, StagedOutputs())), r.SerializeAsString());
-  EXPECT_EQ(Bytes(AttendResponseBuffer(v1::AttendResponse(), StagedOutputs())), "");
+  EXPECT_EQ(ByteBufferBytes(AttendResponseBuffer(r, StagedOutputs())), r.SerializeAsString());
+  EXPECT_EQ(ByteBufferBytes(AttendResponseBuffer(v1::AttendResponse(), StagedOutputs())), "");
 }
 
 // The buffer holds the lease: dropping every other reference keeps it

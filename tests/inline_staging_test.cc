@@ -22,6 +22,7 @@
 #include "service/attend_wire.h"
 #include "service/handler.h"
 #include "service/pinned_staging.h"
+#include "tests/byte_buffer_bytes.h"
 #include "tests/handler_fixture.h"
 #include "tests/host_addressing_backend.h"
 #include "tests/service_test_util.h"
@@ -30,6 +31,8 @@
 
 namespace driftkv {
 namespace {
+
+using testing::ByteBufferBytes;
 
 using testing::g_outputs_written_in_place;
 using testing::g_pins;
@@ -181,14 +184,6 @@ TEST(InlineStagingTest, ConcurrentCallersGetTheirLoneAnswers) {
   EXPECT_EQ(failures, 0);
 }
 
-std::string WireBytes(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
-
 // Outputs left in the staging (what the gRPC edge asks for) go on the wire
 // as the bytes of the copied answer; the staging stays leased, and so
 // unchanged, while its answer is on its way: the calls made meanwhile take
@@ -221,15 +216,15 @@ TEST(InlineStagingTest, OutputsLeftInStagingGoOutAsTheCopiedAnswer) {
     v1::AttendResponse r2;
     StagedOutputs s2;
     ASSERT_TRUE(p.staged.h->Attend(second, &r2, "", &s2).ok());
-    EXPECT_EQ(WireBytes(AttendResponseBuffer(r2, std::move(s2))), want_second.SerializeAsString());
+    EXPECT_EQ(ByteBufferBytes(AttendResponseBuffer(r2, std::move(s2))), want_second.SerializeAsString());
   }
   EXPECT_EQ(g_pins - pins, 1);  // one more buffer, reused by the three calls
-  EXPECT_EQ(WireBytes(b1), want_first.SerializeAsString());
+  EXPECT_EQ(ByteBufferBytes(b1), want_first.SerializeAsString());
   b1.Clear();
   v1::AttendResponse r3;
   StagedOutputs s3;
   ASSERT_TRUE(p.staged.h->Attend(first, &r3, "", &s3).ok());
-  EXPECT_EQ(WireBytes(AttendResponseBuffer(r3, std::move(s3))), want_first.SerializeAsString());
+  EXPECT_EQ(ByteBufferBytes(AttendResponseBuffer(r3, std::move(s3))), want_first.SerializeAsString());
   EXPECT_EQ(g_pins - pins, 1);  // b1's buffer came back: nothing pinned anew
 }
 
