@@ -55,6 +55,16 @@ namespace {
 // is written once when reserved: a decode step that then appends one token
 // to each of 64 windows neither reallocates nor takes page faults (on a VM
 // those cost ~5 us each, every other step).
+void GrowWindow(std::vector<uint16_t>* w, size_t size, size_t most) {
+  if (w->capacity() < size) {
+    const size_t keep = w->size();
+    w->reserve(std::max(size, std::min(2 * w->capacity(), most)));
+    w->resize(w->capacity());
+    w->resize(keep);
+  }
+  w->resize(size);
+}
+
 // Per-thread buffers of ApplyAppend's general path, kept between calls (a
 // decode loop seals a page in every layer it steps, one call in
 // page_tokens; fresh allocations of that size fault their pages in each
@@ -90,16 +100,6 @@ class ThreadScratch {
   AppendScratch& s_;
 };
 
-void GrowWindow(std::vector<uint16_t>* w, size_t size, size_t most) {
-  if (w->capacity() < size) {
-    const size_t keep = w->size();
-    w->reserve(std::max(size, std::min(2 * w->capacity(), most)));
-    w->resize(w->capacity());
-    w->resize(keep);
-  }
-  w->resize(size);
-}
-
 }  // namespace
 
 HeldBytes Handler::AppendBytes(const AppendPlan& plan) const {
@@ -127,11 +127,12 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const int64_t window = static_cast<int64_t>(layer->window_keys.size() / n);
+  // The most a window holds (fewer than window_tokens + page_tokens).
+  const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
   if (staged == nullptr && plan.pages == 0) {
     // Only the window grows (a decode step between pages): append in
     // place. Copying the window, as the general path below does, cost a
     // 64-item decode step ~128 MB of memcpy at a 128-token window.
-    const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
     GrowWindow(&layer->window_keys, (window + plan.fresh) * n, most);
     GrowWindow(&layer->window_values, (window + plan.fresh) * n, most);
     tokens.CopyBf16(plan.skip * n, plan.fresh * n, layer->window_keys.data() + window * n,
@@ -269,7 +270,6 @@ absl::Status Handler::ApplyAppend(LayerState* layer, TenantUsage* usage, const L
       std::memmove(layer->window_keys.data(), layer->window_keys.data() + encoded * n, stay * n * sizeof(uint16_t));
       std::memmove(layer->window_values.data(), layer->window_values.data() + encoded * n, stay * n * sizeof(uint16_t));
     }
-    const size_t most = static_cast<size_t>(options_.window_tokens + p) * n;
     const size_t size = (stay + plan.fresh - from_fresh) * n;
     layer->window_keys.resize(stay * n);
     layer->window_values.resize(stay * n);

@@ -25,10 +25,6 @@ namespace driftkv {
 using handler_internal::kMaxTokenIndex;
 using handler_internal::Quoted;
 
-// One Attend call in steps: validate (tensors inline or by reference:
-// service/attend_io.h), find the sequences, bring the layers to the hot
-// tier, lock, plan and apply the decode steps, attend. Its host work per
-// item is constant: no std::map, no string built unless an error needs it.
 namespace {
 
 // The fields of an item that AttendIo::Keepable accepts: its tensors are
@@ -47,6 +43,10 @@ void CopyKeptFields(const ItemIo& from, ItemIo* to) {
 
 }  // namespace
 
+// One Attend call in steps: validate (tensors inline or by reference:
+// service/attend_io.h), find the sequences, bring the layers to the hot
+// tier, lock, plan and apply the decode steps, attend. Its host work per
+// item is constant: no std::map, no string built unless an error needs it.
 class Handler::AttendBatch {
  public:
   // One item of an Attend request, validated and decoded.
