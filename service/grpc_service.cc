@@ -95,13 +95,6 @@ KvCacheService::KvCacheService(Handler* handler, ChannelManager* channels, Metri
                                  }));
 }
 
-grpc::Status KvCacheService::Attend(grpc::ServerContext* context, const v1::AttendRequest* request,
-                                    v1::AttendResponse* response) {
-  RpcTimer timer(metrics_, "Attend");
-  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
-  return timer.Finish(ToGrpcStatus(handler_->Attend(*request, response, tenant)));
-}
-
 grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
                                             grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
   RpcTimer timer(metrics_, "Attend");

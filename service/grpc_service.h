@@ -22,15 +22,12 @@ class KvCacheService final : public v1::KvCache::Service {
   // `auth`: null without tokens; else each call's tenant comes from its
   // bearer token and client certificate (service/auth.h).
   // `regions`, `doorbells`: null answers their methods with UNIMPLEMENTED.
-  // gRPC calls AttendToBuffer for Attend (the override below serves
-  // in-process callers).
+  // gRPC calls AttendToBuffer for Attend.
   KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics, const Authenticator* auth = nullptr,
                  RegionTable* regions = nullptr, DoorbellTable* doorbells = nullptr);
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
-  grpc::Status Attend(grpc::ServerContext* context, const v1::AttendRequest* request,
-                      v1::AttendResponse* response) override;
   // Attend on the wire: the answer's inline outputs go out from the pinned
   // staging the device wrote them to (service/attend_wire.h), not copied
   // into the response and again into gRPC's slices.
