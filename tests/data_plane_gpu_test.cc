@@ -196,11 +196,25 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
   ASSERT_TRUE(host_region.ok()) << host_region.status();
   testing::HostArena host(host_region->get());
 
-  for (int round = 0; round < 2; ++round) {
-    const std::vector<ItemSpec> specs = Specs(round);
+  // The inline answers to `specs` (on the "i-" sequences), and a check
+  // that `got`, by reference into `arena`, gives the same bits.
+  auto inline_answers = [&](const std::vector<ItemSpec>& specs) {
     v1::AttendRequest inline_req;
     for (const ItemSpec& s : specs) *inline_req.add_items() = testing::Inline(s, "i-");
-    absl::StatusOr<v1::AttendResponse> want = client->Attend(inline_req);
+    return client->Attend(inline_req);
+  };
+  auto expect_inline = [](const v1::AttendResponse& want, const std::vector<ItemSpec>& specs,
+                          const v1::AttendRequest& req, const v1::AttendResponse& got, const testing::Arena& arena,
+                          const std::string& what) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      testing::ExpectSame(testing::InlineAnswer(want.results(i)),
+                          testing::RefAnswer(specs[i], req.items(i), got.results(i), arena),
+                          absl::StrCat(what, " item ", i));
+    }
+  };
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<ItemSpec> specs = Specs(round);
+    absl::StatusOr<v1::AttendResponse> want = inline_answers(specs);
     ASSERT_TRUE(want.ok()) << want.status();
     for (testing::Arena* arena : std::vector<testing::Arena*>{&device, &host}) {
       const std::string prefix = arena == &device ? "d-" : "h-";
@@ -209,11 +223,7 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
       for (const ItemSpec& s : specs) *req.add_items() = testing::ByRef(s, prefix, *arena);
       absl::StatusOr<v1::AttendResponse> got = client->Attend(req);
       ASSERT_TRUE(got.ok()) << prefix << ": " << got.status();
-      for (size_t i = 0; i < specs.size(); ++i) {
-        testing::ExpectSame(testing::InlineAnswer(want->results(i)),
-                            testing::RefAnswer(specs[i], req.items(i), got->results(i), *arena),
-                            absl::StrCat(prefix, " round ", round, " item ", i));
-      }
+      expect_inline(*want, specs, req, *got, *arena, absl::StrCat(prefix, " round ", round));
     }
   }
   // A request that keeps its items and sequences between calls (a
@@ -222,9 +232,7 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
   {
     std::vector<ItemSpec> specs = Specs(5);
     specs.pop_back();  // no decode step: kept
-    v1::AttendRequest inline_req;
-    for (const ItemSpec& s : specs) *inline_req.add_items() = testing::Inline(s, "i-");
-    absl::StatusOr<v1::AttendResponse> want = client->Attend(inline_req);
+    absl::StatusOr<v1::AttendResponse> want = inline_answers(specs);
     ASSERT_TRUE(want.ok()) << want.status();
     for (testing::Arena* arena : std::vector<testing::Arena*>{&device, &host}) {
       const std::string prefix = arena == &device ? "d-" : "h-";
@@ -237,11 +245,7 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
         absl::Status st = server->handler().Attend(req, &got, "", nullptr, &reuse);
         ASSERT_TRUE(st.ok()) << prefix << ": " << st;
         EXPECT_FALSE(reuse.empty()) << prefix << ": the request was not kept";
-        for (size_t i = 0; i < specs.size(); ++i) {
-          testing::ExpectSame(testing::InlineAnswer(want->results(i)),
-                              testing::RefAnswer(specs[i], req.items(i), got.results(i), *arena),
-                              absl::StrCat(prefix, " kept, call ", call, " item ", i));
-        }
+        expect_inline(*want, specs, req, got, *arena, absl::StrCat(prefix, " kept, call ", call));
       }
     }
   }
