@@ -297,10 +297,51 @@ class Handler {
   absl::Status ApplyAppend(LayerState* layer, TenantUsage* usage, const LayerName& name, const AppendPlan& plan,
                            const HostTokens& tokens, const std::vector<PageId>& pages, const HotTier::Held& held,
                            const StagedTokens* staged = nullptr, SealedPages* sealed = nullptr);
+  // One append that encodes pages, as ApplyAppend takes it, between the
+  // phases that SealAppends runs over several (handler_store.cc).
+  struct Sealing {
+    LayerState* layer = nullptr;
+    TenantUsage* usage = nullptr;
+    LayerName name;
+    AppendPlan plan;
+    HostTokens tokens;
+    const StagedTokens* staged = nullptr;
+    std::vector<PageId> pages;
+    SealedPages* sealed = nullptr;
+    // What the phases find and make.
+    int64_t window = 0;                 // the window's tokens before
+    const uint16_t* fresh_k = nullptr;  // host tokens: the new ones in bf16
+    const uint16_t* fresh_v = nullptr;
+    std::vector<uint16_t> all_k, all_v;  // staged: the window after
+    std::vector<EncodeJob> jobs;
+    std::vector<PageChecksum> window_sums;     // of the window after
+    std::vector<uint64_t> digests;             // of the tokens encoded
+    std::vector<PageChecksum> sums, hot_sums;  // the pages' cold and hot forms
+    std::vector<PageId> hot;                   // hot pages, when they went hot
+    // Token t of [window; new tokens] (t >= the tokens encoded, when staged).
+    const uint16_t* KeyRow(int64_t t, size_t n, int64_t encoded) const;
+    const uint16_t* ValueRow(int64_t t, size_t n, int64_t encoded) const;
+  };
+  // ApplyAppend of each of `items` (plan.pages > 0, each on a layer of its
+  // own, every layer->mu held as a writer): encoded, checksummed and
+  // promoted together, as many at a time as a thread's scratch holds. On
+  // an error *stored items were stored, items[*stored] failed as
+  // ApplyAppend would have and the rest are untouched.
+  absl::Status SealAppends(absl::Span<Sealing> items, const HotTier::Held& held, size_t* stored);
+  // The phases of SealAppends over one group (handler_store.cc); on an
+  // error *stored of them were stored and *culprit is the item whose own
+  // check failed, or ~0 when a step of the whole group did.
+  absl::Status SealGroup(absl::Span<Sealing> items, const HotTier::Held& held, size_t* stored, size_t* culprit);
+  absl::Status PrepareSeal(Sealing* s, float* keys, float* values, uint16_t* fresh_k, uint16_t* fresh_v);
+  absl::Status CheckSeal(Sealing* s);
+  absl::Status PlaceSealed(absl::Span<Sealing> items, const HotTier::Held& held, size_t* stored, size_t* culprit);
+  void CommitSeal(Sealing* s);
+  // An encoding failure of `s`, naming its tokens.
+  absl::Status EncodingError(const Sealing& s, const absl::Status& st) const;
   // What storing `plan` changes in its tenant's bytes: its pages as cold
   // pages, its window by fresh tokens less those the pages take out.
   HeldBytes AppendBytes(const AppendPlan& plan) const;
-  void RecordEncoded(const std::vector<EncodeJob>& jobs);
+  void RecordEncoded(absl::Span<const EncodeJob> jobs);
   // Append after the checks: finds or creates the sequence, plans,
   // reserves and stores, updates the totals.
   absl::Status StoreChunk(const std::string& tenant, const std::string& sequence_id, bool new_incarnation,

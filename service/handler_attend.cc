@@ -451,31 +451,83 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
     held.sequences.insert((*work)[i].seq);
     held.layers.insert((*work)[i].layer->id);
   }
-  absl::Status st;
-  HeldBytes applied;  // AppendBytes of the items stored
-  for (int i = 0; i < request.items_size() && st.ok(); ++i) {
-    AttendWork& w = (*work)[i];
-    const v1::AttendItem& it = request.items(i);
-    if (w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
+  // Each stepping item's pages, in item order.
+  std::vector<std::vector<PageId>> pages(request.items_size());
+  for (int i = 0; i < request.items_size(); ++i) {
+    const AttendWork& w = (*work)[i];
     if (!w.io.step || w.plan.fresh == 0) continue;
     const std::vector<PageId>& mine = reserved[w.seq->device];
     size_t& at = taken[w.seq->device];
-    std::vector<PageId> pages(mine.begin() + at, mine.begin() + at + w.plan.pages);
-    st = h_.ApplyAppend(w.layer, w.seq->usage, LayerName{it.sequence_id(), static_cast<int>(it.layer())}, w.plan,
-                        StepTokens(w), pages, held);
-    if (!st.ok()) {
-      st = absl::Status(st.code(), absl::StrCat("items[", i, "]: ", st.message()));
-      break;
+    pages[i].assign(mine.begin() + at, mine.begin() + at + w.plan.pages);
+    at += w.plan.pages;
+  }
+  // The steps that seal pages are stored together (one encoding, one
+  // promotion for the batch) when each is on a layer of its own; a layer
+  // stepped twice in the batch takes its steps in order, one by one.
+  absl::flat_hash_set<const LayerState*> stepped;
+  bool together = true;
+  for (int i = 0; i < request.items_size() && together; ++i) {
+    const AttendWork& w = (*work)[i];
+    if (w.io.step && w.plan.fresh > 0) together = stepped.insert(w.layer).second;
+  }
+  std::vector<Sealing> sealing;
+  std::vector<int> sealing_item;
+  for (int i = 0; i < request.items_size() && together; ++i) {
+    AttendWork& w = (*work)[i];
+    if (!w.io.step || w.plan.pages == 0) continue;
+    const v1::AttendItem& it = request.items(i);
+    Sealing s;
+    s.layer = w.layer;
+    s.usage = w.seq->usage;
+    s.name = LayerName{it.sequence_id(), static_cast<int>(it.layer())};
+    s.plan = w.plan;
+    s.tokens = StepTokens(w);
+    s.pages = pages[i];
+    sealing.push_back(std::move(s));
+    sealing_item.push_back(i);
+  }
+  size_t sealed = 0;
+  absl::Status st = h_.SealAppends(absl::MakeSpan(sealing), held, &sealed);
+  // Items before the first that failed are stored; the others keep
+  // nothing, their pages given back.
+  const int failed = sealed < sealing.size() ? sealing_item[sealed] : request.items_size();
+  if (!st.ok()) st = absl::Status(st.code(), absl::StrCat("items[", failed, "]: ", st.message()));
+  HeldBytes applied;  // AppendBytes of the items stored
+  std::vector<PageId> unstored;
+  size_t next_sealed = 0;
+  for (int i = 0; i < request.items_size(); ++i) {
+    AttendWork& w = (*work)[i];
+    const v1::AttendItem& it = request.items(i);
+    if (i < failed && w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
+    if (!w.io.step || w.plan.fresh == 0) continue;
+    const bool done_together =
+        together && w.plan.pages > 0 && next_sealed < sealing_item.size() && sealing_item[next_sealed] == i;
+    if (done_together) ++next_sealed;
+    if (i >= failed) {
+      unstored.insert(unstored.end(), pages[i].begin(), pages[i].end());
+      continue;
+    }
+    if (!done_together) {
+      absl::Status one =
+          h_.ApplyAppend(w.layer, w.seq->usage, LayerName{it.sequence_id(), static_cast<int>(it.layer())}, w.plan,
+                         StepTokens(w), pages[i], held);
+      if (!one.ok()) {
+        // Only a step that encodes can fail (and then not together).
+        st = absl::Status(one.code(), absl::StrCat("items[", i, "]: ", one.message()));
+        for (int j = i; j < request.items_size(); ++j)
+          unstored.insert(unstored.end(), pages[j].begin(), pages[j].end());
+        break;
+      }
     }
     applied += h_.AppendBytes(w.plan);
-    *used += pages.size();
-    at += pages.size();
+    *used += pages[i].size();
     h_.totals_.tokens_ingested += 1;
     h_.totals_.bytes_ingested += 2 * h_.n() * DTypeBytes(it.dtype());
     h_.metrics_->ingested_tokens->Increment();
     h_.metrics_->ingested_bytes->Increment(2.0 * h_.n() * DTypeBytes(it.dtype()));
   }
-  int64_t unused = 0;
+  int64_t unused = static_cast<int64_t>(unstored.size());
+  if (!unstored.empty()) h_.pool_->Free(unstored);
   for (size_t k = 0; k < reserved.size(); ++k) {
     if (taken[k] < reserved[k].size()) {
       unused += static_cast<int64_t>(reserved[k].size() - taken[k]);

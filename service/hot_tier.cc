@@ -295,6 +295,41 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
   return absl::OkStatus();
 }
 
+bool HotTier::PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPages> batch, const Held& held) {
+  int64_t total = 0;
+  for (const NewPages& b : batch) total += static_cast<int64_t>(b.cold->size());
+  absl::StatusOr<ByteCharge> charge = ByteCharge::Take(usage, MoveBytes(total, /*to_hot=*/true));
+  if (!charge.ok()) return false;
+  Held mine = held;  // no layer makes room for the batch's pages
+  for (const NewPages& b : batch) mine.layers.insert(b.layer->id);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total, mine);
+  if (!reserved.ok()) return false;
+  const int p = cold_.page_tokens();
+  std::vector<TierMove> moves;
+  moves.reserve(total);
+  for (const NewPages& b : batch) {
+    for (PageId c : *b.cold) moves.push_back(TierMove{c, (*reserved)[moves.size()], p});
+  }
+  std::vector<PageChecksum> sums;
+  absl::Status st = backend_.PromotePages(moves);
+  if (st.ok()) st = verifier_.HotSums(*reserved, &sums);
+  if (!st.ok()) {
+    hot_.Free(*reserved);
+    return false;
+  }
+  charge->Keep();
+  pages_promoted_ += moves.size();
+  metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
+  size_t at = 0;
+  for (const NewPages& b : batch) {
+    const size_t count = b.cold->size();
+    b.hot->assign(reserved->begin() + at, reserved->begin() + at + count);
+    b.hot_sums->assign(sums.begin() + at, sums.begin() + at + count);
+    at += count;
+  }
+  return true;
+}
+
 absl::Status HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
                               const absl::flat_hash_set<uint64_t>& ids, size_t* failed) {
   for (size_t k = 0; k < layers.size(); ++k) {

@@ -120,6 +120,19 @@ class HotTier {
   absl::Status PlaceNewPages(LayerState* layer, TenantUsage* usage, const LayerName& name,
                              const std::vector<PageId>& cold, const Held& held, std::vector<PageId>* hot,
                              std::vector<PageChecksum>* hot_sums);
+  // PlaceNewPages for several hot layers of one tenant (`usage`) at once:
+  // one charge, one reservation, one promotion, one checksum pass. True
+  // when every layer's pages went hot (batch[k].hot, batch[k].hot_sums);
+  // false, nothing placed, when they cannot all go together (no room, a
+  // failed promotion): the caller then places them one by one.
+  // REQUIRES: as PlaceNewPages, for each layer.
+  struct NewPages {
+    LayerState* layer = nullptr;
+    const std::vector<PageId>* cold = nullptr;
+    std::vector<PageId>* hot = nullptr;
+    std::vector<PageChecksum>* hot_sums = nullptr;
+  };
+  bool PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPages> batch, const Held& held);
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
   bool DemoteIdle();

@@ -197,9 +197,9 @@ class TierChecksumTest : public testing::HandlerFixture, public ::testing::WithP
   }
   uint64_t Failures() { return Stats().checksum_failures(); }
   double Counted(ChecksumSite site) { return metrics_.checksum_failures[site]->Value(); }
-  int64_t Length() {
+  int64_t Length(const char* id = "seq") {
     v1::LengthRequest r;
-    r.set_sequence_id("seq");
+    r.set_sequence_id(id);
     v1::LengthResponse resp;
     EXPECT_TRUE(h_->Length(r, &resp).ok());
     return static_cast<int64_t>(resp.layers(1).tokens());
@@ -320,6 +320,45 @@ TEST_P(TierChecksumTest, CorruptWindowInABatchOfFillingStepsIsNotEncoded) {
   ASSERT_TRUE(h_->Attend(a, &resp).ok());  // intact: both steps encode a page
   EXPECT_EQ(Pages().size(), pages_before + 1);
   EXPECT_EQ(Length(), step + 1);
+  EXPECT_TRUE(Read().ok());
+}
+
+// Steps that fill pages on three layers, stored together: a corrupt window
+// in the middle one fails it by name after the first is stored; the last
+// stores nothing, and each failure is counted once.
+TEST_P(TierChecksumTest, CorruptWindowAmongFillingStepsStoresThoseBeforeIt) {
+  Make(GetParam(), false);
+  ASSERT_TRUE(testing::PushTokens(*h_, "seq", 1, kv_, kTokens, 67).ok());  // window 255 = R + P - 1
+  ASSERT_TRUE(testing::PushTokens(*h_, "first", 1, kv_, 0, kTokens + 67).ok());
+  ASSERT_TRUE(testing::PushTokens(*h_, "last", 1, kv_, 0, kTokens + 67).ok());
+  const int step = kTokens + 67;
+  const size_t n = testing::kSmallN;
+  v1::AttendRequest a;
+  for (const char* id : {"first", "seq", "last"}) {
+    v1::AttendItem* it = a.add_items();
+    *it = testing::QueryItem(id, 1, testing::SyntheticQuery(4, 64, 3), 4);
+    it->set_new_key(std::string(reinterpret_cast<const char*>(kv_.keys.data() + step * n), n * 4));
+    it->set_new_value(std::string(reinterpret_cast<const char*>(kv_.values.data() + step * n), n * 4));
+    it->set_new_token_index(step);  // a retry repeats the step
+  }
+  const uint64_t in_use = Stats().pages_in_use() + Stats().hot_pages_in_use();
+  FlipWindow(3);
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(a, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1]")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "(window token 3 of tokens [512, 767)) of the bf16 window")) << st;
+  EXPECT_EQ(Counted(kCheckWindow), 1.0);
+  EXPECT_EQ(Length("first"), step + 1);
+  EXPECT_EQ(Length("seq"), step);
+  EXPECT_EQ(Length("last"), step);
+  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use + 1);
+  FlipWindow(3);
+  ASSERT_TRUE(h_->Attend(a, &resp).ok());  // the first step repeats; the others store
+  EXPECT_EQ(Length("first"), step + 1);
+  EXPECT_EQ(Length("seq"), step + 1);
+  EXPECT_EQ(Length("last"), step + 1);
+  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use + 3);
   EXPECT_TRUE(Read().ok());
 }
 
