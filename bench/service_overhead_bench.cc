@@ -166,7 +166,9 @@ int Run(int argc, char** argv) {
   const v1::DType dtype = bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
 
   ServiceOptions o;
-  o.listen = "127.0.0.1:0";
+  // --listen=unix:PATH serves (and the gRPC client connects) over a Unix
+  // domain socket instead of TCP loopback.
+  o.listen = bench::Flag(argc, argv, "listen", "127.0.0.1:0");
   o.metrics_listen = "";
   o.backend = IntFlag(argc, argv, "device_like", 0) != 0 ? "null_device" : "null";
   o.layers = 1;
@@ -219,7 +221,7 @@ int Run(int argc, char** argv) {
   }
 
   ClientOptions co;
-  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
+  co.target = absl::StartsWith(o.listen, "unix:") ? o.listen : absl::StrCat("127.0.0.1:", (*server)->port());
   Client client(co);
   const size_t qe = static_cast<size_t>(kQHeads) * kD;
   auto check = [&](const v1::AttendResponse& r) {
