@@ -49,6 +49,10 @@ class BatchingBackend : public Backend {
   }
   bool SupportsHotTier() const override { return inner_->SupportsHotTier(); }
   absl::Status PromotePages(absl::Span<const TierMove> moves) override { return inner_->PromotePages(moves); }
+  absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                   PageChecksum* cold_sums, PageChecksum* hot_sums) override {
+    return inner_->PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
+  }
   absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     return inner_->DecodeHotTokens(page, layer, first, count, keys, values);

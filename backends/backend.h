@@ -164,6 +164,24 @@ class Backend {
   virtual absl::Status PromotePages(absl::Span<const TierMove> moves) {
     return absl::UnimplementedError(name() + " backend has no hot tier");
   }
+  // PromotePages with the checksums (INTEGRITY) around it, in one round
+  // trip where the backend can: cold_sums[i] of page moves[i].from of
+  // `cold` as the move read it, hot_sums[i] of page moves[i].to of `hot`
+  // after it. The caller commits the move only when cold_sums match what
+  // it stored. cold_sums are filled whenever the call returns OK or the
+  // DATA_LOSS of a page that did not decode.
+  virtual absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                           PageChecksum* cold_sums, PageChecksum* hot_sums) {
+    std::vector<PageId> from(moves.size()), to(moves.size());
+    for (size_t i = 0; i < moves.size(); ++i) {
+      from[i] = moves[i].from;
+      to[i] = moves[i].to;
+    }
+    absl::Status st = ChecksumPages(cold, from, cold_sums);
+    if (st.ok()) st = PromotePages(moves);
+    if (st.ok()) st = ChecksumPages(hot, to, hot_sums);
+    return st;
+  }
   virtual absl::Status DemotePages(absl::Span<const TierMove> moves) {
     return absl::UnimplementedError(name() + " backend has no hot tier");
   }
@@ -176,9 +194,9 @@ class Backend {
   // pages[i] of `pool` (the cold pool or the hot pool) as this backend holds
   // it for attention and for moves between the tiers: the host pool's bytes
   // for a backend that computes on the host pool (the default, cpu); the
-  // device arena's copy for one that mirrors it (cuda: the pages are
-  // downloaded, then summed on the host), so a check covers the bytes the
-  // kernels read, not a host-side shadow. `sums` holds pages.size() entries.
+  // device arena's copy for one that mirrors it (cuda: summed on the
+  // device), so a check covers the bytes the kernels read, not a host-side
+  // shadow. `sums` holds pages.size() entries.
   virtual absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) {
     for (size_t i = 0; i < pages.size(); ++i) sums[i] = Crc32c(pool.page(pages[i]), pool.page_stride());
     return absl::OkStatus();

@@ -211,16 +211,6 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       }
       hot->insert(hot->end(), extra->begin(), extra->end());
     }
-    // A corrupt cold page must not become a valid-looking hot page: the
-    // cold pages, as the backend holds them (what promotion reads), first.
-    const LayerName name{seq->id, layer_index};
-    absl::Status st =
-        verifier_.VerifyColdPages(layer.pages, layer.page_sums, 0, PageVerifier::Copy::kBackend, name, kCheckPromote);
-    if (!st.ok()) {
-      hot_.Free(*hot);
-      if (corrupt != nullptr) *corrupt = st;
-      return false;
-    }
     // The tenant pays for the layer's pages at the hot page size; without
     // room in its max_bytes the layer stays cold.
     absl::StatusOr<ByteCharge> charge =
@@ -233,10 +223,21 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
     const int p = cold_.page_tokens();
     std::vector<TierMove> moves(layer.pages.size());
     for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer.pages[i], (*hot)[i], p};
-    // The level form's checksums are read back from what the backend holds.
-    std::vector<PageChecksum> sums;
-    st = backend_.PromotePages(moves);
-    if (st.ok()) st = verifier_.HotSums(*hot, &sums);
+    // A corrupt cold page must not become a valid-looking hot page: the
+    // cold pages' checksums as the move read them (the backend's copy)
+    // against the stored ones before anything is committed; the level
+    // form's checksums from what the backend holds after the move.
+    const LayerName name{seq->id, layer_index};
+    std::vector<PageChecksum> cold_sums(moves.size()), sums(moves.size());
+    absl::Status st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums.data(), sums.data());
+    if (st.ok() || absl::IsDataLoss(st)) {
+      absl::Status check = verifier_.CheckColdSums(cold_sums, layer.page_sums, 0, name, kCheckPromote);
+      if (!check.ok()) {
+        hot_.Free(*hot);
+        if (corrupt != nullptr) *corrupt = check;
+        return false;
+      }
+    }
     if (!st.ok()) {
       // A page that does not decode: the layer stays cold, and attending
       // it reports the DataLoss.

@@ -56,7 +56,13 @@ absl::Status PageVerifier::VerifyColdPages(absl::Span<const PageId> pages, absl:
     computed.resize(pages.size());
     for (size_t i = 0; i < pages.size(); ++i) computed[i] = Crc32c(cold_.page(pages[i]), cold_.page_stride());
   }
-  for (size_t i = 0; i < pages.size(); ++i) {
+  return CheckColdSums(computed, expected, first, name, site);
+}
+
+absl::Status PageVerifier::CheckColdSums(absl::Span<const PageChecksum> computed,
+                                         absl::Span<const PageChecksum> expected, size_t first, const LayerName& name,
+                                         ChecksumSite site) const {
+  for (size_t i = 0; i < computed.size(); ++i) {
     if (computed[i] != expected[i]) return Mismatch(false, first + i, name, site, expected[i], computed[i]);
   }
   return absl::OkStatus();

@@ -80,6 +80,10 @@ class PageVerifier {
   // against `expected`, one per page.
   absl::Status VerifyColdPages(absl::Span<const PageId> pages, absl::Span<const PageChecksum> expected, size_t first,
                                Copy copy, const LayerName& name, ChecksumSite site) const;
+  // Cold pages' checksums computed elsewhere (a promotion's own, read by
+  // the move) against `expected`: VerifyColdPages's verdict.
+  absl::Status CheckColdSums(absl::Span<const PageChecksum> computed, absl::Span<const PageChecksum> expected,
+                             size_t first, const LayerName& name, ChecksumSite site) const;
   // Hot pages against the checksums of their level form (always through
   // the backend).
   absl::Status VerifyHotPages(absl::Span<const PageId> pages, absl::Span<const PageChecksum> expected, size_t first,

@@ -22,6 +22,7 @@
 #include "kernels/ingest.h"
 #include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
+#include "kernels/page_crc.h"
 #include "kernels/region_io.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
@@ -185,6 +186,74 @@ class CudaBackend : public Backend {
       st = Cuda(cudaMemcpyAsync(promote_ids_.get<void>(), ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_),
                 "upload page ids");
     if (!st.ok()) return st;
+    const gpu::PromoteParams pp = PromoteParamsFor(promote_ids_.get<int32_t>(), count);
+    st = gpu::LaunchPromote(pp, stream_);
+    std::vector<int32_t> status(count);
+    if (st.ok())
+      st = Cuda(cudaMemcpyAsync(status.data(), pp.status_dev, 4 * count, cudaMemcpyDeviceToHost, stream_),
+                "download promotion status");
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
+    if (!st.ok()) return st;
+    return PromotionStatus(moves, status.data());
+  }
+
+  // One upload, the cold pages summed, the promotion, the hot pages summed,
+  // one download and one synchronisation.
+  absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                   PageChecksum* cold_sums, PageChecksum* hot_sums) override {
+    if (hot_pool_ == nullptr || &cold != &pool_ || &hot != hot_pool_) {
+      return Backend::PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
+    }
+    if (moves.empty()) return absl::OkStatus();
+    const int count = static_cast<int>(moves.size());
+    std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
+    for (int i = 0; i < count; ++i) {
+      if (moves[i].from < base_ || moves[i].from >= end_) {
+        return absl::InternalError(absl::StrCat("page ", moves[i].from, " is not on this device's arena"));
+      }
+      ids[i] = moves[i].from - base_;
+      ids[count + i] = moves[i].to;
+      ids[2 * count + i] = moves[i].tokens;
+    }
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    // Device words: the ids, then what comes back: status, cold sums, hot sums.
+    absl::Status st = promote_ids_.Reserve(4 * 6 * static_cast<size_t>(count));
+    int32_t* dev = promote_ids_.get<int32_t>();
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(dev, ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_), "upload page ids");
+    }
+    gpu::PageCrcParams c;
+    c.arena_dev = static_cast<const uint8_t*>(arena_);
+    c.page_bytes = layout_.page_bytes;
+    c.pages_dev = dev;
+    c.pages = count;
+    c.sums_dev = reinterpret_cast<uint32_t*>(dev + 4 * count);
+    if (st.ok()) st = gpu::LaunchPageCrc(c, stream_);
+    if (st.ok()) st = gpu::LaunchPromote(PromoteParamsFor(dev, count), stream_);
+    gpu::PageCrcParams h;
+    h.arena_dev = static_cast<const uint8_t*>(hot_arena_);
+    h.page_bytes = hot_layout_.page_bytes;
+    h.pages_dev = dev + count;
+    h.pages = count;
+    h.sums_dev = reinterpret_cast<uint32_t*>(dev + 5 * count);
+    if (st.ok()) st = gpu::LaunchPageCrc(h, stream_);
+    std::vector<int32_t> back(3 * count);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(back.data(), dev + 3 * count, 4 * back.size(), cudaMemcpyDeviceToHost, stream_),
+                "download promotion status and checksums");
+    }
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
+    if (!st.ok()) return st;
+    static_assert(sizeof(PageChecksum) == sizeof(int32_t), "the kernel's sums are CRC-32C words");
+    std::memcpy(cold_sums, back.data() + count, 4 * static_cast<size_t>(count));
+    std::memcpy(hot_sums, back.data() + 2 * count, 4 * static_cast<size_t>(count));
+    return PromotionStatus(moves, back.data());
+  }
+
+  // The launch of a promotion whose device words `ids` hold the cold ids,
+  // the hot ids, the tokens and room for the status, [count] each.
+  gpu::PromoteParams PromoteParamsFor(int32_t* ids, int count) const {
     gpu::PromoteParams pp;
     pp.cold_pool_dev = static_cast<const uint8_t*>(arena_);
     pp.cold = layout_;
@@ -194,18 +263,16 @@ class CudaBackend : public Backend {
     pp.key_payload = codec_.key_codec().payload_bytes();
     pp.value_payload = codec_.value_codec().payload_bytes();
     pp.pages = count;
-    pp.cold_pages_dev = promote_ids_.get<int32_t>();
-    pp.hot_pages_dev = promote_ids_.get<int32_t>() + count;
-    pp.tokens_dev = promote_ids_.get<int32_t>() + 2 * count;
-    pp.status_dev = promote_ids_.get<int32_t>() + 3 * count;
-    st = gpu::LaunchPromote(pp, stream_);
-    std::vector<int32_t> status(count);
-    if (st.ok())
-      st = Cuda(cudaMemcpyAsync(status.data(), pp.status_dev, 4 * count, cudaMemcpyDeviceToHost, stream_),
-                "download promotion status");
-    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
-    if (!st.ok()) return st;
-    for (int i = 0; i < count; ++i) {
+    pp.cold_pages_dev = ids;
+    pp.hot_pages_dev = ids + count;
+    pp.tokens_dev = ids + 2 * count;
+    pp.status_dev = ids + 3 * count;
+    return pp;
+  }
+
+  // DATA_LOSS naming the first move whose page did not decode.
+  static absl::Status PromotionStatus(absl::Span<const TierMove> moves, const int32_t* status) {
+    for (size_t i = 0; i < moves.size(); ++i) {
       if (status[i] != 0) {
         return absl::DataLossError(
             absl::StrCat("page ", moves[i].from, " token ", status[i] - 1, ": record does not decode (promotion)"));
@@ -248,39 +315,44 @@ class CudaBackend : public Backend {
 
   // INTEGRITY (backends/backend.h): each page as the device arena holds it
   // (the cold arena for the cold pool, the hot arena for the hot pool),
-  // downloaded in batches of kChecksumBatch pages and summed on the host. The
-  // host pool is a mirror (cold) or unused (hot): what the kernels read is
-  // the device's copy, so that is what a check must see.
+  // summed on the device (kernels/page_crc.h: wire/crc32c.h's checksum of
+  // the same bytes); only the sums come back. The host pool is a mirror
+  // (cold) or unused (hot): what the kernels read is the device's copy, so
+  // that is what a check must see.
   absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
     const bool cold = &pool == &pool_;
     if (!cold && (hot_pool_ == nullptr || &pool != hot_pool_)) return Backend::ChecksumPages(pool, pages, sums);
     if (pages.empty()) return absl::OkStatus();
-    const size_t bytes = cold ? layout_.page_bytes : hot_layout_.page_bytes;
-    const uint8_t* arena = static_cast<const uint8_t*>(cold ? arena_ : hot_arena_);
-    std::vector<uint8_t> host(std::min(pages.size(), kChecksumBatch) * bytes);
+    std::vector<int32_t> ids(pages.size());
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (cold && (pages[i] < base_ || pages[i] >= end_)) {
+        return absl::InternalError(absl::StrCat("page ", pages[i], " is not on this device's arena"));
+      }
+      ids[i] = static_cast<int32_t>(cold ? pages[i] - base_ : pages[i]);
+    }
+    static_assert(sizeof(PageChecksum) == sizeof(uint32_t), "the kernel's sums are CRC-32C words");
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
-    for (size_t begin = 0; begin < pages.size(); begin += kChecksumBatch) {
-      const size_t end = std::min(pages.size(), begin + kChecksumBatch);
-      absl::Status st;
-      for (size_t i = begin; i < end && st.ok(); ++i) {
-        if (cold && (pages[i] < base_ || pages[i] >= end_)) {
-          return absl::InternalError(absl::StrCat("page ", pages[i], " is not on this device's arena"));
-        }
-        const size_t at = static_cast<size_t>(cold ? pages[i] - base_ : pages[i]) * bytes;
-        st =
-            Cuda(cudaMemcpyAsync(host.data() + (i - begin) * bytes, arena + at, bytes, cudaMemcpyDeviceToHost, stream_),
-                 "download a page for its checksum");
-      }
-      if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download pages for their checksums");
-      if (!st.ok()) return st;
-      for (size_t i = begin; i < end; ++i) sums[i] = Crc32c(host.data() + (i - begin) * bytes, bytes);
+    const size_t id_bytes = (ids.size() * 4 + 15) & ~static_cast<size_t>(15);
+    absl::Status st = crc_.Reserve(id_bytes + ids.size() * 4);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(crc_.get<void>(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream_),
+                "upload page ids for their checksums");
     }
-    return absl::OkStatus();
+    gpu::PageCrcParams p;
+    p.arena_dev = static_cast<const uint8_t*>(cold ? arena_ : hot_arena_);
+    p.page_bytes = cold ? layout_.page_bytes : hot_layout_.page_bytes;
+    p.pages_dev = crc_.get<int32_t>();
+    p.pages = static_cast<int>(ids.size());
+    p.sums_dev = reinterpret_cast<uint32_t*>(crc_.get<uint8_t>() + id_bytes);
+    if (st.ok()) st = gpu::LaunchPageCrc(p, stream_);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(sums, p.sums_dev, ids.size() * 4, cudaMemcpyDeviceToHost, stream_),
+                "download page checksums");
+    }
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "page checksums");
+    return st;
   }
-  // Pages per download of ChecksumPages: 64 cold pages of the default shape
-  // are 4.6 MB of host buffer.
-  static constexpr size_t kChecksumBatch = 64;
 
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
@@ -930,6 +1002,7 @@ class CudaBackend : public Backend {
   LevelPageLayout hot_layout_;
   void* hot_arena_ = nullptr;
   Scratch raw_tables_, promote_ids_;
+  Scratch crc_;  // ChecksumPages: page ids, then their sums
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;

@@ -1,0 +1,109 @@
+// CRC-32C (wire/crc32c.h) of a buffer from the checksums of its pieces, in
+// arithmetic the host and the GPU share: a device kernel sums each of a
+// page's segments on its own thread and joins them in a tree
+// (kernels/page_crc.h); Crc32cBySegments does the same steps in order on
+// the host, so that a test here pins down what the kernel computes.
+//
+// The register is a polynomial over GF(2) in CRC-32C's reflected form
+// (bit 31 is x^0). Appending n zero bytes to a message multiplies its
+// checksum by x^(8n) modulo the polynomial, so
+//   Crc32c(a + b) = Crc32c(a) * x^(8 |b|) + Crc32c(b)   (mod P)
+// for finished checksums: the initial and final inversions cancel.
+#ifndef DRIFTKV_CODEC_CRC32C_COMBINE_H_
+#define DRIFTKV_CODEC_CRC32C_COMBINE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "codec/host_device.h"
+
+namespace driftkv {
+
+constexpr uint32_t kCrc32cPolyReflected = 0x82F63B78u;
+
+// a * b mod P (both reflected).
+DRIFTKV_HOST_DEVICE inline uint32_t Crc32cMulModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (int i = 0; i < 32; ++i) {
+    if (a & (0x80000000u >> i)) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ kCrc32cPolyReflected : b >> 1;  // b * x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k in [0, 32): what Crc32cShift multiplies by.
+struct Crc32cPowers {
+  uint32_t x2k[32];
+};
+DRIFTKV_HOST_DEVICE inline void Crc32cMakePowers(Crc32cPowers* p) {
+  p->x2k[0] = 0x40000000u;  // x^1
+  for (int k = 1; k < 32; ++k) p->x2k[k] = Crc32cMulModP(p->x2k[k - 1], p->x2k[k - 1]);
+}
+
+// crc * x^(8 bytes) mod P: what `bytes` zero bytes appended do.
+DRIFTKV_HOST_DEVICE inline uint32_t Crc32cShift(const Crc32cPowers& p, uint32_t crc, uint64_t bytes) {
+  uint64_t bits = bytes << 3;
+  for (int k = 0; bits != 0 && k < 32; ++k, bits >>= 1) {
+    if (bits & 1) crc = Crc32cMulModP(p.x2k[k], crc);
+  }
+  // Exponents past 2^32 wrap: x^(2^32) is not x^0, but no page is 512 MB.
+  return crc;
+}
+
+// Crc32c(a + b) from Crc32c(a), Crc32c(b) and |b|.
+DRIFTKV_HOST_DEVICE inline uint32_t Crc32cJoin(const Crc32cPowers& p, uint32_t crc_a, uint32_t crc_b,
+                                               uint64_t bytes_b) {
+  return Crc32cShift(p, crc_a, bytes_b) ^ crc_b;
+}
+
+// Entry `byte` of the byte-at-a-time table (the register after one byte).
+DRIFTKV_HOST_DEVICE inline uint32_t Crc32cTableEntry(uint32_t byte) {
+  uint32_t c = byte;
+  for (int i = 0; i < 8; ++i) c = (c & 1u) ? (c >> 1) ^ kCrc32cPolyReflected : c >> 1;
+  return c;
+}
+
+// Crc32c of `size` bytes, a byte at a time through `table` (256 entries).
+DRIFTKV_HOST_DEVICE inline uint32_t Crc32cBytes(const uint32_t* table, const uint8_t* data, size_t size) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < size; ++i) c = table[(c ^ data[i]) & 0xFFu] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+// Where segment s of `segments` over `size` bytes starts: segments of
+// ceil(size / segments) bytes rounded up to 16, the last ones shorter or empty.
+DRIFTKV_HOST_DEVICE inline size_t Crc32cSegmentBegin(size_t size, int segments, int s) {
+  size_t length = (size + segments - 1) / segments;
+  length = (length + 15) & ~static_cast<size_t>(15);
+  const size_t begin = static_cast<size_t>(s) * length;
+  return begin < size ? begin : size;
+}
+
+// Crc32c of `size` bytes as the kernel computes it: each of `segments`
+// (a power of two) summed alone, then joined pairwise, neighbours at
+// distance 1, 2, 4, ... (a tree), each join shifting the left sum by the
+// right part's length.
+inline uint32_t Crc32cBySegments(const uint8_t* data, size_t size, int segments) {
+  uint32_t table[256];
+  for (uint32_t b = 0; b < 256; ++b) table[b] = Crc32cTableEntry(b);
+  Crc32cPowers powers;
+  Crc32cMakePowers(&powers);
+  uint32_t sums[1024];
+  uint64_t lengths[1024];
+  for (int s = 0; s < segments; ++s) {
+    const size_t begin = Crc32cSegmentBegin(size, segments, s), end = Crc32cSegmentBegin(size, segments, s + 1);
+    sums[s] = Crc32cBytes(table, data + begin, end - begin);
+    lengths[s] = end - begin;
+  }
+  for (int stride = 1; stride < segments; stride *= 2) {
+    for (int s = 0; s + stride < segments; s += 2 * stride) {
+      sums[s] = Crc32cJoin(powers, sums[s], sums[s + stride], lengths[s + stride]);
+      lengths[s] += lengths[s + stride];
+    }
+  }
+  return sums[0];
+}
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_CODEC_CRC32C_COMBINE_H_
