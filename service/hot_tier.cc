@@ -3,6 +3,7 @@
 #include "service/hot_tier.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -331,8 +332,139 @@ bool HotTier::PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPage
   return true;
 }
 
+bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& layers,
+                              const absl::flat_hash_set<uint64_t>& ids, absl::Status* corrupt, size_t* failed) {
+  const absl::Time start = absl::Now();
+  struct Candidate {
+    size_t k;  // index into `layers`
+    Sequence* seq;
+    int index;
+    LayerState* layer;
+    std::vector<PageId> hot;
+    std::vector<PageChecksum> cold_sums, hot_sums;
+    std::optional<ByteCharge> charge;
+  };
+  std::vector<Candidate> c;
+  int64_t total = 0;
+  for (size_t k = 0; k < layers.size(); ++k) {
+    Sequence* seq = layers[k].first.get();
+    LayerState& layer = seq->layers[layers[k].second];
+    absl::ReaderMutexLock seq_lock(&seq->mu);
+    if (seq->released) continue;
+    absl::ReaderMutexLock layer_lock(&layer.mu);
+    if (layer.hot) continue;
+    c.push_back(Candidate{k, seq, layers[k].second, &layer, {}, {}, {}, std::nullopt});
+    total += static_cast<int64_t>(layer.pages.size());
+  }
+  if (c.size() < 2) return false;
+  Held held;
+  held.layers = ids;
+  for (const Candidate& x : c) held.layers.insert(x.layer->id);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total, held);
+  if (!reserved.ok()) return false;
+  // Every sequence as a reader in address order, then every layer as a
+  // writer in (sequence, layer) order (LOCK ORDER in handler.h).
+  std::vector<Candidate*> order;
+  for (Candidate& x : c) order.push_back(&x);
+  std::sort(order.begin(), order.end(), [](const Candidate* a, const Candidate* b) {
+    return a->seq != b->seq ? a->seq < b->seq : a->index < b->index;
+  });
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i == 0 || order[i]->seq != order[i - 1]->seq) order[i]->seq->mu.ReaderLock();
+  }
+  for (Candidate* x : order) x->layer->mu.Lock();
+  // Under the locks: the layers still cold and live, each with the hot
+  // pages for the pages it holds now (appends may have added some) and its
+  // tenant's charge; one move for them all.
+  const int p = cold_.page_tokens();
+  std::vector<PageId> spare = *std::move(reserved);
+  std::vector<TierMove> moves;
+  std::vector<Candidate*> moving;
+  bool fits = true;
+  for (Candidate& x : c) {
+    if (x.seq->released || x.layer->hot) continue;
+    const size_t need = x.layer->pages.size();
+    if (spare.size() < need) {
+      fits = false;
+      break;
+    }
+    absl::StatusOr<ByteCharge> charge = ByteCharge::Take(x.seq->usage, MoveBytes(static_cast<int64_t>(need), true));
+    if (!charge.ok()) {  // stays cold, as PromoteLayer leaves it
+      metrics_->tier_promotions_skipped->Increment();
+      continue;
+    }
+    x.charge.emplace(*std::move(charge));
+    x.hot.assign(spare.end() - need, spare.end());
+    spare.resize(spare.size() - need);
+    for (size_t i = 0; i < need; ++i) moves.push_back(TierMove{x.layer->pages[i], x.hot[i], p});
+    moving.push_back(&x);
+  }
+  absl::Status st = fits ? absl::OkStatus() : absl::ResourceExhaustedError("pages added meanwhile");
+  std::vector<PageChecksum> cold_sums(moves.size()), hot_sums(moves.size());
+  if (st.ok() && !moves.empty()) {
+    st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums.data(), hot_sums.data());
+  }
+  bool done = st.ok();
+  if (done) {
+    // In the order of `layers`: those before a layer whose cold page fails
+    // its checksum are promoted, it and those after it are not.
+    size_t at = 0;
+    for (Candidate* x : moving) {
+      const size_t count = x->hot.size();
+      x->cold_sums.assign(cold_sums.begin() + at, cold_sums.begin() + at + count);
+      x->hot_sums.assign(hot_sums.begin() + at, hot_sums.begin() + at + count);
+      at += count;
+    }
+    bool stop = false;
+    for (Candidate* x : moving) {
+      if (!stop) {
+        const LayerName name{x->seq->id, x->index};
+        absl::Status check = verifier_.CheckColdSums(x->cold_sums, x->layer->page_sums, 0, name, kCheckPromote);
+        if (!check.ok()) {
+          stop = true;
+          *corrupt = check;
+          *failed = x->k;
+        }
+      }
+      if (stop) {
+        spare.insert(spare.end(), x->hot.begin(), x->hot.end());
+        continue;
+      }
+      x->charge->Keep();
+      cold_.Free(x->layer->pages);
+      x->layer->pages = std::move(x->hot);
+      x->layer->hot_sums = std::move(x->hot_sums);
+      x->layer->hot = true;
+      AddHot(layers[x->k].first, x->index, x->layer->id);
+      ++promotions_;
+      pages_promoted_ += x->layer->pages.size();
+      metrics_->tier_promotions->Increment();
+      metrics_->tier_pages_moved[0]->Increment(static_cast<double>(x->layer->pages.size()));
+    }
+  } else {
+    for (Candidate* x : moving) spare.insert(spare.end(), x->hot.begin(), x->hot.end());
+  }
+  hot_.Free(spare);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->layer->mu.Unlock();
+  for (size_t i = order.size(); i-- > 0;) {
+    if (i == 0 || order[i]->seq != order[i - 1]->seq) order[i]->seq->mu.ReaderUnlock();
+  }
+  // Charges not kept are refunded as the candidates go.
+  if (done) metrics_->tier_promotion_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return done;
+}
+
 absl::Status HotTier::Prepare(const std::vector<std::pair<SequencePtr, int>>& layers,
                               const absl::flat_hash_set<uint64_t>& ids, size_t* failed) {
+  if (promotion_ == HotPromotion::kSync) {
+    // All the cold layers in one move when they fit; else one by one.
+    absl::Status corrupt;
+    size_t at = 0;
+    if (PromoteTogether(layers, ids, &corrupt, &at)) {
+      if (!corrupt.ok() && failed != nullptr) *failed = at;
+      return corrupt;
+    }
+  }
   for (size_t k = 0; k < layers.size(); ++k) {
     const auto& [seq, index] = layers[k];
     LayerState& layer = seq->layers[index];

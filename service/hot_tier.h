@@ -92,6 +92,15 @@ class HotTier {
   // `layers`), and the layers after it are not promoted.
   absl::Status Prepare(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
                        size_t* failed = nullptr);
+  // Sync Prepare's first try: the cold layers of `layers` promoted in one
+  // PromotePagesChecked under all their locks. False, nothing promoted,
+  // when there are fewer than two or they do not fit together (no room, a
+  // page that does not decode): the caller promotes them one by one. True:
+  // each promoted, or left cold for its tenant's bytes; from the first (in
+  // `layers` order) whose cold page fails its checksum on, none promoted,
+  // *corrupt its DATA_LOSS and *failed its index. No lock held.
+  bool PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
+                       absl::Status* corrupt, size_t* failed);
   // Promotes one layer, making room by demoting layers not in `exclude`.
   // No lock held. False when it stays cold: no room, a page that does not
   // decode, or one failing its checksum (then *corrupt, if given, is the

@@ -400,6 +400,37 @@ TEST_F(TierChecksumTest, CorruptColdPageIsNotPromoted) {
   }
 }
 
+// An Attend's cold layers are promoted together: a corrupt cold page in
+// the second of three stops it and the third; the first goes hot; each
+// failure is counted once; once mended, all three promote.
+TEST_F(TierChecksumTest, CorruptColdPageAmongLayersPromotedTogether) {
+  HandlerFixture::Make(Options(true, false));
+  kv_ = testing::SyntheticKv(kTokens, testing::kSmallN, 9);
+  v1::AttendRequest a;
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(testing::PushTokens(*h_, id, 1, kv_, 0, kTokens).ok());
+    *a.add_items() = testing::QueryItem(id, 1, testing::SyntheticQuery(2, 64, 1), 2);
+  }
+  std::vector<PageId> b_pages;
+  ASSERT_TRUE(h_->WithLayerForTest("b", 1, [&](LayerState& l) { b_pages = l.pages; }));
+  const double counted = Counted(kCheckPromote);
+  h_->pool().page(b_pages[3])[h_->pool().page_stride() - 1] ^= 0x80;
+  v1::AttendResponse resp;
+  absl::Status st = h_->Attend(a, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "items[1]: page 3 (tokens [384, 512)) of layer 1 of sequence_id \"b\""))
+      << st;
+  EXPECT_EQ(Counted(kCheckPromote), counted + 1.0);
+  EXPECT_TRUE(h_->LayerIsHot("a", 1));
+  EXPECT_FALSE(h_->LayerIsHot("b", 1));
+  EXPECT_FALSE(h_->LayerIsHot("c", 1));
+  EXPECT_EQ(h_->hot_pool()->pages_in_use(), static_cast<int64_t>(b_pages.size()));
+  h_->pool().page(b_pages[3])[h_->pool().page_stride() - 1] ^= 0x80;
+  ASSERT_TRUE(h_->Attend(a, &resp).ok());
+  for (const char* id : {"a", "b", "c"}) EXPECT_TRUE(h_->LayerIsHot(id, 1)) << id;
+  EXPECT_EQ(h_->hot_pool()->pages_in_use(), static_cast<int64_t>(3 * b_pages.size()));
+}
+
 TEST_F(TierChecksumTest, FlippedHotPageBitIsDataLossOnRead) {
   Make(true, false);
   const std::vector<PageId> pages = Pages();
