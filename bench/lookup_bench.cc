@@ -9,8 +9,9 @@
 //   grpc      Client::Lookup over loopback, one caller;
 //   keys      the same by the prompt's page keys (1 KiB instead of ~24 KiB);
 // and --clients callers at once over loopback for --seconds, each with a
-// Client of its own: lookups per second. Every answer is checked (all
-// pages held, MISS_NONE).
+// Client of its own: lookups per second, by token ids and by page keys.
+// Every answer is checked (all pages held, MISS_NONE). Abseil's mutex
+// deadlock detection is off, as in driftkv-server (service/main.cc).
 //
 //   lookup_bench [--layers=32] [--tokens=8192] [--reps=2000] [--clients=4] [--seconds=3]
 #include <algorithm>
@@ -54,6 +55,7 @@ int Main(int argc, char** argv) {
   const int layers = IntFlag(argc, argv, "layers", 32), tokens = IntFlag(argc, argv, "tokens", 8192);
   const int reps = IntFlag(argc, argv, "reps", 2000), clients = IntFlag(argc, argv, "clients", 4);
   const int seconds = IntFlag(argc, argv, "seconds", 3);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ServiceOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";
@@ -109,16 +111,16 @@ int Main(int argc, char** argv) {
 
   ClientOptions co;
   co.target = absl::StrCat("127.0.0.1:", (*server)->port());
+  // The same prompt by its page keys (what a router that hashes sends).
+  v1::LookupRequest by_keys;
+  {
+    std::vector<PageKey> keys;
+    ChainPageKeys(ids, kPageTokens, &keys);
+    for (const PageKey& k : keys) by_keys.add_page_keys(std::string(k.view()));
+  }
   {
     Client client(co);
     for (int i = 0; i < 50; ++i) Check(*client.Lookup(request), pages);  // warm the channel
-    // The same prompt by its page keys (what a router that hashes sends).
-    v1::LookupRequest by_keys;
-    {
-      std::vector<PageKey> keys;
-      ChainPageKeys(ids, kPageTokens, &keys);
-      for (const PageKey& k : keys) by_keys.add_page_keys(std::string(k.view()));
-    }
     // Interleaved, so that the load of a shared machine falls on each
     // alike; the floor: a Length of the same server, the smallest
     // read-only call.
@@ -147,29 +149,33 @@ int Main(int argc, char** argv) {
     Quantiles("keys", keys_us);
   }
 
-  std::atomic<int64_t> done{0};
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&] {
-      Client client(co);
-      while (!stop.load()) {
-        absl::StatusOr<v1::LookupResponse> r = client.Lookup(request);
-        CHECK_OK(r.status());
-        Check(*r, pages);
-        ++done;
-      }
-    });
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connect and warm up
-  const int64_t from = done.load();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(seconds));
-  const int64_t n = done.load() - from;
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  stop = true;
-  for (std::thread& t : threads) t.join();
-  std::printf("%d clients: %.0f lookups/s over %.1f s\n", clients, n / s, s);
+  auto throughput = [&](const char* what, const v1::LookupRequest& req) {
+    std::atomic<int64_t> done{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int c = 0; c < clients; ++c) {
+      threads.emplace_back([&] {
+        Client client(co);
+        while (!stop.load()) {
+          absl::StatusOr<v1::LookupResponse> r = client.Lookup(req);
+          CHECK_OK(r.status());
+          Check(*r, pages);
+          ++done;
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // connect and warm up
+    const int64_t from = done.load();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    const int64_t n = done.load() - from;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stop = true;
+    for (std::thread& t : threads) t.join();
+    std::printf("%d clients, %s: %.0f lookups/s over %.1f s\n", clients, what, n / s, s);
+  };
+  throughput("by token ids", request);
+  throughput("by page keys", by_keys);
   return 0;
 }
 
