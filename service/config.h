@@ -20,6 +20,9 @@
 #include "service/tokens.h"
 
 namespace driftkv {
+namespace tiers {
+class FileIo;
+}  // namespace tiers
 
 constexpr int kDefaultWindowTokens = 128;
 constexpr uint64_t kDefaultMaxSequences = 4096;
@@ -53,6 +56,9 @@ struct DiskLevelOptions {
   uint64_t budget_bytes = 0;
   uint64_t segment_bytes = uint64_t{128} << 20;
   bool power_loss = false;  // durability "power_loss": fdatasync per write batch
+  // Not from the config: the system calls on the level's files (null:
+  // POSIX), for tests that make them fail. Must outlive the server.
+  tiers::FileIo* io = nullptr;
   bool on() const { return !dir.empty(); }
 };
 constexpr uint64_t kMinDiskLevelBytes = uint64_t{1} << 20;

@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const DiskLevelOpti
   o.segment_bytes = options.segment_bytes;
   o.durability = options.power_loss ? tiers::Durability::kPowerLoss : tiers::Durability::kProcess;
   o.wipe_at_open = true;  // the pages of a previous process's sequences: no sequence names them
+  o.io = options.io;
   absl::StatusOr<std::unique_ptr<tiers::DiskPageStore>> store = tiers::DiskPageStore::Open(o);
   if (!store.ok()) {
     return absl::Status(store.status().code(),

@@ -7,8 +7,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +26,7 @@
 #include "tests/disk_test_util.h"
 #include "tests/handler_fixture.h"
 #include "tests/service_test_util.h"
+#include "tiers/file_io.h"
 
 namespace driftkv {
 namespace {
@@ -338,6 +343,142 @@ absl::Status Resolve(const std::string& text) {
   const std::string base = "model { layers: 2 kv_heads: 2 head_dim: 64 } pool_bytes: 8388608 ";
   if (!google::protobuf::TextFormat::ParseFromString(base + text, &c)) return absl::InternalError("parse");
   return ResolveConfig(c).status();
+}
+
+// The POSIX calls, but writes fail with ENOSPC while `full` is set.
+class FillableDisk final : public tiers::FileIo {
+ public:
+  std::atomic<bool> full{false};
+  int Open(const char* path, int flags, mode_t mode) override { return posix_->Open(path, flags, mode); }
+  ssize_t Pwrite(int fd, const void* data, size_t size, off_t offset) override {
+    if (full.load()) return Fail();
+    return posix_->Pwrite(fd, data, size, offset);
+  }
+  ssize_t Pwritev(int fd, const struct iovec* iov, int count, off_t offset) override {
+    if (full.load()) return Fail();
+    return posix_->Pwritev(fd, iov, count, offset);
+  }
+  ssize_t Pread(int fd, void* data, size_t size, off_t offset) override {
+    return posix_->Pread(fd, data, size, offset);
+  }
+  int Fdatasync(int fd) override { return posix_->Fdatasync(fd); }
+  int Ftruncate(int fd, off_t size) override { return posix_->Ftruncate(fd, size); }
+  int Fallocate(int fd, off_t size) override {
+    if (full.load()) return static_cast<int>(Fail());
+    return posix_->Fallocate(fd, size);
+  }
+  int Close(int fd) override { return posix_->Close(fd); }
+  int Unlink(const char* path) override { return posix_->Unlink(path); }
+
+ private:
+  static ssize_t Fail() {
+    errno = ENOSPC;
+    return -1;
+  }
+  tiers::FileIo* const posix_ = tiers::FileIo::Posix();
+};
+
+// A full disk through the service: the Append whose pages need a move down
+// is refused with a status, every sequence stored before (in the pool or
+// below) reads back bit-identical once space returns, the sequences in the
+// pool are served meanwhile, and Appends go on when space returns.
+TEST(DiskLevelTest, FullDiskRefusesTheAppendAndLosesNothing) {
+  const int cap = PoolOnlyCapacity();
+  FillableDisk io;
+  ServiceOptions o = DiskOptions(ScratchDir("level_enospc"));
+  o.disk_level.io = &io;
+  TestHandler disk(o, FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  TestHandler never_moved(big);
+  const int n = 3 * cap + 2;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok());
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  ASSERT_GT(disk.h->spill_tier()->sequences_below(), 0);
+  io.full = true;
+  int stored = n;
+  absl::Status refused;
+  for (; stored < n + 2 * cap + 2; ++stored) {
+    refused = AddSequence(disk, stored);
+    if (!refused.ok()) break;
+    ASSERT_TRUE(AddSequence(never_moved, stored).ok());
+  }
+  ASSERT_FALSE(refused.ok()) << "the pool never needed the disk";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  // The newest sequence is in the pool: served while the disk is full.
+  absl::StatusOr<std::string> newest = AttendBytes(*disk.h, stored - 1);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(*newest, *AttendBytes(*never_moved.h, stored - 1));
+  io.full = false;
+  ASSERT_TRUE(AddSequence(disk, stored + 1).ok());  // space again: moves down go on
+  for (int i = 0; i < stored; ++i) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+    }
+  }
+}
+
+// The level's directory removed while the server runs: a sequence whose
+// pages were below may be lost, and then says so (DATA_LOSS or
+// UNAVAILABLE naming it), never with other bytes; every sequence that was
+// in the pool, and every one added after, answers as if it never moved;
+// the level recreates its directory.
+TEST(DiskLevelTest, DirectoryRemovedLosesOnlyWhatWasBelowAndKeepsServing) {
+  const int cap = PoolOnlyCapacity();
+  const std::string dir = ScratchDir("level_removed");
+  TestHandler disk(DiskOptions(dir), FixtureClock::kReal);
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  TestHandler never_moved(big);
+  const int n = 3 * cap + 2;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok());
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  std::vector<bool> was_below(n);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(disk.h->WithLayerForTest(
+        Id(i), 0, [&](LayerState& l) { was_below[i] = !l.pages.empty() && l.pages[0] == kPageBelow; }));
+  }
+  ASSERT_GT(std::count(was_below.begin(), was_below.end(), true), 0);
+  std::filesystem::remove_all(dir);
+  // More sequences: their moves down find the directory gone.
+  int m = n;
+  for (int tries = 0; m < n + 2 * cap + 2 && tries < 4 * cap + 8; ++tries) {
+    absl::Status st = AddSequence(disk, m);
+    if (st.ok()) {
+      ASSERT_TRUE(AddSequence(never_moved, m).ok());
+      ++m;
+      continue;
+    }
+    // The Append that met the removal: refused with a status; the id is
+    // released and tried again.
+    EXPECT_TRUE(st.code() == absl::StatusCode::kResourceExhausted || st.code() == absl::StatusCode::kUnavailable) << st;
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(Id(m));
+    v1::ReleaseResponse rr;
+    disk.h->Release(rel, &rr).IgnoreError();
+  }
+  ASSERT_EQ(m, n + 2 * cap + 2) << "the level never came back";
+  EXPECT_TRUE(std::filesystem::exists(dir));
+  int lost = 0;
+  for (int i = 0; i < m; ++i) {
+    absl::StatusOr<std::string> got = AttendBytes(*disk.h, i);
+    if (!got.ok()) {
+      EXPECT_TRUE(i < n && was_below[i]) << "sequence " << i << " was in the pool or added after: " << got.status();
+      EXPECT_TRUE(got.status().code() == absl::StatusCode::kDataLoss ||
+                  got.status().code() == absl::StatusCode::kUnavailable)
+          << got.status();
+      EXPECT_NE(got.status().message().find(Id(i)), std::string::npos) << got.status();
+      ++lost;
+      continue;
+    }
+    EXPECT_EQ(*got, *AttendBytes(*never_moved.h, i)) << "sequence " << i;
+  }
+  std::printf("directory removed: %d of %d sequences were below, %d lost\n",
+              static_cast<int>(std::count(was_below.begin(), was_below.end(), true)), n, lost);
 }
 
 TEST(DiskLevelTest, ConfigNamesTheFieldAndTheValue) {
