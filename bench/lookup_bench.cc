@@ -5,6 +5,8 @@
 // costs does not depend on the pages' size), then --reps Lookups of that
 // prompt by its token ids, timed:
 //   handler   Handler::Lookup, no network (hashing the ids included);
+//   fork      Handler::Fork of the whole prefix into a new sequence (all
+//             --layers layers' pages shared), released after each;
 //   length    Client::Length over loopback, one caller: the floor of a call;
 //   grpc      Client::Lookup over loopback, one caller;
 //   keys      the same by the prompt's page keys (1 KiB instead of ~24 KiB);
@@ -108,6 +110,24 @@ int Main(int argc, char** argv) {
     Check(r, pages);
   }
   Quantiles("handler", us);
+  // Handler::Fork of the whole prefix (every layer's pages shared), each
+  // fork released before the next.
+  us.clear();
+  for (int i = 0; i < reps; ++i) {
+    v1::ForkRequest f;
+    f.set_sequence_id(absl::StrCat("fork", i));
+    *f.mutable_prefix_token_ids() = request.token_ids();
+    v1::ForkResponse fr;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(handler.Fork(f, &fr));
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    if (fr.tokens() != pages * kPageTokens) CHECK_OK(absl::InternalError(absl::StrCat("fork of ", fr.tokens())));
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(f.sequence_id());
+    v1::ReleaseResponse rr;
+    CHECK_OK(handler.Release(rel, &rr));
+  }
+  Quantiles("fork", us);
 
   ClientOptions co;
   co.target = absl::StrCat("127.0.0.1:", (*server)->port());

@@ -89,6 +89,33 @@ void Push(Handler& h, const std::string& id, int r, int prompt, int from, int en
   }
 }
 
+// What a client of the cache does before its prefill: Lookup of the ids,
+// then Fork of `id` from the prefix held, if any. Returns the tokens the
+// fork took (0 without one), adding to the timings and the fork count.
+struct ForkTimes {
+  double lookup_us = 0, fork_us = 0;
+  int64_t forks = 0;
+};
+int LookupAndFork(Handler& h, const std::string& id, const google::protobuf::RepeatedField<uint32_t>& ids,
+                  ForkTimes* times) {
+  v1::LookupRequest lr;
+  *lr.mutable_token_ids() = ids;
+  v1::LookupResponse found;
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_OK(h.Lookup(lr, &found));
+  times->lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (found.pages() == 0) return 0;
+  v1::ForkRequest f;
+  f.set_sequence_id(id);
+  *f.mutable_prefix_token_ids() = ids;
+  v1::ForkResponse fr;
+  t0 = std::chrono::steady_clock::now();
+  CHECK_OK(h.Fork(f, &fr));
+  times->fork_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  ++times->forks;
+  return static_cast<int>(fr.tokens());
+}
+
 // A handler of `layers` x `kv_heads` x 64 whose pool holds `pages` pages
 // and a tenth more; *stride: the page's bytes.
 std::unique_ptr<Handler> MakeHandler(int layers, int kv_heads, int sequences, int64_t pages, Metrics* metrics,
@@ -130,31 +157,16 @@ int Chats(int argc, char** argv) {
   size_t stride = 0;
   std::unique_ptr<Handler> made = MakeHandler(layers, kv_heads, 2 * chats, ideal_pages, &metrics, &stride);
   Handler& h = *made;
-  int64_t pushed = 0, saved = 0, forks = 0, resent = 0;
-  double lookup_us = 0, fork_us = 0;
+  int64_t pushed = 0, saved = 0, resent = 0;
+  ForkTimes times;
   const auto start = std::chrono::steady_clock::now();
   for (int turn = 0; turn < turns; ++turn) {
     for (int c = 0; c < chats; ++c) {
       const std::string id = absl::StrCat("chat", c, ".", turn);
       const int request = prompt + turn * (user + reply) + user;  // history + the new message
-      v1::LookupRequest lr;
-      for (int t = 0; t < request; ++t) lr.add_token_ids(TokenId(c, prompt, t));
-      v1::LookupResponse found;
-      auto t0 = std::chrono::steady_clock::now();
-      CHECK_OK(h.Lookup(lr, &found));
-      lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      int from = 0;
-      if (found.pages() > 0) {
-        v1::ForkRequest f;
-        f.set_sequence_id(id);
-        *f.mutable_prefix_token_ids() = lr.token_ids();
-        v1::ForkResponse fr;
-        t0 = std::chrono::steady_clock::now();
-        CHECK_OK(h.Fork(f, &fr));
-        fork_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-        from = static_cast<int>(fr.tokens());
-        ++forks;
-      }
+      google::protobuf::RepeatedField<uint32_t> ids;
+      for (int t = 0; t < request; ++t) ids.Add(TokenId(c, prompt, t));
+      const int from = LookupAndFork(h, id, ids, &times);
       Push(h, id, c, prompt, from, request, layers, n);             // the turn's prefill
       Push(h, id, c, prompt, request, request + reply, layers, n);  // its reply, decoded
       pushed += static_cast<int64_t>(request - from) * layers;
@@ -196,11 +208,11 @@ int Chats(int argc, char** argv) {
   std::printf(
       "prefill tokens pushed %lld, saved by %lld forks %lld (%.1f%% of the %lld a client resending its history "
       "pushes)\n",
-      static_cast<long long>(pushed), static_cast<long long>(forks), static_cast<long long>(saved),
+      static_cast<long long>(pushed), static_cast<long long>(times.forks), static_cast<long long>(saved),
       100.0 * saved / resent, static_cast<long long>(resent));
   std::printf("index entries %lld; mean Lookup %.1f us, mean Fork %.1f us; %.1f s in all\n",
-              static_cast<long long>(h.prefix_index().entries()), lookup_us / (chats * turns),
-              forks > 0 ? fork_us / forks : 0.0, seconds);
+              static_cast<long long>(h.prefix_index().entries()), times.lookup_us / (chats * turns),
+              times.forks > 0 ? times.fork_us / times.forks : 0.0, seconds);
   return 0;
 }
 
@@ -220,31 +232,14 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Handler> made = MakeHandler(layers, kv_heads, sequences, shared_pages, &metrics, &stride);
   Handler& h = *made;
 
-  int64_t pushed = 0, saved = 0, forks = 0;
-  double lookup_us = 0, fork_us = 0;
+  int64_t pushed = 0, saved = 0;
+  ForkTimes times;
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < sequences; ++r) {
     const std::string id = absl::StrCat("req", r);
-    std::vector<uint32_t> ids(total);
-    for (int t = 0; t < total; ++t) ids[t] = TokenId(r, prompt, t);
-    v1::LookupRequest lr;
-    lr.mutable_token_ids()->Add(ids.begin(), ids.end());
-    v1::LookupResponse found;
-    auto t0 = std::chrono::steady_clock::now();
-    CHECK_OK(h.Lookup(lr, &found));
-    lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    int from = 0;
-    if (found.pages() > 0) {
-      v1::ForkRequest f;
-      f.set_sequence_id(id);
-      f.mutable_prefix_token_ids()->Add(ids.begin(), ids.end());
-      v1::ForkResponse fr;
-      t0 = std::chrono::steady_clock::now();
-      CHECK_OK(h.Fork(f, &fr));
-      fork_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      from = static_cast<int>(fr.tokens());
-      ++forks;
-    }
+    google::protobuf::RepeatedField<uint32_t> ids;
+    for (int t = 0; t < total; ++t) ids.Add(TokenId(r, prompt, t));
+    const int from = LookupAndFork(h, id, ids, &times);
     Push(h, id, r, prompt, from, total, layers, n);
     pushed += static_cast<int64_t>(total - from) * layers;
     saved += static_cast<int64_t>(from) * layers;
@@ -267,11 +262,11 @@ int Main(int argc, char** argv) {
               static_cast<long long>(shared_pages), ideal / (1 << 20), pool / ideal);
   std::printf("without sharing: %.1f MiB (%.2fx the pool)\n", unshared / (1 << 20), unshared / pool);
   std::printf("prefill tokens pushed %lld, saved by %lld forks %lld (%.1f%% of %lld)\n", static_cast<long long>(pushed),
-              static_cast<long long>(forks), static_cast<long long>(saved), 100.0 * saved / (pushed + saved),
+              static_cast<long long>(times.forks), static_cast<long long>(saved), 100.0 * saved / (pushed + saved),
               static_cast<long long>(pushed + saved));
   std::printf("index entries %lld; mean Lookup %.1f us, mean Fork %.1f us; %.1f s in all\n",
-              static_cast<long long>(h.prefix_index().entries()), lookup_us / sequences,
-              forks > 0 ? fork_us / forks : 0.0, seconds);
+              static_cast<long long>(h.prefix_index().entries()), times.lookup_us / sequences,
+              times.forks > 0 ? times.fork_us / times.forks : 0.0, seconds);
   return 0;
 }
 

@@ -345,6 +345,21 @@ absl::Status Resolve(const std::string& text) {
   return ResolveConfig(c).status();
 }
 
+// A handler whose pool holds every sequence of these tests.
+ServiceOptions NeverMovedOptions() {
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  return big;
+}
+
+// Sequences 0 .. n - 1 added to both handlers.
+void AddToBoth(TestHandler& disk, TestHandler& never_moved, int n) {
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(disk, i).ok()) << "sequence " << i;
+    ASSERT_TRUE(AddSequence(never_moved, i).ok()) << "sequence " << i;
+  }
+}
+
 // The POSIX calls, but writes fail with ENOSPC while `full` is set.
 class FillableDisk final : public tiers::FileIo {
  public:
@@ -388,14 +403,9 @@ TEST(DiskLevelTest, FullDiskRefusesTheAppendAndLosesNothing) {
   ServiceOptions o = DiskOptions(ScratchDir("level_enospc"));
   o.disk_level.io = &io;
   TestHandler disk(o, FixtureClock::kReal);
-  ServiceOptions big = SmallOptions(64u << 20);
-  big.max_sequences = 4096;
-  TestHandler never_moved(big);
+  TestHandler never_moved(NeverMovedOptions());
   const int n = 3 * cap + 2;
-  for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok());
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(AddToBoth(disk, never_moved, n));
   ASSERT_GT(disk.h->spill_tier()->sequences_below(), 0);
   io.full = true;
   int stored = n;
@@ -429,14 +439,9 @@ TEST(DiskLevelTest, DirectoryRemovedLosesOnlyWhatWasBelowAndKeepsServing) {
   const int cap = PoolOnlyCapacity();
   const std::string dir = ScratchDir("level_removed");
   TestHandler disk(DiskOptions(dir), FixtureClock::kReal);
-  ServiceOptions big = SmallOptions(64u << 20);
-  big.max_sequences = 4096;
-  TestHandler never_moved(big);
+  TestHandler never_moved(NeverMovedOptions());
   const int n = 3 * cap + 2;
-  for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok());
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(AddToBoth(disk, never_moved, n));
   std::vector<bool> was_below(n);
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(disk.h->WithLayerForTest(
