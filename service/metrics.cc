@@ -236,7 +236,9 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
   tier_pages_moved[1] = &pages_moved.Add({{"direction", "demote"}});
   tier_promotion_seconds = &BuildHistogram()
                                 .Name("driftkv_tier_promotion_seconds")
-                                .Help("Time to promote one layer, including demotions to make room")
+                                .Help(
+                                    "Time of one promotion step (one layer, or an Attend's cold layers together), "
+                                    "including demotions to make room")
                                 .Register(r)
                                 .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                                      0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
