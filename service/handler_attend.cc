@@ -464,11 +464,14 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   // The steps that seal pages are stored together (one encoding, one
   // promotion for the batch) when each is on a layer of its own; a layer
   // stepped twice in the batch takes its steps in order, one by one.
-  absl::flat_hash_set<const LayerState*> stepped;
-  bool together = true;
-  for (int i = 0; i < request.items_size() && together; ++i) {
-    const AttendWork& w = (*work)[i];
-    if (w.io.step && w.plan.fresh > 0) together = stepped.insert(w.layer).second;
+  bool together = std::any_of(work->begin(), work->begin() + request.items_size(),
+                              [](const AttendWork& w) { return w.io.step && w.plan.pages > 0; });
+  if (together) {  // one step in page_tokens: the others need no set
+    absl::flat_hash_set<const LayerState*> stepped;
+    for (int i = 0; i < request.items_size() && together; ++i) {
+      const AttendWork& w = (*work)[i];
+      if (w.io.step && w.plan.fresh > 0) together = stepped.insert(w.layer).second;
+    }
   }
   std::vector<Sealing> sealing;
   std::vector<int> sealing_item;
