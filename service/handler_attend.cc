@@ -497,15 +497,12 @@ absl::Status Handler::AttendBatch::ApplyAttendSteps(const v1::AttendRequest& req
   if (!st.ok()) st = absl::Status(st.code(), absl::StrCat("items[", failed, "]: ", st.message()));
   HeldBytes applied;  // AppendBytes of the items stored
   std::vector<PageId> unstored;
-  size_t next_sealed = 0;
   for (int i = 0; i < request.items_size(); ++i) {
     AttendWork& w = (*work)[i];
     const v1::AttendItem& it = request.items(i);
     if (i < failed && w.io.step && w.plan.fresh == 0) h_.metrics_->duplicate_tokens->Increment();  // a repeated step
     if (!w.io.step || w.plan.fresh == 0) continue;
-    const bool done_together =
-        together && w.plan.pages > 0 && next_sealed < sealing_item.size() && sealing_item[next_sealed] == i;
-    if (done_together) ++next_sealed;
+    const bool done_together = together && w.plan.pages > 0;  // in `sealing`
     if (i >= failed) {
       unstored.insert(unstored.end(), pages[i].begin(), pages[i].end());
       continue;

@@ -246,15 +246,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       return false;
     }
     charge->Keep();
-    cold_.Free(layer.pages);
-    layer.pages = *std::move(hot);
-    layer.hot_sums = std::move(sums);
-    layer.hot = true;
-    AddHot(seq, layer_index, layer.id);
-    ++promotions_;
-    pages_promoted_ += moves.size();
-    metrics_->tier_promotions->Increment();
-    metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
+    CommitPromotion(seq, layer_index, *std::move(hot), std::move(sums));
     promoted = true;
   }
   metrics_->tier_promotion_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -295,6 +287,21 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
   metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
   *hot = *std::move(reserved);
   return absl::OkStatus();
+}
+
+void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot,
+                              std::vector<PageChecksum> hot_sums) {
+  LayerState& layer = seq->layers[layer_index];
+  const size_t pages = hot.size();
+  cold_.Free(layer.pages);
+  layer.pages = std::move(hot);
+  layer.hot_sums = std::move(hot_sums);
+  layer.hot = true;
+  AddHot(seq, layer_index, layer.id);
+  ++promotions_;
+  pages_promoted_ += pages;
+  metrics_->tier_promotions->Increment();
+  metrics_->tier_pages_moved[0]->Increment(static_cast<double>(pages));
 }
 
 bool HotTier::PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPages> batch, const Held& held) {
@@ -341,7 +348,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     int index;
     LayerState* layer;
     std::vector<PageId> hot;
-    std::vector<PageChecksum> cold_sums, hot_sums;
+    size_t first_move = 0;  // its pages' moves: [first_move, first_move + hot.size())
     std::optional<ByteCharge> charge;
   };
   std::vector<Candidate> c;
@@ -353,7 +360,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     if (seq->released) continue;
     absl::ReaderMutexLock layer_lock(&layer.mu);
     if (layer.hot) continue;
-    c.push_back(Candidate{k, seq, layers[k].second, &layer, {}, {}, {}, std::nullopt});
+    c.push_back(Candidate{k, seq, layers[k].second, &layer, {}, 0, std::nullopt});
     total += static_cast<int64_t>(layer.pages.size());
   }
   if (c.size() < 2) return false;
@@ -396,6 +403,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     x.charge.emplace(*std::move(charge));
     x.hot.assign(spare.end() - need, spare.end());
     spare.resize(spare.size() - need);
+    x.first_move = moves.size();
     for (size_t i = 0; i < need; ++i) moves.push_back(TierMove{x.layer->pages[i], x.hot[i], p});
     moving.push_back(&x);
   }
@@ -408,18 +416,13 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
   if (done) {
     // In the order of `layers`: those before a layer whose cold page fails
     // its checksum are promoted, it and those after it are not.
-    size_t at = 0;
-    for (Candidate* x : moving) {
-      const size_t count = x->hot.size();
-      x->cold_sums.assign(cold_sums.begin() + at, cold_sums.begin() + at + count);
-      x->hot_sums.assign(hot_sums.begin() + at, hot_sums.begin() + at + count);
-      at += count;
-    }
     bool stop = false;
     for (Candidate* x : moving) {
+      const size_t count = x->hot.size();
       if (!stop) {
         const LayerName name{x->seq->id, x->index};
-        absl::Status check = verifier_.CheckColdSums(x->cold_sums, x->layer->page_sums, 0, name, kCheckPromote);
+        absl::Status check = verifier_.CheckColdSums(absl::MakeConstSpan(cold_sums).subspan(x->first_move, count),
+                                                     x->layer->page_sums, 0, name, kCheckPromote);
         if (!check.ok()) {
           stop = true;
           *corrupt = check;
@@ -431,15 +434,9 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
         continue;
       }
       x->charge->Keep();
-      cold_.Free(x->layer->pages);
-      x->layer->pages = std::move(x->hot);
-      x->layer->hot_sums = std::move(x->hot_sums);
-      x->layer->hot = true;
-      AddHot(layers[x->k].first, x->index, x->layer->id);
-      ++promotions_;
-      pages_promoted_ += x->layer->pages.size();
-      metrics_->tier_promotions->Increment();
-      metrics_->tier_pages_moved[0]->Increment(static_cast<double>(x->layer->pages.size()));
+      CommitPromotion(
+          layers[x->k].first, x->index, std::move(x->hot),
+          std::vector<PageChecksum>(hot_sums.begin() + x->first_move, hot_sums.begin() + x->first_move + count));
     }
   } else {
     for (Candidate* x : moving) spare.insert(spare.end(), x->hot.begin(), x->hot.end());

@@ -101,6 +101,12 @@ class HotTier {
   // *corrupt its DATA_LOSS and *failed its index. No lock held.
   bool PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
                        absl::Status* corrupt, size_t* failed);
+  // A promotion's switch: the layer's cold pages freed, `hot` and their
+  // checksums in their place, the layer in the LRU, the counts. The
+  // tenant's charge is the caller's. REQUIRES: the layer's mu as a writer
+  // and its sequence's.
+  void CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot,
+                       std::vector<PageChecksum> hot_sums);
   // Promotes one layer, making room by demoting layers not in `exclude`.
   // No lock held. False when it stays cold: no room, a page that does not
   // decode, or one failing its checksum (then *corrupt, if given, is the
