@@ -24,7 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/check.h"
 #include "client/client.h"
 #include "codec/dquant_codec.h"
@@ -237,6 +239,34 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
   return Of(times).p50;
 }
 
+// Sums of the server's Attend phase histograms and of its promotion
+// histogram, by label: the difference around one call is its breakdown.
+absl::btree_map<std::string, double> PhaseSums(Metrics& metrics) {
+  absl::btree_map<std::string, double> sums;
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    const bool phases = f.name == "driftkv_attend_phase_seconds";
+    if (!phases && f.name != "driftkv_tier_promotion_seconds") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::string label = "promotion";
+      for (const prometheus::ClientMetric::Label& l : m.label)
+        if (l.name == "phase") label = l.value;
+      sums[label] += m.histogram.sample_sum;
+    }
+  }
+  return sums;
+}
+
+std::string Breakdown(const absl::btree_map<std::string, double>& before,
+                      const absl::btree_map<std::string, double>& after) {
+  std::string out;
+  for (const auto& [label, sum] : after) {
+    const auto it = before.find(label);
+    const double ms = 1e3 * (sum - (it == before.end() ? 0.0 : it->second));
+    if (ms >= 0.01) absl::StrAppend(&out, " ", label, "=", absl::StrFormat("%.2f", ms));
+  }
+  return out;
+}
+
 struct TierResult {
   std::vector<std::string> alone;  // each item's lone answer: output then lse bytes
   Quantiles rpc, handler;
@@ -289,13 +319,21 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) 
   v1::AttendRequest all;
   for (int s = 0; s < sequences; ++s) *all.add_items() = Item(s, query);
 
-  // First Attend (the hot server promotes every layer here), then later ones.
+  // First Attend (the hot server promotes every layer here), then later ones;
+  // each one's time by the Handler's phases (ms).
+  Metrics& metrics = (*server)->metrics();
+  auto m0 = PhaseSums(metrics);
   auto t0 = std::chrono::steady_clock::now();
   CHECK_OK(client.Attend(all).status());
   r.first_ms = Ms(std::chrono::steady_clock::now() - t0);
+  auto m1 = PhaseSums(metrics);
   t0 = std::chrono::steady_clock::now();
   CHECK_OK(client.Attend(all).status());
   r.later_ms = Ms(std::chrono::steady_clock::now() - t0);
+  auto m2 = PhaseSums(metrics);
+  std::printf("  [%s] first Attend %.2f ms, phases ms:%s\n  [%s] second Attend %.2f ms, phases ms:%s\n",
+              hot ? "hot" : "cold", r.first_ms, Breakdown(m0, m1).c_str(), hot ? "hot" : "cold", r.later_ms,
+              Breakdown(m1, m2).c_str());
 
   // Latency over gRPC and through the Handler, alternating.
   std::vector<double> rpc, hnd;

@@ -8,4 +8,4 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 gtest service_gpu_test 100
 gtest data_plane_gpu_test 80
-timeout 120 $B service_hot_bench --sequences=64 --context=8192 --reps=20 --clients=8 2>&1 | tee $OUT/hot_bench.log | grep -E "^\| (tier|hot|cold)" | tail -3
+timeout 120 $B service_hot_bench --sequences=64 --context=8192 --reps=20 --clients=8 2>&1 | tee $OUT/hot_bench.log | grep -E "^\| (tier|hot|cold)|Attend .* phases"
