@@ -72,6 +72,14 @@ absl::StatusOr<size_t> ClientIo::Plan(absl::Span<const AttendJob> jobs, int stri
   return gather_.empty() && scatter_.empty() ? 0 : bytes;
 }
 
+absl::StatusOr<size_t> ClientIo::Warm(int items) {
+  const size_t n = static_cast<size_t>(items);
+  absl::Status st = host_query_bad_.Reserve(n * sizeof(int32_t));
+  if (!st.ok()) return st;
+  auto align = [](size_t b) { return (b + 63) & ~static_cast<size_t>(63); };
+  return 2 * align(n * sizeof(gpu::RegionIoItem)) + n * sizeof(int32_t);
+}
+
 void ClientIo::Stage(uint8_t* host) const {
   if (!gather_.empty()) std::memcpy(host, gather_.data(), gather_.size() * sizeof(gpu::RegionIoItem));
   if (!scatter_.empty()) std::memcpy(host + scatter_at_, scatter_.data(), scatter_.size() * sizeof(gpu::RegionIoItem));

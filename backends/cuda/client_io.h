@@ -45,6 +45,10 @@ class ClientIo {
   //     what Stage wrote. The jobs' pointers must stay valid until the
   //     stream has run them.
   absl::StatusOr<size_t> Plan(absl::Span<const AttendJob> jobs, int stride);
+  // Sizes Plan's host buffers for launches of up to `items` client tensors
+  // each way, all checked, and returns what such a launch takes in the
+  // staging upload.
+  absl::StatusOr<size_t> Warm(int items);
   void Stage(uint8_t* host) const;
   absl::Status GatherQueries(uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(absl::Span<AttendJob> jobs);

@@ -14,6 +14,7 @@
 #include "backends/cuda/ipc_regions.h"
 #include "backends/cuda/stage_timer.h"
 #include "backends/cuda/window_cache.h"
+#include "backends/cuda/window_upload.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
 #include "kernels/attention.h"
@@ -111,6 +112,7 @@ class CudaBackend : public Backend {
     if (!st.ok()) return st;
     encode_.rotate = transforms_ == nullptr;
     st = windows_.Init(window_cache_bytes_, layout_.n());
+    if (st.ok() && windows_.enabled()) st = window_upload_.Init(layout_.n());
     if (!st.ok()) return st;
     if (transforms_ != nullptr) {
       st = InitTransforms();
@@ -137,6 +139,29 @@ class CudaBackend : public Backend {
       st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice),
                 "upload tables");
     if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
+    if (st.ok()) st = WarmBuffers();
+    return st;
+  }
+
+  // The growable buffers sized at start for a decode batch of 64 items of
+  // 32 query heads over 8K tokens and its promotion: allocated by the first
+  // call that needs them (pinned memory above all, and cudaFree waits for
+  // the device), they cost that call tens of milliseconds. Larger batches
+  // still grow them on first use.
+  absl::Status WarmBuffers() {
+    constexpr int kItems = 64, kQHeads = 32, kTokens = 8192;
+    const int d = layout_.head_dim, pages = kTokens / pool_.page_tokens();
+    const size_t qsz = static_cast<size_t>(kItems) * kQHeads * d;
+    absl::StatusOr<size_t> client_bytes = client_io_.Warm(kItems);
+    if (!client_bytes.ok()) return client_bytes.status();
+    const StagingLayout stage(kItems, static_cast<size_t>(kItems) * pages, *client_bytes, qsz, 0, layout_.n());
+    const size_t out_bytes = (qsz + static_cast<size_t>(kItems) * kQHeads) * 4;
+    absl::Status st = a_stage_.Reserve(stage.bytes);
+    if (st.ok()) st = host_stage_.Reserve(stage.bytes);
+    if (st.ok()) st = a_out_.Reserve(out_bytes);
+    if (st.ok()) st = host_out_.Reserve(out_bytes);
+    if (st.ok()) st = a_ws_.Reserve(gpu::AttentionWorkspaceBytes(kItems, kQHeads, d, pages));
+    if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * static_cast<size_t>(kItems) * pages);
     return st;
   }
 
@@ -793,8 +818,8 @@ class CudaBackend : public Backend {
     const bool cached = windows_.Plan(jobs, &slot_of, &uploads);
     size_t total_w = 0;
     if (cached) {
+      // The missing tokens go through window_upload_'s ring, not the staging.
       for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
-      for (const cuda_backend::WindowCache::Upload& u : uploads) total_w += static_cast<size_t>(u.count);
     } else {
       for (int i = 0; i < items; ++i) {
         wstart[i] = static_cast<int32_t>(total_w);
@@ -862,64 +887,11 @@ class CudaBackend : public Backend {
       st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
     if (!st.ok()) return st;
-    if (cached && uploads.size() > 2) {
-      // Missing tokens (typically one a window, a decode step): packed into
-      // the pinned buffer, uploaded in one copy per tensor, then moved to
-      // their slots by one launch per kMaxCopySegments segments.
-      size_t at = 0;
-      const size_t slot_bytes = windows_.slot_bytes();
-      gpu::CopySegmentsParams seg;
-      for (const cuda_backend::WindowCache::Upload& u : uploads) {
-        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
-        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
-        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
-        at += bytes;
-      }
-      st =
-          Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, at, cudaMemcpyHostToDevice, stream_), "upload window keys");
-      if (st.ok()) {
-        st = Cuda(cudaMemcpyAsync(dstage + off_wv, h + off_wv, at, cudaMemcpyHostToDevice, stream_),
-                  "upload window values");
-      }
-      at = 0;
-      for (size_t k = 0; st.ok() && k < uploads.size(); ++k) {
-        const cuda_backend::WindowCache::Upload& u = uploads[k];
-        const size_t bytes = static_cast<size_t>(u.count) * n * 2;
-        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-        seg.segments[seg.count++] = {dstage + off_wk + at, windows_.keys_dev() + dst, static_cast<uint32_t>(bytes)};
-        seg.segments[seg.count++] = {dstage + off_wv + at, windows_.values_dev() + dst, static_cast<uint32_t>(bytes)};
-        at += bytes;
-        if (seg.count + 2 > gpu::kMaxCopySegments || k + 1 == uploads.size()) {
-          st = gpu::LaunchCopySegments(seg, stream_);
-          seg.count = 0;
-        }
-      }
+    if (cached && !uploads.empty()) {
+      st = window_upload_.Upload(jobs, uploads, windows_, stream_);
       if (!st.ok()) {
         windows_.Invalidate();
         return st;
-      }
-    } else if (cached) {
-      // A few missing runs: one copy per slot and tensor straight into the
-      // slot.
-      size_t at = 0;
-      const size_t slot_bytes = windows_.slot_bytes();
-      for (const cuda_backend::WindowCache::Upload& u : uploads) {
-        const size_t bytes = static_cast<size_t>(u.count) * n * 2, src = static_cast<size_t>(u.from) * n;
-        std::memcpy(h + off_wk + at, jobs[u.item].window.keys + src, bytes);
-        std::memcpy(h + off_wv + at, jobs[u.item].window.values + src, bytes);
-        const size_t dst = u.slot * slot_bytes + static_cast<size_t>(u.from) * n * 2;
-        st = Cuda(cudaMemcpyAsync(windows_.keys_dev() + dst, h + off_wk + at, bytes, cudaMemcpyHostToDevice, stream_),
-                  "upload window keys");
-        if (st.ok()) {
-          st = Cuda(
-              cudaMemcpyAsync(windows_.values_dev() + dst, h + off_wv + at, bytes, cudaMemcpyHostToDevice, stream_),
-              "upload window values");
-        }
-        if (!st.ok()) {
-          windows_.Invalidate();
-          return st;
-        }
-        at += bytes;
       }
     }
     timer_.Mark(cuda_backend::StageTimer::kInputsDone, stream_);
@@ -1014,7 +986,8 @@ class CudaBackend : public Backend {
   absl::Mutex check_mu_;
   cudaStream_t check_stream_ = nullptr;
   Scratch bad_ ABSL_GUARDED_BY(check_mu_);
-  cuda_backend::WindowCache windows_;  // bf16 windows kept on the device
+  cuda_backend::WindowCache windows_;           // bf16 windows kept on the device
+  cuda_backend::WindowUploader window_upload_;  // their missing tokens' way in
   cuda_backend::ClientIo client_io_ ABSL_GUARDED_BY(mu_);
   // AttendRunLocked's arrays (see there).
   struct LaunchPlan {

@@ -407,6 +407,86 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
   EXPECT_EQ(checked, 40);
 }
 
+// Window tokens that take several rounds of the upload ring (window_upload.h):
+// 96 new windows of up to 255 tokens (~24 MiB of keys and values, the ring's
+// halves hold 4 MiB), then one token more for each (96 uploads, more than
+// one scatter launch's segments): the CPU backend's answers at both steps.
+TEST(CudaBackend, WindowUploadsSpanningManyRounds) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 4;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
+  constexpr int kSeqs = 96;
+  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
+  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kSeqs * 2 * slot_bytes);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+  auto r = (*pool)->Reserve(1);
+  ASSERT_TRUE(r.ok());
+  const std::vector<PageId> pages = *r;
+  std::mt19937_64 rng(17);
+  {
+    std::vector<float> k, v;
+    gpu::RandomKv(P, c.config().kv_heads, c.config().head_dim, &rng, &k, &v);
+    EncodeJob j;
+    j.keys = k.data();
+    j.values = v.data();
+    j.page = pages[0];
+    std::vector<EncodeJob> js = {j};
+    ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(js)).ok());
+  }
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> hk(kSeqs), hv(kSeqs);
+  std::vector<int64_t> count(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    count[s] = 1 + (s * 37) % 254;  // 1..254, one token left to grow
+    hk[s].resize(static_cast<size_t>(gpu::kMaxWindow) * n);
+    hv[s].resize(hk[s].size());
+    for (auto& x : hk[s]) x = FloatToBf16(g(rng));
+    for (auto& x : hv[s]) x = FloatToBf16(g(rng));
+  }
+  std::vector<float> q(static_cast<size_t>(kSeqs) * q_heads * d);
+  for (int step = 0; step < 2; ++step) {
+    for (float& x : q) x = g(rng);
+    std::vector<AttendJob> ag(kSeqs), ac(kSeqs);
+    std::vector<float> og(static_cast<size_t>(kSeqs) * q_heads * d, NAN), oc(og.size(), NAN);
+    std::vector<float> lg(static_cast<size_t>(kSeqs) * q_heads, NAN), lc(lg.size(), NAN);
+    for (int s = 0; s < kSeqs; ++s) {
+      for (int side = 0; side < 2; ++side) {
+        AttendJob& j = side == 0 ? ag[s] : ac[s];
+        j.pages = pages;
+        j.window = Bf16Tokens{hk[s].data(), hv[s].data(), count[s]};
+        j.window_id = 1000 + s;
+        j.window_first = 0;
+        j.query = q.data() + static_cast<size_t>(s) * q_heads * d;
+        j.q_heads = q_heads;
+        j.softmax_scale = 1.0f / std::sqrt(128.0f);
+        j.out = (side == 0 ? og : oc).data() + static_cast<size_t>(s) * q_heads * d;
+        j.lse = (side == 0 ? lg : lc).data() + static_cast<size_t>(s) * q_heads;
+      }
+    }
+    (*cuda)->Attend(absl::MakeSpan(ag));
+    cpu->Attend(absl::MakeSpan(ac));
+    for (int s = 0; s < kSeqs; ++s) ASSERT_TRUE(ag[s].status.ok()) << ag[s].status;
+    for (int s = 0; s < kSeqs; ++s) {
+      double diff = 0, norm = 0;
+      for (size_t i = static_cast<size_t>(s) * q_heads * d; i < static_cast<size_t>(s + 1) * q_heads * d; ++i) {
+        ASSERT_TRUE(std::isfinite(og[i])) << "step " << step << " sequence " << s;
+        diff = std::max(diff, static_cast<double>(std::fabs(og[i] - oc[i])));
+        norm = std::max(norm, static_cast<double>(std::fabs(oc[i])));
+      }
+      EXPECT_LE(diff, 1e-4 * norm) << "step " << step << " sequence " << s;
+    }
+    for (int s = 0; s < kSeqs; ++s) ++count[s];
+  }
+}
+
 }  // namespace
 }  // namespace driftkv
 

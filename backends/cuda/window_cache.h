@@ -46,6 +46,7 @@ class WindowCache {
   // After a failed upload the slots' contents are unknown: forget them all.
   void Invalidate();
 
+  bool enabled() const { return !slots_.empty(); }
   size_t slot_bytes() const { return slot_bytes_; }
   uint8_t* keys_dev() const { return keys_.get<uint8_t>(); }  // [slots][kMaxWindow][n] bf16
   uint8_t* values_dev() const { return values_.get<uint8_t>(); }

@@ -1,0 +1,57 @@
+// Window tokens a launch lacks, moved into their slots of the device window
+// cache through a pinned ring of two halves: the host packs one half while
+// the device copies the other. A launch that fills many windows at once
+// (the first Attend of new sequences: 512 KiB a sequence of 8 KV heads x
+// 128 with a 128-token window) then needs no pinned staging of its own size
+// (allocated on first use, such staging cost that launch tens of
+// milliseconds) and overlaps the packing with the copies.
+#ifndef DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
+#define DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "backends/backend.h"
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/window_cache.h"
+
+namespace driftkv {
+namespace cuda_backend {
+
+class WindowUploader {
+ public:
+  WindowUploader() = default;
+  WindowUploader(const WindowUploader&) = delete;
+  WindowUploader& operator=(const WindowUploader&) = delete;
+  ~WindowUploader();
+
+  // The ring for windows of n values a token: each half holds at least one
+  // whole window's keys and values.
+  absl::Status Init(int n);
+
+  // Queues on `stream`, for each upload, tokens [from, from + count) of its
+  // item's window (keys and values) into its slot of `cache`: per round of
+  // one half, one host-to-device copy and one scatter launch per
+  // gpu::kMaxCopySegments / 2 uploads. Before reusing a half the host waits
+  // for that half's earlier copy; the caller synchronises `stream` before
+  // its next call, so every call starts with both halves free.
+  absl::Status Upload(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads,
+                      const WindowCache& cache, cudaStream_t stream);
+
+  size_t half_bytes() const { return half_bytes_; }
+
+ private:
+  int n_ = 0;
+  size_t half_bytes_ = 0;
+  PinnedScratch host_;
+  Scratch device_;
+  cudaEvent_t sent_[2] = {nullptr, nullptr};  // each half's copy queued
+};
+
+}  // namespace cuda_backend
+}  // namespace driftkv
+
+#endif  // DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
