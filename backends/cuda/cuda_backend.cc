@@ -41,21 +41,30 @@ using cuda_backend::Scratch;
 // full-speed DMA). Byte offsets, each region 256-byte aligned:
 //   [0, table)            5 x [items] int32: page_start, tokens,
 //                         window_tokens, layer, window_start
-//   [table, query)        the page table, int32
-//   [query, window_keys)  the queries, [items][q_heads][head_dim] float
-//   [window_keys, window_values), [window_values, bytes)
-//                         bf16 window tokens: the missing tokens of cached
-//                         windows, or every window back to back
+//   [table, client)       the page table, int32
+//   [client, window_keys) client tensors' lists (ClientIo)
+//   [window_keys, window_values), [window_values, query)
+//                         bf16 window tokens: a few missing tokens of
+//                         cached windows (each upload's keys then values,
+//                         from window_keys on), or every window back to
+//                         back (keys, then values)
+//   [query, bytes)        the queries, [items][q_heads][head_dim] float;
+//                         not uploaded when every query is in client memory
+// Cached windows' missing tokens up to this size ride in a launch's
+// staging upload (a 256-item decode step's one token a window, at 8 KV
+// heads x 128); more go through the window ring.
+constexpr size_t kStagedWindowBytes = size_t{1} << 20;
+
 struct StagingLayout {
   StagingLayout(int items, size_t table_entries, size_t client_bytes, size_t query_floats, size_t window_tokens,
                 int n) {
     auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
     table = align(static_cast<size_t>(items) * 5 * 4);
     client = table + align(std::max<size_t>(table_entries, 1) * 4);
-    query = client + align(client_bytes);
-    window_keys = query + align(query_floats * 4);
-    window_values = window_keys + align(std::max<size_t>(window_tokens, 1) * n * 2);
-    bytes = window_values + align(std::max<size_t>(window_tokens, 1) * n * 2);
+    window_keys = client + align(client_bytes);
+    window_values = window_keys + align(window_tokens * n * 2);
+    query = window_values + align(window_tokens * n * 2);
+    bytes = query + align(query_floats * 4);
   }
   size_t table, client, query, window_keys, window_values, bytes;
 };
@@ -817,9 +826,15 @@ class CudaBackend : public Backend {
     uploads.clear();
     const bool cached = windows_.Plan(jobs, &slot_of, &uploads);
     size_t total_w = 0;
+    // Cached windows' missing tokens: a few ride in the staging upload,
+    // many go through window_upload_'s ring.
+    bool staged_uploads = false;
     if (cached) {
-      // The missing tokens go through window_upload_'s ring, not the staging.
       for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
+      staged_uploads = !uploads.empty() && window_upload_.Bytes(uploads) <= kStagedWindowBytes;
+      if (staged_uploads) {
+        for (const cuda_backend::WindowCache::Upload& u : uploads) total_w += static_cast<size_t>(u.count);
+      }
     } else {
       for (int i = 0; i < items; ++i) {
         wstart[i] = static_cast<int32_t>(total_w);
@@ -868,26 +883,25 @@ class CudaBackend : public Backend {
         std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
       }
     }
+    if (staged_uploads) window_upload_.Pack(jobs, uploads, h + off_wk);
     uint8_t* dstage = a_stage_.get<uint8_t>();
-    const size_t used = !cached && total_w > 0 ? off_wv + total_w * n * 2 : off_wk;
+    // Every query in client memory: the query rows are gathered below.
+    const size_t used = cuda_backend::ClientIo::AllQueries(jobs) ? off_query : stage_bytes;
     AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
     timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
-    if (!cuda_backend::ClientIo::AllQueries(jobs)) {
-      st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-    } else {
-      // Every query is in client memory: the query rows are gathered below.
-      st = Cuda(cudaMemcpyAsync(dstage, h, off_query, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-      if (st.ok() && used > off_wk) {
-        st = Cuda(cudaMemcpyAsync(dstage + off_wk, h + off_wk, used - off_wk, cudaMemcpyHostToDevice, stream_),
-                  "upload attention windows");
-      }
-    }
+    st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
     if (st.ok()) {
       st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
     if (!st.ok()) return st;
-    if (cached && !uploads.empty()) {
+    if (staged_uploads) {
+      st = window_upload_.Scatter(uploads, windows_, dstage + off_wk, stream_);
+      if (!st.ok()) {
+        windows_.Invalidate();
+        return st;
+      }
+    } else if (cached && !uploads.empty()) {
       st = window_upload_.Upload(jobs, uploads, windows_, stream_);
       if (!st.ok()) {
         windows_.Invalidate();

@@ -1,7 +1,6 @@
 #include "backends/cuda/window_upload.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
 
 #include "kernels/attention_batch.h"
@@ -34,44 +33,75 @@ absl::Status WindowUploader::Init(int n) {
   return st;
 }
 
+size_t WindowUploader::Bytes(absl::Span<const WindowCache::Upload> uploads) const {
+  size_t tokens = 0;
+  for (const WindowCache::Upload& u : uploads) tokens += static_cast<size_t>(u.count);
+  return 2 * tokens * static_cast<size_t>(n_) * 2;
+}
+
+void WindowUploader::Pack(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads,
+                          uint8_t* host) const {
+  for (const WindowCache::Upload& u : uploads) {
+    const size_t bytes = static_cast<size_t>(u.count) * n_ * 2, src = static_cast<size_t>(u.from) * n_;
+    std::memcpy(host, jobs[u.item].window.keys + src, bytes);
+    std::memcpy(host + bytes, jobs[u.item].window.values + src, bytes);
+    host += 2 * bytes;
+  }
+}
+
+absl::Status WindowUploader::Scatter(absl::Span<const WindowCache::Upload> uploads, const WindowCache& cache,
+                                     const uint8_t* dev, cudaStream_t stream) const {
+  const size_t token_bytes = static_cast<size_t>(n_) * 2, slot_bytes = cache.slot_bytes();
+  gpu::CopySegmentsParams seg;
+  for (size_t k = 0; k < uploads.size(); ++k) {
+    const WindowCache::Upload& u = uploads[k];
+    const size_t bytes = static_cast<size_t>(u.count) * token_bytes;
+    const size_t dst = static_cast<size_t>(u.slot) * slot_bytes + static_cast<size_t>(u.from) * token_bytes;
+    seg.segments[seg.count++] = {dev, cache.keys_dev() + dst, static_cast<uint32_t>(bytes)};
+    seg.segments[seg.count++] = {dev + bytes, cache.values_dev() + dst, static_cast<uint32_t>(bytes)};
+    dev += 2 * bytes;
+    if (seg.count + 2 > gpu::kMaxCopySegments || k + 1 == uploads.size()) {
+      absl::Status st = gpu::LaunchCopySegments(seg, stream);
+      if (!st.ok()) return st;
+      seg.count = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WindowUploader::Upload(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads,
                                     const WindowCache& cache, cudaStream_t stream) {
-  const size_t token_bytes = static_cast<size_t>(n_) * 2, slot_bytes = cache.slot_bytes();
+  const size_t token_bytes = static_cast<size_t>(n_) * 2;
   int half = 0, rounds = 0;
-  size_t at = 0;  // bytes packed into the current half
-  gpu::CopySegmentsParams seg;
-  // Sends the current half: its copy, then its scatter; the next half is
-  // free once its previous copy (two rounds back) has been read.
-  auto send = [&](bool more) -> absl::Status {
+  for (size_t begin = 0; begin < uploads.size();) {
+    // This round: the uploads from `begin` whose keys and values fit in a
+    // half (at least one: a whole window does).
+    size_t end = begin, bytes = 0;
+    while (end < uploads.size()) {
+      const size_t b = 2 * static_cast<size_t>(uploads[end].count) * token_bytes;
+      if (end > begin && bytes + b > half_bytes_) break;
+      bytes += b;
+      ++end;
+    }
+    if (bytes > half_bytes_) return absl::InternalError("window upload larger than a ring half");
+    const bool more = end < uploads.size();
     uint8_t* host = host_.get<uint8_t>() + half * half_bytes_;
     uint8_t* dev = device_.get<uint8_t>() + half * half_bytes_;
-    absl::Status st = Cuda(cudaMemcpyAsync(dev, host, at, cudaMemcpyHostToDevice, stream), "upload window tokens");
+    const absl::Span<const WindowCache::Upload> round = uploads.subspan(begin, end - begin);
+    Pack(jobs, round, host);
+    absl::Status st = Cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream), "upload window tokens");
+    // The host reuses this half two rounds on, once this copy has read it.
     if (st.ok() && more) st = Cuda(cudaEventRecord(sent_[half], stream), "cudaEventRecord (window ring)");
-    if (st.ok()) st = gpu::LaunchCopySegments(seg, stream);
-    seg.count = 0;
-    at = 0;
+    if (st.ok()) st = Scatter(round, cache, dev, stream);
+    if (!st.ok()) return st;
     half ^= 1;
-    if (st.ok() && more && ++rounds >= 2) st = Cuda(cudaEventSynchronize(sent_[half]), "window ring");
-    return st;
-  };
-  for (const WindowCache::Upload& u : uploads) {
-    const size_t bytes = static_cast<size_t>(u.count) * token_bytes;
-    if (at + 2 * bytes > half_bytes_ || seg.count + 2 > gpu::kMaxCopySegments) {
-      absl::Status st = send(true);
+    if (more && ++rounds >= 2) {
+      st = Cuda(cudaEventSynchronize(sent_[half]), "window ring");
       if (!st.ok()) return st;
     }
-    uint8_t* host = host_.get<uint8_t>() + half * half_bytes_;
-    uint8_t* dev = device_.get<uint8_t>() + half * half_bytes_;
-    const size_t src = static_cast<size_t>(u.from) * n_;
-    const size_t dst = static_cast<size_t>(u.slot) * slot_bytes + static_cast<size_t>(u.from) * token_bytes;
-    std::memcpy(host + at, jobs[u.item].window.keys + src, bytes);
-    seg.segments[seg.count++] = {dev + at, cache.keys_dev() + dst, static_cast<uint32_t>(bytes)};
-    at += bytes;
-    std::memcpy(host + at, jobs[u.item].window.values + src, bytes);
-    seg.segments[seg.count++] = {dev + at, cache.values_dev() + dst, static_cast<uint32_t>(bytes)};
-    at += bytes;
+    begin = end;
   }
-  return at > 0 ? send(false) : absl::OkStatus();
+  return absl::OkStatus();
 }
 
 }  // namespace cuda_backend

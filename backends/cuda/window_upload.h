@@ -9,6 +9,7 @@
 #define DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime.h>
 
@@ -40,6 +41,16 @@ class WindowUploader {
   // its next call, so every call starts with both halves free.
   absl::Status Upload(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads,
                       const WindowCache& cache, cudaStream_t stream);
+
+  // A launch's few missing tokens (a decode step's: one a window) ride in
+  // the launch's own staging upload instead, saving a copy: Pack writes
+  // them at `host` (each upload's keys, then its values) and Scatter queues
+  // their moves into the cache from `dev`, where the caller's upload put
+  // them. Bytes: what Pack writes.
+  size_t Bytes(absl::Span<const WindowCache::Upload> uploads) const;
+  void Pack(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads, uint8_t* host) const;
+  absl::Status Scatter(absl::Span<const WindowCache::Upload> uploads, const WindowCache& cache, const uint8_t* dev,
+                       cudaStream_t stream) const;
 
   size_t half_bytes() const { return half_bytes_; }
 
