@@ -16,12 +16,19 @@ absl::Status WindowCache::Init(size_t bytes, int n) {
   if (st.ok()) st = values_.Reserve(slots * slot_bytes_);
   if (!st.ok()) return st;
   slots_.assign(slots, Slot());
+  ResetFree();
   return absl::OkStatus();
+}
+
+void WindowCache::ResetFree() {
+  free_.resize(slots_.size());
+  for (size_t k = 0; k < free_.size(); ++k) free_[k] = static_cast<int>(free_.size() - 1 - k);
 }
 
 void WindowCache::Invalidate() {
   for (Slot& w : slots_) w = Slot();
   index_.clear();
+  ResetFree();
 }
 
 bool WindowCache::Plan(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of, std::vector<Upload>* uploads) {
@@ -57,13 +64,20 @@ bool WindowCache::Plan(absl::Span<const AttendJob> jobs, std::vector<int>* slot_
       }
     } else {
       // A free slot, else the least recently used one; never one this
-      // launch has already taken.
-      for (size_t k = 0; k < slots_.size(); ++k) {
-        const Slot& w = slots_[k];
-        if (w.last_use == launch_) continue;
-        if (slot < 0 || (w.id == 0) > (slots_[slot].id == 0) ||
-            ((w.id == 0) == (slots_[slot].id == 0) && w.last_use < slots_[slot].last_use)) {
-          slot = static_cast<int>(k);
+      // launch has already taken. Slots are free until first used (or
+      // after Invalidate), so a launch of new windows does not scan every
+      // slot for each of them.
+      if (!free_.empty()) {
+        slot = free_.back();
+        free_.pop_back();
+      } else {
+        for (size_t k = 0; k < slots_.size(); ++k) {
+          const Slot& w = slots_[k];
+          if (w.last_use == launch_) continue;
+          if (slot < 0 || (w.id == 0) > (slots_[slot].id == 0) ||
+              ((w.id == 0) == (slots_[slot].id == 0) && w.last_use < slots_[slot].last_use)) {
+            slot = static_cast<int>(k);
+          }
         }
       }
       if (slot < 0) return false;

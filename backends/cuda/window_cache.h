@@ -63,6 +63,10 @@ class WindowCache {
   Scratch keys_, values_;
   std::vector<Slot> slots_;
   absl::flat_hash_map<uint64_t, int> index_;  // window_id -> slot
+  // Slots never used since Init or Invalidate, the lowest last. A slot a
+  // failed Plan took from here is empty and found by the scan instead.
+  std::vector<int> free_;
+  void ResetFree();
   uint64_t launch_ = 0;
   // Plan's scratch, kept between calls for its capacity.
   std::vector<std::pair<int, Slot>> commits_;
