@@ -25,7 +25,7 @@
 namespace driftkv {
 
 // Wraps `inner`; EncodePages, DecodeTokens, the hot tier, ChecksumPages,
-// DEVICE INGEST and MEMORY REGIONS pass through.
+// CacheWindows, DEVICE INGEST and MEMORY REGIONS pass through.
 class BatchingBackend : public Backend {
  public:
   // Called once per inner Attend with the number of calls and jobs merged
@@ -44,6 +44,7 @@ class BatchingBackend : public Backend {
   bool PrefersBatchedAttend() const override { return true; }
   // The hot tier passes through (a merged batch may mix hot and cold jobs).
   absl::Status UploadPages(absl::Span<const PageId> pages) override { return inner_->UploadPages(pages); }
+  absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override { return inner_->CacheWindows(jobs); }
   absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
     return inner_->ChecksumPages(pool, pages, sums);
   }

@@ -202,6 +202,14 @@ class Backend {
     return absl::OkStatus();
   }
 
+  // A backend that keeps bf16 windows on its device between calls
+  // (AttendJob::window_id) takes these jobs' windows now, so that a later
+  // Attend of them (the same id, first token and tokens) uploads nothing:
+  // Prefetch. Reads only the jobs' window, window_id, window_first and
+  // pages (which device). Best effort: windows it cannot place are left
+  // for the Attend. Default: nothing to do.
+  virtual absl::Status CacheWindows(absl::Span<const AttendJob> jobs) { return absl::OkStatus(); }
+
   // The caller wrote these cold pages' bytes in the host pool itself (the
   // handler restoring a snapshot, service/snapshot_file.h); a backend that
   // mirrors the arena copies them to its mirror. The CPU backend computes

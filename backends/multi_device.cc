@@ -65,6 +65,18 @@ class MultiDeviceBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Each window to the device its job's Attend would run on.
+  absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override {
+    std::vector<std::vector<AttendJob>> split(inner_.size());
+    for (const AttendJob& j : jobs) split[j.pages.empty() ? 0 : Owner(j.pages[0])].push_back(j);
+    for (size_t k = 0; k < split.size(); ++k) {
+      if (split[k].empty()) continue;
+      absl::Status st = inner_[k]->CacheWindows(split[k]);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
   void Attend(absl::Span<AttendJob> jobs) override {
     const int n = static_cast<int>(inner_.size());
     std::vector<std::vector<AttendJob>> split(n);

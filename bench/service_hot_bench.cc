@@ -12,7 +12,14 @@
 //   3. the first Attend of the hot server, which promotes every layer
 //      (synchronous promotion), against a later one.
 //
+//   4. with --prefetch=1, each sequence's Prefetch before that first Attend
+//      (the hot server promotes there instead);
+//   5. with --prefetch_layers=L alone: a hot server of L layers, each
+//      sequence's Prefetch (every layer promoted together), then an Attend
+//      of every layer of every sequence.
+//
 //   service_hot_bench [--sequences=64] [--context=8192] [--reps=30] [--clients=8]
+//                     [--prefetch=0|1] [--prefetch_layers=L]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -267,6 +274,37 @@ std::string Breakdown(const absl::btree_map<std::string, double>& before,
   return out;
 }
 
+// Random bf16 keys/values in 512-token chunks: `sequences` x `context`
+// tokens in each of `layers` layers.
+void Prefill(Client& client, int sequences, int context, int layers) {
+  constexpr int kChunk = 512;
+  std::vector<uint16_t> k(static_cast<size_t>(kChunk) * kN), v(k.size());
+  for (int s = 0; s < sequences; ++s) {
+    for (int layer = 0; layer < layers; ++layer) {
+      std::vector<v1::AppendChunk> chunks;
+      for (int first = 0; first < context; first += kChunk) {
+        const int count = std::min(kChunk, context - first);
+        std::mt19937_64 crng(static_cast<uint64_t>(s) * 1000003 + first + 7919 * layer);
+        std::normal_distribution<float> cg(0.0f, 1.0f);
+        for (size_t i = 0; i < static_cast<size_t>(count) * kN; ++i) {
+          k[i] = FloatToBf16(cg(crng) + 0.5f * static_cast<float>(i % 7));
+          v[i] = FloatToBf16(cg(crng));
+        }
+        v1::AppendChunk c;
+        c.set_sequence_id(SeqId(s));
+        c.set_layer(layer);
+        c.set_first_token(first);
+        c.set_token_count(count);
+        c.set_dtype(v1::DTYPE_BF16);
+        c.set_keys(std::string(reinterpret_cast<const char*>(k.data()), static_cast<size_t>(count) * kN * 2));
+        c.set_values(std::string(reinterpret_cast<const char*>(v.data()), static_cast<size_t>(count) * kN * 2));
+        chunks.push_back(std::move(c));
+      }
+      CHECK_OK(client.Append(chunks).status());
+    }
+  }
+}
+
 struct TierResult {
   std::vector<std::string> alone;  // each item's lone answer: output then lse bytes
   Quantiles rpc, handler;
@@ -274,7 +312,26 @@ struct TierResult {
   int checked = 0, mismatches = 0;
 };
 
-TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) {
+// One Prefetch per sequence, in turn: their times (ms) and the layers
+// they promoted.
+std::string PrefetchAll(Client& client, int sequences) {
+  std::vector<double> ms;
+  uint64_t promoted = 0;
+  double total = 0;
+  for (int s = 0; s < sequences; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::PrefetchResponse> p = client.Prefetch(SeqId(s));
+    ms.push_back(Ms(std::chrono::steady_clock::now() - t0));
+    CHECK_OK(p.status());
+    promoted += p->layers_promoted();
+    total += ms.back();
+  }
+  const Quantiles q = Of(ms);
+  return absl::StrFormat("%d Prefetch calls: %.2f ms in all, p50 %.3f ms, max %.3f ms, %d layers promoted", sequences,
+                         total, q.p50, *std::max_element(ms.begin(), ms.end()), promoted);
+}
+
+TierResult RunTier(bool hot, int sequences, int context, int reps, int clients, bool prefetch) {
   TierResult r;
   const ServiceOptions options = Options(sequences, context, hot);
   auto server = DriftkvServer::Start(options);
@@ -287,33 +344,9 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) 
   co.timeout = absl::Seconds(600);
   Client client(grpc::CreateCustomChannel(co.target, grpc::InsecureChannelCredentials(), channel_args), co);
 
-  // Prefill: random bf16 keys/values, 512-token chunks.
+  Prefill(client, sequences, context, 1);
   std::mt19937_64 rng(11);
   std::normal_distribution<float> g(0.0f, 1.0f);
-  constexpr int kChunk = 512;
-  std::vector<uint16_t> k(static_cast<size_t>(kChunk) * kN), v(k.size());
-  for (int s = 0; s < sequences; ++s) {
-    std::vector<v1::AppendChunk> chunks;
-    for (int first = 0; first < context; first += kChunk) {
-      const int count = std::min(kChunk, context - first);
-      std::mt19937_64 crng(static_cast<uint64_t>(s) * 1000003 + first);
-      std::normal_distribution<float> cg(0.0f, 1.0f);
-      for (size_t i = 0; i < static_cast<size_t>(count) * kN; ++i) {
-        k[i] = FloatToBf16(cg(crng) + 0.5f * static_cast<float>(i % 7));
-        v[i] = FloatToBf16(cg(crng));
-      }
-      v1::AppendChunk c;
-      c.set_sequence_id(SeqId(s));
-      c.set_layer(0);
-      c.set_first_token(first);
-      c.set_token_count(count);
-      c.set_dtype(v1::DTYPE_BF16);
-      c.set_keys(std::string(reinterpret_cast<const char*>(k.data()), static_cast<size_t>(count) * kN * 2));
-      c.set_values(std::string(reinterpret_cast<const char*>(v.data()), static_cast<size_t>(count) * kN * 2));
-      chunks.push_back(std::move(c));
-    }
-    CHECK_OK(client.Append(chunks).status());
-  }
   std::vector<float> query(static_cast<size_t>(sequences) * kQHeads * kD);
   for (float& x : query) x = g(rng);
   v1::AttendRequest all;
@@ -321,6 +354,7 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) 
 
   // First Attend (the hot server promotes every layer here), then later ones;
   // each one's time by the Handler's phases (ms).
+  if (prefetch) std::printf("  [%s] %s\n", hot ? "hot" : "cold", PrefetchAll(client, sequences).c_str());
   Metrics& metrics = (*server)->metrics();
   auto m0 = PhaseSums(metrics);
   auto t0 = std::chrono::steady_clock::now();
@@ -414,8 +448,49 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients) 
   return r;
 }
 
+// A hot server of `layers` layers: each sequence's Prefetch (all its
+// layers promoted together, its windows cached), then an Attend of every
+// layer of every sequence, first and second.
+void PrefetchLayers(int layers, int sequences, int context) {
+  ServiceOptions o = Options(sequences * layers, context, true);
+  o.layers = layers;
+  o.max_sequences = sequences + 8;
+  auto server = DriftkvServer::Start(o);
+  CHECK_OK(server.status());
+  ClientOptions co;
+  co.target = absl::StrCat("127.0.0.1:", (*server)->port());
+  co.timeout = absl::Seconds(600);
+  auto channel_args = grpc::ChannelArguments();
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
+  channel_args.SetMaxSendMessageSize(256 << 20);
+  Client client(grpc::CreateCustomChannel(co.target, grpc::InsecureChannelCredentials(), channel_args), co);
+  Prefill(client, sequences, context, layers);
+  std::printf("  [%d layers x %d tokens] %s\n", layers, context, PrefetchAll(client, sequences).c_str());
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> query(static_cast<size_t>(sequences) * kQHeads * kD);
+  for (float& x : query) x = g(rng);
+  v1::AttendRequest all;
+  for (int s = 0; s < sequences; ++s) {
+    for (int l = 0; l < layers; ++l) {
+      v1::AttendItem it = Item(s, query);
+      it.set_layer(l);
+      *all.add_items() = it;
+    }
+  }
+  double ms[2];
+  for (double& m : ms) {
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(client.Attend(all).status());
+    m = Ms(std::chrono::steady_clock::now() - t0);
+  }
+  std::printf("  [%d layers x %d tokens] Attend of all %d items after Prefetch: first %.2f ms, second %.2f ms\n",
+              layers, context, sequences * layers, ms[0], ms[1]);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 int Main(int argc, char** argv) {
-  int sequences = 64, context = 8192, reps = 30, clients = 8, spread = 0;
+  int sequences = 64, context = 8192, reps = 30, clients = 8, spread = 0, prefetch = 0, prefetch_layers = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--sequences=", 0) == 0)
@@ -426,6 +501,10 @@ int Main(int argc, char** argv) {
       reps = std::stoi(a.substr(7));
     else if (a.rfind("--clients=", 0) == 0)
       clients = std::stoi(a.substr(10));
+    else if (a.rfind("--prefetch=", 0) == 0)
+      prefetch = std::stoi(a.substr(11));
+    else if (a.rfind("--prefetch_layers=", 0) == 0)
+      prefetch_layers = std::stoi(a.substr(18));
     else if (a.rfind("--kernel_only_spread=", 0) == 0)
       spread = std::stoi(a.substr(21));
     else {
@@ -472,8 +551,13 @@ int Main(int argc, char** argv) {
   }
   std::printf("service on the GPU: 1 layer, %d sequences x %d tokens, 8 KV heads x 128, GQA 32/8, %d reps\n", sequences,
               context, reps);
-  const TierResult cold = RunTier(false, sequences, context, reps, clients);
-  const TierResult hot = RunTier(true, sequences, context, reps, clients);
+  if (prefetch_layers > 0) {
+    // Prefetch of `sequences` sequences of `prefetch_layers` layers alone.
+    PrefetchLayers(prefetch_layers, sequences, context);
+    return 0;
+  }
+  const TierResult cold = RunTier(false, sequences, context, reps, clients, prefetch != 0);
+  const TierResult hot = RunTier(true, sequences, context, reps, clients, prefetch != 0);
   std::printf(
       "\n| tier | kernel ms | Handler p50 ms | gRPC p50 ms | gRPC p99 ms | gRPC p50 - kernel us | first Attend ms | "
       "second ms | invariance (bit-equal / checked) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");

@@ -1,4 +1,12 @@
-// Handler::Prefetch: brings one sequence's pages back from the disk level.
+// Handler::Prefetch: gets one sequence ready for its first Attend: its
+// pages back from the disk level, its layers hot, its windows on the
+// device.
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "service/handler.h"
 #include "service/handler_internal.h"
@@ -12,9 +20,10 @@ absl::Status Handler::Prefetch(const v1::PrefetchRequest& request, v1::PrefetchR
   absl::Status st = CheckSequenceId("sequence_id", request.sequence_id());
   if (!st.ok()) return st;
   SequencePtr seq = table_->Find(TenantKey(tenant, request.sequence_id()));
-  if (seq == nullptr) {
-    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found"));
-  }
+  auto not_found = [&](absl::string_view why) {
+    return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found", why));
+  };
+  if (seq == nullptr) return not_found("");
   // An access, like the Attend it announces: the sequence becomes the most
   // recently used (the last to move down again) and its TTL restarts.
   table_->Touch(seq.get());
@@ -22,13 +31,59 @@ absl::Status Handler::Prefetch(const v1::PrefetchRequest& request, v1::PrefetchR
   int64_t restored = 0;
   st = Resident(seq.get(), request.sequence_id(), &pins, &restored);
   if (!st.ok()) return st;
-  {
-    absl::ReaderMutexLock lock(&seq->mu);
-    if (seq->released) {
-      return absl::NotFoundError(absl::StrCat("sequence_id ", Quoted(request.sequence_id()), " not found (released)"));
-    }
-  }
   response->set_pages_restored(static_cast<uint64_t>(restored));
+  const int layers = static_cast<int>(seq->layers.size());
+  // The hot tier: every layer that holds tokens, promoted as an Attend of
+  // all of them would (sync: together, in one device round trip; async:
+  // queued, and layers_promoted counts none).
+  if (hot_ != nullptr) {
+    std::vector<std::pair<SequencePtr, int>> wanted;
+    absl::flat_hash_set<uint64_t> ids;
+    int hot_before = 0;
+    {
+      absl::ReaderMutexLock lock(&seq->mu);
+      if (seq->released) return not_found(" (released)");
+      for (int l = 0; l < layers; ++l) {
+        LayerState& layer = seq->layers[l];
+        absl::ReaderMutexLock layer_lock(&layer.mu);
+        if (layer.hot) ++hot_before;
+        if (!layer.pages.empty()) {
+          wanted.emplace_back(seq, l);
+          ids.insert(layer.id);
+        }
+      }
+    }
+    // A corrupt cold page: DATA_LOSS naming its page and layer; the layers
+    // before it stay promoted.
+    st = hot_->Prepare(wanted, ids);
+    if (!st.ok()) return st;
+    int hot_after = 0;
+    absl::ReaderMutexLock lock(&seq->mu);
+    for (LayerState& layer : seq->layers) {
+      absl::ReaderMutexLock layer_lock(&layer.mu);
+      if (layer.hot) ++hot_after;
+    }
+    response->set_layers_promoted(static_cast<uint64_t>(std::max(0, hot_after - hot_before)));
+  }
+  // The windows on the device, under every layer's read lock (the order of
+  // an Attend's locks: the sequence, then its layers in address order).
+  absl::ReaderMutexLock lock(&seq->mu);
+  if (seq->released) return not_found(" (released)");
+  std::vector<std::unique_ptr<absl::ReaderMutexLock>> layer_locks;
+  std::vector<AttendJob> jobs;
+  for (LayerState& layer : seq->layers) {
+    layer_locks.push_back(std::make_unique<absl::ReaderMutexLock>(&layer.mu));
+    if (layer.window_keys.empty()) continue;
+    AttendJob j;
+    j.pages = absl::MakeConstSpan(layer.pages);
+    j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
+                          static_cast<int64_t>(layer.window_keys.size() / n())};
+    j.window_id = layer.id;
+    j.window_first = static_cast<int64_t>(layer.pages.size()) * pool_->page_tokens();
+    jobs.push_back(j);
+  }
+  if (!jobs.empty()) st = backend_->CacheWindows(jobs);
+  if (!st.ok()) return st;
   return absl::OkStatus();
 }
 

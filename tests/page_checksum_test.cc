@@ -431,6 +431,30 @@ TEST_F(TierChecksumTest, CorruptColdPageAmongLayersPromotedTogether) {
   EXPECT_EQ(h_->hot_pool()->pages_in_use(), static_cast<int64_t>(3 * b_pages.size()));
 }
 
+// Prefetch promotes a sequence's layers together: a corrupt cold page of
+// the second layer is DATA_LOSS naming it, the first layer goes hot, the
+// second stays cold; repaired, a second Prefetch promotes it.
+TEST_F(TierChecksumTest, PrefetchNamesACorruptColdPageAndPromotesTheLayersBefore) {
+  HandlerFixture::Make(Options(true, false));
+  kv_ = testing::SyntheticKv(kTokens, testing::kSmallN, 9);
+  for (uint32_t layer : {0u, 1u}) ASSERT_TRUE(testing::PushTokens(*h_, "seq", layer, kv_, 0, kTokens).ok());
+  const std::vector<PageId> pages = Pages();  // layer 1's
+  h_->pool().page(pages[3])[h_->pool().page_stride() - 1] ^= 0x80;
+  v1::PrefetchRequest p;
+  p.set_sequence_id("seq");
+  v1::PrefetchResponse r;
+  absl::Status st = h_->Prefetch(p, &r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "page 3 (tokens [384, 512)) of layer 1 of sequence_id \"seq\"")) << st;
+  EXPECT_TRUE(h_->LayerIsHot("seq", 0));
+  EXPECT_FALSE(h_->LayerIsHot("seq", 1));
+  h_->pool().page(pages[3])[h_->pool().page_stride() - 1] ^= 0x80;
+  r.Clear();
+  ASSERT_TRUE(h_->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.layers_promoted(), 1u);
+  EXPECT_TRUE(h_->LayerIsHot("seq", 1));
+}
+
 TEST_F(TierChecksumTest, FlippedHotPageBitIsDataLossOnRead) {
   Make(true, false);
   const std::vector<PageId> pages = Pages();

@@ -456,6 +456,65 @@ TEST(HotTier, AsyncPromotesInTheBackground) {
   EXPECT_EQ(info.hot_promotion(), "async");
 }
 
+// Prefetch makes every layer holding tokens hot in one go (sync), and the
+// answers are the cold handler's; a second Prefetch has nothing to do, an
+// empty layer stays cold, and a server without a hot tier promotes none.
+TEST(HotTier, PrefetchPromotesEveryLayerWithTokens) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 31);
+  for (Server* s : {&cold, &hot}) {
+    ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+    ASSERT_TRUE(s->Push("a", 1, kv, 0, kTokens).ok());
+    ASSERT_TRUE(s->Push("e", 0, kv, 0, 100).ok());  // a window, no page: stays cold
+  }
+  v1::PrefetchRequest p;
+  p.set_sequence_id("a");
+  v1::PrefetchResponse r;
+  ASSERT_TRUE(hot.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.layers_promoted(), 2u);
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), static_cast<uint64_t>(2 * kPages));
+  r.Clear();
+  ASSERT_TRUE(hot.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.layers_promoted(), 0u);
+  EXPECT_EQ(hot.Stats().promotions(), 2u);
+  for (uint32_t layer : {0u, 1u}) {
+    absl::StatusOr<Answer> want = cold.Attend1("a", layer), got = hot.Attend1("a", layer);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_TRUE(*got == *want) << layer;
+  }
+  p.set_sequence_id("e");
+  r.Clear();
+  ASSERT_TRUE(hot.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.layers_promoted(), 0u);
+  EXPECT_FALSE(hot.h->LayerIsHot("e", 0));
+  p.set_sequence_id("a");
+  r.Clear();
+  ASSERT_TRUE(cold.h->Prefetch(p, &r).ok());
+  EXPECT_EQ(r.layers_promoted(), 0u);
+  p.set_sequence_id("nope");
+  EXPECT_EQ(hot.h->Prefetch(p, &r).code(), absl::StatusCode::kNotFound);
+}
+
+// With asynchronous promotion Prefetch queues the layers: none promoted by
+// the call, all hot once the queue drained.
+TEST(HotTier, AsyncPrefetchQueues) {
+  ServiceOptions o = HotOptions(16);
+  o.hot_promotion = HotPromotion::kAsync;
+  Server hot(o);
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 32);
+  ASSERT_TRUE(hot.Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Push("a", 1, kv, 0, kTokens).ok());
+  v1::PrefetchRequest p;
+  p.set_sequence_id("a");
+  v1::PrefetchResponse r;
+  ASSERT_TRUE(hot.h->Prefetch(p, &r).ok());
+  hot.h->DrainPromotions();
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
+}
+
 // Threads attend three layers over a budget of two while the tiers churn;
 // every answer must be the cold handler's.
 TEST(HotTier, ConcurrentAttendsWhileLayersMove) {

@@ -750,6 +750,20 @@ class CudaBackend : public Backend {
                             &scratch);
   }
 
+  absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override {
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    std::vector<int>& slot_of = plan_.slot_of;
+    std::vector<cuda_backend::WindowCache::Upload>& uploads = plan_.uploads;
+    slot_of.clear();
+    uploads.clear();
+    if (!windows_.Plan(jobs, &slot_of, &uploads) || uploads.empty()) return absl::OkStatus();
+    absl::Status st = window_upload_.Upload(jobs, uploads, windows_, stream_);
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "cache windows");
+    if (!st.ok()) windows_.Invalidate();
+    return st;
+  }
+
   void Attend(absl::Span<AttendJob> jobs) override {
     // One launch per run of jobs with equal (q_heads, softmax_scale, tier):
     // hot jobs run the level-page kernel, cold ones the fused D-Quant kernel.

@@ -409,8 +409,9 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
 
 // Window tokens that take several rounds of the upload ring (window_upload.h):
 // 96 new windows of up to 255 tokens (~24 MiB of keys and values, the ring's
-// halves hold 4 MiB), then one token more for each (96 uploads, more than
-// one scatter launch's segments): the CPU backend's answers at both steps.
+// halves hold 4 MiB), half of them cached beforehand (CacheWindows), then
+// one token more for each (96 uploads, more than one scatter launch's
+// segments): the CPU backend's answers at both steps.
 TEST(CudaBackend, WindowUploadsSpanningManyRounds) {
   SKIP_WITHOUT_GPU();
   DQuantConfig cfg;
@@ -470,6 +471,11 @@ TEST(CudaBackend, WindowUploadsSpanningManyRounds) {
         j.out = (side == 0 ? og : oc).data() + static_cast<size_t>(s) * q_heads * d;
         j.lse = (side == 0 ? lg : lc).data() + static_cast<size_t>(s) * q_heads;
       }
+    }
+    if (step == 0) {
+      // Half the windows put on the device beforehand (Prefetch): the
+      // Attend must find them there, the others it uploads itself.
+      ASSERT_TRUE((*cuda)->CacheWindows(absl::MakeConstSpan(ag).subspan(0, kSeqs / 2)).ok());
     }
     (*cuda)->Attend(absl::MakeSpan(ag));
     cpu->Attend(absl::MakeSpan(ac));
