@@ -314,10 +314,11 @@ struct TierResult {
 
 // One Prefetch per sequence, in turn: their times (ms) and the layers
 // they promoted.
-std::string PrefetchAll(Client& client, int sequences) {
+std::string PrefetchAll(Client& client, Metrics& metrics, int sequences) {
   std::vector<double> ms;
   uint64_t promoted = 0;
   double total = 0;
+  const double promotion_before = PhaseSums(metrics)["promotion"];
   for (int s = 0; s < sequences; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<v1::PrefetchResponse> p = client.Prefetch(SeqId(s));
@@ -327,8 +328,10 @@ std::string PrefetchAll(Client& client, int sequences) {
     total += ms.back();
   }
   const Quantiles q = Of(ms);
-  return absl::StrFormat("%d Prefetch calls: %.2f ms in all, p50 %.3f ms, max %.3f ms, %d layers promoted", sequences,
-                         total, q.p50, *std::max_element(ms.begin(), ms.end()), promoted);
+  const double promotion_ms = 1e3 * (PhaseSums(metrics)["promotion"] - promotion_before);
+  return absl::StrFormat(
+      "%d Prefetch calls: %.2f ms in all, p50 %.3f ms, max %.3f ms, %d layers promoted, promotions %.2f ms in all",
+      sequences, total, q.p50, *std::max_element(ms.begin(), ms.end()), promoted, promotion_ms);
 }
 
 TierResult RunTier(bool hot, int sequences, int context, int reps, int clients, bool prefetch) {
@@ -354,8 +357,8 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients, 
 
   // First Attend (the hot server promotes every layer here), then later ones;
   // each one's time by the Handler's phases (ms).
-  if (prefetch) std::printf("  [%s] %s\n", hot ? "hot" : "cold", PrefetchAll(client, sequences).c_str());
   Metrics& metrics = (*server)->metrics();
+  if (prefetch) std::printf("  [%s] %s\n", hot ? "hot" : "cold", PrefetchAll(client, metrics, sequences).c_str());
   auto m0 = PhaseSums(metrics);
   auto t0 = std::chrono::steady_clock::now();
   CHECK_OK(client.Attend(all).status());
@@ -465,7 +468,8 @@ void PrefetchLayers(int layers, int sequences, int context) {
   channel_args.SetMaxSendMessageSize(256 << 20);
   Client client(grpc::CreateCustomChannel(co.target, grpc::InsecureChannelCredentials(), channel_args), co);
   Prefill(client, sequences, context, layers);
-  std::printf("  [%d layers x %d tokens] %s\n", layers, context, PrefetchAll(client, sequences).c_str());
+  std::printf("  [%d layers x %d tokens] %s\n", layers, context,
+              PrefetchAll(client, (*server)->metrics(), sequences).c_str());
   std::mt19937_64 rng(5);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> query(static_cast<size_t>(sequences) * kQHeads * kD);
