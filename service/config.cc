@@ -505,11 +505,6 @@ absl::Status ValidateDiskLevel(const ServiceOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [", kMinDiskSegmentBytes, ", 2^40]"));
   }
-  if (o.hot_tier()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "disk_level.dir \"", d.dir, "\" with a hot tier (hot_tier_bytes ", o.hot_tier_bytes, ", hot_tier_fraction ",
-        o.hot_tier_fraction, "): the disk level moves cold pages only; not built with a hot tier yet"));
-  }
   if (!o.snapshot_dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", d.dir, "\" with snapshot_dir \"",
                                                    o.snapshot_dir,

@@ -179,7 +179,9 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   int64_t need = 0;
   {
     absl::ReaderMutexLock seq_lock(&seq->mu);
-    if (seq->released) return false;
+    // A sequence on the disk level (a queued promotion that waited while
+    // it moved down) comes back with its next Attend, cold.
+    if (seq->released || seq->below) return false;
     absl::ReaderMutexLock layer_lock(&layer.mu);
     if (layer.hot) return true;
     need = static_cast<int64_t>(layer.pages.size());
@@ -196,9 +198,9 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   {
     absl::ReaderMutexLock seq_lock(&seq->mu);
     absl::MutexLock layer_lock(&layer.mu);
-    if (seq->released || layer.hot) {
+    if (seq->released || seq->below || layer.hot) {
       hot_.Free(*hot);
-      return !seq->released;
+      return !seq->released && !seq->below;
     }
     // Appends may have added pages since they were counted (pages never
     // go away while the sequence lives).
@@ -357,7 +359,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     Sequence* seq = layers[k].first.get();
     LayerState& layer = seq->layers[layers[k].second];
     absl::ReaderMutexLock seq_lock(&seq->mu);
-    if (seq->released) continue;
+    if (seq->released || seq->below) continue;
     absl::ReaderMutexLock layer_lock(&layer.mu);
     if (layer.hot) continue;
     c.push_back(Candidate{k, seq, layers[k].second, &layer, {}, 0, std::nullopt});
@@ -389,7 +391,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
   std::vector<Candidate*> moving;
   bool fits = true;
   for (Candidate& x : c) {
-    if (x.seq->released || x.layer->hot) continue;
+    if (x.seq->released || x.seq->below || x.layer->hot) continue;
     const size_t need = x.layer->pages.size();
     if (spare.size() < need) {
       fits = false;

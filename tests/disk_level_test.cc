@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec/level_page.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "service/config.h"
@@ -140,6 +141,77 @@ TEST(DiskLevelTest, HoldsManyTimesThePoolAndEveryTokenComesBackBitIdentical) {
   std::printf("pool alone: %d sequences; with the disk level: %d (%.1fx), %lld below at the end\n", pool_only,
               sequences, static_cast<double>(sequences) / pool_only,
               static_cast<long long>(disk.h->spill_tier()->sequences_below()));
+}
+
+// The hot tier and the disk level together (level pages need P = 128):
+// many sequences over a pool of a few and a hot tier of six level pages,
+// each attended in turn (brought back from the disk, promoted, demoted
+// again for the next ones, moved down again), with sync and async
+// promotion: every answer and every token read back equal those of a
+// handler that never moved a page.
+TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
+  auto p128 = [](uint64_t pool_bytes) {
+    ServiceOptions o = SmallOptions(pool_bytes);
+    o.codec.mean_window = 128;
+    o.window_tokens = 128;
+    o.max_sequences = 4096;
+    return o;
+  };
+  constexpr int kLong = 300;  // per layer: 2 pages of 128 and a 44-token window
+  auto add = [&](TestHandler& t, int i) -> absl::Status {
+    const Kv kv = SyntheticKv(kLong, testing::kSmallN, 2000 + i);
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      if (absl::Status st = t.Push(Id(i), layer, kv, 0, kLong); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  };
+  constexpr uint64_t kPool = 400u << 10;
+  int pool_only = 0;
+  {
+    TestHandler t(p128(kPool));
+    while (add(t, pool_only).ok()) ++pool_only;
+  }
+  ASSERT_GE(pool_only, 1);
+  const int sequences = 6 * pool_only;
+  TestHandler never_moved(p128(64u << 20));
+  for (int i = 0; i < sequences; ++i) ASSERT_TRUE(add(never_moved, i).ok());
+  for (HotPromotion promotion : {HotPromotion::kSync, HotPromotion::kAsync}) {
+    SCOPED_TRACE(promotion == HotPromotion::kSync ? "sync" : "async");
+    ServiceOptions o = p128(kPool);
+    o.disk_level.dir = ScratchDir(promotion == HotPromotion::kSync ? "level_hot_sync" : "level_hot_async");
+    o.disk_level.budget_bytes = 16u << 20;
+    o.disk_level.segment_bytes = 1u << 20;
+    o.hot_tier_bytes = 6 * MakeLevelPageLayout(2, kD)->page_bytes;
+    o.hot_promotion = promotion;
+    TestHandler disk(o, FixtureClock::kReal);
+    for (int i = 0; i < sequences; ++i) ASSERT_TRUE(add(disk, i).ok()) << "sequence " << i;
+    EXPECT_GT(disk.h->spill_tier()->sequences_below(), 0);
+    for (int round = 0; round < 2; ++round) {
+      for (int i = 0; i < sequences; ++i) {
+        absl::StatusOr<std::string> a = AttendBytes(*disk.h, i), b = AttendBytes(*never_moved.h, i);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_EQ(*a, *b) << "round " << round << " sequence " << i;
+        disk.h->DrainPromotions();
+      }
+    }
+    for (int i = 0; i < sequences; ++i) {
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+      }
+    }
+    EXPECT_GT(disk.Stats().promotions(), 0u);
+    EXPECT_GT(disk.Stats().demotions(), 0u);
+    EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "down"), 0);
+    EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "up"), 0);
+    EXPECT_EQ(Counter(disk.metrics, "driftkv_level_checksum_failures_total"), 0);
+    std::printf("%s: %d sequences over a pool of %d: %llu promotions, %llu demotions, pages moved down %.0f, up %.0f\n",
+                promotion == HotPromotion::kSync ? "sync" : "async", sequences, pool_only,
+                static_cast<unsigned long long>(disk.Stats().promotions()),
+                static_cast<unsigned long long>(disk.Stats().demotions()),
+                Counter(disk.metrics, "driftkv_level_moved_pages_total", "down"),
+                Counter(disk.metrics, "driftkv_level_moved_pages_total", "up"));
+  }
 }
 
 TEST(DiskLevelTest, AppendAndForkOfASequenceBelowContinueWhereItStopped) {
@@ -498,7 +570,6 @@ TEST(DiskLevelTest, ConfigNamesTheFieldAndTheValue) {
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 durability: \"fast\" }",
             "disk_level.durability \"fast\""},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 segment_bytes: 100 }", "disk_level.segment_bytes 100"},
-           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } hot_tier_bytes: 1048576", "hot tier"},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } snapshot_dir: \"/tmp/s\"", "snapshot_dir"},
        }) {
     absl::Status st = Resolve(text);
