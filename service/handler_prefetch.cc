@@ -57,13 +57,17 @@ absl::Status Handler::Prefetch(const v1::PrefetchRequest& request, v1::PrefetchR
     // before it stay promoted.
     st = hot_->Prepare(wanted, ids);
     if (!st.ok()) return st;
-    int hot_after = 0;
-    absl::ReaderMutexLock lock(&seq->mu);
-    for (LayerState& layer : seq->layers) {
-      absl::ReaderMutexLock layer_lock(&layer.mu);
-      if (layer.hot) ++hot_after;
+    // Async: the background thread's promotions are not this call's (it
+    // may have done some by now), so none is counted.
+    if (options_.hot_promotion == HotPromotion::kSync) {
+      int hot_after = 0;
+      absl::ReaderMutexLock lock(&seq->mu);
+      for (LayerState& layer : seq->layers) {
+        absl::ReaderMutexLock layer_lock(&layer.mu);
+        if (layer.hot) ++hot_after;
+      }
+      response->set_layers_promoted(static_cast<uint64_t>(std::max(0, hot_after - hot_before)));
     }
-    response->set_layers_promoted(static_cast<uint64_t>(std::max(0, hot_after - hot_before)));
   }
   // The windows on the device, under every layer's read lock (the order of
   // an Attend's locks: the sequence, then its layers in address order).

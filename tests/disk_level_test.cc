@@ -145,7 +145,8 @@ TEST(DiskLevelTest, HoldsManyTimesThePoolAndEveryTokenComesBackBitIdentical) {
 
 // The hot tier and the disk level together (level pages need P = 128):
 // many sequences over a pool of a few and a hot tier of six level pages,
-// each attended in turn (brought back from the disk, promoted, demoted
+// the oldest prefetched (back from the disk and promoted), each attended
+// in turn (brought back from the disk, promoted, demoted
 // again for the next ones, moved down again), with sync and async
 // promotion: every answer and every token read back equal those of a
 // handler that never moved a page.
@@ -157,7 +158,7 @@ TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
     o.max_sequences = 4096;
     return o;
   };
-  constexpr int kLong = 300;  // per layer: 2 pages of 128 and a 44-token window
+  constexpr int kLong = 300;  // per layer: a page of 128 and a 172-token window
   auto add = [&](TestHandler& t, int i) -> absl::Status {
     const Kv kv = SyntheticKv(kLong, testing::kSmallN, 2000 + i);
     for (uint32_t layer = 0; layer < 2; ++layer) {
@@ -186,6 +187,19 @@ TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
     TestHandler disk(o, FixtureClock::kReal);
     for (int i = 0; i < sequences; ++i) ASSERT_TRUE(add(disk, i).ok()) << "sequence " << i;
     EXPECT_GT(disk.h->spill_tier()->sequences_below(), 0);
+    {
+      // Prefetch of the oldest (below by now): back from the disk, then
+      // both layers promoted (sync) or queued (async).
+      v1::PrefetchRequest p;
+      p.set_sequence_id(Id(0));
+      v1::PrefetchResponse r;
+      ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
+      EXPECT_EQ(r.pages_restored(), 2u);  // a page a layer
+      EXPECT_EQ(r.layers_promoted(), promotion == HotPromotion::kSync ? 2u : 0u);
+      disk.h->DrainPromotions();
+      EXPECT_TRUE(disk.h->LayerIsHot(Id(0), 0));
+      EXPECT_TRUE(disk.h->LayerIsHot(Id(0), 1));
+    }
     for (int round = 0; round < 2; ++round) {
       for (int i = 0; i < sequences; ++i) {
         absl::StatusOr<std::string> a = AttendBytes(*disk.h, i), b = AttendBytes(*never_moved.h, i);
