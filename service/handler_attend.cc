@@ -657,11 +657,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     const LayerState& layer = *work[i].layer;
     v1::AttendResult* r = response->add_results();
     AttendJob& j = jobs[i];
-    j.pages = absl::MakeConstSpan(layer.pages);
-    j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
-                          static_cast<int64_t>(layer.window_keys.size() / h_.n())};
-    j.window_id = layer.id;
-    j.window_first = static_cast<int64_t>(layer.pages.size()) * h_.pool_->page_tokens();
+    handler_internal::SetLayerTokens(layer, h_.n(), h_.pool_->page_tokens(), &j);
     j.q_heads = static_cast<int>(it.q_heads());
     j.softmax_scale = work[i].scale;
     j.layer = static_cast<int>(it.layer());

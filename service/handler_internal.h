@@ -8,8 +8,10 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-
+#include "absl/types/span.h"
+#include "backends/backend.h"
 #include "service/quoted.h"
+#include "service/sequence.h"
 
 namespace driftkv {
 namespace handler_internal {
@@ -30,6 +32,17 @@ inline int64_t ControlByteOffset(absl::string_view id) {
     if (c < 0x20 || c == 0x7f) return static_cast<int64_t>(i);
   }
   return -1;
+}
+
+// Points `j` at the layer's pages and bf16 window, the window named for
+// backends that keep windows on the device (AttendJob::window_id). The
+// layer's lock stays held while `j` is used.
+inline void SetLayerTokens(const LayerState& layer, int n, int page_tokens, AttendJob* j) {
+  j->pages = absl::MakeConstSpan(layer.pages);
+  j->window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
+                         static_cast<int64_t>(layer.window_keys.size() / n)};
+  j->window_id = layer.id;
+  j->window_first = static_cast<int64_t>(layer.pages.size()) * page_tokens;
 }
 
 }  // namespace handler_internal

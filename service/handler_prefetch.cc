@@ -78,13 +78,7 @@ absl::Status Handler::Prefetch(const v1::PrefetchRequest& request, v1::PrefetchR
   for (LayerState& layer : seq->layers) {
     layer_locks.push_back(std::make_unique<absl::ReaderMutexLock>(&layer.mu));
     if (layer.window_keys.empty()) continue;
-    AttendJob j;
-    j.pages = absl::MakeConstSpan(layer.pages);
-    j.window = Bf16Tokens{layer.window_keys.data(), layer.window_values.data(),
-                          static_cast<int64_t>(layer.window_keys.size() / n())};
-    j.window_id = layer.id;
-    j.window_first = static_cast<int64_t>(layer.pages.size()) * pool_->page_tokens();
-    jobs.push_back(j);
+    handler_internal::SetLayerTokens(layer, n(), pool_->page_tokens(), &jobs.emplace_back());
   }
   if (!jobs.empty()) st = backend_->CacheWindows(jobs);
   if (!st.ok()) return st;
