@@ -65,10 +65,10 @@ class MultiDeviceBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Each window to the device its job's Attend would run on.
+  // Each window to the device its job's Attend runs on.
   absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override {
     std::vector<std::vector<AttendJob>> split(inner_.size());
-    for (const AttendJob& j : jobs) split[j.pages.empty() ? 0 : Owner(j.pages[0])].push_back(j);
+    for (const AttendJob& j : jobs) split[DeviceOf(j)].push_back(j);
     for (size_t k = 0; k < split.size(); ++k) {
       if (split[k].empty()) continue;
       absl::Status st = inner_[k]->CacheWindows(split[k]);
@@ -82,7 +82,7 @@ class MultiDeviceBackend : public Backend {
     std::vector<std::vector<AttendJob>> split(n);
     std::vector<std::vector<size_t>> index(n);
     for (size_t i = 0; i < jobs.size(); ++i) {
-      const int k = jobs[i].pages.empty() ? 0 : Owner(jobs[i].pages[0]);
+      const int k = DeviceOf(jobs[i]);
       split[k].push_back(jobs[i]);
       index[k].push_back(i);
     }
@@ -140,6 +140,9 @@ class MultiDeviceBackend : public Backend {
 
  private:
   int Owner(PageId p) const { return pool_.partition_of(p); }
+  // The device an Attend job runs on: its pages' (a job without pages, a
+  // window alone, the first device's).
+  int DeviceOf(const AttendJob& j) const { return j.pages.empty() ? 0 : Owner(j.pages[0]); }
 
   std::vector<std::unique_ptr<Backend>> inner_;
   const PagePool& pool_;
