@@ -753,11 +753,8 @@ class CudaBackend : public Backend {
   absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
-    std::vector<int>& slot_of = plan_.slot_of;
     std::vector<cuda_backend::WindowCache::Upload>& uploads = plan_.uploads;
-    slot_of.clear();
-    uploads.clear();
-    if (!windows_.Plan(jobs, &slot_of, &uploads) || uploads.empty()) return absl::OkStatus();
+    if (!windows_.Plan(jobs, &plan_.slot_of, &uploads) || uploads.empty()) return absl::OkStatus();
     absl::Status st = window_upload_.Upload(jobs, uploads, windows_, stream_);
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "cache windows");
     if (!st.ok()) windows_.Invalidate();
@@ -909,19 +906,14 @@ class CudaBackend : public Backend {
       st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
     }
     if (!st.ok()) return st;
+    // A failure here leaves slots without their tokens: AttendRun forgets
+    // the cache.
     if (staged_uploads) {
       st = window_upload_.Scatter(uploads, windows_, dstage + off_wk, stream_);
-      if (!st.ok()) {
-        windows_.Invalidate();
-        return st;
-      }
     } else if (cached && !uploads.empty()) {
       st = window_upload_.Upload(jobs, uploads, windows_, stream_);
-      if (!st.ok()) {
-        windows_.Invalidate();
-        return st;
-      }
     }
+    if (!st.ok()) return st;
     timer_.Mark(cuda_backend::StageTimer::kInputsDone, stream_);
     int32_t* small = reinterpret_cast<int32_t*>(dstage);
     const bool hot = jobs[0].hot;

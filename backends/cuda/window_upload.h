@@ -52,8 +52,6 @@ class WindowUploader {
   absl::Status Scatter(absl::Span<const WindowCache::Upload> uploads, const WindowCache& cache, const uint8_t* dev,
                        cudaStream_t stream) const;
 
-  size_t half_bytes() const { return half_bytes_; }
-
  private:
   int n_ = 0;
   size_t half_bytes_ = 0;
