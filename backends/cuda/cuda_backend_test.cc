@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -304,42 +305,61 @@ TEST(CudaBackend, WushMatchesCpuTransformStage) {
   EXPECT_EQ(j.status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The window cache tests' setting: a codec of 4 KV heads x 128, a pool,
+// the CUDA backend with a window cache of `slots` slots beside the CPU
+// backend on the same pool, and one page of random tokens (drawn from
+// `rng`) encoded on the GPU, which every sequence shares.
+struct SharedPage {
+  std::unique_ptr<DQuantCodec> codec;
+  std::unique_ptr<PagePool> pool;
+  std::unique_ptr<Backend> cuda, cpu;
+  std::vector<PageId> pages;
+};
+
+void MakeSharedPage(int slots, std::mt19937_64* rng, SharedPage* out) {
+  DQuantConfig cfg;
+  cfg.kv_heads = 4;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  out->codec = std::make_unique<DQuantCodec>(*codec);
+  const DQuantCodec& c = *out->codec;
+  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  out->pool = *std::move(pool);
+  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * c.n() * 2;
+  auto cuda = MakeCudaBackend(&c, out->pool.get(), 0, nullptr, false, slots * 2 * slot_bytes);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  out->cuda = *std::move(cuda);
+  out->cpu = MakeCpuBackend(&c, out->pool.get(), 4);
+  auto r = out->pool->Reserve(1);
+  ASSERT_TRUE(r.ok());
+  out->pages = *r;
+  std::vector<float> k, v;
+  gpu::RandomKv(cfg.mean_window, cfg.kv_heads, cfg.head_dim, rng, &k, &v);
+  EncodeJob j;
+  j.keys = k.data();
+  j.values = v.data();
+  j.page = out->pages[0];
+  std::vector<EncodeJob> js = {j};
+  ASSERT_TRUE(out->cuda->EncodePages(absl::MakeSpan(js)).ok());
+}
+
 // The device window cache (cuda_backend.cc, WINDOW CACHE): windows that grow
 // by a token per step, move past a page, repeat within a launch, and more
 // windows than slots (the staging fallback) give the CPU backend's results
 // at every step.
 TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
   SKIP_WITHOUT_GPU();
-  DQuantConfig cfg;
-  cfg.kv_heads = 4;
-  cfg.head_dim = 128;
-  auto codec = DQuantCodec::Create(cfg);
-  ASSERT_TRUE(codec.ok());
-  DQuantCodec c = *codec;
-  const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
-  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
-  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, 3 * 2 * slot_bytes);  // 3 slots
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
-
   // One encoded page shared by every sequence; windows of up to 640 tokens
-  // of history, viewed 128..255 at a time.
-  auto r = (*pool)->Reserve(1);
-  ASSERT_TRUE(r.ok());
-  const std::vector<PageId> pages = *r;
+  // of history, viewed 128..255 at a time; 3 cache slots.
   std::mt19937_64 rng(5);
-  {
-    std::vector<float> k, v;
-    gpu::RandomKv(P, c.config().kv_heads, c.config().head_dim, &rng, &k, &v);
-    EncodeJob j;
-    j.keys = k.data();
-    j.values = v.data();
-    j.page = pages[0];
-    std::vector<EncodeJob> js = {j};
-    ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(js)).ok());
-  }
+  SharedPage sp;
+  ASSERT_NO_FATAL_FAILURE(MakeSharedPage(3, &rng, &sp));
+  const int n = sp.codec->n(), q_heads = 8, d = 128;
+  const std::vector<PageId>& pages = sp.pages;
+  Backend* cuda = sp.cuda.get();
+  Backend* cpu = sp.cpu.get();
   constexpr int kSeqs = 5, kHistory = 640;
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<std::vector<uint16_t>> hk(kSeqs), hv(kSeqs);
@@ -382,7 +402,7 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
         j.lse = (side == 0 ? lg : lc).data() + i * q_heads;
       }
     }
-    (*cuda)->Attend(absl::MakeSpan(ag));
+    cuda->Attend(absl::MakeSpan(ag));
     cpu->Attend(absl::MakeSpan(ac));
     double diff = 0, norm = 0;
     for (size_t i = 0; i < og.size(); ++i) {
@@ -414,34 +434,14 @@ TEST(CudaBackend, WindowCacheFollowsGrowingAndMovingWindows) {
 // segments): the CPU backend's answers at both steps.
 TEST(CudaBackend, WindowUploadsSpanningManyRounds) {
   SKIP_WITHOUT_GPU();
-  DQuantConfig cfg;
-  cfg.kv_heads = 4;
-  cfg.head_dim = 128;
-  auto codec = DQuantCodec::Create(cfg);
-  ASSERT_TRUE(codec.ok());
-  DQuantCodec c = *codec;
-  const int n = c.n(), P = cfg.mean_window, q_heads = 8, d = 128;
   constexpr int kSeqs = 96;
-  auto pool = PagePool::Create(c.page_layout(), 8ull * 40000);
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  const size_t slot_bytes = static_cast<size_t>(gpu::kMaxWindow) * n * 2;
-  auto cuda = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kSeqs * 2 * slot_bytes);
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
-  auto r = (*pool)->Reserve(1);
-  ASSERT_TRUE(r.ok());
-  const std::vector<PageId> pages = *r;
   std::mt19937_64 rng(17);
-  {
-    std::vector<float> k, v;
-    gpu::RandomKv(P, c.config().kv_heads, c.config().head_dim, &rng, &k, &v);
-    EncodeJob j;
-    j.keys = k.data();
-    j.values = v.data();
-    j.page = pages[0];
-    std::vector<EncodeJob> js = {j};
-    ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(js)).ok());
-  }
+  SharedPage sp;
+  ASSERT_NO_FATAL_FAILURE(MakeSharedPage(kSeqs, &rng, &sp));
+  const int n = sp.codec->n(), q_heads = 8, d = 128;
+  const std::vector<PageId>& pages = sp.pages;
+  Backend* cuda = sp.cuda.get();
+  Backend* cpu = sp.cpu.get();
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<std::vector<uint16_t>> hk(kSeqs), hv(kSeqs);
   std::vector<int64_t> count(kSeqs);
@@ -475,9 +475,9 @@ TEST(CudaBackend, WindowUploadsSpanningManyRounds) {
     if (step == 0) {
       // Half the windows put on the device beforehand (Prefetch): the
       // Attend must find them there, the others it uploads itself.
-      ASSERT_TRUE((*cuda)->CacheWindows(absl::MakeConstSpan(ag).subspan(0, kSeqs / 2)).ok());
+      ASSERT_TRUE(cuda->CacheWindows(absl::MakeConstSpan(ag).subspan(0, kSeqs / 2)).ok());
     }
-    (*cuda)->Attend(absl::MakeSpan(ag));
+    cuda->Attend(absl::MakeSpan(ag));
     cpu->Attend(absl::MakeSpan(ac));
     for (int s = 0; s < kSeqs; ++s) ASSERT_TRUE(ag[s].status.ok()) << ag[s].status;
     for (int s = 0; s < kSeqs; ++s) {
