@@ -2,6 +2,7 @@
 // statuses, the device query, the workspace of split-KV partial states and
 // the check of the page layout the kernels read.
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -56,6 +57,20 @@ Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
 size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
   const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
   return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
+}
+
+cudaError_t EnsureDynamicSmem(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t>* set = new std::map<std::pair<int, const void*>, size_t>();
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& limit = (*set)[{device, kernel}];
+  if (smem <= limit) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e == cudaSuccess) limit = smem;
+  return e;
 }
 
 int SmCount() {

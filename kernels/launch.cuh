@@ -57,14 +57,23 @@ absl::Status DispatchHeadDimGroup(int head_dim, int group, const char* what, Lau
   }
 }
 
+// Raises `kernel`'s dynamic shared memory limit on the current device to
+// at least `smem` bytes, calling the driver only the first time a
+// (device, kernel) pair needs more than before: a decode step launches
+// the same kernels once per layer, and the call is host time in front of
+// the device's work.
+cudaError_t EnsureDynamicSmem(const void* kernel, size_t smem);
+
 // Sets the kernel's dynamic shared memory limit to `smem` and launches it.
 template <typename Args>
 absl::Status LaunchKernel(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
                           const char* what, const Args& args) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("cudaFuncSetAttribute(", what, ")").c_str());
   kernel<<<grid, threads, smem, stream>>>(args);
-  return CudaStatus(cudaGetLastError(), absl::StrCat(what, " launch").c_str());
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat(what, " launch").c_str());
+  return absl::OkStatus();
 }
 
 // The merge of the splits' partial states in `ws` into out_dev / lse_dev
