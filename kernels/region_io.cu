@@ -16,8 +16,9 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-// Blocks per item: keeps enough loads in flight for 4K-element queries.
-constexpr int kBlocksPerItem = 4;
+// Blocks per item (kGatherBlocks): keeps enough loads in flight for
+// 4K-element queries.
+constexpr int kBlocksPerItem = kGatherBlocks;
 
 __device__ __forceinline__ float LoadAsFloat(const void* p, int i, int dtype) {
   switch (dtype) {
@@ -49,10 +50,6 @@ __global__ void CopySegmentsKernel(CopySegmentsParams p) {
   }
 }
 
-__global__ void ResetBad(int32_t* bad, int items) {
-  for (int i = threadIdx.x; i < items; i += blockDim.x) bad[i] = kNoBadElement;
-}
-
 __device__ __forceinline__ bool Aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
@@ -82,6 +79,7 @@ __global__ void GatherKernel(GatherParams p) {
   const RegionIoItem io = p.items_dev[blockIdx.y];
   float* dst = p.dst_dev == nullptr ? nullptr : p.dst_dev + static_cast<size_t>(io.row) * p.stride;
   const int per = io.src_dtype == kRegionF32 ? 4 : 8;  // elements per 16 bytes
+  int32_t bad = kNoBadElement;                         // this thread's lowest
   if (Aligned16(io.src) && (dst == nullptr || Aligned16(dst)) && io.elements % per == 0) {
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < io.elements / per; c += gridDim.x * blockDim.x) {
       float x[8];
@@ -91,22 +89,24 @@ __global__ void GatherKernel(GatherParams p) {
         d[0] = make_float4(x[0], x[1], x[2], x[3]);
         if (per == 8) d[1] = make_float4(x[4], x[5], x[6], x[7]);
       }
-      if (p.bad_dev != nullptr) {
-        for (int k = 0; k < per; ++k) {
-          if (!isfinite(x[k])) {
-            atomicMin(p.bad_dev + blockIdx.y, c * per + k);
-            break;
-          }
-        }
+      for (int k = per - 1; k >= 0; --k) {
+        if (!isfinite(x[k])) bad = min(bad, c * per + k);
       }
     }
-    return;
+  } else {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < io.elements; i += gridDim.x * blockDim.x) {
+      const float x = LoadAsFloat(io.src, i, io.src_dtype);
+      if (dst != nullptr) dst[i] = x;
+      if (!isfinite(x)) bad = min(bad, i);
+    }
   }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < io.elements; i += gridDim.x * blockDim.x) {
-    const float x = LoadAsFloat(io.src, i, io.src_dtype);
-    if (dst != nullptr) dst[i] = x;
-    if (p.bad_dev != nullptr && !isfinite(x)) atomicMin(p.bad_dev + blockIdx.y, i);
-  }
+  if (p.bad_dev == nullptr) return;
+  __shared__ int32_t block_bad;
+  if (threadIdx.x == 0) block_bad = kNoBadElement;
+  __syncthreads();
+  if (bad != kNoBadElement) atomicMin(&block_bad, bad);
+  __syncthreads();
+  if (threadIdx.x == 0) p.bad_dev[blockIdx.y * kGatherBlocks + blockIdx.x] = block_bad;
 }
 
 __global__ void ScatterKernel(ScatterParams p) {
@@ -156,7 +156,6 @@ absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream) {
   if (p.items <= 0 || p.items > 65535 || p.stride <= 0 || p.items_dev == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("gather of ", p.items, " items, rows of ", p.stride));
   }
-  if (p.bad_dev != nullptr && !p.bad_ready) ResetBad<<<1, 256, 0, stream>>>(p.bad_dev, p.items);
   GatherKernel<<<dim3(kBlocksPerItem, p.items), kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "gather launch");
 }

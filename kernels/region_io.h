@@ -44,15 +44,24 @@ struct GatherParams {
   int items = 0;
   int stride = 0;            // elements per row of dst_dev
   float* dst_dev = nullptr;  // rows [row][stride] f32; null: check only
-  // [items] int32, optional: the launcher fills them with kNoBadElement
-  // (unless bad_ready: the caller's upload already did), then each is
-  // atomicMin'd with the index of a non-finite element of its item; read
-  // them after the stream synchronises.
+  // [items][kGatherBlocks] int32, optional: block b of item i stores at
+  // [i][b] the lowest index of a non-finite element among those it read
+  // (kNoBadElement: none). Every flag is written by a plain store, so
+  // nothing resets them before a launch and they may lie in pinned host
+  // memory (the device writes them there directly, no copy back); read
+  // them with GatherBad after the stream synchronised.
   int32_t* bad_dev = nullptr;
-  bool bad_ready = false;
 };
+constexpr int kGatherBlocks = 4;
 constexpr int32_t kNoBadElement = 0x7fffffff;
 absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream);
+// The lowest non-finite index of item `item` (kNoBadElement: none) in
+// flags a gather wrote.
+inline int32_t GatherBad(const int32_t* bad, int item) {
+  int32_t m = kNoBadElement;
+  for (int b = 0; b < kGatherBlocks; ++b) m = bad[item * kGatherBlocks + b] < m ? bad[item * kGatherBlocks + b] : m;
+  return m;
+}
 
 struct ScatterParams {
   const RegionIoItem* items_dev = nullptr;  // [items], device memory

@@ -34,11 +34,23 @@ absl::StatusOr<const gpu::RegionIoItem*> ClientIo::Upload(const std::vector<gpu:
   return items_dev_.get<const gpu::RegionIoItem>();
 }
 
-absl::StatusOr<size_t> ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride) {
-  gather_.clear();
-  scatter_.clear();
-  checked_.clear();
-  stride_ = stride;
+namespace {
+size_t Align64(size_t b) {
+  return (b + 63) & ~static_cast<size_t>(63);
+}
+}  // namespace
+
+size_t ClientLaunch::bytes() const {
+  if (gather.empty() && scatter.empty()) return 0;
+  return scatter_at + scatter.size() * sizeof(gpu::RegionIoItem);
+}
+
+absl::Status ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride, ClientLaunch* launch) {
+  launch->gather.clear();
+  launch->scatter.clear();
+  launch->checked.clear();
+  launch->stride = stride;
+  bool check = false;
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].query_dev != nullptr) {
       gpu::RegionIoItem io;
@@ -46,8 +58,9 @@ absl::StatusOr<size_t> ClientIo::Plan(absl::Span<const AttendJob> jobs, int stri
       io.src_dtype = jobs[i].query_dtype;
       io.row = static_cast<int>(i);
       io.elements = stride;
-      gather_.push_back(io);
-      checked_.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
+      launch->gather.push_back(io);
+      launch->checked.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
+      check = check || jobs[i].check_query;
     }
     if (jobs[i].out_dev != nullptr) {
       gpu::RegionIoItem io;
@@ -56,76 +69,61 @@ absl::StatusOr<size_t> ClientIo::Plan(absl::Span<const AttendJob> jobs, int stri
       io.lse = jobs[i].lse_dev;
       io.row = static_cast<int>(i);
       io.elements = stride;
-      scatter_.push_back(io);
+      launch->scatter.push_back(io);
     }
   }
-  check_ = std::any_of(checked_.begin(), checked_.end(), [](int j) { return j >= 0; });
-  if (!check_) checked_.clear();
-  auto align = [](size_t b) { return (b + 63) & ~static_cast<size_t>(63); };
-  scatter_at_ = align(gather_.size() * sizeof(gpu::RegionIoItem));
-  bad_at_ = scatter_at_ + align(scatter_.size() * sizeof(gpu::RegionIoItem));
-  const size_t bytes = bad_at_ + (check_ ? gather_.size() * sizeof(int32_t) : 0);
-  if (check_) {
-    absl::Status st = host_query_bad_.Reserve(gather_.size() * sizeof(int32_t));
-    if (!st.ok()) return st;
-  }
-  return gather_.empty() && scatter_.empty() ? 0 : bytes;
+  if (!check) launch->checked.clear();
+  launch->scatter_at = Align64(launch->gather.size() * sizeof(gpu::RegionIoItem));
+  if (!check) return absl::OkStatus();
+  return host_query_bad_.Reserve(launch->gather.size() * gpu::kGatherBlocks * sizeof(int32_t));
 }
 
 absl::StatusOr<size_t> ClientIo::Warm(int items) {
   const size_t n = static_cast<size_t>(items);
-  absl::Status st = host_query_bad_.Reserve(n * sizeof(int32_t));
+  absl::Status st = host_query_bad_.Reserve(n * gpu::kGatherBlocks * sizeof(int32_t));
   if (!st.ok()) return st;
-  auto align = [](size_t b) { return (b + 63) & ~static_cast<size_t>(63); };
-  return 2 * align(n * sizeof(gpu::RegionIoItem)) + n * sizeof(int32_t);
+  return Align64(n * sizeof(gpu::RegionIoItem)) + n * sizeof(gpu::RegionIoItem);
 }
 
-void ClientIo::Stage(uint8_t* host) const {
-  if (!gather_.empty()) std::memcpy(host, gather_.data(), gather_.size() * sizeof(gpu::RegionIoItem));
-  if (!scatter_.empty()) std::memcpy(host + scatter_at_, scatter_.data(), scatter_.size() * sizeof(gpu::RegionIoItem));
-  if (check_) {
-    int32_t* bad = reinterpret_cast<int32_t*>(host + bad_at_);
-    std::fill(bad, bad + gather_.size(), gpu::kNoBadElement);
+void ClientIo::Stage(const ClientLaunch& launch, uint8_t* host) {
+  if (!launch.gather.empty()) {
+    std::memcpy(host, launch.gather.data(), launch.gather.size() * sizeof(gpu::RegionIoItem));
+  }
+  if (!launch.scatter.empty()) {
+    std::memcpy(host + launch.scatter_at, launch.scatter.data(), launch.scatter.size() * sizeof(gpu::RegionIoItem));
   }
 }
 
-absl::Status ClientIo::GatherQueries(uint8_t* dev, float* query_dev, cudaStream_t stream) {
-  if (gather_.empty()) return absl::OkStatus();
+absl::Status ClientIo::GatherQueries(const ClientLaunch& launch, const uint8_t* dev, float* query_dev,
+                                     cudaStream_t stream) {
+  if (launch.gather.empty()) return absl::OkStatus();
   gpu::GatherParams p;
   p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev);
-  p.items = static_cast<int>(gather_.size());
-  p.stride = stride_;
+  p.items = static_cast<int>(launch.gather.size());
+  p.stride = launch.stride;
   p.dst_dev = query_dev;
-  if (check_) {
-    // The flags were uploaded set (Stage): no launch resets them.
-    p.bad_dev = reinterpret_cast<int32_t*>(dev + bad_at_);
-    p.bad_ready = true;
-  }
-  absl::Status st = gpu::LaunchGather(p, stream);
-  if (st.ok() && check_) {
-    st = Cuda(cudaMemcpyAsync(host_query_bad_.get<void>(), dev + bad_at_, gather_.size() * sizeof(int32_t),
-                              cudaMemcpyDeviceToHost, stream),
-              "download query checks");
-  }
-  return st;
+  // Pinned host memory, which the device addresses: the flags need no copy
+  // back.
+  if (!launch.checked.empty()) p.bad_dev = host_query_bad_.get<int32_t>();
+  return gpu::LaunchGather(p, stream);
 }
 
-void ClientIo::FinishQueryChecks(absl::Span<AttendJob> jobs) {
+void ClientIo::FinishQueryChecks(const ClientLaunch& launch, absl::Span<AttendJob> jobs) const {
   const int32_t* bad = host_query_bad_.get<int32_t>();
-  for (size_t k = 0; k < checked_.size(); ++k) {
-    if (checked_[k] < 0) continue;
-    jobs[checked_[k]].query_bad = bad[k] == gpu::kNoBadElement ? -1 : bad[k];
+  for (size_t k = 0; k < launch.checked.size(); ++k) {
+    if (launch.checked[k] < 0) continue;
+    const int32_t b = gpu::GatherBad(bad, static_cast<int>(k));
+    jobs[launch.checked[k]].query_bad = b == gpu::kNoBadElement ? -1 : b;
   }
-  checked_.clear();
 }
 
-absl::Status ClientIo::ScatterOutputs(const uint8_t* dev, int q_heads, const float* out_dev, const float* lse_dev,
-                                      cudaStream_t stream) {
-  if (scatter_.empty()) return absl::OkStatus();
+absl::Status ClientIo::ScatterOutputs(const ClientLaunch& launch, const uint8_t* dev, int q_heads, const float* out_dev,
+                                      const float* lse_dev, cudaStream_t stream) {
+  if (launch.scatter.empty()) return absl::OkStatus();
   gpu::ScatterParams p;
-  p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev + scatter_at_);
-  p.items = static_cast<int>(scatter_.size());
-  p.stride = stride_;
+  p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev + launch.scatter_at);
+  p.items = static_cast<int>(launch.scatter.size());
+  p.stride = launch.stride;
   p.q_heads = q_heads;
   p.out_dev = out_dev;
   p.lse_dev = lse_dev;
@@ -168,8 +166,7 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
   absl::Status st = rows_dev_.Reserve(std::max<size_t>(wanted, 1) * row_bytes);
   if (st.ok()) st = host_rows_.Reserve(std::max<size_t>(wanted, 1) * row_bytes);
-  if (st.ok()) st = bad_dev_.Reserve(n * sizeof(int32_t));
-  if (st.ok()) st = host_bad_.Reserve(n * sizeof(int32_t));
+  if (st.ok()) st = host_bad_.Reserve(n * gpu::kGatherBlocks * sizeof(int32_t));
   if (!st.ok()) return st;
   absl::StatusOr<const gpu::RegionIoItem*> dev = Upload(items, stream);
   if (!dev.ok()) return dev.status();
@@ -179,7 +176,7 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
     p.items = static_cast<int>(wanted);
     p.stride = stride;
     p.dst_dev = rows_dev_.get<float>();
-    p.bad_dev = bad_dev_.get<int32_t>();
+    p.bad_dev = host_bad_.get<int32_t>();  // pinned: no copy back
     st = gpu::LaunchGather(p, stream);
   }
   if (st.ok() && wanted < n) {
@@ -188,13 +185,8 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
     p.items = static_cast<int>(n - wanted);
     p.stride = 1;  // nothing is written
     p.dst_dev = nullptr;
-    p.bad_dev = bad_dev_.get<int32_t>() + wanted;
+    p.bad_dev = host_bad_.get<int32_t>() + wanted * gpu::kGatherBlocks;
     st = gpu::LaunchGather(p, stream);
-  }
-  if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(host_bad_.get<void>(), bad_dev_.get<void>(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                              stream),
-              "download client tensor checks");
   }
   if (st.ok() && wanted > 0) {
     st = Cuda(cudaMemcpyAsync(host_rows_.get<void>(), rows_dev_.get<void>(), wanted * row_bytes, cudaMemcpyDeviceToHost,
@@ -206,7 +198,8 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
   const int32_t* bad = host_bad_.get<int32_t>();
   for (size_t k = 0; k < n; ++k) {
     ClientRead& r = reads[order[k]];
-    r.bad = bad[k] == gpu::kNoBadElement ? -1 : bad[k];
+    const int32_t b = gpu::GatherBad(bad, static_cast<int>(k));
+    r.bad = b == gpu::kNoBadElement ? -1 : b;
     if (k < wanted) {
       std::memcpy(r.host, host_rows_.get<uint8_t>() + k * row_bytes, static_cast<size_t>(r.elements) * sizeof(float));
     }

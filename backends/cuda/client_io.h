@@ -20,6 +20,21 @@
 namespace driftkv {
 namespace cuda_backend {
 
+// One launch's client tensors, as ClientIo::Plan lists them: the
+// gather's and the scatter's items and which jobs' queries are checked.
+// A value, so that a launch plan the device keeps (launch_plans.h) keeps
+// its own.
+struct ClientLaunch {
+  std::vector<gpu::RegionIoItem> gather, scatter;
+  // checked[k]: the job whose query gathered item k is, when checked (-1:
+  // not checked); empty when no query is checked.
+  std::vector<int> checked;
+  int stride = 0;
+  size_t scatter_at = 0;  // byte offset of the scatter's items in the lists
+  // Bytes the lists take in the launch's staging upload (0: none).
+  size_t bytes() const;
+};
+
 class ClientIo {
  public:
   // Whether any job reads its query from, or writes its output to, client
@@ -30,30 +45,30 @@ class ClientIo {
   static bool AllOutputs(absl::Span<const AttendJob> jobs);
 
   // An Attend launch's client tensors, in steps that add no device call
-  // of their own but the two launches and one copy of the check flags:
-  //  1. Plan lists them (the gather's and the scatter's items, and the
-  //     query check flags) and returns the bytes they take in the launch's
-  //     staging upload (0: none), its host buffers sized;
-  //  2. Stage writes them at `host` in the staging buffer, the flags set
-  //     to kNoBadElement, so that the launch's one upload carries them;
+  // of their own but the two launches:
+  //  1. Plan lists them (the gather's and the scatter's items, and which
+  //     queries are checked) into `launch`, and sizes the check flags;
+  //  2. Stage writes the lists at `host` in the staging buffer, so that
+  //     the launch's one upload carries them;
   //  3. GatherQueries queues the copy of every client query into row i of
   //     query_dev (f32, rows of `stride` floats), checking those of jobs
-  //     with check_query on the way (their flags come back on the stream:
-  //     after it synchronised, FinishQueryChecks sets their query_bad);
-  //     ScatterOutputs queues the copy of row i of out_dev / lse_dev to
-  //     every job with a client output. `dev` is the device address of
-  //     what Stage wrote. The jobs' pointers must stay valid until the
-  //     stream has run them.
-  absl::StatusOr<size_t> Plan(absl::Span<const AttendJob> jobs, int stride);
-  // Sizes Plan's host buffers for launches of up to `items` client tensors
+  //     with check_query on the way: the gather stores its flags straight
+  //     into pinned host memory, and after the stream synchronised
+  //     FinishQueryChecks sets their query_bad. ScatterOutputs queues the
+  //     copy of row i of out_dev / lse_dev to every job with a client
+  //     output. `dev` is the device address of what Stage wrote (or of the
+  //     same bytes uploaded by an earlier launch). The jobs' pointers must
+  //     stay valid until the stream has run them.
+  absl::Status Plan(absl::Span<const AttendJob> jobs, int stride, ClientLaunch* launch);
+  // Sizes the check flags for launches of up to `items` client tensors
   // each way, all checked, and returns what such a launch takes in the
   // staging upload.
   absl::StatusOr<size_t> Warm(int items);
-  void Stage(uint8_t* host) const;
-  absl::Status GatherQueries(uint8_t* dev, float* query_dev, cudaStream_t stream);
-  void FinishQueryChecks(absl::Span<AttendJob> jobs);
-  absl::Status ScatterOutputs(const uint8_t* dev, int q_heads, const float* out_dev, const float* lse_dev,
-                              cudaStream_t stream);
+  static void Stage(const ClientLaunch& launch, uint8_t* host);
+  absl::Status GatherQueries(const ClientLaunch& launch, const uint8_t* dev, float* query_dev, cudaStream_t stream);
+  void FinishQueryChecks(const ClientLaunch& launch, absl::Span<AttendJob> jobs) const;
+  static absl::Status ScatterOutputs(const ClientLaunch& launch, const uint8_t* dev, int q_heads, const float* out_dev,
+                                     const float* lse_dev, cudaStream_t stream);
   // Backend::ReadClientTensors: the tensors wanted on the host gathered
   // into packed rows and copied back in one copy, the others only checked;
   // one synchronisation of `stream`.
@@ -65,17 +80,11 @@ class ClientIo {
   absl::StatusOr<const gpu::RegionIoItem*> Upload(const std::vector<gpu::RegionIoItem>& items, cudaStream_t stream);
   PinnedScratch host_items_;
   Scratch items_dev_;
-  Scratch rows_dev_, bad_dev_;
-  // The launch in flight (Plan): its items, where Stage puts them, and
-  // the query checks: checked_[k] is the job behind gathered item k (-1:
-  // not checked).
-  std::vector<gpu::RegionIoItem> gather_, scatter_;
-  int stride_ = 0;
-  size_t scatter_at_ = 0, bad_at_ = 0;
-  bool check_ = false;
-  std::vector<int> checked_;
-  PinnedScratch host_query_bad_;
-  PinnedScratch host_rows_, host_bad_;
+  Scratch rows_dev_;
+  // The gathers' check flags ([items][kGatherBlocks]), pinned: the device
+  // stores them here.
+  PinnedScratch host_query_bad_, host_bad_;
+  PinnedScratch host_rows_;
 };
 
 }  // namespace cuda_backend

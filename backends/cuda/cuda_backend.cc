@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "backends/cuda/client_io.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
+#include "backends/cuda/launch_plans.h"
 #include "backends/cuda/stage_timer.h"
 #include "backends/cuda/window_cache.h"
 #include "backends/cuda/window_upload.h"
@@ -68,6 +70,15 @@ struct StagingLayout {
   }
   size_t table, client, query, window_keys, window_values, bytes;
 };
+
+// Launch plans kept on the device (launch_plans.h): 128, or
+// DRIFTKV_KEPT_PLANS (0: none, every launch uploads its plan; a probe for
+// side-by-side measurements, not a setting to serve with).
+int KeptPlanCapacity() {
+  const char* v = std::getenv("DRIFTKV_KEPT_PLANS");
+  if (v == nullptr || *v == '\0') return 128;
+  return std::max(0, std::min(4096, std::atoi(v)));
+}
 
 // A staging buffer in device memory (DEVICE INGEST in backends/backend.h).
 struct DeviceStaging : StagingBuffer {
@@ -783,14 +794,101 @@ class CudaBackend : public Backend {
   absl::Status AttendRun(absl::Span<AttendJob> jobs) {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
-    absl::Status st = AttendRunLocked(jobs);
+    const int kept = plans_.Find(jobs);
+    absl::Status st =
+        kept >= 0 && windows_.Keep(jobs, kept_[kept].slot_of) ? AttendKept(jobs, kept_[kept]) : AttendPlanned(jobs);
     // A failure may come after window slots were planned and before their
-    // tokens arrived: forget the cache rather than trust it.
-    if (!st.ok()) windows_.Invalidate();
+    // tokens arrived, or after a plan was recorded and before it reached
+    // the device: forget both rather than trust them.
+    if (!st.ok()) {
+      windows_.Invalidate();
+      plans_.Clear();
+    }
     return st;
   }
 
-  absl::Status AttendRunLocked(absl::Span<AttendJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Where a launch's inputs lie on the device.
+  struct LaunchInputs {
+    const uint8_t* plan = nullptr;  // StagingLayout's [0, window_keys): items' arrays, page table, client lists
+    const StagingLayout* layout = nullptr;
+    const cuda_backend::ClientLaunch* client = nullptr;
+    const uint8_t* window_keys = nullptr;
+    const uint8_t* window_values = nullptr;
+    float* query = nullptr;  // the query rows
+    int max_pages = 0;
+  };
+
+  // A launch plan kept on the device (launch_plans.h): the bytes of a
+  // launch's StagingLayout up to its windows, and what the launch needs
+  // besides them.
+  struct KeptPlan {
+    Scratch dev;
+    StagingLayout layout{0, 0, 0, 0, 0, 1};
+    cuda_backend::ClientLaunch client;
+    std::vector<int> slot_of;
+    int max_pages = 0;
+  };
+
+  // Host queries into the staging's query rows, each checked as it is
+  // staged when asked (the gather checks those it reads in client memory).
+  static void StageHostQueries(absl::Span<AttendJob> jobs, size_t row_floats, uint8_t* rows) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].query_dev != nullptr) continue;
+      std::memcpy(rows + i * row_floats * 4, jobs[i].query, sizeof(float) * row_floats);
+      if (jobs[i].check_query) jobs[i].query_bad = FirstNonFinite(jobs[i].query, v1::DTYPE_F32, row_floats);
+    }
+  }
+
+  // The output buffers and workspace of a launch of these jobs.
+  absl::Status ReserveOutputs(int items, int q_heads, int max_pages, size_t stage_bytes) {
+    const size_t qsz = static_cast<size_t>(items) * q_heads * layout_.head_dim;
+    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
+    absl::Status st = a_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = host_stage_.Reserve(stage_bytes);
+    if (st.ok()) st = a_out_.Reserve(out_bytes);
+    if (st.ok()) st = host_out_.Reserve(out_bytes);
+    if (st.ok())
+      st = a_ws_.Reserve(gpu::AttentionWorkspaceBytes(items, q_heads, layout_.head_dim, std::max(max_pages, 1)));
+    return st;
+  }
+
+  // A launch whose plan the device already holds: only host queries go
+  // up, and the window slots it names were checked by WindowCache::Keep.
+  absl::Status AttendKept(absl::Span<AttendJob> jobs, const KeptPlan& kept) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const StagingLayout& stage = kept.layout;
+    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads;
+    absl::Status st = ReserveOutputs(items, q_heads, kept.max_pages, stage.bytes);
+    if (!st.ok()) return st;
+    uint8_t* h = host_stage_.get<uint8_t>();
+    uint8_t* dstage = a_stage_.get<uint8_t>();
+    const bool host_queries = !cuda_backend::ClientIo::AllQueries(jobs);
+    if (host_queries) StageHostQueries(jobs, static_cast<size_t>(q_heads) * layout_.head_dim, h + stage.query);
+    AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
+    timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
+    if (host_queries) {
+      st = Cuda(cudaMemcpyAsync(dstage + stage.query, h + stage.query, stage.bytes - stage.query,
+                                cudaMemcpyHostToDevice, stream_),
+                "upload queries");
+    }
+    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
+    LaunchInputs in;
+    in.plan = kept.dev.get<uint8_t>();
+    in.layout = &stage;
+    in.client = &kept.client;
+    in.window_keys = windows_.keys_dev();
+    in.window_values = windows_.values_dev();
+    in.query = reinterpret_cast<float*>(dstage + stage.query);
+    in.max_pages = kept.max_pages;
+    if (st.ok()) st = client_io_.GatherQueries(*in.client, in.plan + stage.client, in.query, stream_);
+    if (!st.ok()) return st;
+    return RunAttention(jobs, in);
+  }
+
+  // A launch planned from its jobs. When its windows are all on the device
+  // already, its plan is recorded and uploaded into a kept plan's memory
+  // (the queries, when on the host, into the staging), so that the next
+  // launch of the same jobs finds it (AttendKept).
+  absl::Status AttendPlanned(absl::Span<AttendJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
     const int P = pool_.page_tokens();
     // Per-call arrays, kept in members for their capacity.
@@ -853,21 +951,14 @@ class CudaBackend : public Backend {
       }
     }
     const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    // Client tensors' item lists and check flags travel in the same upload.
-    absl::StatusOr<size_t> planned = client_io_.Plan(jobs, q_heads * d);
-    if (!planned.ok()) return planned.status();
-    const size_t client_bytes = *planned;
-    const StagingLayout stage(items, table.size(), client_bytes, qsz, total_w, n);
+    // Client tensors' item lists travel in the same upload.
+    absl::Status st = client_io_.Plan(jobs, q_heads * d, &client_launch_);
+    if (!st.ok()) return st;
+    const StagingLayout stage(items, table.size(), client_launch_.bytes(), qsz, total_w, n);
     const size_t off_table = stage.table, off_client = stage.client, off_query = stage.query,
                  off_wk = stage.window_keys;
     const size_t off_wv = stage.window_values, stage_bytes = stage.bytes;
-    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
-    const size_t ws_bytes = gpu::AttentionWorkspaceBytes(items, q_heads, d, std::max(max_pages, 1));
-    absl::Status st = a_stage_.Reserve(stage_bytes);
-    if (st.ok()) st = host_stage_.Reserve(stage_bytes);
-    if (st.ok()) st = a_out_.Reserve(out_bytes);
-    if (st.ok()) st = host_out_.Reserve(out_bytes);
-    if (st.ok()) st = a_ws_.Reserve(ws_bytes);
+    st = ReserveOutputs(items, q_heads, max_pages, stage_bytes);
     if (!st.ok()) return st;
     uint8_t* h = host_stage_.get<uint8_t>();
     int32_t* hs = reinterpret_cast<int32_t*>(h);
@@ -877,34 +968,59 @@ class CudaBackend : public Backend {
     std::memcpy(hs + 3 * items, layers.data(), items * 4);
     std::memcpy(hs + 4 * items, wstart.data(), items * 4);
     std::memcpy(h + off_table, table.data(), table.size() * 4);
-    if (client_bytes > 0) client_io_.Stage(h + off_client);
-    for (int i = 0; i < items; ++i) {
-      if (jobs[i].query_dev == nullptr) {
-        std::memcpy(h + off_query + static_cast<size_t>(i) * q_heads * d * 4, jobs[i].query,
-                    sizeof(float) * q_heads * d);
-        // A host query: checked here, as it is staged (the gather checks
-        // those it reads in client memory).
-        if (jobs[i].check_query) {
-          jobs[i].query_bad = FirstNonFinite(jobs[i].query, v1::DTYPE_F32, static_cast<size_t>(q_heads) * d);
-        }
-      }
+    cuda_backend::ClientIo::Stage(client_launch_, h + off_client);
+    StageHostQueries(jobs, static_cast<size_t>(q_heads) * d, h + off_query);
+    for (int i = 0; !cached && i < items; ++i) {
       const size_t wn = static_cast<size_t>(wtok[i]) * n;
-      if (!cached && wn > 0) {
-        std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
-        std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
-      }
+      if (wn == 0) continue;
+      std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
+      std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
     }
     if (staged_uploads) window_upload_.Pack(jobs, uploads, h + off_wk);
     uint8_t* dstage = a_stage_.get<uint8_t>();
-    // Every query in client memory: the query rows are gathered below.
-    const size_t used = cuda_backend::ClientIo::AllQueries(jobs) ? off_query : stage_bytes;
+    const bool host_queries = !cuda_backend::ClientIo::AllQueries(jobs);
+    // A plan worth keeping: every window already in its slot.
+    KeptPlan* kept = nullptr;
+    if (cached && uploads.empty()) {
+      const int e = plans_.Record(jobs);
+      if (e >= 0) {
+        kept = &kept_[e];
+        st = kept->dev.Reserve(off_wk);
+        if (!st.ok()) {
+          plans_.Forget(e);
+          return st;
+        }
+        kept->layout = stage;
+        kept->client = client_launch_;
+        kept->slot_of = slot_of;
+        kept->max_pages = max_pages;
+      }
+    }
+    const uint8_t* plan_dev = kept != nullptr ? kept->dev.get<uint8_t>() : dstage;
     AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
     timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
-    st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
-    if (st.ok()) {
-      st = client_io_.GatherQueries(dstage + off_client, reinterpret_cast<float*>(dstage + off_query), stream_);
+    if (kept != nullptr) {
+      st = Cuda(cudaMemcpyAsync(kept->dev.get<void>(), h, off_wk, cudaMemcpyHostToDevice, stream_), "upload plan");
+      if (st.ok() && host_queries) {
+        st = Cuda(cudaMemcpyAsync(dstage + off_query, h + off_query, stage_bytes - off_query, cudaMemcpyHostToDevice,
+                                  stream_),
+                  "upload queries");
+      }
+    } else {
+      // Every query in client memory: the query rows are gathered below.
+      const size_t used = host_queries ? stage_bytes : off_query;
+      st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
     }
+    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
+    LaunchInputs in;
+    in.plan = plan_dev;
+    in.layout = &stage;
+    in.client = &client_launch_;
+    in.window_keys = cached ? windows_.keys_dev() : dstage + off_wk;
+    in.window_values = cached ? windows_.values_dev() : dstage + off_wv;
+    in.query = reinterpret_cast<float*>(dstage + off_query);
+    in.max_pages = max_pages;
+    if (st.ok()) st = client_io_.GatherQueries(client_launch_, plan_dev + off_client, in.query, stream_);
     if (!st.ok()) return st;
     // A failure here leaves slots without their tokens: AttendRun forgets
     // the cache.
@@ -914,23 +1030,32 @@ class CudaBackend : public Backend {
       st = window_upload_.Upload(jobs, uploads, windows_, stream_);
     }
     if (!st.ok()) return st;
+    return RunAttention(jobs, in);
+  }
+
+  // The attention kernels of a launch whose inputs are queued (`in`), its
+  // outputs to the client or back to the host, and the wait for them.
+  absl::Status RunAttention(absl::Span<AttendJob> jobs, const LaunchInputs& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim;
+    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
+    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
     timer_.Mark(cuda_backend::StageTimer::kInputsDone, stream_);
-    int32_t* small = reinterpret_cast<int32_t*>(dstage);
+    const int32_t* small = reinterpret_cast<const int32_t*>(in.plan);
     const bool hot = jobs[0].hot;
     if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
     // One batch for whichever kernel the pages need.
     gpu::AttentionBatch batch;
     batch.items = items;
     batch.q_heads = q_heads;
-    batch.max_pages = max_pages;
-    batch.page_table_dev = reinterpret_cast<const int32_t*>(dstage + off_table);
+    batch.max_pages = in.max_pages;
+    batch.page_table_dev = reinterpret_cast<const int32_t*>(in.plan + in.layout->table);
     batch.page_start_dev = small;
     batch.tokens_dev = small + items;
     batch.window_tokens_dev = small + 2 * items;
     batch.window_start_dev = small + 4 * items;
-    batch.window_k_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.keys_dev() : dstage + off_wk);
-    batch.window_v_dev = reinterpret_cast<const uint16_t*>(cached ? windows_.values_dev() : dstage + off_wv);
-    batch.query_dev = reinterpret_cast<const float*>(dstage + off_query);
+    batch.window_k_dev = reinterpret_cast<const uint16_t*>(in.window_keys);
+    batch.window_v_dev = reinterpret_cast<const uint16_t*>(in.window_values);
+    batch.query_dev = in.query;
     batch.softmax_scale = jobs[0].softmax_scale;
     batch.out_dev = a_out_.get<float>();
     batch.lse_dev = a_out_.get<float>() + qsz;
@@ -941,6 +1066,7 @@ class CudaBackend : public Backend {
       batch.layer_dev = small + 3 * items;
       batch.values_folded = values_folded_;
     }
+    absl::Status st;
     if (hot) {
       gpu::LevelAttentionParams hp;
       hp.batch = batch;
@@ -958,8 +1084,8 @@ class CudaBackend : public Backend {
     }
     if (!st.ok()) return st;
     timer_.Mark(cuda_backend::StageTimer::kAttentionDone, stream_);
-    st = client_io_.ScatterOutputs(dstage + off_client, q_heads, a_out_.get<float>(), a_out_.get<float>() + qsz,
-                                   stream_);
+    st = cuda_backend::ClientIo::ScatterOutputs(*in.client, in.plan + in.layout->client, q_heads, a_out_.get<float>(),
+                                                a_out_.get<float>() + qsz, stream_);
     if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
       st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
                 "download output");
@@ -971,7 +1097,7 @@ class CudaBackend : public Backend {
     AttendPhaseClock::Mark(AttendPhase::kDeviceWait);
     if (!st.ok()) return st;
     timer_.Collect();
-    client_io_.FinishQueryChecks(jobs);
+    client_io_.FinishQueryChecks(*in.client, jobs);
     for (int i = 0; i < items; ++i) {
       jobs[i].status = absl::OkStatus();
       if (jobs[i].out_dev != nullptr) continue;
@@ -1016,6 +1142,10 @@ class CudaBackend : public Backend {
     std::vector<cuda_backend::WindowCache::Upload> uploads;
   };
   LaunchPlan plan_ ABSL_GUARDED_BY(mu_);
+  cuda_backend::ClientLaunch client_launch_ ABSL_GUARDED_BY(mu_);  // AttendPlanned's
+  // Launch plans kept on the device, entry e's in kept_[e].
+  cuda_backend::LaunchPlans plans_ ABSL_GUARDED_BY(mu_){KeptPlanCapacity()};
+  std::vector<KeptPlan> kept_ ABSL_GUARDED_BY(mu_){static_cast<size_t>(plans_.capacity())};
   PinnedScratch host_stage_, host_out_;
   cuda_backend::StageTimer timer_ ABSL_GUARDED_BY(mu_);
 };

@@ -31,6 +31,25 @@ void WindowCache::Invalidate() {
   ResetFree();
 }
 
+bool WindowCache::Keep(absl::Span<const AttendJob> jobs, absl::Span<const int> slot_of) {
+  if (slots_.empty() || slot_of.size() != jobs.size()) return false;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const AttendJob& j = jobs[i];
+    if (j.window.tokens == 0) continue;
+    const int slot = slot_of[i];
+    if (slot < 0 || slot >= static_cast<int>(slots_.size())) return false;
+    const Slot& w = slots_[slot];
+    if (j.window_id == 0 || w.id != j.window_id || w.first != j.window_first || w.tokens != j.window.tokens) {
+      return false;
+    }
+  }
+  ++launch_;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].window.tokens > 0) slots_[slot_of[i]].last_use = launch_;
+  }
+  return true;
+}
+
 bool WindowCache::Plan(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of, std::vector<Upload>* uploads) {
   if (slots_.empty()) return false;
   ++launch_;

@@ -43,6 +43,11 @@ class WindowCache {
   // new contents are recorded on success, after every item is placed.
   bool Plan(absl::Span<const AttendJob> jobs, std::vector<int>* slot_of, std::vector<Upload>* uploads);
 
+  // Whether every item with a window still finds it whole in slot
+  // slot_of[i] (a plan an earlier launch made: launch_plans.h); if so the
+  // slots count as used by this launch. Nothing changes when not.
+  bool Keep(absl::Span<const AttendJob> jobs, absl::Span<const int> slot_of);
+
   // After a failed upload the slots' contents are unknown: forget them all.
   void Invalidate();
 
