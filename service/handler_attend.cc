@@ -604,8 +604,10 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     kept = nullptr;
     return Run(request, response, tenant, staged, nullptr);
   }
+  bool promoted = false;  // the hot tier ran for this call: its gauges may move
   if (h_.hot_ != nullptr && AnyCold(work)) {
     // Promotion takes the layers' locks itself: the batch's go first.
+    promoted = true;
     locks.Unlock();
     if (absl::Status st = PrepareHotTier(request, work, locks); !st.ok()) return st;
     locks.Lock();
@@ -694,8 +696,9 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   h_.metrics_->attention_tokens->Increment(static_cast<double>(attended));
   h_.metrics_->attention_items->Increment(items);
   // Gauges move when pages or windows changed, or the hot tier may have
-  // promoted this call's layers.
-  if (total_pages > 0 || used > 0 || any_step || h_.hot_ != nullptr) h_.PublishGauges();
+  // promoted this call's layers (moves of its own thread publish their
+  // own).
+  if (total_pages > 0 || used > 0 || any_step || promoted) h_.PublishGauges();
   if (reuse != nullptr && kept == nullptr) reuse->state_ = Keep(work, tenant, &fresh_locks);
   return absl::OkStatus();
 }
