@@ -25,8 +25,7 @@ uint64_t LaunchPlans::Describe(absl::Span<const AttendJob> jobs) {
     it.flags = static_cast<int64_t>(j.query_dtype & 0xff) | static_cast<int64_t>(j.out_dtype & 0xff) << 8 |
                static_cast<int64_t>(j.hot) << 16 | static_cast<int64_t>(j.check_query) << 17;
   }
-  return absl::HashOf(
-      absl::string_view(reinterpret_cast<const char*>(items_.data()), items_.size() * sizeof(Item)));
+  return absl::HashOf(absl::string_view(reinterpret_cast<const char*>(items_.data()), items_.size() * sizeof(Item)));
 }
 
 bool LaunchPlans::PagesEqual(absl::Span<const AttendJob> jobs, const Entry& e) const {

@@ -64,7 +64,8 @@ TEST(LaunchPlansTest, AnyChangeOfAJobIsAnotherPlan) {
   const std::vector<std::pair<const char*, std::function<void(Request*)>>> changes = {
       {"a page id, in place", [](Request* r) { r->pages[5][63] += 1; }},
       {"the first page id", [](Request* r) { r->pages[0][0] = 7; }},
-      {"a page sealed", [](Request* r) {
+      {"a page sealed",
+       [](Request* r) {
          r->pages[9].push_back(424242);
          r->jobs[9].pages = r->pages[9];
        }},
