@@ -91,9 +91,15 @@ absl::Status LaunchBf16Attention(const Bf16AttentionParams& p, cudaStream_t stre
 // Runs the split-KV merge both ways, one block per query head and one per
 // KV head's group, on random partial states and bf16 windows of 0 ..
 // kMaxWindow - 1 tokens (rotated or not); returns how many output and lse
-// floats differ in their bits (tests: 0).
-absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads, int head_dim, int splits,
-                                           bool rotated);
+// floats differ in their bits (tests: 0). With targets (OutputTarget, in
+// device or pinned host memory), the group's blocks and then the
+// per-head blocks again write two items in three to targets (f32 with the
+// lse; bf16 without), which must hold the per-head rows' bits (bf16:
+// rounded as wire/half.h FloatToBf16), leaving those items' rows and an
+// absent lse untouched.
+enum MergeTargets { kMergeTargetsNone, kMergeTargetsDevice, kMergeTargetsHost };
+absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads, int head_dim, int splits, bool rotated,
+                                           MergeTargets targets = kMergeTargetsNone);
 
 // True when a CUDA device is usable (tests print "skipped: no GPU" otherwise).
 bool GpuAvailable();

@@ -39,6 +39,19 @@ constexpr int kPageTokens = 128;
 // kMergeThreads at a time.
 constexpr int kMaxWindow = 256;
 
+// Where an item's answer goes instead of its rows of AttentionBatch's
+// out_dev / lse_dev (memory the device addresses: a client's CUDA IPC
+// buffer, or pinned or page-locked host memory): the output
+// [q_heads][head_dim] at `out` in out_dtype (3: f32; 1: bf16, rounded to
+// nearest even exactly as wire/half.h FloatToBf16), and the lse [q_heads]
+// f32 at `lse` when not null. A null `out`: the rows, as without targets.
+struct OutputTarget {
+  void* out = nullptr;
+  float* lse = nullptr;
+  int32_t out_dtype = 3;
+  int32_t reserved = 0;
+};
+
 struct AttentionBatch {
   int items = 0;      // >= 1
   int q_heads = 0;    // a multiple of the pool's kv_heads
@@ -65,6 +78,9 @@ struct AttentionBatch {
   float softmax_scale = 0.0f;        // host value, usually 1 / sqrt(head_dim)
   float* out_dev = nullptr;          // [items][q_heads][head_dim]
   float* lse_dev = nullptr;          // [items][q_heads]
+  // Optional, [items]: answers written where the client wants them by the
+  // launch's last kernel (the merge), with no launch of their own.
+  const OutputTarget* out_targets_dev = nullptr;
 
   // Split-KV partial states (and, with transforms, the transformed queries):
   // AttentionWorkspaceBytes(items, q_heads, head_dim, max_pages) bytes,

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
+#include "kernels/attention_batch.h"
 
 namespace driftkv {
 namespace gpu {
@@ -53,6 +54,15 @@ __device__ __forceinline__ float WarpSum(float v) {
 
 __device__ __forceinline__ float Bf16ToFloatDev(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// wire/half.h FloatToBf16, bit for bit: round to nearest even, NaN kept
+// quiet.
+__device__ __forceinline__ uint16_t FloatToBf16Dev(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 __device__ __forceinline__ float HalfBitsToFloat(uint16_t h) {
@@ -150,7 +160,8 @@ struct MergeParams {
   float softmax_scale;
   float* out_dev;
   float* lse_dev;
-  bool per_head = false;  // one block per query head even where a group's block applies
+  const OutputTarget* targets_dev = nullptr;  // see AttentionBatch::out_targets_dev
+  bool per_head = false;                      // one block per query head even where a group's block applies
 };
 
 // Splits of the workspace into (m, l, acc) arrays.

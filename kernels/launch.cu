@@ -142,6 +142,7 @@ absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, con
   m.window_v_dev = b.window_v_dev;
   m.window_tokens_dev = b.window_tokens_dev;
   m.window_start_dev = b.window_start_dev;
+  m.targets_dev = b.out_targets_dev;
   return LaunchMerge(m, stream);
 }
 

@@ -166,14 +166,18 @@ TEST(LevelAttentionGpu, DequantisersExhaustive) {
 }
 
 // The merge's block per KV head group against its block per query head:
-// the same bits, with and without the rotation, for GQA 4 and 2.
+// the same bits, with and without the rotation, for GQA 4 and 2, written
+// to the rows or to output targets in device and pinned host memory.
 TEST(LevelAttentionGpu, MergeGroupBlocksMatchPerHeadBlocks) {
   SKIP_WITHOUT_GPU();
   for (const auto& [q_heads, kv_heads, head_dim] : {std::tuple{32, 8, 128}, std::tuple{8, 4, 64}}) {
     for (bool rotated : {false, true}) {
-      absl::StatusOr<int64_t> differ = MergeKernelsDiffer(40, q_heads, kv_heads, head_dim, 5, rotated);
-      ASSERT_TRUE(differ.ok()) << differ.status();
-      EXPECT_EQ(*differ, 0) << q_heads << "/" << kv_heads << " x " << head_dim << (rotated ? " rotated" : "");
+      for (MergeTargets t : {kMergeTargetsNone, kMergeTargetsDevice, kMergeTargetsHost}) {
+        absl::StatusOr<int64_t> differ = MergeKernelsDiffer(40, q_heads, kv_heads, head_dim, 5, rotated, t);
+        ASSERT_TRUE(differ.ok()) << differ.status();
+        EXPECT_EQ(*differ, 0) << q_heads << "/" << kv_heads << " x " << head_dim << (rotated ? " rotated" : "")
+                              << " targets " << t;
+      }
     }
   }
 }

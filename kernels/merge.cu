@@ -9,12 +9,35 @@
 #include "codec/lse_merge.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "wire/half.h"
 
 namespace driftkv {
 namespace gpu {
 namespace {
 
 constexpr int kMergeThreads = 128;
+
+// Head h's answer of item `item`: channel tid's value `o` (tid < head_dim)
+// and, from thread 0, the lse, to the item's output target or its rows.
+__device__ __forceinline__ void StoreAnswer(const MergeParams& p, int item, int h, int tid, float o, float lse) {
+  const int d_count = p.part.head_dim;
+  const size_t row = static_cast<size_t>(item) * p.part.q_heads + h;
+  const OutputTarget* t = p.targets_dev != nullptr ? p.targets_dev + item : nullptr;
+  if (t == nullptr || t->out == nullptr) {
+    if (tid < d_count) p.out_dev[row * d_count + tid] = o;
+    if (tid == 0) p.lse_dev[row] = lse;
+    return;
+  }
+  const size_t at = static_cast<size_t>(h) * d_count + tid;
+  if (tid < d_count) {
+    if (t->out_dtype == 1) {
+      static_cast<uint16_t*>(t->out)[at] = FloatToBf16Dev(o);
+    } else {
+      static_cast<float*>(t->out)[at] = o;
+    }
+  }
+  if (tid == 0 && t->lse != nullptr) t->lse[h] = lse;
+}
 
 struct FastExp {
   __device__ float operator()(float x) const { return __expf(x); }
@@ -142,10 +165,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     }
     m = m2;
   }
-  if (tid < d_count) {
-    p.out_dev[(static_cast<size_t>(item) * p.part.q_heads + h) * d_count + tid] = l > 0.0f ? acc / l : 0.0f;
-  }
-  if (tid == 0) p.lse_dev[static_cast<size_t>(item) * p.part.q_heads + h] = l > 0.0f ? m + logf(l) : kNegInf;
+  StoreAnswer(p, item, h, tid, l > 0.0f ? acc / l : 0.0f, l > 0.0f ? m + logf(l) : kNegInf);
 }
 
 // The same for the G query heads of one KV head (one block per (item, KV
@@ -265,9 +285,8 @@ __global__ void __launch_bounds__(kMergeThreads) MergeGroupKernel(MergeParams p)
   }
 #pragma unroll
   for (int hh = 0; hh < G; ++hh) {
-    const size_t row = static_cast<size_t>(item) * p.part.q_heads + h0 + hh;
-    if (tid < d_count) p.out_dev[row * d_count + tid] = l[hh] > 0.0f ? acc[hh] / l[hh] : 0.0f;
-    if (tid == 0) p.lse_dev[row] = l[hh] > 0.0f ? m[hh] + logf(l[hh]) : kNegInf;
+    StoreAnswer(p, item, h0 + hh, tid, l[hh] > 0.0f ? acc[hh] / l[hh] : 0.0f,
+                l[hh] > 0.0f ? m[hh] + logf(l[hh]) : kNegInf);
   }
 }
 
@@ -291,8 +310,8 @@ absl::Status LaunchMerge(const MergeParams& p, cudaStream_t stream) {
   return CudaStatus(cudaGetLastError(), "merge kernel launch");
 }
 
-absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads, int head_dim, int splits,
-                                           bool rotated) {
+absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads, int head_dim, int splits, bool rotated,
+                                           MergeTargets targets_in) {
   PartialLayout part{items, splits, q_heads, head_dim};
   const size_t ml = static_cast<size_t>(items) * splits * q_heads, accs = ml * head_dim;
   const size_t n = static_cast<size_t>(kv_heads) * head_dim, wtokens = static_cast<size_t>(items) * kMaxWindow;
@@ -333,7 +352,7 @@ absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads,
   alloc(&dl, ml * 4);
   alloc(&dacc, accs * 4);
   alloc(&dq, qsz * 4);
-  alloc(&dout, 2 * outs * 4);
+  alloc(&dout, 3 * outs * 4);
   alloc(&dwk, wk.size() * 2);
   alloc(&dwv, wv.size() * 2);
   alloc(&dwt, items * 4);
@@ -348,8 +367,34 @@ absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads,
   up(dwv, wv.data(), wv.size() * 2);
   up(dwt, wt.data(), items * 4);
   absl::Status st = CudaStatus(e, "merge self-test setup");
-  std::vector<float> out(2 * outs);
-  for (int way = 0; st.ok() && way < 2; ++way) {
+  // Output targets: item i % 3 == 0 f32 with its lse, 1 bf16 without, 2
+  // none (its rows); in device or pinned host memory.
+  const size_t row_floats = static_cast<size_t>(q_heads) * head_dim;
+  std::vector<OutputTarget> targets(items);
+  uint8_t* target_mem = nullptr;
+  const size_t item_bytes = (row_floats + q_heads) * 4;
+  OutputTarget* dtargets = nullptr;
+  if (st.ok() && targets_in != kMergeTargetsNone) {
+    e = targets_in == kMergeTargetsHost ? cudaMallocHost(reinterpret_cast<void**>(&target_mem), items * item_bytes)
+                                        : cudaMalloc(reinterpret_cast<void**>(&target_mem), items * item_bytes);
+    if (e == cudaSuccess) e = cudaMemset(target_mem, 0xff, items * item_bytes);  // NaN bits: untouched
+    for (int i = 0; i < items; ++i) {
+      if (i % 3 == 2) continue;
+      targets[i].out = target_mem + i * item_bytes;
+      targets[i].out_dtype = i % 3 == 0 ? 3 : 1;
+      targets[i].lse = i % 3 == 0 ? reinterpret_cast<float*>(target_mem + i * item_bytes + row_floats * 4) : nullptr;
+    }
+    alloc(&dtargets, items * sizeof(OutputTarget));
+    up(dtargets, targets.data(), items * sizeof(OutputTarget));
+    st = CudaStatus(e, "merge self-test targets");
+  }
+  // Way 0: a block per head, rows; way 1: a block per group; way 2 (with
+  // targets): a block per head again.
+  const int ways = targets_in == kMergeTargetsNone ? 2 : 3;
+  std::vector<float> out(3 * outs);
+  std::vector<uint8_t> first;  // way 1's targets
+  if (st.ok()) st = CudaStatus(cudaMemset(dout, 0xff, 3 * outs * 4), "merge self-test");
+  for (int way = 0; st.ok() && way < ways; ++way) {
     MergeParams p{};
     p.part = part;
     p.m_dev = dm;
@@ -364,18 +409,72 @@ absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads,
     p.softmax_scale = 0.088f;
     p.out_dev = dout + way * outs;
     p.lse_dev = dout + way * outs + qsz;
-    p.per_head = way == 0;
+    p.per_head = way != 1;
+    if (way > 0) p.targets_dev = dtargets;
     st = LaunchMerge(p, nullptr);
+    if (st.ok() && way == 1 && ways == 3) st = CudaStatus(cudaDeviceSynchronize(), "merge self-test");
+    if (st.ok() && way == 1 && ways == 3) {
+      // Way 2 writes the same targets: clear them so that its own writes
+      // are what is compared.
+      first.resize(items * item_bytes);
+      st = CudaStatus(cudaMemcpy(first.data(), target_mem, first.size(), cudaMemcpyDefault), "merge self-test");
+      if (st.ok()) st = CudaStatus(cudaMemset(target_mem, 0xff, items * item_bytes), "merge self-test");
+    }
   }
-  if (st.ok()) st = CudaStatus(cudaMemcpy(out.data(), dout, 2 * outs * 4, cudaMemcpyDeviceToHost), "merge self-test");
-  for (void* p :
-       {static_cast<void*>(dm), static_cast<void*>(dl), static_cast<void*>(dacc), static_cast<void*>(dq),
-        static_cast<void*>(dout), static_cast<void*>(dwk), static_cast<void*>(dwv), static_cast<void*>(dwt)}) {
+  if (st.ok()) st = CudaStatus(cudaMemcpy(out.data(), dout, 3 * outs * 4, cudaMemcpyDeviceToHost), "merge self-test");
+  std::vector<uint8_t> second;
+  if (st.ok() && ways == 3) {
+    second.resize(items * item_bytes);
+    st = CudaStatus(cudaMemcpy(second.data(), target_mem, second.size(), cudaMemcpyDefault), "merge self-test");
+  }
+  for (void* p : {static_cast<void*>(dm), static_cast<void*>(dl), static_cast<void*>(dacc), static_cast<void*>(dq),
+                  static_cast<void*>(dout), static_cast<void*>(dwk), static_cast<void*>(dwv), static_cast<void*>(dwt),
+                  static_cast<void*>(dtargets)}) {
     cudaFree(p);
   }
+  if (target_mem != nullptr) targets_in == kMergeTargetsHost ? cudaFreeHost(target_mem) : cudaFree(target_mem);
   if (!st.ok()) return st;
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+  float untouched;
+  const uint32_t ones = 0xffffffffu;
+  std::memcpy(&untouched, &ones, 4);
   int64_t differ = 0;
-  for (size_t i = 0; i < outs; ++i) differ += std::memcmp(&out[i], &out[outs + i], 4) != 0;
+  for (int way = 1; way < ways; ++way) {
+    const float* got = out.data() + way * outs;
+    const std::vector<uint8_t>& t = way == 1 ? first : second;
+    for (int i = 0; i < items; ++i) {
+      const size_t o = static_cast<size_t>(i) * row_floats, lo = qsz + static_cast<size_t>(i) * q_heads;
+      const bool targeted = ways == 3 && i % 3 != 2;
+      for (size_t k = 0; k < row_floats; ++k) {
+        const float want = out[o + k];
+        if (!targeted) {
+          differ += !same(got[o + k], want);
+          continue;
+        }
+        differ += !same(got[o + k], untouched);  // rows of a targeted item stay as they were
+        if (i % 3 == 0) {
+          float f;
+          std::memcpy(&f, t.data() + i * item_bytes + k * 4, 4);
+          differ += !same(f, want);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, t.data() + i * item_bytes + k * 2, 2);
+          differ += b != FloatToBf16(want);
+        }
+      }
+      for (int h = 0; h < q_heads; ++h) {
+        const float want = out[lo + h];
+        if (!targeted) {
+          differ += !same(got[lo + h], want);
+          continue;
+        }
+        differ += !same(got[lo + h], untouched);
+        float f;
+        std::memcpy(&f, t.data() + i * item_bytes + (row_floats + h) * 4, 4);
+        differ += !same(f, i % 3 == 0 ? want : untouched);
+      }
+    }
+  }
   return differ;
 }
 

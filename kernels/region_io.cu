@@ -1,4 +1,4 @@
-// Gather and scatter of client tensors (kernels/region_io.h): blockIdx.y is
+// The gather of client tensors (kernels/region_io.h): blockIdx.y is
 // the item, threads stride its elements. A client's offset need only be
 // element-aligned: a tensor at a 16-byte aligned address (the usual case)
 // moves 16 bytes per thread and access, which matters most for host
@@ -26,14 +26,6 @@ __device__ __forceinline__ float LoadAsFloat(const void* p, int i, int dtype) {
     case kRegionFp16: return __half2float(__ushort_as_half(static_cast<const uint16_t*>(p)[i]));
     default: return static_cast<const float*>(p)[i];
   }
-}
-
-// wire/half.h FloatToBf16, bit for bit.
-__device__ __forceinline__ uint16_t ToBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 __global__ void CopySegmentsKernel(CopySegmentsParams p) {
@@ -109,39 +101,6 @@ __global__ void GatherKernel(GatherParams p) {
   if (threadIdx.x == 0) p.bad_dev[blockIdx.y * kGatherBlocks + blockIdx.x] = block_bad;
 }
 
-__global__ void ScatterKernel(ScatterParams p) {
-  const RegionIoItem io = p.items_dev[blockIdx.y];
-  const float* out = p.out_dev + static_cast<size_t>(io.row) * p.stride;
-  const int per = io.dst_dtype == kRegionBf16 ? 8 : 4;  // elements per 16 bytes
-  const bool vec = Aligned16(io.dst) && Aligned16(out) && io.elements % per == 0;
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; vec && c < io.elements / per; c += gridDim.x * blockDim.x) {
-    const float4* o = reinterpret_cast<const float4*>(out + static_cast<size_t>(c) * per);
-    const float4 a = o[0];
-    if (per == 4) {
-      static_cast<float4*>(io.dst)[c] = a;
-      continue;
-    }
-    const float4 b = o[1];
-    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    uint32_t w[4];
-    for (int k = 0; k < 4; ++k)
-      w[k] = static_cast<uint32_t>(ToBf16(x[2 * k])) | (static_cast<uint32_t>(ToBf16(x[2 * k + 1])) << 16);
-    static_cast<uint4*>(io.dst)[c] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; !vec && i < io.elements; i += gridDim.x * blockDim.x) {
-    if (io.dst_dtype == kRegionBf16) {
-      static_cast<uint16_t*>(io.dst)[i] = ToBf16(out[i]);
-    } else {
-      static_cast<float*>(io.dst)[i] = out[i];
-    }
-  }
-  if (blockIdx.x == 0 && io.lse != nullptr) {
-    for (int h = threadIdx.x; h < p.q_heads; h += blockDim.x) {
-      io.lse[h] = p.lse_dev[static_cast<size_t>(io.row) * p.q_heads + h];
-    }
-  }
-}
-
 }  // namespace
 
 absl::Status LaunchCopySegments(const CopySegmentsParams& p, cudaStream_t stream) {
@@ -158,15 +117,6 @@ absl::Status LaunchGather(const GatherParams& p, cudaStream_t stream) {
   }
   GatherKernel<<<dim3(kBlocksPerItem, p.items), kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "gather launch");
-}
-
-absl::Status LaunchScatter(const ScatterParams& p, cudaStream_t stream) {
-  if (p.items <= 0 || p.items > 65535 || p.stride <= 0 || p.items_dev == nullptr || p.out_dev == nullptr ||
-      p.lse_dev == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("scatter of ", p.items, " items, rows of ", p.stride));
-  }
-  ScatterKernel<<<dim3(kBlocksPerItem, p.items), kThreads, 0, stream>>>(p);
-  return CudaStatus(cudaGetLastError(), "scatter launch");
 }
 
 }  // namespace gpu

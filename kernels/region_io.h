@@ -1,18 +1,14 @@
 // Tensors of an Attend batch that live in client memory the device can
 // address: a CUDA IPC buffer of a decode worker, or a client's host shared
 // memory that the backend page-locked and mapped (cudaHostRegisterMapped).
-// The attention kernels read queries from, and write outputs to, one
-// contiguous float array [items][q_heads][head_dim]; these two launches
-// move an item's tensors between that array and wherever the client put
-// them, converting dtypes on the way:
-//   gather:  src (bf16, fp16 or f32) -> row `row` of dst_dev (f32), and
-//            a finiteness check of every element (per item, the lowest
-//            index of a non-finite element);
-//   scatter: row `row` of out_dev (f32) -> dst (f32, or bf16 rounded to
-//            nearest even exactly as wire/half.h FloatToBf16), and of
-//            lse_dev -> lse (f32).
-// Conversions are exact (bf16/fp16 -> f32) or the one rounding of
-// wire/half.h, so answers by reference are bit-identical to inline ones.
+// The attention kernels read queries from one contiguous float array
+// [items][q_heads][head_dim]; the gather moves each item's query there
+// from wherever the client put it (src: bf16, fp16 or f32 -> row `row`,
+// f32, exactly), checking every element's finiteness on the way (per item,
+// the lowest index of a non-finite element). Answers go the other way
+// without a launch of their own: the merge writes them to the client's
+// buffers (AttentionBatch::out_targets_dev). So answers by reference are
+// bit-identical to inline ones.
 #ifndef DRIFTKV_KERNELS_REGION_IO_H_
 #define DRIFTKV_KERNELS_REGION_IO_H_
 
@@ -30,13 +26,10 @@ enum RegionDType : int { kRegionBf16 = 1, kRegionFp16 = 2, kRegionF32 = 3 };
 
 // One client tensor of an item, device-addressable.
 struct RegionIoItem {
-  const void* src = nullptr;  // gather: [elements] in src_dtype
+  const void* src = nullptr;  // [elements] in src_dtype
   int src_dtype = kRegionF32;
-  void* dst = nullptr;  // scatter: [elements] in dst_dtype (f32 or bf16)
-  int dst_dtype = kRegionF32;
-  float* lse = nullptr;  // scatter, optional: [q_heads] f32
-  int row = 0;           // the item's row of the contiguous array
-  int elements = 0;      // of src / dst; at most the launch's stride
+  int row = 0;       // the item's row of the contiguous array
+  int elements = 0;  // of src; at most the launch's stride
 };
 
 struct GatherParams {
@@ -62,16 +55,6 @@ inline int32_t GatherBad(const int32_t* bad, int item) {
   for (int b = 0; b < kGatherBlocks; ++b) m = bad[item * kGatherBlocks + b] < m ? bad[item * kGatherBlocks + b] : m;
   return m;
 }
-
-struct ScatterParams {
-  const RegionIoItem* items_dev = nullptr;  // [items], device memory
-  int items = 0;
-  int stride = 0;  // elements per row of out_dev
-  int q_heads = 0;
-  const float* out_dev = nullptr;  // rows [row][stride]
-  const float* lse_dev = nullptr;  // rows [row][q_heads]
-};
-absl::Status LaunchScatter(const ScatterParams& p, cudaStream_t stream);
 
 // Many small host-to-device copies as one: the bytes travel packed in one
 // copy, then this launch moves each segment to its place (e.g. a decode

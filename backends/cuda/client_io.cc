@@ -41,16 +41,17 @@ size_t Align64(size_t b) {
 }  // namespace
 
 size_t ClientLaunch::bytes() const {
-  if (gather.empty() && scatter.empty()) return 0;
-  return scatter_at + scatter.size() * sizeof(gpu::RegionIoItem);
+  if (gather.empty() && targets.empty()) return 0;
+  return targets_at + targets.size() * sizeof(gpu::OutputTarget);
 }
 
 absl::Status ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride, ClientLaunch* launch) {
   launch->gather.clear();
-  launch->scatter.clear();
   launch->checked.clear();
+  launch->targets.clear();
   launch->stride = stride;
   bool check = false;
+  if (AnyOutput(jobs)) launch->targets.resize(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].query_dev != nullptr) {
       gpu::RegionIoItem io;
@@ -63,17 +64,14 @@ absl::Status ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride, Client
       check = check || jobs[i].check_query;
     }
     if (jobs[i].out_dev != nullptr) {
-      gpu::RegionIoItem io;
-      io.dst = jobs[i].out_dev;
-      io.dst_dtype = jobs[i].out_dtype;
-      io.lse = jobs[i].lse_dev;
-      io.row = static_cast<int>(i);
-      io.elements = stride;
-      launch->scatter.push_back(io);
+      gpu::OutputTarget& t = launch->targets[i];
+      t.out = jobs[i].out_dev;
+      t.out_dtype = jobs[i].out_dtype;
+      t.lse = jobs[i].lse_dev;
     }
   }
   if (!check) launch->checked.clear();
-  launch->scatter_at = Align64(launch->gather.size() * sizeof(gpu::RegionIoItem));
+  launch->targets_at = Align64(launch->gather.size() * sizeof(gpu::RegionIoItem));
   if (!check) return absl::OkStatus();
   return host_query_bad_.Reserve(launch->gather.size() * gpu::kGatherBlocks * sizeof(int32_t));
 }
@@ -82,15 +80,15 @@ absl::StatusOr<size_t> ClientIo::Warm(int items) {
   const size_t n = static_cast<size_t>(items);
   absl::Status st = host_query_bad_.Reserve(n * gpu::kGatherBlocks * sizeof(int32_t));
   if (!st.ok()) return st;
-  return Align64(n * sizeof(gpu::RegionIoItem)) + n * sizeof(gpu::RegionIoItem);
+  return Align64(n * sizeof(gpu::RegionIoItem)) + n * sizeof(gpu::OutputTarget);
 }
 
 void ClientIo::Stage(const ClientLaunch& launch, uint8_t* host) {
   if (!launch.gather.empty()) {
     std::memcpy(host, launch.gather.data(), launch.gather.size() * sizeof(gpu::RegionIoItem));
   }
-  if (!launch.scatter.empty()) {
-    std::memcpy(host + launch.scatter_at, launch.scatter.data(), launch.scatter.size() * sizeof(gpu::RegionIoItem));
+  if (!launch.targets.empty()) {
+    std::memcpy(host + launch.targets_at, launch.targets.data(), launch.targets.size() * sizeof(gpu::OutputTarget));
   }
 }
 
@@ -115,19 +113,6 @@ void ClientIo::FinishQueryChecks(const ClientLaunch& launch, absl::Span<AttendJo
     const int32_t b = gpu::GatherBad(bad, static_cast<int>(k));
     jobs[launch.checked[k]].query_bad = b == gpu::kNoBadElement ? -1 : b;
   }
-}
-
-absl::Status ClientIo::ScatterOutputs(const ClientLaunch& launch, const uint8_t* dev, int q_heads, const float* out_dev,
-                                      const float* lse_dev, cudaStream_t stream) {
-  if (launch.scatter.empty()) return absl::OkStatus();
-  gpu::ScatterParams p;
-  p.items_dev = reinterpret_cast<const gpu::RegionIoItem*>(dev + launch.scatter_at);
-  p.items = static_cast<int>(launch.scatter.size());
-  p.stride = launch.stride;
-  p.q_heads = q_heads;
-  p.out_dev = out_dev;
-  p.lse_dev = lse_dev;
-  return gpu::LaunchScatter(p, stream);
 }
 
 absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {

@@ -15,22 +15,26 @@
 #include "absl/types/span.h"
 #include "backends/backend.h"
 #include "backends/cuda/device_memory.h"
+#include "kernels/attention_batch.h"
 #include "kernels/region_io.h"
 
 namespace driftkv {
 namespace cuda_backend {
 
 // One launch's client tensors, as ClientIo::Plan lists them: the
-// gather's and the scatter's items and which jobs' queries are checked.
-// A value, so that a launch plan the device keeps (launch_plans.h) keeps
-// its own.
+// gather's items, which jobs' queries are checked, and where each job's
+// answer goes. A value, so that a launch plan the device keeps
+// (launch_plans.h) keeps its own.
 struct ClientLaunch {
-  std::vector<gpu::RegionIoItem> gather, scatter;
+  std::vector<gpu::RegionIoItem> gather;
   // checked[k]: the job whose query gathered item k is, when checked (-1:
   // not checked); empty when no query is checked.
   std::vector<int> checked;
+  // Per job, its output in client memory (a null `out`: the launch's
+  // rows); empty when no job has one.
+  std::vector<gpu::OutputTarget> targets;
   int stride = 0;
-  size_t scatter_at = 0;  // byte offset of the scatter's items in the lists
+  size_t targets_at = 0;  // byte offset of the targets in the lists
   // Bytes the lists take in the launch's staging upload (0: none).
   size_t bytes() const;
 };
@@ -44,21 +48,21 @@ class ClientIo {
   static bool AnyOutput(absl::Span<const AttendJob> jobs);
   static bool AllOutputs(absl::Span<const AttendJob> jobs);
 
-  // An Attend launch's client tensors, in steps that add no device call
-  // of their own but the two launches:
-  //  1. Plan lists them (the gather's and the scatter's items, and which
-  //     queries are checked) into `launch`, and sizes the check flags;
+  // An Attend launch's client tensors, in steps that add one launch, the
+  // gather:
+  //  1. Plan lists them (the gather's items, which queries are checked,
+  //     the answers' targets) into `launch`, and sizes the check flags;
   //  2. Stage writes the lists at `host` in the staging buffer, so that
   //     the launch's one upload carries them;
   //  3. GatherQueries queues the copy of every client query into row i of
   //     query_dev (f32, rows of `stride` floats), checking those of jobs
   //     with check_query on the way: the gather stores its flags straight
   //     into pinned host memory, and after the stream synchronised
-  //     FinishQueryChecks sets their query_bad. ScatterOutputs queues the
-  //     copy of row i of out_dev / lse_dev to every job with a client
-  //     output. `dev` is the device address of what Stage wrote (or of the
-  //     same bytes uploaded by an earlier launch). The jobs' pointers must
-  //     stay valid until the stream has run them.
+  //     FinishQueryChecks sets their query_bad. Targets tells the
+  //     attention launch where the targets lie: its merge writes the
+  //     answers there. `dev` is the device address of what Stage wrote (or
+  //     of the same bytes uploaded by an earlier launch). The jobs'
+  //     pointers must stay valid until the stream has run them.
   absl::Status Plan(absl::Span<const AttendJob> jobs, int stride, ClientLaunch* launch);
   // Sizes the check flags for launches of up to `items` client tensors
   // each way, all checked, and returns what such a launch takes in the
@@ -67,8 +71,9 @@ class ClientIo {
   static void Stage(const ClientLaunch& launch, uint8_t* host);
   absl::Status GatherQueries(const ClientLaunch& launch, const uint8_t* dev, float* query_dev, cudaStream_t stream);
   void FinishQueryChecks(const ClientLaunch& launch, absl::Span<AttendJob> jobs) const;
-  static absl::Status ScatterOutputs(const ClientLaunch& launch, const uint8_t* dev, int q_heads, const float* out_dev,
-                                     const float* lse_dev, cudaStream_t stream);
+  static const gpu::OutputTarget* Targets(const ClientLaunch& launch, const uint8_t* dev) {
+    return launch.targets.empty() ? nullptr : reinterpret_cast<const gpu::OutputTarget*>(dev + launch.targets_at);
+  }
   // Backend::ReadClientTensors: the tensors wanted on the host gathered
   // into packed rows and copied back in one copy, the others only checked;
   // one synchronisation of `stream`.

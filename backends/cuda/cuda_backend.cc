@@ -1059,6 +1059,7 @@ class CudaBackend : public Backend {
     batch.softmax_scale = jobs[0].softmax_scale;
     batch.out_dev = a_out_.get<float>();
     batch.lse_dev = a_out_.get<float>() + qsz;
+    batch.out_targets_dev = cuda_backend::ClientIo::Targets(*in.client, in.plan + in.layout->client);
     batch.workspace_dev = a_ws_.get<void>();
     if (transforms_ != nullptr) {
       batch.transforms_dev = transforms_dev_.get<float>();
@@ -1084,9 +1085,7 @@ class CudaBackend : public Backend {
     }
     if (!st.ok()) return st;
     timer_.Mark(cuda_backend::StageTimer::kAttentionDone, stream_);
-    st = cuda_backend::ClientIo::ScatterOutputs(*in.client, in.plan + in.layout->client, q_heads, a_out_.get<float>(),
-                                                a_out_.get<float>() + qsz, stream_);
-    if (st.ok() && !cuda_backend::ClientIo::AllOutputs(jobs)) {
+    if (!cuda_backend::ClientIo::AllOutputs(jobs)) {
       st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
                 "download output");
     }

@@ -94,7 +94,7 @@ void CloseIpcMemory(void* dev_ptr) {
 }
 
 absl::Status PinHostMemory(void* p, size_t bytes) {
-  // Mapped as well as page-locked: the attention path's gather and scatter
+  // Mapped as well as page-locked: the attention path's gather and merge
   // kernels read queries from and write outputs to host regions in place
   // (CLIENT MEMORY in backends/backend.h), at the host address, which
   // needs unified addressing (every 64-bit Linux CUDA device).

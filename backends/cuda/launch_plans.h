@@ -4,7 +4,7 @@
 // client tensors call after call (a prepared request on a doorbell). What
 // such a launch uploads before its kernels run, its plan (each item's page
 // list, token counts, window slot, layer, and the lists of client tensors
-// the gather and scatter move), is then the bytes the previous call of it
+// the gather moves and the answers' targets), is then the bytes the previous call of it
 // uploaded. The backend keeps up to `capacity` plans in device memory;
 // LaunchPlans remembers what each was made from and finds the one a launch
 // can reuse, so that no page table is built or uploaded for it.

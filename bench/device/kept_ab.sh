@@ -13,6 +13,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ "${TESTS:-1}" = 1 ]; then
   gtest region_io_test 60
+  gtest level_attention_test 120
   gtest cuda_backend_test 300
   gtest data_plane_gpu_test 120
   gtest service_gpu_test 120
