@@ -41,7 +41,7 @@ enum class AttendPhase : int {
 enum class DeviceStage : int {
   kInputs = 0,  // uploads of the launch's tables and windows, queries gathered
   kAttention,   // the attention kernels (and their merge)
-  kOutputs,     // outputs scattered to client memory or downloaded
+  kOutputs,     // outputs downloaded to the host (client memory: written by the merge)
   kSpan,        // from the first device call's start to the last one's end
   kUpload,      // of kInputs: the upload of the launch's tables alone
   kMerge,       // of kAttention: the merge of the splits and the bf16 window

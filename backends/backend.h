@@ -220,9 +220,9 @@ class Backend {
   // AttendJob::query_dev and writes out_dev/lse_dev: pointers the backend's
   // device addresses (a decode worker's buffer opened by CUDA IPC, or
   // client host memory the backend page-locked and mapped). The tensors
-  // are moved by one gather before the attention kernel and one scatter
-  // after it, with the same conversions as the inline path, so answers are
-  // bit-identical. A backend that returns false gets host pointers only.
+  // are moved by one gather before the attention kernel, and the merge
+  // writes the answers in place, with the same conversions as the inline
+  // path, so answers are bit-identical. A backend that returns false gets host pointers only.
   virtual bool AddressesClientMemory() const { return false; }
   // Converts and checks client tensors (see ClientRead) in one launch and
   // one synchronisation.

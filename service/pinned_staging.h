@@ -2,8 +2,8 @@
 // their host address (Backend::PinHostRegion), for the inline tensors of an
 // Attend on a backend that addresses client memory: an inline query is
 // copied here once in its wire dtype and read by the same gather as a
-// query in a host region, and the output is written here by the same
-// scatter, in the dtype the client asked for. No host pass converts
+// query in a host region, and the output is written here by the
+// attention's merge, in the dtype the client asked for. No host pass converts
 // payloads to floats and back, and nothing is staged twice.
 //
 // Pinning costs milliseconds, so buffers are pinned once and reused: a
