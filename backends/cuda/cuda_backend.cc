@@ -2,31 +2,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "backends/attend_phases.h"
-#include "backends/cuda/client_io.h"
+#include "backends/cuda/attend_launcher.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/ipc_regions.h"
-#include "backends/cuda/launch_plans.h"
-#include "backends/cuda/stage_timer.h"
-#include "backends/cuda/window_cache.h"
-#include "backends/cuda/window_upload.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
 #include "kernels/ingest.h"
-#include "kernels/level_attention.h"
 #include "kernels/level_promote.h"
 #include "kernels/page_crc.h"
-#include "kernels/region_io.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 #include "wire/tensor.h"
@@ -37,48 +29,6 @@ namespace {
 using cuda_backend::Cuda;
 using cuda_backend::PinnedScratch;
 using cuda_backend::Scratch;
-
-// The inputs of one attention launch, packed into one pinned staging
-// buffer and uploaded with one copy (pinned and reused: no page faults,
-// full-speed DMA). Byte offsets, each region 256-byte aligned:
-//   [0, table)            5 x [items] int32: page_start, tokens,
-//                         window_tokens, layer, window_start
-//   [table, client)       the page table, int32
-//   [client, window_keys) client tensors' lists (ClientIo)
-//   [window_keys, window_values), [window_values, query)
-//                         bf16 window tokens: a few missing tokens of
-//                         cached windows (each upload's keys then values,
-//                         from window_keys on), or every window back to
-//                         back (keys, then values)
-//   [query, bytes)        the queries, [items][q_heads][head_dim] float;
-//                         not uploaded when every query is in client memory
-// Cached windows' missing tokens up to this size ride in a launch's
-// staging upload (a 256-item decode step's one token a window, at 8 KV
-// heads x 128); more go through the window ring.
-constexpr size_t kStagedWindowBytes = size_t{1} << 20;
-
-struct StagingLayout {
-  StagingLayout(int items, size_t table_entries, size_t client_bytes, size_t query_floats, size_t window_tokens,
-                int n) {
-    auto align = [](size_t b) { return (b + 255) & ~static_cast<size_t>(255); };
-    table = align(static_cast<size_t>(items) * 5 * 4);
-    client = table + align(std::max<size_t>(table_entries, 1) * 4);
-    window_keys = client + align(client_bytes);
-    window_values = window_keys + align(window_tokens * n * 2);
-    query = window_values + align(window_tokens * n * 2);
-    bytes = query + align(query_floats * 4);
-  }
-  size_t table, client, query, window_keys, window_values, bytes;
-};
-
-// Launch plans kept on the device (launch_plans.h): 128, or
-// DRIFTKV_KEPT_PLANS (0: none, every launch uploads its plan; a probe for
-// side-by-side measurements, not a setting to serve with).
-int KeptPlanCapacity() {
-  const char* v = std::getenv("DRIFTKV_KEPT_PLANS");
-  if (v == nullptr || *v == '\0') return 128;
-  return std::max(0, std::min(4096, std::atoi(v)));
-}
 
 // A staging buffer in device memory (DEVICE INGEST in backends/backend.h).
 struct DeviceStaging : StagingBuffer {
@@ -131,9 +81,6 @@ class CudaBackend : public Backend {
     st = gpu::MakeEncodeAlphabets(codec_, &encode_);
     if (!st.ok()) return st;
     encode_.rotate = transforms_ == nullptr;
-    st = windows_.Init(window_cache_bytes_, layout_.n());
-    if (st.ok() && windows_.enabled()) st = window_upload_.Init(layout_.n());
-    if (!st.ok()) return st;
     if (transforms_ != nullptr) {
       st = InitTransforms();
       if (!st.ok()) return st;
@@ -163,25 +110,27 @@ class CudaBackend : public Backend {
     return st;
   }
 
-  // The growable buffers sized at start for a decode batch of 64 items of
-  // 32 query heads over 8K tokens and its promotion: allocated by the first
-  // call that needs them (pinned memory above all, and cudaFree waits for
-  // the device), they cost that call tens of milliseconds. Larger batches
-  // still grow them on first use.
+  // The launcher's buffers and the promotion's page ids, sized at start
+  // for a decode batch of 64 items of 32 query heads over 8K tokens (see
+  // AttendLauncher::Init).
   absl::Status WarmBuffers() {
-    constexpr int kItems = 64, kQHeads = 32, kTokens = 8192;
-    const int d = layout_.head_dim, pages = kTokens / pool_.page_tokens();
-    const size_t qsz = static_cast<size_t>(kItems) * kQHeads * d;
-    absl::StatusOr<size_t> client_bytes = client_io_.Warm(kItems);
-    if (!client_bytes.ok()) return client_bytes.status();
-    const StagingLayout stage(kItems, static_cast<size_t>(kItems) * pages, *client_bytes, qsz, 0, layout_.n());
-    const size_t out_bytes = (qsz + static_cast<size_t>(kItems) * kQHeads) * 4;
-    absl::Status st = a_stage_.Reserve(stage.bytes);
-    if (st.ok()) st = host_stage_.Reserve(stage.bytes);
-    if (st.ok()) st = a_out_.Reserve(out_bytes);
-    if (st.ok()) st = host_out_.Reserve(out_bytes);
-    if (st.ok()) st = a_ws_.Reserve(gpu::AttentionWorkspaceBytes(kItems, kQHeads, d, pages));
-    if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * static_cast<size_t>(kItems) * pages);
+    cuda_backend::AttendDevice d;
+    d.stream = stream_;
+    d.layout = layout_;
+    d.page_tokens = pool_.page_tokens();
+    d.base = base_;
+    d.arena = arena_;
+    d.tables_dev = tables_.get<uint32_t>();
+    d.hot_arena = hot_arena_;
+    d.hot_layout = hot_layout_;
+    if (transforms_ != nullptr) {
+      d.transforms_dev = transforms_dev_.get<float>();
+      d.transform_layers = transforms_->layers;
+    }
+    d.values_folded = values_folded_;
+    absl::Status st = launcher_.Init(d, window_cache_bytes_);
+    const size_t pages = 8192 / pool_.page_tokens();
+    if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * 64 * pages);
     return st;
   }
 
@@ -436,7 +385,7 @@ class CudaBackend : public Backend {
   absl::Status ReadClientTensors(absl::Span<ClientRead> reads) override {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);
-    return client_io_.Read(reads, stream_);
+    return launcher_.ReadClientTensors(reads);
   }
 
   // MEMORY REGIONS (backends/backend.h): backends/cuda/ipc_regions.h.
@@ -764,12 +713,7 @@ class CudaBackend : public Backend {
   absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override {
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
-    std::vector<cuda_backend::WindowCache::Upload>& uploads = plan_.uploads;
-    if (!windows_.Plan(jobs, &plan_.slot_of, &uploads) || uploads.empty()) return absl::OkStatus();
-    absl::Status st = window_upload_.Upload(jobs, uploads, windows_, stream_);
-    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "cache windows");
-    if (!st.ok()) windows_.Invalidate();
-    return st;
+    return launcher_.CacheWindows(jobs);
   }
 
   void Attend(absl::Span<AttendJob> jobs) override {
@@ -782,7 +726,12 @@ class CudaBackend : public Backend {
              jobs[end].softmax_scale == jobs[begin].softmax_scale && jobs[end].hot == jobs[begin].hot) {
         ++end;
       }
-      const absl::Status st = AttendRun(jobs.subspan(begin, end - begin));
+      absl::Status st;
+      {
+        absl::MutexLock lock(&mu_);
+        cudaSetDevice(device_);  // the calling RPC thread's current device
+        st = launcher_.Run(jobs.subspan(begin, end - begin));
+      }
       if (!st.ok()) {
         for (size_t i = begin; i < end; ++i) jobs[i].status = st;
       }
@@ -791,321 +740,6 @@ class CudaBackend : public Backend {
   }
 
  private:
-  absl::Status AttendRun(absl::Span<AttendJob> jobs) {
-    absl::MutexLock lock(&mu_);
-    cudaSetDevice(device_);  // the calling RPC thread's current device
-    const int kept = plans_.Find(jobs);
-    absl::Status st =
-        kept >= 0 && windows_.Keep(jobs, kept_[kept].slot_of) ? AttendKept(jobs, kept_[kept]) : AttendPlanned(jobs);
-    // A failure may come after window slots were planned and before their
-    // tokens arrived, or after a plan was recorded and before it reached
-    // the device: forget both rather than trust them.
-    if (!st.ok()) {
-      windows_.Invalidate();
-      plans_.Clear();
-    }
-    return st;
-  }
-
-  // Where a launch's inputs lie on the device.
-  struct LaunchInputs {
-    const uint8_t* plan = nullptr;  // StagingLayout's [0, window_keys): items' arrays, page table, client lists
-    const StagingLayout* layout = nullptr;
-    const cuda_backend::ClientLaunch* client = nullptr;
-    const uint8_t* window_keys = nullptr;
-    const uint8_t* window_values = nullptr;
-    float* query = nullptr;  // the query rows
-    int max_pages = 0;
-  };
-
-  // A launch plan kept on the device (launch_plans.h): the bytes of a
-  // launch's StagingLayout up to its windows, and what the launch needs
-  // besides them.
-  struct KeptPlan {
-    Scratch dev;
-    StagingLayout layout{0, 0, 0, 0, 0, 1};
-    cuda_backend::ClientLaunch client;
-    std::vector<int> slot_of;
-    int max_pages = 0;
-  };
-
-  // Host queries into the staging's query rows, each checked as it is
-  // staged when asked (the gather checks those it reads in client memory).
-  static void StageHostQueries(absl::Span<AttendJob> jobs, size_t row_floats, uint8_t* rows) {
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (jobs[i].query_dev != nullptr) continue;
-      std::memcpy(rows + i * row_floats * 4, jobs[i].query, sizeof(float) * row_floats);
-      if (jobs[i].check_query) jobs[i].query_bad = FirstNonFinite(jobs[i].query, v1::DTYPE_F32, row_floats);
-    }
-  }
-
-  // The output buffers and workspace of a launch of these jobs.
-  absl::Status ReserveOutputs(int items, int q_heads, int max_pages, size_t stage_bytes) {
-    const size_t qsz = static_cast<size_t>(items) * q_heads * layout_.head_dim;
-    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
-    absl::Status st = a_stage_.Reserve(stage_bytes);
-    if (st.ok()) st = host_stage_.Reserve(stage_bytes);
-    if (st.ok()) st = a_out_.Reserve(out_bytes);
-    if (st.ok()) st = host_out_.Reserve(out_bytes);
-    if (st.ok())
-      st = a_ws_.Reserve(gpu::AttentionWorkspaceBytes(items, q_heads, layout_.head_dim, std::max(max_pages, 1)));
-    return st;
-  }
-
-  // A launch whose plan the device already holds: only host queries go
-  // up, and the window slots it names were checked by WindowCache::Keep.
-  absl::Status AttendKept(absl::Span<AttendJob> jobs, const KeptPlan& kept) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const StagingLayout& stage = kept.layout;
-    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads;
-    absl::Status st = ReserveOutputs(items, q_heads, kept.max_pages, stage.bytes);
-    if (!st.ok()) return st;
-    uint8_t* h = host_stage_.get<uint8_t>();
-    uint8_t* dstage = a_stage_.get<uint8_t>();
-    const bool host_queries = !cuda_backend::ClientIo::AllQueries(jobs);
-    if (host_queries) StageHostQueries(jobs, static_cast<size_t>(q_heads) * layout_.head_dim, h + stage.query);
-    AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
-    timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
-    if (host_queries) {
-      st = Cuda(cudaMemcpyAsync(dstage + stage.query, h + stage.query, stage.bytes - stage.query,
-                                cudaMemcpyHostToDevice, stream_),
-                "upload queries");
-    }
-    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
-    LaunchInputs in;
-    in.plan = kept.dev.get<uint8_t>();
-    in.layout = &stage;
-    in.client = &kept.client;
-    in.window_keys = windows_.keys_dev();
-    in.window_values = windows_.values_dev();
-    in.query = reinterpret_cast<float*>(dstage + stage.query);
-    in.max_pages = kept.max_pages;
-    if (st.ok()) st = client_io_.GatherQueries(*in.client, in.plan + stage.client, in.query, stream_);
-    if (!st.ok()) return st;
-    return RunAttention(jobs, in);
-  }
-
-  // A launch planned from its jobs. When its windows are all on the device
-  // already, its plan is recorded and uploaded into a kept plan's memory
-  // (the queries, when on the host, into the staging), so that the next
-  // launch of the same jobs finds it (AttendKept).
-  absl::Status AttendPlanned(absl::Span<AttendJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim, n = layout_.n();
-    const int P = pool_.page_tokens();
-    // Per-call arrays, kept in members for their capacity.
-    std::vector<int32_t>& table = plan_.table;
-    std::vector<int32_t>& start = plan_.start;
-    std::vector<int32_t>& tokens = plan_.tokens;
-    std::vector<int32_t>& wtok = plan_.wtok;
-    std::vector<int32_t>& layers = plan_.layers;
-    table.clear();
-    start.resize(items);
-    tokens.resize(items);
-    wtok.resize(items);
-    layers.resize(items);
-    size_t entries = 0;
-    for (const AttendJob& j : jobs) entries += j.pages.size();
-    table.reserve(entries);
-    int max_pages = 0;
-    for (int i = 0; i < items; ++i) {
-      const AttendJob& j = jobs[i];
-      absl::Status lst = CheckLayer(j.layer);
-      if (!lst.ok()) return lst;
-      layers[i] = j.layer;
-      if (j.window.tokens > gpu::kMaxWindow) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bf16 window of ", j.window.tokens, " tokens exceeds ", gpu::kMaxWindow));
-      }
-      start[i] = static_cast<int32_t>(table.size());
-      const size_t at = table.size();
-      table.resize(at + j.pages.size());
-      for (size_t k = 0; k < j.pages.size(); ++k) table[at + k] = static_cast<int32_t>(j.pages[k] - base_);
-      tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
-      wtok[i] = static_cast<int32_t>(j.window.tokens);
-      max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));
-    }
-    // Everything the launch reads from the host goes through one staging
-    // buffer (StagingLayout). Windows: device slots (only missing tokens are
-    // uploaded), or, when the launch cannot be cached, all of them staged
-    // back to back.
-    std::vector<int32_t>& wstart = plan_.wstart;
-    std::vector<int>& slot_of = plan_.slot_of;
-    std::vector<cuda_backend::WindowCache::Upload>& uploads = plan_.uploads;
-    wstart.resize(items);
-    slot_of.clear();
-    uploads.clear();
-    const bool cached = windows_.Plan(jobs, &slot_of, &uploads);
-    size_t total_w = 0;
-    // Cached windows' missing tokens: a few ride in the staging upload,
-    // many go through window_upload_'s ring.
-    bool staged_uploads = false;
-    if (cached) {
-      for (int i = 0; i < items; ++i) wstart[i] = slot_of[i] < 0 ? 0 : slot_of[i] * gpu::kMaxWindow;
-      staged_uploads = !uploads.empty() && window_upload_.Bytes(uploads) <= kStagedWindowBytes;
-      if (staged_uploads) {
-        for (const cuda_backend::WindowCache::Upload& u : uploads) total_w += static_cast<size_t>(u.count);
-      }
-    } else {
-      for (int i = 0; i < items; ++i) {
-        wstart[i] = static_cast<int32_t>(total_w);
-        total_w += static_cast<size_t>(wtok[i]);
-      }
-    }
-    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    // Client tensors' item lists travel in the same upload.
-    absl::Status st = client_io_.Plan(jobs, q_heads * d, &client_launch_);
-    if (!st.ok()) return st;
-    const StagingLayout stage(items, table.size(), client_launch_.bytes(), qsz, total_w, n);
-    const size_t off_table = stage.table, off_client = stage.client, off_query = stage.query,
-                 off_wk = stage.window_keys;
-    const size_t off_wv = stage.window_values, stage_bytes = stage.bytes;
-    st = ReserveOutputs(items, q_heads, max_pages, stage_bytes);
-    if (!st.ok()) return st;
-    uint8_t* h = host_stage_.get<uint8_t>();
-    int32_t* hs = reinterpret_cast<int32_t*>(h);
-    std::memcpy(hs, start.data(), items * 4);
-    std::memcpy(hs + items, tokens.data(), items * 4);
-    std::memcpy(hs + 2 * items, wtok.data(), items * 4);
-    std::memcpy(hs + 3 * items, layers.data(), items * 4);
-    std::memcpy(hs + 4 * items, wstart.data(), items * 4);
-    std::memcpy(h + off_table, table.data(), table.size() * 4);
-    cuda_backend::ClientIo::Stage(client_launch_, h + off_client);
-    StageHostQueries(jobs, static_cast<size_t>(q_heads) * d, h + off_query);
-    for (int i = 0; !cached && i < items; ++i) {
-      const size_t wn = static_cast<size_t>(wtok[i]) * n;
-      if (wn == 0) continue;
-      std::memcpy(h + off_wk + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.keys, wn * 2);
-      std::memcpy(h + off_wv + static_cast<size_t>(wstart[i]) * n * 2, jobs[i].window.values, wn * 2);
-    }
-    if (staged_uploads) window_upload_.Pack(jobs, uploads, h + off_wk);
-    uint8_t* dstage = a_stage_.get<uint8_t>();
-    const bool host_queries = !cuda_backend::ClientIo::AllQueries(jobs);
-    // A plan worth keeping: every window already in its slot.
-    KeptPlan* kept = nullptr;
-    if (cached && uploads.empty()) {
-      const int e = plans_.Record(jobs);
-      if (e >= 0) {
-        kept = &kept_[e];
-        st = kept->dev.Reserve(off_wk);
-        if (!st.ok()) {
-          plans_.Forget(e);
-          return st;
-        }
-        kept->layout = stage;
-        kept->client = client_launch_;
-        kept->slot_of = slot_of;
-        kept->max_pages = max_pages;
-      }
-    }
-    const uint8_t* plan_dev = kept != nullptr ? kept->dev.get<uint8_t>() : dstage;
-    AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
-    timer_.Mark(cuda_backend::StageTimer::kStart, stream_);
-    if (kept != nullptr) {
-      st = Cuda(cudaMemcpyAsync(kept->dev.get<void>(), h, off_wk, cudaMemcpyHostToDevice, stream_), "upload plan");
-      if (st.ok() && host_queries) {
-        st = Cuda(cudaMemcpyAsync(dstage + off_query, h + off_query, stage_bytes - off_query, cudaMemcpyHostToDevice,
-                                  stream_),
-                  "upload queries");
-      }
-    } else {
-      // Every query in client memory: the query rows are gathered below.
-      const size_t used = host_queries ? stage_bytes : off_query;
-      st = Cuda(cudaMemcpyAsync(dstage, h, used, cudaMemcpyHostToDevice, stream_), "upload attention inputs");
-    }
-    timer_.Mark(cuda_backend::StageTimer::kUploaded, stream_);
-    LaunchInputs in;
-    in.plan = plan_dev;
-    in.layout = &stage;
-    in.client = &client_launch_;
-    in.window_keys = cached ? windows_.keys_dev() : dstage + off_wk;
-    in.window_values = cached ? windows_.values_dev() : dstage + off_wv;
-    in.query = reinterpret_cast<float*>(dstage + off_query);
-    in.max_pages = max_pages;
-    if (st.ok()) st = client_io_.GatherQueries(client_launch_, plan_dev + off_client, in.query, stream_);
-    if (!st.ok()) return st;
-    // A failure here leaves slots without their tokens: AttendRun forgets
-    // the cache.
-    if (staged_uploads) {
-      st = window_upload_.Scatter(uploads, windows_, dstage + off_wk, stream_);
-    } else if (cached && !uploads.empty()) {
-      st = window_upload_.Upload(jobs, uploads, windows_, stream_);
-    }
-    if (!st.ok()) return st;
-    return RunAttention(jobs, in);
-  }
-
-  // The attention kernels of a launch whose inputs are queued (`in`), its
-  // outputs to the client or back to the host, and the wait for them.
-  absl::Status RunAttention(absl::Span<AttendJob> jobs, const LaunchInputs& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = layout_.head_dim;
-    const size_t qsz = static_cast<size_t>(items) * q_heads * d;
-    const size_t out_bytes = (qsz + static_cast<size_t>(items) * q_heads) * 4;
-    timer_.Mark(cuda_backend::StageTimer::kInputsDone, stream_);
-    const int32_t* small = reinterpret_cast<const int32_t*>(in.plan);
-    const bool hot = jobs[0].hot;
-    if (hot && hot_pool_ == nullptr) return absl::FailedPreconditionError("hot job without a hot tier");
-    // One batch for whichever kernel the pages need.
-    gpu::AttentionBatch batch;
-    batch.items = items;
-    batch.q_heads = q_heads;
-    batch.max_pages = in.max_pages;
-    batch.page_table_dev = reinterpret_cast<const int32_t*>(in.plan + in.layout->table);
-    batch.page_start_dev = small;
-    batch.tokens_dev = small + items;
-    batch.window_tokens_dev = small + 2 * items;
-    batch.window_start_dev = small + 4 * items;
-    batch.window_k_dev = reinterpret_cast<const uint16_t*>(in.window_keys);
-    batch.window_v_dev = reinterpret_cast<const uint16_t*>(in.window_values);
-    batch.query_dev = in.query;
-    batch.softmax_scale = jobs[0].softmax_scale;
-    batch.out_dev = a_out_.get<float>();
-    batch.lse_dev = a_out_.get<float>() + qsz;
-    batch.out_targets_dev = cuda_backend::ClientIo::Targets(*in.client, in.plan + in.layout->client);
-    batch.workspace_dev = a_ws_.get<void>();
-    if (transforms_ != nullptr) {
-      batch.transforms_dev = transforms_dev_.get<float>();
-      batch.transform_layers = transforms_->layers;
-      batch.layer_dev = small + 3 * items;
-      batch.values_folded = values_folded_;
-    }
-    absl::Status st;
-    if (hot) {
-      gpu::LevelAttentionParams hp;
-      hp.batch = batch;
-      hp.pool_dev = static_cast<const uint8_t*>(hot_arena_);
-      hp.layout = hot_layout_;
-      hp.split_done = timer_.Event(cuda_backend::StageTimer::kSplitDone);
-      st = gpu::LaunchLevelAttention(hp, stream_);
-    } else {
-      gpu::DQuantAttentionParams p;
-      p.batch = batch;
-      p.pool_dev = static_cast<const uint8_t*>(arena_);
-      p.layout = layout_;
-      p.tables_dev = tables_.get<uint32_t>();
-      st = gpu::LaunchDQuantAttention(p, stream_);
-    }
-    if (!st.ok()) return st;
-    timer_.Mark(cuda_backend::StageTimer::kAttentionDone, stream_);
-    if (!cuda_backend::ClientIo::AllOutputs(jobs)) {
-      st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, stream_),
-                "download output");
-    }
-    const float* out = host_out_.get<float>();
-    timer_.Mark(cuda_backend::StageTimer::kOutputsDone, stream_);
-    AttendPhaseClock::Mark(AttendPhase::kBackendHost);
-    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "attention");
-    AttendPhaseClock::Mark(AttendPhase::kDeviceWait);
-    if (!st.ok()) return st;
-    timer_.Collect();
-    client_io_.FinishQueryChecks(*in.client, jobs);
-    for (int i = 0; i < items; ++i) {
-      jobs[i].status = absl::OkStatus();
-      if (jobs[i].out_dev != nullptr) continue;
-      std::memcpy(jobs[i].out, out + static_cast<size_t>(i) * q_heads * d, sizeof(float) * q_heads * d);
-      std::memcpy(jobs[i].lse, out + qsz + static_cast<size_t>(i) * q_heads, sizeof(float) * q_heads);
-    }
-    return absl::OkStatus();
-  }
-
   const DQuantCodec& codec_;
   const PagePool& pool_;
   const PagePool* const hot_pool_;  // null: no hot tier
@@ -1126,27 +760,11 @@ class CudaBackend : public Backend {
   bool host_registered_ = false;  // the host arena is page-locked
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
-  Scratch a_stage_, a_out_, a_ws_;
   // CheckStaged runs on its own stream under its own lock.
   absl::Mutex check_mu_;
   cudaStream_t check_stream_ = nullptr;
   Scratch bad_ ABSL_GUARDED_BY(check_mu_);
-  cuda_backend::WindowCache windows_;           // bf16 windows kept on the device
-  cuda_backend::WindowUploader window_upload_;  // their missing tokens' way in
-  cuda_backend::ClientIo client_io_ ABSL_GUARDED_BY(mu_);
-  // AttendRunLocked's arrays (see there).
-  struct LaunchPlan {
-    std::vector<int32_t> table, start, tokens, wtok, layers, wstart;
-    std::vector<int> slot_of;
-    std::vector<cuda_backend::WindowCache::Upload> uploads;
-  };
-  LaunchPlan plan_ ABSL_GUARDED_BY(mu_);
-  cuda_backend::ClientLaunch client_launch_ ABSL_GUARDED_BY(mu_);  // AttendPlanned's
-  // Launch plans kept on the device, entry e's in kept_[e].
-  cuda_backend::LaunchPlans plans_ ABSL_GUARDED_BY(mu_){KeptPlanCapacity()};
-  std::vector<KeptPlan> kept_ ABSL_GUARDED_BY(mu_){static_cast<size_t>(plans_.capacity())};
-  PinnedScratch host_stage_, host_out_;
-  cuda_backend::StageTimer timer_ ABSL_GUARDED_BY(mu_);
+  cuda_backend::AttendLauncher launcher_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
