@@ -23,7 +23,6 @@ int KeptPlanCapacity() {
   return std::max(0, std::min(4096, std::atoi(v)));
 }
 
-
 }  // namespace
 
 AttendLauncher::AttendLauncher() : plans_(KeptPlanCapacity()), kept_(static_cast<size_t>(plans_.capacity())) {}
@@ -108,8 +107,8 @@ absl::Status AttendLauncher::AttendKept(absl::Span<AttendJob> jobs, const KeptPl
   AttendPhaseClock::Mark(AttendPhase::kBackendPlan);
   timer_.Mark(StageTimer::kStart, dev_.stream);
   if (host_queries) {
-    st = Cuda(cudaMemcpyAsync(dstage + stage.query, h + stage.query, stage.bytes - stage.query,
-                              cudaMemcpyHostToDevice, dev_.stream),
+    st = Cuda(cudaMemcpyAsync(dstage + stage.query, h + stage.query, stage.bytes - stage.query, cudaMemcpyHostToDevice,
+                              dev_.stream),
               "upload queries");
   }
   timer_.Mark(StageTimer::kUploaded, dev_.stream);
@@ -131,7 +130,8 @@ absl::Status AttendLauncher::AttendKept(absl::Span<AttendJob> jobs, const KeptPl
 // (the queries, when on the host, into the staging), so that the next
 // launch of the same jobs finds it (AttendKept).
 absl::Status AttendLauncher::AttendPlanned(absl::Span<AttendJob> jobs) {
-  const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = dev_.layout.head_dim, n = dev_.layout.n();
+  const int items = static_cast<int>(jobs.size()), q_heads = jobs[0].q_heads, d = dev_.layout.head_dim,
+            n = dev_.layout.n();
   const int P = dev_.page_tokens;
   // Per-call arrays, kept in members for their capacity.
   std::vector<int32_t>& table = plan_.table;
@@ -197,8 +197,7 @@ absl::Status AttendLauncher::AttendPlanned(absl::Span<AttendJob> jobs) {
   absl::Status st = client_io_.Plan(jobs, q_heads * d, &client_launch_);
   if (!st.ok()) return st;
   const StagingLayout stage(items, table.size(), client_launch_.bytes(), qsz, total_w, n);
-  const size_t off_table = stage.table, off_client = stage.client, off_query = stage.query,
-               off_wk = stage.window_keys;
+  const size_t off_table = stage.table, off_client = stage.client, off_query = stage.query, off_wk = stage.window_keys;
   const size_t off_wv = stage.window_values, stage_bytes = stage.bytes;
   st = ReserveOutputs(items, q_heads, max_pages, stage_bytes);
   if (!st.ok()) return st;
@@ -328,8 +327,9 @@ absl::Status AttendLauncher::RunAttention(absl::Span<AttendJob> jobs, const Laun
   if (!st.ok()) return st;
   timer_.Mark(StageTimer::kAttentionDone, dev_.stream);
   if (!ClientIo::AllOutputs(jobs)) {
-    st = Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, dev_.stream),
-              "download output");
+    st =
+        Cuda(cudaMemcpyAsync(host_out_.get<void>(), a_out_.get<void>(), out_bytes, cudaMemcpyDeviceToHost, dev_.stream),
+             "download output");
   }
   const float* out = host_out_.get<float>();
   timer_.Mark(StageTimer::kOutputsDone, dev_.stream);
