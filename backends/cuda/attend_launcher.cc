@@ -23,6 +23,12 @@ int KeptPlanCapacity() {
   return std::max(0, std::min(4096, std::atoi(v)));
 }
 
+// The largest plan kept (its arrays, page table and client lists): 128
+// plans take at most 64 MiB of device memory. A 64-item launch over 8K
+// tokens needs ~22 KB; one whose table alone is larger (256 items over
+// 128K tokens) is long enough that its upload does not matter.
+constexpr size_t kMaxKeptPlanBytes = size_t{512} << 10;
+
 }  // namespace
 
 AttendLauncher::AttendLauncher() : plans_(KeptPlanCapacity()), kept_(static_cast<size_t>(plans_.capacity())) {}
@@ -222,7 +228,7 @@ absl::Status AttendLauncher::AttendPlanned(absl::Span<AttendJob> jobs) {
   const bool host_queries = !ClientIo::AllQueries(jobs);
   // A plan worth keeping: every window already in its slot.
   KeptPlan* kept = nullptr;
-  if (cached && uploads.empty()) {
+  if (cached && uploads.empty() && off_wk <= kMaxKeptPlanBytes) {
     const int e = plans_.Record(jobs);
     if (e >= 0) {
       kept = &kept_[e];
