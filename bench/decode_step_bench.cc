@@ -117,6 +117,10 @@ int Run(int argc, char** argv) {
   // 0: attend only, no new key/value (the single-layer latency without a
   // decode step).
   const int with_step = IntFlag(argc, argv, "with_step", 1);
+  // > 0: each timed call slower than this many microseconds is printed to
+  // stderr with its step, layer and time since the first timed call (where
+  // a p99 comes from: a few stalls or a slow tail).
+  const int slow_us = IntFlag(argc, argv, "slow_us", 0);
   const bool ipc = absl::StartsWith(path, "ipc_"), shm = absl::StartsWith(path, "shm_");
   const bool inline_path = path == "inline_bf16";
   if (!ipc && !shm && !inline_path) CHECK_OK(absl::InvalidArgumentError(absl::StrCat("unknown --path ", path)));
@@ -318,6 +322,7 @@ int Run(int argc, char** argv) {
     CHECK_OK(bell->Prepare(static_cast<uint32_t>(l), req));
   }
   std::vector<double> layer_us, step_ms;
+  Clock::time_point timed_start = Clock::now();
   v1::AttendResponse response;
   for (int s = 0; s < warmup + steps; ++s) {
     const auto step_start = Clock::now();
@@ -342,7 +347,14 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr, "step %d layer %d: %s\n", s, l, std::string(st.message()).c_str());
         return 1;
       }
-      if (s >= warmup) layer_us.push_back(Us(t1 - t0));
+      if (s >= warmup) {
+        layer_us.push_back(Us(t1 - t0));
+        if (layer_us.size() == 1) timed_start = t0;
+        if (slow_us > 0 && layer_us.back() > slow_us) {
+          std::fprintf(stderr, "slow call: step %d layer %d %.1f us at %.3f ms\n", s, l, layer_us.back(),
+                       Us(t0 - timed_start) / 1e3);
+        }
+      }
     }
     if (s >= warmup) step_ms.push_back(Us(Clock::now() - step_start) / 1e3);
     ++next_token;

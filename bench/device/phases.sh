@@ -57,7 +57,10 @@ k=0
 for spec in ${PATHS:-shm_doorbell:1 ipc_doorbell:1 shm_doorbell:0 ipc_doorbell:0 ipc_stream:1 inline_bf16:1}; do
   p=${spec%:*}; w=${spec#*:}; k=$((k+1))
   scrape /tmp/m$k.a
-  timeout 120 env ${SERVER_ENV:-} $B $BENCH $P --path=$p --prefill=0 --with_step=$w 2>&1 | tail -1
+  # BENCH_ARGS: more flags for the timed runs; their whole output goes to
+  # $OUT/bench.log (e.g. --slow_us's lines).
+  timeout ${RUN_TIMEOUT:-120} env ${SERVER_ENV:-} $B $BENCH $P --path=$p --prefill=0 --with_step=$w ${BENCH_ARGS:-} 2>&1 |
+    tee -a $OUT/bench.log | tail -1
   scrape /tmp/m$k.b
   delta /tmp/m$k.a /tmp/m$k.b
 done
