@@ -3,9 +3,9 @@
 // A decode loop attends the same sequences' same layers through the same
 // client tensors call after call (a prepared request on a doorbell). What
 // such a launch uploads before its kernels run, its plan (each item's page
-// list, token counts, window slot, layer, and the lists of client tensors
-// the gather moves and the answers' targets), is then the bytes the previous call of it
-// uploaded. The backend keeps up to `capacity` plans in device memory;
+// list, token counts, window slot and layer, the gather's list of client
+// queries and the answers' targets), is then the bytes the previous call
+// of it uploaded. The backend keeps up to `capacity` plans in device memory;
 // LaunchPlans remembers what each was made from and finds the one a launch
 // can reuse, so that no page table is built or uploaded for it.
 //
