@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device_common.cuh"
 
 namespace driftkv {
 namespace gpu {
@@ -17,10 +18,7 @@ __device__ __forceinline__ float LoadValue(const void* src, int dtype, size_t i)
 
 // wire/half.h FloatToBf16, then back to float.
 __device__ __forceinline__ float RoundBf16(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return __uint_as_float((u >> 16) << 16);
+  return Bf16ToFloatDev(FloatToBf16Dev(f));
 }
 
 __global__ void IngestKernel(IngestParams p) {
