@@ -38,13 +38,13 @@ absl::Status AttendLauncher::Init(const AttendDevice& device, size_t window_cach
   absl::Status st = windows_.Init(window_cache_bytes, dev_.layout.n());
   if (st.ok() && windows_.enabled()) st = window_upload_.Init(dev_.layout.n());
   if (!st.ok()) return st;
-  constexpr int kItems = 64, kQHeads = 32, kTokens = 8192;
-  const int d = dev_.layout.head_dim, pages = kTokens / dev_.page_tokens;
-  const size_t qsz = static_cast<size_t>(kItems) * kQHeads * d;
-  absl::StatusOr<size_t> client_bytes = client_io_.Warm(kItems);
+  const int d = dev_.layout.head_dim, pages = kWarmTokens / dev_.page_tokens;
+  const size_t qsz = static_cast<size_t>(kWarmItems) * kWarmQHeads * d;
+  absl::StatusOr<size_t> client_bytes = client_io_.Warm(kWarmItems);
   if (!client_bytes.ok()) return client_bytes.status();
-  const StagingLayout stage(kItems, static_cast<size_t>(kItems) * pages, *client_bytes, qsz, 0, dev_.layout.n());
-  return ReserveOutputs(kItems, kQHeads, pages, stage.bytes);
+  const StagingLayout stage(kWarmItems, static_cast<size_t>(kWarmItems) * pages, *client_bytes, qsz, 0,
+                            dev_.layout.n());
+  return ReserveOutputs(kWarmItems, kWarmQHeads, pages, stage.bytes);
 }
 
 absl::Status AttendLauncher::CheckLayer(int layer) const {
@@ -233,10 +233,7 @@ absl::Status AttendLauncher::AttendPlanned(absl::Span<AttendJob> jobs) {
     if (e >= 0) {
       kept = &kept_[e];
       st = kept->dev.Reserve(off_wk);
-      if (!st.ok()) {
-        plans_.Forget(e);
-        return st;
-      }
+      if (!st.ok()) return st;  // Run forgets every plan
       kept->layout = stage;
       kept->client = client_launch_;
       kept->slot_of = slot_of;

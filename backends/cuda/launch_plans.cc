@@ -82,12 +82,6 @@ int LaunchPlans::Record(absl::Span<const AttendJob> jobs) {
   return e;
 }
 
-void LaunchPlans::Forget(int e) {
-  if (e < 0 || e >= capacity() || !entries_[e].used) return;
-  index_.erase(entries_[e].key);
-  entries_[e] = Entry();
-}
-
 void LaunchPlans::Clear() {
   for (Entry& e : entries_) e = Entry();
   index_.clear();

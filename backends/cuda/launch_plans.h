@@ -44,8 +44,8 @@ class LaunchPlans {
   // then writes the plan into its device memory. -1 when capacity is 0.
   int Record(absl::Span<const AttendJob> jobs);
 
-  // Forgets entry `e` (its device bytes are not the plan: a failed launch).
-  void Forget(int e);
+  // Forgets every plan (their device bytes may not be the plans: a failed
+  // launch).
   void Clear();
 
   // Launches that found their plan, and plans recorded (for tests and
