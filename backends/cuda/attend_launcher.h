@@ -80,13 +80,17 @@ struct AttendDevice {
   bool values_folded = false;
 };
 
+// The decode batch the launch buffers (and the backend's promotion ids)
+// are sized for at start: 64 items of 32 query heads over 8K tokens.
+constexpr int kWarmItems = 64, kWarmQHeads = 32, kWarmTokens = 8192;
+
 class AttendLauncher {
  public:
   AttendLauncher();
 
   // The window cache (`window_cache_bytes` of device memory, 0: none) and
-  // the launch buffers sized for a decode batch of 64 items of 32 query
-  // heads over 8K tokens: allocated by the first call that needs them
+  // the launch buffers sized for the warm batch (kWarmItems ...):
+  // allocated by the first call that needs them
   // (pinned memory above all, and cudaFree waits for the device), they
   // cost that call tens of milliseconds. Larger batches still grow them.
   absl::Status Init(const AttendDevice& device, size_t window_cache_bytes);

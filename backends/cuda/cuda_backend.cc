@@ -111,8 +111,7 @@ class CudaBackend : public Backend {
   }
 
   // The launcher's buffers and the promotion's page ids, sized at start
-  // for a decode batch of 64 items of 32 query heads over 8K tokens (see
-  // AttendLauncher::Init).
+  // for the warm batch (cuda_backend::kWarmItems ...).
   absl::Status WarmBuffers() {
     cuda_backend::AttendDevice d;
     d.stream = stream_;
@@ -129,8 +128,8 @@ class CudaBackend : public Backend {
     }
     d.values_folded = values_folded_;
     absl::Status st = launcher_.Init(d, window_cache_bytes_);
-    const size_t pages = 8192 / pool_.page_tokens();
-    if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * 64 * pages);
+    const size_t pages = cuda_backend::kWarmTokens / pool_.page_tokens();
+    if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * cuda_backend::kWarmItems * pages);
     return st;
   }
 
