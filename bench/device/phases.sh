@@ -52,7 +52,11 @@ PY
 }
 P="--target=127.0.0.1:50051 ${SHAPE:---layers=32 --sequences=64 --context=8192} --steps=${STEPS:-12} --warmup=3"
 BENCH=${BENCH:-decode_step_bench}
-timeout 300 env ${SERVER_ENV:-} $B $BENCH $P --path=${PREFILL_PATH:-ipc_stream} --prefill=1 2>&1 | tail -1
+# PREFILL_STEPS: the prefill run's own timed steps (default STEPS); each
+# adds a token to every sequence, so a long timed run wants a short prefill.
+# (The first of a flag counts: the prefill's --steps goes first.)
+timeout 300 env ${SERVER_ENV:-} $B $BENCH --steps=${PREFILL_STEPS:-${STEPS:-12}} $P \
+  --path=${PREFILL_PATH:-ipc_stream} --prefill=1 2>&1 | tail -1
 k=0
 for spec in ${PATHS:-shm_doorbell:1 ipc_doorbell:1 shm_doorbell:0 ipc_doorbell:0 ipc_stream:1 inline_bf16:1}; do
   p=${spec%:*}; w=${spec#*:}; k=$((k+1))
