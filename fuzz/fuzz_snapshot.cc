@@ -36,6 +36,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       bool intact = false;
       if (!(*r)->NextLayer(kN, 256, &h, &keys, &values, &intact).ok()) return 0;
       for (uint32_t p = 0; p < std::min<uint32_t>(h.pages, 64); ++p) {
+        bool shared = false;
+        uint64_t ordinal = 0;
+        if (!(*r)->NextPageKind(&shared, &ordinal).ok()) return 0;
+        if (shared) {
+          // A repeat names a full page already read, never one ahead.
+          if (ordinal >= (*r)->full_pages()) __builtin_trap();
+          continue;
+        }
         PageChecksum stored = 0;
         if (!(*r)->Page(kPageBytes, page.data(), &stored, &intact).ok()) return 0;
       }

@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 16; ++i) t.matrix(0, 0, static_cast<Mat>(m))[i * 16 + i] = 1.0f;
   }
   Put(out + "/fuzz_transforms", "identity", SerializeTransforms(t));
-  // Snapshot: 2 sequences of 1 layer, n 64, pages of 96 bytes.
+  // Snapshot: 3 sequences of 1 layer, n 64, pages of 96 bytes; the third
+  // repeats the second's page, then has one of its own.
   {
     const std::string dir = out + "/snapshot_tmp";
     mkdir(dir.c_str(), 0755);
@@ -91,14 +92,15 @@ int main(int argc, char** argv) {
     if (!w.ok()) return 1;
     std::vector<uint16_t> wk(2 * 64, 0x3f80), wv(2 * 64, 0xbf80);
     std::vector<uint8_t> page(96, 7);
-    for (int s = 0; s < 2; ++s) {
-      (void)(*w)->BeginSequence(s == 0 ? "a" : "bb", 1);
+    for (int s = 0; s < 3; ++s) {
+      (void)(*w)->BeginSequence(std::string(s + 1, "abc"[s]), 1);
       (void)(*w)->BeginLayer(3 * 0 + 2 + s * 128, 2, s, wk, wv);
-      for (int i = 0; i < s; ++i) (void)(*w)->Page(page.data(), Crc32c(page.data(), page.size()));
+      if (s == 2) (void)(*w)->SharedPage(0);
+      for (int i = s == 2 ? 1 : 0; i < s; ++i) (void)(*w)->Page(page.data(), Crc32c(page.data(), page.size()));
     }
     if (!(*w)->Commit().ok()) return 1;
     std::ifstream f(SnapshotPath(dir), std::ios::binary);
-    Put(out + "/fuzz_snapshot", "two_sequences", std::string(std::istreambuf_iterator<char>(f), {}));
+    Put(out + "/fuzz_snapshot", "three_sequences_one_shared", std::string(std::istreambuf_iterator<char>(f), {}));
     std::remove(SnapshotPath(dir).c_str());
     rmdir(dir.c_str());
   }

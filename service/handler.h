@@ -167,8 +167,9 @@ class Handler {
   void BeginDrain() { table_->BeginDrain(); }
   bool draining() const { return table_->draining(); }
   struct SnapshotSummary {
-    uint64_t sequences = 0;  // written / restored
-    uint64_t pages = 0;
+    uint64_t sequences = 0;          // written / restored
+    uint64_t pages = 0;              // the sequences' pages, shared ones once per holder
+    uint64_t shared_pages = 0;       // of them, repeats of a page the file holds once
     uint64_t corrupt_pages = 0;      // checksum mismatches (pages and windows)
     uint64_t dropped_sequences = 0;  // not written / not restored, each logged
     bool rest_lost = false;          // load: a corrupt framing field ended the reading early

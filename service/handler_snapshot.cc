@@ -3,8 +3,10 @@
 // service/snapshot_file.h).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,8 @@
 #include "service/handler.h"
 #include "service/handler_internal.h"
 #include "service/snapshot_file.h"
+#include "service/snapshot_pages.h"
+#include "service/tenant.h"
 #include "service/token_digest.h"
 
 namespace driftkv {
@@ -128,6 +132,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
   if (absl::Status st = (*writer)->Tombstones(tombstones); !st.ok()) return st;
   std::vector<uint64_t> digests;
   const size_t n = this->n();
+  SnapshotPagesWritten written(pool_.get());
   for (const auto& [key, seq] : all) {
     absl::MutexLock seq_lock(&seq->mu);
     if (seq->released) continue;
@@ -153,6 +158,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       ++summary->dropped_sequences;
       continue;
     }
+    const std::string tenant = TenantOfKey(key);
     absl::Status st = (*writer)->BeginSequence(key, static_cast<uint32_t>(seq->layers.size()));
     for (size_t l = 0; l < seq->layers.size() && st.ok(); ++l) {
       LayerState& layer = seq->layers[l];
@@ -161,7 +167,17 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
                                  static_cast<uint32_t>(layer.window_keys.size() / n),
                                  static_cast<uint32_t>(layer.pages.size()), layer.window_keys, layer.window_values);
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
-        st = (*writer)->Page(pool_->page(layer.pages[i]), layer.page_sums[i]);
+        // A page the file already holds for this tenant (a fork's shared
+        // page, a shared hot page demoted per holder) is written once.
+        const PageId page = layer.pages[i];
+        if (std::optional<uint64_t> ordinal = written.Find(tenant, layer.page_sums[i], page)) {
+          st = (*writer)->SharedPage(*ordinal);
+          ++summary->shared_pages;
+          continue;
+        }
+        const uint64_t ordinal = (*writer)->full_pages();
+        st = (*writer)->Page(pool_->page(page), layer.page_sums[i]);
+        if (st.ok()) written.Add(tenant, layer.page_sums[i], page, ordinal);
       }
       // One digest per paged token (kNoDigest where none was kept), so
       // that restored paged tokens are compared on repeat as before.
@@ -228,6 +244,7 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     }
   }
   std::vector<uint64_t> digests;
+  SnapshotPagesRestored restored(pool_.get());
   auto drop = [&](const std::string& id, const std::string& why) {
     // The key as the file has it: its tenant part may be a planted id's.
     Log(absl::StrCat("sequence_id ", Quoted(id), " not restored: ", why));
@@ -274,13 +291,56 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         ++totals_.snapshot_corrupt_pages;
         metrics_->snapshot_corrupt_pages->Increment();
       }
-      absl::StatusOr<std::vector<PageId>> pages = pool_->Reserve(h.pages, device);
-      if (!pages.ok() && why.empty()) why = std::string(pages.status().message());
+      // Each page of the layer: a full page into a page of its own (or
+      // into scratch once the sequence is lost), or a repeat of a full
+      // page restored earlier, shared by reference.
+      std::vector<PageId> pages;
       std::vector<uint8_t> scratch;  // pages that are read but not kept
       for (uint32_t i = 0; i < h.pages && framing.ok(); ++i) {
+        auto lost = [&](const std::string& reason) {
+          if (why.empty())
+            why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d %s", i, static_cast<int64_t>(i) * p,
+                                  static_cast<int64_t>(i + 1) * p, l, reason);
+        };
+        bool shared = false;
+        uint64_t ordinal = 0;
+        framing = (*reader)->NextPageKind(&shared, &ordinal);
+        if (!framing.ok()) break;
+        if (shared) {
+          const PageId src = restored.page(ordinal);
+          if (src == SnapshotPagesRestored::kNone) {
+            lost("repeats a page that was not restored");
+          } else if (why.empty() && pool_->partition_of(src) == device) {
+            pool_->Retain({src});
+            pages.push_back(src);
+            layer.page_sums.push_back(restored.checksum(ordinal));
+          } else if (why.empty()) {
+            // Held on another device's partition: a copy of its own.
+            absl::StatusOr<std::vector<PageId>> one = pool_->Reserve(1, device);
+            if (!one.ok()) {
+              lost(absl::StrCat("has no room: ", one.status().message()));
+            } else {
+              std::memcpy(pool_->page((*one)[0]), pool_->page(src), pool_->page_stride());
+              pages.push_back((*one)[0]);
+              layer.page_sums.push_back(restored.checksum(ordinal));
+            }
+          }
+          ++summary->shared_pages;
+          continue;
+        }
+        PageId dst_page = SnapshotPagesRestored::kNone;
+        if (why.empty()) {
+          absl::StatusOr<std::vector<PageId>> one = pool_->Reserve(1, device);
+          if (one.ok()) {
+            dst_page = (*one)[0];
+            pages.push_back(dst_page);
+          } else {
+            why = std::string(one.status().message());
+          }
+        }
         uint8_t* dst;
-        if (pages.ok()) {
-          dst = pool_->page((*pages)[i]);
+        if (dst_page != SnapshotPagesRestored::kNone) {
+          dst = pool_->page(dst_page);
         } else {
           scratch.resize(pool_->page_stride());
           dst = scratch.data();
@@ -288,17 +348,16 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         PageChecksum stored = 0;
         bool intact = true;
         framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
-        if (framing.ok() && !intact) {
+        if (!framing.ok()) break;
+        if (!intact) {
           ++summary->corrupt_pages;
           ++totals_.snapshot_corrupt_pages;
           metrics_->snapshot_corrupt_pages->Increment();
           verifier_->CountFailure(kCheckSnapshot);
-          if (why.empty()) {
-            why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d fails its checksum (stored crc32c %08x)", i,
-                                  static_cast<int64_t>(i) * p, static_cast<int64_t>(i + 1) * p, l, stored);
-          }
+          lost(absl::StrFormat("fails its checksum (stored crc32c %08x)", stored));
         }
-        if (pages.ok()) layer.page_sums.push_back(stored);
+        restored.Full(intact ? dst_page : SnapshotPagesRestored::kNone, stored);
+        if (dst_page != SnapshotPagesRestored::kNone) layer.page_sums.push_back(stored);
       }
       bool digests_intact = false;
       if (with_digests && framing.ok()) {
@@ -308,8 +367,9 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
                            " fail their checksum; its paged tokens are restored without them (repeats not compared)"));
         }
       }
-      if (pages.ok()) {
-        layer.pages = *pages;
+      reserved.insert(reserved.end(), pages.begin(), pages.end());
+      if (why.empty()) {
+        layer.pages = std::move(pages);
         // One digest per paged token; kNoDigest (not compared on repeat)
         // where the snapshot has none (before version 3, or a failed
         // CRC), so digests stay aligned with token positions.
@@ -318,7 +378,6 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         } else {
           layer.digests.assign(static_cast<size_t>(h.pages) * p, kNoDigest);
         }
-        reserved.insert(reserved.end(), pages->begin(), pages->end());
       }
       layer.window_keys = keys;
       layer.window_values = values;
@@ -341,9 +400,12 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
       }
     }
     if (why.empty()) {
-      if (absl::Status st = backend_->UploadPages(reserved); !st.ok()) {
+      const std::vector<PageId> upload = restored.NotUploaded(reserved);
+      if (absl::Status st = backend_->UploadPages(upload); !st.ok()) {
         table_->Unadopt(seq, static_cast<int64_t>(reserved.size()));
         why = std::string(st.message());
+      } else {
+        restored.Uploaded(upload);
       }
     }
     if (!why.empty()) {
@@ -361,6 +423,9 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     seq->usage->CountRestore();
     metrics_->snapshot_restored_sequences->Increment();
   }
+  // Pages restored for sequences that were then dropped, and repeated by
+  // none kept, go back to the pool.
+  restored.Release();
   if (!framing.ok()) {
     summary->rest_lost = true;  // how many sequences followed is unknown
     Log(absl::StrCat("the rest of ", path, " is lost: ", framing.message()));

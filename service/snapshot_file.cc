@@ -157,9 +157,28 @@ absl::Status SnapshotWriter::BeginLayer(uint64_t length, uint32_t window_tokens,
 
 absl::Status SnapshotWriter::Page(const uint8_t* bytes, PageChecksum checksum) {
   ++pages_;
-  absl::Status st = Write(&checksum, 4);
+  ++full_pages_;
+  absl::Status st;
+  if (version_ >= kSnapshotFirstSharedVersion) st = Write(&kSnapshotPageTag, 4);
+  if (st.ok()) st = Write(&checksum, 4);
   if (st.ok()) st = Write(bytes, page_bytes_);
   return st;
+}
+
+absl::Status SnapshotWriter::SharedPage(uint64_t ordinal) {
+  if (version_ < kSnapshotFirstSharedVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot version ", version_, " has no shared page entries (version 4 has)"));
+  }
+  if (ordinal >= full_pages_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared page ", ordinal, " repeats no full page (", full_pages_, " written)"));
+  }
+  ++pages_;
+  std::string rec;
+  PutU32(&rec, kSnapshotSharedPageTag);
+  PutU64(&rec, ordinal);
+  return WriteWithCrc(rec);
 }
 
 absl::Status SnapshotWriter::Commit() {
@@ -352,11 +371,46 @@ absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, Lay
   return absl::OkStatus();
 }
 
+absl::Status SnapshotReader::NextPageKind(bool* shared, uint64_t* ordinal) {
+  *shared = false;
+  *ordinal = 0;
+  if (version_ < kSnapshotFirstSharedVersion) return absl::OkStatus();
+  if (full_page_next_) return absl::FailedPreconditionError("NextPageKind twice: read the full page first");
+  uint8_t rec[16];
+  if (absl::Status st = Read(rec, 4, "page tag"); !st.ok()) return st;
+  const uint32_t tag = GetU32(rec);
+  if (tag == kSnapshotPageTag) {
+    full_page_next_ = true;
+    return absl::OkStatus();
+  }
+  if (tag != kSnapshotSharedPageTag) {
+    return absl::DataLossError(absl::StrCat(path_, ": bad page tag ", tag, " at byte ", std::ftell(file_) - 4));
+  }
+  if (absl::Status st = Read(rec + 4, 12, "shared page entry"); !st.ok()) return st;
+  if (CrcOf(rec, 12) != GetU32(rec + 12)) {
+    return absl::DataLossError(absl::StrCat(path_, ": shared page entry checksum mismatch in sequence ", sequences_));
+  }
+  const uint64_t ord = GetU64(rec + 4);
+  if (ord >= full_pages_) {
+    return absl::DataLossError(absl::StrCat(path_, ": shared page entry repeats page ", ord, " of ", full_pages_,
+                                            " full pages read (corrupt record)"));
+  }
+  ++pages_;
+  *shared = true;
+  *ordinal = ord;
+  return absl::OkStatus();
+}
+
 absl::Status SnapshotReader::Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact) {
+  if (version_ >= kSnapshotFirstSharedVersion) {
+    if (!full_page_next_) return absl::FailedPreconditionError("Page before NextPageKind said a full page");
+    full_page_next_ = false;
+  }
   absl::Status st = Read(stored, 4, "page checksum");
   if (st.ok()) st = Read(out, page_bytes, "page");
   if (!st.ok()) return st;
   ++pages_;
+  ++full_pages_;
   *intact = Crc32c(out, page_bytes) == *stored;
   return absl::OkStatus();
 }

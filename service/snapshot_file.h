@@ -18,7 +18,12 @@
 //             bf16 keys [window tokens][n] | bf16 values [window tokens][n] |
 //             u32 CRC-32C of the window's bytes |
 //       page  u32 page checksum (backends/page_checksum.h) | page bytes
-//             (the cold page, page_bytes of the identity)
+//             (the cold page, page_bytes of the identity); from version 4
+//             each page entry starts with a tag: u32 'PGE1' then the page
+//             as above, or u32 'PRF1' | u64 ordinal | u32 CRC-32C of those
+//             12 bytes: the same bytes as the file's ordinal-th full page
+//             (counted from 0 over the whole file), held once after a
+//             restore (docs/prefix_cache.md, "Snapshots")
 //       digests (version 3, after the pages) u32 count (pages x P) |
 //             u32 CRC-32C of the count | u64 token digest x count
 //             (service/token_digest.h; 0: none) | u32 CRC-32C of them
@@ -29,11 +34,13 @@
 // sequence only; one in a framing field loses the rest of the file (reported,
 // never guessed). Versions: 1 has no tenancy line (the keys' form is
 // unknown: the loader keeps only keys without NUL or control bytes); 2 adds
-// it; 3 adds the tombstones and each layer's token digests. Readers take
-// all three (no tombstones or digests before 3). A tombstone block or a
-// digest array failing its CRC is lost alone (reported by its `intact`). The writer writes `snapshot.dkvs.tmp`, fsyncs
-// it and renames it over `snapshot.dkvs` (then fsyncs the folder): a crash while writing leaves the previous snapshot
-// or none, never a torn one.
+// it; 3 adds the tombstones and each layer's token digests; 4 tags each
+// page entry (a full page or a repeat). Readers take all four (no
+// tombstones or digests before 3, every page whole before 4). A tombstone
+// block or a digest array failing its CRC is lost alone (reported by its
+// `intact`). The writer writes `snapshot.dkvs.tmp`, fsyncs it and renames
+// it over `snapshot.dkvs` (then fsyncs the folder): a crash while writing
+// leaves the previous snapshot or none, never a torn one.
 #ifndef DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
 #define DRIFTKV_SERVICE_SNAPSHOT_FILE_H_
 
@@ -52,10 +59,13 @@
 namespace driftkv {
 
 constexpr char kSnapshotMagic[8] = {'D', 'K', 'V', 'S', 'N', 'A', 'P', '\0'};
-constexpr uint32_t kSnapshotVersion = 3;
-constexpr uint32_t kSnapshotFirstTenancyVersion = 2;    // identity has "tenancy="
-constexpr uint32_t kSnapshotFirstDigestVersion = 3;     // tombstones and digests
-constexpr uint32_t kSnapshotTombstoneTag = 0x31424D54;  // "TMB1"
+constexpr uint32_t kSnapshotVersion = 4;
+constexpr uint32_t kSnapshotFirstTenancyVersion = 2;     // identity has "tenancy="
+constexpr uint32_t kSnapshotFirstDigestVersion = 3;      // tombstones and digests
+constexpr uint32_t kSnapshotFirstSharedVersion = 4;      // tagged page entries
+constexpr uint32_t kSnapshotPageTag = 0x31454750;        // "PGE1"
+constexpr uint32_t kSnapshotSharedPageTag = 0x31465250;  // "PRF1"
+constexpr uint32_t kSnapshotTombstoneTag = 0x31424D54;   // "TMB1"
 constexpr uint32_t kSnapshotMaxTombstoneBytes = 1u << 30;
 constexpr uint32_t kSnapshotSequenceTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kSnapshotEndTag = 0x31444E45;       // "END1"
@@ -89,7 +99,11 @@ class SnapshotWriter {
   // Window bf16 arrays of window_tokens * n values each.
   absl::Status BeginLayer(uint64_t length, uint32_t window_tokens, uint32_t pages,
                           absl::Span<const uint16_t> window_keys, absl::Span<const uint16_t> window_values);
+  // A full page: the file's full_pages()-th before the call.
   absl::Status Page(const uint8_t* bytes, PageChecksum checksum);
+  // Version 4: a page entry repeating full page `ordinal` (< full_pages()).
+  absl::Status SharedPage(uint64_t ordinal);
+  uint64_t full_pages() const { return full_pages_; }
   // Version 3: after a layer's pages, its token digests (pages x P).
   absl::Status Digests(absl::Span<const uint64_t> digests);
   uint32_t version() const { return version_; }
@@ -107,7 +121,7 @@ class SnapshotWriter {
   bool tombstones_written_ = false;
   FILE* file_ = nullptr;
   bool committed_ = false;
-  uint64_t sequences_ = 0, pages_ = 0;
+  uint64_t sequences_ = 0, pages_ = 0, full_pages_ = 0;
 };
 
 // Reads a snapshot record by record. Open checks the header (magic,
@@ -138,9 +152,16 @@ class SnapshotReader {
   // window longer than max_window_tokens is DataLoss (nothing allocated).
   absl::Status NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header, std::vector<uint16_t>* keys,
                          std::vector<uint16_t>* values, bool* window_intact);
-  // Reads one page of `page_bytes` into `out`; *intact: its CRC-32C
-  // matches the stored checksum (*stored).
+  // Each page entry begins here: *shared false for a full page (then read
+  // it with Page), true for a repeat of full page *ordinal (< the full
+  // pages read so far, or DataLoss). Before version 4 every entry is a
+  // full page and nothing is read.
+  absl::Status NextPageKind(bool* shared, uint64_t* ordinal);
+  // Reads one full page of `page_bytes` into `out`; *intact: its CRC-32C
+  // matches the stored checksum (*stored). From version 4 only after
+  // NextPageKind said a full page.
   absl::Status Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact);
+  uint64_t full_pages() const { return full_pages_; }
   // Version 3, after a layer's pages: its digests, `count` of them (pages x
   // P; another count is DataLoss). *intact false: their CRC failed.
   absl::Status Digests(uint64_t count, std::vector<uint64_t>* out, bool* intact);
@@ -156,7 +177,8 @@ class SnapshotReader {
   uint32_t version_ = 0;
   std::vector<std::pair<std::string, uint64_t>> tombstones_;
   bool tombstones_intact_ = true;
-  uint64_t sequences_ = 0, pages_ = 0;
+  uint64_t sequences_ = 0, pages_ = 0, full_pages_ = 0;
+  bool full_page_next_ = false;  // version 4: NextPageKind said a full page
 };
 
 }  // namespace driftkv

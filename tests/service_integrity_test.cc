@@ -240,13 +240,15 @@ TEST_F(IntegrityTest, SnapshotsCarryTombstonesAndDigests) {
   EXPECT_EQ(Stats().tombstones(), 0u);
 }
 
-// Forks share their source's pages (Handler::Fork); a snapshot writes each
-// sequence's pages, shared ones once per sequence, and a warm restart
-// restores every sequence bit for bit, its paged tokens still compared by
-// digest, each with pages of its own.
-TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdentically) {
+// Forks share their source's pages (Handler::Fork); a snapshot writes a
+// page shared within a tenant once (the others name it), and a warm
+// restart restores every sequence bit for bit, its paged tokens still
+// compared by digest, the shared pages held once again by reference.
+TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdenticallyAndSharedOnce) {
+  // Other data in each layer: a page repeats only where forks share it.
   const testing::Kv kv = SyntheticKv(400, kN, 16), other = SyntheticKv(400, kN, 17);
-  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(testing::PushTokens(*h_, "src", l, kv, 0, 300).ok());
+  const testing::Kv kv1 = SyntheticKv(400, kN, 26), other1 = SyntheticKv(400, kN, 27);
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(testing::PushTokens(*h_, "src", l, l ? kv1 : kv, 0, 300).ok());
   auto fork = [&](const std::string& id, uint64_t tokens) {
     v1::ForkRequest req;
     req.set_source_sequence_id("src");
@@ -256,7 +258,9 @@ TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdentically) {
     return h_->Fork(req, &resp);
   };
   ASSERT_TRUE(fork("f", 128).ok());
-  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(testing::PushTokens(*h_, "f", l, other, 128, 272).ok());
+  for (uint32_t l = 0; l < 2; ++l) {
+    ASSERT_TRUE(testing::PushTokens(*h_, "f", l, l ? other1 : other, 128, 272).ok());
+  }
   ASSERT_TRUE(fork("g", 256).ok());
   // What each sequence answers: lengths, both layers' tokens, an Attend.
   auto answers = [&](const std::string& id) {
@@ -276,13 +280,13 @@ TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdentically) {
   const std::vector<std::string> ids = {"src", "f", "g"};
   std::vector<std::string> before;
   for (const std::string& id : ids) before.push_back(answers(id));
-  const uint64_t shared_pages = Stats().pages_in_use();
+  const uint64_t pages_before = Stats().pages_in_use();
   Handler::SnapshotSummary loaded;
   ASSERT_NO_FATAL_FAILURE(Restart("forks", SmallOptions(), &loaded));
   EXPECT_EQ(loaded.sequences, 3u);
-  EXPECT_EQ(loaded.pages, (8 + 11 + 8) * 2u);  // the forks' pages written with each
-  EXPECT_GT(loaded.pages, shared_pages);
-  EXPECT_EQ(Stats().pages_in_use(), loaded.pages);
+  EXPECT_EQ(loaded.pages, (8 + 11 + 8) * 2u);  // each sequence's pages, shared ones per holder
+  EXPECT_EQ(loaded.pages - loaded.shared_pages, pages_before);
+  EXPECT_EQ(Stats().pages_in_use(), pages_before);  // shared once, as before the restart
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(answers(ids[i]), before[i]) << ids[i];
   // The shared prefix's digests came along: other data for it is refused.
   absl::Status st = Append(ChunkOf("g", 0, 64, 20, other));
@@ -292,6 +296,16 @@ TEST_F(IntegrityTest, ForkedSequencesRestoreBitIdentically) {
   ASSERT_TRUE(h_->Append(ChunkOf("g", 0, 0, 256, kv), &r).ok());
   EXPECT_EQ(r.tokens_duplicate(), 256u);
   EXPECT_EQ(answers("g"), before[2]);
+  // The restored references count: the source's release keeps what the
+  // forks share; the last release frees every page.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id(ids[i]);
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(h_->Release(rel, &rr).ok());
+    for (size_t j = i + 1; j < ids.size(); ++j) EXPECT_EQ(answers(ids[j]), before[j]) << ids[j];
+  }
+  EXPECT_EQ(Stats().pages_in_use(), 0u);
 }
 
 TEST_F(IntegrityTest, RepeatedDecodeStepWithOtherDataIsRejected) {
