@@ -187,8 +187,7 @@ class SharingTest : public testing::HandlerFixture {
     for (uint32_t l = 0; l < 2; ++l) {
       for (int t = first; t < first + count; t += 50) {
         v1::AppendResponse r;
-        absl::Status st =
-            h_->Append(testing::ChunkOf(seq, l, t, std::min(50, first + count - t), kv[l]), &r, tenant);
+        absl::Status st = h_->Append(testing::ChunkOf(seq, l, t, std::min(50, first + count - t), kv[l]), &r, tenant);
         if (!st.ok()) return st;
       }
     }
@@ -313,9 +312,34 @@ TEST_F(SharingTest, ACorruptPageDropsItsRepeatsToo) {
   EXPECT_EQ(loaded.dropped_sequences, 2u);
   EXPECT_EQ(loaded.corrupt_pages, 1u);
   EXPECT_TRUE(absl::StrContains(log, "page 0 (tokens [0, 32)) of layer 0 fails its checksum")) << log;
-  EXPECT_TRUE(absl::StrContains(log, "page 0 (tokens [0, 32)) of layer 0 repeats a page that was not restored"))
-      << log;
+  EXPECT_TRUE(absl::StrContains(log, "page 0 (tokens [0, 32)) of layer 0 repeats a page that was not restored")) << log;
   EXPECT_EQ(Stats().pages_in_use(), 0u);
+}
+
+// Two devices: a restored sequence goes to the least loaded one, so a
+// repeat may name a page of the other device's partition; it gets a copy
+// of its own there (a page is attended by the device that holds it).
+TEST_F(SharingTest, RepeatsAcrossDevicesAreCopies) {
+  ServiceOptions o = SmallOptions();
+  o.devices = {0, 1};
+  Make(o);
+  ASSERT_NO_FATAL_FAILURE(SourceAndFork());
+  const std::string src = Answers("a-src"), fork = Answers("b-fork");
+  const std::string dir = Dir("repeat_devices");
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(h_->WriteSnapshot(dir, &written).ok());
+  EXPECT_EQ(written.shared_pages, 2 * 4u);
+  Make(o);
+  ASSERT_TRUE(h_->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(loaded.sequences, 2u);
+  const v1::StatsResponse stats = Stats();
+  ASSERT_EQ(stats.devices_size(), 2);
+  // a-src fills device 0 first; b-fork goes to the emptier device 1 and
+  // copies its 8 pages there.
+  EXPECT_EQ(stats.devices(0).pages_in_use(), 16u);
+  EXPECT_EQ(stats.devices(1).pages_in_use(), 8u);
+  EXPECT_EQ(Answers("a-src"), src);
+  EXPECT_EQ(Answers("b-fork"), fork);
 }
 
 }  // namespace
