@@ -221,4 +221,63 @@ std::vector<absl::StatusOr<v1::StatsResponse>> ShardedClient::StatsAll() {
   return out;
 }
 
+std::vector<absl::StatusOr<v1::LookupResponse>> ShardedClient::LookupAll(const v1::LookupRequest& request) {
+  std::vector<absl::StatusOr<v1::LookupResponse>> out(replicas_.size(), v1::LookupResponse());
+  std::vector<int> all;
+  for (int r = 0; r < replica_count(); ++r) all.push_back(r);
+  ForEachConcurrently(all, [&](int r) {
+    out[r] = clients_[r]->Lookup(request);
+    if (!out[r].ok()) out[r] = Named(r, out[r].status());
+  });
+  return out;
+}
+
+int ShardedClient::LongestPrefix(const std::vector<absl::StatusOr<v1::LookupResponse>>& answers) {
+  int best = -1;
+  uint64_t most = 0;
+  for (size_t r = 0; r < answers.size(); ++r) {
+    if (answers[r].ok() && answers[r]->tokens() > most) {
+      best = static_cast<int>(r);
+      most = answers[r]->tokens();
+    }
+  }
+  return best;
+}
+
+std::string ShardedClient::SequenceIdOn(absl::string_view base, int replica) const {
+  // With N replicas each candidate is the replica's with probability 1/N:
+  // the expected tries are N, and 64 N fail with probability < e^-64.
+  for (uint64_t k = 0;; ++k) {
+    std::string id = k == 0 ? std::string(base) : absl::StrCat(base, "~", k);
+    if (ReplicaOf(id) == replica || k >= 64 * replicas_.size()) return id;
+  }
+}
+
+absl::StatusOr<ShardedClient::PrefixFork> ShardedClient::ForkFromPrefix(absl::Span<const uint32_t> token_ids,
+                                                                        absl::string_view base, uint64_t max_tokens) {
+  if (replicas_.empty()) return absl::FailedPreconditionError("ShardedClient has no replicas");
+  v1::LookupRequest request;
+  request.mutable_token_ids()->Add(token_ids.begin(), token_ids.end());
+  const std::vector<absl::StatusOr<v1::LookupResponse>> answers = LookupAll(request);
+  const int best = LongestPrefix(answers);
+  if (best < 0) {
+    std::string why;
+    for (int r = 0; r < replica_count(); ++r) {
+      absl::StrAppend(&why, r == 0 ? "" : "; ", replicas_[r], ": ",
+                      answers[r].ok() ? answers[r]->miss_message() : answers[r].status().ToString());
+    }
+    return absl::NotFoundError(absl::StrCat("no replica holds a page of the prompt (", why, ")"));
+  }
+  PrefixFork out;
+  out.replica = best;
+  out.sequence_id = SequenceIdOn(base, best);
+  if (ReplicaOf(out.sequence_id) != best) {
+    return absl::InternalError(absl::StrCat("no id from \"", base, "\" routes to replica ", replicas_[best]));
+  }
+  absl::StatusOr<v1::ForkResponse> fork = clients_[best]->ForkFromPrefix(token_ids, out.sequence_id, max_tokens);
+  if (!fork.ok()) return Named(best, fork.status());
+  out.response = *std::move(fork);
+  return out;
+}
+
 }  // namespace driftkv

@@ -22,6 +22,13 @@
 //    SplitMix64 finaliser. Other clients (Python) implement exactly this.
 //  - Per-sequence calls (Read, ReadFloat, Release, Length) go to the owner
 //    only; their errors carry the replica's name ("replica NAME: ...").
+//  - Prefixes across replicas: a replica's prefix index holds the pages of
+//    the sequences it held, so a new sequence reuses a prompt's prefix only
+//    on a replica that has it. ForkFromPrefix asks every replica (Lookup),
+//    takes the one with the longest prefix (ties to the lower index) and
+//    forks there under an id that routes to it: the first of `base`,
+//    `base~1`, `base~2`, ... whose owner it is (SequenceIdOn; the Python
+//    client derives the same ids), so every later call of that id finds it.
 //  - Nothing moves data between replicas. A replica that is down fails the
 //    calls of its own sequences (UNAVAILABLE after the per-replica client's
 //    retries: the caller recomputes those sequences, e.g. re-runs their
@@ -103,6 +110,27 @@ class ShardedClient {
   // Every replica's answer, in replica order.
   std::vector<absl::StatusOr<v1::InfoResponse>> InfoAll();
   std::vector<absl::StatusOr<v1::StatsResponse>> StatsAll();
+  std::vector<absl::StatusOr<v1::LookupResponse>> LookupAll(const v1::LookupRequest& request);
+
+  // The index of the answer with the most tokens held in every layer (ties
+  // to the lower index); -1 when none holds a page (failed answers count as
+  // none).
+  static int LongestPrefix(const std::vector<absl::StatusOr<v1::LookupResponse>>& answers);
+  // The first of base, base~1, base~2, ... that `replica` owns. REQUIRES:
+  // 0 <= replica < replica_count().
+  std::string SequenceIdOn(absl::string_view base, int replica) const;
+  // A sequence made from the longest prefix any replica holds (see the
+  // invariants): its id (from `base`), its replica and the Fork's answer
+  // (`tokens`: append from there). NOT_FOUND when no replica holds a page
+  // of the prompt (then make `base` itself, which routes to its owner);
+  // a failed Lookup of one replica only leaves it out. Not retried.
+  struct PrefixFork {
+    std::string sequence_id;
+    int replica = -1;
+    v1::ForkResponse response;
+  };
+  absl::StatusOr<PrefixFork> ForkFromPrefix(absl::Span<const uint32_t> token_ids, absl::string_view base,
+                                            uint64_t max_tokens = 0);
 
  private:
   // `status` with "replica NAME: " before its message.

@@ -156,6 +156,16 @@ TEST(Rendezvous, FixedValuesForOtherImplementations) {
   EXPECT_EQ(RendezvousScore("a:1", "seq-0"), Mix64(Fnv1a64(std::string("a:1\0seq-0", 9))));
 }
 
+// The ids ForkFromPrefix derives: fixed values the Python client's
+// Router.sequence_id_on must match.
+TEST(Rendezvous, SequenceIdOnFixedValuesForOtherImplementations) {
+  ShardedClient names({"a:1", "b:2", "c:3"});  // no call is made
+  EXPECT_EQ(names.SequenceIdOn("user-7", 0), "user-7~1");
+  EXPECT_EQ(names.SequenceIdOn("user-7", 1), "user-7");
+  EXPECT_EQ(names.SequenceIdOn("user-7", 2), "user-7~4");
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(names.ReplicaOf(names.SequenceIdOn("user-7", r)), r);
+}
+
 TEST(Rendezvous, OwnerIndependentOfListOrderAndMovesMinimallyOnAdd) {
   const std::vector<std::string> abc = {"a:1", "b:1", "c:1"}, cab = {"c:1", "a:1", "b:1"};
   const std::vector<std::string> abcd = {"a:1", "b:1", "c:1", "d:1"};
@@ -302,6 +312,62 @@ TEST_F(ShardedTest, LengthRoutedToTheOwnerEqualsOneServer) {
   EXPECT_NE(unknown.status().message().find("replica " + names_[sharded_->ReplicaOf("never-stored")]),
             std::string::npos)
       << unknown.status();
+}
+
+// A prompt stored (with its token ids) on one replica is found there by
+// LookupAll, and ForkFromPrefix forks it there under an id that routes to
+// that replica; the fork reads back the source's paged tokens. A prompt no
+// replica holds is NOT_FOUND, naming each replica's reason.
+TEST_F(ShardedTest, ForkFromPrefixFindsTheReplicaThatHoldsIt) {
+  constexpr int kPrompt = 320;  // 9 pages of 32 sealed (the window keeps 32)
+  std::vector<uint32_t> ids(kPrompt);
+  for (int i = 0; i < kPrompt; ++i) ids[i] = 7000 + static_cast<uint32_t>(i) * 13;
+  const testing::Kv kv = testing::SyntheticKv(kPrompt, kN, 4242);
+  v1::AppendChunk chunk = MakeChunk("prompt-src", 0, 0, kPrompt, kv.keys.data(), kv.values.data(), kN, v1::DTYPE_BF16);
+  chunk.mutable_token_ids()->Add(ids.begin(), ids.end());
+  ASSERT_TRUE(sharded_->Append({chunk}).ok());
+  const int holder = sharded_->ReplicaOf("prompt-src");
+
+  v1::LookupRequest lookup;
+  lookup.mutable_token_ids()->Add(ids.begin(), ids.end());
+  const std::vector<absl::StatusOr<v1::LookupResponse>> answers = sharded_->LookupAll(lookup);
+  ASSERT_EQ(answers.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(answers[r].ok()) << answers[r].status();
+    EXPECT_EQ(answers[r]->tokens(), r == holder ? 288u : 0u) << "replica " << r;
+  }
+  EXPECT_EQ(ShardedClient::LongestPrefix(answers), holder);
+
+  // Every replica has ids of its own from one base, the base itself first.
+  for (int r = 0; r < 3; ++r) {
+    const std::string id = sharded_->SequenceIdOn("user-7", r);
+    EXPECT_EQ(sharded_->ReplicaOf(id), r) << id;
+    EXPECT_EQ(id == "user-7", sharded_->ReplicaOf("user-7") == r) << id;
+  }
+
+  // The prompt and a suffix of the user's own: the prefix's 9 pages shared.
+  std::vector<uint32_t> asked = ids;
+  for (int i = 0; i < 40; ++i) asked.push_back(90000 + i);
+  absl::StatusOr<ShardedClient::PrefixFork> fork = sharded_->ForkFromPrefix(asked, "user-7");
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_EQ(fork->replica, holder);
+  EXPECT_EQ(sharded_->ReplicaOf(fork->sequence_id), holder);
+  EXPECT_EQ(fork->response.tokens(), 288u);
+  absl::StatusOr<Client::Tensors> mine = sharded_->ReadFloat(fork->sequence_id, 0, 0, 288);
+  absl::StatusOr<Client::Tensors> src = sharded_->ReadFloat("prompt-src", 0, 0, 288);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ(mine->keys, src->keys);
+  EXPECT_EQ(mine->values, src->values);
+  ASSERT_TRUE(sharded_->Release(fork->sequence_id).ok());
+  ASSERT_TRUE(sharded_->Release("prompt-src").ok());
+
+  std::vector<uint32_t> unknown(kPrompt, 5);
+  absl::StatusOr<ShardedClient::PrefixFork> none = sharded_->ForkFromPrefix(unknown, "user-8");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+  EXPECT_NE(none.status().message().find("no replica holds a page of the prompt (" + names_[0] + ": "),
+            std::string::npos)
+      << none.status();
 }
 
 // Last (gtest runs the tests of a suite in order): kills replica 1.

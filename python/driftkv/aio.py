@@ -489,3 +489,20 @@ class ShardedClient(S.ReplicaClients):
     async def stats_all(self, *, timeout: Optional[float] = None) -> List[Union[Stats, DriftkvError]]:
         V.timeout(timeout)
         return await self._all(lambda c: c.stats(timeout=timeout))
+
+    async def lookup_all(self, token_ids: Optional[Sequence[int]] = None, *,
+                         page_keys: Optional[Sequence[bytes]] = None,
+                         timeout: Optional[float] = None) -> List[Union[LookupResult, DriftkvError]]:
+        """See driftkv.ShardedClient.lookup_all."""
+        V.timeout(timeout)
+        return await self._all(lambda c: c.lookup(token_ids, page_keys=page_keys, timeout=timeout))
+
+    async def fork_from_prefix(self, base: str, token_ids: Optional[Sequence[int]] = None, *,
+                               page_keys: Optional[Sequence[bytes]] = None, max_tokens: int = 0,
+                               timeout: Optional[float] = None) -> "S.PrefixFork":
+        """See driftkv.ShardedClient.fork_from_prefix (never retried)."""
+        answers = await self.lookup_all(token_ids, page_keys=page_keys, timeout=timeout)
+        best, sequence_id = S.prefix_target(self._router, answers, V.text(base, "base"))
+        result = await self._routed(sequence_id, lambda c: c.fork_from_prefix(
+            sequence_id, token_ids, page_keys=page_keys, max_tokens=max_tokens, timeout=timeout))
+        return S.PrefixFork(sequence_id, best, result)

@@ -14,6 +14,11 @@ Invariants (the same as the C++ client's, so that both route alike):
     python/tests/test_sharded.py pin the same values.
   - Removing a replica moves exactly its sequences; adding one moves to it
     only the sequences it now wins.
+  - Prefixes across replicas: fork_from_prefix asks every replica
+    (lookup_all), takes the one holding the longest prefix (ties to the
+    lower index) and forks there under the first of base, base~1,
+    base~2, ... that it owns (sequence_id_on), the ids the C++ client
+    derives too.
   - Nothing moves data between replicas. A replica that is down fails the
     calls of its own sequences (UNAVAILABLE after its client's retries);
     every other sequence keeps working. Errors name the replica:
@@ -23,7 +28,7 @@ Thread-safe: one ShardedClient may be shared by many threads.
 """
 import functools
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
@@ -31,8 +36,8 @@ from driftkv import _validate as V
 from driftkv import _wire as W
 from driftkv._errors import DriftkvError, closed_error, invalid
 from driftkv._proto import pb
-from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, Info, LayerLength,
-                            ReadResult, ReleaseResult, Stats)
+from driftkv._types import (AppendResult, Array, AttendItem, AttendResult, Attention, Chunk, ForkResult, Info,
+                            LayerLength, LookupResult, ReadResult, ReleaseResult, Stats)
 from driftkv._wire import Progress
 from driftkv.client import Client
 
@@ -113,6 +118,19 @@ class Router:
         for k, s in enumerate(sequence_ids):
             groups.setdefault(self.owner(s), []).append(k)
         return dict(sorted(groups.items()))
+
+    def sequence_id_on(self, base: str, replica: int) -> str:
+        """The first of base, base~1, base~2, ... that `replica` owns: each
+        candidate is its with probability 1/N, so N tries are expected and
+        64 N fail with probability below e^-64 (then the last is returned)."""
+        if not 0 <= replica < len(self.replicas):
+            raise invalid(f"replica {replica} is not in [0, {len(self.replicas)})")
+        k = 0
+        while True:
+            candidate = base if k == 0 else f"{base}~{k}"
+            if self.owner(candidate) == replica or k >= 64 * len(self.replicas):
+                return candidate
+            k += 1
 
     def named(self, replica: int, error: DriftkvError) -> DriftkvError:
         """`error` with "replica NAME: " before its details."""
@@ -239,6 +257,36 @@ def summed(parts: Iterable[AppendResult]) -> AppendResult:
     return total
 
 
+class PrefixFork(NamedTuple):
+    """A sequence a sharded client made from the longest prefix a replica
+    holds: its id (derived from the base asked for), that replica's index
+    and the Fork's result (`tokens`: append from there)."""
+    sequence_id: str
+    replica: int
+    result: ForkResult
+
+
+def longest_prefix(answers: Sequence[Union[LookupResult, DriftkvError]]) -> int:
+    """The index of the answer holding the most tokens in every layer (ties
+    to the lower index); -1 when none holds a page (errors count as none)."""
+    best, most = -1, 0
+    for r, a in enumerate(answers):
+        if isinstance(a, LookupResult) and a.tokens > most:
+            best, most = r, a.tokens
+    return best
+
+
+def prefix_target(router: Router, answers: Sequence[Union[LookupResult, DriftkvError]], base: str) -> Tuple[int, str]:
+    """fork_from_prefix's replica and sequence id; NOT_FOUND naming each
+    replica's reason when none holds a page of the prompt."""
+    best = longest_prefix(answers)
+    if best < 0:
+        why = "; ".join(f"{name}: {a.miss_message if isinstance(a, LookupResult) else a.details}"
+                        for name, a in zip(router.replicas, answers))
+        raise DriftkvError(grpc.StatusCode.NOT_FOUND, f"no replica holds a page of the prompt ({why})")
+    return best, router.sequence_id_on(base, best)
+
+
 class ReplicaClients:
     """The routing state a sharded client has, sync or asyncio: the Router
     over the replicas' names and one client per replica (made with
@@ -273,6 +321,11 @@ class ReplicaClients:
     def replica_of(self, sequence_id: str) -> int:
         """The index in `replicas` of the replica that holds `sequence_id`."""
         return self._router.owner(V.text(sequence_id, "sequence_id"))
+
+    def sequence_id_on(self, base: str, replica: int) -> str:
+        """The first of base, base~1, base~2, ... that replica `replica`
+        owns (what fork_from_prefix names its sequences)."""
+        return self._router.sequence_id_on(V.text(base, "base"), replica)
 
     def client(self, replica: int):
         """The client of replica `replica`."""
@@ -420,3 +473,25 @@ class ShardedClient(ReplicaClients):
         """Every replica's Stats (or its error), in replica order."""
         V.timeout(timeout)
         return self._all(lambda c: c.stats(timeout=timeout))
+
+    def lookup_all(self, token_ids: Optional[Sequence[int]] = None, *, page_keys: Optional[Sequence[bytes]] = None,
+                   timeout: Optional[float] = None) -> List[Union[LookupResult, DriftkvError]]:
+        """Every replica's Lookup of the prompt (or its error), in replica
+        order: which replica holds how much of it (driftkv.Client.lookup)."""
+        V.timeout(timeout)
+        return self._all(lambda c: c.lookup(token_ids, page_keys=page_keys, timeout=timeout))
+
+    def fork_from_prefix(self, base: str, token_ids: Optional[Sequence[int]] = None, *,
+                         page_keys: Optional[Sequence[bytes]] = None, max_tokens: int = 0,
+                         timeout: Optional[float] = None) -> PrefixFork:
+        """A new sequence sharing the longest prefix of the prompt that any
+        replica holds: lookup_all, then driftkv.Client.fork_from_prefix on
+        that replica under sequence_id_on(base, it), an id every later call
+        routes there. NOT_FOUND when no replica holds a page of the prompt
+        (then append to `base` itself); a replica whose Lookup fails is
+        left out. Never retried."""
+        best, sequence_id = prefix_target(self._router, self.lookup_all(token_ids, page_keys=page_keys,
+                                                                         timeout=timeout), V.text(base, "base"))
+        result = self._routed(sequence_id, lambda c: c.fork_from_prefix(
+            sequence_id, token_ids, page_keys=page_keys, max_tokens=max_tokens, timeout=timeout))
+        return PrefixFork(sequence_id, best, result)

@@ -222,6 +222,50 @@ def test_removing_a_replica_moves_only_its_sequences(cluster):
                 assert same_bits(x, y)
 
 
+def test_sequence_id_on_is_the_cpp_one():
+    """tests/sharded_client_test.cc pins the same ids."""
+    r = driftkv.sharded.Router(["a:1", "b:2", "c:3"])
+    assert [r.sequence_id_on("user-7", i) for i in range(3)] == ["user-7~1", "user-7", "user-7~4"]
+    assert [r.owner(r.sequence_id_on("user-7", i)) for i in range(3)] == [0, 1, 2]
+
+
+def test_fork_from_prefix_finds_the_replica_that_holds_it(cluster):
+    """A prompt stored with its ids on one replica: lookup_all finds it
+    there only, fork_from_prefix forks it there under an id that routes
+    there (sync and asyncio alike); a prompt nobody holds is NOT_FOUND."""
+    ids = [7000 + 13 * i for i in range(320)]  # 9 pages of 32 sealed (the window keeps 32)
+    k, v = kv(np.random.default_rng(77), 320, kv_heads=2, head_dim=64)
+    cluster.sharded.append("py-prompt", 0, k, v, token_ids=ids)
+    holder = cluster.sharded.replica_of("py-prompt")
+    found = cluster.sharded.lookup_all(ids)
+    assert [a.tokens for a in found] == [288 if r == holder else 0 for r in range(3)]
+    asked = ids + list(range(90000, 90040))
+    fork = cluster.sharded.fork_from_prefix("py-user", asked)
+    assert (fork.replica, fork.result.tokens) == (holder, 288)
+    assert fork.sequence_id == cluster.sharded.sequence_id_on("py-user", holder)
+    assert cluster.sharded.replica_of(fork.sequence_id) == holder
+    mine = cluster.sharded.read(fork.sequence_id, 0, token_count=288)
+    src = cluster.sharded.read("py-prompt", 0, token_count=288)
+    assert mine.keys.tobytes() == src.keys.tobytes() and mine.values.tobytes() == src.values.tobytes()
+
+    async def main():
+        clients = [driftkv.aio.Client(s.target, timeout=20) for s in cluster.servers[:3]]
+        async with driftkv.aio.ShardedClient(NAMES, clients=clients) as c:
+            assert [a.tokens for a in await c.lookup_all(ids)] == [a.tokens for a in found]
+            f = await c.fork_from_prefix("py-user-2", asked)
+            assert (f.replica, f.result.tokens) == (holder, 288)
+            assert c.replica_of(f.sequence_id) == holder
+            await c.release(f.sequence_id)
+
+    asyncio.run(main())
+    with pytest.raises(driftkv.DriftkvError) as e:
+        cluster.sharded.fork_from_prefix("py-user-3", [5] * 320)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    assert f"no replica holds a page of the prompt ({NAMES[0]}: " in e.value.details
+    cluster.sharded.release(fork.sequence_id)
+    cluster.sharded.release("py-prompt")
+
+
 # Last (pytest runs a module's tests in order): kills replica 1.
 def test_killed_replica_fails_only_its_own_sequences(cluster):
     dead = cluster.servers[1].process
