@@ -97,6 +97,9 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdsFromFlags(bool required);
 // per page event until --count events or SIGINT/SIGTERM.
 int Lookup(Client& client, const v1::InfoResponse& info);
 int Pin(Client& client);
+// Creates `sequence_id` from --from (and --fork_tokens) or from the prefix
+// index by the token ids (at most --max_tokens).
+int Fork(Client& client, const std::string& sequence_id);
 int Unpin(Client& client);
 int Watch(Client& client);
 

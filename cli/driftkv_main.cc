@@ -21,6 +21,10 @@
 //            next one is not held
 //   pin      --pin_id P (--token_ids L | --token_ids_file F) [--ttl_s S]
 //            [--max_tokens N]: keeps that prefix resident for the lease
+//   fork     --sequence NEW (--from SRC --fork_tokens N | --token_ids L |
+//            --token_ids_file F [--max_tokens N]): NEW shares SRC's first N
+//            tokens, or the longest prefix of the prompt the prefix index
+//            holds; prints the tokens shared (append from there)
 //   unpin    --pin_id P
 //   watch    [--count N] [--max_batch B] [--buffer_events E]: a line per page
 //            stored in or evicted from the prefix index ("stored KEYHEX layer
@@ -295,7 +299,7 @@ int PrintStats(Client& client, const v1::InfoResponse& info) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "driftkv [--server HOST:PORT] "
-      "push|attend|read|release|length|stats|lookup|pin|unpin|watch|bench|demo|fixture|token-hash [flags]\n"
+      "push|attend|read|release|length|stats|lookup|fork|pin|unpin|watch|bench|demo|fixture|token-hash [flags]\n"
       "see the top of cli/driftkv_main.cc or docs/api.md");
   // --help lists the flags defined in cli/ (absl's default matches only a
   // file named after the binary).
@@ -324,6 +328,7 @@ int main(int argc, char** argv) {
   if (cmd == "length") return Length(client);
   if (cmd == "stats") return PrintStats(client, *info);
   if (cmd == "lookup") return Lookup(client, *info);
+  if (cmd == "fork") return Fork(client, absl::GetFlag(FLAGS_sequence));
   if (cmd == "pin") return Pin(client);
   if (cmd == "unpin") return Unpin(client);
   if (cmd == "watch") return Watch(client);

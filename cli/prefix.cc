@@ -22,12 +22,15 @@
 #include "absl/time/time.h"
 #include "cli/cli.h"
 
-ABSL_FLAG(std::string, token_ids, "", "push/lookup/pin: the prompt's token ids, comma-separated");
+ABSL_FLAG(std::string, token_ids, "", "push/lookup/pin/fork: the prompt's token ids, comma-separated");
 ABSL_FLAG(std::string, token_ids_file, "",
           "push/lookup/pin: a file of the prompt's token ids (decimal, separated by commas or whitespace)");
 ABSL_FLAG(std::string, pin_id, "", "pin/unpin: the pin's name in the caller's tenant");
 ABSL_FLAG(double, ttl_s, 3600, "pin: the lease in seconds, at most 604800 (a week); pin again to renew");
-ABSL_FLAG(uint64_t, max_tokens, 0, "pin: at most these tokens per layer, a multiple of page_tokens (0: all held)");
+ABSL_FLAG(uint64_t, max_tokens, 0,
+          "pin, fork: at most these tokens per layer, a multiple of page_tokens (0: all held)");
+ABSL_FLAG(std::string, from, "", "fork: the source sequence (empty: fork from the prefix index by token ids)");
+ABSL_FLAG(uint64_t, fork_tokens, 0, "fork --from: the tokens to share, a multiple of page_tokens");
 ABSL_FLAG(uint32_t, max_batch, 0, "watch: events per message, at most 4096 (0: the server's 256)");
 ABSL_FLAG(uint32_t, buffer_events, 0,
           "watch: events the server buffers for this watch before it drops them, at most 1048576 (0: 65536)");
@@ -118,6 +121,24 @@ int Pin(Client& client) {
               static_cast<unsigned long long>(r->tokens()), static_cast<unsigned long long>(r->pages_pinned()),
               absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", until, absl::UTCTimeZone()).c_str(),
               r->replaced() ? " (replaced the live pin of that id)" : "");
+  return 0;
+}
+
+int Fork(Client& client, const std::string& sequence_id) {
+  const std::string from = absl::GetFlag(FLAGS_from);
+  absl::StatusOr<v1::ForkResponse> r;
+  if (!from.empty()) {
+    r = client.Fork(from, sequence_id, absl::GetFlag(FLAGS_fork_tokens));
+  } else {
+    absl::StatusOr<std::vector<uint32_t>> ids = TokenIdsFromFlags(true);
+    if (!ids.ok()) return Fail(ids.status());
+    r = client.ForkFromPrefix(*ids, sequence_id, absl::GetFlag(FLAGS_max_tokens));
+  }
+  if (!r.ok()) return Fail(r.status());
+  std::printf("forked %s from %s: %llu tokens per layer, %llu pages shared; append from token %llu\n",
+              sequence_id.c_str(), from.empty() ? "the prefix index" : from.c_str(),
+              static_cast<unsigned long long>(r->tokens()), static_cast<unsigned long long>(r->pages_shared()),
+              static_cast<unsigned long long>(r->tokens()));
   return 0;
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CLI's prefix-cache commands against a real driftkv-server: push with
-# token ids, lookup (a comma list and a file), pin, a renewal, unpin, and
-# watch, whose lines must name the pages by the keys computed here with
-# hashlib from their definition (docs/prefix_cache.md, "Page keys"); watch
-# ends after --count events, and at SIGINT, with exit status 0.
+# token ids, lookup (a comma list and a file), fork (from the index and
+# from a sequence), pin, a renewal, unpin, and watch, whose lines must name
+# the pages by the keys computed here with hashlib from their definition
+# (docs/prefix_cache.md, "Page keys"); watch ends after --count events,
+# and at SIGINT, with exit status 0.
 set -euo pipefail
 SERVER="$1"
 CLI="$2"
@@ -77,6 +78,19 @@ grep -q "^prompt: 384 tokens, 3 full pages; held in every layer: 2 pages (256 to
 grep -q "^miss: page 2 of layer 0: never_stored: page 2 (tokens \[256, 384)) of layer 0 was never stored" <<<"$OUT"
 seq 1001 1256 >"$TMP/ids.txt"
 kv lookup --token_ids_file "$TMP/ids.txt" | grep -q "^miss: none$"
+
+# fork from the prefix index (the released prompt's pages), then from a
+# sequence: both share whole pages and say where to append from.
+OUT="$(kv fork --sequence user1 --token_ids "$IDS")"
+echo "$OUT"
+grep -q "^forked user1 from the prefix index: 256 tokens per layer, 8 pages shared; append from token 256$" <<<"$OUT"
+kv fork --sequence user2 --from user1 --fork_tokens 128 |
+  grep -q "^forked user2 from user1: 128 tokens per layer, 4 pages shared; append from token 128$"
+kv length --sequence user2 | grep -q "128"
+if kv fork --sequence user3 --token_ids "$(seq -s, 5001 5256)" 2>"$TMP/fork.err"; then fail "fork of an unknown prompt"; fi
+grep -q "^driftkv: NOT_FOUND" "$TMP/fork.err"
+kv release --sequence user1 >/dev/null
+kv release --sequence user2 >/dev/null
 
 OUT="$(kv pin --pin_id sys --token_ids "$IDS" --ttl_s 60)"
 echo "$OUT"
