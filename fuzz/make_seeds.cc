@@ -83,8 +83,9 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 16; ++i) t.matrix(0, 0, static_cast<Mat>(m))[i * 16 + i] = 1.0f;
   }
   Put(out + "/fuzz_transforms", "identity", SerializeTransforms(t));
-  // Snapshot: 3 sequences of 1 layer, n 64, pages of 96 bytes; the third
-  // repeats the second's page, then has one of its own.
+  // Snapshot (version 4): 3 sequences of 1 layer, n 64, pages of 96 bytes;
+  // the third repeats the second's page, then has one of its own; then the
+  // prefix index and a pin.
   {
     const std::string dir = out + "/snapshot_tmp";
     mkdir(dir.c_str(), 0755);
@@ -98,9 +99,23 @@ int main(int argc, char** argv) {
       if (s == 2) (void)(*w)->SharedPage(0);
       for (int i = s == 2 ? 1 : 0; i < s; ++i) (void)(*w)->Page(page.data(), Crc32c(page.data(), page.size()));
     }
+    // The index: one entry repeating the first page, one of its own; a pin
+    // of both.
+    (void)(*w)->BeginIndex(2);
+    const std::string ns(16, 'n'), key(16, 'k');
+    (void)(*w)->IndexEntry(ns, key, 0);
+    (void)(*w)->SharedPage(0);
+    (void)(*w)->Digests(std::vector<uint64_t>(16, 0));
+    (void)(*w)->IndexEntry(ns, std::string(16, 'j'), 0);
+    (void)(*w)->Page(page.data(), Crc32c(page.data(), page.size()));
+    (void)(*w)->Digests(std::vector<uint64_t>(16, 0));
+    (void)(*w)->BeginPins(1);
+    (void)(*w)->Pin("pin", "pin", 1000000000, 2);
+    (void)(*w)->SharedPage(0);
+    (void)(*w)->SharedPage(2);
     if (!(*w)->Commit().ok()) return 1;
     std::ifstream f(SnapshotPath(dir), std::ios::binary);
-    Put(out + "/fuzz_snapshot", "three_sequences_one_shared", std::string(std::istreambuf_iterator<char>(f), {}));
+    Put(out + "/fuzz_snapshot", "v4_shared_index_pins", std::string(std::istreambuf_iterator<char>(f), {}));
     std::remove(SnapshotPath(dir).c_str());
     rmdir(dir.c_str());
   }

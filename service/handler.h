@@ -66,7 +66,11 @@ namespace driftkv {
 
 constexpr const char* kServerVersion = "0.1.0";
 
-struct StagedOutputs;  // service/attend_io.h
+struct StagedOutputs;         // service/attend_io.h
+class SnapshotReader;         // service/snapshot_file.h
+class SnapshotWriter;         // service/snapshot_file.h
+class SnapshotPagesRestored;  // service/snapshot_pages.h
+class SnapshotPagesWritten;   // service/snapshot_pages.h
 
 class Handler {
  public:
@@ -169,7 +173,9 @@ class Handler {
   struct SnapshotSummary {
     uint64_t sequences = 0;          // written / restored
     uint64_t pages = 0;              // the sequences' pages, shared ones once per holder
-    uint64_t shared_pages = 0;       // of them, repeats of a page the file holds once
+    uint64_t shared_pages = 0;       // page entries that repeat a page the file holds once
+    uint64_t index_entries = 0;      // prefix index entries written / restored
+    uint64_t pins = 0;               // pins written / restored
     uint64_t corrupt_pages = 0;      // checksum mismatches (pages and windows)
     uint64_t dropped_sequences = 0;  // not written / not restored, each logged
     bool rest_lost = false;          // load: a corrupt framing field ended the reading early
@@ -351,6 +357,24 @@ class Handler {
                           absl::Span<const uint32_t> token_ids);
   // The namespace of `tenant`'s page keys under this codec (page_key.h).
   PageKey NamespaceOf(const std::string& tenant) const { return NamespaceKey(codec_identity_, tenant); }
+  // SNAPSHOT PAGES (handler_snapshot.cc). One page entry for namespace
+  // `space` (the bytes of its NamespaceOf): a repeat of a page the file
+  // holds, or the page itself.
+  absl::Status WritePage(SnapshotWriter* writer, SnapshotPagesWritten* written, const std::string& space, PageId page,
+                         PageChecksum sum, SnapshotSummary* summary);
+  // The prefix index (least recent first) and the live pins, after the
+  // sequences (version 4).
+  absl::Status WriteIndexAndPins(SnapshotWriter* writer, SnapshotPagesWritten* written, SnapshotSummary* summary);
+  // One page entry read into a page of its own (partition 0) or the page
+  // restored for the full entry it repeats (wherever it lies), with a
+  // reference for the caller; kNone when it failed its checksum or
+  // repeats a page not restored. Not OK: the framing (the rest is lost).
+  absl::Status ReadRestoredPage(SnapshotReader* reader, SnapshotPagesRestored* restored, PageId* page,
+                                PageChecksum* sum, SnapshotSummary* summary);
+  // The index and the pins after the sequences, then the trailer: read
+  // whole, uploaded to the backend, then entered (an upload that fails
+  // enters nothing, logged).
+  absl::Status LoadIndexAndPins(SnapshotReader* reader, SnapshotPagesRestored* restored, SnapshotSummary* summary);
   // The page keys of a prompt given as ids or keys (`ids_field`,
   // `keys_field`: the request's field names, for messages); exactly one
   // of them non-empty, keys of 16 bytes.

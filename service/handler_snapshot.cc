@@ -158,7 +158,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       ++summary->dropped_sequences;
       continue;
     }
-    const std::string tenant = TenantOfKey(key);
+    const std::string space(NamespaceOf(TenantOfKey(key)).view());
     absl::Status st = (*writer)->BeginSequence(key, static_cast<uint32_t>(seq->layers.size()));
     for (size_t l = 0; l < seq->layers.size() && st.ok(); ++l) {
       LayerState& layer = seq->layers[l];
@@ -169,15 +169,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
         // A page the file already holds for this tenant (a fork's shared
         // page, a shared hot page demoted per holder) is written once.
-        const PageId page = layer.pages[i];
-        if (std::optional<uint64_t> ordinal = written.Find(tenant, layer.page_sums[i], page)) {
-          st = (*writer)->SharedPage(*ordinal);
-          ++summary->shared_pages;
-          continue;
-        }
-        const uint64_t ordinal = (*writer)->full_pages();
-        st = (*writer)->Page(pool_->page(page), layer.page_sums[i]);
-        if (st.ok()) written.Add(tenant, layer.page_sums[i], page, ordinal);
+        st = WritePage(writer->get(), &written, space, layer.pages[i], layer.page_sums[i], summary);
       }
       // One digest per paged token (kNoDigest where none was kept), so
       // that restored paged tokens are compared on repeat as before.
@@ -190,7 +182,56 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
     if (!st.ok()) return st;
     ++summary->sequences;
   }
+  if (absl::Status st = WriteIndexAndPins(writer->get(), &written, summary); !st.ok()) return st;
   return (*writer)->Commit();
+}
+
+absl::Status Handler::WritePage(SnapshotWriter* writer, SnapshotPagesWritten* written, const std::string& space,
+                                PageId page, PageChecksum sum, SnapshotSummary* summary) {
+  // A page the file already holds for this namespace (a fork's shared
+  // page, a shared hot page demoted per holder, an index page a sequence
+  // also holds) is written once.
+  if (std::optional<uint64_t> ordinal = written->Find(space, sum, page)) {
+    ++summary->shared_pages;
+    return writer->SharedPage(*ordinal);
+  }
+  const uint64_t ordinal = writer->full_pages();
+  absl::Status st = writer->Page(pool_->page(page), sum);
+  if (st.ok()) written->Add(space, sum, page, ordinal);
+  return st;
+}
+
+absl::Status Handler::WriteIndexAndPins(SnapshotWriter* writer, SnapshotPagesWritten* written,
+                                        SnapshotSummary* summary) {
+  if (writer->version() < kSnapshotFirstSharedVersion) return absl::OkStatus();
+  const size_t p = static_cast<size_t>(pool_->page_tokens());
+  const std::vector<PrefixIndex::Entry> entries = index_->Entries();
+  absl::Status st = writer->BeginIndex(entries.size());
+  std::vector<uint64_t> digests;
+  for (size_t i = 0; i < entries.size() && st.ok(); ++i) {
+    const PrefixIndex::Entry& e = entries[i];
+    st = writer->IndexEntry(e.ns.view(), e.key.view(), static_cast<uint32_t>(e.layer));
+    if (st.ok()) st = WritePage(writer, written, std::string(e.ns.view()), e.page.page, e.page.sum, summary);
+    digests.assign(e.page.digests.begin(), e.page.digests.begin() + std::min(e.page.digests.size(), p));
+    digests.resize(p, kNoDigest);
+    if (st.ok()) st = writer->Digests(digests);
+    ++summary->index_entries;
+  }
+  const absl::Time now = clock_();
+  const std::vector<PinTable::Entry> pins = pins_->Entries(now);
+  if (st.ok()) st = writer->BeginPins(pins.size());
+  for (size_t i = 0; i < pins.size() && st.ok(); ++i) {
+    const PinTable::Entry& pin = pins[i];
+    const std::string space(NamespaceOf(TenantOfKey(pin.key)).view());
+    st = writer->Pin(pin.key, pin.pin_id, static_cast<uint64_t>(absl::ToInt64Nanoseconds(pin.expires - now)),
+                     static_cast<uint32_t>(pin.pages.size()));
+    for (size_t k = 0; k < pin.pages.size() && st.ok(); ++k) {
+      const PageId page = pin.pages[k];
+      st = WritePage(writer, written, space, page, Crc32c(pool_->page(page), pool_->page_stride()), summary);
+    }
+    ++summary->pins;
+  }
+  return st;
 }
 
 absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summary) {
@@ -423,8 +464,9 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     seq->usage->CountRestore();
     metrics_->snapshot_restored_sequences->Increment();
   }
+  if (framing.ok()) framing = LoadIndexAndPins(reader->get(), &restored, summary);
   // Pages restored for sequences that were then dropped, and repeated by
-  // none kept, go back to the pool.
+  // none kept (nor by the index or a pin), go back to the pool.
   restored.Release();
   if (!framing.ok()) {
     summary->rest_lost = true;  // how many sequences followed is unknown
@@ -437,6 +479,168 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
   const std::string loaded = path + ".loaded";
   if (std::rename(path.c_str(), loaded.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", path, " to ", loaded));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Handler::ReadRestoredPage(SnapshotReader* reader, SnapshotPagesRestored* restored, PageId* page,
+                                       PageChecksum* sum, SnapshotSummary* summary) {
+  *page = SnapshotPagesRestored::kNone;
+  bool shared = false;
+  uint64_t ordinal = 0;
+  absl::Status framing = reader->NextPageKind(&shared, &ordinal);
+  if (!framing.ok()) return framing;
+  if (shared) {
+    // Wherever it lies: the index and pins hold pages of any partition.
+    ++summary->shared_pages;
+    *sum = restored->checksum(ordinal);
+    *page = restored->page(ordinal);
+    if (*page != SnapshotPagesRestored::kNone) pool_->Retain({*page});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<PageId>> one = pool_->Reserve(1, 0);
+  std::vector<uint8_t> scratch;
+  uint8_t* dst;
+  if (one.ok()) {
+    dst = pool_->page((*one)[0]);
+  } else {
+    scratch.resize(pool_->page_stride());
+    dst = scratch.data();
+  }
+  bool intact = true;
+  framing = reader->Page(pool_->page_stride(), dst, sum, &intact);
+  const bool kept = framing.ok() && one.ok() && intact;
+  if (framing.ok() && !intact) {
+    ++summary->corrupt_pages;
+    ++totals_.snapshot_corrupt_pages;
+    metrics_->snapshot_corrupt_pages->Increment();
+    verifier_->CountFailure(kCheckSnapshot);
+  }
+  if (framing.ok()) restored->Full(kept ? (*one)[0] : SnapshotPagesRestored::kNone, *sum);
+  if (kept) {
+    *page = (*one)[0];  // the Reserve's reference is the caller's
+  } else if (one.ok()) {
+    pool_->Free(*one);
+  }
+  return framing;
+}
+
+absl::Status Handler::LoadIndexAndPins(SnapshotReader* reader, SnapshotPagesRestored* restored,
+                                       SnapshotSummary* summary) {
+  // Everything is read first, then uploaded, then entered: an upload that
+  // fails enters nothing.
+  struct Entry {
+    PageKey ns, key;
+    int layer = 0;
+    PrefixIndex::Page page;
+  };
+  struct Pinned {
+    SnapshotReader::PinHeader header;
+    std::vector<PageId> pages;
+  };
+  std::vector<Entry> entries;
+  std::vector<Pinned> pins;
+  std::vector<PageId> held;  // every reference taken below
+  auto give_back = [&] { pool_->Free(held); };
+  const int64_t p = pool_->page_tokens();
+  uint64_t lost = 0;
+  std::vector<uint64_t> digests;
+  for (uint64_t i = 0; i < reader->index_entries(); ++i) {
+    SnapshotReader::IndexHeader e;
+    absl::Status framing = reader->NextIndexEntry(&e);
+    PageId page = SnapshotPagesRestored::kNone;
+    PageChecksum sum = 0;
+    if (framing.ok()) framing = ReadRestoredPage(reader, restored, &page, &sum, summary);
+    bool intact = false;
+    if (framing.ok()) framing = reader->Digests(static_cast<uint64_t>(p), &digests, &intact);
+    Entry entry;
+    const bool kept = framing.ok() && page != SnapshotPagesRestored::kNone && PageKey::FromBytes(e.ns, &entry.ns) &&
+                      PageKey::FromBytes(e.key, &entry.key) && e.layer < static_cast<uint32_t>(options_.layers);
+    if (!kept && page != SnapshotPagesRestored::kNone) pool_->Free({page});
+    if (!framing.ok()) {
+      give_back();
+      return framing;
+    }
+    if (!kept) {
+      ++lost;  // never served from a page that failed its checksum
+      continue;
+    }
+    held.push_back(page);
+    if (!intact) digests.assign(static_cast<size_t>(p), kNoDigest);
+    entry.layer = static_cast<int>(e.layer);
+    entry.page = PrefixIndex::Page{page, sum, digests};
+    entries.push_back(std::move(entry));
+  }
+  uint64_t count = 0;
+  if (absl::Status framing = reader->BeginPins(&count); !framing.ok()) {
+    give_back();
+    return framing;
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    Pinned pin;
+    if (absl::Status framing = reader->NextPin(&pin.header); !framing.ok()) {
+      give_back();
+      return framing;
+    }
+    bool whole = true;
+    for (uint32_t k = 0; k < pin.header.pages; ++k) {
+      PageId page = SnapshotPagesRestored::kNone;
+      PageChecksum sum = 0;
+      if (absl::Status framing = ReadRestoredPage(reader, restored, &page, &sum, summary); !framing.ok()) {
+        pool_->Free(pin.pages);
+        give_back();
+        return framing;
+      }
+      if (page == SnapshotPagesRestored::kNone) {
+        whole = false;
+      } else {
+        pin.pages.push_back(page);
+      }
+    }
+    std::string problem = whole ? KeyProblem(pin.header.key, true, options_.tokens != nullptr)
+                                : std::string("a page of it failed its checksum");
+    if (!problem.empty()) {
+      pool_->Free(pin.pages);
+      Log(absl::StrCat("pin_id ", Quoted(pin.header.pin_id), " not restored: ", problem));
+      continue;
+    }
+    held.insert(held.end(), pin.pages.begin(), pin.pages.end());
+    pins.push_back(std::move(pin));
+  }
+  if (absl::Status framing = reader->Finish(); !framing.ok()) {
+    give_back();
+    return framing;
+  }
+  if (lost > 0) Log(absl::StrCat(lost, " prefix index entries not restored: their page failed its checksum"));
+  std::vector<PageId> used;
+  for (const Entry& e : entries) used.push_back(e.page.page);
+  for (const Pinned& pin : pins) used.insert(used.end(), pin.pages.begin(), pin.pages.end());
+  const std::vector<PageId> upload = restored->NotUploaded(used);
+  if (absl::Status st = backend_->UploadPages(upload); !st.ok()) {
+    Log(absl::StrCat("the prefix index and the pins are not restored: their pages did not reach the backend: ",
+                     st.message()));
+    give_back();
+    return absl::OkStatus();
+  }
+  restored->Uploaded(upload);
+  // The references taken above go to the index and the pins (each takes
+  // over one), so `held` is not given back from here on.
+  for (Entry& e : entries) {
+    index_->Insert(e.ns, e.layer, PageKeyRoot(), {e.key}, {std::move(e.page)});
+    ++summary->index_entries;
+  }
+  const absl::Time now = clock_();
+  for (Pinned& pin : pins) {
+    PinTable::Placed placed;
+    const std::string& key = pin.header.key;
+    absl::Status st = pins_->Put(key, pin.header.pin_id, table_->Usage(TenantOfKey(key)), std::move(pin.pages),
+                                 static_cast<int64_t>(pool_->page_stride()), now,
+                                 now + absl::Nanoseconds(static_cast<int64_t>(pin.header.nanoseconds_left)), &placed);
+    if (!st.ok()) {
+      Log(absl::StrCat("pin_id ", Quoted(pin.header.pin_id), " not restored: ", st.message()));
+      continue;
+    }
+    ++summary->pins;
   }
   return absl::OkStatus();
 }

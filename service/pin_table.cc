@@ -1,5 +1,6 @@
 #include "service/pin_table.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,7 @@ absl::Status PinTable::Put(const std::string& key, const std::string& pin_id, Te
                            Placed* placed) {
   *placed = Placed{};
   Pin pin;
+  pin.pin_id = pin_id;
   pin.usage = usage;
   pin.bytes.cold_pages = static_cast<int64_t>(pages.size()) * page_stride;
   pin.expires = expires;
@@ -107,6 +109,16 @@ int64_t PinTable::pins() const {
 int64_t PinTable::pages() const {
   absl::MutexLock lock(&mu_);
   return pages_;
+}
+
+std::vector<PinTable::Entry> PinTable::Entries(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry> out;
+  for (const auto& [key, pin] : pins_) {
+    if (pin.expires > now) out.push_back(Entry{key, pin.pin_id, pin.pages, pin.expires});
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.key < b.key; });
+  return out;
 }
 
 }  // namespace driftkv

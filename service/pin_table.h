@@ -63,8 +63,18 @@ class PinTable {
   int64_t pins() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t pages() const ABSL_LOCKS_EXCLUDED(mu_);  // references held, all pins
 
+  // Every pin live at `now`, by key (a snapshot's warm restart). The pages
+  // are the pin's; the caller takes no reference.
+  struct Entry {
+    std::string key, pin_id;
+    std::vector<PageId> pages;
+    absl::Time expires;
+  };
+  std::vector<Entry> Entries(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Pin {
+    std::string pin_id;
     std::vector<PageId> pages;
     TenantUsage* usage = nullptr;
     HeldBytes bytes;

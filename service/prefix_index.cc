@@ -65,6 +65,16 @@ void PrefixIndex::Insert(const PageKey& ns, int layer, const PageKey& parent, ab
   pool_.Free(duplicates);
 }
 
+std::vector<PrefixIndex::Entry> PrefixIndex::Entries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry> out;
+  out.reserve(static_cast<size_t>(entries_));
+  for (const Slot* s = tail_; s != nullptr; s = s->prev) {
+    out.push_back(Entry{s->key->ns, s->key->key, s->layer, Page{s->page, s->sum, s->digests}});
+  }
+  return out;
+}
+
 void PrefixIndex::MarkUnhashed(const PageKey& ns, const PageKey& parent) {
   // Every prompt's first page has the root for parent: a mark there would
   // say nothing about any one prompt.

@@ -123,6 +123,16 @@ class PrefixIndex {
   int64_t entries() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t evictions() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Every entry, least recent first: Insert (with the root for parent) in
+  // this order rebuilds the recency (a snapshot's warm restart). The pages
+  // are the index's; the caller takes no reference.
+  struct Entry {
+    PageKey ns, key;
+    int layer = 0;
+    Page page;
+  };
+  std::vector<Entry> Entries() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct NodeKey {
     PageKey ns, key;

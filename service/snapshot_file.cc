@@ -181,8 +181,62 @@ absl::Status SnapshotWriter::SharedPage(uint64_t ordinal) {
   return WriteWithCrc(rec);
 }
 
+absl::Status SnapshotWriter::BeginIndex(uint64_t entries) {
+  if (version_ < kSnapshotFirstSharedVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("snapshot version ", version_, " has no index block"));
+  }
+  if (index_written_) return absl::FailedPreconditionError("the index block is begun once");
+  index_written_ = true;
+  std::string rec;
+  PutU32(&rec, kSnapshotIndexTag);
+  PutU64(&rec, entries);
+  return WriteWithCrc(rec);
+}
+
+absl::Status SnapshotWriter::IndexEntry(absl::string_view ns, absl::string_view key, uint32_t layer) {
+  if (ns.size() != 16 || key.size() != 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an index entry's namespace and key are 16 bytes each, not ", ns.size(), " and ", key.size()));
+  }
+  std::string rec(ns);
+  rec.append(key.data(), key.size());
+  PutU32(&rec, layer);
+  return WriteWithCrc(rec);
+}
+
+absl::Status SnapshotWriter::BeginPins(uint64_t pins) {
+  if (!index_written_) {
+    if (absl::Status st = BeginIndex(0); !st.ok()) return st;
+  }
+  if (pins_written_) return absl::FailedPreconditionError("the pins block is begun once");
+  pins_written_ = true;
+  std::string rec;
+  PutU32(&rec, kSnapshotPinsTag);
+  PutU64(&rec, pins);
+  return WriteWithCrc(rec);
+}
+
+absl::Status SnapshotWriter::Pin(absl::string_view key, absl::string_view pin_id, uint64_t nanoseconds_left,
+                                 uint32_t pages) {
+  if (key.size() > kSnapshotMaxIdBytes || pin_id.size() > kSnapshotMaxIdBytes || pages > kSnapshotMaxPinPages) {
+    return absl::InvalidArgumentError(absl::StrCat("a pin of a ", key.size(), "-byte key, a ", pin_id.size(),
+                                                   "-byte id and ", pages, " pages is past the format's bounds"));
+  }
+  std::string rec;
+  PutU32(&rec, static_cast<uint32_t>(key.size()));
+  rec.append(key.data(), key.size());
+  PutU32(&rec, static_cast<uint32_t>(pin_id.size()));
+  rec.append(pin_id.data(), pin_id.size());
+  PutU64(&rec, nanoseconds_left);
+  PutU32(&rec, pages);
+  return WriteWithCrc(rec);
+}
+
 absl::Status SnapshotWriter::Commit() {
   if (absl::Status st = Tombstones({}); !st.ok()) return st;
+  if (version_ >= kSnapshotFirstSharedVersion && !pins_written_) {
+    if (absl::Status st = BeginPins(0); !st.ok()) return st;
+  }
   std::string rec;
   PutU32(&rec, kSnapshotEndTag);
   PutU64(&rec, sequences_);
@@ -309,16 +363,19 @@ absl::Status SnapshotReader::NextSequence(bool* more, std::string* id, uint32_t*
   uint8_t head[8];
   if (absl::Status st = Read(head, 4, "record tag"); !st.ok()) return st;
   const uint32_t tag = GetU32(head);
-  if (tag == kSnapshotEndTag) {
-    uint8_t rest[20];
-    if (absl::Status st = Read(rest, sizeof(rest), "trailer"); !st.ok()) return st;
-    const uint32_t crc = CrcOf(rest, 16, CrcOf(head, 4));
-    if (crc != GetU32(rest + 16)) return absl::DataLossError(absl::StrCat(path_, ": trailer checksum mismatch"));
-    if (GetU64(rest) != sequences_ || GetU64(rest + 8) != pages_) {
-      return absl::DataLossError(absl::StrCat(path_, ": trailer counts ", GetU64(rest), " sequences, ",
-                                              GetU64(rest + 8), " pages; the file holds ", sequences_, " and ",
-                                              pages_));
+  const bool blocks = version_ >= kSnapshotFirstSharedVersion;
+  if (!blocks && tag == kSnapshotEndTag) {
+    if (absl::Status st = ReadTrailer(head); !st.ok()) return st;
+    *more = false;
+    return absl::OkStatus();
+  }
+  if (blocks && tag == kSnapshotIndexTag) {
+    uint8_t rest[12];
+    if (absl::Status st = Read(rest, sizeof(rest), "index header"); !st.ok()) return st;
+    if (CrcOf(rest, 8, CrcOf(head, 4)) != GetU32(rest + 8)) {
+      return absl::DataLossError(absl::StrCat(path_, ": index header checksum mismatch"));
     }
+    index_entries_ = GetU64(rest);
     *more = false;
     return absl::OkStatus();
   }
@@ -342,6 +399,89 @@ absl::Status SnapshotReader::NextSequence(bool* more, std::string* id, uint32_t*
   ++sequences_;
   *more = true;
   return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::ReadTrailer(const uint8_t tag[4]) {
+  uint8_t rest[20];
+  if (absl::Status st = Read(rest, sizeof(rest), "trailer"); !st.ok()) return st;
+  const uint32_t crc = CrcOf(rest, 16, CrcOf(tag, 4));
+  if (crc != GetU32(rest + 16)) return absl::DataLossError(absl::StrCat(path_, ": trailer checksum mismatch"));
+  if (GetU64(rest) != sequences_ || GetU64(rest + 8) != pages_) {
+    return absl::DataLossError(absl::StrCat(path_, ": trailer counts ", GetU64(rest), " sequences, ", GetU64(rest + 8),
+                                            " pages; the file holds ", sequences_, " and ", pages_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::NextIndexEntry(IndexHeader* entry) {
+  uint8_t rec[40];
+  if (absl::Status st = Read(rec, sizeof(rec), "index entry"); !st.ok()) return st;
+  if (CrcOf(rec, 36) != GetU32(rec + 36)) {
+    return absl::DataLossError(absl::StrCat(path_, ": index entry checksum mismatch at byte ", std::ftell(file_) - 40));
+  }
+  entry->ns.assign(reinterpret_cast<const char*>(rec), 16);
+  entry->key.assign(reinterpret_cast<const char*>(rec + 16), 16);
+  entry->layer = GetU32(rec + 32);
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::BeginPins(uint64_t* pins) {
+  *pins = 0;
+  if (version_ < kSnapshotFirstSharedVersion) return absl::OkStatus();
+  uint8_t rec[16];
+  if (absl::Status st = Read(rec, sizeof(rec), "pins header"); !st.ok()) return st;
+  if (GetU32(rec) != kSnapshotPinsTag) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": bad pins tag ", GetU32(rec), " at byte ", std::ftell(file_) - 16));
+  }
+  if (CrcOf(rec, 12) != GetU32(rec + 12)) {
+    return absl::DataLossError(absl::StrCat(path_, ": pins header checksum mismatch"));
+  }
+  *pins = GetU64(rec + 4);
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::NextPin(PinHeader* pin) {
+  uint8_t size[4];
+  if (absl::Status st = Read(size, 4, "pin key size"); !st.ok()) return st;
+  const uint32_t key_bytes = GetU32(size);
+  if (key_bytes > kSnapshotMaxIdBytes) {
+    return absl::DataLossError(absl::StrCat(path_, ": pin key of ", key_bytes, " bytes (corrupt record)"));
+  }
+  std::string rec(reinterpret_cast<const char*>(size), 4);
+  rec.resize(4 + key_bytes + 4);
+  if (absl::Status st = Read(rec.data() + 4, key_bytes + 4, "pin key"); !st.ok()) return st;
+  const uint32_t id_bytes = GetU32(reinterpret_cast<const uint8_t*>(rec.data()) + 4 + key_bytes);
+  if (id_bytes > kSnapshotMaxIdBytes) {
+    return absl::DataLossError(absl::StrCat(path_, ": pin id of ", id_bytes, " bytes (corrupt record)"));
+  }
+  const size_t head = rec.size();
+  rec.resize(head + id_bytes + 8 + 4 + 4);
+  if (absl::Status st = Read(rec.data() + head, id_bytes + 16, "pin record"); !st.ok()) return st;
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(rec.data());
+  const size_t body = rec.size() - 4;
+  if (CrcOf(p, body) != GetU32(p + body)) {
+    return absl::DataLossError(absl::StrCat(path_, ": pin record checksum mismatch"));
+  }
+  pin->key.assign(rec.data() + 4, key_bytes);
+  pin->pin_id.assign(rec.data() + head, id_bytes);
+  pin->nanoseconds_left = GetU64(p + head + id_bytes);
+  pin->pages = GetU32(p + head + id_bytes + 8);
+  if (pin->pages > kSnapshotMaxPinPages) {
+    return absl::DataLossError(absl::StrCat(path_, ": pin of ", pin->pages, " pages (corrupt record)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::Finish() {
+  if (version_ < kSnapshotFirstSharedVersion) return absl::OkStatus();  // read by NextSequence
+  uint8_t tag[4];
+  if (absl::Status st = Read(tag, 4, "trailer tag"); !st.ok()) return st;
+  if (GetU32(tag) != kSnapshotEndTag) {
+    return absl::DataLossError(
+        absl::StrCat(path_, ": bad trailer tag ", GetU32(tag), " at byte ", std::ftell(file_) - 4));
+  }
+  return ReadTrailer(tag);
 }
 
 absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, LayerHeader* header,

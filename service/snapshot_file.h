@@ -27,6 +27,14 @@
 //       digests (version 3, after the pages) u32 count (pages x P) |
 //             u32 CRC-32C of the count | u64 token digest x count
 //             (service/token_digest.h; 0: none) | u32 CRC-32C of them
+//   index     (version 4, after the sequences) u32 'IDX1' | u64 entries |
+//             u32 CRC-32C of those 12 bytes; per entry, least recent
+//             first: 16 namespace | 16 page key | u32 layer | u32 CRC-32C of
+//             those 36 bytes | a page entry | digests as a layer's (P)
+//   pins      (version 4) u32 'PIN1' | u64 pins | u32 CRC-32C of those 12
+//             bytes; per pin: u32 key bytes | key | u32 pin_id bytes |
+//             pin_id | u64 nanoseconds left | u32 pages | u32 CRC-32C of
+//             the record | page entries x pages
 //   trailer   u32 'END1' | u64 sequences | u64 pages | u32 CRC-32C of those 20 bytes
 //
 // Framing fields (ids, counts, lengths) are checked by their own CRCs before
@@ -65,7 +73,10 @@ constexpr uint32_t kSnapshotFirstDigestVersion = 3;      // tombstones and diges
 constexpr uint32_t kSnapshotFirstSharedVersion = 4;      // tagged page entries
 constexpr uint32_t kSnapshotPageTag = 0x31454750;        // "PGE1"
 constexpr uint32_t kSnapshotSharedPageTag = 0x31465250;  // "PRF1"
-constexpr uint32_t kSnapshotTombstoneTag = 0x31424D54;   // "TMB1"
+constexpr uint32_t kSnapshotIndexTag = 0x31584449;       // "IDX1"
+constexpr uint32_t kSnapshotPinsTag = 0x314E4950;        // "PIN1"
+constexpr uint32_t kSnapshotMaxPinPages = 1u << 24;
+constexpr uint32_t kSnapshotTombstoneTag = 0x31424D54;  // "TMB1"
 constexpr uint32_t kSnapshotMaxTombstoneBytes = 1u << 30;
 constexpr uint32_t kSnapshotSequenceTag = 0x31514553;  // "SEQ1"
 constexpr uint32_t kSnapshotEndTag = 0x31444E45;       // "END1"
@@ -106,6 +117,14 @@ class SnapshotWriter {
   uint64_t full_pages() const { return full_pages_; }
   // Version 3: after a layer's pages, its token digests (pages x P).
   absl::Status Digests(absl::Span<const uint64_t> digests);
+  // Version 4, after the last sequence: the index block's header, then
+  // per entry IndexEntry, its page (Page or SharedPage) and Digests(P);
+  // then the pins' header, per pin Pin and its page entries. Commit
+  // writes empty blocks where none was begun.
+  absl::Status BeginIndex(uint64_t entries);
+  absl::Status IndexEntry(absl::string_view ns, absl::string_view key, uint32_t layer);
+  absl::Status BeginPins(uint64_t pins);
+  absl::Status Pin(absl::string_view key, absl::string_view pin_id, uint64_t nanoseconds_left, uint32_t pages);
   uint32_t version() const { return version_; }
   // Trailer, fsync, rename, fsync of the folder.
   absl::Status Commit();
@@ -122,6 +141,7 @@ class SnapshotWriter {
   FILE* file_ = nullptr;
   bool committed_ = false;
   uint64_t sequences_ = 0, pages_ = 0, full_pages_ = 0;
+  bool index_written_ = false, pins_written_ = false;
 };
 
 // Reads a snapshot record by record. Open checks the header (magic,
@@ -140,8 +160,28 @@ class SnapshotReader {
   const std::vector<std::pair<std::string, uint64_t>>& tombstones() const { return tombstones_; }
   bool tombstones_intact() const { return tombstones_intact_; }
 
-  // false in *more at the trailer (whose CRC and counts are checked).
+  // false in *more at the end of the sequences: the trailer (whose CRC
+  // and counts are checked) before version 4, the index block's header
+  // from version 4 (then read the index, the pins and Finish).
   absl::Status NextSequence(bool* more, std::string* id, uint32_t* layers);
+  // Version 4, after NextSequence's end: the index's entry count (0
+  // before version 4), each entry's header (then its page entry and
+  // Digests(P)), the pins' count, each pin's header (then `pages` page
+  // entries), and the trailer (Finish; nothing before version 4).
+  uint64_t index_entries() const { return index_entries_; }
+  struct IndexHeader {
+    std::string ns, key;  // 16 bytes each
+    uint32_t layer = 0;
+  };
+  absl::Status NextIndexEntry(IndexHeader* entry);
+  absl::Status BeginPins(uint64_t* pins);
+  struct PinHeader {
+    std::string key, pin_id;
+    uint64_t nanoseconds_left = 0;
+    uint32_t pages = 0;
+  };
+  absl::Status NextPin(PinHeader* pin);
+  absl::Status Finish();
   struct LayerHeader {
     uint64_t length = 0;
     uint32_t window_tokens = 0;
@@ -179,6 +219,8 @@ class SnapshotReader {
   bool tombstones_intact_ = true;
   uint64_t sequences_ = 0, pages_ = 0, full_pages_ = 0;
   bool full_page_next_ = false;  // version 4: NextPageKind said a full page
+  uint64_t index_entries_ = 0;
+  absl::Status ReadTrailer(const uint8_t tag[4]);
 };
 
 }  // namespace driftkv
