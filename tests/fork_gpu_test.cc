@@ -1,8 +1,11 @@
 // Handler::Fork on the CUDA backend (docs/prefix_cache.md): a fork that is
 // appended the rest of its tokens answers exactly what a sequence given all
 // of them answers (Read bytes, Attend output and lse bit for bit), in the
-// cold and the hot tier, and its tokens read back as the CPU backend's do.
+// cold and the hot tier, and its tokens read back as the CPU backend's do;
+// a warm restart brings back forks sharing pages, the prefix index and a
+// pin on the device (each page uploaded once) answering as before.
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -123,6 +126,80 @@ TEST(ForkGpu, VerifiedAttendsPassOnTheDevicesCopyInBothTiers) {
     EXPECT_EQ(cuda.h->LayerIsHot("src", 1), hot);
     EXPECT_EQ(cuda.Stats().checksum_failures(), 0u);
   }
+}
+
+// A warm restart on the CUDA backend: a source and its fork sharing pages
+// (hot before the drain), a prompt only the prefix index holds and a pin
+// come back with their pages uploaded to the device once each; the forks
+// answer bit for bit as before, a fork from the prefix as one made before
+// the restart, and the pool holds as many pages as before.
+TEST(ForkGpu, SharedPagesTheIndexAndPinsRestoreOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = ::testing::TempDir() + "/fork-gpu-snapshot";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const Kv kv = testing::SyntheticKv(1000, kN, 21), prompt = testing::SyntheticKv(600, kN, 22);
+  std::vector<uint32_t> ids(600);
+  for (int i = 0; i < 600; ++i) ids[i] = 500 + 7 * i;
+  auto fork_prefix = [&](TestHandler& t, const std::string& seq) {
+    v1::ForkRequest req;
+    req.set_sequence_id(seq);
+    req.mutable_prefix_token_ids()->Add(ids.begin(), ids.end());
+    v1::ForkResponse resp;
+    absl::Status st = t.h->Fork(req, &resp, "");
+    return st.ok() ? Answers(t, seq) : st.ToString();
+  };
+  std::string src, f, from_prefix;
+  uint64_t pages = 0;
+  Handler::SnapshotSummary written, loaded;
+  {
+    TestHandler t(Options("cuda", true));
+    ASSERT_NE(t.h, nullptr);
+    ASSERT_TRUE(Push(t, "src", kv, 0, 700).ok());
+    Answers(t, "src");  // promotes
+    v1::ForkRequest fork;
+    fork.set_source_sequence_id("src");
+    fork.set_sequence_id("f");
+    fork.set_tokens(512);
+    v1::ForkResponse resp;
+    ASSERT_TRUE(t.h->Fork(fork, &resp, "").ok());
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      v1::AppendChunk c = testing::ChunkOfRows("sys", l, 0, 600, prompt.keys.data(), prompt.values.data(), kN);
+      c.mutable_token_ids()->Add(ids.begin(), ids.end());
+      v1::AppendResponse r;
+      ASSERT_TRUE(t.h->Append(c, &r).ok());
+    }
+    v1::PinRequest pin;
+    pin.set_pin_id("sys");
+    pin.mutable_prefix_token_ids()->Add(ids.begin(), ids.end());
+    pin.set_ttl_seconds(600);
+    v1::PinResponse pinned;
+    ASSERT_TRUE(t.h->Pin(pin, &pinned).ok());
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id("sys");
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(t.h->Release(rel, &rr).ok());
+    src = Answers(t, "src");
+    f = Answers(t, "f");
+    from_prefix = fork_prefix(t, "user");
+    rel.set_sequence_id("user");
+    ASSERT_TRUE(t.h->Release(rel, &rr).ok());
+    pages = t.Stats().pages_in_use();
+    ASSERT_TRUE(t.h->WriteSnapshot(dir, &written).ok());
+  }
+  EXPECT_GT(written.shared_pages, 0u);
+  EXPECT_GT(written.index_entries, 0u);
+  EXPECT_EQ(written.pins, 1u);
+  TestHandler t(Options("cuda", true));
+  ASSERT_NE(t.h, nullptr);
+  ASSERT_TRUE(t.h->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(loaded.sequences, 2u);
+  EXPECT_EQ(loaded.index_entries, written.index_entries);
+  EXPECT_EQ(loaded.pins, 1u);
+  EXPECT_EQ(t.Stats().pages_in_use(), pages);
+  EXPECT_TRUE(Answers(t, "src") == src);
+  EXPECT_TRUE(Answers(t, "f") == f);
+  EXPECT_TRUE(fork_prefix(t, "user-2") == from_prefix);
 }
 
 }  // namespace
