@@ -145,14 +145,12 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   h->pins_ = std::make_unique<PinTable>(*h->pool_);
   if (options.disk_level.on()) {
     if (absl::Status st = ValidateDiskLevel(options); !st.ok()) return st;
-    // The cuda backend keeps device copies of pool pages that a move up
-    // would not refresh: not built yet (docs/tiers.md, "Not built yet").
-    if (options.backend != "cpu") {
-      return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", options.disk_level.dir, "\" with backend \"",
-                                                     options.backend,
-                                                     "\": the disk level is built for the cpu backend only"));
-    }
-    absl::StatusOr<std::unique_ptr<SpillTier>> spill = SpillTier::Create(options.disk_level, *h->pool_, h->metrics_);
+    // A backend that keeps copies of pool pages (the CUDA backend's device
+    // copies) gets each restored page before it is served.
+    Backend* backend = h->backend_.get();
+    absl::StatusOr<std::unique_ptr<SpillTier>> spill =
+        SpillTier::Create(options.disk_level, *h->pool_, h->metrics_,
+                          [backend](const std::vector<PageId>& pages) { return backend->UploadPages(pages); });
     if (!spill.ok()) return spill.status();
     h->spill_ = *std::move(spill);
     SpillTier* t = h->spill_.get();

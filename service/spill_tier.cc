@@ -12,7 +12,7 @@
 namespace driftkv {
 
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const DiskLevelOptions& options, PagePool& pool,
-                                                             Metrics* metrics) {
+                                                             Metrics* metrics, Upload upload) {
   tiers::DiskPageStoreOptions o;
   o.dir = options.dir;
   o.page_bytes = pool.page_stride();
@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const DiskLevelOpti
     return absl::Status(store.status().code(),
                         absl::StrCat("disk_level.dir \"", options.dir, "\": ", store.status().message()));
   }
-  std::unique_ptr<SpillTier> t(new SpillTier(pool, metrics));
+  std::unique_ptr<SpillTier> t(new SpillTier(pool, metrics, std::move(upload)));
   t->store_ = *std::move(store);
   t->metrics_.capacity_bytes->Set(static_cast<double>(options.budget_bytes));
   t->eraser_ = std::thread([self = t.get()] { self->EraseLoop(); });
@@ -162,6 +162,16 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
                             absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i, " (tokens [",
                                          i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(),
                                          ")) did not come back from the disk level: ", st.message()));
+    }
+  }
+  if (failed.ok() && upload_) {
+    // Checked in the pool first: the backend's copies are made from
+    // intact bytes only.
+    if (absl::Status st = upload_(fresh); !st.ok()) {
+      failed = absl::UnavailableError(absl::StrCat("sequence_id ", Quoted(id),
+                                                   ": its pages came back from the disk "
+                                                   "level but did not reach the backend: ",
+                                                   st.message()));
     }
   }
   if (!failed.ok()) {

@@ -83,10 +83,14 @@ class SpillPin {
 
 class SpillTier {
  public:
+  // Gives restored pages to the backend that keeps copies of pool pages
+  // (the CUDA backend's device copies: Backend::UploadPages); null when
+  // the pool's bytes are all there is.
+  using Upload = std::function<absl::Status(const std::vector<PageId>&)>;
   // Opens the store under options.dir (wiping it: docs/tiers.md) for pages
   // of `pool`'s page size. `pool` and `metrics` must outlive the tier.
   static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const DiskLevelOptions& options, PagePool& pool,
-                                                           Metrics* metrics);
+                                                           Metrics* metrics, Upload upload = nullptr);
   // Stops the eraser (records still queued for erasing stay on disk until
   // the wipe of the next start), then closes the store.
   ~SpillTier();
@@ -103,7 +107,8 @@ class SpillTier {
   // once otherwise (one atomic load). `id`: the request's sequence_id, for
   // messages. RESOURCE_EXHAUSTED when the pool has no room even after
   // moving others down; DATA_LOSS naming the layer and page when a page
-  // does not come back intact; UNAVAILABLE for an I/O error. A released
+  // does not come back intact; UNAVAILABLE for an I/O error or an upload
+  // to the backend that fails (the pages stay below). A released
   // sequence is left to the caller (OK). *restored (when given): the pages
   // brought back. REQUIRES: the caller pins `seq` and holds none of its
   // locks.
@@ -119,7 +124,8 @@ class SpillTier {
   int64_t sequences_below() const { return sequences_below_.load(); }
 
  private:
-  SpillTier(PagePool& pool, Metrics* metrics) : pool_(pool), metrics_(*metrics) {}
+  SpillTier(PagePool& pool, Metrics* metrics, Upload upload)
+      : pool_(pool), metrics_(*metrics), upload_(std::move(upload)) {}
   // Moves one sequence down; the pool pages it freed (0: it stayed).
   // REQUIRES: seq->mu held as a writer.
   int64_t MoveDownLocked(Sequence* seq);
@@ -132,6 +138,7 @@ class SpillTier {
 
   PagePool& pool_;
   SpillMetrics metrics_;
+  const Upload upload_;
   std::unique_ptr<tiers::DiskPageStore> store_;
   std::atomic<uint64_t> next_key_{1};  // disk keys are never reused in a process
   std::atomic<int64_t> sequences_below_{0};
