@@ -1,7 +1,7 @@
 // Capacity and restore time of the disk level under the pool (docs/tiers.md,
-// "In the service"): a CPU-backend Handler (8 KV heads x 128, pages of 128
-// tokens, window 128) with a --pool_mib pool and a --disk_mib disk level
-// under --dir. Appends sequences of --layers x --tokens (bf16, one random
+// "In the service"): a Handler (--backend cpu or cuda; 8 KV heads x 128,
+// pages of 128 tokens, window 128) with a --pool_mib pool and a --disk_mib
+// disk level under --dir. Appends sequences of --layers x --tokens (bf16, one random
 // pattern per sequence) until an Append is refused or --max sequences are
 // stored; reports how many the pool alone holds (its pages / a sequence's
 // pages) and how many were stored. Then Prefetch of --reps sequences below,
@@ -10,7 +10,7 @@
 // 0 is read before it moves and after it came back: bytes must be equal.
 //
 //   disk_level_bench --dir=DIR [--layers=8] [--tokens=1152] [--pool_mib=64]
-//                    [--disk_mib=2048] [--max=100000] [--reps=40]
+//                    [--disk_mib=2048] [--max=100000] [--reps=40] [--backend=cpu|cuda]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -84,6 +84,9 @@ int Main(int argc, char** argv) {
   const int max = IntFlag(argc, argv, "max", 100000), reps = IntFlag(argc, argv, "reps", 40);
   ServiceOptions o;
   o.metrics_listen = "";
+  // --backend=cuda: the pool's pages also live on the GPU, and a restore
+  // uploads them before the Prefetch returns.
+  o.backend = bench::Flag(argc, argv, "backend", "cpu");
   o.layers = layers;
   o.codec.kv_heads = kKvHeads;
   o.codec.head_dim = kD;
