@@ -12,6 +12,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 gtest page_crc_test 60
 gtest cuda_backend_test 180
+gtest window_cache_test 180
 gtest service_gpu_test 120
 gtest data_plane_gpu_test 120
 for round in 1 2; do

@@ -8,6 +8,7 @@ set -uo pipefail
 gtest data_plane_gpu_test 90
 gtest service_gpu_test 60
 gtest cuda_backend_test 60
+gtest window_cache_test 60
 gtest region_io_test 60
 PATHS="${PATHS:-ipc_doorbell:0 shm_doorbell:0 ipc_doorbell:1 shm_doorbell:1 ipc_stream:0 inline_bf16:0}" STEPS=12 \
   bash bench/device/phases.sh

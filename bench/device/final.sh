@@ -17,5 +17,6 @@ echo "== service_hot_bench"
 timeout 120 $B service_hot_bench --sequences=64 --context=8192 --reps=30 --clients=8 > $OUT/hot_bench.log 2>&1; echo "rc=$?"
 grep -A4 "^| tier" $OUT/hot_bench.log; tail -4 $OUT/hot_bench.log
 gtest cuda_backend_test 60
+gtest window_cache_test 60
 gtest service_gpu_test 60
 gtest region_io_test 60

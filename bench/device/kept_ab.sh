@@ -12,8 +12,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ "${TESTS:-1}" = 1 ]; then
-  gtests region_io_test:60 level_attention_test:120 cuda_backend_test:300 data_plane_gpu_test:120 \
-    service_gpu_test:120 || exit 1
+  gtests region_io_test:60 level_attention_test:120 cuda_backend_test:300 window_cache_test:300 \
+    data_plane_gpu_test:120 service_gpu_test:120 || exit 1
 fi
 if [ "${KERNEL:-1}" = 1 ]; then
   echo "== kernel alone"

@@ -12,6 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 gtest attention_test 120
 gtest level_attention_test 120
 gtest cuda_backend_test 120
+gtest window_cache_test 120
 gtest data_plane_gpu_test 120
 gtest service_gpu_test 120
 for round in 1 2; do

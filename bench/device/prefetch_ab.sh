@@ -9,6 +9,7 @@
 set -uo pipefail
 . bench/device/gtest.sh
 gtest cuda_backend_test 100
+gtest window_cache_test 100
 echo "== service_hot_bench --prefetch=1" | tee -a $OUT/hot_bench.log
 timeout 110 $B service_hot_bench --sequences=64 --context=8192 --reps=10 --clients=4 --prefetch=1 2>&1 |
   tee -a $OUT/hot_bench.log | grep -E "^\| (hot|cold)|Attend .* phases|Prefetch calls"

@@ -9,6 +9,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 gtest data_plane_gpu_test 90
 gtest cuda_backend_test 60
+gtest window_cache_test 60
 gtest service_gpu_test 60
 echo "== hot kernel alone, pages packed / spread"
 timeout 120 $B service_hot_bench --sequences=64 --context=8192 --reps=30 --kernel_only_spread=${SPREAD:-8} 2>&1 | tail -4

@@ -14,6 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 gtest data_plane_gpu_test 120
 gtest service_gpu_test 120
 gtest cuda_backend_test 180
+gtest window_cache_test 180
 VARIANTS="before:driftkv-server-cuda-before after:driftkv-server-cuda" ROUNDS=${ROUNDS:-2} STEPS=130 \
   SHAPE="--layers=32 --sequences=64 --context=8192" PATHS="${PATHS:-shm_prepared:1 ipc_prepared:1}" bash bench/device/ab.sh
 timeout 200 python3 bench/decode_step_sdpa.py --layers 32 --batch 64 --context 8192 --steps 15 2>&1 | tail -3 | tee $OUT/sdpa.log

@@ -5,6 +5,6 @@
 # alternating, a fresh server each run.
 set -uo pipefail
 . bench/device/gtest.sh
-for t in data_plane_gpu_test fork_gpu_test service_gpu_test cuda_backend_test region_io_test encode_test; do gtest $t 120; done
+for t in data_plane_gpu_test fork_gpu_test service_gpu_test cuda_backend_test window_cache_test region_io_test encode_test; do gtest $t 120; done
 VARIANTS="before:driftkv-server-cuda-before after:driftkv-server-cuda" \
   PATHS="${PATHS:-shm_doorbell:1 ipc_doorbell:1 ipc_doorbell:0 inline_bf16:1}" bash bench/device/ab.sh
