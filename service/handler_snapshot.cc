@@ -167,8 +167,6 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
                                  static_cast<uint32_t>(layer.window_keys.size() / n),
                                  static_cast<uint32_t>(layer.pages.size()), layer.window_keys, layer.window_values);
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
-        // A page the file already holds for this tenant (a fork's shared
-        // page, a shared hot page demoted per holder) is written once.
         st = WritePage(writer->get(), &written, space, layer.pages[i], layer.page_sums[i], summary);
       }
       // One digest per paged token (kNoDigest where none was kept), so
@@ -612,10 +610,8 @@ absl::Status Handler::LoadIndexAndPins(SnapshotReader* reader, SnapshotPagesRest
     return framing;
   }
   if (lost > 0) Log(absl::StrCat(lost, " prefix index entries not restored: their page failed its checksum"));
-  std::vector<PageId> used;
-  for (const Entry& e : entries) used.push_back(e.page.page);
-  for (const Pinned& pin : pins) used.insert(used.end(), pin.pages.begin(), pin.pages.end());
-  const std::vector<PageId> upload = restored->NotUploaded(used);
+  // `held` is every page of the entries and pins kept.
+  const std::vector<PageId> upload = restored->NotUploaded(held);
   if (absl::Status st = backend_->UploadPages(upload); !st.ok()) {
     Log(absl::StrCat("the prefix index and the pins are not restored: their pages did not reach the backend: ",
                      st.message()));

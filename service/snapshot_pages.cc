@@ -12,9 +12,8 @@ SnapshotPagesWritten::~SnapshotPagesWritten() {
   pool_->Free(held);
 }
 
-std::optional<uint64_t> SnapshotPagesWritten::Find(const std::string& tenant, PageChecksum checksum,
-                                                   PageId page) const {
-  auto it = written_.find(std::make_pair(tenant, checksum));
+std::optional<uint64_t> SnapshotPagesWritten::Find(const std::string& space, PageChecksum checksum, PageId page) const {
+  auto it = written_.find(std::make_pair(space, checksum));
   if (it == written_.end()) return std::nullopt;
   for (const auto& [other, ordinal] : it->second) {
     // A checksum match is a hint; the bytes decide.
@@ -25,9 +24,9 @@ std::optional<uint64_t> SnapshotPagesWritten::Find(const std::string& tenant, Pa
   return std::nullopt;
 }
 
-void SnapshotPagesWritten::Add(const std::string& tenant, PageChecksum checksum, PageId page, uint64_t ordinal) {
+void SnapshotPagesWritten::Add(const std::string& space, PageChecksum checksum, PageId page, uint64_t ordinal) {
   pool_->Retain({page});
-  written_[std::make_pair(tenant, checksum)].emplace_back(page, ordinal);
+  written_[std::make_pair(space, checksum)].emplace_back(page, ordinal);
 }
 
 void SnapshotPagesRestored::Full(PageId page, PageChecksum stored) {

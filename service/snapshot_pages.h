@@ -1,6 +1,7 @@
 // Pages held once across a snapshot (service/snapshot_file.h, version 4):
-// the writer's side finds a page whose bytes it already wrote for the same
-// tenant, the loader's side gives a repeated page the one restored copy.
+// the writer's side finds a page whose bytes it already wrote in the same
+// namespace (a tenant's page-key namespace, Handler::NamespaceOf), the
+// loader's side gives a repeated page the one restored copy.
 //
 // Sharing is by content within a tenant: forks share pages by reference,
 // and a hot layer shared by forks is demoted at drain into equal cold pages
@@ -32,16 +33,16 @@ class SnapshotPagesWritten {
   SnapshotPagesWritten(const SnapshotPagesWritten&) = delete;
   SnapshotPagesWritten& operator=(const SnapshotPagesWritten&) = delete;
 
-  // The ordinal of a full page already written for `tenant` with the same
-  // checksum and bytes as `page`, if any.
-  std::optional<uint64_t> Find(const std::string& tenant, PageChecksum checksum, PageId page) const;
-  // `page` was written as full page `ordinal` for `tenant`. REQUIRES: the
+  // The ordinal of a full page already written in namespace `space` (its
+  // 16 bytes) with the same checksum and bytes as `page`, if any.
+  std::optional<uint64_t> Find(const std::string& space, PageChecksum checksum, PageId page) const;
+  // `page` was written as full page `ordinal` in `space`. REQUIRES: the
   // caller holds a reference to it.
-  void Add(const std::string& tenant, PageChecksum checksum, PageId page, uint64_t ordinal);
+  void Add(const std::string& space, PageChecksum checksum, PageId page, uint64_t ordinal);
 
  private:
   PagePool* pool_;
-  // (tenant, checksum) -> (page, ordinal) of every full page written.
+  // (namespace, checksum) -> (page, ordinal) of every full page written.
   absl::flat_hash_map<std::pair<std::string, PageChecksum>, std::vector<std::pair<PageId, uint64_t>>> written_;
 };
 
