@@ -11,6 +11,7 @@
 #include "backends/page_format.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "service/prefix_namespaces.h"
 #include "service/tenant_quotas.h"
 
 namespace driftkv {
@@ -126,6 +127,7 @@ absl::Status ResolveSecurity(const v1::ServerConfig& c, ServiceOptions* o) {
   }
   o->health_listen = c.health_listen();
   if (absl::Status st = ResolveTenantQuotas(c, o); !st.ok()) return st;
+  if (absl::Status st = ResolvePrefixNamespaces(c, o); !st.ok()) return st;
   o->metrics_per_tenant = c.metrics_per_tenant();
   if (c.has_tombstone_seconds()) {
     if (!(c.tombstone_seconds() >= 0.0) || !std::isfinite(c.tombstone_seconds()) ||

@@ -5,6 +5,7 @@
 #define DRIFTKV_SERVICE_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,6 +156,10 @@ struct ServiceOptions {
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
   uint64_t device_window_cache_bytes = 0;  // 0: the backend's default
   DiskLevelOptions disk_level;
+  // Tenant -> the shared prefix namespace it is in (config
+  // prefix_namespaces; service/prefix_namespaces.h). Absent: the
+  // tenant's own.
+  std::map<std::string, std::string> prefix_namespace_of;
 
   int page_tokens() const { return codec.mean_window; }
   bool tls() const { return !tls_cert_file.empty(); }

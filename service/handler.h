@@ -355,8 +355,9 @@ class Handler {
                           uint32_t layer, uint64_t first_token, uint32_t token_count, int dtype, const float* keys,
                           const float* values, const StagedTokens* staged, v1::AppendResponse* totals,
                           absl::Span<const uint32_t> token_ids);
-  // The namespace of `tenant`'s page keys under this codec (page_key.h).
-  PageKey NamespaceOf(const std::string& tenant) const { return NamespaceKey(codec_identity_, tenant); }
+  // The namespace of `tenant`'s page keys under this codec (page_key.h):
+  // its shared prefix namespace's when the config puts it in one.
+  PageKey NamespaceOf(const std::string& tenant) const;
   // SNAPSHOT PAGES (handler_snapshot.cc). One page entry for namespace
   // `space` (the bytes of its NamespaceOf): a repeat of a page the file
   // holds, or the page itself.
@@ -381,7 +382,7 @@ class Handler {
   absl::Status PromptKeys(absl::string_view ids_field, absl::Span<const uint32_t> ids, absl::string_view keys_field,
                           const google::protobuf::RepeatedPtrField<std::string>& keys, std::vector<PageKey>* out) const;
   // Why page `page` of a prompt is not held, in words.
-  std::string MissMessage(const PrefixIndex::Match& m) const;
+  std::string MissMessage(const PrefixIndex::Match& m, const std::string& tenant) const;
   // FORK (handler_fork.cc): from the prefix index; and the steps any fork
   // ends with: the tenant's charge for `shared` pages and the fork's bytes,
   // then the table's Insert (every reference and charge given back on a

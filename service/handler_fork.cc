@@ -210,7 +210,7 @@ absl::Status Handler::ForkFromPrefix(const v1::ForkRequest& request, v1::ForkRes
   const int64_t pages = index_->Take(ns, keys, most, &taken, &match);
   if (pages == 0) {
     return absl::NotFoundError(
-        absl::StrCat("no stored prefix of the prompt for sequence_id ", Quoted(id), ": ", MissMessage(match)));
+        absl::StrCat("no stored prefix of the prompt for sequence_id ", Quoted(id), ": ", MissMessage(match, tenant)));
   }
   const uint64_t tokens = static_cast<uint64_t>(pages * p);
   // The pages are cold, in the partition Take found them in.

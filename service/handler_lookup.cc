@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/handler.h"
 #include "service/handler_internal.h"
+#include "service/quoted.h"
 
 namespace driftkv {
 
@@ -41,7 +42,13 @@ absl::Status Handler::PromptKeys(absl::string_view ids_field, absl::Span<const u
   return absl::OkStatus();
 }
 
-std::string Handler::MissMessage(const PrefixIndex::Match& m) const {
+PageKey Handler::NamespaceOf(const std::string& tenant) const {
+  const auto shared = options_.prefix_namespace_of.find(tenant);
+  if (shared != options_.prefix_namespace_of.end()) return SharedNamespaceKey(codec_identity_, shared->second);
+  return NamespaceKey(codec_identity_, tenant);
+}
+
+std::string Handler::MissMessage(const PrefixIndex::Match& m, const std::string& tenant) const {
   const int64_t p = pool_->page_tokens();
   const std::string page =
       absl::StrCat("page ", m.pages, " (tokens [", m.pages * p, ", ", (m.pages + 1) * p, ")) of layer ", m.miss_layer);
@@ -58,6 +65,11 @@ std::string Handler::MissMessage(const PrefixIndex::Match& m) const {
                           "diverges from a stored one inside this page (other token ids, or hashed otherwise)");
     case PrefixIndex::Miss::kNeverStored:
     case PrefixIndex::Miss::kOtherNamespace: break;  // the same words: tenants see nothing of each other
+  }
+  const auto shared = options_.prefix_namespace_of.find(tenant);
+  if (shared != options_.prefix_namespace_of.end()) {
+    return absl::StrCat(page, " was never stored with token_ids by the tenants of prefix namespace ",
+                        Quoted(shared->second), " under this codec");
   }
   return absl::StrCat(page, " was never stored with token_ids by this tenant under this codec");
 }
@@ -86,7 +98,7 @@ absl::Status Handler::Lookup(const v1::LookupRequest& request, v1::LookupRespons
   }
   response->set_miss_page(static_cast<uint64_t>(m.pages));
   response->set_miss_layer(static_cast<uint32_t>(m.miss_layer));
-  response->set_miss_message(MissMessage(m));
+  response->set_miss_message(MissMessage(m, tenant));
   return absl::OkStatus();
 }
 

@@ -44,7 +44,7 @@ absl::Status Handler::Pin(const v1::PinRequest& request, v1::PinResponse* respon
   if (pages == 0) {
     // Another tenant's prefix reads as never stored: the same words.
     return absl::NotFoundError(
-        absl::StrCat("no stored prefix of the prompt for pin_id ", Quoted(id), ": ", MissMessage(match)));
+        absl::StrCat("no stored prefix of the prompt for pin_id ", Quoted(id), ": ", MissMessage(match, tenant)));
   }
   std::vector<PageId> all;
   all.reserve(pages * options_.layers);

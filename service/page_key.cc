@@ -20,6 +20,13 @@ PageKey Truncate(const unsigned char (&digest)[SHA256_DIGEST_LENGTH]) {
   return k;
 }
 
+PageKey TaggedKey(absl::string_view tag, absl::string_view codec_identity, absl::string_view name) {
+  std::string m = absl::StrCat(tag, absl::string_view("\0", 1), codec_identity, absl::string_view("\0", 1), name);
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(m.data()), m.size(), d);
+  return Truncate(d);
+}
+
 }  // namespace
 
 bool PageKey::FromBytes(absl::string_view b, PageKey* out) {
@@ -77,11 +84,11 @@ void ChainPageKeys(absl::Span<const uint32_t> ids, int page_tokens, std::vector<
 }
 
 PageKey NamespaceKey(absl::string_view codec_identity, absl::string_view tenant) {
-  std::string m = absl::StrCat("driftkv namespace v1", absl::string_view("\0", 1), codec_identity,
-                               absl::string_view("\0", 1), tenant);
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(m.data()), m.size(), d);
-  return Truncate(d);
+  return TaggedKey("driftkv namespace v1", codec_identity, tenant);
+}
+
+PageKey SharedNamespaceKey(absl::string_view codec_identity, absl::string_view name) {
+  return TaggedKey("driftkv shared namespace v1", codec_identity, name);
 }
 
 }  // namespace driftkv

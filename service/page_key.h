@@ -60,6 +60,10 @@ PageKey NextPageKey(const PageKey& parent, absl::Span<const uint32_t> page_ids);
 void ChainPageKeys(absl::Span<const uint32_t> ids, int page_tokens, std::vector<PageKey>* out);
 // NS above.
 PageKey NamespaceKey(absl::string_view codec_identity, absl::string_view tenant);
+// The namespace of the tenants of shared prefix namespace `name` (config
+// prefix_namespaces): SHA-256("driftkv shared namespace v1" || 0x00 ||
+// codec identity || 0x00 || name)[0:16], never a tenant's own NS.
+PageKey SharedNamespaceKey(absl::string_view codec_identity, absl::string_view name);
 
 }  // namespace driftkv
 

@@ -135,6 +135,29 @@ TEST(PageEvents, ASubscriberSeesItsTenantsPagesStoredAndEvicted) {
   EXPECT_EQ(bob.Stop().code(), C::kCancelled);
 }
 
+// In a shared prefix namespace, a subscriber sees the pages every tenant
+// of it stores; a tenant outside it sees none.
+TEST(PageEvents, ASharedNamespacesSubscribersSeeEachOthersPages) {
+  absl::StatusOr<ServiceOptions> o = testing::TenantOptions(
+      "page-events-shared", "prefix_namespaces { name: \"team\" tenants: \"alice\" tenants: \"bob\" }",
+      {"alice", "bob", "carol"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  TestHandler t(*o);
+  Watcher bob(*t.h, "bob"), carol(*t.h, "carol");
+  const std::vector<uint32_t> ids = Ids(100, 3);
+  Push(*t.h, "a", ids, "alice");
+  std::vector<PageKey> keys;
+  ChainPageKeys(ids, kP, &keys);
+  std::vector<std::string> want;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int i = 0; i < 2; ++i) want.push_back(absl::StrCat("S", l, ":", keys[i].Hex()));
+  }
+  EXPECT_EQ(Names(bob.Await(4)), want);
+  EXPECT_EQ(bob.Stop().code(), C::kCancelled);
+  EXPECT_TRUE(Names(carol.Await(0)).empty());
+  EXPECT_EQ(carol.Stop().code(), C::kCancelled);
+}
+
 // A buffer of 3 events and a subscriber that does not read: 8 events
 // leave 3 buffered and 5 counted, then reported once.
 TEST(PageEvents, ASlowSubscriberStaysBoundedAndIsToldWhatItMissed) {
