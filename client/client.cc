@@ -6,6 +6,9 @@
 #include <random>
 #include <thread>
 
+#include <grpc/support/time.h>
+#include <grpcpp/completion_queue.h>
+
 #include "absl/time/clock.h"
 #include "wire/crc32c.h"
 #include "wire/tensor.h"
@@ -34,6 +37,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOpt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(o.max_message_bytes);
   args.SetMaxSendMessageSize(o.max_message_bytes);
+  if (o.read_chunk_bytes > 0) {
+    args.SetInt("grpc.experimental.tcp_read_chunk_size", o.read_chunk_bytes);
+    args.SetInt("grpc.experimental.tcp_min_read_chunk_size", o.read_chunk_bytes);
+  }
   if (o.tls_ca_file.empty()) {
     if (!o.token.empty() || !o.tls_cert_file.empty()) {
       return absl::InvalidArgumentError(
@@ -186,7 +193,23 @@ absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& reque
     grpc::ClientContext context;
     SetDeadline(&context);
     response.Clear();
-    return stub_->Attend(&context, request, &response);
+    if (!options_.poll_attend) return stub_->Attend(&context, request, &response);
+    // The same call through a queue of its own, asked with a zero timeout
+    // until the answer is there: the socket's work runs on this thread,
+    // which never sleeps in between.
+    grpc::CompletionQueue cq;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::AttendResponse>> call =
+        stub_->AsyncAttend(&context, request, &cq);
+    call->Finish(&response, &status, &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) != grpc::CompletionQueue::GOT_EVENT) {
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return status;
   });
   if (!st.ok()) return FromGrpc(st);
   return response;

@@ -50,6 +50,13 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;  // expected name in the server's certificate (default: target's host)
   std::string token;            // bearer token ("authorization: Bearer TOKEN"); needs TLS
+  // The data plane's inline door (docs/data_plane.md, "A polling door for
+  // inline Attend"). read_chunk_bytes > 0: gRPC reads the socket this much
+  // at a time (as the server's grpc_read_chunk_bytes). poll_attend: Attend
+  // waits for its answer by polling instead of sleeping, keeping the
+  // calling thread's core busy for the call's length.
+  int read_chunk_bytes = 0;
+  bool poll_attend = false;
 };
 
 // The channel that `options` describe; INVALID_ARGUMENT naming a file that

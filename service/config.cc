@@ -400,6 +400,25 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
     }
     o.max_message_bytes = c.max_message_bytes();
   }
+  if (c.attend_poll_threads() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attend_poll_threads ", c.attend_poll_threads(), " out of range [0, 64]"));
+  }
+  o.attend_poll_threads = static_cast<int>(c.attend_poll_threads());
+  if (c.has_attend_poll_spin_us()) {
+    if (c.attend_poll_spin_us() > 1000000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attend_poll_spin_us ", c.attend_poll_spin_us(), " out of range [0, 1000000]"));
+    }
+    o.attend_poll_spin_us = static_cast<int>(c.attend_poll_spin_us());
+  }
+  if (c.has_grpc_read_chunk_bytes() && c.grpc_read_chunk_bytes() != 0) {
+    if (c.grpc_read_chunk_bytes() < 4096 || c.grpc_read_chunk_bytes() > (64u << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("grpc_read_chunk_bytes ", c.grpc_read_chunk_bytes(),
+                                                     " out of range [4096, 67108864] (or 0: gRPC's default)"));
+    }
+    o.grpc_read_chunk_bytes = c.grpc_read_chunk_bytes();
+  }
   if (c.has_max_batch()) {
     if (c.max_batch() < 1 || c.max_batch() > 1u << 20) {
       return absl::InvalidArgumentError(absl::StrCat("max_batch ", c.max_batch(), " out of range [1, 1048576]"));

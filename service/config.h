@@ -29,6 +29,7 @@ constexpr int kDefaultWindowTokens = 128;
 constexpr uint64_t kDefaultMaxSequences = 4096;
 constexpr uint64_t kDefaultMaxMessageBytes = 64ull << 20;
 constexpr int kDefaultMaxBatch = 1024;
+constexpr int kDefaultAttendPollSpinUs = 200;
 constexpr int kDefaultReadChunkTokens = 256;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxSequenceIdBytes = 256;
@@ -89,6 +90,10 @@ struct ServiceOptions {
   int read_chunk_tokens = kDefaultReadChunkTokens;
   int backend_threads = 0;      // 0: hardware concurrency (at most 16)
   bool attend_batching = true;  // backends/attend_batcher.h, where the backend prefers it
+  // The polling door for Attend (service/attend_poller.h): 0 threads: off.
+  int attend_poll_threads = 0;
+  int attend_poll_spin_us = kDefaultAttendPollSpinUs;
+  uint32_t grpc_read_chunk_bytes = 0;  // 0: gRPC's default
   // The transform stage (codec.transform). codec.hadamard is true exactly
   // for kHadamard. With kWush, `transforms` holds the set read from
   // `transforms_file` (shared: the handler keeps a reference for its

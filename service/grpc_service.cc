@@ -83,16 +83,36 @@ grpc::Status KvCacheService::Append(grpc::ServerContext* context, grpc::ServerRe
 }
 
 KvCacheService::KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics, const Authenticator* auth,
-                               RegionTable* regions, DoorbellTable* doorbells)
-    : handler_(handler), channels_(channels), metrics_(metrics), auth_(auth), regions_(regions), doorbells_(doorbells) {
-  // The generated service registers its methods in the proto's order.
-  const int attend =
-      v1::AttendRequest::descriptor()->file()->FindServiceByName("KvCache")->FindMethodByName("Attend")->index();
-  MarkMethodStreamed(attend, new grpc::internal::StreamedUnaryHandler<v1::AttendRequest, grpc::ByteBuffer>(
-                                 [this](grpc::ServerContext* context,
-                                        grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
-                                   return AttendToBuffer(context, stream);
-                                 }));
+                               RegionTable* regions, DoorbellTable* doorbells, bool polled_attend)
+    // The generated service registers its methods in the proto's order.
+    : attend_method_(
+          v1::AttendRequest::descriptor()->file()->FindServiceByName("KvCache")->FindMethodByName("Attend")->index()),
+      handler_(handler),
+      channels_(channels),
+      metrics_(metrics),
+      auth_(auth),
+      regions_(regions),
+      doorbells_(doorbells) {
+  if (polled_attend) {
+    MarkMethodRaw(attend_method_);
+    return;
+  }
+  MarkMethodStreamed(
+      attend_method_,
+      new grpc::internal::StreamedUnaryHandler<v1::AttendRequest, grpc::ByteBuffer>(
+          [this](grpc::ServerContext* context, grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
+            return AttendToBuffer(context, stream);
+          }));
+}
+
+grpc::Status KvCacheService::ServeAttend(const v1::AttendRequest& request, const std::string& tenant,
+                                         grpc::ByteBuffer* response) {
+  v1::AttendResponse answer;
+  StagedOutputs staged;
+  const absl::Status st = handler_->Attend(request, &answer, tenant, &staged);
+  if (!st.ok()) return ToGrpcStatus(st);
+  *response = AttendResponseBuffer(answer, std::move(staged));
+  return grpc::Status::OK;
 }
 
 grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
@@ -103,14 +123,30 @@ grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
   if (!stream->Read(&request)) {
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
-  v1::AttendResponse response;
-  StagedOutputs staged;
-  const absl::Status st = handler_->Attend(request, &response, tenant, &staged);
-  if (!st.ok()) return timer.Finish(ToGrpcStatus(st));
+  grpc::ByteBuffer response;
+  const grpc::Status st = ServeAttend(request, tenant, &response);
+  if (!st.ok()) return timer.Finish(st);
   // Sent with the status that follows, as a unary answer is; the call
   // serialises (refs) the buffer at once.
-  stream->Write(AttendResponseBuffer(response, std::move(staged)), grpc::WriteOptions().set_last_message());
+  stream->Write(response, grpc::WriteOptions().set_last_message());
   return timer.Finish(grpc::Status::OK);
+}
+
+void KvCacheService::RequestAttend(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                                   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer,
+                                   grpc::ServerCompletionQueue* cq, void* tag) {
+  RequestAsyncUnary(attend_method_, context, request, writer, cq, cq, tag);
+}
+
+grpc::Status KvCacheService::AttendBytes(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) {
+  RpcTimer timer(metrics_, "Attend");
+  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  v1::AttendRequest parsed;
+  if (!grpc::SerializationTraits<v1::AttendRequest>::Deserialize(request, &parsed).ok()) {
+    return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
+  }
+  return timer.Finish(ServeAttend(parsed, tenant, response));
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,

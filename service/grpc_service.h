@@ -6,6 +6,8 @@
 #ifndef DRIFTKV_SERVICE_GRPC_SERVICE_H_
 #define DRIFTKV_SERVICE_GRPC_SERVICE_H_
 
+#include <string>
+
 #include "proto/driftkv.grpc.pb.h"
 #include "service/auth.h"
 #include "service/channels.h"
@@ -22,9 +24,11 @@ class KvCacheService final : public v1::KvCache::Service {
   // `auth`: null without tokens; else each call's tenant comes from its
   // bearer token and client certificate (service/auth.h).
   // `regions`, `doorbells`: null answers their methods with UNIMPLEMENTED.
-  // gRPC calls AttendToBuffer for Attend.
+  // gRPC calls AttendToBuffer for Attend; with `polled_attend` the method
+  // is raw instead, and the server's AttendPoller (service/attend_poller.h)
+  // asks for its calls with RequestAttend and serves them with AttendBytes.
   KvCacheService(Handler* handler, ChannelManager* channels, Metrics* metrics, const Authenticator* auth = nullptr,
-                 RegionTable* regions = nullptr, DoorbellTable* doorbells = nullptr);
+                 RegionTable* regions = nullptr, DoorbellTable* doorbells = nullptr, bool polled_attend = false);
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
@@ -33,6 +37,12 @@ class KvCacheService final : public v1::KvCache::Service {
   // into the response and again into gRPC's slices.
   grpc::Status AttendToBuffer(grpc::ServerContext* context,
                               grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream);
+  // The polled form (REQUIRES: polled_attend): the next Attend call on
+  // `cq`, its request as bytes; and one call served, bytes in and out.
+  void RequestAttend(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                     grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq,
+                     void* tag);
+  grpc::Status AttendBytes(grpc::ServerContext* context, grpc::ByteBuffer* request, grpc::ByteBuffer* response);
   grpc::Status Read(grpc::ServerContext* context, const v1::ReadRequest* request,
                     grpc::ServerWriter<v1::ReadChunk>* writer) override;
   grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
@@ -72,6 +82,11 @@ class KvCacheService final : public v1::KvCache::Service {
                              v1::CloseDoorbellResponse* response) override;
 
  private:
+  // Both forms of Attend once the caller's tenant is known and the
+  // request parsed: the answer's wire bytes, or the status to send instead.
+  grpc::Status ServeAttend(const v1::AttendRequest& request, const std::string& tenant, grpc::ByteBuffer* response);
+
+  const int attend_method_;  // Attend's index among the service's methods
   Handler* const handler_;
   ChannelManager* const channels_;
   Metrics* const metrics_;

@@ -93,8 +93,9 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
                        AttendReuse* reuse) {
         return attend_handler->Attend(request, response, tenant, nullptr, reuse);
       });
-  s->service_ = std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(),
-                                                 s->auth_.get(), s->regions_.get(), s->doorbells_.get());
+  s->service_ =
+      std::make_unique<KvCacheService>(s->handler_.get(), s->channels_.get(), s->metrics_.get(), s->auth_.get(),
+                                       s->regions_.get(), s->doorbells_.get(), options.attend_poll_threads > 0);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       MakeServerCredentials(options, s->certificates_.get(), s->auth_, s->metrics_->unauthenticated);
   if (!creds.ok()) return creds.status();
@@ -116,12 +117,34 @@ absl::StatusOr<std::unique_ptr<DriftkvServer>> DriftkvServer::Start(const Servic
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  if (options.grpc_read_chunk_bytes != 0) {
+    // Each read asks the socket for this much at least (gRPC otherwise
+    // starts at 8 KiB and grows it over several reads).
+    builder.AddChannelArgument("grpc.experimental.tcp_read_chunk_size",
+                               static_cast<int>(options.grpc_read_chunk_bytes));
+    builder.AddChannelArgument("grpc.experimental.tcp_min_read_chunk_size",
+                               static_cast<int>(options.grpc_read_chunk_bytes));
+  }
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> attend_queues;
+  for (int i = 0; i < options.attend_poll_threads; ++i) attend_queues.push_back(builder.AddCompletionQueue());
   if (!hooks.interceptors.empty()) {
     builder.experimental().SetInterceptorCreators(std::move(hooks.interceptors));
   }
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, " (address in use or invalid)"));
+  }
+  if (!attend_queues.empty()) {
+    KvCacheService* service = s->service_.get();
+    s->attend_poller_ = std::make_unique<AttendPoller>(
+        std::move(attend_queues), absl::Microseconds(options.attend_poll_spin_us),
+        [service](grpc::ServerContext* context, grpc::ByteBuffer* request,
+                  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq,
+                  void* tag) { service->RequestAttend(context, request, writer, cq, tag); },
+        [service](grpc::ServerContext* context, grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+          return service->AttendBytes(context, request, response);
+        });
+    s->attend_poller_->Start();
   }
   s->server_->GetHealthCheckService()->SetServingStatus("driftkv.v1.KvCache", true);
 
@@ -210,6 +233,9 @@ void DriftkvServer::Shutdown(absl::Duration grace) {
     shut.Notify();
     closer.join();
   }
+  // After the server's Shutdown: its queues must outlive the server's use
+  // of them.
+  if (attend_poller_ != nullptr) attend_poller_->Stop();
   if (health_server_ != nullptr) health_server_->Shutdown(std::chrono::system_clock::now());
   exposer_.reset();
   // After the calls in flight: nothing refers to a region any more.

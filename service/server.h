@@ -18,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/exposer.h"
+#include "service/attend_poller.h"
 #include "service/auth.h"
 #include "service/config.h"
 #include "service/credential_reloader.h"
@@ -98,6 +99,10 @@ class DriftkvServer {
   // regions go.
   std::unique_ptr<DoorbellTable> doorbells_;
   std::unique_ptr<KvCacheService> service_;
+  // Serves Attend when options.attend_poll_threads > 0; stopped after
+  // server_'s Shutdown, and declared before server_ so that its queues
+  // outlive the server.
+  std::unique_ptr<AttendPoller> attend_poller_;
   // The tokens in force (null without tokens), checked by auth_; the TLS
   // files in force (null without TLS), which gRPC fetches at each
   // handshake, so it outlives server_; and what reloads them.

@@ -1,0 +1,235 @@
+// The polling door for Attend (config attend_poll_threads, service/
+// attend_poller.h; client option poll_attend): over loopback gRPC, CPU
+// backend, its answers equal the sleeping door's bit for bit (inline f32
+// and bf16 outputs, decode steps, batched, alone and from 8 clients at
+// once), its errors are the same statuses, a request that does not parse
+// is INVALID_ARGUMENT, a shutdown with calls in flight ends them cleanly,
+// and the config names its bad values.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "service/server.h"
+#include "tests/loopback_server.h"
+#include "tests/service_test_util.h"
+#include "wire/tensor.h"
+
+namespace driftkv {
+namespace {
+
+using testing::QueryItem;
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+
+constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kSequences = 6, kTokens = 150;
+
+// One server and its client: the sleeping door, or the polling one on
+// both sides (with 1 MiB socket reads, as a data-plane deployment sets).
+struct Door {
+  explicit Door(bool polling) {
+    ServiceOptions o = SmallOptions();
+    ClientOptions co;
+    co.timeout = absl::Seconds(20);
+    if (polling) {
+      o.attend_poll_threads = 2;
+      o.attend_poll_spin_us = 50;
+      o.grpc_read_chunk_bytes = 1 << 20;
+      co.poll_attend = true;
+      co.read_chunk_bytes = 1 << 20;
+    }
+    absl::Status st = testing::StartLoopback(o, {}, co, &server, &client);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  ~Door() {
+    client.reset();
+    if (server) server->Shutdown(absl::Seconds(1));
+  }
+  std::unique_ptr<DriftkvServer> server;
+  std::unique_ptr<Client> client;
+};
+
+void Fill(Client& c, const testing::Kv& kv) {
+  for (int s = 0; s < kSequences; ++s) {
+    std::vector<v1::AppendChunk> chunks;
+    for (uint32_t l = 0; l < 2; ++l) {
+      chunks.push_back(testing::ChunkOf(absl::StrCat("s", s), l, 0, kTokens - 10 * s, kv));
+    }
+    absl::StatusOr<v1::AppendResponse> r = c.Append(chunks);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+}
+
+// Items over `first`..`first + count` sequences, layer 1, outputs in
+// `dtype`; with `step`, each item's decode step at its sequence's end.
+v1::AttendRequest Request(int first, int count, v1::DType dtype, const testing::Kv& kv, int step) {
+  v1::AttendRequest req;
+  for (int s = first; s < first + count; ++s) {
+    v1::AttendItem* it = req.add_items();
+    *it = QueryItem(absl::StrCat("s", s), 1, SyntheticQuery(kQHeads, kD, 30 + s), kQHeads);
+    it->set_output_dtype(dtype);
+    if (step >= 0) {
+      const int pos = kTokens - 10 * s + step;
+      FloatToTensor(kv.keys.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
+      FloatToTensor(kv.values.data() + pos * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
+      it->set_new_token_index(pos);
+    }
+  }
+  return req;
+}
+
+// Every result's bytes (output, lse, tokens), in order.
+std::string Bytes(const absl::StatusOr<v1::AttendResponse>& r) {
+  if (!r.ok()) return r.status().ToString();
+  std::string all;
+  for (const v1::AttendResult& x : r->results()) {
+    all += x.output();
+    all.append(reinterpret_cast<const char*>(x.lse().data()), x.lse_size() * sizeof(float));
+    all += absl::StrCat("|", x.tokens(), "|");
+  }
+  return all;
+}
+
+TEST(AttendPoller, AnswersEqualTheSleepingDoorBitForBit) {
+  const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
+  Door sleeping(false), polling(true);
+  Fill(*sleeping.client, kv);
+  Fill(*polling.client, kv);
+  for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    // Batched, then each item alone.
+    const v1::AttendRequest all = Request(0, kSequences, dtype, kv, -1);
+    const std::string want = Bytes(sleeping.client->Attend(all));
+    EXPECT_TRUE(Bytes(polling.client->Attend(all)) == want);
+    std::string alone;
+    for (int s = 0; s < kSequences; ++s) alone += Bytes(polling.client->Attend(Request(s, 1, dtype, kv, -1)));
+    EXPECT_TRUE(alone == want);
+  }
+  // Decode steps: each appends a token and attends it, on both doors.
+  for (int step = 0; step < 3; ++step) {
+    const v1::AttendRequest req = Request(0, kSequences, v1::DTYPE_BF16, kv, step);
+    EXPECT_TRUE(Bytes(polling.client->Attend(req)) == Bytes(sleeping.client->Attend(req))) << "step " << step;
+  }
+}
+
+TEST(AttendPoller, EightClientsAtOnceGetTheAnswersOfOne) {
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
+  Door polling(true);
+  Fill(*polling.client, kv);
+  std::vector<std::string> want(kSequences);
+  for (int s = 0; s < kSequences; ++s) {
+    want[s] = Bytes(polling.client->Attend(Request(s, 1, v1::DTYPE_F32, kv, -1)));
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([&, t] {
+      Client c(polling.client->options());
+      for (int i = 0; i < 25; ++i) {
+        const int s = (t + i) % kSequences;
+        if (Bytes(c.Attend(Request(s, 1, v1::DTYPE_F32, kv, -1))) != want[s]) ++wrong;
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(AttendPoller, ErrorsAreTheSleepingDoorsAndGarbageIsInvalidArgument) {
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 5);
+  Door sleeping(false), polling(true);
+  Fill(*sleeping.client, kv);
+  Fill(*polling.client, kv);
+  v1::AttendRequest unknown = Request(0, 1, v1::DTYPE_F32, kv, -1);
+  unknown.mutable_items(0)->set_sequence_id("nope");
+  v1::AttendRequest bad_layer = Request(0, 1, v1::DTYPE_F32, kv, -1);
+  bad_layer.mutable_items(0)->set_layer(9);
+  for (const v1::AttendRequest& req : {unknown, bad_layer, v1::AttendRequest()}) {
+    const absl::Status want = sleeping.client->Attend(req).status();
+    EXPECT_FALSE(want.ok());
+    EXPECT_EQ(polling.client->Attend(req).status(), want);
+  }
+  // Bytes that are no AttendRequest.
+  auto channel = grpc::CreateChannel(testing::LoopbackTarget(polling.server->port()), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(std::string("\xff\xff\xff\xff", 4));
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&ctx, "/driftkv.v1.KvCache/Attend", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "the request is not an AttendRequest");
+  cq.Shutdown();
+  // The door still serves.
+  EXPECT_TRUE(polling.client->Attend(Request(0, 1, v1::DTYPE_F32, kv, -1)).ok());
+}
+
+TEST(AttendPoller, ShutdownWithCallsInFlightEndsThem) {
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 6);
+  for (int round = 0; round < 3; ++round) {
+    Door polling(true);
+    Fill(*polling.client, kv);
+    std::atomic<bool> stop{false};
+    std::atomic<int> answered{0}, unexpected{0};
+    std::vector<std::thread> clients;
+    for (int t = 0; t < 4; ++t) {
+      clients.emplace_back([&] {
+        ClientOptions co = polling.client->options();
+        co.max_attempts = 1;
+        Client c(co);
+        while (!stop.load()) {
+          absl::StatusOr<v1::AttendResponse> r = c.Attend(Request(0, kSequences, v1::DTYPE_F32, kv, -1));
+          if (r.ok()) {
+            ++answered;
+          } else if (r.status().code() != absl::StatusCode::kUnavailable &&
+                     r.status().code() != absl::StatusCode::kCancelled) {
+            ++unexpected;
+          }
+        }
+      });
+    }
+    while (answered.load() < 20) std::this_thread::yield();
+    polling.server->Shutdown(absl::Milliseconds(200 * round));
+    stop.store(true);
+    for (std::thread& c : clients) c.join();
+    EXPECT_EQ(unexpected.load(), 0);
+  }
+}
+
+TEST(AttendPoller, ConfigNamesBadValues) {
+  struct Case {
+    std::string text, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"attend_poll_threads: 65", "attend_poll_threads 65 out of range [0, 64]"},
+           {"attend_poll_spin_us: 1000001", "attend_poll_spin_us 1000001 out of range [0, 1000000]"},
+           {"grpc_read_chunk_bytes: 100", "grpc_read_chunk_bytes 100 out of range [4096, 67108864] (or 0: gRPC's "
+                                          "default)"},
+       }) {
+    v1::ServerConfig config;
+    config.mutable_model()->set_layers(2);
+    config.mutable_model()->set_kv_heads(2);
+    config.mutable_model()->set_head_dim(64);
+    config.set_pool_bytes(8 << 20);
+    ASSERT_TRUE(google::protobuf::TextFormat::MergeFromString(c.text, &config)) << c.text;
+    absl::StatusOr<ServiceOptions> o = ResolveConfig(config);
+    EXPECT_EQ(o.status(), absl::InvalidArgumentError(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace driftkv
