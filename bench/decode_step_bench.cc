@@ -35,6 +35,8 @@
 //   decode_step_bench --target=127.0.0.1:50051 --path=ipc_stream
 //       [--layers=32] [--sequences=64] [--context=8192] [--steps=20]
 //       [--warmup=3] [--prefill=1] [--q_heads=32] [--tag=run1] [--with_step=1]
+//       [--read_chunk_bytes=N] [--poll_attend=1]  (the client's side of the
+//       polling door for inline Attend: ClientOptions of client/client.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -128,6 +130,8 @@ int Run(int argc, char** argv) {
   ClientOptions co;
   co.target = target;
   co.max_message_bytes = 256 << 20;
+  co.read_chunk_bytes = IntFlag(argc, argv, "read_chunk_bytes", 0);
+  co.poll_attend = IntFlag(argc, argv, "poll_attend", 0) != 0;
   Client client(co);
   CHECK_OK(client.Info().status());
   const Layout lay{items, q_heads};

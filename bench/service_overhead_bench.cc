@@ -19,6 +19,7 @@
 //                          [--device_like=1]  (NullDeviceBackend)
 //                          [--inline_only=1 [--out_bf16=1]]  (inline only)
 //                          [--handler_by_reference_only=1 [--with_step=1] [--reuse=1]]
+//                          [--grpc_by_reference_only=1]  (the unary call alone)
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -287,6 +288,20 @@ int Run(int argc, char** argv) {
 
   std::vector<double> hnd, hnd_cpu, rpc, rpc_cpu, req_ser, req_parse, resp_ser, resp_parse;
   std::vector<double> hnd_ref, rpc_ref, stream_ref, bell_ref;
+  if (IntFlag(argc, argv, "grpc_by_reference_only", 0) != 0) {
+    // Only the unary gRPC call by reference, --reps times (for a profiler).
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = Clock::now();
+      absl::StatusOr<v1::AttendResponse> r = client.Attend(by_ref);
+      rpc_ref.push_back(Us(Clock::now() - t0));
+      CHECK_OK(r.status());
+      check_ref(*r);
+    }
+    std::sort(rpc_ref.begin(), rpc_ref.end());
+    std::printf("gRPC unary by reference: p50 %.1f us, p99 %.1f us over %d calls\n", rpc_ref[rpc_ref.size() / 2],
+                rpc_ref[rpc_ref.size() * 99 / 100], reps);
+    return 0;
+  }
   if (IntFlag(argc, argv, "handler_by_reference_only", 0) != 0) {
     // Only Handler::Attend by reference (for a profiler); --with_step=1
     // adds each item's decode step (bf16 key and value by reference), as
