@@ -13,9 +13,8 @@ absl::Status ResolvePrefixNamespaces(const v1::ServerConfig& c, ServiceOptions* 
   o->prefix_namespace_of.clear();
   if (c.prefix_namespaces_size() == 0) return absl::OkStatus();
   if (o->tokens == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefix_namespaces ", Quoted(c.prefix_namespaces(0).name()),
-                     " needs tokens_file: without tokens every call is the same tenant"));
+    return absl::InvalidArgumentError(absl::StrCat("prefix_namespaces ", Quoted(c.prefix_namespaces(0).name()),
+                                                   " needs tokens_file: without tokens every call is the same tenant"));
   }
   std::set<std::string> known, names;
   for (const auto& [tenant, limits] : o->tokens->Tenants()) known.insert(tenant);
