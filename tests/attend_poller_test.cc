@@ -156,7 +156,8 @@ TEST(AttendPoller, ErrorsAreTheSleepingDoorsAndGarbageIsInvalidArgument) {
     EXPECT_EQ(polling.client->Attend(req).status(), want);
   }
   // Bytes that are no AttendRequest.
-  auto channel = grpc::CreateChannel(testing::LoopbackTarget(polling.server->port()), grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(testing::LoopbackTarget(polling.server->port()), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
@@ -217,8 +218,9 @@ TEST(AttendPoller, ConfigNamesBadValues) {
   for (const Case& c : std::vector<Case>{
            {"attend_poll_threads: 65", "attend_poll_threads 65 out of range [0, 64]"},
            {"attend_poll_spin_us: 1000001", "attend_poll_spin_us 1000001 out of range [0, 1000000]"},
-           {"grpc_read_chunk_bytes: 100", "grpc_read_chunk_bytes 100 out of range [4096, 67108864] (or 0: gRPC's "
-                                          "default)"},
+           {"grpc_read_chunk_bytes: 100",
+            "grpc_read_chunk_bytes 100 out of range [4096, 67108864] (or 0: gRPC's "
+            "default)"},
        }) {
     v1::ServerConfig config;
     config.mutable_model()->set_layers(2);
