@@ -22,6 +22,7 @@
 #include "service/handler.h"
 #include "service/page_key.h"
 #include "tests/handler_fixture.h"
+#include "tests/prefix_test_util.h"
 #include "tests/service_test_util.h"
 #include "tests/tenant_config.h"
 #include "wire/tensor.h"
@@ -40,13 +41,6 @@ constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kLayers = 2, kP = 32;
 
 std::string Hex(const PageKey& k) {
   return k.Hex();
-}
-
-std::vector<uint32_t> Ids(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint32_t> ids(count);
-  for (uint32_t& id : ids) id = rng() % 50000;
-  return ids;
 }
 
 // Tokens [first, first + count) of `kv` to one layer, in chunks of `chunk`,
@@ -71,15 +65,6 @@ absl::Status PushAllIds(Handler& h, const std::string& seq, const Kv& kv, const 
     if (absl::Status st = PushIds(h, seq, l, kv, ids, first, count, chunk, tenant); !st.ok()) return st;
   }
   return absl::OkStatus();
-}
-
-v1::LookupResponse Lookup(Handler& h, const std::vector<uint32_t>& ids, const std::string& tenant = "") {
-  v1::LookupRequest req;
-  for (uint32_t id : ids) req.add_token_ids(id);
-  v1::LookupResponse resp;
-  absl::Status st = h.Lookup(req, &resp, tenant);
-  EXPECT_TRUE(st.ok()) << st;
-  return resp;
 }
 
 absl::StatusOr<v1::ForkResponse> ForkPrefix(Handler& h, const std::vector<uint32_t>& ids, const std::string& id,
@@ -167,13 +152,13 @@ TEST(PageKeys, MatchVectorsComputedIndependently) {
 TEST(PrefixCache, ReleasedPagesStayIndexedAndLookupFindsThemPerLayer) {
   TestHandler t(SmallOptions());  // P = R = 32
   const Kv kv = SyntheticKv(460, kN, 1);
-  const std::vector<uint32_t> ids = Ids(460, 1);
+  const std::vector<uint32_t> ids = testing::PromptIds(460, 1);
   // Layer 0 gets 300 tokens (8 pages), layer 1 only 200 (5 pages).
   ASSERT_TRUE(PushIds(*t.h, "src", 0, kv, &ids, 0, 300).ok());
   ASSERT_TRUE(PushIds(*t.h, "src", 1, kv, &ids, 0, 200).ok());
   EXPECT_EQ(t.h->prefix_index().entries(), 13);
   const uint64_t pages = t.Stats().pages_in_use();
-  v1::LookupResponse r = Lookup(*t.h, ids);
+  v1::LookupResponse r = testing::LookupIds(*t.h, ids);
   EXPECT_EQ(r.prompt_pages(), 14u);
   EXPECT_EQ(r.pages(), 5u);
   EXPECT_EQ(r.tokens(), 160u);
@@ -188,7 +173,7 @@ TEST(PrefixCache, ReleasedPagesStayIndexedAndLookupFindsThemPerLayer) {
   // Released, the pages stay as cache: the pool keeps them.
   ASSERT_TRUE(Release(*t.h, "src").ok());
   EXPECT_EQ(t.Stats().pages_in_use(), pages);
-  EXPECT_EQ(Lookup(*t.h, ids).ShortDebugString(), r.ShortDebugString());
+  EXPECT_EQ(testing::LookupIds(*t.h, ids).ShortDebugString(), r.ShortDebugString());
   // By page keys: the same answer; a prompt of other ids: nothing.
   v1::LookupRequest by_keys;
   std::vector<PageKey> keys;
@@ -199,16 +184,16 @@ TEST(PrefixCache, ReleasedPagesStayIndexedAndLookupFindsThemPerLayer) {
   EXPECT_EQ(r2.ShortDebugString(), r.ShortDebugString());
   std::vector<uint32_t> other = ids;
   other[5] += 1;
-  r = Lookup(*t.h, other);
+  r = testing::LookupIds(*t.h, other);
   EXPECT_EQ(r.pages(), 0u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_NEVER_STORED);
   // A prompt shorter than a page has no page to look up.
-  r = Lookup(*t.h, std::vector<uint32_t>(ids.begin(), ids.begin() + 31));
+  r = testing::LookupIds(*t.h, std::vector<uint32_t>(ids.begin(), ids.begin() + 31));
   EXPECT_EQ(r.ShortDebugString(), "layer_pages: 0 layer_pages: 0");
   // Every reference goes once nothing holds the pages.
   EXPECT_EQ(t.h->prefix_index().EvictAll(), 13);
   EXPECT_EQ(t.Stats().pages_in_use(), 0u);
-  r = Lookup(*t.h, ids);
+  r = testing::LookupIds(*t.h, ids);
   EXPECT_EQ(r.miss_reason(), v1::MISS_EVICTED);
   EXPECT_EQ(r.miss_message(), "page 0 (tokens [0, 32)) of layer 0 was evicted to make room");
 }
@@ -219,7 +204,7 @@ TEST(PrefixCache, ReleasedPagesStayIndexedAndLookupFindsThemPerLayer) {
 TEST(PrefixCache, ForkFromAPrefixAppendedTheRestEqualsAFreshSequence) {
   TestHandler t(SmallOptions());
   const Kv kv = SyntheticKv(460, kN, 3), other = SyntheticKv(460, kN, 4);
-  const std::vector<uint32_t> ids = Ids(460, 3);
+  const std::vector<uint32_t> ids = testing::PromptIds(460, 3);
   ASSERT_TRUE(PushAllIds(*t.h, "src", kv, &ids, 0, 300).ok());  // 8 pages per layer
   ASSERT_TRUE(Release(*t.h, "src").ok());
   for (uint64_t bound : {0, 128, 640}) {
@@ -255,7 +240,7 @@ TEST(PrefixCache, ForkFromAPrefixEqualsAFreshSequenceInTheHotTier) {
   cold_options.hot_tier_bytes = 0;
   TestHandler hot(HotOptions(64)), cold(cold_options);
   const Kv kv = SyntheticKv(1000, kN, 5);
-  const std::vector<uint32_t> ids = Ids(1000, 5);
+  const std::vector<uint32_t> ids = testing::PromptIds(1000, 5);
   ASSERT_TRUE(PushAllIds(*hot.h, "src", kv, &ids, 0, 700).ok());  // 4 pages of 128 per layer
   (void)Answers(*hot.h, "src");                                   // attended: hot now
   ASSERT_TRUE(hot.h->LayerIsHot("src", 0));
@@ -284,7 +269,7 @@ TEST(PrefixCache, ForkFromAPrefixEqualsAFreshSequenceInTheHotTier) {
 TEST(PrefixCache, ContradictingIdsAreRefusedNamingTheRangeAndStoreNothing) {
   TestHandler t(SmallOptions());
   const Kv kv = SyntheticKv(200, kN, 6);
-  const std::vector<uint32_t> ids = Ids(200, 6);
+  const std::vector<uint32_t> ids = testing::PromptIds(200, 6);
   ASSERT_TRUE(PushIds(*t.h, "s", 0, kv, &ids, 0, 100, 100).ok());
   std::vector<uint32_t> wrong = ids;
   wrong[40] += 1;
@@ -315,11 +300,11 @@ TEST(PrefixCache, MissReasonsTellUnhashedEvictedAndAnotherTenant) {
   ASSERT_TRUE(o.ok()) << o.status();
   TestHandler t(*o);
   const Kv kv = SyntheticKv(300, kN, 7);
-  const std::vector<uint32_t> ids = Ids(300, 7);
+  const std::vector<uint32_t> ids = testing::PromptIds(300, 7);
   // Ids for 100 tokens, then 200 without: pages 0-2 are keyed.
   ASSERT_TRUE(PushAllIds(*t.h, "u", kv, &ids, 0, 100, 100, "alice").ok());
   ASSERT_TRUE(PushAllIds(*t.h, "u", kv, nullptr, 100, 200, 100, "alice").ok());
-  v1::LookupResponse r = Lookup(*t.h, ids, "alice");
+  v1::LookupResponse r = testing::LookupIds(*t.h, ids, "alice");
   EXPECT_EQ(r.pages(), 3u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_UNHASHED);
   EXPECT_EQ(r.miss_message(),
@@ -327,9 +312,9 @@ TEST(PrefixCache, MissReasonsTellUnhashedEvictedAndAnotherTenant) {
             "with tokens appended without token_ids");
   // A sequence without any ids says nothing of a prompt's first page.
   ASSERT_TRUE(PushAllIds(*t.h, "n", kv, nullptr, 0, 100, 100, "alice").ok());
-  EXPECT_EQ(Lookup(*t.h, Ids(64, 99), "alice").miss_reason(), v1::MISS_NEVER_STORED);
+  EXPECT_EQ(testing::LookupIds(*t.h, testing::PromptIds(64, 99), "alice").miss_reason(), v1::MISS_NEVER_STORED);
   // Bob sees nothing of alice's, in the words of a prompt never stored.
-  r = Lookup(*t.h, ids, "bob");
+  r = testing::LookupIds(*t.h, ids, "bob");
   EXPECT_EQ(r.pages(), 0u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_NEVER_STORED);
   absl::StatusOr<v1::ForkResponse> f = ForkPrefix(*t.h, ids, "x", 0, "bob");
@@ -352,7 +337,7 @@ TEST(PrefixCache, EvictionUnderPressureKeepsEveryLivePage) {
   TestHandler t(SmallOptions(40 * stride));
   ASSERT_EQ(t.h->pool().capacity_pages(), 40);
   const Kv a = SyntheticKv(300, kN, 8), b = SyntheticKv(300, kN, 9), c = SyntheticKv(700, kN, 10);
-  const std::vector<uint32_t> ids_a = Ids(300, 8), ids_b = Ids(300, 9);
+  const std::vector<uint32_t> ids_a = testing::PromptIds(300, 8), ids_b = testing::PromptIds(300, 9);
   ASSERT_TRUE(PushAllIds(*t.h, "a", a, &ids_a, 0, 300).ok());  // 16 pages
   ASSERT_TRUE(PushAllIds(*t.h, "b", b, &ids_b, 0, 300).ok());  // 16 pages
   ASSERT_TRUE(ForkPrefix(*t.h, ids_a, "fa", 128).ok());        // holds a's first 4 pages of each layer
@@ -366,7 +351,7 @@ TEST(PrefixCache, EvictionUnderPressureKeepsEveryLivePage) {
   EXPECT_EQ(t.metrics.prefix_evictions->Value(), 2.0);
   EXPECT_EQ(Answers(*t.h, "b"), live_b);
   EXPECT_EQ(Answers(*t.h, "fa"), live_fa);
-  v1::LookupResponse r = Lookup(*t.h, ids_a);
+  v1::LookupResponse r = testing::LookupIds(*t.h, ids_a);
   EXPECT_EQ(r.layer_pages(0), 4u);  // pages 4 and 5 of layer 0 went
   EXPECT_EQ(r.layer_pages(1), 8u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_EVICTED);
@@ -379,7 +364,7 @@ TEST(PrefixCache, EvictionUnderPressureKeepsEveryLivePage) {
   EXPECT_EQ(st.code(), C::kResourceExhausted) << st;
   EXPECT_EQ(Answers(*t.h, "b"), live_b);
   EXPECT_EQ(Answers(*t.h, "fa"), live_fa);
-  EXPECT_EQ(Lookup(*t.h, ids_b).pages(), 8u);
+  EXPECT_EQ(testing::LookupIds(*t.h, ids_b).pages(), 8u);
   for (const char* id : {"b", "c", "fa"}) ASSERT_TRUE(Release(*t.h, id).ok());
   EXPECT_EQ(t.h->prefix_index().EvictAll(), 24);
   EXPECT_EQ(t.Stats().pages_in_use(), 0u);
@@ -398,7 +383,7 @@ TEST(PrefixCache, ADecodeStepInAFullPoolEvictsACachedPage) {
   }
   TestHandler t(SmallOptions(40 * stride)), ref(SmallOptions());
   const Kv a = SyntheticKv(300, kN, 14), b = SyntheticKv(448, kN, 15);
-  const std::vector<uint32_t> ids = Ids(300, 14);
+  const std::vector<uint32_t> ids = testing::PromptIds(300, 14);
   ASSERT_TRUE(PushAllIds(*t.h, "a", a, &ids, 0, 300).ok());  // 16 pages
   ASSERT_TRUE(Release(*t.h, "a").ok());                      // cached
   // 447 tokens: 12 pages per layer and a window of R + P - 1 = 63.
@@ -423,7 +408,7 @@ TEST(PrefixCache, ADecodeStepInAFullPoolEvictsACachedPage) {
 TEST(PrefixCache, RefusalsNameTheFieldAndChangeNothing) {
   TestHandler t(SmallOptions());
   const Kv kv = SyntheticKv(200, kN, 11);
-  const std::vector<uint32_t> ids = Ids(200, 11);
+  const std::vector<uint32_t> ids = testing::PromptIds(200, 11);
   ASSERT_TRUE(PushAllIds(*t.h, "s", kv, &ids, 0, 200).ok());
   const v1::StatsResponse before = t.Stats();
   v1::LookupRequest both;
@@ -506,7 +491,7 @@ TEST(PrefixCache, RefusalsNameTheFieldAndChangeNothing) {
 TEST(PrefixCache, AForkOfASequenceIndexesItsLaterPages) {
   TestHandler t(SmallOptions());
   const Kv kv = SyntheticKv(460, kN, 12);
-  const std::vector<uint32_t> ids = Ids(460, 12);
+  const std::vector<uint32_t> ids = testing::PromptIds(460, 12);
   ASSERT_TRUE(PushAllIds(*t.h, "src", kv, &ids, 0, 200).ok());  // 5 pages
   v1::ForkRequest req;
   req.set_source_sequence_id("src");
@@ -515,7 +500,7 @@ TEST(PrefixCache, AForkOfASequenceIndexesItsLaterPages) {
   v1::ForkResponse resp;
   ASSERT_TRUE(t.h->Fork(req, &resp).ok());
   ASSERT_TRUE(PushAllIds(*t.h, "f", kv, &ids, 128, 332).ok());  // 13 pages
-  EXPECT_EQ(Lookup(*t.h, ids).pages(), 13u);
+  EXPECT_EQ(testing::LookupIds(*t.h, ids).pages(), 13u);
   EXPECT_EQ(t.h->prefix_index().entries(), 2 * 13);
 }
 
@@ -539,7 +524,7 @@ TEST(PrefixCache, ConcurrentAppendsForksLookupsAndEvictions) {
   TestHandler ref(SmallOptions());
   for (int i = 0; i < kPrompts; ++i) {
     kv.push_back(SyntheticKv(kTokens, kN, 20 + i));
-    ids.push_back(Ids(kTokens, 20 + i));
+    ids.push_back(testing::PromptIds(kTokens, 20 + i));
     const std::string id = absl::StrCat("whole", i);
     ASSERT_TRUE(PushAllIds(*ref.h, id, kv[i], &ids[i], 0, kTokens).ok());
     expected.push_back(Stored(*ref.h, id));
@@ -555,7 +540,7 @@ TEST(PrefixCache, ConcurrentAppendsForksLookupsAndEvictions) {
         const int from = f.ok() ? static_cast<int>(f->tokens()) : 0;
         absl::Status st = PushAllIds(*t.h, id, kv[prompt], &ids[prompt], from, kTokens - from, 61 + w);
         if (st.ok()) {
-          const v1::LookupResponse r = Lookup(*t.h, ids[prompt]);
+          const v1::LookupResponse r = testing::LookupIds(*t.h, ids[prompt]);
           if (r.pages() < static_cast<uint64_t>(from / kP)) ++failures;
           if (AttendBytes(*t.h, id, 0).empty()) ++failures;
           if (Stored(*t.h, id) != expected[prompt]) ++failures;

@@ -12,6 +12,7 @@
 #include "prometheus/metric_family.h"
 #include "service/handler.h"
 #include "tests/handler_fixture.h"
+#include "tests/prefix_test_util.h"
 #include "tests/service_test_util.h"
 #include "tests/tenant_config.h"
 
@@ -39,14 +40,6 @@ void Push(Handler& h, const std::string& seq, const std::vector<uint32_t>& ids, 
     for (uint32_t id : ids) c.add_token_ids(id);
     ASSERT_TRUE(h.Append(c, &r, tenant).ok());
   }
-}
-
-v1::LookupResponse Lookup(Handler& h, const std::vector<uint32_t>& ids, const std::string& tenant = "") {
-  v1::LookupRequest req;
-  for (uint32_t id : ids) req.add_token_ids(id);
-  v1::LookupResponse resp;
-  EXPECT_TRUE(h.Lookup(req, &resp, tenant).ok());
-  return resp;
 }
 
 // The value of counter `name` with labels `labels` (all of them), 0 if absent.
@@ -77,7 +70,7 @@ TEST(PrefixMiss, ADivergingPromptIsDivergedAndCountedSo) {
   std::vector<uint32_t> prompt = stored;
   prompt.resize(256);
   for (int i = 70; i < 256; ++i) prompt[i] += 1;
-  v1::LookupResponse r = Lookup(*t.h, prompt);
+  v1::LookupResponse r = testing::LookupIds(*t.h, prompt);
   EXPECT_EQ(r.pages(), 2u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_DIVERGED);
   EXPECT_EQ(r.miss_message(),
@@ -88,8 +81,9 @@ TEST(PrefixMiss, ADivergingPromptIsDivergedAndCountedSo) {
   EXPECT_EQ(Pages(t.metrics, "diverged"), 6.0);
   // A whole hit; a prompt of which nothing was stored (a first page is
   // never said to diverge: every prompt's first page follows the root).
-  EXPECT_EQ(Lookup(*t.h, std::vector<uint32_t>(stored.begin(), stored.begin() + 256)).miss_reason(), v1::MISS_NONE);
-  EXPECT_EQ(Lookup(*t.h, Ids(64, 9)).miss_reason(), v1::MISS_NEVER_STORED);
+  EXPECT_EQ(testing::LookupIds(*t.h, std::vector<uint32_t>(stored.begin(), stored.begin() + 256)).miss_reason(),
+            v1::MISS_NONE);
+  EXPECT_EQ(testing::LookupIds(*t.h, Ids(64, 9)).miss_reason(), v1::MISS_NEVER_STORED);
   EXPECT_EQ(Lookups(t.metrics, "hit"), 1.0);
   EXPECT_EQ(Lookups(t.metrics, "never_stored"), 1.0);
   EXPECT_EQ(Pages(t.metrics, "hit"), 10.0);
@@ -100,7 +94,7 @@ TEST(PrefixMiss, ADivergingPromptIsDivergedAndCountedSo) {
   v1::ReleaseResponse rr;
   ASSERT_TRUE(t.h->Release(rel, &rr).ok());
   t.h->prefix_index().EvictAll();
-  EXPECT_EQ(Lookup(*t.h, stored).miss_reason(), v1::MISS_EVICTED);
+  EXPECT_EQ(testing::LookupIds(*t.h, stored).miss_reason(), v1::MISS_EVICTED);
   EXPECT_EQ(Lookups(t.metrics, "evicted"), 1.0);
   EXPECT_EQ(Pages(t.metrics, "evicted"), 9.0);  // 300 ids: 9 full pages
 }
@@ -117,13 +111,13 @@ TEST(PrefixMiss, AnotherTenantsPagesAreNeverStoredToTheCallerOnly) {
   Handler& h = **made;
   const std::vector<uint32_t> ids = Ids(200, 4);
   Push(h, "a", ids, "alice");
-  v1::LookupResponse theirs = Lookup(h, ids, "bob");
-  v1::LookupResponse nobodys = Lookup(h, Ids(200, 5), "bob");
+  v1::LookupResponse theirs = testing::LookupIds(h, ids, "bob");
+  v1::LookupResponse nobodys = testing::LookupIds(h, Ids(200, 5), "bob");
   EXPECT_EQ(theirs.miss_reason(), v1::MISS_NEVER_STORED);
   EXPECT_EQ(theirs.SerializeAsString(), nobodys.SerializeAsString());
   EXPECT_EQ(Lookups(metrics, "other_namespace"), 1.0);
   EXPECT_EQ(Lookups(metrics, "never_stored"), 1.0);
-  EXPECT_EQ(Lookup(h, ids, "alice").pages(), 5u);  // 200 tokens, a window of 32
+  EXPECT_EQ(testing::LookupIds(h, ids, "alice").pages(), 5u);  // 200 tokens, a window of 32
   EXPECT_EQ(
       Counter(metrics, "driftkv_tenant_prefix_lookups_total", {{"tenant", "bob"}, {"outcome", "other_namespace"}}),
       1.0);
@@ -132,7 +126,7 @@ TEST(PrefixMiss, AnotherTenantsPagesAreNeverStoredToTheCallerOnly) {
   EXPECT_EQ(Counter(metrics, "driftkv_tenant_prefix_lookup_pages_total", {{"tenant", "bob"}, {"outcome", "hit"}}), 0.0);
   // Without per_tenant no series names a tenant.
   TestHandler plain(SmallOptions());
-  Lookup(*plain.h, ids);
+  testing::LookupIds(*plain.h, ids);
   for (const prometheus::MetricFamily& f : plain.metrics.registry()->Collect()) {
     EXPECT_EQ(f.name.find("driftkv_tenant_"), std::string::npos) << f.name;
   }

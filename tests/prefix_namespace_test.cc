@@ -12,6 +12,7 @@
 #include "service/handler.h"
 #include "service/page_key.h"
 #include "tests/handler_fixture.h"
+#include "tests/prefix_test_util.h"
 #include "tests/service_test_util.h"
 #include "tests/tenant_config.h"
 
@@ -27,13 +28,6 @@ constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kLayers = 2;
 
 const char kShared[] = "prefix_namespaces { name: \"team\" tenants: \"alice\" tenants: \"bob\" }\n";
 
-std::vector<uint32_t> Ids(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint32_t> ids(count);
-  for (uint32_t& id : ids) id = rng() % 50000;
-  return ids;
-}
-
 // Tokens [first, ids.size()) of `kv` to every layer, with their ids.
 absl::Status PushWithIds(Handler& h, const std::string& tenant, const std::string& seq, const Kv& kv,
                          const std::vector<uint32_t>& ids, int first = 0) {
@@ -44,14 +38,6 @@ absl::Status PushWithIds(Handler& h, const std::string& tenant, const std::strin
     if (absl::Status st = h.Append(c, &r, tenant); !st.ok()) return st;
   }
   return absl::OkStatus();
-}
-
-v1::LookupResponse Lookup(Handler& h, const std::string& tenant, const std::vector<uint32_t>& ids) {
-  v1::LookupRequest req;
-  for (uint32_t id : ids) req.add_token_ids(id);
-  v1::LookupResponse resp;
-  EXPECT_TRUE(h.Lookup(req, &resp, tenant).ok());
-  return resp;
 }
 
 absl::StatusOr<v1::ForkResponse> ForkPrefix(Handler& h, const std::string& tenant, const std::vector<uint32_t>& ids,
@@ -107,12 +93,12 @@ TEST(PrefixNamespace, TenantsOfOneNamespaceShareAndOthersSeeNothing) {
   TestHandler t(*o);
   const Kv kv = SyntheticKv(200, kN, 5);
   // 200 tokens with a window of 32: 5 sealed pages of 32 per layer.
-  const std::vector<uint32_t> ids = Ids(200, 5);
+  const std::vector<uint32_t> ids = testing::PromptIds(200, 5);
   ASSERT_TRUE(PushWithIds(*t.h, "alice", "a", kv, ids).ok());
   const uint64_t pool_pages = t.Stats().pages_in_use();
 
   // Bob finds alice's pages and forks them without a copy.
-  v1::LookupResponse r = Lookup(*t.h, "bob", ids);
+  v1::LookupResponse r = testing::LookupIds(*t.h, ids, "bob");
   EXPECT_EQ(r.pages(), 5u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_NEVER_STORED);  // page 5 is in the window
   absl::StatusOr<v1::ForkResponse> f = ForkPrefix(*t.h, "bob", ids, "b");
@@ -134,14 +120,14 @@ TEST(PrefixNamespace, TenantsOfOneNamespaceShareAndOthersSeeNothing) {
   EXPECT_TRUE(Answers(*t.h, "bob", "b") == alices);
 
   // Carol is outside: nothing, in the words of a prompt never stored.
-  r = Lookup(*t.h, "carol", ids);
+  r = testing::LookupIds(*t.h, ids, "carol");
   EXPECT_EQ(r.pages(), 0u);
   EXPECT_EQ(r.miss_reason(), v1::MISS_NEVER_STORED);
   EXPECT_EQ(r.miss_message(),
             "page 0 (tokens [0, 32)) of layer 0 was never stored with token_ids by this tenant under this codec");
   EXPECT_EQ(ForkPrefix(*t.h, "carol", ids, "c").status().code(), absl::StatusCode::kNotFound);
   // A miss inside the namespace names it.
-  r = Lookup(*t.h, "alice", Ids(64, 99));
+  r = testing::LookupIds(*t.h, testing::PromptIds(64, 99), "alice");
   EXPECT_EQ(r.miss_message(),
             "page 0 (tokens [0, 32)) of layer 0 was never stored with token_ids by the tenants of prefix "
             "namespace \"team\" under this codec");
@@ -161,11 +147,11 @@ TEST(PrefixNamespace, CarolsOwnPagesStayHers) {
   ASSERT_TRUE(o.ok()) << o.status();
   TestHandler t(*o);
   const Kv kv = SyntheticKv(100, kN, 6);
-  const std::vector<uint32_t> ids = Ids(100, 6);
+  const std::vector<uint32_t> ids = testing::PromptIds(100, 6);
   ASSERT_TRUE(PushWithIds(*t.h, "carol", "c", kv, ids).ok());
-  EXPECT_EQ(Lookup(*t.h, "carol", ids).pages(), 2u);
-  EXPECT_EQ(Lookup(*t.h, "alice", ids).pages(), 0u);
-  EXPECT_EQ(Lookup(*t.h, "bob", ids).pages(), 0u);
+  EXPECT_EQ(testing::LookupIds(*t.h, ids, "carol").pages(), 2u);
+  EXPECT_EQ(testing::LookupIds(*t.h, ids, "alice").pages(), 0u);
+  EXPECT_EQ(testing::LookupIds(*t.h, ids, "bob").pages(), 0u);
   // The namespaces' keys: a tenant's own and a shared one never coincide,
   // even for a namespace named as a tenant.
   EXPECT_NE(NamespaceKey("codec", "team").Hex(), SharedNamespaceKey("codec", "team").Hex());
