@@ -358,6 +358,9 @@ class Handler {
   // The namespace of `tenant`'s page keys under this codec (page_key.h):
   // its shared prefix namespace's when the config puts it in one.
   PageKey NamespaceOf(const std::string& tenant) const;
+  // The shared prefix namespace `tenant` is in (config prefix_namespaces),
+  // or null.
+  const std::string* SharedNamespaceName(const std::string& tenant) const;
   // SNAPSHOT PAGES (handler_snapshot.cc). One page entry for namespace
   // `space` (the bytes of its NamespaceOf): a repeat of a page the file
   // holds, or the page itself.

@@ -42,10 +42,14 @@ absl::Status Handler::PromptKeys(absl::string_view ids_field, absl::Span<const u
   return absl::OkStatus();
 }
 
-PageKey Handler::NamespaceOf(const std::string& tenant) const {
+const std::string* Handler::SharedNamespaceName(const std::string& tenant) const {
   const auto shared = options_.prefix_namespace_of.find(tenant);
-  if (shared != options_.prefix_namespace_of.end()) return SharedNamespaceKey(codec_identity_, shared->second);
-  return NamespaceKey(codec_identity_, tenant);
+  return shared != options_.prefix_namespace_of.end() ? &shared->second : nullptr;
+}
+
+PageKey Handler::NamespaceOf(const std::string& tenant) const {
+  const std::string* shared = SharedNamespaceName(tenant);
+  return shared != nullptr ? SharedNamespaceKey(codec_identity_, *shared) : NamespaceKey(codec_identity_, tenant);
 }
 
 std::string Handler::MissMessage(const PrefixIndex::Match& m, const std::string& tenant) const {
@@ -66,10 +70,9 @@ std::string Handler::MissMessage(const PrefixIndex::Match& m, const std::string&
     case PrefixIndex::Miss::kNeverStored:
     case PrefixIndex::Miss::kOtherNamespace: break;  // the same words: tenants see nothing of each other
   }
-  const auto shared = options_.prefix_namespace_of.find(tenant);
-  if (shared != options_.prefix_namespace_of.end()) {
-    return absl::StrCat(page, " was never stored with token_ids by the tenants of prefix namespace ",
-                        Quoted(shared->second), " under this codec");
+  if (const std::string* shared = SharedNamespaceName(tenant); shared != nullptr) {
+    return absl::StrCat(page, " was never stored with token_ids by the tenants of prefix namespace ", Quoted(*shared),
+                        " under this codec");
   }
   return absl::StrCat(page, " was never stored with token_ids by this tenant under this codec");
 }
