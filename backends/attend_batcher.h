@@ -44,6 +44,14 @@ class BatchingBackend : public Backend {
   bool PrefersBatchedAttend() const override { return true; }
   // The hot tier passes through (a merged batch may mix hot and cold jobs).
   absl::Status UploadPages(absl::Span<const PageId> pages) override { return inner_->UploadPages(pages); }
+  absl::Status PagesToHost(const PagePool& pool, absl::Span<const PageId> pages,
+                           absl::Span<uint8_t* const> dst) override {
+    return inner_->PagesToHost(pool, pages, dst);
+  }
+  absl::Status PagesFromHost(const PagePool& pool, absl::Span<const uint8_t* const> src, absl::Span<const PageId> pages,
+                             PageChecksum* sums) override {
+    return inner_->PagesFromHost(pool, src, pages, sums);
+  }
   absl::Status CacheWindows(absl::Span<const AttendJob> jobs) override { return inner_->CacheWindows(jobs); }
   absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
     return inner_->ChecksumPages(pool, pages, sums);

@@ -12,6 +12,7 @@
 #ifndef DRIFTKV_BACKENDS_BACKEND_H_
 #define DRIFTKV_BACKENDS_BACKEND_H_
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,6 +216,27 @@ class Backend {
   // mirrors the arena copies them to its mirror. The CPU backend computes
   // on the host pool and has nothing to do.
   virtual absl::Status UploadPages(absl::Span<const PageId> pages) { return absl::OkStatus(); }
+
+  // THE HOST LEVEL (docs/tiers.md, service/spill_tier.h): whole cold pages
+  // of `pool` copied to and from host memory below it (slots that
+  // PinHostRegion pinned, so a device backend copies them straight).
+  // PagesToHost: dst[i] <- page pages[i] as this backend holds it.
+  // PagesFromHost: page pages[i] <- src[i] in every copy the backend keeps
+  // (cuda: the device arena and the host pool), then sums[i] = its
+  // CRC-32C as ChecksumPages reports it, for the caller to check before it
+  // serves the page. The defaults copy on the host, then UploadPages and
+  // ChecksumPages. Each span holds pages.size() entries.
+  virtual absl::Status PagesToHost(const PagePool& pool, absl::Span<const PageId> pages,
+                                   absl::Span<uint8_t* const> dst) {
+    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(dst[i], pool.page(pages[i]), pool.page_stride());
+    return absl::OkStatus();
+  }
+  virtual absl::Status PagesFromHost(const PagePool& pool, absl::Span<const uint8_t* const> src,
+                                     absl::Span<const PageId> pages, PageChecksum* sums) {
+    for (size_t i = 0; i < pages.size(); ++i) std::memcpy(pool.page(pages[i]), src[i], pool.page_stride());
+    if (absl::Status st = UploadPages(pages); !st.ok()) return st;
+    return ChecksumPages(pool, pages, sums);
+  }
 
   // CLIENT MEMORY (service/attend_io.h). True when Attend reads
   // AttendJob::query_dev and writes out_dev/lse_dev: pointers the backend's

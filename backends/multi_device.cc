@@ -38,16 +38,22 @@ class MultiDeviceBackend : public Backend {
 
   // Restored pages (a snapshot's) to the device that holds each.
   absl::Status UploadPages(absl::Span<const PageId> pages) override {
-    size_t begin = 0;
-    while (begin < pages.size()) {
-      const int k = Owner(pages[begin]);
-      size_t end = begin + 1;
-      while (end < pages.size() && Owner(pages[end]) == k) ++end;
-      absl::Status st = inner_[k]->UploadPages(pages.subspan(begin, end - begin));
-      if (!st.ok()) return st;
-      begin = end;
-    }
-    return absl::OkStatus();
+    return ByOwner(pages,
+                   [&](int k, size_t begin, size_t n) { return inner_[k]->UploadPages(pages.subspan(begin, n)); });
+  }
+
+  // The host level's copies, each run of pages by the device that holds it.
+  absl::Status PagesToHost(const PagePool& pool, absl::Span<const PageId> pages,
+                           absl::Span<uint8_t* const> dst) override {
+    return ByOwner(pages, [&](int k, size_t begin, size_t n) {
+      return inner_[k]->PagesToHost(pool, pages.subspan(begin, n), dst.subspan(begin, n));
+    });
+  }
+  absl::Status PagesFromHost(const PagePool& pool, absl::Span<const uint8_t* const> src, absl::Span<const PageId> pages,
+                             PageChecksum* sums) override {
+    return ByOwner(pages, [&](int k, size_t begin, size_t n) {
+      return inner_[k]->PagesFromHost(pool, src.subspan(begin, n), pages.subspan(begin, n), sums + begin);
+    });
   }
 
   // Each page from the device that holds it (hot pools are not
@@ -140,6 +146,19 @@ class MultiDeviceBackend : public Backend {
 
  private:
   int Owner(PageId p) const { return pool_.partition_of(p); }
+  // Calls run(device, begin, count) for each run of pages one device holds.
+  template <typename Run>
+  absl::Status ByOwner(absl::Span<const PageId> pages, Run run) const {
+    size_t begin = 0;
+    while (begin < pages.size()) {
+      const int k = Owner(pages[begin]);
+      size_t end = begin + 1;
+      while (end < pages.size() && Owner(pages[end]) == k) ++end;
+      if (absl::Status st = run(k, begin, end - begin); !st.ok()) return st;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
   // The device an Attend job runs on: its pages' (a job without pages, a
   // window alone, the first device's).
   int DeviceOf(const AttendJob& j) const { return j.pages.empty() ? 0 : Owner(j.pages[0]); }

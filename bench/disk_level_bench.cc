@@ -118,7 +118,7 @@ int Main(int argc, char** argv) {
   int64_t seq_pages = 0;
   for (const v1::LayerLength& l : len.layers()) seq_pages += static_cast<int64_t>(l.compressed_tokens()) / kPageTokens;
   const int64_t pool_only = h.pool().capacity_pages() / seq_pages;
-  const tiers::DiskPageStoreStats ds = h.spill_tier()->store().stats();
+  const tiers::DiskPageStoreStats ds = h.spill_tier()->disk_store()->stats();
   std::printf("page %zu bytes; a sequence %d layers x %d tokens = %lld pages; pool %lld pages: %lld sequences alone\n",
               h.pool().page_stride(), layers, tokens, static_cast<long long>(seq_pages),
               static_cast<long long>(h.pool().capacity_pages()), static_cast<long long>(pool_only));

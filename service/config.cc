@@ -299,9 +299,15 @@ absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
 
 namespace {
 
-// config disk_level into o->disk_level, with ValidateDiskLevel's checks.
-absl::Status ResolveDiskLevel(const v1::ServerConfig& c, ServiceOptions* o) {
-  if (!c.has_disk_level()) return absl::OkStatus();
+// config host_level and disk_level into o, with ValidateLevels' checks.
+absl::Status ResolveLevels(const v1::ServerConfig& c, ServiceOptions* o) {
+  if (c.has_host_level()) {
+    o->host_level.budget_bytes = c.host_level().budget_bytes();
+    if (o->host_level.budget_bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("host_level.budget_bytes 0 must be >= ", kMinHostLevelBytes));
+    }
+  }
+  if (!c.has_disk_level()) return ValidateLevels(*o);
   const v1::DiskLevel& d = c.disk_level();
   if (d.dir().empty()) {
     return absl::InvalidArgumentError("disk_level.dir \"\": the disk level needs a directory");
@@ -320,7 +326,7 @@ absl::Status ResolveDiskLevel(const v1::ServerConfig& c, ServiceOptions* o) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk_level.durability \"", d.durability(), "\" unknown; use process or power_loss"));
   }
-  return ValidateDiskLevel(*o);
+  return ValidateLevels(*o);
 }
 
 }  // namespace
@@ -511,11 +517,21 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   }
   if (c.has_verify_pages_on_attend()) o.verify_pages_on_attend = c.verify_pages_on_attend();
   if (absl::Status st = ResolveRegions(c, &o); !st.ok()) return st;
-  if (absl::Status st = ResolveDiskLevel(c, &o); !st.ok()) return st;
+  if (absl::Status st = ResolveLevels(c, &o); !st.ok()) return st;
   return o;
 }
 
-absl::Status ValidateDiskLevel(const ServiceOptions& o) {
+absl::Status ValidateLevels(const ServiceOptions& o) {
+  if (o.host_level.on()) {
+    if (o.host_level.budget_bytes < kMinHostLevelBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host_level.budget_bytes ", o.host_level.budget_bytes, " must be >= ", kMinHostLevelBytes));
+    }
+    if (!o.snapshot_dir.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("host_level with snapshot_dir \"", o.snapshot_dir,
+                                                     "\": a snapshot does not hold pages below the pool yet"));
+    }
+  }
   const DiskLevelOptions& d = o.disk_level;
   if (!d.on()) return absl::OkStatus();
   if (d.budget_bytes < kMinDiskLevelBytes) {

@@ -66,6 +66,14 @@ struct DiskLevelOptions {
 constexpr uint64_t kMinDiskLevelBytes = uint64_t{1} << 20;
 constexpr uint64_t kMinDiskSegmentBytes = uint64_t{256} << 10;
 
+// The host-memory level between the pool and the disk level (docs/tiers.md;
+// config host_level): off when budget_bytes is 0.
+struct HostLevelOptions {
+  uint64_t budget_bytes = 0;
+  bool on() const { return budget_bytes > 0; }
+};
+constexpr uint64_t kMinHostLevelBytes = uint64_t{64} << 10;
+
 // When the hot tier promotes a cold layer that an Attend asks for.
 enum class HotPromotion { kSync, kAsync };
 
@@ -161,6 +169,8 @@ struct ServiceOptions {
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
   uint64_t device_window_cache_bytes = 0;  // 0: the backend's default
   DiskLevelOptions disk_level;
+  HostLevelOptions host_level;
+  bool levels_below() const { return disk_level.on() || host_level.on(); }
   // Tenant -> the shared prefix namespace it is in (config
   // prefix_namespaces; service/prefix_namespaces.h). Absent: the
   // tenant's own.
@@ -221,11 +231,12 @@ const char* HotPromotionName(HotPromotion mode);
 // backend have a hot tier is checked by Handler::Create).
 absl::Status ValidateHotTier(const ServiceOptions& options);
 
-// The disk level's fields are in range and it is not combined with what it
-// does not support yet (the hot tier, snapshot_dir); InvalidArgument
-// naming the config field and its value otherwise. ResolveConfig and
-// Handler::Create call it; nothing to check when it is off.
-absl::Status ValidateDiskLevel(const ServiceOptions& options);
+// The fields of the levels below the pool (host_level, disk_level) are in
+// range and not combined with what they do not support yet (snapshot_dir);
+// InvalidArgument naming the config field and its value otherwise.
+// ResolveConfig and Handler::Create call it; nothing to check when both
+// are off.
+absl::Status ValidateLevels(const ServiceOptions& options);
 
 }  // namespace driftkv
 

@@ -143,14 +143,10 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   h->events_ = std::make_unique<PageEvents>();
   h->index_ = std::make_unique<PrefixIndex>(*h->pool_, options.layers, h->events_.get());
   h->pins_ = std::make_unique<PinTable>(*h->pool_);
-  if (options.disk_level.on()) {
-    if (absl::Status st = ValidateDiskLevel(options); !st.ok()) return st;
-    // A backend that keeps copies of pool pages (the CUDA backend's device
-    // copies) gets each restored page before it is served.
-    Backend* backend = h->backend_.get();
+  if (options.levels_below()) {
+    if (absl::Status st = ValidateLevels(options); !st.ok()) return st;
     absl::StatusOr<std::unique_ptr<SpillTier>> spill =
-        SpillTier::Create(options.disk_level, *h->pool_, h->metrics_,
-                          [backend](const std::vector<PageId>& pages) { return backend->UploadPages(pages); });
+        SpillTier::Create(options.host_level, options.disk_level, *h->pool_, h->metrics_, h->backend_.get());
     if (!spill.ok()) return spill.status();
     h->spill_ = *std::move(spill);
     SpillTier* t = h->spill_.get();
@@ -158,11 +154,12 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   } else {
     // The level's series exist at zero without it, as the hot tier's do
     // (the registry keeps them; dashboards and alerts find them).
-    SpillMetrics zero(*h->metrics_);
+    SpillMetrics host(*h->metrics_, "host");
+    SpillMetrics disk(*h->metrics_, "disk");
   }
   // A Reserve of the cold pool that falls short evicts cached pages first
   // (Append, decode steps, demotion, restore alike), then moves least
-  // recently used sequences to the disk level.
+  // recently used sequences to the levels below (host memory, disk).
   h->pool_->SetReclaimer([self = h.get()](int64_t pages, int partition) {
     const int64_t freed = self->index_->Evict(pages, partition);
     if (freed > 0) self->metrics_->prefix_evictions->Increment(static_cast<double>(freed));

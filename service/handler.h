@@ -426,7 +426,7 @@ class Handler {
   std::string codec_identity_;  // SnapshotIdentity(), for NamespaceOf
   RegionTable* regions_ = nullptr;
   mutable Totals totals_;
-  // Null without config disk_level. Last: it is the pool's reclaimer and
+  // Null without config host_level or disk_level. Last: it is the pool's reclaimer and
   // the table's hooks point at it, and its eraser thread goes first.
   std::unique_ptr<SpillTier> spill_;
 };

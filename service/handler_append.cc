@@ -213,7 +213,7 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
                                             " not found (a new sequence starts at first_token 0, got ", first_token,
                                             ")"));
   }
-  std::vector<SpillPin> pins;  // the disk level's: new pages go after pages in the pool
+  std::vector<SpillPin> pins;  // the levels below': new pages go after pages in the pool
   for (int attempt = 0;; ++attempt) {
     bool created = false;
     absl::StatusOr<SequencePtr> found = table_->FindOrCreate(key, sequence_id, tenant, new_incarnation, &created);

@@ -587,7 +587,7 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   } else if (absl::Status st = locks.Find(*h_.table_, request, tenant, &work); !st.ok()) {
     return st;
   }
-  // Pages on the disk level come back first, whole sequences, before any
+  // Pages on a level below come back first, whole sequences, before any
   // lock is taken: the answer never comes from partial data.
   std::vector<SpillPin> pins;
   for (int i = 0; i < items && h_.spill_ != nullptr; ++i) {

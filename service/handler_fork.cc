@@ -82,7 +82,7 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
   SequencePtr source = table_->Find(TenantKey(tenant, source_id));
   if (source == nullptr)
     return absl::NotFoundError(absl::StrCat("source_sequence_id ", Quoted(source_id), " not found"));
-  // The fork shares the source's pages: they come back from the disk level first.
+  // The fork shares the source's pages: they come back from a level below first.
   std::vector<SpillPin> pins;
   st = Resident(source.get(), source_id, &pins);
   if (!st.ok()) return st;

@@ -1,5 +1,5 @@
 // Handler::Prefetch: gets one sequence ready for its first Attend: its
-// pages back from the disk level, its layers hot, its windows on the
+// pages back from a level below, its layers hot, its windows on the
 // device.
 #include <algorithm>
 #include <memory>

@@ -179,7 +179,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   int64_t need = 0;
   {
     absl::ReaderMutexLock seq_lock(&seq->mu);
-    // A sequence on the disk level (a queued promotion that waited while
+    // A sequence on a level below (a queued promotion that waited while
     // it moved down) comes back with its next Attend, cold.
     if (seq->released || seq->below) return false;
     absl::ReaderMutexLock layer_lock(&layer.mu);

@@ -127,12 +127,15 @@ struct Sequence {
   TokenIds token_ids;
   bool released ABSL_GUARDED_BY(mu) = false;
   std::atomic<int64_t> last_access_ns{0};
-  // THE DISK LEVEL (service/spill_tier.h, PINS). `below`: every layer's
-  // pages are on the disk level (each entry of pages is kPageBelow), under
-  // the disk keys `below_keys` (layer-major); both change only under mu held
-  // as a writer. `below_hint` is set before a move down checks the pins;
-  // `spill_pins` counts requests using the sequence (never moved down).
+  // THE LEVELS BELOW THE POOL (service/spill_tier.h, PINS). `below`: every
+  // layer's pages are on a level below (each entry of pages is
+  // kPageBelow): the host level's slots `below_keys` when `below_on_host`,
+  // else the disk level's keys (layer-major either way); the three change
+  // only under mu held as a writer. `below_hint` is set before a move down
+  // checks the pins; `spill_pins` counts requests using the sequence
+  // (never moved down).
   bool below ABSL_GUARDED_BY(mu) = false;
+  bool below_on_host ABSL_GUARDED_BY(mu) = false;
   std::vector<uint64_t> below_keys ABSL_GUARDED_BY(mu);
   std::atomic<bool> below_hint{false};
   std::atomic<int> spill_pins{0};

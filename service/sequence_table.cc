@@ -167,7 +167,7 @@ HeldBytes SequenceTable::BytesOf(const LayerState& l) const {
 
 void SequenceTable::FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) {
   const int64_t p = pool_.page_tokens();
-  // Pages on the disk level hold no pool page (each is kPageBelow).
+  // Pages on a level below hold no pool page (each is kPageBelow).
   const bool below = seq->below;
   if (below) spill_.free_below(*seq);
   for (LayerState& l : seq->layers) {

@@ -152,7 +152,7 @@ class SequenceTable {
   // THE DISK LEVEL (service/spill_tier.h), set once before serving (both
   // may be empty): `entered` is told of every sequence entered into the
   // table, under mu_ (it takes only leaf locks); `free_below` frees what a
-  // sequence being released or expired holds on the disk level, called
+  // sequence being released or expired holds on a level below, called
   // with its mu held as a writer, instead of freeing its pages to the pool.
   struct SpillHooks {
     std::function<void(const SequencePtr&)> entered;

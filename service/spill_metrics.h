@@ -1,10 +1,11 @@
-// The disk level's Prometheus series (docs/metrics.md, "Levels"), every one
-// labelled level="disk" so that the host-memory level below a GPU pool can
-// add its own series under the same names later. Registered in the
-// server's registry (Metrics::registry()); prometheus-cpp metrics are
-// thread-safe.
+// The Prometheus series of one level below the pool (docs/metrics.md,
+// "Levels"), every one labelled with the level: "host" or "disk".
+// Registered in the server's registry (Metrics::registry()); prometheus-cpp
+// metrics are thread-safe.
 #ifndef DRIFTKV_SERVICE_SPILL_METRICS_H_
 #define DRIFTKV_SERVICE_SPILL_METRICS_H_
+
+#include <string>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -14,10 +15,10 @@
 namespace driftkv {
 
 struct SpillMetrics {
-  explicit SpillMetrics(Metrics& metrics);
+  SpillMetrics(Metrics& metrics, const std::string& level);
 
   prometheus::Gauge* pages;           // driftkv_level_pages: pages stored on the level
-  prometheus::Gauge* bytes;           // driftkv_level_bytes: bytes its budget counts (segment files)
+  prometheus::Gauge* bytes;           // driftkv_level_bytes: bytes its budget counts (host slots, segment files)
   prometheus::Gauge* capacity_bytes;  // driftkv_level_capacity_bytes: the budget
   prometheus::Gauge* sequences;       // driftkv_level_sequences: sequences whose pages are there
   // driftkv_level_moved_pages_total / _moved_bytes_total{direction="down"|"up"}.

@@ -11,24 +11,41 @@
 
 namespace driftkv {
 
-absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const DiskLevelOptions& options, PagePool& pool,
-                                                             Metrics* metrics, Upload upload) {
-  tiers::DiskPageStoreOptions o;
-  o.dir = options.dir;
-  o.page_bytes = pool.page_stride();
-  o.budget_bytes = options.budget_bytes;
-  o.segment_bytes = options.segment_bytes;
-  o.durability = options.power_loss ? tiers::Durability::kPowerLoss : tiers::Durability::kProcess;
-  o.wipe_at_open = true;  // the pages of a previous process's sequences: no sequence names them
-  o.io = options.io;
-  absl::StatusOr<std::unique_ptr<tiers::DiskPageStore>> store = tiers::DiskPageStore::Open(o);
-  if (!store.ok()) {
-    return absl::Status(store.status().code(),
-                        absl::StrCat("disk_level.dir \"", options.dir, "\": ", store.status().message()));
+absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const HostLevelOptions& host, const DiskLevelOptions& disk,
+                                                             PagePool& pool, Metrics* metrics, Backend* backend) {
+  std::unique_ptr<SpillTier> t(new SpillTier(pool, metrics, backend));
+  if (host.on()) {
+    absl::StatusOr<std::unique_ptr<tiers::HostPageStore>> store =
+        tiers::HostPageStore::Create(pool.page_stride(), host.budget_bytes);
+    if (!store.ok()) {
+      return absl::Status(store.status().code(),
+                          absl::StrCat("host_level.budget_bytes ", host.budget_bytes, ": ", store.status().message()));
+    }
+    t->host_ = *std::move(store);
+    if (absl::Status st = backend->PinHostRegion(t->host_->block(), t->host_->block_bytes()); !st.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("host_level.budget_bytes ", host.budget_bytes,
+                                                       ": the backend could not page-lock it: ", st.message()));
+    }
+    t->metrics_[kHost].capacity_bytes->Set(static_cast<double>(t->host_->block_bytes()));
   }
-  std::unique_ptr<SpillTier> t(new SpillTier(pool, metrics, std::move(upload)));
-  t->store_ = *std::move(store);
-  t->metrics_.capacity_bytes->Set(static_cast<double>(options.budget_bytes));
+  if (disk.on()) {
+    tiers::DiskPageStoreOptions o;
+    o.dir = disk.dir;
+    o.page_bytes = pool.page_stride();
+    o.budget_bytes = disk.budget_bytes;
+    o.segment_bytes = disk.segment_bytes;
+    o.durability = disk.power_loss ? tiers::Durability::kPowerLoss : tiers::Durability::kProcess;
+    o.wipe_at_open = true;  // the pages of a previous process's sequences: no sequence names them
+    o.io = disk.io;
+    absl::StatusOr<std::unique_ptr<tiers::DiskPageStore>> store = tiers::DiskPageStore::Open(o);
+    if (!store.ok()) {
+      if (t->host_ != nullptr) backend->UnpinHostRegion(t->host_->block());
+      return absl::Status(store.status().code(),
+                          absl::StrCat("disk_level.dir \"", disk.dir, "\": ", store.status().message()));
+    }
+    t->store_ = *std::move(store);
+    t->metrics_[kDisk].capacity_bytes->Set(static_cast<double>(disk.budget_bytes));
+  }
   t->eraser_ = std::thread([self = t.get()] { self->EraseLoop(); });
   t->Publish();
   return t;
@@ -40,6 +57,7 @@ SpillTier::~SpillTier() {
     stop_ = true;
   }
   eraser_.join();
+  if (host_ != nullptr) backend_.UnpinHostRegion(host_->block());
 }
 
 void SpillTier::Track(const SequencePtr& seq) {
@@ -75,6 +93,19 @@ int64_t SpillTier::MoveDown(int64_t pages, int partition) {
   return freed;
 }
 
+SpillTier::Pages SpillTier::PagesOf(Sequence* seq) {
+  Pages where;
+  for (LayerState& l : seq->layers) {
+    for (size_t i = 0; i < l.pages.size(); ++i) where.push_back({&l, i});
+  }
+  return where;
+}
+
+bool SpillTier::DiskHasRoom(size_t pages) const {
+  const uint64_t record = tiers::RecordBytes(pool_.page_stride()) + tiers::kFooterEntryBytes;
+  return store_ != nullptr && store_->bytes_used() + pages * record <= store_->budget_bytes();
+}
+
 int64_t SpillTier::MoveDownLocked(Sequence* seq) {
   // See PINS in the header: the hint first, then the pins.
   seq->below_hint.store(true);
@@ -82,19 +113,61 @@ int64_t SpillTier::MoveDownLocked(Sequence* seq) {
     seq->below_hint.store(false);
     return 0;
   }
-  std::vector<std::pair<LayerState*, size_t>> where;  // every page: its layer and index
   for (LayerState& l : seq->layers) {
     if (l.hot) {  // level pages stay with the hot tier
       seq->below_hint.store(false);
       return 0;
     }
-    for (size_t i = 0; i < l.pages.size(); ++i) where.push_back({&l, i});
   }
-  const uint64_t record = tiers::RecordBytes(pool_.page_stride()) + tiers::kFooterEntryBytes;
-  if (where.empty() || store_->bytes_used() + where.size() * record > store_->budget_bytes()) {
+  const Pages where = PagesOf(seq);
+  if (where.empty()) {
     seq->below_hint.store(false);
     return 0;
   }
+  const int64_t before = pool_.pages_in_use(seq->device);
+  bool moved = false;
+  if (host_ != nullptr && static_cast<size_t>(host_->capacity()) >= where.size()) {
+    if (host_->free_slots() < static_cast<int64_t>(where.size()) && store_ != nullptr) {
+      MakeHostRoom(static_cast<int64_t>(where.size()), seq);
+    }
+    moved = PoolToHostLocked(seq, where);
+  }
+  if (!moved && DiskHasRoom(where.size())) moved = PoolToDiskLocked(seq, where);
+  if (!moved) {
+    seq->below_hint.store(false);
+    return 0;
+  }
+  for (LayerState& l : seq->layers) {
+    pool_.Free(l.pages);
+    std::fill(l.pages.begin(), l.pages.end(), kPageBelow);
+  }
+  seq->below = true;
+  // Pages other holders share (a fork, the prefix index) stay in use.
+  return std::max<int64_t>(0, before - pool_.pages_in_use(seq->device));
+}
+
+bool SpillTier::PoolToHostLocked(Sequence* seq, const Pages& where) {
+  absl::StatusOr<std::vector<int64_t>> slots = host_->Take(static_cast<int64_t>(where.size()));
+  if (!slots.ok()) return false;
+  std::vector<PageId> pages(where.size());
+  std::vector<uint8_t*> dst(where.size());
+  for (size_t j = 0; j < where.size(); ++j) {
+    pages[j] = where[j].first->pages[where[j].second];
+    dst[j] = host_->slot((*slots)[j]);
+  }
+  if (absl::Status st = backend_.PagesToHost(pool_, pages, dst); !st.ok()) {
+    host_->Give(*slots);
+    metrics_[kHost].move_failures[kMoveDown]->Increment();
+    return false;
+  }
+  seq->below_keys.assign(slots->begin(), slots->end());
+  seq->below_on_host = true;
+  on_host_.fetch_add(1);
+  Counted(kHost, kMoveDown, where.size());
+  return true;
+}
+
+bool SpillTier::PoolToDiskLocked(Sequence* seq, const Pages& where) {
   std::vector<uint64_t> keys(where.size());
   for (uint64_t& k : keys) k = next_key_.fetch_add(1);
   std::vector<absl::Status> done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
@@ -109,22 +182,118 @@ int64_t SpillTier::MoveDownLocked(Sequence* seq) {
     for (size_t j = 0; j < done.size(); ++j) {
       if (done[j].ok()) to_erase_.push_back(keys[j]);
     }
-    metrics_.move_failures[kMoveDown]->Increment();
-    seq->below_hint.store(false);
-    return 0;
-  }
-  const int64_t before = pool_.pages_in_use(seq->device);
-  for (LayerState& l : seq->layers) {
-    pool_.Free(l.pages);
-    std::fill(l.pages.begin(), l.pages.end(), kPageBelow);
+    metrics_[kDisk].move_failures[kMoveDown]->Increment();
+    return false;
   }
   seq->below_keys = std::move(keys);
-  seq->below = true;
-  sequences_below_.fetch_add(1);
-  metrics_.moved_pages[kMoveDown]->Increment(static_cast<double>(where.size()));
-  metrics_.moved_bytes[kMoveDown]->Increment(static_cast<double>(where.size() * pool_.page_stride()));
-  // Pages other holders share (a fork, the prefix index) stay in use.
-  return std::max<int64_t>(0, before - pool_.pages_in_use(seq->device));
+  seq->below_on_host = false;
+  on_disk_.fetch_add(1);
+  Counted(kDisk, kMoveDown, where.size());
+  return true;
+}
+
+bool SpillTier::MakeHostRoom(int64_t slots, const Sequence* mover) {
+  std::vector<SequencePtr> on_host;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<Sequence>& w : candidates_) {
+      SequencePtr s = w.lock();
+      if (s != nullptr && s.get() != mover && s->below_hint.load() && s->spill_pins.load() == 0) {
+        on_host.push_back(std::move(s));
+      }
+    }
+  }
+  std::sort(on_host.begin(), on_host.end(), [](const SequencePtr& a, const SequencePtr& b) {
+    return a->last_access_ns.load() < b->last_access_ns.load();
+  });
+  for (const SequencePtr& s : on_host) {
+    if (host_->free_slots() >= slots) break;
+    if (!s->mu.TryLock()) continue;
+    // A pin taken after the list was made: its request restores under
+    // this lock once it is released (PINS); the sequence must stay put.
+    if (!s->released && s->below && s->below_on_host && s->spill_pins.load() == 0) HostToDiskLocked(s.get());
+    s->mu.Unlock();
+  }
+  return host_->free_slots() >= slots;
+}
+
+bool SpillTier::HostToDiskLocked(Sequence* seq) {
+  const size_t n = seq->below_keys.size();
+  if (!DiskHasRoom(n)) return false;
+  // The checksums, layer-major as the slots are.
+  std::vector<PageChecksum> sums;
+  sums.reserve(n);
+  for (const LayerState& l : seq->layers) sums.insert(sums.end(), l.page_sums.begin(), l.page_sums.end());
+  std::vector<uint64_t> keys(n);
+  for (uint64_t& k : keys) k = next_key_.fetch_add(1);
+  // The disk store checks each page against its checksum as it takes it:
+  // a slot corrupted in host memory is refused here, and the sequence
+  // stays on the host level, where its restore reports DATA_LOSS.
+  std::vector<absl::Status> done = RunAll(n, [&](size_t j, tiers::DiskPageStore::Callback cb) {
+    return store_->PutAsync(keys[j], host_->slot(static_cast<int64_t>(seq->below_keys[j])), sums[j], std::move(cb));
+  });
+  bool ok = true;
+  for (const absl::Status& st : done) ok = ok && st.ok();
+  if (!ok) {
+    absl::MutexLock lock(&mu_);
+    for (size_t j = 0; j < n; ++j) {
+      if (done[j].ok()) to_erase_.push_back(keys[j]);
+    }
+    metrics_[kDisk].move_failures[kMoveDown]->Increment();
+    return false;
+  }
+  std::vector<int64_t> slots(seq->below_keys.begin(), seq->below_keys.end());
+  host_->Give(slots);
+  seq->below_keys = std::move(keys);
+  seq->below_on_host = false;
+  on_host_.fetch_sub(1);
+  on_disk_.fetch_add(1);
+  Counted(kDisk, kMoveDown, n);
+  return true;
+}
+
+absl::Status SpillTier::ReadBack(Sequence* seq, const Pages& where, const std::vector<PageId>& fresh,
+                                 absl::string_view id) {
+  const Where level = seq->below_on_host ? kHost : kDisk;
+  std::vector<absl::Status> done(where.size());
+  std::vector<PageChecksum> sums(where.size());
+  absl::Status copy;  // a failure of the whole copy (host level)
+  if (level == kHost) {
+    std::vector<const uint8_t*> src(where.size());
+    for (size_t j = 0; j < where.size(); ++j) src[j] = host_->slot(static_cast<int64_t>(seq->below_keys[j]));
+    copy = backend_.PagesFromHost(pool_, src, fresh, sums.data());
+  } else {
+    done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
+      return store_->GetAsync(seq->below_keys[j], pool_.page(fresh[j]), std::move(cb));
+    });
+    // The disk store checked each record; the backend's copies are made
+    // from the pool's bytes, summed as the backend holds them.
+    bool ok = true;
+    for (const absl::Status& st : done) ok = ok && st.ok();
+    if (ok) copy = backend_.UploadPages(fresh);
+    if (ok && copy.ok()) copy = backend_.ChecksumPages(pool_, fresh, sums.data());
+  }
+  if (!copy.ok()) {
+    return absl::UnavailableError(absl::StrCat("sequence_id ", Quoted(id),
+                                               ": its pages did not reach the backend from the ",
+                                               level == kHost ? "host" : "disk", " level: ", copy.message()));
+  }
+  for (size_t j = 0; j < where.size(); ++j) {
+    const auto [layer, i] = where[j];
+    absl::Status st = done[j];
+    if (st.ok() && sums[j] != layer->page_sums[i]) {
+      st = absl::DataLossError("page checksum mismatch after the read; not served");
+    }
+    if (st.ok()) continue;
+    if (st.code() == absl::StatusCode::kDataLoss) metrics_[level].checksum_failures->Increment();
+    const int layer_index = static_cast<int>(layer - seq->layers.data());
+    return absl::Status(
+        st.code() == absl::StatusCode::kDataLoss ? st.code() : absl::StatusCode::kUnavailable,
+        absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i, " (tokens [",
+                     i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(), ")) did not come back from the ",
+                     level == kHost ? "host" : "disk", " level: ", st.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* restored) {
@@ -132,80 +301,64 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&seq->mu);
   if (seq->released || !seq->below) return absl::OkStatus();
-  std::vector<std::pair<LayerState*, size_t>> where;
-  for (LayerState& l : seq->layers) {
-    for (size_t i = 0; i < l.pages.size(); ++i) where.push_back({&l, i});
-  }
+  const Pages where = PagesOf(seq);
   // May move other sequences down (this one is pinned and locked).
   absl::StatusOr<std::vector<PageId>> reserved = pool_.Reserve(static_cast<int64_t>(where.size()), seq->device);
+  const Where level = seq->below_on_host ? kHost : kDisk;
   if (!reserved.ok()) {
-    metrics_.move_failures[kMoveUp]->Increment();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sequence_id ", Quoted(id), " has ", where.size(),
-                     " pages on the disk level and the pool has no room for them: ", reserved.status().message()));
+    metrics_[level].move_failures[kMoveUp]->Increment();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sequence_id ", Quoted(id), " has ", where.size(), " pages on the ", level == kHost ? "host" : "disk",
+        " level and the pool has no room for them: ", reserved.status().message()));
   }
   const std::vector<PageId>& fresh = *reserved;
-  std::vector<absl::Status> done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
-    return store_->GetAsync(seq->below_keys[j], pool_.page(fresh[j]), std::move(cb));
-  });
-  absl::Status failed;
-  for (size_t j = 0; j < where.size() && failed.ok(); ++j) {
-    const auto [layer, i] = where[j];
-    const int layer_index = static_cast<int>(layer - seq->layers.data());
-    absl::Status st = done[j];
-    if (st.ok() && Crc32c(pool_.page(fresh[j]), pool_.page_stride()) != layer->page_sums[i]) {
-      st = absl::DataLossError("page checksum mismatch in the pool after the read; not served");
-    }
-    if (!st.ok()) {
-      if (st.code() == absl::StatusCode::kDataLoss) metrics_.checksum_failures->Increment();
-      failed = absl::Status(st.code() == absl::StatusCode::kDataLoss ? st.code() : absl::StatusCode::kUnavailable,
-                            absl::StrCat("sequence_id ", Quoted(id), " layer ", layer_index, " page ", i, " (tokens [",
-                                         i * pool_.page_tokens(), ", ", (i + 1) * pool_.page_tokens(),
-                                         ")) did not come back from the disk level: ", st.message()));
-    }
-  }
-  if (failed.ok() && upload_) {
-    // Checked in the pool first: the backend's copies are made from
-    // intact bytes only.
-    if (absl::Status st = upload_(fresh); !st.ok()) {
-      failed = absl::UnavailableError(absl::StrCat("sequence_id ", Quoted(id),
-                                                   ": its pages came back from the disk "
-                                                   "level but did not reach the backend: ",
-                                                   st.message()));
-    }
-  }
-  if (!failed.ok()) {
+  if (absl::Status st = ReadBack(seq, where, fresh, id); !st.ok()) {
     pool_.Free(fresh);
-    metrics_.move_failures[kMoveUp]->Increment();
+    metrics_[level].move_failures[kMoveUp]->Increment();
     Publish();
-    return failed;
+    return st;
   }
   for (size_t j = 0; j < where.size(); ++j) where[j].first->pages[where[j].second] = fresh[j];
-  {
+  if (level == kHost) {
+    std::vector<int64_t> slots(seq->below_keys.begin(), seq->below_keys.end());
+    host_->Give(slots);
+    on_host_.fetch_sub(1);
+  } else {
     absl::MutexLock erase_lock(&mu_);
     to_erase_.insert(to_erase_.end(), seq->below_keys.begin(), seq->below_keys.end());
+    on_disk_.fetch_sub(1);
   }
   seq->below_keys.clear();
   seq->below = false;
+  seq->below_on_host = false;
   seq->below_hint.store(false);
-  sequences_below_.fetch_sub(1);
-  metrics_.moved_pages[kMoveUp]->Increment(static_cast<double>(where.size()));
-  metrics_.moved_bytes[kMoveUp]->Increment(static_cast<double>(where.size() * pool_.page_stride()));
-  metrics_.restore_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  Counted(level, kMoveUp, where.size());
+  metrics_[level].restore_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   if (restored != nullptr) *restored = static_cast<int64_t>(where.size());
   Publish();
   return absl::OkStatus();
 }
 
 void SpillTier::Forget(Sequence& seq) {
-  {
+  if (seq.below_on_host) {
+    std::vector<int64_t> slots(seq.below_keys.begin(), seq.below_keys.end());
+    host_->Give(slots);
+    on_host_.fetch_sub(1);
+  } else {
     absl::MutexLock lock(&mu_);
     to_erase_.insert(to_erase_.end(), seq.below_keys.begin(), seq.below_keys.end());
+    on_disk_.fetch_sub(1);
   }
   seq.below_keys.clear();
   seq.below = false;
+  seq.below_on_host = false;
   seq.below_hint.store(false);
-  sequences_below_.fetch_sub(1);
+  Publish();
+}
+
+void SpillTier::Counted(Where level, int direction, size_t pages) {
+  metrics_[level].moved_pages[direction]->Increment(static_cast<double>(pages));
+  metrics_[level].moved_bytes[direction]->Increment(static_cast<double>(pages * pool_.page_stride()));
 }
 
 std::vector<absl::Status> SpillTier::RunAll(
@@ -239,10 +392,18 @@ std::vector<absl::Status> SpillTier::RunAll(
 }
 
 void SpillTier::Publish() {
-  const tiers::DiskPageStoreStats s = store_->stats();
-  metrics_.pages->Set(static_cast<double>(s.pages));
-  metrics_.bytes->Set(static_cast<double>(s.bytes_used));
-  metrics_.sequences->Set(static_cast<double>(sequences_below_.load()));
+  if (host_ != nullptr) {
+    const int64_t used = host_->in_use();
+    metrics_[kHost].pages->Set(static_cast<double>(used));
+    metrics_[kHost].bytes->Set(static_cast<double>(used) * static_cast<double>(host_->page_bytes()));
+    metrics_[kHost].sequences->Set(static_cast<double>(on_host_.load()));
+  }
+  if (store_ != nullptr) {
+    const tiers::DiskPageStoreStats s = store_->stats();
+    metrics_[kDisk].pages->Set(static_cast<double>(s.pages));
+    metrics_[kDisk].bytes->Set(static_cast<double>(s.bytes_used));
+    metrics_[kDisk].sequences->Set(static_cast<double>(on_disk_.load()));
+  }
 }
 
 void SpillTier::EraseLoop() {

@@ -1,15 +1,25 @@
-// The disk level below the cold pool (docs/tiers.md): moves the cold pages
-// of least recently used sequences to a tiers::DiskPageStore when the pool
-// is short, and brings a sequence's pages back before it is used. On the
-// CPU backend the pool is host memory, so this is "host memory, disk below
-// it"; on CUDA the same moves would go between the GPU's pool and the disk
-// (not enabled: config validation refuses a hot tier with the disk level).
+// The levels below the cold pool (docs/tiers.md): host memory (a
+// tiers::HostPageStore, page-locked by the backend) and local disk (a
+// tiers::DiskPageStore), either or both. When the pool is short, the cold
+// pages of least recently used sequences move down; a sequence's pages
+// come back before it is used. On the CPU backend the pool is host memory
+// already, so the host level only adds a second budget there; on CUDA the
+// pool is the GPU's and the host level is the one a restore reads at
+// PCIe speed (Backend::PagesToHost/PagesFromHost: one launch each way).
+//
+// WHERE A MOVE GOES. Down: to host memory when the host level has room
+// for the whole sequence; else, with a disk level, the least recently
+// used sequences on the host level move on to disk until it has (never
+// waiting for a lock, as below), and when that still leaves too little
+// room the sequence goes straight to disk. Up: from wherever it is,
+// straight into the pool.
 //
 // GRANULARITY. A whole sequence moves: every page of every layer goes down
 // together and comes back together. Windows (bf16 tokens not yet in a page),
 // digests and checksums stay in memory; a layer below keeps pages.size()
 // (token counts, quotas and BytesOf unchanged) with every entry kPageBelow,
-// and its pages' disk keys in Sequence::below_keys (layer-major order).
+// and its pages' host slots or disk keys in Sequence::below_keys
+// (layer-major order).
 //
 // WHO MOVES WHAT. MoveDown is the pool's reclaimer (after the prefix
 // index's eviction): it runs inside a Reserve, on the thread that asked for
@@ -21,22 +31,25 @@
 //
 // PINS. A request pins each sequence it uses (SpillPin) before it calls
 // Restore, and keeps the pin until it has released the sequence's locks: a
-// pinned sequence is never moved down. The race between a pin and a move is
-// closed by two sequentially consistent atomics: MoveDown sets
-// Sequence::below_hint, then reads the pins (backing off when there is
-// one); a request adds its pin, then reads below_hint (and restores under
-// the writer lock when it is set). One of the two sees the other.
+// pinned sequence is never moved down (nor on from host to disk). The race
+// between a pin and a move is closed by two sequentially consistent
+// atomics: MoveDown sets Sequence::below_hint, then reads the pins (backing
+// off when there is one); a request adds its pin, then reads below_hint
+// (and restores under the writer lock when it is set). One of the two sees
+// the other.
 //
 // INTEGRITY. A page goes down with the CRC-32C the layer keeps for it
-// (page_sums): the store refuses bytes that do not match it, and checks it
-// again when the page is read back; Restore then checks the bytes in the
-// pool once more. A mismatch or a read error is DATA_LOSS for that sequence
-// (counted in driftkv_level_checksum_failures_total), nothing of it is
+// (page_sums): the disk store refuses bytes that do not match it and checks
+// it again when the page is read back; from either level, Restore checks
+// the bytes as the backend holds them for attention (the device's copy on
+// CUDA, summed there) before anything is served. A mismatch or a read error
+// is DATA_LOSS for that sequence (counted in
+// driftkv_level_checksum_failures_total of its level), nothing of it is
 // served, it stays below, and every other sequence is unaffected.
 //
 // Locks: mu_ (the candidates, the erase queue) is a leaf; it is taken under
 // the table's, sequences' and layers' locks, and nothing is acquired under
-// it. The store has its own.
+// it. The stores have their own.
 #ifndef DRIFTKV_SERVICE_SPILL_TIER_H_
 #define DRIFTKV_SERVICE_SPILL_TIER_H_
 
@@ -53,15 +66,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
 #include "backends/page_pool.h"
 #include "service/config.h"
 #include "service/sequence.h"
 #include "service/spill_metrics.h"
 #include "tiers/disk_page_store.h"
+#include "tiers/host_page_store.h"
 
 namespace driftkv {
 
-// A page id that names no pool page: the page is on the disk level.
+// A page id that names no pool page: the page is on a level below.
 constexpr PageId kPageBelow = -1;
 
 // Holds a sequence in place (see PINS) for as long as it lives.
@@ -83,65 +98,90 @@ class SpillPin {
 
 class SpillTier {
  public:
-  // Gives restored pages to the backend that keeps copies of pool pages
-  // (the CUDA backend's device copies: Backend::UploadPages); null when
-  // the pool's bytes are all there is.
-  using Upload = std::function<absl::Status(const std::vector<PageId>&)>;
-  // Opens the store under options.dir (wiping it: docs/tiers.md) for pages
-  // of `pool`'s page size. `pool` and `metrics` must outlive the tier.
-  static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const DiskLevelOptions& options, PagePool& pool,
-                                                           Metrics* metrics, Upload upload = nullptr);
+  // Opens the levels that are on (at least one): the host level's block,
+  // page-locked by `backend` (PinHostRegion; a failure is refused, naming
+  // host_level.budget_bytes), and the disk store under disk.dir (wiping
+  // it: docs/tiers.md), for pages of `pool`'s page size. `pool`, `metrics`
+  // and `backend` must outlive the tier; the backend makes every move
+  // (PagesToHost, PagesFromHost, UploadPages after a disk read).
+  static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const HostLevelOptions& host, const DiskLevelOptions& disk,
+                                                           PagePool& pool, Metrics* metrics, Backend* backend);
   // Stops the eraser (records still queued for erasing stay on disk until
-  // the wipe of the next start), then closes the store.
+  // the wipe of the next start), then closes the stores.
   ~SpillTier();
 
   // A sequence entered the table: a candidate from now on (held weakly).
   void Track(const SequencePtr& seq) ABSL_LOCKS_EXCLUDED(mu_);
   // The pool's reclaimer: moves sequences of `partition` down, least
   // recently used first (Sequence::last_access_ns), skipping pinned ones,
-  // ones whose lock is held, hot layers, and ones whose pages the disk
-  // budget cannot take, until `pages` pool pages were freed or no candidate
-  // is left. Returns the pages freed.
+  // ones whose lock is held, hot layers, and ones no level has room for,
+  // until `pages` pool pages were freed or no candidate is left. Returns
+  // the pages freed.
   int64_t MoveDown(int64_t pages, int partition) ABSL_LOCKS_EXCLUDED(mu_);
   // Brings `seq`'s pages back into the pool when they are below; OK at
   // once otherwise (one atomic load). `id`: the request's sequence_id, for
   // messages. RESOURCE_EXHAUSTED when the pool has no room even after
   // moving others down; DATA_LOSS naming the layer and page when a page
-  // does not come back intact; UNAVAILABLE for an I/O error or an upload
+  // does not come back intact; UNAVAILABLE for an I/O error or a copy
   // to the backend that fails (the pages stay below). A released
   // sequence is left to the caller (OK). *restored (when given): the pages
   // brought back. REQUIRES: the caller pins `seq` and holds none of its
   // locks.
   absl::Status Restore(Sequence* seq, absl::string_view id, int64_t* restored = nullptr);
-  // Queues the erasing of `seq`'s pages below and forgets them (release,
-  // expiry). REQUIRES: seq->mu held as a writer; seq->below.
+  // Frees `seq`'s pages below (host slots at once, disk records by the
+  // eraser) and forgets them (release, expiry). REQUIRES: seq->mu held as
+  // a writer; seq->below.
   void Forget(Sequence& seq);
 
   // Waits until every queued erase has run (tests, benchmarks).
   void DrainErases() ABSL_LOCKS_EXCLUDED(mu_);
-  const tiers::DiskPageStore& store() const { return *store_; }
-  // Sequences below now.
-  int64_t sequences_below() const { return sequences_below_.load(); }
+  // The levels; null when off.
+  const tiers::HostPageStore* host_store() const { return host_.get(); }
+  const tiers::DiskPageStore* disk_store() const { return store_.get(); }
+  // Sequences below now, on either level.
+  int64_t sequences_below() const { return on_host_.load() + on_disk_.load(); }
+  int64_t sequences_on_host() const { return on_host_.load(); }
 
  private:
-  SpillTier(PagePool& pool, Metrics* metrics, Upload upload)
-      : pool_(pool), metrics_(*metrics), upload_(std::move(upload)) {}
+  enum Where : int { kHost = 0, kDisk = 1 };
+  using Pages = std::vector<std::pair<LayerState*, size_t>>;  // every page: its layer and index
+  SpillTier(PagePool& pool, Metrics* metrics, Backend* backend)
+      : pool_(pool), metrics_{SpillMetrics(*metrics, "host"), SpillMetrics(*metrics, "disk")}, backend_(*backend) {}
   // Moves one sequence down; the pool pages it freed (0: it stayed).
   // REQUIRES: seq->mu held as a writer.
   int64_t MoveDownLocked(Sequence* seq);
-  // Runs `jobs` Put or Get calls on the store and waits for all of them:
-  // each job's status, in order.
+  // The moves of one sequence's pages (`where`, layer-major), each true
+  // when it happened. REQUIRES: seq->mu held as a writer; seq pinned by
+  // nobody (the hint set).
+  bool PoolToHostLocked(Sequence* seq, const Pages& where);
+  bool PoolToDiskLocked(Sequence* seq, const Pages& where);
+  bool HostToDiskLocked(Sequence* seq);
+  // Moves sequences on the host level to disk, least recently used first,
+  // until it has `slots` free: true when it has. `mover`: the sequence
+  // being moved down (locked by the caller), never one of them.
+  bool MakeHostRoom(int64_t slots, const Sequence* mover) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every page of `seq`, layer-major. REQUIRES: seq->mu held.
+  static Pages PagesOf(Sequence* seq);
+  // Whether the disk level can take `pages` more pages.
+  bool DiskHasRoom(size_t pages) const;
+  // Reads `seq`'s pages back into `fresh` from its level.
+  absl::Status ReadBack(Sequence* seq, const Pages& where, const std::vector<PageId>& fresh, absl::string_view id);
+  // Runs `jobs` Put or Get calls on the disk store and waits for all of
+  // them: each job's status, in order.
   std::vector<absl::Status> RunAll(size_t jobs,
                                    const std::function<absl::Status(size_t, tiers::DiskPageStore::Callback)>& submit);
   void Publish();
   void EraseLoop();
+  void Counted(Where level, int direction, size_t pages);
 
   PagePool& pool_;
-  SpillMetrics metrics_;
-  const Upload upload_;
+  SpillMetrics metrics_[2];  // by Where
+  Backend& backend_;
+  std::unique_ptr<tiers::HostPageStore> host_;
   std::unique_ptr<tiers::DiskPageStore> store_;
   std::atomic<uint64_t> next_key_{1};  // disk keys are never reused in a process
-  std::atomic<int64_t> sequences_below_{0};
+  std::atomic<int64_t> on_host_{0};
+  std::atomic<int64_t> on_disk_{0};
 
   absl::Mutex mu_;
   std::vector<std::weak_ptr<Sequence>> candidates_ ABSL_GUARDED_BY(mu_);

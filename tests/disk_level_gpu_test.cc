@@ -1,10 +1,13 @@
-// The disk level under the CUDA backend's pool (service/spill_tier.h,
-// docs/tiers.md): a pool of a few sequences' pages and a disk budget hold
-// many sequences; every sequence brought back from the disk is uploaded to
-// the device before it is served, so each Read and each Attend (cold, and
-// with a hot tier promoting what came back) equals that of a CUDA handler
-// that never moved a page, bit for bit; Attend with verify_pages_on_attend
-// checks the device's copies of the restored pages. Skipped without a GPU.
+// The levels below the CUDA backend's pool (service/spill_tier.h,
+// docs/tiers.md): a pool of a few sequences' pages over the disk level, the
+// host-memory level, or both, holds many sequences; every sequence brought
+// back reaches the device (a disk read uploaded; a host slot copied by the
+// device itself, host mirror included) and is checked there before it is
+// served, so each Read and each Attend (cold, and with a hot tier promoting
+// what came back) equals that of a CUDA handler that never moved a page,
+// bit for bit; Attend with verify_pages_on_attend checks the device's
+// copies of the restored pages. A host slot corrupted in memory is
+// DATA_LOSS for its sequence only. Skipped without a GPU.
 #include <string>
 #include <vector>
 
@@ -27,7 +30,7 @@ using testing::TestHandler;
 constexpr int kLayers = 2, kKvHeads = 2, kD = 128, kN = kKvHeads * kD, kQHeads = 4, kP = 128;
 constexpr int kTokens = 700;  // per layer: 4 pages of 128 and a window
 
-ServiceOptions Options(uint64_t pool_bytes, bool hot, const std::string& disk_dir) {
+ServiceOptions Options(uint64_t pool_bytes, bool hot, const std::string& disk_dir, uint64_t host_bytes = 0) {
   ServiceOptions o = testing::SmallOptions(pool_bytes);
   o.backend = "cuda";
   o.layers = kLayers;
@@ -43,6 +46,7 @@ ServiceOptions Options(uint64_t pool_bytes, bool hot, const std::string& disk_di
     o.disk_level.budget_bytes = 64u << 20;
     o.disk_level.segment_bytes = 1u << 20;
   }
+  o.host_level.budget_bytes = host_bytes;
   return o;
 }
 
@@ -83,36 +87,78 @@ std::string Answers(TestHandler& t, int i) {
   return all;
 }
 
+// A sequence's pages: 4 a layer.
+constexpr int kSequencePages = 4 * kLayers;
+
+uint64_t PageStride() {
+  TestHandler probe(Options(1u << 20, false, ""));
+  return probe.h == nullptr ? 0 : probe.h->pool().page_stride();
+}
+
 TEST(DiskLevelGpu, RestoredPagesReachTheDeviceBeforeTheyAreServed) {
   SKIP_WITHOUT_GPU();
-  for (bool hot : {false, true}) {
-    SCOPED_TRACE(hot ? "hot tier" : "cold");
-    // A pool of three sequences' pages (8 each: 4 a layer), 24 sequences.
-    uint64_t stride = 0;
-    {
-      TestHandler probe(Options(1u << 20, false, ""));
-      ASSERT_NE(probe.h, nullptr);
-      stride = probe.h->pool().page_stride();
-    }
-    TestHandler disk(Options(3 * 8 * stride, hot, tiers::testing::ScratchDir(hot ? "gpu_hot" : "gpu_cold")),
-                     FixtureClock::kReal);
-    TestHandler never_moved(Options(256u << 20, hot, ""));
-    ASSERT_NE(disk.h, nullptr);
-    ASSERT_NE(never_moved.h, nullptr);
-    constexpr int kSequences = 24;
-    for (int i = 0; i < kSequences; ++i) {
-      ASSERT_TRUE(Add(disk, i).ok()) << i;
-      ASSERT_TRUE(Add(never_moved, i).ok()) << i;
-    }
-    ASSERT_NE(disk.h->spill_tier(), nullptr);
-    EXPECT_GT(disk.h->spill_tier()->sequences_below(), kSequences / 2);
-    // Oldest first, then newest first: each brings its sequence back (and
-    // moves others down), twice over.
-    for (int i = 0; i < kSequences; ++i) EXPECT_TRUE(Answers(disk, i) == Answers(never_moved, i)) << "sequence " << i;
-    for (int i = kSequences - 1; i >= 0; --i) {
-      EXPECT_TRUE(Answers(disk, i) == Answers(never_moved, i)) << "sequence " << i << ", second pass";
+  const uint64_t stride = PageStride();
+  ASSERT_GT(stride, 0u);
+  // Below a pool of three sequences: the disk; host memory for all of
+  // them; host memory for four over the disk.
+  struct Levels {
+    const char* name;
+    bool disk;
+    uint64_t host_sequences;
+  };
+  for (const Levels& levels : {Levels{"disk", true, 0}, Levels{"host", false, 32}, Levels{"host_disk", true, 4}}) {
+    for (bool hot : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(levels.name, hot ? ", hot tier" : ", cold"));
+      const std::string dir =
+          levels.disk ? tiers::testing::ScratchDir(absl::StrCat("gpu_", levels.name, hot ? "_hot" : "_cold")) : "";
+      TestHandler moved(Options(3 * kSequencePages * stride, hot, dir, levels.host_sequences * kSequencePages * stride),
+                        FixtureClock::kReal);
+      TestHandler never_moved(Options(256u << 20, hot, ""));
+      ASSERT_NE(moved.h, nullptr);
+      ASSERT_NE(never_moved.h, nullptr);
+      constexpr int kSequences = 24;
+      for (int i = 0; i < kSequences; ++i) {
+        ASSERT_TRUE(Add(moved, i).ok()) << i;
+        ASSERT_TRUE(Add(never_moved, i).ok()) << i;
+      }
+      ASSERT_NE(moved.h->spill_tier(), nullptr);
+      EXPECT_GT(moved.h->spill_tier()->sequences_below(), kSequences / 2);
+      if (levels.host_sequences > 0) {
+        EXPECT_GT(moved.h->spill_tier()->sequences_on_host(), 0);
+      }
+      // Oldest first, then newest first: each brings its sequence back (and
+      // moves others down), twice over.
+      for (int i = 0; i < kSequences; ++i) {
+        EXPECT_TRUE(Answers(moved, i) == Answers(never_moved, i)) << "sequence " << i;
+      }
+      for (int i = kSequences - 1; i >= 0; --i) {
+        EXPECT_TRUE(Answers(moved, i) == Answers(never_moved, i)) << "sequence " << i << ", second pass";
+      }
     }
   }
+}
+
+TEST(DiskLevelGpu, CorruptHostSlotIsDataLossForItsSequenceOnly) {
+  SKIP_WITHOUT_GPU();
+  const uint64_t stride = PageStride();
+  TestHandler moved(Options(3 * kSequencePages * stride, false, "", 16 * kSequencePages * stride), FixtureClock::kReal);
+  TestHandler never_moved(Options(256u << 20, false, ""));
+  ASSERT_NE(moved.h, nullptr);
+  constexpr int kSequences = 8;
+  for (int i = 0; i < kSequences; ++i) {
+    ASSERT_TRUE(Add(moved, i).ok()) << i;
+    ASSERT_TRUE(Add(never_moved, i).ok()) << i;
+  }
+  ASSERT_GT(moved.h->spill_tier()->sequences_on_host(), 0);
+  // s0 went down first, into the first slots (copied there by the device).
+  moved.h->spill_tier()->host_store()->slot(1)[333] ^= 0x01;
+  v1::PrefetchRequest p;
+  p.set_sequence_id(Id(0));
+  v1::PrefetchResponse pr;
+  const absl::Status st = moved.h->Prefetch(p, &pr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("layer 0 page 1"), std::string::npos) << st;
+  for (int i = 1; i < kSequences; ++i) EXPECT_TRUE(Answers(moved, i) == Answers(never_moved, i)) << "sequence " << i;
 }
 
 }  // namespace

@@ -319,7 +319,7 @@ TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
   EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << foreign;
   // Release of a sequence below erases its pages from the disk.
   p.set_sequence_id(Id(0));
-  const uint64_t before = disk.h->spill_tier()->store().stats().pages;
+  const uint64_t before = disk.h->spill_tier()->disk_store()->stats().pages;
   ASSERT_GT(before, 0u);
   for (int i = 0; i < n; ++i) {
     v1::ReleaseRequest rel;
@@ -328,7 +328,7 @@ TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
     ASSERT_TRUE(disk.h->Release(rel, &rr).ok());
   }
   disk.h->spill_tier()->DrainErases();
-  EXPECT_EQ(disk.h->spill_tier()->store().stats().pages, 0u);
+  EXPECT_EQ(disk.h->spill_tier()->disk_store()->stats().pages, 0u);
   EXPECT_EQ(disk.h->spill_tier()->sequences_below(), 0);
   // Without a disk level: nothing to bring back.
   TestHandler plain(SmallOptions(kPoolBytes));

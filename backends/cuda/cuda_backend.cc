@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "backends/cuda/attend_launcher.h"
 #include "backends/cuda/device_memory.h"
+#include "backends/cuda/host_level_copy.h"
 #include "backends/cuda/ipc_regions.h"
 #include "backends/host_decode.h"
 #include "codec/transform/transform.h"
@@ -95,8 +96,16 @@ class CudaBackend : public Backend {
     // DMA at full speed (pageable memory goes through a bounce buffer).
     // Best effort: without it the copies are only slower.
     if (st.ok()) {
-      if (cudaHostRegister(pool_.page(base_), arena_bytes(), cudaHostRegisterDefault) == cudaSuccess) {
+      // Mapped too: the host level's restores write the mirror in the
+      // launch that fills the device arena (backends/cuda/host_level_copy.h).
+      if (cudaHostRegister(pool_.page(base_), arena_bytes(), cudaHostRegisterMapped) == cudaSuccess) {
         host_registered_ = true;
+        void* dev = nullptr;
+        if (cudaHostGetDevicePointer(&dev, pool_.page(base_), 0) == cudaSuccess) {
+          host_mirror_dev_ = static_cast<uint8_t*>(dev);
+        } else {
+          cudaGetLastError();
+        }
       } else {
         cudaGetLastError();
       }
@@ -304,6 +313,49 @@ class CudaBackend : public Backend {
       if (!st.ok()) return st;
     }
     return Cuda(cudaStreamSynchronize(stream_), "upload restored pages");
+  }
+
+  // THE HOST LEVEL (backends/backend.h): one launch each way between the
+  // device arena and the level's page-locked slots; restores write the
+  // host mirror in the same launch (or on the host when it is not mapped).
+  absl::Status PagesToHost(const PagePool& pool, absl::Span<const PageId> pages,
+                           absl::Span<uint8_t* const> dst) override {
+    if (&pool != &pool_) return Backend::PagesToHost(pool, pages, dst);
+    if (absl::Status st = CheckOnArena(pages); !st.ok()) return st;
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(device_);  // the calling RPC thread's current device
+    return host_level_.ToHost(Arena(), pages, dst, stream_);
+  }
+  absl::Status PagesFromHost(const PagePool& pool, absl::Span<const uint8_t* const> src, absl::Span<const PageId> pages,
+                             PageChecksum* sums) override {
+    if (&pool != &pool_) return Backend::PagesFromHost(pool, src, pages, sums);
+    if (absl::Status st = CheckOnArena(pages); !st.ok()) return st;
+    static_assert(sizeof(PageChecksum) == sizeof(uint32_t), "the kernel's sums are CRC-32C words");
+    {
+      absl::MutexLock lock(&mu_);
+      cudaSetDevice(device_);
+      absl::Status st = host_level_.FromHost(Arena(), src, pages, reinterpret_cast<uint32_t*>(sums), stream_);
+      if (!st.ok()) return st;
+    }
+    if (host_mirror_dev_ == nullptr) {
+      for (size_t i = 0; i < pages.size(); ++i) std::memcpy(pool_.page(pages[i]), src[i], layout_.page_bytes);
+    }
+    return absl::OkStatus();
+  }
+  cuda_backend::DeviceArena Arena() const {
+    cuda_backend::DeviceArena a;
+    a.dev = static_cast<uint8_t*>(arena_);
+    a.mirror = host_mirror_dev_;
+    a.base = base_;
+    a.page_bytes = layout_.page_bytes;
+    return a;
+  }
+  absl::Status CheckOnArena(absl::Span<const PageId> pages) const {
+    for (PageId p : pages) {
+      if (p < base_ || p >= end_)
+        return absl::InternalError(absl::StrCat("page ", p, " is not on this device's arena"));
+    }
+    return absl::OkStatus();
   }
 
   // INTEGRITY (backends/backend.h): each page as the device arena holds it
@@ -756,7 +808,9 @@ class CudaBackend : public Backend {
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
   void* arena_ = nullptr;
-  bool host_registered_ = false;  // the host arena is page-locked
+  bool host_registered_ = false;            // the host arena is page-locked
+  uint8_t* host_mirror_dev_ = nullptr;      // and mapped here (null: not mapped)
+  cuda_backend::HostLevelCopy host_level_;  // under mu_
   absl::Mutex mu_;
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   // CheckStaged runs on its own stream under its own lock.

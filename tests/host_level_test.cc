@@ -1,0 +1,310 @@
+// The host-memory level (service/spill_tier.h, docs/tiers.md) on the CPU
+// backend, alone and above the disk level: capacity, every token and every
+// Attend answer bit-identical to a handler that never moved a page, the
+// least recently used sequences moving on from host memory to disk, a
+// corrupted host slot reported as DATA_LOSS for its sequence only, moves
+// under concurrent requests, the metrics by level and the config's checks.
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "service/config.h"
+#include "service/handler.h"
+#include "tests/disk_test_util.h"
+#include "tests/handler_fixture.h"
+#include "tests/service_test_util.h"
+
+namespace driftkv {
+namespace {
+
+using testing::FixtureClock;
+using testing::Kv;
+using testing::QueryItem;
+using testing::SmallOptions;
+using testing::SyntheticKv;
+using testing::SyntheticQuery;
+using testing::TestHandler;
+using tiers::testing::ScratchDir;
+
+constexpr int kTokens = 200;  // per layer, P = 32: six pages and a window
+constexpr int kQHeads = 4;
+constexpr int kD = 64;
+constexpr uint64_t kPoolBytes = 160u << 10;  // a few sequences' pages
+constexpr uint64_t kHostBytes = 2 * kPoolBytes;
+
+std::string Id(int i) {
+  return absl::StrCat("s", i);
+}
+
+ServiceOptions LevelOptions(uint64_t host_bytes, const std::string& disk_dir) {
+  ServiceOptions o = SmallOptions(kPoolBytes);
+  o.max_sequences = 4096;
+  o.host_level.budget_bytes = host_bytes;
+  if (!disk_dir.empty()) {
+    o.disk_level.dir = disk_dir;
+    o.disk_level.budget_bytes = 16u << 20;
+    o.disk_level.segment_bytes = 1u << 20;
+  }
+  return o;
+}
+
+ServiceOptions NeverMovedOptions() {
+  ServiceOptions big = SmallOptions(64u << 20);
+  big.max_sequences = 4096;
+  return big;
+}
+
+absl::Status AddSequence(TestHandler& t, int i) {
+  const Kv kv = SyntheticKv(kTokens, testing::kSmallN, 1000 + i);
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    if (absl::Status st = t.Push(Id(i), layer, kv, 0, kTokens); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AttendBytes(Handler& h, int i) {
+  v1::AttendRequest req;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    *req.add_items() = QueryItem(Id(i), layer, SyntheticQuery(kQHeads, kD, 7 + i + layer), kQHeads);
+  }
+  v1::AttendResponse resp;
+  if (absl::Status st = h.Attend(req, &resp); !st.ok()) return st;
+  std::string out;
+  for (const v1::AttendResult& r : resp.results()) {
+    out += r.output();
+    out += std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float));
+  }
+  return out;
+}
+
+// The value of series `name` with label level=`level` (and
+// direction=`direction` when given); -1 when there is none.
+double LevelValue(Metrics& m, const std::string& name, const std::string& level, const std::string& direction = "") {
+  for (const auto& family : m.registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      bool level_ok = false, direction_ok = direction.empty();
+      for (const auto& label : metric.label) {
+        if (label.name == "level" && label.value == level) level_ok = true;
+        if (label.name == "direction" && label.value == direction) direction_ok = true;
+      }
+      if (level_ok && direction_ok) return metric.counter.value + metric.gauge.value;
+    }
+  }
+  return -1;
+}
+
+int PoolOnlyCapacity() {
+  TestHandler t(SmallOptions(kPoolBytes));
+  int held = 0;
+  while (AddSequence(t, held).ok()) ++held;
+  return held;
+}
+
+void ExpectSameAsNeverMoved(TestHandler& moved, TestHandler& never_moved, int sequences) {
+  for (int i = 0; i < sequences; ++i) {
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      EXPECT_EQ(moved.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+    }
+  }
+  for (int i = sequences - 1; i >= 0; --i) {
+    absl::StatusOr<std::string> a = AttendBytes(*moved.h, i);
+    ASSERT_TRUE(a.ok()) << "sequence " << i << ": " << a.status();
+    absl::StatusOr<std::string> b = AttendBytes(*never_moved.h, i);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(*a, *b) << "sequence " << i;
+  }
+}
+
+TEST(HostLevelTest, AloneItHoldsItsBudgetMoreAndRefusesPastIt) {
+  const int pool_only = PoolOnlyCapacity();
+  ASSERT_GE(pool_only, 1);
+  TestHandler host(LevelOptions(kHostBytes, ""), FixtureClock::kReal);
+  TestHandler never_moved(NeverMovedOptions());
+  int held = 0;
+  absl::Status last;
+  while ((last = AddSequence(host, held)).ok()) {
+    ASSERT_TRUE(AddSequence(never_moved, held).ok());
+    ++held;
+    ASSERT_LT(held, 100 * pool_only) << "the host level never filled";
+  }
+  // Pool and host level together: about three pools' worth (the host
+  // budget is two pools; windows stay in memory, so a little more).
+  EXPECT_GE(held, 3 * pool_only - 1) << last;
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_GT(host.h->spill_tier()->sequences_on_host(), 0);
+  EXPECT_EQ(host.h->spill_tier()->sequences_on_host(), host.h->spill_tier()->sequences_below());
+  // With the pool and the level both full, a sequence below cannot come
+  // back until something makes room (docs/tiers.md, "Not built yet"): the
+  // status says so, and nothing is lost.
+  v1::ReadRequest read0;
+  read0.set_sequence_id(Id(0));
+  const absl::Status full = host.h->Read(read0, [](const v1::ReadChunk&) { return true; });
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("on the host level and the pool has no room"), std::string::npos) << full;
+  // Releasing the newest sequence (in the pool) makes room for one
+  // sequence: from then on each restore frees the slots the next move down
+  // needs, and every other sequence reads back.
+  for (int i : {held, held - 1}) {  // the one that did not fit, partly stored, too
+    v1::ReleaseRequest r;
+    r.set_sequence_id(Id(i));
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(host.h->Release(r, &rr).ok()) << i;
+  }
+  ExpectSameAsNeverMoved(host, never_moved, held - 1);
+  EXPECT_GT(LevelValue(host.metrics, "driftkv_level_moved_pages_total", "host", "down"), 0);
+  EXPECT_GT(LevelValue(host.metrics, "driftkv_level_moved_pages_total", "host", "up"), 0);
+  EXPECT_EQ(LevelValue(host.metrics, "driftkv_level_checksum_failures_total", "host"), 0);
+  EXPECT_EQ(LevelValue(host.metrics, "driftkv_level_capacity_bytes", "host"),
+            static_cast<double>(host.h->spill_tier()->host_store()->block_bytes()));
+  std::printf("pool alone: %d sequences; with the host level: %d (%.1fx)\n", pool_only, held,
+              static_cast<double>(held) / pool_only);
+}
+
+TEST(HostLevelTest, AboveTheDiskLevelTheOldestMoveOnToDiskAndAllComeBack) {
+  const int pool_only = PoolOnlyCapacity();
+  const int sequences = 12 * pool_only;
+  TestHandler levels(LevelOptions(kHostBytes, ScratchDir("host_above_disk")), FixtureClock::kReal);
+  TestHandler never_moved(NeverMovedOptions());
+  for (int i = 0; i < sequences; ++i) {
+    ASSERT_TRUE(AddSequence(levels, i).ok()) << "sequence " << i;
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  SpillTier& tier = *levels.h->spill_tier();
+  const int64_t on_host = tier.sequences_on_host();
+  const int64_t on_disk = tier.sequences_below() - on_host;
+  EXPECT_GT(on_host, 0);
+  EXPECT_GT(on_disk, sequences / 2);
+  EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_sequences", "host"), static_cast<double>(on_host));
+  EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_sequences", "disk"), static_cast<double>(on_disk));
+  // Least recently used first: the oldest sequence went on to disk, the
+  // newest one below is on the host level. Each read brings it up from
+  // where it is.
+  const double disk_up = LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "up");
+  const double host_up = LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up");
+  EXPECT_EQ(levels.Read(Id(0), 0), never_moved.Read(Id(0), 0));
+  EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "up"), disk_up);
+  EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), host_up);
+  const int newest_below = sequences - pool_only - 1;
+  EXPECT_EQ(levels.Read(Id(newest_below), 0), never_moved.Read(Id(newest_below), 0));
+  EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), host_up);
+  ExpectSameAsNeverMoved(levels, never_moved, sequences);
+  EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_checksum_failures_total", "host"), 0);
+  EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_checksum_failures_total", "disk"), 0);
+  std::printf(
+      "pool alone: %d sequences; %d held with a host level of 2 pools and a disk level (%lld on host, %lld on "
+      "disk after the adds)\n",
+      pool_only, sequences, static_cast<long long>(on_host), static_cast<long long>(on_disk));
+}
+
+TEST(HostLevelTest, CorruptHostSlotIsDataLossForItsSequenceOnly) {
+  const int pool_only = PoolOnlyCapacity();
+  TestHandler host(LevelOptions(kHostBytes, ""), FixtureClock::kReal);
+  TestHandler never_moved(NeverMovedOptions());
+  const int n = 2 * pool_only;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(AddSequence(host, i).ok());
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+  }
+  ASSERT_GT(host.h->spill_tier()->sequences_on_host(), 0);
+  // s0 moved down first, into the first slots: flip a byte of its first page.
+  host.h->spill_tier()->host_store()->slot(0)[100] ^= 0x10;
+  v1::ReadRequest req;
+  req.set_sequence_id(Id(0));
+  absl::Status st = host.h->Read(req, [](const v1::ReadChunk&) { return true; });
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("host level"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("not served"), std::string::npos) << st;
+  v1::PrefetchRequest p;
+  p.set_sequence_id(Id(0));
+  v1::PrefetchResponse pr;
+  EXPECT_EQ(host.h->Prefetch(p, &pr).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(AttendBytes(*host.h, 0).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_GE(LevelValue(host.metrics, "driftkv_level_checksum_failures_total", "host"), 3);
+  for (int i = 1; i < n; ++i) {
+    EXPECT_EQ(host.Read(Id(i), 1), never_moved.Read(Id(i), 1)) << "sequence " << i;
+  }
+  // Released, its slots are free again.
+  const int64_t used = host.h->spill_tier()->host_store()->in_use();
+  v1::ReleaseRequest r;
+  r.set_sequence_id(Id(0));
+  v1::ReleaseResponse rr;
+  EXPECT_TRUE(host.h->Release(r, &rr).ok());
+  EXPECT_LT(host.h->spill_tier()->host_store()->in_use(), used);
+}
+
+TEST(HostLevelTest, ConcurrentAppendsAndReadsMoveThroughBothLevelsAndLoseNothing) {
+  constexpr int kThreads = 4, kEach = 8;
+  ServiceOptions o = LevelOptions(kPoolBytes, ScratchDir("host_threads"));
+  o.pool_bytes = 2 * kPoolBytes;
+  TestHandler levels(o, FixtureClock::kReal);
+  TestHandler never_moved(NeverMovedOptions());
+  std::vector<std::string> want(kThreads * kEach);
+  for (int i = 0; i < kThreads * kEach; ++i) {
+    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    want[i] = never_moved.Read(Id(i), 1);
+  }
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kEach && errors[t].empty(); ++k) {
+        const int i = t * kEach + k;
+        if (absl::Status st = AddSequence(levels, i); !st.ok()) {
+          errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
+        }
+        for (int j = t * kEach; j <= i && errors[t].empty(); ++j) {
+          v1::ReadRequest req;
+          req.set_sequence_id(Id(j));
+          req.set_layer(1);
+          std::string got;
+          absl::Status st = levels.h->Read(req, [&](const v1::ReadChunk& c) {
+            got += c.keys();
+            got += c.values();
+            return true;
+          });
+          if (!st.ok()) {
+            errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
+          } else if (got != want[j]) {
+            errors[t] = absl::StrCat("read ", j, ": bytes differ");
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+  EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), 0);
+  EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "down"), 0);
+}
+
+absl::Status Resolve(const std::string& text) {
+  v1::ServerConfig c;
+  const std::string base = "model { layers: 2 kv_heads: 2 head_dim: 64 } pool_bytes: 8388608 ";
+  if (!google::protobuf::TextFormat::ParseFromString(base + text, &c)) return absl::InternalError("parse");
+  return ResolveConfig(c).status();
+}
+
+TEST(HostLevelTest, ConfigNamesTheFieldAndTheValue) {
+  EXPECT_TRUE(Resolve("host_level { budget_bytes: 1048576 }").ok());
+  EXPECT_TRUE(
+      Resolve("host_level { budget_bytes: 1048576 } disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 }").ok());
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"host_level { }", "host_level.budget_bytes 0 must be >= 65536"},
+           {"host_level { budget_bytes: 4096 }", "host_level.budget_bytes 4096 must be >= 65536"},
+           {"host_level { budget_bytes: 1048576 } snapshot_dir: \"/tmp/s\"", "host_level with snapshot_dir \"/tmp/s\""},
+       }) {
+    absl::Status st = Resolve(text);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st << " | " << text;
+  }
+}
+
+}  // namespace
+}  // namespace driftkv
