@@ -139,6 +139,8 @@ class CudaBackend : public Backend {
     absl::Status st = launcher_.Init(d, window_cache_bytes_);
     const size_t pages = cuda_backend::kWarmTokens / pool_.page_tokens();
     if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * cuda_backend::kWarmItems * pages);
+    // The host level's copies, for a sequence of kWarmTokens in 64 layers.
+    if (st.ok()) st = host_level_.Warm(64 * pages, stream_);
     return st;
   }
 

@@ -1,6 +1,8 @@
 // HostLevelCopy (backends/cuda/host_level_copy.h).
 #include "backends/cuda/host_level_copy.h"
 
+#include <algorithm>
+
 #include "kernels/page_copy.h"
 #include "kernels/page_crc.h"
 
@@ -20,6 +22,36 @@ absl::Status HostLevelCopy::Upload(size_t words, size_t reserve_words, cudaStrea
     st = Cuda(cudaMemcpyAsync(scratch_.get<void>(), staging_.get<void>(), words * 8, cudaMemcpyHostToDevice, stream),
               "upload the host level's page addresses");
   }
+  return st;
+}
+
+absl::Status HostLevelCopy::Warm(size_t pages, cudaStream_t stream) {
+  const size_t words = std::max<size_t>(3 * pages + 2 * ((pages + 1) / 2), 16);
+  absl::Status st = staging_.Reserve(words * 8);
+  if (st.ok()) st = scratch_.Reserve(words * 8);
+  if (!st.ok()) return st;
+  // Words 0-2: a one-page copy's source and destination and a page index
+  // 0; bytes 64-79 are copied to 80-95 and summed into word 12.
+  uint8_t* base = scratch_.get<uint8_t>();
+  uint8_t** table = staging_.get<uint8_t*>();
+  table[0] = base + 64;
+  table[1] = base + 80;
+  table[2] = nullptr;  // two int32 page indices of 0
+  st = Upload(3, words, stream);
+  gpu::PageCopyParams c;
+  c.src_dev = scratch_.get<const uint8_t*>();
+  c.dst_dev = scratch_.get<uint8_t*>() + 1;
+  c.page_bytes = 16;
+  c.pages = 1;
+  if (st.ok()) st = gpu::LaunchPageCopy(c, stream);
+  gpu::PageCrcParams k;
+  k.arena_dev = base + 64;
+  k.page_bytes = 16;
+  k.pages_dev = reinterpret_cast<const int32_t*>(base + 16);
+  k.pages = 1;
+  k.sums_dev = reinterpret_cast<uint32_t*>(base + 96);
+  if (st.ok()) st = gpu::LaunchPageCrc(k, stream);
+  if (st.ok()) st = Cuda(cudaStreamSynchronize(stream), "warm the host level's copies");
   return st;
 }
 

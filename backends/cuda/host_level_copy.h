@@ -33,6 +33,10 @@ struct DeviceArena {
 
 class HostLevelCopy {
  public:
+  // Sizes the buffers for `pages` pages and launches each kernel once (CUDA
+  // loads kernels at their first launch), so that the first move does not
+  // pay for either.
+  absl::Status Warm(size_t pages, cudaStream_t stream);
   // dst[i] <- page pages[i] of the device arena.
   absl::Status ToHost(const DeviceArena& a, absl::Span<const PageId> pages, absl::Span<uint8_t* const> dst,
                       cudaStream_t stream);
