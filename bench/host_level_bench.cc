@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -129,6 +130,21 @@ double MovedUp(Metrics& m, const std::string& level) {
     }
   }
   return 0;
+}
+
+// Histogram `name`{level}: its mean in ms and its count.
+std::pair<double, uint64_t> MeanMs(Metrics& m, const std::string& name, const std::string& level) {
+  for (const auto& family : m.registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) {
+        if (label.name == "level" && label.value == level && metric.histogram.sample_count > 0) {
+          return {1e3 * metric.histogram.sample_sum / metric.histogram.sample_count, metric.histogram.sample_count};
+        }
+      }
+    }
+  }
+  return {0, 0};
 }
 
 double Ms(std::chrono::steady_clock::time_point a) {
@@ -273,6 +289,15 @@ int Main(int argc, char** argv) {
   line("Attend of all layers right after Prefetch", attend_after, false);
   line("Attend of all layers again (resident)", attend_resident, false);
   line("Attend of all layers without Prefetch (restore)", attend_inline, false);
+  for (const char* level : {"host", "disk"}) {
+    const auto [down, downs] = MeanMs(metrics, "driftkv_level_move_down_seconds", level);
+    const auto [up, ups] = MeanMs(metrics, "driftkv_level_restore_seconds", level);
+    if (downs + ups == 0) continue;
+    std::printf(
+        "%s level, whole run: %llu moves down, mean %.3f ms; %llu restores, mean %.3f ms (a move down "
+        "inside included)\n",
+        level, static_cast<unsigned long long>(downs), down, static_cast<unsigned long long>(ups), up);
+  }
   std::printf("Attend after Prefetch - resident, p50: %.3f ms; %d sequences' answers bit-identical after moving\n",
               Of(attend_after).p50 - Of(attend_resident).p50, same);
   return 0;

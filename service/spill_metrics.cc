@@ -70,6 +70,12 @@ SpillMetrics::SpillMetrics(Metrics& m, const std::string& level) {
                          .Register(r)
                          .Add(labels, prometheus::Histogram::BucketBoundaries{0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03,
                                                                               0.1, 0.3, 1.0, 3.0, 10.0});
+  move_down_seconds = &BuildHistogram()
+                           .Name("driftkv_level_move_down_seconds")
+                           .Help("Time to copy one sequence's pages down to a level and record them there, by level")
+                           .Register(r)
+                           .Add(labels, prometheus::Histogram::BucketBoundaries{0.0001, 0.0003, 0.001, 0.003, 0.01,
+                                                                                0.03, 0.1, 0.3, 1.0, 3.0, 10.0});
 }
 
 }  // namespace driftkv

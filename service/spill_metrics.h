@@ -29,6 +29,10 @@ struct SpillMetrics {
   prometheus::Counter* move_failures[2];
   prometheus::Counter* checksum_failures;  // driftkv_level_checksum_failures_total
   prometheus::Histogram* restore_seconds;  // driftkv_level_restore_seconds: one sequence back into the pool
+  // driftkv_level_move_down_seconds: one sequence's pages copied down to
+  // the level (from the pool, or from the host level to disk) and
+  // recorded there.
+  prometheus::Histogram* move_down_seconds;
 };
 
 enum SpillDirection : int { kMoveDown = 0, kMoveUp = 1 };

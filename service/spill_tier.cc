@@ -147,6 +147,7 @@ int64_t SpillTier::MoveDownLocked(Sequence* seq) {
 }
 
 bool SpillTier::PoolToHostLocked(Sequence* seq, const Pages& where) {
+  const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<int64_t>> slots = host_->Take(static_cast<int64_t>(where.size()));
   if (!slots.ok()) return false;
   std::vector<PageId> pages(where.size());
@@ -164,10 +165,12 @@ bool SpillTier::PoolToHostLocked(Sequence* seq, const Pages& where) {
   seq->below_on_host = true;
   on_host_.fetch_add(1);
   Counted(kHost, kMoveDown, where.size());
+  metrics_[kHost].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   return true;
 }
 
 bool SpillTier::PoolToDiskLocked(Sequence* seq, const Pages& where) {
+  const absl::Time start = absl::Now();
   std::vector<uint64_t> keys(where.size());
   for (uint64_t& k : keys) k = next_key_.fetch_add(1);
   std::vector<absl::Status> done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
@@ -189,6 +192,7 @@ bool SpillTier::PoolToDiskLocked(Sequence* seq, const Pages& where) {
   seq->below_on_host = false;
   on_disk_.fetch_add(1);
   Counted(kDisk, kMoveDown, where.size());
+  metrics_[kDisk].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   return true;
 }
 
@@ -218,6 +222,7 @@ bool SpillTier::MakeHostRoom(int64_t slots, const Sequence* mover) {
 }
 
 bool SpillTier::HostToDiskLocked(Sequence* seq) {
+  const absl::Time start = absl::Now();
   const size_t n = seq->below_keys.size();
   if (!DiskHasRoom(n)) return false;
   // The checksums, layer-major as the slots are.
@@ -249,6 +254,7 @@ bool SpillTier::HostToDiskLocked(Sequence* seq) {
   on_host_.fetch_sub(1);
   on_disk_.fetch_add(1);
   Counted(kDisk, kMoveDown, n);
+  metrics_[kDisk].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   return true;
 }
 
