@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +25,7 @@
 #include "service/handler.h"
 #include "tests/disk_test_util.h"
 #include "tests/handler_fixture.h"
+#include "tests/level_test_util.h"
 #include "tests/service_test_util.h"
 #include "tiers/file_io.h"
 
@@ -34,22 +34,15 @@ namespace {
 
 using testing::FixtureClock;
 using testing::Kv;
-using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
-using testing::SyntheticQuery;
 using testing::TestHandler;
 using tiers::testing::ScratchDir;
 using tiers::testing::SegmentFiles;
 
-constexpr int kTokens = 200;  // per layer, P = 32: a few pages and a window
-constexpr int kQHeads = 4;
-constexpr int kD = 64;
+constexpr int kTokens = testing::kLevelTokens;
+constexpr int kD = testing::kLevelD;
 constexpr uint64_t kPoolBytes = 160u << 10;  // a few sequences' pages
-
-std::string Id(int i) {
-  return absl::StrCat("s", i);
-}
 
 ServiceOptions DiskOptions(const std::string& dir, uint64_t budget = 16u << 20) {
   ServiceOptions o = SmallOptions(kPoolBytes);
@@ -60,51 +53,13 @@ ServiceOptions DiskOptions(const std::string& dir, uint64_t budget = 16u << 20) 
   return o;
 }
 
-// Appends sequence i (both layers, kTokens each, data of seed i).
-absl::Status AddSequence(TestHandler& t, int i) {
-  const Kv kv = SyntheticKv(kTokens, testing::kSmallN, 1000 + i);
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    if (absl::Status st = t.Push(Id(i), layer, kv, 0, kTokens); !st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
-// Attend of both layers of sequence i: each answer's output and lse bytes.
-absl::StatusOr<std::string> AttendBytes(Handler& h, int i) {
-  v1::AttendRequest req;
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    *req.add_items() = QueryItem(Id(i), layer, SyntheticQuery(kQHeads, kD, 7 + i + layer), kQHeads);
-  }
-  v1::AttendResponse resp;
-  if (absl::Status st = h.Attend(req, &resp); !st.ok()) return st;
-  std::string out;
-  for (const v1::AttendResult& r : resp.results()) {
-    out += r.output();
-    out += std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float));
-  }
-  return out;
-}
-
-double Counter(Metrics& m, const std::string& name, const std::string& direction = "") {
-  for (const auto& family : m.registry()->Collect()) {
-    if (family.name != name) continue;
-    for (const auto& metric : family.metric) {
-      bool match = direction.empty();
-      for (const auto& label : metric.label) {
-        if (label.name == "direction" && label.value == direction) match = true;
-      }
-      if (match) return metric.counter.value + metric.gauge.value;
-    }
-  }
-  return -1;
-}
-
-// How many sequences a handler without a disk level holds in kPoolBytes.
 int PoolOnlyCapacity() {
-  TestHandler t(SmallOptions(kPoolBytes));
-  int held = 0;
-  while (AddSequence(t, held).ok()) ++held;
-  return held;
+  return testing::PoolOnlyCapacity(kPoolBytes);
+}
+
+// A disk level's metric.
+double Counter(Metrics& m, const std::string& name, const std::string& direction = "") {
+  return testing::LevelValue(m, name, "disk", direction);
 }
 
 TEST(DiskLevelTest, HoldsManyTimesThePoolAndEveryTokenComesBackBitIdentical) {
@@ -116,22 +71,24 @@ TEST(DiskLevelTest, HoldsManyTimesThePoolAndEveryTokenComesBackBitIdentical) {
   big.max_sequences = 4096;
   TestHandler never_moved(big);
   for (int i = 0; i < sequences; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok()) << "sequence " << i << " of " << sequences << " (the pool alone holds "
-                                           << pool_only << "): " << AddSequence(disk, i);
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(disk, i).ok())
+        << "sequence " << i << " of " << sequences << " (the pool alone holds " << pool_only
+        << "): " << testing::AddLevelSequence(disk, i);
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, i).ok());
   }
   EXPECT_GT(disk.h->spill_tier()->sequences_below(), sequences / 2);
   // Every sequence, oldest first: each read brings it back up (moving
   // others down), and answers as if it never moved.
   for (int i = 0; i < sequences; ++i) {
     for (uint32_t layer = 0; layer < 2; ++layer) {
-      EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+      EXPECT_EQ(disk.Read(testing::LevelId(i), layer), never_moved.Read(testing::LevelId(i), layer))
+          << "sequence " << i << " layer " << layer;
     }
   }
   for (int i = sequences - 1; i >= 0; --i) {
-    absl::StatusOr<std::string> a = AttendBytes(*disk.h, i);
+    absl::StatusOr<std::string> a = testing::LevelAttendBytes(*disk.h, i);
     ASSERT_TRUE(a.ok()) << a.status();
-    absl::StatusOr<std::string> b = AttendBytes(*never_moved.h, i);
+    absl::StatusOr<std::string> b = testing::LevelAttendBytes(*never_moved.h, i);
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(*a, *b) << "sequence " << i;
   }
@@ -162,7 +119,7 @@ TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
   auto add = [&](TestHandler& t, int i) -> absl::Status {
     const Kv kv = SyntheticKv(kLong, testing::kSmallN, 2000 + i);
     for (uint32_t layer = 0; layer < 2; ++layer) {
-      if (absl::Status st = t.Push(Id(i), layer, kv, 0, kLong); !st.ok()) return st;
+      if (absl::Status st = t.Push(testing::LevelId(i), layer, kv, 0, kLong); !st.ok()) return st;
     }
     return absl::OkStatus();
   };
@@ -191,18 +148,19 @@ TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
       // Prefetch of the oldest (below by now): back from the disk, then
       // both layers promoted (sync) or queued (async).
       v1::PrefetchRequest p;
-      p.set_sequence_id(Id(0));
+      p.set_sequence_id(testing::LevelId(0));
       v1::PrefetchResponse r;
       ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
       EXPECT_EQ(r.pages_restored(), 2u);  // a page a layer
       EXPECT_EQ(r.layers_promoted(), promotion == HotPromotion::kSync ? 2u : 0u);
       disk.h->DrainPromotions();
-      EXPECT_TRUE(disk.h->LayerIsHot(Id(0), 0));
-      EXPECT_TRUE(disk.h->LayerIsHot(Id(0), 1));
+      EXPECT_TRUE(disk.h->LayerIsHot(testing::LevelId(0), 0));
+      EXPECT_TRUE(disk.h->LayerIsHot(testing::LevelId(0), 1));
     }
     for (int round = 0; round < 2; ++round) {
       for (int i = 0; i < sequences; ++i) {
-        absl::StatusOr<std::string> a = AttendBytes(*disk.h, i), b = AttendBytes(*never_moved.h, i);
+        absl::StatusOr<std::string> a = testing::LevelAttendBytes(*disk.h, i),
+                                    b = testing::LevelAttendBytes(*never_moved.h, i);
         ASSERT_TRUE(a.ok()) << a.status();
         ASSERT_TRUE(b.ok()) << b.status();
         EXPECT_EQ(*a, *b) << "round " << round << " sequence " << i;
@@ -211,7 +169,8 @@ TEST(DiskLevelTest, HotTierAndDiskLevelTogether) {
     }
     for (int i = 0; i < sequences; ++i) {
       for (uint32_t layer = 0; layer < 2; ++layer) {
-        EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+        EXPECT_EQ(disk.Read(testing::LevelId(i), layer), never_moved.Read(testing::LevelId(i), layer))
+            << "sequence " << i << " layer " << layer;
       }
     }
     EXPECT_GT(disk.Stats().promotions(), 0u);
@@ -234,22 +193,22 @@ TEST(DiskLevelTest, AppendAndForkOfASequenceBelowContinueWhereItStopped) {
   TestHandler never_moved(big);
   const int n = 2 * PoolOnlyCapacity() + 2;
   for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok());
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(disk, i).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, i).ok());
   }
   // Sequence 0 is the least recently used: below by now.
   ASSERT_GT(disk.h->spill_tier()->sequences_below(), 0);
   const Kv more = SyntheticKv(kTokens + 64, testing::kSmallN, 77);  // rows [kTokens, kTokens + 64) appended
   for (TestHandler* t : {&disk, &never_moved}) {
-    ASSERT_TRUE(t->Push(Id(0), 0, more, kTokens, 64).ok());
+    ASSERT_TRUE(t->Push(testing::LevelId(0), 0, more, kTokens, 64).ok());
     v1::ForkRequest f;
     f.set_sequence_id("fork");
-    f.set_source_sequence_id(Id(1));
+    f.set_source_sequence_id(testing::LevelId(1));
     f.set_tokens(128);
     v1::ForkResponse fr;
     ASSERT_TRUE(t->h->Fork(f, &fr).ok());
   }
-  EXPECT_EQ(disk.Read(Id(0), 0), never_moved.Read(Id(0), 0));
+  EXPECT_EQ(disk.Read(testing::LevelId(0), 0), never_moved.Read(testing::LevelId(0), 0));
   EXPECT_EQ(disk.Read("fork", 1), never_moved.Read("fork", 1));
 }
 
@@ -260,8 +219,8 @@ TEST(DiskLevelTest, CorruptPageOnDiskIsDataLossForItsSequenceOnly) {
   TestHandler never_moved(big);
   const int n = 4 * PoolOnlyCapacity() + 2;
   for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok());
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(disk, i).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, i).ok());
   }
   // The first record of the first segment is a page of s0 (the first
   // sequence moved down): flip a byte of its payload.
@@ -278,23 +237,23 @@ TEST(DiskLevelTest, CorruptPageOnDiskIsDataLossForItsSequenceOnly) {
     close(fd);
   }
   v1::ReadRequest req;
-  req.set_sequence_id(Id(0));
+  req.set_sequence_id(testing::LevelId(0));
   absl::Status st = disk.h->Read(req, [](const v1::ReadChunk&) { return true; });
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("not served"), std::string::npos) << st;
   v1::PrefetchRequest p;
-  p.set_sequence_id(Id(0));
+  p.set_sequence_id(testing::LevelId(0));
   v1::PrefetchResponse pr;
   EXPECT_EQ(disk.h->Prefetch(p, &pr).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(AttendBytes(*disk.h, 0).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(testing::LevelAttendBytes(*disk.h, 0).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_GE(Counter(disk.metrics, "driftkv_level_checksum_failures_total"), 3);
   // Every other sequence, below or not, is served as before.
   for (int i = 1; i < n; ++i) {
-    EXPECT_EQ(disk.Read(Id(i), 1), never_moved.Read(Id(i), 1)) << "sequence " << i;
+    EXPECT_EQ(disk.Read(testing::LevelId(i), 1), never_moved.Read(testing::LevelId(i), 1)) << "sequence " << i;
   }
   // The broken one can still be released.
   v1::ReleaseRequest r;
-  r.set_sequence_id(Id(0));
+  r.set_sequence_id(testing::LevelId(0));
   v1::ReleaseResponse rr;
   EXPECT_TRUE(disk.h->Release(r, &rr).ok());
 }
@@ -302,10 +261,10 @@ TEST(DiskLevelTest, CorruptPageOnDiskIsDataLossForItsSequenceOnly) {
 TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
   TestHandler disk(DiskOptions(ScratchDir("level_prefetch")), FixtureClock::kReal);
   const int n = 3 * PoolOnlyCapacity() + 1;
-  for (int i = 0; i < n; ++i) ASSERT_TRUE(AddSequence(disk, i).ok());
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(testing::AddLevelSequence(disk, i).ok());
   v1::PrefetchRequest p;
   v1::PrefetchResponse r;
-  p.set_sequence_id(Id(0));
+  p.set_sequence_id(testing::LevelId(0));
   ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
   EXPECT_GT(r.pages_restored(), 0u);
   ASSERT_TRUE(disk.h->Prefetch(p, &r).ok());
@@ -314,16 +273,16 @@ TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
   EXPECT_EQ(disk.h->Prefetch(p, &r).code(), absl::StatusCode::kInvalidArgument);
   p.set_sequence_id("nope");
   EXPECT_EQ(disk.h->Prefetch(p, &r).code(), absl::StatusCode::kNotFound);
-  p.set_sequence_id(Id(1));
+  p.set_sequence_id(testing::LevelId(1));
   absl::Status foreign = disk.h->Prefetch(p, &r, "another-tenant");
   EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << foreign;
   // Release of a sequence below erases its pages from the disk.
-  p.set_sequence_id(Id(0));
+  p.set_sequence_id(testing::LevelId(0));
   const uint64_t before = disk.h->spill_tier()->disk_store()->stats().pages;
   ASSERT_GT(before, 0u);
   for (int i = 0; i < n; ++i) {
     v1::ReleaseRequest rel;
-    rel.set_sequence_id(Id(i));
+    rel.set_sequence_id(testing::LevelId(i));
     v1::ReleaseResponse rr;
     ASSERT_TRUE(disk.h->Release(rel, &rr).ok());
   }
@@ -332,8 +291,8 @@ TEST(DiskLevelTest, PrefetchBringsASequenceBackAndNamesBadInput) {
   EXPECT_EQ(disk.h->spill_tier()->sequences_below(), 0);
   // Without a disk level: nothing to bring back.
   TestHandler plain(SmallOptions(kPoolBytes));
-  ASSERT_TRUE(AddSequence(plain, 0).ok());
-  p.set_sequence_id(Id(0));
+  ASSERT_TRUE(testing::AddLevelSequence(plain, 0).ok());
+  p.set_sequence_id(testing::LevelId(0));
   ASSERT_TRUE(plain.h->Prefetch(p, &r).ok());
   EXPECT_EQ(r.pages_restored(), 0u);
 }
@@ -346,7 +305,7 @@ TEST(DiskLevelTest, FullDiskBudgetIsResourceExhaustedUntilRoomIsMade) {
   absl::Status st;
   int held = 0;
   for (; held < 1000; ++held) {
-    st = AddSequence(disk, held);
+    st = testing::AddLevelSequence(disk, held);
     if (!st.ok()) break;
   }
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
@@ -355,9 +314,9 @@ TEST(DiskLevelTest, FullDiskBudgetIsResourceExhaustedUntilRoomIsMade) {
   // for whatever it displaces: RESOURCE_EXHAUSTED naming the disk level,
   // nothing lost.
   v1::ReadRequest req;
-  req.set_sequence_id(Id(held - 1));
+  req.set_sequence_id(testing::LevelId(held - 1));
   EXPECT_TRUE(disk.h->Read(req, [](const v1::ReadChunk&) { return true; }).ok());
-  req.set_sequence_id(Id(0));
+  req.set_sequence_id(testing::LevelId(0));
   st = disk.h->Read(req, [](const v1::ReadChunk&) { return true; });
   if (!st.ok()) {
     EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
@@ -366,7 +325,7 @@ TEST(DiskLevelTest, FullDiskBudgetIsResourceExhaustedUntilRoomIsMade) {
   // Releasing others makes room: then it comes back.
   for (int i = 1; i < held; ++i) {
     v1::ReleaseRequest rel;
-    rel.set_sequence_id(Id(i));
+    rel.set_sequence_id(testing::LevelId(i));
     v1::ReleaseResponse rr;
     ASSERT_TRUE(disk.h->Release(rel, &rr).ok());
   }
@@ -390,36 +349,10 @@ TEST(DiskLevelTest, ConcurrentAppendsAndReadsMoveSequencesAndLoseNothing) {
   TestHandler never_moved(big);
   std::vector<std::string> want(kThreads * kEach);
   for (int i = 0; i < kThreads * kEach; ++i) {
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
-    want[i] = never_moved.Read(Id(i), 1);
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, i).ok());
+    want[i] = never_moved.Read(testing::LevelId(i), 1);
   }
-  std::vector<std::string> errors(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int k = 0; k < kEach && errors[t].empty(); ++k) {
-        const int i = t * kEach + k;
-        if (absl::Status st = AddSequence(disk, i); !st.ok())
-          errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
-        for (int j = t * kEach; j <= i && errors[t].empty(); ++j) {
-          v1::ReadRequest req;
-          req.set_sequence_id(Id(j));
-          req.set_layer(1);
-          std::string got;
-          absl::Status st = disk.h->Read(req, [&](const v1::ReadChunk& c) {
-            got += c.keys();
-            got += c.values();
-            return true;
-          });
-          if (!st.ok())
-            errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
-          else if (got != want[j])
-            errors[t] = absl::StrCat("read ", j, ": bytes differ");
-        }
-      }
-    });
-  }
-  for (std::thread& th : threads) th.join();
+  const std::vector<std::string> errors = testing::AppendAndReadBack(disk, want, kThreads, kEach);
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
   EXPECT_GT(Counter(disk.metrics, "driftkv_level_moved_pages_total", "up"), 0);
 }
@@ -441,8 +374,8 @@ ServiceOptions NeverMovedOptions() {
 // Sequences 0 .. n - 1 added to both handlers.
 void AddToBoth(TestHandler& disk, TestHandler& never_moved, int n) {
   for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(disk, i).ok()) << "sequence " << i;
-    ASSERT_TRUE(AddSequence(never_moved, i).ok()) << "sequence " << i;
+    ASSERT_TRUE(testing::AddLevelSequence(disk, i).ok()) << "sequence " << i;
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, i).ok()) << "sequence " << i;
   }
 }
 
@@ -497,21 +430,22 @@ TEST(DiskLevelTest, FullDiskRefusesTheAppendAndLosesNothing) {
   int stored = n;
   absl::Status refused;
   for (; stored < n + 2 * cap + 2; ++stored) {
-    refused = AddSequence(disk, stored);
+    refused = testing::AddLevelSequence(disk, stored);
     if (!refused.ok()) break;
-    ASSERT_TRUE(AddSequence(never_moved, stored).ok());
+    ASSERT_TRUE(testing::AddLevelSequence(never_moved, stored).ok());
   }
   ASSERT_FALSE(refused.ok()) << "the pool never needed the disk";
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   // The newest sequence is in the pool: served while the disk is full.
-  absl::StatusOr<std::string> newest = AttendBytes(*disk.h, stored - 1);
+  absl::StatusOr<std::string> newest = testing::LevelAttendBytes(*disk.h, stored - 1);
   ASSERT_TRUE(newest.ok()) << newest.status();
-  EXPECT_EQ(*newest, *AttendBytes(*never_moved.h, stored - 1));
+  EXPECT_EQ(*newest, *testing::LevelAttendBytes(*never_moved.h, stored - 1));
   io.full = false;
-  ASSERT_TRUE(AddSequence(disk, stored + 1).ok());  // space again: moves down go on
+  ASSERT_TRUE(testing::AddLevelSequence(disk, stored + 1).ok());  // space again: moves down go on
   for (int i = 0; i < stored; ++i) {
     for (uint32_t layer = 0; layer < 2; ++layer) {
-      EXPECT_EQ(disk.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+      EXPECT_EQ(disk.Read(testing::LevelId(i), layer), never_moved.Read(testing::LevelId(i), layer))
+          << "sequence " << i << " layer " << layer;
     }
   }
 }
@@ -531,16 +465,16 @@ TEST(DiskLevelTest, DirectoryRemovedLosesOnlyWhatWasBelowAndKeepsServing) {
   std::vector<bool> was_below(n);
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(disk.h->WithLayerForTest(
-        Id(i), 0, [&](LayerState& l) { was_below[i] = !l.pages.empty() && l.pages[0] == kPageBelow; }));
+        testing::LevelId(i), 0, [&](LayerState& l) { was_below[i] = !l.pages.empty() && l.pages[0] == kPageBelow; }));
   }
   ASSERT_GT(std::count(was_below.begin(), was_below.end(), true), 0);
   std::filesystem::remove_all(dir);
   // More sequences: their moves down find the directory gone.
   int m = n;
   for (int tries = 0; m < n + 2 * cap + 2 && tries < 4 * cap + 8; ++tries) {
-    absl::Status st = AddSequence(disk, m);
+    absl::Status st = testing::AddLevelSequence(disk, m);
     if (st.ok()) {
-      ASSERT_TRUE(AddSequence(never_moved, m).ok());
+      ASSERT_TRUE(testing::AddLevelSequence(never_moved, m).ok());
       ++m;
       continue;
     }
@@ -548,7 +482,7 @@ TEST(DiskLevelTest, DirectoryRemovedLosesOnlyWhatWasBelowAndKeepsServing) {
     // released and tried again.
     EXPECT_TRUE(st.code() == absl::StatusCode::kResourceExhausted || st.code() == absl::StatusCode::kUnavailable) << st;
     v1::ReleaseRequest rel;
-    rel.set_sequence_id(Id(m));
+    rel.set_sequence_id(testing::LevelId(m));
     v1::ReleaseResponse rr;
     disk.h->Release(rel, &rr).IgnoreError();
   }
@@ -556,17 +490,17 @@ TEST(DiskLevelTest, DirectoryRemovedLosesOnlyWhatWasBelowAndKeepsServing) {
   EXPECT_TRUE(std::filesystem::exists(dir));
   int lost = 0;
   for (int i = 0; i < m; ++i) {
-    absl::StatusOr<std::string> got = AttendBytes(*disk.h, i);
+    absl::StatusOr<std::string> got = testing::LevelAttendBytes(*disk.h, i);
     if (!got.ok()) {
       EXPECT_TRUE(i < n && was_below[i]) << "sequence " << i << " was in the pool or added after: " << got.status();
       EXPECT_TRUE(got.status().code() == absl::StatusCode::kDataLoss ||
                   got.status().code() == absl::StatusCode::kUnavailable)
           << got.status();
-      EXPECT_NE(got.status().message().find(Id(i)), std::string::npos) << got.status();
+      EXPECT_NE(got.status().message().find(testing::LevelId(i)), std::string::npos) << got.status();
       ++lost;
       continue;
     }
-    EXPECT_EQ(*got, *AttendBytes(*never_moved.h, i)) << "sequence " << i;
+    EXPECT_EQ(*got, *testing::LevelAttendBytes(*never_moved.h, i)) << "sequence " << i;
   }
   std::printf("directory removed: %d of %d sequences were below, %d lost\n",
               static_cast<int>(std::count(was_below.begin(), was_below.end(), true)), n, lost);

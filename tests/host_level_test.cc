@@ -4,11 +4,9 @@
 // least recently used sequences moving on from host memory to disk, a
 // corrupted host slot reported as DATA_LOSS for its sequence only, moves
 // under concurrent requests, the metrics by level and the config's checks.
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,29 +16,23 @@
 #include "service/handler.h"
 #include "tests/disk_test_util.h"
 #include "tests/handler_fixture.h"
+#include "tests/level_test_util.h"
 #include "tests/service_test_util.h"
 
 namespace driftkv {
 namespace {
 
+using testing::AddLevelSequence;
 using testing::FixtureClock;
-using testing::Kv;
-using testing::QueryItem;
+using testing::LevelAttendBytes;
+using testing::LevelId;
+using testing::LevelValue;
 using testing::SmallOptions;
-using testing::SyntheticKv;
-using testing::SyntheticQuery;
 using testing::TestHandler;
 using tiers::testing::ScratchDir;
 
-constexpr int kTokens = 200;  // per layer, P = 32: six pages and a window
-constexpr int kQHeads = 4;
-constexpr int kD = 64;
 constexpr uint64_t kPoolBytes = 160u << 10;  // a few sequences' pages
 constexpr uint64_t kHostBytes = 2 * kPoolBytes;
-
-std::string Id(int i) {
-  return absl::StrCat("s", i);
-}
 
 ServiceOptions LevelOptions(uint64_t host_bytes, const std::string& disk_dir) {
   ServiceOptions o = SmallOptions(kPoolBytes);
@@ -60,63 +52,21 @@ ServiceOptions NeverMovedOptions() {
   return big;
 }
 
-absl::Status AddSequence(TestHandler& t, int i) {
-  const Kv kv = SyntheticKv(kTokens, testing::kSmallN, 1000 + i);
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    if (absl::Status st = t.Push(Id(i), layer, kv, 0, kTokens); !st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> AttendBytes(Handler& h, int i) {
-  v1::AttendRequest req;
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    *req.add_items() = QueryItem(Id(i), layer, SyntheticQuery(kQHeads, kD, 7 + i + layer), kQHeads);
-  }
-  v1::AttendResponse resp;
-  if (absl::Status st = h.Attend(req, &resp); !st.ok()) return st;
-  std::string out;
-  for (const v1::AttendResult& r : resp.results()) {
-    out += r.output();
-    out += std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float));
-  }
-  return out;
-}
-
-// The value of series `name` with label level=`level` (and
-// direction=`direction` when given); -1 when there is none.
-double LevelValue(Metrics& m, const std::string& name, const std::string& level, const std::string& direction = "") {
-  for (const auto& family : m.registry()->Collect()) {
-    if (family.name != name) continue;
-    for (const auto& metric : family.metric) {
-      bool level_ok = false, direction_ok = direction.empty();
-      for (const auto& label : metric.label) {
-        if (label.name == "level" && label.value == level) level_ok = true;
-        if (label.name == "direction" && label.value == direction) direction_ok = true;
-      }
-      if (level_ok && direction_ok) return metric.counter.value + metric.gauge.value;
-    }
-  }
-  return -1;
-}
-
 int PoolOnlyCapacity() {
-  TestHandler t(SmallOptions(kPoolBytes));
-  int held = 0;
-  while (AddSequence(t, held).ok()) ++held;
-  return held;
+  return testing::PoolOnlyCapacity(kPoolBytes);
 }
 
 void ExpectSameAsNeverMoved(TestHandler& moved, TestHandler& never_moved, int sequences) {
   for (int i = 0; i < sequences; ++i) {
     for (uint32_t layer = 0; layer < 2; ++layer) {
-      EXPECT_EQ(moved.Read(Id(i), layer), never_moved.Read(Id(i), layer)) << "sequence " << i << " layer " << layer;
+      EXPECT_EQ(moved.Read(LevelId(i), layer), never_moved.Read(LevelId(i), layer))
+          << "sequence " << i << " layer " << layer;
     }
   }
   for (int i = sequences - 1; i >= 0; --i) {
-    absl::StatusOr<std::string> a = AttendBytes(*moved.h, i);
+    absl::StatusOr<std::string> a = LevelAttendBytes(*moved.h, i);
     ASSERT_TRUE(a.ok()) << "sequence " << i << ": " << a.status();
-    absl::StatusOr<std::string> b = AttendBytes(*never_moved.h, i);
+    absl::StatusOr<std::string> b = LevelAttendBytes(*never_moved.h, i);
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(*a, *b) << "sequence " << i;
   }
@@ -129,8 +79,8 @@ TEST(HostLevelTest, AloneItHoldsItsBudgetMoreAndRefusesPastIt) {
   TestHandler never_moved(NeverMovedOptions());
   int held = 0;
   absl::Status last;
-  while ((last = AddSequence(host, held)).ok()) {
-    ASSERT_TRUE(AddSequence(never_moved, held).ok());
+  while ((last = AddLevelSequence(host, held)).ok()) {
+    ASSERT_TRUE(AddLevelSequence(never_moved, held).ok());
     ++held;
     ASSERT_LT(held, 100 * pool_only) << "the host level never filled";
   }
@@ -144,7 +94,7 @@ TEST(HostLevelTest, AloneItHoldsItsBudgetMoreAndRefusesPastIt) {
   // back until something makes room (docs/tiers.md, "Not built yet"): the
   // status says so, and nothing is lost.
   v1::ReadRequest read0;
-  read0.set_sequence_id(Id(0));
+  read0.set_sequence_id(LevelId(0));
   const absl::Status full = host.h->Read(read0, [](const v1::ReadChunk&) { return true; });
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_NE(full.message().find("on the host level and the pool has no room"), std::string::npos) << full;
@@ -153,7 +103,7 @@ TEST(HostLevelTest, AloneItHoldsItsBudgetMoreAndRefusesPastIt) {
   // needs, and every other sequence reads back.
   for (int i : {held, held - 1}) {  // the one that did not fit, partly stored, too
     v1::ReleaseRequest r;
-    r.set_sequence_id(Id(i));
+    r.set_sequence_id(LevelId(i));
     v1::ReleaseResponse rr;
     ASSERT_TRUE(host.h->Release(r, &rr).ok()) << i;
   }
@@ -173,8 +123,8 @@ TEST(HostLevelTest, AboveTheDiskLevelTheOldestMoveOnToDiskAndAllComeBack) {
   TestHandler levels(LevelOptions(kHostBytes, ScratchDir("host_above_disk")), FixtureClock::kReal);
   TestHandler never_moved(NeverMovedOptions());
   for (int i = 0; i < sequences; ++i) {
-    ASSERT_TRUE(AddSequence(levels, i).ok()) << "sequence " << i;
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    ASSERT_TRUE(AddLevelSequence(levels, i).ok()) << "sequence " << i;
+    ASSERT_TRUE(AddLevelSequence(never_moved, i).ok());
   }
   SpillTier& tier = *levels.h->spill_tier();
   const int64_t on_host = tier.sequences_on_host();
@@ -188,11 +138,11 @@ TEST(HostLevelTest, AboveTheDiskLevelTheOldestMoveOnToDiskAndAllComeBack) {
   // where it is.
   const double disk_up = LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "up");
   const double host_up = LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up");
-  EXPECT_EQ(levels.Read(Id(0), 0), never_moved.Read(Id(0), 0));
+  EXPECT_EQ(levels.Read(LevelId(0), 0), never_moved.Read(LevelId(0), 0));
   EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "up"), disk_up);
   EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), host_up);
   const int newest_below = sequences - pool_only - 1;
-  EXPECT_EQ(levels.Read(Id(newest_below), 0), never_moved.Read(Id(newest_below), 0));
+  EXPECT_EQ(levels.Read(LevelId(newest_below), 0), never_moved.Read(LevelId(newest_below), 0));
   EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), host_up);
   ExpectSameAsNeverMoved(levels, never_moved, sequences);
   EXPECT_EQ(LevelValue(levels.metrics, "driftkv_level_checksum_failures_total", "host"), 0);
@@ -209,31 +159,31 @@ TEST(HostLevelTest, CorruptHostSlotIsDataLossForItsSequenceOnly) {
   TestHandler never_moved(NeverMovedOptions());
   const int n = 2 * pool_only;
   for (int i = 0; i < n; ++i) {
-    ASSERT_TRUE(AddSequence(host, i).ok());
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
+    ASSERT_TRUE(AddLevelSequence(host, i).ok());
+    ASSERT_TRUE(AddLevelSequence(never_moved, i).ok());
   }
   ASSERT_GT(host.h->spill_tier()->sequences_on_host(), 0);
   // s0 moved down first, into the first slots: flip a byte of its first page.
   host.h->spill_tier()->host_store()->slot(0)[100] ^= 0x10;
   v1::ReadRequest req;
-  req.set_sequence_id(Id(0));
+  req.set_sequence_id(LevelId(0));
   absl::Status st = host.h->Read(req, [](const v1::ReadChunk&) { return true; });
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("host level"), std::string::npos) << st;
   EXPECT_NE(st.message().find("not served"), std::string::npos) << st;
   v1::PrefetchRequest p;
-  p.set_sequence_id(Id(0));
+  p.set_sequence_id(LevelId(0));
   v1::PrefetchResponse pr;
   EXPECT_EQ(host.h->Prefetch(p, &pr).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(AttendBytes(*host.h, 0).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(LevelAttendBytes(*host.h, 0).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_GE(LevelValue(host.metrics, "driftkv_level_checksum_failures_total", "host"), 3);
   for (int i = 1; i < n; ++i) {
-    EXPECT_EQ(host.Read(Id(i), 1), never_moved.Read(Id(i), 1)) << "sequence " << i;
+    EXPECT_EQ(host.Read(LevelId(i), 1), never_moved.Read(LevelId(i), 1)) << "sequence " << i;
   }
   // Released, its slots are free again.
   const int64_t used = host.h->spill_tier()->host_store()->in_use();
   v1::ReleaseRequest r;
-  r.set_sequence_id(Id(0));
+  r.set_sequence_id(LevelId(0));
   v1::ReleaseResponse rr;
   EXPECT_TRUE(host.h->Release(r, &rr).ok());
   EXPECT_LT(host.h->spill_tier()->host_store()->in_use(), used);
@@ -247,38 +197,10 @@ TEST(HostLevelTest, ConcurrentAppendsAndReadsMoveThroughBothLevelsAndLoseNothing
   TestHandler never_moved(NeverMovedOptions());
   std::vector<std::string> want(kThreads * kEach);
   for (int i = 0; i < kThreads * kEach; ++i) {
-    ASSERT_TRUE(AddSequence(never_moved, i).ok());
-    want[i] = never_moved.Read(Id(i), 1);
+    ASSERT_TRUE(AddLevelSequence(never_moved, i).ok());
+    want[i] = never_moved.Read(LevelId(i), 1);
   }
-  std::vector<std::string> errors(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int k = 0; k < kEach && errors[t].empty(); ++k) {
-        const int i = t * kEach + k;
-        if (absl::Status st = AddSequence(levels, i); !st.ok()) {
-          errors[t] = absl::StrCat("append ", i, ": ", st.ToString());
-        }
-        for (int j = t * kEach; j <= i && errors[t].empty(); ++j) {
-          v1::ReadRequest req;
-          req.set_sequence_id(Id(j));
-          req.set_layer(1);
-          std::string got;
-          absl::Status st = levels.h->Read(req, [&](const v1::ReadChunk& c) {
-            got += c.keys();
-            got += c.values();
-            return true;
-          });
-          if (!st.ok()) {
-            errors[t] = absl::StrCat("read ", j, ": ", st.ToString());
-          } else if (got != want[j]) {
-            errors[t] = absl::StrCat("read ", j, ": bytes differ");
-          }
-        }
-      }
-    });
-  }
-  for (std::thread& th : threads) th.join();
+  const std::vector<std::string> errors = testing::AppendAndReadBack(levels, want, kThreads, kEach);
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
   EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "host", "up"), 0);
   EXPECT_GT(LevelValue(levels.metrics, "driftkv_level_moved_pages_total", "disk", "down"), 0);
