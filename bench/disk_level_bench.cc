@@ -20,10 +20,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bf16_pattern.h"
 #include "bench/check.h"
 #include "bench/flags.h"
 #include "service/handler.h"
-#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -33,19 +33,6 @@ using bench::IntFlag;
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kPageTokens = 128;
 
-// bf16 keys or values [tokens][kN] of pattern `seed`, in (-1, 1).
-std::string Tokens(int tokens, uint32_t seed) {
-  std::string kv(static_cast<size_t>(tokens) * kN * 2, '\0');
-  uint32_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < kv.size() / 2; ++i) {
-    s = s * 1664525u + 1013904223u;
-    const uint16_t b = FloatToBf16(static_cast<float>(static_cast<int32_t>(s >> 8) % 2000) / 1000.0f - 1.0f);
-    kv[2 * i] = static_cast<char>(b & 0xff);
-    kv[2 * i + 1] = static_cast<char>(b >> 8);
-  }
-  return kv;
-}
-
 absl::Status Add(Handler& h, const std::string& id, int layers, int tokens, uint32_t seed) {
   v1::AppendResponse r;
   for (int l = 0; l < layers; ++l) {
@@ -54,8 +41,8 @@ absl::Status Add(Handler& h, const std::string& id, int layers, int tokens, uint
     c.set_layer(l);
     c.set_token_count(tokens);
     c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(Tokens(tokens, seed * 2 + l * 7919));
-    c.set_values(Tokens(tokens, seed * 2 + 1 + l * 7919));
+    c.set_keys(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, seed * 2 + l * 7919));
+    c.set_values(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, seed * 2 + 1 + l * 7919));
     if (absl::Status st = h.Append(c, &r); !st.ok()) return st;
   }
   return absl::OkStatus();

@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bf16_pattern.h"
 #include "bench/check.h"
 #include "bench/flags.h"
 #include "service/handler.h"
-#include "wire/half.h"
 
 namespace driftkv {
 namespace {
@@ -39,26 +39,14 @@ using bench::IntFlag;
 
 constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32, kPageTokens = 128;
 
-std::string Bf16s(size_t count, uint32_t seed) {
-  std::string out(count * 2, '\0');
-  uint32_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < count; ++i) {
-    s = s * 1664525u + 1013904223u;
-    const uint16_t b = FloatToBf16(static_cast<float>(static_cast<int32_t>(s >> 8) % 2000) / 1000.0f - 1.0f);
-    out[2 * i] = static_cast<char>(b & 0xff);
-    out[2 * i + 1] = static_cast<char>(b >> 8);
-  }
-  return out;
-}
-
 // Sequence `seed`'s layer l is pattern (l + seed) mod layers: distinct
 // sequences without generating 0.5 G values for each.
 absl::Status Add(Handler& h, const std::string& id, int layers, int tokens, uint32_t seed) {
   static std::vector<std::string> keys, values;
   if (keys.empty()) {
     for (int l = 0; l < layers; ++l) {
-      keys.push_back(Bf16s(static_cast<size_t>(tokens) * kN, 2 * l * 7919));
-      values.push_back(Bf16s(static_cast<size_t>(tokens) * kN, 2 * l * 7919 + 1));
+      keys.push_back(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, 2 * l * 7919));
+      values.push_back(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, 2 * l * 7919 + 1));
     }
   }
   v1::AppendResponse r;

@@ -148,7 +148,7 @@ int64_t SpillTier::MoveDownLocked(Sequence* seq) {
 
 bool SpillTier::PoolToHostLocked(Sequence* seq, const Pages& where) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<int64_t>> slots = host_->Take(static_cast<int64_t>(where.size()));
+  absl::StatusOr<std::vector<uint64_t>> slots = host_->Take(static_cast<int64_t>(where.size()));
   if (!slots.ok()) return false;
   std::vector<PageId> pages(where.size());
   std::vector<uint8_t*> dst(where.size());
@@ -161,39 +161,61 @@ bool SpillTier::PoolToHostLocked(Sequence* seq, const Pages& where) {
     metrics_[kHost].move_failures[kMoveDown]->Increment();
     return false;
   }
-  seq->below_keys.assign(slots->begin(), slots->end());
-  seq->below_on_host = true;
-  on_host_.fetch_add(1);
-  Counted(kHost, kMoveDown, where.size());
-  metrics_[kHost].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  PlacedLocked(*seq, kHost, *std::move(slots), start);
   return true;
 }
 
 bool SpillTier::PoolToDiskLocked(Sequence* seq, const Pages& where) {
   const absl::Time start = absl::Now();
-  std::vector<uint64_t> keys(where.size());
-  for (uint64_t& k : keys) k = next_key_.fetch_add(1);
+  std::vector<uint64_t> keys;
+  if (!WriteToDisk(
+          where, [&](size_t j) { return pool_.page(where[j].first->pages[where[j].second]); }, &keys)) {
+    return false;
+  }
+  PlacedLocked(*seq, kDisk, std::move(keys), start);
+  return true;
+}
+
+bool SpillTier::WriteToDisk(const Pages& where, const std::function<const uint8_t*(size_t)>& bytes,
+                            std::vector<uint64_t>* keys) {
+  keys->resize(where.size());
+  for (uint64_t& k : *keys) k = next_key_.fetch_add(1);
   std::vector<absl::Status> done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
     const auto [layer, i] = where[j];
-    return store_->PutAsync(keys[j], pool_.page(layer->pages[i]), layer->page_sums[i], std::move(cb));
+    return store_->PutAsync((*keys)[j], bytes(j), layer->page_sums[i], std::move(cb));
   });
   bool ok = true;
   for (const absl::Status& st : done) ok = ok && st.ok();
   if (!ok) {
-    // What was stored goes again; the sequence stays in the pool.
+    // What was stored goes again; the pages stay where they were.
     absl::MutexLock lock(&mu_);
     for (size_t j = 0; j < done.size(); ++j) {
-      if (done[j].ok()) to_erase_.push_back(keys[j]);
+      if (done[j].ok()) to_erase_.push_back((*keys)[j]);
     }
     metrics_[kDisk].move_failures[kMoveDown]->Increment();
-    return false;
   }
-  seq->below_keys = std::move(keys);
-  seq->below_on_host = false;
-  on_disk_.fetch_add(1);
-  Counted(kDisk, kMoveDown, where.size());
-  metrics_[kDisk].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  return true;
+  return ok;
+}
+
+void SpillTier::PlacedLocked(Sequence& seq, Where level, std::vector<uint64_t> keys, absl::Time start) {
+  seq.below_keys = std::move(keys);
+  seq.below_on_host = level == kHost;
+  (level == kHost ? on_host_ : on_disk_).fetch_add(1);
+  Counted(level, kMoveDown, seq.below_keys.size());
+  metrics_[level].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+void SpillTier::DropBelowLocked(Sequence& seq) {
+  if (seq.below_on_host) {
+    host_->Give(seq.below_keys);
+    on_host_.fetch_sub(1);
+  } else {
+    absl::MutexLock lock(&mu_);
+    to_erase_.insert(to_erase_.end(), seq.below_keys.begin(), seq.below_keys.end());
+    on_disk_.fetch_sub(1);
+  }
+  seq.below_keys.clear();
+  seq.below_on_host = false;
 }
 
 bool SpillTier::MakeHostRoom(int64_t slots, const Sequence* mover) {
@@ -223,38 +245,17 @@ bool SpillTier::MakeHostRoom(int64_t slots, const Sequence* mover) {
 
 bool SpillTier::HostToDiskLocked(Sequence* seq) {
   const absl::Time start = absl::Now();
-  const size_t n = seq->below_keys.size();
-  if (!DiskHasRoom(n)) return false;
-  // The checksums, layer-major as the slots are.
-  std::vector<PageChecksum> sums;
-  sums.reserve(n);
-  for (const LayerState& l : seq->layers) sums.insert(sums.end(), l.page_sums.begin(), l.page_sums.end());
-  std::vector<uint64_t> keys(n);
-  for (uint64_t& k : keys) k = next_key_.fetch_add(1);
+  const Pages where = PagesOf(seq);  // layer-major, as the slots are
+  if (!DiskHasRoom(where.size())) return false;
   // The disk store checks each page against its checksum as it takes it:
   // a slot corrupted in host memory is refused here, and the sequence
   // stays on the host level, where its restore reports DATA_LOSS.
-  std::vector<absl::Status> done = RunAll(n, [&](size_t j, tiers::DiskPageStore::Callback cb) {
-    return store_->PutAsync(keys[j], host_->slot(static_cast<int64_t>(seq->below_keys[j])), sums[j], std::move(cb));
-  });
-  bool ok = true;
-  for (const absl::Status& st : done) ok = ok && st.ok();
-  if (!ok) {
-    absl::MutexLock lock(&mu_);
-    for (size_t j = 0; j < n; ++j) {
-      if (done[j].ok()) to_erase_.push_back(keys[j]);
-    }
-    metrics_[kDisk].move_failures[kMoveDown]->Increment();
+  std::vector<uint64_t> keys;
+  if (!WriteToDisk(
+          where, [&](size_t j) { return host_->slot(seq->below_keys[j]); }, &keys))
     return false;
-  }
-  std::vector<int64_t> slots(seq->below_keys.begin(), seq->below_keys.end());
-  host_->Give(slots);
-  seq->below_keys = std::move(keys);
-  seq->below_on_host = false;
-  on_host_.fetch_sub(1);
-  on_disk_.fetch_add(1);
-  Counted(kDisk, kMoveDown, n);
-  metrics_[kDisk].move_down_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  DropBelowLocked(*seq);
+  PlacedLocked(*seq, kDisk, std::move(keys), start);
   return true;
 }
 
@@ -266,7 +267,7 @@ absl::Status SpillTier::ReadBack(Sequence* seq, const Pages& where, const std::v
   absl::Status copy;  // a failure of the whole copy (host level)
   if (level == kHost) {
     std::vector<const uint8_t*> src(where.size());
-    for (size_t j = 0; j < where.size(); ++j) src[j] = host_->slot(static_cast<int64_t>(seq->below_keys[j]));
+    for (size_t j = 0; j < where.size(); ++j) src[j] = host_->slot(seq->below_keys[j]);
     copy = backend_.PagesFromHost(pool_, src, fresh, sums.data());
   } else {
     done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
@@ -325,18 +326,8 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
     return st;
   }
   for (size_t j = 0; j < where.size(); ++j) where[j].first->pages[where[j].second] = fresh[j];
-  if (level == kHost) {
-    std::vector<int64_t> slots(seq->below_keys.begin(), seq->below_keys.end());
-    host_->Give(slots);
-    on_host_.fetch_sub(1);
-  } else {
-    absl::MutexLock erase_lock(&mu_);
-    to_erase_.insert(to_erase_.end(), seq->below_keys.begin(), seq->below_keys.end());
-    on_disk_.fetch_sub(1);
-  }
-  seq->below_keys.clear();
+  DropBelowLocked(*seq);
   seq->below = false;
-  seq->below_on_host = false;
   seq->below_hint.store(false);
   Counted(level, kMoveUp, where.size());
   metrics_[level].restore_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -346,18 +337,8 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
 }
 
 void SpillTier::Forget(Sequence& seq) {
-  if (seq.below_on_host) {
-    std::vector<int64_t> slots(seq.below_keys.begin(), seq.below_keys.end());
-    host_->Give(slots);
-    on_host_.fetch_sub(1);
-  } else {
-    absl::MutexLock lock(&mu_);
-    to_erase_.insert(to_erase_.end(), seq.below_keys.begin(), seq.below_keys.end());
-    on_disk_.fetch_sub(1);
-  }
-  seq.below_keys.clear();
+  DropBelowLocked(seq);
   seq.below = false;
-  seq.below_on_host = false;
   seq.below_hint.store(false);
   Publish();
 }

@@ -66,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
 #include "service/config.h"
@@ -156,6 +157,19 @@ class SpillTier {
   bool PoolToHostLocked(Sequence* seq, const Pages& where);
   bool PoolToDiskLocked(Sequence* seq, const Pages& where);
   bool HostToDiskLocked(Sequence* seq);
+  // Writes the pages `where` names to new disk records, page j's bytes at
+  // bytes(j) with its checksum from page_sums: true with their keys in
+  // *keys; false (what was written queued for erasing, the failure
+  // counted) when any write fails.
+  bool WriteToDisk(const Pages& where, const std::function<const uint8_t*(size_t)>& bytes, std::vector<uint64_t>* keys);
+  // `seq`'s pages are now under `keys` on `level` (a move down: counted
+  // and timed from `start`). REQUIRES: seq.mu held as a writer; nothing
+  // held below (DropBelowLocked first).
+  void PlacedLocked(Sequence& seq, Where level, std::vector<uint64_t> keys, absl::Time start);
+  // Frees what `seq` holds below (host slots at once, disk records by the
+  // eraser) and forgets its keys; `below` is the caller's to change.
+  // REQUIRES: seq.mu held as a writer.
+  void DropBelowLocked(Sequence& seq);
   // Moves sequences on the host level to disk, least recently used first,
   // until it has `slots` free: true when it has. `mover`: the sequence
   // being moved down (locked by the caller), never one of them.

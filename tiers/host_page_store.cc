@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<HostPageStore>> HostPageStore::Create(size_t page
   s->free_.reserve(static_cast<size_t>(capacity));
   // Slot 0 on top: a fresh store hands out ascending slots, so that a
   // sequence's pages lie side by side in memory.
-  for (int64_t i = capacity - 1; i >= 0; --i) s->free_.push_back(i);
+  for (int64_t i = capacity - 1; i >= 0; --i) s->free_.push_back(static_cast<Slot>(i));
   return s;
 }
 
@@ -53,19 +53,19 @@ int64_t HostPageStore::free_slots() const {
   return static_cast<int64_t>(free_.size());
 }
 
-absl::StatusOr<std::vector<int64_t>> HostPageStore::Take(int64_t count) {
+absl::StatusOr<std::vector<HostPageStore::Slot>> HostPageStore::Take(int64_t count) {
   absl::MutexLock lock(&mu_);
   if (count < 0 || static_cast<size_t>(count) > free_.size()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host level full: ", count, " pages asked, ", free_.size(), " of ", capacity_, " free"));
   }
-  std::vector<int64_t> out(free_.end() - count, free_.end());
+  std::vector<Slot> out(free_.end() - count, free_.end());
   std::reverse(out.begin(), out.end());
   free_.resize(free_.size() - static_cast<size_t>(count));
   return out;
 }
 
-void HostPageStore::Give(absl::Span<const int64_t> slots) {
+void HostPageStore::Give(absl::Span<const Slot> slots) {
   absl::MutexLock lock(&mu_);
   // Reversed, so that Take hands out a run given back in its own order.
   for (auto it = slots.rbegin(); it != slots.rend(); ++it) free_.push_back(*it);

@@ -35,14 +35,17 @@ class HostPageStore {
   // The block (to pin it), capacity() * page_bytes() bytes.
   uint8_t* block() const { return block_; }
   size_t block_bytes() const { return static_cast<size_t>(capacity_) * page_bytes_; }
-  uint8_t* slot(int64_t s) const { return block_ + static_cast<size_t>(s) * page_bytes_; }
+  // Slots are numbered 0 .. capacity() - 1; 64 bits unsigned, as the
+  // disk level's keys, so that a sequence holds either in one list.
+  using Slot = uint64_t;
+  uint8_t* slot(Slot s) const { return block_ + static_cast<size_t>(s) * page_bytes_; }
 
   int64_t in_use() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t free_slots() const ABSL_LOCKS_EXCLUDED(mu_);
   // `count` slots or none: RESOURCE_EXHAUSTED naming what is free.
-  absl::StatusOr<std::vector<int64_t>> Take(int64_t count) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<Slot>> Take(int64_t count) ABSL_LOCKS_EXCLUDED(mu_);
   // REQUIRES: each slot taken and not given back since.
-  void Give(absl::Span<const int64_t> slots) ABSL_LOCKS_EXCLUDED(mu_);
+  void Give(absl::Span<const Slot> slots) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   HostPageStore(size_t page_bytes, int64_t capacity, uint8_t* block, size_t mapped)
@@ -54,7 +57,7 @@ class HostPageStore {
   const size_t mapped_;  // bytes of the mapping (block_bytes rounded up to the OS page)
   mutable absl::Mutex mu_;
   // LIFO: a slot given back is the next taken.
-  std::vector<int64_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace driftkv::tiers

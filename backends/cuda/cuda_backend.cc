@@ -212,9 +212,7 @@ class CudaBackend : public Backend {
     const int count = static_cast<int>(moves.size());
     std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
     for (int i = 0; i < count; ++i) {
-      if (moves[i].from < base_ || moves[i].from >= end_) {
-        return absl::InternalError(absl::StrCat("page ", moves[i].from, " is not on this device's arena"));
-      }
+      if (absl::Status st = CheckOnArena(moves[i].from); !st.ok()) return st;
       ids[i] = moves[i].from - base_;
       ids[count + i] = moves[i].to;
       ids[2 * count + i] = moves[i].tokens;
@@ -352,10 +350,14 @@ class CudaBackend : public Backend {
     a.page_bytes = layout_.page_bytes;
     return a;
   }
+  // Internal unless cold page p is on this device's arena (PARTITIONS).
+  absl::Status CheckOnArena(PageId p) const {
+    if (p >= base_ && p < end_) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("page ", p, " is not on this device's arena"));
+  }
   absl::Status CheckOnArena(absl::Span<const PageId> pages) const {
     for (PageId p : pages) {
-      if (p < base_ || p >= end_)
-        return absl::InternalError(absl::StrCat("page ", p, " is not on this device's arena"));
+      if (absl::Status st = CheckOnArena(p); !st.ok()) return st;
     }
     return absl::OkStatus();
   }
@@ -372,8 +374,8 @@ class CudaBackend : public Backend {
     if (pages.empty()) return absl::OkStatus();
     std::vector<int32_t> ids(pages.size());
     for (size_t i = 0; i < pages.size(); ++i) {
-      if (cold && (pages[i] < base_ || pages[i] >= end_)) {
-        return absl::InternalError(absl::StrCat("page ", pages[i], " is not on this device's arena"));
+      if (cold) {
+        if (absl::Status st = CheckOnArena(pages[i]); !st.ok()) return st;
       }
       ids[i] = static_cast<int32_t>(cold ? pages[i] - base_ : pages[i]);
     }
