@@ -39,6 +39,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     PageChecksum stored = 0;
     return (*r)->Page(kPageBytes, page->data(), &stored, &intact).ok();
   };
+  // A layer's page entry (version 5: also the levels below the pool).
+  auto layer_entry = [&](std::vector<uint8_t>* page) {
+    SnapshotReader::PageEntry e;
+    bool intact = false;
+    if (!(*r)->NextPageEntry(&e).ok()) return false;
+    if (e.kind == SnapshotReader::PageEntry::kShared) {
+      if (e.ordinal >= (*r)->full_pages()) __builtin_trap();
+      return true;
+    }
+    if (e.kind == SnapshotReader::PageEntry::kDisk) return true;
+    PageChecksum stored = 0;
+    return (*r)->Page(kPageBytes, page->data(), &stored, &intact).ok();
+  };
   for (int s = 0;; ++s) {
     bool more = false;
     std::string id;
@@ -51,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       bool intact = false;
       if (!(*r)->NextLayer(kN, 256, &h, &keys, &values, &intact).ok()) return 0;
       for (uint32_t p = 0; p < std::min<uint32_t>(h.pages, 64); ++p) {
-        if (!page_entry(&page)) return 0;
+        if (!layer_entry(&page)) return 0;
       }
       if ((*r)->version() >= kSnapshotFirstDigestVersion && h.pages <= 64) {
         std::vector<uint64_t> digests;

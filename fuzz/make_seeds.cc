@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   {
     const std::string dir = out + "/snapshot_tmp";
     mkdir(dir.c_str(), 0755);
-    auto w = SnapshotWriter::Open(dir, "codec=dquant\nlayers=1\n", 96);
+    auto w = SnapshotWriter::Open(dir, "codec=dquant\nlayers=1\n", 96, 4);
     if (!w.ok()) return 1;
     std::vector<uint16_t> wk(2 * 64, 0x3f80), wv(2 * 64, 0xbf80);
     std::vector<uint8_t> page(96, 7);
@@ -116,6 +116,33 @@ int main(int argc, char** argv) {
     if (!(*w)->Commit().ok()) return 1;
     std::ifstream f(SnapshotPath(dir), std::ios::binary);
     Put(out + "/fuzz_snapshot", "v4_shared_index_pins", std::string(std::istreambuf_iterator<char>(f), {}));
+    std::remove(SnapshotPath(dir).c_str());
+    rmdir(dir.c_str());
+  }
+  // Snapshot (version 5): a sequence in the pool, one on the host level
+  // (its page's bytes), one on the disk level (keys), one of each of the
+  // last two mixed (which a loader drops).
+  {
+    const std::string dir = out + "/snapshot_tmp";
+    mkdir(dir.c_str(), 0755);
+    auto w = SnapshotWriter::Open(dir, "codec=dquant\nlayers=1\n", 96);
+    if (!w.ok()) return 1;
+    std::vector<uint16_t> wk(2 * 64, 0x3f80), wv(2 * 64, 0xbf80);
+    std::vector<uint8_t> page(96, 9);
+    const uint32_t crc = Crc32c(page.data(), page.size());
+    for (int s = 0; s < 4; ++s) {
+      (void)(*w)->BeginSequence(std::string(1, "pqrs"[s]), 1);
+      (void)(*w)->BeginLayer(2 * 16 + 2, 2, 2, wk, wv);
+      for (int i = 0; i < 2; ++i) {
+        if (s == 0) (void)(*w)->Page(page.data(), crc);
+        if (s == 1 || (s == 3 && i == 0)) (void)(*w)->HostPage(page.data(), crc);
+        if (s == 2 || (s == 3 && i == 1)) (void)(*w)->DiskPage(1000 + 2 * s + i, crc);
+      }
+      (void)(*w)->Digests(std::vector<uint64_t>(2 * 16, 0));
+    }
+    if (!(*w)->Commit().ok()) return 1;
+    std::ifstream f(SnapshotPath(dir), std::ios::binary);
+    Put(out + "/fuzz_snapshot", "v5_levels", std::string(std::istreambuf_iterator<char>(f), {}));
     std::remove(SnapshotPath(dir).c_str());
     rmdir(dir.c_str());
   }

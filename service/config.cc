@@ -312,11 +312,12 @@ absl::Status ResolveLevels(const v1::ServerConfig& c, ServiceOptions* o) {
   if (d.dir().empty()) {
     return absl::InvalidArgumentError("disk_level.dir \"\": the disk level needs a directory");
   }
-  if (!d.at_start().empty() && d.at_start() != "wipe") {
+  if (!d.at_start().empty() && d.at_start() != "wipe" && d.at_start() != "snapshot") {
     return absl::InvalidArgumentError(
-        absl::StrCat("disk_level.at_start \"", d.at_start(), "\" unknown; only \"wipe\" is built (docs/tiers.md)"));
+        absl::StrCat("disk_level.at_start \"", d.at_start(), "\" unknown; use snapshot or wipe (docs/tiers.md)"));
   }
   DiskLevelOptions& out = o->disk_level;
+  out.wipe_at_start = d.at_start() == "wipe";
   out.dir = d.dir();
   out.budget_bytes = d.budget_bytes();
   if (d.has_segment_bytes()) out.segment_bytes = d.segment_bytes();
@@ -527,10 +528,6 @@ absl::Status ValidateLevels(const ServiceOptions& o) {
       return absl::InvalidArgumentError(
           absl::StrCat("host_level.budget_bytes ", o.host_level.budget_bytes, " must be >= ", kMinHostLevelBytes));
     }
-    if (!o.snapshot_dir.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("host_level with snapshot_dir \"", o.snapshot_dir,
-                                                     "\": a snapshot does not hold pages below the pool yet"));
-    }
   }
   const DiskLevelOptions& d = o.disk_level;
   if (!d.on()) return absl::OkStatus();
@@ -541,11 +538,6 @@ absl::Status ValidateLevels(const ServiceOptions& o) {
   if (d.segment_bytes < kMinDiskSegmentBytes || d.segment_bytes > (uint64_t{1} << 40)) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk_level.segment_bytes ", d.segment_bytes, " out of range [", kMinDiskSegmentBytes, ", 2^40]"));
-  }
-  if (!o.snapshot_dir.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("disk_level.dir \"", d.dir, "\" with snapshot_dir \"",
-                                                   o.snapshot_dir,
-                                                   "\": a snapshot does not hold pages below the pool yet"));
   }
   return absl::OkStatus();
 }

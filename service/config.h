@@ -58,6 +58,8 @@ struct DiskLevelOptions {
   uint64_t budget_bytes = 0;
   uint64_t segment_bytes = uint64_t{128} << 20;
   bool power_loss = false;  // durability "power_loss": fdatasync per write batch
+  // at_start "wipe": never kept for a snapshot (docs/tiers.md, "Restart").
+  bool wipe_at_start = false;
   // Not from the config: the system calls on the level's files (null:
   // POSIX), for tests that make them fail. Must outlive the server.
   tiers::FileIo* io = nullptr;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "backends/registry.h"
 #include "codec/level_page.h"
 #include "service/handler_internal.h"
+#include "service/snapshot_file.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -145,8 +147,12 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   h->pins_ = std::make_unique<PinTable>(*h->pool_);
   if (options.levels_below()) {
     if (absl::Status st = ValidateLevels(options); !st.ok()) return st;
+    // A snapshot about to be loaded names records of the disk level: the
+    // store is kept for it (LoadSnapshot erases what it does not name).
+    const bool keep_disk = !options.disk_level.wipe_at_start && !options.snapshot_dir.empty() &&
+                           std::ifstream(SnapshotPath(options.snapshot_dir)).good();
     absl::StatusOr<std::unique_ptr<SpillTier>> spill =
-        SpillTier::Create(options.host_level, options.disk_level, *h->pool_, h->metrics_, h->backend_.get());
+        SpillTier::Create(options.host_level, options.disk_level, *h->pool_, h->metrics_, h->backend_.get(), keep_disk);
     if (!spill.ok()) return spill.status();
     h->spill_ = *std::move(spill);
     SpillTier* t = h->spill_.get();

@@ -171,14 +171,18 @@ class Handler {
   void BeginDrain() { table_->BeginDrain(); }
   bool draining() const { return table_->draining(); }
   struct SnapshotSummary {
-    uint64_t sequences = 0;          // written / restored
-    uint64_t pages = 0;              // the sequences' pages, shared ones once per holder
-    uint64_t shared_pages = 0;       // page entries that repeat a page the file holds once
-    uint64_t index_entries = 0;      // prefix index entries written / restored
-    uint64_t pins = 0;               // pins written / restored
-    uint64_t corrupt_pages = 0;      // checksum mismatches (pages and windows)
-    uint64_t dropped_sequences = 0;  // not written / not restored, each logged
-    bool rest_lost = false;          // load: a corrupt framing field ended the reading early
+    uint64_t sequences = 0;           // written / restored
+    uint64_t pages = 0;               // the sequences' pages, shared ones once per holder
+    uint64_t shared_pages = 0;        // page entries that repeat a page the file holds once
+    uint64_t index_entries = 0;       // prefix index entries written / restored
+    uint64_t pins = 0;                // pins written / restored
+    uint64_t corrupt_pages = 0;       // checksum mismatches (pages and windows)
+    uint64_t dropped_sequences = 0;   // not written / not restored, each logged
+    uint64_t pages_on_host = 0;       // of `pages`: on the host level (bytes in the file)
+    uint64_t pages_on_disk = 0;       // of `pages`: named by their disk level record
+    int64_t disk_records_erased = 0;  // load: records of the disk level no sequence named
+    std::string disk_level_open;      // load: how the disk level's index was restored ("" without one)
+    bool rest_lost = false;           // load: a corrupt framing field ended the reading early
     std::string path;
     bool found = false;             // load: a snapshot file was there
     std::string removed_temporary;  // load: a leftover snapshot.dkvs.tmp, removed ("" if none)

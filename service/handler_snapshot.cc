@@ -93,6 +93,12 @@ std::string Handler::RestoreReport(const std::string& dir, const SnapshotSummary
     line = absl::StrCat("restored ", s.sequences, " sequences (", s.pages, " pages) from ", s.path, "; ",
                         s.corrupt_pages, " corrupt pages, ", s.dropped_sequences, " sequences dropped",
                         s.rest_lost ? ", the rest of the file lost to a corrupt record" : "");
+    if (s.pages_on_host + s.pages_on_disk > 0 || s.disk_records_erased > 0) {
+      absl::StrAppend(&line, "; of the pages ", s.pages_on_host, " back on the host level, ", s.pages_on_disk,
+                      " left in the disk level's records (", s.disk_records_erased,
+                      " records no sequence names erased)");
+    }
+    if (!s.disk_level_open.empty()) absl::StrAppend(&line, "; ", s.disk_level_open);
   }
   if (!s.removed_temporary.empty()) {
     absl::StrAppend(&line, "; removed ", s.removed_temporary, " (an interrupted snapshot write, never complete)");
@@ -119,8 +125,13 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
   std::vector<std::pair<std::string, SequencePtr>> all = table_->Entries();
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });  // a stable file for a stable table
+  // The records of the disk level that the file names must outlive this
+  // process; a server without levels writes the version before them, which
+  // the release before them reads.
+  if (spill_ != nullptr) spill_->Freeze();
   absl::StatusOr<std::unique_ptr<SnapshotWriter>> writer =
-      SnapshotWriter::Open(dir, SnapshotIdentity(), pool_->page_stride());
+      SnapshotWriter::Open(dir, SnapshotIdentity(), pool_->page_stride(),
+                           spill_ != nullptr ? kSnapshotVersion : kSnapshotFirstLevelVersion - 1);
   if (!writer.ok()) return writer.status();
   summary->path = SnapshotPath(dir);
   // Released ids stay released across the restart (for their time left).
@@ -130,6 +141,22 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
   }
   std::sort(tombstones.begin(), tombstones.end());
   if (absl::Status st = (*writer)->Tombstones(tombstones); !st.ok()) return st;
+  // Every hot layer in cold form first. A demotion takes pool pages, which
+  // moving other sequences below can free only while the writer holds no
+  // reference to their pages (SnapshotPagesWritten keeps one to each page
+  // written). A failure here is met again, and reported, as the sequence
+  // is written.
+  for (const auto& [key, seq] : all) {
+    absl::MutexLock seq_lock(&seq->mu);
+    if (seq->released || seq->below) continue;
+    for (size_t l = 0; l < seq->layers.size(); ++l) {
+      LayerState& layer = seq->layers[l];
+      absl::MutexLock layer_lock(&layer.mu);
+      if (layer.hot && !layer.pages.empty()) {
+        hot_->DemoteLocked(&layer, seq->usage, LayerName{key, static_cast<int>(l)}, kDemoteDrain).IgnoreError();
+      }
+    }
+  }
   std::vector<uint64_t> digests;
   const size_t n = this->n();
   SnapshotPagesWritten written(pool_.get());
@@ -140,12 +167,26 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
     // sequence goes into the file whole or not at all, and the file's CRCs
     // (computed by the writer) never vouch for bytes that were corrupt.
     absl::Status bad;
+    size_t below = 0;  // index into below_keys, layer-major
     for (size_t l = 0; l < seq->layers.size() && bad.ok(); ++l) {
       LayerState& layer = seq->layers[l];
       absl::MutexLock layer_lock(&layer.mu);
       const LayerName name{key, static_cast<int>(l)};
-      if (layer.hot && !layer.pages.empty()) bad = hot_->DemoteLocked(&layer, seq->usage, name, kDemoteDrain);
-      if (bad.ok())
+      if (seq->below) {
+        // On disk the store checks each record as it comes back; on the
+        // host level the bytes go into the file, so they are checked here.
+        for (size_t i = 0; i < layer.pages.size() && bad.ok(); ++i, ++below) {
+          if (seq->below_on_host &&
+              Crc32c(spill_->HostSlot(seq->below_keys[below]), pool_->page_stride()) != layer.page_sums[i]) {
+            verifier_->CountFailure(kCheckSnapshot);
+            bad =
+                absl::DataLossError(absl::StrCat("page ", i, " of layer ", l, " fails its checksum on the host level"));
+          }
+        }
+      } else if (layer.hot && !layer.pages.empty()) {
+        bad = hot_->DemoteLocked(&layer, seq->usage, name, kDemoteDrain);
+      }
+      if (bad.ok() && !seq->below)
         bad = verifier_->VerifyColdPages(layer.pages, layer.page_sums, 0, PageVerifier::Copy::kHost, name,
                                          kCheckSnapshot);
       if (bad.ok()) {
@@ -160,6 +201,7 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
     }
     const std::string space(NamespaceOf(TenantOfKey(key)).view());
     absl::Status st = (*writer)->BeginSequence(key, static_cast<uint32_t>(seq->layers.size()));
+    below = 0;
     for (size_t l = 0; l < seq->layers.size() && st.ok(); ++l) {
       LayerState& layer = seq->layers[l];
       absl::ReaderMutexLock layer_lock(&layer.mu);
@@ -167,7 +209,15 @@ absl::Status Handler::WriteSnapshot(const std::string& dir, SnapshotSummary* sum
                                  static_cast<uint32_t>(layer.window_keys.size() / n),
                                  static_cast<uint32_t>(layer.pages.size()), layer.window_keys, layer.window_values);
       for (size_t i = 0; i < layer.pages.size() && st.ok(); ++i) {
-        st = WritePage(writer->get(), &written, space, layer.pages[i], layer.page_sums[i], summary);
+        if (!seq->below) {
+          st = WritePage(writer->get(), &written, space, layer.pages[i], layer.page_sums[i], summary);
+        } else if (seq->below_on_host) {
+          st = (*writer)->HostPage(spill_->HostSlot(seq->below_keys[below++]), layer.page_sums[i]);
+          ++summary->pages_on_host;
+        } else {
+          st = (*writer)->DiskPage(seq->below_keys[below++], layer.page_sums[i]);
+          ++summary->pages_on_disk;
+        }
       }
       // One digest per paged token (kNoDigest where none was kept), so
       // that restored paged tokens are compared on repeat as before.
@@ -249,6 +299,13 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     return reader.status();
   }
   summary->found = true;
+  if (spill_ != nullptr && spill_->disk_store() != nullptr) {
+    const tiers::DiskPageStoreStats d = spill_->disk_store()->stats();
+    summary->disk_level_open = absl::StrFormat(
+        "the disk level's index of %d records restored from %d segment footers (%d segments scanned), "
+        "%d bytes read in %.3f s",
+        d.pages, d.open_segments_footer, d.open_segments_scanned, d.open_bytes_read, d.open_seconds);
+  }
   // Keys carry tenants only with tokens: a snapshot of the other mode would
   // give ids to other tenants (or an id that holds a NUL to a tenant).
   const bool tokens = options_.tokens != nullptr;
@@ -310,7 +367,14 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     auto seq = std::make_shared<Sequence>(id, options_.layers, usage, device);
     // The first reason to drop this sequence; empty: keep.
     std::string why = KeyProblem(id, tenancy_known, tokens);
-    std::vector<PageId> reserved;
+    std::vector<PageId> reserved;  // pool pages
+    int64_t held = 0;              // every page, wherever it is (what the tenant is charged)
+    // Where the sequence's pages are: all in the pool (the file's pages),
+    // or all on one level below (kHost: slots taken and filled here; kDisk:
+    // the disk level's records), as a sequence below always is.
+    std::optional<SnapshotReader::PageEntry::Kind> level;
+    std::vector<uint64_t> below_keys;
+    std::vector<uint64_t> host_slots;  // taken for this sequence, given back if it is dropped
     std::vector<uint16_t> keys, values;
     for (uint32_t l = 0; l < layers && framing.ok(); ++l) {
       LayerState& layer = seq->layers[l];
@@ -341,11 +405,64 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
             why = absl::StrFormat("page %d (tokens [%d, %d)) of layer %d %s", i, static_cast<int64_t>(i) * p,
                                   static_cast<int64_t>(i + 1) * p, l, reason);
         };
-        bool shared = false;
-        uint64_t ordinal = 0;
-        framing = (*reader)->NextPageKind(&shared, &ordinal);
+        SnapshotReader::PageEntry entry;
+        framing = (*reader)->NextPageEntry(&entry);
         if (!framing.ok()) break;
-        if (shared) {
+        const bool in_pool =
+            entry.kind == SnapshotReader::PageEntry::kFull || entry.kind == SnapshotReader::PageEntry::kShared;
+        const SnapshotReader::PageEntry::Kind here = in_pool ? SnapshotReader::PageEntry::kFull : entry.kind;
+        if (!level.has_value()) level = here;
+        if (*level != here) lost("is on another level than the sequence's other pages");
+        if (entry.kind == SnapshotReader::PageEntry::kDisk) {
+          if (spill_ == nullptr || spill_->disk_store() == nullptr) {
+            lost("is on the disk level, and this server has none");
+          } else if (!spill_->HasDiskPage(entry.disk_key)) {
+            lost(absl::StrCat("is on the disk level under key ", entry.disk_key,
+                              ", which disk_level.dir does not hold"));
+          }
+          if (why.empty()) {
+            below_keys.push_back(entry.disk_key);
+            pages.push_back(kPageBelow);
+            layer.page_sums.push_back(entry.checksum);
+          }
+          continue;
+        }
+        if (entry.kind == SnapshotReader::PageEntry::kHost) {
+          uint8_t* dst = nullptr;
+          if (why.empty()) {
+            absl::StatusOr<uint64_t> slot =
+                spill_ != nullptr ? spill_->TakeHostSlot() : absl::FailedPreconditionError("this server has none");
+            if (slot.ok()) {
+              host_slots.push_back(*slot);
+              dst = spill_->HostSlot(*slot);
+            } else {
+              lost(absl::StrCat("was on the host level, which has no room for it: ", slot.status().message()));
+            }
+          }
+          if (dst == nullptr) {
+            scratch.resize(pool_->page_stride());
+            dst = scratch.data();
+          }
+          PageChecksum stored = 0;
+          bool intact = true;
+          framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
+          if (!framing.ok()) break;
+          if (!intact) {
+            ++summary->corrupt_pages;
+            ++totals_.snapshot_corrupt_pages;
+            metrics_->snapshot_corrupt_pages->Increment();
+            verifier_->CountFailure(kCheckSnapshot);
+            lost(absl::StrFormat("fails its checksum (stored crc32c %08x)", stored));
+          }
+          if (why.empty()) {
+            below_keys.push_back(host_slots.back());
+            pages.push_back(kPageBelow);
+            layer.page_sums.push_back(stored);
+          }
+          continue;
+        }
+        if (entry.kind == SnapshotReader::PageEntry::kShared) {
+          const uint64_t ordinal = entry.ordinal;
           const PageId src = restored.page(ordinal);
           if (src == SnapshotPagesRestored::kNone) {
             lost("repeats a page that was not restored");
@@ -406,7 +523,10 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
                            " fail their checksum; its paged tokens are restored without them (repeats not compared)"));
         }
       }
-      reserved.insert(reserved.end(), pages.begin(), pages.end());
+      held += static_cast<int64_t>(pages.size());
+      for (PageId page : pages) {
+        if (page != kPageBelow) reserved.push_back(page);
+      }
       if (why.empty()) {
         layer.pages = std::move(pages);
         // One digest per paged token; kNoDigest (not compared on repeat)
@@ -430,18 +550,17 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     }
     if (!framing.ok()) {
       pool_->Free(reserved);
+      if (!host_slots.empty()) spill_->GiveHostSlots(host_slots);
       drop(id, "the snapshot ends in a corrupt record");
       break;
     }
     if (why.empty()) {
-      if (absl::Status st = table_->Adopt(seq, static_cast<int64_t>(reserved.size())); !st.ok()) {
-        why = std::string(st.message());
-      }
+      if (absl::Status st = table_->Adopt(seq, held); !st.ok()) why = std::string(st.message());
     }
     if (why.empty()) {
       const std::vector<PageId> upload = restored.NotUploaded(reserved);
       if (absl::Status st = backend_->UploadPages(upload); !st.ok()) {
-        table_->Unadopt(seq, static_cast<int64_t>(reserved.size()));
+        table_->Unadopt(seq, held);
         why = std::string(st.message());
       } else {
         restored.Uploaded(upload);
@@ -449,20 +568,30 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
     }
     if (!why.empty()) {
       pool_->Free(reserved);
+      if (!host_slots.empty()) spill_->GiveHostSlots(host_slots);
       drop(id, why);
       continue;
+    }
+    if (!below_keys.empty()) {
+      absl::MutexLock seq_lock(&seq->mu);
+      const bool on_host = *level == SnapshotReader::PageEntry::kHost;
+      (on_host ? summary->pages_on_host : summary->pages_on_disk) += below_keys.size();
+      spill_->AdoptBelow(*seq, on_host, std::move(below_keys));
     }
     table_->Touch(seq.get());
     for (const LayerState& layer : seq->layers) {
       table_->CountTokens(static_cast<int64_t>(layer.pages.size()) * p,
                           static_cast<int64_t>(layer.window_keys.size() / n));
     }
-    summary->pages += reserved.size();
+    summary->pages += static_cast<uint64_t>(held);
     ++summary->sequences;
     seq->usage->CountRestore();
     metrics_->snapshot_restored_sequences->Increment();
   }
   if (framing.ok()) framing = LoadIndexAndPins(reader->get(), &restored, summary);
+  // Records no restored sequence names: those of sequences dropped above,
+  // and erases the last process left queued.
+  if (spill_ != nullptr) summary->disk_records_erased = spill_->EraseUnclaimed();
   // Pages restored for sequences that were then dropped, and repeated by
   // none kept (nor by the index or a pin), go back to the pool.
   restored.Release();

@@ -155,6 +155,13 @@ int main(int argc, char** argv) {
     std::printf("driftkv-server: snapshot of %llu sequences (%llu pages) written to %s; %llu sequences left out\n",
                 static_cast<unsigned long long>(written.sequences), static_cast<unsigned long long>(written.pages),
                 written.path.c_str(), static_cast<unsigned long long>(written.dropped_sequences));
+    if (written.pages_on_host + written.pages_on_disk > 0) {
+      std::printf(
+          "driftkv-server: of those pages %llu were on the host level (in the file), %llu stay in the disk "
+          "level's records\n",
+          static_cast<unsigned long long>(written.pages_on_host),
+          static_cast<unsigned long long>(written.pages_on_disk));
+    }
   }
   std::printf("driftkv-server: drained\n");
   std::fflush(stdout);

@@ -300,6 +300,7 @@ absl::Status SequenceTable::Adopt(const SequencePtr& seq, int64_t pages) {
   bytes->Keep();
   table_.emplace(seq->id, seq);
   ++device_sequences_[seq->device];
+  if (spill_.entered) spill_.entered(seq);
   return absl::OkStatus();
 }
 

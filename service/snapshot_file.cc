@@ -181,6 +181,31 @@ absl::Status SnapshotWriter::SharedPage(uint64_t ordinal) {
   return WriteWithCrc(rec);
 }
 
+absl::Status SnapshotWriter::HostPage(const uint8_t* bytes, PageChecksum checksum) {
+  if (version_ < kSnapshotFirstLevelVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot version ", version_, " has no host-level page entries (version 5 has)"));
+  }
+  ++pages_;
+  absl::Status st = Write(&kSnapshotHostPageTag, 4);
+  if (st.ok()) st = Write(&checksum, 4);
+  if (st.ok()) st = Write(bytes, page_bytes_);
+  return st;
+}
+
+absl::Status SnapshotWriter::DiskPage(uint64_t key, PageChecksum checksum) {
+  if (version_ < kSnapshotFirstLevelVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("snapshot version ", version_, " has no disk-level page entries (version 5 has)"));
+  }
+  ++pages_;
+  std::string rec;
+  PutU32(&rec, kSnapshotDiskPageTag);
+  PutU64(&rec, key);
+  PutU32(&rec, checksum);
+  return WriteWithCrc(rec);
+}
+
 absl::Status SnapshotWriter::BeginIndex(uint64_t entries) {
   if (version_ < kSnapshotFirstSharedVersion) {
     return absl::FailedPreconditionError(absl::StrCat("snapshot version ", version_, " has no index block"));
@@ -514,13 +539,39 @@ absl::Status SnapshotReader::NextLayer(size_t n, uint32_t max_window_tokens, Lay
 absl::Status SnapshotReader::NextPageKind(bool* shared, uint64_t* ordinal) {
   *shared = false;
   *ordinal = 0;
+  PageEntry entry;
+  if (absl::Status st = NextPageEntry(&entry); !st.ok()) return st;
+  if (entry.kind == PageEntry::kHost || entry.kind == PageEntry::kDisk) {
+    return absl::DataLossError(absl::StrCat(path_, ": a page entry of a level below the pool at byte ",
+                                            std::ftell(file_), ", where only pool pages belong"));
+  }
+  *shared = entry.kind == PageEntry::kShared;
+  *ordinal = entry.ordinal;
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotReader::NextPageEntry(PageEntry* entry) {
+  *entry = PageEntry();
   if (version_ < kSnapshotFirstSharedVersion) return absl::OkStatus();
-  if (full_page_next_) return absl::FailedPreconditionError("NextPageKind twice: read the full page first");
-  uint8_t rec[16];
+  if (next_ != Next::kTag) return absl::FailedPreconditionError("a page entry twice: read the page first");
+  uint8_t rec[20];
   if (absl::Status st = Read(rec, 4, "page tag"); !st.ok()) return st;
   const uint32_t tag = GetU32(rec);
-  if (tag == kSnapshotPageTag) {
-    full_page_next_ = true;
+  const bool levels = version_ >= kSnapshotFirstLevelVersion;
+  if (tag == kSnapshotPageTag || (levels && tag == kSnapshotHostPageTag)) {
+    entry->kind = tag == kSnapshotPageTag ? PageEntry::kFull : PageEntry::kHost;
+    next_ = tag == kSnapshotPageTag ? Next::kFullPage : Next::kHostPage;
+    return absl::OkStatus();
+  }
+  if (levels && tag == kSnapshotDiskPageTag) {
+    if (absl::Status st = Read(rec + 4, 16, "disk page entry"); !st.ok()) return st;
+    if (CrcOf(rec, 16) != GetU32(rec + 16)) {
+      return absl::DataLossError(absl::StrCat(path_, ": disk page entry checksum mismatch in sequence ", sequences_));
+    }
+    ++pages_;
+    entry->kind = PageEntry::kDisk;
+    entry->disk_key = GetU64(rec + 4);
+    entry->checksum = GetU32(rec + 12);
     return absl::OkStatus();
   }
   if (tag != kSnapshotSharedPageTag) {
@@ -536,21 +587,23 @@ absl::Status SnapshotReader::NextPageKind(bool* shared, uint64_t* ordinal) {
                                             " full pages read (corrupt record)"));
   }
   ++pages_;
-  *shared = true;
-  *ordinal = ord;
+  entry->kind = PageEntry::kShared;
+  entry->ordinal = ord;
   return absl::OkStatus();
 }
 
 absl::Status SnapshotReader::Page(size_t page_bytes, uint8_t* out, PageChecksum* stored, bool* intact) {
+  bool full = true;
   if (version_ >= kSnapshotFirstSharedVersion) {
-    if (!full_page_next_) return absl::FailedPreconditionError("Page before NextPageKind said a full page");
-    full_page_next_ = false;
+    if (next_ == Next::kTag) return absl::FailedPreconditionError("Page before a page entry said a page follows");
+    full = next_ == Next::kFullPage;
+    next_ = Next::kTag;
   }
   absl::Status st = Read(stored, 4, "page checksum");
   if (st.ok()) st = Read(out, page_bytes, "page");
   if (!st.ok()) return st;
   ++pages_;
-  ++full_pages_;
+  if (full) ++full_pages_;
   *intact = Crc32c(out, page_bytes) == *stored;
   return absl::OkStatus();
 }

@@ -36,6 +36,12 @@
 //             pin_id | u64 nanoseconds left | u32 pages | u32 CRC-32C of
 //             the record | page entries x pages
 //   trailer   u32 'END1' | u64 sequences | u64 pages | u32 CRC-32C of those 20 bytes
+//   level page entries (version 5, in a sequence's layers only): u32
+//             'PHL1' | u32 page checksum | page bytes: a page that was on
+//             the host level (restored to it, never repeated, not counted
+//             among the full pages); or u32 'PDK1' | u64 key | u32 page
+//             checksum | u32 CRC-32C of those 16 bytes: a page left in the
+//             disk level's store under `key` (docs/tiers.md, "Restart")
 //
 // Framing fields (ids, counts, lengths) are checked by their own CRCs before
 // they are believed, so a flipped bit in a page or a window loses that
@@ -44,7 +50,9 @@
 // unknown: the loader keeps only keys without NUL or control bytes); 2 adds
 // it; 3 adds the tombstones and each layer's token digests; 4 tags each
 // page entry (a full page or a repeat). Readers take all four (no
-// tombstones or digests before 3, every page whole before 4). A tombstone
+// tombstones or digests before 3, every page whole before 4); 5 adds the
+// level page entries, and is written only by a server with a level below
+// the pool (so that a server without one stays readable by version 4's). A tombstone
 // block or a digest array failing its CRC is lost alone (reported by its
 // `intact`). The writer writes `snapshot.dkvs.tmp`, fsyncs it and renames
 // it over `snapshot.dkvs` (then fsyncs the folder): a crash while writing
@@ -67,12 +75,15 @@
 namespace driftkv {
 
 constexpr char kSnapshotMagic[8] = {'D', 'K', 'V', 'S', 'N', 'A', 'P', '\0'};
-constexpr uint32_t kSnapshotVersion = 4;
+constexpr uint32_t kSnapshotVersion = 5;
 constexpr uint32_t kSnapshotFirstTenancyVersion = 2;     // identity has "tenancy="
 constexpr uint32_t kSnapshotFirstDigestVersion = 3;      // tombstones and digests
 constexpr uint32_t kSnapshotFirstSharedVersion = 4;      // tagged page entries
 constexpr uint32_t kSnapshotPageTag = 0x31454750;        // "PGE1"
 constexpr uint32_t kSnapshotSharedPageTag = 0x31465250;  // "PRF1"
+constexpr uint32_t kSnapshotFirstLevelVersion = 5;       // host and disk page entries
+constexpr uint32_t kSnapshotHostPageTag = 0x314C4850;    // "PHL1"
+constexpr uint32_t kSnapshotDiskPageTag = 0x314B4450;    // "PDK1"
 constexpr uint32_t kSnapshotIndexTag = 0x31584449;       // "IDX1"
 constexpr uint32_t kSnapshotPinsTag = 0x314E4950;        // "PIN1"
 constexpr uint32_t kSnapshotMaxPinPages = 1u << 24;
@@ -114,6 +125,10 @@ class SnapshotWriter {
   absl::Status Page(const uint8_t* bytes, PageChecksum checksum);
   // Version 4: a page entry repeating full page `ordinal` (< full_pages()).
   absl::Status SharedPage(uint64_t ordinal);
+  // Version 5, in a layer: a page that is on the host level (its bytes),
+  // or one that stays in the disk level's store under `key`.
+  absl::Status HostPage(const uint8_t* bytes, PageChecksum checksum);
+  absl::Status DiskPage(uint64_t key, PageChecksum checksum);
   uint64_t full_pages() const { return full_pages_; }
   // Version 3: after a layer's pages, its token digests (pages x P).
   absl::Status Digests(absl::Span<const uint64_t> digests);
@@ -197,6 +212,19 @@ class SnapshotReader {
   // pages read so far, or DataLoss). Before version 4 every entry is a
   // full page and nothing is read.
   absl::Status NextPageKind(bool* shared, uint64_t* ordinal);
+  // A layer's page entry, which from version 5 may also be on a level
+  // below: kHost (then read its bytes with Page; not a full page, never
+  // repeated) or kDisk (a key and the page's checksum, nothing more to
+  // read). NextPageKind takes only the first two kinds (DataLoss for a
+  // level entry: the index and the pins hold pool pages only).
+  struct PageEntry {
+    enum Kind { kFull, kShared, kHost, kDisk };
+    Kind kind = kFull;
+    uint64_t ordinal = 0;       // kShared
+    uint64_t disk_key = 0;      // kDisk
+    PageChecksum checksum = 0;  // kDisk
+  };
+  absl::Status NextPageEntry(PageEntry* entry);
   // Reads one full page of `page_bytes` into `out`; *intact: its CRC-32C
   // matches the stored checksum (*stored). From version 4 only after
   // NextPageKind said a full page.
@@ -218,7 +246,9 @@ class SnapshotReader {
   std::vector<std::pair<std::string, uint64_t>> tombstones_;
   bool tombstones_intact_ = true;
   uint64_t sequences_ = 0, pages_ = 0, full_pages_ = 0;
-  bool full_page_next_ = false;  // version 4: NextPageKind said a full page
+  // From version 4: what the last page entry's tag said comes next.
+  enum class Next { kTag, kFullPage, kHostPage };
+  Next next_ = Next::kTag;
   uint64_t index_entries_ = 0;
   absl::Status ReadTrailer(const uint8_t tag[4]);
 };

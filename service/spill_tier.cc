@@ -12,7 +12,8 @@
 namespace driftkv {
 
 absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const HostLevelOptions& host, const DiskLevelOptions& disk,
-                                                             PagePool& pool, Metrics* metrics, Backend* backend) {
+                                                             PagePool& pool, Metrics* metrics, Backend* backend,
+                                                             bool keep_disk) {
   std::unique_ptr<SpillTier> t(new SpillTier(pool, metrics, backend));
   if (host.on()) {
     absl::StatusOr<std::unique_ptr<tiers::HostPageStore>> store =
@@ -35,7 +36,9 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const HostLevelOpti
     o.budget_bytes = disk.budget_bytes;
     o.segment_bytes = disk.segment_bytes;
     o.durability = disk.power_loss ? tiers::Durability::kPowerLoss : tiers::Durability::kProcess;
-    o.wipe_at_open = true;  // the pages of a previous process's sequences: no sequence names them
+    // Without a snapshot that names them, no sequence names the records of
+    // a previous process.
+    o.wipe_at_open = !keep_disk;
     o.io = disk.io;
     absl::StatusOr<std::unique_ptr<tiers::DiskPageStore>> store = tiers::DiskPageStore::Open(o);
     if (!store.ok()) {
@@ -44,6 +47,13 @@ absl::StatusOr<std::unique_ptr<SpillTier>> SpillTier::Create(const HostLevelOpti
                           absl::StrCat("disk_level.dir \"", disk.dir, "\": ", store.status().message()));
     }
     t->store_ = *std::move(store);
+    uint64_t last = 0;
+    absl::MutexLock lock(&t->mu_);
+    for (uint64_t key : t->store_->Keys()) {
+      t->unclaimed_.insert(key);
+      last = std::max(last, key);
+    }
+    t->next_key_.store(last + 1);  // keys of this process are new to the store
     t->metrics_[kDisk].capacity_bytes->Set(static_cast<double>(disk.budget_bytes));
   }
   t->eraser_ = std::thread([self = t.get()] { self->EraseLoop(); });
@@ -101,9 +111,27 @@ SpillTier::Pages SpillTier::PagesOf(Sequence* seq) {
   return where;
 }
 
+namespace {
+// Set while a Restore reserves its pool pages: the moves down that its
+// Reserve causes may use the levels' swap room (SWAPS in the header).
+thread_local bool t_restoring = false;
+}  // namespace
+
+int64_t SpillTier::SwapRoom(int64_t capacity) const {
+  return t_restoring ? 0 : std::min(largest_.load(), capacity / 4);
+}
+
 bool SpillTier::DiskHasRoom(size_t pages) const {
+  if (store_ == nullptr) return false;
   const uint64_t record = tiers::RecordBytes(pool_.page_stride()) + tiers::kFooterEntryBytes;
-  return store_ != nullptr && store_->bytes_used() + pages * record <= store_->budget_bytes();
+  const int64_t records = static_cast<int64_t>(store_->budget_bytes() / record);
+  return store_->bytes_used() + (pages + static_cast<uint64_t>(SwapRoom(records))) * record <= store_->budget_bytes();
+}
+
+void SpillTier::NoteSize(size_t pages) {
+  int64_t seen = largest_.load();
+  while (static_cast<int64_t>(pages) > seen && !largest_.compare_exchange_weak(seen, static_cast<int64_t>(pages))) {
+  }
 }
 
 int64_t SpillTier::MoveDownLocked(Sequence* seq) {
@@ -125,12 +153,12 @@ int64_t SpillTier::MoveDownLocked(Sequence* seq) {
     return 0;
   }
   const int64_t before = pool_.pages_in_use(seq->device);
+  NoteSize(where.size());
   bool moved = false;
   if (host_ != nullptr && static_cast<size_t>(host_->capacity()) >= where.size()) {
-    if (host_->free_slots() < static_cast<int64_t>(where.size()) && store_ != nullptr) {
-      MakeHostRoom(static_cast<int64_t>(where.size()), seq);
-    }
-    moved = PoolToHostLocked(seq, where);
+    const int64_t wanted = static_cast<int64_t>(where.size()) + SwapRoom(host_->capacity());
+    if (host_->free_slots() < wanted && store_ != nullptr) MakeHostRoom(wanted, seq);
+    if (host_->free_slots() >= wanted) moved = PoolToHostLocked(seq, where);
   }
   if (!moved && DiskHasRoom(where.size())) moved = PoolToDiskLocked(seq, where);
   if (!moved) {
@@ -309,9 +337,12 @@ absl::Status SpillTier::Restore(Sequence* seq, absl::string_view id, int64_t* re
   absl::MutexLock lock(&seq->mu);
   if (seq->released || !seq->below) return absl::OkStatus();
   const Pages where = PagesOf(seq);
-  // May move other sequences down (this one is pinned and locked).
+  // May move other sequences down (this one is pinned and locked), into
+  // the levels' swap room if need be.
+  t_restoring = true;
   absl::StatusOr<std::vector<PageId>> reserved = pool_.Reserve(static_cast<int64_t>(where.size()), seq->device);
   const Where level = seq->below_on_host ? kHost : kDisk;
+  t_restoring = false;
   if (!reserved.ok()) {
     metrics_[level].move_failures[kMoveUp]->Increment();
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -399,8 +430,8 @@ void SpillTier::EraseLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](SpillTier* t) { return t->stop_ || !t->to_erase_.empty(); }, this));
-      // Stopping: what is left stays on disk, wiped at the next start.
+          +[](SpillTier* t) { return t->stop_ || (!t->frozen_ && !t->to_erase_.empty()); }, this));
+      // Stopping: what is left stays on disk, for the next start.
       if (stop_) return;
       keys.assign(to_erase_.begin(), to_erase_.end());
       to_erase_.clear();
@@ -420,7 +451,45 @@ void SpillTier::EraseLoop() {
 void SpillTier::DrainErases() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](SpillTier* t) { return t->to_erase_.empty() && t->erasing_ == 0; }, this));
+      +[](SpillTier* t) { return (t->frozen_ || t->to_erase_.empty()) && t->erasing_ == 0; }, this));
+}
+
+void SpillTier::Freeze() {
+  absl::MutexLock lock(&mu_);
+  frozen_ = true;
+  // An erase already taken by the eraser is of a record no sequence names
+  // any more; it finishes, nothing after it starts.
+  mu_.Await(absl::Condition(
+      +[](SpillTier* t) { return t->erasing_ == 0; }, this));
+}
+
+absl::StatusOr<uint64_t> SpillTier::TakeHostSlot() {
+  if (host_ == nullptr) return absl::FailedPreconditionError("this server has no host level");
+  absl::StatusOr<std::vector<uint64_t>> one = host_->Take(1);
+  if (!one.ok()) return one.status();
+  return (*one)[0];
+}
+
+void SpillTier::AdoptBelow(Sequence& seq, bool on_host, std::vector<uint64_t> keys) {
+  if (!on_host) {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t key : keys) unclaimed_.erase(key);
+  }
+  seq.below_keys = std::move(keys);
+  seq.below_on_host = on_host;
+  seq.below = true;
+  NoteSize(seq.below_keys.size());
+  seq.below_hint.store(true);
+  (on_host ? on_host_ : on_disk_).fetch_add(1);
+  Publish();
+}
+
+int64_t SpillTier::EraseUnclaimed() {
+  absl::MutexLock lock(&mu_);
+  const int64_t n = static_cast<int64_t>(unclaimed_.size());
+  to_erase_.insert(to_erase_.end(), unclaimed_.begin(), unclaimed_.end());
+  unclaimed_.clear();
+  return n;
 }
 
 }  // namespace driftkv

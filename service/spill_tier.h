@@ -38,6 +38,16 @@
 // (and restores under the writer lock when it is set). One of the two sees
 // the other.
 //
+// SWAPS. A sequence below comes back into a full pool only when another
+// moves down to make room, so each level keeps room for one sequence (the
+// largest that has gone below, at most a quarter of the level) that only
+// the moves down a Restore causes may use: with every level otherwise
+// full, Append is refused (RESOURCE_EXHAUSTED) while sequences below still
+// come back, each swapping places with the least recently used. The room
+// is back once the restored sequence's slots are free (host) or its
+// records' segment is deleted (disk: space of erased records is kept
+// until then).
+//
 // INTEGRITY. A page goes down with the CRC-32C the layer keeps for it
 // (page_sums): the disk store refuses bytes that do not match it and checks
 // it again when the page is read back; from either level, Restore checks
@@ -63,6 +73,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -105,10 +116,16 @@ class SpillTier {
   // it: docs/tiers.md), for pages of `pool`'s page size. `pool`, `metrics`
   // and `backend` must outlive the tier; the backend makes every move
   // (PagesToHost, PagesFromHost, UploadPages after a disk read).
+  // `keep_disk`: the disk store is opened as it is (its index from the
+  // segments' footers) instead of wiped, for a snapshot that names its
+  // records (RESTART below); every record no AdoptBelow claims is erased
+  // by EraseUnclaimed.
   static absl::StatusOr<std::unique_ptr<SpillTier>> Create(const HostLevelOptions& host, const DiskLevelOptions& disk,
-                                                           PagePool& pool, Metrics* metrics, Backend* backend);
+                                                           PagePool& pool, Metrics* metrics, Backend* backend,
+                                                           bool keep_disk = false);
   // Stops the eraser (records still queued for erasing stay on disk until
-  // the wipe of the next start), then closes the stores.
+  // the next start wipes them or finds them unclaimed), then closes the
+  // stores.
   ~SpillTier();
 
   // A sequence entered the table: a candidate from now on (held weakly).
@@ -134,8 +151,37 @@ class SpillTier {
   // a writer; seq->below.
   void Forget(Sequence& seq);
 
-  // Waits until every queued erase has run (tests, benchmarks).
+  // Waits until every queued erase has run, or erasing is frozen (tests,
+  // benchmarks).
   void DrainErases() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // RESTART. A drain's snapshot names the disk records of the sequences on
+  // disk by key, and carries the bytes of those on the host level (memory,
+  // gone with the process). Freeze, before it is written, stops erasing
+  // for the rest of the process, so that every record it names is still
+  // there at the next start (erases queued meanwhile are left to that
+  // start). At that start the store is kept (Create's keep_disk), the
+  // load adopts each sequence below where it was: slots taken and filled
+  // for the host level's, disk keys checked with HasDiskPage and claimed by
+  // AdoptBelow; then EraseUnclaimed queues every other record for erasing
+  // (those of sequences the load dropped, erases that a process did not
+  // finish). Without a snapshot the store is wiped.
+  void Freeze() ABSL_LOCKS_EXCLUDED(mu_);
+  bool HasDiskPage(uint64_t key) const { return store_ != nullptr && store_->Contains(key); }
+  // A free host slot to fill, or RESOURCE_EXHAUSTED (FAILED_PRECONDITION
+  // without a host level); GiveHostSlots hands back those of a sequence
+  // that is not adopted after all.
+  absl::StatusOr<uint64_t> TakeHostSlot();
+  uint8_t* HostSlot(uint64_t slot) const { return host_->slot(slot); }
+  void GiveHostSlots(const std::vector<uint64_t>& slots) { host_->Give(slots); }
+  // `seq`'s pages (every entry of its layers kPageBelow, their checksums in
+  // page_sums) are in host slots or disk records `keys`, layer-major.
+  // REQUIRES: seq.mu held as a writer; seq entered into the table (so
+  // tracked).
+  void AdoptBelow(Sequence& seq, bool on_host, std::vector<uint64_t> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues every record of the store that no AdoptBelow claimed for
+  // erasing; the number queued.
+  int64_t EraseUnclaimed() ABSL_LOCKS_EXCLUDED(mu_);
   // The levels; null when off.
   const tiers::HostPageStore* host_store() const { return host_.get(); }
   const tiers::DiskPageStore* disk_store() const { return store_.get(); }
@@ -176,8 +222,13 @@ class SpillTier {
   bool MakeHostRoom(int64_t slots, const Sequence* mover) ABSL_LOCKS_EXCLUDED(mu_);
   // Every page of `seq`, layer-major. REQUIRES: seq->mu held.
   static Pages PagesOf(Sequence* seq);
-  // Whether the disk level can take `pages` more pages.
+  // Whether the disk level can take `pages` more pages, past its swap room.
   bool DiskHasRoom(size_t pages) const;
+  // The swap room of a level of `capacity` pages (SWAPS): 0 for the moves
+  // down of a Restore.
+  int64_t SwapRoom(int64_t capacity) const;
+  // A sequence of `pages` went below: the swap room follows the largest.
+  void NoteSize(size_t pages);
   // Reads `seq`'s pages back into `fresh` from its level.
   absl::Status ReadBack(Sequence* seq, const Pages& where, const std::vector<PageId>& fresh, absl::string_view id);
   // Runs `jobs` Put or Get calls on the disk store and waits for all of
@@ -196,12 +247,16 @@ class SpillTier {
   std::atomic<uint64_t> next_key_{1};  // disk keys are never reused in a process
   std::atomic<int64_t> on_host_{0};
   std::atomic<int64_t> on_disk_{0};
+  std::atomic<int64_t> largest_{0};  // pages of the largest sequence that went below
 
   absl::Mutex mu_;
   std::vector<std::weak_ptr<Sequence>> candidates_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> to_erase_ ABSL_GUARDED_BY(mu_);
   int erasing_ ABSL_GUARDED_BY(mu_) = 0;  // taken from to_erase_, not yet erased
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool frozen_ ABSL_GUARDED_BY(mu_) = false;
+  // Records found at a kept start, not yet claimed by AdoptBelow.
+  absl::flat_hash_set<uint64_t> unclaimed_ ABSL_GUARDED_BY(mu_);
   std::thread eraser_;
 };
 

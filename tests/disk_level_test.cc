@@ -511,14 +511,17 @@ TEST(DiskLevelTest, ConfigNamesTheFieldAndTheValue) {
   EXPECT_TRUE(Resolve("disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"wipe\" durability: "
                       "\"power_loss\" }")
                   .ok());
+  EXPECT_TRUE(Resolve("disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"snapshot\" } "
+                      "snapshot_dir: \"/tmp/s\"")
+                  .ok());
   for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
            {"disk_level { budget_bytes: 1048576 }", "disk_level.dir \"\""},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 4096 }", "disk_level.budget_bytes 4096 must be >= 1048576"},
-           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"keep\" }", "disk_level.at_start \"keep\""},
+           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 at_start: \"keep\" }",
+            "disk_level.at_start \"keep\" unknown; use snapshot or wipe"},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 durability: \"fast\" }",
             "disk_level.durability \"fast\""},
            {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 segment_bytes: 100 }", "disk_level.segment_bytes 100"},
-           {"disk_level { dir: \"/tmp/x\" budget_bytes: 1048576 } snapshot_dir: \"/tmp/s\"", "snapshot_dir"},
        }) {
     absl::Status st = Resolve(text);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;

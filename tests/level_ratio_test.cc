@@ -78,12 +78,13 @@ TEST(LevelRatioTest, PoolHostAndDiskAtOneToEightToThirtyTwo) {
       static_cast<long long>(levels.h->spill_tier()->sequences_on_host()),
       static_cast<long long>(levels.h->spill_tier()->sequences_below() - levels.h->spill_tier()->sequences_on_host()));
   EXPECT_GE(ratio, 39.0);
-  // Each sequence read back, oldest first, then released: a read needs
-  // room in the pool, and with the disk full no sequence can move down to
-  // make it (docs/tiers.md, "Not built yet": swaps when every level is
-  // full, and space of erased records kept until their segment empties).
-  // The newest five go first; each read then restores into the room the
-  // previous release left.
+  // Each sequence read back, oldest first, then released. A read swaps
+  // its sequence with one in the pool, which takes the host level's swap
+  // room, whose sequence moves on to disk; the disk's swap room is used
+  // once and not given back, because the space of erased records is kept
+  // until their segment empties (one segment here; docs/tiers.md, "Not
+  // built yet": compaction). The newest five go first; each read then
+  // restores into the room the previous release left.
   auto release = [&](int i) {
     v1::ReleaseRequest r;
     r.set_sequence_id(LevelId(i));

@@ -12,13 +12,16 @@
 //   DRIFTKV_DRAIN_BACKEND=cuda service_drain_test driftkv-server-cuda   (GPU machine)
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -40,11 +43,11 @@ using testing::Slurp;
 
 constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 64, kN = kKvHeads * kHeadDim, kPage = 128, kWindow = 32;
 
-std::string WriteConfig(const std::string& dir, const std::string& extra) {
+std::string WriteConfig(const std::string& dir, const std::string& extra, uint64_t pool_bytes = 8388608) {
   const std::string path = dir + "/server.textproto";
   std::ofstream(path) << "model { layers: " << kLayers << " kv_heads: " << kKvHeads << " head_dim: " << kHeadDim
                       << " }\ncodec { name: \"dquant\" page_tokens: " << kPage << " }\nwindow_tokens: " << kWindow
-                      << "\npool_bytes: 8388608\nhot_tier_fraction: 0.25\nhot_idle_seconds: 0\n"
+                      << "\npool_bytes: " << pool_bytes << "\nhot_tier_fraction: 0.25\nhot_idle_seconds: 0\n"
                       << "snapshot_dir: \"" << dir << "/snap\"\ndrain_timeout_seconds: 10\n"
                       << extra;
   // On a GPU machine: DRIFTKV_DRAIN_BACKEND=cuda with driftkv-server-cuda
@@ -274,6 +277,111 @@ TEST_F(DrainTest, SnapshotOfAnotherCodecIsRefused) {
   const std::string log = Slurp(b.log);
   EXPECT_TRUE(absl::StrContains(log, "key_levels: snapshot 8, this server 6")) << log;
   EXPECT_TRUE(std::ifstream(dir_ + "/snap/snapshot.dkvs").good()) << "a refused snapshot stays where it was";
+}
+
+// A server with both levels below a pool of a few sequences: `count`
+// sequences of 700 tokens (5 pages and 60 window tokens a layer) pushed,
+// most of them moved down.
+constexpr uint64_t kLevelPoolBytes = 1u << 20;
+std::string LevelConfig(const std::string& dir) {
+  mkdir((dir + "/disk").c_str(), 0755);
+  return WriteConfig(
+      dir,
+      absl::StrCat("drain_notice_seconds: 0\nmax_sequences: 4096\n", "host_level { budget_bytes: 1048576 }\n",
+                   "disk_level { dir: \"", dir, "/disk\" budget_bytes: 67108864 segment_bytes: 1048576 }\n"),
+      kLevelPoolBytes);
+}
+
+absl::Status PushLevelSequence(Client& client, const std::string& id, uint32_t seed) {
+  std::vector<v1::AppendChunk> chunks;
+  for (int l = 0; l < kLayers; ++l) chunks.push_back(Chunk(id, l, 0, 700, seed + l));
+  return client.Append(chunks).status();
+}
+
+int SegmentFiles(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += absl::EndsWith(e.path().string(), ".dks");
+  return n;
+}
+
+// Drain, restart, answers bit-identical; the disk level's records are named
+// by the snapshot and reopened from their footers. Then a kill -9 while
+// sequences move down: the next start has no snapshot (the last was
+// loaded), reports nothing stored, wipes the disk level and serves.
+TEST_F(DrainTest, LevelsSurviveADrainAndAKillLosesNothingReported) {
+  const std::string config = LevelConfig(dir_);
+  constexpr int kCount = 40;
+  std::map<std::string, std::vector<std::string>> before;
+  {
+    ServerProcess a;
+    ASSERT_TRUE(a.Start(g_server, config, dir_ + "/a.log")) << Slurp(dir_ + "/a.log");
+    Client client(Options(a.port));
+    for (int i = 0; i < kCount; ++i) ASSERT_TRUE(PushLevelSequence(client, absl::StrCat("L", i), 31 * i).ok()) << i;
+    for (int i = 0; i < kCount; ++i) {
+      absl::Status st;
+      before[absl::StrCat("L", i)] = Observe(client, absl::StrCat("L", i), &st);
+      ASSERT_TRUE(st.ok()) << i << ": " << st;
+    }
+    ASSERT_EQ(kill(a.pid, SIGTERM), 0);
+    ASSERT_EQ(a.Wait(), 0) << Slurp(a.log);
+    const std::string log = Slurp(a.log);
+    EXPECT_TRUE(absl::StrContains(log, absl::StrCat("snapshot of ", kCount, " sequences"))) << log;
+    EXPECT_TRUE(absl::StrContains(log, "stay in the disk level's records")) << log;
+  }
+  const uint64_t disk_bytes = [&] {
+    uint64_t b = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/disk")) b += e.file_size();
+    return b;
+  }();
+  ASSERT_GT(disk_bytes, 0u);
+  // The snapshot names what is on disk instead of holding it.
+  EXPECT_LT(std::filesystem::file_size(dir_ + "/snap/snapshot.dkvs"), disk_bytes);
+
+  ServerProcess b;
+  ASSERT_TRUE(b.Start(g_server, config, dir_ + "/b.log")) << Slurp(dir_ + "/b.log");
+  {
+    const std::string log = Slurp(b.log);
+    EXPECT_TRUE(absl::StrContains(log, absl::StrCat("restored ", kCount, " sequences"))) << log;
+    EXPECT_TRUE(absl::StrContains(log, "left in the disk level's records")) << log;
+    EXPECT_TRUE(absl::StrContains(log, "(0 segments scanned)")) << log;
+  }
+  Client again(Options(b.port));
+  for (int i = kCount - 1; i >= 0; --i) {
+    absl::Status st;
+    EXPECT_EQ(Observe(again, absl::StrCat("L", i), &st), before[absl::StrCat("L", i)]) << i;
+    EXPECT_TRUE(st.ok()) << i << ": " << st;
+  }
+  // Sequences move down while a kill -9 lands.
+  std::atomic<int> acknowledged{0};
+  std::thread pusher([&] {
+    for (int i = 0; i < 200; ++i) {
+      if (!PushLevelSequence(again, absl::StrCat("K", i), 7000 + 13 * i).ok()) return;
+      acknowledged.fetch_add(1);
+    }
+  });
+  while (acknowledged.load() < 20) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(kill(b.pid, SIGKILL), 0);
+  pusher.join();
+  EXPECT_EQ(b.Wait(), -1);
+  EXPECT_GT(SegmentFiles(dir_ + "/disk"), 0);
+
+  ServerProcess c;
+  ASSERT_TRUE(c.Start(g_server, config, dir_ + "/c.log")) << Slurp(dir_ + "/c.log");
+  EXPECT_TRUE(absl::StrContains(Slurp(c.log), "no snapshot in")) << Slurp(c.log);
+  Client third(Options(c.port));
+  absl::StatusOr<v1::StatsResponse> stats = third.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->sequences(), 0u) << "after a crash nothing is reported stored";
+  EXPECT_EQ(SegmentFiles(dir_ + "/disk"), 0) << "a start without a snapshot wipes the disk level";
+  // And it serves, moving sequences down and back as before.
+  for (int i = 0; i < kCount; ++i) ASSERT_TRUE(PushLevelSequence(third, absl::StrCat("L", i), 31 * i).ok()) << i;
+  for (int i = 0; i < kCount; ++i) {
+    absl::Status st;
+    EXPECT_EQ(Observe(third, absl::StrCat("L", i), &st), before[absl::StrCat("L", i)]) << i;
+    EXPECT_TRUE(st.ok()) << i << ": " << st;
+  }
+  kill(c.pid, SIGTERM);
+  EXPECT_EQ(c.Wait(), 0) << Slurp(c.log);
 }
 
 }  // namespace

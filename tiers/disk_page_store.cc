@@ -788,6 +788,14 @@ bool DiskPageStore::Contains(uint64_t key) const {
   return index_.contains(key);
 }
 
+std::vector<uint64_t> DiskPageStore::Keys() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> keys;
+  keys.reserve(index_.size());
+  for (const auto& [key, where] : index_) keys.push_back(key);
+  return keys;
+}
+
 void DiskPageStore::Flush() {
   {
     absl::MutexLock lock(&mu_);

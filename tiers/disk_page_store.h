@@ -163,6 +163,9 @@ class DiskPageStore {
   // it may come back after a restart.
   absl::Status Erase(uint64_t key);
   bool Contains(uint64_t key) const;
+  // Every key stored now, in no particular order (what a restart found,
+  // for a caller that decides which of them it still names).
+  std::vector<uint64_t> Keys() const;
   // Waits until every job queued so far has finished.
   void Flush();
   // Looks for segment files removed under the store (the directory deleted
