@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bench/bf16_pattern.h"
 #include "bench/check.h"
 #include "bench/flags.h"
+#include "bench/level_bench_util.h"
 #include "service/handler.h"
 
 namespace driftkv {
@@ -37,72 +37,10 @@ namespace {
 using bench::Flag;
 using bench::IntFlag;
 
-constexpr int kKvHeads = 8, kD = 128, kN = kKvHeads * kD, kQHeads = 32, kPageTokens = 128;
-
-// Sequence `seed`'s layer l is pattern (l + seed) mod layers: distinct
-// sequences without generating 0.5 G values for each.
-absl::Status Add(Handler& h, const std::string& id, int layers, int tokens, uint32_t seed) {
-  static std::vector<std::string> keys, values;
-  if (keys.empty()) {
-    for (int l = 0; l < layers; ++l) {
-      keys.push_back(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, 2 * l * 7919));
-      values.push_back(bench::Bf16Pattern(static_cast<size_t>(tokens) * kN, 2 * l * 7919 + 1));
-    }
-  }
-  v1::AppendResponse r;
-  for (int l = 0; l < layers; ++l) {
-    const int pattern = static_cast<int>((static_cast<uint32_t>(l) + seed) % static_cast<uint32_t>(layers));
-    v1::AppendChunk c;
-    c.set_sequence_id(id);
-    c.set_layer(l);
-    c.set_token_count(tokens);
-    c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(keys[pattern]);
-    c.set_values(values[pattern]);
-    if (absl::Status st = h.Append(c, &r); !st.ok()) return st;
-  }
-  return absl::OkStatus();
-}
-
-v1::AttendRequest AttendAll(const std::string& id, int layers) {
-  v1::AttendRequest req;
-  for (int l = 0; l < layers; ++l) {
-    v1::AttendItem* it = req.add_items();
-    it->set_sequence_id(id);
-    it->set_layer(l);
-    it->set_q_heads(kQHeads);
-    std::string q(static_cast<size_t>(kQHeads) * kD * 4, '\0');
-    uint32_t s = 977u * static_cast<uint32_t>(l) + 5;
-    for (size_t i = 0; i < q.size() / 4; ++i) {
-      s = s * 1664525u + 1013904223u;
-      const float f = static_cast<float>(static_cast<int32_t>(s >> 8) % 2000) / 1000.0f - 1.0f;
-      std::memcpy(&q[i * 4], &f, 4);
-    }
-    it->set_query(q);
-    it->set_dtype(v1::DTYPE_F32);
-  }
-  return req;
-}
-
-// Every layer attended, then layer 0 read: the answer's bytes.
-std::string Answers(Handler& h, const std::string& id, int layers) {
-  v1::AttendResponse resp;
-  CHECK_OK(h.Attend(AttendAll(id, layers), &resp));
-  std::string out;
-  for (const v1::AttendResult& r : resp.results()) {
-    out += r.output();
-    out.append(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * 4);
-  }
-  v1::ReadRequest q;
-  q.set_sequence_id(id);
-  q.set_dtype(v1::DTYPE_BF16);
-  CHECK_OK(h.Read(q, [&](const v1::ReadChunk& c) {
-    out += c.keys();
-    out += c.values();
-    return true;
-  }));
-  return out;
-}
+using bench::AttendAll;
+using bench::kPageTokens;
+using bench::LevelAdd;
+using bench::LevelAnswers;
 
 // driftkv_level_moved_pages_total{level, direction="up"}.
 double MovedUp(Metrics& m, const std::string& level) {
@@ -158,14 +96,7 @@ int Main(int argc, char** argv) {
   const int layers = IntFlag(argc, argv, "layers", 32), tokens = IntFlag(argc, argv, "tokens", 8320);
   const int pool_seqs = IntFlag(argc, argv, "pool_seqs", 12), sequences = IntFlag(argc, argv, "sequences", 60);
   const int room = IntFlag(argc, argv, "room", 8);
-  ServiceOptions o;
-  o.metrics_listen = "";
-  o.backend = Flag(argc, argv, "backend", "cuda");
-  o.layers = layers;
-  o.codec.kv_heads = kKvHeads;
-  o.codec.head_dim = kD;
-  o.codec.mean_window = kPageTokens;
-  o.window_tokens = kPageTokens;
+  ServiceOptions o = bench::LevelServiceOptions(Flag(argc, argv, "backend", "cuda"), layers);
   o.max_sequences = static_cast<uint64_t>(sequences) + 1;
   o.host_level.budget_bytes = static_cast<uint64_t>(IntFlag(argc, argv, "host_mib", 8192)) << 20;
   o.disk_level.dir = Flag(argc, argv, "disk_dir", "");
@@ -199,8 +130,8 @@ int Main(int argc, char** argv) {
   std::vector<std::string> before;
   const auto f0 = std::chrono::steady_clock::now();
   for (int i = 0; i < sequences; ++i) {
-    CHECK_OK(Add(h, absl::StrCat("s", i), layers, tokens, static_cast<uint32_t>(i)));
-    if (i < 4) before.push_back(Answers(h, absl::StrCat("s", i), layers));
+    CHECK_OK(LevelAdd(h, absl::StrCat("s", i), layers, tokens, static_cast<uint32_t>(i)));
+    if (i < 4) before.push_back(LevelAnswers(h, absl::StrCat("s", i), layers));
   }
   std::printf("stored %d sequences (%.1fx the pool) in %.1f s: %lld on the host level, %lld on disk\n", sequences,
               static_cast<double>(sequences) / pool_seqs, Ms(f0) / 1000.0,
@@ -256,7 +187,7 @@ int Main(int argc, char** argv) {
   }
   int same = 0;
   for (int i = 0; i < static_cast<int>(before.size()); ++i) {
-    if (Answers(h, absl::StrCat("s", i), layers) != before[i]) {
+    if (LevelAnswers(h, absl::StrCat("s", i), layers) != before[i]) {
       std::fprintf(stderr, "s%d: answers after the moves differ\n", i);
       return 1;
     }

@@ -42,11 +42,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   Check(index.ok());  // corrupt bytes are an index, never an error
   const std::vector<RecordInfo>& records = index->records;
-  Check(index->records_end <= RoundUpToBlock(size));
+  Check(index->records_end <= RoundUpToBlock(size, index->block == 0 ? kDiskAlign : index->block));
   for (size_t i = 0; i < records.size(); ++i) {
     const RecordInfo& r = records[i];
     Check(i == 0 || r.seq > records[i - 1].seq);
-    Check(r.offset % kDiskAlign == 0 && r.offset + RecordBytes(r.payload_bytes) <= index->records_end);
+    Check(r.block == index->block && r.offset % r.block == 0 &&
+          r.offset + RecordBytes(r.payload_bytes, r.block) <= index->records_end);
     Check(r.type == RecordType::kPage || r.payload_bytes == 0);
     if (!index->sealed) {
       RecordInfo h;
@@ -59,14 +60,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::sort(by_offset.begin(), by_offset.end(),
             [](const RecordInfo& a, const RecordInfo& b) { return a.offset < b.offset; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
-    Check(by_offset[i - 1].offset + RecordBytes(by_offset[i - 1].payload_bytes) <= by_offset[i].offset);
+    Check(by_offset[i - 1].offset + RecordBytes(by_offset[i - 1].payload_bytes, by_offset[i - 1].block) <=
+          by_offset[i].offset);
   }
   if (index->sealed) {
     // The entries as the store would write them again read back the same.
-    const std::vector<uint8_t> footer = EncodeFooter(records, index->records_end);
+    const std::vector<uint8_t> footer = EncodeFooter(records, index->records_end, index->block);
     std::vector<RecordInfo> back;
     const uint32_t crc = Crc32cExtend(0, footer.data(), records.size() * kFooterEntryBytes);
-    Check(ParseFooterEntries(footer.data(), records.size(), crc, index->records_end, &back).ok());
+    Check(ParseFooterEntries(footer.data(), records.size(), crc, index->records_end, index->block, &back).ok());
     Check(back.size() == records.size());
     for (size_t i = 0; i < back.size(); ++i) {
       Check(back[i].key == records[i].key && back[i].seq == records[i].seq && back[i].offset == records[i].offset);

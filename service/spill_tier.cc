@@ -123,7 +123,7 @@ int64_t SpillTier::SwapRoom(int64_t capacity) const {
 
 bool SpillTier::DiskHasRoom(size_t pages) const {
   if (store_ == nullptr) return false;
-  const uint64_t record = tiers::RecordBytes(pool_.page_stride()) + tiers::kFooterEntryBytes;
+  const uint64_t record = store_->record_bytes() + tiers::kFooterEntryBytes;
   const int64_t records = static_cast<int64_t>(store_->budget_bytes() / record);
   return store_->bytes_used() + (pages + static_cast<uint64_t>(SwapRoom(records))) * record <= store_->budget_bytes();
 }

@@ -44,6 +44,57 @@ TEST(DiskFormatTest, HeaderRoundTripsAndEveryFlippedByteIsRefused) {
   }
 }
 
+// Version 1 headers (blocks of 4096, bytes [32, 60) zero) still parse;
+// version 2 carries its block, and one that is not a power of two in
+// [512, 4096] is refused.
+TEST(DiskFormatTest, HeadersCarryTheirBlock) {
+  RecordInfo r = Page(7, 9, 1000, 0x1234);
+  r.block = 512;
+  uint8_t h[kRecordHeaderBytes];
+  EncodeRecordHeader(r, h);
+  RecordInfo back;
+  ASSERT_TRUE(ParseRecordHeader(h, &back).ok());
+  EXPECT_EQ(back.block, 512u);
+  EXPECT_EQ(RecordBytes(1000, 512), 1536u);
+  EXPECT_EQ(RecordBytes(1000), 4096u);
+  auto reseal = [](uint8_t* bytes) {
+    const uint32_t crc = Crc32cExtend(0, bytes, 60);
+    std::memcpy(bytes + 60, &crc, 4);
+  };
+  uint8_t v1[kRecordHeaderBytes];
+  std::memcpy(v1, h, sizeof(v1));
+  const uint16_t one = 1;
+  std::memcpy(v1 + 6, &one, 2);
+  std::memset(v1 + 32, 0, 4);
+  reseal(v1);
+  ASSERT_TRUE(ParseRecordHeader(v1, &back).ok());
+  EXPECT_EQ(back.block, kDiskAlign);
+  for (uint32_t bad : {0u, 256u, 768u, 8192u}) {
+    uint8_t b[kRecordHeaderBytes];
+    std::memcpy(b, h, sizeof(b));
+    std::memcpy(b + 32, &bad, 4);
+    reseal(b);
+    EXPECT_TRUE(absl::IsDataLoss(ParseRecordHeader(b, &back))) << bad;
+  }
+  // A footer of 512-byte blocks round-trips, offsets in its units.
+  std::vector<RecordInfo> entries = {Page(1, 1, 100, 0), Page(2, 2, 100, 0)};
+  for (RecordInfo& e : entries) e.block = 512;
+  entries[1].offset = 512;
+  const std::vector<uint8_t> footer = EncodeFooter(entries, 1024, 512);
+  EXPECT_EQ(footer.size(), 512u);
+  uint64_t count = 0, at = 0, end = 0;
+  uint32_t crc = 0, block = 0;
+  ASSERT_TRUE(
+      ParseTrailer(footer.data() + footer.size() - kTrailerBytes, 1024 + footer.size(), &count, &at, &end, &crc, &block)
+          .ok());
+  EXPECT_EQ(block, 512u);
+  std::vector<RecordInfo> out;
+  ASSERT_TRUE(ParseFooterEntries(footer.data(), count, crc, end, block, &out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].offset, 512u);
+  EXPECT_EQ(out[1].block, 512u);
+}
+
 TEST(DiskFormatTest, SegmentFileNames) {
   uint64_t id = 0;
   EXPECT_EQ(SegmentFileName(0xabc), "seg-0000000000000abc.dks");
@@ -138,14 +189,15 @@ TEST(DiskFormatTest, FooterEntriesMustNotOverlapOrGoBackwards) {
   entries[1].offset = 0;  // overlaps the first
   std::vector<uint8_t> footer = EncodeFooter(entries, 2 * kDiskAlign);
   uint64_t count = 0, at = 0, end = 0;
-  uint32_t crc = 0;
+  uint32_t crc = 0, block = 0;
   const uint64_t size = 2 * kDiskAlign + footer.size();
-  ASSERT_TRUE(ParseTrailer(footer.data() + footer.size() - kTrailerBytes, size, &count, &at, &end, &crc).ok());
+  ASSERT_TRUE(ParseTrailer(footer.data() + footer.size() - kTrailerBytes, size, &count, &at, &end, &crc, &block).ok());
+  EXPECT_EQ(block, kDiskAlign);
   std::vector<RecordInfo> out;
-  EXPECT_TRUE(absl::IsDataLoss(ParseFooterEntries(footer.data(), count, crc, end, &out)));
+  EXPECT_TRUE(absl::IsDataLoss(ParseFooterEntries(footer.data(), count, crc, end, block, &out)));
   entries[1].offset = kDiskAlign;
   footer = EncodeFooter(entries, 2 * kDiskAlign);
-  EXPECT_TRUE(ParseFooterEntries(footer.data(), 2, crc = Crc32cExtend(0, footer.data(), 64), end, &out).ok());
+  EXPECT_TRUE(ParseFooterEntries(footer.data(), 2, crc = Crc32cExtend(0, footer.data(), 64), end, block, &out).ok());
 }
 
 }  // namespace

@@ -47,7 +47,14 @@ DiskPageStoreOptions Options(const std::string& dir, size_t page_bytes = kColdPa
   o.max_write_bytes = 512 << 10;  // a few pages a write: batches split across segments
   o.queue_capacity = 16;
   o.submit_wait = absl::Seconds(10);
+  o.block_bytes = kMinBlock;  // fixed, so that offsets below are known wherever the test runs
   return o;
+}
+
+// The distance between records put one at a time (each its own write
+// call, padded to a 4096-byte boundary: ALIGNED WRITES in the store).
+uint64_t SyncedRecord() {
+  return RoundUpToBlock(RecordBytes(kColdPage, kMinBlock), kDiskAlign);
 }
 
 std::unique_ptr<DiskPageStore> OpenOrDie(const DiskPageStoreOptions& o) {
@@ -97,9 +104,9 @@ TEST(DiskPageStoreTest, ManyPagesRoundTripAcrossSegments) {
     EXPECT_EQ(st.pages, kPages);
     EXPECT_EQ(st.puts, kPages);
     EXPECT_EQ(st.gets, kPages);
-    // Each record takes its 4096-aligned size and a footer entry; the
+    // Each record takes its block-aligned size and a footer entry; the
     // budget counts no less.
-    EXPECT_GE(st.bytes_used, kPages * (RecordBytes(page_bytes) + kFooterEntryBytes));
+    EXPECT_GE(st.bytes_used, kPages * (RecordBytes(page_bytes, kMinBlock) + kFooterEntryBytes));
     if (page_bytes == kColdPage) {
       EXPECT_GT(SegmentFiles(dir).size(), 3u);
     }
@@ -116,6 +123,49 @@ TEST(DiskPageStoreTest, RefusesBadOptionsNamingTheField) {
   o = Options(ScratchDir("options"));
   o.budget_bytes = 1000;
   EXPECT_TRUE(absl::StrContains(DiskPageStore::Open(o).status().message(), "budget_bytes"));
+  o = Options(ScratchDir("options"));
+  o.block_bytes = 1000;
+  EXPECT_TRUE(absl::StrContains(DiskPageStore::Open(o).status().message(), "block_bytes 1000"));
+}
+
+// Segments of 4096-byte blocks (as an earlier store, or another device,
+// wrote them) and of 512-byte blocks live side by side: a store reopened
+// with the other block reads every page back, writes its own, and a third
+// open (the block chosen by the probe) reads all of them from the footers.
+// A page's record takes 74,752 bytes in 512-byte blocks, 77,824 in 4096.
+TEST(DiskPageStoreTest, SegmentsOfEitherBlockReopenTogether) {
+  const std::string dir = ScratchDir("blocks");
+  DiskPageStoreOptions o = Options(dir);
+  o.block_bytes = kDiskAlign;
+  {
+    auto s = OpenOrDie(o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->record_bytes(), 77824u);
+    for (int k = 0; k < 40; ++k) ASSERT_TRUE(PutPage(*s, k).ok());
+  }
+  o.block_bytes = kMinBlock;
+  {
+    auto s = OpenOrDie(o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->record_bytes(), 74752u);
+    EXPECT_EQ(s->stats().block_bytes, kMinBlock);
+    for (int k = 0; k < 40; ++k) ASSERT_TRUE(ReadsBack(*s, k)) << k;
+    for (int k = 40; k < 80; ++k) ASSERT_TRUE(PutPage(*s, k).ok());
+    ASSERT_TRUE(s->Erase(3).ok());
+  }
+  o.block_bytes = 0;
+  auto s = OpenOrDie(o);
+  ASSERT_NE(s, nullptr);
+  const DiskPageStoreStats st = s->stats();
+  EXPECT_TRUE(st.block_bytes == kMinBlock || st.block_bytes == kDiskAlign) << st.block_bytes;
+  EXPECT_EQ(st.open_segments_scanned, 0u);
+  EXPECT_GE(st.open_segments_footer, 4u);
+  EXPECT_FALSE(s->Contains(3));
+  for (int k = 0; k < 80; ++k) {
+    if (k == 3) continue;
+    ASSERT_TRUE(ReadsBack(*s, k)) << k;
+  }
+  std::printf("the probe chose %u-byte blocks in %s\n", st.block_bytes, dir.c_str());
 }
 
 TEST(DiskPageStoreTest, PutReplacesAndEraseForgets) {
@@ -172,7 +222,7 @@ TEST(DiskPageStoreTest, LaterWriteOfAKeyWinsNowAndAfterRestart) {
   const std::string dir = ScratchDir("order");
   DiskPageStoreOptions o = Options(dir);
   o.write_threads = 4;
-  o.max_write_bytes = 2 * RecordBytes(kColdPage);  // many small batches
+  o.max_write_bytes = 2 * RecordBytes(kColdPage, kMinBlock);  // many small batches
   constexpr int kKeys = 60;
   {
     auto s = OpenOrDie(o);
@@ -280,7 +330,7 @@ TEST(DiskPageStoreTest, RestartRestoresFromFootersWithoutReadingPages) {
 TEST(DiskPageStoreTest, ErasedKeyStaysErasedWhenSegmentsAreDeleted) {
   const std::string dir = ScratchDir("hide");
   DiskPageStoreOptions o = Options(dir);
-  o.segment_bytes = 3 * RecordBytes(kColdPage) + FooterBytes(3);  // three pages a segment
+  o.segment_bytes = 3 * RecordBytes(kColdPage, kMinBlock) + FooterBytes(3, kMinBlock);  // three pages a segment
   {
     auto s = OpenOrDie(o);
     for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(PutPage(*s, k).ok());     // segment 1
@@ -321,10 +371,11 @@ TEST(DiskPageStoreTest, FlippedByteIsDataLossAndOtherPagesAreServed) {
   auto s = OpenOrDie(Options(dir));
   for (int k = 0; k < 10; ++k) ASSERT_TRUE(PutPage(*s, k).ok());
   const std::string seg = SegmentFiles(dir).front();
-  // Page 4's payload (records are RecordBytes apart from offset 0), then
-  // page 6's header.
-  FlipByte(seg, 4 * RecordBytes(kColdPage) + kRecordHeaderBytes + 5000);
-  FlipByte(seg, 6 * RecordBytes(kColdPage) + 12);
+  // Page 4's payload (each Put is a write of its own, which ends at a
+  // 4096-byte boundary: records are SyncedRecord apart from offset 0),
+  // then page 6's header.
+  FlipByte(seg, 4 * SyncedRecord() + kRecordHeaderBytes + 5000);
+  FlipByte(seg, 6 * SyncedRecord() + 12);
   std::vector<uint8_t> dst(kColdPage);
   for (int k : {4, 6}) {
     absl::Status st = s->Get(k, dst.data());
@@ -354,7 +405,7 @@ TEST(DiskPageStoreTest, TruncatedSegmentDropsTheTornTailOnly) {
       for (int k = 0; k < 12; ++k) ASSERT_TRUE(PutPage(*s, k).ok());
     }
     const std::string seg = SegmentFiles(dir).front();
-    std::filesystem::resize_file(seg, 8 * RecordBytes(kColdPage) + cut_in_record);
+    std::filesystem::resize_file(seg, 8 * SyncedRecord() + cut_in_record);
     {
       auto s = OpenOrDie(o);
       const DiskPageStoreStats st = s->stats();
@@ -419,8 +470,8 @@ TEST(DiskPageStoreTest, KillNineKeepsEveryPageReportedStored) {
 TEST(DiskPageStoreTest, BudgetReachedIsResourceExhaustedAndEraseMakesRoom) {
   const std::string dir = ScratchDir("budget");
   DiskPageStoreOptions o = Options(dir);
-  o.segment_bytes = 2 * RecordBytes(kColdPage) + FooterBytes(2);
-  o.budget_bytes = 8 * RecordBytes(kColdPage);
+  o.segment_bytes = 2 * RecordBytes(kColdPage, kMinBlock) + FooterBytes(2, kMinBlock);
+  o.budget_bytes = 8 * RecordBytes(kColdPage, kMinBlock);
   auto s = OpenOrDie(o);
   int stored = 0;
   absl::Status st;

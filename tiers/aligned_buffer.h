@@ -1,5 +1,5 @@
 // A heap buffer aligned to kDiskAlign (tiers/disk_format.h), its size a
-// multiple of it: what O_DIRECT reads and writes need.
+// multiple of a block: what O_DIRECT reads and writes need.
 #ifndef DRIFTKV_TIERS_ALIGNED_BUFFER_H_
 #define DRIFTKV_TIERS_ALIGNED_BUFFER_H_
 
@@ -15,12 +15,13 @@ namespace tiers {
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // `size` is rounded up to a multiple of kDiskAlign; bytes from
-  // `zero_from` on are zeroed (the caller fills those before, a page is
-  // not written twice); nullptr data() when the allocation failed.
-  explicit AlignedBuffer(size_t size, size_t zero_from = 0) : size_(RoundUpToBlock(size)) {
+  // `size` is rounded up to a multiple of `block`; bytes from `zero_from`
+  // on are zeroed (the caller fills those before, a page is not written
+  // twice); nullptr data() when the allocation failed.
+  explicit AlignedBuffer(size_t size, size_t zero_from = 0, size_t block = kDiskAlign)
+      : size_(RoundUpToBlock(size, block)) {
     if (size_ == 0) return;
-    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDiskAlign, size_)));
+    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kDiskAlign, RoundUpToBlock(size_, kDiskAlign))));
     if (data_ != nullptr && zero_from < size_) std::memset(data_.get() + zero_from, 0, size_ - zero_from);
   }
   uint8_t* data() const { return data_.get(); }

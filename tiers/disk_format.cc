@@ -36,6 +36,7 @@ void EncodeRecordHeader(const RecordInfo& r, uint8_t* out) {
   Put<uint64_t>(out + 16, r.seq);
   Put<uint32_t>(out + 24, r.payload_bytes);
   Put<uint32_t>(out + 28, r.payload_crc);
+  Put<uint32_t>(out + 32, r.block);
   Put<uint32_t>(out + 60, Crc32cExtend(0, out, 60));
 }
 
@@ -43,7 +44,11 @@ absl::Status ParseRecordHeader(const uint8_t* in, RecordInfo* r) {
   if (Get<uint32_t>(in) != kRecordMagic) return absl::DataLossError("no record magic");
   if (Get<uint32_t>(in + 60) != Crc32cExtend(0, in, 60)) return absl::DataLossError("record header checksum mismatch");
   const uint16_t type = Get<uint16_t>(in + 4), version = Get<uint16_t>(in + 6);
-  if (version != kFormatVersion) return absl::DataLossError(absl::StrCat("record format version ", version));
+  if (version != 1 && version != kFormatVersion) {
+    return absl::DataLossError(absl::StrCat("record format version ", version));
+  }
+  const uint32_t block = version == 1 ? kDiskAlign : Get<uint32_t>(in + 32);
+  if (!ValidBlock(block)) return absl::DataLossError(absl::StrCat("record block of ", block, " bytes"));
   if (!ValidType(type)) return absl::DataLossError(absl::StrCat("record type ", type));
   const uint32_t bytes = Get<uint32_t>(in + 24);
   if (bytes > kMaxPayloadBytes) {
@@ -57,16 +62,17 @@ absl::Status ParseRecordHeader(const uint8_t* in, RecordInfo* r) {
   r->seq = Get<uint64_t>(in + 16);
   r->payload_bytes = bytes;
   r->payload_crc = Get<uint32_t>(in + 28);
+  r->block = block;
   return absl::OkStatus();
 }
 
-std::vector<uint8_t> EncodeFooter(const std::vector<RecordInfo>& entries, uint64_t records_end) {
-  std::vector<uint8_t> out(FooterBytes(entries.size()), 0);
+std::vector<uint8_t> EncodeFooter(const std::vector<RecordInfo>& entries, uint64_t records_end, uint32_t block) {
+  std::vector<uint8_t> out(FooterBytes(entries.size(), block), 0);
   uint8_t* p = out.data();
   for (const RecordInfo& r : entries) {
     Put<uint64_t>(p, r.key);
     Put<uint64_t>(p + 8, r.seq);
-    Put<uint32_t>(p + 16, static_cast<uint32_t>(r.offset / kDiskAlign));
+    Put<uint32_t>(p + 16, static_cast<uint32_t>(r.offset / block));
     Put<uint32_t>(p + 20, r.payload_bytes);
     Put<uint32_t>(p + 24, r.payload_crc);
     Put<uint16_t>(p + 28, static_cast<uint16_t>(r.type));
@@ -79,24 +85,28 @@ std::vector<uint8_t> EncodeFooter(const std::vector<RecordInfo>& entries, uint64
   Put<uint64_t>(t + 16, records_end);
   Put<uint64_t>(t + 24, records_end);
   Put<uint32_t>(t + 32, Crc32cExtend(0, out.data(), entries.size() * kFooterEntryBytes));
+  Put<uint32_t>(t + 36, block);
   Put<uint32_t>(t + 60, Crc32cExtend(0, t, 60));
   return out;
 }
 
 absl::Status ParseTrailer(const uint8_t* in, uint64_t file_size, uint64_t* entries, uint64_t* entries_offset,
-                          uint64_t* records_end, uint32_t* entries_crc) {
-  if (file_size < kDiskAlign || file_size % kDiskAlign != 0) {
-    return absl::DataLossError(absl::StrCat("size ", file_size, " is not a whole number of blocks"));
-  }
+                          uint64_t* records_end, uint32_t* entries_crc, uint32_t* block) {
   if (Get<uint32_t>(in) != kTrailerMagic) return absl::DataLossError("no footer magic");
   if (Get<uint32_t>(in + 60) != Crc32cExtend(0, in, 60)) return absl::DataLossError("footer trailer checksum mismatch");
-  if (Get<uint32_t>(in + 4) != kFormatVersion) {
-    return absl::DataLossError(absl::StrCat("footer format version ", Get<uint32_t>(in + 4)));
+  const uint32_t version = Get<uint32_t>(in + 4);
+  if (version != 1 && version != kFormatVersion) {
+    return absl::DataLossError(absl::StrCat("footer format version ", version));
+  }
+  const uint32_t b = version == 1 ? kDiskAlign : Get<uint32_t>(in + 36);
+  if (!ValidBlock(b)) return absl::DataLossError(absl::StrCat("footer block of ", b, " bytes"));
+  if (file_size < b || file_size % b != 0) {
+    return absl::DataLossError(absl::StrCat("size ", file_size, " is not a whole number of ", b, "-byte blocks"));
   }
   const uint64_t count = Get<uint64_t>(in + 8), at = Get<uint64_t>(in + 16), end = Get<uint64_t>(in + 24);
   // The footer occupies [at, file_size): exactly FooterBytes(count) of them.
-  if (count > file_size / kFooterEntryBytes || at > file_size || file_size - at != FooterBytes(count) ||
-      at % kDiskAlign != 0 || end > at) {
+  if (count > file_size / kFooterEntryBytes || at > file_size || file_size - at != FooterBytes(count, b) ||
+      at % b != 0 || end > at) {
     return absl::DataLossError(
         absl::StrCat("footer of ", count, " entries at ", at, " does not fit a file of ", file_size, " bytes"));
   }
@@ -104,11 +114,12 @@ absl::Status ParseTrailer(const uint8_t* in, uint64_t file_size, uint64_t* entri
   *entries_offset = at;
   *records_end = end;
   *entries_crc = Get<uint32_t>(in + 32);
+  *block = b;
   return absl::OkStatus();
 }
 
 absl::Status ParseFooterEntries(const uint8_t* in, uint64_t count, uint32_t entries_crc, uint64_t records_end,
-                                std::vector<RecordInfo>* out) {
+                                uint32_t block, std::vector<RecordInfo>* out) {
   if (Crc32cExtend(0, in, count * kFooterEntryBytes) != entries_crc) {
     return absl::DataLossError("footer entries checksum mismatch");
   }
@@ -120,7 +131,8 @@ absl::Status ParseFooterEntries(const uint8_t* in, uint64_t count, uint32_t entr
     RecordInfo r;
     r.key = Get<uint64_t>(p);
     r.seq = Get<uint64_t>(p + 8);
-    r.offset = uint64_t{Get<uint32_t>(p + 16)} * kDiskAlign;
+    r.offset = uint64_t{Get<uint32_t>(p + 16)} * block;
+    r.block = block;
     r.payload_bytes = Get<uint32_t>(p + 20);
     r.payload_crc = Get<uint32_t>(p + 24);
     const uint16_t type = Get<uint16_t>(p + 28);
@@ -135,11 +147,11 @@ absl::Status ParseFooterEntries(const uint8_t* in, uint64_t count, uint32_t entr
     }
     // The store hands out offsets and sequence numbers together, so
     // offsets increase with the sequence and records never overlap.
-    if (r.offset < next_free || r.offset + RecordBytes(r.payload_bytes) > records_end) {
+    if (r.offset < next_free || r.offset + RecordBytes(r.payload_bytes, block) > records_end) {
       return absl::DataLossError(absl::StrCat("footer entry ", i, ": record at ", r.offset, " overlaps [0, ", next_free,
                                               ") or ends past ", records_end));
     }
-    next_free = r.offset + RecordBytes(r.payload_bytes);
+    next_free = r.offset + RecordBytes(r.payload_bytes, block);
     out->push_back(r);
   }
   return absl::OkStatus();

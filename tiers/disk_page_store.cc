@@ -34,12 +34,13 @@ struct DiskPageStore::SegmentFile {
 
 struct DiskPageStore::Segment {
   std::shared_ptr<SegmentFile> file;
-  uint64_t end = 0;      // where the next record goes
-  uint64_t charged = 0;  // bytes counted in used_
-  int inflight = 0;      // writes allocated here and not finished
-  bool sealed = false;   // footer written, or being written
-  bool lost = false;     // the file was removed under the store
-  int64_t live = 0;      // index entries in this segment
+  uint32_t block = kDiskAlign;  // of its records and footer
+  uint64_t end = 0;             // where the next record goes
+  uint64_t charged = 0;         // bytes counted in used_
+  int inflight = 0;             // writes allocated here and not finished
+  bool sealed = false;          // footer written, or being written
+  bool lost = false;            // the file was removed under the store
+  int64_t live = 0;             // index entries in this segment
   // Records whose write completed (the footer's entries); cleared at seal.
   std::vector<RecordInfo> written;
   // Segment id -> how many of its records one of ours hides (a newer record
@@ -51,9 +52,19 @@ struct DiskPageStore::Segment {
 
 namespace {
 
-// Charged per segment beyond its records' own footer entries: the
-// trailer and the footer's rounding to a block.
-constexpr uint64_t kSegmentOverhead = 2 * kDiskAlign;
+// The block an O_DIRECT write of 512 bytes at offset 512 in `dir` shows
+// the device takes: 512, else kDiskAlign. Plain system calls, not the
+// store's FileIo, whose test doubles count and fail the store's own I/O.
+uint32_t ProbeBlock(const std::string& dir) {
+  const std::string path = dir + "/.block-probe";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return kMinBlock;  // no O_DIRECT here: the store falls back to buffered I/O
+  AlignedBuffer buf(kMinBlock, 0, kMinBlock);
+  const bool small = buf.data() != nullptr && ::pwrite(fd, buf.data(), kMinBlock, kMinBlock) == kMinBlock;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return small ? kMinBlock : kDiskAlign;
+}
 
 std::string Errno(absl::string_view what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
@@ -117,9 +128,7 @@ bool ReadAll(FileIo* io, int fd, uint8_t* data, size_t size, uint64_t offset) {
 }  // namespace
 
 DiskPageStore::DiskPageStore(const DiskPageStoreOptions& options)
-    : options_(options),
-      io_(options.io != nullptr ? options.io : FileIo::Posix()),
-      record_bytes_(RecordBytes(options.page_bytes)) {}
+    : options_(options), io_(options.io != nullptr ? options.io : FileIo::Posix()) {}
 
 absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPageStoreOptions& options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("dir is empty");
@@ -132,7 +141,11 @@ absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPag
     return absl::InvalidArgumentError(absl::StrCat("segment_bytes ", options.segment_bytes, " is not in [", smallest,
                                                    " (one page and a footer), ", kMaxSegmentBytes, "]"));
   }
-  if (options.budget_bytes < RecordBytes(options.page_bytes) + kFooterEntryBytes + kSegmentOverhead) {
+  if (options.block_bytes != 0 && !ValidBlock(options.block_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_bytes ", options.block_bytes, " is not 0 or a power of two in [512, 4096]"));
+  }
+  if (options.budget_bytes < RecordBytes(options.page_bytes) + kFooterEntryBytes + 2 * kDiskAlign) {
     return absl::InvalidArgumentError(
         absl::StrCat("budget_bytes ", options.budget_bytes, " holds no page of ", options.page_bytes, " bytes"));
   }
@@ -149,6 +162,14 @@ absl::StatusOr<std::unique_ptr<DiskPageStore>> DiskPageStore::Open(const DiskPag
   }
   if (mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::UnavailableError(Errno("cannot create the disk level's directory", options.dir));
+  }
+  store->block_ = options.block_bytes != 0 ? options.block_bytes
+                  : options.direct_io      ? ProbeBlock(options.dir)
+                                           : kMinBlock;
+  store->record_bytes_ = RecordBytes(options.page_bytes, store->block_);
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->stats_.block_bytes = store->block_;
   }
   if (absl::Status st = store->Restore(); !st.ok()) return st;
   {
@@ -231,8 +252,8 @@ absl::Status DiskPageStore::Restore() {
     if (!index->sealed) {
       // Drop the torn tail and seal what verified.
       ++stats_.open_segments_scanned;
-      const std::vector<uint8_t> footer = EncodeFooter(index->records, index->records_end);
-      AlignedBuffer buf(footer.size());
+      const std::vector<uint8_t> footer = EncodeFooter(index->records, index->records_end, index->block);
+      AlignedBuffer buf(footer.size(), 0, index->block);
       if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a footer");
       std::memcpy(buf.data(), footer.data(), footer.size());
       if (io_->Ftruncate(fd, static_cast<off_t>(index->records_end)) != 0 ||
@@ -253,7 +274,8 @@ absl::Status DiskPageStore::Restore() {
     auto seg = std::make_unique<Segment>();
     seg->file = file;
     seg->end = index->records_end;
-    seg->charged = index->records_end + FooterBytes(index->records.size());
+    seg->block = index->block;
+    seg->charged = index->records_end + FooterBytes(index->records.size(), seg->block);
     seg->sealed = true;
     used_ += seg->charged;
     segments_[id] = std::move(seg);
@@ -345,11 +367,11 @@ void DiskPageStore::SyncDir() {
 
 absl::StatusOr<DiskPageStore::Allocation> DiskPageStore::Allocate(const RecordInfo& record,
                                                                   std::vector<uint64_t>* to_seal) {
-  const uint64_t bytes = RecordBytes(record.payload_bytes);
+  const uint64_t bytes = RecordBytes(record.payload_bytes, block_);
   Segment* seg = active_ != 0 ? segments_.at(active_).get() : nullptr;
   // The footer must fit too: one entry per record written here so far.
   if (seg != nullptr &&
-      seg->end + bytes + FooterBytes(seg->written.size() + seg->inflight + 1) > options_.segment_bytes) {
+      seg->end + bytes + FooterBytes(seg->written.size() + seg->inflight + 1, block_) > options_.segment_bytes) {
     if (seg->inflight == 0) to_seal->push_back(active_);
     active_ = 0;
     seg = nullptr;
@@ -361,8 +383,9 @@ absl::StatusOr<DiskPageStore::Allocation> DiskPageStore::Allocate(const RecordIn
     ++next_segment_;
     auto fresh = std::make_unique<Segment>();
     fresh->file = *std::move(file);
-    fresh->charged = kSegmentOverhead;
-    used_ += kSegmentOverhead;
+    fresh->block = block_;
+    fresh->charged = SegmentOverhead();
+    used_ += SegmentOverhead();
     seg = fresh.get();
     segments_[id] = std::move(fresh);
     active_ = id;
@@ -372,6 +395,7 @@ absl::StatusOr<DiskPageStore::Allocation> DiskPageStore::Allocate(const RecordIn
   a.segment = active_;
   a.record = record;
   a.record.offset = seg->end;
+  a.record.block = block_;
   a.record.seq = next_seq_++;
   seg->end += bytes;
   ++seg->inflight;
@@ -386,6 +410,7 @@ void DiskPageStore::Seal(uint64_t id) {
   std::shared_ptr<SegmentFile> file;
   std::vector<RecordInfo> records;
   uint64_t end = 0;
+  uint32_t block = kDiskAlign;
   {
     absl::MutexLock lock(&mu_);
     auto it = segments_.find(id);
@@ -396,10 +421,11 @@ void DiskPageStore::Seal(uint64_t id) {
     records = std::move(seg.written);
     seg.written.clear();
     end = seg.end;
+    block = seg.block;
   }
   std::sort(records.begin(), records.end(), [](const RecordInfo& a, const RecordInfo& b) { return a.seq < b.seq; });
-  const std::vector<uint8_t> footer = EncodeFooter(records, end);
-  AlignedBuffer buf(footer.size());
+  const std::vector<uint8_t> footer = EncodeFooter(records, end, block);
+  AlignedBuffer buf(footer.size(), 0, block);
   bool ok = buf.data() != nullptr;
   if (ok) {
     std::memcpy(buf.data(), footer.data(), footer.size());
@@ -417,7 +443,7 @@ void DiskPageStore::Seal(uint64_t id) {
     ++stats_.write_failures;
   }
   used_ -= seg.charged;
-  seg.charged = end + FooterBytes(records.size());
+  seg.charged = end + FooterBytes(records.size(), block);
   used_ += seg.charged;
   MaybeDelete(id);
 }
@@ -496,7 +522,7 @@ absl::Status DiskPageStore::PutAsync(uint64_t key, const uint8_t* bytes, uint32_
   {
     absl::MutexLock lock(&mu_);
     // A new segment may be needed for it: its overhead counts too.
-    if (used_ + reserved_ + charge + kSegmentOverhead > options_.budget_bytes) {
+    if (used_ + reserved_ + charge + SegmentOverhead() > options_.budget_bytes) {
       ++stats_.budget_refusals;
       return absl::ResourceExhaustedError(absl::StrCat("disk level budget of ", options_.budget_bytes,
                                                        " bytes reached (", used_ + reserved_, " used); page of key ",
@@ -506,7 +532,7 @@ absl::Status DiskPageStore::PutAsync(uint64_t key, const uint8_t* bytes, uint32_
   PendingWrite w;
   // The header is written in full when the record is allocated, the page
   // just below: only the padding needs zeros.
-  w.buffer = std::make_shared<AlignedBuffer>(record_bytes_, kRecordHeaderBytes + options_.page_bytes);
+  w.buffer = std::make_shared<AlignedBuffer>(record_bytes_, kRecordHeaderBytes + options_.page_bytes, block_);
   if (w.buffer->data() == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a buffer of ", record_bytes_, " bytes"));
   }
@@ -568,8 +594,38 @@ void DiskPageStore::WriterLoop() {
         segments_.at(w.alloc.segment)->charged += w.charge;
         used_ += w.charge;
       }
+      PadToAlign(&batch);
     }
     WriteBatch(std::move(batch), to_seal);
+  }
+}
+
+// ALIGNED WRITES. With blocks smaller than the file system's (4096 on
+// ext4), a direct write that is not aligned to the file system's block,
+// in its offset or in any of its buffers' addresses and lengths, makes
+// ext4 serialise it behind every direct write in flight and zero the rest
+// of the block: on this project's VM, dd of 74,752-byte direct writes ran
+// at 87 MB/s against 863 MB/s for 77,824-byte ones. So each batch ends at
+// a kDiskAlign boundary (the active segment's end is rounded up after the
+// batch's records, the gap charged to the budget like them; the next
+// batch starts aligned), and a run of records is copied into one aligned
+// staging buffer, zeros after it, and written with one pwrite. Inside a
+// batch the records stay dense: at most one block of padding a batch.
+void DiskPageStore::PadToAlign(std::vector<PendingWrite>* batch) {
+  if (block_ >= kDiskAlign || active_ == 0) return;
+  for (auto w = batch->rbegin(); w != batch->rend(); ++w) {
+    if (!w->status.ok() || w->alloc.file == nullptr) continue;
+    if (w->alloc.segment != active_) return;  // the active segment has no record of this batch
+    Segment& seg = *segments_.at(active_);
+    const uint64_t end = w->alloc.record.offset + RecordBytes(w->alloc.record.payload_bytes, block_);
+    const uint64_t pad = RoundUpToBlock(end, kDiskAlign) - end;
+    if (end != seg.end || pad == 0) return;
+    if (seg.end + pad + FooterBytes(seg.written.size() + seg.inflight, block_) > options_.segment_bytes) return;
+    seg.end += pad;
+    seg.charged += pad;
+    used_ += pad;
+    w->alloc.pad_after = pad;
+    return;
   }
 }
 
@@ -602,17 +658,31 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch, const std::vecto
     size_t end = begin + 1;
     uint64_t next = alloc[begin].record.offset + batch[begin].buffer->size();
     while (end < n && status[end].ok() && alloc[end].segment == alloc[begin].segment &&
-           alloc[end].record.offset == next && end - begin < IOV_MAX) {
+           alloc[end].record.offset == next && end - begin < IOV_MAX - 1) {
       next += batch[end].buffer->size();
       ++end;
     }
     std::vector<struct iovec> iov(end - begin);
     for (size_t i = begin; i < end; ++i) iov[i - begin] = {batch[i].buffer->data(), batch[i].buffer->size()};
+    next += alloc[end - 1].pad_after;
     const SegmentFile& file = *alloc[begin].file;
     const uint64_t bytes = next - alloc[begin].record.offset;
     absl::Status st;
-    const ssize_t wrote =
-        io_->Pwritev(file.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(alloc[begin].record.offset));
+    ssize_t wrote;
+    if (block_ < kDiskAlign) {
+      thread_local std::unique_ptr<AlignedBuffer> staging;
+      if (staging == nullptr || staging->size() < bytes) staging = std::make_unique<AlignedBuffer>(bytes);
+      uint8_t* at = staging->data();
+      for (const struct iovec& v : iov) {
+        std::memcpy(at, v.iov_base, v.iov_len);
+        at += v.iov_len;
+      }
+      std::memset(at, 0, alloc[end - 1].pad_after);
+      wrote = io_->Pwrite(file.fd, staging->data(), bytes, static_cast<off_t>(alloc[begin].record.offset));
+    } else {
+      wrote = io_->Pwritev(file.fd, iov.data(), static_cast<int>(iov.size()),
+                           static_cast<off_t>(alloc[begin].record.offset));
+    }
     if (wrote != static_cast<ssize_t>(bytes)) {
       if (wrote >= 0) errno = ENOSPC;  // a short write to a regular file
       st = IoError("cannot write", file.path);
@@ -697,10 +767,10 @@ absl::Status DiskPageStore::Erase(uint64_t key) {
   absl::Notification done;
   absl::Status result;
   PendingWrite w;
-  w.buffer = std::make_shared<AlignedBuffer>(kDiskAlign);
+  w.buffer = std::make_shared<AlignedBuffer>(block_, 0, block_);
   w.record.type = RecordType::kTombstone;
   w.record.key = key;
-  w.charge = kDiskAlign + kFooterEntryBytes;
+  w.charge = block_ + kFooterEntryBytes;
   w.done = [&](absl::Status st) {
     result = std::move(st);
     done.Notify();
@@ -753,8 +823,8 @@ absl::Status DiskPageStore::ReadRecord(uint64_t key, uint8_t* dst) {
     file = segments_.at(it->second.segment)->file;
     want = it->second.record;
   }
-  const uint64_t size = RecordBytes(want.payload_bytes);
-  AlignedBuffer buf(size, size);  // pread fills it
+  const uint64_t size = RecordBytes(want.payload_bytes, want.block);
+  AlignedBuffer buf(size, size, want.block);  // pread fills it
   if (buf.data() == nullptr) return absl::ResourceExhaustedError("cannot allocate a read buffer");
   if (!ReadAll(io_, file->fd, buf.data(), buf.size(), want.offset)) return IoError("cannot read", file->path);
   absl::Status st = CheckRecord(buf.data(), key, want);

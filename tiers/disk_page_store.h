@@ -101,6 +101,10 @@ struct DiskPageStoreOptions {
   // How long PutAsync/GetAsync wait for room before answering UNAVAILABLE.
   absl::Duration submit_wait = absl::Milliseconds(100);
   bool wipe_at_open = false;
+  // The block of new segments (tiers/disk_format.h): 0 chooses at open,
+  // 512 when the directory's device takes an O_DIRECT write of 512 bytes
+  // (or O_DIRECT is off), else 4096; or one of 512, 1024, 2048, 4096.
+  uint32_t block_bytes = 0;
   // O_DIRECT when the file system takes it (falls back silently: stats()
   // says which was used).
   bool direct_io = true;
@@ -123,6 +127,7 @@ struct DiskPageStoreStats {
   uint64_t lost_segments = 0;  // segment files found removed under the store
   uint64_t lost_pages = 0;     // the keys they held, dropped
   bool direct_io = false;
+  uint32_t block_bytes = 0;  // of the segments it writes
   // What Open did.
   uint64_t open_segments_footer = 0, open_segments_scanned = 0;
   uint64_t open_bytes_read = 0, open_skipped_blocks = 0, open_corrupt_records = 0;
@@ -176,6 +181,10 @@ class DiskPageStore {
 
   uint64_t bytes_used() const;
   uint64_t budget_bytes() const { return options_.budget_bytes; }
+  // The block of the segments it writes, and what one page's record takes
+  // in them (footer entry not included).
+  uint32_t block_bytes() const { return block_; }
+  uint64_t record_bytes() const { return record_bytes_; }
   size_t page_bytes() const { return options_.page_bytes; }
   DiskPageStoreStats stats() const;
 
@@ -190,6 +199,9 @@ class DiskPageStore {
     std::shared_ptr<SegmentFile> file;
     uint64_t segment = 0;
     RecordInfo record;  // offset and sequence chosen
+    // Zeros written after the record, up to a kDiskAlign boundary (ALIGNED
+    // WRITES in the .cc).
+    uint64_t pad_after = 0;
   };
 
   explicit DiskPageStore(const DiskPageStoreOptions& options);
@@ -225,6 +237,9 @@ class DiskPageStore {
   // `to_seal`, checks each page's CRC, writes each run of adjacent records
   // in one pwritev, indexes what was written, runs the callbacks.
   void WriteBatch(std::vector<PendingWrite> batch, const std::vector<uint64_t>& to_seal);
+  // Rounds the active segment's end up to kDiskAlign after `batch`'s
+  // records (ALIGNED WRITES in the .cc).
+  void PadToAlign(std::vector<PendingWrite>* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReadRecord(uint64_t key, uint8_t* dst);
   // Writes the footer of segment `id` (no write in flight, not active).
   void Seal(uint64_t id);
@@ -238,7 +253,10 @@ class DiskPageStore {
 
   const DiskPageStoreOptions options_;
   FileIo* const io_;
-  const uint64_t record_bytes_;  // RecordBytes(page_bytes)
+  // Set by Open before anything else runs.
+  uint32_t block_ = kDiskAlign;
+  uint64_t record_bytes_ = 0;  // RecordBytes(page_bytes, block_)
+  uint64_t SegmentOverhead() const { return 2 * uint64_t{block_}; }
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Location> index_ ABSL_GUARDED_BY(mu_);

@@ -11,19 +11,22 @@ namespace {
 
 // The footer, or why not.
 absl::Status ReadFooter(uint64_t file_size, const ReadAt& read, SegmentIndex* index) {
-  if (file_size < kDiskAlign) return absl::DataLossError("no footer block");
+  if (file_size < kMinBlock) return absl::DataLossError("no footer block");
   uint8_t trailer[kTrailerBytes];
   if (absl::Status st = read(file_size - kTrailerBytes, kTrailerBytes, trailer); !st.ok()) return st;
   index->bytes_read += kTrailerBytes;
   uint64_t count = 0, at = 0, end = 0;
-  uint32_t crc = 0;
-  if (absl::Status st = ParseTrailer(trailer, file_size, &count, &at, &end, &crc); !st.ok()) return st;
+  uint32_t crc = 0, block = 0;
+  if (absl::Status st = ParseTrailer(trailer, file_size, &count, &at, &end, &crc, &block); !st.ok()) return st;
   std::vector<uint8_t> entries(count * kFooterEntryBytes);
   if (count > 0) {
     if (absl::Status st = read(at, entries.size(), entries.data()); !st.ok()) return st;
   }
   index->bytes_read += entries.size();
-  if (absl::Status st = ParseFooterEntries(entries.data(), count, crc, end, &index->records); !st.ok()) return st;
+  if (absl::Status st = ParseFooterEntries(entries.data(), count, crc, end, block, &index->records); !st.ok()) {
+    return st;
+  }
+  index->block = block;
   index->records_end = end;
   index->sealed = true;
   return absl::OkStatus();
@@ -38,7 +41,8 @@ absl::Status Scan(uint64_t file_size, const ReadAt& read, SegmentIndex* index) {
     index->bytes_read += sizeof(header);
     RecordInfo r;
     bool kept = false;
-    if (ParseRecordHeader(header, &r).ok() && file_size - at - kRecordHeaderBytes >= r.payload_bytes) {
+    if (ParseRecordHeader(header, &r).ok() && at % r.block == 0 && (index->block == 0 || r.block == index->block) &&
+        file_size - at - kRecordHeaderBytes >= r.payload_bytes) {
       buf.resize(r.payload_bytes);
       if (!buf.empty()) {
         if (absl::Status st = read(at + kRecordHeaderBytes, buf.size(), buf.data()); !st.ok()) return st;
@@ -47,8 +51,9 @@ absl::Status Scan(uint64_t file_size, const ReadAt& read, SegmentIndex* index) {
       if (Crc32cExtend(0, buf.data(), buf.size()) == r.payload_crc) {
         r.offset = at;
         index->records.push_back(r);
-        at += RecordBytes(r.payload_bytes);
-        index->records_end = std::min<uint64_t>(at, RoundUpToBlock(file_size));
+        index->block = r.block;
+        at += RecordBytes(r.payload_bytes, r.block);
+        index->records_end = std::min<uint64_t>(at, RoundUpToBlock(file_size, r.block));
         kept = true;
       } else {
         ++index->corrupt_records;
@@ -56,7 +61,7 @@ absl::Status Scan(uint64_t file_size, const ReadAt& read, SegmentIndex* index) {
     }
     if (!kept) {
       ++index->skipped_blocks;
-      at += kDiskAlign;
+      at += kMinBlock;
     }
   }
   // Offsets increase with the sequence when the store wrote them; bytes

@@ -31,7 +31,10 @@ struct SegmentIndex {
   // goes (the torn tail after it is dropped).
   uint64_t records_end = 0;
   uint64_t bytes_read = 0;
-  // 4096-byte blocks the scan passed over without a valid record in them:
+  // The segment's block: the trailer's, or the first record the scan
+  // kept (0 when none). A scan keeps only records of that block.
+  uint32_t block = 0;
+  // 512-byte steps the scan took past bytes without a valid record:
   // a torn tail, a hole left by a write that never happened, a corrupt
   // header or payload.
   uint64_t skipped_blocks = 0;
