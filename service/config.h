@@ -51,8 +51,9 @@ constexpr uint32_t kDefaultMaxRegionLeaseSeconds = 3600;
 constexpr double kMaxReloadIntervalSeconds = 86400.0;
 
 // The disk level below the pool (docs/tiers.md; config disk_level): off
-// while `dir` is empty. Segment files are wiped at start: nothing below
-// the pool outlives the process that moved it there.
+// while `dir` is empty. At start the segment files are wiped, unless a
+// drain's snapshot names their records and at_start is not "wipe"
+// (docs/tiers.md, "Restart").
 struct DiskLevelOptions {
   std::string dir;
   uint64_t budget_bytes = 0;

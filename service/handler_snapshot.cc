@@ -413,6 +413,22 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
         const SnapshotReader::PageEntry::Kind here = in_pool ? SnapshotReader::PageEntry::kFull : entry.kind;
         if (!level.has_value()) level = here;
         if (*level != here) lost("is on another level than the sequence's other pages");
+        // Reads the entry's page into `dst` (into scratch when null); one
+        // that fails its CRC is counted and loses the sequence.
+        auto read_page = [&](uint8_t* dst, PageChecksum* stored, bool* intact) {
+          if (dst == nullptr) {
+            scratch.resize(pool_->page_stride());
+            dst = scratch.data();
+          }
+          framing = (*reader)->Page(pool_->page_stride(), dst, stored, intact);
+          if (framing.ok() && !*intact) {
+            ++summary->corrupt_pages;
+            ++totals_.snapshot_corrupt_pages;
+            metrics_->snapshot_corrupt_pages->Increment();
+            verifier_->CountFailure(kCheckSnapshot);
+            lost(absl::StrFormat("fails its checksum (stored crc32c %08x)", *stored));
+          }
+        };
         if (entry.kind == SnapshotReader::PageEntry::kDisk) {
           if (spill_ == nullptr || spill_->disk_store() == nullptr) {
             lost("is on the disk level, and this server has none");
@@ -439,21 +455,10 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
               lost(absl::StrCat("was on the host level, which has no room for it: ", slot.status().message()));
             }
           }
-          if (dst == nullptr) {
-            scratch.resize(pool_->page_stride());
-            dst = scratch.data();
-          }
           PageChecksum stored = 0;
           bool intact = true;
-          framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
+          read_page(dst, &stored, &intact);
           if (!framing.ok()) break;
-          if (!intact) {
-            ++summary->corrupt_pages;
-            ++totals_.snapshot_corrupt_pages;
-            metrics_->snapshot_corrupt_pages->Increment();
-            verifier_->CountFailure(kCheckSnapshot);
-            lost(absl::StrFormat("fails its checksum (stored crc32c %08x)", stored));
-          }
           if (why.empty()) {
             below_keys.push_back(host_slots.back());
             pages.push_back(kPageBelow);
@@ -494,24 +499,10 @@ absl::Status Handler::LoadSnapshot(const std::string& dir, SnapshotSummary* summ
             why = std::string(one.status().message());
           }
         }
-        uint8_t* dst;
-        if (dst_page != SnapshotPagesRestored::kNone) {
-          dst = pool_->page(dst_page);
-        } else {
-          scratch.resize(pool_->page_stride());
-          dst = scratch.data();
-        }
         PageChecksum stored = 0;
         bool intact = true;
-        framing = (*reader)->Page(pool_->page_stride(), dst, &stored, &intact);
+        read_page(dst_page != SnapshotPagesRestored::kNone ? pool_->page(dst_page) : nullptr, &stored, &intact);
         if (!framing.ok()) break;
-        if (!intact) {
-          ++summary->corrupt_pages;
-          ++totals_.snapshot_corrupt_pages;
-          metrics_->snapshot_corrupt_pages->Increment();
-          verifier_->CountFailure(kCheckSnapshot);
-          lost(absl::StrFormat("fails its checksum (stored crc32c %08x)", stored));
-        }
         restored.Full(intact ? dst_page : SnapshotPagesRestored::kNone, stored);
         if (dst_page != SnapshotPagesRestored::kNone) layer.page_sums.push_back(stored);
       }

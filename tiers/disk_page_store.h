@@ -40,7 +40,7 @@
 // segment sealed. Erase writes a tombstone record, so an erased key stays
 // erased after a restart. wipe_at_open removes every segment file instead.
 //
-// SPACE. Every record occupies RecordBytes(page_bytes) (4096-aligned) plus a
+// SPACE. Every record occupies record_bytes() (block-aligned) plus a
 // footer entry; the budget counts these and each segment's footer block
 // (the segment being written is preallocated, up to what the budget has
 // left: the disk holds up to one segment_bytes more than the budget
