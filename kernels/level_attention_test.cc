@@ -1,7 +1,7 @@
 // The hot tier on the GPU: promotion of cold pages gives the CPU's level
-// pages byte for byte, attention on level pages meets the float64 rule of
-// gpu_test_util.h over the same decoded tokens, and an item's output is
-// bit-identical alone, inside a large mixed batch, and on a second run.
+// pages byte for byte, demotion gives the CPU's cold pages byte for byte, attention on level pages meets the float64
+// rule of gpu_test_util.h over the same decoded tokens, and an item's output is bit-identical alone, inside a large
+// mixed batch, and on a second run.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/level_attention.h"
+#include "kernels/level_demote.h"
 #include "kernels/level_promote.h"
 #include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
@@ -56,6 +57,35 @@ void BuildHotBatch(const DQuantCodec& codec, int q_heads, const std::vector<int>
                                   b->page_tokens[id], b->hot_pool.data() + id * b->hot.page_bytes);
     ASSERT_TRUE(st.ok()) << st;
   }
+}
+
+// Demotes `ids` (level page id = cold page id) of `hot_pool` on the device
+// into a cold pool that starts as `cold_start`; the pool and the statuses.
+void DemoteOnDevice(const DQuantCodec& codec, const PageLayout& cl, const LevelPageLayout& hl,
+                    const std::vector<uint8_t>& hot_pool, const std::vector<uint8_t>& cold_start,
+                    const std::vector<int32_t>& ids, const std::vector<int32_t>& toks, std::vector<uint8_t>* cold_out,
+                    std::vector<int32_t>* status) {
+  DeviceBuffer hot, cold, dids, dtok, dstat;
+  ASSERT_TRUE(hot.Upload(hot_pool) && cold.Upload(cold_start) && dids.Upload(ids) && dtok.Upload(toks) &&
+              dstat.Resize(ids.size() * 4));
+  DemoteParams dp;
+  dp.hot_pool_dev = hot.get<uint8_t>();
+  dp.hot = hl;
+  dp.cold_pool_dev = cold.get<uint8_t>();
+  dp.cold = cl;
+  const RansTable& kt = codec.key_codec().table();
+  const RansTable& vt = codec.value_codec().table();
+  dp.keys = MakeDemoteTable(kt.freq, kt.cum, kt.levels, codec.key_codec().payload_bytes());
+  dp.values = MakeDemoteTable(vt.freq, vt.cum, vt.levels, codec.value_codec().payload_bytes());
+  dp.pages = static_cast<int>(ids.size());
+  dp.hot_pages_dev = dids.get<int32_t>();
+  dp.cold_pages_dev = dids.get<int32_t>();
+  dp.tokens_dev = dtok.get<int32_t>();
+  dp.status_dev = dstat.get<int32_t>();
+  absl::Status st = LaunchDemote(dp, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(cold.Download(cold_out) && dstat.Download(status));
 }
 
 struct HotRun {
@@ -128,6 +158,41 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
       const size_t off = static_cast<size_t>(ids[k]) * b.hot.page_bytes;
       ASSERT_EQ(0, std::memcmp(got.data() + off, b.hot_pool.data() + off, b.hot.page_bytes))
           << "GPU promotion differs from PromotePage, page " << ids[k] << " (" << toks[k] << " tokens)";
+    }
+  }
+
+  // Demotion on the device of the CPU's level pages, against DemotePage on
+  // the same starting bytes (which also gives the original cold records).
+  {
+    std::vector<int32_t> ids, toks;
+    for (size_t id = 0; id < b.page_tokens.size(); ++id) {
+      if (b.page_tokens[id] > 0) ids.push_back(static_cast<int32_t>(id)), toks.push_back(b.page_tokens[id]);
+    }
+    const PageLayout& cl = c.layout;
+    std::vector<uint8_t> start(c.pool.size(), 0x5a), want = start, got;
+    std::vector<int32_t> status;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      uint8_t* page = want.data() + static_cast<size_t>(ids[k]) * cl.page_bytes;
+      absl::Status st = DemotePage(*codec, b.hot, b.hot_pool.data() + static_cast<size_t>(ids[k]) * b.hot.page_bytes,
+                                   toks[k], page, page + cl.value_offset, page + cl.mean_offset);
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    DemoteOnDevice(*codec, cl, b.hot, b.hot_pool, start, ids, toks, &got, &status);
+    if (::testing::Test::HasFatalFailure()) return;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      EXPECT_EQ(status[k], 0) << "page " << ids[k];
+      const size_t off = static_cast<size_t>(ids[k]) * cl.page_bytes;
+      ASSERT_EQ(0, std::memcmp(got.data() + off, want.data() + off, cl.page_bytes))
+          << "GPU demotion differs from DemotePage, page " << ids[k] << " (" << toks[k] << " tokens)";
+      // Tokens held: the original cold records, byte for byte.
+      for (int t = 0; t < toks[k]; ++t) {
+        ASSERT_EQ(
+            0, std::memcmp(got.data() + off + cl.key_record(t), c.pool.data() + off + cl.key_record(t), cl.key_stride))
+            << "key record " << t << " of page " << ids[k];
+        ASSERT_EQ(0, std::memcmp(got.data() + off + cl.value_record(t), c.pool.data() + off + cl.value_record(t),
+                                 cl.value_stride))
+            << "value record " << t << " of page " << ids[k];
+      }
     }
   }
 
@@ -222,6 +287,58 @@ TEST(LevelAttentionGpu, BatchInvarianceLong) {
 TEST(LevelAttentionGpu, ShorterItemWithMoreSplits) {
   SKIP_WITHOUT_GPU();
   RunCase(4, 64, 8, {257 * 128, 256 * 128 - 5, 100}, {3, 0, 7}, 8);
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace driftkv
+
+namespace driftkv {
+namespace gpu {
+namespace {
+
+// A corrupt level page is reported with its first failing record, as the
+// CPU's DemotePage refuses it; the other pages of the launch still demote.
+TEST(LevelDemoteGpu, CorruptPagesNameTheirFirstBadRecord) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 2;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  HotBatch b;
+  BuildHotBatch(*codec, 4, {3 * 128}, {0}, 77, &b);
+  if (::testing::Test::HasFatalFailure()) return;
+  const PageLayout& cl = b.cold.layout;
+  std::vector<int32_t> ids, toks;
+  for (size_t id = 0; id < b.page_tokens.size(); ++id) {
+    if (b.page_tokens[id] > 0) ids.push_back(static_cast<int32_t>(id)), toks.push_back(b.page_tokens[id]);
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  std::vector<uint8_t> hot = b.hot_pool;
+  // Page 0: value byte 255 (a base-6 digit of 7) in the first head's block;
+  // page 1: token 5's key grid scale is infinite.
+  uint8_t* p0 = hot.data() + static_cast<size_t>(ids[0]) * b.hot.page_bytes;
+  p0[b.hot.value_block(0)] = 0xff;
+  uint8_t* p1 = hot.data() + static_cast<size_t>(ids[1]) * b.hot.page_bytes;
+  p1[4 * 5] = 0x00;
+  p1[4 * 5 + 1] = 0x7c;
+  std::vector<uint8_t> start(b.cold.pool.size(), 0), got;
+  std::vector<int32_t> status;
+  DemoteOnDevice(*codec, cl, b.hot, hot, start, ids, toks, &got, &status);
+  if (::testing::Test::HasFatalFailure()) return;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<uint8_t> page(cl.page_bytes);
+    absl::Status st = DemotePage(*codec, b.hot, hot.data() + static_cast<size_t>(ids[k]) * b.hot.page_bytes, toks[k],
+                                 page.data(), page.data() + cl.value_offset, page.data() + cl.mean_offset);
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << "page " << k << ": " << st;
+  }
+  EXPECT_GT(status[0], 128) << "a value record fails (1 + 128 + token)";
+  EXPECT_EQ(status[1], 1 + 5) << "key record of token 5";
+  EXPECT_EQ(status[2], 0);
+  const size_t off = static_cast<size_t>(ids[2]) * cl.page_bytes;
+  EXPECT_EQ(0, std::memcmp(got.data() + off, b.cold.pool.data() + off, cl.mean_offset))
+      << "the intact page demotes to its records";
 }
 
 }  // namespace

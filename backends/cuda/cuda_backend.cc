@@ -18,6 +18,7 @@
 #include "kernels/codec_bridge.h"
 #include "kernels/encode.h"
 #include "kernels/ingest.h"
+#include "kernels/level_demote.h"
 #include "kernels/level_promote.h"
 #include "kernels/page_crc.h"
 #include "kernels/transform.h"
@@ -283,24 +284,73 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Demotion on the device: one upload of the page lists, the kernel
+  // (kernels/level_demote.h, DemotePage's bytes), the cold pages copied to
+  // the host mirror, one synchronisation. A page the kernel refuses
+  // (corrupt levels or headers) is demoted again on the host for
+  // DemotePage's own message.
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
     if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
+    if (moves.empty()) return absl::OkStatus();
+    const int count = static_cast<int>(moves.size());
+    std::vector<int32_t> ids(3 * count);  // hot ids, cold ids, tokens
+    for (int i = 0; i < count; ++i) {
+      if (absl::Status st = CheckOnArena(moves[i].to); !st.ok()) return st;
+      ids[i] = moves[i].from;
+      ids[count + i] = moves[i].to - base_;
+      ids[2 * count + i] = moves[i].tokens;
+    }
     absl::MutexLock lock(&mu_);
     cudaSetDevice(device_);  // the calling RPC thread's current device
-    std::vector<uint8_t> level(hot_layout_.page_bytes);
-    for (const TierMove& m : moves) {
-      absl::Status st = DownloadHotPage(m.from, level.data());
-      if (!st.ok()) return st;
-      uint8_t* cold = pool_.key_records(m.to);
-      st = DemotePage(codec_, hot_layout_, level.data(), m.tokens, cold, cold + layout_.value_offset,
-                      cold + layout_.mean_offset);
-      if (!st.ok()) return absl::DataLossError(absl::StrCat("hot page ", m.from, ": ", st.message()));
-      st = Cuda(cudaMemcpyAsync(static_cast<uint8_t*>(arena_) + static_cast<size_t>(m.to - base_) * layout_.page_bytes,
-                                cold, layout_.page_bytes, cudaMemcpyHostToDevice, stream_),
-                "upload demoted page");
-      if (!st.ok()) return st;
+    absl::Status st = promote_ids_.Reserve(4 * 4 * static_cast<size_t>(count));
+    int32_t* dev = promote_ids_.get<int32_t>();
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(dev, ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_), "upload page ids");
     }
-    return Cuda(cudaStreamSynchronize(stream_), "demote");
+    gpu::DemoteParams dp;
+    dp.hot_pool_dev = static_cast<const uint8_t*>(hot_arena_);
+    dp.hot = hot_layout_;
+    dp.cold_pool_dev = static_cast<uint8_t*>(arena_);
+    dp.cold = layout_;
+    const RansTable& kt = codec_.key_codec().table();
+    const RansTable& vt = codec_.value_codec().table();
+    dp.keys = gpu::MakeDemoteTable(kt.freq, kt.cum, kt.levels, codec_.key_codec().payload_bytes());
+    dp.values = gpu::MakeDemoteTable(vt.freq, vt.cum, vt.levels, codec_.value_codec().payload_bytes());
+    dp.pages = count;
+    dp.hot_pages_dev = dev;
+    dp.cold_pages_dev = dev + count;
+    dp.tokens_dev = dev + 2 * count;
+    dp.status_dev = dev + 3 * count;
+    if (st.ok()) st = gpu::LaunchDemote(dp, stream_);
+    for (int i = 0; st.ok() && i < count; ++i) {
+      st =
+          Cuda(cudaMemcpyAsync(pool_.key_records(moves[i].to),
+                               static_cast<uint8_t*>(arena_) + static_cast<size_t>(ids[count + i]) * layout_.page_bytes,
+                               layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
+               "mirror demoted page");
+    }
+    std::vector<int32_t> status(count);
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(status.data(), dp.status_dev, 4 * static_cast<size_t>(count), cudaMemcpyDeviceToHost,
+                                stream_),
+                "download demotion status");
+    }
+    if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "demote");
+    if (!st.ok()) return st;
+    for (int i = 0; i < count; ++i) {
+      if (status[i] == 0) continue;
+      std::vector<uint8_t> level(hot_layout_.page_bytes), cold(layout_.page_bytes);
+      st = DownloadHotPage(moves[i].from, level.data());
+      if (!st.ok()) return st;
+      st = DemotePage(codec_, hot_layout_, level.data(), moves[i].tokens, cold.data(),
+                      cold.data() + layout_.value_offset, cold.data() + layout_.mean_offset);
+      if (st.ok()) {
+        return absl::InternalError(absl::StrCat("hot page ", moves[i].from, ": the device refused record ",
+                                                status[i] - 1, " that the host demotes"));
+      }
+      return absl::DataLossError(absl::StrCat("hot page ", moves[i].from, ": ", st.message()));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status UploadPages(absl::Span<const PageId> pages) override {
