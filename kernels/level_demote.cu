@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* lv = smem;
   uint8_t* recs = smem + kLevelPageTokens * kRowBytes;
-  __shared__ uint32_t table[16];
+  __shared__ uint32_t table[16], rcp[16];
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const PageLayout& cl = p.cold;
@@ -121,7 +121,14 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   const DemoteTable& tab = kind == 0 ? p.keys : p.values;
   const int stride = kind == 0 ? cl.key_stride : cl.value_stride;
   const int payload = tab.payload;
-  if (tid < 16) table[tid] = tab.entry[tid];
+  if (tid < 16) {
+    // A level past the table (only in a corrupt page, which is reported)
+    // codes as frequency 1 so that nothing divides by zero.
+    const uint32_t e = tab.entry[tid];
+    const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u;
+    table[tid] = (e & 0xffff0000u) | f;
+    rcp[tid] = 0xffffffffu / f;  // q = umulhi(x, rcp) is x / f or one less
+  }
   const bool has = tid < tokens;
   uint8_t* rec = recs + tid * stride;
   const uint32_t header = reinterpret_cast<const uint32_t*>(hot + 512 * kind)[tid];
@@ -138,8 +145,8 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   uint32_t top = 0;
   for (int h = hl.kv_heads - 1; h >= 0; --h) {
     __syncthreads();  // the previous head's levels are coded
-    const uint32_t* in =
-        reinterpret_cast<const uint32_t*>(hot + hl.blocks_offset + h * head_bytes + (kind == 0 ? 0 : hl.key_block_bytes));
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(hot + hl.blocks_offset + h * head_bytes +
+                                                           (kind == 0 ? 0 : hl.key_block_bytes));
     if (kind == 0) {
       for (int task = tid; task < 32 * 8 * (D / 64); task += kThreads) {
         UnpackKeyGroup<D>(in, task % 32, task / 32, lv, kRowBytes);
@@ -157,14 +164,21 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
         const uint32_t s = row[j];
         top = max(top, s);
         const uint32_t e = table[s & 15u];
-        const uint32_t f = s < 16u && (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u;  // (bad levels are reported)
+        const uint32_t f = e & 0xffffu;
         if (x >= ((kStateLow >> kProbBits) << 8) * f) {
-          if (pos > 0) rec[4 + --pos] = static_cast<uint8_t>(x);
-          else ok = false;
+          if (pos > 0)
+            rec[4 + --pos] = static_cast<uint8_t>(x);
+          else
+            ok = false;
           x >>= 8;
         }
-        const uint32_t q = x / f;
-        x = (q << kProbBits) + (x - q * f) + (e >> 16);
+        uint32_t q = __umulhi(x, rcp[s & 15u]);
+        uint32_t r = x - q * f;
+        if (r >= f) {
+          ++q;
+          r -= f;
+        }
+        x = (q << kProbBits) + r + (e >> 16);
       }
     }
   }
@@ -221,12 +235,12 @@ absl::Status LaunchDemote(const DemoteParams& p, cudaStream_t stream) {
   const dim3 grid(p.pages, 2);
   absl::Status st;
   if (p.hot.head_dim == 128) {
-    const size_t smem = kLevelPageTokens * (128 + 4) + static_cast<size_t>(kLevelPageTokens) *
-                                                          std::max(p.cold.key_stride, p.cold.value_stride);
+    const size_t smem = kLevelPageTokens * (128 + 4) +
+                        static_cast<size_t>(kLevelPageTokens) * std::max(p.cold.key_stride, p.cold.value_stride);
     st = LaunchKernel(DemoteKernel<128>, grid, kThreads, smem, stream, "demote", p);
   } else {
-    const size_t smem = kLevelPageTokens * (64 + 4) + static_cast<size_t>(kLevelPageTokens) *
-                                                         std::max(p.cold.key_stride, p.cold.value_stride);
+    const size_t smem = kLevelPageTokens * (64 + 4) +
+                        static_cast<size_t>(kLevelPageTokens) * std::max(p.cold.key_stride, p.cold.value_stride);
     st = LaunchKernel(DemoteKernel<64>, grid, kThreads, smem, stream, "demote", p);
   }
   if (!st.ok()) return st;
