@@ -5,8 +5,8 @@
 // last to first into shared memory ([token][channel], the inverse of
 // level_promote.cu's packing) and each thread carries its state from one
 // head to the next, writing renormalisation bytes backwards into its record
-// in shared memory. The finished records (header, payload moved to its
-// start, zero tail) leave in one coalesced copy of the page's records.
+// in device memory, a word at a time; then it moves the stream to the
+// payload's start and zeroes the record's tail.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -48,11 +48,16 @@ __device__ __forceinline__ void UnpackKeyGroup(const uint32_t* in, int l, int gi
   }
 }
 
-// The base-6 digits of a byte as codec/level_page.cc computes them (for
-// bytes >= 216 too, so that an out-of-range level is seen the same way).
-__device__ __forceinline__ uint32_t Digit(uint32_t x, int d) {
-  const uint32_t l2 = (x * 57u) >> 11, r = x - 36u * l2, l1 = (r * 43u) >> 8;
-  return d == 0 ? r - 6u * l1 : (d == 1 ? l1 : l2);
+// The base-6 digits of two bytes (in the low bytes of the 16-bit halves of
+// x), by codec/level_page.cc's integer formulas so that bytes >= 216 give
+// the same out-of-range digits; no half carries into the other.
+__device__ __forceinline__ void Digits2(uint32_t x, uint32_t (&d)[3]) {
+  const uint32_t l2 = ((x * 57u) >> 11) & 0x001f001fu;
+  const uint32_t r = x - 36u * l2;
+  const uint32_t l1 = ((r * 43u) >> 8) & 0x00ff00ffu;
+  d[0] = r - 6u * l1;
+  d[1] = l1;
+  d[2] = l2;
 }
 
 // Value k-step group GR of lane l of one head's block (the inverse of
@@ -71,15 +76,16 @@ __device__ __forceinline__ void UnpackValueGroup(const uint32_t* in, int l, uint
     const uint32_t word = in[((kVec0 + w / 4) * 32 + l) * 4 + w % 4];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint32_t e = (word >> (8 * half)) & 255u, od = (word >> (16 + 8 * half)) & 255u;
+      uint32_t dg[3];  // lower token's digit in bits 0-7, upper token's in 16-23
+      Digits2((word >> (8 * half)) & 0x00ff00ffu, dg);
 #pragma unroll
       for (int d = 0; d < 3; ++d) {
         const int i = 3 * (2 * w + half) + d;
         if (i < kPairs) {
           const int P = kFirst + i, ks = P / (4 * MT), mt = (P / 4) % MT, r = P & 3;
           uint8_t* at = base + (16 * ks + 8 * (r >> 1)) * row_bytes + 16 * mt + 8 * (r & 1);
-          at[0] = static_cast<uint8_t>(Digit(e, d));
-          at[row_bytes] = static_cast<uint8_t>(Digit(od, d));
+          at[0] = static_cast<uint8_t>(dg[d]);
+          at[row_bytes] = static_cast<uint8_t>(dg[d] >> 16);
         }
       }
     }
@@ -102,14 +108,53 @@ __global__ void FinishStatus(int32_t* s, int n) {
   if (i < n && s[i] == 0x7fffffff) s[i] = 0;
 }
 
-// Dynamic shared memory: the levels of one head [token][D + 4], then the
-// page's records of this kind [token][stride].
+// A token's record, written from the end of its payload area backwards in
+// 32-bit words as rANS emits bytes (the first byte emitted is the last of
+// the payload), then moved to the payload's start. `end` is the payload's
+// end rounded up to a word; words below `lo` (the payload's start) are never
+// written, so a stream that does not fit stays inside its record.
+struct BackwardWriter {
+  uint32_t* end;  // one past the last word
+  int room;       // words the area holds
+  uint32_t w = 0;
+  int bytes = 0;  // emitted so far
+  __device__ __forceinline__ void Put(uint32_t b) {
+    w = (w << 8) | (b & 255u);
+    if ((++bytes & 3) == 0) {
+      const int j = bytes / 4;  // word j - 1 from the end
+      if (j <= room) end[-j] = w;
+      w = 0;
+    }
+  }
+  // The last partial word, its bytes at the top.
+  __device__ __forceinline__ void Flush() {
+    const int nb = bytes & 3;
+    if (nb != 0 && bytes / 4 + 1 <= room) end[-(bytes / 4 + 1)] = w << (8 * (4 - nb));
+  }
+};
+
+// Moves the stream's `used` bytes, which end at byte `area` of the record's
+// payload words, to the payload's start and zeroes the record's tail.
+__device__ __forceinline__ void MoveToStart(uint32_t* pay, int area, int used, int tail_words) {
+  const int d = area - used;  // bytes to move down
+  const int q = d >> 2, sh = 8 * (d & 3);
+  const int words = (used + 3) / 4, limit = area / 4;
+  for (int i = 0; i < words; ++i) {
+    const uint32_t a = pay[q + i];
+    const uint32_t b = q + i + 1 < limit ? pay[q + i + 1] : 0u;
+    uint32_t v = sh == 0 ? a : __funnelshift_r(a, b, sh);
+    const int valid = used - 4 * i;
+    if (valid < 4) v &= (1u << (8 * valid)) - 1u;
+    pay[i] = v;
+  }
+  for (int i = words; i < tail_words; ++i) pay[i] = 0u;
+}
+
+// Static shared memory: the levels of one head [token][D + 4].
 template <int D>
 __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
-  extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* lv = smem;
-  uint8_t* recs = smem + kLevelPageTokens * kRowBytes;
+  __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
   __shared__ uint32_t table[16], rcp[16];
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
@@ -130,7 +175,8 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
     rcp[tid] = 0xffffffffu / f;  // q = umulhi(x, rcp) is x / f or one less
   }
   const bool has = tid < tokens;
-  uint8_t* rec = recs + tid * stride;
+  uint32_t* rec =
+      reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) + static_cast<size_t>(tid) * stride);
   const uint32_t header = reinterpret_cast<const uint32_t*>(hot + 512 * kind)[tid];
   bool ok = GridOk(header);
   if (kind == 0) {  // the mean record, then zeros to its stride
@@ -140,8 +186,11 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   }
 
   const size_t head_bytes = hl.key_block_bytes + hl.value_block_bytes;
+  const int area = (stride - kRecordHeaderBytes) / 4 * 4;  // >= payload: the stride is word-aligned
+  BackwardWriter out;
+  out.end = rec + 1 + area / 4;
+  out.room = area / 4;
   uint32_t x = kStateLow;
-  int pos = payload;  // the stream's bytes so far: rec[4 + pos, 4 + payload)
   uint32_t top = 0;
   for (int h = hl.kv_heads - 1; h >= 0; --h) {
     __syncthreads();  // the previous head's levels are coded
@@ -166,10 +215,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
         const uint32_t e = table[s & 15u];
         const uint32_t f = e & 0xffffu;
         if (x >= ((kStateLow >> kProbBits) << 8) * f) {
-          if (pos > 0)
-            rec[4 + --pos] = static_cast<uint8_t>(x);
-          else
-            ok = false;
+          out.Put(x);
           x >>= 8;
         }
         uint32_t q = __umulhi(x, rcp[s & 15u]);
@@ -182,28 +228,20 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
       }
     }
   }
-  if (has) {
-    if (top >= static_cast<uint32_t>(tab.levels) || pos < kStateBytes) ok = false;
-    if (ok) {
-      pos -= kStateBytes;
-      rec[4 + pos] = static_cast<uint8_t>(x);
-      rec[5 + pos] = static_cast<uint8_t>(x >> 8);
-      rec[6 + pos] = static_cast<uint8_t>(x >> 16);
-      rec[7 + pos] = static_cast<uint8_t>(x >> 24);
-      const int used = payload - pos;
-      for (int i = 0; i < used; ++i) rec[4 + i] = rec[4 + pos + i];
-      for (int i = 4 + used; i < stride; ++i) rec[i] = 0;
-      *reinterpret_cast<uint32_t*>(rec) = header;
-    } else if (p.status_dev != nullptr) {
-      atomicMin(p.status_dev + page, 1 + kind * kLevelPageTokens + tid);
-    }
-  }
-  __syncthreads();
-  // The records of tokens [0, tokens), contiguous in the page.
-  uint8_t* dst = cold + (kind == 0 ? 0 : cl.value_offset);
-  const int bytes = tokens * stride;
-  for (int i = tid; i < bytes / 4; i += kThreads) {
-    reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(recs)[i];
+  if (!has) return;
+  // The final state, its bytes LE below the stream: the top byte first.
+  out.Put(x >> 24);
+  out.Put(x >> 16);
+  out.Put(x >> 8);
+  out.Put(x);
+  out.Flush();
+  const int used = out.bytes;
+  if (top >= static_cast<uint32_t>(tab.levels) || used > payload) ok = false;
+  if (ok) {
+    rec[0] = header;
+    MoveToStart(rec + 1, area, used, (stride - kRecordHeaderBytes) / 4);
+  } else if (p.status_dev != nullptr) {
+    atomicMin(p.status_dev + page, 1 + kind * kLevelPageTokens + tid);
   }
 }
 
@@ -233,16 +271,8 @@ absl::Status LaunchDemote(const DemoteParams& p, cudaStream_t stream) {
   }
   if (p.status_dev != nullptr) ClearStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
   const dim3 grid(p.pages, 2);
-  absl::Status st;
-  if (p.hot.head_dim == 128) {
-    const size_t smem = kLevelPageTokens * (128 + 4) +
-                        static_cast<size_t>(kLevelPageTokens) * std::max(p.cold.key_stride, p.cold.value_stride);
-    st = LaunchKernel(DemoteKernel<128>, grid, kThreads, smem, stream, "demote", p);
-  } else {
-    const size_t smem = kLevelPageTokens * (64 + 4) +
-                        static_cast<size_t>(kLevelPageTokens) * std::max(p.cold.key_stride, p.cold.value_stride);
-    st = LaunchKernel(DemoteKernel<64>, grid, kThreads, smem, stream, "demote", p);
-  }
+  absl::Status st = p.hot.head_dim == 128 ? LaunchKernel(DemoteKernel<128>, grid, kThreads, 0, stream, "demote", p)
+                                          : LaunchKernel(DemoteKernel<64>, grid, kThreads, 0, stream, "demote", p);
   if (!st.ok()) return st;
   if (p.status_dev != nullptr) FinishStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
   return CudaStatus(cudaGetLastError(), "demote launch");
