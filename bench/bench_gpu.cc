@@ -434,10 +434,7 @@ void PromotionTime(const DQuantCodec& codec, const PageLayout& lay, const LevelP
   dp.hot = hl;
   dp.cold_pool_dev = back.get<uint8_t>();
   dp.cold = lay;
-  const RansTable& kt = codec.key_codec().table();
-  const RansTable& vt = codec.value_codec().table();
-  dp.keys = MakeDemoteTable(kt.freq, kt.cum, kt.levels, codec.key_codec().payload_bytes());
-  dp.values = MakeDemoteTable(vt.freq, vt.cum, vt.levels, codec.value_codec().payload_bytes());
+  SetDemoteTables(codec, &dp);
   dp.pages = kPages;
   dp.hot_pages_dev = pp.hot_pages_dev;
   dp.cold_pages_dev = pp.cold_pages_dev;

@@ -83,5 +83,17 @@ std::vector<float> PackTransforms(const TransformSet& set) {
   return out;
 }
 
+void SetDemoteTables(const DQuantCodec& codec, DemoteParams* p) {
+  auto fill = [](const StreamCodec& sc, DemoteTable* t) {
+    const RansTable& r = sc.table();
+    *t = DemoteTable();
+    t->levels = r.levels;
+    t->payload = sc.payload_bytes();
+    for (int m = 0; m < r.levels && m < 16; ++m) t->entry[m] = r.freq[m] | (static_cast<uint32_t>(r.cum[m]) << 16);
+  };
+  fill(codec.key_codec(), &p->keys);
+  fill(codec.value_codec(), &p->values);
+}
+
 }  // namespace gpu
 }  // namespace driftkv

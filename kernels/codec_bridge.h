@@ -15,6 +15,7 @@
 #include "codec/transform/transforms_file.h"
 #include "kernels/attention.h"
 #include "kernels/encode.h"
+#include "kernels/level_demote.h"
 
 namespace driftkv {
 namespace gpu {
@@ -32,6 +33,10 @@ std::vector<float> PackTransforms(const TransformSet& set);
 // InvalidArgument when the kernels do not take the codec's pages
 // (GpuPageLayoutError, e.g. a mean window other than kPageTokens).
 absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p);
+
+// Both streams' encoding tables, level counts and payloads of `codec` into
+// p.keys and p.values (the rest of p untouched).
+void SetDemoteTables(const DQuantCodec& codec, DemoteParams* p);
 
 }  // namespace gpu
 }  // namespace driftkv

@@ -73,10 +73,7 @@ void DemoteOnDevice(const DQuantCodec& codec, const PageLayout& cl, const LevelP
   dp.hot = hl;
   dp.cold_pool_dev = cold.get<uint8_t>();
   dp.cold = cl;
-  const RansTable& kt = codec.key_codec().table();
-  const RansTable& vt = codec.value_codec().table();
-  dp.keys = MakeDemoteTable(kt.freq, kt.cum, kt.levels, codec.key_codec().payload_bytes());
-  dp.values = MakeDemoteTable(vt.freq, vt.cum, vt.levels, codec.value_codec().payload_bytes());
+  SetDemoteTables(codec, &dp);
   dp.pages = static_cast<int>(ids.size());
   dp.hot_pages_dev = dids.get<int32_t>();
   dp.cold_pages_dev = dids.get<int32_t>();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
 #include "kernels/device_common.cuh"
+#include "kernels/first_failure.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/level_demote.h"
 
@@ -97,15 +98,6 @@ __device__ __forceinline__ bool GridOk(uint32_t header) {
   const uint32_t s = header & 0xffffu, o = header >> 16;
   const bool finite = (s & 0x7c00u) != 0x7c00u && (o & 0x7c00u) != 0x7c00u;
   return finite && ((s & 0x8000u) == 0 || (s & 0x7fffu) == 0);
-}
-
-__global__ void ClearStatus(int32_t* s, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) s[i] = 0x7fffffff;
-}
-__global__ void FinishStatus(int32_t* s, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n && s[i] == 0x7fffffff) s[i] = 0;
 }
 
 // A token's record, written from the end of its payload area backwards in
@@ -247,14 +239,6 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
 
 }  // namespace
 
-DemoteTable MakeDemoteTable(const uint16_t* freq, const uint16_t* cum, int levels, int payload) {
-  DemoteTable t;
-  t.levels = levels;
-  t.payload = payload;
-  for (int m = 0; m < levels && m < 16; ++m) t.entry[m] = freq[m] | (static_cast<uint32_t>(cum[m]) << 16);
-  return t;
-}
-
 absl::Status LaunchDemote(const DemoteParams& p, cudaStream_t stream) {
   if (p.pages < 0) return absl::InvalidArgumentError(absl::StrCat("pages ", p.pages, " < 0"));
   if (p.pages == 0) return absl::OkStatus();
@@ -269,12 +253,12 @@ absl::Status LaunchDemote(const DemoteParams& p, cudaStream_t stream) {
       p.values.payload + kRecordHeaderBytes > p.cold.value_stride) {
     return absl::InvalidArgumentError("payload larger than its record");
   }
-  if (p.status_dev != nullptr) ClearStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
+  LaunchFirstFailureReset(p.status_dev, p.pages, stream);
   const dim3 grid(p.pages, 2);
   absl::Status st = p.hot.head_dim == 128 ? LaunchKernel(DemoteKernel<128>, grid, kThreads, 0, stream, "demote", p)
                                           : LaunchKernel(DemoteKernel<64>, grid, kThreads, 0, stream, "demote", p);
   if (!st.ok()) return st;
-  if (p.status_dev != nullptr) FinishStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
+  LaunchFirstFailureFinish(p.status_dev, p.pages, stream);
   return CudaStatus(cudaGetLastError(), "demote launch");
 }
 

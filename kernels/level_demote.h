@@ -20,7 +20,8 @@ namespace driftkv {
 namespace gpu {
 
 // A stream's encoding table: symbol m -> freq[m] | cum[m] << 16 (codec/rans.h
-// RansTable), zero past `levels`.
+// RansTable), zero past `levels` (kernels/codec_bridge.h SetDemoteTables
+// fills both from a codec).
 struct DemoteTable {
   int levels = 0;
   int payload = 0;  // C, the record's payload bytes
@@ -43,9 +44,6 @@ struct DemoteParams {
   // page's cold bytes are then partly written.
   int32_t* status_dev = nullptr;
 };
-
-// Fills a DemoteTable from a stream codec's table and payload.
-DemoteTable MakeDemoteTable(const uint16_t* freq, const uint16_t* cum, int levels, int payload);
 
 absl::Status LaunchDemote(const DemoteParams& p, cudaStream_t stream);
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
 #include "kernels/device_common.cuh"
+#include "kernels/first_failure.cuh"
 #include "kernels/level_promote.h"
 
 namespace driftkv {
@@ -127,15 +128,6 @@ __device__ __forceinline__ void PackValueGroup(const uint8_t* lv, int row_bytes,
   }
 }
 
-__global__ void ClearStatus(int32_t* s, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) s[i] = 0x7fffffff;
-}
-__global__ void FinishStatus(int32_t* s, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n && s[i] == 0x7fffffff) s[i] = 0;
-}
-
 // One block per (page, kind): thread t owns token t's record of that kind.
 // Head by head (the stream runs head-major, so the rANS state carries over),
 // the block decodes head_dim symbols per token into shared memory, then
@@ -222,16 +214,13 @@ absl::Status LaunchPromote(const PromoteParams& p, cudaStream_t stream) {
   if (p.hot.head_dim % 64 != 0 || p.hot.head_dim > 128) {
     return absl::InvalidArgumentError(absl::StrCat("head_dim ", p.hot.head_dim, ": level pages need 64 or 128"));
   }
-  if (p.status_dev != nullptr) {
-    // "No failure" is the largest value, so that atomicMin keeps the first bad token.
-    ClearStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
-  }
+  LaunchFirstFailureReset(p.status_dev, p.pages, stream);
   if (p.hot.head_dim == 128) {
     PromoteKernel<128><<<dim3(p.pages, 2), kThreads, 0, stream>>>(p);
   } else {
     PromoteKernel<64><<<dim3(p.pages, 2), kThreads, 0, stream>>>(p);
   }
-  if (p.status_dev != nullptr) FinishStatus<<<(p.pages + 255) / 256, 256, 0, stream>>>(p.status_dev, p.pages);
+  LaunchFirstFailureFinish(p.status_dev, p.pages, stream);
   return CudaStatus(cudaGetLastError(), "promote launch");
 }
 

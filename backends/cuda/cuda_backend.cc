@@ -312,10 +312,7 @@ class CudaBackend : public Backend {
     dp.hot = hot_layout_;
     dp.cold_pool_dev = static_cast<uint8_t*>(arena_);
     dp.cold = layout_;
-    const RansTable& kt = codec_.key_codec().table();
-    const RansTable& vt = codec_.value_codec().table();
-    dp.keys = gpu::MakeDemoteTable(kt.freq, kt.cum, kt.levels, codec_.key_codec().payload_bytes());
-    dp.values = gpu::MakeDemoteTable(vt.freq, vt.cum, vt.levels, codec_.value_codec().payload_bytes());
+    gpu::SetDemoteTables(codec_, &dp);
     dp.pages = count;
     dp.hot_pages_dev = dev;
     dp.cold_pages_dev = dev + count;
