@@ -21,6 +21,7 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = kLevelPageTokens;
+static_assert(((kStateLow >> kProbBits) << 8) == (1u << 23), "a byte leaves when x >= f << 23");
 
 // Key group gi of lane l of one head's block (the inverse of
 // level_promote.cu's PackKeyGroup) into levels lv[token][row_bytes].
@@ -110,13 +111,17 @@ struct BackwardWriter {
   int room;       // words the area holds
   uint32_t w = 0;
   int bytes = 0;  // emitted so far
-  __device__ __forceinline__ void Put(uint32_t b) {
-    w = (w << 8) | (b & 255u);
-    if ((++bytes & 3) == 0) {
-      const int j = bytes / 4;  // word j - 1 from the end
-      if (j <= room) end[-j] = w;
-      w = 0;
-    }
+  __device__ __forceinline__ void Put(uint32_t b) { PutIf(true, b); }
+  // Put(b) when `emit`, in selects and one predicated store: the coding
+  // loop emits a byte every few levels, at different levels in each lane.
+  __device__ __forceinline__ void PutIf(bool emit, uint32_t b) {
+    const uint32_t nw = (w << 8) | (b & 255u);
+    const int nb = bytes + (emit ? 1 : 0);
+    const bool full = emit && (nb & 3) == 0;
+    const int j = nb >> 2;  // a full word is end[-j]
+    if (full && j <= room) end[-j] = nw;
+    w = full ? 0u : (emit ? nw : w);
+    bytes = nb;
   }
   // The last partial word, its bytes at the top.
   __device__ __forceinline__ void Flush() {
@@ -147,7 +152,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
-  __shared__ uint32_t table[16], rcp[16];
+  __shared__ __align__(8) uint2 table[16];  // (cum << 16 | freq, reciprocal)
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const PageLayout& cl = p.cold;
@@ -163,8 +168,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
     // codes as frequency 1 so that nothing divides by zero.
     const uint32_t e = tab.entry[tid];
     const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u;
-    table[tid] = (e & 0xffff0000u) | f;
-    rcp[tid] = 0xffffffffu / f;  // q = umulhi(x, rcp) is x / f or one less
+    table[tid] = make_uint2((e & 0xffff0000u) | f, 0xffffffffu / f);  // q = umulhi(x, rcp): x / f or one less
   }
   const bool has = tid < tokens;
   uint32_t* rec =
@@ -183,7 +187,12 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   out.end = rec + 1 + area / 4;
   out.room = area / 4;
   uint32_t x = kStateLow;
-  uint32_t top = 0;
+  // Levels at or above tab.levels set bit 7 of their byte here (levels are
+  // below 8 after unpacking, so no byte carries into the next).
+  const uint32_t over_add = (0x80u - static_cast<uint32_t>(tab.levels)) * 0x01010101u;
+  uint32_t over = 0;
+  const uint32_t table_addr = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+  const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(lv + tid * kRowBytes));
   for (int h = hl.kv_heads - 1; h >= 0; --h) {
     __syncthreads();  // the previous head's levels are coded
     const uint32_t* in = reinterpret_cast<const uint32_t*>(hot + hl.blocks_offset + h * head_bytes +
@@ -200,23 +209,25 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
     }
     __syncthreads();
     if (has) {
-      const uint8_t* row = lv + tid * kRowBytes;
-      for (int j = D - 1; j >= 0; --j) {
-        const uint32_t s = row[j];
-        top = max(top, s);
-        const uint32_t e = table[s & 15u];
-        const uint32_t f = e & 0xffffu;
-        if (x >= ((kStateLow >> kProbBits) << 8) * f) {
-          out.Put(x);
-          x >>= 8;
+      for (int j = D - 4; j >= 0; j -= 4) {
+        uint32_t four;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(four) : "r"(row_addr + j));
+        over |= (four + over_add) & 0x80808080u;
+#pragma unroll
+        for (int k = 3; k >= 0; --k) {
+          uint32_t ex, rc;
+          asm("ld.shared.v2.u32 {%0, %1}, [%2];"
+              : "=r"(ex), "=r"(rc)
+              : "r"(table_addr + (((four >> (8 * k)) & 15u) << 3)));
+          const uint32_t f = ex & 0xffffu;
+          const bool emit = x >= (f << 23);  // x >= ((L >> p) << 8) f
+          out.PutIf(emit, x);
+          x = emit ? x >> 8 : x;
+          const uint32_t q = __umulhi(x, rc);
+          const uint32_t r = x - q * f;
+          const bool carry = r >= f;
+          x = ((q + (carry ? 1u : 0u)) << kProbBits) + (carry ? r - f : r) + (ex >> 16);
         }
-        uint32_t q = __umulhi(x, rcp[s & 15u]);
-        uint32_t r = x - q * f;
-        if (r >= f) {
-          ++q;
-          r -= f;
-        }
-        x = (q << kProbBits) + r + (e >> 16);
       }
     }
   }
@@ -228,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   out.Put(x);
   out.Flush();
   const int used = out.bytes;
-  if (top >= static_cast<uint32_t>(tab.levels) || used > payload) ok = false;
+  if (over != 0 || used > payload) ok = false;
   if (ok) {
     rec[0] = header;
     MoveToStart(rec + 1, area, used, (stride - kRecordHeaderBytes) / 4);
