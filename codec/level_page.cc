@@ -104,21 +104,6 @@ int ValueGroupPairs(int head_dim, int group) {
   return LevelValueGroupKsteps(group) * (head_dim / kTile) * kRegs;
 }
 
-// Base-6 digits of two bytes at once: x = b | (b2 << 16), b, b2 < 216.
-// digit[d] = (b / 6^d) % 6 | ((b2 / 6^d) % 6) << 16. The divisions are
-// multiply-shift: floor(b * 57 / 2^11) = floor(b / 36) for b < 216 and
-// floor(r * 43 / 2^8) = floor(r / 6) for r < 36 (tests/level_page_test.cc
-// checks every pair); the products stay below 2^16, so the halves never mix.
-// The GPU kernel decodes the same way.
-inline void Base6Digits(uint32_t x, uint32_t digit[3]) {
-  const uint32_t l2 = ((x * 57u) >> 11) & 0x00070007u;
-  const uint32_t r = x - 36u * l2;
-  const uint32_t l1 = ((r * 43u) >> 8) & 0x00070007u;
-  digit[0] = r - 6u * l1;
-  digit[1] = l1;
-  digit[2] = l2;
-}
-
 void PackKeys(const LevelPageLayout& layout, int tokens, const uint8_t* levels, uint8_t* page) {
   const int n = layout.n(), d = layout.head_dim, pairs = 2 * d;
   std::vector<int32_t> lower(pairs);
@@ -229,7 +214,7 @@ inline void StoreQuadPairs(Quad x, uint8_t* p) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_shuffle_epi8(x, pick));
 }
 
-// Base6Digits on each element, in 16-bit lanes (no mask needed there).
+// LevelBase6Digits on each element, in 16-bit lanes (no mask needed there).
 inline void QuadBase6(Quad x, Quad digit[3]) {
   const __m128i l2 = _mm_srli_epi16(_mm_mullo_epi16(x, _mm_set1_epi16(57)), 11);
   const __m128i r = _mm_sub_epi16(x, _mm_mullo_epi16(l2, _mm_set1_epi16(36)));
@@ -290,7 +275,7 @@ inline void StoreQuadPairs(Quad x, uint8_t* p) {
 inline void QuadBase6(Quad x, Quad digit[3]) {
   for (int t = 0; t < 4; ++t) {
     uint32_t d[3];
-    Base6Digits(x.v[t], d);
+    LevelBase6Digits(x.v[t], d);
     for (int k = 0; k < 3; ++k) digit[k].v[t] = d[k];
   }
 }

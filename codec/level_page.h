@@ -107,6 +107,22 @@ struct LevelPageLayout {
   DRIFTKV_HD size_t value_block(int h) const { return key_block(h) + key_block_bytes; }
 };
 
+// Base-6 digits of two value bytes at once: x = b | (b2 << 16).
+// digit[d] = (b / 6^d) % 6 | ((b2 / 6^d) % 6) << 16 for b, b2 < 216. The
+// divisions are multiply-shift: floor(b * 57 / 2^11) = floor(b / 36) for
+// b < 216 and floor(r * 43 / 2^8) = floor(r / 6) for r < 36
+// (tests/level_page_test.cc checks every pair); the products stay below
+// 2^16, so the halves never mix. A corrupt byte (>= 216) gets digits up to 7,
+// the same on the host and on the device, so both see it out of range.
+DRIFTKV_HD inline void LevelBase6Digits(uint32_t x, uint32_t digit[3]) {
+  const uint32_t l2 = ((x * 57u) >> 11) & 0x00070007u;
+  const uint32_t r = x - 36u * l2;
+  const uint32_t l1 = ((r * 43u) >> 8) & 0x00070007u;
+  digit[0] = r - 6u * l1;
+  digit[1] = l1;
+  digit[2] = l2;
+}
+
 // Words (32-bit) of lane data in value k-step group `group` (0, 1, 2), padded
 // to a multiple of 4; and the first uint4 of the group in the lane's order.
 DRIFTKV_HD constexpr int LevelValueGroupKsteps(int group) {

@@ -50,18 +50,6 @@ __device__ __forceinline__ void UnpackKeyGroup(const uint32_t* in, int l, int gi
   }
 }
 
-// The base-6 digits of two bytes (in the low bytes of the 16-bit halves of
-// x), by codec/level_page.cc's integer formulas so that bytes >= 216 give
-// the same out-of-range digits; no half carries into the other.
-__device__ __forceinline__ void Digits2(uint32_t x, uint32_t (&d)[3]) {
-  const uint32_t l2 = ((x * 57u) >> 11) & 0x001f001fu;
-  const uint32_t r = x - 36u * l2;
-  const uint32_t l1 = ((r * 43u) >> 8) & 0x00ff00ffu;
-  d[0] = r - 6u * l1;
-  d[1] = l1;
-  d[2] = l2;
-}
-
 // Value k-step group GR of lane l of one head's block (the inverse of
 // level_promote.cu's PackValueGroup).
 template <int D, int GR>
@@ -79,7 +67,7 @@ __device__ __forceinline__ void UnpackValueGroup(const uint32_t* in, int l, uint
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t dg[3];  // lower token's digit in bits 0-7, upper token's in 16-23
-      Digits2((word >> (8 * half)) & 0x00ff00ffu, dg);
+      LevelBase6Digits((word >> (8 * half)) & 0x00ff00ffu, dg);
 #pragma unroll
       for (int d = 0; d < 3; ++d) {
         const int i = 3 * (2 * w + half) + d;
