@@ -16,36 +16,48 @@ struct AttendPoller::Call {
 
 AttendPoller::AttendPoller(std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues, absl::Duration spin,
                            RequestFn request, ServeFn serve)
-    : queues_(std::move(queues)), spin_(spin), request_(std::move(request)), serve_(std::move(serve)) {}
+    : spin_(spin), request_(std::move(request)), serve_(std::move(serve)) {
+  for (std::unique_ptr<grpc::ServerCompletionQueue>& cq : queues) {
+    queues_.push_back(std::make_unique<Queue>());
+    queues_.back()->cq = std::move(cq);
+  }
+}
 
 AttendPoller::~AttendPoller() {
   Stop();
 }
 
 void AttendPoller::Start() {
-  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : queues_) {
-    grpc::ServerCompletionQueue* q = cq.get();
-    threads_.emplace_back([this, q] { Run(q); });
+  for (const std::unique_ptr<Queue>& q : queues_) {
+    Queue* queue = q.get();
+    threads_.emplace_back([this, queue] { Run(queue); });
   }
 }
 
 void AttendPoller::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : queues_) cq->Shutdown();
+  for (const std::unique_ptr<Queue>& q : queues_) {
+    std::lock_guard<std::mutex> lock(q->mu);
+    q->shut = true;
+    q->cq->Shutdown();
+  }
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }
 
-void AttendPoller::RequestOne(grpc::ServerCompletionQueue* cq) {
+void AttendPoller::RequestOne(Queue* q) {
   Call* call = new Call();
-  request_(&call->context, &call->request, &call->writer, cq, call);
+  request_(&call->context, &call->request, &call->writer, q->cq.get(), call);
 }
 
-void AttendPoller::Run(grpc::ServerCompletionQueue* cq) {
+void AttendPoller::Run(Queue* q) {
   using Clock = std::chrono::steady_clock;
   const Clock::duration spin = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(spin_));
-  RequestOne(cq);
+  {
+    std::lock_guard<std::mutex> lock(q->mu);
+    if (!q->shut) RequestOne(q);
+  }
   Clock::time_point spin_until = Clock::now();
   for (;;) {
     void* tag = nullptr;
@@ -54,7 +66,7 @@ void AttendPoller::Run(grpc::ServerCompletionQueue* cq) {
     // spin window, block until the next event.
     const bool spinning = Clock::now() < spin_until;
     const grpc::CompletionQueue::NextStatus next =
-        cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+        q->cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC));
     if (next == grpc::CompletionQueue::SHUTDOWN) return;
     if (next == grpc::CompletionQueue::TIMEOUT) continue;
     Call* call = static_cast<Call*>(tag);
@@ -65,16 +77,20 @@ void AttendPoller::Run(grpc::ServerCompletionQueue* cq) {
     } else {
       grpc::ByteBuffer response;
       const grpc::Status status = serve_(&call->context, &call->request, &response);
-      // Only now, so that a thread that is serving has no call waiting on
-      // its queue; and before the answer, so that the server's Shutdown,
-      // which waits for this call, returns only after it (the queue is
-      // shut down after that, and must not be asked for a call then).
-      RequestOne(cq);
-      call->answered = true;
-      if (status.ok()) {
-        call->writer.Finish(response, status, call);
+      std::lock_guard<std::mutex> lock(q->mu);
+      if (q->shut) {
+        // Stopped while serving: the server has ended the call already.
+        delete call;
       } else {
-        call->writer.FinishWithError(status, call);
+        // Only now, so that a thread that is serving has no call waiting
+        // on its queue.
+        RequestOne(q);
+        call->answered = true;
+        if (status.ok()) {
+          call->writer.Finish(response, status, call);
+        } else {
+          call->writer.FinishWithError(status, call);
+        }
       }
     }
     spin_until = Clock::now() + spin;

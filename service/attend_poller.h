@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -55,15 +56,26 @@ class AttendPoller {
   void Start();
   // After grpc::Server::Shutdown: shuts the queues down, lets each thread
   // drain its queue (cancelled requests, answers being sent) and joins.
+  // A call still being served then (the server's Shutdown returns once its
+  // deadline has cancelled the calls, not when their serving ends) is
+  // dropped unanswered: its client has seen CANCELLED already.
   // Idempotent.
   void Stop();
 
  private:
   struct Call;
-  void Run(grpc::ServerCompletionQueue* cq);
-  void RequestOne(grpc::ServerCompletionQueue* cq);
+  // One queue and what guards it: a queue that is shut down must not be
+  // given new work (gRPC aborts the process), so asking for a call or
+  // sending an answer and shutting the queue down exclude each other.
+  struct Queue {
+    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    std::mutex mu;
+    bool shut = false;  // guarded by mu
+  };
+  void Run(Queue* q);
+  void RequestOne(Queue* q);  // REQUIRES: q->mu held, !q->shut
 
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::unique_ptr<Queue>> queues_;
   const absl::Duration spin_;
   const RequestFn request_;
   const ServeFn serve_;

@@ -3,8 +3,9 @@
 // backend, its answers equal the sleeping door's bit for bit (inline f32
 // and bf16 outputs, decode steps, batched, alone and from 8 clients at
 // once), its errors are the same statuses, a request that does not parse
-// is INVALID_ARGUMENT, a shutdown with calls in flight ends them cleanly,
-// and the config names its bad values.
+// is INVALID_ARGUMENT, a shutdown with calls in flight ends them cleanly
+// (also one still being served when the poller stops), and the config
+// names its bad values.
 #include <atomic>
 #include <memory>
 #include <string>
@@ -12,10 +13,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "proto/driftkv.grpc.pb.h"
+#include "service/attend_poller.h"
 #include "service/server.h"
 #include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
@@ -208,6 +216,65 @@ TEST(AttendPoller, ShutdownWithCallsInFlightEndsThem) {
     stop.store(true);
     for (std::thread& c : clients) c.join();
     EXPECT_EQ(unexpected.load(), 0);
+  }
+}
+
+// A call still being served when the server's Shutdown has cancelled it
+// and the poller is stopped: the poller must neither ask the shut-down
+// queue for the next call nor answer on it (gRPC aborts the process on
+// either), and the client sees the call end.
+TEST(AttendPoller, StopWhileServingDropsTheCall) {
+  v1::KvCache::WithRawMethod_Attend<v1::KvCache::Service> service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
+  queues.push_back(builder.AddCompletionQueue());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::Notification entered, server_down;
+  std::atomic<int> served{0};
+  AttendPoller poller(
+      std::move(queues), absl::Microseconds(50),
+      [&service](grpc::ServerContext* context, grpc::ByteBuffer* request,
+                 grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq,
+                 void* tag) { service.RequestAttend(context, request, writer, cq, cq, tag); },
+      [&](grpc::ServerContext*, grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+        entered.Notify();
+        // Past the server's Shutdown (if gRPC lets it return first), and
+        // long enough for Stop to have shut the queue down.
+        if (server_down.WaitForNotificationWithTimeout(absl::Seconds(10))) absl::SleepFor(absl::Milliseconds(200));
+        ++served;
+        *response = *request;
+        return grpc::Status::OK;
+      });
+  poller.Start();
+
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::Slice slice(std::string("bytes"));
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&ctx, "/driftkv.v1.KvCache/Attend", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  entered.WaitForNotification();
+
+  server->Shutdown(std::chrono::system_clock::now());
+  server_down.Notify();
+  poller.Stop();
+  EXPECT_EQ(served.load(), 1);
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_NE(status.error_code(), grpc::StatusCode::OK) << "the call was cut by the shutdown";
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
   }
 }
 
