@@ -319,12 +319,11 @@ class CudaBackend : public Backend {
     dp.tokens_dev = dev + 2 * count;
     dp.status_dev = dev + 3 * count;
     if (st.ok()) st = gpu::LaunchDemote(dp, stream_);
-    for (int i = 0; st.ok() && i < count; ++i) {
-      st =
-          Cuda(cudaMemcpyAsync(pool_.key_records(moves[i].to),
-                               static_cast<uint8_t*>(arena_) + static_cast<size_t>(ids[count + i]) * layout_.page_bytes,
-                               layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
-               "mirror demoted page");
+    if (st.ok()) {
+      // A demotion's cold pages are one fresh reservation: mostly one run.
+      std::vector<PageId> cold(count);
+      for (int i = 0; i < count; ++i) cold[i] = moves[i].to;
+      st = EnqueueMirror(std::move(cold), stream_);
     }
     std::vector<int32_t> status(count);
     if (st.ok()) {
@@ -713,21 +712,30 @@ class CudaBackend : public Backend {
   // thread's own stream and without mu_: the copies of one call overlap the
   // next call's encoding. REQUIRES: their encoding has completed.
   absl::Status MirrorPages(absl::Span<const EncodeJob> jobs) {
-    std::vector<PageId> sorted;
-    for (const EncodeJob& j : jobs) sorted.push_back(j.page - base_);
-    std::sort(sorted.begin(), sorted.end());
+    std::vector<PageId> pages;
+    for (const EncodeJob& j : jobs) pages.push_back(j.page);
     absl::Status st = Cuda(cudaSetDevice(device_), "cudaSetDevice");
-    for (size_t j = 0; j < sorted.size() && st.ok();) {
+    if (st.ok()) st = EnqueueMirror(std::move(pages), cudaStreamPerThread);
+    if (st.ok() && !jobs.empty()) st = Cuda(cudaStreamSynchronize(cudaStreamPerThread), "download pages");
+    return st;
+  }
+
+  // Queues on `stream` the copies of the device arena's `pages` to their
+  // host mirror, one copy per run of consecutive ids.
+  absl::Status EnqueueMirror(std::vector<PageId> pages, cudaStream_t stream) {
+    std::sort(pages.begin(), pages.end());
+    for (size_t j = 0; j < pages.size();) {
       size_t end = j + 1;
-      while (end < sorted.size() && sorted[end] == sorted[end - 1] + 1) ++end;
-      const size_t offset = static_cast<size_t>(sorted[j]) * layout_.page_bytes;
-      st = Cuda(cudaMemcpyAsync(pool_.key_records(sorted[j] + base_), static_cast<uint8_t*>(arena_) + offset,
-                                (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread),
-                "download pages");
+      while (end < pages.size() && pages[end] == pages[end - 1] + 1) ++end;
+      const size_t offset = static_cast<size_t>(pages[j] - base_) * layout_.page_bytes;
+      absl::Status st =
+          Cuda(cudaMemcpyAsync(pool_.key_records(pages[j]), static_cast<uint8_t*>(arena_) + offset,
+                               (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, stream),
+               "download pages");
+      if (!st.ok()) return st;
       j = end;
     }
-    if (st.ok() && !sorted.empty()) st = Cuda(cudaStreamSynchronize(cudaStreamPerThread), "download pages");
-    return st;
+    return absl::OkStatus();
   }
 
   // Encodes jobs[j] from tokens [j P, (j + 1) P) of keys_dev/values_dev
