@@ -27,7 +27,7 @@ namespace driftkv {
 // one the kernels take, or when `transforms` (WUSH-KV, backends/backend.h
 // TRANSFORMS) does not match the codec (shape, rotation "identity").
 // `window_cache_bytes` of device memory keep the bf16 windows between calls
-// (see WINDOW CACHE in cuda_backend.cc; 0: upload every window with every
+// (backends/cuda/window_cache.h; 0: upload every window with every
 // launch).
 constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 // `hot_pool` (level pages, HOT TIER in backends/backend.h) enables the hot

@@ -55,8 +55,8 @@ absl::Status CudaBackend::EncodePages(absl::Span<EncodeJob> jobs) {
                               cudaMemcpyHostToDevice, stream_),
               "upload keys");
     if (st.ok()) {
-      st = Cuda(cudaMemcpyAsync(values_in_.get<float>() + j * page_floats, jobs[j].values,
-                                page_floats * sizeof(float), cudaMemcpyHostToDevice, stream_),
+      st = Cuda(cudaMemcpyAsync(values_in_.get<float>() + j * page_floats, jobs[j].values, page_floats * sizeof(float),
+                                cudaMemcpyHostToDevice, stream_),
                 "upload values");
     }
   }
@@ -130,9 +130,9 @@ absl::Status CudaBackend::CheckStaged(const StagedTokens& t, int n, float limit)
 }
 
 absl::Status CudaBackend::EncodeStaged(const StagedTokens& t, int n, int page_tokens, int64_t skip, int64_t fresh,
-                          absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
-                          absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
-                          std::vector<uint16_t>* tail_values) {
+                                       absl::Span<const uint16_t> prefix_keys, absl::Span<const uint16_t> prefix_values,
+                                       absl::Span<EncodeJob> jobs, std::vector<uint16_t>* tail_keys,
+                                       std::vector<uint16_t>* tail_values) {
   for (const EncodeJob& j : jobs) {
     absl::Status st = CheckLayer(j.layer);
     if (!st.ok()) return st;
@@ -174,13 +174,13 @@ absl::Status CudaBackend::EncodeStaged(const StagedTokens& t, int n, int page_to
   const size_t rest = (total - encoded) * n;
   std::vector<float> rk(rest), rv(rest);
   if (rest > 0) {
-    st = Cuda(
-        cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_),
-        "download window keys");
+    st =
+        Cuda(cudaMemcpyAsync(rk.data(), keys_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_),
+             "download window keys");
     if (st.ok())
-      st = Cuda(cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost,
-                                stream_),
-                "download window values");
+      st = Cuda(
+          cudaMemcpyAsync(rv.data(), values_in_.get<float>() + encoded * n, rest * 4, cudaMemcpyDeviceToHost, stream_),
+          "download window values");
     if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download window");
     if (!st.ok()) return st;
   }
@@ -209,10 +209,9 @@ absl::Status CudaBackend::EnqueueMirror(std::vector<PageId> pages, cudaStream_t 
     size_t end = j + 1;
     while (end < pages.size() && pages[end] == pages[end - 1] + 1) ++end;
     const size_t offset = static_cast<size_t>(pages[j] - base_) * layout_.page_bytes;
-    absl::Status st =
-        Cuda(cudaMemcpyAsync(pool_.key_records(pages[j]), static_cast<uint8_t*>(arena_) + offset,
-                             (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, stream),
-             "download pages");
+    absl::Status st = Cuda(cudaMemcpyAsync(pool_.key_records(pages[j]), static_cast<uint8_t*>(arena_) + offset,
+                                           (end - j) * layout_.page_bytes, cudaMemcpyDeviceToHost, stream),
+                           "download pages");
     if (!st.ok()) return st;
     j = end;
   }
@@ -249,8 +248,8 @@ absl::Status CudaBackend::EncodeOnDeviceLocked(float* keys_dev, float* values_de
   if (!st.ok()) return st;
   std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
   if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
-                              cudaMemcpyDeviceToHost, stream_),
+    st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]), cudaMemcpyDeviceToHost,
+                              stream_),
               "download stats");
   }
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "encode");
@@ -277,8 +276,8 @@ absl::Status CudaBackend::EncodeOnDeviceLocked(float* keys_dev, float* values_de
         ss.max_move = std::max(ss.max_move, static_cast<int>(s.max_move));
         ss.constant += s.constant;
         std::vector<float>& util = kind == 0 ? jobs[j].key_utilization : jobs[j].value_utilization;
-        util[t] = static_cast<float>(s.bytes_used) /
-                  (kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes);
+        util[t] =
+            static_cast<float>(s.bytes_used) / (kind == 0 ? encode_.keys.payload_bytes : encode_.values.payload_bytes);
       }
     }
     jobs[j].stats = cs;

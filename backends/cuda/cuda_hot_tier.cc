@@ -67,8 +67,8 @@ absl::Status CudaBackend::PromotePages(absl::Span<const TierMove> moves) {
   return PromotionStatus(moves, status.data());
 }
 
-absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
-                                 PageChecksum* cold_sums, PageChecksum* hot_sums) {
+absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold,
+                                              const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums) {
   if (hot_pool_ == nullptr || &cold != &pool_ || &hot != hot_pool_) {
     return Backend::PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
   }
@@ -182,9 +182,9 @@ absl::Status CudaBackend::DemotePages(absl::Span<const TierMove> moves) {
   }
   std::vector<int32_t> status(count);
   if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(status.data(), dp.status_dev, 4 * static_cast<size_t>(count), cudaMemcpyDeviceToHost,
-                              stream_),
-              "download demotion status");
+    st = Cuda(
+        cudaMemcpyAsync(status.data(), dp.status_dev, 4 * static_cast<size_t>(count), cudaMemcpyDeviceToHost, stream_),
+        "download demotion status");
   }
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "demote");
   if (!st.ok()) return st;
@@ -193,11 +193,11 @@ absl::Status CudaBackend::DemotePages(absl::Span<const TierMove> moves) {
     std::vector<uint8_t> level(hot_layout_.page_bytes), cold(layout_.page_bytes);
     st = DownloadHotPage(moves[i].from, level.data());
     if (!st.ok()) return st;
-    st = DemotePage(codec_, hot_layout_, level.data(), moves[i].tokens, cold.data(),
-                    cold.data() + layout_.value_offset, cold.data() + layout_.mean_offset);
+    st = DemotePage(codec_, hot_layout_, level.data(), moves[i].tokens, cold.data(), cold.data() + layout_.value_offset,
+                    cold.data() + layout_.mean_offset);
     if (st.ok()) {
-      return absl::InternalError(absl::StrCat("hot page ", moves[i].from, ": the device refused record ",
-                                              status[i] - 1, " that the host demotes"));
+      return absl::InternalError(absl::StrCat("hot page ", moves[i].from, ": the device refused record ", status[i] - 1,
+                                              " that the host demotes"));
     }
     return absl::DataLossError(absl::StrCat("hot page ", moves[i].from, ": ", st.message()));
   }
@@ -224,11 +224,10 @@ absl::Status CudaBackend::DecodeHotTokens(PageId page, int layer, int first, int
 }
 
 absl::Status CudaBackend::DownloadHotPage(PageId page, uint8_t* dst) {
-  absl::Status st =
-      Cuda(cudaMemcpyAsync(
-               dst, static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
-               hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
-           "download hot page");
+  absl::Status st = Cuda(
+      cudaMemcpyAsync(dst, static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
+                      hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
+      "download hot page");
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download hot page");
   return st;
 }

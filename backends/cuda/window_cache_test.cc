@@ -66,7 +66,7 @@ void MakeSharedPage(int slots, std::mt19937_64* rng, SharedPage* out) {
   ASSERT_TRUE(out->cuda->EncodePages(absl::MakeSpan(js)).ok());
 }
 
-// The device window cache (cuda_backend.cc, WINDOW CACHE): windows that grow
+// The device window cache (backends/cuda/window_cache.h): windows that grow
 // by a token per step, move past a page, repeat within a launch, and more
 // windows than slots (the staging fallback) give the CPU backend's results
 // at every step.
