@@ -2,15 +2,16 @@
 //
 // One block of 128 threads per (page, keys or values); thread t codes token
 // t's record. rANS codes backwards, so the block unpacks the page's KV heads
-// last to first into shared memory ([token][channel], the inverse of
-// level_promote.cu's packing) and each thread carries its state from one
-// head to the next, writing renormalisation bytes backwards into its record
-// in device memory, a word at a time; then it moves the stream to the
-// payload's start and zeroes the record's tail.
+// last to first into shared memory ([token][channel], the inverse of the
+// promotion's packing: codec/level_fragments.h) and each thread carries its
+// state from one head to the next, writing renormalisation bytes backwards
+// into its record in device memory, a word at a time; then it moves the
+// stream to the payload's start and zeroes the record's tail.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
+#include "codec/level_fragments.h"
 #include "kernels/device_common.cuh"
 #include "kernels/first_failure.cuh"
 #include "kernels/launch.cuh"
@@ -22,65 +23,6 @@ namespace {
 
 constexpr int kThreads = kLevelPageTokens;
 static_assert(((kStateLow >> kProbBits) << 8) == (1u << 23), "a byte leaves when x >= f << 23");
-
-// Key group gi of lane l of one head's block (the inverse of
-// level_promote.cu's PackKeyGroup) into levels lv[token][row_bytes].
-template <int D>
-__device__ __forceinline__ void UnpackKeyGroup(const uint32_t* in, int l, int gi, uint8_t* lv, int row_bytes) {
-  constexpr int gpm = D / 64;
-  const int mt = gi / gpm, grp = gi % gpm, g = l >> 2, t = l & 3;
-  uint8_t* base = lv + (16 * mt + g) * row_bytes + 64 * grp + 2 * t;
-  const int w0 = gi * 3;
-  uint32_t w[3];
-#pragma unroll
-  for (int k = 0; k < 3; ++k) w[k] = in[((w0 + k) / 4 * 32 + l) * 4 + (w0 + k) % 4];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    const int r = e & 3;
-    uint32_t lo, hi;
-    if (e < 15) {
-      lo = (w[e / 5] >> (3 * (e % 5))) & 7u;
-      hi = (w[e / 5] >> (16 + 3 * (e % 5))) & 7u;
-    } else {
-      lo = ((w[0] >> 15) & 1u) | ((w[1] >> 14) & 2u) | ((w[2] >> 13) & 4u);
-      hi = ((w[0] >> 31) & 1u) | ((w[1] >> 30) & 2u) | ((w[2] >> 29) & 4u);
-    }
-    *reinterpret_cast<uint16_t*>(base + 8 * (r & 1) * row_bytes + 16 * (e >> 2) + 8 * (r >> 1)) =
-        static_cast<uint16_t>(lo | (hi << 8));
-  }
-}
-
-// Value k-step group GR of lane l of one head's block (the inverse of
-// level_promote.cu's PackValueGroup).
-template <int D, int GR>
-__device__ __forceinline__ void UnpackValueGroup(const uint32_t* in, int l, uint8_t* lv, int row_bytes) {
-  constexpr int MT = D / 16;
-  constexpr int kPairs = LevelValueGroupKsteps(GR) * MT * 4;
-  constexpr int kFirst = GR * 3 * MT * 4;
-  constexpr int kWords = LevelValueGroupWords(D, GR);
-  constexpr int kVec0 = GR == 0 ? 0 : (GR == 1 ? 1 : 2) * (LevelValueGroupWords(D, 0) / 4);
-  const int g = l >> 2, t = l & 3;
-  uint8_t* base = lv + (2 * t) * row_bytes + g;
-#pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    const uint32_t word = in[((kVec0 + w / 4) * 32 + l) * 4 + w % 4];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t dg[3];  // lower token's digit in bits 0-7, upper token's in 16-23
-      LevelBase6Digits((word >> (8 * half)) & 0x00ff00ffu, dg);
-#pragma unroll
-      for (int d = 0; d < 3; ++d) {
-        const int i = 3 * (2 * w + half) + d;
-        if (i < kPairs) {
-          const int P = kFirst + i, ks = P / (4 * MT), mt = (P / 4) % MT, r = P & 3;
-          uint8_t* at = base + (16 * ks + 8 * (r >> 1)) * row_bytes + 16 * mt + 8 * (r & 1);
-          at[0] = static_cast<uint8_t>(dg[d]);
-          at[row_bytes] = static_cast<uint8_t>(dg[d] >> 16);
-        }
-      }
-    }
-  }
-}
 
 // codec/level_page.cc LevelHeaderGrid: scale and offset finite, scale >= 0.
 __device__ __forceinline__ bool GridOk(uint32_t header) {

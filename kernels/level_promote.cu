@@ -9,6 +9,7 @@
 // a block, so many blocks share an SM and hide the decode's serial latency.
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
+#include "codec/level_fragments.h"
 #include "kernels/device_common.cuh"
 #include "kernels/first_failure.cuh"
 #include "kernels/level_promote.h"
@@ -65,67 +66,6 @@ __device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadR
   }
   ptr += sel - kSelBase;
   return out;
-}
-
-// Packs the key block of one head from levels lv[token][row_bytes]: task =
-// (lane l, group index gi of the lane's order), the group's three words.
-template <int D>
-__device__ __forceinline__ void PackKeyGroup(const uint8_t* lv, int row_bytes, int l, int gi, uint32_t* out) {
-  constexpr int gpm = D / 64;
-  const int mt = gi / gpm, grp = gi % gpm, g = l >> 2, t = l & 3;
-  const uint8_t* base = lv + (16 * mt + g) * row_bytes + 64 * grp + 2 * t;
-  uint32_t w[3] = {0, 0, 0};
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    // pair e: k-step grp * 4 + e / 4, register r = e % 4 (token + 8 (r & 1),
-    // channel + 8 (r >> 1)); lower channel even, so one 16-bit read.
-    const int r = e & 3;
-    const uint32_t two =
-        *reinterpret_cast<const uint16_t*>(base + 8 * (r & 1) * row_bytes + 16 * (e >> 2) + 8 * (r >> 1));
-    const uint32_t lo = two & 255u, hi = two >> 8;
-    if (e < 15) {
-      w[e / 5] |= (lo << (3 * (e % 5))) | (hi << (16 + 3 * (e % 5)));
-    } else {
-#pragma unroll
-      for (int b = 0; b < 3; ++b) w[b] |= (((lo >> b) & 1u) << 15) | (((hi >> b) & 1u) << 31);
-    }
-  }
-  const int w0 = gi * 3;
-#pragma unroll
-  for (int k = 0; k < 3; ++k) out[((w0 + k) / 4 * 32 + l) * 4 + (w0 + k) % 4] = w[k];
-}
-
-// Packs value k-step group GR of one head for lane l.
-template <int D, int GR>
-__device__ __forceinline__ void PackValueGroup(const uint8_t* lv, int row_bytes, int l, uint32_t* out) {
-  constexpr int MT = D / 16;
-  constexpr int kPairs = LevelValueGroupKsteps(GR) * MT * 4;
-  constexpr int kFirst = GR * 3 * MT * 4;
-  constexpr int kWords = LevelValueGroupWords(D, GR);
-  constexpr int kVec0 = GR == 0 ? 0 : (GR == 1 ? 1 : 2) * (LevelValueGroupWords(D, 0) / 4);
-  const int g = l >> 2, t = l & 3;
-  const uint8_t* base = lv + (2 * t) * row_bytes + g;
-#pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t e = 0, od = 0;
-#pragma unroll
-      for (int d = 0; d < 3; ++d) {
-        const int i = 3 * (2 * w + half) + d;
-        if (i < kPairs) {
-          const int P = kFirst + i, ks = P / (4 * MT), mt = (P / 4) % MT, r = P & 3;
-          const uint8_t* at = base + (16 * ks + 8 * (r >> 1)) * row_bytes + 16 * mt + 8 * (r & 1);
-          const uint32_t pw = d == 0 ? 1u : (d == 1 ? 6u : 36u);
-          e += at[0] * pw;
-          od += at[row_bytes] * pw;
-        }
-      }
-      word |= (e << (8 * half)) | (od << (16 + 8 * half));
-    }
-    out[((kVec0 + w / 4) * 32 + l) * 4 + w % 4] = word;
-  }
 }
 
 // One block per (page, kind): thread t owns token t's record of that kind.
