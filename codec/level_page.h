@@ -73,13 +73,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-
-// The layout arithmetic below is shared with the CUDA kernels.
-#ifdef __CUDACC__
-#define DRIFTKV_HD __host__ __device__
-#else
-#define DRIFTKV_HD
-#endif
+#include "codec/host_device.h"  // the layout arithmetic below is shared with the CUDA kernels
 
 namespace driftkv {
 
@@ -101,10 +95,10 @@ struct LevelPageLayout {
   size_t value_block_bytes = 0;  // per KV head
   size_t page_bytes = 0;
 
-  DRIFTKV_HD int n() const { return kv_heads * head_dim; }
-  DRIFTKV_HD size_t head_bytes() const { return key_block_bytes + value_block_bytes; }
-  DRIFTKV_HD size_t key_block(int h) const { return blocks_offset + h * head_bytes(); }
-  DRIFTKV_HD size_t value_block(int h) const { return key_block(h) + key_block_bytes; }
+  DRIFTKV_HOST_DEVICE int n() const { return kv_heads * head_dim; }
+  DRIFTKV_HOST_DEVICE size_t head_bytes() const { return key_block_bytes + value_block_bytes; }
+  DRIFTKV_HOST_DEVICE size_t key_block(int h) const { return blocks_offset + h * head_bytes(); }
+  DRIFTKV_HOST_DEVICE size_t value_block(int h) const { return key_block(h) + key_block_bytes; }
 };
 
 // Base-6 digits of two value bytes at once: x = b | (b2 << 16).
@@ -114,7 +108,7 @@ struct LevelPageLayout {
 // (tests/level_page_test.cc checks every pair); the products stay below
 // 2^16, so the halves never mix. A corrupt byte (>= 216) gets digits up to 7,
 // the same on the host and on the device, so both see it out of range.
-DRIFTKV_HD inline void LevelBase6Digits(uint32_t x, uint32_t digit[3]) {
+DRIFTKV_HOST_DEVICE inline void LevelBase6Digits(uint32_t x, uint32_t digit[3]) {
   const uint32_t l2 = ((x * 57u) >> 11) & 0x00070007u;
   const uint32_t r = x - 36u * l2;
   const uint32_t l1 = ((r * 43u) >> 8) & 0x00070007u;
@@ -125,16 +119,16 @@ DRIFTKV_HD inline void LevelBase6Digits(uint32_t x, uint32_t digit[3]) {
 
 // Words (32-bit) of lane data in value k-step group `group` (0, 1, 2), padded
 // to a multiple of 4; and the first uint4 of the group in the lane's order.
-DRIFTKV_HD constexpr int LevelValueGroupKsteps(int group) {
+DRIFTKV_HOST_DEVICE constexpr int LevelValueGroupKsteps(int group) {
   return group < 2 ? 3 : 2;
 }
-DRIFTKV_HD constexpr int LevelValueGroupWords(int head_dim, int group) {
+DRIFTKV_HOST_DEVICE constexpr int LevelValueGroupWords(int head_dim, int group) {
   const int pairs = LevelValueGroupKsteps(group) * (head_dim / 16) * 4;
   const int triples = (pairs + 2) / 3;
   const int words = (triples + 1) / 2;
   return (words + 3) / 4 * 4;
 }
-DRIFTKV_HD inline int LevelValueGroupFirstVec(int head_dim, int group) {
+DRIFTKV_HOST_DEVICE inline int LevelValueGroupFirstVec(int head_dim, int group) {
   int v = 0;
   for (int g = 0; g < group; ++g) v += LevelValueGroupWords(head_dim, g) / 4;
   return v;

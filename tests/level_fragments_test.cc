@@ -92,13 +92,13 @@ void CheckShape() {
         // Packing: every word the device writes, against the host's page.
         std::vector<uint32_t> key_block(layout->key_block_bytes / 4, 0xdeadbeef);
         for (int l = 0; l < 32; ++l) {
-          for (int gi = 0; gi < KeyGroupPos<D>::kGroups; ++gi) PackKeyGroup<D>(key_rows.data(), D + kPad, l, gi, key_block.data());
+          for (int gi = 0; gi < KeyGroupPos<D>::kGroups; ++gi)
+            PackKeyGroup<D>(key_rows.data(), D + kPad, l, gi, key_block.data());
         }
         std::vector<uint32_t> value_block(layout->value_block_bytes / 4, 0xdeadbeef);
         PackAllValueGroups<D>(value_rows.data(), value_block.data());
         EXPECT_EQ(key_block, Words(page.data() + layout->key_block(h), layout->key_block_bytes)) << "head " << h;
-        EXPECT_EQ(value_block, Words(page.data() + layout->value_block(h), layout->value_block_bytes))
-            << "head " << h;
+        EXPECT_EQ(value_block, Words(page.data() + layout->value_block(h), layout->value_block_bytes)) << "head " << h;
 
         // Unpacking the host's page gives the levels back (absent tokens 0).
         const std::vector<uint32_t> host_keys = Words(page.data() + layout->key_block(h), layout->key_block_bytes);
@@ -128,8 +128,12 @@ void CheckShape() {
   }
 }
 
-TEST(LevelFragments, DevicePackingIsTheHostsHeadDim128) { CheckShape<128>(); }
-TEST(LevelFragments, DevicePackingIsTheHostsHeadDim64) { CheckShape<64>(); }
+TEST(LevelFragments, DevicePackingIsTheHostsHeadDim128) {
+  CheckShape<128>();
+}
+TEST(LevelFragments, DevicePackingIsTheHostsHeadDim64) {
+  CheckShape<64>();
+}
 
 TEST(LevelFragments, CorruptValueByteUnpacksOutOfRange) {
   constexpr int D = 128;
