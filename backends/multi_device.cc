@@ -12,8 +12,9 @@ namespace {
 
 class MultiDeviceBackend : public Backend {
  public:
-  MultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool, bool batched)
-      : inner_(std::move(inner)), pool_(*pool), batched_(batched) {}
+  MultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool, const PagePool* hot_pool,
+                     bool batched)
+      : inner_(std::move(inner)), pool_(*pool), hot_pool_(hot_pool), batched_(batched) {}
 
   std::string name() const override { return inner_[0]->name(); }
   bool PrefersBatchedAttend() const override { return !batched_ && inner_[0]->PrefersBatchedAttend(); }
@@ -36,6 +37,37 @@ class MultiDeviceBackend : public Backend {
     return inner_[Owner(page)]->DecodeTokens(page, layer, first, count, keys, values);
   }
 
+  // THE HOT TIER: each move on the device of its cold page, in one call
+  // per device (a batch's moves may alternate between devices).
+  bool SupportsHotTier() const override { return hot_pool_ != nullptr && inner_[0]->SupportsHotTier(); }
+  absl::Status PromotePages(absl::Span<const TierMove> moves) override {
+    return ByMoveDevice(moves, /*cold_is_from=*/true, [&](int k, absl::Span<const TierMove> mine, const auto&) {
+      return inner_[k]->PromotePages(mine);
+    });
+  }
+  absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                   PageChecksum* cold_sums, PageChecksum* hot_sums) override {
+    return ByMoveDevice(moves, /*cold_is_from=*/true,
+                        [&](int k, absl::Span<const TierMove> mine, const std::vector<size_t>& at) {
+                          std::vector<PageChecksum> c(mine.size()), h(mine.size());
+                          absl::Status st = inner_[k]->PromotePagesChecked(mine, cold, hot, c.data(), h.data());
+                          // The sums of a move that failed to decode still say what was read.
+                          for (size_t i = 0; i < at.size(); ++i) {
+                            cold_sums[at[i]] = c[i];
+                            hot_sums[at[i]] = h[i];
+                          }
+                          return st;
+                        });
+  }
+  absl::Status DemotePages(absl::Span<const TierMove> moves) override {
+    return ByMoveDevice(moves, /*cold_is_from=*/false, [&](int k, absl::Span<const TierMove> mine, const auto&) {
+      return inner_[k]->DemotePages(mine);
+    });
+  }
+  absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
+    return inner_[HotOwner(page)]->DecodeHotTokens(page, layer, first, count, keys, values);
+  }
+
   // Restored pages (a snapshot's) to the device that holds each.
   absl::Status UploadPages(absl::Span<const PageId> pages) override {
     return ByOwner(pages,
@@ -56,14 +88,15 @@ class MultiDeviceBackend : public Backend {
     });
   }
 
-  // Each page from the device that holds it (hot pools are not
-  // partitioned: no hot tier here, and they go to device 0 as the default).
+  // Each page from the device that holds it (the cold pool's or the hot
+  // pool's partition; another pool's pages from device 0).
   absl::Status ChecksumPages(const PagePool& pool, absl::Span<const PageId> pages, PageChecksum* sums) override {
+    auto owner = [&](PageId p) { return &pool == &pool_ ? Owner(p) : (&pool == hot_pool_ ? HotOwner(p) : 0); };
     size_t begin = 0;
     while (begin < pages.size()) {
-      const int k = &pool == &pool_ ? Owner(pages[begin]) : 0;
+      const int k = owner(pages[begin]);
       size_t end = begin + 1;
-      while (end < pages.size() && (&pool == &pool_ ? Owner(pages[end]) : 0) == k) ++end;
+      while (end < pages.size() && owner(pages[end]) == k) ++end;
       absl::Status st = inner_[k]->ChecksumPages(pool, pages.subspan(begin, end - begin), sums + begin);
       if (!st.ok()) return st;
       begin = end;
@@ -146,6 +179,26 @@ class MultiDeviceBackend : public Backend {
 
  private:
   int Owner(PageId p) const { return pool_.partition_of(p); }
+  int HotOwner(PageId p) const { return hot_pool_->partition_of(p); }
+  // Calls run(device, its moves, their indices in `moves`) once for each
+  // device that has moves; a move's device is its cold page's owner.
+  template <typename Run>
+  absl::Status ByMoveDevice(absl::Span<const TierMove> moves, bool cold_is_from, Run run) const {
+    if (moves.empty()) return absl::OkStatus();
+    const int n = static_cast<int>(inner_.size());
+    std::vector<std::vector<TierMove>> split(n);
+    std::vector<std::vector<size_t>> index(n);
+    for (size_t i = 0; i < moves.size(); ++i) {
+      const int k = Owner(cold_is_from ? moves[i].from : moves[i].to);
+      split[k].push_back(moves[i]);
+      index[k].push_back(i);
+    }
+    for (int k = 0; k < n; ++k) {
+      if (split[k].empty()) continue;
+      if (absl::Status st = run(k, absl::MakeConstSpan(split[k]), index[k]); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
   // Calls run(device, begin, count) for each run of pages one device holds.
   template <typename Run>
   absl::Status ByOwner(absl::Span<const PageId> pages, Run run) const {
@@ -161,17 +214,21 @@ class MultiDeviceBackend : public Backend {
   }
   // The device an Attend job runs on: its pages' (a job without pages, a
   // window alone, the first device's).
-  int DeviceOf(const AttendJob& j) const { return j.pages.empty() ? 0 : Owner(j.pages[0]); }
+  int DeviceOf(const AttendJob& j) const {
+    if (j.pages.empty()) return 0;
+    return j.hot ? HotOwner(j.pages[0]) : Owner(j.pages[0]);
+  }
 
   std::vector<std::unique_ptr<Backend>> inner_;
   const PagePool& pool_;
-  const bool batched_;  // each inner backend has its own Attend queue
+  const PagePool* const hot_pool_;  // null: no hot tier
+  const bool batched_;              // each inner backend has its own Attend queue
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
-                                                bool batch_per_device,
+                                                const PagePool* hot_pool, bool batch_per_device,
                                                 std::function<void(int calls, int jobs)> observer) {
   bool batched = false;
   if (batch_per_device) {
@@ -181,7 +238,7 @@ std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Back
       batched = true;
     }
   }
-  return std::make_unique<MultiDeviceBackend>(std::move(inner), pool, batched);
+  return std::make_unique<MultiDeviceBackend>(std::move(inner), pool, hot_pool, batched);
 }
 
 }  // namespace driftkv

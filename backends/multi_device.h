@@ -5,6 +5,10 @@
 // EncodePages, DecodeTokens and EncodeStaged to the pages' owner, Attend
 // split into one sub-batch per device, run concurrently, answers in the
 // caller's order. A job with no pages (a window only) runs on device 0.
+// HOT TIER (backends/backend.h) with `hot_pool`: its partitions are the
+// devices' too; a tier move (PromotePages, PromotePagesChecked,
+// DemotePages) goes to the device of its cold page (the caller keeps a
+// move's two pages on one device), hot reads and sums to the hot page's.
 // Device-agnostic: the handler places each sequence on one partition and
 // sees one Backend. Staging memory (DEVICE INGEST) is device 0's; the
 // owner reads it over the peer link.
@@ -20,14 +24,15 @@
 
 namespace driftkv {
 
-// REQUIRES: inner.size() == pool->partitions() >= 1; `pool` outlives the
-// result. No hot tier. With `batch_per_device`, each inner backend that
+// REQUIRES: inner.size() == pool->partitions() >= 1, and the same for
+// `hot_pool` unless null (no hot tier); both outlive the result. With
+// `batch_per_device`, each inner backend that
 // prefers batched Attend gets its own combining queue
 // (backends/attend_batcher.h, `observer` for its metrics), so that the
 // devices take their next batches independently, and the result does not
 // ask the handler for another queue in front (PrefersBatchedAttend false).
 std::unique_ptr<Backend> MakeMultiDeviceBackend(std::vector<std::unique_ptr<Backend>> inner, const PagePool* pool,
-                                                bool batch_per_device = false,
+                                                const PagePool* hot_pool = nullptr, bool batch_per_device = false,
                                                 std::function<void(int calls, int jobs)> observer = nullptr);
 
 }  // namespace driftkv

@@ -50,11 +50,11 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PageLayout& lay
 }
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::CreateOpaque(size_t page_bytes, int page_tokens,
-                                                                 uint64_t capacity_bytes) {
+                                                                 uint64_t capacity_bytes, int partitions) {
   PageLayout layout;
   layout.page_tokens = page_tokens;
   layout.page_bytes = page_bytes;
-  return Create(layout, capacity_bytes);
+  return Create(layout, capacity_bytes, partitions);
 }
 
 int PagePool::partition_of(PageId p) const {

@@ -61,7 +61,7 @@ class PagePool {
   // (the hot tier's level pages, codec/level_page.h); layout() then carries
   // only page_tokens and page_bytes, and only page() addresses pages.
   static absl::StatusOr<std::unique_ptr<PagePool>> CreateOpaque(size_t page_bytes, int page_tokens,
-                                                                uint64_t capacity_bytes);
+                                                                uint64_t capacity_bytes, int partitions = 1);
 
   const PageLayout& layout() const { return layout_; }
   int page_tokens() const { return layout_.page_tokens; }

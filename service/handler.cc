@@ -47,10 +47,6 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
                                     ? absl::StrCat("hot_tier_fraction ", options.hot_tier_fraction)
                                     : absl::StrCat("hot_tier_bytes ", options.hot_tier_bytes);
   const int devices = std::max<int>(1, static_cast<int>(options.devices.size()));
-  if (devices > 1 && options.hot_tier()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(hot_field, ": the hot tier runs on one device; devices lists ", devices));
-  }
   absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(*layout, options.cold_pool_bytes(), devices);
   if (!pool.ok()) {
     if (options.hot_tier_fraction > 0.0) {
@@ -74,11 +70,18 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
           absl::StrCat(hot_field, ": the hot tier needs a codec with level pages; ", level.status().message()));
     }
     const uint64_t budget = options.hot_budget_bytes();
-    if (budget < level->page_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(hot_field, " gives a hot budget of ", budget,
-                                                     " bytes, less than one level page of ", level->page_bytes));
+    if (budget < level->page_bytes * devices) {
+      return absl::InvalidArgumentError(devices == 1
+                                            ? absl::StrCat(hot_field, " gives a hot budget of ", budget,
+                                                           " bytes, less than one level page of ", level->page_bytes)
+                                            : absl::StrCat(hot_field, " gives a hot budget of ", budget,
+                                                           " bytes, less than one level page of ", level->page_bytes,
+                                                           " for each of ", devices, " devices"));
     }
-    absl::StatusOr<std::unique_ptr<PagePool>> hot = PagePool::CreateOpaque(level->page_bytes, kLevelPageTokens, budget);
+    // One partition a device, as the cold pool: a sequence's layers move
+    // between its device's two partitions.
+    absl::StatusOr<std::unique_ptr<PagePool>> hot =
+        PagePool::CreateOpaque(level->page_bytes, kLevelPageTokens, budget, devices);
     if (!hot.ok()) return absl::InvalidArgumentError(absl::StrCat(hot_field, ": ", hot.status().message()));
     h->hot_pool_ = *std::move(hot);
   }

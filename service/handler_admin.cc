@@ -71,6 +71,12 @@ void Handler::Info(v1::InfoResponse* r, const std::string& tenant) const {
     d->set_device(device_ids[k]);
     d->set_capacity_pages(pages);
     d->set_capacity_bytes(static_cast<uint64_t>(pages) * pool_->page_stride());
+    if (hot_pool_ != nullptr) {
+      const int64_t hot =
+          hot_pool_->partition_begin(static_cast<int>(k) + 1) - hot_pool_->partition_begin(static_cast<int>(k));
+      d->set_hot_capacity_pages(hot);
+      d->set_hot_capacity_bytes(static_cast<uint64_t>(hot) * hot_pool_->page_stride());
+    }
   }
   r->set_key_bits_per_value(codec_->key_bits_per_value());
   r->set_value_bits_per_value(codec_->value_bits_per_value());
@@ -135,6 +141,11 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
     d->set_pages_in_use(used);
     d->set_bytes_in_use(static_cast<uint64_t>(used) * pool_->page_stride());
     d->set_sequences(table_->device_sequences(static_cast<int>(k)));
+    if (hot_pool_ != nullptr) {
+      const int64_t hot = hot_pool_->pages_in_use(static_cast<int>(k));
+      d->set_hot_pages_in_use(hot);
+      d->set_hot_bytes_in_use(static_cast<uint64_t>(hot) * hot_pool_->page_stride());
+    }
   }
   r->set_tokens_compressed(table_->tokens_compressed());
   r->set_tokens_window(table_->tokens_window());

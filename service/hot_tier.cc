@@ -96,7 +96,9 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const 
     return st;
   }
   const int p = cold_.page_tokens();
-  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()));
+  // Back to the device whose hot partition holds the layer.
+  const int device = layer->pages.empty() ? 0 : hot_.partition_of(layer->pages[0]);
+  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()), device);
   if (!cold.ok()) return cold.status();
   std::vector<TierMove> moves(layer->pages.size());
   for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer->pages[i], (*cold)[i], p};
@@ -125,7 +127,7 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const 
   return absl::OkStatus();
 }
 
-bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried) {
+bool HotTier::DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried) {
   for (;;) {
     SequencePtr seq;
     int index = 0;
@@ -135,6 +137,7 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
       for (const auto& [ns, candidate] : LruLocked()) {
         if (held.layers.contains(candidate) || tried->contains(candidate)) continue;
         const Entry& e = hot_layers_.at(candidate);
+        if (e.seq->device != device) continue;
         seq = e.seq;
         index = e.layer;
         id = candidate;
@@ -160,15 +163,18 @@ bool HotTier::DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* trie
   }
 }
 
-absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Held& held) {
-  if (count > hot_.capacity_pages()) {
+absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Held& held, int device) {
+  const int64_t capacity = hot_.partition_begin(device + 1) - hot_.partition_begin(device);
+  if (count > capacity) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(count, " hot pages needed; the hot tier holds ", hot_.capacity_pages()));
+        hot_.partitions() == 1
+            ? absl::StrCat(count, " hot pages needed; the hot tier holds ", capacity)
+            : absl::StrCat(count, " hot pages needed; the hot tier holds ", capacity, " on device slot ", device));
   }
   absl::flat_hash_set<uint64_t> tried;
   for (;;) {
-    absl::StatusOr<std::vector<PageId>> pages = hot_.Reserve(count);
-    if (pages.ok() || !DemoteVictim(held, &tried)) return pages;
+    absl::StatusOr<std::vector<PageId>> pages = hot_.Reserve(count, device);
+    if (pages.ok() || !DemoteVictim(held, device, &tried)) return pages;
   }
 }
 
@@ -189,7 +195,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
   Held held;
   held.layers = exclude;
   held.layers.insert(layer.id);
-  absl::StatusOr<std::vector<PageId>> hot = ReserveHot(need, held);
+  absl::StatusOr<std::vector<PageId>> hot = ReserveHot(need, held, seq->device);
   if (!hot.ok()) {
     metrics_->tier_promotions_skipped->Increment();
     return false;
@@ -206,7 +212,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
     // go away while the sequence lives).
     const int64_t more = static_cast<int64_t>(layer.pages.size()) - need;
     if (more > 0) {
-      absl::StatusOr<std::vector<PageId>> extra = hot_.Reserve(more);
+      absl::StatusOr<std::vector<PageId>> extra = hot_.Reserve(more, seq->device);
       if (!extra.ok()) {
         hot_.Free(*hot);
         metrics_->tier_promotions_skipped->Increment();
@@ -267,7 +273,9 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
   if (!charge.ok()) return DemoteLocked(layer, usage, name, kDemoteAppend);
   Held mine = held;  // the layer never makes room for its own pages
   mine.layers.insert(layer->id);
-  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine);
+  // The new cold pages are on the layer's device: so go its hot ones.
+  const int device = cold.empty() ? 0 : cold_.partition_of(cold[0]);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine, device);
   if (!reserved.ok()) {
     if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
     return DemoteLocked(layer, usage, name, kDemoteAppend);
@@ -308,12 +316,21 @@ void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vect
 
 bool HotTier::PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPages> batch, const Held& held) {
   int64_t total = 0;
-  for (const NewPages& b : batch) total += static_cast<int64_t>(b.cold->size());
+  int device = -1;
+  for (const NewPages& b : batch) {
+    total += static_cast<int64_t>(b.cold->size());
+    if (b.cold->empty()) continue;
+    // Layers of several devices are placed one by one.
+    const int d = cold_.partition_of(b.cold->front());
+    if (device >= 0 && d != device) return false;
+    device = d;
+  }
+  if (device < 0) device = 0;
   absl::StatusOr<ByteCharge> charge = ByteCharge::Take(usage, MoveBytes(total, /*to_hot=*/true));
   if (!charge.ok()) return false;
   Held mine = held;  // no layer makes room for the batch's pages
   for (const NewPages& b : batch) mine.layers.insert(b.layer->id);
-  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total, mine);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total, mine, device);
   if (!reserved.ok()) return false;
   const int p = cold_.page_tokens();
   std::vector<TierMove> moves;
@@ -354,7 +371,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     std::optional<ByteCharge> charge;
   };
   std::vector<Candidate> c;
-  int64_t total = 0;
+  std::vector<int64_t> total(hot_.partitions(), 0);  // hot pages wanted a device
   for (size_t k = 0; k < layers.size(); ++k) {
     Sequence* seq = layers[k].first.get();
     LayerState& layer = seq->layers[layers[k].second];
@@ -363,14 +380,24 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     absl::ReaderMutexLock layer_lock(&layer.mu);
     if (layer.hot) continue;
     c.push_back(Candidate{k, seq, layers[k].second, &layer, {}, 0, std::nullopt});
-    total += static_cast<int64_t>(layer.pages.size());
+    total[seq->device] += static_cast<int64_t>(layer.pages.size());
   }
   if (c.size() < 2) return false;
   Held held;
   held.layers = ids;
   for (const Candidate& x : c) held.layers.insert(x.layer->id);
-  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total, held);
-  if (!reserved.ok()) return false;
+  // Each device's hot pages from its own partition (one device: one
+  // reservation); any device short, and none is kept.
+  std::vector<std::vector<PageId>> spare(total.size());
+  for (size_t d = 0; d < total.size(); ++d) {
+    if (total[d] == 0) continue;
+    absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(total[d], held, static_cast<int>(d));
+    if (!reserved.ok()) {
+      for (const std::vector<PageId>& pages : spare) hot_.Free(pages);
+      return false;
+    }
+    spare[d] = *std::move(reserved);
+  }
   // Every sequence as a reader in address order, then every layer as a
   // writer in (sequence, layer) order (LOCK ORDER in handler.h).
   std::vector<Candidate*> order;
@@ -386,14 +413,14 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
   // pages for the pages it holds now (appends may have added some) and its
   // tenant's charge; one move for them all.
   const int p = cold_.page_tokens();
-  std::vector<PageId> spare = *std::move(reserved);
   std::vector<TierMove> moves;
   std::vector<Candidate*> moving;
   bool fits = true;
   for (Candidate& x : c) {
     if (x.seq->released || x.seq->below || x.layer->hot) continue;
     const size_t need = x.layer->pages.size();
-    if (spare.size() < need) {
+    std::vector<PageId>& mine = spare[x.seq->device];
+    if (mine.size() < need) {
       fits = false;
       break;
     }
@@ -403,8 +430,8 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
       continue;
     }
     x.charge.emplace(*std::move(charge));
-    x.hot.assign(spare.end() - need, spare.end());
-    spare.resize(spare.size() - need);
+    x.hot.assign(mine.end() - need, mine.end());
+    mine.resize(mine.size() - need);
     x.first_move = moves.size();
     for (size_t i = 0; i < need; ++i) moves.push_back(TierMove{x.layer->pages[i], x.hot[i], p});
     moving.push_back(&x);
@@ -432,7 +459,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
         }
       }
       if (stop) {
-        spare.insert(spare.end(), x->hot.begin(), x->hot.end());
+        hot_.Free(x->hot);
         continue;
       }
       x->charge->Keep();
@@ -441,9 +468,9 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
           std::vector<PageChecksum>(hot_sums.begin() + x->first_move, hot_sums.begin() + x->first_move + count));
     }
   } else {
-    for (Candidate* x : moving) spare.insert(spare.end(), x->hot.begin(), x->hot.end());
+    for (Candidate* x : moving) hot_.Free(x->hot);
   }
-  hot_.Free(spare);
+  for (const std::vector<PageId>& pages : spare) hot_.Free(pages);
   for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->layer->mu.Unlock();
   for (size_t i = order.size(); i-- > 0;) {
     if (i == 0 || order[i]->seq != order[i - 1]->seq) order[i]->seq->mu.ReaderUnlock();

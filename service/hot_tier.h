@@ -18,6 +18,11 @@
 //     even after demoting others, the layer itself goes cold (an Append is
 //     never refused for the hot tier's sake).
 //   - Layers not attended for idle_seconds go cold (DemoteIdle).
+//   - Devices: with several (PARTITIONS in backends/page_pool.h), the hot
+//     pool has one partition per device beside the cold pool's, and a
+//     layer moves only within its sequence's device (Sequence::device):
+//     its hot pages come from that device's partition, room there is made
+//     by demoting that device's layers, and its cold pages go back there.
 //   - Pages may be shared by several layers (a forked sequence's, with
 //     PagePool reference counts): a move reserves new pages for the layer
 //     and frees its old ones, which drops only its own references, so the
@@ -113,13 +118,14 @@ class HotTier {
   // DATA_LOSS naming it).
   bool PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude,
                     absl::Status* corrupt = nullptr);
-  // `count` hot pages, demoting least recently attended layers until they
-  // fit; RESOURCE_EXHAUSTED when nothing more can be demoted.
-  absl::StatusOr<std::vector<PageId>> ReserveHot(int64_t count, const Held& held);
-  // Demotes the least recently attended layer that is not held and whose
-  // locks are free; false when there is none. `tried` collects the layers
-  // looked at (each is looked at once per caller).
-  bool DemoteVictim(const Held& held, absl::flat_hash_set<uint64_t>* tried);
+  // `count` hot pages of device `device`, demoting least recently attended
+  // layers of that device until they fit; RESOURCE_EXHAUSTED when nothing
+  // more can be demoted.
+  absl::StatusOr<std::vector<PageId>> ReserveHot(int64_t count, const Held& held, int device);
+  // Demotes the least recently attended layer of `device` that is not held
+  // and whose locks are free; false when there is none. `tried` collects
+  // the layers looked at (each is looked at once per caller).
+  bool DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried);
   // Moves a hot layer's pages to the cold pool; `usage`: the layer's
   // tenant's, `name`: the layer in messages. DATA_LOSS, the layer staying
   // hot, when a hot page or its demoted form fails its checksum.

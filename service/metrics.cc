@@ -73,6 +73,14 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                           .Name("driftkv_device_sequences")
                           .Help("Live sequences placed on each device, by device")
                           .Register(r);
+  device_hot_capacity_pages = &BuildGauge()
+                                   .Name("driftkv_device_hot_capacity_pages")
+                                   .Help("Level pages of the hot tier on each device, by device")
+                                   .Register(r);
+  device_hot_pages_in_use = &BuildGauge()
+                                 .Name("driftkv_device_hot_used_pages")
+                                 .Help("Level pages of the hot tier in use on each device, by device")
+                                 .Register(r);
   auto& stored = BuildGauge()
                      .Name("driftkv_tokens_stored")
                      .Help("Tokens stored over all sequences and layers, by form")

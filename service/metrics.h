@@ -87,6 +87,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* device_capacity_pages;
   prometheus::Family<prometheus::Gauge>* device_pages_in_use;
   prometheus::Family<prometheus::Gauge>* device_sequences;
+  // The hot tier's share of each device (no series without a hot tier).
+  prometheus::Family<prometheus::Gauge>* device_hot_capacity_pages;
+  prometheus::Family<prometheus::Gauge>* device_hot_pages_in_use;
   prometheus::Gauge* tokens_compressed;  // driftkv_tokens_stored{form="compressed"}
   prometheus::Gauge* tokens_window;      // driftkv_tokens_stored{form="bf16_window"}
   prometheus::Gauge* window_bytes;

@@ -32,6 +32,12 @@ SequenceTable::SequenceTable(const ServiceOptions& options, int n, PagePool& poo
         static_cast<double>(pool_.partition_begin(slot + 1) - pool_.partition_begin(slot)));
     device_used_gauges_.push_back(&metrics_->device_pages_in_use->Add(label));
     device_sequence_gauges_.push_back(&metrics_->device_sequences->Add(label));
+    if (hot_ != nullptr) {
+      const PagePool& h = hot_->pool();
+      metrics_->device_hot_capacity_pages->Add(label).Set(
+          static_cast<double>(h.partition_begin(slot + 1) - h.partition_begin(slot)));
+      device_hot_used_gauges_.push_back(&metrics_->device_hot_pages_in_use->Add(label));
+    }
   }
 }
 
@@ -320,6 +326,9 @@ void SequenceTable::PublishGauges() const {
   for (size_t k = 0; k < device_ids_.size(); ++k) {
     device_used_gauges_[k]->Set(static_cast<double>(pool_.pages_in_use(static_cast<int>(k))));
     device_sequence_gauges_[k]->Set(static_cast<double>(device_sequences(static_cast<int>(k))));
+    if (!device_hot_used_gauges_.empty()) {
+      device_hot_used_gauges_[k]->Set(static_cast<double>(hot_->pool().pages_in_use(static_cast<int>(k))));
+    }
   }
   if (options_.tokens != nullptr && options_.metrics_per_tenant) {
     ledger_.ForEach([this](const TenantUsage& u) {

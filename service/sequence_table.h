@@ -190,6 +190,7 @@ class SequenceTable {
   const ServiceClock clock_;
   const std::vector<int> device_ids_;
   std::vector<prometheus::Gauge*> device_used_gauges_, device_sequence_gauges_;
+  std::vector<prometheus::Gauge*> device_hot_used_gauges_;  // empty without a hot tier
   TenantLedger ledger_;
   mutable Tombstones tombstones_;  // internally locked
 

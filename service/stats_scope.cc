@@ -38,6 +38,8 @@ void KeepTenantScope(v1::StatsResponse* stats) {
     k->set_device(d.device());
     k->set_pages_in_use(d.pages_in_use());
     k->set_bytes_in_use(d.bytes_in_use());
+    k->set_hot_pages_in_use(d.hot_pages_in_use());
+    k->set_hot_bytes_in_use(d.hot_bytes_in_use());
   }
   *stats = std::move(kept);
 }

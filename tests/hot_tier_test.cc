@@ -177,7 +177,7 @@ TEST(HotTierTest, LruOrderFollowsAttends) {
   EXPECT_EQ(t.tier().LruOrder(), (std::vector<uint64_t>{t.Id(s, 1), t.Id(u, 0), t.Id(s, 0)}));
   // The least recently attended goes first.
   absl::flat_hash_set<uint64_t> tried;
-  ASSERT_TRUE(t.tier().DemoteVictim({}, &tried));
+  ASSERT_TRUE(t.tier().DemoteVictim({}, 0, &tried));
   EXPECT_FALSE(t.IsHot(s, 1));
   EXPECT_TRUE(t.IsHot(u, 0));
   EXPECT_TRUE(t.IsHot(s, 0));
@@ -191,11 +191,11 @@ TEST(HotTierTest, NeverDemotesAHeldLayer) {
   HotTier::Held held;
   held.layers.insert(t.Id(s, 0));  // the oldest
   absl::flat_hash_set<uint64_t> tried;
-  ASSERT_TRUE(t.tier().DemoteVictim(held, &tried));
+  ASSERT_TRUE(t.tier().DemoteVictim(held, 0, &tried));
   EXPECT_TRUE(t.IsHot(s, 0));
   EXPECT_FALSE(t.IsHot(s, 1));
   tried.clear();
-  EXPECT_FALSE(t.tier().DemoteVictim(held, &tried));  // only the held one is left
+  EXPECT_FALSE(t.tier().DemoteVictim(held, 0, &tried));  // only the held one is left
   EXPECT_TRUE(t.IsHot(s, 0));
 }
 
@@ -213,15 +213,15 @@ TEST(HotTierTest, SkipsABusyLayer) {
   });
   locked.WaitForNotification();
   absl::flat_hash_set<uint64_t> tried;
-  EXPECT_TRUE(t.tier().DemoteVictim({}, &tried));  // returns instead of waiting
+  EXPECT_TRUE(t.tier().DemoteVictim({}, 0, &tried));  // returns instead of waiting
   EXPECT_TRUE(t.IsHot(u, 0) == false);
   tried.clear();
-  EXPECT_FALSE(t.tier().DemoteVictim({}, &tried));  // the busy one is all that is left
+  EXPECT_FALSE(t.tier().DemoteVictim({}, 0, &tried));  // the busy one is all that is left
   done.Notify();
   reader.join();
   EXPECT_TRUE(t.IsHot(s, 0));
   tried.clear();
-  EXPECT_TRUE(t.tier().DemoteVictim({}, &tried));  // free now
+  EXPECT_TRUE(t.tier().DemoteVictim({}, 0, &tried));  // free now
   EXPECT_FALSE(t.IsHot(s, 0));
 }
 
@@ -232,11 +232,11 @@ TEST(HotTierTest, ReserveHotDemotesUntilItFitsThenIsExhausted) {
   ASSERT_TRUE(t.Promote(s, 1, 2));
   EXPECT_EQ(t.hot().pages_in_use(), 4);
   // More than the tier holds: refused at once, nothing demoted.
-  absl::StatusOr<std::vector<PageId>> too_many = t.tier().ReserveHot(5, {});
+  absl::StatusOr<std::vector<PageId>> too_many = t.tier().ReserveHot(5, {}, 0);
   EXPECT_TRUE(absl::IsResourceExhausted(too_many.status())) << too_many.status();
   EXPECT_TRUE(t.IsHot(s, 0));
   // 3 pages: both layers go, oldest first.
-  absl::StatusOr<std::vector<PageId>> three = t.tier().ReserveHot(3, {});
+  absl::StatusOr<std::vector<PageId>> three = t.tier().ReserveHot(3, {}, 0);
   ASSERT_TRUE(three.ok()) << three.status();
   EXPECT_EQ(three->size(), 3u);
   EXPECT_FALSE(t.IsHot(s, 0));
@@ -248,7 +248,7 @@ TEST(HotTierTest, ReserveHotDemotesUntilItFitsThenIsExhausted) {
   ASSERT_TRUE(t.Promote(s, 1, 4));
   HotTier::Held held;
   held.layers = {t.Id(s, 0), t.Id(s, 1)};
-  absl::StatusOr<std::vector<PageId>> none = t.tier().ReserveHot(1, held);
+  absl::StatusOr<std::vector<PageId>> none = t.tier().ReserveHot(1, held, 0);
   EXPECT_TRUE(absl::IsResourceExhausted(none.status())) << none.status();
   EXPECT_TRUE(t.IsHot(s, 0));
   EXPECT_TRUE(t.IsHot(s, 1));

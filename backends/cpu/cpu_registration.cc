@@ -18,7 +18,7 @@ const bool kCpuRegistered =
         if (!b.ok()) return b.status();
         inner.push_back(*std::move(b));
       }
-      return MakeMultiDeviceBackend(std::move(inner), a.pool);
+      return MakeMultiDeviceBackend(std::move(inner), a.pool, a.hot_pool);
     });
 
 }  // namespace

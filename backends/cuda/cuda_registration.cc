@@ -52,7 +52,7 @@ const bool kCudaRegistered =
           return absl::Status(b.status().code(), absl::StrCat("device ", a.devices[k], ": ", b.status().message()));
         inner.push_back(*std::move(b));
       }
-      return MakeMultiDeviceBackend(std::move(inner), a.pool, a.attend_batching, a.attend_observer);
+      return MakeMultiDeviceBackend(std::move(inner), a.pool, a.hot_pool, a.attend_batching, a.attend_observer);
     });
 
 }  // namespace
