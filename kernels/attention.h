@@ -103,6 +103,8 @@ absl::StatusOr<int64_t> MergeKernelsDiffer(int items, int q_heads, int kv_heads,
 
 // True when a CUDA device is usable (tests print "skipped: no GPU" otherwise).
 bool GpuAvailable();
+// How many CUDA devices are usable (0 without a driver or device).
+int GpuCount();
 
 }  // namespace gpu
 }  // namespace driftkv

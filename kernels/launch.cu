@@ -40,12 +40,16 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
 }
 
 bool GpuAvailable() {
+  return GpuCount() > 0;
+}
+
+int GpuCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
 }
 
 Workspace CarveWorkspace(void* ws, const PartialLayout& part) {

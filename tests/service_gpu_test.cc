@@ -50,9 +50,12 @@ std::string WriteRandomTransforms() {
 
 // `hot`: with a hot tier large enough for every layer (attended layers are
 // promoted, new pages of hot layers go hot, Read decodes level pages).
-ServiceOptions Options(const std::string& backend, const std::string& transforms_file, bool hot) {
+// `devices`: a server of that many GPUs (the CPU server the same number
+// of host partitions).
+ServiceOptions Options(const std::string& backend, const std::string& transforms_file, bool hot, int devices = 1) {
   ServiceOptions o;
   if (hot) o.hot_tier_bytes = 64ull << 20;
+  for (int k = 0; devices > 1 && k < devices; ++k) o.devices.push_back(k);
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";
   o.backend = backend;
@@ -71,10 +74,10 @@ ServiceOptions Options(const std::string& backend, const std::string& transforms
   return o;
 }
 
-void RunBoth(const std::string& transforms_file, bool hot = false) {
-  auto cpu = DriftkvServer::Start(Options("cpu", transforms_file, hot));
+void RunBoth(const std::string& transforms_file, bool hot = false, int devices = 1) {
+  auto cpu = DriftkvServer::Start(Options("cpu", transforms_file, hot, devices));
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto cuda = DriftkvServer::Start(Options("cuda", transforms_file, hot));
+  auto cuda = DriftkvServer::Start(Options("cuda", transforms_file, hot, devices));
   ASSERT_TRUE(cuda.ok()) << cuda.status();
 
   std::vector<std::vector<float>> keys(kSeqs * kLayers), values(kSeqs * kLayers);
@@ -256,6 +259,17 @@ TEST(ServiceGpu, CudaServerMatchesCpuServerHotTier) {
 TEST(ServiceGpu, CudaServerMatchesCpuServerHotTierWithWush) {
   SKIP_WITHOUT_GPU();
   RunBoth(WriteRandomTransforms(), /*hot=*/true);
+}
+
+// The hot tier on a server of two GPUs: each GPU's hot arena holds its
+// partition of the hot pool, promotion, demotion and attention there.
+TEST(ServiceGpu, TwoGpuServerMatchesCpuServerHotTier) {
+  SKIP_WITHOUT_GPU();
+  if (gpu::GpuCount() < 2) {
+    std::printf("skipped: needs 2 GPUs\n");
+    GTEST_SKIP() << "skipped: needs 2 GPUs";
+  }
+  RunBoth("", /*hot=*/true, /*devices=*/2);
 }
 
 }  // namespace

@@ -166,7 +166,9 @@ absl::Status AttendLauncher::AttendPlanned(absl::Span<AttendJob> jobs) {
     start[i] = static_cast<int32_t>(table.size());
     const size_t at = table.size();
     table.resize(at + j.pages.size());
-    for (size_t k = 0; k < j.pages.size(); ++k) table[at + k] = static_cast<int32_t>(j.pages[k] - dev_.base);
+    // Hot jobs' pages index the hot arena, cold jobs' the page arena.
+    const PageId base = j.hot ? dev_.hot_base : dev_.base;
+    for (size_t k = 0; k < j.pages.size(); ++k) table[at + k] = static_cast<int32_t>(j.pages[k] - base);
     tokens[i] = static_cast<int32_t>(j.pages.size()) * P;
     wtok[i] = static_cast<int32_t>(j.window.tokens);
     max_pages = std::max(max_pages, static_cast<int>(j.pages.size()));

@@ -74,6 +74,7 @@ struct AttendDevice {
   const void* arena = nullptr;
   const uint32_t* tables_dev = nullptr;  // the cold kernel's decode tables
   const void* hot_arena = nullptr;       // null: no hot tier
+  PageId hot_base = 0;                   // hot page id of the hot arena's first page
   LevelPageLayout hot_layout;
   const float* transforms_dev = nullptr;  // null: the codec's Hadamard
   int transform_layers = 0;

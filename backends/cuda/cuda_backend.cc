@@ -80,6 +80,7 @@ absl::Status CudaBackend::WarmBuffers() {
   d.arena = arena_;
   d.tables_dev = tables_.get<uint32_t>();
   d.hot_arena = hot_arena_;
+  d.hot_base = hot_base_;
   d.hot_layout = hot_layout_;
   if (transforms_ != nullptr) {
     d.transforms_dev = transforms_dev_.get<float>();
@@ -147,10 +148,8 @@ absl::Status CudaBackend::ChecksumPages(const PagePool& pool, absl::Span<const P
   if (pages.empty()) return absl::OkStatus();
   std::vector<int32_t> ids(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    if (cold) {
-      if (absl::Status st = CheckOnArena(pages[i]); !st.ok()) return st;
-    }
-    ids[i] = static_cast<int32_t>(cold ? pages[i] - base_ : pages[i]);
+    if (absl::Status st = cold ? CheckOnArena(pages[i]) : CheckOnHotArena(pages[i]); !st.ok()) return st;
+    ids[i] = static_cast<int32_t>(cold ? pages[i] - base_ : pages[i] - hot_base_);
   }
   static_assert(sizeof(PageChecksum) == sizeof(uint32_t), "the kernel's sums are CRC-32C words");
   absl::MutexLock lock(&mu_);
@@ -261,12 +260,16 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* code
   if (partition < 0 || partition >= pool->partitions()) {
     return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of a pool of ", pool->partitions()));
   }
-  if (hot_pool != nullptr && pool->partitions() > 1) {
-    return absl::FailedPreconditionError("the hot tier runs on one device only");
+  if (hot_pool != nullptr && hot_pool->partitions() != pool->partitions()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a hot pool of ", hot_pool->partitions(), " partitions beside a pool of ", pool->partitions()));
   }
+  // With a hot tier, this device's partition of the hot pool too.
+  const PageId hot_base = hot_pool != nullptr ? hot_pool->partition_begin(partition) : 0;
+  const PageId hot_end = hot_pool != nullptr ? hot_pool->partition_begin(partition + 1) : 0;
   auto b = std::make_unique<cuda_backend::CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded,
                                                        window_cache_bytes, pool->partition_begin(partition),
-                                                       pool->partition_begin(partition + 1));
+                                                       pool->partition_begin(partition + 1), hot_base, hot_end);
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

@@ -35,7 +35,8 @@ constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 // level-page attention kernel for hot jobs.
 // `partition` (PARTITIONS in backends/page_pool.h): the backend owns that
 // partition's pages only, and its device arena holds just those (a
-// multi-GPU server, backends/multi_device.h). No hot tier then.
+// multi-GPU server, backends/multi_device.h); with `hot_pool`, partitioned
+// alike, its hot arena holds that partition's level pages.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device = 0,
                                                          const TransformSet* transforms = nullptr,
                                                          bool values_folded = false,

@@ -41,7 +41,8 @@ namespace cuda_backend {
 class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
-              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base, PageId end)
+              const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base, PageId end,
+              PageId hot_base = 0, PageId hot_end = 0)
       : codec_(*codec),
         pool_(*pool),
         hot_pool_(hot_pool),
@@ -50,7 +51,9 @@ class CudaBackend : public Backend {
         values_folded_(values_folded),
         window_cache_bytes_(window_cache_bytes),
         base_(base),
-        end_(end) {}
+        end_(end),
+        hot_base_(hot_base),
+        hot_end_(hot_end) {}
   // The device arena: pages [base_, end_) of the pool, page p at
   // (p - base_) * page_bytes.
   size_t arena_bytes() const { return static_cast<size_t>(end_ - base_) * pool_.page_stride(); }
@@ -137,6 +140,11 @@ class CudaBackend : public Backend {
     if (p >= base_ && p < end_) return absl::OkStatus();
     return absl::InternalError(absl::StrCat("page ", p, " is not on this device's arena"));
   }
+  // The same for hot page p on this device's hot arena.
+  absl::Status CheckOnHotArena(PageId p) const {
+    if (p >= hot_base_ && p < hot_end_) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("hot page ", p, " is not on this device's hot arena"));
+  }
   absl::Status CheckOnArena(absl::Span<const PageId> pages) const {
     for (PageId p : pages) {
       if (absl::Status st = CheckOnArena(p); !st.ok()) return st;
@@ -177,6 +185,7 @@ class CudaBackend : public Backend {
   const bool values_folded_;
   const size_t window_cache_bytes_;
   const PageId base_, end_;                      // the pages of this device (PARTITIONS in page_pool.h)
+  const PageId hot_base_, hot_end_;              // and its level pages of the hot pool
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
   LevelPageLayout hot_layout_;

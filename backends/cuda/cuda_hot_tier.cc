@@ -31,7 +31,9 @@ absl::Status CudaBackend::InitHotTier() {
     raw[z] = codec_.key_codec().table().decode[z];
     raw[256 + z] = codec_.value_codec().table().decode[z];
   }
-  absl::Status st = Cuda(cudaMalloc(&hot_arena_, hot_pool_->capacity_bytes()), "cudaMalloc (hot arena)");
+  // This device's partition of the hot pool only (all of it on one device).
+  const size_t bytes = static_cast<size_t>(hot_end_ - hot_base_) * hot_layout_.page_bytes;
+  absl::Status st = Cuda(cudaMalloc(&hot_arena_, bytes), "cudaMalloc (hot arena)");
   if (st.ok()) st = raw_tables_.Reserve(raw.size() * 4);
   if (st.ok())
     st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice),
@@ -42,15 +44,17 @@ absl::Status CudaBackend::InitHotTier() {
 absl::Status CudaBackend::PromotePages(absl::Span<const TierMove> moves) {
   if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
   if (moves.empty()) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  cudaSetDevice(device_);  // the calling RPC thread's current device
   const int count = static_cast<int>(moves.size());
-  std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
+  std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens (as the arenas index them)
   for (int i = 0; i < count; ++i) {
+    if (absl::Status st = CheckOnArena(moves[i].from); !st.ok()) return st;
+    if (absl::Status st = CheckOnHotArena(moves[i].to); !st.ok()) return st;
     ids[i] = moves[i].from - base_;
-    ids[count + i] = moves[i].to;
+    ids[count + i] = moves[i].to - hot_base_;
     ids[2 * count + i] = moves[i].tokens;
   }
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(device_);  // the calling RPC thread's current device
   absl::Status st = promote_ids_.Reserve(4 * ids.size() + 4 * count);
   if (st.ok())
     st = Cuda(cudaMemcpyAsync(promote_ids_.get<void>(), ids.data(), 4 * ids.size(), cudaMemcpyHostToDevice, stream_),
@@ -77,8 +81,9 @@ absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, 
   std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
   for (int i = 0; i < count; ++i) {
     if (absl::Status st = CheckOnArena(moves[i].from); !st.ok()) return st;
+    if (absl::Status st = CheckOnHotArena(moves[i].to); !st.ok()) return st;
     ids[i] = moves[i].from - base_;
-    ids[count + i] = moves[i].to;
+    ids[count + i] = moves[i].to - hot_base_;
     ids[2 * count + i] = moves[i].tokens;
   }
   absl::MutexLock lock(&mu_);
@@ -151,7 +156,8 @@ absl::Status CudaBackend::DemotePages(absl::Span<const TierMove> moves) {
   std::vector<int32_t> ids(3 * count);  // hot ids, cold ids, tokens
   for (int i = 0; i < count; ++i) {
     if (absl::Status st = CheckOnArena(moves[i].to); !st.ok()) return st;
-    ids[i] = moves[i].from;
+    if (absl::Status st = CheckOnHotArena(moves[i].from); !st.ok()) return st;
+    ids[i] = moves[i].from - hot_base_;
     ids[count + i] = moves[i].to - base_;
     ids[2 * count + i] = moves[i].tokens;
   }
@@ -207,6 +213,7 @@ absl::Status CudaBackend::DemotePages(absl::Span<const TierMove> moves) {
 absl::Status CudaBackend::DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) {
   if (hot_pool_ == nullptr) return Backend::DecodeHotTokens(page, layer, first, count, keys, values);
   absl::Status st = CheckLayer(layer);
+  if (st.ok()) st = CheckOnHotArena(page);
   if (!st.ok()) return st;
   // Into a buffer of this call's own: concurrent Reads of one layer must
   // not write the same host bytes while the other decodes them.
@@ -225,8 +232,9 @@ absl::Status CudaBackend::DecodeHotTokens(PageId page, int layer, int first, int
 
 absl::Status CudaBackend::DownloadHotPage(PageId page, uint8_t* dst) {
   absl::Status st = Cuda(
-      cudaMemcpyAsync(dst, static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page) * hot_layout_.page_bytes,
-                      hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(
+          dst, static_cast<const uint8_t*>(hot_arena_) + static_cast<size_t>(page - hot_base_) * hot_layout_.page_bytes,
+          hot_layout_.page_bytes, cudaMemcpyDeviceToHost, stream_),
       "download hot page");
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "download hot page");
   return st;

@@ -47,7 +47,7 @@ const bool kCudaRegistered =
         absl::StatusOr<std::unique_ptr<Backend>> b =
             MakeCudaBackend(*codec, a.pool, a.devices[k], a.transforms, a.values_folded,
                             a.device_window_cache_bytes > 0 ? a.device_window_cache_bytes : kDefaultWindowCacheBytes,
-                            nullptr, static_cast<int>(k));
+                            a.hot_pool, static_cast<int>(k));
         if (!b.ok())
           return absl::Status(b.status().code(), absl::StrCat("device ", a.devices[k], ": ", b.status().message()));
         inner.push_back(*std::move(b));
