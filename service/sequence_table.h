@@ -166,8 +166,8 @@ class SequenceTable {
 
  private:
   using Map = absl::flat_hash_map<std::string, SequencePtr>;
-  // The device slot for a new sequence: fewest pages in use, then fewest
-  // sequences.
+  // The device slot for a new sequence: fewest pages in use (cold and
+  // hot), then fewest sequences.
   int LeastLoadedDevice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checks of a new sequence under the absent `key`, in FindOrCreate's
   // order (drain, tombstone unless `new_incarnation`, max_sequences, the

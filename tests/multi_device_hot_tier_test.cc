@@ -215,6 +215,33 @@ TEST(MultiDeviceHotTier, RoomIsMadeOnTheSequencesOwnDevice) {
   }
 }
 
+// Placement counts a device's hot pages too: a device whose sequence went
+// hot is not empty.
+TEST(MultiDeviceHotTier, PlacementCountsHotPages) {
+  testing::TestHandler two(Options({0, 1}, 32));
+  ASSERT_NE(two.h, nullptr);
+  auto device_of_new = [&](const std::string& name, int tokens, uint32_t seed) {
+    const v1::StatsResponse before = two.Stats();
+    EXPECT_TRUE(two.Push(name, 0, SyntheticKv(tokens, kN, seed), 0, tokens).ok());
+    const v1::StatsResponse after = two.Stats();
+    return after.devices(0).sequences() > before.devices(0).sequences() ? 0 : 1;
+  };
+  // A sequence of 4 pages, made hot; then one of 1 page on the other
+  // device.
+  const int big = device_of_new("big", kTokens, 1);
+  v1::AttendRequest req;
+  *req.add_items() = QueryItem("big", 0, SyntheticQuery(kQHeads, kD, 3), kQHeads);
+  v1::AttendResponse resp;
+  ASSERT_TRUE(two.h->Attend(req, &resp).ok());
+  ASSERT_TRUE(two.h->LayerIsHot("big", 0));
+  EXPECT_EQ(two.Stats().devices(big).pages_in_use(), 0u);
+  const int small = device_of_new("small", 300, 2);
+  ASSERT_NE(small, big);
+  // Cold pages alone would call big's device empty (0 against 1); with its
+  // 4 hot pages it is the fuller one.
+  EXPECT_EQ(device_of_new("next", 300, 3), small);
+}
+
 TEST(MultiDeviceHotTier, BudgetBelowAPageADeviceIsRefused) {
   Metrics m;
   absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(Options({0, 1}, 1), &m);
