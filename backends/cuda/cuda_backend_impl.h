@@ -132,6 +132,10 @@ class CudaBackend : public Backend {
   // The launch of a promotion whose device words `ids` hold the cold ids,
   // the hot ids, the tokens and room for the status, [count] each.
   gpu::PromoteParams PromoteParamsFor(int32_t* ids, int count) const;
+  // A tier move's device words: [from][to][tokens], each page as its arena
+  // indexes it (cold: less base_, hot: less hot_base_), after checking
+  // that both are on this device. `to_hot`: a promotion (from is cold).
+  absl::Status MoveIds(absl::Span<const TierMove> moves, bool to_hot, std::vector<int32_t>* ids) const;
   // DATA_LOSS naming the first move whose page did not decode.
   static absl::Status PromotionStatus(absl::Span<const TierMove> moves, const int32_t* status);
   cuda_backend::DeviceArena Arena() const;

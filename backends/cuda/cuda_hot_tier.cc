@@ -41,18 +41,26 @@ absl::Status CudaBackend::InitHotTier() {
   return st;
 }
 
+absl::Status CudaBackend::MoveIds(absl::Span<const TierMove> moves, bool to_hot, std::vector<int32_t>* ids) const {
+  const size_t count = moves.size();
+  ids->resize(3 * count);
+  for (size_t i = 0; i < count; ++i) {
+    const PageId cold = to_hot ? moves[i].from : moves[i].to, hot = to_hot ? moves[i].to : moves[i].from;
+    if (absl::Status st = CheckOnArena(cold); !st.ok()) return st;
+    if (absl::Status st = CheckOnHotArena(hot); !st.ok()) return st;
+    (*ids)[to_hot ? i : count + i] = cold - base_;
+    (*ids)[to_hot ? count + i : i] = hot - hot_base_;
+    (*ids)[2 * count + i] = moves[i].tokens;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::PromotePages(absl::Span<const TierMove> moves) {
   if (hot_pool_ == nullptr) return Backend::PromotePages(moves);
   if (moves.empty()) return absl::OkStatus();
   const int count = static_cast<int>(moves.size());
-  std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens (as the arenas index them)
-  for (int i = 0; i < count; ++i) {
-    if (absl::Status st = CheckOnArena(moves[i].from); !st.ok()) return st;
-    if (absl::Status st = CheckOnHotArena(moves[i].to); !st.ok()) return st;
-    ids[i] = moves[i].from - base_;
-    ids[count + i] = moves[i].to - hot_base_;
-    ids[2 * count + i] = moves[i].tokens;
-  }
+  std::vector<int32_t> ids;  // cold ids, hot ids, tokens
+  if (absl::Status st = MoveIds(moves, /*to_hot=*/true, &ids); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   cudaSetDevice(device_);  // the calling RPC thread's current device
   absl::Status st = promote_ids_.Reserve(4 * ids.size() + 4 * count);
@@ -78,14 +86,8 @@ absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, 
   }
   if (moves.empty()) return absl::OkStatus();
   const int count = static_cast<int>(moves.size());
-  std::vector<int32_t> ids(3 * count);  // cold ids, hot ids, tokens
-  for (int i = 0; i < count; ++i) {
-    if (absl::Status st = CheckOnArena(moves[i].from); !st.ok()) return st;
-    if (absl::Status st = CheckOnHotArena(moves[i].to); !st.ok()) return st;
-    ids[i] = moves[i].from - base_;
-    ids[count + i] = moves[i].to - hot_base_;
-    ids[2 * count + i] = moves[i].tokens;
-  }
+  std::vector<int32_t> ids;  // cold ids, hot ids, tokens
+  if (absl::Status st = MoveIds(moves, /*to_hot=*/true, &ids); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   cudaSetDevice(device_);  // the calling RPC thread's current device
   // Device words: the ids, then what comes back: status, cold sums, hot sums.
@@ -153,14 +155,8 @@ absl::Status CudaBackend::DemotePages(absl::Span<const TierMove> moves) {
   if (hot_pool_ == nullptr) return Backend::DemotePages(moves);
   if (moves.empty()) return absl::OkStatus();
   const int count = static_cast<int>(moves.size());
-  std::vector<int32_t> ids(3 * count);  // hot ids, cold ids, tokens
-  for (int i = 0; i < count; ++i) {
-    if (absl::Status st = CheckOnArena(moves[i].to); !st.ok()) return st;
-    if (absl::Status st = CheckOnHotArena(moves[i].from); !st.ok()) return st;
-    ids[i] = moves[i].from - hot_base_;
-    ids[count + i] = moves[i].to - base_;
-    ids[2 * count + i] = moves[i].tokens;
-  }
+  std::vector<int32_t> ids;  // hot ids, cold ids, tokens
+  if (absl::Status st = MoveIds(moves, /*to_hot=*/false, &ids); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   cudaSetDevice(device_);  // the calling RPC thread's current device
   absl::Status st = promote_ids_.Reserve(4 * 4 * static_cast<size_t>(count));
