@@ -59,7 +59,9 @@ Workspace CarveWorkspace(void* ws, const PartialLayout& part) {
 }
 
 size_t AttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages) {
-  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1);
+  // At most one split a page, and one more for the window's state
+  // (kernels/window_merge.cuh).
+  const size_t splits = static_cast<size_t>(max_pages > 0 ? max_pages : 1) + 1;
   return static_cast<size_t>(items) * (splits * (2 + head_dim) + head_dim) * q_heads * sizeof(float);
 }
 
@@ -134,8 +136,7 @@ absl::StatusOr<const float*> PageQueries(const AttentionBatch& b, int kv_heads, 
   return static_cast<const float*>(out);
 }
 
-absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads,
-                             cudaStream_t stream) {
+MergeParams PageMergeParams(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads) {
   MergeParams m = MergeFor(part, ws, kv_heads, b.query_dev, b.softmax_scale, b.out_dev, b.lse_dev);
   m.rotated = b.transforms_dev == nullptr;
   if (b.transforms_dev != nullptr && !b.values_folded) {
@@ -147,7 +148,12 @@ absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, con
   m.window_tokens_dev = b.window_tokens_dev;
   m.window_start_dev = b.window_start_dev;
   m.targets_dev = b.out_targets_dev;
-  return LaunchMerge(m, stream);
+  return m;
+}
+
+absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads,
+                             cudaStream_t stream) {
+  return LaunchMerge(PageMergeParams(part, ws, b, kv_heads), stream);
 }
 
 }  // namespace gpu

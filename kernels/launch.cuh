@@ -118,7 +118,9 @@ absl::StatusOr<const float*> PageQueries(const AttentionBatch& b, int kv_heads, 
 // The merge after a kernel on compressed pages: the partial states in `ws`
 // are in the rotated domain, mapped back by the Hadamard, or by T_V^-1 with
 // transforms (unless values_folded); the bf16 window, in the model domain,
-// is attended with b.query_dev (the model-domain query).
+// is attended with b.query_dev (the model-domain query). PageMergeParams
+// is what it merges; LaunchPageMerge launches it.
+MergeParams PageMergeParams(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads);
 absl::Status LaunchPageMerge(const PartialLayout& part, const Workspace& ws, const AttentionBatch& b, int kv_heads,
                              cudaStream_t stream);
 

@@ -22,6 +22,7 @@
 //  3. Values. Base-6 triples are decoded two bytes at a time in f16x2
 //     arithmetic (Triple), three fp16 level pairs per triple, straight into A
 //     fragments of the values transposed; the offsets enter as sum_t w_t o_t.
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/level_attention.h"
+#include "kernels/window_merge.cuh"
 
 namespace driftkv {
 namespace gpu {
@@ -187,6 +189,11 @@ struct KernelArgs {
   LevelAttentionParams p;
   PartialLayout part;
   Workspace ws;
+  // With window_split, part.splits counts the window's state after the
+  // pages' (kernels/window_merge.cuh), and with in_launch the window and
+  // the merge run in the attention kernel's launch.
+  MergeParams merge;
+  bool window_split = false, in_launch = false;
 };
 
 // Value k-step group GR of a page: decodes its triples into fp16 pairs in
@@ -568,28 +575,31 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
   }
 }
 
-// One block per (split, KV head, item); warp w takes pages first + w,
-// first + w + kWarps, ... of the split.
-template <int D, int G, int kStages, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
+// Where the warps' stages start: after the barriers, the rotated query and
+// its sums. (The merge in the launch reuses them as scratch.)
+template <int D, int G>
+__device__ __forceinline__ float* StagesOf(uint8_t* smem) {
+  const uintptr_t after = reinterpret_cast<uintptr_t>(smem + 128 + (G * D + 4) * 4);
+  return reinterpret_cast<float*>((after + 127) & ~uintptr_t{127});
+}
+
+// The pages of split blockIdx.x of (item blockIdx.z, KV head blockIdx.y), into the split's
+// partial state.
+template <int D, int G, int kStages>
+__device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
+  uint8_t* stages = reinterpret_cast<uint8_t*>(StagesOf<D, G>(smem));
   constexpr int MT = D / 16;  // value m-tiles (16 channels each)
   constexpr int KS = D / 16;  // key k-steps
-  static_assert(G == 2 || G == 4, "GQA group");
   const LevelAttentionParams& p = args.p;
   const AttentionBatch& batch = p.batch;
   const LevelPageLayout& lay = p.layout;
-  const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;  // (host-only helpers of the layout)
+  const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;
   const size_t stage_bytes = StageBytes(D, head_bytes);
-
-  extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem);  // [warp][stage]
   float* qs = reinterpret_cast<float*>(smem + 128);    // [G][D] rotated query
   float* qsum = qs + G * D;                            // [G]
-  uint8_t* stages = smem + 128 + (G * D + 4) * 4;
-  stages = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(stages) + 127) & ~uintptr_t{127});
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int split = blockIdx.x, kvh = blockIdx.y, item = blockIdx.z;
   const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
   const int pps = LevelPagesPerSplit(pages);
@@ -666,6 +676,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   CombineWarps<D, G, MT>(args, item, split, kvh, tid, warp, lr, rs, acc, stages);
 }
 
+// One block per (split, KV head, item); warp w takes pages first + w,
+// first + w + kWarps, ... of the split. With the merge in the launch, the
+// last split index is the window's block, and the last block of an (item,
+// KV head) to finish merges.
+template <int D, int G, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
+  static_assert(G == 2 || G == 4, "GQA group");
+  static_assert(kThreads == kWindowMergeThreads, "the merge in the launch runs on the kernel's block");
+  extern __shared__ __align__(128) uint8_t smem[];
+  // (Indices are read again after the split's work rather than kept live
+  // through it: its registers are all taken.)
+  if (args.in_launch && blockIdx.x == args.part.splits - 1) {
+    WindowState<D, G>(args.merge, args.ws, blockIdx.z, blockIdx.y, StagesOf<D, G>(smem));
+  } else {
+    PageSplit<D, G, kStages>(args, smem);
+  }
+  if (args.in_launch && ArriveLast(args.p.merge_counters_dev + blockIdx.z * gridDim.y + blockIdx.y, gridDim.x)) {
+    MergeTail<D, G>(args.merge, blockIdx.z, blockIdx.y, StagesOf<D, G>(smem));
+  }
+}
+
+// The window and the merge as a second launch: one block per (KV head,
+// item), the same device code as in the attention kernel's launch.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) LevelWindowMergeKernel(KernelArgs args) {
+  extern __shared__ __align__(16) float scratch[];
+  WindowState<D, G>(args.merge, args.ws, blockIdx.y, blockIdx.x, scratch);
+  __syncthreads();  // the window's state, written to global memory, for every thread of the block
+  MergeTail<D, G>(args.merge, blockIdx.y, blockIdx.x, scratch);
+}
+
 }  // namespace
 
 absl::StatusOr<int> LevelDecodeSelfTest() {
@@ -699,32 +740,45 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     return absl::InvalidArgumentError("level page layout not aligned (use MakeLevelPageLayout)");
   }
   if (b.max_pages < 0) return absl::InvalidArgumentError(absl::StrCat("max_pages ", b.max_pages, " < 0"));
-  const int splits = SplitsCovering(b.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
+  const int page_splits = SplitsCovering(b.max_pages, [](int pages) { return LevelPagesPerSplit(pages); });
   KernelArgs args;
   args.p = p;
-  args.part = PartialLayout{b.items, splits, b.q_heads, l.head_dim};
+  // A per-head output transform needs the merge kernel of the cold pages.
+  args.window_split = b.transforms_dev == nullptr || b.values_folded;
+  constexpr int kBlocksPerSm = 4;  // the launch bounds below
+  const bool one_wave = static_cast<int64_t>(b.items) * l.kv_heads * page_splits <= kBlocksPerSm * SmCount();
+  args.in_launch = args.window_split && p.merge_counters_dev != nullptr &&
+                   (p.merge == LevelMerge::kInLaunch || (p.merge == LevelMerge::kAuto && one_wave));
+  args.part = PartialLayout{b.items, page_splits + (args.window_split ? 1 : 0), b.q_heads, l.head_dim};
   args.ws = CarveWorkspace(b.workspace_dev, args.part);
+  args.merge = PageMergeParams(args.part, args.ws, b, l.kv_heads);  // the window's query: b's, the model domain
   absl::StatusOr<const float*> q =
       PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
   args.p.batch.query_dev = *q;
-  const dim3 grid(splits, l.kv_heads, b.items);
+  const dim3 grid(args.in_launch ? args.part.splits : page_splits, l.kv_heads, b.items);
   // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
   // faster at batch >= 32 than two stages and two blocks (8 warps), where
   // too few warps hid the latency of the decode and the mma chains.
   constexpr int kStages = 1;
   const size_t head_bytes = l.head_bytes();
-  absl::Status st = DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
+  return DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
-    const size_t smem = 128 + (G * D + 4) * 4 + 128 + static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes);
+    const size_t front = 128 + (G * D + 4) * 4 + 128;  // barriers, query, alignment of the stages
+    const size_t scratch = sizeof(float) * WindowMergeScratchFloats<D, G>();
+    const size_t smem = front + std::max(static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes), scratch);
     if (smem > 227 * 1024) {
       return absl::InvalidArgumentError(absl::StrCat("level page too large: ", smem, " B of shared memory"));
     }
-    return LaunchKernel(LevelAttentionKernel<D, G, kStages, 4>, grid, kThreads, smem, stream, "level attention", args);
+    absl::Status ls = LaunchKernel(LevelAttentionKernel<D, G, kStages, kBlocksPerSm>, grid, kThreads, smem, stream,
+                                   "level attention", args);
+    if (!ls.ok()) return ls;
+    if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
+    if (args.in_launch) return ls;
+    if (!args.window_split) return LaunchMerge(args.merge, stream);
+    return LaunchKernel(LevelWindowMergeKernel<D, G>, dim3(l.kv_heads, b.items), kThreads, scratch, stream,
+                        "level window and merge", args);
   });
-  if (!st.ok()) return st;
-  if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
-  return LaunchPageMerge(args.part, args.ws, b, l.kv_heads, stream);
 }
 
 }  // namespace gpu

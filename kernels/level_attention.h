@@ -31,14 +31,31 @@
 namespace driftkv {
 namespace gpu {
 
+// Where the bf16 window and the merge of the splits run
+// (kernels/window_merge.cuh): in the attention kernel's own launch, or in a
+// second launch; both give the same bits. kAuto: in the launch when the
+// page blocks fit in one wave (a second launch would then add its latency
+// to a short kernel: on the H200 1 x 8K took 0.0327 against 0.0367 ms,
+// 1 x 128K 0.0924 against 0.0974), else a second launch (window blocks in
+// the first would take slots from the pages: 64 x 8K 0.313 against 0.263,
+// 16 x 32K 0.286 against 0.263). Without merge_counters_dev always a
+// second launch.
+enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch };
+
 // The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
 // layout.page_bytes (the page ids of the batch's table name level pages).
 struct LevelAttentionParams {
   AttentionBatch batch;
   const uint8_t* pool_dev = nullptr;  // the level page pool, device memory
   LevelPageLayout layout;
+  // items x kv_heads words, zero before the first launch that uses them and
+  // left zero by every launch; used like the workspace, by one launch at a
+  // time in stream order. Null: the merge is always a second launch.
+  uint32_t* merge_counters_dev = nullptr;
+  LevelMerge merge = LevelMerge::kAuto;
   // Recorded on the stream between the split kernel and the merge when set
-  // (a timing probe's; null: nothing recorded).
+  // (a timing probe's; null: nothing recorded). With the merge in the
+  // launch, after the one kernel.
   cudaEvent_t split_done = nullptr;
 };
 

@@ -89,17 +89,28 @@ struct HotRun {
   std::vector<float> out, lse;
 };
 
-// Runs the level kernel on items [first, first + count) of the batch.
-void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int first, int count, HotRun* r) {
+// Runs the level kernel on items [first, first + count) of the batch, with
+// the window and the merge where `merge` says, twice in a row, the merge
+// counters zeroed once: they must be zero again after each launch.
+void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int first, int count, LevelMerge merge, HotRun* r) {
   DeviceItems dev;
   ASSERT_TRUE(dev.Upload(b.cold, first, count));
+  DeviceBuffer counters;
+  ASSERT_TRUE(counters.Upload(std::vector<uint32_t>(static_cast<size_t>(count) * b.hot.kv_heads, 0u)));
   LevelAttentionParams p;
   p.batch = dev.batch();
   p.pool_dev = pool.get<uint8_t>();
   p.layout = b.hot;
-  absl::Status st = LaunchLevelAttention(p, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  p.merge_counters_dev = counters.get<uint32_t>();
+  p.merge = merge;
+  for (int run = 0; run < 2; ++run) {
+    absl::Status st = LaunchLevelAttention(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint32_t> left;
+    ASSERT_TRUE(counters.Download(&left));
+    for (size_t k = 0; k < left.size(); ++k) ASSERT_EQ(left[k], 0u) << "merge counter " << k << " after run " << run;
+  }
   ASSERT_TRUE(dev.Download(&r->out, &r->lse));
 }
 
@@ -193,12 +204,14 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     }
   }
 
-  // Attention on the level pages.
+  // Attention on the level pages, the window and the merge in the kernel's
+  // launch: the float64 rule, and batch invariance (each item alone, the
+  // whole batch again).
   DeviceBuffer pool;
   ASSERT_TRUE(pool.Upload(b.hot_pool));
   const int items = c.items();
   HotRun all;
-  RunLevel(b, pool, 0, items, &all);
+  RunLevel(b, pool, 0, items, LevelMerge::kInLaunch, &all);
   if (::testing::Test::HasFatalFailure()) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const size_t qd = static_cast<size_t>(q_heads) * d;
@@ -206,17 +219,29 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     CheckItem(all.out.data() + i * qd, all.lse[static_cast<size_t>(i) * q_heads], c.ref_keys[i], c.ref_values[i],
               c.tokens[i] + c.window_tokens[i], kv_heads, d, c.query.data() + i * qd, q_heads, scale, "level", i);
   }
-  // Batch invariance: each item alone, and the whole batch again.
   HotRun again;
-  RunLevel(b, pool, 0, items, &again);
+  RunLevel(b, pool, 0, items, LevelMerge::kInLaunch, &again);
+  if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(0, std::memcmp(again.out.data(), all.out.data(), all.out.size() * 4)) << "second run differs";
   EXPECT_EQ(0, std::memcmp(again.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second run lse differs";
+  // The window and the merge as a second launch: the same bits, for the
+  // batch and each item alone (kAuto picks either by the batch's size).
+  HotRun two;
+  RunLevel(b, pool, 0, items, LevelMerge::kSecondLaunch, &two);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(0, std::memcmp(two.out.data(), all.out.data(), all.out.size() * 4)) << "second launch differs";
+  EXPECT_EQ(0, std::memcmp(two.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second launch: lse differs";
   for (int i = 0; i < items; ++i) {
-    HotRun one;
-    RunLevel(b, pool, i, 1, &one);
-    EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + i * qd, qd * 4)) << "item " << i << " alone differs";
-    EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + static_cast<size_t>(i) * q_heads, q_heads * 4))
-        << "item " << i << " alone: lse differs";
+    for (LevelMerge m : {LevelMerge::kInLaunch, LevelMerge::kSecondLaunch}) {
+      HotRun one;
+      RunLevel(b, pool, i, 1, m, &one);
+      if (::testing::Test::HasFatalFailure()) return;
+      const char* how = m == LevelMerge::kInLaunch ? " (in the launch)" : " (second launch)";
+      EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + i * qd, qd * 4))
+          << "item " << i << " alone differs" << how;
+      EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + static_cast<size_t>(i) * q_heads, q_heads * 4))
+          << "item " << i << " alone: lse differs" << how;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "codec/lse_merge.h"
 #include "kernels/attention.h"
 #include "kernels/device_common.cuh"
+#include "kernels/merge_common.cuh"
 #include "wire/half.h"
 
 namespace driftkv {
@@ -17,31 +18,6 @@ namespace {
 
 constexpr int kMergeThreads = 128;
 
-// Head h's answer of item `item`: channel tid's value `o` (tid < head_dim)
-// and, from thread 0, the lse, to the item's output target or its rows.
-__device__ __forceinline__ void StoreAnswer(const MergeParams& p, int item, int h, int tid, float o, float lse) {
-  const int d_count = p.part.head_dim;
-  const size_t row = static_cast<size_t>(item) * p.part.q_heads + h;
-  const OutputTarget* t = p.targets_dev != nullptr ? p.targets_dev + item : nullptr;
-  if (t == nullptr || t->out == nullptr) {
-    if (tid < d_count) p.out_dev[row * d_count + tid] = o;
-    if (tid == 0) p.lse_dev[row] = lse;
-    return;
-  }
-  const size_t at = static_cast<size_t>(h) * d_count + tid;
-  if (tid < d_count) {
-    if (t->out_dtype == 1) {
-      static_cast<uint16_t*>(t->out)[at] = FloatToBf16Dev(o);
-    } else {
-      static_cast<float*>(t->out)[at] = o;
-    }
-  }
-  if (tid == 0 && t->lse != nullptr) t->lse[h] = lse;
-}
-
-struct FastExp {
-  __device__ float operator()(float x) const { return __expf(x); }
-};
 static_assert(kMaxWindow % kMergeThreads == 0, "window tokens are scored kMergeThreads at a time");
 
 __device__ float BlockReduceMax(float v, float* red) {

@@ -96,6 +96,7 @@ absl::Status AttendLauncher::ReserveOutputs(int items, int q_heads, int max_page
   if (st.ok()) st = host_out_.Reserve(out_bytes);
   if (st.ok())
     st = a_ws_.Reserve(gpu::AttentionWorkspaceBytes(items, q_heads, dev_.layout.head_dim, std::max(max_pages, 1)));
+  if (st.ok()) st = merge_counters_.Reserve(sizeof(uint32_t) * items * dev_.layout.kv_heads);
   return st;
 }
 
@@ -319,6 +320,7 @@ absl::Status AttendLauncher::RunAttention(absl::Span<AttendJob> jobs, const Laun
     hp.batch = batch;
     hp.pool_dev = static_cast<const uint8_t*>(dev_.hot_arena);
     hp.layout = dev_.hot_layout;
+    hp.merge_counters_dev = merge_counters_.get<uint32_t>();
     hp.split_done = timer_.Event(StageTimer::kSplitDone);
     st = gpu::LaunchLevelAttention(hp, dev_.stream);
   } else {

@@ -149,6 +149,7 @@ class AttendLauncher {
   LaunchPlans plans_;
   std::vector<KeptPlan> kept_;
   Scratch a_stage_, a_out_, a_ws_;
+  ZeroedScratch merge_counters_;  // the level kernel's, items x kv_heads words
   PinnedScratch host_stage_, host_out_;
   StageTimer timer_;
 };

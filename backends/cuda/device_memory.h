@@ -28,6 +28,20 @@ struct DeviceMemory {
   static constexpr const char* kWhat = "cudaMalloc (scratch)";
   static constexpr bool kGrowByHalf = false;
 };
+// Device memory that starts zeroed (the merge counters of the level
+// kernel, which each launch leaves zero again). The memset waits for the
+// device: allocation is rare, and the buffer is used only after it.
+struct ZeroedDeviceMemory {
+  static cudaError_t Alloc(void** p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) e = cudaMemset(*p, 0, bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return e;
+  }
+  static void Free(void* p) { cudaFree(p); }
+  static constexpr const char* kWhat = "cudaMalloc (zeroed scratch)";
+  static constexpr bool kGrowByHalf = false;
+};
 struct PinnedHostMemory {
   static cudaError_t Alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
   static void Free(void* p) { cudaFreeHost(p); }
@@ -60,6 +74,7 @@ class GrowableBuffer {
   size_t size_ = 0;
 };
 using Scratch = GrowableBuffer<DeviceMemory>;
+using ZeroedScratch = GrowableBuffer<ZeroedDeviceMemory>;
 using PinnedScratch = GrowableBuffer<PinnedHostMemory>;
 
 }  // namespace cuda_backend
