@@ -193,6 +193,10 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
   batch.workspace_dev = ws.get<void>();
   cudaEvent_t split = nullptr;  // between the split kernel and the merge
   if (merge_ms != nullptr && hot) cudaEventCreate(&split);
+  // The service merges in the kernel's launch; timing the merge apart needs
+  // it as a second launch.
+  gpu::DeviceBuffer counters;
+  if (hot) counters.Upload(std::vector<uint32_t>(static_cast<size_t>(sequences) * hl->kv_heads, 0u));
   auto launch = [&] {
     if (hot) {
       gpu::LevelAttentionParams p;
@@ -200,6 +204,7 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
       p.pool_dev = pool.get<uint8_t>();
       p.layout = *hl;
       p.split_done = split;
+      if (split == nullptr) p.merge_counters_dev = counters.get<uint32_t>();
       CHECK_OK(gpu::LaunchLevelAttention(p, nullptr));
     } else {
       gpu::DQuantAttentionParams p;
