@@ -55,16 +55,9 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
   __shared__ float score[kMaxWindow];
   __shared__ float q[kMergeThreads];
 
-  // The splits' states merge by codec/lse_merge.h.
-  float m = kNegInf;
-  for (int s = 0; s < p.part.splits; ++s) m = fmaxf(m, p.m_dev[p.part.ml_index(item, s, h)]);
-  float l = 0.0f, acc = 0.0f;
-  for (int s = 0; s < p.part.splits; ++s) {
-    const float f = LseWeight<float>(p.m_dev[p.part.ml_index(item, s, h)], m, FastExp());
-    if (f == 0.0f) continue;
-    l += f * p.l_dev[p.part.ml_index(item, s, h)];
-    if (tid < d_count) acc += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
-  }
+  float mh[1], lh[1], acch[1];
+  MergeSplits<1>(p, item, h, p.part.splits, tid, mh, lh, acch);
+  float m = mh[0], l = lh[0], acc = acch[0];
   if (p.out_transform_dev != nullptr) {
     // acc <- T_V^-1 acc of this head's (layer, KV head); linear, so it may
     // run before the division by l.
@@ -160,20 +153,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeGroupKernel(MergeParams p)
   __shared__ float q[G][kMergeThreads];
 
   float m[G], l[G], acc[G];
-#pragma unroll
-  for (int hh = 0; hh < G; ++hh) {
-    const int h = h0 + hh;
-    m[hh] = kNegInf;
-    for (int s = 0; s < p.part.splits; ++s) m[hh] = fmaxf(m[hh], p.m_dev[p.part.ml_index(item, s, h)]);
-    l[hh] = 0.0f;
-    acc[hh] = 0.0f;
-    for (int s = 0; s < p.part.splits; ++s) {
-      const float f = LseWeight<float>(p.m_dev[p.part.ml_index(item, s, h)], m[hh], FastExp());
-      if (f == 0.0f) continue;
-      l[hh] += f * p.l_dev[p.part.ml_index(item, s, h)];
-      if (tid < d_count) acc[hh] += f * p.acc_dev[p.part.acc_index(item, s, h) + tid];
-    }
-  }
+  MergeSplits<G>(p, item, h0, p.part.splits, tid, m, l, acc);
   if (p.rotated) {
 #pragma unroll
     for (int hh = 0; hh < G; ++hh) {

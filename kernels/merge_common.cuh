@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "codec/lse_merge.h"
 #include "kernels/device_common.cuh"
 
 namespace driftkv {
@@ -36,6 +37,60 @@ __device__ __forceinline__ void StoreAnswer(const MergeParams& p, int item, int 
 struct FastExp {
   __device__ float operator()(float x) const { return __expf(x); }
 };
+
+// The partial states of splits [0, splits) of heads h0 .. h0 + G - 1 of
+// `item` merged in split order by codec/lse_merge.h: the running max m,
+// sum l and, in thread tid < head_dim, channel tid's acc. The loads go
+// kChunk splits at a time, through L2 (the states may have been written in
+// the same launch by other blocks), rather than one dependent load after
+// another; the arithmetic is the same, in the same order.
+template <int G>
+__device__ __forceinline__ void MergeSplits(const MergeParams& p, int item, int h0, int splits, int tid, float (&m)[G],
+                                            float (&l)[G], float (&acc)[G]) {
+  constexpr int kChunk = 8;
+  const bool has_channel = tid < p.part.head_dim;
+#pragma unroll
+  for (int hh = 0; hh < G; ++hh) m[hh] = kNegInf, l[hh] = 0.0f, acc[hh] = 0.0f;
+  for (int s0 = 0; s0 < splits; s0 += kChunk) {
+    float mv[kChunk][G];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+#pragma unroll
+      for (int hh = 0; hh < G; ++hh) {
+        mv[k][hh] = s0 + k < splits ? __ldcg(p.m_dev + p.part.ml_index(item, s0 + k, h0 + hh)) : kNegInf;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+#pragma unroll
+      for (int hh = 0; hh < G; ++hh) m[hh] = fmaxf(m[hh], mv[k][hh]);
+    }
+  }
+  for (int s0 = 0; s0 < splits; s0 += kChunk) {
+    float mv[kChunk][G], lv[kChunk][G], av[kChunk][G];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const bool in = s0 + k < splits;
+#pragma unroll
+      for (int hh = 0; hh < G; ++hh) {
+        const size_t mi = p.part.ml_index(item, in ? s0 + k : 0, h0 + hh);
+        mv[k][hh] = in ? __ldcg(p.m_dev + mi) : kNegInf;
+        lv[k][hh] = in ? __ldcg(p.l_dev + mi) : 0.0f;
+        av[k][hh] = in && has_channel ? __ldcg(p.acc_dev + mi * p.part.head_dim + tid) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+#pragma unroll
+      for (int hh = 0; hh < G; ++hh) {
+        const float f = LseWeight<float>(mv[k][hh], m[hh], FastExp());
+        if (f == 0.0f) continue;
+        l[hh] += f * lv[k][hh];
+        acc[hh] += f * av[k][hh];
+      }
+    }
+  }
+}
 
 }  // namespace gpu
 }  // namespace driftkv

@@ -69,12 +69,13 @@ __device__ void WindowState(const MergeParams& p, const Workspace& ws, int item,
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = p.part.splits - 1, h0 = kvh * G;
   const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
-  float* q = scratch;                      // [G][D]
-  float* score = q + G * D;                // [G][kMaxWindow]
-  float* part = score + G * kMaxWindow;    // [warp][G][D]
-  float* ml = part + kWarps * G * D;       // [G][2]: max, sum
+  float* q = scratch;                    // [G][D]
+  float* score = q + G * D;              // [G][kMaxWindow]
+  float* part = score + G * kMaxWindow;  // [warp][G][D]
+  float* ml = part + kWarps * G * D;     // [G][2]: max, sum
   if (w <= 0) {
-    for (int i = tid; i < G * D; i += kWindowMergeThreads) ws.acc[p.part.acc_index(item, split, h0 + i / D) + i % D] = 0.0f;
+    for (int i = tid; i < G * D; i += kWindowMergeThreads)
+      ws.acc[p.part.acc_index(item, split, h0 + i / D) + i % D] = 0.0f;
     if (tid < G) {
       ws.m[p.part.ml_index(item, split, h0 + tid)] = kNegInf;
       ws.l[p.part.ml_index(item, split, h0 + tid)] = 0.0f;
@@ -185,55 +186,12 @@ __device__ void WindowState(const MergeParams& p, const Workspace& ws, int item,
 // The last block of (item, KV head kvh): the page splits [0, splits - 1)
 // merged in split order (loads through L2: other blocks wrote them in this
 // launch), rotated back when p.rotated, then the window's state of the last
-// split folded in; the answers stored as the merge kernel stores them. It
-// runs at the end of its item's work, so its loads go kChunk splits at a
-// time rather than one dependent load after another.
+// split folded in; the answers stored as the merge kernel stores them.
 template <int D, int G>
 __device__ void MergeTail(const MergeParams& p, int item, int kvh, float* scratch) {
-  constexpr int kChunk = 8;
   const int tid = threadIdx.x, page_splits = p.part.splits - 1, h0 = kvh * G;
   float m[G], l[G], acc[G];
-#pragma unroll
-  for (int hh = 0; hh < G; ++hh) m[hh] = kNegInf, l[hh] = 0.0f, acc[hh] = 0.0f;
-  for (int s0 = 0; s0 < page_splits; s0 += kChunk) {
-    float mv[kChunk][G];
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-#pragma unroll
-      for (int hh = 0; hh < G; ++hh) {
-        mv[k][hh] = s0 + k < page_splits ? __ldcg(p.m_dev + p.part.ml_index(item, s0 + k, h0 + hh)) : kNegInf;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-#pragma unroll
-      for (int hh = 0; hh < G; ++hh) m[hh] = fmaxf(m[hh], mv[k][hh]);
-    }
-  }
-  for (int s0 = 0; s0 < page_splits; s0 += kChunk) {
-    float mv[kChunk][G], lv[kChunk][G], av[kChunk][G];
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      const bool in = s0 + k < page_splits;
-#pragma unroll
-      for (int hh = 0; hh < G; ++hh) {
-        const size_t mi = p.part.ml_index(item, in ? s0 + k : 0, h0 + hh);
-        mv[k][hh] = in ? __ldcg(p.m_dev + mi) : kNegInf;
-        lv[k][hh] = in ? __ldcg(p.l_dev + mi) : 0.0f;
-        av[k][hh] = in && tid < D ? __ldcg(p.acc_dev + mi * D + tid) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-#pragma unroll
-      for (int hh = 0; hh < G; ++hh) {
-        const float f = LseWeight<float>(mv[k][hh], m[hh], FastExp());
-        if (f == 0.0f) continue;
-        l[hh] += f * lv[k][hh];
-        acc[hh] += f * av[k][hh];
-      }
-    }
-  }
+  MergeSplits<G>(p, item, h0, page_splits, tid, m, l, acc);
   if (p.rotated) {
 #pragma unroll
     for (int hh = 0; hh < G; ++hh) {
