@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(kMergeThreads) MergeKernel(MergeParams p) {
     }
     __syncthreads();
   } else if (p.rotated) {
-    a[tid] = acc;
-    HadamardRows(a, 1, d_count, tid, kMergeThreads, BlockSync());
-    acc = a[tid];
+    float one[1] = {acc};
+    RotateBack<1>(one, a, d_count, tid, kMergeThreads);
+    acc = one[0];
   }
 
   const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
@@ -154,15 +154,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeGroupKernel(MergeParams p)
 
   float m[G], l[G], acc[G];
   MergeSplits<G>(p, item, h0, p.part.splits, tid, m, l, acc);
-  if (p.rotated) {
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
-      if (tid < d_count) a[hh * d_count + tid] = acc[hh];
-    }
-    HadamardRows(a, G, d_count, tid, kMergeThreads, BlockSync());
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) acc[hh] = tid < d_count ? a[hh * d_count + tid] : 0.0f;
-  }
+  if (p.rotated) RotateBack<G>(acc, a, d_count, tid, kMergeThreads);
 
   const int w = p.window_tokens_dev != nullptr ? p.window_tokens_dev[item] : 0;
   if (w > 0) {

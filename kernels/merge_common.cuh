@@ -38,6 +38,20 @@ struct FastExp {
   __device__ float operator()(float x) const { return __expf(x); }
 };
 
+// The G heads' merged acc (channel tid of each) mapped back from the
+// Hadamard domain by THE device Hadamard, through `scratch` (G x head_dim
+// floats of shared memory); every thread of the block calls it.
+template <int G>
+__device__ __forceinline__ void RotateBack(float (&acc)[G], float* scratch, int head_dim, int tid, int threads) {
+#pragma unroll
+  for (int hh = 0; hh < G; ++hh) {
+    if (tid < head_dim) scratch[hh * head_dim + tid] = acc[hh];
+  }
+  HadamardRows(scratch, G, head_dim, tid, threads, BlockSync());
+#pragma unroll
+  for (int hh = 0; hh < G; ++hh) acc[hh] = tid < head_dim ? scratch[hh * head_dim + tid] : 0.0f;
+}
+
 // The partial states of splits [0, splits) of heads h0 .. h0 + G - 1 of
 // `item` merged in split order by codec/lse_merge.h: the running max m,
 // sum l and, in thread tid < head_dim, channel tid's acc. The loads go

@@ -192,15 +192,7 @@ __device__ void MergeTail(const MergeParams& p, int item, int kvh, float* scratc
   const int tid = threadIdx.x, page_splits = p.part.splits - 1, h0 = kvh * G;
   float m[G], l[G], acc[G];
   MergeSplits<G>(p, item, h0, page_splits, tid, m, l, acc);
-  if (p.rotated) {
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) {
-      if (tid < D) scratch[hh * D + tid] = acc[hh];
-    }
-    HadamardRows(scratch, G, D, tid, kWindowMergeThreads, BlockSync());
-#pragma unroll
-    for (int hh = 0; hh < G; ++hh) acc[hh] = tid < D ? scratch[hh * D + tid] : 0.0f;
-  }
+  if (p.rotated) RotateBack<G>(acc, scratch, D, tid, kWindowMergeThreads);
 #pragma unroll
   for (int hh = 0; hh < G; ++hh) {
     const int h = h0 + hh;
