@@ -105,6 +105,43 @@ std::string Bytes(const absl::StatusOr<v1::AttendResponse>& r) {
   return all;
 }
 
+// One Attend of raw bytes (not necessarily an AttendRequest) through a
+// generic stub, started at construction.
+class RawAttendCall {
+ public:
+  RawAttendCall(const std::string& target, const std::string& bytes, int deadline_s)
+      : stub_(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    call_ = stub_.PrepareUnaryCall(&ctx_, "/driftkv.v1.KvCache/Attend", request, &cq_);
+    call_->StartCall();
+    call_->Finish(&response_, &status_, reinterpret_cast<void*>(1));
+  }
+  ~RawAttendCall() {
+    cq_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  // Waits for the call's end; false if the queue ended first.
+  bool Wait() {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq_.Next(&tag, &ok);
+  }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  grpc::GenericStub stub_;
+  grpc::CompletionQueue cq_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer response_;
+  grpc::Status status_;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call_;
+};
+
 TEST(AttendPoller, AnswersEqualTheSleepingDoorBitForBit) {
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
   Door sleeping(false), polling(true);
@@ -164,25 +201,12 @@ TEST(AttendPoller, ErrorsAreTheSleepingDoorsAndGarbageIsInvalidArgument) {
     EXPECT_EQ(polling.client->Attend(req).status(), want);
   }
   // Bytes that are no AttendRequest.
-  auto channel =
-      grpc::CreateChannel(testing::LoopbackTarget(polling.server->port()), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice slice(std::string("\xff\xff\xff\xff", 4));
-  grpc::ByteBuffer request(&slice, 1), response;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&ctx, "/driftkv.v1.KvCache/Attend", request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(), "the request is not an AttendRequest");
-  cq.Shutdown();
+  {
+    RawAttendCall call(testing::LoopbackTarget(polling.server->port()), std::string("\xff\xff\xff\xff", 4), 10);
+    ASSERT_TRUE(call.Wait());
+    EXPECT_EQ(call.status().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(call.status().error_message(), "the request is not an AttendRequest");
+  }
   // The door still serves.
   EXPECT_TRUE(polling.client->Attend(Request(0, 1, v1::DTYPE_F32, kv, -1)).ok());
 }
@@ -251,31 +275,15 @@ TEST(AttendPoller, StopWhileServingDropsTheCall) {
       });
   poller.Start();
 
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  grpc::Slice slice(std::string("bytes"));
-  grpc::ByteBuffer request(&slice, 1), response;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&ctx, "/driftkv.v1.KvCache/Attend", request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  RawAttendCall call(absl::StrCat("127.0.0.1:", port), "bytes", 20);
   entered.WaitForNotification();
 
   server->Shutdown(std::chrono::system_clock::now());
   server_down.Notify();
   poller.Stop();
   EXPECT_EQ(served.load(), 1);
-  void* tag = nullptr;
-  bool ok = false;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
-  EXPECT_NE(status.error_code(), grpc::StatusCode::OK) << "the call was cut by the shutdown";
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
+  ASSERT_TRUE(call.Wait());
+  EXPECT_NE(call.status().error_code(), grpc::StatusCode::OK) << "the call was cut by the shutdown";
 }
 
 TEST(AttendPoller, ConfigNamesBadValues) {
