@@ -8,7 +8,9 @@
 // demotion puts the pages back on the layer's device; Info, Stats and the
 // per-device gauges show each device's share.
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -168,6 +170,55 @@ TEST(MultiDeviceHotTier, BitEqualToOneDeviceAndToNoHotTier) {
   ExpectPagesOnTheirDevices(*two.h, {kPagesPerSequence + 4, kPagesPerSequence + 4});
   EXPECT_EQ(Answers(*two.h, after), Answers(*cold.h, after));
   ExpectPagesOnTheirDevices(*two.h, {kPagesPerSequence + 4, kPagesPerSequence + 4});
+}
+
+// A server of two devices with every layer hot writes its snapshot (each
+// hot layer demoted on its own device first) and a fresh one restores it:
+// every sequence's pages on one device, the answers of a server without a
+// hot tier, and the layers promoted on their devices again.
+TEST(MultiDeviceHotTier, SnapshotAndRestore) {
+  testing::TestHandler cold(Options({}, 0));
+  auto two = std::make_unique<testing::TestHandler>(Options({0, 1}, 96));
+  ASSERT_NE(two->h, nullptr);
+  const int sequences = 6;
+  for (testing::TestHandler* s : {&cold, two.get()}) {
+    for (int i = 0; i < sequences; ++i) {
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        ASSERT_TRUE(s->Push(SeqName(i), layer, SyntheticKv(kTokens, kN, 3 * i + layer), 0, kTokens).ok());
+      }
+    }
+  }
+  std::vector<int> all;
+  for (int i = 0; i < sequences; ++i) all.push_back(i);
+  const v1::AttendRequest req = Batch(all, 61, 0);
+  const std::vector<std::string> want = Answers(*cold.h, req);
+  EXPECT_EQ(Answers(*two->h, req), want);
+  for (int i = 0; i < sequences; ++i) ASSERT_TRUE(two->h->LayerIsHot(SeqName(i), 0)) << i;
+
+  const std::string dir = ::testing::TempDir() + "/multi_device_hot_snapshot";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Handler::SnapshotSummary written, loaded;
+  ASSERT_TRUE(two->h->WriteSnapshot(dir, &written).ok());
+  EXPECT_EQ(written.sequences, static_cast<uint64_t>(sequences));
+  EXPECT_EQ(written.pages, static_cast<uint64_t>(sequences * kPagesPerSequence));
+  EXPECT_EQ(two->Stats().hot_pages_in_use(), 0u);
+  ExpectPagesOnTheirDevices(*two->h, {kPagesPerSequence, kPagesPerSequence});
+
+  two.reset();
+  two = std::make_unique<testing::TestHandler>(Options({0, 1}, 96));
+  ASSERT_NE(two->h, nullptr);
+  ASSERT_TRUE(two->h->LoadSnapshot(dir, &loaded).ok());
+  EXPECT_EQ(loaded.sequences, static_cast<uint64_t>(sequences));
+  EXPECT_EQ(loaded.dropped_sequences, 0u);
+  ExpectPagesOnTheirDevices(*two->h, {kPagesPerSequence, kPagesPerSequence});
+  const v1::StatsResponse placed = two->Stats();
+  EXPECT_EQ(placed.devices(0).sequences() + placed.devices(1).sequences(), static_cast<uint64_t>(sequences));
+  EXPECT_EQ(Answers(*two->h, req), want);
+  for (int i = 0; i < sequences; ++i) EXPECT_TRUE(two->h->LayerIsHot(SeqName(i), 1)) << i;
+  ExpectPagesOnTheirDevices(*two->h, {kPagesPerSequence, kPagesPerSequence});
+  const v1::AttendRequest step = Batch(all, 62, 700);
+  EXPECT_EQ(Answers(*two->h, step), Answers(*cold.h, step));
 }
 
 TEST(MultiDeviceHotTier, RoomIsMadeOnTheSequencesOwnDevice) {
