@@ -1,6 +1,6 @@
 // The backend's shared thread pool: every index runs exactly once, many
 // callers at once make progress, and destruction joins cleanly.
-#include "backends/cpu/thread_pool.h"
+#include "backends/thread_pool.h"
 
 #include <atomic>
 #include <thread>

@@ -5,8 +5,8 @@
 // calling thread works on its own loop too, so a call always makes progress
 // even when every worker is busy with other calls; idle workers join the
 // oldest loop first (FIFO). fn must not call ParallelFor on the same pool.
-#ifndef DRIFTKV_BACKENDS_CPU_THREAD_POOL_H_
-#define DRIFTKV_BACKENDS_CPU_THREAD_POOL_H_
+#ifndef DRIFTKV_BACKENDS_THREAD_POOL_H_
+#define DRIFTKV_BACKENDS_THREAD_POOL_H_
 
 #include <atomic>
 #include <deque>
@@ -50,4 +50,4 @@ class ThreadPool {
 
 }  // namespace driftkv
 
-#endif  // DRIFTKV_BACKENDS_CPU_THREAD_POOL_H_
+#endif  // DRIFTKV_BACKENDS_THREAD_POOL_H_

@@ -1,4 +1,4 @@
-#include "backends/cpu/thread_pool.h"
+#include "backends/thread_pool.h"
 
 namespace driftkv {
 
