@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/attention_batch.h"
 #include "kernels/region_io.h"
@@ -21,8 +22,9 @@ WindowUploader::~WindowUploader() {
   }
 }
 
-absl::Status WindowUploader::Init(int n) {
+absl::Status WindowUploader::Init(int n, int pack_threads) {
   n_ = n;
+  pack_ = std::make_unique<ThreadPool>(std::max(1, pack_threads));
   // One upload's keys and values (a whole window at most) fit in a half.
   half_bytes_ = std::max(kMinHalfBytes, size_t{2} * gpu::kMaxWindow * static_cast<size_t>(n) * 2);
   absl::Status st = host_.Reserve(2 * half_bytes_);
@@ -47,6 +49,18 @@ void WindowUploader::Pack(absl::Span<const AttendJob> jobs, absl::Span<const Win
     std::memcpy(host + bytes, jobs[u.item].window.values + src, bytes);
     host += 2 * bytes;
   }
+}
+
+void WindowUploader::PackSpread(absl::Span<const AttendJob> jobs, absl::Span<const WindowCache::Upload> uploads,
+                                uint8_t* host) {
+  if (uploads.size() < 2 || pack_->threads() < 2) return Pack(jobs, uploads, host);
+  std::vector<size_t> at(uploads.size());
+  size_t offset = 0;
+  for (size_t k = 0; k < uploads.size(); ++k) {
+    at[k] = offset;
+    offset += Bytes(uploads.subspan(k, 1));
+  }
+  pack_->ParallelFor(static_cast<int>(uploads.size()), [&](int k) { Pack(jobs, uploads.subspan(k, 1), host + at[k]); });
 }
 
 absl::Status WindowUploader::Scatter(absl::Span<const WindowCache::Upload> uploads, const WindowCache& cache,
@@ -88,7 +102,7 @@ absl::Status WindowUploader::Upload(absl::Span<const AttendJob> jobs, absl::Span
     uint8_t* host = host_.get<uint8_t>() + half * half_bytes_;
     uint8_t* dev = device_.get<uint8_t>() + half * half_bytes_;
     const absl::Span<const WindowCache::Upload> round = uploads.subspan(begin, end - begin);
-    Pack(jobs, round, host);
+    PackSpread(jobs, round, host);
     absl::Status st = Cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream), "upload window tokens");
     // The host reuses this half two rounds on, once this copy has read it.
     if (st.ok() && more) st = Cuda(cudaEventRecord(sent_[half], stream), "cudaEventRecord (window ring)");
