@@ -193,8 +193,9 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
   batch.workspace_dev = ws.get<void>();
   cudaEvent_t split = nullptr;  // between the split kernel and the merge
   if (merge_ms != nullptr && hot) cudaEventCreate(&split);
-  // The service merges in the kernel's launch; timing the merge apart needs
-  // it as a second launch.
+  // The service's way: merge counters, so the launcher picks where the
+  // window and the merge run (LevelMerge::kAuto); timing the merge apart
+  // (split_done) needs them in a second launch.
   gpu::DeviceBuffer counters;
   if (hot) counters.Upload(std::vector<uint32_t>(static_cast<size_t>(sequences) * hl->kv_heads, 0u));
   auto launch = [&] {

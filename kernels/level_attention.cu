@@ -189,11 +189,12 @@ struct KernelArgs {
   LevelAttentionParams p;
   PartialLayout part;
   Workspace ws;
-  // With window_split, part.splits counts the window's state after the
-  // pages' (kernels/window_merge.cuh), and with in_launch the window and
-  // the merge run in the attention kernel's launch.
+  // The merge's parameters; part.splits counts the window's state after
+  // the pages' when the window is attended by kernels/window_merge.cuh, and
+  // with in_launch the window and the merge run in the attention kernel's
+  // launch.
   MergeParams merge;
-  bool window_split = false, in_launch = false;
+  bool in_launch = false;
 };
 
 // Value k-step group GR of a page: decodes its triples into fp16 pairs in
@@ -744,12 +745,12 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
   KernelArgs args;
   args.p = p;
   // A per-head output transform needs the merge kernel of the cold pages.
-  args.window_split = b.transforms_dev == nullptr || b.values_folded;
+  const bool window_split = b.transforms_dev == nullptr || b.values_folded;
   constexpr int kBlocksPerSm = 4;  // the launch bounds below
   const bool one_wave = static_cast<int64_t>(b.items) * l.kv_heads * page_splits <= kBlocksPerSm * SmCount();
-  args.in_launch = args.window_split && p.merge_counters_dev != nullptr &&
+  args.in_launch = window_split && p.merge_counters_dev != nullptr &&
                    (p.merge == LevelMerge::kInLaunch || (p.merge == LevelMerge::kAuto && one_wave));
-  args.part = PartialLayout{b.items, page_splits + (args.window_split ? 1 : 0), b.q_heads, l.head_dim};
+  args.part = PartialLayout{b.items, page_splits + (window_split ? 1 : 0), b.q_heads, l.head_dim};
   args.ws = CarveWorkspace(b.workspace_dev, args.part);
   args.merge = PageMergeParams(args.part, args.ws, b, l.kv_heads);  // the window's query: b's, the model domain
   absl::StatusOr<const float*> q =
@@ -775,7 +776,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     if (!ls.ok()) return ls;
     if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
     if (args.in_launch) return ls;
-    if (!args.window_split) return LaunchMerge(args.merge, stream);
+    if (!window_split) return LaunchMerge(args.merge, stream);
     return LaunchKernel(LevelWindowMergeKernel<D, G>, dim3(l.kv_heads, b.items), kThreads, scratch, stream,
                         "level window and merge", args);
   });

@@ -1,6 +1,8 @@
-// What the merge kernel and the attention kernels that merge in their own
-// launch share (nvcc only): writing one head's answer where the item wants
-// it, and the exponential both use for the lse weights.
+// What the merge kernels (kernels/merge.cu) and the window merge of the
+// level kernel (kernels/window_merge.cuh) share (nvcc only): writing one
+// head's answer where the item wants it, the exponential of the lse
+// weights, the inverse Hadamard of a group's accumulators, and the merge of
+// the splits' states in split order.
 #ifndef DRIFTKV_KERNELS_MERGE_COMMON_CUH_
 #define DRIFTKV_KERNELS_MERGE_COMMON_CUH_
 
