@@ -29,9 +29,9 @@ int KeptPlanCapacity() {
 // 128K tokens) is long enough that its upload does not matter.
 constexpr size_t kMaxKeptPlanBytes = size_t{512} << 10;
 // Threads (the caller counted) packing a round of window uploads, eight
-// 512 KiB windows a 4 MiB round at 8 KV heads x 128: copies from pageable
-// memory that one thread did at ~5 GB/s, without taking many of the
-// host's cores from the service's own threads.
+// 512 KiB windows a 4 MiB round at 8 KV heads x 128 (WindowUploader says
+// why), without taking many of the host's cores from the service's own
+// threads.
 constexpr int kWindowPackThreads = 4;
 
 }  // namespace

@@ -5,9 +5,10 @@
 // 128 with a 128-token window) then needs no pinned staging of its own size
 // (allocated on first use, such staging cost that launch tens of
 // milliseconds) and overlaps the packing with the copies. A round's
-// packing is spread over a few threads of the uploader's own: from pageable
-// memory one thread packed 32 MiB of windows at ~5 GB/s on the H200's host,
-// the longest part of a first Attend of 64 new sequences.
+// packing is spread over a few threads of the uploader's own: one thread
+// packing 32 MiB of windows from pageable memory was most of the ~7 ms of
+// host work in a first Attend of 64 new sequences on the H200
+// (docs/hot_tier.md).
 #ifndef DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
 #define DRIFTKV_BACKENDS_CUDA_WINDOW_UPLOAD_H_
 
