@@ -35,11 +35,11 @@ namespace gpu {
 // (kernels/window_merge.cuh): in the attention kernel's own launch, or in a
 // second launch; both give the same bits. kAuto: in the launch when the
 // page blocks fit in one wave (a second launch would then add its latency
-// to a short kernel: on the H200 1 x 8K took 0.0327 against 0.0367 ms,
-// 1 x 128K 0.0924 against 0.0974), else a second launch (window blocks in
-// the first would take slots from the pages: 64 x 8K 0.313 against 0.263,
-// 16 x 32K 0.286 against 0.263). Without merge_counters_dev always a
-// second launch.
+// to a short kernel: on the H200 1 x 8K took 0.0322 against 0.0360 ms,
+// 1 x 128K 0.0878 against 0.0946), else a second launch (window blocks in
+// the first would take slots from the pages: 64 x 8K 0.3098 against
+// 0.2576, 16 x 32K 0.2743 against 0.2546; docs/hot_tier.md, "The window
+// and the merge"). Without merge_counters_dev always a second launch.
 enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch };
 
 // The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
