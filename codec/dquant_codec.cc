@@ -183,7 +183,7 @@ void DQuantCodec::LoadMean(const uint8_t* mean_record, int n, float* mu) {
 absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, int count, uint8_t* key_records,
                                        uint8_t* value_records, uint8_t* mean_record, CodecScratch* scratch,
                                        StreamStats* key_stats, StreamStats* value_stats, StreamStats* key_each,
-                                       StreamStats* value_each) const {
+                                       StreamStats* value_each, uint8_t* key_symbols, uint8_t* value_symbols) const {
   const int n = this->n();
   const int heads = config_.kv_heads;
   if (count < 1 || count > config_.mean_window) {
@@ -230,6 +230,7 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("key of token ", t, ": ", st.message()));
     if (key_stats != nullptr) key_stats->Add(one);
     if (key_each != nullptr) key_each[t] = one;
+    if (key_symbols != nullptr) std::memcpy(key_symbols + static_cast<size_t>(t) * n, scratch->stream.symbols.data(), n);
   }
   for (int t = 0; t < count; ++t) {
     std::memcpy(row, values + static_cast<size_t>(t) * n, sizeof(float) * n);
@@ -239,6 +240,9 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("value of token ", t, ": ", st.message()));
     if (value_stats != nullptr) value_stats->Add(one);
     if (value_each != nullptr) value_each[t] = one;
+    if (value_symbols != nullptr) {
+      std::memcpy(value_symbols + static_cast<size_t>(t) * n, scratch->stream.symbols.data(), n);
+    }
   }
   return absl::OkStatus();
 }

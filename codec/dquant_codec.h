@@ -91,10 +91,13 @@ class DQuantCodec {
   // On error nothing useful is written and the status names the token.
   // If key_each / value_each are not null they receive each token's own
   // stream statistics (arrays of `count`), e.g. for per-stream histograms.
+  // If key_symbols / value_symbols are not null they receive the symbols
+  // each record codes, [count][n] (what DecodeSymbols would give back),
+  // for writing a level page without decoding the records.
   absl::Status EncodeWindow(const float* keys, const float* values, int count, uint8_t* key_records,
                             uint8_t* value_records, uint8_t* mean_record, CodecScratch* scratch, StreamStats* key_stats,
-                            StreamStats* value_stats, StreamStats* key_each = nullptr,
-                            StreamStats* value_each = nullptr) const;
+                            StreamStats* value_stats, StreamStats* key_each = nullptr, StreamStats* value_each = nullptr,
+                            uint8_t* key_symbols = nullptr, uint8_t* value_symbols = nullptr) const;
 
   // Reconstructs one token into the model's domain ([kv_heads][head_dim]).
   absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out, CodecScratch* scratch) const;

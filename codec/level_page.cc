@@ -465,6 +465,29 @@ absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout
   return absl::OkStatus();
 }
 
+absl::Status EncodeLevelPage(const DQuantCodec& codec, const LevelPageLayout& layout, const float* keys,
+                             const float* values, int tokens, uint8_t* key_records, uint8_t* value_records,
+                             uint8_t* mean_record, uint8_t* page, CodecScratch* scratch, StreamStats* key_stats,
+                             StreamStats* value_stats, StreamStats* key_each, StreamStats* value_each) {
+  absl::Status st = CheckShape(codec, layout, tokens);
+  if (!st.ok()) return st;
+  const size_t n = codec.n();
+  thread_local std::vector<uint8_t> levels;  // keys, then values
+  thread_local std::vector<uint32_t> headers;
+  levels.resize(2 * tokens * n);
+  headers.resize(2 * tokens);
+  st = codec.EncodeWindow(keys, values, tokens, key_records, value_records, mean_record, scratch, key_stats, value_stats,
+                          key_each, value_each, levels.data(), levels.data() + tokens * n);
+  if (!st.ok()) return st;
+  for (int t = 0; t < tokens; ++t) {
+    headers[t] = LoadLe32(key_records + t * codec.key_stride());
+    headers[tokens + t] = LoadLe32(value_records + t * codec.value_stride());
+  }
+  PackLevelPage(layout, tokens, levels.data(), levels.data() + tokens * n, headers.data(), headers.data() + tokens,
+                mean_record, page);
+  return absl::OkStatus();
+}
+
 bool LevelHeaderGrid(uint32_t header, float* scale, float* offset) {
   *scale = HalfToFloat(static_cast<uint16_t>(header));
   *offset = HalfToFloat(static_cast<uint16_t>(header >> 16));

@@ -78,6 +78,8 @@
 namespace driftkv {
 
 class DQuantCodec;  // codec/dquant_codec.h (not included: the CUDA kernels read this header)
+struct CodecScratch;  // codec/kv_codec.h
+struct StreamStats;   // codec/stream_codec.h
 
 constexpr int kLevelPageTokens = 128;
 constexpr int kLevelHeadersBytes = 1024;  // key then value headers
@@ -170,6 +172,18 @@ bool LevelHeaderGrid(uint32_t header, float* scale, float* offset);
 // layout is not MakeLevelPageLayout(codec).
 absl::Status PromotePage(const DQuantCodec& codec, const LevelPageLayout& layout, const uint8_t* key_records,
                          const uint8_t* value_records, const uint8_t* mean_record, int tokens, uint8_t* page);
+
+// Encodes one mean window of `tokens` tokens (DQuantCodec::EncodeWindow:
+// the same arguments, records and statistics) and writes the level page of
+// its symbols, byte for byte what PromotePage makes of those records,
+// without decoding them: a hot layer's new page. The records are still
+// written, since their checksum is what a demotion must give back.
+// InvalidArgument as EncodeWindow, or as PromotePage for the shape.
+absl::Status EncodeLevelPage(const DQuantCodec& codec, const LevelPageLayout& layout, const float* keys,
+                             const float* values, int tokens, uint8_t* key_records, uint8_t* value_records,
+                             uint8_t* mean_record, uint8_t* page, CodecScratch* scratch, StreamStats* key_stats,
+                             StreamStats* value_stats, StreamStats* key_each = nullptr,
+                             StreamStats* value_each = nullptr);
 
 // A level page back to cold records (tokens * stride bytes each, and the
 // codec's mean_stride bytes of mean record, padding zeroed): rANS codes the

@@ -110,6 +110,7 @@ class StreamCodec {
 
   // Encodes x[0..n) into record[0..stride()). x must be finite and within
   // the fp16 range (|x| <= 65504), else InvalidArgument naming the value.
+  // On OK scratch->symbols[0..n) holds the symbols the record codes.
   absl::Status Encode(const float* x, uint8_t* record, StreamScratch* scratch, StreamStats* stats) const;
 
   // Decodes the symbols and the grid of a record. On DataLoss the outputs

@@ -1,6 +1,7 @@
 // Level pages (the hot tier, codec/level_page.h): layout sizes, every field
 // read back by a reader written from the header comment alone (not from
-// level_page.cc's mapping), pack/unpack round trips, cold -> hot -> cold
+// level_page.cc's mapping), pack/unpack round trips, windows encoded
+// straight into level pages equal to promoted ones, cold -> hot -> cold
 // byte identity (Gaussian, heavy-tailed, constant, payload-filling and real
 // captured KV), corrupt input, the GPU's base-6 decode, and LevelAttention
 // bit-identical to CompressedAttention.
@@ -387,6 +388,31 @@ void CheckColdHotCold(const DQuantCodec& dq, const ColdPage& c) {
   ASSERT_EQ(m, c.mean);
 }
 
+// A window encoded straight into a level page (a hot layer's new page):
+// the records EncodeWindow writes, and the page PromotePage makes of them,
+// byte for byte; then cold -> hot -> cold as for any page.
+void CheckStraight(const DQuantCodec& dq, const float* k, const float* v, int tokens) {
+  SCOPED_TRACE(testing::Message() << "straight, " << tokens << " tokens");
+  const ColdPage c = EncodeCold(dq, k, v, tokens);
+  const LevelPageLayout l = Layout(dq);
+  std::vector<uint8_t> promoted(l.page_bytes, 0x5a), straight(l.page_bytes, 0xa5);
+  absl::Status st = PromotePage(dq, l, c.keys.data(), c.values.data(), c.mean.data(), tokens, promoted.data());
+  ASSERT_TRUE(st.ok()) << st;
+  std::vector<uint8_t> keys(c.keys.size(), 0xc3), values(c.values.size(), 0xc3), mean(c.mean.size(), 0xc3);
+  CodecScratch scratch;
+  StreamStats ks, vs;
+  st = EncodeLevelPage(dq, l, k, v, tokens, keys.data(), values.data(), mean.data(), straight.data(), &scratch, &ks,
+                       &vs);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_TRUE(keys == c.keys) << "key records";
+  ASSERT_TRUE(values == c.values) << "value records";
+  ASSERT_TRUE(mean == c.mean) << "mean record";
+  EXPECT_EQ(ks.streams, tokens);
+  EXPECT_EQ(vs.streams, tokens);
+  for (size_t i = 0; i < straight.size(); ++i) ASSERT_EQ(straight[i], promoted[i]) << "level page byte " << i;
+  CheckColdHotCold(dq, c);
+}
+
 std::vector<float> Gaussian(size_t count, uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
@@ -403,7 +429,7 @@ TEST(LevelPage, ColdHotColdGaussian) {
     for (int tokens : {128, 77, 1}) {
       std::vector<float> k = Gaussian(tokens * n, tokens + n), v = Gaussian(tokens * n, 3 * tokens + n);
       for (int t = 0; t < tokens; ++t) k[t * n + 5] += 4.0f;  // a channel with a mean
-      CheckColdHotCold(dq, EncodeCold(dq, k.data(), v.data(), tokens));
+      CheckStraight(dq, k.data(), v.data(), tokens);
     }
   }
 }
@@ -419,7 +445,7 @@ TEST(LevelPage, ColdHotColdHeavyTailed) {
   StreamStats ks, vs;
   ColdPage c = EncodeCold(dq, k.data(), v.data(), tokens, &ks, &vs);
   EXPECT_GT(ks.moved + vs.moved, 0);  // drift moved symbols
-  CheckColdHotCold(dq, c);
+  CheckStraight(dq, k.data(), v.data(), tokens);
 }
 
 TEST(LevelPage, ColdHotColdConstantStreams) {
@@ -434,10 +460,10 @@ TEST(LevelPage, ColdHotColdConstantStreams) {
       for (int j = 0; j < n; ++j) v[t * n + j] = hadamard ? (j % 64 == 0 ? c * 8.0f : 0.0f) : c;
     }
     StreamStats ks, vs;
-    ColdPage cold = EncodeCold(dq, k.data(), v.data(), tokens, &ks, &vs);
+    EncodeCold(dq, k.data(), v.data(), tokens, &ks, &vs);
     EXPECT_EQ(ks.constant, tokens);
     EXPECT_EQ(vs.constant, tokens);
-    CheckColdHotCold(dq, cold);
+    CheckStraight(dq, k.data(), v.data(), tokens);
   }
 }
 
@@ -512,7 +538,7 @@ TEST(LevelPage, ColdHotColdRealKv) {
     ASSERT_GT(*std::max_element(k.begin(), k.end()), 1.0f);  // real data, not zeros
     for (int t0 = 0; t0 < kUsed; t0 += 128) {
       const int tokens = std::min(128, kUsed - t0);
-      CheckColdHotCold(dq, EncodeCold(dq, &k[t0 * kN], &v[t0 * kN], tokens));
+      CheckStraight(dq, &k[t0 * kN], &v[t0 * kN], tokens);
     }
   }
 }
