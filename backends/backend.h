@@ -183,6 +183,24 @@ class Backend {
     if (st.ok()) st = ChecksumPages(hot, to, hot_sums);
     return st;
   }
+  // A hot layer's new pages, encoded straight into the hot pool: jobs[i]'s
+  // tokens become level page hot_pages[i] of `hot`, byte for byte the page
+  // PromotePages makes of the cold page EncodePages writes; cold_sums[i]
+  // gets that cold page's checksum as ChecksumPages would report it (what
+  // a demotion must give back), hot_sums[i] the level page's. jobs[i].page
+  // is a page of `cold` the caller reserved, which the backend may use as
+  // scratch (its bytes afterwards are unspecified; the caller frees it).
+  // Same failures as EncodePages. The default encodes, then promotes with
+  // PromotePagesChecked.
+  virtual absl::Status EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages,
+                                        const PagePool& cold, const PagePool& hot, PageChecksum* cold_sums,
+                                        PageChecksum* hot_sums) {
+    absl::Status st = EncodePages(jobs);
+    if (!st.ok()) return st;
+    std::vector<TierMove> moves(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) moves[i] = TierMove{jobs[i].page, hot_pages[i], cold.page_tokens()};
+    return PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
+  }
   virtual absl::Status DemotePages(absl::Span<const TierMove> moves) {
     return absl::UnimplementedError(name() + " backend has no hot tier");
   }

@@ -59,6 +59,23 @@ class MultiDeviceBackend : public Backend {
                           return st;
                         });
   }
+  // Each job on the device of its cold page, whose partition of the hot
+  // pool its hot page comes from.
+  absl::Status EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages, const PagePool& cold,
+                                const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums) override {
+    size_t begin = 0;
+    while (begin < jobs.size()) {
+      const int k = Owner(jobs[begin].page);
+      size_t end = begin + 1;
+      while (end < jobs.size() && Owner(jobs[end].page) == k) ++end;
+      absl::Status st =
+          inner_[k]->EncodeLevelPages(jobs.subspan(begin, end - begin), hot_pages.subspan(begin, end - begin), cold,
+                                      hot, cold_sums + begin, hot_sums + begin);
+      if (!st.ok()) return st;
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
     return ByMoveDevice(moves, /*cold_is_from=*/false, [&](int k, absl::Span<const TierMove> mine, const auto&) {
       return inner_[k]->DemotePages(mine);

@@ -230,7 +230,9 @@ absl::Status DQuantCodec::EncodeWindow(const float* keys, const float* values, i
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("key of token ", t, ": ", st.message()));
     if (key_stats != nullptr) key_stats->Add(one);
     if (key_each != nullptr) key_each[t] = one;
-    if (key_symbols != nullptr) std::memcpy(key_symbols + static_cast<size_t>(t) * n, scratch->stream.symbols.data(), n);
+    if (key_symbols != nullptr) {
+      std::memcpy(key_symbols + static_cast<size_t>(t) * n, scratch->stream.symbols.data(), n);
+    }
   }
   for (int t = 0; t < count; ++t) {
     std::memcpy(row, values + static_cast<size_t>(t) * n, sizeof(float) * n);

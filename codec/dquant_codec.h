@@ -96,8 +96,9 @@ class DQuantCodec {
   // for writing a level page without decoding the records.
   absl::Status EncodeWindow(const float* keys, const float* values, int count, uint8_t* key_records,
                             uint8_t* value_records, uint8_t* mean_record, CodecScratch* scratch, StreamStats* key_stats,
-                            StreamStats* value_stats, StreamStats* key_each = nullptr, StreamStats* value_each = nullptr,
-                            uint8_t* key_symbols = nullptr, uint8_t* value_symbols = nullptr) const;
+                            StreamStats* value_stats, StreamStats* key_each = nullptr,
+                            StreamStats* value_each = nullptr, uint8_t* key_symbols = nullptr,
+                            uint8_t* value_symbols = nullptr) const;
 
   // Reconstructs one token into the model's domain ([kv_heads][head_dim]).
   absl::Status DecodeKey(const uint8_t* record, const uint8_t* mean_record, float* out, CodecScratch* scratch) const;

@@ -476,8 +476,8 @@ absl::Status EncodeLevelPage(const DQuantCodec& codec, const LevelPageLayout& la
   thread_local std::vector<uint32_t> headers;
   levels.resize(2 * tokens * n);
   headers.resize(2 * tokens);
-  st = codec.EncodeWindow(keys, values, tokens, key_records, value_records, mean_record, scratch, key_stats, value_stats,
-                          key_each, value_each, levels.data(), levels.data() + tokens * n);
+  st = codec.EncodeWindow(keys, values, tokens, key_records, value_records, mean_record, scratch, key_stats,
+                          value_stats, key_each, value_each, levels.data(), levels.data() + tokens * n);
   if (!st.ok()) return st;
   for (int t = 0; t < tokens; ++t) {
     headers[t] = LoadLe32(key_records + t * codec.key_stride());

@@ -77,7 +77,7 @@
 
 namespace driftkv {
 
-class DQuantCodec;  // codec/dquant_codec.h (not included: the CUDA kernels read this header)
+class DQuantCodec;    // codec/dquant_codec.h (not included: the CUDA kernels read this header)
 struct CodecScratch;  // codec/kv_codec.h
 struct StreamStats;   // codec/stream_codec.h
 

@@ -329,6 +329,9 @@ class Handler {
     std::vector<uint64_t> digests;             // of the tokens encoded
     std::vector<PageChecksum> sums, hot_sums;  // the pages' cold and hot forms
     std::vector<PageId> hot;                   // hot pages, when they went hot
+    // Hot pages taken before encoding, for pages encoded straight into
+    // level form (an empty reservation: encoded cold).
+    HotTier::NewPagesReservation straight;
     // Token t of [window; new tokens] (t >= the tokens encoded, when staged).
     const uint16_t* KeyRow(int64_t t, size_t n, int64_t encoded) const;
     const uint16_t* ValueRow(int64_t t, size_t n, int64_t encoded) const;
@@ -344,6 +347,12 @@ class Handler {
   // check failed, or ~0 when a step of the whole group did.
   absl::Status SealGroup(absl::Span<Sealing> items, const HotTier::Held& held, size_t* stored, size_t* culprit);
   absl::Status PrepareSeal(Sealing* s, float* keys, float* values, uint16_t* fresh_k, uint16_t* fresh_v);
+  // Hot pages for the items whose new pages are encoded straight into
+  // level form (Sealing::straight); on an error *culprit is the item.
+  absl::Status ReserveStraight(absl::Span<Sealing> items, const HotTier::Held& held, size_t* culprit);
+  // The group's encoding: EncodePages for cold pages, EncodeLevelPages for
+  // the straight ones (their cold and hot checksums come back with them).
+  absl::Status EncodeGroup(absl::Span<Sealing> items);
   absl::Status CheckSeal(Sealing* s);
   absl::Status PlaceSealed(absl::Span<Sealing> items, const HotTier::Held& held, size_t* stored, size_t* culprit);
   void CommitSeal(Sealing* s);

@@ -167,6 +167,7 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
     r->set_demotions(hot_->demotions());
     r->set_pages_promoted(hot_->pages_promoted());
     r->set_pages_demoted(hot_->pages_demoted());
+    r->set_pages_encoded_hot(hot_->pages_encoded_hot());
   }
   absl::MutexLock lock(&totals_.codec_mu);
   r->set_symbols_key(totals_.codec.keys.symbols);

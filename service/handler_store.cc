@@ -191,41 +191,85 @@ absl::Status Handler::SealGroup(absl::Span<Sealing> items, const HotTier::Held& 
     floats += s.plan.pages * page_floats;
     fresh += s.plan.fresh * n;
   }
-  // One EncodePages for the group's host tokens (on cuda: one upload, one
-  // launch, one synchronisation for all of them).
-  std::vector<EncodeJob> jobs;
-  for (Sealing& s : items) {
-    if (s.staged != nullptr) continue;
-    for (EncodeJob& j : s.jobs) jobs.push_back(std::move(j));
-  }
-  if (!jobs.empty()) {
-    absl::Status st = backend_->EncodePages(absl::MakeSpan(jobs));
-    size_t k = 0;
-    for (Sealing& s : items) {
-      if (s.staged != nullptr) continue;
-      for (EncodeJob& j : s.jobs) j = std::move(jobs[k++]);
-    }
-    if (!st.ok()) return EncodingError(items[0], st);
-  }
+  if (absl::Status st = ReserveStraight(items, held, culprit); !st.ok()) return st;
+  if (absl::Status st = EncodeGroup(items); !st.ok()) return st;
   for (Sealing& s : items) {
     if (absl::Status st = CheckSeal(&s); !st.ok()) {
       *culprit = static_cast<size_t>(&s - items.data());
       return st;
     }
   }
-  // Checksums of the new pages' cold form, before any promotion, as the
-  // backend holds them (on cuda the device's copy, which the host arena
-  // mirrors: a Read that checks the mirror then checks the copy too).
+  // Checksums of the new cold pages, before any promotion, as the backend
+  // holds them (on cuda the device's copy, which the host arena mirrors: a
+  // Read that checks the mirror then checks the copy too). Pages encoded
+  // straight into level form came with theirs.
   std::vector<PageId> pages;
-  for (const Sealing& s : items) pages.insert(pages.end(), s.pages.begin(), s.pages.end());
+  for (const Sealing& s : items) {
+    if (s.straight.empty()) pages.insert(pages.end(), s.pages.begin(), s.pages.end());
+  }
   std::vector<PageChecksum> sums;
   if (absl::Status st = verifier_->ColdSums(pages, &sums); !st.ok()) return st;
   size_t at = 0;
   for (Sealing& s : items) {
+    if (!s.straight.empty()) continue;
     s.sums.assign(sums.begin() + at, sums.begin() + at + s.pages.size());
     at += s.pages.size();
   }
   return PlaceSealed(items, held, stored, culprit);
+}
+
+absl::Status Handler::ReserveStraight(absl::Span<Sealing> items, const HotTier::Held& held, size_t* culprit) {
+  // Pages the prefix index keys need their cold form kept, and staged
+  // tokens are encoded where they lie (EncodeStaged): those pages go cold
+  // first and are promoted after (PlaceSealed).
+  std::vector<HotTier::NewPagesWanted> wanted;
+  std::vector<size_t> item;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sealing& s = items[i];
+    if (hot_ == nullptr || !s.layer->hot || s.pages.empty() || s.staged != nullptr) continue;
+    if (s.sealed != nullptr && s.sealed->keyed > 0) continue;
+    wanted.push_back(HotTier::NewPagesWanted{s.layer, s.usage, &s.name, static_cast<int64_t>(s.pages.size()),
+                                             pool_->partition_of(s.pages[0]), &s.straight});
+    item.push_back(i);
+  }
+  if (wanted.empty()) return absl::OkStatus();
+  size_t failed = 0;
+  absl::Status st = hot_->ReserveNewPages(wanted, held, &failed);
+  if (!st.ok()) *culprit = item[failed];
+  return st;
+}
+
+absl::Status Handler::EncodeGroup(absl::Span<Sealing> items) {
+  // One EncodePages for the group's cold pages of host tokens and one
+  // EncodeLevelPages for its straight ones (on cuda: one upload, one
+  // launch sequence, one synchronisation each).
+  std::vector<EncodeJob> jobs, straight;
+  std::vector<PageId> hot;
+  for (Sealing& s : items) {
+    if (s.staged != nullptr) continue;
+    std::vector<EncodeJob>& to = s.straight.empty() ? jobs : straight;
+    for (EncodeJob& j : s.jobs) to.push_back(std::move(j));
+    hot.insert(hot.end(), s.straight.pages().begin(), s.straight.pages().end());
+  }
+  std::vector<PageChecksum> cold_sums(straight.size()), hot_sums(straight.size());
+  absl::Status st = jobs.empty() ? absl::OkStatus() : backend_->EncodePages(absl::MakeSpan(jobs));
+  if (st.ok() && !straight.empty()) {
+    st = backend_->EncodeLevelPages(absl::MakeSpan(straight), hot, *pool_, *hot_pool_, cold_sums.data(),
+                                    hot_sums.data());
+  }
+  size_t k = 0, h = 0;
+  for (Sealing& s : items) {
+    if (s.staged != nullptr) continue;
+    if (s.straight.empty()) {
+      for (EncodeJob& j : s.jobs) j = std::move(jobs[k++]);
+      continue;
+    }
+    for (EncodeJob& j : s.jobs) j = std::move(straight[h++]);
+    s.sums.assign(cold_sums.begin() + (h - s.jobs.size()), cold_sums.begin() + h);
+    s.hot_sums.assign(hot_sums.begin() + (h - s.jobs.size()), hot_sums.begin() + h);
+    s.hot = s.straight.pages();
+  }
+  return st.ok() ? st : EncodingError(items[0], st);
 }
 
 absl::Status Handler::EncodingError(const Sealing& s, const absl::Status& st) const {
@@ -243,6 +287,7 @@ absl::Status Handler::PrepareSeal(Sealing* s, float* keys, float* values, uint16
   s->sums.clear();
   s->hot_sums.clear();
   s->hot.clear();
+  s->straight = HotTier::NewPagesReservation();
   const size_t n = this->n();
   const int64_t p = pool_->page_tokens();
   const LayerState& layer = *s->layer;
@@ -326,7 +371,7 @@ absl::Status Handler::PlaceSealed(absl::Span<Sealing> items, const HotTier::Held
   std::vector<HotTier::NewPages> batch;
   bool one_tenant = true;
   for (Sealing& s : items) {
-    if (!s.layer->hot || s.pages.empty()) continue;
+    if (!s.layer->hot || s.pages.empty() || !s.straight.empty()) continue;
     one_tenant = one_tenant && (batch.empty() || s.usage == items[0].usage);
     batch.push_back(HotTier::NewPages{s.layer, &s.pages, &s.hot, &s.hot_sums});
   }
@@ -334,7 +379,7 @@ absl::Status Handler::PlaceSealed(absl::Span<Sealing> items, const HotTier::Held
       batch.empty() || (batch.size() > 1 && one_tenant && hot_->PlaceNewPagesTogether(items[0].usage, batch, held));
   for (size_t i = 0; i < items.size(); ++i) {
     Sealing& s = items[i];
-    if (!placed && s.layer->hot && !s.pages.empty()) {
+    if (!placed && s.layer->hot && !s.pages.empty() && s.straight.empty()) {
       absl::Status st = hot_->PlaceNewPages(s.layer, s.usage, s.name, s.pages, held, &s.hot, &s.hot_sums);
       if (!st.ok()) {
         *stored = i;
@@ -363,6 +408,10 @@ void Handler::CommitSeal(Sealing* s) {
                             std::vector<uint64_t>(s->digests.begin() + i * p, s->digests.begin() + (i + 1) * p)});
     }
     pool_->Retain(absl::MakeConstSpan(s->pages).first(s->sealed->keyed));
+  }
+  if (!s->straight.empty()) {
+    hot_->CountEncodedHot(static_cast<int64_t>(s->hot.size()));
+    s->straight.Keep();
   }
   if (!s->hot.empty()) {
     layer->pages.insert(layer->pages.end(), s->hot.begin(), s->hot.end());

@@ -299,6 +299,100 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
   return absl::OkStatus();
 }
 
+HotTier::NewPagesReservation& HotTier::NewPagesReservation::operator=(NewPagesReservation&& o) noexcept {
+  if (this != &o) {
+    Release();
+    pool_ = o.pool_;
+    pages_ = std::move(o.pages_);
+    charge_ = std::move(o.charge_);
+    o.pool_ = nullptr;
+    o.pages_.clear();
+  }
+  return *this;
+}
+
+void HotTier::NewPagesReservation::Keep() {
+  charge_.Keep();
+  pool_ = nullptr;
+}
+
+void HotTier::NewPagesReservation::Release() {
+  if (pool_ != nullptr) pool_->Free(pages_);
+  pool_ = nullptr;
+  pages_.clear();
+  charge_ = ByteCharge();
+}
+
+absl::Status HotTier::ReserveNewPages(absl::Span<const NewPagesWanted> wanted, const Held& held, size_t* failed) {
+  *failed = 0;
+  Held mine = held;  // no layer makes room for the batch's pages
+  for (const NewPagesWanted& w : wanted) mine.layers.insert(w.layer->id);
+  bool together = wanted.size() > 1;
+  int64_t total = 0;
+  for (const NewPagesWanted& w : wanted) {
+    total += w.count;
+    together = together && w.usage == wanted[0].usage && w.device == wanted[0].device;
+  }
+  if (together) {
+    // One reservation shared out; each layer's part charged on its own, so
+    // that each can be kept or given back alone.
+    bool charged = true;
+    for (const NewPagesWanted& w : wanted) {
+      *w.reservation = NewPagesReservation();
+      absl::StatusOr<ByteCharge> part = ByteCharge::Take(w.usage, MoveBytes(w.count, /*to_hot=*/true));
+      if (!part.ok()) {
+        charged = false;
+        break;
+      }
+      w.reservation->charge_ = *std::move(part);
+    }
+    absl::StatusOr<std::vector<PageId>> reserved =
+        charged ? ReserveHot(total, mine, wanted[0].device) : absl::ResourceExhaustedError("tenant bytes");
+    if (reserved.ok()) {
+      size_t at = 0;
+      for (const NewPagesWanted& w : wanted) {
+        w.reservation->pool_ = &hot_;
+        w.reservation->pages_.assign(reserved->begin() + at, reserved->begin() + at + w.count);
+        at += w.count;
+      }
+      return absl::OkStatus();
+    }
+    for (const NewPagesWanted& w : wanted) *w.reservation = NewPagesReservation();
+    if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();  // *failed: the first
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (absl::Status st = ReserveNewPagesFor(wanted[i], mine); !st.ok()) {
+      *failed = i;
+      for (size_t j = i; j < wanted.size(); ++j) *wanted[j].reservation = NewPagesReservation();
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HotTier::ReserveNewPagesFor(const NewPagesWanted& w, const Held& held) {
+  NewPagesReservation& r = *w.reservation;
+  r = NewPagesReservation();
+  absl::StatusOr<ByteCharge> charge = ByteCharge::Take(w.usage, MoveBytes(w.count, /*to_hot=*/true));
+  if (!charge.ok()) return DemoteLocked(w.layer, w.usage, *w.name, kDemoteAppend);
+  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(w.count, held, w.device);
+  if (!reserved.ok()) {
+    if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
+    return DemoteLocked(w.layer, w.usage, *w.name, kDemoteAppend);
+  }
+  r.pool_ = &hot_;
+  r.pages_ = *std::move(reserved);
+  r.charge_ = *std::move(charge);
+  return absl::OkStatus();
+}
+
+void HotTier::CountEncodedHot(int64_t pages) {
+  pages_promoted_ += pages;
+  pages_encoded_hot_ += pages;
+  metrics_->tier_pages_moved[0]->Increment(static_cast<double>(pages));
+  metrics_->tier_pages_encoded_hot->Increment(static_cast<double>(pages));
+}
+
 void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot,
                               std::vector<PageChecksum> hot_sums) {
   LayerState& layer = seq->layers[layer_index];

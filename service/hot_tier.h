@@ -67,6 +67,7 @@
 #include "service/metrics.h"
 #include "service/page_verifier.h"
 #include "service/sequence.h"
+#include "service/tenant.h"
 
 namespace driftkv {
 
@@ -154,6 +155,51 @@ class HotTier {
     std::vector<PageChecksum>* hot_sums = nullptr;
   };
   bool PlaceNewPagesTogether(TenantUsage* usage, absl::Span<const NewPages> batch, const Held& held);
+
+  // Hot pages reserved for a hot layer's new pages before they are encoded
+  // straight into level form (Backend::EncodeLevelPages), with the
+  // tenant's charge for them at the hot page size. Given back when
+  // destroyed, unless kept (the pages committed to the layer).
+  class NewPagesReservation {
+   public:
+    NewPagesReservation() = default;
+    NewPagesReservation(NewPagesReservation&& o) noexcept { *this = std::move(o); }
+    NewPagesReservation& operator=(NewPagesReservation&& o) noexcept;
+    ~NewPagesReservation() { Release(); }
+    const std::vector<PageId>& pages() const { return pages_; }
+    bool empty() const { return pages_.empty(); }
+    // The pages belong to the layer now, and the charge stays.
+    void Keep();
+
+   private:
+    friend class HotTier;
+    void Release();
+    PagePool* pool_ = nullptr;  // null: nothing held
+    std::vector<PageId> pages_;
+    ByteCharge charge_;
+  };
+  // A hot layer (its mu held as a writer) wanting `count` hot pages for new
+  // pages on `device`; `usage` its tenant's, `name` for messages.
+  struct NewPagesWanted {
+    LayerState* layer = nullptr;
+    TenantUsage* usage = nullptr;
+    const LayerName* name = nullptr;
+    int64_t count = 0;
+    int device = 0;
+    NewPagesReservation* reservation = nullptr;  // out
+  };
+  // Reserves each layer's hot pages, demoting others (never a held one) for
+  // room: in one reservation when all are one tenant's on one device and
+  // fit, else one by one. A layer that gets none (no hot page to be had,
+  // or no room in its tenant's max_bytes) is demoted itself, as
+  // PlaceNewPages does, and keeps an empty reservation: its new pages go
+  // cold. A demotion's DATA_LOSS is returned (*failed: that layer's index
+  // in `wanted`); the reservations of that layer and those after it are
+  // then empty.
+  absl::Status ReserveNewPages(absl::Span<const NewPagesWanted> wanted, const Held& held, size_t* failed);
+  // Counts `pages` new pages committed straight into level form.
+  void CountEncodedHot(int64_t pages);
+  uint64_t pages_encoded_hot() const { return pages_encoded_hot_.load(); }
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
   bool DemoteIdle();
@@ -193,6 +239,8 @@ class HotTier {
   // pool (`to_hot`) or back.
   HeldBytes MoveBytes(int64_t count, bool to_hot) const;
   void RemoveHot(uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
+  // ReserveNewPages for one layer.
+  absl::Status ReserveNewPagesFor(const NewPagesWanted& w, const Held& held);
 
   PagePool& cold_;
   PagePool& hot_;
@@ -220,6 +268,7 @@ class HotTier {
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> pages_promoted_{0};
   std::atomic<uint64_t> pages_demoted_{0};
+  std::atomic<uint64_t> pages_encoded_hot_{0};  // also counted in pages_promoted_
   // Async promotion: a queue of layers, one thread.
   absl::Mutex promote_mu_;
   std::deque<std::pair<SequencePtr, int>> promote_queue_ ABSL_GUARDED_BY(promote_mu_);

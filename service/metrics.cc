@@ -242,6 +242,11 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                           .Register(r);
   tier_pages_moved[0] = &pages_moved.Add({{"direction", "promote"}});
   tier_pages_moved[1] = &pages_moved.Add({{"direction", "demote"}});
+  tier_pages_encoded_hot = &BuildCounter()
+                                .Name("driftkv_tier_pages_encoded_hot_total")
+                                .Help("New pages of hot layers encoded straight into level pages (of the promoted)")
+                                .Register(r)
+                                .Add({});
   tier_promotion_seconds = &BuildHistogram()
                                 .Name("driftkv_tier_promotion_seconds")
                                 .Help(

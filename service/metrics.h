@@ -126,6 +126,7 @@ class Metrics {
   prometheus::Counter* tier_promotions_skipped;           // no room even after demoting
   prometheus::Counter* tier_demotions[kDemotionReasons];  // layers, by DemotionReason
   prometheus::Counter* tier_pages_moved[2];               // direction="promote"|"demote"
+  prometheus::Counter* tier_pages_encoded_hot;            // of the promoted: new pages straight to level form
   prometheus::Histogram* tier_promotion_seconds;          // per layer promoted
 
   // Integrity and warm restart (docs/reliability.md).

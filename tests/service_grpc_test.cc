@@ -620,6 +620,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
                            "driftkv_tier_promotions_skipped_total",
                            "driftkv_tier_demotions_total",
                            "driftkv_tier_pages_moved_total",
+                           "driftkv_tier_pages_encoded_hot_total",
                            "driftkv_tier_promotion_seconds_count"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }

@@ -342,7 +342,9 @@ TEST(HotTier, IdleDemotionWithInjectedClock) {
 }
 
 TEST(HotTier, AppendIntoHotLayerGoesHot) {
-  Server cold(ColdOptions()), hot(HotOptions(16));
+  ServiceOptions ho = HotOptions(16);
+  ho.hot_idle_seconds = 30;
+  Server cold(ColdOptions()), hot(ho);
   const int total = kTokens + 2 * kP;
   const testing::Kv kv = SyntheticKv(total, kN, 6);
   for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
@@ -354,12 +356,27 @@ TEST(HotTier, AppendIntoHotLayerGoesHot) {
   EXPECT_EQ(s.hot_pages_in_use(), kPages + 2u);
   EXPECT_EQ(s.pages_in_use(), 0u);
   EXPECT_EQ(s.pages_promoted(), kPages + 2u);
+  // The new pages were encoded straight into level pages, not promoted.
+  EXPECT_EQ(s.pages_encoded_hot(), 2u);
+  EXPECT_EQ(hot.metrics.tier_pages_encoded_hot->Value(), 2);
   EXPECT_EQ(s.promotions(), 1u);
   EXPECT_TRUE(hot.h->LayerIsHot("a", 0));
   absl::StatusOr<Answer> want = cold.Attend1("a", 0), got = hot.Attend1("a", 0);
   ASSERT_TRUE(want.ok() && got.ok());
   EXPECT_TRUE(*got == *want);
   EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
+  // Demoted, the pages that were never cold become the cold pages the
+  // server without a hot tier holds: each passes its checksum (the one
+  // the straight encoding reported) and answers alike.
+  hot.Advance(60);
+  hot.h->ExpireIdle();
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
+  EXPECT_EQ(hot.Stats().pages_in_use(), kPages + 2u);
+  EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
+  want = cold.Attend1("a", 0, 9);
+  got = hot.Attend1("a", 0, 9);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
 }
 
 // Decode steps (Attend with a new token) that fill a page of a hot layer.
@@ -386,6 +403,7 @@ TEST(HotTier, DecodeStepsIntoHotLayer) {
   }
   EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 1u);
   EXPECT_EQ(hot.Stats().pages_in_use(), 0u);
+  EXPECT_EQ(hot.Stats().pages_encoded_hot(), 1u);
   EXPECT_EQ(hot.Read("d", 0), cold.Read("d", 0));
 }
 

@@ -45,47 +45,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
 
   absl::Status EncodePages(absl::Span<EncodeJob> jobs) override {
-    std::vector<absl::Status> status(jobs.size());
-    workers_.ParallelFor(static_cast<int>(jobs.size()), [&](int i) {
-      thread_local CodecScratch scratch;
-      EncodeJob& j = jobs[i];
-      thread_local std::vector<StreamStats> k_each, v_each;
-      thread_local std::vector<float> tk, tv;  // the transformed page (inputs are const)
-      j.stats = CodecStats();
-      const int p = pool_.page_tokens();
-      const float* keys = j.keys;
-      const float* values = j.values;
-      if (!layers_.empty()) {
-        absl::StatusOr<const LayerTransform*> t = Transform(j.layer);
-        if (!t.ok()) {
-          status[i] = t.status();
-          return;
-        }
-        tk.resize(static_cast<size_t>(p) * codec_.n());
-        (*t)->Apply(Mat::kKey, keys, p, tk.data());
-        keys = tk.data();
-        if (!values_folded_) {
-          tv.resize(tk.size());
-          (*t)->Apply(Mat::kValue, values, p, tv.data());
-          values = tv.data();
-        }
-      }
-      k_each.assign(p, StreamStats());
-      v_each.assign(p, StreamStats());
-      status[i] = codec_.EncodeWindow(keys, values, p, pool_.key_records(j.page), pool_.value_records(j.page),
-                                      pool_.mean_record(j.page), &scratch, &j.stats.keys, &j.stats.values,
-                                      k_each.data(), v_each.data());
-      j.key_utilization.resize(p);
-      j.value_utilization.resize(p);
-      for (int t = 0; t < p; ++t) {
-        j.key_utilization[t] = static_cast<float>(k_each[t].bytes_used) / k_each[t].bytes_budget;
-        j.value_utilization[t] = static_cast<float>(v_each[t].bytes_used) / v_each[t].bytes_budget;
-      }
-    });
-    for (const absl::Status& st : status) {
-      if (!st.ok()) return st;
-    }
-    return absl::OkStatus();
+    return ForEachJob(jobs, [&](int i) { return Encode(&jobs[i], nullptr); });
   }
 
   absl::Status DecodeTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
@@ -110,6 +70,22 @@ class CpuBackend : public Backend {
                                     pool_.mean_record(m.from), m.tokens, hot_pool_->page(m.to));
       return st.ok() ? st : absl::Status(st.code(), absl::StrCat("promoting page ", m.from, ": ", st.message()));
     });
+  }
+
+  // The records still go to the reserved cold page, for its checksum; the
+  // level page is packed from the encoder's symbols (no rANS decode).
+  absl::Status EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages, const PagePool& cold,
+                                const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums) override {
+    if (hot_pool_ == nullptr || &cold != &pool_ || &hot != hot_pool_) {
+      return Backend::EncodeLevelPages(jobs, hot_pages, cold, hot, cold_sums, hot_sums);
+    }
+    absl::Status st = ForEachJob(jobs, [&](int i) { return Encode(&jobs[i], hot_pool_->page(hot_pages[i])); });
+    if (!st.ok()) return st;
+    std::vector<PageId> pages(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) pages[i] = jobs[i].page;
+    st = ChecksumPages(cold, pages, cold_sums);
+    if (st.ok()) st = ChecksumPages(hot, hot_pages, hot_sums);
+    return st;
   }
 
   absl::Status DemotePages(absl::Span<const TierMove> moves) override {
@@ -228,6 +204,57 @@ class CpuBackend : public Backend {
   static int DefaultThreads() {
     const unsigned hw = std::thread::hardware_concurrency();
     return hw == 0 ? 1 : static_cast<int>(std::min(hw, 16u));
+  }
+
+  // Encodes one job into its cold page and, with `level_page`, also into
+  // that level page of the hot pool.
+  absl::Status Encode(EncodeJob* j, uint8_t* level_page) {
+    thread_local CodecScratch scratch;
+    thread_local std::vector<StreamStats> k_each, v_each;
+    thread_local std::vector<float> tk, tv;  // the transformed page (inputs are const)
+    j->stats = CodecStats();
+    const int p = pool_.page_tokens();
+    const float* keys = j->keys;
+    const float* values = j->values;
+    if (!layers_.empty()) {
+      absl::StatusOr<const LayerTransform*> t = Transform(j->layer);
+      if (!t.ok()) return t.status();
+      tk.resize(static_cast<size_t>(p) * codec_.n());
+      (*t)->Apply(Mat::kKey, keys, p, tk.data());
+      keys = tk.data();
+      if (!values_folded_) {
+        tv.resize(tk.size());
+        (*t)->Apply(Mat::kValue, values, p, tv.data());
+        values = tv.data();
+      }
+    }
+    k_each.assign(p, StreamStats());
+    v_each.assign(p, StreamStats());
+    absl::Status st = level_page == nullptr
+                          ? codec_.EncodeWindow(keys, values, p, pool_.key_records(j->page),
+                                                pool_.value_records(j->page), pool_.mean_record(j->page), &scratch,
+                                                &j->stats.keys, &j->stats.values, k_each.data(), v_each.data())
+                          : EncodeLevelPage(codec_, hot_layout_, keys, values, p, pool_.key_records(j->page),
+                                            pool_.value_records(j->page), pool_.mean_record(j->page), level_page,
+                                            &scratch, &j->stats.keys, &j->stats.values, k_each.data(), v_each.data());
+    j->key_utilization.resize(p);
+    j->value_utilization.resize(p);
+    for (int t = 0; t < p; ++t) {
+      j->key_utilization[t] = static_cast<float>(k_each[t].bytes_used) / k_each[t].bytes_budget;
+      j->value_utilization[t] = static_cast<float>(v_each[t].bytes_used) / v_each[t].bytes_budget;
+    }
+    return st;
+  }
+
+  // Runs encode(i) for every job over the workers; the first failure.
+  template <typename Fn>
+  absl::Status ForEachJob(absl::Span<EncodeJob> jobs, Fn encode) {
+    std::vector<absl::Status> status(jobs.size());
+    workers_.ParallelFor(static_cast<int>(jobs.size()), [&](int i) { status[i] = encode(i); });
+    for (const absl::Status& st : status) {
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
   // Runs move(m) for every move over the workers; the first failure.

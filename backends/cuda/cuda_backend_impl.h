@@ -65,6 +65,12 @@ class CudaBackend : public Backend {
   // one download and one synchronisation.
   absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
                                    PageChecksum* cold_sums, PageChecksum* hot_sums) override;
+  // The encoding and the checked promotion of PromotePagesChecked queued
+  // together: one upload of the tokens and one of the page ids, one
+  // synchronisation; the records stay in the reserved cold pages on the
+  // device (no copy to the host mirror).
+  absl::Status EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages, const PagePool& cold,
+                                const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums) override;
   // Demotion on the device: one upload of the page lists, the kernel
   // (kernels/level_demote.h, DemotePage's bytes), the cold pages copied to
   // the host mirror, one synchronisation. A page the kernel refuses
@@ -138,6 +144,10 @@ class CudaBackend : public Backend {
   absl::Status MoveIds(absl::Span<const TierMove> moves, bool to_hot, std::vector<int32_t>* ids) const;
   // DATA_LOSS naming the first move whose page did not decode.
   static absl::Status PromotionStatus(absl::Span<const TierMove> moves, const int32_t* status);
+  // A checked promotion's words (EnqueueCheckedPromotionLocked) into the
+  // caller's sums, and PromotionStatus.
+  static absl::Status CheckedPromotionResult(absl::Span<const TierMove> moves, const std::vector<int32_t>& back,
+                                             PageChecksum* cold_sums, PageChecksum* hot_sums);
   cuda_backend::DeviceArena Arena() const;
   // Internal unless cold page p is on this device's arena (PARTITIONS).
   absl::Status CheckOnArena(PageId p) const {
@@ -174,11 +184,23 @@ class CudaBackend : public Backend {
   // Queues on `stream` the copies of the device arena's `pages` to their
   // host mirror, one copy per run of consecutive ids.
   absl::Status EnqueueMirror(std::vector<PageId> pages, cudaStream_t stream);
-  // Encodes jobs[j] from tokens [j P, (j + 1) P) of keys_dev/values_dev
-  // (device floats, model domain; transformed in place with WUSH) and
-  // writes the pages to the device arena; the caller mirrors them
-  // (MirrorPages) after releasing mu_.
-  absl::Status EncodeOnDeviceLocked(float* keys_dev, float* values_dev, absl::Span<EncodeJob> jobs)
+  // The jobs' host keys and values into keys_in_ / values_in_, job after
+  // job, on stream_.
+  absl::Status UploadJobsLocked(absl::Span<const EncodeJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues on stream_ the encoding of jobs[j] from tokens [j P, (j + 1) P)
+  // of keys_dev/values_dev (device floats, model domain; transformed in
+  // place with WUSH) into its page of the device arena.
+  absl::Status EnqueueEncodeLocked(float* keys_dev, float* values_dev, absl::Span<const EncodeJob> jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for stream_ and hands each job its statistics; InvalidArgument
+  // naming the token whose values could not be encoded. The caller mirrors
+  // the pages (MirrorPages) after releasing mu_, if it keeps them.
+  absl::Status FinishEncodeLocked(absl::Span<EncodeJob> jobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues on stream_ a checked promotion (PromotePagesChecked): the move
+  // words `ids` (MoveIds) uploaded, the cold pages summed, promoted, the
+  // level pages summed, and the status, cold sums and hot sums ([count]
+  // each) downloaded into *back. Valid once stream_ is synchronised.
+  absl::Status EnqueueCheckedPromotionLocked(const std::vector<int32_t>& ids, int count, std::vector<int32_t>* back)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DQuantCodec& codec_;

@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/page_pool.h"
+#include "codec/dquant_kv_codec.h"
 #include "codec/level_page.h"
 #include "codec/registry.h"
 #include "codec/transform/transform.h"
@@ -436,6 +437,84 @@ TEST(CudaBackend, HotTierRoundTrip) {
   std::vector<float> out_recold, lse_recold;
   attend(cuda->get(), recold, {false, false}, &out_recold, &lse_recold);
   EXPECT_EQ(0, std::memcmp(out_recold.data(), out_cold.data(), out_cold.size() * 4)) << "after demotion";
+}
+
+// A hot layer's new pages encoded straight into level pages on the device:
+// the same checksums (of the cold records and of the level page) and
+// statistics as the CPU backend's, which tests/encode_level_pages_test
+// holds to encoding cold and promoting; Read from them alike; demoted on
+// the device, the CPU's cold pages byte for byte.
+TEST(CudaBackend, EncodeLevelPagesMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  DQuantCodec c = *DQuantCodec::Create(cfg);
+  const int n = c.n(), P = cfg.mean_window, pages = 5;
+  const LevelPageLayout hl = *MakeLevelPageLayout(c);
+  auto pool = *PagePool::Create(c.page_layout(), 4ull * pages * c.page_layout().page_bytes);
+  auto hot_pool = *PagePool::CreateOpaque(hl.page_bytes, P, 4ull * pages * hl.page_bytes);
+  auto cuda = MakeCudaBackend(&c, pool.get(), 0, nullptr, false, kDefaultWindowCacheBytes, hot_pool.get());
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  DQuantKvCodec kv_codec(c);
+  BackendArgs args;
+  args.codec = &kv_codec;
+  args.pool = pool.get();
+  args.threads = 4;
+  args.hot_pool = hot_pool.get();
+  auto cpu = MakeCpuBackend(args);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::mt19937_64 rng(91);
+  std::vector<float> keys, values;
+  gpu::RandomKv(pages * P, cfg.kv_heads, cfg.head_dim, &rng, &keys, &values);
+  struct Run {
+    std::vector<PageId> cold, hot;
+    std::vector<EncodeJob> jobs;
+    std::vector<PageChecksum> cold_sums, hot_sums;
+  };
+  auto run = [&](Backend* b) {
+    Run r;
+    r.cold = *pool->Reserve(pages);
+    r.hot = *hot_pool->Reserve(pages);
+    r.jobs.resize(pages);
+    for (int k = 0; k < pages; ++k) {
+      r.jobs[k].keys = keys.data() + static_cast<size_t>(k) * P * n;
+      r.jobs[k].values = values.data() + static_cast<size_t>(k) * P * n;
+      r.jobs[k].page = r.cold[k];
+    }
+    r.cold_sums.resize(pages);
+    r.hot_sums.resize(pages);
+    absl::Status st =
+        b->EncodeLevelPages(absl::MakeSpan(r.jobs), r.hot, *pool, *hot_pool, r.cold_sums.data(), r.hot_sums.data());
+    EXPECT_TRUE(st.ok()) << b->name() << ": " << st;
+    return r;
+  };
+  const Run want = run(cpu->get()), got = run(cuda->get());
+  for (int k = 0; k < pages; ++k) {
+    SCOPED_TRACE(::testing::Message() << "page " << k);
+    EXPECT_EQ(got.cold_sums[k], want.cold_sums[k]);
+    EXPECT_EQ(got.hot_sums[k], want.hot_sums[k]);
+    EXPECT_EQ(got.jobs[k].stats.keys.bytes_used, want.jobs[k].stats.keys.bytes_used);
+    EXPECT_EQ(got.jobs[k].stats.values.bytes_used, want.jobs[k].stats.values.bytes_used);
+  }
+  // The device's checksums are of the device's level pages.
+  std::vector<PageChecksum> again(pages);
+  ASSERT_TRUE((*cuda)->ChecksumPages(*hot_pool, got.hot, again.data()).ok());
+  EXPECT_EQ(again, got.hot_sums);
+  std::vector<float> k1(static_cast<size_t>(P) * n), v1(k1.size()), k2(k1.size()), v2(k1.size());
+  ASSERT_TRUE((*cpu)->DecodeHotTokens(want.hot[3], 0, 0, P, k1.data(), v1.data()).ok());
+  ASSERT_TRUE((*cuda)->DecodeHotTokens(got.hot[3], 0, 0, P, k2.data(), v2.data()).ok());
+  EXPECT_EQ(0, std::memcmp(k1.data(), k2.data(), k1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), v1.size() * 4));
+  // Demoted on the device into fresh cold pages (mirrored to the host).
+  const std::vector<PageId> back = *pool->Reserve(pages);
+  std::vector<TierMove> moves;
+  for (int k = 0; k < pages; ++k) moves.push_back(TierMove{got.hot[k], back[k], P});
+  ASSERT_TRUE((*cuda)->DemotePages(moves).ok());
+  for (int k = 0; k < pages; ++k) {
+    EXPECT_EQ(0, std::memcmp(pool->page(back[k]), pool->page(want.cold[k]), c.page_layout().page_bytes))
+        << "demoted page " << k;
+  }
 }
 
 }  // namespace

@@ -45,8 +45,16 @@ absl::Status CudaBackend::EncodePages(absl::Span<EncodeJob> jobs) {
   }
   absl::ReleasableMutexLock lock(&mu_);
   cudaSetDevice(device_);  // the calling RPC thread's current device
-  const int P = pool_.page_tokens(), n = layout_.n();
-  const size_t page_floats = static_cast<size_t>(P) * n;
+  absl::Status st = UploadJobsLocked(jobs);
+  if (st.ok()) st = EnqueueEncodeLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+  if (st.ok()) st = FinishEncodeLocked(jobs);
+  lock.Release();
+  if (st.ok()) st = MirrorPages(jobs);
+  return st;
+}
+
+absl::Status CudaBackend::UploadJobsLocked(absl::Span<const EncodeJob> jobs) {
+  const size_t page_floats = static_cast<size_t>(pool_.page_tokens()) * layout_.n();
   const size_t in_bytes = jobs.size() * page_floats * sizeof(float);
   absl::Status st = keys_in_.Reserve(in_bytes);
   if (st.ok()) st = values_in_.Reserve(in_bytes);
@@ -60,10 +68,6 @@ absl::Status CudaBackend::EncodePages(absl::Span<EncodeJob> jobs) {
                 "upload values");
     }
   }
-  if (!st.ok()) return st;
-  st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
-  lock.Release();
-  if (st.ok()) st = MirrorPages(jobs);
   return st;
 }
 
@@ -168,7 +172,8 @@ absl::Status CudaBackend::EncodeStaged(const StagedTokens& t, int n, int page_to
     ip.out_dev = (kind == 0 ? keys_in_.get<float>() : values_in_.get<float>()) + prefix * n;
     st = gpu::LaunchIngest(ip, stream_);
   }
-  if (st.ok() && !jobs.empty()) st = EncodeOnDeviceLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+  if (st.ok() && !jobs.empty()) st = EnqueueEncodeLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+  if (st.ok() && !jobs.empty()) st = FinishEncodeLocked(jobs);
   if (!st.ok()) return st;
   // The window: the tokens after the pages, back to the host as bf16.
   const size_t rest = (total - encoded) * n;
@@ -218,8 +223,8 @@ absl::Status CudaBackend::EnqueueMirror(std::vector<PageId> pages, cudaStream_t 
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EncodeOnDeviceLocked(float* keys_dev, float* values_dev, absl::Span<EncodeJob> jobs) {
-  const int P = pool_.page_tokens(), n = layout_.n();
+absl::Status CudaBackend::EnqueueEncodeLocked(float* keys_dev, float* values_dev, absl::Span<const EncodeJob> jobs) {
+  const int P = pool_.page_tokens();
   const int tokens = static_cast<int>(jobs.size()) * P;
   absl::Status st = pages_.Reserve(2 * jobs.size() * sizeof(int32_t));
   if (st.ok()) st = stats_.Reserve(sizeof(gpu::EncodeStreamStats) * 2 * tokens);
@@ -244,14 +249,16 @@ absl::Status CudaBackend::EncodeOnDeviceLocked(float* keys_dev, float* values_de
   ep.pages_dev = pages_.get<int32_t>();
   ep.pool_dev = static_cast<uint8_t*>(arena_);
   ep.stats_dev = stats_.get<gpu::EncodeStreamStats>();
-  st = gpu::LaunchEncode(ep, stream_);
-  if (!st.ok()) return st;
+  return gpu::LaunchEncode(ep, stream_);
+}
+
+absl::Status CudaBackend::FinishEncodeLocked(absl::Span<EncodeJob> jobs) {
+  const int P = pool_.page_tokens(), n = layout_.n();
+  const int tokens = static_cast<int>(jobs.size()) * P;
   std::vector<gpu::EncodeStreamStats> stats(2 * tokens);
-  if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]), cudaMemcpyDeviceToHost,
-                              stream_),
-              "download stats");
-  }
+  absl::Status st = Cuda(cudaMemcpyAsync(stats.data(), stats_.get<void>(), stats.size() * sizeof(stats[0]),
+                                         cudaMemcpyDeviceToHost, stream_),
+                         "download stats");
   if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "encode");
   if (!st.ok()) return st;
   for (size_t j = 0; j < jobs.size(); ++j) {

@@ -90,6 +90,43 @@ absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, 
   if (absl::Status st = MoveIds(moves, /*to_hot=*/true, &ids); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   cudaSetDevice(device_);  // the calling RPC thread's current device
+  std::vector<int32_t> back;
+  absl::Status st = EnqueueCheckedPromotionLocked(ids, count, &back);
+  if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
+  if (!st.ok()) return st;
+  return CheckedPromotionResult(moves, back, cold_sums, hot_sums);
+}
+
+absl::Status CudaBackend::EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages,
+                                           const PagePool& cold, const PagePool& hot, PageChecksum* cold_sums,
+                                           PageChecksum* hot_sums) {
+  if (hot_pool_ == nullptr || &cold != &pool_ || &hot != hot_pool_) {
+    return Backend::EncodeLevelPages(jobs, hot_pages, cold, hot, cold_sums, hot_sums);
+  }
+  if (jobs.empty()) return absl::OkStatus();
+  for (const EncodeJob& j : jobs) {
+    if (absl::Status st = CheckLayer(j.layer); !st.ok()) return st;
+  }
+  const int count = static_cast<int>(jobs.size());
+  std::vector<TierMove> moves(count);
+  for (int i = 0; i < count; ++i) moves[i] = TierMove{jobs[i].page, hot_pages[i], pool_.page_tokens()};
+  std::vector<int32_t> ids;  // cold ids, hot ids, tokens
+  if (absl::Status st = MoveIds(moves, /*to_hot=*/true, &ids); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(device_);  // the calling RPC thread's current device
+  std::vector<int32_t> back;
+  absl::Status st = UploadJobsLocked(jobs);
+  if (st.ok()) st = EnqueueEncodeLocked(keys_in_.get<float>(), values_in_.get<float>(), jobs);
+  if (st.ok()) st = EnqueueCheckedPromotionLocked(ids, count, &back);
+  // Waits for the stream: the encoding's failures first (a page that was
+  // not encoded has no meaningful level form).
+  if (st.ok()) st = FinishEncodeLocked(jobs);
+  if (!st.ok()) return st;
+  return CheckedPromotionResult(moves, back, cold_sums, hot_sums);
+}
+
+absl::Status CudaBackend::EnqueueCheckedPromotionLocked(const std::vector<int32_t>& ids, int count,
+                                                        std::vector<int32_t>* back) {
   // Device words: the ids, then what comes back: status, cold sums, hot sums.
   absl::Status st = promote_ids_.Reserve(4 * 6 * static_cast<size_t>(count));
   int32_t* dev = promote_ids_.get<int32_t>();
@@ -111,16 +148,20 @@ absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, 
   h.pages = count;
   h.sums_dev = reinterpret_cast<uint32_t*>(dev + 5 * count);
   if (st.ok()) st = gpu::LaunchPageCrc(h, stream_);
-  std::vector<int32_t> back(3 * count);
+  back->resize(3 * static_cast<size_t>(count));
   if (st.ok()) {
-    st = Cuda(cudaMemcpyAsync(back.data(), dev + 3 * count, 4 * back.size(), cudaMemcpyDeviceToHost, stream_),
+    st = Cuda(cudaMemcpyAsync(back->data(), dev + 3 * count, 4 * back->size(), cudaMemcpyDeviceToHost, stream_),
               "download promotion status and checksums");
   }
-  if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
-  if (!st.ok()) return st;
+  return st;
+}
+
+absl::Status CudaBackend::CheckedPromotionResult(absl::Span<const TierMove> moves, const std::vector<int32_t>& back,
+                                                 PageChecksum* cold_sums, PageChecksum* hot_sums) {
+  const size_t count = moves.size();
   static_assert(sizeof(PageChecksum) == sizeof(int32_t), "the kernel's sums are CRC-32C words");
-  std::memcpy(cold_sums, back.data() + count, 4 * static_cast<size_t>(count));
-  std::memcpy(hot_sums, back.data() + 2 * count, 4 * static_cast<size_t>(count));
+  std::memcpy(cold_sums, back.data() + count, 4 * count);
+  std::memcpy(hot_sums, back.data() + 2 * count, 4 * count);
   return PromotionStatus(moves, back.data());
 }
 

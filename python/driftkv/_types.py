@@ -112,6 +112,7 @@ class Stats:
     demotions: int
     pages_promoted: int
     pages_demoted: int
+    pages_encoded_hot: int          # of pages_promoted: new pages of hot layers encoded straight to level form
     tenant: str                   # the caller's tenant ("" without tokens) and its figures
     tenant_sequences: int
     tenant_pages: int
