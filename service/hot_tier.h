@@ -14,9 +14,10 @@
 //     victims are taken only with TryLock and skipped when busy, so
 //     demotion can run under the caller's own layer locks (an Append's new
 //     page of a hot layer) without a lock-order cycle.
-//   - A hot layer's new pages go hot at once; with no hot page to be had,
-//     even after demoting others, the layer itself goes cold (an Append is
-//     never refused for the hot tier's sake).
+//   - A hot layer's new pages go hot at once (their hot pages reserved
+//     before they are encoded, straight into level form); with no hot
+//     page to be had, even after demoting others, the layer itself goes
+//     cold (an Append is never refused for the hot tier's sake).
 //   - Layers not attended for idle_seconds go cold (DemoteIdle).
 //   - Devices: with several (PARTITIONS in backends/page_pool.h), the hot
 //     pool has one partition per device beside the cold pool's, and a
@@ -132,7 +133,10 @@ class HotTier {
   // hot, when a hot page or its demoted form fails its checksum.
   // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
   absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
-  // Where the new cold pages `cold` of the hot `layer` go (their tenant,
+  // For new pages encoded cold first (prefix-keyed, or from device
+  // staging; the others are encoded straight into the hot pages of
+  // ReserveNewPages below): where the new cold pages `cold` of the hot
+  // `layer` go (their tenant,
   // `usage`, is charged for them as cold pages): on OK either *hot holds
   // their hot pages and *hot_sums their level form's checksums (the caller
   // frees `cold`) or, with no hot page to be had or no room in the
