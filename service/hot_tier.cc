@@ -266,36 +266,29 @@ absl::Status HotTier::PlaceNewPages(LayerState* layer, TenantUsage* usage, const
                                     std::vector<PageChecksum>* hot_sums) {
   hot->clear();
   hot_sums->clear();
-  // The new pages at the hot page size; without room in the tenant's
-  // max_bytes the layer goes cold, as without a hot page.
-  absl::StatusOr<ByteCharge> charge =
-      ByteCharge::Take(usage, MoveBytes(static_cast<int64_t>(cold.size()), /*to_hot=*/true));
-  if (!charge.ok()) return DemoteLocked(layer, usage, name, kDemoteAppend);
   Held mine = held;  // the layer never makes room for its own pages
   mine.layers.insert(layer->id);
   // The new cold pages are on the layer's device: so go its hot ones.
-  const int device = cold.empty() ? 0 : cold_.partition_of(cold[0]);
-  absl::StatusOr<std::vector<PageId>> reserved = ReserveHot(static_cast<int64_t>(cold.size()), mine, device);
-  if (!reserved.ok()) {
-    if (!absl::IsResourceExhausted(reserved.status())) return reserved.status();
-    return DemoteLocked(layer, usage, name, kDemoteAppend);
-  }
+  NewPagesReservation r;
+  const NewPagesWanted w{
+      layer, usage, &name, static_cast<int64_t>(cold.size()), cold.empty() ? 0 : cold_.partition_of(cold[0]), &r};
+  if (absl::Status st = ReserveNewPagesFor(w, mine); !st.ok() || r.empty()) return st;
   const int p = cold_.page_tokens();
   std::vector<TierMove> moves(cold.size());
-  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{cold[i], (*reserved)[i], p};
+  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{cold[i], r.pages()[i], p};
   // The cold pages' checksums were read from the backend's copy by the
   // caller a moment ago, under this lock: that was their check.
   absl::Status st = backend_.PromotePages(moves);
-  if (st.ok()) st = verifier_.HotSums(*reserved, hot_sums);
+  if (st.ok()) st = verifier_.HotSums(r.pages(), hot_sums);
   if (!st.ok()) {
-    hot_.Free(*reserved);
+    r = NewPagesReservation();
     if (!absl::IsResourceExhausted(st)) return st;
     return DemoteLocked(layer, usage, name, kDemoteAppend);
   }
-  charge->Keep();
+  r.Keep();
   pages_promoted_ += moves.size();
   metrics_->tier_pages_moved[0]->Increment(static_cast<double>(moves.size()));
-  *hot = *std::move(reserved);
+  *hot = r.pages();
   return absl::OkStatus();
 }
 
