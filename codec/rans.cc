@@ -30,6 +30,7 @@ absl::Status BuildRansTable(const uint16_t* freq, int levels, RansTable* table) 
     table->freq[m] = freq[m];
     table->cum[m] = static_cast<uint16_t>(c);
     table->cost_bits[m] = static_cast<float>(-std::log2(static_cast<double>(freq[m]) / kProbScale));
+    table->encode[m] = MakeRansEncodeEntry(freq[m], c);
     for (uint32_t z = c; z < c + freq[m]; ++z) {
       table->decode[z] = (static_cast<uint32_t>(freq[m]) << kEntryFreqShift) | ((z - c) << kEntryBiasShift) |
                          (static_cast<uint32_t>(m) << kEntrySymbolShift);
@@ -46,15 +47,16 @@ size_t RansEncode(const uint8_t* symbols, int n, const RansTable& table, uint8_t
   uint8_t* ptr = end;
   uint32_t x = kStateLow;
   for (int i = n - 1; i >= 0; --i) {
-    const uint32_t f = table.freq[symbols[i]];
+    const RansEncodeEntry& e = table.encode[symbols[i]];
     // Keep x < 2^23 * f so that the encoded state stays below 2^31. Since
     // x < 2^31 and f >= 1, at most one byte leaves per symbol.
-    const uint32_t x_max = (kStateLow >> kProbBits << 8) * f;
-    if (x >= x_max) {
+    uint32_t q = RansQuotient(x, e.rcp, e.shift);
+    if (RansMustEmit(q)) {
       *--ptr = static_cast<uint8_t>(x & 0xff);
       x >>= 8;
+      q >>= 8;
     }
-    x = ((x / f) << kProbBits) + (x % f) + table.cum[symbols[i]];
+    x = RansCoded(x, q, e.cmpl, e.cum);
   }
   ptr -= kStateBytes;
   ptr[0] = static_cast<uint8_t>(x);

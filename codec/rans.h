@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "codec/format_constants.h"
+#include "codec/rans_encode_step.h"
 
 namespace driftkv {
 
@@ -57,6 +58,7 @@ struct RansTable {
   uint16_t cum[kMaxLevels] = {};        // c[m] = f[0] + ... + f[m-1]
   float cost_bits[kMaxLevels] = {};     // -log2(f[m] / 256)
   DecodeEntry decode[kProbScale] = {};  // indexed by x mod 256
+  RansEncodeEntry encode[kMaxLevels];   // the step's form of f[m], c[m]
 };
 
 // Builds the table from frequencies. Fails unless 2 <= levels <= 16, every

@@ -1,9 +1,11 @@
 // rANS: bit-exact round trips, the fixed payload, and corrupt input.
 #include "codec/rans.h"
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
+#include "codec/rans_encode_step.h"
 #include "gtest/gtest.h"
 
 namespace driftkv {
@@ -38,6 +40,71 @@ TEST(Rans, RoundTripIsBitExactOnRandomStrings) {
     for (size_t i = used; i < payload.size(); ++i) ASSERT_EQ(payload[i], 0);
     // Decoding from exactly `used` bytes works too (nothing past it is read).
     ASSERT_TRUE(RansDecode(payload.data(), used, n, table, back.data()).ok());
+  }
+}
+
+// The coder as codec/rans.h defines it, with a division: the reference the
+// division-free step (codec/rans_encode_step.h) must reproduce byte for byte.
+std::vector<uint8_t> EncodeByDivision(const std::vector<uint8_t>& sym, const RansTable& t) {
+  std::vector<uint8_t> rev;
+  uint32_t x = kStateLow;
+  for (int i = static_cast<int>(sym.size()) - 1; i >= 0; --i) {
+    const uint32_t f = t.freq[sym[i]];
+    if (x >= (kStateLow >> kProbBits << 8) * f) {
+      rev.push_back(static_cast<uint8_t>(x));
+      x >>= 8;
+    }
+    x = ((x / f) << kProbBits) + x % f + t.cum[sym[i]];
+  }
+  for (int b = 3; b >= 0; --b) rev.push_back(static_cast<uint8_t>(x >> (8 * b)));
+  return std::vector<uint8_t>(rev.rbegin(), rev.rend());
+}
+
+// floor(x / f) for every frequency at the states the coder meets: every x
+// near each multiple of f at the ends and middle of [2^15, 2^31), near the
+// renormalisation threshold f 2^23, and 20,000 random states per f.
+TEST(RansEncodeStep, QuotientIsExactForEveryFrequency) {
+  std::mt19937_64 rng(11);
+  for (uint32_t f = 1; f <= 256; ++f) {
+    const RansEncodeEntry e = MakeRansEncodeEntry(f, 0);
+    ASSERT_LE(e.shift, 8u);
+    auto check = [&](uint64_t x) {
+      if (x >= kStateHigh) return;
+      ASSERT_EQ(RansQuotient(static_cast<uint32_t>(x), e.rcp, e.shift), static_cast<uint32_t>(x) / f)
+          << "x " << x << " f " << f;
+    };
+    const uint64_t anchors[] = {1u << 15, uint64_t{f} << 15, uint64_t{f} << 23,   1u << 23,
+                                1u << 30, kStateHigh - 1,    (kStateHigh / f) * f};
+    for (uint64_t a : anchors) {
+      for (int64_t d = -3 * static_cast<int64_t>(f) - 2; d <= 3 * static_cast<int64_t>(f) + 2; ++d) {
+        if (static_cast<int64_t>(a) + d >= 0) check(static_cast<uint64_t>(static_cast<int64_t>(a) + d));
+      }
+    }
+    for (int i = 0; i < 20000; ++i) check(rng() % kStateHigh);
+  }
+}
+
+TEST(RansEncodeStep, EncoderEqualsTheDivisionCoder) {
+  std::mt19937_64 rng(13);
+  for (int iter = 0; iter < 3000; ++iter) {
+    const int levels = 2 + iter % 15;
+    std::vector<uint16_t> f = RandomFreq(levels, rng);
+    // Extreme tables too: one symbol of frequency 1, or all but one at 1.
+    if (iter % 7 == 0) {
+      std::fill(f.begin(), f.end(), 1);
+      f[rng() % levels] = static_cast<uint16_t>(256 - (levels - 1));
+    }
+    RansTable table;
+    ASSERT_TRUE(BuildRansTable(f.data(), levels, &table).ok());
+    const int n = 1 + static_cast<int>(rng() % 1200);
+    std::vector<uint8_t> sym(n);
+    for (int i = 0; i < n; ++i) {
+      sym[i] = iter % 2 ? EntrySymbol(table.decode[rng() & 255]) : static_cast<uint8_t>(rng() % levels);
+    }
+    const std::vector<uint8_t> want = EncodeByDivision(sym, table);
+    std::vector<uint8_t> payload(want.size()), scratch(n + kStateBytes);
+    ASSERT_EQ(RansEncode(sym.data(), n, table, payload.data(), payload.size(), scratch.data()), want.size());
+    ASSERT_EQ(payload, want) << "iteration " << iter;
   }
 }
 
