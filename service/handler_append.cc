@@ -302,6 +302,18 @@ absl::Status Handler::StoreChunk(const std::string& tenant, const std::string& s
       if (st.ok()) {
         bytes.Keep();
         table_->Touch(seq);
+        // A chunk of several tokens (a prefill's) puts the layer's bf16
+        // window on a device that keeps windows now, while its tokens are
+        // at hand, so the sequence's first Attend uploads none; a decode
+        // step's single token goes up inside its Attend's launch instead,
+        // which costs no round trip of its own. Best effort: a window that
+        // does not go up now goes with that Attend, which also meets any
+        // device error first.
+        if (plan.fresh > 1 && !layer.window_keys.empty()) {
+          AttendJob job;
+          handler_internal::SetLayerTokens(layer, n(), pool_->page_tokens(), &job);
+          backend_->CacheWindows(absl::MakeConstSpan(&job, 1)).IgnoreError();
+        }
         if (!sealed.pages.empty() || ids_change.closed_now) {
           const PageKey ns = NamespaceOf(tenant);
           if (ids_change.closed_now) index_->MarkUnhashed(ns, ids_change.unhashed_after);
