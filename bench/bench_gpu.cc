@@ -30,6 +30,7 @@
 #include "kernels/level_attention.h"
 #include "kernels/level_demote.h"
 #include "kernels/level_promote.h"
+#include "kernels/page_crc.h"
 #include "kernels/testing/batch_builder.h"
 #include "kernels/testing/device_buffer.h"
 #include "kernels/transform.h"
@@ -471,6 +472,33 @@ void PromotionTime(const DQuantCodec& codec, const PageLayout& lay, const LevelP
       "Demotion of the same on the device: %.3f ms median of %d (%.1f GB/s of cold pages written); "
       "%ld pages failed, %ld of %d differ from the cold pages promoted\n",
       dms, reps, kPages * static_cast<double>(lay.page_bytes) / (dms * 1e6), bad, differ, kPages);
+  // The checksums a checked promotion adds (backends/cuda: the cold pages'
+  // before, the level pages' after, in the same stream), and the three
+  // launches as the CUDA backend queues them.
+  DeviceBuffer sums(static_cast<size_t>(2 * kPages) * 4);
+  PageCrcParams cc, hc;
+  cc.arena_dev = cold.get<uint8_t>();
+  cc.page_bytes = lay.page_bytes;
+  cc.pages_dev = pp.cold_pages_dev;
+  cc.pages = kPages;
+  cc.sums_dev = sums.get<uint32_t>();
+  hc = cc;
+  hc.arena_dev = hot.get<uint8_t>();
+  hc.page_bytes = hl.page_bytes;
+  hc.pages_dev = pp.hot_pages_dev;
+  hc.sums_dev = sums.get<uint32_t>() + kPages;
+  const double cms = MedianMs(reps, [&](int) { CHECK_OK(LaunchPageCrc(cc, nullptr)); });
+  const double hms = MedianMs(reps, [&](int) { CHECK_OK(LaunchPageCrc(hc, nullptr)); });
+  const double all = MedianMs(reps, [&](int) {
+    CHECK_OK(LaunchPageCrc(cc, nullptr));
+    CHECK_OK(LaunchPromote(pp, nullptr));
+    CHECK_OK(LaunchPageCrc(hc, nullptr));
+  });
+  std::printf(
+      "Checksums of the same pages on the device: cold %.3f ms (%.1f GB/s), level %.3f ms (%.1f GB/s); "
+      "checked promotion (cold sums, promotion, level sums) %.3f ms, medians of %d\n",
+      cms, kPages * static_cast<double>(lay.page_bytes) / (cms * 1e6), hms,
+      kPages * static_cast<double>(hl.page_bytes) / (hms * 1e6), all, reps);
 }
 
 void Capacity(const PageLayout& lay, const LevelPageLayout& hl, int window) {

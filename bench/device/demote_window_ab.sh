@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# (bench/device/README.md: how to bundle what it runs)
+# Demotion's division-free coding step and the windows put on the device by
+# a prefill's Append, against the build before (bundled as
+# bench_gpu-before and service_hot_bench-before): the GPU tests, then
+# bench_gpu at 1 x 8K (promotion, demotion and the checksums' lines) and
+# service_hot_bench (first and second Attend by phase), ROUNDS (default 2)
+# rounds alternating.
+set -uo pipefail
+. bench/device/gtest.sh
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+gtests ${TESTS:-level_attention_test:240 cuda_backend_test:300 service_gpu_test:300 window_cache_test:120 \
+  page_crc_test:60} || exit 1
+for round in $(seq ${ROUNDS:-2}); do
+  for v in bench_gpu-before bench_gpu; do
+    echo "== round $round, 1 x 8K: $v"
+    timeout 90 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_$round.log 2>&1
+    grep -E "^Promotion|^Demotion|^Checksums" $OUT/${v}_$round.log
+  done
+done
+for round in $(seq ${ROUNDS:-2}); do
+  for v in service_hot_bench-before service_hot_bench; do
+    echo "== round $round: $v" | tee -a $OUT/hot_bench.log
+    timeout 150 $B $v --sequences=64 --context=8192 --reps=20 --clients=8 2>&1 | tee -a $OUT/hot_bench.log |
+      grep -E "^\| (hot|cold)|Attend .* phases"
+  done
+done
