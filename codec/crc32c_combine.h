@@ -1,8 +1,9 @@
 // CRC-32C (wire/crc32c.h) of a buffer from the checksums of its pieces, in
 // arithmetic the host and the GPU share: a device kernel sums each of a
-// page's segments on its own thread and joins them in a tree
-// (kernels/page_crc.h); Crc32cBySegments does the same steps in order on
-// the host, so that a test here pins down what the kernel computes.
+// page's segments on its own thread, multiplies each sum by the power of x
+// that the bytes after its segment stand for, and XORs the products
+// (kernels/page_crc.h); Crc32cBySegments does the same steps on the host,
+// so that a test here pins down what the kernel computes.
 //
 // The register is a polynomial over GF(2) in CRC-32C's reflected form
 // (bit 31 is x^0). Appending n zero bytes to a message multiplies its
@@ -79,29 +80,34 @@ DRIFTKV_HOST_DEVICE inline size_t Crc32cSegmentBegin(size_t size, int segments, 
   return begin < size ? begin : size;
 }
 
+// What segment s's checksum is multiplied by in the whole's:
+// x^(8 * (bytes after the segment)) mod P, for each of `segments` segments
+// over `size` bytes. Since the product is linear, the whole's checksum is
+// the XOR over s of Crc32cMulModP(shift[s], Crc32c(segment s)) (an empty
+// segment's checksum is 0). The device kernel takes these from the host,
+// one per thread.
+inline void Crc32cSegmentShifts(size_t size, int segments, uint32_t* shift) {
+  Crc32cPowers powers;
+  Crc32cMakePowers(&powers);
+  for (int s = 0; s < segments; ++s) {
+    shift[s] = Crc32cShift(powers, 0x80000000u /* x^0 */, size - Crc32cSegmentBegin(size, segments, s + 1));
+  }
+}
+
 // Crc32c of `size` bytes as the kernel computes it: each of `segments`
-// (a power of two) summed alone, then joined pairwise, neighbours at
-// distance 1, 2, 4, ... (a tree), each join shifting the left sum by the
-// right part's length.
+// (at most 1024) summed alone, each sum multiplied by its shift, the
+// products XORed together.
 inline uint32_t Crc32cBySegments(const uint8_t* data, size_t size, int segments) {
   uint32_t table[256];
   for (uint32_t b = 0; b < 256; ++b) table[b] = Crc32cTableEntry(b);
-  Crc32cPowers powers;
-  Crc32cMakePowers(&powers);
-  uint32_t sums[1024];
-  uint64_t lengths[1024];
+  uint32_t shift[1024];
+  Crc32cSegmentShifts(size, segments, shift);
+  uint32_t whole = 0;
   for (int s = 0; s < segments; ++s) {
     const size_t begin = Crc32cSegmentBegin(size, segments, s), end = Crc32cSegmentBegin(size, segments, s + 1);
-    sums[s] = Crc32cBytes(table, data + begin, end - begin);
-    lengths[s] = end - begin;
+    whole ^= Crc32cMulModP(shift[s], Crc32cBytes(table, data + begin, end - begin));
   }
-  for (int stride = 1; stride < segments; stride *= 2) {
-    for (int s = 0; s + stride < segments; s += 2 * stride) {
-      sums[s] = Crc32cJoin(powers, sums[s], sums[s + stride], lengths[s + stride]);
-      lengths[s] += lengths[s + stride];
-    }
-  }
-  return sums[0];
+  return whole;
 }
 
 }  // namespace driftkv

@@ -1,9 +1,19 @@
 // Page checksums on the device: one block of kThreads threads per page;
 // thread t sums segment t of the page (codec/crc32c_combine.h's segments)
 // a byte at a time through a table in shared memory, reading 16 bytes at
-// a time, then the block joins the segments' sums in a tree, as
-// Crc32cBySegments does on the host.
+// a time, multiplies its sum by its segment's shift (from the host) and
+// the block XORs the products, as Crc32cBySegments does on the host.
+//
+// The table is held 32 times, entry b of lane l's copy at word 32 b + l:
+// every lane of a warp reads its own bank, where one table made the
+// lanes' random bytes collide in a few banks at every step.
+#include <cstring>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/crc32c_combine.h"
 #include "kernels/device_common.cuh"
 #include "kernels/page_crc.h"
@@ -13,21 +23,24 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kTableWords = 256 * 32;
 
-__device__ uint32_t Step(const uint32_t* table, uint32_t c, uint32_t word) {
-  for (int i = 0; i < 4; ++i, word >>= 8) c = table[(c ^ word) & 0xFFu] ^ (c >> 8);
-  return c;
-}
+struct CrcArgs {
+  PageCrcParams p;
+  uint32_t shift[kThreads];  // Crc32cSegmentShifts(page_bytes, kThreads)
+};
 
-__global__ void __launch_bounds__(kThreads) PageCrcKernel(PageCrcParams p) {
-  __shared__ uint32_t table[256];
-  __shared__ Crc32cPowers powers;
-  __shared__ uint32_t sums[kThreads];
-  __shared__ uint64_t lengths[kThreads];
-  const int t = threadIdx.x;
-  table[t] = Crc32cTableEntry(static_cast<uint32_t>(t));
-  if (t == 0) Crc32cMakePowers(&powers);
+__global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
+  extern __shared__ uint4 table4[];  // kTableWords words
+  __shared__ uint32_t warp_sums[kThreads / 32];
+  const PageCrcParams& p = a.p;
+  const int t = threadIdx.x, lane = t & 31;
+  {
+    const uint32_t e = Crc32cTableEntry(static_cast<uint32_t>(t));
+    for (int i = 0; i < 8; ++i) table4[t * 8 + i] = make_uint4(e, e, e, e);
+  }
   __syncthreads();
+  const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + lane;  // entry b at table[32 b]
   const uint8_t* page = p.arena_dev + static_cast<size_t>(p.pages_dev[blockIdx.x]) * p.page_bytes;
   const size_t begin = Crc32cSegmentBegin(p.page_bytes, kThreads, t);
   const size_t end = Crc32cSegmentBegin(p.page_bytes, kThreads, t + 1);
@@ -38,24 +51,39 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(PageCrcParams p) {
   if ((p.page_bytes & 15) == 0) {
     for (; i + 16 <= end; i += 16) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
-      c = Step(table, c, v.x);
-      c = Step(table, c, v.y);
-      c = Step(table, c, v.z);
-      c = Step(table, c, v.w);
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t word = words[w];
+#pragma unroll
+        for (int k = 0; k < 4; ++k, word >>= 8) c = table[((c ^ word) & 0xFFu) << 5] ^ (c >> 8);
+      }
     }
   }
-  for (; i < end; ++i) c = table[(c ^ page[i]) & 0xFFu] ^ (c >> 8);
-  sums[t] = c ^ 0xFFFFFFFFu;
-  lengths[t] = end - begin;
+  for (; i < end; ++i) c = table[((c ^ page[i]) & 0xFFu) << 5] ^ (c >> 8);
+  uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu);
+  for (int o = 16; o > 0; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) warp_sums[t / 32] = v;
   __syncthreads();
-  for (int stride = 1; stride < kThreads; stride *= 2) {
-    if (t % (2 * stride) == 0) {
-      sums[t] = Crc32cJoin(powers, sums[t], sums[t + stride], lengths[t + stride]);
-      lengths[t] += lengths[t + stride];
-    }
-    __syncthreads();
+  if (t == 0) {
+    uint32_t whole = 0;
+    for (int w = 0; w < kThreads / 32; ++w) whole ^= warp_sums[w];
+    p.sums_dev[blockIdx.x] = whole;
   }
-  if (t == 0) p.sums_dev[blockIdx.x] = sums[0];
+}
+
+// The shifts of a page size, made once per size (a service has two: cold
+// and level pages).
+void Shifts(size_t page_bytes, uint32_t* shift) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache ABSL_GUARDED_BY(mu) = new absl::flat_hash_map<size_t, std::vector<uint32_t>>();
+  absl::MutexLock lock(&mu);
+  std::vector<uint32_t>& s = (*cache)[page_bytes];
+  if (s.empty()) {
+    s.resize(kThreads);
+    Crc32cSegmentShifts(page_bytes, kThreads, s.data());
+  }
+  std::memcpy(shift, s.data(), sizeof(uint32_t) * kThreads);
 }
 
 }  // namespace
@@ -63,7 +91,10 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(PageCrcParams p) {
 absl::Status LaunchPageCrc(const PageCrcParams& p, cudaStream_t stream) {
   if (p.pages < 0) return absl::InvalidArgumentError(absl::StrCat("pages ", p.pages, " < 0"));
   if (p.pages == 0) return absl::OkStatus();
-  PageCrcKernel<<<p.pages, kThreads, 0, stream>>>(p);
+  CrcArgs a;
+  a.p = p;
+  Shifts(p.page_bytes, a.shift);
+  PageCrcKernel<<<p.pages, kThreads, sizeof(uint32_t) * kTableWords, stream>>>(a);
   return CudaStatus(cudaGetLastError(), "page checksum launch");
 }
 

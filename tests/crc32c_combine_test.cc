@@ -1,5 +1,5 @@
 // codec/crc32c_combine.h against wire/crc32c.h: joined checksums and the
-// segment tree the device's page checksums follow give the checksum of the
+// segments' join the device's page checksums follow give the checksum of the
 // whole buffer, at every size and segment count, including empty pieces.
 #include "codec/crc32c_combine.h"
 
@@ -40,7 +40,7 @@ TEST(Crc32cCombineTest, JoinIsTheChecksumOfTheConcatenation) {
   }
 }
 
-TEST(Crc32cCombineTest, SegmentTreeIsTheChecksumOfThePage) {
+TEST(Crc32cCombineTest, JoinedSegmentsAreTheChecksumOfThePage) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4099}, size_t{48128}, size_t{73728}}) {
     const std::vector<uint8_t> b = RandomBytes(size, size + 3);
     const uint32_t want = Crc32cExtend(0, b.data(), b.size());

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # (bench/device/README.md: how to bundle what it runs)
-# Demotion's division-free coding step and the windows put on the device by
-# a prefill's Append, against the build before (bundled as
-# bench_gpu-before and service_hot_bench-before): the GPU tests, then
-# bench_gpu at 1 x 8K (promotion, demotion and the checksums' lines) and
+# Demotion's division-free coding step, the page checksum kernel without
+# bank conflicts, and the windows put on the device by a prefill's Append,
+# against the build before (bundled as bench_gpu-before and
+# service_hot_bench-before) and, for the checksums, a build with the old
+# checksum kernel (bench_gpu-mid): the GPU tests, then bench_gpu at
+# 1 x 8K (promotion, demotion and the checksums' lines) and
 # service_hot_bench (first and second Attend by phase), ROUNDS (default 2)
 # rounds alternating.
 set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-gtests ${TESTS:-level_attention_test:240 cuda_backend_test:300 service_gpu_test:300 window_cache_test:120 \
-  page_crc_test:60} || exit 1
+gtests ${TESTS:-page_crc_test:60 level_attention_test:240 cuda_backend_test:300 service_gpu_test:300} || exit 1
 for round in $(seq ${ROUNDS:-2}); do
-  for v in bench_gpu-before bench_gpu; do
+  for v in bench_gpu-before bench_gpu-mid bench_gpu; do
     echo "== round $round, 1 x 8K: $v"
     timeout 90 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_$round.log 2>&1
     grep -E "^Promotion|^Demotion|^Checksums" $OUT/${v}_$round.log
@@ -26,3 +27,7 @@ for round in $(seq ${ROUNDS:-2}); do
       grep -E "^\| (hot|cold)|Attend .* phases"
   done
 done
+# The demotion kernel's SASS (head_dim 128), to count its coding loop.
+cuobjdump --dump-sass .device/bundle/bin/bench_gpu 2>/dev/null |
+  awk '/Function : /{f = /DemoteKernelILi128/} f' > $OUT/demote128.sass
+wc -l $OUT/demote128.sass
