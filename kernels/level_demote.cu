@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
 #include "codec/level_fragments.h"
-#include "codec/rans_encode_step.h"
 #include "kernels/device_common.cuh"
 #include "kernels/first_failure.cuh"
 #include "kernels/launch.cuh"
@@ -23,6 +22,7 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = kLevelPageTokens;
+static_assert(((kStateLow >> kProbBits) << 8) == (1u << 23), "a byte leaves when x >= f << 23");
 
 // codec/level_page.cc LevelHeaderGrid: scale and offset finite, scale >= 0.
 __device__ __forceinline__ bool GridOk(uint32_t header) {
@@ -34,39 +34,30 @@ __device__ __forceinline__ bool GridOk(uint32_t header) {
 // A token's record, written from the end of its payload area backwards in
 // 32-bit words as rANS emits bytes (the first byte emitted is the last of
 // the payload), then moved to the payload's start. `end` is the payload's
-// end rounded up to a word; words below the payload's start are never
-// written, so a stream that does not fit stays inside its record. Bytes
-// gather in a register pair (the newest lowest); a word leaves once four
-// are pending, checked after every four levels (at most one byte a level,
-// so at most seven pend).
+// end rounded up to a word; words below `lo` (the payload's start) are never
+// written, so a stream that does not fit stays inside its record.
 struct BackwardWriter {
-  uint32_t* end;            // one past the last word
-  uint32_t* low;            // the first word of the area
-  uint32_t* next;           // one past the next word to write
-  uint32_t lo = 0, hi = 0;  // the pending bytes, newest lowest
-  int pending = 0;          // bytes in (hi, lo) not yet written
-  __device__ __forceinline__ void Push(uint32_t b) {
-    hi = __funnelshift_l(lo, hi, 8);
-    lo = __byte_perm(lo, b, 0x2104);  // lo << 8 | (b & 255)
-    ++pending;
-  }
-  __device__ __forceinline__ void PushWord(uint32_t x) {  // its top byte first
-    hi = lo;
-    lo = x;
-    pending += 4;
-  }
-  __device__ __forceinline__ void Drain() {
-    if (pending >= 4) {
-      pending -= 4;
-      --next;
-      if (next >= low) *next = __funnelshift_r(lo, hi, 8 * pending);
-    }
+  uint32_t* end;  // one past the last word
+  int room;       // words the area holds
+  uint32_t w = 0;
+  int bytes = 0;  // emitted so far
+  __device__ __forceinline__ void Put(uint32_t b) { PutIf(true, b); }
+  // Put(b) when `emit`, in selects and one predicated store: the coding
+  // loop emits a byte every few levels, at different levels in each lane.
+  __device__ __forceinline__ void PutIf(bool emit, uint32_t b) {
+    const uint32_t nw = (w << 8) | (b & 255u);
+    const int nb = bytes + (emit ? 1 : 0);
+    const bool full = emit && (nb & 3) == 0;
+    const int j = nb >> 2;  // a full word is end[-j]
+    if (full && j <= room) end[-j] = nw;
+    w = full ? 0u : (emit ? nw : w);
+    bytes = nb;
   }
   // The last partial word, its bytes at the top.
   __device__ __forceinline__ void Flush() {
-    if (pending != 0 && next - 1 >= low) next[-1] = lo << (8 * (4 - pending));
+    const int nb = bytes & 3;
+    if (nb != 0 && bytes / 4 + 1 <= room) end[-(bytes / 4 + 1)] = w << (8 * (4 - nb));
   }
-  __device__ __forceinline__ int bytes() const { return 4 * static_cast<int>(end - next) + pending; }
 };
 
 // Moves the stream's `used` bytes, which end at byte `area` of the record's
@@ -88,10 +79,10 @@ __device__ __forceinline__ void MoveToStart(uint32_t* pay, int area, int used, i
 
 // Static shared memory: the levels of one head [token][D + 4].
 template <int D>
-__global__ void __launch_bounds__(kThreads, 12) DemoteKernel(DemoteParams p) {
+__global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
-  __shared__ __align__(16) uint4 table[kMaxLevels];  // codec/rans_encode_step.h's entries
+  __shared__ __align__(8) uint2 table[16];  // (cum << 16 | freq, reciprocal)
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const PageLayout& cl = p.cold;
@@ -102,9 +93,12 @@ __global__ void __launch_bounds__(kThreads, 12) DemoteKernel(DemoteParams p) {
   const DemoteTable& tab = kind == 0 ? p.keys : p.values;
   const int stride = kind == 0 ? cl.key_stride : cl.value_stride;
   const int payload = tab.payload;
-  if (tid < kMaxLevels) {
-    const RansEncodeEntry& e = tab.entry[tid];
-    table[tid] = make_uint4(e.rcp, e.shift, e.cmpl, e.cum);
+  if (tid < 16) {
+    // A level past the table (only in a corrupt page, which is reported)
+    // codes as frequency 1 so that nothing divides by zero.
+    const uint32_t e = tab.entry[tid];
+    const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u;
+    table[tid] = make_uint2((e & 0xffff0000u) | f, 0xffffffffu / f);  // q = umulhi(x, rcp): x / f or one less
   }
   const bool has = tid < tokens;
   uint32_t* rec =
@@ -121,8 +115,7 @@ __global__ void __launch_bounds__(kThreads, 12) DemoteKernel(DemoteParams p) {
   const int area = (stride - kRecordHeaderBytes) / 4 * 4;  // >= payload: the stride is word-aligned
   BackwardWriter out;
   out.end = rec + 1 + area / 4;
-  out.low = rec + 1;
-  out.next = out.end;
+  out.room = area / 4;
   uint32_t x = kStateLow;
   // Levels at or above tab.levels set bit 7 of their byte here (levels are
   // below 8 after unpacking, so no byte carries into the next).
@@ -150,31 +143,32 @@ __global__ void __launch_bounds__(kThreads, 12) DemoteKernel(DemoteParams p) {
         uint32_t four;
         asm volatile("ld.shared.u32 %0, [%1];" : "=r"(four) : "r"(row_addr + j));
         over |= (four + over_add) & 0x80808080u;
-        const uint32_t four16 = four << 4;  // each byte a table entry's offset (levels < 8)
 #pragma unroll
         for (int k = 3; k >= 0; --k) {
-          uint32_t rcp, shift, cmpl, cum;
-          asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-              : "=r"(rcp), "=r"(shift), "=r"(cmpl), "=r"(cum)
-              : "r"(table_addr + __byte_perm(four16, 0u, 0x4440u + k)));
-          uint32_t q = RansQuotient(x, rcp, shift);
-          if (RansMustEmit(q)) {
-            out.Push(x);
-            x >>= 8;
-            q >>= 8;
-          }
-          x = RansCoded(x, q, cmpl, cum);
+          uint32_t ex, rc;
+          asm("ld.shared.v2.u32 {%0, %1}, [%2];"
+              : "=r"(ex), "=r"(rc)
+              : "r"(table_addr + (((four >> (8 * k)) & 15u) << 3)));
+          const uint32_t f = ex & 0xffffu;
+          const bool emit = x >= (f << 23);  // x >= ((L >> p) << 8) f
+          out.PutIf(emit, x);
+          x = emit ? x >> 8 : x;
+          const uint32_t q = __umulhi(x, rc);
+          const uint32_t r = x - q * f;
+          const bool carry = r >= f;
+          x = ((q + (carry ? 1u : 0u)) << kProbBits) + (carry ? r - f : r) + (ex >> 16);
         }
-        out.Drain();
       }
     }
   }
   if (!has) return;
   // The final state, its bytes LE below the stream: the top byte first.
-  out.PushWord(x);
-  out.Drain();
+  out.Put(x >> 24);
+  out.Put(x >> 16);
+  out.Put(x >> 8);
+  out.Put(x);
   out.Flush();
-  const int used = out.bytes();
+  const int used = out.bytes;
   if (over != 0 || used > payload) ok = false;
   if (ok) {
     rec[0] = header;

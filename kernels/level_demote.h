@@ -14,20 +14,18 @@
 
 #include "absl/status/status.h"
 #include "codec/level_page.h"
-#include "codec/rans_encode_step.h"
 #include "kernels/attention.h"
 
 namespace driftkv {
 namespace gpu {
 
-// A stream's encoding table: symbol m -> codec/rans.h RansTable::encode[m];
-// past `levels` a frequency of 1 (a level there is reported, and nothing
-// divides by zero). kernels/codec_bridge.h SetDemoteTables fills both from
-// a codec.
+// A stream's encoding table: symbol m -> freq[m] | cum[m] << 16 (codec/rans.h
+// RansTable), zero past `levels` (kernels/codec_bridge.h SetDemoteTables
+// fills both from a codec).
 struct DemoteTable {
   int levels = 0;
   int payload = 0;  // C, the record's payload bytes
-  RansEncodeEntry entry[kMaxLevels];
+  uint32_t entry[16] = {};
 };
 
 struct DemoteParams {
