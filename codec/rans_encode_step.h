@@ -1,7 +1,6 @@
-// One rANS encoding step without a division (codec/rans.h), for encoders
-// whose time goes into issuing instructions: the GPU's demotion codes every
-// symbol of a page again, and a 32-bit division there costs ~20
-// instructions.
+// One rANS encoding step without a division (codec/rans.h), in arithmetic
+// the host and a kernel can share (a 32-bit division is a long routine on
+// a GPU). RansEncode codes with it.
 //
 // floor(x / f) is a multiply-high by a reciprocal and a shift, exact for
 // every state x < 2^31 = kStateHigh and every frequency 1 <= f <= 256:
