@@ -42,6 +42,7 @@
 #include "kernels/codec_bridge.h"
 #include "kernels/level_attention.h"
 #include "kernels/testing/device_buffer.h"
+#include "service/process_env.h"
 #include "service/server.h"
 #include "wire/half.h"
 
@@ -596,5 +597,6 @@ int Main(int argc, char** argv) {
 }  // namespace driftkv
 
 int main(int argc, char** argv) {
+  driftkv::PrepareServerProcess();  // its servers run in this process, set up as driftkv-server's
   return driftkv::Main(argc, argv);
 }

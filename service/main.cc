@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "service/config.h"
+#include "service/process_env.h"
 #include "service/server.h"
 
 ABSL_FLAG(std::string, config, "", "ServerConfig text-format file (required)");
@@ -39,6 +40,7 @@ ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "the TSan suite checks lock order instead)");
 
 int main(int argc, char** argv) {
+  driftkv::PrepareServerProcess();
   absl::InitializeSymbolizer(argv[0]);
   absl::SetProgramUsageMessage("driftkv-server --config FILE [--listen ADDR] [--metrics ADDR] [--backend NAME]");
   // --help lists the server's own flags: this file's and those of the
