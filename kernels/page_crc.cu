@@ -1,9 +1,8 @@
 // Page checksums on the device: one block of kThreads threads per page;
-// thread t sums segments 2t and 2t + 1 of 2 kThreads
-// (codec/crc32c_combine.h's segments) side by side, a byte at a time
-// through a table in shared memory, reading 16 bytes at a time, multiplies
-// each sum by its segment's shift (from the host) and the block XORs the
-// products, as Crc32cBySegments does on the host.
+// thread t sums segment t of the page (codec/crc32c_combine.h's segments)
+// a byte at a time through a table in shared memory, reading 16 bytes at
+// a time, multiplies its sum by its segment's shift (from the host) and
+// the block XORs the products, as Crc32cBySegments does on the host.
 //
 // The table is held 32 times, entry b of lane l's copy at word 32 b + l:
 // every lane of a warp reads its own bank, where one table made the
@@ -24,29 +23,12 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSegments = 2 * kThreads;  // two a thread, summed side by side
 constexpr int kTableWords = 256 * 32;
 
 struct CrcArgs {
   PageCrcParams p;
-  uint32_t shift[kSegments];  // Crc32cSegmentShifts(page_bytes, kSegments)
+  uint32_t shift[kThreads];  // Crc32cSegmentShifts(page_bytes, kThreads)
 };
-
-// One byte into the running sum c.
-__device__ __forceinline__ uint32_t Byte(const uint32_t* table, uint32_t c, uint32_t byte) {
-  return table[((c ^ byte) & 0xFFu) << 5] ^ (c >> 8);
-}
-
-__device__ __forceinline__ uint32_t Sixteen(const uint32_t* table, uint32_t c, const uint4& v) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t word = words[w];
-#pragma unroll
-    for (int k = 0; k < 4; ++k, word >>= 8) c = Byte(table, c, word);
-  }
-  return c;
-}
 
 __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   extern __shared__ uint4 table4[];  // kTableWords words
@@ -60,41 +42,26 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   __syncthreads();
   const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + lane;  // entry b at table[32 b]
   const uint8_t* page = p.arena_dev + static_cast<size_t>(p.pages_dev[blockIdx.x]) * p.page_bytes;
-  // Segments 2t and 2t + 1, adjacent: [b0, b1) and [b1, e1). Two
-  // independent chains of table lookups, each waiting on its last.
-  const size_t b0 = Crc32cSegmentBegin(p.page_bytes, kSegments, 2 * t);
-  const size_t b1 = Crc32cSegmentBegin(p.page_bytes, kSegments, 2 * t + 1);
-  const size_t e1 = Crc32cSegmentBegin(p.page_bytes, kSegments, 2 * t + 2);
-  uint32_t c0 = 0xFFFFFFFFu, c1 = 0xFFFFFFFFu;
-  size_t i0 = b0, i1 = b1;
+  const size_t begin = Crc32cSegmentBegin(p.page_bytes, kThreads, t);
+  const size_t end = Crc32cSegmentBegin(p.page_bytes, kThreads, t + 1);
+  uint32_t c = 0xFFFFFFFFu;
+  size_t i = begin;
   // Segments start at multiples of 16 bytes; so do pages when page_bytes
-  // is a multiple of 16 and the arena is (cudaMalloc's are). The next 16
-  // bytes of each segment are loaded before this 16 are summed.
+  // is a multiple of 16 and the arena is (cudaMalloc's are).
   if ((p.page_bytes & 15) == 0) {
-    const size_t n = (b1 - b0 < e1 - b1 ? b1 - b0 : e1 - b1) / 16;  // 16-byte steps both segments have
-    if (n > 0) {
-      uint4 v0 = __ldg(reinterpret_cast<const uint4*>(page + i0));
-      uint4 v1 = __ldg(reinterpret_cast<const uint4*>(page + i1));
-      for (size_t k = 1; k <= n; ++k) {
-        uint4 w0 = v0, w1 = v1;
-        if (k < n) {
-          w0 = __ldg(reinterpret_cast<const uint4*>(page + i0 + 16));
-          w1 = __ldg(reinterpret_cast<const uint4*>(page + i1 + 16));
-        }
-        c0 = Sixteen(table, c0, v0);
-        c1 = Sixteen(table, c1, v1);
-        v0 = w0;
-        v1 = w1;
-        i0 += 16;
-        i1 += 16;
+    for (; i + 16 <= end; i += 16) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t word = words[w];
+#pragma unroll
+        for (int k = 0; k < 4; ++k, word >>= 8) c = table[((c ^ word) & 0xFFu) << 5] ^ (c >> 8);
       }
     }
-    for (; i0 + 16 <= b1; i0 += 16) c0 = Sixteen(table, c0, __ldg(reinterpret_cast<const uint4*>(page + i0)));
-    for (; i1 + 16 <= e1; i1 += 16) c1 = Sixteen(table, c1, __ldg(reinterpret_cast<const uint4*>(page + i1)));
   }
-  for (; i0 < b1; ++i0) c0 = Byte(table, c0, page[i0]);
-  for (; i1 < e1; ++i1) c1 = Byte(table, c1, page[i1]);
-  uint32_t v = Crc32cMulModP(a.shift[2 * t], c0 ^ 0xFFFFFFFFu) ^ Crc32cMulModP(a.shift[2 * t + 1], c1 ^ 0xFFFFFFFFu);
+  for (; i < end; ++i) c = table[((c ^ page[i]) & 0xFFu) << 5] ^ (c >> 8);
+  uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu);
   for (int o = 16; o > 0; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) warp_sums[t / 32] = v;
   __syncthreads();
@@ -113,10 +80,10 @@ void Shifts(size_t page_bytes, uint32_t* shift) {
   absl::MutexLock lock(&mu);
   std::vector<uint32_t>& s = (*cache)[page_bytes];
   if (s.empty()) {
-    s.resize(kSegments);
-    Crc32cSegmentShifts(page_bytes, kSegments, s.data());
+    s.resize(kThreads);
+    Crc32cSegmentShifts(page_bytes, kThreads, s.data());
   }
-  std::memcpy(shift, s.data(), sizeof(uint32_t) * kSegments);
+  std::memcpy(shift, s.data(), sizeof(uint32_t) * kThreads);
 }
 
 }  // namespace
