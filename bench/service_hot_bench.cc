@@ -259,9 +259,10 @@ absl::btree_map<std::string, double> PhaseSums(Metrics& metrics) {
   absl::btree_map<std::string, double> sums;
   for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
     const bool phases = f.name == "driftkv_attend_phase_seconds";
-    if (!phases && f.name != "driftkv_tier_promotion_seconds") continue;
+    const bool backend = f.name == "driftkv_tier_promotion_backend_seconds";
+    if (!phases && !backend && f.name != "driftkv_tier_promotion_seconds") continue;
     for (const prometheus::ClientMetric& m : f.metric) {
-      std::string label = "promotion";
+      std::string label = backend ? "promotion_backend" : "promotion";
       for (const prometheus::ClientMetric::Label& l : m.label)
         if (l.name == "phase") label = l.value;
       sums[label] += m.histogram.sample_sum;

@@ -178,6 +178,14 @@ absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Hel
   }
 }
 
+absl::Status HotTier::PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums,
+                                       PageChecksum* hot_sums) {
+  const absl::Time start = absl::Now();
+  absl::Status st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums, hot_sums);
+  metrics_->tier_promotion_backend_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  return st;
+}
+
 bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::flat_hash_set<uint64_t>& exclude,
                            absl::Status* corrupt) {
   const absl::Time start = absl::Now();
@@ -238,7 +246,7 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
     // form's checksums from what the backend holds after the move.
     const LayerName name{seq->id, layer_index};
     std::vector<PageChecksum> cold_sums(moves.size()), sums(moves.size());
-    absl::Status st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums.data(), sums.data());
+    absl::Status st = PromoteOnBackend(moves, cold_sums.data(), sums.data());
     if (st.ok() || absl::IsDataLoss(st)) {
       absl::Status check = verifier_.CheckColdSums(cold_sums, layer.page_sums, 0, name, kCheckPromote);
       if (!check.ok()) {
@@ -526,7 +534,7 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
   absl::Status st = fits ? absl::OkStatus() : absl::ResourceExhaustedError("pages added meanwhile");
   std::vector<PageChecksum> cold_sums(moves.size()), hot_sums(moves.size());
   if (st.ok() && !moves.empty()) {
-    st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums.data(), hot_sums.data());
+    st = PromoteOnBackend(moves, cold_sums.data(), hot_sums.data());
   }
   bool done = st.ok();
   if (done) {

@@ -245,6 +245,9 @@ class HotTier {
   void RemoveHot(uint64_t id) ABSL_LOCKS_EXCLUDED(hot_mu_);
   // ReserveNewPages for one layer.
   absl::Status ReserveNewPagesFor(const NewPagesWanted& w, const Held& held);
+  // Backend::PromotePagesChecked of `moves` between the two pools, its
+  // time observed in driftkv_tier_promotion_backend_seconds.
+  absl::Status PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums, PageChecksum* hot_sums);
 
   PagePool& cold_;
   PagePool& hot_;

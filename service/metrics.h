@@ -128,6 +128,7 @@ class Metrics {
   prometheus::Counter* tier_pages_moved[2];               // direction="promote"|"demote"
   prometheus::Counter* tier_pages_encoded_hot;            // of the promoted: new pages straight to level form
   prometheus::Histogram* tier_promotion_seconds;          // per layer promoted
+  prometheus::Histogram* tier_promotion_backend_seconds;  // of which the backend's move
 
   // Integrity and warm restart (docs/reliability.md).
   // driftkv_page_checksum_failures_total{where="read"|"attend"|"demote"|"snapshot"|"promote"|"window"},

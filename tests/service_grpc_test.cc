@@ -621,7 +621,8 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
                            "driftkv_tier_demotions_total",
                            "driftkv_tier_pages_moved_total",
                            "driftkv_tier_pages_encoded_hot_total",
-                           "driftkv_tier_promotion_seconds_count"}) {
+                           "driftkv_tier_promotion_seconds_count",
+                           "driftkv_tier_promotion_backend_seconds_count"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
   }
   using testing::MetricValue;
@@ -770,6 +771,9 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"cold\"}"), 0);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotions_total"), 1);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_seconds_count"), 1);
+  EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_backend_seconds_count"), 1);
+  EXPECT_LE(MetricValue(text, "driftkv_tier_promotion_backend_seconds_sum"),
+            MetricValue(text, "driftkv_tier_promotion_seconds_sum"));
   EXPECT_EQ(MetricValue(text, "driftkv_hot_tier_capacity_bytes"), static_cast<double>(info->hot_capacity_bytes()));
   // The server's reaper (no TTL) demotes the layer once it has idled.
   clock.Advance(absl::Seconds(60));
