@@ -51,12 +51,6 @@ DRIFTKV_HOST_DEVICE inline uint32_t Crc32cShift(const Crc32cPowers& p, uint32_t 
   return crc;
 }
 
-// Crc32c(a + b) from Crc32c(a), Crc32c(b) and |b|.
-DRIFTKV_HOST_DEVICE inline uint32_t Crc32cJoin(const Crc32cPowers& p, uint32_t crc_a, uint32_t crc_b,
-                                               uint64_t bytes_b) {
-  return Crc32cShift(p, crc_a, bytes_b) ^ crc_b;
-}
-
 // Entry `byte` of the byte-at-a-time table (the register after one byte).
 DRIFTKV_HOST_DEVICE inline uint32_t Crc32cTableEntry(uint32_t byte) {
   uint32_t c = byte;

@@ -30,6 +30,11 @@ struct CrcArgs {
   uint32_t shift[kThreads];  // Crc32cSegmentShifts(page_bytes, kThreads)
 };
 
+// One byte into the running sum c; entry b of this lane's table at table[32 b].
+__device__ __forceinline__ uint32_t Byte(const uint32_t* table, uint32_t c, uint32_t byte) {
+  return table[((c ^ byte) & 0xFFu) << 5] ^ (c >> 8);
+}
+
 __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   extern __shared__ uint4 table4[];  // kTableWords words
   __shared__ uint32_t warp_sums[kThreads / 32];
@@ -56,11 +61,11 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
       for (int w = 0; w < 4; ++w) {
         uint32_t word = words[w];
 #pragma unroll
-        for (int k = 0; k < 4; ++k, word >>= 8) c = table[((c ^ word) & 0xFFu) << 5] ^ (c >> 8);
+        for (int k = 0; k < 4; ++k, word >>= 8) c = Byte(table, c, word);
       }
     }
   }
-  for (; i < end; ++i) c = table[((c ^ page[i]) & 0xFFu) << 5] ^ (c >> 8);
+  for (; i < end; ++i) c = Byte(table, c, page[i]);
   uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu);
   for (int o = 16; o > 0; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) warp_sums[t / 32] = v;

@@ -247,14 +247,15 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                                 .Help("New pages of hot layers encoded straight into level pages (of the promoted)")
                                 .Register(r)
                                 .Add({});
+  const Histogram::BucketBoundaries promotion_buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                      0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
   tier_promotion_seconds = &BuildHistogram()
                                 .Name("driftkv_tier_promotion_seconds")
                                 .Help(
                                     "Time of one promotion step (one layer, or an Attend's cold layers together), "
                                     "including demotions to make room")
                                 .Register(r)
-                                .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                                                     0.01, 0.025, 0.05, 0.1, 0.25, 1.0});
+                                .Add({}, promotion_buckets);
   tier_promotion_backend_seconds =
       &BuildHistogram()
            .Name("driftkv_tier_promotion_backend_seconds")
@@ -262,8 +263,7 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                "Of a promotion step, the backend's move of its pages (on cuda: the upload of the page lists, the "
                "cold checksums, the promotion kernel, the level checksums and one synchronisation)")
            .Register(r)
-           .Add({}, Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                0.25, 1.0});
+           .Add({}, promotion_buckets);
   auto& lookups = BuildCounter()
                       .Name("driftkv_prefix_lookups_total")
                       .Help("Lookups by outcome: hit (every page held) or the first missing page's reason")
