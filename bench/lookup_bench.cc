@@ -31,6 +31,7 @@
 #include "bench/flags.h"
 #include "client/client.h"
 #include "service/page_key.h"
+#include "service/process_env.h"
 #include "service/server.h"
 #include "wire/half.h"
 
@@ -57,7 +58,7 @@ int Main(int argc, char** argv) {
   const int layers = IntFlag(argc, argv, "layers", 32), tokens = IntFlag(argc, argv, "tokens", 8192);
   const int reps = IntFlag(argc, argv, "reps", 2000), clients = IntFlag(argc, argv, "clients", 4);
   const int seconds = IntFlag(argc, argv, "seconds", 3);
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  PrepareServerProcess();  // its server runs in this process, set up as driftkv-server's
   ServiceOptions o;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "";

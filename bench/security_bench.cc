@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/check.h"
 #include "client/client.h"
+#include "service/process_env.h"
 #include "service/server.h"
 #include "service/token_digest.h"
 #include "service/tokens.h"
@@ -202,6 +203,7 @@ void TransportCost(int reps) {
 }  // namespace driftkv
 
 int main(int argc, char** argv) {
+  driftkv::PrepareServerProcess();  // its servers run in this process, set up as driftkv-server's
   int reps = 200;
   for (int i = 1; i < argc; ++i) {
     if (absl::StartsWith(argv[i], "--reps=") && absl::SimpleAtoi(argv[i] + 7, &reps)) continue;

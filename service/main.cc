@@ -55,10 +55,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   absl::FailureSignalHandlerOptions fsh;
   absl::InstallFailureSignalHandler(fsh);
-  // Debian's Abseil is built with the detector on; a 64-item Attend holds
-  // 128 locks, and the detector records edges for each acquisition.
-  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
-    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // PrepareServerProcess turned Abseil's deadlock detector off.
+  if (absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
   }
 
   const std::string path = absl::GetFlag(FLAGS_config);
