@@ -1,0 +1,95 @@
+#include "service/cold_copies.h"
+
+#include <utility>
+
+namespace driftkv {
+
+ColdCopies::~ColdCopies() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, copy] : copies_) cold_.Free(copy.pages);
+}
+
+void ColdCopies::EraseLocked(uint64_t id, std::vector<PageId>* out) {
+  auto it = copies_.find(id);
+  if (it == copies_.end()) return;
+  oldest_.erase(it->second.order);
+  by_partition_[it->second.partition] -= static_cast<int64_t>(it->second.pages.size());
+  out->insert(out->end(), it->second.pages.begin(), it->second.pages.end());
+  copies_.erase(it);
+}
+
+void ColdCopies::Keep(uint64_t id, std::vector<PageId> pages) {
+  std::vector<PageId> earlier;
+  {
+    absl::MutexLock lock(&mu_);
+    EraseLocked(id, &earlier);
+    if (!pages.empty()) {
+      const int partition = cold_.partition_of(pages.front());
+      by_partition_[partition] += static_cast<int64_t>(pages.size());
+      const uint64_t order = next_order_++;
+      oldest_.emplace(order, id);
+      copies_.emplace(id, Copy{std::move(pages), order, partition});
+    }
+  }
+  cold_.Free(earlier);
+}
+
+std::vector<PageId> ColdCopies::Take(uint64_t id) {
+  std::vector<PageId> out;
+  absl::MutexLock lock(&mu_);
+  EraseLocked(id, &out);
+  return out;
+}
+
+void ColdCopies::Drop(uint64_t id) {
+  cold_.Free(Take(id));
+}
+
+int64_t ColdCopies::Reclaim(int64_t pages, int partition) {
+  int64_t freed = 0;
+  while (freed < pages) {
+    std::vector<PageId> victim;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [order, id] : oldest_) {
+        if (copies_.at(id).partition != partition) continue;
+        EraseLocked(id, &victim);
+        break;
+      }
+      if (victim.empty()) return freed;
+      reclaimed_ += victim.size();
+    }
+    for (PageId p : victim) {
+      if (cold_.FreeIfLast(p)) {
+        ++freed;
+      } else {
+        cold_.Free({p});
+      }
+    }
+  }
+  return freed;
+}
+
+int64_t ColdCopies::pages() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (int64_t n : by_partition_) total += n;
+  return total;
+}
+
+int64_t ColdCopies::pages(int partition) const {
+  absl::MutexLock lock(&mu_);
+  return by_partition_[partition];
+}
+
+size_t ColdCopies::layers() const {
+  absl::MutexLock lock(&mu_);
+  return copies_.size();
+}
+
+uint64_t ColdCopies::reclaimed() const {
+  absl::MutexLock lock(&mu_);
+  return reclaimed_;
+}
+
+}  // namespace driftkv
