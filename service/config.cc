@@ -460,6 +460,7 @@ absl::StatusOr<ServiceOptions> ResolveConfig(const v1::ServerConfig& c) {
   o.hot_tier_bytes = c.hot_tier_bytes();
   o.hot_tier_fraction = c.hot_tier_fraction();
   if (c.has_hot_idle_seconds()) o.hot_idle_seconds = c.hot_idle_seconds();
+  if (c.has_hot_keep_cold_copies()) o.hot_keep_cold_copies = c.hot_keep_cold_copies();
   if (c.hot_promotion() == "async") {
     o.hot_promotion = HotPromotion::kAsync;
   } else if (!c.hot_promotion().empty() && c.hot_promotion() != "sync") {

@@ -122,6 +122,7 @@ struct ServiceOptions {
   double hot_tier_fraction = 0.0;
   double hot_idle_seconds = kDefaultHotIdleSeconds;  // 0: never demote for idling
   HotPromotion hot_promotion = HotPromotion::kSync;
+  bool hot_keep_cold_copies = true;  // see proto/config.proto
   // NCCL ingest (docs/nccl.md, service/channels.h).
   int nccl_max_channels = kDefaultNcclMaxChannels;  // 0: no channel is accepted
   double nccl_chunk_timeout_seconds = kDefaultNcclChunkTimeoutSeconds;

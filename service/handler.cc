@@ -137,9 +137,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     h->metrics_->hot_capacity_bytes->Set(static_cast<double>(h->hot_pool_->capacity_bytes()));
     h->metrics_->hot_capacity_pages->Set(static_cast<double>(h->hot_pool_->capacity_pages()));
     Handler* self = h.get();
-    h->hot_ =
-        std::make_unique<HotTier>(*h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock,
-                                  options.hot_promotion, options.hot_idle_seconds, [self] { self->PublishGauges(); });
+    h->hot_ = std::make_unique<HotTier>(
+        *h->pool_, *h->hot_pool_, *h->backend_, *h->verifier_, h->metrics_, clock, options.hot_promotion,
+        options.hot_idle_seconds, [self] { self->PublishGauges(); }, options.hot_keep_cold_copies);
   }
   h->clock_ = clock;
   h->table_ = std::make_unique<SequenceTable>(h->options_, h->n(), *h->pool_, h->hot_.get(), h->metrics_,
@@ -166,12 +166,16 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     SpillMetrics host(*h->metrics_, "host");
     SpillMetrics disk(*h->metrics_, "disk");
   }
-  // A Reserve of the cold pool that falls short evicts cached pages first
-  // (Append, decode steps, demotion, restore alike), then moves least
+  // A Reserve of the cold pool that falls short takes back the hot tier's
+  // cold copies first (they only save demotions work), then evicts cached
+  // pages (Append, decode steps, demotion, restore alike), then moves least
   // recently used sequences to the levels below (host memory, disk).
   h->pool_->SetReclaimer([self = h.get()](int64_t pages, int partition) {
-    const int64_t freed = self->index_->Evict(pages, partition);
-    if (freed > 0) self->metrics_->prefix_evictions->Increment(static_cast<double>(freed));
+    int64_t freed = self->hot_ != nullptr ? self->hot_->ReclaimCopies(pages, partition) : 0;
+    if (freed >= pages) return;
+    const int64_t evicted = self->index_->Evict(pages - freed, partition);
+    if (evicted > 0) self->metrics_->prefix_evictions->Increment(static_cast<double>(evicted));
+    freed += evicted;
     if (freed < pages && self->spill_ != nullptr) self->spill_->MoveDown(pages - freed, partition);
   });
   h->PublishGauges();

@@ -26,7 +26,8 @@
 //                        under layer locks (Append inserts, Reserve
 //                        reclaims, also from under HotTier's locks); only
 //                        the pools' locks are taken under it;
-//   leaves: HotTier::hot_mu_ and promote_mu_, the tenant ledger's, the
+//   leaves: HotTier::hot_mu_ and promote_mu_, ColdCopies::mu_ (the cold
+//   pool's reclaimer takes it first, from under any of the above), the tenant ledger's, the
 //   tombstones' and RegionTable's locks, the handler's totals, the pools';
 //   nothing is acquired under them but the index's as said.
 // So one sequence's layers ingest in parallel and many Attends share a layer. Attend promotes

@@ -145,6 +145,7 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
       const int64_t hot = hot_pool_->pages_in_use(static_cast<int>(k));
       d->set_hot_pages_in_use(hot);
       d->set_hot_bytes_in_use(static_cast<uint64_t>(hot) * hot_pool_->page_stride());
+      d->set_cold_copy_pages(static_cast<uint64_t>(hot_->cold_copy_pages(static_cast<int>(k))));
     }
   }
   r->set_tokens_compressed(table_->tokens_compressed());
@@ -168,6 +169,10 @@ void Handler::Stats(v1::StatsResponse* r, const std::string& tenant) const {
     r->set_pages_promoted(hot_->pages_promoted());
     r->set_pages_demoted(hot_->pages_demoted());
     r->set_pages_encoded_hot(hot_->pages_encoded_hot());
+    const int64_t copies = hot_->cold_copy_pages();
+    r->set_cold_copy_pages(static_cast<uint64_t>(copies));
+    r->set_cold_copy_bytes(static_cast<uint64_t>(copies) * pool_->page_stride());
+    r->set_pages_demoted_from_copies(hot_->pages_demoted_from_copies());
   }
   absl::MutexLock lock(&totals_.codec_mu);
   r->set_symbols_key(totals_.codec.keys.symbols);

@@ -11,7 +11,8 @@
 namespace driftkv {
 
 HotTier::HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVerifier& verifier, Metrics* metrics,
-                 ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move)
+                 ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move,
+                 bool keep_cold_copies)
     : cold_(cold),
       hot_(hot),
       backend_(backend),
@@ -20,7 +21,8 @@ HotTier::HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVeri
       clock_(std::move(clock)),
       promotion_(promotion),
       idle_seconds_(idle_seconds),
-      after_move_(std::move(after_move)) {
+      after_move_(std::move(after_move)),
+      copies_(keep_cold_copies ? std::make_unique<ColdCopies>(cold) : nullptr) {
   if (promotion_ == HotPromotion::kAsync) promoter_ = std::thread([this] { PromotionThread(); });
 }
 
@@ -82,48 +84,97 @@ void HotTier::AddShared(const SequencePtr& seq, int layer_index) {
 
 void HotTier::FreeLayer(LayerState* layer) {
   hot_.Free(layer->pages);
+  if (copies_ != nullptr) copies_->Drop(layer->id);
   RemoveHot(layer->id);
   layer->hot = false;
   layer->hot_sums.clear();
 }
 
+std::vector<PageId> HotTier::TakeCopies(const LayerState& layer, const LayerName& name) {
+  if (copies_ == nullptr) return {};
+  std::vector<PageId> kept = copies_->Take(layer.id);
+  if (kept.empty()) return kept;
+  // A copy that no longer matches (memory corrupted under it) is counted
+  // as a checksum failure and freed; its page is coded from the hot form.
+  if (kept.size() > layer.pages.size() ||
+      !verifier_
+           .VerifyColdPages(kept, absl::MakeConstSpan(layer.page_sums).first(kept.size()), 0,
+                            PageVerifier::Copy::kBackend, name, kCheckDemote)
+           .ok()) {
+    cold_.Free(kept);
+    return {};
+  }
+  return kept;
+}
+
+int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
+  if (copies_ == nullptr) return 0;
+  const uint64_t before = copies_->reclaimed();
+  const int64_t freed = copies_->Reclaim(pages, partition);
+  metrics_->tier_cold_copies_reclaimed->Increment(static_cast<double>(copies_->reclaimed() - before));
+  metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+  return freed;
+}
+
 absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name,
                                    DemotionReason reason) {
+  // The first `kept` pages go back to their cold copies; the rest are coded.
+  std::vector<PageId> kept = TakeCopies(*layer, name);
+  const size_t k = kept.size(), n = layer->pages.size();
+  // Whatever fails below leaves the layer hot, and its copies kept.
+  auto keep_copies = [&] {
+    if (!kept.empty()) copies_->Keep(layer->id, std::move(kept));
+  };
+  const absl::Span<const PageId> coded = absl::MakeConstSpan(layer->pages).subspan(k);
   // The hot pages as the backend holds them must be the level pages
   // recorded at promotion: a corrupt one would demote into a cold page (and
   // the cold check below would catch it only as a cold mismatch).
-  if (absl::Status st = verifier_.VerifyHotPages(layer->pages, layer->hot_sums, 0, name, kCheckDemote); !st.ok()) {
+  if (absl::Status st =
+          verifier_.VerifyHotPages(coded, absl::MakeConstSpan(layer->hot_sums).subspan(k), k, name, kCheckDemote);
+      !st.ok()) {
+    keep_copies();
     return st;
   }
   const int p = cold_.page_tokens();
   // Back to the device whose hot partition holds the layer.
   const int device = layer->pages.empty() ? 0 : hot_.partition_of(layer->pages[0]);
-  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(layer->pages.size()), device);
-  if (!cold.ok()) return cold.status();
-  std::vector<TierMove> moves(layer->pages.size());
-  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{layer->pages[i], (*cold)[i], p};
-  if (absl::Status st = backend_.DemotePages(moves); !st.ok()) {
+  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(coded.size()), device);
+  if (!cold.ok()) {
+    keep_copies();
+    return cold.status();
+  }
+  std::vector<TierMove> moves(coded.size());
+  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{coded[i], (*cold)[i], p};
+  if (absl::Status st = moves.empty() ? absl::OkStatus() : backend_.DemotePages(moves); !st.ok()) {
     cold_.Free(*cold);
+    keep_copies();
     return st;
   }
   // The demoted bytes, as the backend holds them, must be the cold page the
   // hot one was promoted from.
-  absl::Status st =
-      verifier_.VerifyColdPages(*cold, layer->page_sums, 0, PageVerifier::Copy::kBackend, name, kCheckDemote);
+  absl::Status st = verifier_.VerifyColdPages(*cold, absl::MakeConstSpan(layer->page_sums).subspan(k), k,
+                                              PageVerifier::Copy::kBackend, name, kCheckDemote);
   if (!st.ok()) {
     cold_.Free(*cold);
+    keep_copies();
     return st;
   }
   hot_.Free(layer->pages);
-  usage->AddBytes(MoveBytes(static_cast<int64_t>(moves.size()), /*to_hot=*/false));
-  layer->pages = *std::move(cold);
+  usage->AddBytes(MoveBytes(static_cast<int64_t>(n), /*to_hot=*/false));
+  kept.insert(kept.end(), cold->begin(), cold->end());
+  layer->pages = std::move(kept);
   layer->hot = false;
   layer->hot_sums.clear();
   RemoveHot(layer->id);
   ++demotions_;
-  pages_demoted_ += moves.size();
+  pages_demoted_ += n;
   metrics_->tier_demotions[reason]->Increment();
-  metrics_->tier_pages_moved[1]->Increment(static_cast<double>(moves.size()));
+  metrics_->tier_pages_moved[1]->Increment(static_cast<double>(n));
+  if (k > 0) {
+    pages_demoted_from_copies_ += k;
+    metrics_->tier_pages_demoted_from_copies->Increment(static_cast<double>(k));
+    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+  }
   return absl::OkStatus();
 }
 
@@ -398,7 +449,12 @@ void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vect
                               std::vector<PageChecksum> hot_sums) {
   LayerState& layer = seq->layers[layer_index];
   const size_t pages = hot.size();
-  cold_.Free(layer.pages);
+  if (copies_ != nullptr) {
+    copies_->Keep(layer.id, std::move(layer.pages));
+    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+  } else {
+    cold_.Free(layer.pages);
+  }
   layer.pages = std::move(hot);
   layer.hot_sums = std::move(hot_sums);
   layer.hot = true;
@@ -685,6 +741,7 @@ size_t HotTier::layers() const {
 
 void HotTier::PublishGauges() const {
   metrics_->tier_pages[1]->Set(static_cast<double>(hot_.pages_in_use()));
+  metrics_->tier_cold_copies->Set(static_cast<double>(cold_copy_pages()));
   absl::MutexLock lock(&hot_mu_);
   metrics_->hot_layers->Set(static_cast<double>(hot_layers_.size()));
 }

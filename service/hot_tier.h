@@ -35,6 +35,12 @@
 //     recorded after (LayerState::hot_sums); a hot page is checked against
 //     it before demotion, and the demoted bytes against the cold checksum.
 //     A layer that fails either stays where it was.
+//   - Cold copies (keep_cold_copies; service/cold_copies.h): a promoted
+//     layer's cold pages stay in the cold pool as its copies, charged to
+//     no tenant, until the pool falls short (the Handler's reclaimer
+//     takes them back before it evicts or spills anything). Demotion
+//     checks a kept copy's checksum and takes it back instead of coding
+//     the page; a copy that fails is freed and its page coded.
 //   - A layer's tenant is charged for its pages at their tier's page size
 //     (TenantUsage's max_bytes): a move changes the charge by the
 //     difference. Promotion charges it first and leaves the layer cold
@@ -52,6 +58,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -64,6 +71,7 @@
 #include "absl/types/span.h"
 #include "backends/backend.h"
 #include "backends/page_pool.h"
+#include "service/cold_copies.h"
 #include "service/config.h"
 #include "service/metrics.h"
 #include "service/page_verifier.h"
@@ -86,8 +94,11 @@ class HotTier {
   // `hot`: the level-page pool; `backend` moves pages between them;
   // `after_move` (may be empty) runs after the background thread moved a
   // layer (the owner republishes its gauges). kAsync starts the thread.
+  // `keep_cold_copies`: a promoted layer's cold pages are kept as copies
+  // (service/cold_copies.h) until the cold pool needs them.
   HotTier(PagePool& cold, PagePool& hot, Backend& backend, const PageVerifier& verifier, Metrics* metrics,
-          ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move);
+          ServiceClock clock, HotPromotion promotion, double idle_seconds, std::function<void()> after_move,
+          bool keep_cold_copies = false);
   ~HotTier();  // stops the promotion thread
   // Stops the promotion thread (queued layers stay cold); idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(promote_mu_);
@@ -108,7 +119,8 @@ class HotTier {
   // *corrupt its DATA_LOSS and *failed its index. No lock held.
   bool PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
                        absl::Status* corrupt, size_t* failed);
-  // A promotion's switch: the layer's cold pages freed, `hot` and their
+  // A promotion's switch: the layer's cold pages freed (or kept as its
+  // copies), `hot` and their
   // checksums in their place, the layer in the LRU, the counts. The
   // tenant's charge is the caller's. REQUIRES: the layer's mu as a writer
   // and its sequence's.
@@ -129,8 +141,10 @@ class HotTier {
   // the layers looked at (each is looked at once per caller).
   bool DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried);
   // Moves a hot layer's pages to the cold pool; `usage`: the layer's
-  // tenant's, `name`: the layer in messages. DATA_LOSS, the layer staying
-  // hot, when a hot page or its demoted form fails its checksum.
+  // tenant's, `name`: the layer in messages. Pages with a kept cold copy
+  // whose bytes still match their checksum go back to it; the others are
+  // coded by the backend. DATA_LOSS, the layer staying hot, when a hot
+  // page or its demoted form fails its checksum.
   // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
   absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
   // For new pages encoded cold first (prefix-keyed, or from device
@@ -213,8 +227,8 @@ class HotTier {
   // the layer's mu held (either mode) and its sequence's mu as a reader;
   // the layer hot, its sequence in the table.
   void AddShared(const SequencePtr& seq, int layer_index) ABSL_LOCKS_EXCLUDED(hot_mu_);
-  // Gives a hot layer's pages back to the hot pool and forgets the layer
-  // (the caller clears layer->pages). REQUIRES: the layer's sequence's mu
+  // Gives a hot layer's pages back to the hot pool, frees its cold copies
+  // and forgets the layer (the caller clears layer->pages). REQUIRES: the layer's sequence's mu
   // held as a writer; layer->hot.
   void FreeLayer(LayerState* layer) ABSL_LOCKS_EXCLUDED(hot_mu_);
   // Marks hot layer `id` attended at `now_ns` (Now()).
@@ -232,7 +246,15 @@ class HotTier {
   uint64_t demotions() const { return demotions_.load(); }
   uint64_t pages_promoted() const { return pages_promoted_.load(); }
   uint64_t pages_demoted() const { return pages_demoted_.load(); }
+  uint64_t pages_demoted_from_copies() const { return pages_demoted_from_copies_.load(); }
   const PagePool& pool() const { return hot_; }
+  // Cold copies (service/cold_copies.h): pages held, in all and on one
+  // partition of the cold pool (0 when copies are off).
+  int64_t cold_copy_pages() const { return copies_ != nullptr ? copies_->pages() : 0; }
+  int64_t cold_copy_pages(int partition) const { return copies_ != nullptr ? copies_->pages(partition) : 0; }
+  // The cold pool's reclaimer calls this first: copies of `partition`
+  // freed until `pages` went back to the free list; returns how many did.
+  int64_t ReclaimCopies(int64_t pages, int partition);
   // Sets the tier's gauges (hot pages in use, hot layers).
   void PublishGauges() const ABSL_LOCKS_EXCLUDED(hot_mu_);
 
@@ -248,6 +270,10 @@ class HotTier {
   // Backend::PromotePagesChecked of `moves` between the two pools, its
   // time observed in driftkv_tier_promotion_backend_seconds.
   absl::Status PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums, PageChecksum* hot_sums);
+  // The layer's kept cold copies, when their bytes as the backend holds
+  // them match the layer's cold checksums; else none (those freed).
+  // REQUIRES: layer.mu held as a writer; layer.hot.
+  std::vector<PageId> TakeCopies(const LayerState& layer, const LayerName& name);
 
   PagePool& cold_;
   PagePool& hot_;
@@ -258,6 +284,7 @@ class HotTier {
   const HotPromotion promotion_;
   const double idle_seconds_;
   const std::function<void()> after_move_;
+  const std::unique_ptr<ColdCopies> copies_;  // null: copies off
 
   // The hot layers; their least-recently-attended order is sorted only
   // when a demotion asks for it (LruLocked), so that an Attend's touch of
@@ -275,7 +302,8 @@ class HotTier {
   std::atomic<uint64_t> demotions_{0};
   std::atomic<uint64_t> pages_promoted_{0};
   std::atomic<uint64_t> pages_demoted_{0};
-  std::atomic<uint64_t> pages_encoded_hot_{0};  // also counted in pages_promoted_
+  std::atomic<uint64_t> pages_demoted_from_copies_{0};  // also counted in pages_demoted_
+  std::atomic<uint64_t> pages_encoded_hot_{0};          // also counted in pages_promoted_
   // Async promotion: a queue of layers, one thread.
   absl::Mutex promote_mu_;
   std::deque<std::pair<SequencePtr, int>> promote_queue_ ABSL_GUARDED_BY(promote_mu_);

@@ -247,6 +247,23 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                                 .Help("New pages of hot layers encoded straight into level pages (of the promoted)")
                                 .Register(r)
                                 .Add({});
+  tier_cold_copies = &BuildGauge()
+                          .Name("driftkv_tier_cold_copies_pages")
+                          .Help(
+                              "Cold pages kept as copies of hot layers' pages (a cache: counted in "
+                              "driftkv_pool_used_pages, taken back when the pool falls short)")
+                          .Register(r)
+                          .Add({});
+  tier_pages_demoted_from_copies = &BuildCounter()
+                                        .Name("driftkv_tier_pages_demoted_from_copies_total")
+                                        .Help("Demoted pages whose kept cold copy was used instead of coding them")
+                                        .Register(r)
+                                        .Add({});
+  tier_cold_copies_reclaimed = &BuildCounter()
+                                    .Name("driftkv_tier_cold_copies_reclaimed_total")
+                                    .Help("Pages of cold copies the cold pool took back for room")
+                                    .Register(r)
+                                    .Add({});
   const Histogram::BucketBoundaries promotion_buckets{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                       0.01,   0.025,   0.05,   0.1,   0.25,   1.0};
   tier_promotion_seconds = &BuildHistogram()

@@ -127,6 +127,9 @@ class Metrics {
   prometheus::Counter* tier_demotions[kDemotionReasons];  // layers, by DemotionReason
   prometheus::Counter* tier_pages_moved[2];               // direction="promote"|"demote"
   prometheus::Counter* tier_pages_encoded_hot;            // of the promoted: new pages straight to level form
+  prometheus::Gauge* tier_cold_copies;                    // pages: cold copies of hot layers' pages
+  prometheus::Counter* tier_pages_demoted_from_copies;    // of the demoted: a kept cold copy, not coded
+  prometheus::Counter* tier_cold_copies_reclaimed;        // pages of copies the pool took back
   prometheus::Histogram* tier_promotion_seconds;          // per layer promoted
   prometheus::Histogram* tier_promotion_backend_seconds;  // of which the backend's move
 

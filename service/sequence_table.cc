@@ -134,8 +134,11 @@ absl::Status SequenceTable::Insert(const SequencePtr& seq, const std::string& id
 
 int SequenceTable::LeastLoadedDevice() const {
   // A device's pages in both tiers: a promoted layer leaves the cold pool
-  // but still holds a level page for each cold page it had.
-  auto load = [this](int k) { return pool_.pages_in_use(k) + (hot_ != nullptr ? hot_->pool().pages_in_use(k) : 0); };
+  // (its cold copies, a cache taken back on demand, are not load) but
+  // still holds a level page for each cold page it had.
+  auto load = [this](int k) {
+    return pool_.pages_in_use(k) + (hot_ != nullptr ? hot_->pool().pages_in_use(k) - hot_->cold_copy_pages(k) : 0);
+  };
   int device = 0;
   for (int k = 1; k < pool_.partitions(); ++k) {
     const int64_t pk = load(k), pd = load(device);

@@ -29,6 +29,8 @@ void KeepTenantScope(v1::StatsResponse* stats) {
   kept.set_capacity_pages(s.capacity_pages());
   kept.set_bytes_in_use(s.bytes_in_use());
   kept.set_capacity_bytes(s.capacity_bytes());
+  kept.set_cold_copy_pages(s.cold_copy_pages());  // of pages_in_use, taken back on demand
+  kept.set_cold_copy_bytes(s.cold_copy_bytes());
   kept.set_hot_pages_in_use(s.hot_pages_in_use());
   kept.set_hot_capacity_pages(s.hot_capacity_pages());
   kept.set_hot_bytes_in_use(s.hot_bytes_in_use());
@@ -40,6 +42,7 @@ void KeepTenantScope(v1::StatsResponse* stats) {
     k->set_bytes_in_use(d.bytes_in_use());
     k->set_hot_pages_in_use(d.hot_pages_in_use());
     k->set_hot_bytes_in_use(d.hot_bytes_in_use());
+    k->set_cold_copy_pages(d.cold_copy_pages());
   }
   *stats = std::move(kept);
 }

@@ -150,17 +150,25 @@ class TierChecksumTest : public testing::HandlerFixture, public ::testing::WithP
 
   TierChecksumTest() : HandlerFixture(testing::FixtureClock::kReal) {}
 
-  static ServiceOptions Options(bool hot, bool verify_attend, int hot_pages = 16) {
+  static ServiceOptions Options(bool hot, bool verify_attend, int hot_pages = 16, bool copies = true) {
     ServiceOptions o = testing::SmallOptions(4u << 20);
     o.codec.mean_window = kP;
     o.window_tokens = kP;
     o.hot_tier_bytes = hot ? hot_pages * MakeLevelPageLayout(2, 64)->page_bytes : 0;
+    o.hot_keep_cold_copies = copies;
     o.verify_pages_on_attend = verify_attend;
     return o;
   }
-  // The layer stored (and, for the hot tier, promoted) with `verify_attend`.
-  void Make(bool hot, bool verify_attend, int hot_pages = 16) {
-    HandlerFixture::Make(Options(hot, verify_attend, hot_pages));
+  // Pages held for sequences in both pools (the cold pool's copies of hot
+  // pages are a cache, not held).
+  uint64_t Held() {
+    const v1::StatsResponse s = Stats();
+    return s.pages_in_use() - s.cold_copy_pages() + s.hot_pages_in_use();
+  }
+  // The layer stored (and, for the hot tier, promoted) with `verify_attend`;
+  // `copies`: the hot tier keeps cold copies.
+  void Make(bool hot, bool verify_attend, int hot_pages = 16, bool copies = true) {
+    HandlerFixture::Make(Options(hot, verify_attend, hot_pages, copies));
     if (HasFatalFailure()) return;
     kv_ = testing::SyntheticKv(kTokens + 2 * kP, testing::kSmallN, 9);
     ASSERT_TRUE(testing::PushTokens(*h_, "seq", 1, kv_, 0, kTokens).ok());
@@ -305,7 +313,7 @@ TEST_P(TierChecksumTest, CorruptWindowInABatchOfFillingStepsIsNotEncoded) {
     it->set_new_value(std::string(reinterpret_cast<const char*>(kv_.values.data() + step * n), n * 4));
   }
   const size_t pages_before = Pages().size();
-  const uint64_t in_use = Stats().pages_in_use() + Stats().hot_pages_in_use();
+  const uint64_t in_use = Held();
   FlipWindow(3);
   v1::AttendResponse resp;
   absl::Status st = h_->Attend(a, &resp);
@@ -315,7 +323,7 @@ TEST_P(TierChecksumTest, CorruptWindowInABatchOfFillingStepsIsNotEncoded) {
   EXPECT_EQ(Counted(kCheckWindow), 1.0);
   EXPECT_EQ(Length(), step);  // nothing stored, on either layer
   EXPECT_EQ(Pages().size(), pages_before);
-  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use);
+  EXPECT_EQ(Held(), in_use);
   FlipWindow(3);
   ASSERT_TRUE(h_->Attend(a, &resp).ok());  // intact: both steps encode a page
   EXPECT_EQ(Pages().size(), pages_before + 1);
@@ -341,7 +349,7 @@ TEST_P(TierChecksumTest, CorruptWindowAmongFillingStepsStoresThoseBeforeIt) {
     it->set_new_value(std::string(reinterpret_cast<const char*>(kv_.values.data() + step * n), n * 4));
     it->set_new_token_index(step);  // a retry repeats the step
   }
-  const uint64_t in_use = Stats().pages_in_use() + Stats().hot_pages_in_use();
+  const uint64_t in_use = Held();
   FlipWindow(3);
   v1::AttendResponse resp;
   absl::Status st = h_->Attend(a, &resp);
@@ -352,13 +360,13 @@ TEST_P(TierChecksumTest, CorruptWindowAmongFillingStepsStoresThoseBeforeIt) {
   EXPECT_EQ(Length("first"), step + 1);
   EXPECT_EQ(Length("seq"), step);
   EXPECT_EQ(Length("last"), step);
-  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use + 1);
+  EXPECT_EQ(Held(), in_use + 1);
   FlipWindow(3);
   ASSERT_TRUE(h_->Attend(a, &resp).ok());  // the first step repeats; the others store
   EXPECT_EQ(Length("first"), step + 1);
   EXPECT_EQ(Length("seq"), step + 1);
   EXPECT_EQ(Length("last"), step + 1);
-  EXPECT_EQ(Stats().pages_in_use() + Stats().hot_pages_in_use(), in_use + 3);
+  EXPECT_EQ(Held(), in_use + 3);
   EXPECT_TRUE(Read().ok());
 }
 
@@ -482,9 +490,10 @@ TEST_F(TierChecksumTest, FlippedHotPageBitIsDataLossOnAttendWhenVerifying) {
 
 // Demotion checks the hot form before converting it back: an Append that
 // needs a hot page when the tier is full demotes the layer, and answers
-// the DATA_LOSS naming the hot page; the layer stays hot.
+// the DATA_LOSS naming the hot page; the layer stays hot. (Without cold
+// copies: a page with a copy is not converted; the next test.)
 TEST_F(TierChecksumTest, FlippedHotPageBitIsRefusedOnDemotion) {
-  Make(true, false, kPages);
+  Make(true, false, kPages, /*copies=*/false);
   const std::vector<PageId> pages = Pages();
   h_->hot_pool()->page(pages[0])[777] ^= 0x02;
   absl::Status st = testing::PushTokens(*h_, "seq", 1, kv_, kTokens, kP, kP);
@@ -497,6 +506,22 @@ TEST_F(TierChecksumTest, FlippedHotPageBitIsRefusedOnDemotion) {
   EXPECT_TRUE(h_->LayerIsHot("seq", 1));
   EXPECT_EQ(Length(), kTokens);
   EXPECT_EQ(Counted(kCheckDemote), 1.0);
+}
+
+// With cold copies the same demotion goes back to the copies, whose own
+// checksums hold: the corrupt hot page is dropped unread, nothing is lost,
+// and the layer's pages answer as before.
+TEST_F(TierChecksumTest, FlippedHotPageBitWithACopyIsDemotedToTheCopy) {
+  Make(true, false, kPages);
+  ASSERT_EQ(Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  const std::vector<PageId> pages = Pages();
+  h_->hot_pool()->page(pages[0])[777] ^= 0x02;
+  ASSERT_TRUE(testing::PushTokens(*h_, "seq", 1, kv_, kTokens, kP, kP).ok());
+  EXPECT_FALSE(h_->LayerIsHot("seq", 1));
+  EXPECT_EQ(Length(), kTokens + kP);
+  EXPECT_EQ(Stats().pages_demoted_from_copies(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(Failures(), 0u);
+  EXPECT_TRUE(Read().ok());  // every cold page against its checksum
 }
 
 }  // namespace

@@ -621,6 +621,9 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
                            "driftkv_tier_demotions_total",
                            "driftkv_tier_pages_moved_total",
                            "driftkv_tier_pages_encoded_hot_total",
+                           "driftkv_tier_cold_copies_pages",
+                           "driftkv_tier_pages_demoted_from_copies_total",
+                           "driftkv_tier_cold_copies_reclaimed_total",
                            "driftkv_tier_promotion_seconds_count",
                            "driftkv_tier_promotion_backend_seconds_count"}) {
     EXPECT_TRUE(absl::StrContains(after, name)) << name;
@@ -759,7 +762,9 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   absl::StatusOr<v1::StatsResponse> s = client_->Stats();
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->hot_pages_in_use(), 4u);
-  EXPECT_EQ(s->pages_in_use(), 0u);
+  EXPECT_EQ(s->pages_in_use(), 4u);  // the promoted layer's cold copies
+  EXPECT_EQ(s->cold_copy_pages(), 4u);
+  EXPECT_EQ(s->cold_copy_bytes(), 4u * info->page_bytes());
   EXPECT_EQ(s->promotions(), 1u);
   absl::StatusOr<Client::Tensors> read_hot = client_->ReadFloat("h", 1, 0, 0), read_cold = cold.ReadFloat("h", 1, 0, 0);
   ASSERT_TRUE(read_hot.ok() && read_cold.ok());
@@ -768,7 +773,8 @@ TEST_F(GrpcTest, HotTierOverGrpc) {
   using testing::MetricValue;
   const std::string text = testing::HttpGet(server_->metrics_port(), "/metrics");
   EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"hot\"}"), 4);
-  EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"cold\"}"), 0);
+  EXPECT_EQ(MetricValue(text, "driftkv_pages{tier=\"cold\"}"), 4);
+  EXPECT_EQ(MetricValue(text, "driftkv_tier_cold_copies_pages"), 4);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotions_total"), 1);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_seconds_count"), 1);
   EXPECT_EQ(MetricValue(text, "driftkv_tier_promotion_backend_seconds_count"), 1);

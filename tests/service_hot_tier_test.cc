@@ -54,6 +54,12 @@ ServiceOptions HotOptions(int hot_pages) {
   return o;
 }
 
+// Cold pages held for sequences: the pool's pages in use less the hot
+// tier's cold copies (a cache the pool takes back on demand).
+uint64_t Resident(const v1::StatsResponse& s) {
+  return s.pages_in_use() - s.cold_copy_pages();
+}
+
 ServiceOptions ColdOptions() {
   ServiceOptions o = HotOptions(0);
   o.hot_tier_bytes = 0;
@@ -99,7 +105,7 @@ TEST(HotTier, AttendBitIdenticalColdHotAndAfterDemoteRepromote) {
   const testing::Kv kv = SyntheticKv(kTokens, kN, 1);
   for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 1, kv, 0, kTokens).ok());
   EXPECT_FALSE(hot.h->LayerIsHot("a", 1));
-  EXPECT_EQ(hot.Stats().pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(Resident(hot.Stats()), static_cast<uint64_t>(kPages));
   absl::StatusOr<Answer> want = cold.Attend1("a", 1);
   ASSERT_TRUE(want.ok()) << want.status();
   // Sync: the first Attend promotes, then attends the level pages.
@@ -185,30 +191,40 @@ TEST(HotTier, PoolAccountingPerTier) {
   ASSERT_TRUE(hot.Push("a", 0, kv, 0, kTokens).ok());
   ASSERT_TRUE(hot.Push("a", 1, kv, 0, kTokens).ok());
   v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(Resident(s), 2u * kPages);
   EXPECT_EQ(s.hot_pages_in_use(), 0u);
   EXPECT_EQ(s.hot_capacity_pages(), 16u);
   EXPECT_EQ(s.hot_capacity_bytes(), 16 * LevelPageBytes());
   ASSERT_TRUE(hot.Attend1("a", 0).ok());
   s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(Resident(s), static_cast<uint64_t>(kPages));
   EXPECT_EQ(s.hot_pages_in_use(), static_cast<uint64_t>(kPages));
   EXPECT_EQ(s.hot_bytes_in_use(), kPages * LevelPageBytes());
   EXPECT_EQ(s.hot_layers(), 1u);
   EXPECT_EQ(s.promotions(), 1u);
   EXPECT_EQ(s.pages_promoted(), static_cast<uint64_t>(kPages));
   EXPECT_EQ(s.tokens_compressed(), 2u * kPages * kP);  // tokens do not move
+  // The promoted layer's cold pages stay as its copies, charged to no one.
+  EXPECT_EQ(s.cold_copy_pages(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.cold_copy_bytes(), kPages * s.bytes_in_use() / s.pages_in_use());
+  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(hot.metrics.tier_cold_copies->Value(), kPages);
   hot.Advance(61);
   hot.h->ExpireIdle();
   s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(Resident(s), 2u * kPages);
   EXPECT_EQ(s.hot_pages_in_use(), 0u);
   EXPECT_EQ(s.hot_layers(), 0u);
   EXPECT_EQ(s.demotions(), 1u);
   EXPECT_EQ(s.pages_demoted(), static_cast<uint64_t>(kPages));
+  // ... and the demotion took them back instead of coding the pages.
+  EXPECT_EQ(s.cold_copy_pages(), 0u);
+  EXPECT_EQ(s.pages_demoted_from_copies(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(hot.metrics.tier_pages_demoted_from_copies->Value(), kPages);
   ASSERT_TRUE(hot.Attend({{"a", 0}, {"a", 1}}, 5).ok());
   s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(Resident(s), 0u);
+  EXPECT_EQ(s.cold_copy_pages(), 2u * kPages);
   EXPECT_EQ(s.hot_pages_in_use(), 2u * kPages);
   EXPECT_EQ(s.hot_layers(), 2u);
   v1::ReleaseRequest rel;
@@ -217,7 +233,8 @@ TEST(HotTier, PoolAccountingPerTier) {
   ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
   EXPECT_EQ(rr.pages_freed(), 2u * kPages);
   s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(s.pages_in_use(), 0u);  // the copies went with the sequence
+  EXPECT_EQ(s.cold_copy_pages(), 0u);
   EXPECT_EQ(s.hot_pages_in_use(), 0u);
   EXPECT_EQ(s.hot_layers(), 0u);
   // Info reports the tier.
@@ -237,6 +254,130 @@ TEST(HotTier, PoolAccountingPerTier) {
 }
 
 // Length counts a layer's tokens the same in either tier.
+// The bytes of a layer's cold pages, in order; empty when it is hot.
+std::string ColdBytes(Handler& h, const std::string& seq, uint32_t layer) {
+  std::string out;
+  h.WithLayerForTest(seq, layer, [&](LayerState& l) {
+    if (l.hot) return;
+    for (PageId p : l.pages) out.append(reinterpret_cast<const char*>(h.pool().page(p)), h.pool().page_stride());
+  });
+  return out;
+}
+
+// A cold pool of `pages` pages beside a hot tier of 16.
+ServiceOptions PoolOf(int pages) {
+  ServiceOptions o = HotOptions(16);
+  testing::TestHandler probe(o);
+  o.pool_bytes = static_cast<uint64_t>(pages) * probe.h->pool().page_stride();
+  return o;
+}
+
+// The pool takes a hot layer's copies back when it needs room, and the
+// layer's demotion then codes its pages: the same bytes the copies held.
+TEST(HotTier, ColdCopiesGiveWayAndDemotionThenCodesTheSameBytes) {
+  Server hot(PoolOf(2 * kPages)), cold(ColdOptions());
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
+  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+  const std::string original = ColdBytes(*hot.h, "a", 0);
+  ASSERT_EQ(original.size(), kPages * hot.h->pool().page_stride());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  // b fills the pool beside the copies; c needs their room.
+  ASSERT_TRUE(hot.Push("b", 0, kv, 0, kTokens).ok());
+  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  ASSERT_TRUE(hot.Push("c", 0, kv, 0, kTokens).ok());
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.cold_copy_pages(), 0u);
+  EXPECT_EQ(hot.metrics.tier_cold_copies_reclaimed->Value(), kPages);
+  EXPECT_EQ(Resident(s), 2u * kPages);
+  v1::ReleaseRequest rel;
+  rel.set_sequence_id("c");
+  v1::ReleaseResponse rr;
+  ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_demoted(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
+  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), original);
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0), got = hot.Attend1("a", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+}
+
+// A kept copy whose bytes changed under it (memory corruption) fails its
+// checksum at demotion: it is counted, freed, and the layer's pages are
+// coded from their hot form instead, so nothing corrupt comes back.
+TEST(HotTier, ACorruptColdCopyIsCodedAgainInstead) {
+  Server hot(HotOptions(16)), cold(ColdOptions());
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
+  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+  const std::string original = ColdBytes(*hot.h, "a", 0);
+  std::vector<PageId> pages;
+  hot.h->WithLayerForTest("a", 0, [&](LayerState& l) { pages = l.pages; });
+  ASSERT_EQ(pages.size(), static_cast<size_t>(kPages));
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  ASSERT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  hot.h->pool().page(pages[2])[100] ^= 0x10;  // a copy, not the layer's hot page
+  const uint64_t failures = hot.Stats().checksum_failures();
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
+  const v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.checksum_failures(), failures + 1);
+  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
+  EXPECT_EQ(s.cold_copy_pages(), 0u);
+  EXPECT_EQ(Resident(s), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), original);
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0), got = hot.Attend1("a", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+}
+
+// Pages a hot layer gained after its promotion have no copy: its demotion
+// takes the copies back for the first pages and codes the new ones.
+TEST(HotTier, DemotionCodesOnlyThePagesWithoutACopy) {
+  Server hot(HotOptions(16)), cold(ColdOptions());
+  const testing::Kv kv = SyntheticKv(kTokens + 2 * kP, kN, 9);
+  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, kTokens, 2 * kP).ok());
+  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
+  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 2u);
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
+  const v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.pages_demoted(), kPages + 2u);
+  EXPECT_EQ(s.pages_demoted_from_copies(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(Resident(s), kPages + 2u);
+  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), ColdBytes(*cold.h, "a", 0));
+  EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
+  absl::StatusOr<Answer> want = cold.Attend1("a", 0), got = hot.Attend1("a", 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+}
+
+// hot_keep_cold_copies false: a promotion frees the cold pages, as before.
+TEST(HotTier, WithoutCopiesPromotionFreesTheColdPages) {
+  ServiceOptions o = HotOptions(16);
+  o.hot_keep_cold_copies = false;
+  Server hot(o);
+  ASSERT_TRUE(hot.Push("a", 0, SyntheticKv(kTokens, kN, 4), 0, kTokens).ok());
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(s.cold_copy_pages(), 0u);
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  s = hot.Stats();
+  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
+}
+
 TEST(HotTier, LengthIsTheSameInBothTiers) {
   Server hot(HotOptions(16));
   const testing::Kv kv = SyntheticKv(kTokens, kN, 8);
@@ -290,7 +431,7 @@ TEST(HotTier, LruDemotionWhenBudgetShort) {
   EXPECT_FALSE(hot.h->LayerIsHot("c", 0));
   v1::StatsResponse s = hot.Stats();
   EXPECT_EQ(s.hot_pages_in_use(), 2u * kPages);
-  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(Resident(s), static_cast<uint64_t>(kPages));
   EXPECT_EQ(s.promotions(), 4u);
   EXPECT_EQ(s.demotions(), 2u);
   EXPECT_EQ(hot.metrics.tier_demotions[kDemoteBudget]->Value(), 2);
@@ -329,7 +470,7 @@ TEST(HotTier, IdleDemotionWithInjectedClock) {
   hot.h->ExpireIdle();
   EXPECT_FALSE(hot.h->LayerIsHot("b", 0));
   EXPECT_EQ(hot.Stats().hot_pages_in_use(), 0u);
-  EXPECT_EQ(hot.Stats().pages_in_use(), 2u * kPages);
+  EXPECT_EQ(Resident(hot.Stats()), 2u * kPages);
 
   // hot_idle_seconds 0: never demoted for idling.
   o.hot_idle_seconds = 0;
@@ -354,7 +495,7 @@ TEST(HotTier, AppendIntoHotLayerGoesHot) {
   for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 0, kv, kTokens, 2 * kP, 50).ok());
   v1::StatsResponse s = hot.Stats();
   EXPECT_EQ(s.hot_pages_in_use(), kPages + 2u);
-  EXPECT_EQ(s.pages_in_use(), 0u);
+  EXPECT_EQ(Resident(s), 0u);
   EXPECT_EQ(s.pages_promoted(), kPages + 2u);
   // The new pages were encoded straight into level pages, not promoted.
   EXPECT_EQ(s.pages_encoded_hot(), 2u);
@@ -371,7 +512,7 @@ TEST(HotTier, AppendIntoHotLayerGoesHot) {
   hot.Advance(60);
   hot.h->ExpireIdle();
   EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
-  EXPECT_EQ(hot.Stats().pages_in_use(), kPages + 2u);
+  EXPECT_EQ(Resident(hot.Stats()), kPages + 2u);
   EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
   want = cold.Attend1("a", 0, 9);
   got = hot.Attend1("a", 0, 9);
@@ -402,7 +543,7 @@ TEST(HotTier, DecodeStepsIntoHotLayer) {
     EXPECT_EQ(outs[0], outs[1]) << "step " << i;
   }
   EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 1u);
-  EXPECT_EQ(hot.Stats().pages_in_use(), 0u);
+  EXPECT_EQ(Resident(hot.Stats()), 0u);
   EXPECT_EQ(hot.Stats().pages_encoded_hot(), 1u);
   EXPECT_EQ(hot.Read("d", 0), cold.Read("d", 0));
 }
@@ -436,7 +577,7 @@ TEST(HotTier, AppendDemotesOtherLayersThenItself) {
   ASSERT_TRUE(solo.Push("a", 0, ka, kTokens, kP).ok());  // 5th page: no hot page anywhere
   EXPECT_FALSE(solo.h->LayerIsHot("a", 0));
   EXPECT_EQ(solo.Stats().hot_pages_in_use(), 0u);
-  EXPECT_EQ(solo.Stats().pages_in_use(), kPages + 1u);
+  EXPECT_EQ(Resident(solo.Stats()), kPages + 1u);
   EXPECT_EQ(solo.metrics.tier_demotions[kDemoteAppend]->Value(), 1);
   // 5 pages never fit a 4-page tier: attended cold, same answer.
   absl::StatusOr<Answer> want = cold.Attend1("a", 0);
@@ -568,8 +709,91 @@ TEST(HotTier, ConcurrentAttendsWhileLayersMove) {
   EXPECT_EQ(wrong.load(), 0);
   v1::StatsResponse s = hot.Stats();
   EXPECT_LE(s.hot_pages_in_use(), 2u * kPages);
-  EXPECT_EQ(s.hot_pages_in_use() + s.pages_in_use(), 3u * kPages);
+  EXPECT_EQ(s.hot_pages_in_use() + Resident(s), 3u * kPages);
   EXPECT_GE(s.promotions(), 2u);
+}
+
+// The same with a cold pool two pages short of holding the three
+// sequences and a fourth that a fifth thread pushes and releases over and
+// over: its pages come from the hot layers' cold copies (reclaimed while
+// layers move), and when none are left its push may be refused; every
+// Attend still answers, bit for bit.
+TEST(HotTier, ConcurrentReclaimOfCopiesWhileLayersMove) {
+  ServiceOptions o = PoolOf(3 * kPages + kPages - 2);
+  o.hot_tier_bytes = 2 * kPages * LevelPageBytes();
+  o.backend_threads = 2;
+  Server cold(ColdOptions()), hot(o);
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  std::vector<Answer> want;
+  for (int i = 0; i < 3; ++i) {
+    const testing::Kv kv = SyntheticKv(kTokens, kN, 20 + i);
+    for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push(ids[i], 0, kv, 0, kTokens).ok());
+    absl::StatusOr<Answer> a = cold.Attend1(ids[i], 0);
+    ASSERT_TRUE(a.ok());
+    want.push_back(*a);
+  }
+  const testing::Kv extra = SyntheticKv(kTokens, kN, 30);
+  // Once before the threads: a's copies make the room for x.
+  ASSERT_TRUE(hot.Attend1("a", 0).ok());
+  ASSERT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
+  ASSERT_TRUE(hot.Push("x", 0, extra, 0, kTokens).ok());
+  EXPECT_EQ(hot.metrics.tier_cold_copies_reclaimed->Value(), kPages);
+  {
+    v1::ReleaseRequest rel;
+    rel.set_sequence_id("x");
+    v1::ReleaseResponse rr;
+    ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
+  }
+  std::atomic<int> wrong{0}, failed{0}, pushed{0}, refused{0}, push_errors{0};
+  std::atomic<bool> done{false};
+  std::string push_error;  // the first unexpected one
+  std::thread pusher([&] {
+    for (int i = 0; !done.load(); ++i) {
+      const std::string id = absl::StrCat("x", i);
+      const absl::Status st = hot.Push(id, 0, extra, 0, kTokens);
+      if (st.ok()) {
+        ++pushed;
+      } else if (absl::IsResourceExhausted(st)) {
+        ++refused;
+      } else if (push_errors++ == 0) {
+        push_error = st.ToString();
+      }
+      v1::ReleaseRequest rel;
+      rel.set_sequence_id(id);
+      v1::ReleaseResponse rr;
+      hot.h->Release(rel, &rr).IgnoreError();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 12; ++i) {
+        const int k = (t + i) % 3;
+        absl::StatusOr<Answer> got = hot.Attend1(ids[k], 0);
+        if (!got.ok()) {
+          ++failed;
+        } else if (!(*got == want[k])) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  done = true;
+  pusher.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(push_errors.load(), 0) << push_error;
+  EXPECT_GT(pushed.load() + refused.load(), 0);
+  const v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.hot_pages_in_use() + Resident(s), 3u * kPages);
+  EXPECT_LE(s.cold_copy_pages(), s.hot_pages_in_use());
+  EXPECT_LE(s.pages_in_use(), static_cast<uint64_t>(4 * kPages - 2));
+  for (int k = 0; k < 3; ++k) {
+    absl::StatusOr<Answer> got = hot.Attend1(ids[k], 0);
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == want[k]) << ids[k];
+  }
 }
 
 // WUSH transforms of 128-token pages, random but well conditioned.

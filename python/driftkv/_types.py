@@ -113,6 +113,9 @@ class Stats:
     pages_promoted: int
     pages_demoted: int
     pages_encoded_hot: int          # of pages_promoted: new pages of hot layers encoded straight to level form
+    cold_copy_pages: int            # of pages_in_use: cold copies of hot layers' pages, taken back on demand
+    cold_copy_bytes: int
+    pages_demoted_from_copies: int  # of pages_demoted: went back to their kept cold copy
     tenant: str                   # the caller's tenant ("" without tokens) and its figures
     tenant_sequences: int
     tenant_pages: int
