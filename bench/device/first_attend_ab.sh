@@ -5,7 +5,8 @@
 # build with the earlier checksum kernel (bench_gpu-mid), then
 # service_hot_bench, ROUNDS (default 2) rounds alternating. Each build
 # runs as it ships: the build before loads CUDA modules lazily, this one
-# eagerly (service/process_env.h).
+# eagerly (service/process_env.h). Last, when bundled, tier_demotion_bench:
+# an 8K x 32-layer sequence's demotion with and without cold copies.
 set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
@@ -23,3 +24,8 @@ for round in $(seq ${ROUNDS:-2}); do
       grep -E "^\| (hot|cold)|Attend .* phases"
   done
 done
+if [[ -e .device/bundle/bin/tier_demotion_bench ]]; then
+  echo "== demotion with and without cold copies, 8K x 32 layers"
+  timeout 240 $B tier_demotion_bench --backend=cuda --layers=32 --tokens=8320 --rounds=5 2>&1 |
+    tee $OUT/tier_demotion.log | grep -E "^(backend|copies|no copies|demotion)"
+fi
