@@ -133,4 +133,11 @@ int32_t PagePool::references(PageId p) const {
   return refs_[p];
 }
 
+int64_t PagePool::SoleHeld(absl::Span<const PageId> pages) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (PageId p : pages) n += refs_[p] == 1 ? 1 : 0;
+  return n;
+}
+
 }  // namespace driftkv

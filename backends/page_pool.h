@@ -96,6 +96,8 @@ class PagePool {
   void SetReclaimer(std::function<void(int64_t pages, int partition)> reclaimer) { reclaimer_ = std::move(reclaimer); }
   // Page p's reference count: 0 when free (tests, tools).
   int32_t references(PageId p) const;
+  // How many of `pages` have exactly one holder now, under one lock.
+  int64_t SoleHeld(absl::Span<const PageId> pages) const;
 
   // Page p's first byte.
   uint8_t* page(PageId p) const { return base(p); }

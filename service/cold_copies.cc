@@ -13,25 +13,43 @@ void ColdCopies::EraseLocked(uint64_t id, std::vector<PageId>* out) {
   auto it = copies_.find(id);
   if (it == copies_.end()) return;
   oldest_.erase(it->second.order);
-  by_partition_[it->second.partition] -= static_cast<int64_t>(it->second.pages.size());
+  by_partition_[it->second.partition] -= it->second.sole;
   out->insert(out->end(), it->second.pages.begin(), it->second.pages.end());
   copies_.erase(it);
 }
 
 void ColdCopies::Keep(uint64_t id, std::vector<PageId> pages) {
   std::vector<PageId> earlier;
+  const int64_t sole = cold_.SoleHeld(pages);
   {
     absl::MutexLock lock(&mu_);
     EraseLocked(id, &earlier);
     if (!pages.empty()) {
       const int partition = cold_.partition_of(pages.front());
-      by_partition_[partition] += static_cast<int64_t>(pages.size());
+      by_partition_[partition] += sole;
       const uint64_t order = next_order_++;
       oldest_.emplace(order, id);
-      copies_.emplace(id, Copy{std::move(pages), order, partition});
+      copies_.emplace(id, Copy{std::move(pages), sole, order, partition});
     }
   }
   cold_.Free(earlier);
+}
+
+bool ColdCopies::Extend(uint64_t id, size_t first, std::vector<PageId> pages) {
+  const int64_t sole = cold_.SoleHeld(pages);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = copies_.find(id);
+    if (it != copies_.end() && it->second.pages.size() == first && !pages.empty() &&
+        cold_.partition_of(pages.front()) == it->second.partition) {
+      it->second.sole += sole;
+      by_partition_[it->second.partition] += sole;
+      it->second.pages.insert(it->second.pages.end(), pages.begin(), pages.end());
+      return true;
+    }
+  }
+  cold_.Free(pages);
+  return false;
 }
 
 std::vector<PageId> ColdCopies::Take(uint64_t id) {

@@ -12,7 +12,11 @@
 //
 // Copies are no one's charge: a promoted layer's tenant pays for its hot
 // pages only. They are counted apart (pages()) so that what is resident
-// for sequences and what is cache can be told apart.
+// for sequences and what is cache can be told apart: a page counts when
+// the copy was its only holder as it was kept (a page the prefix index or
+// a fork's layer also held then stays in use without the copy, and a
+// page whose other holder lets go later is not counted: the count errs
+// toward "in use").
 //
 // A layer's copies are the cold pages of its first pages, in order: those
 // it held when it was promoted (pages a hot layer gains later have no cold
@@ -42,6 +46,11 @@ class ColdCopies {
   // form of the first pages of layer `id` (LayerState::id). A layer's
   // earlier copies, if any, are freed.
   void Keep(uint64_t id, std::vector<PageId> pages) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends `pages` (the caller's references move here, or are freed) to
+  // layer `id`'s copies when they cover exactly its first `first` pages
+  // (its later pages are the cold form of the pages after them); true
+  // when kept.
+  bool Extend(uint64_t id, size_t first, std::vector<PageId> pages) ABSL_LOCKS_EXCLUDED(mu_);
   // Layer `id`'s copies, whose references move to the caller; empty when
   // it has none (never kept, reclaimed or dropped).
   std::vector<PageId> Take(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -54,6 +63,7 @@ class ColdCopies {
   // reclaimer: it never calls Reserve.
   int64_t Reclaim(int64_t pages, int partition) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Pages held only as copies (see above), in all and on one partition.
   int64_t pages() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t pages(int partition) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t layers() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,6 +73,7 @@ class ColdCopies {
  private:
   struct Copy {
     std::vector<PageId> pages;
+    int64_t sole = 0;    // of pages, those the copy alone held when kept
     uint64_t order = 0;  // when kept: the key in oldest_
     int partition = 0;
   };
@@ -73,7 +84,7 @@ class ColdCopies {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Copy> copies_ ABSL_GUARDED_BY(mu_);  // by layer id
   absl::btree_map<uint64_t, uint64_t> oldest_ ABSL_GUARDED_BY(mu_);  // order -> layer id
-  std::vector<int64_t> by_partition_ ABSL_GUARDED_BY(mu_);           // pages held, per partition
+  std::vector<int64_t> by_partition_ ABSL_GUARDED_BY(mu_);           // Copy::sole summed, per partition
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reclaimed_ ABSL_GUARDED_BY(mu_) = 0;
 };

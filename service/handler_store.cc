@@ -414,9 +414,17 @@ void Handler::CommitSeal(Sealing* s) {
     s->straight.Keep();
   }
   if (!s->hot.empty()) {
+    const size_t first = layer->pages.size();
     layer->pages.insert(layer->pages.end(), s->hot.begin(), s->hot.end());
     layer->hot_sums.insert(layer->hot_sums.end(), s->hot_sums.begin(), s->hot_sums.end());
-    pool_->Free(s->pages);
+    if (s->straight.empty()) {
+      // Placed from their cold form: those pages are exact copies.
+      hot_->KeepPlacedCopies(*layer, first, std::move(s->pages));
+    } else {
+      // Encoded straight: the cold page was the encoder's scratch (on the
+      // GPU its host mirror is never written), not a copy to keep.
+      pool_->Free(s->pages);
+    }
   } else {
     layer->pages.insert(layer->pages.end(), s->pages.begin(), s->pages.end());
   }

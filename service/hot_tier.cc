@@ -107,6 +107,16 @@ std::vector<PageId> HotTier::TakeCopies(const LayerState& layer, const LayerName
   return kept;
 }
 
+void HotTier::KeepPlacedCopies(const LayerState& layer, size_t first, std::vector<PageId> cold) {
+  if (copies_ == nullptr) {
+    cold_.Free(cold);
+    return;
+  }
+  if (copies_->Extend(layer.id, first, std::move(cold))) {
+    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+  }
+}
+
 int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
   if (copies_ == nullptr) return 0;
   const uint64_t before = copies_->reclaimed();

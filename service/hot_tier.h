@@ -248,10 +248,16 @@ class HotTier {
   uint64_t pages_demoted() const { return pages_demoted_.load(); }
   uint64_t pages_demoted_from_copies() const { return pages_demoted_from_copies_.load(); }
   const PagePool& pool() const { return hot_; }
-  // Cold copies (service/cold_copies.h): pages held, in all and on one
-  // partition of the cold pool (0 when copies are off).
+  // Cold copies (service/cold_copies.h): pages held only as copies, in
+  // all and on one partition of the cold pool (0 when copies are off).
   int64_t cold_copy_pages() const { return copies_ != nullptr ? copies_->pages() : 0; }
   int64_t cold_copy_pages(int partition) const { return copies_ != nullptr ? copies_->pages(partition) : 0; }
+  // After a hot layer's new pages were placed from their cold form
+  // (PlaceNewPages, PlaceNewPagesTogether): those cold pages, which were
+  // page indices [first, first + cold.size()) of the layer, become its
+  // copies when its copies cover every page before them; else they are
+  // freed. REQUIRES: the layer's mu held as a writer.
+  void KeepPlacedCopies(const LayerState& layer, size_t first, std::vector<PageId> cold);
   // The cold pool's reclaimer calls this first: copies of `partition`
   // freed until `pages` went back to the free list; returns how many did.
   int64_t ReclaimCopies(int64_t pages, int partition);

@@ -85,11 +85,26 @@ TEST(ColdCopies, ASharedPageLosesOnlyTheCopysReference) {
   const std::vector<PageId> pages = *pool->Reserve(2);
   pool->Retain({pages[0]});  // another holder of the first (a fork)
   copies.Keep(1, pages);
+  EXPECT_EQ(copies.pages(), 1);  // the second only: the first stays in use without the copy
   // Both pages' copy references go; only the second page becomes free.
   EXPECT_EQ(copies.Reclaim(2, 0), 1);
   EXPECT_EQ(copies.pages(), 0);
   EXPECT_EQ(Refs(*pool, pages), std::vector<int32_t>({1, 0}));
   pool->Free({pages[0]});
+}
+
+TEST(ColdCopies, ExtendAppendsOnlyWhereTheCopiesEnd) {
+  auto pool = Pool(8);
+  ColdCopies copies(*pool);
+  const std::vector<PageId> first = *pool->Reserve(2), next = *pool->Reserve(1), stray = *pool->Reserve(1);
+  copies.Keep(1, first);
+  EXPECT_TRUE(copies.Extend(1, 2, next));                // pages 2.. of the layer follow 0, 1
+  EXPECT_FALSE(copies.Extend(1, 5, stray));              // a gap: freed
+  EXPECT_FALSE(copies.Extend(9, 0, *pool->Reserve(1)));  // no copies: freed
+  EXPECT_EQ(copies.pages(), 3);
+  EXPECT_EQ(pool->pages_in_use(), 3);
+  EXPECT_EQ(copies.Take(1), std::vector<PageId>({first[0], first[1], next[0]}));
+  pool->Free({first[0], first[1], next[0]});
 }
 
 TEST(ColdCopies, AsThePoolsReclaimerTheyMakeRoomForAReserve) {

@@ -247,6 +247,15 @@ TEST(PrefixCache, ForkFromAPrefixEqualsAFreshSequenceInTheHotTier) {
   // Pages sealed while hot are indexed in their cold form.
   ASSERT_TRUE(PushAllIds(*hot.h, "src", kv, &ids, 700, 200).ok());
   EXPECT_EQ(hot.h->prefix_index().entries(), 2 * 6);
+  // Those cold pages are also the layers' copies, beside the promoted ones
+  // (all shared with the index: none counts as held by copies alone), so
+  // the idle demotion codes nothing.
+  EXPECT_EQ(hot.Stats().cold_copy_pages(), 0u);
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  ASSERT_FALSE(hot.h->LayerIsHot("src", 0));
+  EXPECT_EQ(hot.Stats().pages_demoted_from_copies(), 2u * 6);
+  EXPECT_EQ(hot.Stats().pages_in_use(), 12u);
   ASSERT_TRUE(Release(*hot.h, "src").ok());
   EXPECT_EQ(hot.Stats().hot_pages_in_use(), 0u);
   EXPECT_EQ(hot.Stats().pages_in_use(), 12u);
