@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "codec/host_device.h"
 
@@ -89,13 +90,13 @@ inline void Crc32cSegmentShifts(size_t size, int segments, uint32_t* shift) {
 }
 
 // Crc32c of `size` bytes as the kernel computes it: each of `segments`
-// (at most 1024) summed alone, each sum multiplied by its shift, the
-// products XORed together.
+// (> 0) summed alone, each sum multiplied by its shift, the products XORed
+// together.
 inline uint32_t Crc32cBySegments(const uint8_t* data, size_t size, int segments) {
   uint32_t table[256];
   for (uint32_t b = 0; b < 256; ++b) table[b] = Crc32cTableEntry(b);
-  uint32_t shift[1024];
-  Crc32cSegmentShifts(size, segments, shift);
+  std::vector<uint32_t> shift(static_cast<size_t>(segments));
+  Crc32cSegmentShifts(size, segments, shift.data());
   uint32_t whole = 0;
   for (int s = 0; s < segments; ++s) {
     const size_t begin = Crc32cSegmentBegin(size, segments, s), end = Crc32cSegmentBegin(size, segments, s + 1);

@@ -63,8 +63,9 @@ void ColdCopies::Drop(uint64_t id) {
   cold_.Free(Take(id));
 }
 
-int64_t ColdCopies::Reclaim(int64_t pages, int partition) {
+int64_t ColdCopies::Reclaim(int64_t pages, int partition, int64_t* dropped) {
   int64_t freed = 0;
+  if (dropped != nullptr) *dropped = 0;
   while (freed < pages) {
     std::vector<PageId> victim;
     {
@@ -77,6 +78,7 @@ int64_t ColdCopies::Reclaim(int64_t pages, int partition) {
       if (victim.empty()) return freed;
       reclaimed_ += victim.size();
     }
+    if (dropped != nullptr) *dropped += static_cast<int64_t>(victim.size());
     for (PageId p : victim) {
       if (cold_.FreeIfLast(p)) {
         ++freed;

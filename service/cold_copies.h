@@ -59,9 +59,10 @@ class ColdCopies {
   // Frees the copies of partition `partition`, the longest kept first,
   // until `pages` pages went back to the free list or none is left;
   // returns how many went back (a page another holder shares, a forked
-  // sequence's, loses only this reference). Called as the pool's
-  // reclaimer: it never calls Reserve.
-  int64_t Reclaim(int64_t pages, int partition) ABSL_LOCKS_EXCLUDED(mu_);
+  // sequence's, loses only this reference); *dropped (if given): the
+  // copies' references it dropped. Called as the pool's reclaimer: it
+  // never calls Reserve.
+  int64_t Reclaim(int64_t pages, int partition, int64_t* dropped = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pages held only as copies (see above), in all and on one partition.
   int64_t pages() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -101,6 +101,7 @@ void Handler::Info(v1::InfoResponse* r, const std::string& tenant) const {
     r->set_hot_page_bytes(hot_pool_->page_stride());
     r->set_hot_promotion(HotPromotionName(options_.hot_promotion));
     r->set_hot_idle_seconds(options_.hot_idle_seconds);
+    r->set_hot_keep_cold_copies(options_.hot_keep_cold_copies);
   }
   r->set_draining(draining());
   // Without tokens the one tenant "" holds every sequence.

@@ -119,9 +119,9 @@ void HotTier::KeepPlacedCopies(const LayerState& layer, size_t first, std::vecto
 
 int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
   if (copies_ == nullptr) return 0;
-  const uint64_t before = copies_->reclaimed();
-  const int64_t freed = copies_->Reclaim(pages, partition);
-  metrics_->tier_cold_copies_reclaimed->Increment(static_cast<double>(copies_->reclaimed() - before));
+  int64_t dropped = 0;
+  const int64_t freed = copies_->Reclaim(pages, partition, &dropped);
+  metrics_->tier_cold_copies_reclaimed->Increment(static_cast<double>(dropped));
   metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
   return freed;
 }

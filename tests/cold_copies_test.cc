@@ -66,7 +66,9 @@ TEST(ColdCopies, ReclaimFreesTheLongestKeptOfThePartitionFirst) {
   EXPECT_EQ(copies.pages(0), 4);
   EXPECT_EQ(copies.pages(1), 2);
   // Two pages of partition 0: layer 1's (1 page), then layer 3's (2).
-  EXPECT_EQ(copies.Reclaim(2, 0), 3);
+  int64_t dropped = 0;
+  EXPECT_EQ(copies.Reclaim(2, 0, &dropped), 3);
+  EXPECT_EQ(dropped, 3);
   EXPECT_TRUE(copies.Take(1).empty());
   EXPECT_TRUE(copies.Take(3).empty());
   EXPECT_EQ(copies.pages(0), 1);
@@ -87,7 +89,9 @@ TEST(ColdCopies, ASharedPageLosesOnlyTheCopysReference) {
   copies.Keep(1, pages);
   EXPECT_EQ(copies.pages(), 1);  // the second only: the first stays in use without the copy
   // Both pages' copy references go; only the second page becomes free.
-  EXPECT_EQ(copies.Reclaim(2, 0), 1);
+  int64_t dropped = 0;
+  EXPECT_EQ(copies.Reclaim(2, 0, &dropped), 1);
+  EXPECT_EQ(dropped, 2);
   EXPECT_EQ(copies.pages(), 0);
   EXPECT_EQ(Refs(*pool, pages), std::vector<int32_t>({1, 0}));
   pool->Free({pages[0]});

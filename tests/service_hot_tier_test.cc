@@ -246,6 +246,7 @@ TEST(HotTier, PoolAccountingPerTier) {
   EXPECT_EQ(info.hot_capacity_bytes(), 16 * LevelPageBytes());
   EXPECT_EQ(info.hot_promotion(), "sync");
   EXPECT_EQ(info.hot_idle_seconds(), 60.0);
+  EXPECT_TRUE(info.hot_keep_cold_copies());
   Server cold(ColdOptions());
   v1::InfoResponse cold_info;
   cold.h->Info(&cold_info);
@@ -925,8 +926,10 @@ TEST(HotTierConfig, Errors) {
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(o.status().message(), k.message)) << o.status();
   }
-  absl::StatusOr<ServiceOptions> ok = resolve("hot_tier_fraction: 0.25 hot_idle_seconds: 5 hot_promotion: \"async\"");
+  absl::StatusOr<ServiceOptions> ok =
+      resolve("hot_tier_fraction: 0.25 hot_idle_seconds: 5 hot_promotion: \"async\" hot_keep_cold_copies: false");
   ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FALSE(ok->hot_keep_cold_copies);
   EXPECT_EQ(ok->hot_promotion, HotPromotion::kAsync);
   EXPECT_EQ(ok->hot_idle_seconds, 5.0);
   EXPECT_EQ(ok->hot_budget_bytes(), 1u << 20);
@@ -936,6 +939,7 @@ TEST(HotTierConfig, Errors) {
   EXPECT_FALSE(defaults->hot_tier());
   EXPECT_EQ(defaults->hot_idle_seconds, 60.0);
   EXPECT_EQ(defaults->hot_promotion, HotPromotion::kSync);
+  EXPECT_TRUE(defaults->hot_keep_cold_copies);
 }
 
 TEST(HotTierConfig, StartupErrors) {

@@ -61,6 +61,7 @@ class Info:
     hot_page_bytes: int
     hot_promotion: str
     hot_idle_seconds: float
+    hot_keep_cold_copies: bool      # promoted layers' cold pages kept as copies (docs/hot_tier.md)
     draining: bool                  # SIGTERM received: new sequences refused (docs/reliability.md)
     restored_sequences: int         # restored from the snapshot at start
     verify_pages_on_attend: bool
