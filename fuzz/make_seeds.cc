@@ -283,6 +283,36 @@ int main(int argc, char** argv) {
     Put(out + "/fuzz_watch_pages", "overflow", watch(3, 2));
     Put(out + "/fuzz_watch_pages", "too_big", watch(5000, 0));
   }
+  // An Attend request's wire bytes behind a byte that cuts them into
+  // slices (fuzz_attend_request_wire.cc): inline queries, a reference, a
+  // step, an unknown field, a query given twice.
+  {
+    v1::AttendRequest a;
+    for (int i = 0; i < 3; ++i) {
+      v1::AttendItem* it = a.add_items();
+      it->set_sequence_id("s" + std::to_string(i));
+      it->set_layer(i);
+      it->set_q_heads(2);
+      it->set_dtype(v1::DTYPE_BF16);
+      if (i != 1) it->set_query(std::string(128 * 2 * 2, static_cast<char>('\x3c' + i)));
+    }
+    a.mutable_items(1)->mutable_query_ref()->set_region_id(7);
+    a.mutable_items(2)->set_new_key(std::string(64, '\x3b'));
+    a.mutable_items(2)->set_new_token_index(12);
+    const std::string request = a.SerializeAsString();
+    Put(out + "/fuzz_attend_request_wire", "one_slice", std::string(1, '\x02') + request);
+    Put(out + "/fuzz_attend_request_wire", "small_slices", std::string(1, '\x13') + request);
+    // Field 99 (unknown, varint 5) and a second query in the first item.
+    v1::AttendRequest b;
+    *b.add_items() = a.items(0);
+    std::string item = b.items(0).SerializeAsString() + std::string("\x98\x06\x05", 3) + std::string("\x2a\x02zz", 4);
+    std::string twice = "\x0a";
+    for (size_t n = item.size();; n >>= 7) {
+      twice.push_back(static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0)));
+      if (n < 0x80) break;
+    }
+    Put(out + "/fuzz_attend_request_wire", "unknown_and_twice", std::string(1, '\x05') + twice + item);
+  }
   // Doorbell memory: two capacity bytes, then the client line, the server
   // line and the request area (fuzz_doorbell.cc).
   {

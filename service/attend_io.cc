@@ -32,8 +32,9 @@ void AttendIo::StageInline(const v1::AttendRequest& request) {
   if (staging_ == nullptr || !device_reads_) return;
   auto rounded = PinnedStagingPool::Lease::Claimed;
   uint64_t total = 0;
-  for (const v1::AttendItem& it : request.items()) {
-    if (!it.has_query_ref()) total += rounded(it.query().size());
+  for (int i = 0; i < request.items_size(); ++i) {
+    const v1::AttendItem& it = request.items(i);
+    if (!it.has_query_ref()) total += rounded(QueryBytes(it, i).size());
     const uint64_t q_heads = it.q_heads();
     if (it.has_output_ref() || q_heads == 0 || q_heads > 65536) continue;
     const uint64_t eb = it.output_dtype() == v1::DTYPE_BF16 ? 2 : 4;  // unspecified: f32
@@ -70,7 +71,7 @@ absl::StatusOr<RegionView> AttendIo::Resolve(const v1::TensorRef& ref, uint64_t 
 }
 
 absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
-                                  const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements,
+                                  absl::string_view inline_bytes, const v1::TensorRef* ref, size_t elements,
                                   float limit, std::vector<float>* out, std::vector<uint16_t>* out16,
                                   const float** in_place, int* read, ItemIo* io) {
   const int dtype = item.dtype();
@@ -190,8 +191,8 @@ absl::Status AttendIo::Prepare(const v1::AttendItem& it, int index, size_t qe, I
   }
   io->out_dtype = out_dtype;
   absl::Status st =
-      HostTensor(it, index, "query", "query_ref", it.query(), it.has_query_ref() ? &it.query_ref() : nullptr, qe,
-                 std::numeric_limits<float>::max(), &io->converted, nullptr, &io->query, &io->query_read, io);
+      HostTensor(it, index, "query", "query_ref", QueryBytes(it, index), it.has_query_ref() ? &it.query_ref() : nullptr,
+                 qe, std::numeric_limits<float>::max(), &io->converted, nullptr, &io->query, &io->query_read, io);
   if (!st.ok()) return st;
   io->step = !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
   any_step_ = any_step_ || io->step;

@@ -125,6 +125,10 @@ class AttendIo {
   // from the unchecked request; a tensor that does not fit (or a request
   // the pool cannot serve) takes the host path, with the same answer.
   void StageInline(const v1::AttendRequest& request);
+  // Before StageInline: the items' inline queries as the wire delivered
+  // them (service/attend_request_wire.h), one per item, read instead of
+  // the items' (empty) query fields. Must outlive the call.
+  void UseWireQueries(absl::Span<const absl::string_view> queries) { wire_queries_ = queries; }
 
   // Resolves item `index`'s tensors into *io; `q_elements` = q_heads x
   // head_dim. No state changes.
@@ -176,14 +180,19 @@ class AttendIo {
   // possible; *out holds converted ones), or the device reads it. `field`
   // and `ref_field` ("query", "query_ref") name the two ways in messages.
   absl::Status HostTensor(const v1::AttendItem& item, int index, const char* field, const char* ref_field,
-                          const std::string& inline_bytes, const v1::TensorRef* ref, size_t elements, float limit,
+                          absl::string_view inline_bytes, const v1::TensorRef* ref, size_t elements, float limit,
                           std::vector<float>* out, std::vector<uint16_t>* out16, const float** in_place, int* read,
                           ItemIo* io);
 
   RegionTable* const regions_;
   PinnedStagingPool* const staging_;
-  PinnedStagingPool::Lease staged_;  // this request's pinned staging
-  StagedOutputs* leave_ = nullptr;   // LeaveStagedOutputs
+  PinnedStagingPool::Lease staged_;                   // this request's pinned staging
+  absl::Span<const absl::string_view> wire_queries_;  // empty: the items' own
+  // Item `index`'s inline query bytes: from the wire when given, else its field.
+  absl::string_view QueryBytes(const v1::AttendItem& item, int index) const {
+    return static_cast<size_t>(index) < wire_queries_.size() ? wire_queries_[index] : absl::string_view(item.query());
+  }
+  StagedOutputs* leave_ = nullptr;  // LeaveStagedOutputs
   Backend* const backend_;
   const std::string& tenant_;
   const int head_dim_, n_;

@@ -97,30 +97,30 @@ KvCacheService::KvCacheService(Handler* handler, ChannelManager* channels, Metri
     MarkMethodRaw(attend_method_);
     return;
   }
-  MarkMethodStreamed(
-      attend_method_,
-      new grpc::internal::StreamedUnaryHandler<v1::AttendRequest, grpc::ByteBuffer>(
-          [this](grpc::ServerContext* context, grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
-            return AttendToBuffer(context, stream);
-          }));
+  MarkMethodStreamed(attend_method_, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                                         [this](grpc::ServerContext* context,
+                                                grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+                                           return AttendToBuffer(context, stream);
+                                         }));
 }
 
-grpc::Status KvCacheService::ServeAttend(const v1::AttendRequest& request, const std::string& tenant,
+grpc::Status KvCacheService::ServeAttend(const AttendRequestWire& request, const std::string& tenant,
                                          grpc::ByteBuffer* response) {
   v1::AttendResponse answer;
   StagedOutputs staged;
-  const absl::Status st = handler_->Attend(request, &answer, tenant, &staged);
+  const absl::Status st = handler_->Attend(request.request(), &answer, tenant, &staged, nullptr, request.queries());
   if (!st.ok()) return ToGrpcStatus(st);
   *response = AttendResponseBuffer(answer, std::move(staged));
   return grpc::Status::OK;
 }
 
 grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
-                                            grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream) {
+                                            grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
   RpcTimer timer(metrics_, "Attend");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
-  v1::AttendRequest request;
-  if (!stream->Read(&request)) {
+  grpc::ByteBuffer bytes;
+  AttendRequestWire request;
+  if (!stream->Read(&bytes) || !request.Parse(bytes)) {
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
   grpc::ByteBuffer response;
@@ -142,8 +142,8 @@ grpc::Status KvCacheService::AttendBytes(grpc::ServerContext* context, grpc::Byt
                                          grpc::ByteBuffer* response) {
   RpcTimer timer(metrics_, "Attend");
   DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
-  v1::AttendRequest parsed;
-  if (!grpc::SerializationTraits<v1::AttendRequest>::Deserialize(request, &parsed).ok()) {
+  AttendRequestWire parsed;
+  if (!parsed.Parse(*request)) {
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
   return timer.Finish(ServeAttend(parsed, tenant, response));

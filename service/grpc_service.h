@@ -9,6 +9,7 @@
 #include <string>
 
 #include "proto/driftkv.grpc.pb.h"
+#include "service/attend_request_wire.h"
 #include "service/auth.h"
 #include "service/channels.h"
 #include "service/doorbell.h"
@@ -32,11 +33,13 @@ class KvCacheService final : public v1::KvCache::Service {
 
   grpc::Status Append(grpc::ServerContext* context, grpc::ServerReader<v1::AppendChunk>* reader,
                       v1::AppendResponse* response) override;
-  // Attend on the wire: the answer's inline outputs go out from the pinned
-  // staging the device wrote them to (service/attend_wire.h), not copied
+  // Attend on the wire: the request's inline queries are read where gRPC
+  // received them (service/attend_request_wire.h) and the answer's inline
+  // outputs go out from the pinned staging the device wrote them to
+  // (service/attend_wire.h), not copied
   // into the response and again into gRPC's slices.
   grpc::Status AttendToBuffer(grpc::ServerContext* context,
-                              grpc::ServerUnaryStreamer<v1::AttendRequest, grpc::ByteBuffer>* stream);
+                              grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   // The polled form (REQUIRES: polled_attend): the next Attend call on
   // `cq`, its request as bytes; and one call served, bytes in and out.
   void RequestAttend(grpc::ServerContext* context, grpc::ByteBuffer* request,
@@ -84,7 +87,7 @@ class KvCacheService final : public v1::KvCache::Service {
  private:
   // Both forms of Attend once the caller's tenant is known and the
   // request parsed: the answer's wire bytes, or the status to send instead.
-  grpc::Status ServeAttend(const v1::AttendRequest& request, const std::string& tenant, grpc::ByteBuffer* response);
+  grpc::Status ServeAttend(const AttendRequestWire& request, const std::string& tenant, grpc::ByteBuffer* response);
 
   const int attend_method_;  // Attend's index among the service's methods
   Handler* const handler_;

@@ -109,8 +109,12 @@ class Handler {
   // With `reuse` set, the call keeps in it what the same request's next
   // call can use again, and uses what an earlier call kept
   // (service/attend_reuse.h); the answer is the same either way.
+  // With `wire_queries` (one per item), the items' inline queries are read
+  // from there, as the wire delivered them, instead of from their query
+  // fields (service/attend_request_wire.h).
   absl::Status Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant = "",
-                      StagedOutputs* staged = nullptr, AttendReuse* reuse = nullptr);
+                      StagedOutputs* staged = nullptr, AttendReuse* reuse = nullptr,
+                      absl::Span<const absl::string_view> wire_queries = {});
   // Streams the answer through `sink`; false from it stops (Cancelled).
   absl::Status Read(const v1::ReadRequest& request, const std::function<bool(const v1::ReadChunk&)>& sink,
                     const std::string& tenant = "");

@@ -187,6 +187,7 @@ class Handler::AttendBatch {
             h.value_limit()) {}
   absl::Status Run(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
                    StagedOutputs* staged, AttendReuse* reuse);
+  void UseWireQueries(absl::Span<const absl::string_view> queries) { io_.UseWireQueries(queries); }
 
  private:
   // Whether an item's layer is in the cold tier (a decode loop's layers
@@ -230,9 +231,12 @@ class Handler::AttendBatch {
 };
 
 absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendResponse* response, const std::string& tenant,
-                             StagedOutputs* staged, AttendReuse* reuse) {
+                             StagedOutputs* staged, AttendReuse* reuse,
+                             absl::Span<const absl::string_view> wire_queries) {
   AttendPhaseClock::Start();
-  absl::Status st = AttendBatch(*this, tenant).Run(request, response, tenant, staged, reuse);
+  AttendBatch batch(*this, tenant);
+  batch.UseWireQueries(wire_queries);
+  absl::Status st = batch.Run(request, response, tenant, staged, reuse);
   if (!st.ok()) {
     if (staged != nullptr) *staged = StagedOutputs();  // may name staging given back
     metrics_->rejected_chunks->Increment();
