@@ -82,17 +82,14 @@ class SliceReader {
         uint64_t v;
         return ReadVarint(&v, out);
       }
-      case kFixed64:
-        return Bytes(8, out);
-      case kFixed32:
-        return Bytes(4, out);
+      case kFixed64: return Bytes(8, out);
+      case kFixed32: return Bytes(4, out);
       case kLengthDelimited: {
         uint64_t n;
         if (!ReadVarint(&n, out) || n > left_) return false;
         return Bytes(static_cast<size_t>(n), out);
       }
-      default:
-        return false;
+      default: return false;
     }
   }
 
@@ -183,7 +180,8 @@ bool AttendRequestWire::Parse(std::vector<grpc::Slice> slices) {
       } else if ((t >> 3) == kQueryField && (t & 7) == kLengthDelimited) {
         item.resize(field_start);  // the query stays out of the item's bytes
         uint64_t n;
-        ok = r.ReadVarint(&n) && r.left() >= end && n <= r.left() - end && r.Take(static_cast<size_t>(n), &query, &joined_);
+        ok = r.ReadVarint(&n) && r.left() >= end && n <= r.left() - end &&
+             r.Take(static_cast<size_t>(n), &query, &joined_);
       } else {
         ok = r.Payload(static_cast<uint32_t>(t & 7), &item);
       }

@@ -106,12 +106,12 @@ TEST(AttendRequestWire, UnknownFieldsAndARepeatedQueryAsProtobufReadsThem) {
   v1::AttendRequest base;
   base.add_items()->set_sequence_id("a");
   std::string item = base.items(0).SerializeAsString();
-  item += std::string("\x2a\x03" "abc", 5);      // query "abc"
-  item += std::string("\x98\x06\x05", 3);        // field 99, varint 5
-  item += std::string("\x2a\x02" "zz", 4);       // query again: "zz" wins
-  item += std::string("\x28\x07", 2);            // field 5 as a varint: unknown
+  item += std::string("\x2a\x03", 2) + "abc";  // query "abc"
+  item += std::string("\x98\x06\x05", 3);      // field 99, varint 5
+  item += std::string("\x2a\x02", 2) + "zz";   // query again: "zz" wins
+  item += std::string("\x28\x07", 2);          // field 5 as a varint: unknown
   std::string bytes = "\x0a" + std::string(1, static_cast<char>(item.size())) + item;
-  bytes += std::string("\xa0\x06\x01", 3);       // field 100 of the request
+  bytes += std::string("\xa0\x06\x01", 3);  // field 100 of the request
   v1::AttendRequest want;
   ASSERT_TRUE(want.ParseFromString(bytes));
   ASSERT_EQ(want.items(0).query(), "zz");
