@@ -76,7 +76,6 @@ int64_t ColdCopies::Reclaim(int64_t pages, int partition, int64_t* dropped) {
         break;
       }
       if (victim.empty()) return freed;
-      reclaimed_ += victim.size();
     }
     if (dropped != nullptr) *dropped += static_cast<int64_t>(victim.size());
     for (PageId p : victim) {
@@ -105,11 +104,6 @@ int64_t ColdCopies::pages(int partition) const {
 size_t ColdCopies::layers() const {
   absl::MutexLock lock(&mu_);
   return copies_.size();
-}
-
-uint64_t ColdCopies::reclaimed() const {
-  absl::MutexLock lock(&mu_);
-  return reclaimed_;
 }
 
 }  // namespace driftkv

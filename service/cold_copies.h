@@ -68,8 +68,6 @@ class ColdCopies {
   int64_t pages() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t pages(int partition) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t layers() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Pages taken back by Reclaim since the start.
-  uint64_t reclaimed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Copy {
@@ -87,7 +85,6 @@ class ColdCopies {
   absl::btree_map<uint64_t, uint64_t> oldest_ ABSL_GUARDED_BY(mu_);  // order -> layer id
   std::vector<int64_t> by_partition_ ABSL_GUARDED_BY(mu_);           // Copy::sole summed, per partition
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t reclaimed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace driftkv

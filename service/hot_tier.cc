@@ -113,8 +113,12 @@ void HotTier::KeepPlacedCopies(const LayerState& layer, size_t first, std::vecto
     return;
   }
   if (copies_->Extend(layer.id, first, std::move(cold))) {
-    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+    PublishCopies();
   }
+}
+
+void HotTier::PublishCopies() const {
+  metrics_->tier_cold_copies->Set(static_cast<double>(cold_copy_pages()));
 }
 
 int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
@@ -122,7 +126,7 @@ int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
   int64_t dropped = 0;
   const int64_t freed = copies_->Reclaim(pages, partition, &dropped);
   metrics_->tier_cold_copies_reclaimed->Increment(static_cast<double>(dropped));
-  metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+  PublishCopies();
   return freed;
 }
 
@@ -183,7 +187,7 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const 
   if (k > 0) {
     pages_demoted_from_copies_ += k;
     metrics_->tier_pages_demoted_from_copies->Increment(static_cast<double>(k));
-    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+    PublishCopies();
   }
   return absl::OkStatus();
 }
@@ -461,7 +465,7 @@ void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vect
   const size_t pages = hot.size();
   if (copies_ != nullptr) {
     copies_->Keep(layer.id, std::move(layer.pages));
-    metrics_->tier_cold_copies->Set(static_cast<double>(copies_->pages()));
+    PublishCopies();
   } else {
     cold_.Free(layer.pages);
   }
@@ -751,7 +755,7 @@ size_t HotTier::layers() const {
 
 void HotTier::PublishGauges() const {
   metrics_->tier_pages[1]->Set(static_cast<double>(hot_.pages_in_use()));
-  metrics_->tier_cold_copies->Set(static_cast<double>(cold_copy_pages()));
+  PublishCopies();
   absl::MutexLock lock(&hot_mu_);
   metrics_->hot_layers->Set(static_cast<double>(hot_layers_.size()));
 }

@@ -280,6 +280,8 @@ class HotTier {
   // them match the layer's cold checksums; else none (those freed).
   // REQUIRES: layer.mu held as a writer; layer.hot.
   std::vector<PageId> TakeCopies(const LayerState& layer, const LayerName& name);
+  // Sets driftkv_tier_cold_copies_pages from the copies held now.
+  void PublishCopies() const;
 
   PagePool& cold_;
   PagePool& hot_;
