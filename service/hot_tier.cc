@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace driftkv {
@@ -107,6 +108,46 @@ std::vector<PageId> HotTier::TakeCopies(const LayerState& layer, const LayerName
   return kept;
 }
 
+std::vector<std::vector<PageId>> HotTier::TakeCopiesTogether(absl::Span<LayerState* const> layers,
+                                                             absl::Span<const LayerName> names) {
+  std::vector<std::vector<PageId>> kept(layers.size());
+  if (copies_ == nullptr) return kept;
+  std::vector<PageId> all;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    kept[i] = copies_->Take(layers[i]->id);
+    if (kept[i].size() > layers[i]->pages.size()) {
+      cold_.Free(kept[i]);
+      kept[i].clear();
+    }
+    all.insert(all.end(), kept[i].begin(), kept[i].end());
+  }
+  std::vector<PageChecksum> sums;
+  if (all.empty()) return kept;
+  if (!verifier_.ColdSums(all, &sums).ok()) {
+    // The backend could not sum them: each layer's own check decides.
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (kept[i].empty()) continue;
+      copies_->Keep(layers[i]->id, std::move(kept[i]));
+      kept[i] = TakeCopies(*layers[i], names[i]);
+    }
+    return kept;
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const size_t k = kept[i].size();
+    const absl::Span<const PageChecksum> computed = absl::MakeConstSpan(sums).subspan(at, k);
+    at += k;
+    if (k == 0) continue;
+    if (!verifier_
+             .CheckColdSums(computed, absl::MakeConstSpan(layers[i]->page_sums).first(k), 0, names[i], kCheckDemote)
+             .ok()) {
+      cold_.Free(kept[i]);
+      kept[i].clear();
+    }
+  }
+  return kept;
+}
+
 void HotTier::KeepPlacedCopies(const LayerState& layer, size_t first, std::vector<PageId> cold) {
   if (copies_ == nullptr) {
     cold_.Free(cold);
@@ -132,8 +173,12 @@ int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
 
 absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name,
                                    DemotionReason reason) {
+  return DemoteWithCopies(layer, usage, name, reason, TakeCopies(*layer, name));
+}
+
+absl::Status HotTier::DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name,
+                                       DemotionReason reason, std::vector<PageId> kept) {
   // The first `kept` pages go back to their cold copies; the rest are coded.
-  std::vector<PageId> kept = TakeCopies(*layer, name);
   const size_t k = kept.size(), n = layer->pages.size();
   // Whatever fails below leaves the layer hot, and its copies kept.
   auto keep_copies = [&] {
@@ -722,20 +767,42 @@ bool HotTier::DemoteIdle() {
       idle.emplace_back(e.seq, e.layer);
     }
   }
+  // A sequence's idle layers together, so that their copies are checked
+  // in one backend call; the sequence as a reader, then its layers as
+  // writers in layer order (LOCK ORDER in handler.h).
+  absl::flat_hash_map<Sequence*, size_t> group_of;
+  std::vector<std::pair<SequencePtr, std::vector<int>>> groups;
   for (auto& [seq, index] : idle) {
+    auto [it, added] = group_of.try_emplace(seq.get(), groups.size());
+    if (added) groups.emplace_back(seq, std::vector<int>());
+    groups[it->second].second.push_back(index);
+  }
+  for (auto& [seq, indices] : groups) {
     absl::ReaderMutexLock seq_lock(&seq->mu);
     if (seq->released) continue;
-    LayerState& layer = seq->layers[index];
-    absl::MutexLock layer_lock(&layer.mu);
-    if (!layer.hot) continue;
-    {
-      // Attended since the list was made?
-      absl::MutexLock lock(&hot_mu_);
-      auto it = hot_layers_.find(layer.id);
-      if (it == hot_layers_.end() || it->second.attended_ns >= cutoff) continue;
+    std::sort(indices.begin(), indices.end());
+    std::vector<LayerState*> locked, demote;
+    std::vector<LayerName> names;
+    for (int index : indices) {
+      LayerState& layer = seq->layers[index];
+      layer.mu.Lock();
+      locked.push_back(&layer);
+      if (!layer.hot) continue;
+      {
+        // Attended since the list was made?
+        absl::MutexLock lock(&hot_mu_);
+        auto it = hot_layers_.find(layer.id);
+        if (it == hot_layers_.end() || it->second.attended_ns >= cutoff) continue;
+      }
+      demote.push_back(&layer);
+      names.push_back(LayerName{seq->id, index});
     }
-    DemoteLocked(&layer, seq->usage, LayerName{seq->id, index}, kDemoteIdle)
-        .IgnoreError();  // no cold room: stays hot, tried again later
+    std::vector<std::vector<PageId>> kept = TakeCopiesTogether(demote, names);
+    for (size_t i = 0; i < demote.size(); ++i) {
+      DemoteWithCopies(demote[i], seq->usage, names[i], kDemoteIdle, std::move(kept[i]))
+          .IgnoreError();  // no cold room: stays hot, tried again later
+    }
+    for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->mu.Unlock();
   }
   return !idle.empty();
 }

@@ -147,6 +147,10 @@ class HotTier {
   // page or its demoted form fails its checksum.
   // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
   absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
+  // DemoteLocked with the layer's copies already taken and checked
+  // (`kept`: its first kept.size() pages' cold copies, or none).
+  absl::Status DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason,
+                                std::vector<PageId> kept);
   // For new pages encoded cold first (prefix-keyed, or from device
   // staging; the others are encoded straight into the hot pages of
   // ReserveNewPages below): where the new cold pages `cold` of the hot
@@ -280,6 +284,11 @@ class HotTier {
   // them match the layer's cold checksums; else none (those freed).
   // REQUIRES: layer.mu held as a writer; layer.hot.
   std::vector<PageId> TakeCopies(const LayerState& layer, const LayerName& name);
+  // TakeCopies for several layers, their copies summed in one backend call
+  // (one launch on cuda) instead of one a layer. REQUIRES: as TakeCopies,
+  // for each layer.
+  std::vector<std::vector<PageId>> TakeCopiesTogether(absl::Span<LayerState* const> layers,
+                                                      absl::Span<const LayerName> names);
   // Sets driftkv_tier_cold_copies_pages from the copies held now.
   void PublishCopies() const;
 

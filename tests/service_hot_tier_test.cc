@@ -26,79 +26,35 @@
 #include "gtest/gtest.h"
 #include "service/handler.h"
 #include "tests/handler_fixture.h"
+#include "tests/hot_tier_test_server.h"
 #include "tests/service_test_util.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
 namespace {
 
+using hot_tier_test::Answer;
+using hot_tier_test::AttendFromFourThreads;
+using hot_tier_test::ColdBytes;
+using hot_tier_test::ColdOptions;
+using hot_tier_test::ExpectSameAnswer;
+using hot_tier_test::HotOptions;
+using hot_tier_test::kD;
+using hot_tier_test::kN;
+using hot_tier_test::kP;
+using hot_tier_test::kPages;
+using hot_tier_test::kQHeads;
+using hot_tier_test::kR;
+using hot_tier_test::kTokens;
+using hot_tier_test::LevelPageBytes;
+using hot_tier_test::PoolOf;
+using hot_tier_test::PushThree;
+using hot_tier_test::Resident;
+using hot_tier_test::Server;
 using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
-
-// 2 layers x 2 KV heads x 64 (n = 128); level pages need P = 128.
-constexpr int kN = 128, kD = 64, kP = 128, kR = 128, kQHeads = 4;
-// 700 tokens: 4 pages and a 188-token window.
-constexpr int kTokens = 700, kPages = 4;
-
-uint64_t LevelPageBytes() {
-  return MakeLevelPageLayout(2, kD)->page_bytes;
-}
-
-ServiceOptions HotOptions(int hot_pages) {
-  ServiceOptions o = SmallOptions(4u << 20);
-  o.codec.mean_window = kP;
-  o.window_tokens = kR;
-  o.hot_tier_bytes = hot_pages * LevelPageBytes();
-  return o;
-}
-
-// Cold pages held for sequences: the pool's pages in use less the hot
-// tier's cold copies (a cache the pool takes back on demand).
-uint64_t Resident(const v1::StatsResponse& s) {
-  return s.pages_in_use() - s.cold_copy_pages();
-}
-
-ServiceOptions ColdOptions() {
-  ServiceOptions o = HotOptions(0);
-  o.hot_tier_bytes = 0;
-  return o;
-}
-
-// One Attend item's answer, as bytes (compared bit for bit).
-struct Answer {
-  std::string out;
-  std::string lse;
-  bool operator==(const Answer& o) const { return out == o.out && lse == o.lse; }
-};
-
-// A handler with its metrics and clock, and the Attend calls of these tests.
-struct Server : testing::TestHandler {
-  using TestHandler::TestHandler;
-  // Attends every (sequence, layer) of `items` with query seed `seed`.
-  absl::StatusOr<std::vector<Answer>> Attend(const std::vector<std::pair<std::string, uint32_t>>& items,
-                                             uint32_t seed) {
-    v1::AttendRequest req;
-    for (const auto& [seq, layer] : items) {
-      *req.add_items() = QueryItem(seq, layer, SyntheticQuery(kQHeads, kD, seed + layer), kQHeads);
-    }
-    v1::AttendResponse resp;
-    absl::Status st = h->Attend(req, &resp);
-    if (!st.ok()) return st;
-    std::vector<Answer> out;
-    for (const v1::AttendResult& r : resp.results()) {
-      out.push_back(
-          Answer{r.output(), std::string(reinterpret_cast<const char*>(r.lse().data()), r.lse_size() * sizeof(float))});
-    }
-    return out;
-  }
-  absl::StatusOr<Answer> Attend1(const std::string& seq, uint32_t layer, uint32_t seed = 7) {
-    absl::StatusOr<std::vector<Answer>> a = Attend({{seq, layer}}, seed);
-    if (!a.ok()) return a.status();
-    return (*a)[0];
-  }
-};
 
 TEST(HotTier, AttendBitIdenticalColdHotAndAfterDemoteRepromote) {
   Server cold(ColdOptions()), hot(HotOptions(16));
@@ -255,130 +211,6 @@ TEST(HotTier, PoolAccountingPerTier) {
 }
 
 // Length counts a layer's tokens the same in either tier.
-// The bytes of a layer's cold pages, in order; empty when it is hot.
-std::string ColdBytes(Handler& h, const std::string& seq, uint32_t layer) {
-  std::string out;
-  h.WithLayerForTest(seq, layer, [&](LayerState& l) {
-    if (l.hot) return;
-    for (PageId p : l.pages) out.append(reinterpret_cast<const char*>(h.pool().page(p)), h.pool().page_stride());
-  });
-  return out;
-}
-
-// Layer 0 of `id` attended on both servers: the same bits.
-void ExpectSameAnswer(Server& cold, Server& hot, const std::string& id) {
-  absl::StatusOr<Answer> want = cold.Attend1(id, 0), got = hot.Attend1(id, 0);
-  ASSERT_TRUE(want.ok() && got.ok());
-  EXPECT_TRUE(*got == *want) << id;
-}
-
-// A cold pool of `pages` pages beside a hot tier of 16.
-ServiceOptions PoolOf(int pages) {
-  ServiceOptions o = HotOptions(16);
-  testing::TestHandler probe(o);
-  o.pool_bytes = static_cast<uint64_t>(pages) * probe.h->pool().page_stride();
-  return o;
-}
-
-// The pool takes a hot layer's copies back when it needs room, and the
-// layer's demotion then codes its pages: the same bytes the copies held.
-TEST(HotTier, ColdCopiesGiveWayAndDemotionThenCodesTheSameBytes) {
-  Server hot(PoolOf(2 * kPages)), cold(ColdOptions());
-  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
-  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
-  const std::string original = ColdBytes(*hot.h, "a", 0);
-  ASSERT_EQ(original.size(), kPages * hot.h->pool().page_stride());
-  ASSERT_TRUE(hot.Attend1("a", 0).ok());
-  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
-  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
-  // b fills the pool beside the copies; c needs their room.
-  ASSERT_TRUE(hot.Push("b", 0, kv, 0, kTokens).ok());
-  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
-  ASSERT_TRUE(hot.Push("c", 0, kv, 0, kTokens).ok());
-  v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.cold_copy_pages(), 0u);
-  EXPECT_EQ(hot.metrics.tier_cold_copies_reclaimed->Value(), kPages);
-  EXPECT_EQ(Resident(s), 2u * kPages);
-  v1::ReleaseRequest rel;
-  rel.set_sequence_id("c");
-  v1::ReleaseResponse rr;
-  ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
-  hot.Advance(61);
-  hot.h->ExpireIdle();
-  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
-  s = hot.Stats();
-  EXPECT_EQ(s.pages_demoted(), static_cast<uint64_t>(kPages));
-  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
-  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), original);
-  ExpectSameAnswer(cold, hot, "a");
-}
-
-// A kept copy whose bytes changed under it (memory corruption) fails its
-// checksum at demotion: it is counted, freed, and the layer's pages are
-// coded from their hot form instead, so nothing corrupt comes back.
-TEST(HotTier, ACorruptColdCopyIsCodedAgainInstead) {
-  Server hot(HotOptions(16)), cold(ColdOptions());
-  const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
-  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
-  const std::string original = ColdBytes(*hot.h, "a", 0);
-  std::vector<PageId> pages;
-  hot.h->WithLayerForTest("a", 0, [&](LayerState& l) { pages = l.pages; });
-  ASSERT_EQ(pages.size(), static_cast<size_t>(kPages));
-  ASSERT_TRUE(hot.Attend1("a", 0).ok());
-  ASSERT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
-  hot.h->pool().page(pages[2])[100] ^= 0x10;  // a copy, not the layer's hot page
-  const uint64_t failures = hot.Stats().checksum_failures();
-  hot.Advance(61);
-  hot.h->ExpireIdle();
-  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
-  const v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.checksum_failures(), failures + 1);
-  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
-  EXPECT_EQ(s.cold_copy_pages(), 0u);
-  EXPECT_EQ(Resident(s), static_cast<uint64_t>(kPages));
-  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), original);
-  ExpectSameAnswer(cold, hot, "a");
-}
-
-// Pages a hot layer gained after its promotion have no copy: its demotion
-// takes the copies back for the first pages and codes the new ones.
-TEST(HotTier, DemotionCodesOnlyThePagesWithoutACopy) {
-  Server hot(HotOptions(16)), cold(ColdOptions());
-  const testing::Kv kv = SyntheticKv(kTokens + 2 * kP, kN, 9);
-  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, 0, kTokens).ok());
-  ASSERT_TRUE(hot.Attend1("a", 0).ok());
-  for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", 0, kv, kTokens, 2 * kP).ok());
-  ASSERT_TRUE(hot.h->LayerIsHot("a", 0));
-  EXPECT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
-  EXPECT_EQ(hot.Stats().hot_pages_in_use(), kPages + 2u);
-  hot.Advance(61);
-  hot.h->ExpireIdle();
-  ASSERT_FALSE(hot.h->LayerIsHot("a", 0));
-  const v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.pages_demoted(), kPages + 2u);
-  EXPECT_EQ(s.pages_demoted_from_copies(), static_cast<uint64_t>(kPages));
-  EXPECT_EQ(Resident(s), kPages + 2u);
-  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), ColdBytes(*cold.h, "a", 0));
-  EXPECT_EQ(hot.Read("a", 0), cold.Read("a", 0));
-  ExpectSameAnswer(cold, hot, "a");
-}
-
-// hot_keep_cold_copies false: a promotion frees the cold pages, as before.
-TEST(HotTier, WithoutCopiesPromotionFreesTheColdPages) {
-  ServiceOptions o = HotOptions(16);
-  o.hot_keep_cold_copies = false;
-  Server hot(o);
-  ASSERT_TRUE(hot.Push("a", 0, SyntheticKv(kTokens, kN, 4), 0, kTokens).ok());
-  ASSERT_TRUE(hot.Attend1("a", 0).ok());
-  v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), 0u);
-  EXPECT_EQ(s.cold_copy_pages(), 0u);
-  hot.Advance(61);
-  hot.h->ExpireIdle();
-  s = hot.Stats();
-  EXPECT_EQ(s.pages_in_use(), static_cast<uint64_t>(kPages));
-  EXPECT_EQ(s.pages_demoted_from_copies(), 0u);
-}
 
 TEST(HotTier, LengthIsTheSameInBothTiers) {
   Server hot(HotOptions(16));
@@ -676,41 +508,6 @@ TEST(HotTier, AsyncPrefetchQueues) {
   EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
 }
 
-// Three sequences of one layer pushed to both servers, and the cold
-// server's answer for each.
-void PushThree(const std::vector<std::string>& ids, Server& cold, Server& hot, std::vector<Answer>* want) {
-  for (int i = 0; i < 3; ++i) {
-    const testing::Kv kv = SyntheticKv(kTokens, kN, 20 + i);
-    for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push(ids[i], 0, kv, 0, kTokens).ok());
-    absl::StatusOr<Answer> a = cold.Attend1(ids[i], 0);
-    ASSERT_TRUE(a.ok());
-    want->push_back(*a);
-  }
-}
-
-// Four threads attend the three sequences 12 times each, in turn; every
-// call must answer, bit for bit what `want` holds.
-void AttendFromFourThreads(Server& hot, const std::vector<std::string>& ids, const std::vector<Answer>& want) {
-  std::atomic<int> wrong{0}, failed{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < 12; ++i) {
-        const int k = (t + i) % 3;
-        absl::StatusOr<Answer> got = hot.Attend1(ids[k], 0);
-        if (!got.ok()) {
-          ++failed;
-        } else if (!(*got == want[k])) {
-          ++wrong;
-        }
-      }
-    });
-  }
-  for (std::thread& th : threads) th.join();
-  EXPECT_EQ(failed.load(), 0);
-  EXPECT_EQ(wrong.load(), 0);
-}
-
 // Threads attend three layers over a budget of two while the tiers churn;
 // every answer must be the cold handler's.
 TEST(HotTier, ConcurrentAttendsWhileLayersMove) {
@@ -725,67 +522,6 @@ TEST(HotTier, ConcurrentAttendsWhileLayersMove) {
   EXPECT_LE(s.hot_pages_in_use(), 2u * kPages);
   EXPECT_EQ(s.hot_pages_in_use() + Resident(s), 3u * kPages);
   EXPECT_GE(s.promotions(), 2u);
-}
-
-// The same with a cold pool two pages short of holding the three
-// sequences and a fourth that a fifth thread pushes and releases over and
-// over: its pages come from the hot layers' cold copies (reclaimed while
-// layers move), and when none are left its push may be refused; every
-// Attend still answers, bit for bit.
-TEST(HotTier, ConcurrentReclaimOfCopiesWhileLayersMove) {
-  ServiceOptions o = PoolOf(3 * kPages + kPages - 2);
-  o.hot_tier_bytes = 2 * kPages * LevelPageBytes();
-  o.backend_threads = 2;
-  Server cold(ColdOptions()), hot(o);
-  const std::vector<std::string> ids = {"a", "b", "c"};
-  std::vector<Answer> want;
-  ASSERT_NO_FATAL_FAILURE(PushThree(ids, cold, hot, &want));
-  const testing::Kv extra = SyntheticKv(kTokens, kN, 30);
-  // Once before the threads: a's copies make the room for x.
-  ASSERT_TRUE(hot.Attend1("a", 0).ok());
-  ASSERT_EQ(hot.Stats().cold_copy_pages(), static_cast<uint64_t>(kPages));
-  ASSERT_TRUE(hot.Push("x", 0, extra, 0, kTokens).ok());
-  EXPECT_EQ(hot.metrics.tier_cold_copies_reclaimed->Value(), kPages);
-  {
-    v1::ReleaseRequest rel;
-    rel.set_sequence_id("x");
-    v1::ReleaseResponse rr;
-    ASSERT_TRUE(hot.h->Release(rel, &rr).ok());
-  }
-  std::atomic<int> pushed{0}, refused{0}, push_errors{0};
-  std::atomic<bool> done{false};
-  std::string push_error;  // the first unexpected one
-  std::thread pusher([&] {
-    for (int i = 0; !done.load(); ++i) {
-      const std::string id = absl::StrCat("x", i);
-      const absl::Status st = hot.Push(id, 0, extra, 0, kTokens);
-      if (st.ok()) {
-        ++pushed;
-      } else if (absl::IsResourceExhausted(st)) {
-        ++refused;
-      } else if (push_errors++ == 0) {
-        push_error = st.ToString();
-      }
-      v1::ReleaseRequest rel;
-      rel.set_sequence_id(id);
-      v1::ReleaseResponse rr;
-      hot.h->Release(rel, &rr).IgnoreError();
-    }
-  });
-  AttendFromFourThreads(hot, ids, want);
-  done = true;
-  pusher.join();
-  EXPECT_EQ(push_errors.load(), 0) << push_error;
-  EXPECT_GT(pushed.load() + refused.load(), 0);
-  const v1::StatsResponse s = hot.Stats();
-  EXPECT_EQ(s.hot_pages_in_use() + Resident(s), 3u * kPages);
-  EXPECT_LE(s.cold_copy_pages(), s.hot_pages_in_use());
-  EXPECT_LE(s.pages_in_use(), static_cast<uint64_t>(4 * kPages - 2));
-  for (int k = 0; k < 3; ++k) {
-    absl::StatusOr<Answer> got = hot.Attend1(ids[k], 0);
-    ASSERT_TRUE(got.ok());
-    EXPECT_TRUE(*got == want[k]) << ids[k];
-  }
 }
 
 // WUSH transforms of 128-token pages, random but well conditioned.
