@@ -17,15 +17,20 @@
 //     synchronous server's pollers with a zero timeout; RAW=1 instead of
 //     gRPC a plain TCP ping-pong of the same 0.5 MiB each way (the
 //     kernel's floor); HEALTH=1 with the health and reflection
-//     services, ICPT=N with N interceptors that do nothing.
+//     services, ICPT=N with N interceptors that do nothing; with PAYLOAD,
+//     STRIPES=N: the same 64 items as N calls of 64/N at once, each on a
+//     connection and a client thread of its own (blocking stubs), timed
+//     from the first call's start to the last answer.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
 #include "proto/driftkv.grpc.pb.h"
@@ -124,6 +129,82 @@ static int RawTcp() {
   printf("raw tcp 0.5MiB each way p50 %.1f us p90 %.1f p99 %.1f\n", Pct(us, .5), Pct(us, .9), Pct(us, .99));
   return 0;
 }
+
+// PAYLOAD with STRIPES=N: N threads, each with its own channel (a distinct
+// channel argument keeps gRPC from sharing one connection), each sending
+// 64/N items per round; the main thread releases a round and waits for all.
+static int Striped(int port, const grpc::ChannelArguments& base, int stripes, int n) {
+  struct Worker {
+    std::unique_ptr<v1::KvCache::Stub> stub;
+    v1::AttendRequest req;
+    std::thread t;
+    bool ok = true;
+  };
+  std::vector<Worker> w(stripes);
+  std::atomic<int> round{-1}, done{0};
+  std::atomic<bool> quit{false};
+  const bool block = getenv("BLOCK") != nullptr;  // workers sleep between rounds
+  std::mutex mu;
+  std::condition_variable cv;
+  for (int s = 0; s < stripes; ++s) {
+    grpc::ChannelArguments a = base;
+    a.SetInt("driftkv.stripe", s);
+    w[s].stub = v1::KvCache::NewStub(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), a));
+    for (int k = s; k < kItems; k += stripes) w[s].req.add_items()->set_query(std::string(kBytes, char('a' + k % 26)));
+  }
+  for (int s = 0; s < stripes; ++s) {
+    w[s].t = std::thread([&, s] {
+      for (int seen = -1;;) {
+        int r;
+        if (block) {
+          std::unique_lock<std::mutex> l(mu);
+          cv.wait(l, [&] { return round.load() != seen || quit.load(); });
+        }
+        while ((r = round.load(std::memory_order_acquire)) == seen && !quit.load()) {
+        }
+        if (quit.load()) return;
+        seen = r;
+        grpc::ClientContext ctx;
+        v1::AttendResponse resp;
+        grpc::Status st = w[s].stub->Attend(&ctx, w[s].req, &resp);
+        if (!st.ok() || resp.results_size() != w[s].req.items_size()) w[s].ok = false;
+        done.fetch_add(1, std::memory_order_acq_rel);
+      }
+    });
+  }
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    done.store(0);
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> l(mu);
+      round.store(i, std::memory_order_release);
+    }
+    if (block) cv.notify_all();
+    while (done.load(std::memory_order_acquire) != stripes) {
+    }
+    if (i >= 200)
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    quit.store(true);
+  }
+  cv.notify_all();
+  bool ok = true;
+  for (auto& x : w) {
+    x.t.join();
+    ok = ok && x.ok;
+  }
+  if (!ok) {
+    fprintf(stderr, "bad striped call\n");
+    return 1;
+  }
+  printf("attend 0.5MiB each way in %d stripes%s%s p50 %.1f us p90 %.1f p99 %.1f\n", stripes,
+         getenv("CHUNK") ? " chunk" : "", block ? " blocking workers" : "", Pct(us, .5), Pct(us, .9), Pct(us, .99));
+  return 0;
+}
 int main(int argc, char** argv) {
   if (getenv("RAW")) return RawTcp();
   bool spin_server = argc > 1 && argv[1][0] == '1';
@@ -207,6 +288,11 @@ int main(int argc, char** argv) {
         }
       }
     });
+  }
+  if (getenv("PAYLOAD") && getenv("STRIPES") && !spin_server) {
+    const int rc = Striped(port, cargs, atoi(getenv("STRIPES")), n);
+    server->Shutdown();
+    return rc;
   }
   auto ch = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), cargs);
   auto stub = v1::KvCache::NewStub(ch);
