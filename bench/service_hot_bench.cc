@@ -19,7 +19,9 @@
 //      of every layer of every sequence.
 //
 //   service_hot_bench [--sequences=64] [--context=8192] [--reps=30] [--clients=8]
-//                     [--prefetch=0|1] [--prefetch_layers=L]
+//                     [--prefetch=0|1] [--prefetch_layers=L] [--lookahead_bytes=N]
+//   --lookahead_bytes: the client channel's HTTP/2 window
+//   (grpc.http2.lookahead_bytes; 0: gRPC's default, grown by its BDP probe)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -342,6 +344,8 @@ std::string PrefetchAll(Client& client, Metrics& metrics, int sequences) {
       sequences, total, q.p50, *std::max_element(ms.begin(), ms.end()), promoted, promotion_ms);
 }
 
+int lookahead_bytes = 0;  // --lookahead_bytes
+
 TierResult RunTier(bool hot, int sequences, int context, int reps, int clients, bool prefetch) {
   TierResult r;
   const ServiceOptions options = Options(sequences, context, hot);
@@ -350,6 +354,7 @@ TierResult RunTier(bool hot, int sequences, int context, int reps, int clients, 
   auto channel_args = grpc::ChannelArguments();
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
+  if (lookahead_bytes > 0) channel_args.SetInt("grpc.http2.lookahead_bytes", lookahead_bytes);
   ClientOptions co;
   co.target = absl::StrCat("127.0.0.1:", (*server)->port());
   co.timeout = absl::Seconds(600);
@@ -517,6 +522,8 @@ int Main(int argc, char** argv) {
       prefetch = std::stoi(a.substr(11));
     else if (a.rfind("--prefetch_layers=", 0) == 0)
       prefetch_layers = std::stoi(a.substr(18));
+    else if (a.rfind("--lookahead_bytes=", 0) == 0)
+      lookahead_bytes = std::stoi(a.substr(18));
     else if (a.rfind("--kernel_only_spread=", 0) == 0)
       spread = std::stoi(a.substr(21));
     else {
