@@ -139,6 +139,7 @@ static int Striped(int port, const grpc::ChannelArguments& base, int stripes, in
     v1::AttendRequest req;
     std::thread t;
     bool ok = true;
+    std::string error;  // the first failed call's status
   };
   std::vector<Worker> w(stripes);
   std::atomic<int> round{-1}, done{0};
@@ -168,7 +169,10 @@ static int Striped(int port, const grpc::ChannelArguments& base, int stripes, in
         grpc::ClientContext ctx;
         v1::AttendResponse resp;
         grpc::Status st = w[s].stub->Attend(&ctx, w[s].req, &resp);
-        if (!st.ok() || resp.results_size() != w[s].req.items_size()) w[s].ok = false;
+        if (w[s].ok && (!st.ok() || resp.results_size() != w[s].req.items_size())) {
+          w[s].ok = false;
+          w[s].error = st.ok() ? "wrong number of results" : st.error_message();
+        }
         done.fetch_add(1, std::memory_order_acq_rel);
       }
     });
@@ -195,12 +199,10 @@ static int Striped(int port, const grpc::ChannelArguments& base, int stripes, in
   bool ok = true;
   for (auto& x : w) {
     x.t.join();
+    if (!x.ok) fprintf(stderr, "bad striped call: %s\n", x.error.c_str());
     ok = ok && x.ok;
   }
-  if (!ok) {
-    fprintf(stderr, "bad striped call\n");
-    return 1;
-  }
+  if (!ok) return 1;
   printf("attend 0.5MiB each way in %d stripes%s%s p50 %.1f us p90 %.1f p99 %.1f\n", stripes,
          getenv("CHUNK") ? " chunk" : "", block ? " blocking workers" : "", Pct(us, .5), Pct(us, .9), Pct(us, .99));
   return 0;
