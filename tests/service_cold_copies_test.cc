@@ -18,24 +18,8 @@
 namespace driftkv {
 namespace {
 
-using hot_tier_test::Answer;
-using hot_tier_test::AttendFromFourThreads;
-using hot_tier_test::ColdBytes;
-using hot_tier_test::ColdOptions;
-using hot_tier_test::ExpectSameAnswer;
-using hot_tier_test::HotOptions;
-using hot_tier_test::kD;
-using hot_tier_test::kN;
-using hot_tier_test::kP;
-using hot_tier_test::kPages;
-using hot_tier_test::kQHeads;
-using hot_tier_test::kR;
-using hot_tier_test::kTokens;
-using hot_tier_test::LevelPageBytes;
-using hot_tier_test::PoolOf;
-using hot_tier_test::PushThree;
-using hot_tier_test::Resident;
-using hot_tier_test::Server;
+// The fixture of tests/hot_tier_test_server.h, named as the tests name it.
+using namespace hot_tier_test;  // NOLINT(build/namespaces)
 using testing::SyntheticKv;
 
 // The pool takes a hot layer's copies back when it needs room, and the
