@@ -178,63 +178,102 @@ absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const 
 
 absl::Status HotTier::DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name,
                                        DemotionReason reason, std::vector<PageId> kept) {
-  // The first `kept` pages go back to their cold copies; the rest are coded.
-  const size_t k = kept.size(), n = layer->pages.size();
-  // Whatever fails below leaves the layer hot, and its copies kept.
-  auto keep_copies = [&] {
-    if (!kept.empty()) copies_->Keep(layer->id, std::move(kept));
+  DemoteJob job{layer, usage, name, std::move(kept), absl::OkStatus()};
+  DemoteTogetherLocked(absl::MakeSpan(&job, 1), reason);
+  return job.status;
+}
+
+void HotTier::DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason reason) {
+  // A job's first kept.size() pages go back to their cold copies; the rest
+  // are coded. Whatever fails a job leaves its layer hot and its copies
+  // kept; the others go on.
+  auto fail = [&](DemoteJob& j, absl::Status st) {
+    if (!j.kept.empty()) copies_->Keep(j.layer->id, std::move(j.kept));
+    j.kept.clear();
+    j.status = std::move(st);
   };
-  const absl::Span<const PageId> coded = absl::MakeConstSpan(layer->pages).subspan(k);
+  auto coded = [](const DemoteJob& j) { return absl::MakeConstSpan(j.layer->pages).subspan(j.kept.size()); };
   // The hot pages as the backend holds them must be the level pages
   // recorded at promotion: a corrupt one would demote into a cold page (and
   // the cold check below would catch it only as a cold mismatch).
-  if (absl::Status st =
-          verifier_.VerifyHotPages(coded, absl::MakeConstSpan(layer->hot_sums).subspan(k), k, name, kCheckDemote);
-      !st.ok()) {
-    keep_copies();
-    return st;
+  std::vector<PageId> all;
+  for (const DemoteJob& j : jobs) all.insert(all.end(), coded(j).begin(), coded(j).end());
+  std::vector<PageChecksum> sums;
+  if (absl::Status st = verifier_.HotSums(all, &sums); !st.ok()) {
+    for (DemoteJob& j : jobs) fail(j, st);
+    return;
   }
+  size_t at = 0;
+  for (DemoteJob& j : jobs) {
+    const size_t k = j.kept.size(), c = coded(j).size();
+    absl::Status st =
+        verifier_.CheckHotSums(absl::MakeConstSpan(sums).subspan(at, c),
+                               absl::MakeConstSpan(j.layer->hot_sums).subspan(k), k, j.name, kCheckDemote);
+    at += c;
+    if (!st.ok()) fail(j, st);
+  }
+  // Cold pages for the coded ones, on the device whose hot partition holds
+  // each layer; one backend move for them all.
   const int p = cold_.page_tokens();
-  // Back to the device whose hot partition holds the layer.
-  const int device = layer->pages.empty() ? 0 : hot_.partition_of(layer->pages[0]);
-  absl::StatusOr<std::vector<PageId>> cold = cold_.Reserve(static_cast<int64_t>(coded.size()), device);
-  if (!cold.ok()) {
-    keep_copies();
-    return cold.status();
+  std::vector<std::vector<PageId>> cold(jobs.size());
+  std::vector<TierMove> moves;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    DemoteJob& j = jobs[i];
+    if (!j.status.ok()) continue;
+    const absl::Span<const PageId> from = coded(j);
+    const int device = j.layer->pages.empty() ? 0 : hot_.partition_of(j.layer->pages[0]);
+    absl::StatusOr<std::vector<PageId>> reserved = cold_.Reserve(static_cast<int64_t>(from.size()), device);
+    if (!reserved.ok()) {
+      fail(j, reserved.status());
+      continue;
+    }
+    cold[i] = *std::move(reserved);
+    for (size_t t = 0; t < from.size(); ++t) moves.push_back(TierMove{from[t], cold[i][t], p});
   }
-  std::vector<TierMove> moves(coded.size());
-  for (size_t i = 0; i < moves.size(); ++i) moves[i] = TierMove{coded[i], (*cold)[i], p};
-  if (absl::Status st = moves.empty() ? absl::OkStatus() : backend_.DemotePages(moves); !st.ok()) {
-    cold_.Free(*cold);
-    keep_copies();
-    return st;
+  absl::Status moved = moves.empty() ? absl::OkStatus() : backend_.DemotePages(moves);
+  // The demoted bytes, as the backend holds them, must be the cold pages
+  // the hot ones were promoted from.
+  all.clear();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].status.ok()) all.insert(all.end(), cold[i].begin(), cold[i].end());
   }
-  // The demoted bytes, as the backend holds them, must be the cold page the
-  // hot one was promoted from.
-  absl::Status st = verifier_.VerifyColdPages(*cold, absl::MakeConstSpan(layer->page_sums).subspan(k), k,
-                                              PageVerifier::Copy::kBackend, name, kCheckDemote);
-  if (!st.ok()) {
-    cold_.Free(*cold);
-    keep_copies();
-    return st;
+  if (moved.ok()) moved = verifier_.ColdSums(all, &sums);
+  at = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    DemoteJob& j = jobs[i];
+    if (!j.status.ok()) continue;
+    const size_t k = j.kept.size(), c = cold[i].size();
+    absl::Status st = moved;
+    if (st.ok()) {
+      st = verifier_.CheckColdSums(absl::MakeConstSpan(sums).subspan(at, c),
+                                   absl::MakeConstSpan(j.layer->page_sums).subspan(k), k, j.name, kCheckDemote);
+    }
+    at += c;
+    if (!st.ok()) {
+      cold_.Free(cold[i]);
+      fail(j, st);
+      continue;
+    }
+    LayerState* layer = j.layer;
+    const size_t n = layer->pages.size();
+    hot_.Free(layer->pages);
+    j.usage->AddBytes(MoveBytes(static_cast<int64_t>(n), /*to_hot=*/false));
+    j.kept.insert(j.kept.end(), cold[i].begin(), cold[i].end());
+    layer->pages = std::move(j.kept);
+    j.kept.clear();
+    layer->hot = false;
+    layer->hot_sums.clear();
+    RemoveHot(layer->id);
+    ++demotions_;
+    pages_demoted_ += n;
+    metrics_->tier_demotions[reason]->Increment();
+    metrics_->tier_pages_moved[1]->Increment(static_cast<double>(n));
+    if (k > 0) {
+      pages_demoted_from_copies_ += k;
+      metrics_->tier_pages_demoted_from_copies->Increment(static_cast<double>(k));
+    }
   }
-  hot_.Free(layer->pages);
-  usage->AddBytes(MoveBytes(static_cast<int64_t>(n), /*to_hot=*/false));
-  kept.insert(kept.end(), cold->begin(), cold->end());
-  layer->pages = std::move(kept);
-  layer->hot = false;
-  layer->hot_sums.clear();
-  RemoveHot(layer->id);
-  ++demotions_;
-  pages_demoted_ += n;
-  metrics_->tier_demotions[reason]->Increment();
-  metrics_->tier_pages_moved[1]->Increment(static_cast<double>(n));
-  if (k > 0) {
-    pages_demoted_from_copies_ += k;
-    metrics_->tier_pages_demoted_from_copies->Increment(static_cast<double>(k));
-    PublishCopies();
-  }
-  return absl::OkStatus();
+  PublishCopies();
 }
 
 bool HotTier::DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried) {
@@ -798,10 +837,12 @@ bool HotTier::DemoteIdle() {
       names.push_back(LayerName{seq->id, index});
     }
     std::vector<std::vector<PageId>> kept = TakeCopiesTogether(demote, names);
+    std::vector<DemoteJob> jobs;
     for (size_t i = 0; i < demote.size(); ++i) {
-      DemoteWithCopies(demote[i], seq->usage, names[i], kDemoteIdle, std::move(kept[i]))
-          .IgnoreError();  // no cold room: stays hot, tried again later
+      jobs.push_back(DemoteJob{demote[i], seq->usage, names[i], std::move(kept[i]), absl::OkStatus()});
     }
+    // A layer that fails (no cold room) stays hot and is tried again later.
+    DemoteTogetherLocked(absl::MakeSpan(jobs), kDemoteIdle);
     for (auto it = locked.rbegin(); it != locked.rend(); ++it) (*it)->mu.Unlock();
   }
   return !idle.empty();

@@ -151,6 +151,19 @@ class HotTier {
   // (`kept`: its first kept.size() pages' cold copies, or none).
   absl::Status DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason,
                                 std::vector<PageId> kept);
+  // Several layers' demotions (DemoteWithCopies each) with one hot
+  // checksum pass, one backend move and one cold checksum pass for them
+  // all: a job that fails leaves its layer hot with its copies kept
+  // (`status` says why) and the others go on. REQUIRES: each layer's mu
+  // held as a writer and its sequence's; each layer hot.
+  struct DemoteJob {
+    LayerState* layer = nullptr;
+    TenantUsage* usage = nullptr;
+    LayerName name;
+    std::vector<PageId> kept;  // its copies, taken and checked
+    absl::Status status;       // out
+  };
+  void DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason reason);
   // For new pages encoded cold first (prefix-keyed, or from device
   // staging; the others are encoded straight into the hot pages of
   // ReserveNewPages below): where the new cold pages `cold` of the hot

@@ -72,7 +72,13 @@ absl::Status PageVerifier::VerifyHotPages(absl::Span<const PageId> pages, absl::
                                           size_t first, const LayerName& name, ChecksumSite site) const {
   thread_local std::vector<PageChecksum> computed;
   if (absl::Status st = HotSums(pages, &computed); !st.ok()) return st;
-  for (size_t i = 0; i < pages.size(); ++i) {
+  return CheckHotSums(computed, expected, first, name, site);
+}
+
+absl::Status PageVerifier::CheckHotSums(absl::Span<const PageChecksum> computed,
+                                        absl::Span<const PageChecksum> expected, size_t first, const LayerName& name,
+                                        ChecksumSite site) const {
+  for (size_t i = 0; i < computed.size(); ++i) {
     if (computed[i] != expected[i]) return Mismatch(true, first + i, name, site, expected[i], computed[i]);
   }
   return absl::OkStatus();

@@ -84,6 +84,10 @@ class PageVerifier {
   // the move) against `expected`: VerifyColdPages's verdict.
   absl::Status CheckColdSums(absl::Span<const PageChecksum> computed, absl::Span<const PageChecksum> expected,
                              size_t first, const LayerName& name, ChecksumSite site) const;
+  // Hot pages' checksums computed elsewhere (HotSums of several layers at
+  // once) against `expected`: VerifyHotPages's verdict.
+  absl::Status CheckHotSums(absl::Span<const PageChecksum> computed, absl::Span<const PageChecksum> expected,
+                            size_t first, const LayerName& name, ChecksumSite site) const;
   // Hot pages against the checksums of their level form (always through
   // the backend).
   absl::Status VerifyHotPages(absl::Span<const PageId> pages, absl::Span<const PageChecksum> expected, size_t first,

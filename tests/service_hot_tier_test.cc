@@ -300,6 +300,48 @@ TEST(HotTier, IdleDemotionWithInjectedClock) {
   EXPECT_TRUE(keep.h->LayerIsHot("a", 0));
 }
 
+// A sequence's idle layers demote together (one hot checksum pass, one
+// move, one cold checksum pass): a corrupt hot page keeps its layer hot,
+// and the other layer is coded back to its original cold bytes all the
+// same. Repaired, the layer demotes on the next pass.
+TEST(HotTier, IdleLayersOfASequenceDemoteTogether) {
+  ServiceOptions o = HotOptions(16);
+  o.hot_keep_cold_copies = false;
+  Server hot(o), cold(ColdOptions());
+  for (uint32_t layer : {0u, 1u}) {
+    const testing::Kv kv = SyntheticKv(kTokens, kN, 50 + layer);
+    for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", layer, kv, 0, kTokens).ok());
+  }
+  const std::string original[2] = {ColdBytes(*hot.h, "a", 0), ColdBytes(*hot.h, "a", 1)};
+  ASSERT_TRUE(hot.Attend({{"a", 0}, {"a", 1}}, 7).ok());
+  std::vector<PageId> hot_pages;
+  hot.h->WithLayerForTest("a", 1, [&](LayerState& l) { hot_pages = l.pages; });
+  ASSERT_EQ(hot_pages.size(), static_cast<size_t>(kPages));
+  uint8_t* byte = hot.h->hot_pool()->page(hot_pages[2]) + 999;
+  *byte ^= 0x04;
+  const uint64_t failures = hot.Stats().checksum_failures();
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 0));
+  EXPECT_TRUE(hot.h->LayerIsHot("a", 1));
+  EXPECT_EQ(hot.Stats().checksum_failures(), failures + 1);
+  EXPECT_EQ(hot.Stats().pages_demoted(), static_cast<uint64_t>(kPages));
+  EXPECT_EQ(ColdBytes(*hot.h, "a", 0), original[0]);
+  *byte ^= 0x04;
+  hot.Advance(61);
+  hot.h->ExpireIdle();
+  EXPECT_FALSE(hot.h->LayerIsHot("a", 1));
+  EXPECT_EQ(ColdBytes(*hot.h, "a", 1), original[1]);
+  const v1::StatsResponse s = hot.Stats();
+  EXPECT_EQ(s.pages_demoted(), 2u * kPages);
+  EXPECT_EQ(s.pages_in_use(), 2u * kPages);
+  EXPECT_EQ(s.hot_pages_in_use(), 0u);
+  absl::StatusOr<std::vector<Answer>> want = cold.Attend({{"a", 0}, {"a", 1}}, 9);
+  absl::StatusOr<std::vector<Answer>> got = hot.Attend({{"a", 0}, {"a", 1}}, 9);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_TRUE(*got == *want);
+}
+
 TEST(HotTier, AppendIntoHotLayerGoesHot) {
   ServiceOptions ho = HotOptions(16);
   ho.hot_idle_seconds = 30;
