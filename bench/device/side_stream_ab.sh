@@ -17,7 +17,7 @@ grep -E "^Promotion|^Demotion|^Checksums" $OUT/bench_gpu.log
 for round in $(seq ${ROUNDS:-2}); do
   for v in "service_hot_bench-mid" "service_hot_bench" "service_hot_bench --lookahead_bytes=16777216"; do
     echo "== round $round: $v" | tee -a $OUT/hot_bench.log
-    timeout 150 $B $v --sequences=64 --context=8192 --reps=20 --clients=8 2>&1 | tee -a $OUT/hot_bench.log |
+    timeout 150 $B $v --sequences=64 --context=8192 --reps=${REPS:-20} --clients=8 2>&1 | tee -a $OUT/hot_bench.log |
       grep -E "^\| (hot|cold)|Attend .* phases"
   done
 done
