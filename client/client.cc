@@ -37,6 +37,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeClientChannel(const ClientOpt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(o.max_message_bytes);
   args.SetMaxSendMessageSize(o.max_message_bytes);
+  if (o.http2_window_bytes > 0) args.SetInt("grpc.http2.lookahead_bytes", o.http2_window_bytes);
   if (o.read_chunk_bytes > 0) {
     args.SetInt("grpc.experimental.tcp_read_chunk_size", o.read_chunk_bytes);
     args.SetInt("grpc.experimental.tcp_min_read_chunk_size", o.read_chunk_bytes);

@@ -57,6 +57,11 @@ struct ClientOptions {
   // calling thread's core busy for the call's length.
   int read_chunk_bytes = 0;
   bool poll_attend = false;
+  // > 0: the HTTP/2 window the client offers the server for answers
+  // (grpc.http2.lookahead_bytes); 0: gRPC's, which starts at 64 KiB and
+  // grows as its bandwidth probe sees traffic, so the first large answer
+  // on a channel waits for window updates.
+  int http2_window_bytes = 0;
 };
 
 // The channel that `options` describe; INVALID_ARGUMENT naming a file that
