@@ -91,25 +91,8 @@ void HotTier::FreeLayer(LayerState* layer) {
   layer->hot_sums.clear();
 }
 
-std::vector<PageId> HotTier::TakeCopies(const LayerState& layer, const LayerName& name) {
-  if (copies_ == nullptr) return {};
-  std::vector<PageId> kept = copies_->Take(layer.id);
-  if (kept.empty()) return kept;
-  // A copy that no longer matches (memory corrupted under it) is counted
-  // as a checksum failure and freed; its page is coded from the hot form.
-  if (kept.size() > layer.pages.size() ||
-      !verifier_
-           .VerifyColdPages(kept, absl::MakeConstSpan(layer.page_sums).first(kept.size()), 0,
-                            PageVerifier::Copy::kBackend, name, kCheckDemote)
-           .ok()) {
-    cold_.Free(kept);
-    return {};
-  }
-  return kept;
-}
-
-std::vector<std::vector<PageId>> HotTier::TakeCopiesTogether(absl::Span<LayerState* const> layers,
-                                                             absl::Span<const LayerName> names) {
+std::vector<std::vector<PageId>> HotTier::TakeCopies(absl::Span<LayerState* const> layers,
+                                                     absl::Span<const LayerName> names) {
   std::vector<std::vector<PageId>> kept(layers.size());
   if (copies_ == nullptr) return kept;
   std::vector<PageId> all;
@@ -121,17 +104,19 @@ std::vector<std::vector<PageId>> HotTier::TakeCopiesTogether(absl::Span<LayerSta
     }
     all.insert(all.end(), kept[i].begin(), kept[i].end());
   }
-  std::vector<PageChecksum> sums;
   if (all.empty()) return kept;
+  std::vector<PageChecksum> sums;
   if (!verifier_.ColdSums(all, &sums).ok()) {
-    // The backend could not sum them: each layer's own check decides.
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (kept[i].empty()) continue;
-      copies_->Keep(layers[i]->id, std::move(kept[i]));
-      kept[i] = TakeCopies(*layers[i], names[i]);
+    // Unchecked copies are not given back: the pages are coded instead.
+    for (std::vector<PageId>& k : kept) {
+      cold_.Free(k);
+      k.clear();
     }
     return kept;
   }
+  // A copy that no longer matches (memory corrupted under it) is counted
+  // as a checksum failure and freed with its layer's other copies; the
+  // layer's pages are coded from the hot form.
   size_t at = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     const size_t k = kept[i].size();
@@ -173,12 +158,8 @@ int64_t HotTier::ReclaimCopies(int64_t pages, int partition) {
 
 absl::Status HotTier::DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name,
                                    DemotionReason reason) {
-  return DemoteWithCopies(layer, usage, name, reason, TakeCopies(*layer, name));
-}
-
-absl::Status HotTier::DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name,
-                                       DemotionReason reason, std::vector<PageId> kept) {
-  DemoteJob job{layer, usage, name, std::move(kept), absl::OkStatus()};
+  DemoteJob job{layer, usage, name, std::move(TakeCopies(absl::MakeSpan(&layer, 1), absl::MakeSpan(&name, 1))[0]),
+                absl::OkStatus()};
   DemoteTogetherLocked(absl::MakeSpan(&job, 1), reason);
   return job.status;
 }
@@ -231,6 +212,7 @@ void HotTier::DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason re
     for (size_t t = 0; t < from.size(); ++t) moves.push_back(TierMove{from[t], cold[i][t], p});
   }
   absl::Status moved = moves.empty() ? absl::OkStatus() : backend_.DemotePages(moves);
+  bool from_copies = false;  // the copies' gauge moves
   // The demoted bytes, as the backend holds them, must be the cold pages
   // the hot ones were promoted from.
   all.clear();
@@ -271,9 +253,10 @@ void HotTier::DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason re
     if (k > 0) {
       pages_demoted_from_copies_ += k;
       metrics_->tier_pages_demoted_from_copies->Increment(static_cast<double>(k));
+      from_copies = true;
     }
   }
-  PublishCopies();
+  if (from_copies) PublishCopies();
 }
 
 bool HotTier::DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried) {
@@ -836,7 +819,7 @@ bool HotTier::DemoteIdle() {
       demote.push_back(&layer);
       names.push_back(LayerName{seq->id, index});
     }
-    std::vector<std::vector<PageId>> kept = TakeCopiesTogether(demote, names);
+    std::vector<std::vector<PageId>> kept = TakeCopies(demote, names);
     std::vector<DemoteJob> jobs;
     for (size_t i = 0; i < demote.size(); ++i) {
       jobs.push_back(DemoteJob{demote[i], seq->usage, names[i], std::move(kept[i]), absl::OkStatus()});

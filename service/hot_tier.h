@@ -147,11 +147,8 @@ class HotTier {
   // page or its demoted form fails its checksum.
   // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
   absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
-  // DemoteLocked with the layer's copies already taken and checked
-  // (`kept`: its first kept.size() pages' cold copies, or none).
-  absl::Status DemoteWithCopies(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason,
-                                std::vector<PageId> kept);
-  // Several layers' demotions (DemoteWithCopies each) with one hot
+  // Several layers' demotions (DemoteLocked each, with the copies that
+  // TakeCopies took) with one hot
   // checksum pass, one backend move and one cold checksum pass for them
   // all: a job that fails leaves its layer hot with its copies kept
   // (`status` says why) and the others go on. REQUIRES: each layer's mu
@@ -293,15 +290,11 @@ class HotTier {
   // Backend::PromotePagesChecked of `moves` between the two pools, its
   // time observed in driftkv_tier_promotion_backend_seconds.
   absl::Status PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums, PageChecksum* hot_sums);
-  // The layer's kept cold copies, when their bytes as the backend holds
-  // them match the layer's cold checksums; else none (those freed).
-  // REQUIRES: layer.mu held as a writer; layer.hot.
-  std::vector<PageId> TakeCopies(const LayerState& layer, const LayerName& name);
-  // TakeCopies for several layers, their copies summed in one backend call
-  // (one launch on cuda) instead of one a layer. REQUIRES: as TakeCopies,
-  // for each layer.
-  std::vector<std::vector<PageId>> TakeCopiesTogether(absl::Span<LayerState* const> layers,
-                                                      absl::Span<const LayerName> names);
+  // Each layer's kept cold copies, when their bytes as the backend holds
+  // them match the layer's cold checksums; else none (those freed). All
+  // layers' copies are summed in one backend call (one launch on cuda).
+  // REQUIRES: each layer's mu held as a writer; each layer hot.
+  std::vector<std::vector<PageId>> TakeCopies(absl::Span<LayerState* const> layers, absl::Span<const LayerName> names);
   // Sets driftkv_tier_cold_copies_pages from the copies held now.
   void PublishCopies() const;
 
