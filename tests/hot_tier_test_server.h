@@ -99,11 +99,25 @@ inline std::string ColdBytes(Handler& h, const std::string& seq, uint32_t layer)
   return out;
 }
 
-// Layer 0 of `id` attended on both servers: the same bits.
-inline void ExpectSameAnswer(Server& cold, Server& hot, const std::string& id) {
-  absl::StatusOr<Answer> want = cold.Attend1(id, 0), got = hot.Attend1(id, 0);
+// Layers [0, layers) of `id` attended together on both servers: the same
+// bits.
+inline void ExpectSameAnswer(Server& cold, Server& hot, const std::string& id, uint32_t layers = 1) {
+  std::vector<std::pair<std::string, uint32_t>> items;
+  for (uint32_t l = 0; l < layers; ++l) items.emplace_back(id, l);
+  absl::StatusOr<std::vector<Answer>> want = cold.Attend(items, 7), got = hot.Attend(items, 7);
   ASSERT_TRUE(want.ok() && got.ok());
   EXPECT_TRUE(*got == *want) << id;
+}
+
+// Layers 0 and 1 of `id` pushed to both servers (keys and values of seed
+// `seed` and `seed + 1`); *original: the hot server's cold bytes of each.
+inline void PushTwoLayers(Server& hot, Server& cold, const std::string& id, uint32_t seed,
+                          std::vector<std::string>* original) {
+  for (uint32_t layer : {0u, 1u}) {
+    const testing::Kv kv = SyntheticKv(kTokens, kN, seed + layer);
+    for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push(id, layer, kv, 0, kTokens).ok());
+    original->push_back(ColdBytes(*hot.h, id, layer));
+  }
 }
 
 // A cold pool of `pages` pages beside a hot tier of 16.

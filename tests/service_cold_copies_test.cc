@@ -110,11 +110,8 @@ TEST(HotTier, DemotionCodesOnlyThePagesWithoutACopy) {
 // and the other layer still gives its copies back.
 TEST(HotTier, IdleLayersOfASequenceCheckTheirCopiesTogether) {
   Server hot(HotOptions(16)), cold(ColdOptions());
-  for (uint32_t layer : {0u, 1u}) {
-    const testing::Kv kv = SyntheticKv(kTokens, kN, 40 + layer);
-    for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", layer, kv, 0, kTokens).ok());
-  }
-  const std::string original[2] = {ColdBytes(*hot.h, "a", 0), ColdBytes(*hot.h, "a", 1)};
+  std::vector<std::string> original;
+  ASSERT_NO_FATAL_FAILURE(PushTwoLayers(hot, cold, "a", 40, &original));
   std::vector<PageId> pages;
   hot.h->WithLayerForTest("a", 1, [&](LayerState& l) { pages = l.pages; });
   ASSERT_EQ(pages.size(), static_cast<size_t>(kPages));
@@ -134,10 +131,7 @@ TEST(HotTier, IdleLayersOfASequenceCheckTheirCopiesTogether) {
   EXPECT_EQ(s.cold_copy_pages(), 0u);
   EXPECT_EQ(Resident(s), 2u * kPages);
   for (uint32_t layer : {0u, 1u}) EXPECT_EQ(ColdBytes(*hot.h, "a", layer), original[layer]) << layer;
-  absl::StatusOr<std::vector<Answer>> want = cold.Attend({{"a", 0}, {"a", 1}}, 9);
-  absl::StatusOr<std::vector<Answer>> got = hot.Attend({{"a", 0}, {"a", 1}}, 9);
-  ASSERT_TRUE(want.ok() && got.ok());
-  EXPECT_TRUE(*got == *want);
+  ExpectSameAnswer(cold, hot, "a", 2);
 }
 
 // hot_keep_cold_copies false: a promotion frees the cold pages, as before.

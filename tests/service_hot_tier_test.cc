@@ -308,11 +308,8 @@ TEST(HotTier, IdleLayersOfASequenceDemoteTogether) {
   ServiceOptions o = HotOptions(16);
   o.hot_keep_cold_copies = false;
   Server hot(o), cold(ColdOptions());
-  for (uint32_t layer : {0u, 1u}) {
-    const testing::Kv kv = SyntheticKv(kTokens, kN, 50 + layer);
-    for (Server* s : {&hot, &cold}) ASSERT_TRUE(s->Push("a", layer, kv, 0, kTokens).ok());
-  }
-  const std::string original[2] = {ColdBytes(*hot.h, "a", 0), ColdBytes(*hot.h, "a", 1)};
+  std::vector<std::string> original;
+  ASSERT_NO_FATAL_FAILURE(PushTwoLayers(hot, cold, "a", 50, &original));
   ASSERT_TRUE(hot.Attend({{"a", 0}, {"a", 1}}, 7).ok());
   std::vector<PageId> hot_pages;
   hot.h->WithLayerForTest("a", 1, [&](LayerState& l) { hot_pages = l.pages; });
@@ -336,10 +333,7 @@ TEST(HotTier, IdleLayersOfASequenceDemoteTogether) {
   EXPECT_EQ(s.pages_demoted(), 2u * kPages);
   EXPECT_EQ(s.pages_in_use(), 2u * kPages);
   EXPECT_EQ(s.hot_pages_in_use(), 0u);
-  absl::StatusOr<std::vector<Answer>> want = cold.Attend({{"a", 0}, {"a", 1}}, 9);
-  absl::StatusOr<std::vector<Answer>> got = hot.Attend({{"a", 0}, {"a", 1}}, 9);
-  ASSERT_TRUE(want.ok() && got.ok());
-  EXPECT_TRUE(*got == *want);
+  ExpectSameAnswer(cold, hot, "a", 2);
 }
 
 TEST(HotTier, AppendIntoHotLayerGoesHot) {
