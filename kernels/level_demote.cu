@@ -5,8 +5,10 @@
 // last to first into shared memory ([token][channel], the inverse of the
 // promotion's packing: codec/level_fragments.h) and each thread carries its
 // state from one head to the next, writing renormalisation bytes backwards
-// into its record in device memory, a word at a time; then it moves the
-// stream to the payload's start and zeroes the record's tail.
+// into its record in device memory, a word at a time; then each warp moves
+// its 32 streams to their payloads' starts, a record at a time over
+// consecutive words (a thread moving its own record touched 32 lines per
+// access).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -60,21 +62,36 @@ struct BackwardWriter {
   }
 };
 
-// Moves the stream's `used` bytes, which end at byte `area` of the record's
-// payload words, to the payload's start and zeroes the record's tail.
-__device__ __forceinline__ void MoveToStart(uint32_t* pay, int area, int used, int tail_words) {
-  const int d = area - used;  // bytes to move down
-  const int q = d >> 2, sh = 8 * (d & 3);
-  const int words = (used + 3) / 4, limit = area / 4;
-  for (int i = 0; i < words; ++i) {
-    const uint32_t a = pay[q + i];
-    const uint32_t b = q + i + 1 < limit ? pay[q + i + 1] : 0u;
-    uint32_t v = sh == 0 ? a : __funnelshift_r(a, b, sh);
-    const int valid = used - 4 * i;
-    if (valid < 4) v &= (1u << (8 * valid)) - 1u;
-    pay[i] = v;
+// Moves each coded record of the calling warp's 32 tokens to its payload's
+// start and zeroes its tail, one record at a time with the warp's lanes on
+// consecutive words: a record's stream (`used` bytes, -1 for a record not
+// written) ends at byte `area` of its payload words, which start at
+// `first_pay` + r * `stride_words` for the warp's r-th token. Word i takes
+// the stream's bytes 4i..4i+3 from source words q + i and q + i + 1; a lane
+// reads its source before the shuffle and writes after it, and a later
+// chunk reads only words above those an earlier one wrote.
+__device__ __forceinline__ void MoveWarpRecordsToStart(uint32_t* first_pay, int stride_words, int area, int used,
+                                                       int tail_words) {
+  const int lane = threadIdx.x & 31, limit = area / 4;
+  for (int r = 0; r < 32; ++r) {
+    const int u = __shfl_sync(0xffffffffu, used, r);
+    if (u < 0) continue;  // the same in every lane
+    uint32_t* pay = first_pay + r * stride_words;
+    const int d = area - u;  // bytes to move down
+    const int q = d >> 2, sh = 8 * (d & 3);
+    const int words = (u + 3) / 4;
+    for (int i0 = 0; i0 < tail_words; i0 += 32) {
+      const int i = i0 + lane;
+      const uint32_t a = i <= words && q + i < limit ? pay[q + i] : 0u;
+      const uint32_t last = lane == 31 && i < words && q + i + 1 < limit ? pay[q + i + 1] : 0u;
+      const uint32_t down = __shfl_down_sync(0xffffffffu, a, 1);
+      const uint32_t b = lane == 31 ? last : down;
+      uint32_t v = sh == 0 ? a : __funnelshift_r(a, b, sh);
+      const int valid = u - 4 * i;
+      if (valid < 4) v = valid <= 0 ? 0u : v & ((1u << (8 * valid)) - 1u);
+      if (i < tail_words) pay[i] = v;
+    }
   }
-  for (int i = words; i < tail_words; ++i) pay[i] = 0u;
 }
 
 // Static shared memory: the levels of one head [token][D + 4].
@@ -161,21 +178,26 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
       }
     }
   }
-  if (!has) return;
-  // The final state, its bytes LE below the stream: the top byte first.
-  out.Put(x >> 24);
-  out.Put(x >> 16);
-  out.Put(x >> 8);
-  out.Put(x);
-  out.Flush();
-  const int used = out.bytes;
-  if (over != 0 || used > payload) ok = false;
-  if (ok) {
-    rec[0] = header;
-    MoveToStart(rec + 1, area, used, (stride - kRecordHeaderBytes) / 4);
-  } else if (p.status_dev != nullptr) {
-    atomicMin(p.status_dev + page, 1 + kind * kLevelPageTokens + tid);
+  int used = -1;  // a record written and to be moved
+  if (has) {
+    // The final state, its bytes LE below the stream: the top byte first.
+    out.Put(x >> 24);
+    out.Put(x >> 16);
+    out.Put(x >> 8);
+    out.Put(x);
+    out.Flush();
+    if (over != 0 || out.bytes > payload) ok = false;
+    if (ok) {
+      rec[0] = header;
+      used = out.bytes;
+    } else if (p.status_dev != nullptr) {
+      atomicMin(p.status_dev + page, 1 + kind * kLevelPageTokens + tid);
+    }
   }
+  __syncwarp();  // the warp's records as their lanes wrote them
+  uint32_t* first = reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) +
+                                                static_cast<size_t>(tid & ~31) * stride);
+  MoveWarpRecordsToStart(first + 1, stride / 4, area, used, (stride - kRecordHeaderBytes) / 4);
 }
 
 }  // namespace

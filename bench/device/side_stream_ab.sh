@@ -9,13 +9,23 @@
 # with --lookahead_bytes=16777216), each run started only before
 # HOT_BEFORE seconds (default 480) into the call; with INLINE=1 the inline
 # door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
+# With bench_gpu-before bundled, its kernel lines beside this build's; with
+# NCU=1, the demotion kernel under ncu last.
 set -uo pipefail
 . bench/device/gtest.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-gtests ${TESTS:-page_crc_test:60 cuda_backend_test:120 service_gpu_test:300} || exit 1
-echo "== bench_gpu 1 x 8K"
-timeout 90 $B bench_gpu --encode_tokens=0 --shapes=1x8192 > $OUT/bench_gpu.log 2>&1
-grep -E "^Promotion|^Demotion|^Checksums" $OUT/bench_gpu.log
+gtests ${TESTS:-level_attention_test:240 page_crc_test:60 cuda_backend_test:120 service_gpu_test:300} || exit 1
+# With bench_gpu-before bundled (a kernels build before this one), both
+# alternate KERNEL_ROUNDS (default 2) times.
+kernels="bench_gpu"
+[[ -x .device/bundle/bin/bench_gpu-before ]] && kernels="bench_gpu-before bench_gpu"
+for round in $(seq ${KERNEL_ROUNDS:-2}); do
+  for v in $kernels; do
+    echo "== round $round, 1 x 8K: $v"
+    timeout 90 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_$round.log 2>&1
+    grep -E "^Promotion|^Demotion|^Checksums" $OUT/${v}_$round.log
+  done
+done
 echo "== demotion with and without cold copies, 8K x 32 layers"
 timeout 240 $B tier_demotion_bench --backend=cuda --layers=32 --tokens=8320 --rounds=5 2>&1 |
   tee $OUT/tier_demotion.log | grep -E "^(backend|copies|no copies|demotion)"
@@ -34,4 +44,17 @@ for round in $(seq ${ROUNDS:-2}); do
 done
 if [[ -n "${INLINE:-}" && $SECONDS -lt ${INLINE_BEFORE:-400} ]]; then
   SKIP_TESTS=1 ROUNDS=1 VARIANTS="sleeping polling" PATHS="inline_bf16:0" STEPS=40 bash bench/device/poll_ab.sh
+fi
+# With NCU=1, the demotion kernel of each bundled bench_gpu build under ncu
+# (one launch: its throughputs, stalls and memory wavefronts) while the call
+# has time (NCU_BEFORE, 500 s).
+if [[ -n "${NCU:-}" ]]; then
+  for v in $kernels; do
+    [[ $SECONDS -lt ${NCU_BEFORE:-500} ]] || { echo "== ncu skipped: $SECONDS s into the call"; break; }
+    echo "== ncu demotion kernel: $v"
+    timeout 90 ncu -k regex:DemoteKernel -c 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
+      .device/bundle/run $v --encode_tokens=0 --shapes=1x8192 > $OUT/ncu_demote_$v.log 2>&1
+    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Stall|Wavefronts|Sectors" $OUT/ncu_demote_$v.log | head -40
+  done
 fi
