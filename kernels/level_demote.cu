@@ -37,23 +37,29 @@ __device__ __forceinline__ bool GridOk(uint32_t header) {
 // 32-bit words as rANS emits bytes (the first byte emitted is the last of
 // the payload), then moved to the payload's start. `end` is the payload's
 // end rounded up to a word; words below `lo` (the payload's start) are never
-// written, so a stream that does not fit stays inside its record.
+// written, so a stream that does not fit stays inside its record. A symbol
+// emits at most one byte, so a group of four completes at most one word:
+// PutIf keeps it in `full` and the group's StoreGroup writes it, one store
+// a group instead of a predicated one per symbol.
 struct BackwardWriter {
   uint32_t* end;  // one past the last word
   int room;       // words the area holds
-  uint32_t w = 0;
-  int bytes = 0;  // emitted so far
-  __device__ __forceinline__ void Put(uint32_t b) { PutIf(true, b); }
-  // Put(b) when `emit`, in selects and one predicated store: the coding
-  // loop emits a byte every few levels, at different levels in each lane.
+  uint32_t w = 0;     // the last four bytes emitted, the latest lowest
+  uint32_t full = 0;  // the word the group completed, if it did
+  int bytes = 0;      // emitted so far
+  // Emits b's low byte when `emit`, in selects: the coding loop emits a
+  // byte every few levels, at different levels in each lane.
   __device__ __forceinline__ void PutIf(bool emit, uint32_t b) {
-    const uint32_t nw = (w << 8) | (b & 255u);
-    const int nb = bytes + (emit ? 1 : 0);
-    const bool full = emit && (nb & 3) == 0;
-    const int j = nb >> 2;  // a full word is end[-j]
-    if (full && j <= room) end[-j] = nw;
-    w = full ? 0u : (emit ? nw : w);
-    bytes = nb;
+    const uint32_t nw = __byte_perm(w, b, 0x2104);  // (w << 8) | (b & 255)
+    w = emit ? nw : w;
+    bytes += emit ? 1 : 0;
+    full = emit && (bytes & 3) == 0 ? nw : full;
+  }
+  // Writes the word completed since `words_before` (bytes / 4 before the
+  // group of at most four PutIf), if one was.
+  __device__ __forceinline__ void StoreGroup(int words_before) {
+    const int j = bytes >> 2;  // a full word is end[-j]
+    if (j != words_before && j <= room) end[-j] = full;
   }
   // The last partial word, its bytes at the top.
   __device__ __forceinline__ void Flush() {
@@ -160,6 +166,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
         uint32_t four;
         asm volatile("ld.shared.u32 %0, [%1];" : "=r"(four) : "r"(row_addr + j));
         over |= (four + over_add) & 0x80808080u;
+        const int words_before = out.bytes >> 2;
 #pragma unroll
         for (int k = 3; k >= 0; --k) {
           uint32_t ex, rc;
@@ -175,16 +182,19 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
           const bool carry = r >= f;
           x = ((q + (carry ? 1u : 0u)) << kProbBits) + (carry ? r - f : r) + (ex >> 16);
         }
+        out.StoreGroup(words_before);
       }
     }
   }
   int used = -1;  // a record written and to be moved
   if (has) {
     // The final state, its bytes LE below the stream: the top byte first.
-    out.Put(x >> 24);
-    out.Put(x >> 16);
-    out.Put(x >> 8);
-    out.Put(x);
+    const int words_before = out.bytes >> 2;
+    out.PutIf(true, x >> 24);
+    out.PutIf(true, x >> 16);
+    out.PutIf(true, x >> 8);
+    out.PutIf(true, x);
+    out.StoreGroup(words_before);
     out.Flush();
     if (over != 0 || out.bytes > payload) ok = false;
     if (ok) {

@@ -9,16 +9,18 @@
 # with --lookahead_bytes=16777216), each run started only before
 # HOT_BEFORE seconds (default 480) into the call; with INLINE=1 the inline
 # door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
-# With bench_gpu-before bundled, its kernel lines beside this build's; with
+# With bench_gpu-before / -mid bundled, their kernel lines beside this
+# build's; with
 # NCU=1, the demotion kernel under ncu last.
 set -uo pipefail
 . bench/device/gtest.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 gtests ${TESTS:-level_attention_test:240 page_crc_test:60 cuda_backend_test:120 service_gpu_test:300} || exit 1
-# With bench_gpu-before bundled (a kernels build before this one), both
-# alternate KERNEL_ROUNDS (default 2) times.
-kernels="bench_gpu"
-[[ -x .device/bundle/bin/bench_gpu-before ]] && kernels="bench_gpu-before bench_gpu"
+# With bench_gpu-before (and bench_gpu-mid) bundled, kernels builds before
+# this one, they alternate with it KERNEL_ROUNDS (default 2) times.
+kernels=""
+for v in bench_gpu-before bench_gpu-mid; do [[ -x .device/bundle/bin/$v ]] && kernels="$kernels $v"; done
+kernels="$kernels bench_gpu"
 for round in $(seq ${KERNEL_ROUNDS:-2}); do
   for v in $kernels; do
     echo "== round $round, 1 x 8K: $v"
