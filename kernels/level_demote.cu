@@ -38,46 +38,65 @@ __device__ __forceinline__ bool GridOk(uint32_t header) {
 // the payload), then moved to the payload's start. `end` is the payload's
 // end rounded up to a word; words below `lo` (the payload's start) are never
 // written, so a stream that does not fit stays inside its record. A symbol
-// emits at most one byte, so a group of four completes at most one word:
-// PutIf keeps it in `full` and the group's StoreGroup writes it, one store
-// a group instead of a predicated one per symbol.
+// emits at most one byte, so a group of four completes at most one word,
+// which ended at most three bytes before the group's last: the writer keeps
+// the last eight bytes emitted and the group's StoreGroup writes that word,
+// one store a group instead of a predicated one per symbol.
 struct BackwardWriter {
-  uint32_t* end;  // one past the last word
-  int room;       // words the area holds
-  uint32_t w = 0;     // the last four bytes emitted, the latest lowest
-  uint32_t full = 0;  // the word the group completed, if it did
-  int bytes = 0;      // emitted so far
-  // Emits b's low byte when `emit`, in selects: the coding loop emits a
-  // byte every few levels, at different levels in each lane.
+  uint32_t* end;            // one past the last word
+  int room;                 // words the area holds
+  uint32_t lo = 0, hi = 0;  // the last eight bytes emitted, the latest lowest
+  int bytes = 0;            // emitted so far
+  // Emits b's low byte when `emit`: the coding loop emits a byte every few
+  // levels, at different levels in each lane.
   __device__ __forceinline__ void PutIf(bool emit, uint32_t b) {
-    const uint32_t nw = __byte_perm(w, b, 0x2104);  // (w << 8) | (b & 255)
-    w = emit ? nw : w;
-    bytes += emit ? 1 : 0;
-    full = emit && (bytes & 3) == 0 ? nw : full;
+    if (emit) {
+      hi = __funnelshift_l(lo, hi, 8);
+      lo = __byte_perm(lo, b, 0x2104);  // (lo << 8) | (b & 255)
+      ++bytes;
+    }
   }
   // Writes the word completed since `words_before` (bytes / 4 before the
-  // group of at most four PutIf), if one was.
+  // group of at most four PutIf), if one was: it ended (bytes & 3) bytes ago.
   __device__ __forceinline__ void StoreGroup(int words_before) {
     const int j = bytes >> 2;  // a full word is end[-j]
-    if (j != words_before && j <= room) end[-j] = full;
+    if (j != words_before && j <= room) end[-j] = __funnelshift_r(lo, hi, 8 * (bytes & 3));
   }
   // The last partial word, its bytes at the top.
   __device__ __forceinline__ void Flush() {
     const int nb = bytes & 3;
-    if (nb != 0 && bytes / 4 + 1 <= room) end[-(bytes / 4 + 1)] = w << (8 * (4 - nb));
+    if (nb != 0 && bytes / 4 + 1 <= room) end[-(bytes / 4 + 1)] = lo << (8 * (4 - nb));
   }
 };
+
+// One symbol's encoding step x -> (x / f) * 2^p + x % f + cum, as
+// x + bias + q * (2^p - f) with q = x / f by multiply and shift, exact for
+// every x < 2^31 (Granlund and Montgomery: with l = ceil(log2 f),
+// m = ceil(2^(31 + l) / f) fits 32 bits and q = umulhi(x, m) >> (l - 1)).
+// f = 1 takes m = 2^32 - 1, so q = x - 1 for x >= 1, and a bias of
+// cum + 2^p - 1. {threshold f << 23 (a byte leaves at or above it), m,
+// 2^p - f, bias << 5 | shift}. A table entry past the levels (f = 0, only
+// in a corrupt page, which is reported) codes as f = 1.
+__device__ __forceinline__ uint4 EncodeEntry(uint32_t e) {
+  const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u, cum = e >> 16;
+  if (f == 1) return make_uint4(1u << 23, 0xffffffffu, kProbScale - 1, (cum + kProbScale - 1) << 5);
+  const int l = 32 - __clz(f - 1);
+  const uint32_t m = static_cast<uint32_t>(((1ull << (31 + l)) + f - 1) / f);
+  return make_uint4(f << 23, m, kProbScale - f, (cum << 5) | static_cast<uint32_t>(l - 1));
+}
 
 // Moves each coded record of the calling warp's 32 tokens to its payload's
 // start and zeroes its tail, one record at a time with the warp's lanes on
 // consecutive words: a record's stream (`used` bytes, -1 for a record not
 // written) ends at byte `area` of its payload words, which start at
 // `first_pay` + r * `stride_words` for the warp's r-th token. Word i takes
-// the stream's bytes 4i..4i+3 from source words q + i and q + i + 1; a lane
-// reads its source before the shuffle and writes after it, and a later
-// chunk reads only words above those an earlier one wrote.
+// the stream's bytes 4i..4i+3 from source words q + i and q + i + 1. The
+// lanes read kChunks chunks of 32 words before writing any (one memory
+// latency for a whole record of up to 96 words); a later batch reads only
+// words above those an earlier one wrote.
 __device__ __forceinline__ void MoveWarpRecordsToStart(uint32_t* first_pay, int stride_words, int area, int used,
                                                        int tail_words) {
+  constexpr int kChunks = 3;
   const int lane = threadIdx.x & 31, limit = area / 4;
   for (int r = 0; r < 32; ++r) {
     const int u = __shfl_sync(0xffffffffu, used, r);
@@ -86,16 +105,24 @@ __device__ __forceinline__ void MoveWarpRecordsToStart(uint32_t* first_pay, int 
     const int d = area - u;  // bytes to move down
     const int q = d >> 2, sh = 8 * (d & 3);
     const int words = (u + 3) / 4;
-    for (int i0 = 0; i0 < tail_words; i0 += 32) {
-      const int i = i0 + lane;
-      const uint32_t a = i <= words && q + i < limit ? pay[q + i] : 0u;
-      const uint32_t last = lane == 31 && i < words && q + i + 1 < limit ? pay[q + i + 1] : 0u;
-      const uint32_t down = __shfl_down_sync(0xffffffffu, a, 1);
-      const uint32_t b = lane == 31 ? last : down;
-      uint32_t v = sh == 0 ? a : __funnelshift_r(a, b, sh);
-      const int valid = u - 4 * i;
-      if (valid < 4) v = valid <= 0 ? 0u : v & ((1u << (8 * valid)) - 1u);
-      if (i < tail_words) pay[i] = v;
+    for (int i0 = 0; i0 < tail_words; i0 += 32 * kChunks) {
+      uint32_t a[kChunks], last[kChunks];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int i = i0 + 32 * c + lane;
+        a[c] = i <= words && q + i < limit ? pay[q + i] : 0u;
+        last[c] = lane == 31 && i < words && q + i + 1 < limit ? pay[q + i + 1] : 0u;
+      }
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const int i = i0 + 32 * c + lane;
+        const uint32_t down = __shfl_down_sync(0xffffffffu, a[c], 1);
+        const uint32_t b = lane == 31 ? last[c] : down;
+        uint32_t v = sh == 0 ? a[c] : __funnelshift_r(a[c], b, sh);
+        const int valid = u - 4 * i;
+        if (valid < 4) v = valid <= 0 ? 0u : v & ((1u << (8 * valid)) - 1u);
+        if (i < tail_words) pay[i] = v;
+      }
     }
   }
 }
@@ -105,7 +132,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
-  __shared__ __align__(8) uint2 table[16];  // (cum << 16 | freq, reciprocal)
+  __shared__ __align__(16) uint4 table[16];  // EncodeEntry
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const PageLayout& cl = p.cold;
@@ -116,13 +143,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   const DemoteTable& tab = kind == 0 ? p.keys : p.values;
   const int stride = kind == 0 ? cl.key_stride : cl.value_stride;
   const int payload = tab.payload;
-  if (tid < 16) {
-    // A level past the table (only in a corrupt page, which is reported)
-    // codes as frequency 1 so that nothing divides by zero.
-    const uint32_t e = tab.entry[tid];
-    const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u;
-    table[tid] = make_uint2((e & 0xffff0000u) | f, 0xffffffffu / f);  // q = umulhi(x, rcp): x / f or one less
-  }
+  if (tid < 16) table[tid] = EncodeEntry(tab.entry[tid]);
   const bool has = tid < tokens;
   uint32_t* rec =
       reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) + static_cast<size_t>(tid) * stride);
@@ -169,18 +190,15 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
         const int words_before = out.bytes >> 2;
 #pragma unroll
         for (int k = 3; k >= 0; --k) {
-          uint32_t ex, rc;
-          asm("ld.shared.v2.u32 {%0, %1}, [%2];"
-              : "=r"(ex), "=r"(rc)
-              : "r"(table_addr + (((four >> (8 * k)) & 15u) << 3)));
-          const uint32_t f = ex & 0xffffu;
-          const bool emit = x >= (f << 23);  // x >= ((L >> p) << 8) f
+          uint32_t thr, m, cmpl, bw;
+          asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+              : "=r"(thr), "=r"(m), "=r"(cmpl), "=r"(bw)
+              : "r"(table_addr + (((four >> (8 * k)) & 15u) << 4)));
+          const bool emit = x >= thr;
           out.PutIf(emit, x);
           x = emit ? x >> 8 : x;
-          const uint32_t q = __umulhi(x, rc);
-          const uint32_t r = x - q * f;
-          const bool carry = r >= f;
-          x = ((q + (carry ? 1u : 0u)) << kProbBits) + (carry ? r - f : r) + (ex >> 16);
+          const uint32_t q = __funnelshift_r(__umulhi(x, m), 0u, bw);  // x / f
+          x += (bw >> 5) + q * cmpl;
         }
         out.StoreGroup(words_before);
       }
@@ -205,8 +223,8 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
     }
   }
   __syncwarp();  // the warp's records as their lanes wrote them
-  uint32_t* first = reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) +
-                                                static_cast<size_t>(tid & ~31) * stride);
+  uint32_t* first =
+      reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) + static_cast<size_t>(tid & ~31) * stride);
   MoveWarpRecordsToStart(first + 1, stride / 4, area, used, (stride - kRecordHeaderBytes) / 4);
 }
 
