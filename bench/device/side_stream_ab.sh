@@ -11,7 +11,7 @@
 # door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
 # With bench_gpu-before / -mid bundled, their kernel lines beside this
 # build's; with
-# NCU=1, the demotion kernel under ncu last.
+# NCU=1, the demotion kernel under ncu last (NCU_KERNELS picks builds).
 set -uo pipefail
 . bench/device/gtest.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -23,12 +23,12 @@ for v in bench_gpu-before bench_gpu-mid; do [[ -x .device/bundle/bin/$v ]] && ke
 kernels="$kernels bench_gpu"
 for round in $(seq ${KERNEL_ROUNDS:-2}); do
   for v in $kernels; do
-    echo "== round $round, 1 x 8K: $v"
+    echo "== round $round, 1 x 8K: $v [$SECONDS s]"
     timeout 90 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_$round.log 2>&1
     grep -E "^Promotion|^Demotion|^Checksums" $OUT/${v}_$round.log
   done
 done
-echo "== demotion with and without cold copies, 8K x 32 layers"
+echo "== demotion with and without cold copies, 8K x 32 layers [$SECONDS s]"
 timeout 240 $B tier_demotion_bench --backend=cuda --layers=32 --tokens=8320 --rounds=5 2>&1 |
   tee $OUT/tier_demotion.log | grep -E "^(backend|copies|no copies|demotion)"
 for round in $(seq ${ROUNDS:-2}); do
@@ -39,7 +39,7 @@ for round in $(seq ${ROUNDS:-2}); do
       new) cmd="service_hot_bench" ;;
       lookahead) cmd="service_hot_bench --lookahead_bytes=16777216" ;;
     esac
-    echo "== round $round: $cmd" | tee -a $OUT/hot_bench.log
+    echo "== round $round: $cmd [$SECONDS s]" | tee -a $OUT/hot_bench.log
     timeout 150 $B $cmd --sequences=64 --context=8192 --reps=${REPS:-20} --clients=8 2>&1 | tee -a $OUT/hot_bench.log |
       grep -E "^\| (hot|cold)|Attend .* phases"
   done
@@ -51,9 +51,9 @@ fi
 # (one launch: its throughputs, stalls and memory wavefronts) while the call
 # has time (NCU_BEFORE, 500 s).
 if [[ -n "${NCU:-}" ]]; then
-  for v in $kernels; do
+  for v in ${NCU_KERNELS:-$kernels}; do
     [[ $SECONDS -lt ${NCU_BEFORE:-500} ]] || { echo "== ncu skipped: $SECONDS s into the call"; break; }
-    echo "== ncu demotion kernel: $v"
+    echo "== ncu demotion kernel: $v [$SECONDS s]"
     timeout 90 ncu -k regex:DemoteKernel -c 1 --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
       .device/bundle/run $v --encode_tokens=0 --shapes=1x8192 > $OUT/ncu_demote_$v.log 2>&1
