@@ -47,16 +47,20 @@ done
 if [[ -n "${INLINE:-}" && $SECONDS -lt ${INLINE_BEFORE:-400} ]]; then
   SKIP_TESTS=1 ROUNDS=1 VARIANTS="sleeping polling" PATHS="inline_bf16:0" STEPS=40 bash bench/device/poll_ab.sh
 fi
-# With NCU=1, the demotion kernel of each bundled bench_gpu build under ncu
-# (one launch: its throughputs, stalls and memory wavefronts) while the call
-# has time (NCU_BEFORE, 500 s).
+# With NCU=1, the kernels NCU_REGEX names (default the demotion kernel),
+# each under ncu (one launch: its throughputs, stalls and instructions),
+# for each bundled bench_gpu build (NCU_KERNELS picks), while the call has
+# time (NCU_BEFORE, 500 s).
 if [[ -n "${NCU:-}" ]]; then
   for v in ${NCU_KERNELS:-$kernels}; do
-    [[ $SECONDS -lt ${NCU_BEFORE:-500} ]] || { echo "== ncu skipped: $SECONDS s into the call"; break; }
-    echo "== ncu demotion kernel: $v [$SECONDS s]"
-    timeout 90 ncu -k regex:DemoteKernel -c 1 --section SpeedOfLight --section Occupancy \
-      --section WarpStateStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
-      .device/bundle/run $v --encode_tokens=0 --shapes=1x8192 > $OUT/ncu_demote_$v.log 2>&1
-    grep -E "Duration|Throughput|Achieved Occupancy|Registers|Stall|Wavefronts|Sectors" $OUT/ncu_demote_$v.log | head -40
+    for k in ${NCU_REGEX:-DemoteKernel}; do
+      [[ $SECONDS -lt ${NCU_BEFORE:-500} ]] || { echo "== ncu skipped: $SECONDS s into the call"; break 2; }
+      echo "== ncu $k: $v [$SECONDS s]"
+      timeout 90 ncu -k regex:$k -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
+        .device/bundle/run $v --encode_tokens=0 --shapes=1x8192 > $OUT/ncu_${k}_$v.log 2>&1
+      grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Executed Ipc A|Issue Slots|Warp Cycles Per Issued|Executed Instructions  |stalled" \
+        $OUT/ncu_${k}_$v.log | head -24
+    done
   done
 fi
