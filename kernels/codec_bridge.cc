@@ -89,7 +89,7 @@ void SetDemoteTables(const DQuantCodec& codec, DemoteParams* p) {
     *t = DemoteTable();
     t->levels = r.levels;
     t->payload = sc.payload_bytes();
-    for (int m = 0; m < r.levels && m < 16; ++m) t->entry[m] = r.freq[m] | (static_cast<uint32_t>(r.cum[m]) << 16);
+    for (int m = 0; m < 16; ++m) t->step[m] = m < r.levels ? r.encode[m] : MakeRansEncodeEntry(1, 0);
   };
   fill(codec.key_codec(), &p->keys);
   fill(codec.value_codec(), &p->values);

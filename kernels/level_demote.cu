@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
 #include "codec/level_fragments.h"
+#include "codec/rans_encode_step.h"
 #include "kernels/device_common.cuh"
 #include "kernels/first_failure.cuh"
 #include "kernels/launch.cuh"
@@ -24,7 +25,6 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = kLevelPageTokens;
-static_assert(((kStateLow >> kProbBits) << 8) == (1u << 23), "a byte leaves when x >= f << 23");
 
 // codec/level_page.cc LevelHeaderGrid: scale and offset finite, scale >= 0.
 __device__ __forceinline__ bool GridOk(uint32_t header) {
@@ -68,22 +68,6 @@ struct BackwardWriter {
     if (nb != 0 && bytes / 4 + 1 <= room) end[-(bytes / 4 + 1)] = lo << (8 * (4 - nb));
   }
 };
-
-// One symbol's encoding step x -> (x / f) * 2^p + x % f + cum, as
-// x + bias + q * (2^p - f) with q = x / f by multiply and shift, exact for
-// every x < 2^31 (Granlund and Montgomery: with l = ceil(log2 f),
-// m = ceil(2^(31 + l) / f) fits 32 bits and q = umulhi(x, m) >> (l - 1)).
-// f = 1 takes m = 2^32 - 1, so q = x - 1 for x >= 1, and a bias of
-// cum + 2^p - 1. {threshold f << 23 (a byte leaves at or above it), m,
-// 2^p - f, bias << 5 | shift}. A table entry past the levels (f = 0, only
-// in a corrupt page, which is reported) codes as f = 1.
-__device__ __forceinline__ uint4 EncodeEntry(uint32_t e) {
-  const uint32_t f = (e & 0xffffu) != 0 ? (e & 0xffffu) : 1u, cum = e >> 16;
-  if (f == 1) return make_uint4(1u << 23, 0xffffffffu, kProbScale - 1, (cum + kProbScale - 1) << 5);
-  const int l = 32 - __clz(f - 1);
-  const uint32_t m = static_cast<uint32_t>(((1ull << (31 + l)) + f - 1) / f);
-  return make_uint4(f << 23, m, kProbScale - f, (cum << 5) | static_cast<uint32_t>(l - 1));
-}
 
 // Moves each coded record of the calling warp's 32 tokens to its payload's
 // start and zeroes its tail, one record at a time with the warp's lanes on
@@ -132,7 +116,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
-  __shared__ __align__(16) uint4 table[16];  // EncodeEntry
+  __shared__ __align__(16) uint4 table[16];  // RansEncodeEntry
   const int page = blockIdx.x, kind = blockIdx.y, tid = threadIdx.x;
   const LevelPageLayout& hl = p.hot;
   const PageLayout& cl = p.cold;
@@ -143,7 +127,10 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
   const DemoteTable& tab = kind == 0 ? p.keys : p.values;
   const int stride = kind == 0 ? cl.key_stride : cl.value_stride;
   const int payload = tab.payload;
-  if (tid < 16) table[tid] = EncodeEntry(tab.entry[tid]);
+  if (tid < 16) {
+    const RansEncodeEntry& e = tab.step[tid];
+    table[tid] = make_uint4(e.rcp, e.shift, e.cmpl, e.cum);
+  }
   const bool has = tid < tokens;
   uint32_t* rec =
       reinterpret_cast<uint32_t*>(cold + (kind == 0 ? 0 : cl.value_offset) + static_cast<size_t>(tid) * stride);
@@ -190,15 +177,16 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
         const int words_before = out.bytes >> 2;
 #pragma unroll
         for (int k = 3; k >= 0; --k) {
-          uint32_t thr, m, cmpl, bw;
+          uint32_t rcp, shift, cmpl, cum;
           asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-              : "=r"(thr), "=r"(m), "=r"(cmpl), "=r"(bw)
+              : "=r"(rcp), "=r"(shift), "=r"(cmpl), "=r"(cum)
               : "r"(table_addr + (((four >> (8 * k)) & 15u) << 4)));
-          const bool emit = x >= thr;
+          uint32_t q = RansQuotient(x, rcp, shift);
+          const bool emit = RansMustEmit(q);
           out.PutIf(emit, x);
           x = emit ? x >> 8 : x;
-          const uint32_t q = __funnelshift_r(__umulhi(x, m), 0u, bw);  // x / f
-          x += (bw >> 5) + q * cmpl;
+          q = emit ? q >> 8 : q;  // (x >> 8) / f
+          x = RansCoded(x, q, cmpl, cum);
         }
         out.StoreGroup(words_before);
       }

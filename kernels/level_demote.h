@@ -14,18 +14,20 @@
 
 #include "absl/status/status.h"
 #include "codec/level_page.h"
+#include "codec/rans_encode_step.h"
 #include "kernels/attention.h"
 
 namespace driftkv {
 namespace gpu {
 
-// A stream's encoding table: symbol m -> freq[m] | cum[m] << 16 (codec/rans.h
-// RansTable), zero past `levels` (kernels/codec_bridge.h SetDemoteTables
-// fills both from a codec).
+// A stream's encoding table: symbol m's step (codec/rans_encode_step.h,
+// RansTable::encode), f = 1 past `levels` (only a corrupt page has such a
+// level, and it is reported) (kernels/codec_bridge.h SetDemoteTables fills
+// both from a codec).
 struct DemoteTable {
   int levels = 0;
   int payload = 0;  // C, the record's payload bytes
-  uint32_t entry[16] = {};
+  RansEncodeEntry step[16] = {};
 };
 
 struct DemoteParams {
