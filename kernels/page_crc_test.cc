@@ -20,7 +20,11 @@ namespace {
 TEST(PageCrcTest, DeviceSumsAreTheHostsChecksums) {
   SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(7);
-  for (size_t page_bytes : {size_t{73728}, size_t{48128}, size_t{4096}, size_t{4099}, size_t{100}, size_t{1}}) {
+  // The service's cold and level pages (74,304 and 96,320 bytes); 8,208
+  // bytes, where thread 0's two segments differ in length and most threads'
+  // second one is empty; sizes no multiple of 16.
+  for (size_t page_bytes : {size_t{74304}, size_t{96320}, size_t{73728}, size_t{48128}, size_t{8208}, size_t{4096},
+                            size_t{4099}, size_t{100}, size_t{1}}) {
     SCOPED_TRACE(page_bytes);
     constexpr int kArenaPages = 37;
     std::vector<uint8_t> arena(page_bytes * kArenaPages);

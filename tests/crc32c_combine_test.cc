@@ -44,7 +44,7 @@ TEST(Crc32cCombineTest, JoinedSegmentsAreTheChecksumOfThePage) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4099}, size_t{48128}, size_t{73728}}) {
     const std::vector<uint8_t> b = RandomBytes(size, size + 3);
     const uint32_t want = Crc32cExtend(0, b.data(), b.size());
-    for (int segments : {1, 2, 8, 256}) {
+    for (int segments : {1, 2, 8, 256, 512}) {
       EXPECT_EQ(Crc32cBySegments(b.data(), b.size(), segments), want) << size << " bytes, " << segments;
     }
   }
