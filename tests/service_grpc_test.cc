@@ -1,8 +1,7 @@
 // The service over gRPC: an in-process server on a loopback port the OS
 // picks, driven by driftkv::Client. Status codes over the wire, the oversize
-// message limit, idempotent retries (answers lost on purpose by a server
-// interceptor), the health service, concurrent clients, and /metrics
-// scraped over HTTP.
+// message limit, the health service, concurrent clients, and /metrics
+// scraped over HTTP (retries of lost answers: service_grpc_retry_test.cc).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -21,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "service/server.h"
 #include "tests/grpc_health_v1.grpc.pb.h"
+#include "tests/grpc_test_fixture.h"
 #include "tests/loopback_server.h"
 #include "tests/service_http.h"
 #include "tests/service_test_util.h"
@@ -33,38 +33,7 @@ using testing::QueryItem;
 using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
-
-constexpr int kN = 128, kD = 64;
-
-// Replaces the status of the first `budget` calls of `method` with
-// UNAVAILABLE after the handler ran: the answer is "lost" in transit.
-class LoseAnswers : public grpc::experimental::Interceptor {
- public:
-  LoseAnswers(std::atomic<int>* budget, bool matches) : budget_(budget), matches_(matches) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
-    if (matches_ && m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
-        budget_->fetch_sub(1) > 0) {
-      m->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: answer lost"));
-    }
-    m->Proceed();
-  }
-
- private:
-  std::atomic<int>* budget_;
-  bool matches_;
-};
-
-class LoseAnswersFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
- public:
-  LoseAnswersFactory(std::string method, std::atomic<int>* budget) : method_(std::move(method)), budget_(budget) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return new LoseAnswers(budget_, absl::EndsWith(info->method(), method_));
-  }
-
- private:
-  std::string method_;
-  std::atomic<int>* budget_;
-};
+using namespace grpc_test;  // NOLINT(build/namespaces)
 
 // Real time plus an offset the test moves forward; shared with the server's
 // threads, so it outlives them through the shared_ptr in AsClock.
@@ -78,31 +47,6 @@ class SkewedClock {
 
  private:
   std::shared_ptr<std::atomic<int64_t>> offset_ns_ = std::make_shared<std::atomic<int64_t>>(0);
-};
-
-class GrpcTest : public testing::LoopbackFixture {
- protected:
-  void Start(ServiceOptions o = SmallOptions(), ServerHooks hooks = {}) {
-    ClientOptions co;
-    co.timeout = absl::Seconds(20);
-    LoopbackFixture::Start(o, std::move(hooks), co);
-  }
-  void SetUp() override { Start(); }
-
-  std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer, const testing::Kv& kv, int first,
-                                      int tokens, int chunk) {
-    std::vector<v1::AppendChunk> out;
-    for (int t = first; t < first + tokens; t += chunk) {
-      const int c = std::min(chunk, first + tokens - t);
-      out.push_back(
-          MakeChunk(seq, layer, t, c, kv.keys.data() + t * kN, kv.values.data() + t * kN, kN, v1::DTYPE_BF16));
-    }
-    return out;
-  }
-  uint64_t Stored() {
-    absl::StatusOr<v1::StatsResponse> s = client_->Stats();
-    return s.ok() ? s->tokens_compressed() + s->tokens_window() : ~0ull;
-  }
 };
 
 TEST_F(GrpcTest, RoundTripOfEveryMethod) {
@@ -246,126 +190,6 @@ TEST_F(GrpcTest, FullPoolOverTheWire) {
   EXPECT_TRUE(absl::StrContains(st.message(), "pool full: capacity 1 pages")) << st;
   EXPECT_EQ(client_->retries(), 0);
   EXPECT_EQ(Stored(), 0u);
-}
-
-TEST_F(GrpcTest, LostAppendAnswerIsRetriedAndStoredOnce) {
-  std::atomic<int> budget{2};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Append", &budget));
-  Start(SmallOptions(), std::move(hooks));
-  const testing::Kv kv = SyntheticKv(150, kN, 7);
-  absl::StatusOr<v1::AppendResponse> a = client_->Append(Chunks("r", 0, kv, 0, 150, 40));
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(client_->retries(), 2);
-  EXPECT_EQ(a->tokens_stored(), 0u);  // the third attempt found everything stored
-  EXPECT_EQ(a->tokens_duplicate(), 150u);
-  EXPECT_EQ(Stored(), 150u);
-  absl::StatusOr<v1::StatsResponse> s = client_->Stats();
-  EXPECT_EQ(s->tokens_ingested(), 150u);
-}
-
-TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
-  std::atomic<int> budget{1};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Attend", &budget));
-  Start(SmallOptions(), std::move(hooks));
-  const testing::Kv kv = SyntheticKv(52, kN, 8);
-  ASSERT_TRUE(client_->Append(Chunks("d", 0, kv, 0, 50, 50)).ok());
-  const std::vector<float> q = SyntheticQuery(2, kD, 9);
-  v1::AttendRequest req;
-  v1::AttendItem* it = req.add_items();
-  *it = QueryItem("d", 0, q, 2);
-  FloatToTensor(kv.keys.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
-  FloatToTensor(kv.values.data() + 50 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
-  // No index: a repeat could store the token twice, so the loss is reported.
-  absl::Status st = client_->Attend(req).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(client_->retries(), 0);
-  EXPECT_EQ(Stored(), 51u);  // the server did store it once
-  // With the index the client retries, and the repeat is acknowledged.
-  budget = 1;
-  FloatToTensor(kv.keys.data() + 51 * kN, kN, v1::DTYPE_F32, it->mutable_new_key());
-  it->mutable_new_key()->erase(0, kN * 4);
-  it->mutable_new_value()->clear();
-  FloatToTensor(kv.values.data() + 51 * kN, kN, v1::DTYPE_F32, it->mutable_new_value());
-  it->set_new_token_index(51);
-  absl::StatusOr<v1::AttendResponse> r = client_->Attend(req);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(client_->retries(), 1);
-  EXPECT_EQ(r->results(0).tokens(), 52u);
-  EXPECT_EQ(Stored(), 52u);
-}
-
-TEST_F(GrpcTest, LostReadAnswerResumesAfterTheLastChunk) {
-  std::atomic<int> budget{2};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Read", &budget));
-  Start(SmallOptions(), std::move(hooks));
-  const testing::Kv kv = SyntheticKv(300, kN, 17);
-  ASSERT_TRUE(client_->Append(Chunks("r", 1, kv, 0, 300, 100)).ok());
-  absl::StatusOr<Client::Tensors> part = client_->ReadFloat("r", 1, 10, 250);
-  ASSERT_TRUE(part.ok()) << part.status();
-  EXPECT_EQ(part->tokens, 250u);
-  absl::StatusOr<Client::Tensors> all = client_->ReadFloat("r", 1, 0, 0);
-  ASSERT_TRUE(all.ok()) << all.status();
-  EXPECT_EQ(all->tokens, 300u);
-  EXPECT_EQ(client_->retries(), 2);
-  // What the resumed reads returned is what one clean read returns.
-  EXPECT_TRUE(std::equal(part->keys.begin(), part->keys.end(), all->keys.begin() + 10 * kN));
-}
-
-TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
-  std::atomic<int> budget{1};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Release", &budget));
-  Start(SmallOptions(), std::move(hooks));
-  const testing::Kv kv = SyntheticKv(100, kN, 10);
-  ASSERT_TRUE(client_->Append(Chunks("x", 0, kv, 0, 100, 100)).ok());
-  EXPECT_TRUE(client_->Release("x").ok());
-  EXPECT_EQ(client_->retries(), 1);
-  EXPECT_EQ(client_->Stats()->pages_in_use(), 0u);
-  EXPECT_EQ(client_->Release("x").status().code(), absl::StatusCode::kNotFound);
-}
-
-// Fork over the wire: shares, reads back as its source's prefix, answers
-// refusals with their codes, is timed as "Fork", and is never retried (a
-// lost answer is UNAVAILABLE; Length of the new id shows it was made).
-TEST_F(GrpcTest, ForkOverTheWireIsNotRetried) {
-  std::atomic<int> budget{0};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Fork", &budget));
-  ServiceOptions o = SmallOptions();
-  o.metrics_listen = "127.0.0.1:0";
-  Start(o, std::move(hooks));
-  const testing::Kv kv = SyntheticKv(200, kN, 15);
-  std::vector<v1::AppendChunk> chunks = Chunks("src", 0, kv, 0, 200, 100);
-  for (const v1::AppendChunk& c : Chunks("src", 1, kv, 0, 200, 100)) chunks.push_back(c);
-  ASSERT_TRUE(client_->Append(chunks).ok());
-  const uint64_t pages = client_->Stats()->pages_in_use();
-  absl::StatusOr<v1::ForkResponse> f = client_->Fork("src", "f", 128);
-  ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_EQ(f->pages_shared(), 8u);
-  EXPECT_EQ(f->layers(0).tokens(), 128u);
-  EXPECT_EQ(client_->Stats()->pages_in_use(), pages);
-  absl::StatusOr<Client::Tensors> got = client_->ReadFloat("f", 1, 0, 0);
-  absl::StatusOr<Client::Tensors> want = client_->ReadFloat("src", 1, 0, 128);
-  ASSERT_TRUE(got.ok() && want.ok());
-  EXPECT_EQ(got->tokens, 128u);
-  EXPECT_EQ(got->keys, want->keys);
-  EXPECT_EQ(got->values, want->values);
-  absl::Status st = client_->Fork("ghost", "g", 32).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(st.message(), "source_sequence_id \"ghost\" not found");
-  EXPECT_EQ(client_->Fork("src", "f", 32).status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(client_->Fork("src", "g", 33).status().code(), absl::StatusCode::kInvalidArgument);
-  budget = 1;
-  EXPECT_EQ(client_->Fork("src", "lost", 64).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(client_->retries(), 0);
-  EXPECT_EQ(client_->Length("lost")->layers(1).compressed_tokens(), 64u);
-  const std::string metrics = testing::HttpGet(server_->metrics_port(), "/metrics");
-  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"OK\",method=\"Fork\"} 2"))
-      << metrics;
-  EXPECT_TRUE(absl::StrContains(metrics, "driftkv_rpc_duration_seconds_count{code=\"NOT_FOUND\",method=\"Fork\"} 1"));
 }
 
 // The prefix cache over the wire: chunks with token ids, a Lookup whose
