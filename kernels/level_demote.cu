@@ -170,9 +170,14 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
     }
     __syncthreads();
     if (has) {
+      // A group's four levels are read while the group before is coded:
+      // the table loads they index then wait for one shared-memory
+      // latency, not two.
+      uint32_t four;
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(four) : "r"(row_addr + D - 4));
       for (int j = D - 4; j >= 0; j -= 4) {
-        uint32_t four;
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(four) : "r"(row_addr + j));
+        uint32_t next = 0;
+        if (j > 0) asm volatile("ld.shared.u32 %0, [%1];" : "=r"(next) : "r"(row_addr + j - 4));
         over |= (four + over_add) & 0x80808080u;
         const int words_before = out.bytes >> 2;
 #pragma unroll
@@ -189,6 +194,7 @@ __global__ void __launch_bounds__(kThreads) DemoteKernel(DemoteParams p) {
           x = RansCoded(x, q, cmpl, cum);
         }
         out.StoreGroup(words_before);
+        four = next;
       }
     }
   }
