@@ -5,8 +5,9 @@
 // last to first into shared memory ([token][channel], the inverse of the
 // promotion's packing: codec/level_fragments.h) and each thread carries its
 // state from one head to the next, writing renormalisation bytes backwards
-// into its record in device memory, a word at a time; then each warp moves
-// its 32 streams to their payloads' starts, a record at a time over
+// into its record in device memory, a word at a time, each symbol by the
+// codec's division-free step (codec/rans_encode_step.h); then each warp
+// moves its 32 streams to their payloads' starts, a record at a time over
 // consecutive words (a thread moving its own record touched 32 lines per
 // access).
 #include <algorithm>
