@@ -395,6 +395,29 @@ TEST_F(GrpcTest, ConcurrentClientsOnOwnAndSharedSequences) {
   EXPECT_EQ(s->tokens_compressed() + s->tokens_window(), static_cast<uint64_t>(threads * (tokens + 20) + tokens + 40));
 }
 
+// The client's transport options (a larger HTTP/2 window, large socket
+// reads, a polled Attend) change how bytes move, not what they say: the
+// same Attend answers bit for bit through each.
+TEST_F(GrpcTest, TransportOptionsGiveTheSameAnswer) {
+  const testing::Kv kv = SyntheticKv(300, kN, 41);
+  ASSERT_TRUE(client_->Append(Chunks("t", 0, kv, 0, 300, 100)).ok());
+  v1::AttendRequest req;
+  *req.add_items() = QueryItem("t", 0, SyntheticQuery(2, kD, 42), 2);
+  absl::StatusOr<v1::AttendResponse> want = client_->Attend(req);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    ClientOptions co = client_->options();
+    if (variant == 0) co.http2_window_bytes = 16 << 20;
+    if (variant == 1) co.read_chunk_bytes = 1 << 20;
+    if (variant == 2) co.poll_attend = true;
+    Client c(co);
+    absl::StatusOr<v1::AttendResponse> got = c.Attend(req);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->SerializeAsString(), want->SerializeAsString());
+  }
+}
+
 TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
   ServiceOptions o = SmallOptions();
   o.metrics_listen = "127.0.0.1:0";
