@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,14 @@ class GrpcTest : public testing::LoopbackFixture {
     LoopbackFixture::Start(o, std::move(hooks), co);
   }
   void SetUp() override { Start(); }
+  // Starts the server again with `o`, its first `*budget` answers of
+  // `method` lost after the handler ran (LoseAnswers).
+  void StartLosingAnswers(const std::string& method, std::atomic<int>* budget,
+                          const ServiceOptions& o = SmallOptions()) {
+    ServerHooks hooks;
+    hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>(method, budget));
+    Start(o, std::move(hooks));
+  }
 
   std::vector<v1::AppendChunk> Chunks(const std::string& seq, uint32_t layer, const testing::Kv& kv, int first,
                                       int tokens, int chunk) {

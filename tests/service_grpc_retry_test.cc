@@ -1,7 +1,6 @@
 // Idempotent retries over gRPC: answers lost on purpose by a server
 // interceptor after the handler ran, and what the client does about them.
 #include <atomic>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,9 +18,7 @@ using testing::SyntheticQuery;
 
 TEST_F(GrpcTest, LostAppendAnswerIsRetriedAndStoredOnce) {
   std::atomic<int> budget{2};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Append", &budget));
-  Start(SmallOptions(), std::move(hooks));
+  StartLosingAnswers("/Append", &budget);
   const testing::Kv kv = SyntheticKv(150, kN, 7);
   absl::StatusOr<v1::AppendResponse> a = client_->Append(Chunks("r", 0, kv, 0, 150, 40));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -35,9 +32,7 @@ TEST_F(GrpcTest, LostAppendAnswerIsRetriedAndStoredOnce) {
 
 TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
   std::atomic<int> budget{1};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Attend", &budget));
-  Start(SmallOptions(), std::move(hooks));
+  StartLosingAnswers("/Attend", &budget);
   const testing::Kv kv = SyntheticKv(52, kN, 8);
   ASSERT_TRUE(client_->Append(Chunks("d", 0, kv, 0, 50, 50)).ok());
   const std::vector<float> q = SyntheticQuery(2, kD, 9);
@@ -67,9 +62,7 @@ TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
 
 TEST_F(GrpcTest, LostReadAnswerResumesAfterTheLastChunk) {
   std::atomic<int> budget{2};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Read", &budget));
-  Start(SmallOptions(), std::move(hooks));
+  StartLosingAnswers("/Read", &budget);
   const testing::Kv kv = SyntheticKv(300, kN, 17);
   ASSERT_TRUE(client_->Append(Chunks("r", 1, kv, 0, 300, 100)).ok());
   absl::StatusOr<Client::Tensors> part = client_->ReadFloat("r", 1, 10, 250);
@@ -85,9 +78,7 @@ TEST_F(GrpcTest, LostReadAnswerResumesAfterTheLastChunk) {
 
 TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
   std::atomic<int> budget{1};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Release", &budget));
-  Start(SmallOptions(), std::move(hooks));
+  StartLosingAnswers("/Release", &budget);
   const testing::Kv kv = SyntheticKv(100, kN, 10);
   ASSERT_TRUE(client_->Append(Chunks("x", 0, kv, 0, 100, 100)).ok());
   EXPECT_TRUE(client_->Release("x").ok());
@@ -101,11 +92,9 @@ TEST_F(GrpcTest, LostReleaseAnswerIsRetried) {
 // lost answer is UNAVAILABLE; Length of the new id shows it was made).
 TEST_F(GrpcTest, ForkOverTheWireIsNotRetried) {
   std::atomic<int> budget{0};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Fork", &budget));
   ServiceOptions o = SmallOptions();
   o.metrics_listen = "127.0.0.1:0";
-  Start(o, std::move(hooks));
+  StartLosingAnswers("/Fork", &budget, o);
   const testing::Kv kv = SyntheticKv(200, kN, 15);
   std::vector<v1::AppendChunk> chunks = Chunks("src", 0, kv, 0, 200, 100);
   for (const v1::AppendChunk& c : Chunks("src", 1, kv, 0, 200, 100)) chunks.push_back(c);

@@ -197,11 +197,9 @@ TEST_F(GrpcTest, FullPoolOverTheWire) {
 // "Lookup" and "Fork".
 TEST_F(GrpcTest, LookupAndForkFromAPrefixOverTheWire) {
   std::atomic<int> budget{1};
-  ServerHooks hooks;
-  hooks.interceptors.push_back(std::make_unique<LoseAnswersFactory>("/Lookup", &budget));
   ServiceOptions o = SmallOptions();
   o.metrics_listen = "127.0.0.1:0";
-  Start(o, std::move(hooks));
+  StartLosingAnswers("/Lookup", &budget, o);
   const testing::Kv kv = SyntheticKv(200, kN, 16);
   std::vector<uint32_t> ids(200);
   for (int i = 0; i < 200; ++i) ids[i] = 7 * i + 3;
