@@ -148,11 +148,11 @@ class HotTier {
   // REQUIRES: layer->mu held as a writer and its sequence's mu; layer->hot.
   absl::Status DemoteLocked(LayerState* layer, TenantUsage* usage, const LayerName& name, DemotionReason reason);
   // Several layers' demotions (DemoteLocked each, with the copies that
-  // TakeCopies took) with one hot
-  // checksum pass, one backend move and one cold checksum pass for them
-  // all: a job that fails leaves its layer hot with its copies kept
-  // (`status` says why) and the others go on. REQUIRES: each layer's mu
-  // held as a writer and its sequence's; each layer hot.
+  // TakeCopies took) with one hot checksum pass, one backend move and one
+  // cold checksum pass for them all: a job that fails leaves its layer hot
+  // with its copies kept (`status` says why) and the others go on.
+  // REQUIRES: each layer's mu held as a writer and its sequence's; each
+  // layer hot.
   struct DemoteJob {
     LayerState* layer = nullptr;
     TenantUsage* usage = nullptr;

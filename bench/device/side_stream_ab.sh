@@ -10,8 +10,7 @@
 # HOT_BEFORE seconds (default 480) into the call; with INLINE=1 the inline
 # door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
 # With bench_gpu-before / -mid bundled, their kernel lines beside this
-# build's; with
-# NCU=1, the demotion kernel under ncu last (NCU_KERNELS picks builds).
+# build's; with NCU=1, the kernels NCU_REGEX names under ncu last.
 set -uo pipefail
 . bench/device/gtest.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
