@@ -1,11 +1,8 @@
 // Page checksums on the device: one block of kThreads threads per page;
-// thread t sums segments t and t + kThreads of the page's kSegments
-// (codec/crc32c_combine.h's segments) side by side, a byte at a time
-// through a table in shared memory, reading 16 bytes at a time with the
-// next 16 in flight, multiplies each sum by its segment's shift (from the
-// host) and the block XORs the products, as Crc32cBySegments does on the
-// host. A sum is a chain of table loads, one a byte; two independent
-// chains a thread keep the table's latency from being the kernel's.
+// thread t sums segment t of the page (codec/crc32c_combine.h's segments)
+// a byte at a time through a table in shared memory, reading 16 bytes at
+// a time, multiplies its sum by its segment's shift (from the host) and
+// the block XORs the products, as Crc32cBySegments does on the host.
 //
 // The table is held 32 times, entry b of lane l's copy at word 32 b + l:
 // every lane of a warp reads its own bank, where one table made the
@@ -26,12 +23,11 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSegments = 2 * kThreads;
 constexpr int kTableWords = 256 * 32;
 
 struct CrcArgs {
   PageCrcParams p;
-  uint32_t shift[kSegments];  // Crc32cSegmentShifts(page_bytes, kSegments)
+  uint32_t shift[kThreads];  // Crc32cSegmentShifts(page_bytes, kThreads)
 };
 
 // One byte into the running sum c; entry b of this lane's table at table[32 b].
@@ -39,36 +35,7 @@ __device__ __forceinline__ uint32_t Byte(const uint32_t* table, uint32_t c, uint
   return table[((c ^ byte) & 0xFFu) << 5] ^ (c >> 8);
 }
 
-__device__ __forceinline__ uint4 Load16(const uint8_t* at) {
-  return __ldg(reinterpret_cast<const uint4*>(at));
-}
-
-// Sixteen bytes of a into c and sixteen of b into d, interleaved.
-__device__ __forceinline__ void Sum16Twice(const uint32_t* table, uint32_t& c, uint4 a, uint32_t& d, uint4 b) {
-  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t x = wa[w], y = wb[w];
-#pragma unroll
-    for (int k = 0; k < 4; ++k, x >>= 8, y >>= 8) {
-      c = Byte(table, c, x);
-      d = Byte(table, d, y);
-    }
-  }
-}
-
-__device__ __forceinline__ uint32_t Sum16(const uint32_t* table, uint32_t c, uint4 a) {
-  const uint32_t wa[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t x = wa[w];
-#pragma unroll
-    for (int k = 0; k < 4; ++k, x >>= 8) c = Byte(table, c, x);
-  }
-  return c;
-}
-
-__global__ void __launch_bounds__(kThreads, 6) PageCrcKernel(const CrcArgs a) {
+__global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   extern __shared__ uint4 table4[];  // kTableWords words
   __shared__ uint32_t warp_sums[kThreads / 32];
   const PageCrcParams& p = a.p;
@@ -80,33 +47,26 @@ __global__ void __launch_bounds__(kThreads, 6) PageCrcKernel(const CrcArgs a) {
   __syncthreads();
   const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + lane;  // entry b at table[32 b]
   const uint8_t* page = p.arena_dev + static_cast<size_t>(p.pages_dev[blockIdx.x]) * p.page_bytes;
-  size_t i = Crc32cSegmentBegin(p.page_bytes, kSegments, t);
-  const size_t end = Crc32cSegmentBegin(p.page_bytes, kSegments, t + 1);
-  size_t j = Crc32cSegmentBegin(p.page_bytes, kSegments, t + kThreads);
-  const size_t end_j = Crc32cSegmentBegin(p.page_bytes, kSegments, t + kThreads + 1);
-  uint32_t c = 0xFFFFFFFFu, d = 0xFFFFFFFFu;
+  const size_t begin = Crc32cSegmentBegin(p.page_bytes, kThreads, t);
+  const size_t end = Crc32cSegmentBegin(p.page_bytes, kThreads, t + 1);
+  uint32_t c = 0xFFFFFFFFu;
+  size_t i = begin;
   // Segments start at multiples of 16 bytes; so do pages when page_bytes
   // is a multiple of 16 and the arena is (cudaMalloc's are).
   if ((p.page_bytes & 15) == 0) {
-    const size_t both = (end - i < end_j - j ? end - i : end_j - j) & ~static_cast<size_t>(15);
-    if (both != 0) {
-      uint4 va = Load16(page + i), vb = Load16(page + j);
-      for (size_t k = 16; k < both; k += 16) {
-        const uint4 na = Load16(page + i + k), nb = Load16(page + j + k);
-        Sum16Twice(table, c, va, d, vb);
-        va = na;
-        vb = nb;
+    for (; i + 16 <= end; i += 16) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t word = words[w];
+#pragma unroll
+        for (int k = 0; k < 4; ++k, word >>= 8) c = Byte(table, c, word);
       }
-      Sum16Twice(table, c, va, d, vb);
-      i += both;
-      j += both;
     }
-    for (; i + 16 <= end; i += 16) c = Sum16(table, c, Load16(page + i));
-    for (; j + 16 <= end_j; j += 16) d = Sum16(table, d, Load16(page + j));
   }
   for (; i < end; ++i) c = Byte(table, c, page[i]);
-  for (; j < end_j; ++j) d = Byte(table, d, page[j]);
-  uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu) ^ Crc32cMulModP(a.shift[t + kThreads], d ^ 0xFFFFFFFFu);
+  uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu);
   for (int o = 16; o > 0; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) warp_sums[t / 32] = v;
   __syncthreads();
@@ -125,10 +85,10 @@ void Shifts(size_t page_bytes, uint32_t* shift) {
   absl::MutexLock lock(&mu);
   std::vector<uint32_t>& s = (*cache)[page_bytes];
   if (s.empty()) {
-    s.resize(kSegments);
-    Crc32cSegmentShifts(page_bytes, kSegments, s.data());
+    s.resize(kThreads);
+    Crc32cSegmentShifts(page_bytes, kThreads, s.data());
   }
-  std::memcpy(shift, s.data(), sizeof(uint32_t) * kSegments);
+  std::memcpy(shift, s.data(), sizeof(uint32_t) * kThreads);
 }
 
 }  // namespace
