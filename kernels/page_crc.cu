@@ -1,12 +1,16 @@
 // Page checksums on the device: one block of kThreads threads per page;
 // thread t sums segment t of the page (codec/crc32c_combine.h's segments)
-// a byte at a time through a table in shared memory, reading 16 bytes at
-// a time, multiplies its sum by its segment's shift (from the host) and
-// the block XORs the products, as Crc32cBySegments does on the host.
+// a word at a time by slicing by four (Crc32cWord: four independent table
+// loads a word where a byte at a time chained four), reading 16 bytes at a
+// time with the next 16 in flight, multiplies its sum by its segment's
+// shift (from the host) and the block XORs the products, as
+// Crc32cBySegments does on the host.
 //
-// The table is held 32 times, entry b of lane l's copy at word 32 b + l:
-// every lane of a warp reads its own bank, where one table made the
-// lanes' random bytes collide in a few banks at every step.
+// The four tables are held 8 times each, entry b of table k in copy j at
+// word 2048 k + 8 b + j, lane l reading copy l % 8: the four lanes of a
+// copy meet in a bank only when their bytes agree modulo 4, where one
+// table made a warp's 32 random bytes collide at every load (32 copies of
+// four tables would take 128 KB).
 #include <cstring>
 #include <vector>
 
@@ -23,29 +27,28 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTableWords = 256 * 32;
+constexpr int kCopies = 8;
+constexpr int kTableWords = 4 * 256 * kCopies;
 
 struct CrcArgs {
   PageCrcParams p;
   uint32_t shift[kThreads];  // Crc32cSegmentShifts(page_bytes, kThreads)
 };
 
-// One byte into the running sum c; entry b of this lane's table at table[32 b].
-__device__ __forceinline__ uint32_t Byte(const uint32_t* table, uint32_t c, uint32_t byte) {
-  return table[((c ^ byte) & 0xFFu) << 5] ^ (c >> 8);
-}
-
 __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   extern __shared__ uint4 table4[];  // kTableWords words
   __shared__ uint32_t warp_sums[kThreads / 32];
   const PageCrcParams& p = a.p;
   const int t = threadIdx.x, lane = t & 31;
-  {
-    const uint32_t e = Crc32cTableEntry(static_cast<uint32_t>(t));
-    for (int i = 0; i < 8; ++i) table4[t * 8 + i] = make_uint4(e, e, e, e);
+  static_assert(kThreads == 256 && kCopies == 8, "thread t fills entry t of each table, two uint4 a copy set");
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t e = Crc32cSliceEntry(k, static_cast<uint32_t>(t));
+    table4[(k * 256 * kCopies + kCopies * t) / 4] = make_uint4(e, e, e, e);
+    table4[(k * 256 * kCopies + kCopies * t) / 4 + 1] = make_uint4(e, e, e, e);
   }
   __syncthreads();
-  const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + lane;  // entry b at table[32 b]
+  const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + (lane & (kCopies - 1));
+  const auto entry = [table](int k, uint32_t b) { return table[k * 256 * kCopies + kCopies * b]; };
   const uint8_t* page = p.arena_dev + static_cast<size_t>(p.pages_dev[blockIdx.x]) * p.page_bytes;
   const size_t begin = Crc32cSegmentBegin(p.page_bytes, kThreads, t);
   const size_t end = Crc32cSegmentBegin(p.page_bytes, kThreads, t + 1);
@@ -53,19 +56,17 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   size_t i = begin;
   // Segments start at multiples of 16 bytes; so do pages when page_bytes
   // is a multiple of 16 and the arena is (cudaMalloc's are).
-  if ((p.page_bytes & 15) == 0) {
-    for (; i + 16 <= end; i += 16) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t word = words[w];
-#pragma unroll
-        for (int k = 0; k < 4; ++k, word >>= 8) c = Byte(table, c, word);
-      }
+  if ((p.page_bytes & 15) == 0 && i + 16 <= end) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
+    for (; i + 32 <= end; i += 16) {
+      const uint4 next = __ldg(reinterpret_cast<const uint4*>(page + i + 16));
+      c = Crc32cWord(Crc32cWord(Crc32cWord(Crc32cWord(c, v.x, entry), v.y, entry), v.z, entry), v.w, entry);
+      v = next;
     }
+    c = Crc32cWord(Crc32cWord(Crc32cWord(Crc32cWord(c, v.x, entry), v.y, entry), v.z, entry), v.w, entry);
+    i += 16;
   }
-  for (; i < end; ++i) c = Byte(table, c, page[i]);
+  for (; i < end; ++i) c = entry(0, (c ^ page[i]) & 0xFFu) ^ (c >> 8);
   uint32_t v = Crc32cMulModP(a.shift[t], c ^ 0xFFFFFFFFu);
   for (int o = 16; o > 0; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
   if (lane == 0) warp_sums[t / 32] = v;

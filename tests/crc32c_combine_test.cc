@@ -29,6 +29,27 @@ TEST(Crc32cCombineTest, TableMatchesTheChecksum) {
   EXPECT_EQ(Crc32cBytes(table, b.data(), b.size()), Crc32cExtend(0, b.data(), b.size()));
 }
 
+// The device's word step (kernels/page_crc.cu), words then the last bytes
+// a byte at a time, as its loop does for a segment.
+TEST(Crc32cCombineTest, SlicingByFourMatchesTheChecksum) {
+  uint32_t slice[4][256], table[256];
+  for (uint32_t b = 0; b < 256; ++b) {
+    table[b] = Crc32cTableEntry(b);
+    for (int k = 0; k < 4; ++k) slice[k][b] = Crc32cSliceEntry(k, b);
+  }
+  for (size_t size : {size_t{0}, size_t{3}, size_t{4}, size_t{17}, size_t{290}, size_t{376}, size_t{5001}}) {
+    const std::vector<uint8_t> b = RandomBytes(size, size + 11);
+    uint32_t c = 0xFFFFFFFFu;
+    size_t i = 0;
+    for (; i + 4 <= size; i += 4) {
+      const uint32_t word = b[i] | b[i + 1] << 8 | b[i + 2] << 16 | static_cast<uint32_t>(b[i + 3]) << 24;
+      c = Crc32cWord(c, word, [&](int k, uint32_t x) { return slice[k][x]; });
+    }
+    for (; i < size; ++i) c = table[(c ^ b[i]) & 0xFFu] ^ (c >> 8);
+    EXPECT_EQ(c ^ 0xFFFFFFFFu, Crc32cExtend(0, b.data(), b.size())) << size;
+  }
+}
+
 TEST(Crc32cCombineTest, ShiftJoinsTheChecksumsOfTwoPieces) {
   Crc32cPowers powers;
   Crc32cMakePowers(&powers);
