@@ -6,7 +6,9 @@
 # checksum lines at 1 x 8K, tier_demotion_bench at 8K x 32 layers on the
 # CUDA backend, then service_hot_bench ROUNDS (2) rounds of HOT (default:
 # the build before, bundled as service_hot_bench-mid; this one; this one
-# with --lookahead_bytes=16777216), each run started only before
+# with --lookahead_bytes=16777216; `warm`: this one with --warm_channel=1,
+# the first Attend on a channel that has carried an answer as large), each
+# run started only before
 # HOT_BEFORE seconds (default 480) into the call; with INLINE=1 the inline
 # door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
 # With bench_gpu-before / -mid bundled, their kernel lines beside this
@@ -37,6 +39,7 @@ for round in $(seq ${ROUNDS:-2}); do
       mid) cmd="service_hot_bench-mid" ;;
       new) cmd="service_hot_bench" ;;
       lookahead) cmd="service_hot_bench --lookahead_bytes=16777216" ;;
+      warm) cmd="service_hot_bench --warm_channel=1" ;;
     esac
     echo "== round $round: $cmd [$SECONDS s]" | tee -a $OUT/hot_bench.log
     timeout 150 $B $cmd --sequences=64 --context=8192 --reps=${REPS:-20} --clients=8 2>&1 | tee -a $OUT/hot_bench.log |
