@@ -43,12 +43,15 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
   static_assert(kThreads == 256 && kCopies == 8, "thread t fills entry t of each table, two uint4 a copy set");
   for (int k = 0; k < 4; ++k) {
     const uint32_t e = Crc32cSliceEntry(k, static_cast<uint32_t>(t));
-    table4[(k * 256 * kCopies + kCopies * t) / 4] = make_uint4(e, e, e, e);
-    table4[(k * 256 * kCopies + kCopies * t) / 4 + 1] = make_uint4(e, e, e, e);
+    const int at = (k * 256 * kCopies + kCopies * t) / 4;
+    table4[at] = table4[at + 1] = make_uint4(e, e, e, e);
   }
   __syncthreads();
   const uint32_t* table = reinterpret_cast<const uint32_t*>(table4) + (lane & (kCopies - 1));
   const auto entry = [table](int k, uint32_t b) { return table[k * 256 * kCopies + kCopies * b]; };
+  const auto sum16 = [&entry](uint32_t c, uint4 v) {
+    return Crc32cWord(Crc32cWord(Crc32cWord(Crc32cWord(c, v.x, entry), v.y, entry), v.z, entry), v.w, entry);
+  };
   const uint8_t* page = p.arena_dev + static_cast<size_t>(p.pages_dev[blockIdx.x]) * p.page_bytes;
   const size_t begin = Crc32cSegmentBegin(p.page_bytes, kThreads, t);
   const size_t end = Crc32cSegmentBegin(p.page_bytes, kThreads, t + 1);
@@ -60,10 +63,10 @@ __global__ void __launch_bounds__(kThreads) PageCrcKernel(const CrcArgs a) {
     uint4 v = __ldg(reinterpret_cast<const uint4*>(page + i));
     for (; i + 32 <= end; i += 16) {
       const uint4 next = __ldg(reinterpret_cast<const uint4*>(page + i + 16));
-      c = Crc32cWord(Crc32cWord(Crc32cWord(Crc32cWord(c, v.x, entry), v.y, entry), v.z, entry), v.w, entry);
+      c = sum16(c, v);
       v = next;
     }
-    c = Crc32cWord(Crc32cWord(Crc32cWord(Crc32cWord(c, v.x, entry), v.y, entry), v.z, entry), v.w, entry);
+    c = sum16(c, v);
     i += 16;
   }
   for (; i < end; ++i) c = entry(0, (c ^ page[i]) & 0xFFu) ^ (c >> 8);

@@ -8,9 +8,9 @@
 # the build before, bundled as service_hot_bench-mid; this one; this one
 # with --lookahead_bytes=16777216; `warm`: this one with --warm_channel=1,
 # the first Attend on a channel that has carried an answer as large), each
-# run started only before
-# HOT_BEFORE seconds (default 480) into the call; with INLINE=1 the inline
-# door of poll_ab.sh (one round) if started before INLINE_BEFORE (400).
+# run started only before HOT_BEFORE seconds (default 480) into the call;
+# with INLINE=1 the inline door of poll_ab.sh (one round) if started before
+# INLINE_BEFORE (400).
 # With bench_gpu-before / -mid bundled, their kernel lines beside this
 # build's; with NCU=1, the kernels NCU_REGEX names under ncu last.
 set -uo pipefail
