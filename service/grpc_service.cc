@@ -108,7 +108,7 @@ grpc::Status KvCacheService::ServeAttend(const AttendRequestWire& request, const
                                          grpc::ByteBuffer* response) {
   v1::AttendResponse answer;
   StagedOutputs staged;
-  const absl::Status st = handler_->Attend(request.request(), &answer, tenant, &staged, nullptr, request.queries());
+  const absl::Status st = handler_->Attend(request.message(), &answer, tenant, &staged, nullptr, request.tensors());
   if (!st.ok()) return ToGrpcStatus(st);
   *response = AttendResponseBuffer(answer, std::move(staged));
   return grpc::Status::OK;

@@ -55,11 +55,11 @@ v1::AttendRequest Request(std::mt19937* rng, int items) {
 
 // The reader's request with its queries put back, against protobuf's.
 void ExpectSameAsProtobuf(const AttendRequestWire& wire, const v1::AttendRequest& want) {
-  ASSERT_EQ(static_cast<int>(wire.queries().size()), wire.request().items_size());
-  v1::AttendRequest got = wire.request();
+  ASSERT_EQ(static_cast<int>(wire.tensors().size()), wire.message().items_size());
+  v1::AttendRequest got = wire.message();
   for (int i = 0; i < got.items_size(); ++i) {
     EXPECT_TRUE(got.items(i).query().empty()) << i;
-    got.mutable_items(i)->set_query(std::string(wire.queries()[i]));
+    got.mutable_items(i)->set_query(std::string(wire.tensors()[i]));
   }
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(got, want));
 }
@@ -84,7 +84,7 @@ TEST(AttendRequestWire, QueriesInOneSliceAreViewsIntoIt) {
   const char* lo = reinterpret_cast<const char*>(slice.begin());
   AttendRequestWire wire;
   ASSERT_TRUE(wire.Parse(std::vector<grpc::Slice>{slice}));
-  for (absl::string_view q : wire.queries()) {
+  for (absl::string_view q : wire.tensors()) {
     if (q.empty()) continue;
     EXPECT_GE(q.data(), lo);
     EXPECT_LE(q.data() + q.size(), lo + slice.size());
@@ -118,7 +118,7 @@ TEST(AttendRequestWire, UnknownFieldsAndARepeatedQueryAsProtobufReadsThem) {
   for (size_t cut : {bytes.size(), size_t{1}, size_t{3}}) {
     AttendRequestWire wire;
     ASSERT_TRUE(wire.Parse(Cut(bytes, {cut})));
-    EXPECT_EQ(wire.queries()[0], "zz");
+    EXPECT_EQ(wire.tensors()[0], "zz");
     ExpectSameAsProtobuf(wire, want);
   }
 }
@@ -136,8 +136,8 @@ TEST(AttendRequestWire, EveryTruncationIsRefusedWhereProtobufRefusesIt) {
     if (ok) {
       ExpectSameAsProtobuf(wire, want);
     } else {
-      EXPECT_EQ(wire.request().items_size(), 0);
-      EXPECT_TRUE(wire.queries().empty());
+      EXPECT_EQ(wire.message().items_size(), 0);
+      EXPECT_TRUE(wire.tensors().empty());
     }
   }
 }
@@ -163,6 +163,37 @@ TEST(AttendRequestWire, CorruptBytesNeverAcceptWhatProtobufRefuses) {
   }
   EXPECT_GT(accepted, 0);
   EXPECT_GT(refused, 0);
+}
+
+// Lengths and tags longer than 5 bytes, which protobuf's parser refuses
+// (the reader writes an item's and drops a query's, so it must refuse them
+// itself), and 5-byte ones, which it reads.
+TEST(AttendRequestWire, OverlongLengthsAndTagsAsProtobufReadsThem) {
+  const std::string query_field = std::string("\x2a", 1);
+  for (const std::string& item_length :
+       {std::string("\x05", 1), std::string("\x85\x80\x80\x80\x00", 5), std::string("\x85\x80\x80\x80\x80\x00", 6)}) {
+    for (const std::string& query_length :
+         {std::string("\x03", 1), std::string("\x83\x80\x80\x80\x00", 5), std::string("\x83\x80\x80\x80\x80\x00", 6)}) {
+      for (const std::string& item_tag : {std::string("\x0a", 1), std::string("\x8a\x80\x80\x80\x00", 5),
+                                          std::string("\x8a\x80\x80\x80\x80\x00", 6)}) {
+        const std::string body = query_field + query_length + "abc";
+        std::string length = item_length;
+        length[0] = static_cast<char>((length[0] & 0x80) | body.size());
+        const std::string bytes = item_tag + length + body;
+        v1::AttendRequest want;
+        const bool want_ok = want.ParseFromString(bytes);
+        AttendRequestWire wire;
+        const bool ok = wire.Parse(Cut(bytes, {3}));
+        EXPECT_TRUE(!ok || want_ok) << item_length.size() << query_length.size() << item_tag.size();
+        if (ok) {
+          ExpectSameAsProtobuf(wire, want);
+        }
+        if (item_length.size() < 6 && query_length.size() < 6 && item_tag.size() < 6) {
+          EXPECT_TRUE(ok);
+        }
+      }
+    }
+  }
 }
 
 TEST(AttendRequestWire, GroupsAreRefused) {

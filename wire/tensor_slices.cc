@@ -1,4 +1,4 @@
-#include "service/attend_request_wire.h"
+#include "wire/tensor_slices.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,8 +7,7 @@
 namespace driftkv {
 namespace {
 
-constexpr uint32_t kItemsField = 1;  // AttendRequest.items
-constexpr uint32_t kQueryField = 5;  // AttendItem.query
+constexpr uint32_t kItemsField = 1;
 constexpr uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
 
 void PutVarint(uint64_t v, std::string* out) {
@@ -29,11 +28,12 @@ class SliceReader {
   }
   size_t left() const { return left_; }
 
-  // A varint of at most 10 bytes (the bits past 64 dropped, as protobuf
-  // reads them); its bytes as they came appended to *raw when raw is set.
-  bool ReadVarint(uint64_t* v, std::string* raw = nullptr) {
+  // A varint of at most `max_bytes` bytes (the bits past 64 dropped, as
+  // protobuf reads them); its bytes as they came appended to *raw when raw
+  // is set.
+  bool ReadVarint(uint64_t* v, std::string* raw = nullptr, int max_bytes = 10) {
     *v = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t b;
       if (!ReadByte(&b)) return false;
       if (raw != nullptr) raw->push_back(static_cast<char>(b));
@@ -42,6 +42,17 @@ class SliceReader {
     }
     return false;
   }
+  // A field's tag as protobuf's parser reads one: at most 5 bytes, a field
+  // number from 1 to 2^29 - 1 (protobuf keeps the low 32 bits of a longer
+  // value; refusing those is the stricter choice).
+  bool ReadTag(uint64_t* tag, std::string* raw = nullptr) {
+    return ReadVarint(tag, raw, 5) && (*tag >> 3) != 0 && (*tag >> 3) <= 0x1fffffff;
+  }
+  // A length as protobuf's parser reads one: at most 5 bytes, below 2^31
+  // less its 16 bytes of slop. The tags and lengths that this reader
+  // writes again in canonical form (an element's, a tensor's) must meet
+  // protobuf's rules here, where protobuf will not see them as they came.
+  bool ReadSize(uint64_t* n) { return ReadVarint(n, nullptr, 5) && *n <= 0x7fffffff - 16; }
   // The next `n` bytes: a view into their slice, or joined into *joined
   // when they straddle slices.
   bool Take(size_t n, absl::string_view* out, std::deque<std::string>* joined) {
@@ -130,22 +141,33 @@ class SliceReader {
   size_t slice_ = 0, offset_ = 0, left_ = 0;
 };
 
-}  // namespace
-
-bool AttendRequestWire::Parse(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) {
-    request_.Clear();
-    queries_.clear();
-    return false;
+size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
   }
-  return Parse(std::move(slices));
+  return n;
 }
 
-bool AttendRequestWire::Parse(std::vector<grpc::Slice> slices) {
+}  // namespace
+
+bool TensorSlicesReader::Parse(const grpc::ByteBuffer& buffer, uint32_t tensor_field,
+                               google::protobuf::MessageLite* message) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) {
+    message->Clear();
+    tensors_.clear();
+    return false;
+  }
+  return Parse(std::move(slices), tensor_field, message);
+}
+
+bool TensorSlicesReader::Parse(std::vector<grpc::Slice> slices, uint32_t tensor_field,
+                               google::protobuf::MessageLite* message) {
   slices_ = std::move(slices);
-  request_.Clear();
-  queries_.clear();
+  message->Clear();
+  tensors_.clear();
   joined_.clear();
   skeleton_.clear();
   SliceReader r(slices_);
@@ -154,7 +176,7 @@ bool AttendRequestWire::Parse(std::vector<grpc::Slice> slices) {
   while (ok && r.left() > 0) {
     uint64_t tag;
     std::string raw_tag;
-    if (!r.ReadVarint(&tag, &raw_tag) || (tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) {
+    if (!r.ReadTag(&tag, &raw_tag)) {
       ok = false;
       break;
     }
@@ -163,42 +185,81 @@ bool AttendRequestWire::Parse(std::vector<grpc::Slice> slices) {
       ok = r.Payload(static_cast<uint32_t>(tag & 7), &skeleton_);
       continue;
     }
-    // An item: its fields but the query into `item`, the query as a view.
+    // An element: its fields but the tensor into `item`, the tensor as a view.
     uint64_t length;
-    if (!r.ReadVarint(&length) || length > r.left()) {
+    if (!r.ReadSize(&length) || length > r.left()) {
       ok = false;
       break;
     }
-    const size_t end = r.left() - static_cast<size_t>(length);  // what is left after the item
+    const size_t end = r.left() - static_cast<size_t>(length);  // what is left after the element
     item.clear();
-    absl::string_view query;
+    absl::string_view tensor;
     while (ok && r.left() > end) {
       uint64_t t;
       const size_t field_start = item.size();
-      if (!r.ReadVarint(&t, &item) || (t >> 3) == 0 || (t >> 3) > 0x1fffffff) {
+      if (!r.ReadTag(&t, &item)) {
         ok = false;
-      } else if ((t >> 3) == kQueryField && (t & 7) == kLengthDelimited) {
-        item.resize(field_start);  // the query stays out of the item's bytes
+      } else if ((t >> 3) == tensor_field && (t & 7) == kLengthDelimited) {
+        item.resize(field_start);  // the tensor stays out of the element's bytes
         uint64_t n;
-        ok = r.ReadVarint(&n) && r.left() >= end && n <= r.left() - end &&
-             r.Take(static_cast<size_t>(n), &query, &joined_);
+        ok = r.ReadSize(&n) && r.left() >= end && n <= r.left() - end &&
+             r.Take(static_cast<size_t>(n), &tensor, &joined_);
       } else {
         ok = r.Payload(static_cast<uint32_t>(t & 7), &item);
       }
-      ok = ok && r.left() >= end;  // no field runs past the item
+      ok = ok && r.left() >= end;  // no field runs past the element
     }
     if (!ok) break;
     PutVarint(tag, &skeleton_);
     PutVarint(item.size(), &skeleton_);
     skeleton_ += item;
-    queries_.push_back(query);
+    tensors_.push_back(tensor);
   }
-  if (ok) ok = request_.ParseFromString(skeleton_) && request_.items_size() == static_cast<int>(queries_.size());
+  if (ok) ok = message->ParseFromString(skeleton_);
   if (!ok) {
-    request_.Clear();
-    queries_.clear();
+    message->Clear();
+    tensors_.clear();
   }
   return ok;
+}
+
+grpc::ByteBuffer TensorSlicesBuffer(absl::Span<const google::protobuf::MessageLite* const> items, uint32_t tensor_field,
+                                    absl::Span<const absl::string_view> tensors,
+                                    absl::FunctionRef<grpc::Slice(absl::string_view)> slice_of) {
+  const uint64_t tensor_tag = (static_cast<uint64_t>(tensor_field) << 3) | kLengthDelimited;
+  constexpr char kItemTag = static_cast<char>((kItemsField << 3) | kLengthDelimited);
+  // Everything but the tensors (tags, lengths, the items' own bytes) in
+  // one string; `cuts` are where a tensor's slice goes between its pieces.
+  std::string meta;
+  std::vector<size_t> cuts;
+  std::vector<absl::string_view> cut_tensors;
+  meta.reserve(items.size() * 192);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const absl::string_view tensor = i < tensors.size() ? tensors[i] : absl::string_view();
+    const size_t rest = items[i]->ByteSizeLong();
+    const size_t body =
+        rest + (tensor.empty() ? 0 : VarintBytes(tensor_tag) + VarintBytes(tensor.size()) + tensor.size());
+    meta.push_back(kItemTag);
+    PutVarint(body, &meta);
+    if (!tensor.empty()) {
+      PutVarint(tensor_tag, &meta);
+      PutVarint(tensor.size(), &meta);
+      cuts.push_back(meta.size());
+      cut_tensors.push_back(tensor);
+    }
+    items[i]->AppendToString(&meta);
+  }
+  grpc::Slice all(meta.data(), meta.size());  // one copy of the small bytes
+  std::vector<grpc::Slice> slices;
+  slices.reserve(2 * cuts.size() + 1);
+  size_t at = 0;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    if (cuts[k] > at) slices.push_back(all.sub(at, cuts[k]));
+    slices.push_back(slice_of(cut_tensors[k]));
+    at = cuts[k];
+  }
+  if (meta.size() > at) slices.push_back(all.sub(at, meta.size()));
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 }  // namespace driftkv
