@@ -60,12 +60,10 @@ struct LevelAttentionParams {
 };
 
 // Pages per split of an item with `pages` pages: a function of the item's
-// own length only (batch invariance). 8 pages (2 per warp) up to 512 pages,
-// then about 64 splits per KV head, at most 32 pages a split. A lone
-// 128K-token item (1024 pages, 8 KV heads) is then 512 blocks, a wave at
-// four blocks an SM on 132 SMs; at 32 splits it was half a wave.
-DRIFTKV_HOST_DEVICE constexpr int LevelPagesPerSplit(int pages) {
-  const int per = (pages + 63) / 64;
+// own length only (batch invariance). 8 pages (2 per warp) up to 256 pages,
+// then about 32 splits per KV head, at most 32 pages a split.
+DRIFTKV_HOST_DEVICE inline int LevelPagesPerSplit(int pages) {
+  const int per = (pages + 31) / 32;
   return per < 8 ? 8 : (per > 32 ? 32 : per);
 }
 
