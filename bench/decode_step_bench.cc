@@ -21,6 +21,10 @@
 //                 REQUESTS): a call sends no request bytes, only its slot
 //                 and the steps taken since
 //   inline_bf16   bf16 queries and outputs inline in unary Attend RPCs
+//   inline_bf16_apart
+//                 the same bytes on the wire, the queries sent from this
+//                 program's memory and the outputs copied into it (the
+//                 client's Attend with queries and outputs)
 //
 // The worker does no GPU work between calls (its queries are written into
 // the regions before timing), so the figures are the data plane's, not
@@ -124,7 +128,8 @@ int Run(int argc, char** argv) {
   // a p99 comes from: a few stalls or a slow tail).
   const int slow_us = IntFlag(argc, argv, "slow_us", 0);
   const bool ipc = absl::StartsWith(path, "ipc_"), shm = absl::StartsWith(path, "shm_");
-  const bool inline_path = path == "inline_bf16";
+  const bool apart = path == "inline_bf16_apart";
+  const bool inline_path = path == "inline_bf16" || apart;
   if (!ipc && !shm && !inline_path) CHECK_OK(absl::InvalidArgumentError(absl::StrCat("unknown --path ", path)));
 
   ClientOptions co;
@@ -277,6 +282,10 @@ int Run(int argc, char** argv) {
 
   // One request per layer, built once; each step changes new_token_index.
   std::vector<v1::AttendRequest> requests(layers);
+  // inline_bf16_apart: each layer's queries and outputs in `host`.
+  std::vector<std::vector<absl::string_view>> queries(layers);
+  std::vector<std::vector<absl::Span<char>>> outputs(layers);
+  const size_t output_bytes = static_cast<size_t>(q_heads) * kD * 2;
   for (int l = 0; l < layers; ++l) {
     for (int i = 0; i < items; ++i) {
       v1::AttendItem* it = requests[l].add_items();
@@ -285,8 +294,12 @@ int Run(int argc, char** argv) {
       it->set_dtype(v1::DTYPE_BF16);
       it->set_q_heads(q_heads);
       it->set_output_dtype(v1::DTYPE_BF16);
+      if (apart) {
+        queries[l].emplace_back(reinterpret_cast<const char*>(host.data()) + lay.query(l, i), lay.query_bytes());
+        outputs[l].emplace_back(reinterpret_cast<char*>(host.data()) + lay.output(l, i), output_bytes);
+      }
       if (inline_path) {
-        it->set_query(host.data() + lay.query(l, i), lay.query_bytes());
+        if (!apart) it->set_query(host.data() + lay.query(l, i), lay.query_bytes());
         if (with_step) {
           it->set_new_key(host.data() + lay.key(l, i), kN * 2);
           it->set_new_value(host.data() + lay.value(l, i), kN * 2);
@@ -343,6 +356,8 @@ int Run(int argc, char** argv) {
         stream->frame().mutable_request()->Swap(&req);
       } else if (bell != nullptr) {
         st = bell->Attend(req).status();
+      } else if (apart) {
+        st = client.Attend(req, queries[l], outputs[l]).status();
       } else {
         st = client.Attend(req).status();
       }

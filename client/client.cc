@@ -10,6 +10,7 @@
 #include <grpcpp/completion_queue.h>
 
 #include "absl/time/clock.h"
+#include "client/attend_tensors.h"
 #include "wire/crc32c.h"
 #include "wire/tensor.h"
 #include "wire/text_file.h"
@@ -25,6 +26,17 @@ bool WriteWithCrc(grpc::ClientWriter<v1::AppendChunk>* writer, const v1::AppendC
   v1::AppendChunk copy = c;
   copy.set_crc32c(ChunkCrc32c(c));
   return writer->Write(copy);
+}
+
+// A repeat would append a decode step twice unless every item that carries
+// one names its token index.
+bool AttendIsIdempotent(const v1::AttendRequest& request) {
+  for (const v1::AttendItem& it : request.items()) {
+    const bool step =
+        !it.new_key().empty() || !it.new_value().empty() || it.has_new_key_ref() || it.has_new_value_ref();
+    if (step && !it.has_new_token_index()) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -183,14 +195,8 @@ absl::StatusOr<v1::AppendResponse> Client::AppendStream::Finish() {
 }
 
 absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& request) {
-  bool idempotent = true;
-  for (const v1::AttendItem& it : request.items()) {
-    if ((!it.new_key().empty() || !it.new_value().empty()) && !it.has_new_token_index()) {
-      idempotent = false;
-    }
-  }
   v1::AttendResponse response;
-  grpc::Status st = WithRetries(idempotent, [&](int) {
+  grpc::Status st = WithRetries(AttendIsIdempotent(request), [&](int) {
     grpc::ClientContext context;
     SetDeadline(&context);
     response.Clear();
@@ -203,16 +209,28 @@ absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& reque
     std::unique_ptr<grpc::ClientAsyncResponseReader<v1::AttendResponse>> call =
         stub_->AsyncAttend(&context, request, &cq);
     call->Finish(&response, &status, &cq);
-    void* tag = nullptr;
-    bool ok = false;
-    while (cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) != grpc::CompletionQueue::GOT_EVENT) {
-    }
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
+    AwaitOneAndDrain(&cq, true);
     return status;
   });
   if (!st.ok()) return FromGrpc(st);
+  return response;
+}
+
+absl::StatusOr<v1::AttendResponse> Client::Attend(const v1::AttendRequest& request,
+                                                  absl::Span<const absl::string_view> queries,
+                                                  absl::Span<const absl::Span<char>> outputs) {
+  if (absl::Status c = CheckAttendTensors(request, queries, outputs); !c.ok()) return c;
+  const grpc::ByteBuffer sent = AttendRequestBytes(request, queries);
+  grpc::ByteBuffer received;
+  grpc::Status st = WithRetries(AttendIsIdempotent(request), [&](int) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    received.Clear();
+    return CallAttend(channel_, &context, options_.poll_attend, sent, &received);
+  });
+  if (!st.ok()) return FromGrpc(st);
+  v1::AttendResponse response;
+  if (absl::Status r = ReadAttendAnswer(received, request.items_size(), outputs, &response); !r.ok()) return r;
   return response;
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
@@ -107,6 +108,20 @@ class Client {
   // `stream_timeout` bounds the whole stream (default: options().timeout).
   std::unique_ptr<AppendStream> OpenAppend(absl::Duration stream_timeout = absl::ZeroDuration());
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request);
+  // Attend with the inline tensors in the caller's memory instead of the
+  // messages (docs/data_plane.md, "Inline tensors in the caller's memory"):
+  // item i's query is queries[i] (its `query` field then empty; an empty
+  // view or an item past the end: the item's own query or reference), sent
+  // from where it lies; the answer's output i is copied into outputs[i],
+  // which must hold exactly its bytes, and left out of result i (an empty
+  // span or an item past the end: kept in the result). The memory must
+  // stay valid until the call returns. Retried as Attend(request).
+  // INVALID_ARGUMENT before sending for a query given twice or more spans
+  // than items; FAILED_PRECONDITION naming the item for a span of the
+  // wrong size (after the call: its decode steps are stored).
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
+                                            absl::Span<const absl::string_view> queries,
+                                            absl::Span<const absl::Span<char>> outputs);
   // Collects every chunk of the answer.
   absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);
   absl::StatusOr<v1::ReleaseResponse> Release(const std::string& sequence_id);
