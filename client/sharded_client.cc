@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/attend_tensors.h"
 
 namespace driftkv {
 namespace {
@@ -120,7 +121,9 @@ absl::Status ShardedClient::AttendOutcome::FirstError() const {
   return absl::OkStatus();
 }
 
-ShardedClient::AttendOutcome ShardedClient::AttendEach(const v1::AttendRequest& request) {
+ShardedClient::AttendOutcome ShardedClient::AttendEach(const v1::AttendRequest& request,
+                                                       absl::Span<const absl::string_view> queries,
+                                                       absl::Span<const absl::Span<char>> outputs) {
   const int items = request.items_size();
   AttendOutcome out;
   out.status.assign(items, absl::OkStatus());
@@ -129,20 +132,35 @@ ShardedClient::AttendOutcome ShardedClient::AttendEach(const v1::AttendRequest& 
     out.status.assign(items, absl::FailedPreconditionError("ShardedClient has no replicas"));
     return out;
   }
-  // Sub-batch per replica, remembering each item's place in the request.
+  if (absl::Status c = CheckAttendTensors(request, queries, outputs); !c.ok()) {
+    out.status.assign(items, c);
+    return out;
+  }
+  const bool apart = !queries.empty() || !outputs.empty();
+  // Sub-batch per replica, remembering each item's place in the request,
+  // with its query and output spans when they are apart.
   std::vector<v1::AttendRequest> sub(replicas_.size());
   std::vector<std::vector<int>> where(replicas_.size());
+  std::vector<std::vector<absl::string_view>> sub_queries(apart ? replicas_.size() : 0);
+  std::vector<std::vector<absl::Span<char>>> sub_outputs(apart ? replicas_.size() : 0);
   for (int i = 0; i < items; ++i) {
     const int r = ReplicaOf(request.items(i).sequence_id());
     *sub[r].add_items() = request.items(i);
     where[r].push_back(i);
+    if (apart) {
+      const size_t k = static_cast<size_t>(i);
+      sub_queries[r].push_back(k < queries.size() ? queries[k] : absl::string_view());
+      sub_outputs[r].push_back(k < outputs.size() ? outputs[k] : absl::Span<char>());
+    }
   }
   std::vector<int> used;
   for (int r = 0; r < replica_count(); ++r) {
     if (!where[r].empty()) used.push_back(r);
   }
   std::vector<absl::StatusOr<v1::AttendResponse>> answers(replicas_.size(), v1::AttendResponse());
-  ForEachConcurrently(used, [&](int r) { answers[r] = clients_[r]->Attend(sub[r]); });
+  ForEachConcurrently(used, [&](int r) {
+    answers[r] = apart ? clients_[r]->Attend(sub[r], sub_queries[r], sub_outputs[r]) : clients_[r]->Attend(sub[r]);
+  });
   for (int r : used) {
     if (answers[r].ok() && answers[r]->results_size() != static_cast<int>(where[r].size())) {
       answers[r] =
@@ -159,8 +177,10 @@ ShardedClient::AttendOutcome ShardedClient::AttendEach(const v1::AttendRequest& 
   return out;
 }
 
-absl::StatusOr<v1::AttendResponse> ShardedClient::Attend(const v1::AttendRequest& request) {
-  AttendOutcome out = AttendEach(request);
+absl::StatusOr<v1::AttendResponse> ShardedClient::Attend(const v1::AttendRequest& request,
+                                                         absl::Span<const absl::string_view> queries,
+                                                         absl::Span<const absl::Span<char>> outputs) {
+  AttendOutcome out = AttendEach(request, queries, outputs);
   absl::Status st = out.FirstError();
   if (!st.ok()) return st;
   return std::move(out.response);

@@ -95,9 +95,17 @@ class ShardedClient {
     bool ok() const;
     absl::Status FirstError() const;  // OK when ok()
   };
-  AttendOutcome AttendEach(const v1::AttendRequest& request);
+  // With `queries` and `outputs`: each replica's sub-batch through
+  // Client::Attend with the inline tensors in the caller's memory (item i's
+  // query from queries[i], its output into outputs[i]; client/client.h).
+  // A mistake in the spans (a query given twice, more spans than items)
+  // fails every item before anything is sent.
+  AttendOutcome AttendEach(const v1::AttendRequest& request, absl::Span<const absl::string_view> queries = {},
+                           absl::Span<const absl::Span<char>> outputs = {});
   // The same, all or nothing: the first failed item's status.
-  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request);
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
+                                            absl::Span<const absl::string_view> queries = {},
+                                            absl::Span<const absl::Span<char>> outputs = {});
 
   absl::StatusOr<std::vector<v1::ReadChunk>> Read(const v1::ReadRequest& request);
   absl::StatusOr<Client::Tensors> ReadFloat(const std::string& sequence_id, uint32_t layer, uint64_t first_token,

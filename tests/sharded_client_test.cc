@@ -1,8 +1,9 @@
 // driftkv::ShardedClient over three in-process servers on loopback, the
 // scale-out properties of docs/operations.md, "Scale out":
 //  - 3000 small sequences spread within +-15% of a third per replica;
-//  - sharded, batched Attend (mixed batches, decode steps too) and Read are
-//    bit-equal to one server holding every sequence;
+//  - sharded, batched Attend (mixed batches, decode steps too, tensors in
+//    the caller's memory too) and Read are bit-equal to one server holding
+//    every sequence;
 //  - one replica killed: exactly its sequences fail, with UNAVAILABLE, and
 //    every other sequence keeps working (Attend, Append, Release);
 //  - one replica removed from the list: exactly its sequences move;
@@ -230,6 +231,47 @@ TEST_F(ShardedTest, BatchedAttendAndReadBitEqualToOneServer) {
       EXPECT_EQ((*a)[c].values(), (*b)[c].values());
     }
   }
+}
+
+// The same batches with every query in caller memory and every other
+// item's output copied into a caller buffer (Attend with queries and
+// outputs): each replica's sub-batch gets its items' spans, and the
+// answers are one server's bit for bit.
+TEST_F(ShardedTest, TensorsInCallerMemoryBitEqualToOneServer) {
+  int items = 0;
+  for (const v1::AttendRequest& req : MixedBatches(All(), 9)) {
+    v1::AttendRequest apart = req;
+    std::vector<std::string> query_memory(req.items_size()), output_memory(req.items_size());
+    std::vector<absl::string_view> queries(req.items_size());
+    std::vector<absl::Span<char>> outputs(req.items_size());
+    for (int k = 0; k < req.items_size(); ++k) {
+      query_memory[k].swap(*apart.mutable_items(k)->mutable_query());
+      queries[k] = query_memory[k];
+      if (k % 2 == 0) {
+        output_memory[k].assign(static_cast<size_t>(kQHeads) * kD * 4, '\xee');
+        outputs[k] = absl::Span<char>(output_memory[k].data(), output_memory[k].size());
+      }
+    }
+    absl::StatusOr<v1::AttendResponse> a = sharded_->Attend(apart, queries, outputs);
+    ASSERT_TRUE(a.ok()) << a.status();
+    absl::StatusOr<v1::AttendResponse> b = single_->Attend(req);
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (int k = 0; k < req.items_size(); ++k) {
+      v1::AttendResult got = a->results(k);
+      if (k % 2 == 0) {
+        EXPECT_TRUE(got.output().empty());
+        got.set_output(output_memory[k]);
+      }
+      ExpectSameResult(got, b->results(k), req.items(k).sequence_id());
+      ++items;
+    }
+  }
+  EXPECT_EQ(items, kSequences);
+  // A query given twice fails every item before anything is sent.
+  v1::AttendRequest twice = MixedBatches(All(), 9)[0];
+  std::vector<absl::string_view> again = {twice.items(0).query()};
+  ShardedClient::AttendOutcome out = sharded_->AttendEach(twice, again, {});
+  for (const absl::Status& st : out.status) EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
 }
 
 TEST_F(ShardedTest, DecodeStepsInMixedBatchesBitEqual) {
