@@ -33,36 +33,12 @@ namespace driftkv {
 namespace {
 
 using testing::QueryItem;
-using testing::SmallOptions;
 using testing::SyntheticKv;
 using testing::SyntheticQuery;
 
 constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kSequences = 6, kTokens = 150;
 
-// One server and its client: the sleeping door, or the polling one on
-// both sides (with 1 MiB socket reads, as a data-plane deployment sets).
-struct Door {
-  explicit Door(bool polling) {
-    ServiceOptions o = SmallOptions();
-    ClientOptions co;
-    co.timeout = absl::Seconds(20);
-    if (polling) {
-      o.attend_poll_threads = 2;
-      o.attend_poll_spin_us = 50;
-      o.grpc_read_chunk_bytes = 1 << 20;
-      co.poll_attend = true;
-      co.read_chunk_bytes = 1 << 20;
-    }
-    absl::Status st = testing::StartLoopback(o, {}, co, &server, &client);
-    EXPECT_TRUE(st.ok()) << st;
-  }
-  ~Door() {
-    client.reset();
-    if (server) server->Shutdown(absl::Seconds(1));
-  }
-  std::unique_ptr<DriftkvServer> server;
-  std::unique_ptr<Client> client;
-};
+using Door = testing::InlineDoor;
 
 void Fill(Client& c, const testing::Kv& kv) {
   for (int s = 0; s < kSequences; ++s) {

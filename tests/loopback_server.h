@@ -53,6 +53,32 @@ class LoopbackFixture : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
+// A loopback server of SmallOptions and its client, for inline Attend:
+// through gRPC's sleeping door, or the polling one on both sides with
+// 1 MiB socket reads (as a data-plane deployment sets them).
+struct InlineDoor {
+  explicit InlineDoor(bool polling) {
+    ServiceOptions o = SmallOptions();
+    ClientOptions co;
+    co.timeout = absl::Seconds(20);
+    if (polling) {
+      o.attend_poll_threads = 2;
+      o.attend_poll_spin_us = 50;
+      o.grpc_read_chunk_bytes = 1 << 20;
+      co.poll_attend = true;
+      co.read_chunk_bytes = 1 << 20;
+    }
+    absl::Status st = StartLoopback(o, {}, co, &server, &client);
+    EXPECT_TRUE(st.ok()) << st;
+  }
+  ~InlineDoor() {
+    client.reset();
+    if (server) server->Shutdown(absl::Seconds(1));
+  }
+  std::unique_ptr<DriftkvServer> server;
+  std::unique_ptr<Client> client;
+};
+
 }  // namespace testing
 }  // namespace driftkv
 
