@@ -1,9 +1,13 @@
 // Idempotent retries over gRPC: answers lost on purpose by a server
 // interceptor after the handler ran, and what the client does about them.
 #include <atomic>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "client/regions.h"
 #include "gtest/gtest.h"
 #include "tests/grpc_test_fixture.h"
 #include "tests/service_http.h"
@@ -58,6 +62,57 @@ TEST_F(GrpcTest, DecodeStepIsRetriedOnlyWithTokenIndex) {
   EXPECT_EQ(client_->retries(), 1);
   EXPECT_EQ(r->results(0).tokens(), 52u);
   EXPECT_EQ(Stored(), 52u);
+}
+
+// A decode step by reference (its key and value in a host region) is a
+// step too: without new_token_index a lost answer is reported, not
+// retried, and the token is stored once.
+TEST_F(GrpcTest, DecodeStepByReferenceIsNotRetriedWithoutTokenIndex) {
+  std::atomic<int> budget{1};
+  ServiceOptions o = testing::SmallOptions();
+  // sun_path holds 107 bytes: TEST_TMPDIR may be longer.
+  o.region_socket = absl::StrCat("/tmp/driftkv-retry-test-",
+                                 absl::Hex(uint64_t{std::random_device()()} << 32 | std::random_device()()), ".sock");
+  StartLosingAnswers("/Attend", &budget, o);
+  const testing::Kv kv = SyntheticKv(52, kN, 8);
+  ASSERT_TRUE(client_->Append(Chunks("d", 0, kv, 0, 50, 50)).ok());
+  absl::StatusOr<std::unique_ptr<HostRegion>> region = HostRegion::Create(client_.get(), 2 * kN * sizeof(float));
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::memcpy((*region)->data(), kv.keys.data() + 50 * kN, kN * sizeof(float));
+  std::memcpy(static_cast<char*>((*region)->data()) + kN * sizeof(float), kv.values.data() + 50 * kN,
+              kN * sizeof(float));
+  v1::AttendRequest req;
+  v1::AttendItem* it = req.add_items();
+  *it = QueryItem("d", 0, SyntheticQuery(2, kD, 9), 2);
+  it->mutable_new_key_ref()->set_region_id((*region)->id());
+  it->mutable_new_value_ref()->set_region_id((*region)->id());
+  it->mutable_new_value_ref()->set_offset(kN * sizeof(float));
+  EXPECT_EQ(client_->Attend(req).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client_->retries(), 0);
+  EXPECT_EQ(Stored(), 51u);
+}
+
+// Attend with the query in the caller's memory is retried as Attend: a
+// lost answer is asked again and the caller's buffer holds the answer.
+TEST_F(GrpcTest, LostAnswerWithTensorsApartIsRetried) {
+  std::atomic<int> budget{0};
+  StartLosingAnswers("/Attend", &budget);
+  const testing::Kv kv = SyntheticKv(50, kN, 10);
+  ASSERT_TRUE(client_->Append(Chunks("t", 0, kv, 0, 50, 50)).ok());
+  v1::AttendRequest req;
+  *req.add_items() = QueryItem("t", 0, SyntheticQuery(2, kD, 11), 2);
+  absl::StatusOr<v1::AttendResponse> want = client_->Attend(req);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::string query;
+  query.swap(*req.mutable_items(0)->mutable_query());
+  std::string out(want->results(0).output().size(), '\0');
+  std::vector<absl::string_view> queries = {query};
+  std::vector<absl::Span<char>> outputs = {absl::Span<char>(out.data(), out.size())};
+  budget = 1;
+  absl::StatusOr<v1::AttendResponse> r = client_->Attend(req, queries, outputs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(client_->retries(), 1);
+  EXPECT_EQ(out, want->results(0).output());
 }
 
 TEST_F(GrpcTest, LostReadAnswerResumesAfterTheLastChunk) {
