@@ -40,17 +40,6 @@ constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kSequences = 6, kToke
 
 using Door = testing::InlineDoor;
 
-void Fill(Client& c, const testing::Kv& kv) {
-  for (int s = 0; s < kSequences; ++s) {
-    std::vector<v1::AppendChunk> chunks;
-    for (uint32_t l = 0; l < 2; ++l) {
-      chunks.push_back(testing::ChunkOf(absl::StrCat("s", s), l, 0, kTokens - 10 * s, kv));
-    }
-    absl::StatusOr<v1::AppendResponse> r = c.Append(chunks);
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
-}
-
 // Items over `first`..`first + count` sequences, layer 1, outputs in
 // `dtype`; with `step`, each item's decode step at its sequence's end.
 v1::AttendRequest Request(int first, int count, v1::DType dtype, const testing::Kv& kv, int step) {
@@ -121,8 +110,8 @@ class RawAttendCall {
 TEST(AttendPoller, AnswersEqualTheSleepingDoorBitForBit) {
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
   Door sleeping(false), polling(true);
-  Fill(*sleeping.client, kv);
-  Fill(*polling.client, kv);
+  sleeping.Fill(kv, kSequences, kTokens);
+  polling.Fill(kv, kSequences, kTokens);
   for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
     // Batched, then each item alone.
     const v1::AttendRequest all = Request(0, kSequences, dtype, kv, -1);
@@ -142,7 +131,7 @@ TEST(AttendPoller, AnswersEqualTheSleepingDoorBitForBit) {
 TEST(AttendPoller, EightClientsAtOnceGetTheAnswersOfOne) {
   const testing::Kv kv = SyntheticKv(kTokens, kN, 4);
   Door polling(true);
-  Fill(*polling.client, kv);
+  polling.Fill(kv, kSequences, kTokens);
   std::vector<std::string> want(kSequences);
   for (int s = 0; s < kSequences; ++s) {
     want[s] = Bytes(polling.client->Attend(Request(s, 1, v1::DTYPE_F32, kv, -1)));
@@ -165,8 +154,8 @@ TEST(AttendPoller, EightClientsAtOnceGetTheAnswersOfOne) {
 TEST(AttendPoller, ErrorsAreTheSleepingDoorsAndGarbageIsInvalidArgument) {
   const testing::Kv kv = SyntheticKv(kTokens, kN, 5);
   Door sleeping(false), polling(true);
-  Fill(*sleeping.client, kv);
-  Fill(*polling.client, kv);
+  sleeping.Fill(kv, kSequences, kTokens);
+  polling.Fill(kv, kSequences, kTokens);
   v1::AttendRequest unknown = Request(0, 1, v1::DTYPE_F32, kv, -1);
   unknown.mutable_items(0)->set_sequence_id("nope");
   v1::AttendRequest bad_layer = Request(0, 1, v1::DTYPE_F32, kv, -1);
@@ -191,7 +180,7 @@ TEST(AttendPoller, ShutdownWithCallsInFlightEndsThem) {
   const testing::Kv kv = SyntheticKv(kTokens, kN, 6);
   for (int round = 0; round < 3; ++round) {
     Door polling(true);
-    Fill(*polling.client, kv);
+    polling.Fill(kv, kSequences, kTokens);
     std::atomic<bool> stop{false};
     std::atomic<int> answered{0}, unexpected{0};
     std::vector<std::thread> clients;

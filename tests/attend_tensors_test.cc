@@ -32,17 +32,6 @@ constexpr int kN = testing::kSmallN, kD = 64, kQHeads = 4, kSequences = 6, kToke
 
 using Door = testing::InlineDoor;
 
-void Fill(Client& c, const testing::Kv& kv) {
-  for (int s = 0; s < kSequences; ++s) {
-    std::vector<v1::AppendChunk> chunks;
-    for (uint32_t l = 0; l < 2; ++l) {
-      chunks.push_back(testing::ChunkOf(absl::StrCat("s", s), l, 0, kTokens - 10 * s, kv));
-    }
-    absl::StatusOr<v1::AppendResponse> r = c.Append(chunks);
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
-}
-
 // Items over sequences first..first+count-1, layer 1, queries in `qdtype`,
 // outputs in `dtype`; with `step` >= 0, each item's decode step.
 v1::AttendRequest Request(int first, int count, v1::DType qdtype, v1::DType dtype, const testing::Kv& kv, int step) {
@@ -123,7 +112,7 @@ TEST(AttendTensors, AnswersEqualAttendsBitForBitThroughBothDoors) {
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
   for (bool polling : {false, true}) {
     Door door(polling);
-    Fill(*door.client, kv);
+    door.Fill(kv, kSequences, kTokens);
     for (v1::DType qdtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
       for (v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
         const v1::AttendRequest all = Request(0, kSequences, qdtype, dtype, kv, -1);
@@ -144,8 +133,8 @@ TEST(AttendTensors, AnswersEqualAttendsBitForBitThroughBothDoors) {
 TEST(AttendTensors, DecodeStepsAsAttendsOnTwinServers) {
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 4);
   Door plain(false), tensors(true);
-  Fill(*plain.client, kv);
-  Fill(*tensors.client, kv);
+  plain.Fill(kv, kSequences, kTokens);
+  tensors.Fill(kv, kSequences, kTokens);
   for (int step = 0; step < 3; ++step) {
     const v1::AttendRequest req = Request(0, kSequences, v1::DTYPE_BF16, v1::DTYPE_BF16, kv, step);
     EXPECT_TRUE(ByTensors(*tensors.client, req, {true}, {true}, v1::DTYPE_BF16) == Bytes(plain.client->Attend(req)))
@@ -162,7 +151,7 @@ TEST(AttendTensors, DecodeStepsAsAttendsOnTwinServers) {
 TEST(AttendTensors, EightClientsAtOnceGetTheAnswersOfOne) {
   const testing::Kv kv = SyntheticKv(kTokens, kN, 5);
   Door door(true);
-  Fill(*door.client, kv);
+  door.Fill(kv, kSequences, kTokens);
   std::vector<std::string> want(kSequences);
   for (int s = 0; s < kSequences; ++s) {
     want[s] = Bytes(door.client->Attend(Request(s, 1, v1::DTYPE_BF16, v1::DTYPE_BF16, kv, -1)));
@@ -186,7 +175,7 @@ TEST(AttendTensors, EightClientsAtOnceGetTheAnswersOfOne) {
 TEST(AttendTensors, MistakesAreNamedAndRefusalsAreAttends) {
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 6);
   Door door(false);
-  Fill(*door.client, kv);
+  door.Fill(kv, kSequences, kTokens);
   Client& c = *door.client;
   const uint64_t before = c.Length("s0")->layers(1).tokens();
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,16 @@ struct InlineDoor {
   ~InlineDoor() {
     client.reset();
     if (server) server->Shutdown(absl::Seconds(1));
+  }
+  // Sequences "s0".."s<sequences - 1>", sequence s holding the first
+  // `tokens - 10 s` tokens of `kv` (rows of kSmallN) in layers 0 and 1.
+  void Fill(const Kv& kv, int sequences, int tokens) {
+    for (int s = 0; s < sequences; ++s) {
+      std::vector<v1::AppendChunk> chunks;
+      for (uint32_t l = 0; l < 2; ++l) chunks.push_back(ChunkOf(absl::StrCat("s", s), l, 0, tokens - 10 * s, kv));
+      absl::StatusOr<v1::AppendResponse> r = client->Append(chunks);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
   }
   std::unique_ptr<DriftkvServer> server;
   std::unique_ptr<Client> client;
