@@ -12,11 +12,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 gtests service_gpu_test:180 || exit 1
 for r in $(seq ${ROUNDS:-3}); do
   echo "== round $r" | tee -a $OUT/ab.log
-  CONF=dp_server_poll.textproto BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=1" \
+  SERVER_ENV= CONF=dp_server_poll.textproto BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=1" \
     SHAPE="--layers=8 --sequences=64 --context=8192" PREFILL_PATH=shm_doorbell STEPS=${STEPS:-40} \
     PATHS="inline_bf16:0 inline_bf16_apart:0 inline_bf16_apart:0 inline_bf16:0" \
     bash bench/device/phases.sh 2>&1 | cut -c1-400 | tee -a $OUT/ab.log
 done
 echo "== kernel alone"
 timeout 150 $B service_hot_bench --sequences=64 --context=8192 --reps=30 2>&1 |
-  tee $OUT/kernel.log | grep -E "hot kernel|p50"
+  tee $OUT/kernel.log | grep -E "^\| (hot|cold) "
