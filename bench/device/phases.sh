@@ -3,7 +3,9 @@
 # One device call: decode-step benchmark paths against one server, with the
 # server's driftkv_attend_phase_seconds scraped around each run.
 # SERVER and BENCH name the bundled binaries (defaults driftkv-server-cuda,
-# decode_step_bench), SHAPE the model shape, PREFILL_PATH the prefill's path.
+# decode_step_bench), SHAPE the model shape, PREFILL_PATH the prefill's path,
+# LISTEN the gRPC address (default the config's 127.0.0.1:50051; e.g.
+# unix:/tmp/driftkv-grpc.sock).
 set -uo pipefail
 B=.device/bundle/run
 # SERVER_ENV: VAR=value pairs joined by '+' (ab.sh's VARIANTS field).
@@ -11,7 +13,9 @@ SERVER_ENV=${SERVER_ENV//+/ }
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 rm -f /tmp/driftkv-dp.sock
-env ${SERVER_ENV:-} $B ${SERVER:-driftkv-server-cuda} --config bench/device/${CONF:-dp_server.textproto} >> $OUT/server.log 2>&1 &
+LISTEN=${LISTEN:-127.0.0.1:50051}
+env ${SERVER_ENV:-} $B ${SERVER:-driftkv-server-cuda} --config bench/device/${CONF:-dp_server.textproto} \
+  --listen $LISTEN >> $OUT/server.log 2>&1 &
 S=$!
 for i in $(seq 60); do [ -S /tmp/driftkv-dp.sock ] && break; sleep 1; done
 sleep 1
@@ -50,7 +54,7 @@ for metric, label, title in (("phase", "phase", "server phases"), ("device", "st
     print(f"  {title}, mean us over {n:.0f} calls: " + " ".join(row) + f" sum={tot:.1f}")
 PY
 }
-P="--target=127.0.0.1:50051 ${SHAPE:---layers=32 --sequences=64 --context=8192} --steps=${STEPS:-12} --warmup=3"
+P="--target=$LISTEN ${SHAPE:---layers=32 --sequences=64 --context=8192} --steps=${STEPS:-12} --warmup=3"
 BENCH=${BENCH:-decode_step_bench}
 # PREFILL_STEPS: the prefill run's own timed steps (default STEPS); each
 # adds a token to every sequence, so a long timed run wants a short prefill.
