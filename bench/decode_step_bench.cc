@@ -41,6 +41,9 @@
 //       [--warmup=3] [--prefill=1] [--q_heads=32] [--tag=run1] [--with_step=1]
 //       [--read_chunk_bytes=N] [--poll_attend=1]  (the client's side of the
 //       polling door for inline Attend: ClientOptions of client/client.h)
+//       [--trace_calls=PATH]  (each timed call's start and end, steady
+//       clock ns, as CSV: joined with the server's DRIFTKV_ATTEND_TRACE by
+//       bench/device/trace_join.py)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,6 +51,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -127,6 +131,7 @@ int Run(int argc, char** argv) {
   // stderr with its step, layer and time since the first timed call (where
   // a p99 comes from: a few stalls or a slow tail).
   const int slow_us = IntFlag(argc, argv, "slow_us", 0);
+  const std::string trace_calls = Flag(argc, argv, "trace_calls", "");
   const bool ipc = absl::StartsWith(path, "ipc_"), shm = absl::StartsWith(path, "shm_");
   const bool apart = path == "inline_bf16_apart";
   const bool inline_path = path == "inline_bf16" || apart;
@@ -339,6 +344,7 @@ int Run(int argc, char** argv) {
     CHECK_OK(bell->Prepare(static_cast<uint32_t>(l), req));
   }
   std::vector<double> layer_us, step_ms;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> call_times;
   Clock::time_point timed_start = Clock::now();
   v1::AttendResponse response;
   for (int s = 0; s < warmup + steps; ++s) {
@@ -368,6 +374,7 @@ int Run(int argc, char** argv) {
       }
       if (s >= warmup) {
         layer_us.push_back(Us(t1 - t0));
+        if (!trace_calls.empty()) call_times.emplace_back(t0, t1);
         if (layer_us.size() == 1) timed_start = t0;
         if (slow_us > 0 && layer_us.back() > slow_us) {
           std::fprintf(stderr, "slow call: step %d layer %d %.1f us at %.3f ms\n", s, l, layer_us.back(),
@@ -377,6 +384,19 @@ int Run(int argc, char** argv) {
     }
     if (s >= warmup) step_ms.push_back(Us(Clock::now() - step_start) / 1e3);
     ++next_token;
+  }
+  if (!trace_calls.empty()) {
+    std::FILE* f = std::fopen(trace_calls.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", trace_calls.c_str());
+      return 1;
+    }
+    auto ns = [](Clock::time_point t) {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+    };
+    std::fprintf(f, "start_ns,end_ns\n");
+    for (const auto& c : call_times) std::fprintf(f, "%lld,%lld\n", ns(c.first), ns(c.second));
+    std::fclose(f);
   }
   auto stats = client.Stats();
   CHECK_OK(stats.status());

@@ -12,6 +12,7 @@ struct AttendPoller::Call {
   grpc::ByteBuffer request;
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> writer{&context};
   bool answered = false;  // Finish was called; the next event ends the call
+  CallTrace::Call times;  // with a trace only
 };
 
 AttendPoller::AttendPoller(std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues, absl::Duration spin,
@@ -73,10 +74,16 @@ void AttendPoller::Run(Queue* q) {
     if (call->answered || !ok) {
       // The answer went out (or the call was cancelled on its way), or the
       // server is shutting down and the request was withdrawn.
+      if (trace_ != nullptr && call->answered && ok) {
+        call->times.finished_ns = CallTrace::NowNs();
+        trace_->Record(call->times);
+      }
       delete call;
     } else {
+      if (trace_ != nullptr) call->times.arrived_ns = CallTrace::NowNs();
       grpc::ByteBuffer response;
       const grpc::Status status = serve_(&call->context, &call->request, &response);
+      if (trace_ != nullptr) call->times.served_ns = CallTrace::NowNs();
       std::lock_guard<std::mutex> lock(q->mu);
       if (q->shut) {
         // Stopped while serving: the server has ended the call already.

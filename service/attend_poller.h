@@ -30,6 +30,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/time/time.h"
+#include "service/call_trace.h"
 
 namespace driftkv {
 
@@ -79,6 +80,8 @@ class AttendPoller {
   const absl::Duration spin_;
   const RequestFn request_;
   const ServeFn serve_;
+  // DRIFTKV_ATTEND_TRACE: each call's arrival, serving and send times.
+  const std::unique_ptr<CallTrace> trace_ = CallTrace::FromEnv();
   std::vector<std::thread> threads_;
   bool stopped_ = false;
 };

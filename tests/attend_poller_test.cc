@@ -5,8 +5,12 @@
 // once), its errors are the same statuses, a request that does not parse
 // is INVALID_ARGUMENT, a shutdown with calls in flight ends them cleanly
 // (also one still being served when the poller stops), and the config
-// names its bad values.
+// names its bad values. With DRIFTKV_ATTEND_TRACE, each call's times are
+// written out in order when the server goes.
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "proto/driftkv.grpc.pb.h"
 #include "service/attend_poller.h"
+#include "service/call_trace.h"
 #include "service/server.h"
 #include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
@@ -249,6 +254,40 @@ TEST(AttendPoller, StopWhileServingDropsTheCall) {
   EXPECT_EQ(served.load(), 1);
   ASSERT_TRUE(call.Wait());
   EXPECT_NE(call.status().error_code(), grpc::StatusCode::OK) << "the call was cut by the shutdown";
+}
+
+TEST(AttendPoller, TraceWritesEachCallsTimesInOrder) {
+  const std::string path = ::testing::TempDir() + "/attend_trace.csv";
+  std::remove(path.c_str());
+  const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
+  const int64_t before = CallTrace::NowNs();
+  {
+    ::setenv("DRIFTKV_ATTEND_TRACE", path.c_str(), 1);
+    Door polling(true);  // the poller reads the variable when it is built
+    ::unsetenv("DRIFTKV_ATTEND_TRACE");
+    polling.Fill(kv, kSequences, kTokens);  // Append: not through the door
+    for (int s = 0; s < 5; ++s) {
+      ASSERT_TRUE(polling.client->Attend(Request(s, 1, v1::DTYPE_BF16, kv, -1)).ok());
+    }
+  }
+  const int64_t after = CallTrace::NowNs();
+  std::ifstream f(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(f, line));
+  EXPECT_EQ(line, "arrived_ns,served_ns,finished_ns");
+  int calls = 0;
+  int64_t last = before;
+  while (std::getline(f, line)) {
+    long long a = 0, b = 0, c = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lld", &a, &b, &c), 3) << line;
+    EXPECT_LE(last, a) << line;  // calls in the order they came, one at a time
+    EXPECT_LE(a, b) << line;
+    EXPECT_LE(b, c) << line;
+    EXPECT_LE(c, after) << line;
+    last = c;
+    ++calls;
+  }
+  EXPECT_EQ(calls, 5);
 }
 
 TEST(AttendPoller, ConfigNamesBadValues) {

@@ -1,0 +1,52 @@
+// Per-call timestamps of the polling door, for finding where an inline
+// Attend's time goes outside the Handler: when the request had arrived
+// (its completion came out of the queue), when the serving function
+// returned, and when the answer's send completed. A client that records
+// its own start and end on the same clock (steady_clock is
+// CLOCK_MONOTONIC, shared by the processes of one host) splits a round
+// trip into the way in, the serving, and the way out
+// (bench/device/trace_join.py).
+//
+// Off unless the process runs with DRIFTKV_ATTEND_TRACE=PATH; then the
+// first kMaxCalls calls are kept in memory and written to PATH as CSV
+// (arrived_ns,served_ns,finished_ns) when the trace is destroyed.
+#ifndef DRIFTKV_SERVICE_CALL_TRACE_H_
+#define DRIFTKV_SERVICE_CALL_TRACE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace driftkv {
+
+class CallTrace {
+ public:
+  static constexpr size_t kMaxCalls = 1 << 20;
+
+  struct Call {
+    int64_t arrived_ns = 0;
+    int64_t served_ns = 0;
+    int64_t finished_ns = 0;
+  };
+
+  // nullptr unless DRIFTKV_ATTEND_TRACE names a file.
+  static std::unique_ptr<CallTrace> FromEnv();
+  explicit CallTrace(std::string path);
+  ~CallTrace();  // writes the file
+  CallTrace(const CallTrace&) = delete;
+  CallTrace& operator=(const CallTrace&) = delete;
+
+  static int64_t NowNs();
+  void Record(const Call& call);
+
+ private:
+  const std::string path_;
+  std::mutex mu_;
+  std::vector<Call> calls_;  // guarded by mu_
+};
+
+}  // namespace driftkv
+
+#endif  // DRIFTKV_SERVICE_CALL_TRACE_H_
