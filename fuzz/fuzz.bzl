@@ -12,15 +12,25 @@ UBSan test under --config=fuzz).
 def driftkv_fuzz_target(name, srcs, deps):
     """Defines cc_binary NAME and cc_test NAME_corpus_test.
 
+    Both link the target's sources from one cc_library, NAME_input, so
+    that each configuration compiles them once.
+
     Args:
       name: the target's name, fuzz_*; its seeds are fuzz/corpus/NAME/.
       srcs: the sources, one of which defines LLVMFuzzerTestOneInput.
       deps: the cc_library targets the sources use.
     """
+    native.cc_library(
+        name = name + "_input",
+        srcs = srcs,
+        deps = deps,
+        # Nothing in the library references its entry point: the mains
+        # (libFuzzer's, replay_main) do, from outside it.
+        alwayslink = True,
+    )
     native.cc_binary(
         name = name,
-        srcs = srcs,
-        deps = deps + select({
+        deps = [":" + name + "_input"] + select({
             "//fuzz:fuzzing": [],
             "//conditions:default": ["//fuzz:replay_main"],
         }),
@@ -31,8 +41,7 @@ def driftkv_fuzz_target(name, srcs, deps):
     )
     native.cc_test(
         name = name + "_corpus_test",
-        srcs = srcs,
-        deps = deps + ["//fuzz:replay_main"],
+        deps = [":" + name + "_input", "//fuzz:replay_main"],
         data = native.glob(["corpus/" + name + "/*"]),
         args = ["fuzz/corpus/" + name],
         # The objects of the binary (no second, position-independent build
