@@ -8,8 +8,10 @@
 // (bench/device/trace_join.py).
 //
 // Off unless the process runs with DRIFTKV_ATTEND_TRACE=PATH; then the
-// first kMaxCalls calls are kept in memory and written to PATH as CSV
-// (arrived_ns,served_ns,finished_ns) when the trace is destroyed.
+// first kMaxCalls calls whose answers went out are kept in memory and
+// written to PATH as CSV (arrived_ns,served_ns,finished_ns) when the trace
+// is destroyed, in the order their sends completed (which poller threads
+// may see out of arrival order).
 #ifndef DRIFTKV_SERVICE_CALL_TRACE_H_
 #define DRIFTKV_SERVICE_CALL_TRACE_H_
 

@@ -7,6 +7,8 @@
 // (also one still being served when the poller stops), and the config
 // names its bad values. With DRIFTKV_ATTEND_TRACE, each call's times are
 // written out in order when the server goes.
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -275,16 +277,24 @@ TEST(AttendPoller, TraceWritesEachCallsTimesInOrder) {
   std::string line;
   ASSERT_TRUE(std::getline(f, line));
   EXPECT_EQ(line, "arrived_ns,served_ns,finished_ns");
-  int calls = 0;
-  int64_t last = before;
+  // Rows are written as sends complete, which another poller thread may
+  // see before this one: sorted by arrival, each call must arrive after
+  // the one before was served (its answer was built before it was sent).
+  std::vector<std::array<long long, 3>> rows;
   while (std::getline(f, line)) {
-    long long a = 0, b = 0, c = 0;
-    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lld", &a, &b, &c), 3) << line;
-    EXPECT_LE(last, a) << line;  // calls in the order they came, one at a time
-    EXPECT_LE(a, b) << line;
-    EXPECT_LE(b, c) << line;
-    EXPECT_LE(c, after) << line;
-    last = c;
+    std::array<long long, 3> r{};
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lld", &r[0], &r[1], &r[2]), 3) << line;
+    rows.push_back(r);
+  }
+  std::sort(rows.begin(), rows.end());
+  int calls = 0;
+  int64_t last_served = before;
+  for (const auto& [a, b, c] : rows) {
+    EXPECT_LE(last_served, a) << a;  // one call at a time, in order
+    EXPECT_LE(a, b) << a;
+    EXPECT_LE(b, c) << a;
+    EXPECT_LE(c, after) << a;
+    last_served = b;
     ++calls;
   }
   EXPECT_EQ(calls, 5);
