@@ -17,6 +17,7 @@
 //   service_overhead_bench [--sequences=64] [--context=8192] [--reps=300]
 //                          [--dtype=f32|bf16] [--deadlock_detection]
 //                          [--device_like=1]  (NullDeviceBackend)
+//                          [--poll=N]  (the polling door, N threads)
 //                          [--inline_only=1 [--out_bf16=1]]  (inline only)
 //                          [--handler_by_reference_only=1 [--with_step=1] [--reuse=1]]
 //                          [--grpc_by_reference_only=1]  (the unary call alone)
@@ -180,6 +181,13 @@ int Run(int argc, char** argv) {
   o.max_sequences = sequences + 8;
   o.max_batch = std::max(o.max_batch, sequences);
   o.region_socket = absl::StrCat("/tmp/driftkv-overhead-", getpid(), ".sock");
+  // --poll=N: the polling door (N threads) with 1 MiB socket reads on both
+  // sides, as bench/device/dp_server_poll.textproto serves inline Attend.
+  const int poll = IntFlag(argc, argv, "poll", 0);
+  if (poll > 0) {
+    o.attend_poll_threads = poll;
+    o.grpc_read_chunk_bytes = 1 << 20;
+  }
   auto server = DriftkvServer::Start(o);
   CHECK_OK(server.status());
   Handler& handler = (*server)->handler();
@@ -225,6 +233,10 @@ int Run(int argc, char** argv) {
   ClientOptions co;
   co.target = absl::StartsWith(o.listen, "unix:") ? o.listen : absl::StrCat("127.0.0.1:", (*server)->port());
   co.http2_window_bytes = IntFlag(argc, argv, "http2_window_bytes", 0);
+  if (poll > 0) {
+    co.read_chunk_bytes = 1 << 20;
+    co.poll_attend = true;
+  }
   Client client(co);
   const size_t qe = static_cast<size_t>(kQHeads) * kD;
   auto check = [&](const v1::AttendResponse& r) {
