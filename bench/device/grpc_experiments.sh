@@ -9,7 +9,9 @@
 #  2. through driftkv, ROUNDS (2) rounds of a fresh server per variant in
 #     DRIFTKV_VARIANTS (server and client with the same experiments; the
 #     order rotated each round), 8 layers x 64 x 8192 inline bf16 without a
-#     decode step on the polling door, each run traced as trace.sh does.
+#     decode step on the polling door (CONF=dp_server_chunk.textproto
+#     POLL=0: the sleeping door, both with 1 MiB reads), each run traced as
+#     trace.sh does.
 # The traces travel as one archive (traces.tgz).
 set -uo pipefail
 . bench/device/gtest.sh
@@ -35,8 +37,8 @@ done
 one() {
   local tag=$2_$1
   echo "== round $1: $2 (GRPC_EXPERIMENTS=${EXP[$2]})" | tee -a $OUT/ab.log
-  SERVER_ENV="GRPC_EXPERIMENTS=${EXP[$2]}+DRIFTKV_ATTEND_TRACE=$OUT/server_$tag.csv" CONF=dp_server_poll.textproto \
-    BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=1 --trace_calls=$OUT/client_$tag.csv" \
+  SERVER_ENV="GRPC_EXPERIMENTS=${EXP[$2]}+DRIFTKV_ATTEND_TRACE=$OUT/server_$tag.csv" CONF=${CONF:-dp_server_poll.textproto} \
+    BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=${POLL:-1} --trace_calls=$OUT/client_$tag.csv" \
     SHAPE="--layers=8 --sequences=64 --context=8192" PREFILL_PATH=shm_doorbell PREFILL_STEPS=3 \
     STEPS=${STEPS:-100} PATHS="inline_bf16:0" \
     bash bench/device/phases.sh 2>&1 | cut -c1-300 | tee -a $OUT/ab.log
