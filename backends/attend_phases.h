@@ -19,7 +19,7 @@
 namespace driftkv {
 
 enum class AttendPhase : int {
-  kRequest = 0,  // a persistent channel's request copied and parsed (doorbell)
+  kRequest = 0,  // the request parsed by its channel (doorbell, unary gRPC)
   kValidate,     // items checked, tensors inline decoded, references resolved
   kClientRead,   // tensors in client memory read and checked by the device
   kLookup,       // sequences found (one table lookup per distinct sequence)

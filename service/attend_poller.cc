@@ -5,6 +5,8 @@
 
 #include <grpc/support/time.h>
 
+#include "backends/attend_phases.h"
+
 namespace driftkv {
 
 struct AttendPoller::Call {
@@ -83,7 +85,13 @@ void AttendPoller::Run(Queue* q) {
       if (trace_ != nullptr) call->times.arrived_ns = CallTrace::NowNs();
       grpc::ByteBuffer response;
       const grpc::Status status = serve_(&call->context, &call->request, &response);
-      if (trace_ != nullptr) call->times.served_ns = CallTrace::NowNs();
+      if (trace_ != nullptr) {
+        call->times.served_ns = CallTrace::NowNs();
+        // serve_ ran on this thread: its phase clock holds the call's.
+        int64_t phases = 0;
+        for (int64_t ns : AttendPhaseClock::totals()) phases += ns;
+        call->times.phases_ns = phases;
+      }
       std::lock_guard<std::mutex> lock(q->mu);
       if (q->shut) {
         // Stopped while serving: the server has ended the call already.

@@ -42,7 +42,8 @@ class AttendPoller {
                                        grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer,
                                        grpc::ServerCompletionQueue* cq, void* tag)>;
   // Serves one call: its request bytes in, the answer's bytes out (sent
-  // only with an OK status).
+  // only with an OK status). With a trace, the call's phases are what the
+  // function leaves on this thread's AttendPhaseClock (it begins them).
   using ServeFn =
       std::function<grpc::Status(grpc::ServerContext* context, grpc::ByteBuffer* request, grpc::ByteBuffer* response)>;
 

@@ -23,10 +23,10 @@ CallTrace::~CallTrace() {
     std::fprintf(stderr, "driftkv-server: cannot write the call trace to %s\n", path_.c_str());
     return;
   }
-  std::fprintf(f, "arrived_ns,served_ns,finished_ns\n");
+  std::fprintf(f, "arrived_ns,served_ns,finished_ns,phases_ns\n");
   for (const Call& c : calls_) {
-    std::fprintf(f, "%lld,%lld,%lld\n", static_cast<long long>(c.arrived_ns), static_cast<long long>(c.served_ns),
-                 static_cast<long long>(c.finished_ns));
+    std::fprintf(f, "%lld,%lld,%lld,%lld\n", static_cast<long long>(c.arrived_ns), static_cast<long long>(c.served_ns),
+                 static_cast<long long>(c.finished_ns), static_cast<long long>(c.phases_ns));
   }
   std::fclose(f);
 }

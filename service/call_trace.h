@@ -1,7 +1,9 @@
 // Per-call timestamps of the polling door, for finding where an inline
 // Attend's time goes outside the Handler: when the request had arrived
 // (its completion came out of the queue), when the serving function
-// returned, and when the answer's send completed. A client that records
+// returned, and when the answer's send completed; and how much of the
+// serving the call's phases account for (backends/attend_phases.h: the
+// request's parse and the Handler's phases, summed). A client that records
 // its own start and end on the same clock (steady_clock is
 // CLOCK_MONOTONIC, shared by the processes of one host) splits a round
 // trip into the way in, the serving, and the way out
@@ -9,7 +11,7 @@
 //
 // Off unless the process runs with DRIFTKV_ATTEND_TRACE=PATH; then the
 // first kMaxCalls calls whose answers went out are kept in memory and
-// written to PATH as CSV (arrived_ns,served_ns,finished_ns) when the trace
+// written to PATH as CSV (arrived_ns,served_ns,finished_ns,phases_ns) when the trace
 // is destroyed, in the order their sends completed (which poller threads
 // may see out of arrival order).
 #ifndef DRIFTKV_SERVICE_CALL_TRACE_H_
@@ -31,6 +33,7 @@ class CallTrace {
     int64_t arrived_ns = 0;
     int64_t served_ns = 0;
     int64_t finished_ns = 0;
+    int64_t phases_ns = 0;  // a duration, not a time
   };
 
   // nullptr unless DRIFTKV_ATTEND_TRACE names a file.

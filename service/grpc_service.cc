@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "backends/attend_phases.h"
 #include "service/attend_io.h"
 #include "service/attend_stream.h"
 #include "service/attend_wire.h"
@@ -117,12 +118,22 @@ grpc::Status KvCacheService::ServeAttend(const AttendRequestWire& request, const
 grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
                                             grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
   RpcTimer timer(metrics_, "Attend");
-  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  // The tenant's check and the request's parse are the call's `request`
+  // phase; the Handler's phases follow.
+  AttendPhaseClock::Begin();
+  absl::StatusOr<std::string> tenant_or = CallTenant(*context, auth_);
   grpc::ByteBuffer bytes;
   AttendRequestWire request;
+  if (!tenant_or.ok()) {
+    AttendPhaseClock::Abandon();
+    return timer.Finish(ToGrpcStatus(tenant_or.status()));
+  }
   if (!stream->Read(&bytes) || !request.Parse(bytes)) {
+    AttendPhaseClock::Abandon();
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
+  AttendPhaseClock::Mark(AttendPhase::kRequest);
+  const std::string& tenant = *tenant_or;
   grpc::ByteBuffer response;
   const grpc::Status st = ServeAttend(request, tenant, &response);
   if (!st.ok()) return timer.Finish(st);
@@ -141,12 +152,19 @@ void KvCacheService::RequestAttend(grpc::ServerContext* context, grpc::ByteBuffe
 grpc::Status KvCacheService::AttendBytes(grpc::ServerContext* context, grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) {
   RpcTimer timer(metrics_, "Attend");
-  DRIFTKV_TENANT_OR_RETURN(tenant, context, timer);
+  AttendPhaseClock::Begin();  // as AttendToBuffer
+  absl::StatusOr<std::string> tenant_or = CallTenant(*context, auth_);
+  if (!tenant_or.ok()) {
+    AttendPhaseClock::Abandon();
+    return timer.Finish(ToGrpcStatus(tenant_or.status()));
+  }
   AttendRequestWire parsed;
   if (!parsed.Parse(*request)) {
+    AttendPhaseClock::Abandon();
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
-  return timer.Finish(ServeAttend(parsed, tenant, response));
+  AttendPhaseClock::Mark(AttendPhase::kRequest);
+  return timer.Finish(ServeAttend(parsed, *tenant_or, response));
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,

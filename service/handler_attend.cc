@@ -234,9 +234,12 @@ absl::Status Handler::Attend(const v1::AttendRequest& request, v1::AttendRespons
                              StagedOutputs* staged, AttendReuse* reuse,
                              absl::Span<const absl::string_view> wire_queries) {
   AttendPhaseClock::Start();
-  AttendBatch batch(*this, tenant);
-  batch.UseWireQueries(wire_queries);
-  absl::Status st = batch.Run(request, response, tenant, staged, reuse);
+  absl::Status st;
+  {
+    AttendBatch batch(*this, tenant);
+    batch.UseWireQueries(wire_queries);
+    st = batch.Run(request, response, tenant, staged, reuse);
+  }  // the batch's teardown (its locks' and regions' references) is `finish`
   if (!st.ok()) {
     if (staged != nullptr) *staged = StagedOutputs();  // may name staging given back
     metrics_->rejected_chunks->Increment();

@@ -276,24 +276,27 @@ TEST(AttendPoller, TraceWritesEachCallsTimesInOrder) {
   std::ifstream f(path);
   std::string line;
   ASSERT_TRUE(std::getline(f, line));
-  EXPECT_EQ(line, "arrived_ns,served_ns,finished_ns");
+  EXPECT_EQ(line, "arrived_ns,served_ns,finished_ns,phases_ns");
   // Rows are written as sends complete, which another poller thread may
   // see before this one: sorted by arrival, each call must arrive after
   // the one before was served (its answer was built before it was sent).
-  std::vector<std::array<long long, 3>> rows;
+  std::vector<std::array<long long, 4>> rows;
   while (std::getline(f, line)) {
-    std::array<long long, 3> r{};
-    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lld", &r[0], &r[1], &r[2]), 3) << line;
+    std::array<long long, 4> r{};
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld,%lld,%lld,%lld", &r[0], &r[1], &r[2], &r[3]), 4) << line;
     rows.push_back(r);
   }
   std::sort(rows.begin(), rows.end());
   int calls = 0;
   int64_t last_served = before;
-  for (const auto& [a, b, c] : rows) {
+  for (const auto& [a, b, c, phases] : rows) {
     EXPECT_LE(last_served, a) << a;  // one call at a time, in order
     EXPECT_LE(a, b) << a;
     EXPECT_LE(b, c) << a;
     EXPECT_LE(c, after) << a;
+    // The call's phases (parse and Handler) lie inside its serving.
+    EXPECT_GT(phases, 0) << a;
+    EXPECT_LE(phases, b - a) << a;
     last_served = b;
     ++calls;
   }

@@ -4,13 +4,17 @@
     trace_join.py SERVER_CSV CLIENT_CSV [LABEL]
 
 SERVER_CSV is the server's DRIFTKV_ATTEND_TRACE file (service/call_trace.h:
-arrived_ns, served_ns, finished_ns per call of the polling door),
+arrived_ns, served_ns, finished_ns and, since it has them, phases_ns per
+call of the polling door),
 CLIENT_CSV a decode_step_bench --trace_calls file (start_ns, end_ns per
 timed call); both steady-clock (CLOCK_MONOTONIC) nanoseconds of one host.
 A client call is matched with the server call that arrived inside it.
 Prints, in microseconds, p50 / p90 / p99 of
   in     arrived - start: the client's send, the transport, gRPC's read
   serve  served - arrived: the serving function (parse, Handler, answer built)
+  phases the call's phases: the request's parse and the Handler (with phases_ns)
+  beside  serve - phases: the serving outside them (the answer's buffer,
+         metrics, the call's objects)
   out    end - served: the answer's send, the transport, the client's read
   sent   finished - served: until the server's send completed
   total  end - start
@@ -35,16 +39,21 @@ def main():
     client = load(sys.argv[2])
     label = sys.argv[3] if len(sys.argv) > 3 else ""
     arrived = [s[0] for s in server]
-    parts = {k: [] for k in ("in", "serve", "out", "sent", "total")}
+    timed = len(server[0]) > 3 if server else False
+    keys = ("in", "serve", "phases", "beside", "out", "sent", "total") if timed else ("in", "serve", "out", "sent", "total")
+    parts = {k: [] for k in keys}
     unmatched = 0
     for start, end in client:
         i = bisect_left(arrived, start)
         if i == len(server) or server[i][0] > end:
             unmatched += 1
             continue
-        a, b, c = server[i]
+        a, b, c = server[i][:3]
         parts["in"].append((a - start) / 1e3)
         parts["serve"].append((b - a) / 1e3)
+        if timed:
+            parts["phases"].append(server[i][3] / 1e3)
+            parts["beside"].append((b - a - server[i][3]) / 1e3)
         parts["out"].append((end - b) / 1e3)
         parts["sent"].append((c - b) / 1e3)
         parts["total"].append((end - start) / 1e3)
