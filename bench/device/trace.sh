@@ -32,3 +32,5 @@ done
 echo "== kernel alone"
 timeout 150 $B service_hot_bench --sequences=64 --context=8192 --reps=30 2>&1 |
   tee $OUT/kernel.log | grep -E "^\| (hot|cold) "
+# The traces travel as one archive (the device returns few files).
+(cd $OUT && ls server_*.csv client_*.csv 2>/dev/null | xargs -r tar czf traces.tgz && rm -f server_*.csv client_*.csv)
