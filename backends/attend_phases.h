@@ -14,7 +14,8 @@
 
 #include <array>
 #include <cstdint>
-#include <ctime>
+
+#include "wire/monotonic.h"
 
 namespace driftkv {
 
@@ -72,7 +73,7 @@ class AttendPhaseClock {
     s.totals.fill(0);
     s.device.fill(0);
     s.device_timed = false;
-    s.last = NowNs();
+    s.last = MonotonicNs();
     s.begun = true;
   }
   // A call the channel began but will not pass to the handler.
@@ -86,12 +87,12 @@ class AttendPhaseClock {
     s.totals.fill(0);
     s.device.fill(0);
     s.device_timed = false;
-    s.last = NowNs();
+    s.last = MonotonicNs();
   }
   // Charges the time since the last mark (or Start) to `phase`.
   static void Mark(AttendPhase phase) {
     State& s = state();
-    const int64_t now = NowNs();
+    const int64_t now = MonotonicNs();
     s.totals[static_cast<int>(phase)] += now - s.last;
     s.last = now;
   }
@@ -117,11 +118,6 @@ class AttendPhaseClock {
   static State& state() {
     thread_local State s;
     return s;
-  }
-  static int64_t NowNs() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   }
 };
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "wire/doorbell.h"
+#include "wire/monotonic.h"
 
 namespace driftkv {
 namespace {
@@ -24,12 +25,6 @@ constexpr int64_t kSpinNs = 2'000'000;  // spin up to 2 ms before sleeping
 void SetDeadline(const Client& client, grpc::ClientContext* context) {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::microseconds(absl::ToInt64Microseconds(client.options().timeout)));
-}
-
-int64_t MonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 }  // namespace

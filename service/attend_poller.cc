@@ -6,6 +6,7 @@
 #include <grpc/support/time.h>
 
 #include "backends/attend_phases.h"
+#include "wire/monotonic.h"
 
 namespace driftkv {
 
@@ -77,16 +78,16 @@ void AttendPoller::Run(Queue* q) {
       // The answer went out (or the call was cancelled on its way), or the
       // server is shutting down and the request was withdrawn.
       if (trace_ != nullptr && call->answered && ok) {
-        call->times.finished_ns = CallTrace::NowNs();
+        call->times.finished_ns = MonotonicNs();
         trace_->Record(call->times);
       }
       delete call;
     } else {
-      if (trace_ != nullptr) call->times.arrived_ns = CallTrace::NowNs();
+      if (trace_ != nullptr) call->times.arrived_ns = MonotonicNs();
       grpc::ByteBuffer response;
       const grpc::Status status = serve_(&call->context, &call->request, &response);
       if (trace_ != nullptr) {
-        call->times.served_ns = CallTrace::NowNs();
+        call->times.served_ns = MonotonicNs();
         // serve_ ran on this thread: its phase clock holds the call's.
         int64_t phases = 0;
         for (int64_t ns : AttendPhaseClock::totals()) phases += ns;

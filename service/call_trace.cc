@@ -1,6 +1,5 @@
 #include "service/call_trace.h"
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -29,11 +28,6 @@ CallTrace::~CallTrace() {
                  static_cast<long long>(c.finished_ns), static_cast<long long>(c.phases_ns));
   }
   std::fclose(f);
-}
-
-int64_t CallTrace::NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 void CallTrace::Record(const Call& call) {

@@ -3,17 +3,17 @@
 // (its completion came out of the queue), when the serving function
 // returned, and when the answer's send completed; and how much of the
 // serving the call's phases account for (backends/attend_phases.h: the
-// request's parse and the Handler's phases, summed). A client that records
-// its own start and end on the same clock (steady_clock is
-// CLOCK_MONOTONIC, shared by the processes of one host) splits a round
+// request's parse and the Handler's phases, summed). The times are
+// MonotonicNs (wire/monotonic.h): a client that records its own start and
+// end on that clock (or steady_clock, the same on Linux) splits a round
 // trip into the way in, the serving, and the way out
 // (bench/device/trace_join.py).
 //
 // Off unless the process runs with DRIFTKV_ATTEND_TRACE=PATH; then the
 // first kMaxCalls calls whose answers went out are kept in memory and
-// written to PATH as CSV (arrived_ns,served_ns,finished_ns,phases_ns) when the trace
-// is destroyed, in the order their sends completed (which poller threads
-// may see out of arrival order).
+// written to PATH as CSV (arrived_ns,served_ns,finished_ns,phases_ns) when
+// the trace is destroyed, in the order their sends completed (which poller
+// threads may see out of arrival order).
 #ifndef DRIFTKV_SERVICE_CALL_TRACE_H_
 #define DRIFTKV_SERVICE_CALL_TRACE_H_
 
@@ -43,7 +43,6 @@ class CallTrace {
   CallTrace(const CallTrace&) = delete;
   CallTrace& operator=(const CallTrace&) = delete;
 
-  static int64_t NowNs();
   void Record(const Call& call);
 
  private:

@@ -15,18 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "backends/attend_phases.h"
 #include "wire/doorbell.h"
+#include "wire/monotonic.h"
 
 namespace driftkv {
 namespace {
 
 using doorbell::ClientLine;
 using doorbell::ServerLine;
-
-int64_t MonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 // Shared futex words (the mapping is MAP_SHARED between processes, so not
 // FUTEX_PRIVATE_FLAG).

@@ -34,6 +34,7 @@
 #include "service/server.h"
 #include "tests/loopback_server.h"
 #include "tests/service_test_util.h"
+#include "wire/monotonic.h"
 #include "wire/tensor.h"
 
 namespace driftkv {
@@ -262,7 +263,7 @@ TEST(AttendPoller, TraceWritesEachCallsTimesInOrder) {
   const std::string path = ::testing::TempDir() + "/attend_trace.csv";
   std::remove(path.c_str());
   const testing::Kv kv = SyntheticKv(kTokens + 20, kN, 3);
-  const int64_t before = CallTrace::NowNs();
+  const int64_t before = MonotonicNs();
   {
     ::setenv("DRIFTKV_ATTEND_TRACE", path.c_str(), 1);
     Door polling(true);  // the poller reads the variable when it is built
@@ -272,7 +273,7 @@ TEST(AttendPoller, TraceWritesEachCallsTimesInOrder) {
       ASSERT_TRUE(polling.client->Attend(Request(s, 1, v1::DTYPE_BF16, kv, -1)).ok());
     }
   }
-  const int64_t after = CallTrace::NowNs();
+  const int64_t after = MonotonicNs();
   std::ifstream f(path);
   std::string line;
   ASSERT_TRUE(std::getline(f, line));

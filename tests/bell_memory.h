@@ -17,6 +17,7 @@
 #include "proto/driftkv.pb.h"
 #include "service/doorbell.h"
 #include "wire/doorbell.h"
+#include "wire/monotonic.h"
 
 namespace driftkv {
 namespace testing_bell {
@@ -27,12 +28,6 @@ using doorbell::ServerLine;
 
 constexpr uint8_t kGuard = 0xA5;
 constexpr size_t kGuardBytes = 256;
-
-inline int64_t MonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 // A doorbell of capacities (c, r) in malloc'd memory with guard bytes on
 // both sides, and a fake AttendFn that records its calls and answers what

@@ -26,7 +26,6 @@ namespace {
 using C = absl::StatusCode;
 using testing_bell::BellMemory;
 using testing_bell::ExpectAnswered;
-using testing_bell::MonotonicNs;
 
 v1::TensorRef Ref(uint64_t region, uint64_t offset) {
   v1::TensorRef r;

@@ -36,7 +36,6 @@ using doorbell::ClientLine;
 using doorbell::ServerLine;
 using testing_bell::BellMemory;
 using testing_bell::ExpectAnswered;
-using testing_bell::MonotonicNs;
 using testing_bell::SmallRequest;
 
 TEST(ServeDoorbellRequestTest, AnswersWhatTheAttendFnAnswers) {
