@@ -30,6 +30,50 @@ class RpcTimer {
   absl::Time start_;
 };
 
+// The messages of one unary Attend, kept per thread: a thread serves one
+// call at a time, and a cleared message keeps its elements' allocations
+// for the next call (for 64 items some 250 allocations and frees fewer a
+// call). Done lets go of the call's slices; a call whose messages grew
+// past kKeptBytes leaves fresh ones behind.
+class AttendScratch {
+ public:
+  static AttendScratch& ForThread() {
+    thread_local AttendScratch scratch;
+    return scratch;
+  }
+  AttendRequestWire& request() { return request_; }
+  v1::AttendResponse& answer() { return answer_; }
+  void Done() {
+    request_.Release();
+    size_t bytes = 0;
+    for (const v1::AttendResult& r : answer_.results()) {
+      bytes += r.output().capacity() + sizeof(float) * static_cast<size_t>(r.lse().Capacity());
+    }
+    if (bytes > kKeptBytes) {
+      answer_ = v1::AttendResponse();
+    } else {
+      answer_.Clear();
+    }
+  }
+
+ private:
+  static constexpr size_t kKeptBytes = 1 << 20;
+  AttendRequestWire request_;
+  v1::AttendResponse answer_;
+};
+
+// Done when the call's answer is built (or it failed).
+class ScratchDone {
+ public:
+  explicit ScratchDone(AttendScratch* scratch) : scratch_(scratch) {}
+  ~ScratchDone() { scratch_->Done(); }
+  ScratchDone(const ScratchDone&) = delete;
+  ScratchDone& operator=(const ScratchDone&) = delete;
+
+ private:
+  AttendScratch* scratch_;
+};
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -106,12 +150,11 @@ KvCacheService::KvCacheService(Handler* handler, ChannelManager* channels, Metri
 }
 
 grpc::Status KvCacheService::ServeAttend(const AttendRequestWire& request, const std::string& tenant,
-                                         grpc::ByteBuffer* response) {
-  v1::AttendResponse answer;
+                                         v1::AttendResponse* answer, grpc::ByteBuffer* response) {
   StagedOutputs staged;
-  const absl::Status st = handler_->Attend(request.message(), &answer, tenant, &staged, nullptr, request.tensors());
+  const absl::Status st = handler_->Attend(request.message(), answer, tenant, &staged, nullptr, request.tensors());
   if (!st.ok()) return ToGrpcStatus(st);
-  *response = AttendResponseBuffer(answer, std::move(staged));
+  *response = AttendResponseBuffer(*answer, std::move(staged));
   return grpc::Status::OK;
 }
 
@@ -123,7 +166,9 @@ grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
   AttendPhaseClock::Begin();
   absl::StatusOr<std::string> tenant_or = CallTenant(*context, auth_);
   grpc::ByteBuffer bytes;
-  AttendRequestWire request;
+  AttendScratch& scratch = AttendScratch::ForThread();
+  const ScratchDone done(&scratch);
+  AttendRequestWire& request = scratch.request();
   if (!tenant_or.ok()) {
     AttendPhaseClock::Abandon();
     return timer.Finish(ToGrpcStatus(tenant_or.status()));
@@ -135,7 +180,7 @@ grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
   AttendPhaseClock::Mark(AttendPhase::kRequest);
   const std::string& tenant = *tenant_or;
   grpc::ByteBuffer response;
-  const grpc::Status st = ServeAttend(request, tenant, &response);
+  const grpc::Status st = ServeAttend(request, tenant, &scratch.answer(), &response);
   if (!st.ok()) return timer.Finish(st);
   // Sent with the status that follows, as a unary answer is; the call
   // serialises (refs) the buffer at once.
@@ -158,13 +203,14 @@ grpc::Status KvCacheService::AttendBytes(grpc::ServerContext* context, grpc::Byt
     AttendPhaseClock::Abandon();
     return timer.Finish(ToGrpcStatus(tenant_or.status()));
   }
-  AttendRequestWire parsed;
-  if (!parsed.Parse(*request)) {
+  AttendScratch& scratch = AttendScratch::ForThread();
+  const ScratchDone done(&scratch);
+  if (!scratch.request().Parse(*request)) {
     AttendPhaseClock::Abandon();
     return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
   }
   AttendPhaseClock::Mark(AttendPhase::kRequest);
-  return timer.Finish(ServeAttend(parsed, *tenant_or, response));
+  return timer.Finish(ServeAttend(scratch.request(), *tenant_or, &scratch.answer(), response));
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,

@@ -86,8 +86,10 @@ class KvCacheService final : public v1::KvCache::Service {
 
  private:
   // Both forms of Attend once the caller's tenant is known and the
-  // request parsed: the answer's wire bytes, or the status to send instead.
-  grpc::Status ServeAttend(const AttendRequestWire& request, const std::string& tenant, grpc::ByteBuffer* response);
+  // request parsed: the answer's wire bytes, or the status to send instead;
+  // *answer is the message the Handler fills (its results replaced).
+  grpc::Status ServeAttend(const AttendRequestWire& request, const std::string& tenant, v1::AttendResponse* answer,
+                           grpc::ByteBuffer* response);
 
   const int attend_method_;  // Attend's index among the service's methods
   Handler* const handler_;

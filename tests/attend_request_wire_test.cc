@@ -76,6 +76,38 @@ TEST(AttendRequestWire, SameRequestHoweverTheBytesAreCut) {
   }
 }
 
+// One reader used again, as a serving thread uses its own: after Release
+// it holds no views and no slices, and the next request reads as if
+// fresh, however many items the one before had, a failed read included;
+// one larger than the reader keeps on the wire leaves a fresh message.
+TEST(AttendRequestWire, ReadAgainAfterRelease) {
+  std::mt19937 rng(8);
+  AttendRequestWire wire;
+  for (int items : {12, 3, 0, 40, 1}) {
+    const v1::AttendRequest want = Request(&rng, items);
+    const std::string bytes = want.SerializeAsString();
+    ASSERT_TRUE(wire.Parse(Cut(bytes, {97, 4096}))) << items;
+    ExpectSameAsProtobuf(wire, want);
+    wire.Release();
+    EXPECT_EQ(wire.message().items_size(), 0);
+    EXPECT_TRUE(wire.tensors().empty());
+    // Truncated: refused, and nothing of it stays for the next read.
+    if (bytes.size() > 1) {
+      EXPECT_FALSE(wire.Parse(Cut(bytes.substr(0, bytes.size() - 1), {64})));
+    }
+    wire.Release();
+  }
+  v1::AttendRequest large = Request(&rng, 2);
+  large.mutable_items(0)->set_new_key(std::string(AttendRequestWire::kKeptBytes + 1, 'k'));
+  ASSERT_TRUE(wire.Parse(Cut(large.SerializeAsString(), {1 << 16})));
+  ExpectSameAsProtobuf(wire, large);
+  wire.Release();
+  EXPECT_EQ(wire.message().items_size(), 0);
+  const v1::AttendRequest after = Request(&rng, 4);
+  ASSERT_TRUE(wire.Parse(Cut(after.SerializeAsString(), {1 << 16})));
+  ExpectSameAsProtobuf(wire, after);
+}
+
 TEST(AttendRequestWire, QueriesInOneSliceAreViewsIntoIt) {
   std::mt19937 rng(4);
   const v1::AttendRequest want = Request(&rng, 3);

@@ -152,6 +152,17 @@ size_t VarintBytes(uint64_t v) {
 
 }  // namespace
 
+void TensorSlicesReader::Release() {
+  slices_.clear();
+  tensors_.clear();
+  joined_.clear();
+  if (skeleton_.capacity() > kKeptBytes) {
+    std::string().swap(skeleton_);
+  } else {
+    skeleton_.clear();
+  }
+}
+
 bool TensorSlicesReader::Parse(const grpc::ByteBuffer& buffer, uint32_t tensor_field,
                                google::protobuf::MessageLite* message) {
   std::vector<grpc::Slice> slices;

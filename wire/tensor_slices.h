@@ -50,8 +50,14 @@ class TensorSlicesReader {
   bool Parse(const grpc::ByteBuffer& buffer, uint32_t tensor_field, google::protobuf::MessageLite* message);
 
   const std::vector<absl::string_view>& tensors() const { return tensors_; }
+  // The bytes of the message without its tensors, as the last Parse read.
+  size_t message_bytes() const { return skeleton_.size(); }
+  // Lets go of the slices and the views into them; the buffers stay for
+  // the next Parse (up to kKeptBytes of them).
+  void Release();
 
  private:
+  static constexpr size_t kKeptBytes = 1 << 20;
   std::vector<grpc::Slice> slices_;
   std::vector<absl::string_view> tensors_;
   std::deque<std::string> joined_;  // tensors that straddle slices
@@ -63,6 +69,8 @@ class TensorSlicesReader {
 template <class Message, uint32_t kTensorField>
 class TensorSlices {
  public:
+  static constexpr size_t kKeptBytes = 1 << 20;
+
   bool Parse(const grpc::ByteBuffer& buffer) { return reader_.Parse(buffer, kTensorField, &message_); }
   bool Parse(std::vector<grpc::Slice> slices) { return reader_.Parse(std::move(slices), kTensorField, &message_); }
 
@@ -71,6 +79,18 @@ class TensorSlices {
   Message* mutable_message() { return &message_; }
   // Element i's tensor: one per element, empty where it has none.
   const std::vector<absl::string_view>& tensors() const { return reader_.tensors(); }
+  // The message cleared, the slices and views let go. A message read
+  // again after Release reuses its elements' allocations (protobuf keeps
+  // cleared elements), unless it was larger than kKeptBytes on the wire:
+  // then it starts afresh, so that one large call leaves nothing behind.
+  void Release() {
+    if (reader_.message_bytes() > kKeptBytes) {
+      message_ = Message();
+    } else {
+      message_.Clear();
+    }
+    reader_.Release();
+  }
 
  private:
   TensorSlicesReader reader_;
