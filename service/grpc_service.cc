@@ -158,29 +158,35 @@ grpc::Status KvCacheService::ServeAttend(const AttendRequestWire& request, const
   return grpc::Status::OK;
 }
 
+grpc::Status KvCacheService::BeginAttend(const grpc::ServerContext& context, const grpc::ByteBuffer* bytes,
+                                         AttendRequestWire* request, std::string* tenant) {
+  AttendPhaseClock::Begin();
+  absl::StatusOr<std::string> tenant_or = CallTenant(context, auth_);
+  if (!tenant_or.ok()) {
+    AttendPhaseClock::Abandon();
+    return ToGrpcStatus(tenant_or.status());
+  }
+  if (bytes == nullptr || !request->Parse(*bytes)) {
+    AttendPhaseClock::Abandon();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest");
+  }
+  AttendPhaseClock::Mark(AttendPhase::kRequest);
+  *tenant = *std::move(tenant_or);
+  return grpc::Status::OK;
+}
+
 grpc::Status KvCacheService::AttendToBuffer(grpc::ServerContext* context,
                                             grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
   RpcTimer timer(metrics_, "Attend");
-  // The tenant's check and the request's parse are the call's `request`
-  // phase; the Handler's phases follow.
-  AttendPhaseClock::Begin();
-  absl::StatusOr<std::string> tenant_or = CallTenant(*context, auth_);
   grpc::ByteBuffer bytes;
+  const bool read = stream->Read(&bytes);
   AttendScratch& scratch = AttendScratch::ForThread();
   const ScratchDone done(&scratch);
-  AttendRequestWire& request = scratch.request();
-  if (!tenant_or.ok()) {
-    AttendPhaseClock::Abandon();
-    return timer.Finish(ToGrpcStatus(tenant_or.status()));
-  }
-  if (!stream->Read(&bytes) || !request.Parse(bytes)) {
-    AttendPhaseClock::Abandon();
-    return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
-  }
-  AttendPhaseClock::Mark(AttendPhase::kRequest);
-  const std::string& tenant = *tenant_or;
+  std::string tenant;
+  grpc::Status st = BeginAttend(*context, read ? &bytes : nullptr, &scratch.request(), &tenant);
+  if (!st.ok()) return timer.Finish(st);
   grpc::ByteBuffer response;
-  const grpc::Status st = ServeAttend(request, tenant, &scratch.answer(), &response);
+  st = ServeAttend(scratch.request(), tenant, &scratch.answer(), &response);
   if (!st.ok()) return timer.Finish(st);
   // Sent with the status that follows, as a unary answer is; the call
   // serialises (refs) the buffer at once.
@@ -197,20 +203,12 @@ void KvCacheService::RequestAttend(grpc::ServerContext* context, grpc::ByteBuffe
 grpc::Status KvCacheService::AttendBytes(grpc::ServerContext* context, grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) {
   RpcTimer timer(metrics_, "Attend");
-  AttendPhaseClock::Begin();  // as AttendToBuffer
-  absl::StatusOr<std::string> tenant_or = CallTenant(*context, auth_);
-  if (!tenant_or.ok()) {
-    AttendPhaseClock::Abandon();
-    return timer.Finish(ToGrpcStatus(tenant_or.status()));
-  }
   AttendScratch& scratch = AttendScratch::ForThread();
   const ScratchDone done(&scratch);
-  if (!scratch.request().Parse(*request)) {
-    AttendPhaseClock::Abandon();
-    return timer.Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not an AttendRequest"));
-  }
-  AttendPhaseClock::Mark(AttendPhase::kRequest);
-  return timer.Finish(ServeAttend(scratch.request(), *tenant_or, &scratch.answer(), response));
+  std::string tenant;
+  const grpc::Status st = BeginAttend(*context, request, &scratch.request(), &tenant);
+  if (!st.ok()) return timer.Finish(st);
+  return timer.Finish(ServeAttend(scratch.request(), tenant, &scratch.answer(), response));
 }
 
 grpc::Status KvCacheService::Read(grpc::ServerContext* context, const v1::ReadRequest* request,

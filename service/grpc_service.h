@@ -85,6 +85,11 @@ class KvCacheService final : public v1::KvCache::Service {
                              v1::CloseDoorbellResponse* response) override;
 
  private:
+  // Both forms of Attend first: the caller's tenant into *tenant and
+  // `bytes` (null: the call sent none) parsed into *request, as the call's
+  // `request` phase (the phase clock begun here, abandoned on an error).
+  grpc::Status BeginAttend(const grpc::ServerContext& context, const grpc::ByteBuffer* bytes,
+                           AttendRequestWire* request, std::string* tenant);
   // Both forms of Attend once the caller's tenant is known and the
   // request parsed: the answer's wire bytes, or the status to send instead;
   // *answer is the message the Handler fills (its results replaced).
