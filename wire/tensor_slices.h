@@ -55,9 +55,9 @@ class TensorSlicesReader {
   // Lets go of the slices and the views into them; the buffers stay for
   // the next Parse (up to kKeptBytes of them).
   void Release();
+  static constexpr size_t kKeptBytes = 1 << 20;
 
  private:
-  static constexpr size_t kKeptBytes = 1 << 20;
   std::vector<grpc::Slice> slices_;
   std::vector<absl::string_view> tensors_;
   std::deque<std::string> joined_;  // tensors that straddle slices
@@ -69,7 +69,7 @@ class TensorSlicesReader {
 template <class Message, uint32_t kTensorField>
 class TensorSlices {
  public:
-  static constexpr size_t kKeptBytes = 1 << 20;
+  static constexpr size_t kKeptBytes = TensorSlicesReader::kKeptBytes;
 
   bool Parse(const grpc::ByteBuffer& buffer) { return reader_.Parse(buffer, kTensorField, &message_); }
   bool Parse(std::vector<grpc::Slice> slices) { return reader_.Parse(std::move(slices), kTensorField, &message_); }
