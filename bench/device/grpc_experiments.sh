@@ -34,23 +34,10 @@ for r in $(seq ${DOOR_ROUNDS:-2}); do
     done
   done
 done
+. bench/device/traced_run.sh
 one() {
-  local tag=$2_$1
   echo "== round $1: $2 (GRPC_EXPERIMENTS=${EXP[$2]})" | tee -a $OUT/ab.log
-  SERVER_ENV="GRPC_EXPERIMENTS=${EXP[$2]}+DRIFTKV_ATTEND_TRACE=$OUT/server_$tag.csv" CONF=${CONF:-dp_server_poll.textproto} \
-    BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=${POLL:-1} --trace_calls=$OUT/client_$tag.csv" \
-    SHAPE="--layers=8 --sequences=64 --context=8192" PREFILL_PATH=shm_doorbell PREFILL_STEPS=3 \
-    STEPS=${STEPS:-100} PATHS="inline_bf16:0" \
-    bash bench/device/phases.sh 2>&1 | cut -c1-300 | tee -a $OUT/ab.log
-  # (The sleeping door keeps no trace: only the polling door's threads do.)
-  [ -f $OUT/server_$tag.csv ] &&
-    python3 bench/device/trace_join.py $OUT/server_$tag.csv $OUT/client_$tag.csv $tag | tee -a $OUT/ab.log
+  traced_run $2_$1 driftkv-server-cuda inline_bf16 "GRPC_EXPERIMENTS=${EXP[$2]}"
 }
-VARS=(${DRIFTKV_VARIANTS:-none lowat all})
-n=${#VARS[@]}
-for r in $(seq ${ROUNDS:-2}); do
-  for k in $(seq 0 $((n - 1))); do
-    one $r ${VARS[$(((k + r - 1) % n))]}
-  done
-done
-(cd $OUT && ls server_*.csv client_*.csv 2>/dev/null | xargs -r tar czf traces.tgz && rm -f server_*.csv client_*.csv)
+rotated ${ROUNDS:-2} one ${DRIFTKV_VARIANTS:-none lowat all}
+archive_traces

@@ -15,30 +15,18 @@ set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+. bench/device/traced_run.sh
 one() {
-  local server=$2 path=$3
-  local tag=${server#driftkv-server-cuda}_${path}_$1
-  tag=${tag#_}
-  echo "== round $1: $server $path" | tee -a $OUT/ab.log
-  SERVER=$server SERVER_ENV=DRIFTKV_ATTEND_TRACE=$OUT/server_$tag.csv CONF=dp_server_poll.textproto \
-    BENCH_ARGS="--read_chunk_bytes=1048576 --poll_attend=1 --trace_calls=$OUT/client_$tag.csv" \
-    SHAPE="--layers=8 --sequences=64 --context=8192" PREFILL_PATH=shm_doorbell PREFILL_STEPS=3 \
-    STEPS=${STEPS:-100} PATHS="$path:0" \
-    bash bench/device/phases.sh 2>&1 | cut -c1-300 | tee -a $OUT/ab.log
-  python3 bench/device/trace_join.py $OUT/server_$tag.csv $OUT/client_$tag.csv $tag | tee -a $OUT/ab.log
+  local tag=${2#driftkv-server-cuda}_$3_$1
+  echo "== round $1: $2 $3" | tee -a $OUT/ab.log
+  traced_run ${tag#_} $2 $3
 }
 variants=()
 for s in ${SERVERS:-driftkv-server-cuda}; do
   for p in ${TRACE_PATHS:-inline_bf16 inline_bf16_apart}; do variants+=("$s $p"); done
 done
-n=${#variants[@]}
-for r in $(seq ${ROUNDS:-3}); do
-  for k in $(seq 0 $((n - 1))); do
-    one $r ${variants[$(((k + r - 1) % n))]}
-  done
-done
+rotated ${ROUNDS:-3} one "${variants[@]}"
 echo "== kernel alone"
 timeout 150 $B service_hot_bench --sequences=64 --context=8192 --reps=30 2>&1 |
   tee $OUT/kernel.log | grep -E "^\| (hot|cold) "
-# The traces travel as one archive (the device returns few files).
-(cd $OUT && ls server_*.csv client_*.csv 2>/dev/null | xargs -r tar czf traces.tgz && rm -f server_*.csv client_*.csv)
+archive_traces
