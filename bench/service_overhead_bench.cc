@@ -454,6 +454,7 @@ int Run(int argc, char** argv) {
       check_inline(r);
     };
     std::vector<double> apart_us, apart_cpu;
+    std::vector<std::vector<double>> inline_phase_us(static_cast<int>(AttendPhase::kCount));
     for (int i = 0; i < reps; ++i) {
       double c0 = CpuUs();
       auto t0 = Clock::now();
@@ -466,6 +467,9 @@ int Run(int argc, char** argv) {
       t0 = Clock::now();
       CHECK_OK(handler.Attend(request, &direct));
       hnd.push_back(Us(Clock::now() - t0));
+      for (size_t p = 0; p < inline_phase_us.size(); ++p) {
+        inline_phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
+      }
       check_inline(direct);
       std::fill(out_memory.begin(), out_memory.end(), '\0');
       c0 = CpuUs();
@@ -485,6 +489,11 @@ int Run(int argc, char** argv) {
         "Handler::Attend: p50 %.1f us, p99 %.1f us\n",
         Of(rpc).p50, Of(rpc).p99, Of(rpc_cpu).p50, Of(apart_us).p50, Of(apart_us).p99, Of(apart_cpu).p50, Of(hnd).p50,
         Of(hnd).p99);
+    std::printf("Handler::Attend phases, p50 us:");
+    for (size_t p = 0; p < inline_phase_us.size(); ++p) {
+      std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(inline_phase_us[p]).p50);
+    }
+    std::printf("\n");
     return 0;
   }
   v1::AttendResponse last;
