@@ -6,7 +6,10 @@
 # server (SERVERS, default driftkv-server-cuda; e.g. an earlier build
 # bundled as driftkv-server-cuda-before for an A/B) and a client path
 # (TRACE_PATHS, default the library client inline_bf16 and the tensors
-# apart inline_bf16_apart). Each run takes STEPS (100) steps of 8 layers
+# apart inline_bf16_apart) and a server config (CONFS, default
+# dp_server_poll.textproto; dp_server_poll_long_spin.textproto polls for
+# 2 ms after each call, past the gap to a decode loop's next one). Each
+# run takes STEPS (100) steps of 8 layers
 # x 64 x 8192 without a decode step after a host-shm prefill, the client
 # writing its own times (--trace_calls); bench/device/trace_join.py splits
 # each run into the way in, the serving (and the call's phases within it)
@@ -17,13 +20,16 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 . bench/device/traced_run.sh
 one() {
-  local tag=${2#driftkv-server-cuda}_$3_$1
-  echo "== round $1: $2 $3" | tee -a $OUT/ab.log
-  traced_run ${tag#_} $2 $3
+  local conf=${4%.textproto}
+  local tag=${2#driftkv-server-cuda}_$3${conf#dp_server_poll}_$1
+  echo "== round $1: $2 $3 $4" | tee -a $OUT/ab.log
+  CONF=$4 traced_run ${tag#_} $2 $3
 }
 variants=()
 for s in ${SERVERS:-driftkv-server-cuda}; do
-  for p in ${TRACE_PATHS:-inline_bf16 inline_bf16_apart}; do variants+=("$s $p"); done
+  for p in ${TRACE_PATHS:-inline_bf16 inline_bf16_apart}; do
+    for c in ${CONFS:-dp_server_poll.textproto}; do variants+=("$s $p $c"); done
+  done
 done
 rotated ${ROUNDS:-3} one "${variants[@]}"
 echo "== kernel alone"

@@ -18,12 +18,13 @@ traced_run() {
     python3 bench/device/trace_join.py $OUT/server_$tag.csv $OUT/client_$tag.csv $tag | tee -a $OUT/ab.log
 }
 # `rotated ROUNDS FN VARIANT...`: ROUNDS rounds of FN ROUND VARIANT for
-# every variant, the order rotated by one each round.
+# every variant, the order rotated by one each round; ROUND_FROM (1) numbers
+# the first (a second call goes on with the next rotation).
 rotated() {
-  local rounds=$1 fn=$2 r k
+  local rounds=$1 fn=$2 r k from=${ROUND_FROM:-1}
   shift 2
   local variants=("$@") n=$#
-  for r in $(seq $rounds); do
+  for r in $(seq $from $((from + rounds - 1))); do
     for k in $(seq 0 $((n - 1))); do
       $fn $r ${variants[$(((k + r - 1) % n))]}
     done
