@@ -1,5 +1,6 @@
 #include "service/copy_helpers.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -62,7 +63,9 @@ void StreamFence() {
 #endif
 }
 
-struct CopyHelpers::Helper {
+// One batch's copies. Only the caller writes jobs and `published`; it and
+// its helpers take copies by advancing `next`.
+struct CopyHelpers::Work {
   struct Job {
     void* to;
     const void* from;
@@ -71,27 +74,29 @@ struct CopyHelpers::Helper {
   // A call of more items copies the rest itself.
   static constexpr int kJobs = 256;
 
-  CopyHelpers* crew = nullptr;
-  std::thread thread;
-  absl::CondVar wake;
-  bool armed = false;  // guarded by the crew's mu_: Begin handed it a batch
-
-  // The batch. Only the caller writes jobs and `published`; both take
-  // copies by advancing `next`.
-  std::atomic<int> state{kDone};
   std::atomic<int> published{0};
   std::atomic<int> next{0};
   std::atomic<bool> closed{false};  // the caller adds no more
   Job jobs[kJobs];
 };
 
-CopyHelpers::CopyHelpers(int threads) : threads_(threads) {}
+struct CopyHelpers::Helper {
+  std::thread thread;
+  absl::CondVar wake;
+  bool sleeping = false;  // guarded by the crew's mu_
+  // Set by Begin (after `work` and `state`); the helper clears it.
+  std::atomic<bool> armed{false};
+  std::atomic<int> state{kDone};
+  Work* work = nullptr;
+};
+
+CopyHelpers::CopyHelpers(int threads, absl::Duration spin) : threads_(threads), spin_(spin) {}
 
 CopyHelpers::~CopyHelpers() {
   std::vector<std::unique_ptr<Helper>> helpers;
   {
     absl::MutexLock lock(&mu_);
-    stop_ = true;
+    stop_.store(true);
     for (const std::unique_ptr<Helper>& h : helpers_) h->wake.Signal();
     helpers.swap(helpers_);
   }
@@ -100,70 +105,87 @@ CopyHelpers::~CopyHelpers() {
 
 CopyHelpers::Batch CopyHelpers::Begin() {
   Batch batch;
+  batch.crew_ = this;
   if (threads_ <= 0) return batch;
   absl::MutexLock lock(&mu_);
   if (!started_) {
     started_ = true;
+    // A batch has at least one helper: no more batches than helpers run
+    // with helpers at once.
     for (int i = 0; i < threads_; ++i) {
+      works_.push_back(std::make_unique<Work>());
+      idle_works_.push_back(works_.back().get());
       helpers_.push_back(std::make_unique<Helper>());
       Helper* h = helpers_.back().get();
-      h->crew = this;
       idle_.push_back(h);
       h->thread = std::thread([this, h] { Run(h); });
     }
   }
   if (idle_.empty()) return batch;
-  Helper* h = idle_.back();
-  idle_.pop_back();
-  // The helper reads these only after it sees `armed`, under mu_.
-  h->published.store(0, std::memory_order_relaxed);
-  h->next.store(0, std::memory_order_relaxed);
-  h->closed.store(false, std::memory_order_relaxed);
-  h->state.store(kArmed, std::memory_order_relaxed);
-  h->armed = true;
-  h->wake.Signal();
-  batch.helper_ = h;
+  Work* w = idle_works_.back();
+  idle_works_.pop_back();
+  w->published.store(0, std::memory_order_relaxed);
+  w->next.store(0, std::memory_order_relaxed);
+  w->closed.store(false, std::memory_order_relaxed);
+  for (Helper* h : idle_) {
+    h->work = w;
+    h->state.store(kArmed, std::memory_order_relaxed);
+    h->armed.store(true, std::memory_order_release);  // publishes the three above
+    if (h->sleeping) h->wake.Signal();
+    batch.helpers_.push_back(h);
+  }
+  idle_.clear();
+  batch.work_ = w;
   return batch;
 }
 
 void CopyHelpers::Run(Helper* h) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::duration spin = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(spin_));
   for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      while (!h->armed && !stop_) h->wake.Wait(&mu_);
-      if (!h->armed) return;
-      h->armed = false;
-    }
-    int armed = kArmed;
-    if (h->state.compare_exchange_strong(armed, kEntered, std::memory_order_acq_rel)) {
-      helped_.fetch_add(1, std::memory_order_relaxed);
-      int turns = 0;
-      for (;;) {
-        int k = h->next.load(std::memory_order_relaxed);
-        if (k < h->published.load(std::memory_order_acquire)) {
-          if (h->next.compare_exchange_weak(k, k + 1, std::memory_order_relaxed)) {
-            const Helper::Job& j = h->jobs[k];
-            StreamCopy(j.to, j.from, j.n);
-          }
-          continue;
-        }
-        // Closed after its last publish: nothing left once `next` has
-        // passed what was published.
-        if (h->closed.load(std::memory_order_acquire) &&
-            h->next.load(std::memory_order_relaxed) >= h->published.load(std::memory_order_acquire)) {
-          break;
-        }
+    // Polls for the next batch for `spin`, then sleeps until Begin wakes it.
+    const Clock::time_point until = Clock::now() + spin;
+    int turns = 0;
+    while (!h->armed.load(std::memory_order_acquire)) {
+      if (stop_.load(std::memory_order_relaxed)) return;
+      if (Clock::now() < until) {
         CpuRelax(&turns);
+        continue;
       }
-      StreamFence();
-      // The caller sees this and gives the helper back (Batch::Finish): a
-      // helper idle before the caller has looked could be armed anew and
-      // its state reset under the caller's wait.
-      h->state.store(kDone, std::memory_order_release);
-    } else {
-      // Abandoned before it looked: the caller is gone.
-      Idle(h);
+      absl::MutexLock lock(&mu_);
+      h->sleeping = true;
+      while (!h->armed.load(std::memory_order_acquire) && !stop_.load(std::memory_order_relaxed)) h->wake.Wait(&mu_);
+      h->sleeping = false;
+      if (!h->armed.load(std::memory_order_acquire)) return;
     }
+    h->armed.store(false, std::memory_order_relaxed);
+    int armed = kArmed;
+    if (!h->state.compare_exchange_strong(armed, kEntered, std::memory_order_acq_rel)) {
+      Idle(h);  // abandoned before it looked: the caller is gone
+      continue;
+    }
+    helped_.fetch_add(1, std::memory_order_relaxed);
+    Work* w = h->work;
+    turns = 0;
+    for (;;) {
+      int k = w->next.load(std::memory_order_relaxed);
+      if (k < w->published.load(std::memory_order_acquire)) {
+        if (w->next.compare_exchange_weak(k, k + 1, std::memory_order_relaxed)) {
+          const Work::Job& j = w->jobs[k];
+          StreamCopy(j.to, j.from, j.n);
+        }
+        continue;
+      }
+      // Closed after its last publish: nothing left once `next` has passed
+      // what was published.
+      if (w->closed.load(std::memory_order_acquire) &&
+          w->next.load(std::memory_order_relaxed) >= w->published.load(std::memory_order_acquire)) {
+        break;
+      }
+      CpuRelax(&turns);
+    }
+    StreamFence();
+    h->state.store(kDone, std::memory_order_release);  // the caller gives it back
   }
 }
 
@@ -172,21 +194,29 @@ void CopyHelpers::Idle(Helper* h) {
   idle_.push_back(h);
 }
 
+void CopyHelpers::Idle(Work* w) {
+  absl::MutexLock lock(&mu_);
+  idle_works_.push_back(w);
+}
+
 CopyHelpers::Batch& CopyHelpers::Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
     Finish();
-    helper_ = std::exchange(other.helper_, nullptr);
+    crew_ = std::exchange(other.crew_, nullptr);
+    work_ = std::exchange(other.work_, nullptr);
+    helpers_ = std::move(other.helpers_);
+    other.helpers_.clear();
     unfenced_ = std::exchange(other.unfenced_, false);
   }
   return *this;
 }
 
 void CopyHelpers::Batch::Add(void* to, const void* from, size_t n) {
-  if (helper_ != nullptr) {
-    const int p = helper_->published.load(std::memory_order_relaxed);
-    if (p < Helper::kJobs) {
-      helper_->jobs[p] = Helper::Job{to, from, n};
-      helper_->published.store(p + 1, std::memory_order_release);
+  if (work_ != nullptr) {
+    const int p = work_->published.load(std::memory_order_relaxed);
+    if (p < Work::kJobs) {
+      work_->jobs[p] = Work::Job{to, from, n};
+      work_->published.store(p + 1, std::memory_order_release);
       return;
     }
   }
@@ -195,29 +225,31 @@ void CopyHelpers::Batch::Add(void* to, const void* from, size_t n) {
 }
 
 void CopyHelpers::Batch::Finish() {
-  if (helper_ != nullptr) {
-    Helper* h = std::exchange(helper_, nullptr);
-    h->closed.store(true, std::memory_order_release);
-    const int published = h->published.load(std::memory_order_relaxed);
-    for (int k = h->next.fetch_add(1, std::memory_order_relaxed); k < published;
-         k = h->next.fetch_add(1, std::memory_order_relaxed)) {
-      StreamCopy(h->jobs[k].to, h->jobs[k].from, h->jobs[k].n);
+  if (work_ != nullptr) {
+    Work* w = std::exchange(work_, nullptr);
+    w->closed.store(true, std::memory_order_release);
+    const int published = w->published.load(std::memory_order_relaxed);
+    for (int k = w->next.fetch_add(1, std::memory_order_relaxed); k < published;
+         k = w->next.fetch_add(1, std::memory_order_relaxed)) {
+      StreamCopy(w->jobs[k].to, w->jobs[k].from, w->jobs[k].n);
     }
     StreamFence();
-    unfenced_ = false;
-    int armed = kArmed;
-    if (!h->state.compare_exchange_strong(armed, kAbandoned, std::memory_order_acq_rel)) {
-      // The helper took part: it may be copying one job still.
-      int turns = 0;
-      while (h->state.load(std::memory_order_acquire) != kDone) CpuRelax(&turns);
-      h->crew->Idle(h);
+    for (Helper* h : helpers_) {
+      int armed = kArmed;
+      if (!h->state.compare_exchange_strong(armed, kAbandoned, std::memory_order_acq_rel)) {
+        // The helper took part: it may be copying one job still.
+        int turns = 0;
+        while (h->state.load(std::memory_order_acquire) != kDone) CpuRelax(&turns);
+        crew_->Idle(h);
+      }
     }
-    return;
-  }
-  if (unfenced_) {
+    helpers_.clear();
+    // No helper touches the work now: each is done or never looked.
+    crew_->Idle(w);
+  } else if (unfenced_) {
     StreamFence();
-    unfenced_ = false;
   }
+  unfenced_ = false;
 }
 
 }  // namespace driftkv

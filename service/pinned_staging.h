@@ -30,8 +30,10 @@ class PinnedStagingPool {
   static constexpr size_t kMaxBytes = size_t{64} << 20;
 
   // `backend` outlives the pool; `copy_threads` helpers make the leases'
-  // copies beside their callers.
-  explicit PinnedStagingPool(Backend* backend, int copy_threads = 0) : backend_(backend), helpers_(copy_threads) {}
+  // copies beside their callers, polling for `copy_spin` after each call
+  // before they sleep (service/copy_helpers.h).
+  explicit PinnedStagingPool(Backend* backend, int copy_threads = 0, absl::Duration copy_spin = absl::ZeroDuration())
+      : backend_(backend), helpers_(copy_threads, copy_spin) {}
   ~PinnedStagingPool();
   PinnedStagingPool(const PinnedStagingPool&) = delete;
   PinnedStagingPool& operator=(const PinnedStagingPool&) = delete;

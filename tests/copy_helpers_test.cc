@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
+
 namespace driftkv {
 namespace {
 
@@ -43,13 +45,13 @@ void CopyAndCheck(CopyHelpers* helpers, int count, uint32_t seed) {
 }
 
 TEST(CopyHelpersTest, EveryByteLandsWithoutHelpers) {
-  CopyHelpers none(0);
+  CopyHelpers none(0, absl::ZeroDuration());
   for (int count : {0, 1, 7, 64, 300}) CopyAndCheck(&none, count, count);
   EXPECT_EQ(none.batches_helped(), 0);
 }
 
 TEST(CopyHelpersTest, EveryByteLandsWithHelpersPastTheirListToo) {
-  CopyHelpers two(2);
+  CopyHelpers two(2, absl::ZeroDuration());
   // 300 copies: more than a helper's list holds; the caller makes the rest.
   for (int round = 0; round < 20; ++round) {
     for (int count : {0, 1, 7, 64, 300}) CopyAndCheck(&two, count, 1000 * round + count);
@@ -57,7 +59,7 @@ TEST(CopyHelpersTest, EveryByteLandsWithHelpersPastTheirListToo) {
 }
 
 TEST(CopyHelpersTest, AHelperTakesUpABatchItIsGivenTime) {
-  CopyHelpers one(1);
+  CopyHelpers one(1, absl::ZeroDuration());
   std::vector<std::string> from(64, std::string(8192, 'x')), to(64, std::string(8192, '\0'));
   CopyHelpers::Batch batch = one.Begin();
   for (int i = 0; i < 64; ++i) batch.Add(&to[i][0], from[i].data(), from[i].size());
@@ -73,7 +75,7 @@ TEST(CopyHelpersTest, AHelperTakesUpABatchItIsGivenTime) {
 }
 
 TEST(CopyHelpersTest, AbandonedBatchesGiveTheirHelperBack) {
-  CopyHelpers one(1);
+  CopyHelpers one(1, absl::ZeroDuration());
   // Finished at once: most before the helper looks, so it must find the
   // batch abandoned and go back to idle each time.
   for (int i = 0; i < 2000; ++i) {
@@ -94,19 +96,51 @@ TEST(CopyHelpersTest, AbandonedBatchesGiveTheirHelperBack) {
   EXPECT_GT(one.batches_helped(), before);
 }
 
-TEST(CopyHelpersTest, MoreCallersThanHelpers) {
-  CopyHelpers two(2);
-  std::vector<std::thread> callers;
-  for (int t = 0; t < 6; ++t) {
-    callers.emplace_back([&two, t] {
-      for (int round = 0; round < 60; ++round) CopyAndCheck(&two, 1 + (round * 7 + t) % 80, 100000 * t + round);
-    });
+TEST(CopyHelpersTest, MoreCallersThanHelpersSleepingOrPolling) {
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Milliseconds(5)}) {
+    CopyHelpers two(2, spin);
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 6; ++t) {
+      callers.emplace_back([&two, t] {
+        for (int round = 0; round < 60; ++round) CopyAndCheck(&two, 1 + (round * 7 + t) % 80, 100000 * t + round);
+      });
+    }
+    for (std::thread& c : callers) c.join();
   }
-  for (std::thread& c : callers) c.join();
+}
+
+TEST(CopyHelpersTest, EveryIdleHelperJoinsABatchAndPollingHelpersStopAtOnce) {
+  // Helpers that poll for a minute between batches: the crew's end must
+  // not wait for the minute.
+  const auto start = std::chrono::steady_clock::now();
+  {
+    CopyHelpers three(3, absl::Seconds(60));
+    std::vector<std::string> from(64, std::string(8192, 'w')), to(64, std::string(8192, '\0'));
+    CopyHelpers::Batch batch = three.Begin();
+    for (int i = 0; i < 64; ++i) batch.Add(&to[i][0], from[i].data(), from[i].size());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (three.batches_helped() < 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    batch.Finish();
+    EXPECT_EQ(three.batches_helped(), 3);
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(to[i], from[i]) << i;
+    // The helpers poll now; a second batch finds all three again.
+    for (std::string& t : to) t.assign(8192, '\0');
+    batch = three.Begin();
+    for (int i = 0; i < 64; ++i) batch.Add(&to[i][0], from[i].data(), from[i].size());
+    while (three.batches_helped() < 6 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    batch.Finish();
+    EXPECT_EQ(three.batches_helped(), 6);
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(to[i], from[i]) << i;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 TEST(CopyHelpersTest, MovedBatchesFinishOnce) {
-  CopyHelpers one(1);
+  CopyHelpers one(1, absl::ZeroDuration());
   std::string from(10000, 'z'), to(10000, '\0');
   CopyHelpers::Batch a = one.Begin();
   a.Add(&to[0], from.data(), 5000);
