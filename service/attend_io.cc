@@ -132,10 +132,11 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
                                     : absl::StrCat("1 token x kv_heads ", n_ / head_dim_, " x head_dim ", head_dim_);
       return CheckTensorBytes(Field(index, field), dtype, bytes.size(), elements, shape);
     }
-    void* staged = in_place != nullptr ? staged_.CopyIn(bytes) : nullptr;
+    void* staged = in_place != nullptr ? staged_.Claim(bytes.size()) : nullptr;
     if (staged != nullptr) {
       // The device reads the query in its wire dtype from pinned staging,
       // as it reads one in a host region (see StageInline).
+      std::memcpy(staged, bytes.data(), bytes.size());
       io->query_dev = staged;
       io->query_dtype = dtype;
       io->query_host = staged;
@@ -246,7 +247,6 @@ absl::Status AttendIo::ReadClientTensors() {
     check_in_launch_ = true;
     return absl::OkStatus();
   }
-  AwaitStaging();  // the staged queries are read below
   for (const HostQuery& q : host_queries_) {
     const int64_t bad = FirstNonFinite(q.io->query_host, q.io->query_host_dtype, q.elements);
     if (bad >= 0) return QueryError(q.index, *q.io, bad);

@@ -138,10 +138,6 @@ class AttendIo {
   // Prepare left in client memory (InvalidArgument naming the first
   // non-finite value); without one, leaves the queries to the backend.
   absl::Status ReadClientTensors();
-  // Before the device reads what Prepare staged (the backend's launch):
-  // every inline query's copy into staging done. ReadClientTensors waits
-  // for them itself where it reads them.
-  void AwaitStaging() { staged_.Flush(); }
   // Points `job` at the item's query and output; `result` is the item's
   // AttendResult (its inline output is sized here).
   void Bind(ItemIo* io, size_t q_elements, int q_heads, AttendJob* job, v1::AttendResult* result);

@@ -124,12 +124,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     });
   }
   if (h->backend_->AddressesClientMemory()) {
-    // Three helpers copy inline queries into staging while their calls go
-    // on (service/copy_helpers.h), awake between calls as long as the
-    // polling door's threads are.
-    const absl::Duration spin =
-        options.attend_poll_threads > 0 ? absl::Microseconds(options.attend_poll_spin_us) : absl::ZeroDuration();
-    h->inline_staging_ = std::make_unique<PinnedStagingPool>(h->backend_.get(), /*copy_threads=*/3, spin);
+    h->inline_staging_ = std::make_unique<PinnedStagingPool>(h->backend_.get());
     // One buffer pinned now, not by the first Attend (pinning takes
     // milliseconds): 4 MiB holds a 64-item call's f32 queries and outputs
     // at 32 query heads x 128.

@@ -677,7 +677,6 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
     attended += layer.length;
     any_step = any_step || work[i].io.step;
   }
-  io_.AwaitStaging();
   AttendPhaseClock::Mark(AttendPhase::kState);
   h_.backend_->Attend(absl::MakeSpan(jobs));
   AttendPhaseClock::Mark(AttendPhase::kBackendHost);

@@ -24,8 +24,6 @@ PinnedStagingPool::Lease& PinnedStagingPool::Lease::operator=(Lease&& other) noe
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     used_ = std::exchange(other.used_, 0);
-    copies_ = std::move(other.copies_);
-    copying_ = std::exchange(other.copying_, false);
   }
   return *this;
 }
@@ -38,24 +36,7 @@ void* PinnedStagingPool::Lease::Claim(size_t bytes) {
   return p;
 }
 
-void* PinnedStagingPool::Lease::CopyIn(absl::string_view bytes) {
-  void* to = Claim(bytes.size());
-  if (to == nullptr) return nullptr;
-  if (!copying_) {
-    copies_ = pool_->helpers_.Begin();
-    copying_ = true;
-  }
-  copies_.Add(to, bytes.data(), bytes.size());
-  return to;
-}
-
-void PinnedStagingPool::Lease::Flush() {
-  copies_.Finish();
-  copying_ = false;
-}
-
 void PinnedStagingPool::Lease::Release() {
-  Flush();
   if (pool_ != nullptr && data_ != nullptr) pool_->Give(Buffer{data_, bytes_});
   pool_ = nullptr;
   data_ = nullptr;

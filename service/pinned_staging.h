@@ -18,10 +18,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/backend.h"
-#include "service/copy_helpers.h"
 
 namespace driftkv {
 
@@ -29,11 +27,8 @@ class PinnedStagingPool {
  public:
   static constexpr size_t kMaxBytes = size_t{64} << 20;
 
-  // `backend` outlives the pool; `copy_threads` helpers make the leases'
-  // copies beside their callers, polling for `copy_spin` after each call
-  // before they sleep (service/copy_helpers.h).
-  explicit PinnedStagingPool(Backend* backend, int copy_threads = 0, absl::Duration copy_spin = absl::ZeroDuration())
-      : backend_(backend), helpers_(copy_threads, copy_spin) {}
+  // `backend` outlives the pool.
+  explicit PinnedStagingPool(Backend* backend) : backend_(backend) {}
   ~PinnedStagingPool();
   PinnedStagingPool(const PinnedStagingPool&) = delete;
   PinnedStagingPool& operator=(const PinnedStagingPool&) = delete;
@@ -50,14 +45,6 @@ class PinnedStagingPool {
     // `bytes` at a 64-byte boundary of the buffer, or null when they do not
     // fit in what is left.
     void* Claim(size_t bytes);
-    // Claims `bytes.size()` bytes for `bytes` and starts their copy there
-    // (service/copy_helpers.h: a helper thread may make it while the call
-    // goes on). `bytes` must stay unchanged until Flush. Null when they do
-    // not fit.
-    void* CopyIn(absl::string_view bytes);
-    // Every CopyIn done and visible to the device (and to this thread).
-    // Release flushes too.
-    void Flush();
     // What a Claim of `bytes` takes of the buffer.
     static uint64_t Claimed(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
     size_t capacity() const { return bytes_; }
@@ -69,8 +56,6 @@ class PinnedStagingPool {
     PinnedStagingPool* pool_ = nullptr;
     char* data_ = nullptr;
     size_t bytes_ = 0, used_ = 0;
-    CopyHelpers::Batch copies_;
-    bool copying_ = false;  // copies_ was begun
   };
 
   // A buffer of at least `bytes` (0 < bytes <= kMaxBytes), or an empty
@@ -86,7 +71,6 @@ class PinnedStagingPool {
   void Free(Buffer b);
 
   Backend* const backend_;
-  CopyHelpers helpers_;
   absl::Mutex mu_;
   std::vector<Buffer> free_ ABSL_GUARDED_BY(mu_);
 };
