@@ -152,6 +152,16 @@ Quantiles Of(std::vector<double> v) {
   return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
 }
 
+// Each phase's p50 over the calls (AttendPhaseClock's totals after each),
+// on one line after `label`.
+void PrintPhases(const char* label, const std::vector<std::vector<double>>& phase_us) {
+  std::printf("%s", label);
+  for (size_t p = 0; p < phase_us.size(); ++p) {
+    std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(phase_us[p]).p50);
+  }
+  std::printf("\n");
+}
+
 int Run(int argc, char** argv) {
   const int sequences = IntFlag(argc, argv, "sequences", 64);
   const int context = IntFlag(argc, argv, "context", 8192);
@@ -402,12 +412,9 @@ int Run(int argc, char** argv) {
       sum += v;
       most = std::max(most, v);
     }
-    std::printf("Handler::Attend by reference%s: p50 %.1f us, p99 %.1f us, mean %.1f us, max %.1f us\nphases, p50 us:",
+    std::printf("Handler::Attend by reference%s: p50 %.1f us, p99 %.1f us, mean %.1f us, max %.1f us\n",
                 with_step ? ", decode steps" : "", Of(hnd_ref).p50, Of(hnd_ref).p99, sum / hnd_ref.size(), most);
-    for (size_t p = 0; p < phase_us.size(); ++p) {
-      std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(phase_us[p]).p50);
-    }
-    std::printf("\n");
+    PrintPhases("phases, p50 us:", phase_us);
     return 0;
   }
   if (IntFlag(argc, argv, "inline_only", 0) != 0) {
@@ -489,11 +496,7 @@ int Run(int argc, char** argv) {
         "Handler::Attend: p50 %.1f us, p99 %.1f us\n",
         Of(rpc).p50, Of(rpc).p99, Of(rpc_cpu).p50, Of(apart_us).p50, Of(apart_us).p99, Of(apart_cpu).p50, Of(hnd).p50,
         Of(hnd).p99);
-    std::printf("Handler::Attend phases, p50 us:");
-    for (size_t p = 0; p < inline_phase_us.size(); ++p) {
-      std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(inline_phase_us[p]).p50);
-    }
-    std::printf("\n");
+    PrintPhases("Handler::Attend phases, p50 us:", inline_phase_us);
     return 0;
   }
   v1::AttendResponse last;
