@@ -152,9 +152,15 @@ Quantiles Of(std::vector<double> v) {
   return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
 }
 
-// Each phase's p50 over the calls (AttendPhaseClock's totals after each),
-// on one line after `label`.
-void PrintPhases(const char* label, const std::vector<std::vector<double>>& phase_us) {
+// Per phase, the calls' times in us: AddPhases after each call (this
+// thread's AttendPhaseClock totals), PrintPhases their p50s on one line
+// after `label`.
+using PhaseTimes = std::vector<std::vector<double>>;
+void AddPhases(PhaseTimes* phase_us) {
+  phase_us->resize(static_cast<int>(AttendPhase::kCount));
+  for (size_t p = 0; p < phase_us->size(); ++p) (*phase_us)[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
+}
+void PrintPhases(const char* label, const PhaseTimes& phase_us) {
   std::printf("%s", label);
   for (size_t p = 0; p < phase_us.size(); ++p) {
     std::printf(" %s=%.1f", AttendPhaseName(static_cast<AttendPhase>(p)), Of(phase_us[p]).p50);
@@ -380,7 +386,7 @@ int Run(int argc, char** argv) {
     // on a backend that reads client memory: --device_like=1).
     AttendReuse reuse;
     AttendReuse* const reusing = IntFlag(argc, argv, "reuse", 0) != 0 ? &reuse : nullptr;
-    std::vector<std::vector<double>> phase_us(static_cast<int>(AttendPhase::kCount));
+    PhaseTimes phase_us;
     for (int i = 0; i < reps; ++i) {
       v1::AttendResponse ref_response;
       for (int s = 0; with_step && s < sequences; ++s) {
@@ -398,7 +404,7 @@ int Run(int argc, char** argv) {
       const auto t0 = Clock::now();
       CHECK_OK(handler.Attend(by_ref, &ref_response, "", nullptr, reusing));
       hnd_ref.push_back(Us(Clock::now() - t0));
-      for (size_t p = 0; p < phase_us.size(); ++p) phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
+      AddPhases(&phase_us);
       if (!with_step) check_ref(ref_response);
     }
     if (via_doorbell) {
@@ -461,7 +467,7 @@ int Run(int argc, char** argv) {
       check_inline(r);
     };
     std::vector<double> apart_us, apart_cpu;
-    std::vector<std::vector<double>> inline_phase_us(static_cast<int>(AttendPhase::kCount));
+    PhaseTimes inline_phase_us;
     for (int i = 0; i < reps; ++i) {
       double c0 = CpuUs();
       auto t0 = Clock::now();
@@ -474,9 +480,7 @@ int Run(int argc, char** argv) {
       t0 = Clock::now();
       CHECK_OK(handler.Attend(request, &direct));
       hnd.push_back(Us(Clock::now() - t0));
-      for (size_t p = 0; p < inline_phase_us.size(); ++p) {
-        inline_phase_us[p].push_back(1e-3 * AttendPhaseClock::totals()[p]);
-      }
+      AddPhases(&inline_phase_us);
       check_inline(direct);
       std::fill(out_memory.begin(), out_memory.end(), '\0');
       c0 = CpuUs();

@@ -21,7 +21,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 . bench/device/traced_run.sh
 one() {
   local conf=${4%.textproto}
-  local tag=${2#driftkv-server-cuda}_$3${conf#dp_server_poll}_$1
+  conf=${conf#dp_server_poll}  # the default's runs keep their names
+  local tag=${2#driftkv-server-cuda}_$3${conf:+_${conf#_}}_$1
   echo "== round $1: $2 $3 $4" | tee -a $OUT/ab.log
   CONF=$4 traced_run ${tag#_} $2 $3
 }
