@@ -4,7 +4,8 @@
 # bench_gpu-before): the kernel tests first, then both bench_gpu builds
 # alternating (ROUNDS, default 2) with SDPA timed right after each new run,
 # then ncu's DRAM throughput and issue rate of both kernels at 64 x 8K.
-# HOT_ARGS go to the new build's bench_gpu (a split sweep, say).
+# HOT_ARGS go to the new build's bench_gpu (a split sweep, say); NCU=0
+# leaves ncu out (for a change that 64 x 8K does not take).
 set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
@@ -21,6 +22,7 @@ for round in $(seq ${ROUNDS:-2}); do
   timeout 300 python3 bench/sdpa_bench.py --cxx $OUT/before_$round.csv --out $OUT/table_before_$round.md > /dev/null 2>&1
   cat $OUT/table_after_$round.md
 done
+[ "${NCU:-1}" = 1 ] || exit 0
 for v in bench_gpu-before bench_gpu; do
   echo "== ncu: $v at 64 x 8K"
   timeout 240 ncu --clock-control none --kernel-name regex:LevelAttentionKernel --launch-skip 3 --launch-count 1 \
