@@ -760,24 +760,19 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
   const dim3 grid(args.in_launch ? args.part.splits : page_splits, l.kv_heads, b.items);
   // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
   // faster at batch >= 32 than two stages and two blocks (8 warps), where
-  // too few warps hid the latency of the decode and the mma chains. A grid
-  // that fills at most two blocks an SM (one long item, small batches)
-  // leaves those warps unused anyway: there each warp takes two stages,
-  // its next page's copy in flight while it works on one. The pages a warp
-  // takes and their order are the same either way, so are the bits.
-  const bool two_stages = static_cast<int64_t>(grid.x) * grid.y * grid.z <= 2 * SmCount();
+  // too few warps hid the latency of the decode and the mma chains.
+  constexpr int kStages = 1;
   const size_t head_bytes = l.head_bytes();
   return DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
-    const int stages = two_stages ? 2 : 1;
     const size_t front = 128 + (G * D + 4) * 4 + 128;  // barriers, query, alignment of the stages
     const size_t scratch = sizeof(float) * WindowMergeScratchFloats<D, G>();
-    const size_t smem = front + std::max(static_cast<size_t>(kWarps) * stages * StageBytes(D, head_bytes), scratch);
+    const size_t smem = front + std::max(static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes), scratch);
     if (smem > 227 * 1024) {
       return absl::InvalidArgumentError(absl::StrCat("level page too large: ", smem, " B of shared memory"));
     }
-    auto kernel = two_stages ? LevelAttentionKernel<D, G, 2, 2> : LevelAttentionKernel<D, G, 1, kBlocksPerSm>;
-    absl::Status ls = LaunchKernel(kernel, grid, kThreads, smem, stream, "level attention", args);
+    absl::Status ls = LaunchKernel(LevelAttentionKernel<D, G, kStages, kBlocksPerSm>, grid, kThreads, smem, stream,
+                                   "level attention", args);
     if (!ls.ok()) return ls;
     if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
     if (args.in_launch) return ls;

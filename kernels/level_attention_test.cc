@@ -291,9 +291,7 @@ TEST(LevelAttentionGpu, WindowOnlyAndEmpty) {
 }
 
 // A long sequence split many ways inside a batch of mixed lengths: every
-// item alone equals itself in the batch. The batch's grid is more than two
-// blocks an SM and each item's alone is not, so this also holds the
-// launcher's two kernels (one stage a warp, two stages) to the same bits.
+// item alone equals itself in the batch.
 TEST(LevelAttentionGpu, BatchInvarianceLong) {
   SKIP_WITHOUT_GPU();
   std::vector<int> tokens, window;
