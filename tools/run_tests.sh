@@ -2,8 +2,9 @@
 # Runs every test: `bazel test //...` with -Werror on our sources
 # (--config=ci; with //python:pytest, the Python client's pytest, whose
 # summary is printed), then the codec and service tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer (with a 20 s soak for
-# leaks), the service, handler, batcher and client tests under
+# AddressSanitizer + UndefinedBehaviorSanitizer (clang, the objects the
+# fuzz targets then reuse; with a 20 s soak for leaks), the service,
+# handler, batcher and client tests under
 # ThreadSanitizer, each libFuzzer target for 60 s (bazel build
 # --config=fuzz //fuzz/..., fuzz/run.sh), the offline checks of deploy/
 # (tools/deploy_check/run.sh: yamllint, Kubernetes schemas with unknown keys
