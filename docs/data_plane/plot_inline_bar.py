@@ -37,6 +37,8 @@ CALLS = [
      {"driftkv-server-cuda-before": KEPT, "driftkv-server-cuda-v1": TRIED, "driftkv-server-cuda": TRIED}, None),
     ("inline_bar_h100_2026-12-06.log", "inline_bar_kernel_h100_2026-12-06.log", "H100 #4",
      {"driftkv-server-cuda-before": KEPT}, None),
+    ("inline_bar_h100_2026-12-06_host5.log", "inline_bar_kernel_h100_2026-12-06_host5.log", "H100 #5",
+     {"driftkv-server-cuda": KEPT}, None),
 ]
 BAR_MS = 0.8
 
