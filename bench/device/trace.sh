@@ -13,12 +13,16 @@
 # x 64 x 8192 without a decode step after a host-shm prefill, the client
 # writing its own times (--trace_calls); bench/device/trace_join.py splits
 # each run into the way in, the serving (and the call's phases within it)
-# and the way out. Then the kernel alone.
+# and the way out. The kernel alone comes first.
 set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 . bench/device/traced_run.sh
+# The traces go into one archive however the script ends (the device
+# returns 8 files: a call cut by its timeout left its CSVs behind).
+trap archive_traces EXIT
+trap 'exit 143' TERM
 one() {
   local conf=${4%.textproto}
   conf=${conf#dp_server_poll}  # the default's runs keep their names
@@ -32,8 +36,9 @@ for s in ${SERVERS:-driftkv-server-cuda}; do
     for c in ${CONFS:-dp_server_poll.textproto}; do variants+=("$s $p $c"); done
   done
 done
-rotated ${ROUNDS:-3} one "${variants[@]}"
+# The kernel alone first: a call that runs out of time then loses a traced
+# run, not the figure every run is read against.
 echo "== kernel alone"
 timeout 150 $B service_hot_bench --sequences=64 --context=8192 --reps=30 2>&1 |
   tee $OUT/kernel.log | grep -E "^\| (hot|cold) "
-archive_traces
+rotated ${ROUNDS:-3} one "${variants[@]}"
