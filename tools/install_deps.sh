@@ -29,8 +29,8 @@ packages=(
   python3-grpcio python3-protobuf python3-pytest
   # CRC-32C of the Python client's chunks in C (it falls back to numpy)
   python3-crc32c
-  # the libFuzzer targets (bazel build --config=fuzz //fuzz/...): clang 14
-  # and its fuzzer runtime
+  # the libFuzzer targets and the ASan+UBSan tests (--config=fuzz and
+  # --config=asan, .bazelrc): clang 14 and its sanitizer and fuzzer runtimes
   clang libclang-rt-14-dev
   # tools/format.sh (.clang-format)
   clang-format
