@@ -23,6 +23,8 @@ namespace driftkv {
 namespace gpu {
 namespace {
 
+const ::testing::Environment* const kErrorReport = ::testing::AddGlobalTestEnvironment(new WorstErrorReport);
+
 struct DQuantCase {
   int kv_heads, head_dim, q_heads;
   std::vector<int> tokens, window;

@@ -24,6 +24,8 @@ namespace driftkv {
 namespace gpu {
 namespace {
 
+const ::testing::Environment* const kErrorReport = ::testing::AddGlobalTestEnvironment(new WorstErrorReport);
+
 // A cold batch and the same pages as level pages (CPU PromotePage), page ids
 // unchanged.
 struct HotBatch {
