@@ -39,6 +39,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kHdrBytes = kLevelMeanLevelsOffset;  // headers + mean scale: [0, 1040)
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 static_assert(kLevelPageTokens == 128, "8 m-tiles of 16 tokens per page");
 static_assert(kHdrBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -346,21 +347,63 @@ __device__ __forceinline__ void QueryFragments(const float* qs, const LaneRoles<
   }
 }
 
-// q' . mu of this lane's two heads on the staged page.
+// q' . mu of this lane's two heads hp, hp + 1 on the staged page, times
+// `unit` (the softmax scale in log2 units). Lane l takes channels C l ..
+// C l + C - 1 (C = D / 32) of every head, and the G partial sums meet in
+// one butterfly that halves the heads a lane carries at each of the first
+// steps (G = 4: heads by lane bit 0, then bit 1; G = 2: bit 0), so a page
+// costs 7 (G = 4) or 6 (G = 2) shuffles instead of 5 a head, plus one
+// that gives the lane the head its partner kept.
 template <int D, int G>
-__device__ __forceinline__ void MeanDots(const uint8_t* st, const float* qs, int lane, int hp, float& qmu0,
+__device__ __forceinline__ void MeanDots(const uint8_t* st, const float* qs, int lane, float unit, float& qmu0,
                                          float& qmu1) {
-  const float mscale = *reinterpret_cast<const float*>(st + kLevelMeanOffset);
-  const int8_t* q8 = reinterpret_cast<const int8_t*>(st + kHdrBytes);
+  constexpr int C = D / 32;
+  static_assert(C == 2 || C == 4, "head_dim 64 or 128");
+  const float mscale = *reinterpret_cast<const float*>(st + kLevelMeanOffset) * unit;
+  const int8_t* q8 = reinterpret_cast<const int8_t*>(st + kHdrBytes) + C * lane;
+  float mu[C];
+  if constexpr (C == 4) {
+    const char4 m4 = *reinterpret_cast<const char4*>(q8);
+    mu[0] = m4.x, mu[1] = m4.y, mu[2] = m4.z, mu[3] = m4.w;
+  } else {
+    const char2 m2 = *reinterpret_cast<const char2*>(q8);
+    mu[0] = m2.x, mu[1] = m2.y;
+  }
+  float part[G];
 #pragma unroll
   for (int hh = 0; hh < G; ++hh) {
-    float s = 0.0f;
+    const float* qh = qs + hh * D + C * lane;
+    float q[C];
+    if constexpr (C == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(qh);
+      q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(qh);
+      q[0] = v.x, q[1] = v.y;
+    }
+    float acc = q[0] * mu[0];
 #pragma unroll
-    for (int d = lane; d < D; d += 32) s += qs[hh * D + d] * static_cast<float>(q8[d]);
-    s = WarpSum(s) * mscale;
-    if (hh == hp) qmu0 = s;
-    if (hh == hp + 1) qmu1 = s;
+    for (int j = 1; j < C; ++j) acc = fmaf(q[j], mu[j], acc);
+    part[hh] = acc;
   }
+  const bool b0 = lane & 1;
+  float k0, k1;  // G = 4: heads hp, hp + 1 (hp = 2 b0); G = 2: heads 0, 1
+  if constexpr (G == 4) {
+    k0 = (b0 ? part[2] : part[0]) + __shfl_xor_sync(0xffffffffu, b0 ? part[0] : part[2], 1);
+    k1 = (b0 ? part[3] : part[1]) + __shfl_xor_sync(0xffffffffu, b0 ? part[1] : part[3], 1);
+  } else {
+    k0 = part[0];
+    k1 = part[1];
+  }
+  // One of the two heads a lane: the first (bit s = 0) or the second.
+  constexpr int s = G == 4 ? 2 : 1;
+  const bool hb = (lane & s) != 0;
+  float mine = (hb ? k1 : k0) + __shfl_xor_sync(0xffffffffu, hb ? k0 : k1, s);
+#pragma unroll
+  for (int o = 2 * s; o < 32; o <<= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+  const float other = __shfl_xor_sync(0xffffffffu, mine, s);
+  qmu0 = (hb ? other : mine) * mscale;
+  qmu1 = (hb ? mine : other) * mscale;
 }
 
 // ---- 1. keys: dot[mt][r] for tokens 16 mt + g (+8), columns 2t, 2t+1 ----
@@ -395,27 +438,38 @@ __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_
 }
 
 // ---- 2a. scores of the lane's rows and the page's max per head ----
-// Lane and its partner (lane ^ G/2) hold the hi and lo columns of the same
-// heads; the lower lane keeps row g of each m-tile, the upper row g + 8, and
-// they swap the other halves (two shuffles per m-tile).
+// Scores are in log2 units (the softmax scale times log2 e, `unit`), so
+// that a weight is one ex2. Lane and its partner (lane ^ G/2) hold the hi
+// and lo columns of the same heads; the lower lane keeps row g of each
+// m-tile, the upper row g + 8, and they swap the other halves (two shuffles
+// per m-tile). a = unit * sum q', b = unit * q' . mu of the lane's heads.
 template <int G>
 __device__ __forceinline__ void PageScores(const uint8_t* st, const float (&dacc)[8][4], const LaneRoles<G>& lr,
-                                           int valid, float scale, float qsum0, float qsum1, float qmu0, float qmu1,
+                                           int valid, float unit, float a0, float a1, float b0, float b1,
                                            float (&sc)[8][2], float& mx0, float& mx1) {
-  mx0 = kNegInf;
-  mx1 = kNegInf;
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt) {
     const float r0 = __shfl_xor_sync(0xffffffffu, lr.upper ? dacc[mt][0] : dacc[mt][2], G / 2);
     const float r1 = __shfl_xor_sync(0xffffffffu, lr.upper ? dacc[mt][1] : dacc[mt][3], G / 2);
     const float d0 = (lr.upper ? dacc[mt][2] : dacc[mt][0]) + r0;
     const float d1 = (lr.upper ? dacc[mt][3] : dacc[mt][1]) + r1;
-    const int tok = 16 * mt + lr.row;
-    const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 4 * tok);
-    const float ks = HalfBitsToFloat(hdr & 0xffff), ko = HalfBitsToFloat(hdr >> 16);
-    const bool ok = lr.active && tok < valid;
-    sc[mt][0] = ok ? scale * (ks * d0 + ko * qsum0 + qmu0) : kNegInf;
-    sc[mt][1] = ok ? scale * (ks * d1 + ko * qsum1 + qmu1) : kNegInf;
+    const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 4 * (16 * mt + lr.row));
+    const float ks = HalfBitsToFloat(hdr & 0xffff) * unit, ko = HalfBitsToFloat(hdr >> 16);
+    sc[mt][0] = fmaf(ks, d0, fmaf(ko, a0, b0));
+    sc[mt][1] = fmaf(ks, d1, fmaf(ko, a1, b1));
+  }
+  // Rows past the page's tokens (only a sequence's last page has them) and
+  // the lanes of unused columns (G = 2) weigh nothing.
+  if (!lr.active || valid < kLevelPageTokens) {
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      if (!lr.active || 16 * mt + lr.row >= valid) sc[mt][0] = sc[mt][1] = kNegInf;
+    }
+  }
+  mx0 = sc[0][0];
+  mx1 = sc[0][1];
+#pragma unroll
+  for (int mt = 1; mt < 8; ++mt) {
     mx0 = fmaxf(mx0, sc[mt][0]);
     mx1 = fmaxf(mx1, sc[mt][1]);
   }
@@ -428,15 +482,27 @@ __device__ __forceinline__ void PageScores(const uint8_t* st, const float (&dacc
   }
 }
 
+// 2^x (ex2.approx: 2^-inf = +0).
+__device__ __forceinline__ float Ex2(float x) {
+  float r;
+  asm("ex2.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // ---- 2b. online softmax: the running state and accumulator rescaled to
-// the new max (mn0, mn1 on return) ----
+// the new max (mn0, mn1 on return). A page has at least one token, so the
+// page's max and mn0, mn1 are finite, and a running max of -inf (no page
+// yet) gives the factor 0. ----
 template <int MT>
 __device__ __forceinline__ void Rescale(float mx0, float mx1, RunState& rs, float (&acc)[MT][4], float& mn0,
                                         float& mn1) {
   mn0 = fmaxf(rs.m0, mx0);
   mn1 = fmaxf(rs.m1, mx1);
-  const float f0 = rs.m0 == kNegInf ? (mn0 == kNegInf ? 1.0f : 0.0f) : __expf(rs.m0 - mn0);
-  const float f1 = rs.m1 == kNegInf ? (mn1 == kNegInf ? 1.0f : 0.0f) : __expf(rs.m1 - mn1);
+  // Where no head of the warp has a new max, every factor would be 2^0:
+  // the multiplications are skipped.
+  if (!__any_sync(0xffffffffu, mn0 != rs.m0 || mn1 != rs.m1)) return;
+  const float f0 = Ex2(rs.m0 - mn0);
+  const float f1 = Ex2(rs.m1 - mn1);
   rs.m0 = mn0;
   rs.m1 = mn1;
   rs.l0 *= f0;
@@ -452,10 +518,10 @@ __device__ __forceinline__ void Rescale(float mx0, float mx1, RunState& rs, floa
   }
 }
 
-// ---- 2c. weights: w = exp(score - max) into the running sums, and w * s_v
-// split hi | lo << 16 into [head][token] words of wbuf (the stage's key
-// area, read completely by KeyDots); then the B fragments of the values'
-// mma, pb[k-step][reg] ----
+// ---- 2c. weights: w = 2^(score - max) into the running sums (a masked
+// score of -inf gives 0), and w * s_v split hi | lo << 16 into
+// [head][token] words of wbuf (the stage's key area, read completely by
+// KeyDots); then the B fragments of the values' mma, pb[k-step][reg] ----
 template <int G>
 __device__ __forceinline__ void PageWeights(const uint8_t* st, uint32_t* wbuf, const float (&sc)[8][2],
                                             const LaneRoles<G>& lr, float mn0, float mn1, RunState& rs,
@@ -466,18 +532,21 @@ __device__ __forceinline__ void PageWeights(const uint8_t* st, uint32_t* wbuf, c
     const int tok = 16 * mt + lr.row;
     const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 512 + 4 * tok);
     const float vs = HalfBitsToFloat(hdr & 0xffff), vo = HalfBitsToFloat(hdr >> 16);
-    const float w0 = sc[mt][0] == kNegInf ? 0.0f : __expf(sc[mt][0] - mn0);
-    const float w1 = sc[mt][1] == kNegInf ? 0.0f : __expf(sc[mt][1] - mn1);
+    const float w0 = Ex2(sc[mt][0] - mn0);
+    const float w1 = Ex2(sc[mt][1] - mn1);
     rs.l0 += w0;
     rs.l1 += w1;
-    rs.o0 += w0 * vo;
-    rs.o1 += w1 * vo;
+    rs.o0 = fmaf(w0, vo, rs.o0);
+    rs.o1 = fmaf(w1, vo, rs.o1);
     if (lr.active) {
-      uint16_t hi, lo;
-      SplitHalf(w0 * vs, &hi, &lo);
-      wbuf[lr.hp * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
-      SplitHalf(w1 * vs, &hi, &lo);
-      wbuf[(lr.hp + 1) * kLevelPageTokens + tok] = hi | (static_cast<uint32_t>(lo) << 16);
+      // hi = fp16(x), lo = fp16(x - hi) of both heads, two at a time.
+      const float x0 = w0 * vs, x1 = w1 * vs;
+      const __half2 hi = __floats2half2_rn(x0, x1);
+      const float2 hf = __half22float2(hi);
+      const __half2 lo = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+      const uint32_t hb = *reinterpret_cast<const uint32_t*>(&hi), lb = *reinterpret_cast<const uint32_t*>(&lo);
+      wbuf[lr.hp * kLevelPageTokens + tok] = __byte_perm(hb, lb, 0x5410);
+      wbuf[(lr.hp + 1) * kLevelPageTokens + tok] = __byte_perm(hb, lb, 0x7632);
     }
   }
   __syncwarp();
@@ -561,7 +630,7 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
     for (int w = 0; w < kWarps; ++w) {
       const float mw = cml[(w * G + hl) * 3];
       if (mw == kNegInf) continue;
-      const float f = __expf(mw - m);
+      const float f = Ex2(mw - m);
       l += f * cml[(w * G + hl) * 3 + 1];
       o += f * cml[(w * G + hl) * 3 + 2];
       a += f * cacc[(w * G + hl) * D + d];
@@ -570,7 +639,7 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
     args.ws.acc[args.part.acc_index(item, split, qh) + d] = a + o;
     if (d == 0) {
       const size_t mi = args.part.ml_index(item, split, qh);
-      args.ws.m[mi] = m;
+      args.ws.m[mi] = m * kLn2;  // the merges' natural-log units
       args.ws.l[mi] = l;
     }
   }
@@ -633,8 +702,9 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
   uint32_t qf[KS][2];
   QueryFragments<D, G>(qs, lr, qf);
-  const float qsum0 = qsum[lr.hp], qsum1 = qsum[lr.hp + 1];
-  const float scale = batch.softmax_scale;
+  // Scores in log2 units: the softmax scale times log2 e.
+  const float unit = batch.softmax_scale * kLog2e;
+  const float a0 = unit * qsum[lr.hp], a1 = unit * qsum[lr.hp + 1];
 
   RunState rs;
   float acc[MT][4];
@@ -648,12 +718,12 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     const int valid = min(kLevelPageTokens, tokens - page * kLevelPageTokens);
 
     float qmu0 = 0.0f, qmu1 = 0.0f;
-    MeanDots<D, G>(st, qs, lane, lr.hp, qmu0, qmu1);
+    MeanDots<D, G>(st, qs, lane, unit, qmu0, qmu1);
     float dacc[8][4];
     KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, qf, dacc);
     float sc[8][2];
     float mx0, mx1;
-    PageScores<G>(st, dacc, lr, valid, scale, qsum0, qsum1, qmu0, qmu1, sc, mx0, mx1);
+    PageScores<G>(st, dacc, lr, valid, unit, a0, a1, qmu0, qmu1, sc, mx0, mx1);
     float mn0, mn1;
     Rescale<MT>(mx0, mx1, rs, acc, mn0, mn1);
     uint32_t pb[8][2];
