@@ -159,7 +159,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
     if (!spill.ok()) return spill.status();
     h->spill_ = *std::move(spill);
     SpillTier* t = h->spill_.get();
-    h->table_->SetSpillHooks({[t](const SequencePtr& seq) { t->Track(seq); }, [t](Sequence& seq) { t->Forget(seq); }});
+    h->table_->SetSpillHooks({[t](const SequencePtr& seq) { t->Track(seq); },
+                              [t](Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu) { t->Forget(seq); }});
   } else {
     // The level's series exist at zero without it, as the hot tier's do
     // (the registry keeps them; dashboards and alerts find them).

@@ -128,7 +128,9 @@ class Handler::AttendBatch {
     }
     // The sequence of item `i`.
     const SequencePtr& sequence(int i) const { return held_[item_seq_[i]]; }
-    void Lock() {
+    // The analysis cannot follow a lock set of run-time size: Lock, Unlock
+    // and what runs under them carry ABSL_NO_THREAD_SAFETY_ANALYSIS.
+    void Lock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       for (auto& [seq, unused] : seqs_) seq->mu.ReaderLock();
       for (const LayerLock& l : layers_) {
         if (l.writer) {
@@ -138,7 +140,7 @@ class Handler::AttendBatch {
         }
       }
     }
-    void Unlock() {
+    void Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       for (const LayerLock& l : layers_) {
         if (l.writer) {
           l.layer->mu.Unlock();
@@ -149,8 +151,11 @@ class Handler::AttendBatch {
       for (auto& [seq, unused] : seqs_) seq->mu.ReaderUnlock();
     }
     // Whether a sequence was released. REQUIRES: Lock() held.
-    bool AnyReleased() const {
-      return std::any_of(seqs_.begin(), seqs_.end(), [](const auto& s) { return s.first->released; });
+    bool AnyReleased() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      for (const auto& [seq, unused] : seqs_) {
+        if (seq->released) return true;
+      }
+      return false;
     }
     void TouchAll(const SequenceTable& table) {
       const int64_t now = table.NowNs();
@@ -193,8 +198,11 @@ class Handler::AttendBatch {
   // Whether an item's layer is in the cold tier (a decode loop's layers
   // are hot call after call: then the hot tier has nothing to do).
   // REQUIRES: the batch's locks held.
-  static bool AnyCold(const std::vector<AttendWork>& work) {
-    return std::any_of(work.begin(), work.end(), [](const AttendWork& w) { return !w.seq->released && !w.layer->hot; });
+  static bool AnyCold(const std::vector<AttendWork>& work) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const AttendWork& w : work) {
+      if (!w.seq->released && !w.layer->hot) return true;
+    }
+    return false;
   }
   // Without the batch's locks: promotes (sync) or queues (async) the
   // items' cold layers (HotTier::Prepare); DATA_LOSS "items[i]: ..." when
@@ -215,7 +223,7 @@ class Handler::AttendBatch {
   }
   // REQUIRES: the batch's locks held (AttendLocks).
   absl::Status PlanAttendSteps(const v1::AttendRequest& request, std::vector<AttendWork>* work,
-                               int64_t* total_pages) const;
+                               int64_t* total_pages) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Item `i` repeats token `first`, which item `e` of the same batch adds:
   // ALREADY_EXISTS, as for a stored token (Handler::CheckRepeat), unless
   // both carry the same bf16 data.

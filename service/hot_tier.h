@@ -116,9 +116,11 @@ class HotTier {
   // page that does not decode): the caller promotes them one by one. True:
   // each promoted, or left cold for its tenant's bytes; from the first (in
   // `layers` order) whose cold page fails its checksum on, none promoted,
-  // *corrupt its DATA_LOSS and *failed its index. No lock held.
+  // *corrupt its DATA_LOSS and *failed its index. No lock held. (This,
+  // DemoteVictim and DemoteIdle lock sets of run-time size, conditionally
+  // or in loops, which the thread-safety analysis cannot follow.)
   bool PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& layers, const absl::flat_hash_set<uint64_t>& ids,
-                       absl::Status* corrupt, size_t* failed);
+                       absl::Status* corrupt, size_t* failed) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // A promotion's switch: the layer's cold pages freed (or kept as its
   // copies), `hot` and their
   // checksums in their place, the layer in the LRU, the counts. The
@@ -139,7 +141,7 @@ class HotTier {
   // Demotes the least recently attended layer of `device` that is not held
   // and whose locks are free; false when there is none. `tried` collects
   // the layers looked at (each is looked at once per caller).
-  bool DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried);
+  bool DemoteVictim(const Held& held, int device, absl::flat_hash_set<uint64_t>* tried) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Moves a hot layer's pages to the cold pool; `usage`: the layer's
   // tenant's, `name`: the layer in messages. Pages with a kept cold copy
   // whose bytes still match their checksum go back to it; the others are
@@ -234,7 +236,7 @@ class HotTier {
   uint64_t pages_encoded_hot() const { return pages_encoded_hot_.load(); }
   // Demotes layers not attended for idle_seconds (none when it is 0);
   // true when any was a candidate.
-  bool DemoteIdle();
+  bool DemoteIdle() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Enters a layer that became hot without a promotion, by sharing the
   // level pages of another hot layer (Handler::Fork), in the LRU as
   // attended now: from here it is demoted like any hot layer. REQUIRES:

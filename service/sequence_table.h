@@ -178,9 +178,9 @@ class SequenceTable {
   // Removes a sequence from the table, refunding its tenant's sequence
   // count and its device slot's.
   void EraseLocked(Map::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees a sequence's pages (either tier) and windows.
-  // REQUIRES: seq->mu held as a writer, not released.
-  void FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages);
+  // Frees a sequence's pages (either tier) and windows. REQUIRES: not
+  // released.
+  void FreeLocked(Sequence* seq, uint64_t* tokens, uint64_t* pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
 
   const ServiceOptions& options_;
   const int n_;

@@ -279,8 +279,9 @@ bool SpillTier::HostToDiskLocked(Sequence* seq) {
   // a slot corrupted in host memory is refused here, and the sequence
   // stays on the host level, where its restore reports DATA_LOSS.
   std::vector<uint64_t> keys;
+  const uint64_t* slots = seq->below_keys.data();  // the lambda runs under this call's lock
   if (!WriteToDisk(
-          where, [&](size_t j) { return host_->slot(seq->below_keys[j]); }, &keys))
+          where, [&](size_t j) { return host_->slot(slots[j]); }, &keys))
     return false;
   DropBelowLocked(*seq);
   PlacedLocked(*seq, kDisk, std::move(keys), start);
@@ -298,8 +299,9 @@ absl::Status SpillTier::ReadBack(Sequence* seq, const Pages& where, const std::v
     for (size_t j = 0; j < where.size(); ++j) src[j] = host_->slot(seq->below_keys[j]);
     copy = backend_.PagesFromHost(pool_, src, fresh, sums.data());
   } else {
+    const uint64_t* records = seq->below_keys.data();  // the lambda runs under this call's lock
     done = RunAll(where.size(), [&](size_t j, tiers::DiskPageStore::Callback cb) {
-      return store_->GetAsync(seq->below_keys[j], pool_.page(fresh[j]), std::move(cb));
+      return store_->GetAsync(records[j], pool_.page(fresh[j]), std::move(cb));
     });
     // The disk store checked each record; the backend's copies are made
     // from the pool's bytes, summed as the backend holds them.
@@ -430,7 +432,9 @@ void SpillTier::EraseLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](SpillTier* t) { return t->stop_ || (!t->frozen_ && !t->to_erase_.empty()); }, this));
+          +[](SpillTier* t)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->stop_ || (!t->frozen_ && !t->to_erase_.empty()); },
+          this));
       // Stopping: what is left stays on disk, for the next start.
       if (stop_) return;
       keys.assign(to_erase_.begin(), to_erase_.end());
@@ -451,7 +455,9 @@ void SpillTier::EraseLoop() {
 void SpillTier::DrainErases() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](SpillTier* t) { return (t->frozen_ || t->to_erase_.empty()) && t->erasing_ == 0; }, this));
+      +[](SpillTier* t)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return (t->frozen_ || t->to_erase_.empty()) && t->erasing_ == 0; },
+      this));
 }
 
 void SpillTier::Freeze() {
@@ -460,7 +466,7 @@ void SpillTier::Freeze() {
   // An erase already taken by the eraser is of a record no sequence names
   // any more; it finishes, nothing after it starts.
   mu_.Await(absl::Condition(
-      +[](SpillTier* t) { return t->erasing_ == 0; }, this));
+      +[](SpillTier* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) { return t->erasing_ == 0; }, this));
 }
 
 absl::StatusOr<uint64_t> SpillTier::TakeHostSlot() {

@@ -147,9 +147,8 @@ class SpillTier {
   // locks.
   absl::Status Restore(Sequence* seq, absl::string_view id, int64_t* restored = nullptr);
   // Frees `seq`'s pages below (host slots at once, disk records by the
-  // eraser) and forgets them (release, expiry). REQUIRES: seq->mu held as
-  // a writer; seq->below.
-  void Forget(Sequence& seq);
+  // eraser) and forgets them (release, expiry). REQUIRES: seq.below.
+  void Forget(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu);
 
   // Waits until every queued erase has run, or erasing is frozen (tests,
   // benchmarks).
@@ -176,9 +175,9 @@ class SpillTier {
   void GiveHostSlots(const std::vector<uint64_t>& slots) { host_->Give(slots); }
   // `seq`'s pages (every entry of its layers kPageBelow, their checksums in
   // page_sums) are in host slots or disk records `keys`, layer-major.
-  // REQUIRES: seq.mu held as a writer; seq entered into the table (so
-  // tracked).
-  void AdoptBelow(Sequence& seq, bool on_host, std::vector<uint64_t> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // REQUIRES: seq entered into the table (so tracked).
+  void AdoptBelow(Sequence& seq, bool on_host, std::vector<uint64_t> keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Queues every record of the store that no AdoptBelow claimed for
   // erasing; the number queued.
   int64_t EraseUnclaimed() ABSL_LOCKS_EXCLUDED(mu_);
@@ -195,33 +194,31 @@ class SpillTier {
   SpillTier(PagePool& pool, Metrics* metrics, Backend* backend)
       : pool_(pool), metrics_{SpillMetrics(*metrics, "host"), SpillMetrics(*metrics, "disk")}, backend_(*backend) {}
   // Moves one sequence down; the pool pages it freed (0: it stayed).
-  // REQUIRES: seq->mu held as a writer.
-  int64_t MoveDownLocked(Sequence* seq);
+  int64_t MoveDownLocked(Sequence* seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
   // The moves of one sequence's pages (`where`, layer-major), each true
-  // when it happened. REQUIRES: seq->mu held as a writer; seq pinned by
-  // nobody (the hint set).
-  bool PoolToHostLocked(Sequence* seq, const Pages& where);
-  bool PoolToDiskLocked(Sequence* seq, const Pages& where);
-  bool HostToDiskLocked(Sequence* seq);
+  // when it happened. REQUIRES: seq pinned by nobody (the hint set).
+  bool PoolToHostLocked(Sequence* seq, const Pages& where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
+  bool PoolToDiskLocked(Sequence* seq, const Pages& where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
+  bool HostToDiskLocked(Sequence* seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
   // Writes the pages `where` names to new disk records, page j's bytes at
   // bytes(j) with its checksum from page_sums: true with their keys in
   // *keys; false (what was written queued for erasing, the failure
   // counted) when any write fails.
   bool WriteToDisk(const Pages& where, const std::function<const uint8_t*(size_t)>& bytes, std::vector<uint64_t>* keys);
   // `seq`'s pages are now under `keys` on `level` (a move down: counted
-  // and timed from `start`). REQUIRES: seq.mu held as a writer; nothing
-  // held below (DropBelowLocked first).
-  void PlacedLocked(Sequence& seq, Where level, std::vector<uint64_t> keys, absl::Time start);
+  // and timed from `start`). REQUIRES: nothing held below
+  // (DropBelowLocked first).
+  void PlacedLocked(Sequence& seq, Where level, std::vector<uint64_t> keys, absl::Time start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu);
   // Frees what `seq` holds below (host slots at once, disk records by the
   // eraser) and forgets its keys; `below` is the caller's to change.
-  // REQUIRES: seq.mu held as a writer.
-  void DropBelowLocked(Sequence& seq);
+  void DropBelowLocked(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu);
   // Moves sequences on the host level to disk, least recently used first,
   // until it has `slots` free: true when it has. `mover`: the sequence
   // being moved down (locked by the caller), never one of them.
   bool MakeHostRoom(int64_t slots, const Sequence* mover) ABSL_LOCKS_EXCLUDED(mu_);
-  // Every page of `seq`, layer-major. REQUIRES: seq->mu held.
-  static Pages PagesOf(Sequence* seq);
+  // Every page of `seq`, layer-major.
+  static Pages PagesOf(Sequence* seq) ABSL_SHARED_LOCKS_REQUIRED(seq->mu);
   // Whether the disk level can take `pages` more pages, past its swap room.
   bool DiskHasRoom(size_t pages) const;
   // The swap room of a level of `capacity` pages (SWAPS): 0 for the moves
@@ -230,7 +227,8 @@ class SpillTier {
   // A sequence of `pages` went below: the swap room follows the largest.
   void NoteSize(size_t pages);
   // Reads `seq`'s pages back into `fresh` from its level.
-  absl::Status ReadBack(Sequence* seq, const Pages& where, const std::vector<PageId>& fresh, absl::string_view id);
+  absl::Status ReadBack(Sequence* seq, const Pages& where, const std::vector<PageId>& fresh, absl::string_view id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq->mu);
   // Runs `jobs` Put or Get calls on the disk store and waits for all of
   // them: each job's status, in order.
   std::vector<absl::Status> RunAll(size_t jobs,

@@ -78,6 +78,7 @@ absl::Status CudaBackend::Init() {
 }
 
 absl::Status CudaBackend::WarmBuffers() {
+  absl::MutexLock lock(&mu_);  // uncontended: Init runs before the backend is shared
   cuda_backend::AttendDevice d;
   d.stream = stream_;
   d.layout = layout_;
