@@ -297,27 +297,53 @@ __device__ __forceinline__ void IssuePage(const uint8_t* src, int kvh, size_t he
   BulkCopy(dst + kHdrBytes + D, src + blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes), bar);
 }
 
-// Prologue: the KV head's G query heads from q into qs, rotated (Hadamard,
-// as the keys), and their sums into qsum. Ends with a block barrier.
+// Prologue: the KV head's G query heads from q, rotated (Hadamard, as the
+// keys), into qs, their sums into qsum, and their fp16 hi and lo halves
+// into qhl ([G][D] words hi | lo << 16, the B fragments' source). Warp w
+// rotates head w in registers: lane l holds channels 4l..4l+3 (D = 128; 2l,
+// 2l+1 for 64), the butterflies of length < C inside the lane and the
+// longer ones by shuffles, each pair (a, b) giving a + b and a - b as a
+// butterfly over shared memory would. Ends with a block barrier.
 template <int D, int G>
-__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, int tid, int warp, int lane) {
-  for (int i = tid; i < G * D; i += kThreads) qs[i] = q[i];
-  for (int len = 1; len < D; len <<= 1) {
-    __syncthreads();
-    for (int i = tid; i < G * D / 2; i += kThreads) {
-      const int h = i / (D / 2), r = i % (D / 2);
-      const int j = (r / len) * 2 * len + (r % len);
-      float* x = qs + h * D;
-      const float a = x[j], b = x[j + len];
-      x[j] = a + b;
-      x[j + len] = a - b;
-    }
-  }
-  __syncthreads();
-  const float norm = rsqrtf(static_cast<float>(D));
-  for (int i = tid; i < G * D; i += kThreads) qs[i] *= norm;
-  __syncthreads();
+__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, uint32_t* qhl, int warp,
+                                             int lane) {
+  static_assert(G <= kWarps, "a warp per query head");
+  constexpr int C = D / 32;
   if (warp < G) {
+    float x[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) x[j] = q[warp * D + C * lane + j];
+#pragma unroll
+    for (int len = 1; len < C; len <<= 1) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        if ((j & len) == 0) {
+          const float a = x[j], b = x[j + len];
+          x[j] = a + b;
+          x[j + len] = a - b;
+        }
+      }
+    }
+#pragma unroll
+    for (int len = C; len < D; len <<= 1) {
+      const int o = len / C;  // the partner lane
+      const bool upper = (lane & o) != 0;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        const float y = __shfl_xor_sync(0xffffffffu, x[j], o);
+        x[j] = upper ? y - x[j] : x[j] + y;
+      }
+    }
+    const float norm = rsqrtf(static_cast<float>(D));
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      x[j] *= norm;
+      qs[warp * D + C * lane + j] = x[j];
+      uint16_t hi, lo;
+      SplitHalf(x[j], &hi, &lo);
+      qhl[warp * D + C * lane + j] = hi | (static_cast<uint32_t>(lo) << 16);
+    }
+    __syncwarp();
     float s = 0.0f;
     for (int d = lane; d < D; d += 32) s += qs[warp * D + d];
     s = WarpSum(s);
@@ -328,21 +354,17 @@ __device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* q
 
 // B fragments of the keys: column g is head g (hi) or g - G (lo), or zero.
 template <int D, int G>
-__device__ __forceinline__ void QueryFragments(const float* qs, const LaneRoles<G>& lr, uint32_t (&qf)[D / 16][2]) {
+__device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRoles<G>& lr, uint32_t (&qf)[D / 16][2]) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
     for (int reg = 0; reg < 2; ++reg) {
-      uint16_t h2[2] = {0, 0};
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (lr.g < 2 * G) {
-          uint16_t hi, lo;
-          SplitHalf(qs[(lr.g % G) * D + 16 * ks + 2 * lr.t + 8 * reg + e], &hi, &lo);
-          h2[e] = lr.g < G ? hi : lo;
-        }
+      uint32_t b = 0u;
+      if (lr.col_used) {
+        const uint2 w = *reinterpret_cast<const uint2*>(qhl + (lr.g % G) * D + 16 * ks + 2 * lr.t + 8 * reg);
+        b = __byte_perm(w.x, w.y, lr.half_sel);
       }
-      qf[ks][reg] = h2[0] | (static_cast<uint32_t>(h2[1]) << 16);
+      qf[ks][reg] = b;
     }
   }
 }
@@ -620,36 +642,57 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
     }
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int hl = i / D, d = i % D;
+  // Per head, once: the warps' factors 2^(m_w - m) (0 for an empty warp),
+  // then m, l and o, into cf[head][kWarps + 3].
+  constexpr int kF = kWarps + 3;
+  float* cf = cml + kWarps * G * 3;
+  if (tid < G) {
+    const int hl = tid;
     float m = kNegInf;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, cml[(w * G + hl) * 3]);
-    float l = 0.0f, o = 0.0f, a = 0.0f;
+    float l = 0.0f, o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float mw = cml[(w * G + hl) * 3];
-      if (mw == kNegInf) continue;
-      const float f = Ex2(mw - m);
+      const float f = mw == kNegInf ? 0.0f : Ex2(mw - m);
+      cf[hl * kF + w] = f;
       l += f * cml[(w * G + hl) * 3 + 1];
       o += f * cml[(w * G + hl) * 3 + 2];
-      a += f * cacc[(w * G + hl) * D + d];
     }
+    cf[hl * kF + kWarps] = m;
+    cf[hl * kF + kWarps + 1] = l;
+    cf[hl * kF + kWarps + 2] = o;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int hl = i / D, d = i % D;
+    const float* f = cf + hl * kF;
+    float a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a += f[w] * cacc[(w * G + hl) * D + d];
     const int qh = kvh * G + hl;
-    args.ws.acc[args.part.acc_index(item, split, qh) + d] = a + o;
+    args.ws.acc[args.part.acc_index(item, split, qh) + d] = a + f[kWarps + 2];
     if (d == 0) {
       const size_t mi = args.part.ml_index(item, split, qh);
-      args.ws.m[mi] = m * kLn2;  // the merges' natural-log units
-      args.ws.l[mi] = l;
+      args.ws.m[mi] = f[kWarps] * kLn2;  // the merges' natural-log units
+      args.ws.l[mi] = f[kWarps + 1];
     }
   }
 }
 
-// Where the warps' stages start: after the barriers, the rotated query and
-// its sums. (The merge in the launch reuses them as scratch.)
+// Bytes before the stages: the barriers, the rotated query, its sums and
+// its hi | lo words.
+template <int D, int G>
+__host__ __device__ constexpr size_t QueryBytes() {
+  return 128 + (G * D + 4) * 4 + G * D * 4;
+}
+
+// Where the warps' stages start: after the barriers and the query. (The
+// merge in the launch reuses them as scratch.)
 template <int D, int G>
 __device__ __forceinline__ float* StagesOf(uint8_t* smem) {
-  const uintptr_t after = reinterpret_cast<uintptr_t>(smem + 128 + (G * D + 4) * 4);
+  const uintptr_t after = reinterpret_cast<uintptr_t>(smem + QueryBytes<D, G>());
   return reinterpret_cast<float*>((after + 127) & ~uintptr_t{127});
 }
 
@@ -667,9 +710,10 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   const LevelPageLayout& lay = p.layout;
   const size_t head_bytes = lay.key_block_bytes + lay.value_block_bytes;
   const size_t stage_bytes = StageBytes(D, head_bytes);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);  // [warp][stage]
-  float* qs = reinterpret_cast<float*>(smem + 128);    // [G][D] rotated query
-  float* qsum = qs + G * D;                            // [G]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);     // [warp][stage]
+  float* qs = reinterpret_cast<float*>(smem + 128);       // [G][D] rotated query
+  float* qsum = qs + G * D;                               // [G]
+  uint32_t* qhl = reinterpret_cast<uint32_t*>(qsum + 4);  // [G][D] hi | lo << 16
   const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
   const int pps = LevelPagesPerSplit(pages);
@@ -697,11 +741,11 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
   }
 
-  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, tid, warp,
+  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qhl, warp,
                      lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
   uint32_t qf[KS][2];
-  QueryFragments<D, G>(qs, lr, qf);
+  QueryFragments<D, G>(qhl, lr, qf);
   // Scores in log2 units: the softmax scale times log2 e.
   const float unit = batch.softmax_scale * kLog2e;
   const float a0 = unit * qsum[lr.hp], a1 = unit * qsum[lr.hp + 1];
@@ -835,7 +879,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
   const size_t head_bytes = l.head_bytes();
   return DispatchHeadDimGroup(l.head_dim, b.q_heads / l.kv_heads, "level-page", [&](auto d, auto g) {
     constexpr int D = decltype(d)::value, G = decltype(g)::value;
-    const size_t front = 128 + (G * D + 4) * 4 + 128;  // barriers, query, alignment of the stages
+    const size_t front = QueryBytes<D, G>() + 128;  // barriers, query, alignment of the stages
     const size_t scratch = sizeof(float) * WindowMergeScratchFloats<D, G>();
     const size_t smem = front + std::max(static_cast<size_t>(kWarps) * kStages * StageBytes(D, head_bytes), scratch);
     if (smem > 227 * 1024) {
