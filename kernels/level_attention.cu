@@ -690,10 +690,14 @@ __host__ __device__ constexpr size_t QueryBytes() {
 
 // Where the warps' stages start: after the barriers and the query. (The
 // merge in the launch reuses them as scratch.)
+// The offset is applied to `smem` itself (not through an integer address),
+// so the compiler still knows the stages are shared memory: 32-bit LDS with
+// immediate offsets instead of generic 64-bit loads.
 template <int D, int G>
 __device__ __forceinline__ float* StagesOf(uint8_t* smem) {
-  const uintptr_t after = reinterpret_cast<uintptr_t>(smem + QueryBytes<D, G>());
-  return reinterpret_cast<float*>((after + 127) & ~uintptr_t{127});
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t after = base + static_cast<uint32_t>(QueryBytes<D, G>());
+  return reinterpret_cast<float*>(smem + (((after + 127u) & ~127u) - base));
 }
 
 // The pages of split blockIdx.x of (item blockIdx.z, KV head blockIdx.y), into the split's
