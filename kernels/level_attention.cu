@@ -101,22 +101,40 @@ constexpr uint32_t kHMinus36 = 0xd080d080u, kHMinus6 = 0xc600c600u;
 // 16): mask, or in that exponent, subtract it, and the level is exact. The
 // fields at s = 3, 4 sit in the exponent bits, so they are shifted down by 9
 // first (KeyPairsOfWord).
-__device__ __forceinline__ uint32_t KeyField(uint32_t w, uint32_t mask, uint32_t magic) {
-  return Hsub2((w & mask) | magic, magic);
+//
+// The decoders' constants that are OR'd or permuted in come in registers
+// (DecodeConsts): with the masks and selectors as immediates, a field is
+// one LOP3 and a byte pair one PRMT. The attention kernel loads them from
+// shared memory, where the compiler cannot see their values; as
+// immediates, it built each from two (an AND and an OR, a MOV and a PRMT).
+struct DecodeConsts {
+  uint32_t bytes64;           // 0x64646464: the byte 0x64 of 1024 + b
+  uint32_t h1024, h128, h16;  // the key fields' exponents, both halves
+};
+__device__ __forceinline__ DecodeConsts MakeDecodeConsts() {
+  return DecodeConsts{0x64646464u, kH1024, kH128, kH16};
+}
+
+// (w & kMask) | magic, one LOP3 (0xEA: (a & b) | c).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
+  return r;
 }
 // The five pairs of one key word, e = 5k .. 5k + 4 of its group.
-__device__ __forceinline__ void KeyPairsOfWord(uint32_t w, uint32_t* out) {
+__device__ __forceinline__ void KeyPairsOfWord(uint32_t w, const DecodeConsts& c, uint32_t* out) {
   const uint32_t w9 = w >> 9;
-  out[0] = KeyField(w, 0x00070007u, kH1024);
-  out[1] = KeyField(w, 0x00380038u, kH128);
-  out[2] = KeyField(w, 0x01c001c0u, kH16);
-  out[3] = KeyField(w9, 0x00070007u, kH1024);
-  out[4] = KeyField(w9, 0x00380038u, kH128);
+  out[0] = Hsub2(AndOr<0x00070007u>(w, c.h1024), kH1024);
+  out[1] = Hsub2(AndOr<0x00380038u>(w, c.h128), kH128);
+  out[2] = Hsub2(AndOr<0x01c001c0u>(w, c.h16), kH16);
+  out[3] = Hsub2(AndOr<0x00070007u>(w9, c.h1024), kH1024);
+  out[4] = Hsub2(AndOr<0x00380038u>(w9, c.h128), kH128);
 }
 // Pair 15 of a key group: bit b of each level in bit 15 / 31 of word b.
-__device__ __forceinline__ uint32_t KeyPair15(uint32_t w0, uint32_t w1, uint32_t w2) {
+__device__ __forceinline__ uint32_t KeyPair15(uint32_t w0, uint32_t w1, uint32_t w2, const DecodeConsts& c) {
   const uint32_t v = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & 0x00020002u) | ((w2 >> 13) & 0x00040004u);
-  return Hsub2(v | kH1024, kH1024);
+  return Hsub2(v | c.h1024, kH1024);
 }
 // The three base-6 digits of two bytes, byte 0 and byte 2 of `word` (sel
 // 0x4240) or bytes 1 and 3 (sel 0x4341), as exact fp16 level pairs, in
@@ -127,8 +145,10 @@ __device__ __forceinline__ uint32_t KeyPair15(uint32_t w0, uint32_t w1, uint32_t
 // a rounding boundary (checked for all 216 bytes by LevelDecodeSelfTest):
 //   l2 = round((b - 17) * fp16(1/36)),  r = b - 36 l2,
 //   l1 = round((r - 2) * fp16(1/6)),    l0 = r - 6 l1.
-__device__ __forceinline__ void Triple(uint32_t word, uint32_t sel, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
-  const uint32_t x = __byte_perm(word, 0x64646464u, sel);
+template <uint32_t kSel>
+__device__ __forceinline__ void Triple(uint32_t word, const DecodeConsts& c, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
+  uint32_t x;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(word), "r"(c.bytes64), "n"(kSel));
   const uint32_t l2 = Hsub2(Hfma2(Hsub2(x, kH1041), kHRecip36, kH1025), kH1025);
   const uint32_t rm = Hfma2(l2, kHMinus36, x);  // 1024 + r
   const uint32_t l1 = Hsub2(Hfma2(Hsub2(rm, kH1026), kHRecip6, kH1025), kH1025);
@@ -145,12 +165,17 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int k) {
 // through the decoders above; counts wrong levels into *bad.
 __global__ void DecodeSelfTestKernel(int* bad) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const DecodeConsts dc = MakeDecodeConsts();
   if (i < 216 * 216) {
     const uint32_t lo = i % 216, hi = i / 216;
     for (int k = 0; k < 2; ++k) {
       const uint32_t word = k == 0 ? (lo | (hi << 16)) : ((lo << 8) | (hi << 24));
       uint32_t d[3];
-      Triple(word, k == 0 ? 0x4240u : 0x4341u, d[0], d[1], d[2]);
+      if (k == 0) {
+        Triple<0x4240u>(word, dc, d[0], d[1], d[2]);
+      } else {
+        Triple<0x4341u>(word, dc, d[0], d[1], d[2]);
+      }
       uint32_t plo = lo, phi = hi;
       for (int j = 0; j < 3; ++j, plo /= 6, phi /= 6) {
         const uint32_t want =
@@ -173,10 +198,10 @@ __global__ void DecodeSelfTestKernel(int* bad) {
       }
     }
     uint32_t pr[16];
-    KeyPairsOfWord(w[0], pr);
-    KeyPairsOfWord(w[1], pr + 5);
-    KeyPairsOfWord(w[2], pr + 10);
-    pr[15] = KeyPair15(w[0], w[1], w[2]);
+    KeyPairsOfWord(w[0], dc, pr);
+    KeyPairsOfWord(w[1], dc, pr + 5);
+    KeyPairsOfWord(w[2], dc, pr + 10);
+    pr[15] = KeyPair15(w[0], w[1], w[2], dc);
     for (int q = 0; q < 16; ++q) {
       const uint32_t la = q == static_cast<int>(e) ? a : 7u, lb = q == static_cast<int>(e) ? b : 7u;
       const uint32_t want = __half_as_ushort(__float2half_rn(static_cast<float>(la))) |
@@ -202,8 +227,8 @@ struct KernelArgs {
 // fragment order and multiplies each complete A fragment (4 pairs) with the
 // weights of its k-step.
 template <int D, int GR>
-__device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint32_t (&pb)[8][2],
-                                           float (&acc)[D / 16][4]) {
+__device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const DecodeConsts& dc,
+                                           const uint32_t (&pb)[8][2], float (&acc)[D / 16][4]) {
   constexpr int MT = D / 16;
   constexpr int kPairs = (GR < 2 ? 3 : 2) * MT * 4;
   constexpr int kFirstPair = GR * 3 * MT * 4;
@@ -218,8 +243,8 @@ __device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
     const uint32_t word = Word(raw[w / 4], w % 4);
-    Triple(word, 0x4240u, pr[6 * w], pr[6 * w + 1], pr[6 * w + 2]);
-    if (2 * w + 1 < kTriples) Triple(word, 0x4341u, pr[6 * w + 3], pr[6 * w + 4], pr[6 * w + 5]);
+    Triple<0x4240u>(word, dc, pr[6 * w], pr[6 * w + 1], pr[6 * w + 2]);
+    if (2 * w + 1 < kTriples) Triple<0x4341u>(word, dc, pr[6 * w + 3], pr[6 * w + 4], pr[6 * w + 5]);
       // Fragments completed by this word.
 #pragma unroll
     for (int f = 0; f < kPairs / 4; ++f) {
@@ -430,8 +455,8 @@ __device__ __forceinline__ void MeanDots(const uint8_t* st, const float* qs, int
 
 // ---- 1. keys: dot[mt][r] for tokens 16 mt + g (+8), columns 2t, 2t+1 ----
 template <int D>
-__device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_t (&qf)[D / 16][2],
-                                        float (&dacc)[8][4]) {
+__device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const DecodeConsts& dc,
+                                        const uint32_t (&qf)[D / 16][2], float (&dacc)[8][4]) {
   constexpr int kGroupsPerMt = D / 64;
 #pragma unroll
   for (int i = 0; i < 8; ++i) dacc[i][0] = dacc[i][1] = dacc[i][2] = dacc[i][3] = 0.0f;
@@ -445,10 +470,10 @@ __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_
       const int gidx = 4 * u + gi;  // group index in the lane's order
       const int mt = gidx / kGroupsPerMt, grp = gidx % kGroupsPerMt;
       uint32_t pr[16];
-      KeyPairsOfWord(w[3 * gi], pr);
-      KeyPairsOfWord(w[3 * gi + 1], pr + 5);
-      KeyPairsOfWord(w[3 * gi + 2], pr + 10);
-      pr[15] = KeyPair15(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2]);
+      KeyPairsOfWord(w[3 * gi], dc, pr);
+      KeyPairsOfWord(w[3 * gi + 1], dc, pr + 5);
+      KeyPairsOfWord(w[3 * gi + 2], dc, pr + 10);
+      pr[15] = KeyPair15(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2], dc);
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         const uint32_t a[4] = {pr[4 * f], pr[4 * f + 1], pr[4 * f + 2], pr[4 * f + 3]};
@@ -739,6 +764,8 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     IssuePage<D>(p.pool_dev + static_cast<size_t>(pt[page]) * lay.page_bytes, kvh, head_bytes, lay.blocks_offset,
                  my_stages + static_cast<size_t>(k % kStages) * stage_bytes, my_bars + k % kStages);
   };
+  DecodeConsts* dc_smem = reinterpret_cast<DecodeConsts*>(smem + 96);  // after the barriers
+  if (tid == 0) *dc_smem = MakeDecodeConsts();
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) MbarInit(my_bars + s);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -748,6 +775,7 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qhl, warp,
                      lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
+  const DecodeConsts dc = *dc_smem;  // written before PrepareQuery's barrier
   uint32_t qf[KS][2];
   QueryFragments<D, G>(qhl, lr, qf);
   // Scores in log2 units: the softmax scale times log2 e.
@@ -768,7 +796,7 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     float qmu0 = 0.0f, qmu1 = 0.0f;
     MeanDots<D, G>(st, qs, lane, unit, qmu0, qmu1);
     float dacc[8][4];
-    KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, qf, dacc);
+    KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, dc, qf, dacc);
     float sc[8][2];
     float mx0, mx1;
     PageScores<G>(st, dacc, lr, valid, unit, a0, a1, qmu0, qmu1, sc, mx0, mx1);
@@ -780,9 +808,9 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     // ---- 3. values ----
     {
       const uint4* vb = reinterpret_cast<const uint4*>(st + kHdrBytes + D + lay.key_block_bytes);
-      ValueGroup<D, 0>(vb, lane, pb, acc);
-      ValueGroup<D, 1>(vb, lane, pb, acc);
-      ValueGroup<D, 2>(vb, lane, pb, acc);
+      ValueGroup<D, 0>(vb, lane, dc, pb, acc);
+      ValueGroup<D, 1>(vb, lane, dc, pb, acc);
+      ValueGroup<D, 2>(vb, lane, dc, pb, acc);
     }
     __syncwarp();
     if (lane == 0 && k + kStages < my_pages) {
