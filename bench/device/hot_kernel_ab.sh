@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
 # (bench/device/README.md: how to bundle what it runs)
 # The hot-tier attention kernel against the build before it (bundled as
-# bench_gpu-before): the kernel tests first, then both bench_gpu builds
-# alternating (ROUNDS, default 2) with SDPA timed right after each new run,
-# then ncu's DRAM throughput and issue rate of both kernels at 64 x 8K.
-# HOT_ARGS go to the new build's bench_gpu (a split sweep, say); NCU=0
-# leaves ncu out (for a change that 64 x 8K does not take).
+# bench_gpu-before): the kernel tests first, then the bench_gpu builds
+# VARIANTS (default "bench_gpu-before bench_gpu", each bundled under that
+# name) in turn, ROUNDS (default 2) rounds, with SDPA timed right after
+# each run, then ncu's DRAM throughput and issue rate of each kernel at
+# 64 x 8K. HOT_ARGS go to the last variant's bench_gpu (a split sweep,
+# say); NCU=0 leaves ncu out (for a change that 64 x 8K does not take).
 set -uo pipefail
 . bench/device/gtest.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 gtests ${TESTS:-level_attention_test:180 attention_test:180 cuda_backend_test:300} || exit 1
+variants=(${VARIANTS:-bench_gpu-before bench_gpu})
+last=${variants[${#variants[@]}-1]}
 for round in $(seq ${ROUNDS:-2}); do
-  echo "== round $round: before"
-  timeout 300 $B bench_gpu-before --encode_tokens=0 --csv=$OUT/before_$round.csv > $OUT/before_$round.log 2>&1
-  grep -A8 "hot ms" $OUT/before_$round.log | head -8
-  echo "== round $round: after"
-  timeout 300 $B bench_gpu --encode_tokens=0 ${HOT_ARGS:-} --csv=$OUT/after_$round.csv > $OUT/after_$round.log 2>&1
-  grep -A20 "hot ms" $OUT/after_$round.log | head -20
-  timeout 300 python3 bench/sdpa_bench.py --cxx $OUT/after_$round.csv --out $OUT/table_after_$round.md > $OUT/sdpa_$round.log 2>&1
-  timeout 300 python3 bench/sdpa_bench.py --cxx $OUT/before_$round.csv --out $OUT/table_before_$round.md > /dev/null 2>&1
-  cat $OUT/table_after_$round.md
+  for v in "${variants[@]}"; do
+    echo "== round $round: $v"
+    args=""
+    [ "$v" = "$last" ] && args=${HOT_ARGS:-}
+    timeout 300 $B $v --encode_tokens=0 $args --csv=$OUT/${v}_$round.csv > $OUT/${v}_$round.log 2>&1
+    grep -A8 "hot ms" $OUT/${v}_$round.log | head -8
+    timeout 300 python3 bench/sdpa_bench.py --cxx $OUT/${v}_$round.csv --out $OUT/table_${v}_$round.md \
+      > $OUT/sdpa_${v}_$round.log 2>&1
+    cat $OUT/table_${v}_$round.md
+  done
 done
 [ "${NCU:-1}" = 1 ] || exit 0
-for v in bench_gpu-before bench_gpu; do
+for v in "${variants[@]}"; do
   echo "== ncu: $v at 64 x 8K"
   timeout 240 ncu --clock-control none --kernel-name regex:LevelAttentionKernel --launch-skip 3 --launch-count 1 \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.avg.per_cycle_active,sm__instruction_throughput.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
