@@ -16,7 +16,10 @@ PAGE_HEADS: pages x KV heads of the profiled launch (64 x 8K: 64 x 8 x 64).
 import collections
 import csv
 import re
+import signal
 import sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
 
 path = sys.argv[1]
 pages = int(sys.argv[2]) if len(sys.argv) > 2 else 64 * 8 * 64
