@@ -3,7 +3,8 @@
 // One block of 4 warps per (split, KV head, item), four blocks an SM. Each
 // warp owns every 4th page of the split and runs its own online softmax; the
 // warps' states are combined in warp order at the end, so the sum order is
-// fixed. Per page:
+// fixed. Before the pages, each warp rotates one query head in registers
+// and the block shares the rotated heads (fp32 and fp16 hi | lo). Per page:
 //  0. One lane starts bulk copies (cp.async.bulk, completion on an mbarrier)
 //     of the page's headers and mean, and of the KV head's key and value
 //     blocks, into the warp's shared-memory stage.
@@ -14,7 +15,8 @@
 //     rotated query split into fp16 hi and lo halves (columns 0..G-1 hi,
 //     G..2G-1 lo), so the product of exact integers with hi + lo is
 //     fp32-accurate. Score = scale * (s_t * dot + o_t * sum q' + q' . mu), as
-//     on cold pages.
+//     on cold pages, kept in log2 units (scale times log2 e) so that each
+//     weight is one ex2; the split's max goes out in natural-log units.
 //  2. Online softmax per head in registers (a lane and its hi/lo partner
 //     split the rows); the weights times each token's value scale go
 //     through the key area of the stage (already consumed) to be transposed
