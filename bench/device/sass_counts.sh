@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # (bench/device/README.md: how to bundle what it runs)
-# Where the hot-tier attention kernel's instructions go: the SASS of
-# LevelAttentionKernel (cuobjdump) and ncu's per-instruction execution
-# counts (SourceCounters) of one launch at SHAPE (64x8192), as a CSV that
-# docs/hot_tier/sass_profile.py sums by source region. BIN (bench_gpu).
+# Where an attention kernel's instructions go: the SASS of KERNEL
+# (default LevelAttentionKernel, the hot tier's; DQuantAttentionKernel is
+# the cold pages') by cuobjdump and ncu's per-instruction execution counts
+# (SourceCounters) of one launch at SHAPE (64x8192), as a CSV that
+# docs/hot_tier/sass_profile.py sums by opcode and by how often each
+# instruction ran. BIN (bench_gpu).
 set -uo pipefail
 . bench/device/gtest.sh
 bin=${BIN:-bench_gpu}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 path=.device/bundle/bin/$bin
-cuobjdump -sass -fun LevelAttentionKernel "$path" > $OUT/sass_$bin.txt 2>&1 ||
-  cuobjdump -sass "$path" 2>&1 | awk '/Function : .*LevelAttentionKernel/{p=1} /Function : /&&!/LevelAttentionKernel/{p=0} p' > $OUT/sass_$bin.txt
+k=${KERNEL:-LevelAttentionKernel}
+cuobjdump -sass "$path" 2>&1 | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' > $OUT/sass_$bin.txt
 wc -l $OUT/sass_$bin.txt
-timeout 300 ncu --clock-control none --kernel-name regex:LevelAttentionKernel --launch-skip 3 --launch-count 1 \
+timeout 300 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
   --section SourceCounters --section InstructionStats --section WarpStateStats --section LaunchStats \
   --section Occupancy --section SpeedOfLight -o $OUT/prof_$bin \
   $B $bin --encode_tokens=0 --shapes=${SHAPE:-64x8192} --reps=5 > $OUT/ncu_run_$bin.log 2>&1
