@@ -104,19 +104,17 @@ constexpr uint32_t kHMinus36 = 0xd080d080u, kHMinus6 = 0xc600c600u;
 // fields at s = 3, 4 sit in the exponent bits, so they are shifted down by 9
 // first (KeyPairsOfWord).
 //
-// The decoders' constants that are OR'd or permuted in, and those of the
-// fused multiply-adds that have two, come in registers (DecodeConsts):
-// with the masks and selectors as immediates, a field is one LOP3 and a
-// byte pair one PRMT. The attention kernel loads them from
+// The decoders' constants that are OR'd or permuted in come in registers
+// (DecodeConsts): with the masks and selectors as immediates, a field is
+// one LOP3 and a byte pair one PRMT. The attention kernel loads them from
 // shared memory, where the compiler cannot see their values; as
 // immediates, it built each from two (an AND and an OR, a MOV and a PRMT).
 struct DecodeConsts {
-  uint32_t bytes64;                 // 0x64646464: the byte 0x64 of 1024 + b
-  uint32_t h1024, h128, h16;        // the key fields' exponents, both halves
-  uint32_t recip36, recip6, h1025;  // the base-6 divisions' factors and bias
+  uint32_t bytes64;           // 0x64646464: the byte 0x64 of 1024 + b
+  uint32_t h1024, h128, h16;  // the key fields' exponents, both halves
 };
 __device__ __forceinline__ DecodeConsts MakeDecodeConsts() {
-  return DecodeConsts{0x64646464u, kH1024, kH128, kH16, kHRecip36, kHRecip6, kH1025};
+  return DecodeConsts{0x64646464u, kH1024, kH128, kH16};
 }
 
 // (w & kMask) | magic, one LOP3 (0xEA: (a & b) | c).
@@ -153,9 +151,9 @@ template <uint32_t kSel>
 __device__ __forceinline__ void Triple(uint32_t word, const DecodeConsts& c, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
   uint32_t x;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(word), "r"(c.bytes64), "n"(kSel));
-  const uint32_t l2 = Hsub2(Hfma2(Hsub2(x, kH1041), c.recip36, c.h1025), kH1025);
+  const uint32_t l2 = Hsub2(Hfma2(Hsub2(x, kH1041), kHRecip36, kH1025), kH1025);
   const uint32_t rm = Hfma2(l2, kHMinus36, x);  // 1024 + r
-  const uint32_t l1 = Hsub2(Hfma2(Hsub2(rm, kH1026), c.recip6, c.h1025), kH1025);
+  const uint32_t l1 = Hsub2(Hfma2(Hsub2(rm, kH1026), kHRecip6, kH1025), kH1025);
   d0 = Hsub2(Hfma2(l1, kHMinus6, rm), kH1024);
   d1 = l1;
   d2 = l2;
