@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Plots the hot kernel's times by build and shape from the A/B log.
+
+Reads the second call of docs/hot_tier/fewer_instructions_ab_h100_2026-12-06.log
+(three builds in turn, two rounds, SDPA timed right after each run) and
+draws, per shape, each build's kernel time relative to db9d894's (mean of
+its two rounds, the rounds as ticks), and SDPA's time over each build's.
+
+  /usr/bin/python3 docs/hot_tier/plot_fewer_instructions.py
+"""
+import collections
+import pathlib
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+here = pathlib.Path(__file__).resolve().parent
+log = (here / "fewer_instructions_ab_h100_2026-12-06.log").read_text().split("# Call 2")[1]
+names = {"bench_gpu-before": "db9d894", "bench_gpu-p3": "dbda5bd", "bench_gpu": "b86c72d"}
+hot = collections.defaultdict(list)   # (build, shape) -> ms per round
+sdpa = collections.defaultdict(list)  # shape -> ms
+build = None
+for line in log.splitlines():
+    m = re.match(r"== round \d+: (\S+)", line)
+    if m:
+        build = m.group(1)
+        continue
+    m = re.match(r"\| (\d+) \| (\d+) \| ([\d.]+) \| \d+ \| ([\d.]+) \|", line)
+    if m and build:
+        shape = f"{m.group(1)} x {int(m.group(2)) // 1024}K"
+        hot[(build, shape)].append(float(m.group(4)))
+        sdpa[shape].append(float(m.group(3)))
+shapes = list(dict.fromkeys(s for _, s in hot))
+mean = {k: sum(v) / len(v) for k, v in hot.items()}
+fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+width = 0.27
+for i, (b, label) in enumerate(names.items()):
+    xs = [k + (i - 1) * width for k in range(len(shapes))]
+    base = [mean[("bench_gpu-before", s)] for s in shapes]
+    ax.bar(xs, [mean[(b, s)] / m for s, m in zip(shapes, base)], width, label=f"{label} ({b})")
+    for x, s, m in zip(xs, shapes, base):
+        ax.plot([x] * len(hot[(b, s)]), [t / m for t in hot[(b, s)]], "k_", markersize=7)
+    ax2.bar(xs, [sum(sdpa[s]) / len(sdpa[s]) / mean[(b, s)] for s in shapes], width, label=label)
+for a in (ax, ax2):
+    a.set_xticks(range(len(shapes)))
+    a.set_xticklabels(shapes, fontsize=8)
+ax.set_ylim(0.6, 1.05)
+ax.set_ylabel("kernel time / db9d894's (ticks: the two rounds)")
+ax.set_title("Hot kernel time by build, H100", fontsize=10)
+ax.legend(fontsize=8, loc="lower right")
+ax2.axhline(3.0, color="r", linestyle="--", linewidth=1)
+ax2.text(len(shapes) - 0.5, 3.05, "3.0x (the bar is on the H200)", color="r", fontsize=8, ha="right")
+ax2.set_ylabel("SDPA / hot kernel, this H100")
+ax2.set_title("Against PyTorch SDPA in the same call (H100: not the bar's card)", fontsize=10)
+fig.tight_layout()
+out = here / "fewer_instructions_h100.png"
+fig.savefig(out, dpi=110)
+print(out)
