@@ -9,13 +9,14 @@
 //     of the page's headers and mean, and of the KV head's key and value
 //     blocks, into the warp's shared-memory stage.
 //  1. Keys. Each lane reads its 3-bit levels as uint4 words already in
-//     mma.m16n8k16 A-fragment order; a mask and an OR make each pair the
-//     mantissas of an fp16 pair whose exponent gives the field unit weight,
-//     one f16x2 subtract leaves exact fp16 levels. The B operand is the
-//     rotated query split into fp16 hi and lo halves (columns 0..G-1 hi,
-//     G..2G-1 lo), so the product of exact integers with hi + lo is
-//     fp32-accurate. Score = scale * (s_t * dot + o_t * sum q' + q' . mu), as
-//     on cold pages, kept in log2 units (scale times log2 e) so that each
+//     mma.m16n8k16 A-fragment order; a mask (after a shift for most
+//     fields) makes each pair two fp16 subnormals, level * 2^(p - 24), p
+//     the field's place (KeyGroupPairs). The B operand is the rotated
+//     query split into fp16 hi and lo halves (columns 0..G-1 hi, G..2G-1
+//     lo), times the powers of two that give every product one scale, so
+//     the product of exact levels with hi + lo is fp32-accurate.
+//     Score = scale * (s_t * dot + o_t * sum q' + q' . mu), as on cold
+//     pages, kept in log2 units (scale times log2 e) so that each
 //     weight is one ex2; the split's max goes out in natural-log units.
 //  2. Online softmax per head in registers (a lane and its hi/lo partner
 //     split the rows); the weights times each token's value scale go
@@ -91,53 +92,70 @@ __device__ __forceinline__ uint32_t Hfma2(uint32_t a, uint32_t b, uint32_t c) {
   asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
 }
+__device__ __forceinline__ uint32_t Hmul2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 // fp16 constants in both halves.
-constexpr uint32_t kH1024 = 0x64006400u, kH128 = 0x58005800u, kH16 = 0x4c004c00u;
+constexpr uint32_t kH1024 = 0x64006400u;
 constexpr uint32_t kH1025 = 0x64016401u, kH1026 = 0x64026402u, kH1041 = 0x64116411u;
 constexpr uint32_t kHRecip36 = 0x271c271cu;  // fp16(1/36) = 0.027771, just under 1/36
 constexpr uint32_t kHRecip6 = 0x31553155u;   // fp16(1/6) = 0.166626, just under 1/6
 constexpr uint32_t kHMinus36 = 0xd080d080u, kHMinus6 = 0xc600c600u;
 
-// Key pairs: a level at bits [3s, 3s + 3) of a half is the mantissa of an
-// fp16 whose lowest mantissa bit weighs 2^-3s for s = 0, 1, 2 (1024, 128,
-// 16): mask, or in that exponent, subtract it, and the level is exact. The
-// fields at s = 3, 4 sit in the exponent bits, so they are shifted down by 9
-// first (KeyPairsOfWord).
-//
-// The decoders' constants that are OR'd or permuted in come in registers
-// (DecodeConsts): with the masks and selectors as immediates, a field is
-// one LOP3 and a byte pair one PRMT. The attention kernel loads them from
-// shared memory, where the compiler cannot see their values; as
-// immediates, it built each from two (an AND and an OR, a MOV and a PRMT).
-struct DecodeConsts {
-  uint32_t bytes64;           // 0x64646464: the byte 0x64 of 1024 + b
-  uint32_t h1024, h128, h16;  // the key fields' exponents, both halves
-};
-__device__ __forceinline__ DecodeConsts MakeDecodeConsts() {
-  return DecodeConsts{0x64646464u, kH1024, kH128, kH16};
+// Key pairs as fp16 subnormals: a level in bits [p, p + 3) of a half
+// whose exponent bits are zero is the fp16 number level * 2^(p - 24),
+// exact, so one mask (after a shift for most fields) decodes a pair, with
+// no exponent to OR in and take away. The tensor cores multiply subnormal
+// fp16 operands exactly, like any other. A field lands at p = 0, 3 or 6
+// (kKeyPairPos), so the levels of a k-step come in three scales; the two
+// registers that meet the same B register (a0 and a1: channels 2t, 2t + 1;
+// a2 and a3: 2t + 8, 2t + 9) always share one, and the query's B fragments
+// carry the inverse, 2^(6 - p) (QueryFragments): every product is level *
+// query * 2^-18 times the query's power of two, undone in the score's
+// scale. The pairs (e = 0..15 of a group, k-step e / 4, register e % 4):
+//   0, 1: fields 0, 1 of W0 at p = 0 (W0, W0 >> 3)
+//   2, 3: fields 2, 3 of W0 at p = 6 (W0, W0 >> 3)
+//   4, 5: field 4 of W0 and field 0 of W1 at p = 0 (W0 >> 12, W1)
+//   6, 7: fields 1, 2 of W1 at p = 3 (W1, W1 >> 3)
+//   8, 9: fields 3, 4 of W1 at p = 6 (W1 >> 3, W1 >> 6)
+//  10, 11: fields 0, 1 of W2 at p = 0 (W2, W2 >> 3)
+//  12, 13: fields 2, 3 of W2 at p = 6 (W2, W2 >> 3)
+//  14, 15: field 4 of W2 (W2 >> 12) and pair 15's bits at p = 0.
+__device__ constexpr int kKeyPairPos[16] = {0, 0, 6, 6, 0, 0, 3, 3, 6, 6, 0, 0, 6, 6, 0, 0};
+constexpr uint32_t kKeyMask0 = 0x00070007u, kKeyMask3 = 0x00380038u, kKeyMask6 = 0x01c001c0u;
+
+// The 16 pairs of one key group (words w0 w1 w2, codec/level_page.h).
+__device__ __forceinline__ void KeyGroupPairs(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&pr)[16]) {
+  const uint32_t w0s3 = w0 >> 3, w1s3 = w1 >> 3, w2s3 = w2 >> 3;
+  pr[0] = w0 & kKeyMask0;
+  pr[1] = w0s3 & kKeyMask0;
+  pr[2] = w0 & kKeyMask6;
+  pr[3] = w0s3 & kKeyMask6;
+  pr[4] = (w0 >> 12) & kKeyMask0;
+  pr[5] = w1 & kKeyMask0;
+  pr[6] = w1 & kKeyMask3;
+  pr[7] = w1s3 & kKeyMask3;
+  pr[8] = w1s3 & kKeyMask6;
+  pr[9] = (w1 >> 6) & kKeyMask6;
+  pr[10] = w2 & kKeyMask0;
+  pr[11] = w2s3 & kKeyMask0;
+  pr[12] = w2 & kKeyMask6;
+  pr[13] = w2s3 & kKeyMask6;
+  pr[14] = (w2 >> 12) & kKeyMask0;
+  // Pair 15: bit b of each level in bit 15 / 31 of word b.
+  pr[15] = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & 0x00020002u) | ((w2 >> 13) & 0x00040004u);
 }
 
-// (w & kMask) | magic, one LOP3 (0xEA: (a & b) | c).
-template <uint32_t kMask>
-__device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
-  return r;
-}
-// The five pairs of one key word, e = 5k .. 5k + 4 of its group.
-__device__ __forceinline__ void KeyPairsOfWord(uint32_t w, const DecodeConsts& c, uint32_t* out) {
-  const uint32_t w9 = w >> 9;
-  out[0] = Hsub2(AndOr<0x00070007u>(w, c.h1024), kH1024);
-  out[1] = Hsub2(AndOr<0x00380038u>(w, c.h128), kH128);
-  out[2] = Hsub2(AndOr<0x01c001c0u>(w, c.h16), kH16);
-  out[3] = Hsub2(AndOr<0x00070007u>(w9, c.h1024), kH1024);
-  out[4] = Hsub2(AndOr<0x00380038u>(w9, c.h128), kH128);
-}
-// Pair 15 of a key group: bit b of each level in bit 15 / 31 of word b.
-__device__ __forceinline__ uint32_t KeyPair15(uint32_t w0, uint32_t w1, uint32_t w2, const DecodeConsts& c) {
-  const uint32_t v = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & 0x00020002u) | ((w2 >> 13) & 0x00040004u);
-  return Hsub2(v | c.h1024, kH1024);
-}
+// The value decoder's byte 0x64 (of 1024 + b) comes in a register: as an
+// immediate, each byte pair was a MOV and a PRMT. The attention kernel
+// loads it from shared memory, where the compiler cannot see its value.
+struct DecodeConsts {
+  uint32_t bytes64;  // 0x64646464
+};
+__device__ __forceinline__ DecodeConsts MakeDecodeConsts() { return DecodeConsts{0x64646464u}; }
+
 // The three base-6 digits of two bytes, byte 0 and byte 2 of `word` (sel
 // 0x4240) or bytes 1 and 3 (sel 0x4341), as exact fp16 level pairs, in
 // half-precision arithmetic. x = 1024 + b; each digit is a floor division
@@ -200,14 +218,11 @@ __global__ void DecodeSelfTestKernel(int* bad) {
       }
     }
     uint32_t pr[16];
-    KeyPairsOfWord(w[0], dc, pr);
-    KeyPairsOfWord(w[1], dc, pr + 5);
-    KeyPairsOfWord(w[2], dc, pr + 10);
-    pr[15] = KeyPair15(w[0], w[1], w[2], dc);
+    KeyGroupPairs(w[0], w[1], w[2], pr);
     for (int q = 0; q < 16; ++q) {
       const uint32_t la = q == static_cast<int>(e) ? a : 7u, lb = q == static_cast<int>(e) ? b : 7u;
-      const uint32_t want = __half_as_ushort(__float2half_rn(static_cast<float>(la))) |
-                            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(static_cast<float>(lb)))) << 16);
+      // The fp16 subnormals level * 2^(p - 24): the levels' bits at p.
+      const uint32_t want = (la << kKeyPairPos[q]) | (lb << (16 + kKeyPairPos[q]));
       if (pr[q] != want) atomicAdd(bad, 1);
     }
   }
@@ -325,15 +340,16 @@ __device__ __forceinline__ void IssuePage(const uint8_t* src, int kvh, size_t he
 }
 
 // Prologue: the KV head's G query heads from q, rotated (Hadamard, as the
-// keys), into qs, their sums into qsum, and their fp16 hi and lo halves
+// keys), into qs, their sums into qsum, their largest magnitudes into qmax
+// (the keys' query scale, QueryScale), and their fp16 hi and lo halves
 // into qhl ([G][D] words hi | lo << 16, the B fragments' source). Warp w
 // rotates head w in registers: lane l holds channels 4l..4l+3 (D = 128; 2l,
 // 2l+1 for 64), the butterflies of length < C inside the lane and the
 // longer ones by shuffles, each pair (a, b) giving a + b and a - b as a
 // butterfly over shared memory would. Ends with a block barrier.
 template <int D, int G>
-__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, uint32_t* qhl, int warp,
-                                             int lane) {
+__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, float* qmax, uint32_t* qhl,
+                                             int warp, int lane) {
   static_assert(G <= kWarps, "a warp per query head");
   constexpr int C = D / 32;
   if (warp < G) {
@@ -362,9 +378,11 @@ __device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* q
       }
     }
     const float norm = rsqrtf(static_cast<float>(D));
+    float mx = 0.0f;
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       x[j] *= norm;
+      mx = fmaxf(mx, fabsf(x[j]));
       qs[warp * D + C * lane + j] = x[j];
       uint16_t hi, lo;
       SplitHalf(x[j], &hi, &lo);
@@ -374,14 +392,33 @@ __device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* q
     float s = 0.0f;
     for (int d = lane; d < D; d += 32) s += qs[warp * D + d];
     s = WarpSum(s);
-    if (lane == 0) qsum[warp] = s;
+    mx = WarpMax(mx);
+    if (lane == 0) qsum[warp] = s, qmax[warp] = mx;
   }
   __syncthreads();
 }
 
-// B fragments of the keys: column g is head g (hi) or g - G (lo), or zero.
+// The query's power of two for the keys' products: 2^e with the largest
+// |q'| of the G heads times 2^e in [256, 512), so that the hi and lo halves
+// times 2^(e + 6) (the subnormal keys' largest factor, KeyGroupPairs) stay
+// below fp16's largest finite value and above its subnormals; e is kept
+// in [-14, 9], where every factor 2^(e + 6 - p) is a normal fp16.
+template <int G>
+__device__ __forceinline__ int QueryScale(const float* qmax) {
+  float m = qmax[0];
+#pragma unroll
+  for (int h = 1; h < G; ++h) m = fmaxf(m, qmax[h]);
+  const int em = static_cast<int>((__float_as_uint(m) >> 23) & 0xffu) - 127;  // floor(log2 m) for normal m
+  return min(9, max(-14, 8 - em));
+}
+
+// B fragments of the keys: column g is head g (hi) or g - G (lo), or zero,
+// times 2^(e + 6 - p) for the scale p of the keys' registers they meet
+// (kKeyPairPos: b0 meets pairs 4f, 4f + 1 of k-step f of a group, b1 pairs
+// 4f + 2, 4f + 3). Powers of two, so hi + lo keep their bits.
 template <int D, int G>
-__device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRoles<G>& lr, uint32_t (&qf)[D / 16][2]) {
+__device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRoles<G>& lr, int e,
+                                               uint32_t (&qf)[D / 16][2]) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
@@ -389,7 +426,8 @@ __device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRo
       uint32_t b = 0u;
       if (lr.col_used) {
         const uint2 w = *reinterpret_cast<const uint2*>(qhl + (lr.g % G) * D + 16 * ks + 2 * lr.t + 8 * reg);
-        b = __byte_perm(w.x, w.y, lr.half_sel);
+        const uint32_t h = static_cast<uint32_t>(e + 6 - kKeyPairPos[4 * (ks % 4) + 2 * reg] + 15) << 10;
+        b = Hmul2(__byte_perm(w.x, w.y, lr.half_sel), h | (h << 16));
       }
       qf[ks][reg] = b;
     }
@@ -457,8 +495,8 @@ __device__ __forceinline__ void MeanDots(const uint8_t* st, const float* qs, int
 
 // ---- 1. keys: dot[mt][r] for tokens 16 mt + g (+8), columns 2t, 2t+1 ----
 template <int D>
-__device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const DecodeConsts& dc,
-                                        const uint32_t (&qf)[D / 16][2], float (&dacc)[8][4]) {
+__device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_t (&qf)[D / 16][2],
+                                        float (&dacc)[8][4]) {
   constexpr int kGroupsPerMt = D / 64;
 #pragma unroll
   for (int i = 0; i < 8; ++i) dacc[i][0] = dacc[i][1] = dacc[i][2] = dacc[i][3] = 0.0f;
@@ -472,10 +510,7 @@ __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const DecodeC
       const int gidx = 4 * u + gi;  // group index in the lane's order
       const int mt = gidx / kGroupsPerMt, grp = gidx % kGroupsPerMt;
       uint32_t pr[16];
-      KeyPairsOfWord(w[3 * gi], dc, pr);
-      KeyPairsOfWord(w[3 * gi + 1], dc, pr + 5);
-      KeyPairsOfWord(w[3 * gi + 2], dc, pr + 10);
-      pr[15] = KeyPair15(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2], dc);
+      KeyGroupPairs(w[3 * gi], w[3 * gi + 1], w[3 * gi + 2], pr);
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         const uint32_t a[4] = {pr[4 * f], pr[4 * f + 1], pr[4 * f + 2], pr[4 * f + 3]};
@@ -491,10 +526,11 @@ __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const DecodeC
 // that a weight is one ex2. Lane and its partner (lane ^ G/2) hold the hi
 // and lo columns of the same heads; the lower lane keeps row g of each
 // m-tile, the upper row g + 8, and they swap the other halves (two shuffles
-// per m-tile). a = unit * sum q', b = unit * q' . mu of the lane's heads.
+// per m-tile). a = unit * sum q', b = unit * q' . mu of the lane's heads;
+// kunit = unit times the inverse of the keys' dot products' scale.
 template <int G>
 __device__ __forceinline__ void PageScores(const uint8_t* st, const float (&dacc)[8][4], const LaneRoles<G>& lr,
-                                           int valid, float unit, float a0, float a1, float b0, float b1,
+                                           int valid, float kunit, float a0, float a1, float b0, float b1,
                                            float (&sc)[8][2], float& mx0, float& mx1) {
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt) {
@@ -503,7 +539,7 @@ __device__ __forceinline__ void PageScores(const uint8_t* st, const float (&dacc
     const float d0 = (lr.upper ? dacc[mt][2] : dacc[mt][0]) + r0;
     const float d1 = (lr.upper ? dacc[mt][3] : dacc[mt][1]) + r1;
     const uint32_t hdr = *reinterpret_cast<const uint32_t*>(st + 4 * (16 * mt + lr.row));
-    const float ks = HalfBitsToFloat(hdr & 0xffff) * unit, ko = HalfBitsToFloat(hdr >> 16);
+    const float ks = HalfBitsToFloat(hdr & 0xffff) * kunit, ko = HalfBitsToFloat(hdr >> 16);
     sc[mt][0] = fmaf(ks, d0, fmaf(ko, a0, b0));
     sc[mt][1] = fmaf(ks, d1, fmaf(ko, a1, b1));
   }
@@ -709,10 +745,10 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
 }
 
 // Bytes before the stages: the barriers, the rotated query, its sums and
-// its hi | lo words.
+// largest magnitudes, and its hi | lo words.
 template <int D, int G>
 __host__ __device__ constexpr size_t QueryBytes() {
-  return 128 + (G * D + 4) * 4 + G * D * 4;
+  return 128 + (G * D + 8) * 4 + G * D * 4;
 }
 
 // Where the warps' stages start: after the barriers and the query. (The
@@ -744,7 +780,8 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem);     // [warp][stage]
   float* qs = reinterpret_cast<float*>(smem + 128);       // [G][D] rotated query
   float* qsum = qs + G * D;                               // [G]
-  uint32_t* qhl = reinterpret_cast<uint32_t*>(qsum + 4);  // [G][D] hi | lo << 16
+  float* qmax = qsum + 4;                                 // [G]
+  uint32_t* qhl = reinterpret_cast<uint32_t*>(qsum + 8);  // [G][D] hi | lo << 16
   const int tokens = batch.tokens_dev[item];
   const int pages = (tokens + kLevelPageTokens - 1) / kLevelPageTokens;
   const int pps = LevelPagesPerSplit(pages);
@@ -774,14 +811,17 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
   }
 
-  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qhl, warp,
-                     lane);
+  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qmax,
+                     qhl, warp, lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
   const DecodeConsts dc = *dc_smem;  // written before PrepareQuery's barrier
+  const int qe = QueryScale<G>(qmax);
   uint32_t qf[KS][2];
-  QueryFragments<D, G>(qhl, lr, qf);
-  // Scores in log2 units: the softmax scale times log2 e.
+  QueryFragments<D, G>(qhl, lr, qe, qf);
+  // Scores in log2 units: the softmax scale times log2 e. The keys' dot
+  // products come times 2^(qe - 18) (QueryFragments); kunit undoes it.
   const float unit = batch.softmax_scale * kLog2e;
+  const float kunit = unit * __uint_as_float(static_cast<uint32_t>(18 - qe + 127) << 23);
   const float a0 = unit * qsum[lr.hp], a1 = unit * qsum[lr.hp + 1];
 
   RunState rs;
@@ -798,10 +838,10 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     float qmu0 = 0.0f, qmu1 = 0.0f;
     MeanDots<D, G>(st, qs, lane, unit, qmu0, qmu1);
     float dacc[8][4];
-    KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, dc, qf, dacc);
+    KeyDots<D>(reinterpret_cast<const uint4*>(st + kHdrBytes + D), lane, qf, dacc);
     float sc[8][2];
     float mx0, mx1;
-    PageScores<G>(st, dacc, lr, valid, unit, a0, a1, qmu0, qmu1, sc, mx0, mx1);
+    PageScores<G>(st, dacc, lr, valid, kunit, a0, a1, qmu0, qmu1, sc, mx0, mx1);
     float mn0, mn1;
     Rescale<MT>(mx0, mx1, rs, acc, mn0, mn1);
     uint32_t pb[8][2];
