@@ -22,10 +22,9 @@
 //     split the rows); the weights times each token's value scale go
 //     through the key area of the stage (already consumed) to be transposed
 //     into B fragments, again as fp16 hi/lo.
-//  3. Values. Base-6 triples are decoded two bytes at a time in integer
-//     arithmetic on both 16-bit halves (Triple), three level pairs per
-//     triple as fp16 subnormals, straight into A fragments of the values
-//     transposed; the offsets enter as sum_t w_t o_t.
+//  3. Values. Base-6 triples are decoded two bytes at a time in f16x2
+//     arithmetic (Triple), three fp16 level pairs per triple, straight into A
+//     fragments of the values transposed; the offsets enter as sum_t w_t o_t.
 #include <algorithm>
 #include <cmath>
 
@@ -83,11 +82,28 @@ __device__ __forceinline__ void FenceProxyAsync() {
 }
 
 // ---- dequantisation ----
+__device__ __forceinline__ uint32_t Hsub2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t Hfma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
 __device__ __forceinline__ uint32_t Hmul2(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
+// fp16 constants in both halves.
+constexpr uint32_t kH1024 = 0x64006400u;
+constexpr uint32_t kH1025 = 0x64016401u, kH1026 = 0x64026402u, kH1041 = 0x64116411u;
+constexpr uint32_t kHRecip36 = 0x271c271cu;  // fp16(1/36) = 0.027771, just under 1/36
+constexpr uint32_t kHRecip6 = 0x31553155u;   // fp16(1/6) = 0.166626, just under 1/6
+constexpr uint32_t kHMinus36 = 0xd080d080u, kHMinus6 = 0xc600c600u;
+
 // Key pairs as fp16 subnormals: a level in bits [p, p + 3) of a half
 // whose exponent bits are zero is the fp16 number level * 2^(p - 24),
 // exact, so one mask (after a shift for most fields) decodes a pair, with
@@ -132,25 +148,31 @@ __device__ __forceinline__ void KeyGroupPairs(uint32_t w0, uint32_t w1, uint32_t
   pr[15] = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & 0x00020002u) | ((w2 >> 13) & 0x00040004u);
 }
 
+// The value decoder's byte 0x64 (of 1024 + b) comes in a register: as an
+// immediate, each byte pair was a MOV and a PRMT. The attention kernel
+// loads it from shared memory, where the compiler cannot see its value.
+struct DecodeConsts {
+  uint32_t bytes64;  // 0x64646464
+};
+__device__ __forceinline__ DecodeConsts MakeDecodeConsts() { return DecodeConsts{0x64646464u}; }
+
 // The three base-6 digits of two bytes, byte 0 and byte 2 of `word` (sel
-// 0x4240) or bytes 1 and 3 (sel 0x4341), as level pairs in fp16 subnormal
-// form (level * 2^-24, as the keys' p = 0), in integer arithmetic on both
-// 16-bit halves at once: x = b | b' << 16; the high word of x * (57 << 21)
-// holds floor(b * 57 / 2048) = floor(b / 36) in bits 0-2 (exact for b <
-// 256 up to 216's quotient; the upper half's product is a whole multiple
-// of 32 there, so nothing carries between the halves), then r = x - 36 l2,
-// floor(r / 6) as floor(r * 43 / 256) the same way, and r - 6 l1. Every
-// half stays in [0, 64) for any byte (a corrupt byte >= 216 decodes to
-// some levels, never into the other half). LevelDecodeSelfTest runs every
-// byte pair. The value accumulator is therefore 2^-24 of the sums; the
-// warps' combination scales it back.
+// 0x4240) or bytes 1 and 3 (sel 0x4341), as exact fp16 level pairs, in
+// half-precision arithmetic. x = 1024 + b; each digit is a floor division
+// done as round-to-nearest of a biased quotient: the sum lands in [1024,
+// 2048) where fp16 steps by 1, so the fused multiply-add rounds it to the
+// integer, and the constants are chosen so no quotient comes within 0.01 of
+// a rounding boundary (checked for all 216 bytes by LevelDecodeSelfTest):
+//   l2 = round((b - 17) * fp16(1/36)),  r = b - 36 l2,
+//   l1 = round((r - 2) * fp16(1/6)),    l0 = r - 6 l1.
 template <uint32_t kSel>
-__device__ __forceinline__ void Triple(uint32_t word, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
-  const uint32_t x = __byte_perm(word, 0u, kSel);
-  const uint32_t l2 = __umulhi(x, 57u << 21) & 0x00070007u;
-  const uint32_t r = x - 36u * l2;
-  const uint32_t l1 = __umulhi(r, 43u << 24) & 0x00070007u;
-  d0 = r - 6u * l1;
+__device__ __forceinline__ void Triple(uint32_t word, const DecodeConsts& c, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
+  uint32_t x;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(word), "r"(c.bytes64), "n"(kSel));
+  const uint32_t l2 = Hsub2(Hfma2(Hsub2(x, kH1041), kHRecip36, kH1025), kH1025);
+  const uint32_t rm = Hfma2(l2, kHMinus36, x);  // 1024 + r
+  const uint32_t l1 = Hsub2(Hfma2(Hsub2(rm, kH1026), kHRecip6, kH1025), kH1025);
+  d0 = Hsub2(Hfma2(l1, kHMinus6, rm), kH1024);
   d1 = l1;
   d2 = l2;
 }
@@ -163,19 +185,22 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int k) {
 // through the decoders above; counts wrong levels into *bad.
 __global__ void DecodeSelfTestKernel(int* bad) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const DecodeConsts dc = MakeDecodeConsts();
   if (i < 216 * 216) {
     const uint32_t lo = i % 216, hi = i / 216;
     for (int k = 0; k < 2; ++k) {
       const uint32_t word = k == 0 ? (lo | (hi << 16)) : ((lo << 8) | (hi << 24));
       uint32_t d[3];
       if (k == 0) {
-        Triple<0x4240u>(word, d[0], d[1], d[2]);
+        Triple<0x4240u>(word, dc, d[0], d[1], d[2]);
       } else {
-        Triple<0x4341u>(word, d[0], d[1], d[2]);
+        Triple<0x4341u>(word, dc, d[0], d[1], d[2]);
       }
       uint32_t plo = lo, phi = hi;
       for (int j = 0; j < 3; ++j, plo /= 6, phi /= 6) {
-        const uint32_t want = (plo % 6) | ((phi % 6) << 16);  // the subnormals' bits
+        const uint32_t want =
+            __half_as_ushort(__float2half_rn(static_cast<float>(plo % 6))) |
+            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(static_cast<float>(phi % 6)))) << 16);
         if (d[j] != want) atomicAdd(bad, 1);
       }
     }
@@ -219,8 +244,8 @@ struct KernelArgs {
 // fragment order and multiplies each complete A fragment (4 pairs) with the
 // weights of its k-step.
 template <int D, int GR>
-__device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint32_t (&pb)[8][2],
-                                           float (&acc)[D / 16][4]) {
+__device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const DecodeConsts& dc,
+                                           const uint32_t (&pb)[8][2], float (&acc)[D / 16][4]) {
   constexpr int MT = D / 16;
   constexpr int kPairs = (GR < 2 ? 3 : 2) * MT * 4;
   constexpr int kFirstPair = GR * 3 * MT * 4;
@@ -235,8 +260,8 @@ __device__ __forceinline__ void ValueGroup(const uint4* vb, int lane, const uint
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
     const uint32_t word = Word(raw[w / 4], w % 4);
-    Triple<0x4240u>(word, pr[6 * w], pr[6 * w + 1], pr[6 * w + 2]);
-    if (2 * w + 1 < kTriples) Triple<0x4341u>(word, pr[6 * w + 3], pr[6 * w + 4], pr[6 * w + 5]);
+    Triple<0x4240u>(word, dc, pr[6 * w], pr[6 * w + 1], pr[6 * w + 2]);
+    if (2 * w + 1 < kTriples) Triple<0x4341u>(word, dc, pr[6 * w + 3], pr[6 * w + 4], pr[6 * w + 5]);
       // Fragments completed by this word.
 #pragma unroll
     for (int f = 0; f < kPairs / 4; ++f) {
@@ -710,8 +735,7 @@ __device__ __forceinline__ void CombineWarps(const KernelArgs& args, int item, i
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) a += f[w] * cacc[(w * G + hl) * D + d];
     const int qh = kvh * G + hl;
-    // The levels were fp16 subnormals (Triple): a is 2^-24 of the sum.
-    args.ws.acc[args.part.acc_index(item, split, qh) + d] = fmaf(a, 0x1p24f, f[kWarps + 2]);
+    args.ws.acc[args.part.acc_index(item, split, qh) + d] = a + f[kWarps + 2];
     if (d == 0) {
       const size_t mi = args.part.ml_index(item, split, qh);
       args.ws.m[mi] = f[kWarps] * kLn2;  // the merges' natural-log units
@@ -779,6 +803,8 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     IssuePage<D>(p.pool_dev + static_cast<size_t>(pt[page]) * lay.page_bytes, kvh, head_bytes, lay.blocks_offset,
                  my_stages + static_cast<size_t>(k % kStages) * stage_bytes, my_bars + k % kStages);
   };
+  DecodeConsts* dc_smem = reinterpret_cast<DecodeConsts*>(smem + 96);  // after the barriers
+  if (tid == 0) *dc_smem = MakeDecodeConsts();
   if (lane == 0) {
     for (int s = 0; s < kStages; ++s) MbarInit(my_bars + s);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -788,6 +814,7 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qmax,
                      qhl, warp, lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
+  const DecodeConsts dc = *dc_smem;  // written before PrepareQuery's barrier
   const int qe = QueryScale<G>(qmax);
   uint32_t qf[KS][2];
   QueryFragments<D, G>(qhl, lr, qe, qf);
@@ -823,9 +850,9 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     // ---- 3. values ----
     {
       const uint4* vb = reinterpret_cast<const uint4*>(st + kHdrBytes + D + lay.key_block_bytes);
-      ValueGroup<D, 0>(vb, lane, pb, acc);
-      ValueGroup<D, 1>(vb, lane, pb, acc);
-      ValueGroup<D, 2>(vb, lane, pb, acc);
+      ValueGroup<D, 0>(vb, lane, dc, pb, acc);
+      ValueGroup<D, 1>(vb, lane, dc, pb, acc);
+      ValueGroup<D, 2>(vb, lane, dc, pb, acc);
     }
     __syncwarp();
     if (lane == 0 && k + kStages < my_pages) {
