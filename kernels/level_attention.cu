@@ -98,10 +98,9 @@ __device__ __forceinline__ uint32_t Hmul2(uint32_t a, uint32_t b) {
   return r;
 }
 // fp16 constants in both halves.
-constexpr uint32_t kH1024 = 0x64006400u;
-constexpr uint32_t kH1025 = 0x64016401u, kH1026 = 0x64026402u, kH1041 = 0x64116411u;
-constexpr uint32_t kHRecip36 = 0x271c271cu;  // fp16(1/36) = 0.027771, just under 1/36
-constexpr uint32_t kHRecip6 = 0x31553155u;   // fp16(1/6) = 0.166626, just under 1/6
+constexpr uint32_t kH1025 = 0x64016401u, kH1280 = 0x65006500u, kH811 = 0x62566256u, kH989 = 0x63ba63bau;
+constexpr uint32_t kHRecip36 = 0x271b271bu;  // fp16 0.0277557, 0.08% under 1/36
+constexpr uint32_t kHRecip6 = 0x31573157u;   // fp16 0.1668701, 0.12% over 1/6
 constexpr uint32_t kHMinus36 = 0xd080d080u, kHMinus6 = 0xc600c600u;
 
 // Key pairs as fp16 subnormals: a level in bits [p, p + 3) of a half
@@ -148,31 +147,34 @@ __device__ __forceinline__ void KeyGroupPairs(uint32_t w0, uint32_t w1, uint32_t
   pr[15] = ((w0 >> 15) & 0x00010001u) | ((w1 >> 14) & 0x00020002u) | ((w2 >> 13) & 0x00040004u);
 }
 
-// The value decoder's byte 0x64 (of 1024 + b) comes in a register: as an
+// The value decoder's byte 0x65 (of 1280 + b) comes in a register: as an
 // immediate, each byte pair was a MOV and a PRMT. The attention kernel
 // loads it from shared memory, where the compiler cannot see its value.
 struct DecodeConsts {
-  uint32_t bytes64;  // 0x64646464
+  uint32_t bytes65;  // 0x65656565
 };
-__device__ __forceinline__ DecodeConsts MakeDecodeConsts() { return DecodeConsts{0x64646464u}; }
+__device__ __forceinline__ DecodeConsts MakeDecodeConsts() { return DecodeConsts{0x65656565u}; }
 
 // The three base-6 digits of two bytes, byte 0 and byte 2 of `word` (sel
 // 0x4240) or bytes 1 and 3 (sel 0x4341), as exact fp16 level pairs, in
-// half-precision arithmetic. x = 1024 + b; each digit is a floor division
-// done as round-to-nearest of a biased quotient: the sum lands in [1024,
-// 2048) where fp16 steps by 1, so the fused multiply-add rounds it to the
-// integer, and the constants are chosen so no quotient comes within 0.01 of
-// a rounding boundary (checked for all 216 bytes by LevelDecodeSelfTest):
-//   l2 = round((b - 17) * fp16(1/36)),  r = b - 36 l2,
-//   l1 = round((r - 2) * fp16(1/6)),    l0 = r - 6 l1.
+// half-precision arithmetic: x = 1280 + b (the byte under 0x65); each
+// digit is a floor division done as one fused multiply-add whose exact
+// result lands in [1024, 2048), where fp16 steps by 1, so its rounding to
+// nearest gives the biased quotient:
+//   l2 = fp16(x * fp16(1/36) + 989) - 1025,  rm = x - 36 l2 = 1280 + r,
+//   l1 = fp16(rm * fp16(1/6) + 811) - 1025,  l0 = rm - 6 l1 - 1280.
+// The constants were found by trying every fp16 pair near the quotients
+// (the exact sums stay 0.0012 and 0.066 away from a rounding boundary);
+// LevelDecodeSelfTest checks all 216 x 216 byte pairs on the GPU. 8
+// instructions for three pairs (a byte permute, 7 f16x2 operations).
 template <uint32_t kSel>
 __device__ __forceinline__ void Triple(uint32_t word, const DecodeConsts& c, uint32_t& d0, uint32_t& d1, uint32_t& d2) {
   uint32_t x;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(word), "r"(c.bytes64), "n"(kSel));
-  const uint32_t l2 = Hsub2(Hfma2(Hsub2(x, kH1041), kHRecip36, kH1025), kH1025);
-  const uint32_t rm = Hfma2(l2, kHMinus36, x);  // 1024 + r
-  const uint32_t l1 = Hsub2(Hfma2(Hsub2(rm, kH1026), kHRecip6, kH1025), kH1025);
-  d0 = Hsub2(Hfma2(l1, kHMinus6, rm), kH1024);
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(word), "r"(c.bytes65), "n"(kSel));
+  const uint32_t l2 = Hsub2(Hfma2(x, kHRecip36, kH989), kH1025);
+  const uint32_t rm = Hfma2(l2, kHMinus36, x);  // 1280 + r
+  const uint32_t l1 = Hsub2(Hfma2(rm, kHRecip6, kH811), kH1025);
+  d0 = Hsub2(Hfma2(l1, kHMinus6, rm), kH1280);
   d1 = l1;
   d2 = l2;
 }
