@@ -153,7 +153,9 @@ __device__ __forceinline__ void KeyGroupPairs(uint32_t w0, uint32_t w1, uint32_t
 struct DecodeConsts {
   uint32_t bytes65;  // 0x65656565
 };
-__device__ __forceinline__ DecodeConsts MakeDecodeConsts() { return DecodeConsts{0x65656565u}; }
+__device__ __forceinline__ DecodeConsts MakeDecodeConsts() {
+  return DecodeConsts{0x65656565u};
+}
 
 // The three base-6 digits of two bytes, byte 0 and byte 2 of `word` (sel
 // 0x4240) or bytes 1 and 3 (sel 0x4341), as exact fp16 level pairs, in
@@ -813,8 +815,8 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
   }
 
-  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qmax,
-                     qhl, warp, lane);
+  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qmax, qhl,
+                     warp, lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
   const DecodeConsts dc = *dc_smem;  // written before PrepareQuery's barrier
   const int qe = QueryScale<G>(qmax);
