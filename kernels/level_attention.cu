@@ -75,6 +75,11 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t phase) {
       "r"(phase)
       : "memory");
 }
+// Starts moving `bytes` at `src` from global memory into L2, with no
+// destination and no completion to wait for.
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 // Orders this thread's earlier generic-proxy accesses of shared memory
 // before later bulk copies (async proxy) into it.
 __device__ __forceinline__ void FenceProxyAsync() {
@@ -834,6 +839,14 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
   for (int k = 0; k < my_pages; ++k) {
+    // The page this warp copies in after this one, on its way to L2 while
+    // this one is worked on: the copy then waits for L2, not for DRAM.
+    if (lane == 0 && k + kStages < my_pages) {
+      const uint8_t* src = p.pool_dev + static_cast<size_t>(pt[first + warp + kWarps * (k + kStages)]) * lay.page_bytes;
+      BulkPrefetchL2(src, kHdrBytes);
+      BulkPrefetchL2(src + kLevelMeanLevelsOffset + kvh * D, D);
+      BulkPrefetchL2(src + lay.blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes));
+    }
     MbarWait(my_bars + k % kStages, (k / kStages) & 1);
     const uint8_t* st = my_stages + static_cast<size_t>(k % kStages) * stage_bytes;
     const int page = first + warp + kWarps * k;
