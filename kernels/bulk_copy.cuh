@@ -1,5 +1,5 @@
 // Bulk copies into shared memory that complete on an mbarrier, and the
-// fences and prefetches around them (PTX ISA 8.0, sm_90): what the level
+// fence before them (PTX ISA 8.0, sm_90): what the level
 // attention kernel streams its pages with.
 #ifndef DRIFTKV_KERNELS_BULK_COPY_CUH_
 #define DRIFTKV_KERNELS_BULK_COPY_CUH_
@@ -31,11 +31,6 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t phase) {
       "@!p bra WAIT_%=;\n\t}\n" ::"r"(SmemAddr(bar)),
       "r"(phase)
       : "memory");
-}
-// Starts moving `bytes` at `src` from global memory into L2, with no
-// destination and no completion to wait for.
-__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 // Orders this thread's earlier generic-proxy accesses of shared memory
 // before later bulk copies (async proxy) into it.

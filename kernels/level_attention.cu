@@ -702,14 +702,6 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
   for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
   for (int k = 0; k < my_pages; ++k) {
-    // The page this warp copies in after this one, on its way to L2 while
-    // this one is worked on: the copy then waits for L2, not for DRAM.
-    if (lane == 0 && k + kStages < my_pages) {
-      const uint8_t* src = p.pool_dev + static_cast<size_t>(pt[first + warp + kWarps * (k + kStages)]) * lay.page_bytes;
-      BulkPrefetchL2(src, kHdrBytes);
-      BulkPrefetchL2(src + kLevelMeanLevelsOffset + kvh * D, D);
-      BulkPrefetchL2(src + lay.blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes));
-    }
     MbarWait(my_bars + k % kStages, (k / kStages) & 1);
     const uint8_t* st = my_stages + static_cast<size_t>(k % kStages) * stage_bytes;
     const int page = first + warp + kWarps * k;
