@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Plots the hot kernel's times by build and shape from the A/B log.
+"""Plots the hot kernel's times by build and shape from an A/B log.
 
-Reads the second call of docs/hot_tier/fewer_instructions_ab_h100_2026-12-06.log
-(three builds in turn, two rounds, SDPA timed right after each run) and
-draws, per shape, each build's kernel time relative to db9d894's (mean of
-its two rounds, the rounds as ticks), and SDPA's time over each build's.
+Reads an A/B log of three builds in turn, two rounds, SDPA timed right
+after each run, and draws, per shape, each build's kernel time relative
+to the first build's (mean of its two rounds, the rounds as ticks), and
+SDPA's time over each build's. Two logs: the second call of
+docs/hot_tier/fewer_instructions_ab_h100_2026-12-06.log (the default) and
+docs/hot_tier/subnormal_keys_ab_h100_2026-12-06.log (`subnormal`).
 
-  /usr/bin/python3 docs/hot_tier/plot_fewer_instructions.py
+  /usr/bin/python3 docs/hot_tier/plot_fewer_instructions.py [subnormal]
 """
 import collections
 import pathlib
 import re
+import sys
 
 import matplotlib
 
@@ -18,8 +21,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 here = pathlib.Path(__file__).resolve().parent
-log = (here / "fewer_instructions_ab_h100_2026-12-06.log").read_text().split("# Call 2")[1]
-names = {"bench_gpu-before": "db9d894", "bench_gpu-p3": "dbda5bd", "bench_gpu": "b86c72d"}
+RUNS = {
+    "fewer": ("fewer_instructions_ab_h100_2026-12-06.log", "# Call 2", "fewer_instructions_h100.png",
+              {"bench_gpu-before": "db9d894", "bench_gpu-p3": "dbda5bd", "bench_gpu": "b86c72d"}),
+    "subnormal": ("subnormal_keys_ab_h100_2026-12-06.log", None, "subnormal_keys_h100.png",
+                  {"bench_gpu-before": "8b93c0b", "bench_gpu-k": "3d8f9d4 keys", "bench_gpu": "fb1da87 keys+values"}),
+}
+log_name, call, png, names = RUNS[sys.argv[1] if len(sys.argv) > 1 else "fewer"]
+log = (here / log_name).read_text()
+if call:
+    log = log.split(call)[1]
+first = next(iter(names.values())).split()[0]
 hot = collections.defaultdict(list)   # (build, shape) -> ms per round
 sdpa = collections.defaultdict(list)  # shape -> ms
 build = None
@@ -48,7 +60,7 @@ for a in (ax, ax2):
     a.set_xticks(range(len(shapes)))
     a.set_xticklabels(shapes, fontsize=8)
 ax.set_ylim(0.6, 1.05)
-ax.set_ylabel("kernel time / db9d894's (ticks: the two rounds)")
+ax.set_ylabel(f"kernel time / {first}'s (ticks: the two rounds)")
 ax.set_title("Hot kernel time by build, H100", fontsize=10)
 ax.legend(fontsize=8, loc="lower right")
 ax2.axhline(3.0, color="r", linestyle="--", linewidth=1)
@@ -56,6 +68,6 @@ ax2.text(len(shapes) - 0.5, 3.05, "3.0x (the bar is on the H200)", color="r", fo
 ax2.set_ylabel("SDPA / hot kernel, this H100")
 ax2.set_title("Against PyTorch SDPA in the same call (H100: not the bar's card)", fontsize=10)
 fig.tight_layout()
-out = here / "fewer_instructions_h100.png"
+out = here / png
 fig.savefig(out, dpi=110)
 print(out)
