@@ -1,8 +1,8 @@
 // The level page's decoders on the device (codec/level_page.h's layout):
 // a key group's 16 pairs as fp16 subnormals and a value byte pair's three
 // digits as exact fp16 levels, in registers, ready as mma.m16n8k16 A
-// fragments. kernels/level_attention.cu runs them and holds their
-// exhaustive self-test (LevelDecodeSelfTest).
+// fragments. kernels/level_attention.cu runs them; kernels/level_decode.cu holds
+// their exhaustive self-test (LevelDecodeSelfTest).
 #ifndef DRIFTKV_KERNELS_LEVEL_DECODE_CUH_
 #define DRIFTKV_KERNELS_LEVEL_DECODE_CUH_
 
