@@ -95,7 +95,8 @@ __device__ __forceinline__ DecodeConsts MakeDecodeConsts() {
 //   l2 = fp16(x * fp16(1/36) + 989) - 1025,  rm = x - 36 l2 = 1280 + r,
 //   l1 = fp16(rm * fp16(1/6) + 811) - 1025,  l0 = rm - 6 l1 - 1280.
 // The constants were found by trying every fp16 pair near the quotients
-// (the exact sums stay 0.0012 and 0.066 away from a rounding boundary);
+// (docs/hot_tier/triple_constants.py: the exact sums stay 0.0012 and
+// 0.066 away from a rounding boundary);
 // LevelDecodeSelfTest checks all 216 x 216 byte pairs on the GPU. 8
 // instructions for three pairs (a byte permute, 7 f16x2 operations).
 template <uint32_t kSel>
