@@ -32,6 +32,16 @@ __device__ __forceinline__ void Mma16816(float d[4], const uint32_t a[4], uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with a zero accumulator in (the tensor core reads zeros
+// instead of four registers that would have to be zeroed first).
+__device__ __forceinline__ void Mma16816Zero(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {0f00000000,0f00000000,0f00000000,0f00000000};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Loads an A fragment from a row-major fp16 tile in shared memory. Lane l
 // passes the address of row (l & 7) + 8 * ((l >> 3) & 1), column 8 * (l >> 4)
 // of the 16x16 tile (16-byte aligned).

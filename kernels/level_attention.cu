@@ -323,8 +323,6 @@ template <int D>
 __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_t (&qf)[D / 16][2],
                                         float (&dacc)[8][4]) {
   constexpr int kGroupsPerMt = D / 64;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) dacc[i][0] = dacc[i][1] = dacc[i][2] = dacc[i][3] = 0.0f;
   constexpr int kUnits = D / 32;  // 12 words (3 uint4) each: 4 groups of 3 words
 #pragma unroll
   for (int u = 0; u < kUnits; ++u) {
@@ -340,7 +338,11 @@ __device__ __forceinline__ void KeyDots(const uint4* kb, int lane, const uint32_
       for (int f = 0; f < 4; ++f) {
         const uint32_t a[4] = {pr[4 * f], pr[4 * f + 1], pr[4 * f + 2], pr[4 * f + 3]};
         const int ks = grp * 4 + f;
-        Mma16816(dacc[mt], a, qf[ks][0], qf[ks][1]);
+        if (ks == 0) {
+          Mma16816Zero(dacc[mt], a, qf[ks][0], qf[ks][1]);  // an m-tile's first k-step
+        } else {
+          Mma16816(dacc[mt], a, qf[ks][0], qf[ks][1]);
+        }
       }
     }
   }
