@@ -23,7 +23,6 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "codec/host_device.h"
 #include "codec/level_page.h"
 #include "kernels/attention_batch.h"
@@ -70,10 +69,6 @@ DRIFTKV_HOST_DEVICE inline int LevelPagesPerSplit(int pages) {
 size_t LevelAttentionWorkspaceBytes(int items, int q_heads, int head_dim, int max_pages);
 
 absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t stream);
-
-// Runs the kernel's dequantisers on every base-6 byte pair and every key
-// field position; returns how many levels came out wrong (tests: 0).
-absl::StatusOr<int> LevelDecodeSelfTest();
 
 }  // namespace gpu
 }  // namespace driftkv

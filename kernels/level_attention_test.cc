@@ -14,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/codec_bridge.h"
 #include "kernels/level_attention.h"
+#include "kernels/level_decode.h"
 #include "kernels/level_demote.h"
 #include "kernels/level_promote.h"
 #include "kernels/testing/batch_builder.h"

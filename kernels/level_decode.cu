@@ -5,8 +5,8 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/device_common.cuh"
-#include "kernels/level_attention.h"
 #include "kernels/level_decode.cuh"
+#include "kernels/level_decode.h"
 
 namespace driftkv {
 namespace gpu {
