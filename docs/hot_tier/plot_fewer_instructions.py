@@ -36,7 +36,8 @@ log_name, call, png, names, card = RUNS[sys.argv[1] if len(sys.argv) > 1 else "f
 log = (here / log_name).read_text()
 if call:
     log = log.split(call)[1]
-first = next(iter(names.values())).split()[0]
+ref = next(iter(names))  # every build's time is read against the first's
+first = names[ref].split()[0]
 hot = collections.defaultdict(list)   # (build, shape) -> ms per round
 sdpa = collections.defaultdict(list)  # shape -> ms
 build = None
@@ -56,7 +57,7 @@ fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
 width = 0.8 / len(names)
 for i, (b, label) in enumerate(names.items()):
     xs = [k + (i - (len(names) - 1) / 2) * width for k in range(len(shapes))]
-    base = [mean[("bench_gpu-before", s)] for s in shapes]
+    base = [mean[(ref, s)] for s in shapes]
     ax.bar(xs, [mean[(b, s)] / m for s, m in zip(shapes, base)], width, label=f"{label} ({b})")
     for x, s, m in zip(xs, shapes, base):
         ax.plot([x] * len(hot[(b, s)]), [t / m for t in hot[(b, s)]], "k_", markersize=7)
