@@ -307,11 +307,14 @@ TEST(LevelAttentionGpu, BatchInvarianceLong) {
   RunCase(8, 128, 32, tokens, window, 6);
 }
 
-// 257 pages take 29 splits of 9 pages, 256 pages 32 splits of 8: the grid
-// must cover the shorter item's splits too.
+// With the smallest split f = LevelPagesPerSplit(1) pages (8 today), 32f + 1
+// pages take fewer than 32 splits of f + 1 pages and 32f pages 32 splits
+// of f: the grid must cover the shorter item's splits too.
 TEST(LevelAttentionGpu, ShorterItemWithMoreSplits) {
   SKIP_WITHOUT_GPU();
-  RunCase(4, 64, 8, {257 * 128, 256 * 128 - 5, 100}, {3, 0, 7}, 8);
+  const int f = LevelPagesPerSplit(1);
+  ASSERT_LT((33 * f + 1) / (f + 1), 32);  // the longer item's splits
+  RunCase(4, 64, 8, {(32 * f + 1) * 128, 32 * f * 128 - 5, 100}, {3, 0, 7}, 8);
 }
 
 }  // namespace
