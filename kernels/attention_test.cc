@@ -29,6 +29,7 @@ struct DQuantCase {
   int kv_heads, head_dim, q_heads;
   std::vector<int> tokens, window;
   int splits;
+  float query_scale = 1.0f;  // multiplies the random queries
 };
 
 void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
@@ -39,6 +40,7 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
   ASSERT_TRUE(codec.ok()) << codec.status();
   HostDQuantBatch b;
   ASSERT_TRUE(BuildDQuantBatch(*codec, c.q_heads, c.tokens, c.window, /*shuffle=*/true, seed, &b).ok());
+  for (float& x : b.query) x *= c.query_scale;
   const int items = b.items(), d = c.head_dim;
   std::vector<uint32_t> tables(512);
   PackDecodeTable(codec->key_codec().table(), tables.data());
@@ -86,6 +88,16 @@ TEST(DQuantAttentionGpu, Gqa32x8Dim128OddSizes) {
   // The service's window reaches window_tokens + page_tokens - 1 = 255 tokens.
   RunDQuantCase({8, 128, 32, {97, 4095, 1}, {129, 255, 200}, 0}, 9);
   RunDQuantCase({8, 128, 32, {4095, 1}, {17, 0}, 1}, 2);  // one split: no merge
+}
+
+// Queries whose rotated elements pass fp16's largest finite value (an
+// unscaled fp16 split gives inf and NaN) or sit deep below its normals.
+TEST(DQuantAttentionGpu, LargeAndTinyQueries) {
+  SKIP_WITHOUT_GPU();
+  RunDQuantCase({8, 128, 32, {97, 4095}, {5, 128}, 0, 3e5f}, 21);
+  RunDQuantCase({4, 64, 8, {640, 1}, {9, 0}, 0, 3e5f}, 22);
+  RunDQuantCase({8, 128, 32, {97, 4095}, {5, 128}, 0, 2e-7f}, 23);
+  RunDQuantCase({4, 64, 8, {640, 1}, {9, 0}, 0, 2e-7f}, 24);
 }
 
 TEST(DQuantAttentionGpu, Gqa8x4Dim64SeveralBatchSizes) {

@@ -8,9 +8,10 @@
 // is decoded exactly once and serves every query head.
 //  1. Keys. The two rANS chains of a thread run interleaved (ILP). Decoded
 //     levels go, as fp16 pairs, into a per-warp tile [64 tokens][32 channels];
-//     tensor cores contract it with the rotated query split into fp16 hi + lo
-//     halves (columns 0..G-1 hi, G..2G-1 lo of the G heads of the KV head),
-//     an fp32-exact product since levels are small integers. Score =
+//     tensor cores contract it with the rotated query, times a power of two
+//     that keeps it in fp16's range, split into fp16 hi + lo halves
+//     (columns 0..G-1 hi, G..2G-1 lo of the G heads of the KV head), an
+//     fp32-exact product since levels are small integers. Score =
 //     scale * (s_t * dot + o_t * sum q' + q' . mu) (eq. 8).
 //  2. Softmax over the chunk per head, online against the block's running
 //     max; the weights are pre-multiplied by each token's value scale s_t.
@@ -255,13 +256,24 @@ __device__ __forceinline__ Shared CarveShared(uint32_t* smem) {
 }
 
 // Prologue: the item's query rotated (in the score area), its fp16 hi/lo
-// fragments, the sums sum_d q'[d], the empty running state and a zero
-// accumulator. Ends with a block barrier.
+// fragments of q' * 2^e (QueryExponent of the largest |q'| of all its
+// heads), the sums sum_d q'[d], the empty running state and a zero
+// accumulator. Returns 2^-e, the factor that takes the fragments' products
+// back to q'. Ends with a block barrier.
 template <int D, int G>
-__device__ __forceinline__ void PrepareQuery(const float* q, int q_heads, int n, int tid, int warp, int lane,
-                                             const Shared& s) {
+__device__ __forceinline__ float PrepareQuery(const float* q, int q_heads, int n, int tid, int warp, int lane,
+                                              const Shared& s) {
   for (int i = tid; i < q_heads * D; i += kThreads) s.score[i] = q[i];
   HadamardRows(s.score, q_heads, D, tid, kThreads, BlockSync());
+  float m = 0.0f;
+  for (int i = tid; i < q_heads * D; i += kThreads) m = fmaxf(m, fabsf(s.score[i]));
+  m = WarpMax(m);
+  if (lane == 0) s.red[warp] = m;
+  __syncthreads();
+  m = s.red[0];
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, s.red[w]);
+  const int e = QueryExponent(m);
+  const float up = Pow2(e);
   for (int i = tid; i < (n / 16) * 32; i += kThreads) {
     const int kstep = i >> 5, l = i & 31, col = l >> 2, t = l & 3;
     uint32_t w[2];
@@ -274,7 +286,7 @@ __device__ __forceinline__ void PrepareQuery(const float* q, int q_heads, int n,
         const int g = ch / D;
         uint16_t hi = 0, lo = 0;
         if (col < 2 * G) {
-          SplitHalf(s.score[(g * G + (col % G)) * D + ch % D], &hi, &lo);
+          SplitHalf(s.score[(g * G + (col % G)) * D + ch % D] * up, &hi, &lo);
         }
         half[e] = col < G ? hi : (col < 2 * G ? lo : 0);
       }
@@ -298,6 +310,7 @@ __device__ __forceinline__ void PrepareQuery(const float* q, int q_heads, int n,
   }
   for (int i = tid; i < q_heads * D; i += kThreads) s.acc[i] = 0.0f;
   __syncthreads();
+  return Pow2(-e);
 }
 
 // This thread's two tokens of a chunk: A = (page tid / 128, slot tid % 128)
@@ -335,10 +348,11 @@ __device__ __forceinline__ void FillTable(uint32_t* table, uint32_t word, int ti
   for (int k = 0; k < 8; ++k) reinterpret_cast<uint4*>(table)[tid * (kTableRowWords / 4) + k] = e;
 }
 
-// q' . mu for each (page of the chunk, head), scaled by the page's mean scale.
+// q' . mu for each (page of the chunk, head), scaled by the page's mean
+// scale; `down` takes the query fragments' values back to q'.
 template <int D, int G>
 __device__ __forceinline__ void MeanDots(const DQuantAttentionParams& p, const int32_t* pt, int first_page, int pages,
-                                         int q_heads, int warp, int lane, const Shared& s) {
+                                         int q_heads, int warp, int lane, float down, const Shared& s) {
   for (int j = warp; j < kChunkPages * q_heads; j += kWarps) {
     const int k = j / q_heads, h = j % q_heads;
     float sum = 0.0f;
@@ -347,7 +361,7 @@ __device__ __forceinline__ void MeanDots(const DQuantAttentionParams& p, const i
       const float mscale = __ldg(reinterpret_cast<const float*>(mean));
       const int8_t* q8 = reinterpret_cast<const int8_t*>(mean + 4) + (h / G) * D;
       for (int d = lane; d < D; d += 32) sum += QValue<D, G>(s.qfrag, h, d) * static_cast<float>(q8[d]);
-      sum = WarpSum(sum) * mscale;
+      sum = WarpSum(sum) * down * mscale;
     }
     if (lane == 0) s.qmu[k * kMaxQHeads + h] = sum;
   }
@@ -371,9 +385,9 @@ __device__ __forceinline__ void LoadValueHeaders(const PageLayout& lay, const Ch
 // write scale * (s_t * dot + o_t * sum q' + q' . mu) (or -inf for absent
 // tokens) to score[head][token] ----
 template <int D, int G>
-__device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c, int kv_heads, float scale, int warp,
-                                          int lane, int ta, int tb, uint32_t lane4, const Shared& s, uint32_t* stage,
-                                          uint32_t* ring) {
+__device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c, int kv_heads, float scale, float down,
+                                          int warp, int lane, int ta, int tb, uint32_t lane4, const Shared& s,
+                                          uint32_t* stage, uint32_t* ring) {
   const int slot_a = lane, slot_b = 32 + lane;
   const uint32_t slot4_a = slot_a << 2, slot4_b = slot_b << 2;
   const uint32_t ha = TokStart(c.a, ring, slot_a, c.ia * lay.key_stride);
@@ -427,7 +441,7 @@ __device__ __forceinline__ void KeyScores(const PageLayout& lay, ChunkTokens& c,
           const int row = mt * 16 + (lane >> 2) + (r >> 1) * 8;
           const int tok = row < 32 ? warp * 32 + row : kChunkTokens / 2 + warp * 32 + row - 32;
           const int h = g * G + 2 * t4 + (r & 1);
-          const float dot = dacc[mt][r] + part[r];
+          const float dot = (dacc[mt][r] + part[r]) * down;
           s.score[h * kChunkTokens + tok] =
               s.valid[tok] ? scale * (s.ks[tok] * dot + s.ko[tok] * s.qsum[h] + s.qmu[(tok >> 7) * kMaxQHeads + h])
                            : kNegInf;
@@ -593,7 +607,8 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
   const int c_begin = split * cps;
   const int c_end = min(chunks, c_begin + cps);
 
-  PrepareQuery<D, G>(batch.query_dev + static_cast<size_t>(item) * q_heads * D, q_heads, n, tid, warp, lane, s);
+  const float down =
+      PrepareQuery<D, G>(batch.query_dev + static_cast<size_t>(item) * q_heads * D, q_heads, n, tid, warp, lane, s);
 
   const int ta = tid, tb = kChunkTokens / 2 + tid;  // block token indices
   const float scale = batch.softmax_scale;
@@ -605,10 +620,10 @@ __global__ void __launch_bounds__(kThreads, 1) DQuantAttentionKernel(KernelArgs 
     const int first_page = c * kChunkPages;
     ChunkTokens ct = StartChunk(p, pt, first_page, pages, tokens, tid);
     FillTable(s.table, key_word, tid);
-    MeanDots<D, G>(p, pt, first_page, pages, q_heads, warp, lane, s);
+    MeanDots<D, G>(p, pt, first_page, pages, q_heads, warp, lane, down, s);
     LoadValueHeaders(p.layout, ct, ta, tb, s);
     __syncthreads();
-    KeyScores<D, G>(p.layout, ct, kv_heads, scale, warp, lane, ta, tb, lane4, s, stage, ring);
+    KeyScores<D, G>(p.layout, ct, kv_heads, scale, down, warp, lane, ta, tb, lane4, s, stage, ring);
     __syncthreads();
     ChunkSoftmax<D>(q_heads, warp, lane, s);
     FillTable(s.table, value_word, tid);

@@ -4,7 +4,8 @@
 // warp owns every 4th page of the split and runs its own online softmax; the
 // warps' states are combined in warp order at the end, so the sum order is
 // fixed. Before the pages, each warp rotates one query head in registers
-// and the block shares the rotated heads (fp32 and fp16 hi | lo). Per page:
+// and the block shares the rotated heads (fp32, and fp16 hi | lo times the
+// query's power of two). Per page:
 //  0. One lane starts bulk copies (cp.async.bulk, completion on an mbarrier)
 //     of the page's headers and mean, and of the KV head's key and value
 //     blocks, into the warp's shared-memory stage.
@@ -164,21 +165,32 @@ __device__ __forceinline__ void IssuePage(const uint8_t* src, int kvh, size_t he
   BulkCopy(dst + kHdrBytes + D, src + blocks_offset + kvh * head_bytes, static_cast<uint32_t>(head_bytes), bar);
 }
 
+// The query's power of two (QueryExponent) over the G heads' largest
+// magnitudes.
+template <int G>
+__device__ __forceinline__ int QueryScale(const float* qmax) {
+  float m = qmax[0];
+#pragma unroll
+  for (int h = 1; h < G; ++h) m = fmaxf(m, qmax[h]);
+  return QueryExponent(m);
+}
+
 // Prologue: the KV head's G query heads from q, rotated (Hadamard, as the
-// keys), into qs, their sums into qsum, their largest magnitudes into qmax
-// (the keys' query scale, QueryScale), and their fp16 hi and lo halves
-// into qhl ([G][D] words hi | lo << 16, the B fragments' source). Warp w
-// rotates head w in registers: lane l holds channels 4l..4l+3 (D = 128; 2l,
-// 2l+1 for 64), the butterflies of length < C inside the lane and the
-// longer ones by shuffles, each pair (a, b) giving a + b and a - b as a
-// butterfly over shared memory would. Ends with a block barrier.
+// keys), into qs, their sums into qsum, their largest magnitudes into qmax,
+// and the fp16 hi and lo halves of each rotated element times 2^e (e, the
+// query's power of two, QueryScale, returned) into qhl ([G][D] words hi |
+// lo << 16, the B fragments' source). Warp w rotates head w in registers:
+// lane l holds channels 4l..4l+3 (D = 128; 2l, 2l+1 for 64), the
+// butterflies of length < C inside the lane and the longer ones by
+// shuffles, each pair (a, b) giving a + b and a - b as a butterfly over
+// shared memory would. Ends with a block barrier.
 template <int D, int G>
-__device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* qsum, float* qmax, uint32_t* qhl,
-                                             int warp, int lane) {
+__device__ __forceinline__ int PrepareQuery(const float* q, float* qs, float* qsum, float* qmax, uint32_t* qhl,
+                                            int warp, int lane) {
   static_assert(G <= kWarps, "a warp per query head");
   constexpr int C = D / 32;
+  float x[C];
   if (warp < G) {
-    float x[C];
 #pragma unroll
     for (int j = 0; j < C; ++j) x[j] = q[warp * D + C * lane + j];
 #pragma unroll
@@ -209,9 +221,6 @@ __device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* q
       x[j] *= norm;
       mx = fmaxf(mx, fabsf(x[j]));
       qs[warp * D + C * lane + j] = x[j];
-      uint16_t hi, lo;
-      SplitHalf(x[j], &hi, &lo);
-      qhl[warp * D + C * lane + j] = hi | (static_cast<uint32_t>(lo) << 16);
     }
     __syncwarp();
     float s = 0.0f;
@@ -221,29 +230,27 @@ __device__ __forceinline__ void PrepareQuery(const float* q, float* qs, float* q
     if (lane == 0) qsum[warp] = s, qmax[warp] = mx;
   }
   __syncthreads();
-}
-
-// The query's power of two for the keys' products: 2^e with the largest
-// |q'| of the G heads times 2^e in [256, 512), so that the hi and lo halves
-// times 2^(e + 6) (the subnormal keys' largest factor, KeyGroupPairs) stay
-// below fp16's largest finite value and above its subnormals; e is kept
-// in [-14, 9], where every factor 2^(e + 6 - p) is a normal fp16.
-template <int G>
-__device__ __forceinline__ int QueryScale(const float* qmax) {
-  float m = qmax[0];
+  const int e = QueryScale<G>(qmax);
+  if (warp < G) {
+    const float up = Pow2(e);
 #pragma unroll
-  for (int h = 1; h < G; ++h) m = fmaxf(m, qmax[h]);
-  const int em = static_cast<int>((__float_as_uint(m) >> 23) & 0xffu) - 127;  // floor(log2 m) for normal m
-  return min(9, max(-14, 8 - em));
+    for (int j = 0; j < C; ++j) {
+      uint16_t hi, lo;
+      SplitHalf(x[j] * up, &hi, &lo);
+      qhl[warp * D + C * lane + j] = hi | (static_cast<uint32_t>(lo) << 16);
+    }
+  }
+  __syncthreads();
+  return e;
 }
 
 // B fragments of the keys: column g is head g (hi) or g - G (lo), or zero,
-// times 2^(e + 6 - p) for the scale p of the keys' registers they meet
-// (kKeyPairPos: b0 meets pairs 4f, 4f + 1 of k-step f of a group, b1 pairs
-// 4f + 2, 4f + 3). Powers of two, so hi + lo keep their bits.
+// of the query times 2^e (qhl), times 2^(6 - p) for the scale p of the
+// keys' registers they meet (kKeyPairPos: b0 meets pairs 4f, 4f + 1 of
+// k-step f of a group, b1 pairs 4f + 2, 4f + 3). Powers of two at most
+// 2^6 on halves below 2^9: hi + lo keep their bits, below 2^15.
 template <int D, int G>
-__device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRoles<G>& lr, int e,
-                                               uint32_t (&qf)[D / 16][2]) {
+__device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRoles<G>& lr, uint32_t (&qf)[D / 16][2]) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
@@ -251,7 +258,7 @@ __device__ __forceinline__ void QueryFragments(const uint32_t* qhl, const LaneRo
       uint32_t b = 0u;
       if (lr.col_used) {
         const uint2 w = *reinterpret_cast<const uint2*>(qhl + (lr.g % G) * D + 16 * ks + 2 * lr.t + 8 * reg);
-        const uint32_t h = static_cast<uint32_t>(e + 6 - kKeyPairPos[4 * (ks % 4) + 2 * reg] + 15) << 10;
+        const uint32_t h = static_cast<uint32_t>(6 - kKeyPairPos[4 * (ks % 4) + 2 * reg] + 15) << 10;
         b = Hmul2(__byte_perm(w.x, w.y, lr.half_sel), h | (h << 16));
       }
       qf[ks][reg] = b;
@@ -641,17 +648,16 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
     for (int k = 0; k < min(kStages, my_pages); ++k) issue(k);
   }
 
-  PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs, qsum, qmax, qhl,
-                     warp, lane);
+  const int qe = PrepareQuery<D, G>(batch.query_dev + (static_cast<size_t>(item) * batch.q_heads + kvh * G) * D, qs,
+                                    qsum, qmax, qhl, warp, lane);
   const LaneRoles<G> lr = MakeLaneRoles<G>(lane);
   const DecodeConsts dc = *dc_smem;  // written before PrepareQuery's barrier
-  const int qe = QueryScale<G>(qmax);
   uint32_t qf[KS][2];
-  QueryFragments<D, G>(qhl, lr, qe, qf);
+  QueryFragments<D, G>(qhl, lr, qf);
   // Scores in log2 units: the softmax scale times log2 e. The keys' dot
   // products come times 2^(qe - 18) (QueryFragments); kunit undoes it.
   const float unit = batch.softmax_scale * kLog2e;
-  const float kunit = unit * __uint_as_float(static_cast<uint32_t>(18 - qe + 127) << 23);
+  const float kunit = unit * Pow2(18 - qe);
   const float a0 = unit * qsum[lr.hp], a1 = unit * qsum[lr.hp + 1];
 
   RunState rs;

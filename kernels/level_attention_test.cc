@@ -117,8 +117,10 @@ void RunLevel(const HotBatch& b, const DeviceBuffer& pool, int first, int count,
   ASSERT_TRUE(dev.Download(&r->out, &r->lse));
 }
 
+// query_scale multiplies the batch's random queries (the references see
+// the same scaled queries).
 void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, const std::vector<int>& window,
-             uint64_t seed) {
+             uint64_t seed, float query_scale = 1.0f) {
   DQuantConfig cfg;
   cfg.kv_heads = kv_heads;
   cfg.head_dim = d;
@@ -127,6 +129,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
   HotBatch b;
   BuildHotBatch(*codec, q_heads, tokens, window, seed, &b);
   if (::testing::Test::HasFatalFailure()) return;
+  for (float& x : b.cold.query) x *= query_scale;
   const HostDQuantBatch& c = b.cold;
 
   // Promotion on the device, every used page, against the CPU's bytes.
@@ -305,6 +308,18 @@ TEST(LevelAttentionGpu, BatchInvarianceLong) {
   }
   tokens[3] = 40000;
   RunCase(8, 128, 32, tokens, window, 6);
+}
+
+// Queries far from the usual scale: rotated elements past fp16's largest
+// finite value (65504), where an unscaled fp16 split gives inf and NaN,
+// and elements deep below fp16's normals. The query's power of two keeps
+// both in range; the float64 rule holds at both ends.
+TEST(LevelAttentionGpu, LargeAndTinyQueries) {
+  SKIP_WITHOUT_GPU();
+  RunCase(8, 128, 32, {1, 97, 1500}, {0, 5, 128}, 11, 3e5f);
+  RunCase(4, 64, 8, {640, 3}, {9, 0}, 12, 3e5f);
+  RunCase(8, 128, 32, {1, 97, 1500}, {0, 5, 128}, 13, 2e-7f);
+  RunCase(4, 64, 8, {640, 3}, {9, 0}, 14, 2e-7f);
 }
 
 // With the smallest split f = LevelPagesPerSplit(1) pages (8 today), 32f + 1
