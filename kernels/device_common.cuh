@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention_batch.h"
+#include "kernels/query_scale.h"
 
 namespace driftkv {
 namespace gpu {
@@ -136,26 +137,6 @@ __device__ __forceinline__ void SplitHalf(float v, uint16_t* hi, uint16_t* lo) {
   const __half h = __float2half_rn(v);
   *hi = __half_as_ushort(h);
   *lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
-}
-
-// 2^e as a float, for e in [-126, 127] (a normal float, built from its
-// exponent bits: exact, no libm call).
-__device__ __forceinline__ float Pow2(int e) {
-  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-}
-
-// The query's power of two for its fp16 hi/lo split (SplitHalf): 2^e with
-// m * 2^e in [256, 512) for the largest magnitude m of the query's rotated
-// elements, so that every element times 2^e, and times the keys' factors
-// up to 2^6, stays below fp16's largest finite value (65504), and its lo
-// half rarely falls into fp16's subnormals. Split unscaled, a finite
-// element of 65520 or more would become inf and -inf. e is kept in
-// [-100, 100] (a zero query gives 100): then 2^e, 2^-e and the kernels'
-// products of them with their other factors of at most 2^±24 are normal
-// floats, and every query below 2^108 in magnitude is covered.
-__device__ __forceinline__ int QueryExponent(float m) {
-  const int em = static_cast<int>((__float_as_uint(m) >> 23) & 0xffu) - 127;  // floor(log2 m) for normal m
-  return min(100, max(-100, 8 - em));
 }
 
 // Partial split-KV state of one (item, query head), in the workspace:
