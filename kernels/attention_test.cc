@@ -71,7 +71,14 @@ void RunDQuantCase(const DQuantCase& c, uint64_t seed) {
     CheckItem(go, h_lse[static_cast<size_t>(i) * c.q_heads], b.ref_keys[i], b.ref_values[i],
               b.tokens[i] + b.window_tokens[i], c.kv_heads, d, b.query.data() + static_cast<size_t>(i) * c.q_heads * d,
               c.q_heads, p.batch.softmax_scale, "dquant", i);
-    // And the CPU fused path of codec/compressed_attention.h agrees too.
+    // And the CPU fused path of codec/compressed_attention.h agrees too,
+    // for queries of the usual scale. Scaled by 3e5 the scores are ~3e5,
+    // where fp32's rounding of a score (~0.03) moves the peaked softmax's
+    // weights by percents: two fp32 paths then differ by more than this
+    // bound (on an H100: 1.9e-4 against 2.1e-5 for 4095 tokens) while the
+    // GPU's answer keeps the float64 rule above, which is what holds such
+    // queries to account.
+    if (c.query_scale != 1.0f) continue;
     ASSERT_TRUE(CpuCompressedAttention(*codec, b, i, p.batch.softmax_scale, cpu_out.data(), cpu_lse.data()).ok());
     double diff = 0.0, norm = 0.0;
     for (size_t j = 0; j < cpu_out.size(); ++j) {
