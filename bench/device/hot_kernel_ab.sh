@@ -19,11 +19,7 @@ for round in $(seq ${ROUNDS:-2}); do
     echo "== round $round: $v"
     args=""
     [ "$v" = "$last" ] && args=${HOT_ARGS:-}
-    timeout 300 $B $v --encode_tokens=0 $args --csv=$OUT/${v}_$round.csv > $OUT/${v}_$round.log 2>&1
-    grep -A8 "hot ms" $OUT/${v}_$round.log | head -8
-    timeout 300 python3 bench/sdpa_bench.py --cxx $OUT/${v}_$round.csv --out $OUT/table_${v}_$round.md \
-      > $OUT/sdpa_${v}_$round.log 2>&1
-    cat $OUT/table_${v}_$round.md
+    bench_vs_sdpa $v $round 300 $args
   done
 done
 [ "${NCU:-1}" = 1 ] || exit 0

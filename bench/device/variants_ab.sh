@@ -36,11 +36,7 @@ for round in ${ROUNDS:-1}; do
   for v in $variants; do
     [ $((SECONDS - t0)) -gt ${LIMIT:-300} ] && { echo "time: round $round $v skipped"; continue; }
     echo "== round $round: $v at $((SECONDS - t0)) s"
-    timeout 150 $B $v --encode_tokens=0 --csv=$OUT/${v}_$round.csv > $OUT/${v}_$round.log 2>&1
-    grep -A8 "hot ms" $OUT/${v}_$round.log | head -8
-    timeout 150 python3 bench/sdpa_bench.py --cxx $OUT/${v}_$round.csv --out $OUT/table_${v}_$round.md \
-      > $OUT/sdpa_${v}_$round.log 2>&1
-    cat $OUT/table_${v}_$round.md
+    bench_vs_sdpa $v $round 150
   done
 done
 if [ "${SERVICE:-0}" = 1 ]; then
