@@ -11,8 +11,8 @@
 # refused, Dockerfile lint, dashboard JSON) and the format check
 # (tools/format.sh --check). GPU tests print "skipped: no GPU" and pass on
 # machines without one. Ends with the line "N passed, N failed" (one count
-# per test target and configuration, per fuzz target, per deploy check and
-# one for the format).
+# per test target and configuration, per fuzz target, per deploy check, one
+# for the TSan tests' static link and one for the format).
 #
 #   tools/run_tests.sh [PART...]   PART: all asan tsan fuzz deploy format
 #                                  (default: every part, in that order)
@@ -60,8 +60,20 @@ part_asan() {
 }
 
 part_tsan() {
+  check "tsan tests linked statically (//third_party/tsan's suppressions apply)" tsan_tests_static
   run "service, handler, batcher and client tests under ThreadSanitizer" --config=tsan //tests:tsan_tests \
     --test_output=errors
+}
+
+# A TSan test linked against shared objects runs without the suppressions
+# of //third_party/tsan (tests/BUILD, tsan_tests, says why) and fails only
+# when a race in Debian's uninstrumented libraries happens to be seen.
+tsan_tests_static() {
+  local dynamic
+  dynamic=$(bazel --batch query 'attr(linkstatic, 0, tests(//tests:tsan_tests))' 2>/dev/null) || return 1
+  [[ -z "$dynamic" ]] && return 0
+  echo "linkstatic = True missing: $dynamic"
+  return 1
 }
 
 # libFuzzer targets (fuzz/BUILD): built with clang, each run 60 s from the
