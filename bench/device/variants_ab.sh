@@ -5,6 +5,8 @@
 #   GATE_TESTS (level_attention_test-q:240 attention_test-q:180; empty:
 #     none, as in a second call on the same machine) gate GATED
 #     (bench_gpu-q), a build that joins the variants only if they pass;
+#   GATES ("BUILD=TEST:SECONDS[,TEST:SECONDS...] ..."): more builds, each
+#     joining the variants only if its own tests pass;
 #   VARIANTS (bench_gpu): the builds measured, each bundled under its name;
 #   ROUNDS ("1"): the rounds' numbers, variants in turn, SDPA right after
 #     each run; a run starts only before LIMIT (300) seconds;
@@ -31,6 +33,14 @@ if [ -n "$gate" ]; then
   done
   echo "kernel tests done at $((SECONDS - t0)) s"
 fi
+for g in ${GATES:-}; do
+  tests=${g#*=}
+  gtests ${tests//,/ } && variants="$variants ${g%%=*}"
+  for t in ${tests//,/ }; do
+    grep -hE "^\[       OK|FAILED|worst error|Failure|Expected|Which is" $OUT/${t%:*}.log | head -30
+  done
+  echo "${g%%=*}'s tests done at $((SECONDS - t0)) s"
+done
 echo "$variants" > $OUT/variants.txt
 for round in ${ROUNDS:-1}; do
   for v in $variants; do
