@@ -8,8 +8,8 @@
 #   GATES ("BUILD=TEST:SECONDS[,TEST:SECONDS...] ..."): more builds, each
 #     joining the variants only if its own tests pass;
 #   VARIANTS (bench_gpu): the builds measured, each bundled under its name;
-#   ROUNDS ("1"): the rounds' numbers, variants in turn, SDPA right after
-#     each run; a run starts only before LIMIT (300) seconds;
+#   ROUNDS ("1"; empty: none): the rounds' numbers, variants in turn, SDPA
+#     right after each run; a run starts only before LIMIT (300) seconds;
 #   SERVICE=1: then the service's GPU tests and one inline bf16 trace
 #     (trace.sh) until END (570) seconds; NCU=1: ncu's DRAM throughput and
 #     issue rate of bench_gpu and NCU_OTHER at 64 x 8K.
@@ -42,7 +42,7 @@ for g in ${GATES:-}; do
   echo "${g%%=*}'s tests done at $((SECONDS - t0)) s"
 done
 echo "$variants" > $OUT/variants.txt
-for round in ${ROUNDS:-1}; do
+for round in ${ROUNDS-1}; do
   for v in $variants; do
     [ $((SECONDS - t0)) -gt ${LIMIT:-300} ] && { echo "time: round $round $v skipped"; continue; }
     echo "== round $round: $v at $((SECONDS - t0)) s"
