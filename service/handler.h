@@ -402,6 +402,15 @@ class Handler {
   // of them non-empty, keys of 16 bytes.
   absl::Status PromptKeys(absl::string_view ids_field, absl::Span<const uint32_t> ids, absl::string_view keys_field,
                           const google::protobuf::RepeatedPtrField<std::string>& keys, std::vector<PageKey>* out) const;
+  // The page keys of a request's prefix (prefix_token_ids or
+  // prefix_page_keys, PromptKeys) and how many whole pages it may take
+  // (`most`): tokens / page_tokens, all of them for tokens 0. `bound` and
+  // `whole` end the messages of a tokens that is not a multiple of
+  // page_tokens and of a prefix shorter than a page (what the request
+  // does with its pages, in words).
+  absl::Status PrefixPages(uint64_t tokens, absl::Span<const uint32_t> ids,
+                           const google::protobuf::RepeatedPtrField<std::string>& page_keys, absl::string_view bound,
+                           absl::string_view whole, std::vector<PageKey>* keys, int64_t* most) const;
   // Why page `page` of a prompt is not held, in words.
   std::string MissMessage(const PrefixIndex::Match& m, const std::string& tenant) const;
   // FORK (handler_fork.cc): from the prefix index; and the steps any fork

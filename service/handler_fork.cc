@@ -184,18 +184,11 @@ absl::Status Handler::ForkFromPrefix(const v1::ForkRequest& request, v1::ForkRes
                                                  " and a prefix (prefix_token_ids or prefix_page_keys) are both "
                                                  "set; name one source"));
   }
-  if (st.ok() && request.tokens() % p != 0) {
-    st = absl::InvalidArgumentError(absl::StrCat("tokens ", request.tokens(), " is not a multiple of page_tokens ", p,
-                                                 "; with a prefix it bounds the whole pages taken (0: no bound)"));
-  }
   std::vector<PageKey> keys;
+  int64_t most = 0;
   if (st.ok()) {
-    st = PromptKeys("prefix_token_ids", request.prefix_token_ids(), "prefix_page_keys", request.prefix_page_keys(),
-                    &keys);
-  }
-  if (st.ok() && keys.empty()) {
-    st = absl::InvalidArgumentError(absl::StrCat("prefix_token_ids has ", request.prefix_token_ids_size(),
-                                                 " ids, fewer than page_tokens ", p, ": a fork shares whole pages"));
+    st = PrefixPages(request.tokens(), request.prefix_token_ids(), request.prefix_page_keys(),
+                     "with a prefix it bounds the whole pages taken", "a fork shares whole pages", &keys, &most);
   }
   if (!st.ok()) return st;
   TenantUsage* usage = table_->Usage(tenant);
@@ -204,7 +197,6 @@ absl::Status Handler::ForkFromPrefix(const v1::ForkRequest& request, v1::ForkRes
   if (!st.ok()) return st;
 
   const PageKey ns = NamespaceOf(tenant);
-  const int64_t most = request.tokens() == 0 ? static_cast<int64_t>(keys.size()) : request.tokens() / p;
   PrefixIndex::Taken taken;
   PrefixIndex::Match match;
   const int64_t pages = index_->Take(ns, keys, most, &taken, &match);

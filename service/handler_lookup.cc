@@ -52,6 +52,25 @@ PageKey Handler::NamespaceOf(const std::string& tenant) const {
   return shared != nullptr ? SharedNamespaceKey(codec_identity_, *shared) : NamespaceKey(codec_identity_, tenant);
 }
 
+absl::Status Handler::PrefixPages(uint64_t tokens, absl::Span<const uint32_t> ids,
+                                  const google::protobuf::RepeatedPtrField<std::string>& page_keys,
+                                  absl::string_view bound, absl::string_view whole, std::vector<PageKey>* keys,
+                                  int64_t* most) const {
+  const int64_t p = pool_->page_tokens();
+  if (tokens % p != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens ", tokens, " is not a multiple of page_tokens ", p, "; ", bound, " (0: no bound)"));
+  }
+  absl::Status st = PromptKeys("prefix_token_ids", ids, "prefix_page_keys", page_keys, keys);
+  if (!st.ok()) return st;
+  if (keys->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_token_ids has ", ids.size(), " ids, fewer than page_tokens ", p, ": ", whole));
+  }
+  *most = tokens == 0 ? static_cast<int64_t>(keys->size()) : static_cast<int64_t>(tokens) / p;
+  return absl::OkStatus();
+}
+
 std::string Handler::MissMessage(const PrefixIndex::Match& m, const std::string& tenant) const {
   const int64_t p = pool_->page_tokens();
   const std::string page =

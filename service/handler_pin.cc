@@ -22,22 +22,14 @@ absl::Status Handler::Pin(const v1::PinRequest& request, v1::PinResponse* respon
     st = absl::InvalidArgumentError(absl::StrCat("ttl_seconds ", request.ttl_seconds(), " is outside (0, ",
                                                  kMaxPinSeconds, "]; a pin needs a lease (repeat the Pin to renew)"));
   }
-  if (st.ok() && request.tokens() % p != 0) {
-    st = absl::InvalidArgumentError(absl::StrCat("tokens ", request.tokens(), " is not a multiple of page_tokens ", p,
-                                                 "; it bounds the whole pages pinned (0: no bound)"));
-  }
   std::vector<PageKey> keys;
+  int64_t most = 0;
   if (st.ok()) {
-    st = PromptKeys("prefix_token_ids", request.prefix_token_ids(), "prefix_page_keys", request.prefix_page_keys(),
-                    &keys);
-  }
-  if (st.ok() && keys.empty()) {
-    st = absl::InvalidArgumentError(absl::StrCat("prefix_token_ids has ", request.prefix_token_ids_size(),
-                                                 " ids, fewer than page_tokens ", p, ": a pin holds whole pages"));
+    st = PrefixPages(request.tokens(), request.prefix_token_ids(), request.prefix_page_keys(),
+                     "it bounds the whole pages pinned", "a pin holds whole pages", &keys, &most);
   }
   if (!st.ok()) return st;
 
-  const int64_t most = request.tokens() == 0 ? static_cast<int64_t>(keys.size()) : request.tokens() / p;
   PrefixIndex::Taken taken;
   PrefixIndex::Match match;
   const int64_t pages = index_->Take(NamespaceOf(tenant), keys, most, &taken, &match);
