@@ -19,12 +19,6 @@ using namespace driftkv;
 
 namespace {
 
-v1::StatsResponse StatsOf(Handler& h) {
-  v1::StatsResponse s;
-  h.Stats(&s);
-  return s;
-}
-
 // Tokens [0, count) of one layer as Read answers them ("" on an error).
 std::string Prefix(Handler& h, const std::string& id, uint32_t layer, uint64_t count) {
   v1::ReadRequest r;
@@ -49,10 +43,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int then = data[0] & 3;
   v1::ForkRequest req;
   if (!req.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
-  const v1::StatsResponse before = StatsOf(h);
+  const v1::StatsResponse before = fuzz::StatsOf(h);
   v1::ForkResponse resp;
   const absl::Status st = h.Fork(req, &resp);
-  const v1::StatsResponse after = StatsOf(h);
+  const v1::StatsResponse after = fuzz::StatsOf(h);
   if (after.pages_in_use() != before.pages_in_use()) __builtin_trap();  // shared, never copied
   if (!st.ok()) {
     if (after.sequences() != before.sequences() || after.tokens_compressed() != before.tokens_compressed() ||
@@ -92,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     rel.set_sequence_id(id);
     v1::ReleaseResponse r;
     if (!h.Release(rel, &r).ok()) __builtin_trap();
-    const v1::StatsResponse released = StatsOf(h);
+    const v1::StatsResponse released = fuzz::StatsOf(h);
     if (released.pages_in_use() != before.pages_in_use() || released.sequences() != before.sequences() ||
         released.tenant_bytes() != before.tenant_bytes()) {
       __builtin_trap();

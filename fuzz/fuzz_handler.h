@@ -6,6 +6,7 @@
 #ifndef DRIFTKV_FUZZ_FUZZ_HANDLER_H_
 #define DRIFTKV_FUZZ_FUZZ_HANDLER_H_
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -34,11 +35,19 @@ inline ServiceOptions FuzzOptions() {
   return o;
 }
 
+// How many handlers FreshHandler has built: a new one may take the old
+// one's address, so a target tells them apart by this.
+inline int& HandlerGeneration() {
+  static int generation = 0;
+  return generation;
+}
+
 inline Handler& FreshHandler() {
   static std::unique_ptr<Metrics> metrics;
   static std::unique_ptr<Handler> handler;
   static int uses = 0;
   if (handler == nullptr || ++uses % 4096 == 0) {
+    ++HandlerGeneration();
     handler.reset();
     metrics = std::make_unique<Metrics>();
     const ServiceOptions o = FuzzOptions();
@@ -58,6 +67,37 @@ inline Handler& FreshHandler() {
     }
   }
   return *handler;
+}
+
+// The handler's counts, for the targets' checks that a refused request
+// changed nothing.
+inline v1::StatsResponse StatsOf(Handler& h) {
+  v1::StatsResponse s;
+  h.Stats(&s);
+  return s;
+}
+
+constexpr int kIdTokens = 48;
+
+// Sequence `id` of kIdTokens tokens with token ids 0, 1, ... on both
+// layers, so that the prefix index holds its whole pages: once for each
+// handler FreshHandler builds.
+inline void SeedWithIds(Handler& h, const std::string& id) {
+  static int seeded = 0;
+  if (seeded == HandlerGeneration()) return;
+  seeded = HandlerGeneration();
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    v1::AppendChunk c;
+    c.set_sequence_id(id);
+    c.set_layer(layer);
+    c.set_token_count(kIdTokens);
+    c.set_dtype(v1::DTYPE_BF16);
+    c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
+    c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
+    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(i);
+    v1::AppendResponse r;
+    if (!h.Append(c, &r).ok()) __builtin_trap();
+  }
 }
 
 // Handler::Attend of the tenant "" (no tokens configured).

@@ -22,41 +22,10 @@
 
 using namespace driftkv;
 
-namespace {
-
-constexpr int kIdTokens = 48;
-
-v1::StatsResponse StatsOf(Handler& h) {
-  v1::StatsResponse s;
-  h.Stats(&s);
-  return s;
-}
-
-// Sequence "p" with ids, once per handler the fuzz harness builds.
-void Seed(Handler& h) {
-  static const Handler* seeded = nullptr;
-  if (seeded == &h) return;
-  seeded = &h;
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    v1::AppendChunk c;
-    c.set_sequence_id("p");
-    c.set_layer(layer);
-    c.set_token_count(kIdTokens);
-    c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
-    c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
-    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(i);
-    v1::AppendResponse r;
-    if (!h.Append(c, &r).ok()) __builtin_trap();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Handler& h = fuzz::FreshHandler();
-  Seed(h);
+  fuzz::SeedWithIds(h, "p");
   v1::LookupRequest req;
   if (!req.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
   if ((data[0] & 1) != 0 && req.page_keys().empty()) {
@@ -66,10 +35,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const PageKey& k : keys) req.add_page_keys(std::string(k.view()));
     if (req.page_keys().empty()) return 0;
   }
-  const v1::StatsResponse before = StatsOf(h);
+  const v1::StatsResponse before = fuzz::StatsOf(h);
   v1::LookupResponse resp;
   const absl::Status st = h.Lookup(req, &resp);
-  const v1::StatsResponse after = StatsOf(h);
+  const v1::StatsResponse after = fuzz::StatsOf(h);
   if (after.pages_in_use() != before.pages_in_use() || after.sequences() != before.sequences()) __builtin_trap();
   if (!st.ok()) {
     if (st.code() != absl::StatusCode::kInvalidArgument) __builtin_trap();
@@ -107,14 +76,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (forked.code() != absl::StatusCode::kNotFound) __builtin_trap();
     return 0;
   }
-  if (!forked.ok() || fr.tokens() != resp.tokens() || StatsOf(h).pages_in_use() != before.pages_in_use()) {
+  if (!forked.ok() || fr.tokens() != resp.tokens() || fuzz::StatsOf(h).pages_in_use() != before.pages_in_use()) {
     __builtin_trap();
   }
   v1::ReleaseRequest rel;
   rel.set_sequence_id("lf");
   v1::ReleaseResponse rr;
   if (!h.Release(rel, &rr).ok()) __builtin_trap();
-  if (StatsOf(h).pages_in_use() != before.pages_in_use() || StatsOf(h).sequences() != before.sequences()) {
+  if (fuzz::StatsOf(h).pages_in_use() != before.pages_in_use() || fuzz::StatsOf(h).sequences() != before.sequences()) {
     __builtin_trap();
   }
   return 0;

@@ -17,42 +17,12 @@
 
 using namespace driftkv;
 
-namespace {
-
-constexpr int kIdTokens = 48;
-
-v1::StatsResponse StatsOf(Handler& h) {
-  v1::StatsResponse s;
-  h.Stats(&s);
-  return s;
-}
-
-void Seed(Handler& h) {
-  static const Handler* seeded = nullptr;
-  if (seeded == &h) return;
-  seeded = &h;
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    v1::AppendChunk c;
-    c.set_sequence_id("q");
-    c.set_layer(layer);
-    c.set_token_count(kIdTokens);
-    c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
-    c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
-    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(i);
-    v1::AppendResponse r;
-    if (!h.Append(c, &r).ok()) __builtin_trap();
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Handler& h = fuzz::FreshHandler();
-  Seed(h);
+  fuzz::SeedWithIds(h, "q");
   v1::PinRequest req;
   if (!req.ParseFromArray(data, static_cast<int>(size))) return 0;
-  const v1::StatsResponse before = StatsOf(h);
+  const v1::StatsResponse before = fuzz::StatsOf(h);
   v1::PinResponse resp;
   const absl::Status st = h.Pin(req, &resp);
   if (!st.ok()) {
@@ -60,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (h.pins().pins() != 0 || h.pins().pages() != 0) __builtin_trap();
     return 0;
   }
-  if (StatsOf(h).pages_in_use() != before.pages_in_use()) __builtin_trap();
+  if (fuzz::StatsOf(h).pages_in_use() != before.pages_in_use()) __builtin_trap();
   v1::LookupRequest l;
   *l.mutable_token_ids() = req.prefix_token_ids();
   *l.mutable_page_keys() = req.prefix_page_keys();
@@ -83,7 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     __builtin_trap();
   }
   if (h.pins().pins() != 0 || h.pins().pages() != 0) __builtin_trap();
-  if (StatsOf(h).pages_in_use() != before.pages_in_use() || StatsOf(h).tenant_pages() != before.tenant_pages()) {
+  if (fuzz::StatsOf(h).pages_in_use() != before.pages_in_use() ||
+      fuzz::StatsOf(h).tenant_pages() != before.tenant_pages()) {
     __builtin_trap();
   }
   return 0;
