@@ -337,18 +337,13 @@ Result RunShape(const Shape& s, const DQuantCodec& codec, const PageLayout& lay,
     DeviceBuffer counters;
     if (!counters.Upload(std::vector<uint32_t>(static_cast<size_t>(s.batch) * kKvHeads, 0u))) std::abort();
     p.merge_counters_dev = counters.get<uint32_t>();
-    r.hot_ms = MedianMs(reps, [&](int i) {
+    auto launch = [&](int i) {
       p.batch.page_table_dev = b.table(i, s.batch);
       CHECK_OK(LaunchLevelAttention(p, nullptr));
-    });
+    };
+    r.hot_ms = MedianMs(reps, launch);
     CheckFinite(out, "level-page");
-    r.hot_gpu_ms = MedianMs(
-        reps,
-        [&](int i) {
-          p.batch.page_table_dev = b.table(i, s.batch);
-          CHECK_OK(LaunchLevelAttention(p, nullptr));
-        },
-        /*gpu_only=*/true);
+    r.hot_gpu_ms = MedianMs(reps, launch, /*gpu_only=*/true);
     for (LevelMerge m : {LevelMerge::kInLaunch, LevelMerge::kSecondLaunch}) {
       LevelAttentionParams forced = p;
       forced.merge = m;
