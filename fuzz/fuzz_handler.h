@@ -79,25 +79,33 @@ inline v1::StatsResponse StatsOf(Handler& h) {
 
 constexpr int kIdTokens = 48;
 
-// Sequence `id` of kIdTokens tokens with token ids 0, 1, ... on both
-// layers, so that the prefix index holds its whole pages: once for each
-// handler FreshHandler builds.
-inline void SeedWithIds(Handler& h, const std::string& id) {
-  static int seeded = 0;
-  if (seeded == HandlerGeneration()) return;
-  seeded = HandlerGeneration();
+// Appends kIdTokens tokens with token ids first_id, first_id + 1, ... to
+// sequence `id` on both layers, so that the prefix index holds its whole
+// pages (new_incarnation: the id may be one released before); traps if
+// the handler refuses.
+inline void AppendWithIds(Handler& h, const std::string& id, uint32_t first_id, bool new_incarnation = false) {
   for (uint32_t layer = 0; layer < 2; ++layer) {
     v1::AppendChunk c;
     c.set_sequence_id(id);
+    c.set_new_incarnation(new_incarnation);
     c.set_layer(layer);
     c.set_token_count(kIdTokens);
     c.set_dtype(v1::DTYPE_BF16);
     c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
     c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
-    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(i);
+    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(first_id + i);
     v1::AppendResponse r;
     if (!h.Append(c, &r).ok()) __builtin_trap();
   }
+}
+
+// Sequence `id` with token ids 0, 1, ... (AppendWithIds): once for each
+// handler FreshHandler builds.
+inline void SeedWithIds(Handler& h, const std::string& id) {
+  static int seeded = 0;
+  if (seeded == HandlerGeneration()) return;
+  seeded = HandlerGeneration();
+  AppendWithIds(h, id, 0);
 }
 
 // Handler::Attend of the tenant "" (no tokens configured).

@@ -19,23 +19,10 @@ using namespace driftkv;
 
 namespace {
 
-constexpr int kIdTokens = 48;
 constexpr uint64_t kEvents = 8;
 
 void Churn(Handler& h) {
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    v1::AppendChunk c;
-    c.set_sequence_id("w");
-    c.set_new_incarnation(true);  // released by an earlier input
-    c.set_layer(layer);
-    c.set_token_count(kIdTokens);
-    c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
-    c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
-    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(1000 + i);
-    v1::AppendResponse r;
-    if (!h.Append(c, &r).ok()) __builtin_trap();
-  }
+  fuzz::AppendWithIds(h, "w", 1000, /*new_incarnation=*/true);  // released by an earlier input
   v1::ReleaseRequest rel;
   rel.set_sequence_id("w");
   v1::ReleaseResponse rr;
