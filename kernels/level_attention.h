@@ -59,10 +59,10 @@ struct LevelAttentionParams {
 };
 
 // Pages per split of an item with `pages` pages: a function of the item's
-// own length only (batch invariance). 8 pages (2 per warp) up to 256 pages,
-// then about 32 splits per KV head, at most 32 pages a split.
+// own length only (batch invariance). 8 pages (2 per warp) up to 128 pages,
+// then about 16 splits per KV head, at most 32 pages a split.
 DRIFTKV_HOST_DEVICE inline int LevelPagesPerSplit(int pages) {
-  const int per = (pages + 31) / 32;
+  const int per = (pages + 15) / 16;
   return per < 8 ? 8 : (per > 32 ? 32 : per);
 }
 

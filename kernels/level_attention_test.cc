@@ -328,8 +328,8 @@ int SplitsOf(int pages) {
 }
 
 // The first length p (pages) with more splits than p + 1 (with 8-page
-// splits up to 256 pages and about 32 splits beyond: 256 pages take 32
-// splits, 257 take 29): the grid must cover the shorter item's splits too.
+// splits up to 128 pages and about 16 splits beyond: 128 pages take 16
+// splits, 129 take 15): the grid must cover the shorter item's splits too.
 TEST(LevelAttentionGpu, ShorterItemWithMoreSplits) {
   SKIP_WITHOUT_GPU();
   int p = 1;
