@@ -52,6 +52,9 @@ struct BackendArgs {
   bool attend_batching = true;
   // CUDA: bytes of device memory for bf16 windows (0: the default).
   uint64_t device_window_cache_bytes = 0;
+  // CUDA: bytes of device memory for cold launches' level pages (-1: the
+  // default; 0: none).
+  int64_t device_cold_scratch_bytes = -1;
   std::function<void(int calls, int jobs)> attend_observer;
 };
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendArgs&)>;

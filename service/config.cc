@@ -279,6 +279,13 @@ absl::Status ResolveRegions(const v1::ServerConfig& c, ServiceOptions* o) {
     o->max_regions = c.max_regions();
   }
   if (c.has_device_window_cache_bytes()) o->device_window_cache_bytes = c.device_window_cache_bytes();
+  if (c.has_device_cold_scratch_bytes()) {
+    if (c.device_cold_scratch_bytes() > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_cold_scratch_bytes ", c.device_cold_scratch_bytes(), " exceeds 1 TiB"));
+    }
+    o->device_cold_scratch_bytes = static_cast<int64_t>(c.device_cold_scratch_bytes());
+  }
   if (c.has_max_region_lease_seconds()) {
     if (c.max_region_lease_seconds() < 1 || c.max_region_lease_seconds() > 86400) {
       return absl::InvalidArgumentError(

@@ -172,6 +172,7 @@ struct ServiceOptions {
   uint32_t region_lease_seconds = kDefaultRegionLeaseSeconds;
   uint32_t max_region_lease_seconds = kDefaultMaxRegionLeaseSeconds;
   uint64_t device_window_cache_bytes = 0;  // 0: the backend's default
+  int64_t device_cold_scratch_bytes = -1;  // -1: the backend's default; 0: none
   DiskLevelOptions disk_level;
   HostLevelOptions host_level;
   bool levels_below() const { return disk_level.on() || host_level.on(); }

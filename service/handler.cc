@@ -98,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(const ServiceOptions& o
   args.devices = options.devices;
   args.attend_batching = options.attend_batching;
   args.device_window_cache_bytes = options.device_window_cache_bytes;
+  args.device_cold_scratch_bytes = options.device_cold_scratch_bytes;
   {
     Metrics* m = h->metrics_;
     args.attend_observer = [m](int calls, int jobs) {

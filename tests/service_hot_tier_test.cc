@@ -756,5 +756,31 @@ TEST(HotTierConfig, StartupErrors) {
   EXPECT_EQ((*h)->hot_pool()->capacity_pages(), static_cast<int64_t>((2u << 20) / LevelPageBytes()));
 }
 
+// device_cold_scratch_bytes (the CUDA backend's level pages for cold
+// launches): absent is the backend's default, 0 turns it off, and an
+// absurd size is refused by name.
+TEST(HotTier, ColdScratchConfig) {
+  auto resolve = [](const std::string& text) {
+    v1::ServerConfig config;
+    config.mutable_model()->set_layers(2);
+    config.mutable_model()->set_kv_heads(2);
+    config.mutable_model()->set_head_dim(64);
+    config.set_pool_bytes(8 << 20);
+    EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(text, &config)) << text;
+    return ResolveConfig(config);
+  };
+  absl::StatusOr<ServiceOptions> o = resolve("");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device_cold_scratch_bytes, -1);
+  o = resolve("device_cold_scratch_bytes: 0");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device_cold_scratch_bytes, 0);
+  o = resolve("device_cold_scratch_bytes: 268435456");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device_cold_scratch_bytes, 268435456);
+  o = resolve("device_cold_scratch_bytes: 2199023255552");
+  EXPECT_EQ(o.status(), absl::InvalidArgumentError("device_cold_scratch_bytes 2199023255552 exceeds 1 TiB"));
+}
+
 }  // namespace
 }  // namespace driftkv

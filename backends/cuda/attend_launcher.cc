@@ -38,9 +38,10 @@ constexpr int kWindowPackThreads = 4;
 
 AttendLauncher::AttendLauncher() : plans_(KeptPlanCapacity()), kept_(static_cast<size_t>(plans_.capacity())) {}
 
-absl::Status AttendLauncher::Init(const AttendDevice& device, size_t window_cache_bytes) {
+absl::Status AttendLauncher::Init(const AttendDevice& device, size_t window_cache_bytes, size_t cold_scratch_bytes) {
   dev_ = device;
   absl::Status st = windows_.Init(window_cache_bytes, dev_.layout.n());
+  if (st.ok()) st = cold_levels_.Init(dev_.cold_levels, cold_scratch_bytes);
   if (st.ok() && windows_.enabled()) st = window_upload_.Init(dev_.layout.n(), kWindowPackThreads);
   if (!st.ok()) return st;
   const int d = dev_.layout.head_dim, pages = kWarmTokens / dev_.page_tokens;
@@ -334,7 +335,15 @@ absl::Status AttendLauncher::RunAttention(absl::Span<AttendJob> jobs, const Laun
     p.pool_dev = static_cast<const uint8_t*>(dev_.arena);
     p.layout = dev_.layout;
     p.tables_dev = dev_.tables_dev;
-    st = gpu::LaunchDQuantAttention(p, dev_.stream);
+    if (cold_levels_.enabled()) {
+      // The table is packed in item order (AttendPlanned; a kept plan is
+      // one it recorded).
+      item_pages_.resize(items);
+      for (int i = 0; i < items; ++i) item_pages_[i] = static_cast<int>(jobs[i].pages.size());
+      st = cold_levels_.Attend(p, item_pages_, merge_counters_.get<uint32_t>(), dev_.stream);
+    } else {
+      st = gpu::LaunchDQuantAttention(p, dev_.stream);
+    }
   }
   if (!st.ok()) return st;
   timer_.Mark(StageTimer::kAttentionDone, dev_.stream);

@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "backends/backend.h"
 #include "backends/cuda/client_io.h"
+#include "backends/cuda/cold_levels.h"
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/launch_plans.h"
 #include "backends/cuda/stage_timer.h"
@@ -79,6 +80,7 @@ struct AttendDevice {
   const float* transforms_dev = nullptr;  // null: the codec's Hadamard
   int transform_layers = 0;
   bool values_folded = false;
+  ColdLevelsDevice cold_levels;  // the promotion of cold launches' pages
 };
 
 // The decode batch the launch buffers (and the backend's promotion ids)
@@ -89,12 +91,13 @@ class AttendLauncher {
  public:
   AttendLauncher();
 
-  // The window cache (`window_cache_bytes` of device memory, 0: none) and
+  // The window cache (`window_cache_bytes` of device memory, 0: none), the
+  // cold launches' level page scratch (`cold_scratch_bytes`, 0: none) and
   // the launch buffers sized for the warm batch (kWarmItems ...):
   // allocated by the first call that needs them
   // (pinned memory above all, and cudaFree waits for the device), they
   // cost that call tens of milliseconds. Larger batches still grow them.
-  absl::Status Init(const AttendDevice& device, size_t window_cache_bytes);
+  absl::Status Init(const AttendDevice& device, size_t window_cache_bytes, size_t cold_scratch_bytes);
 
   // One launch of jobs with equal (q_heads, softmax_scale, tier). On a
   // failure the window cache and the kept plans are forgotten.
@@ -143,6 +146,8 @@ class AttendLauncher {
   WindowCache windows_;           // bf16 windows kept on the device
   WindowUploader window_upload_;  // their missing tokens' way in
   ClientIo client_io_;
+  ColdLevels cold_levels_;
+  std::vector<int> item_pages_;  // a cold launch's, for cold_levels_
   LaunchPlan plan_;
   ClientLaunch client_launch_;  // AttendPlanned's
   // Launch plans kept on the device, entry e's in kept_[e].

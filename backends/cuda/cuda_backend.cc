@@ -72,6 +72,7 @@ absl::Status CudaBackend::Init() {
   if (st.ok())
     st = Cuda(cudaMemcpy(tables_.get<void>(), tables.data(), tables.size() * 4, cudaMemcpyHostToDevice),
               "upload tables");
+  if (st.ok()) st = InitLevelPages();
   if (st.ok() && hot_pool_ != nullptr) st = InitHotTier();
   if (st.ok()) st = WarmBuffers();
   return st;
@@ -94,7 +95,13 @@ absl::Status CudaBackend::WarmBuffers() {
     d.transform_layers = transforms_->layers;
   }
   d.values_folded = values_folded_;
-  absl::Status st = launcher_.Init(d, window_cache_bytes_);
+  d.cold_levels.arena = static_cast<const uint8_t*>(arena_);
+  d.cold_levels.cold = layout_;
+  d.cold_levels.level = hot_layout_;
+  d.cold_levels.tables_dev = raw_tables_.get<uint32_t>();
+  d.cold_levels.key_payload = codec_.key_codec().payload_bytes();
+  d.cold_levels.value_payload = codec_.value_codec().payload_bytes();
+  absl::Status st = launcher_.Init(d, window_cache_bytes_, hot_layout_.page_bytes > 0 ? cold_scratch_bytes_ : 0);
   const size_t pages = cuda_backend::kWarmTokens / pool_.page_tokens();
   if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * cuda_backend::kWarmItems * pages);
   // The host level's copies, for a sequence of kWarmTokens in 64 layers.
@@ -262,7 +269,7 @@ void CudaBackend::Attend(absl::Span<AttendJob> jobs) {
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* codec, const PagePool* pool, int device,
                                                          const TransformSet* transforms, bool values_folded,
                                                          size_t window_cache_bytes, const PagePool* hot_pool,
-                                                         int partition) {
+                                                         int partition, size_t cold_scratch_bytes) {
   if (!gpu::GpuAvailable()) return absl::FailedPreconditionError("no CUDA device is usable");
   if (partition < 0 || partition >= pool->partitions()) {
     return absl::InvalidArgumentError(absl::StrCat("partition ", partition, " of a pool of ", pool->partitions()));
@@ -274,9 +281,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* code
   // With a hot tier, this device's partition of the hot pool too.
   const PageId hot_base = hot_pool != nullptr ? hot_pool->partition_begin(partition) : 0;
   const PageId hot_end = hot_pool != nullptr ? hot_pool->partition_begin(partition + 1) : 0;
-  auto b = std::make_unique<cuda_backend::CudaBackend>(codec, pool, hot_pool, device, transforms, values_folded,
-                                                       window_cache_bytes, pool->partition_begin(partition),
-                                                       pool->partition_begin(partition + 1), hot_base, hot_end);
+  auto b = std::make_unique<cuda_backend::CudaBackend>(
+      codec, pool, hot_pool, device, transforms, values_folded, window_cache_bytes, pool->partition_begin(partition),
+      pool->partition_begin(partition + 1), hot_base, hot_end, cold_scratch_bytes);
   absl::Status st = b->Init();
   if (!st.ok()) return st;
   return std::unique_ptr<Backend>(std::move(b));

@@ -33,6 +33,12 @@ constexpr size_t kDefaultWindowCacheBytes = size_t{1} << 30;
 // `hot_pool` (level pages, HOT TIER in backends/backend.h) enables the hot
 // tier: a device arena of the same ids, promotion on the device, the
 // level-page attention kernel for hot jobs.
+// `cold_scratch_bytes` of device memory (allocated at start) hold level
+// pages that a cold launch's pages are promoted into before the level
+// kernel attends them (backends/cuda/cold_levels.h); a launch with more
+// pages goes through them in chunks, an item with more through the fused
+// cold kernel; 0: every cold launch fused.
+constexpr size_t kDefaultColdScratchBytes = size_t{512} << 20;
 // `partition` (PARTITIONS in backends/page_pool.h): the backend owns that
 // partition's pages only, and its device arena holds just those (a
 // multi-GPU server, backends/multi_device.h); with `hot_pool`, partitioned
@@ -41,7 +47,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const DQuantCodec* code
                                                          const TransformSet* transforms = nullptr,
                                                          bool values_folded = false,
                                                          size_t window_cache_bytes = kDefaultWindowCacheBytes,
-                                                         const PagePool* hot_pool = nullptr, int partition = 0);
+                                                         const PagePool* hot_pool = nullptr, int partition = 0,
+                                                         size_t cold_scratch_bytes = kDefaultColdScratchBytes);
 
 }  // namespace driftkv
 

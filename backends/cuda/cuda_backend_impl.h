@@ -42,7 +42,7 @@ class CudaBackend : public Backend {
  public:
   CudaBackend(const DQuantCodec* codec, const PagePool* pool, const PagePool* hot_pool, int device,
               const TransformSet* transforms, bool values_folded, size_t window_cache_bytes, PageId base, PageId end,
-              PageId hot_base = 0, PageId hot_end = 0)
+              PageId hot_base = 0, PageId hot_end = 0, size_t cold_scratch_bytes = 0)
       : codec_(*codec),
         pool_(*pool),
         hot_pool_(hot_pool),
@@ -50,6 +50,7 @@ class CudaBackend : public Backend {
         transforms_(transforms),
         values_folded_(values_folded),
         window_cache_bytes_(window_cache_bytes),
+        cold_scratch_bytes_(cold_scratch_bytes),
         base_(base),
         end_(end),
         hot_base_(hot_base),
@@ -132,8 +133,11 @@ class CudaBackend : public Backend {
   // The launcher's buffers and the promotion's page ids, sized at start
   // for the warm batch (cuda_backend::kWarmItems ...).
   absl::Status WarmBuffers();
-  // The hot tier's arena and the rANS tables its kernels read (the hot
-  // tier's moves: cuda_hot_tier.cc).
+  // The level page layout of the codec's shape and the rANS tables the
+  // promotion reads, for the hot tier and the cold launches' scratch
+  // (nothing when the shape has no level pages); then the hot tier's
+  // arena (its moves: cuda_hot_tier.cc).
+  absl::Status InitLevelPages();
   absl::Status InitHotTier();
   // The launch of a promotion whose device words `ids` hold the cold ids,
   // the hot ids, the tokens and room for the status, [count] each.
@@ -210,13 +214,17 @@ class CudaBackend : public Backend {
   const TransformSet* const transforms_;  // null: the codec's Hadamard
   const bool values_folded_;
   const size_t window_cache_bytes_;
+  const size_t cold_scratch_bytes_;
   const PageId base_, end_;                      // the pages of this device (PARTITIONS in page_pool.h)
   const PageId hot_base_, hot_end_;              // and its level pages of the hot pool
   std::vector<LayerTransform> host_transforms_;  // for DecodeTokens
   PageLayout layout_;
+  // The level pages of this shape (the hot tier's and the cold scratch's);
+  // page_bytes 0 when the kernels have none for it.
   LevelPageLayout hot_layout_;
   void* hot_arena_ = nullptr;
-  Scratch raw_tables_, promote_ids_;
+  Scratch raw_tables_;  // the promotion's rANS decode tables
+  Scratch promote_ids_;
   Scratch crc_;  // ChecksumPages: page ids, then their sums
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;

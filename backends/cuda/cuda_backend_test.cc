@@ -439,6 +439,136 @@ TEST(CudaBackend, HotTierRoundTrip) {
   EXPECT_EQ(0, std::memcmp(out_recold.data(), out_cold.data(), out_cold.size() * 4)) << "after demotion";
 }
 
+// Cold launches through the level page scratch (backends/cuda/cold_levels.h):
+// a cold item's answer is the one its pages give once promoted to the hot
+// tier, bit for bit, alone or in a batch; with a scratch too small for the
+// batch, chunks give the same bits, and an item larger than the scratch
+// gets the fused kernel's; with none, the fused kernel, which agrees with
+// the CPU backend.
+TEST(CudaBackend, ColdThroughLevelPages) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  auto codec = DQuantCodec::Create(cfg);
+  ASSERT_TRUE(codec.ok());
+  DQuantCodec c = *codec;
+  const int n = c.n(), P = cfg.mean_window, q_heads = 32, d = 128;
+  auto hl = MakeLevelPageLayout(c);
+  ASSERT_TRUE(hl.ok()) << hl.status();
+  const std::vector<int> seq_pages = {3, 6, 2, 0, 5, 1};
+  const int total = 17, items = static_cast<int>(seq_pages.size());
+  auto pool = PagePool::Create(c.page_layout(), 20ull * c.page_layout().page_bytes);
+  auto hot_pool = PagePool::CreateOpaque(hl->page_bytes, P, 20ull * hl->page_bytes);
+  ASSERT_TRUE(pool.ok() && hot_pool.ok());
+  // levels: the default scratch; small: four level pages; fused: none.
+  auto levels = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kDefaultWindowCacheBytes, hot_pool->get());
+  auto small =
+      MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kDefaultWindowCacheBytes, nullptr, 0, 4 * hl->page_bytes);
+  auto fused = MakeCudaBackend(&c, pool->get(), 0, nullptr, false, kDefaultWindowCacheBytes, nullptr, 0, 0);
+  ASSERT_TRUE(levels.ok() && small.ok() && fused.ok());
+  auto cpu = MakeCpuBackend(&c, pool->get(), 4);
+
+  std::mt19937_64 rng(91);
+  std::vector<std::vector<PageId>> cold(items);
+  std::vector<EncodeJob> jobs;
+  std::vector<float> keys, values;
+  gpu::RandomKv(total * P, cfg.kv_heads, cfg.head_dim, &rng, &keys, &values);
+  int at = 0;
+  for (int s = 0; s < items; ++s) {
+    auto r = (*pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    cold[s] = *r;
+    for (int k = 0; k < seq_pages[s]; ++k, ++at) {
+      EncodeJob j;
+      j.keys = keys.data() + static_cast<size_t>(at) * P * n;
+      j.values = values.data() + static_cast<size_t>(at) * P * n;
+      j.page = cold[s][k];
+      jobs.push_back(j);
+    }
+  }
+  ASSERT_TRUE((*levels)->EncodePages(absl::MakeSpan(jobs)).ok());
+  std::vector<PageId> all;
+  for (const auto& p : cold) all.insert(all.end(), p.begin(), p.end());
+  ASSERT_TRUE((*small)->UploadPages(all).ok());
+  ASSERT_TRUE((*fused)->UploadPages(all).ok());
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> wk(items), wv(items);
+  std::vector<std::vector<float>> q(items);
+  const int window = 100;
+  for (int s = 0; s < items; ++s) {
+    wk[s].resize(static_cast<size_t>(window) * n);
+    wv[s].resize(wk[s].size());
+    for (auto& x : wk[s]) x = FloatToBf16(normal(rng));
+    for (auto& x : wv[s]) x = FloatToBf16(normal(rng));
+    q[s].resize(static_cast<size_t>(q_heads) * d);
+    for (float& x : q[s]) x = normal(rng);
+  }
+  const size_t rows = static_cast<size_t>(q_heads) * d;
+  // Items `which` attended in one call; out is [items] rows, NaN where not attended.
+  auto attend = [&](Backend* b, const std::vector<std::vector<PageId>>& pages, bool hot, const std::vector<int>& which,
+                    std::vector<float>* out, std::vector<float>* lse) {
+    out->assign(items * rows, NAN);
+    lse->assign(static_cast<size_t>(items) * q_heads, NAN);
+    std::vector<AttendJob> js(which.size());
+    for (size_t k = 0; k < which.size(); ++k) {
+      const int s = which[k];
+      js[k].pages = pages[s];
+      js[k].hot = hot;
+      js[k].window = Bf16Tokens{wk[s].data(), wv[s].data(), window};
+      js[k].query = q[s].data();
+      js[k].q_heads = q_heads;
+      js[k].softmax_scale = 1.0f / std::sqrt(128.0f);
+      js[k].out = out->data() + s * rows;
+      js[k].lse = lse->data() + static_cast<size_t>(s) * q_heads;
+    }
+    b->Attend(absl::MakeSpan(js));
+    for (const AttendJob& j : js) ASSERT_TRUE(j.status.ok()) << j.status;
+  };
+  const std::vector<int> every = {0, 1, 2, 3, 4, 5};
+  auto same_item = [&](const std::vector<float>& a, const std::vector<float>& b, int s) {
+    return std::memcmp(a.data() + s * rows, b.data() + s * rows, rows * 4) == 0;
+  };
+  std::vector<float> out_levels, lse_levels, out_small, lse_small, out_fused, lse_fused, out_cpu, lse_cpu;
+  attend(levels->get(), cold, false, every, &out_levels, &lse_levels);
+  attend(small->get(), cold, false, every, &out_small, &lse_small);
+  attend(fused->get(), cold, false, every, &out_fused, &lse_fused);
+  attend(cpu.get(), cold, false, every, &out_cpu, &lse_cpu);
+  for (int s = 0; s < items; ++s) {
+    // Alone, the same bits as in the batch.
+    std::vector<float> out_one, lse_one;
+    attend(levels->get(), cold, false, {s}, &out_one, &lse_one);
+    EXPECT_TRUE(same_item(out_one, out_levels, s)) << "item " << s << " alone";
+    // Four pages of scratch: items of up to four pages through the levels
+    // (in chunks), the others fused.
+    EXPECT_TRUE(same_item(out_small, seq_pages[s] <= 4 ? out_levels : out_fused, s)) << "item " << s << ", small";
+  }
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < out_cpu.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out_levels[i]) && std::isfinite(out_fused[i])) << i;
+    diff = std::max(diff, static_cast<double>(std::fabs(out_levels[i] - out_cpu[i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(out_fused[i] - out_cpu[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(out_cpu[i])));
+  }
+  EXPECT_LE(diff, 1e-4 * norm) << "levels and fused vs CPU: max diff " << diff;
+
+  // Promoted to the hot tier: the same bits as through the scratch.
+  std::vector<std::vector<PageId>> hot(items);
+  std::vector<TierMove> moves;
+  for (int s = 0; s < items; ++s) {
+    auto r = (*hot_pool)->Reserve(seq_pages[s]);
+    ASSERT_TRUE(r.ok());
+    hot[s] = *r;
+    for (int k = 0; k < seq_pages[s]; ++k) moves.push_back(TierMove{cold[s][k], hot[s][k], P});
+  }
+  ASSERT_TRUE((*levels)->PromotePages(moves).ok());
+  std::vector<float> out_hot, lse_hot;
+  attend(levels->get(), hot, true, every, &out_hot, &lse_hot);
+  EXPECT_EQ(0, std::memcmp(out_hot.data(), out_levels.data(), out_hot.size() * 4)) << "hot vs cold through levels";
+  EXPECT_EQ(0, std::memcmp(lse_hot.data(), lse_levels.data(), lse_hot.size() * 4)) << "lse, hot vs cold";
+}
+
 // A hot layer's new pages encoded straight into level pages on the device:
 // the same checksums (of the cold records and of the level page) and
 // statistics as the CPU backend's, which tests/encode_level_pages_test

@@ -18,27 +18,34 @@
 namespace driftkv {
 namespace cuda_backend {
 
-absl::Status CudaBackend::InitHotTier() {
+absl::Status CudaBackend::InitLevelPages() {
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
-  if (!hl.ok()) return hl.status();
-  hot_layout_ = *hl;
-  if (hot_pool_->page_stride() != hot_layout_.page_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat("hot pool stride ", hot_pool_->page_stride(),
-                                                      " is not the level page size ", hot_layout_.page_bytes));
-  }
+  if (!hl.ok()) return absl::OkStatus();  // hot_layout_.page_bytes stays 0: no level pages
   std::vector<uint32_t> raw(512);
   for (int z = 0; z < 256; ++z) {
     raw[z] = codec_.key_codec().table().decode[z];
     raw[256 + z] = codec_.value_codec().table().decode[z];
   }
-  // This device's partition of the hot pool only (all of it on one device).
-  const size_t bytes = static_cast<size_t>(hot_end_ - hot_base_) * hot_layout_.page_bytes;
-  absl::Status st = Cuda(cudaMalloc(&hot_arena_, bytes), "cudaMalloc (hot arena)");
-  if (st.ok()) st = raw_tables_.Reserve(raw.size() * 4);
+  absl::Status st = raw_tables_.Reserve(raw.size() * 4);
   if (st.ok())
     st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice),
               "upload rANS tables");
+  if (st.ok()) hot_layout_ = *hl;
   return st;
+}
+
+absl::Status CudaBackend::InitHotTier() {
+  if (hot_layout_.page_bytes == 0) {
+    absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
+    return hl.ok() ? absl::InternalError("level tables not uploaded") : hl.status();
+  }
+  if (hot_pool_->page_stride() != hot_layout_.page_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat("hot pool stride ", hot_pool_->page_stride(),
+                                                      " is not the level page size ", hot_layout_.page_bytes));
+  }
+  // This device's partition of the hot pool only (all of it on one device).
+  const size_t bytes = static_cast<size_t>(hot_end_ - hot_base_) * hot_layout_.page_bytes;
+  return Cuda(cudaMalloc(&hot_arena_, bytes), "cudaMalloc (hot arena)");
 }
 
 absl::Status CudaBackend::MoveIds(absl::Span<const TierMove> moves, bool to_hot, std::vector<int32_t>* ids) const {

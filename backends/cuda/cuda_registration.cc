@@ -18,11 +18,13 @@ const bool kCudaRegistered =
     RegisterBackend("cuda", [](const BackendArgs& a) -> absl::StatusOr<std::unique_ptr<Backend>> {
       absl::StatusOr<const DQuantCodec*> codec = ServedDQuant("cuda", a);
       if (!codec.ok()) return codec.status();
+      const size_t cold_scratch = a.device_cold_scratch_bytes >= 0 ? static_cast<size_t>(a.device_cold_scratch_bytes)
+                                                                   : kDefaultColdScratchBytes;
       if (a.devices.size() <= 1) {
         const int device = a.devices.empty() ? 0 : a.devices[0];  // config devices / --devices
         return MakeCudaBackend(*codec, a.pool, device, a.transforms, a.values_folded,
                                a.device_window_cache_bytes > 0 ? a.device_window_cache_bytes : kDefaultWindowCacheBytes,
-                               a.hot_pool);
+                               a.hot_pool, 0, cold_scratch);
       }
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
@@ -47,7 +49,7 @@ const bool kCudaRegistered =
         absl::StatusOr<std::unique_ptr<Backend>> b =
             MakeCudaBackend(*codec, a.pool, a.devices[k], a.transforms, a.values_folded,
                             a.device_window_cache_bytes > 0 ? a.device_window_cache_bytes : kDefaultWindowCacheBytes,
-                            a.hot_pool, static_cast<int>(k));
+                            a.hot_pool, static_cast<int>(k), cold_scratch);
         if (!b.ok())
           return absl::Status(b.status().code(), absl::StrCat("device ", a.devices[k], ": ", b.status().message()));
         inner.push_back(*std::move(b));
