@@ -64,9 +64,9 @@ class ColdLevels {
  private:
   ColdLevelsDevice dev_;
   int capacity_ = 0;
-  Scratch pool_;      // capacity_ level pages
-  Scratch ids_;       // [capacity_] 0, 1, ...; then [capacity_] full pages' tokens
-  Scratch starts_;    // [items] each item's first page within its chunk
+  Scratch pool_;    // capacity_ level pages
+  Scratch ids_;     // [capacity_] 0, 1, ...; then [capacity_] full pages' tokens
+  Scratch starts_;  // [items] each item's first page within its chunk
   PinnedScratch host_starts_;
   std::vector<ColdChunk> chunks_;
 };
