@@ -224,14 +224,9 @@ PromoteParams PromoteAll(const DQuantCodec& codec, const PageLayout& lay, const 
                          DeviceBuffer* tabs) {
   std::vector<int32_t> id(count), tk(count, kPageTokens);
   for (int i = 0; i < count; ++i) id[i] = i;
-  std::vector<uint32_t> t(512);
-  for (int z = 0; z < 256; ++z) {
-    t[z] = codec.key_codec().table().decode[z];
-    t[256 + z] = codec.value_codec().table().decode[z];
-  }
   ids->Upload(id);
   toks->Upload(tk);
-  tabs->Upload(t);
+  tabs->Upload(PromoteDecodeTables(codec));
   PromoteParams pp;
   pp.cold_pool_dev = cold_dev;
   pp.cold = lay;

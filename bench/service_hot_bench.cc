@@ -226,12 +226,7 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
     for (size_t i = 0; i < total; ++i) iota[i] = static_cast<int32_t>(i);
     scratch_table.Upload(iota);
     full_tokens.Upload(std::vector<int32_t>(total, 128));
-    std::vector<uint32_t> raw(512);
-    for (int z = 0; z < 256; ++z) {
-      raw[z] = codec.key_codec().table().decode[z];
-      raw[256 + z] = codec.value_codec().table().decode[z];
-    }
-    raw_tables.Upload(raw);
+    raw_tables.Upload(gpu::PromoteDecodeTables(codec));
   }
   auto launch = [&] {
     if (!hot && cold_levels) {

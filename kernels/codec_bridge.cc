@@ -19,6 +19,15 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
   }
 }
 
+std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec) {
+  std::vector<uint32_t> t(512);
+  for (int z = 0; z < 256; ++z) {
+    t[z] = codec.key_codec().table().decode[z];
+    t[256 + z] = codec.value_codec().table().decode[z];
+  }
+  return t;
+}
+
 absl::Status MakeEncodeAlphabets(const DQuantCodec& codec, EncodeParams* p) {
   const std::string error = GpuPageLayoutError(codec.page_layout(), PageUse::kEncode);
   if (!error.empty()) return absl::InvalidArgumentError(error);

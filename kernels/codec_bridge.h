@@ -26,6 +26,11 @@ namespace gpu {
 // one byte permute, the tensor-core operand. 256 entries per alphabet.
 void PackDecodeTable(const RansTable& table, uint32_t out[256]);
 
+// The promotion's tables (kernels/level_promote.h PromoteParams::tables_dev):
+// the key then the value decode table, rans.h's DecodeEntry words as they
+// are, 512 words.
+std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec);
+
 // The device form of kernels/transform.h for every layer of `set`.
 std::vector<float> PackTransforms(const TransformSet& set);
 

@@ -138,11 +138,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     for (size_t id = 0; id < b.page_tokens.size(); ++id) {
       if (b.page_tokens[id] > 0) ids.push_back(static_cast<int32_t>(id)), toks.push_back(b.page_tokens[id]);
     }
-    std::vector<uint32_t> tables(512);
-    for (int z = 0; z < 256; ++z) {
-      tables[z] = codec->key_codec().table().decode[z];
-      tables[256 + z] = codec->value_codec().table().decode[z];
-    }
+    const std::vector<uint32_t> tables = PromoteDecodeTables(*codec);
     DeviceBuffer cold, hot, dtab, dids, dtok, dstat;
     ASSERT_TRUE(cold.Upload(c.pool) && dtab.Upload(tables) && dids.Upload(ids) && dtok.Upload(toks) &&
                 dstat.Resize(ids.size() * 4));

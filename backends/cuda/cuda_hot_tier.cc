@@ -21,11 +21,7 @@ namespace cuda_backend {
 absl::Status CudaBackend::InitLevelPages() {
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
   if (!hl.ok()) return absl::OkStatus();  // hot_layout_.page_bytes stays 0: no level pages
-  std::vector<uint32_t> raw(512);
-  for (int z = 0; z < 256; ++z) {
-    raw[z] = codec_.key_codec().table().decode[z];
-    raw[256 + z] = codec_.value_codec().table().decode[z];
-  }
+  const std::vector<uint32_t> raw = gpu::PromoteDecodeTables(codec_);
   absl::Status st = raw_tables_.Reserve(raw.size() * 4);
   if (st.ok())
     st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice),
