@@ -6,7 +6,7 @@
 // decodes the same symbols with many more warps in flight, and the level
 // kernel then reads 1-byte levels. On an H100 the two together took 0.12
 // against 0.22 ms at 1 x 8K and 1.24 against 1.62 ms at 64 x 8K
-// (docs/bench_gpu.md, "Cold pages through level pages"). And a cold
+// (docs/hot_tier.md, "Cold launches through level pages"). And a cold
 // layer's answer is then the one its level pages give in the hot tier,
 // bit for bit: attention no longer depends on the tier a layer sits in.
 //
