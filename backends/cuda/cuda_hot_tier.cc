@@ -20,7 +20,9 @@ namespace cuda_backend {
 
 absl::Status CudaBackend::InitLevelPages() {
   absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
-  if (!hl.ok()) return absl::OkStatus();  // hot_layout_.page_bytes stays 0: no level pages
+  // Without level pages for this shape a hot tier cannot be; the cold
+  // launches do without their scratch (hot_layout_.page_bytes stays 0).
+  if (!hl.ok()) return hot_pool_ != nullptr ? hl.status() : absl::OkStatus();
   const std::vector<uint32_t> raw = gpu::PromoteDecodeTables(codec_);
   absl::Status st = raw_tables_.Reserve(raw.size() * 4);
   if (st.ok())
@@ -31,10 +33,6 @@ absl::Status CudaBackend::InitLevelPages() {
 }
 
 absl::Status CudaBackend::InitHotTier() {
-  if (hot_layout_.page_bytes == 0) {
-    absl::StatusOr<LevelPageLayout> hl = MakeLevelPageLayout(codec_);
-    return hl.ok() ? absl::InternalError("level tables not uploaded") : hl.status();
-  }
   if (hot_pool_->page_stride() != hot_layout_.page_bytes) {
     return absl::FailedPreconditionError(absl::StrCat("hot pool stride ", hot_pool_->page_stride(),
                                                       " is not the level page size ", hot_layout_.page_bytes));
