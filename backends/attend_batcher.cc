@@ -16,10 +16,7 @@ void BatchingBackend::RunBatch(const std::deque<Call*>& batch) {
   inner_->Attend(absl::MakeSpan(all));
   size_t k = 0;
   for (Call* c : batch) {
-    for (AttendJob& j : c->jobs) {
-      j.status = all[k].status;
-      j.query_bad = all[k++].query_bad;
-    }
+    for (AttendJob& j : c->jobs) CopyAttendOutcome(all[k++], &j);
   }
   if (observer_) observer_(static_cast<int>(batch.size()), static_cast<int>(all.size()));
 }

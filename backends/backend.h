@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "backends/attend_route.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
 #include "codec/compressed_attention.h"
@@ -126,9 +127,18 @@ struct AttendJob {
   // with the call (it has no decode step), so one pass over the query (on
   // the CUDA backend, the launch's own gather) both checks and reads it.
   bool check_query = false;
-  int64_t query_bad = -1;  // out
-  absl::Status status;     // out
+  int64_t query_bad = -1;                        // out
+  AttendRoute route = AttendRoute::kUnreported;  // out, set with an OK status
+  absl::Status status;                           // out
 };
+
+// A job's out fields from the copy of it that a backend ran (batching and
+// device-splitting wrappers run copies).
+inline void CopyAttendOutcome(const AttendJob& ran, AttendJob* job) {
+  job->status = ran.status;
+  job->query_bad = ran.query_bad;
+  job->route = ran.route;
+}
 
 // CLIENT MEMORY. A read of one client tensor the device addresses
 // (Backend::ReadClientTensors): `elements` values of `dtype` at `src_dev`,

@@ -157,8 +157,7 @@ class MultiDeviceBackend : public Backend {
     for (std::future<void>& f : running) f.get();
     for (int k = 0; k < n; ++k) {
       for (size_t j = 0; j < split[k].size(); ++j) {
-        jobs[index[k][j]].status = split[k][j].status;
-        jobs[index[k][j]].query_bad = split[k][j].query_bad;
+        CopyAttendOutcome(split[k][j], &jobs[index[k][j]]);
       }
     }
   }

@@ -710,6 +710,13 @@ absl::Status Handler::AttendBatch::Run(const v1::AttendRequest& request, v1::Att
   h_.totals_.attention_tokens += attended;
   h_.metrics_->attention_tokens->Increment(static_cast<double>(attended));
   h_.metrics_->attention_items->Increment(items);
+  {
+    int by_route[static_cast<int>(AttendRoute::kCount)] = {};
+    for (int i = 0; i < items; ++i) ++by_route[static_cast<int>(jobs[i].route)];
+    for (int k = 1; k < static_cast<int>(AttendRoute::kCount); ++k) {
+      if (by_route[k] > 0) h_.metrics_->attention_items_by_route[k]->Increment(by_route[k]);
+    }
+  }
   // Gauges move when pages or windows changed, or the hot tier may have
   // promoted this call's layers (moves of its own thread publish their
   // own).

@@ -163,6 +163,16 @@ Metrics::Metrics(bool per_tenant) : registry_(std::make_shared<prometheus::Regis
                           .Add({});
   attention_items =
       &BuildCounter().Name("driftkv_attention_items_total").Help("Attention items computed").Register(r).Add({});
+  auto& by_route = BuildCounter()
+                       .Name("driftkv_attention_items_by_route_total")
+                       .Help(
+                           "Attention items by how the backend attended them: hot (level pages), cold_levels "
+                           "(cold pages promoted into the device scratch), cold_fused (the fused cold kernel), "
+                           "cold_host (the CPU backend)")
+                       .Register(r);
+  for (int k = 1; k < static_cast<int>(AttendRoute::kCount); ++k) {
+    attention_items_by_route[k] = &by_route.Add({{"route", AttendRouteName(static_cast<AttendRoute>(k))}});
+  }
   attend_batch_calls = &BuildHistogram()
                             .Name("driftkv_attend_batch_calls")
                             .Help(

@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "backends/attend_phases.h"
+#include "backends/attend_route.h"
 #include "codec/kv_codec.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -102,6 +103,9 @@ class Metrics {
   prometheus::Counter* duplicate_tokens;
   prometheus::Counter* attention_tokens;
   prometheus::Counter* attention_items;
+  // driftkv_attention_items_by_route_total{route}: items by how the backend
+  // attended them (AttendRoute; none for kUnreported).
+  prometheus::Counter* attention_items_by_route[static_cast<int>(AttendRoute::kCount)] = {};
   prometheus::Histogram* attend_batch_calls;  // backends/attend_batcher.h
   prometheus::Histogram* attend_batch_items;
   // driftkv_attend_phase_seconds{phase}: one Attend's time by phase

@@ -454,6 +454,7 @@ TEST_F(GrpcTest, MetricsAreScrapedOverHttpAndMove) {
                            "driftkv_rejected_requests_total",
                            "driftkv_attention_tokens_total",
                            "driftkv_attention_items_total",
+                           "driftkv_attention_items_by_route_total",
                            "driftkv_attend_batch_calls_count",
                            "driftkv_attend_batch_items_count",
                            "driftkv_rpc_duration_seconds_bucket",

@@ -73,6 +73,27 @@ TEST(HotTier, AttendBitIdenticalColdHotAndAfterDemoteRepromote) {
   EXPECT_FALSE(*other_hot == *want);
 }
 
+// driftkv_attention_items_by_route_total: the CPU backend's cold items
+// are "cold_host", a hot layer's "hot" (its first Attend promotes first).
+TEST(HotTier, ItemsCountedByRoute) {
+  Server cold(ColdOptions()), hot(HotOptions(16));
+  const testing::Kv kv = SyntheticKv(kTokens, kN, 1);
+  for (Server* s : {&cold, &hot}) ASSERT_TRUE(s->Push("a", 1, kv, 0, kTokens).ok());
+  auto count = [](const Server& s, AttendRoute r) {
+    return s.metrics.attention_items_by_route[static_cast<int>(r)]->Value();
+  };
+  for (int rep = 0; rep < 2; ++rep) {
+    ASSERT_TRUE(cold.Attend1("a", 1).ok());
+    ASSERT_TRUE(hot.Attend1("a", 1).ok());
+  }
+  EXPECT_EQ(count(cold, AttendRoute::kColdHost), 2);
+  EXPECT_EQ(count(cold, AttendRoute::kHot), 0);
+  EXPECT_EQ(count(hot, AttendRoute::kHot), 2);
+  EXPECT_EQ(count(hot, AttendRoute::kColdHost), 0);
+  EXPECT_EQ(count(hot, AttendRoute::kColdLevels) + count(hot, AttendRoute::kColdFused), 0);
+  EXPECT_EQ(cold.metrics.attention_items->Value(), 2);
+}
+
 // 20 pages and 4 threads: one item is split over its pages (split-KV) and
 // the parts merged; the hot path must split and merge the same way.
 TEST(HotTier, SplitKvBitIdentical) {

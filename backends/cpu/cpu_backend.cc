@@ -146,6 +146,7 @@ class CpuBackend : public Backend {
       }
     }
     const bool split = parts.size() > jobs.size();
+    for (AttendJob& j : jobs) j.route = j.hot ? AttendRoute::kHot : AttendRoute::kColdHost;
     workers_.ParallelFor(static_cast<int>(parts.size()), [&](int i) {
       thread_local AttentionScratch scratch;
       thread_local std::vector<CompressedBlock> blocks;

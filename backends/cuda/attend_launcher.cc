@@ -329,6 +329,7 @@ absl::Status AttendLauncher::RunAttention(absl::Span<AttendJob> jobs, const Laun
     hp.merge_counters_dev = merge_counters_.get<uint32_t>();
     hp.split_done = timer_.Event(StageTimer::kSplitDone);
     st = gpu::LaunchLevelAttention(hp, dev_.stream);
+    for (AttendJob& j : jobs) j.route = AttendRoute::kHot;
   } else {
     gpu::DQuantAttentionParams p;
     p.batch = batch;
@@ -341,8 +342,14 @@ absl::Status AttendLauncher::RunAttention(absl::Span<AttendJob> jobs, const Laun
       item_pages_.resize(items);
       for (int i = 0; i < items; ++i) item_pages_[i] = static_cast<int>(jobs[i].pages.size());
       st = cold_levels_.Attend(p, item_pages_, merge_counters_.get<uint32_t>(), dev_.stream);
+      for (const ColdChunk& c : cold_levels_.chunks()) {
+        for (int i = c.first_item; i < c.first_item + c.items; ++i) {
+          jobs[i].route = c.levels ? AttendRoute::kColdLevels : AttendRoute::kColdFused;
+        }
+      }
     } else {
       st = gpu::LaunchDQuantAttention(p, dev_.stream);
+      for (AttendJob& j : jobs) j.route = AttendRoute::kColdFused;
     }
   }
   if (!st.ok()) return st;

@@ -60,6 +60,8 @@ class ColdLevels {
   // waits for `stream` in between.
   absl::Status Attend(const gpu::DQuantAttentionParams& fused, absl::Span<const int> item_pages,
                       uint32_t* merge_counters_dev, cudaStream_t stream);
+  // The last Attend's chunks: which items went through the level kernel.
+  const std::vector<ColdChunk>& chunks() const { return chunks_; }
 
  private:
   ColdLevelsDevice dev_;

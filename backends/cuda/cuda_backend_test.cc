@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -506,9 +508,12 @@ TEST(CudaBackend, ColdThroughLevelPages) {
     for (float& x : q[s]) x = normal(rng);
   }
   const size_t rows = static_cast<size_t>(q_heads) * d;
-  // Items `which` attended in one call; out is [items] rows, NaN where not attended.
+  // Items `which` attended in one call; out is [items] rows, NaN where not
+  // attended; route[s] says how item s was attended (AttendJob::route).
+  std::vector<AttendRoute> route(items);
   auto attend = [&](Backend* b, const std::vector<std::vector<PageId>>& pages, bool hot, const std::vector<int>& which,
                     std::vector<float>* out, std::vector<float>* lse) {
+    route.assign(items, AttendRoute::kUnreported);
     out->assign(items * rows, NAN);
     lse->assign(static_cast<size_t>(items) * q_heads, NAN);
     std::vector<AttendJob> js(which.size());
@@ -524,7 +529,15 @@ TEST(CudaBackend, ColdThroughLevelPages) {
       js[k].lse = lse->data() + static_cast<size_t>(s) * q_heads;
     }
     b->Attend(absl::MakeSpan(js));
-    for (const AttendJob& j : js) ASSERT_TRUE(j.status.ok()) << j.status;
+    for (size_t k = 0; k < which.size(); ++k) {
+      ASSERT_TRUE(js[k].status.ok()) << js[k].status;
+      route[which[k]] = js[k].route;
+    }
+  };
+  auto routes_are = [&](const std::string& what, const std::function<AttendRoute(int)>& want) {
+    for (int s = 0; s < items; ++s) {
+      EXPECT_EQ(AttendRouteName(route[s]), std::string(AttendRouteName(want(s)))) << what << ", item " << s;
+    }
   };
   const std::vector<int> every = {0, 1, 2, 3, 4, 5};
   auto same_item = [&](const std::vector<float>& a, const std::vector<float>& b, int s) {
@@ -532,9 +545,13 @@ TEST(CudaBackend, ColdThroughLevelPages) {
   };
   std::vector<float> out_levels, lse_levels, out_small, lse_small, out_fused, lse_fused, out_cpu, lse_cpu;
   attend(levels->get(), cold, false, every, &out_levels, &lse_levels);
+  routes_are("levels", [](int) { return AttendRoute::kColdLevels; });
   attend(small->get(), cold, false, every, &out_small, &lse_small);
+  routes_are("small", [&](int s) { return seq_pages[s] <= 4 ? AttendRoute::kColdLevels : AttendRoute::kColdFused; });
   attend(fused->get(), cold, false, every, &out_fused, &lse_fused);
+  routes_are("fused", [](int) { return AttendRoute::kColdFused; });
   attend(cpu.get(), cold, false, every, &out_cpu, &lse_cpu);
+  routes_are("cpu", [](int) { return AttendRoute::kColdHost; });
   for (int s = 0; s < items; ++s) {
     // Alone, the same bits as in the batch.
     std::vector<float> out_one, lse_one;
@@ -565,6 +582,7 @@ TEST(CudaBackend, ColdThroughLevelPages) {
   ASSERT_TRUE((*levels)->PromotePages(moves).ok());
   std::vector<float> out_hot, lse_hot;
   attend(levels->get(), hot, true, every, &out_hot, &lse_hot);
+  routes_are("hot", [](int) { return AttendRoute::kHot; });
   EXPECT_EQ(0, std::memcmp(out_hot.data(), out_levels.data(), out_hot.size() * 4)) << "hot vs cold through levels";
   EXPECT_EQ(0, std::memcmp(lse_hot.data(), lse_levels.data(), lse_hot.size() * 4)) << "lse, hot vs cold";
 }
