@@ -28,8 +28,9 @@ struct KeyGroupPos {
   static constexpr int kGroups = (kLevelPageTokens / 16) * (D / 64);  // a lane's
   // The pairs' common origin in lv.
   DRIFTKV_HOST_DEVICE static int Base(int l, int gi, int row_bytes) {
-    constexpr int kGroupsPerTile = D / 64;
-    const int mt = gi / kGroupsPerTile, grp = gi % kGroupsPerTile;
+    constexpr unsigned kGroupsPerTile = D / 64;
+    const int mt = static_cast<int>(static_cast<unsigned>(gi) / kGroupsPerTile);
+    const int grp = static_cast<int>(static_cast<unsigned>(gi) % kGroupsPerTile);
     return (16 * mt + (l >> 2)) * row_bytes + 64 * grp + 2 * (l & 3);
   }
   // Pair e (0..15) from Base: k-step e / 4 of the group, register r = e % 4
@@ -40,8 +41,8 @@ struct KeyGroupPos {
   }
   // Word k (0..2) of the group.
   DRIFTKV_HOST_DEVICE static int Word(int l, int gi, int k) {
-    const int w = gi * 3 + k;
-    return (w / 4 * 32 + l) * 4 + w % 4;
+    const unsigned w = static_cast<unsigned>(gi * 3 + k);
+    return static_cast<int>(w / 4 * 32 + l) * 4 + static_cast<int>(w % 4);
   }
 };
 
@@ -78,6 +79,14 @@ DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t LoadKeyPair(const uint8_t* at) {
   return v;
 #endif
 }
+// The pair's lower level in bits 0-7, its upper one in bits 16-23.
+DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t SpreadKeyPair(uint32_t two) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(two, 0u, 0x4140u);
+#else
+  return (two & 0xffu) | ((two & 0xff00u) << 8);
+#endif
+}
 DRIFTKV_HOST_DEVICE DRIFTKV_INLINE void StoreKeyPair(uint8_t* at, uint32_t lo, uint32_t hi) {
   const uint16_t v = static_cast<uint16_t>(lo | (hi << 8));
 #if defined(__CUDA_ARCH__)
@@ -99,7 +108,7 @@ DRIFTKV_HOST_DEVICE DRIFTKV_INLINE void PackKeyGroup(const uint8_t* lv, int row_
     const uint32_t two = LoadKeyPair(base + Pos::Pair(e, row_bytes));
     const uint32_t lo = two & 255u, hi = two >> 8;
     if (e < 15) {
-      w[e / 5] |= (lo << (3 * (e % 5))) | (hi << (16 + 3 * (e % 5)));
+      w[e / 5] |= SpreadKeyPair(two) << (3 * (e % 5));  // lo at 3 (e % 5), hi 16 above
     } else {
       DRIFTKV_UNROLL
       for (int b = 0; b < 3; ++b) w[b] |= (((lo >> b) & 1u) << 15) | (((hi >> b) & 1u) << 31);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "codec/hadamard.h"
+#include "kernels/promote_table.h"
 #include "kernels/transform.h"
 #include "wire/half.h"
 
@@ -21,9 +22,13 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
 
 std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec) {
   std::vector<uint32_t> t(512);
-  for (int z = 0; z < 256; ++z) {
-    t[z] = codec.key_codec().table().decode[z];
-    t[256 + z] = codec.value_codec().table().decode[z];
+  auto entry = [](const RansTable& table, uint32_t z) {
+    const DecodeEntry e = table.decode[z];
+    return PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e), z);
+  };
+  for (uint32_t z = 0; z < 256; ++z) {
+    t[z] = entry(codec.key_codec().table(), z);
+    t[256 + z] = entry(codec.value_codec().table(), z);
   }
   return t;
 }

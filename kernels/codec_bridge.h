@@ -27,8 +27,8 @@ namespace gpu {
 void PackDecodeTable(const RansTable& table, uint32_t out[256]);
 
 // The promotion's tables (kernels/level_promote.h PromoteParams::tables_dev):
-// the key then the value decode table, rans.h's DecodeEntry words as they
-// are, 512 words.
+// the key then the value decode table in kernels/promote_table.h's form,
+// 512 words.
 std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec);
 
 // The device form of kernels/transform.h for every layer of `set`.

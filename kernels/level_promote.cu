@@ -13,6 +13,7 @@
 #include "kernels/device_common.cuh"
 #include "kernels/first_failure.cuh"
 #include "kernels/level_promote.h"
+#include "kernels/promote_table.h"
 
 namespace driftkv {
 namespace gpu {
@@ -54,17 +55,19 @@ struct PayloadReader {
   }
 };
 
-// Decodes 4 symbols (rans.h) from state x; the at most 4 renormalisation
-// bytes come from one 4-byte window (a predicated byte permute consumes the
-// next one), the levels into the bytes of the returned word.
+// Decodes 4 symbols (rans.h) from state x by kernels/promote_table.h's
+// entries; the at most 4 renormalisation bytes come from one 4-byte window
+// (a predicated byte permute consumes the next one), the levels (each
+// entry's byte 2) permuted into the bytes of the returned word.
 __device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadReader& rd, const uint32_t* table) {
   const uint32_t win = rd.Window(ptr);
   uint32_t sel = kSelBase, out = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint32_t e = table[x & 255u];
-    out |= ((e >> 16) & 15u) << (8 * k);
-    x = (e & 255u) * (x >> 8) + ((e >> 8) & 255u);
+    // Byte k of out from byte 2 of e (selector 6), the others kept.
+    out = __byte_perm(out, e, (0x3210u & ~(0xfu << (4 * k))) | (6u << (4 * k)));
+    x = PromoteStateStep(x, e);
     asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
         "@p add.u32 %1, %1, 1;\n\t}"
         : "+r"(x), "+r"(sel)
@@ -129,9 +132,13 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
     for (int j = 0; j < D / 4; ++j) row[j] = has ? Decode4(x, ptr, rd, table) : 0u;
     __syncthreads();
     if (kind == 0) {
-      // 32 lanes x (8 m-tiles x D/64 groups) tasks.
-      for (int task = tid; task < 32 * 8 * (D / 64); task += kThreads) {
-        PackKeyGroup<D>(lv, kRowBytes, task % 32, task / 32, staged);
+      // 32 lanes x (8 m-tiles x D/64 groups): lane tid % 32 of groups
+      // tid / 32 + 4 i.
+      constexpr int kGroups = KeyGroupPos<D>::kGroups;
+      static_assert(kGroups % (kThreads / 32) == 0, "groups shared evenly by the warps");
+#pragma unroll
+      for (int i = 0; i < kGroups / (kThreads / 32); ++i) {
+        PackKeyGroup<D>(lv, kRowBytes, tid % 32, tid / 32 + (kThreads / 32) * i, staged);
       }
     } else {
       const int l = tid % 32, gr = tid / 32;
