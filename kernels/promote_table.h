@@ -37,7 +37,9 @@ DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t PromoteStateStep(uint32_t x, uint32_
 }
 
 // The level of `entry` (byte 2, nothing else in it).
-DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t PromoteEntryLevel(uint32_t entry) { return (entry >> 16) & 0xffu; }
+DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t PromoteEntryLevel(uint32_t entry) {
+  return (entry >> 16) & 0xffu;
+}
 
 }  // namespace gpu
 }  // namespace driftkv

@@ -108,6 +108,10 @@ absl::Status ColdLevels::Attend(const gpu::DQuantAttentionParams& fused, absl::S
     lp.merge_counters_dev = merge_counters_dev;
     st = gpu::LaunchLevelAttention(lp, stream);
   }
+  // The caller waits for the stream only after a launch that went well;
+  // after a failure the starts' upload may still be reading the pinned
+  // array that the next call rewrites.
+  if (!st.ok()) cudaStreamSynchronize(stream);
   return st;
 }
 

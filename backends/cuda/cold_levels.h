@@ -57,7 +57,7 @@ class ColdLevels {
   // i - 1's), each chunk promoted and attended by the level kernel, or
   // fused. `merge_counters_dev`: the level kernel's (LevelAttentionParams).
   // The host arrays it uploads are reused by the next call: the caller
-  // waits for `stream` in between.
+  // waits for `stream` in between (after a failure, Attend has waited).
   absl::Status Attend(const gpu::DQuantAttentionParams& fused, absl::Span<const int> item_pages,
                       uint32_t* merge_counters_dev, cudaStream_t stream);
   // The last Attend's chunks: which items went through the level kernel.
