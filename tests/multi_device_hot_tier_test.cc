@@ -175,6 +175,17 @@ TEST(MultiDeviceHotTier, BitEqualToOneDeviceAndToNoHotTier) {
   ExpectPagesOnTheirDevices(*two.h, {kPagesPerSequence + 4, kPagesPerSequence + 4});
   EXPECT_EQ(Answers(*two.h, after), Answers(*cold.h, after));
   ExpectPagesOnTheirDevices(*two.h, {kPagesPerSequence + 4, kPagesPerSequence + 4});
+
+  // Every item's route came back through the devices' wrapper: the routes
+  // add up to the items, hot ones among them; the server without a hot
+  // tier attended all on the host.
+  auto route = [](const Metrics& m, AttendRoute r) { return m.attention_items_by_route[static_cast<int>(r)]->Value(); };
+  double routed = 0;
+  for (int k = 1; k < static_cast<int>(AttendRoute::kCount); ++k) routed += route(two.metrics, AttendRoute(k));
+  EXPECT_EQ(routed, two.metrics.attention_items->Value());
+  EXPECT_GT(route(two.metrics, AttendRoute::kHot), 0);
+  EXPECT_GT(cold.metrics.attention_items->Value(), 0);
+  EXPECT_EQ(route(cold.metrics, AttendRoute::kColdHost), cold.metrics.attention_items->Value());
 }
 
 // A server of two devices with every layer hot writes its snapshot (each
