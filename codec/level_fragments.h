@@ -106,10 +106,10 @@ DRIFTKV_HOST_DEVICE DRIFTKV_INLINE void PackKeyGroup(const uint8_t* lv, int row_
   DRIFTKV_UNROLL
   for (int e = 0; e < 16; ++e) {
     const uint32_t two = LoadKeyPair(base + Pos::Pair(e, row_bytes));
-    const uint32_t lo = two & 255u, hi = two >> 8;
     if (e < 15) {
       w[e / 5] |= SpreadKeyPair(two) << (3 * (e % 5));  // lo at 3 (e % 5), hi 16 above
     } else {
+      const uint32_t lo = two & 255u, hi = two >> 8;
       DRIFTKV_UNROLL
       for (int b = 0; b < 3; ++b) w[b] |= (((lo >> b) & 1u) << 15) | (((hi >> b) & 1u) << 31);
     }

@@ -58,15 +58,16 @@ struct PayloadReader {
 // Decodes 4 symbols (rans.h) from state x by kernels/promote_table.h's
 // entries; the at most 4 renormalisation bytes come from one 4-byte window
 // (a predicated byte permute consumes the next one), the levels (each
-// entry's byte 2) permuted into the bytes of the returned word.
+// entry's kPromoteLevelByte) permuted into the bytes of the returned word.
 __device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadReader& rd, const uint32_t* table) {
   const uint32_t win = rd.Window(ptr);
   uint32_t sel = kSelBase, out = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint32_t e = table[x & 255u];
-    // Byte k of out from byte 2 of e (selector 6), the others kept.
-    out = __byte_perm(out, e, (0x3210u & ~(0xfu << (4 * k))) | (6u << (4 * k)));
+    // Byte k of out from e's level byte (selector 4 + that byte), the
+    // others kept.
+    out = __byte_perm(out, e, (0x3210u & ~(0xfu << (4 * k))) | ((4u + kPromoteLevelByte) << (4 * k)));
     x = PromoteStateStep(x, e);
     asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
         "@p add.u32 %1, %1, 1;\n\t}"

@@ -19,10 +19,13 @@
 namespace driftkv {
 namespace gpu {
 
+// The byte of an entry that holds the level.
+constexpr int kPromoteLevelByte = 2;
+
 // The entry for slot z of a symbol m of frequency f (1..255) whose
 // interval starts bias below z (bias = z - c, 0 <= bias < f).
 constexpr uint32_t PromoteTableEntry(uint32_t f, uint32_t bias, uint32_t m, uint32_t z) {
-  return (f << 24) | ((m & 0xffu) << 16) |
+  return (f << 24) | ((m & 0xffu) << (8 * kPromoteLevelByte)) |
          (static_cast<uint32_t>(static_cast<int32_t>(bias) - static_cast<int32_t>((z * f) >> 8)) & 0xffffu);
 }
 
@@ -36,9 +39,9 @@ DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t PromoteStateStep(uint32_t x, uint32_
 #endif
 }
 
-// The level of `entry` (byte 2, nothing else in it).
+// The level of `entry` (its byte kPromoteLevelByte, nothing else in it).
 DRIFTKV_HOST_DEVICE DRIFTKV_INLINE uint32_t PromoteEntryLevel(uint32_t entry) {
-  return (entry >> 16) & 0xffu;
+  return (entry >> (8 * kPromoteLevelByte)) & 0xffu;
 }
 
 }  // namespace gpu
