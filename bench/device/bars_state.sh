@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# (bench/device/README.md: how to bundle what it runs)
+# The bars of the hot-tier and data-plane issues for HEAD's build, with a
+# promotion variant beside it (bench_gpu-w8, gated by its own
+# level_attention_test-w8), in two calls on one warm machine:
+#   PART=1: the kernel and backend tests of this build, the promotion
+#     rounds in turn, bench_gpu with SDPA right after (hot, cold through
+#     level pages, device-alone columns), ncu of the attention kernel at
+#     64 x 8K (DRAM throughput) and of PromoteKernel in both builds,
+#     service_hot_bench (first Attend, bit-equal answers);
+#   PART=2: the service's GPU tests, a second bench_gpu round, the inline
+#     bf16 trace (trace.sh), PromoteKernel's SASS profile.
+# Logs end in $OUT/all_$PART.tgz.
+set -uo pipefail
+. bench/device/gtest.sh
+export PYTHONUNBUFFERED=1
+t0=$SECONDS
+gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)
+echo "$gpu"
+stamp() { echo "-- $* at $((SECONDS - t0)) s"; }
+promote_round() {
+  local v
+  for v in bench_gpu $w8; do
+    timeout 60 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_p$1.log 2>&1
+    echo "round $1 $v: $(grep -E '^Promotion' $OUT/${v}_p$1.log | sed 's/.*: //')"
+    grep -E "^Checksums" $OUT/${v}_p$1.log | sed 's/.*promotion (/  checked (/'
+  done
+}
+w8=bench_gpu-w8
+if [ "${PART:-1}" = 1 ]; then
+  gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all_1.tgz *.log; exit 1; }
+  grep -h "worst error" $OUT/level_attention_test.log
+  timeout 100 $B level_attention_test-w8 \
+    --gtest_filter='*Gqa32x8Dim128*:*Gqa8x4Dim64*:*Gqa8x4Dim128AndGqa32x8Dim64*:*LargeAndTiny*' > $OUT/lat_w8.log 2>&1
+  grep -E "PASSED|FAILED" $OUT/lat_w8.log | tail -2
+  grep -q "PASSED" $OUT/lat_w8.log && ! grep -q FAILED $OUT/lat_w8.log || w8=''
+  stamp tests
+  promote_round 1
+  promote_round 2
+  stamp promotion
+  bench_vs_sdpa bench_gpu 1 150
+  grep -E "^(Promotion|Demotion|cold)" $OUT/bench_gpu_1.log | head -8
+  stamp "bench_gpu round 1"
+  echo "== ncu LevelAttentionKernel at 64 x 8K"
+  timeout 90 ncu --clock-control none --kernel-name regex:LevelAttentionKernel --launch-skip 3 --launch-count 1 \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.avg.per_cycle_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+    $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_attention.log 2>&1
+  grep -E "gpu__time|dram__|sm__inst|smsp__inst|warps_active|==ERR|Error" $OUT/ncu_attention.log | head -8
+  for v in bench_gpu $w8; do
+    [ $((SECONDS - t0)) -gt 420 ] && break
+    echo "== ncu PromoteKernel: $v"
+    timeout 90 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-count 60 \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,smsp__thread_inst_executed_per_inst_executed.ratio \
+      $B $v --encode_tokens=0 --shapes=1x8192 --reps=3 > $OUT/ncu_promote_$v.log 2>&1
+    grep -A6 "(2048, 2, 1)" $OUT/ncu_promote_$v.log | head -7
+  done
+  stamp ncu
+  if [ $((SECONDS - t0)) -lt 450 ]; then
+    timeout 110 $B service_hot_bench --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench.log 2>&1
+    grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone" $OUT/service_hot_bench.log | head -14
+  fi
+else
+  gtests service_gpu_test:150 data_plane_gpu_test:150
+  stamp "service tests"
+  bench_vs_sdpa bench_gpu 2 150
+  stamp "bench_gpu round 2"
+  left=$((${END:-420} - (SECONDS - t0)))
+  [ $left -gt 100 ] && TRACE_PATHS="inline_bf16" ROUNDS=1 STEPS=60 timeout $left bash bench/device/trace.sh
+  stamp trace
+  [ $((SECONDS - t0)) -lt 480 ] && KERNEL=PromoteKernel SHAPE=1x8192 timeout 100 bash bench/device/sass_counts.sh
+fi
+stamp end
+cd $OUT && tar czf all_${PART:-1}.tgz *.log *.md *.csv *.txt 2>/dev/null
+rm -f *.log *.md *.csv *.txt
