@@ -232,9 +232,7 @@ PromoteParams PromoteAll(const DQuantCodec& codec, const PageLayout& lay, const 
   pp.cold = lay;
   pp.hot_pool_dev = hot_dev;
   pp.hot = hl;
-  pp.tables_dev = tabs->get<uint32_t>();
-  pp.key_payload = codec.key_codec().payload_bytes();
-  pp.value_payload = codec.value_codec().payload_bytes();
+  SetPromoteCodec(codec, tabs->get<uint32_t>(), &pp);
   pp.pages = count;
   pp.cold_pages_dev = ids->get<int32_t>();
   pp.hot_pages_dev = ids->get<int32_t>();

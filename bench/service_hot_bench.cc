@@ -235,9 +235,7 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
       pp.cold = cl;
       pp.hot_pool_dev = scratch.get<uint8_t>();
       pp.hot = *hl;
-      pp.tables_dev = raw_tables.get<uint32_t>();
-      pp.key_payload = codec.key_codec().payload_bytes();
-      pp.value_payload = codec.value_codec().payload_bytes();
+      gpu::SetPromoteCodec(codec, raw_tables.get<uint32_t>(), &pp);
       pp.pages = static_cast<int>(total);
       pp.cold_pages_dev = batch.page_table_dev;
       pp.hot_pages_dev = scratch_table.get<int32_t>();

@@ -97,6 +97,12 @@ std::vector<float> PackTransforms(const TransformSet& set) {
   return out;
 }
 
+void SetPromoteCodec(const DQuantCodec& codec, const uint32_t* tables_dev, PromoteParams* p) {
+  p->tables_dev = tables_dev;
+  p->key_payload = codec.key_codec().payload_bytes();
+  p->value_payload = codec.value_codec().payload_bytes();
+}
+
 void SetDemoteTables(const DQuantCodec& codec, DemoteParams* p) {
   auto fill = [](const StreamCodec& sc, DemoteTable* t) {
     const RansTable& r = sc.table();

@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/encode.h"
 #include "kernels/level_demote.h"
+#include "kernels/level_promote.h"
 
 namespace driftkv {
 namespace gpu {
@@ -30,6 +31,11 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]);
 // the key then the value decode table in kernels/promote_table.h's form,
 // 512 words.
 std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec);
+
+// What a promotion takes from `codec`: its tables, already on the device
+// (PromoteDecodeTables' words at tables_dev), and both records' payload
+// sizes, into p (the rest of p untouched).
+void SetPromoteCodec(const DQuantCodec& codec, const uint32_t* tables_dev, PromoteParams* p);
 
 // The device form of kernels/transform.h for every layer of `set`.
 std::vector<float> PackTransforms(const TransformSet& set);

@@ -149,9 +149,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     pp.cold = c.layout;
     pp.hot_pool_dev = hot.get<uint8_t>();
     pp.hot = b.hot;
-    pp.tables_dev = dtab.get<uint32_t>();
-    pp.key_payload = codec->key_codec().payload_bytes();
-    pp.value_payload = codec->value_codec().payload_bytes();
+    SetPromoteCodec(*codec, dtab.get<uint32_t>(), &pp);
     pp.pages = static_cast<int>(ids.size());
     pp.cold_pages_dev = dids.get<int32_t>();
     pp.hot_pages_dev = dids.get<int32_t>();

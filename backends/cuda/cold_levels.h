@@ -28,20 +28,17 @@
 #include "backends/cuda/device_memory.h"
 #include "codec/level_page.h"
 #include "kernels/attention.h"
+#include "kernels/level_promote.h"
 
 namespace driftkv {
 namespace cuda_backend {
 
 // What the promotion reads: the cold arena and its layout, the level
-// layout of the same shape, the codec's rANS decode tables as
-// kernels/level_promote.h takes them, and the records' payload sizes.
+// layout of the same shape, the codec's rANS decode tables and the
+// records' payload sizes (the backend's promotion parameters; each chunk
+// sets its own pages and writes into the scratch).
 struct ColdLevelsDevice {
-  const uint8_t* arena = nullptr;
-  PageLayout cold;
-  LevelPageLayout level;
-  const uint32_t* tables_dev = nullptr;
-  int key_payload = 0;
-  int value_payload = 0;
+  gpu::PromoteParams promote;
 };
 
 class ColdLevels {

@@ -139,6 +139,9 @@ class CudaBackend : public Backend {
   // arena (its moves: cuda_hot_tier.cc).
   absl::Status InitLevelPages();
   absl::Status InitHotTier();
+  // A promotion from the cold arena into the hot one with the codec's
+  // tables, its pages not yet named.
+  gpu::PromoteParams PromoteBase() const;
   // The launch of a promotion whose device words `ids` hold the cold ids,
   // the hot ids, the tokens and room for the status, [count] each.
   gpu::PromoteParams PromoteParamsFor(int32_t* ids, int count) const;

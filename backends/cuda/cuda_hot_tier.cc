@@ -183,15 +183,18 @@ absl::Status CudaBackend::CheckedPromotionResult(absl::Span<const TierMove> move
   return PromotionStatus(moves, back.data());
 }
 
-gpu::PromoteParams CudaBackend::PromoteParamsFor(int32_t* ids, int count) const {
+gpu::PromoteParams CudaBackend::PromoteBase() const {
   gpu::PromoteParams pp;
   pp.cold_pool_dev = static_cast<const uint8_t*>(arena_);
   pp.cold = layout_;
   pp.hot_pool_dev = static_cast<uint8_t*>(hot_arena_);
   pp.hot = hot_layout_;
-  pp.tables_dev = raw_tables_.get<uint32_t>();
-  pp.key_payload = codec_.key_codec().payload_bytes();
-  pp.value_payload = codec_.value_codec().payload_bytes();
+  gpu::SetPromoteCodec(codec_, raw_tables_.get<uint32_t>(), &pp);
+  return pp;
+}
+
+gpu::PromoteParams CudaBackend::PromoteParamsFor(int32_t* ids, int count) const {
+  gpu::PromoteParams pp = PromoteBase();
   pp.pages = count;
   pp.cold_pages_dev = ids;
   pp.hot_pages_dev = ids + count;
