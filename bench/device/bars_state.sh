@@ -10,6 +10,7 @@
 #     service_hot_bench (first Attend, bit-equal answers);
 #   PART=2: the service's GPU tests, a second bench_gpu round, the inline
 #     bf16 trace (trace.sh), PromoteKernel's SASS profile.
+#   PART=all: part 1, the service's tests and the trace while time is left.
 # Logs end in $OUT/all_$PART.tgz.
 set -uo pipefail
 . bench/device/gtest.sh
@@ -27,7 +28,10 @@ promote_round() {
   done
 }
 w8=bench_gpu-w8
-if [ "${PART:-1}" = 1 ]; then
+# PART=all: part 1, then what part 2 adds while the call's END (560 s)
+# leaves room, for a session that may get one call only.
+left() { echo $((${END:-560} - (SECONDS - t0))); }
+if [ "${PART:-1}" = 1 ] || [ "${PART:-1}" = all ]; then
   gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all_1.tgz *.log; exit 1; }
   grep -h "worst error" $OUT/level_attention_test.log
   timeout 100 $B level_attention_test-w8 \
@@ -47,7 +51,7 @@ if [ "${PART:-1}" = 1 ]; then
     $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_attention.log 2>&1
   grep -E "gpu__time|dram__|sm__inst|smsp__inst|warps_active|==ERR|Error" $OUT/ncu_attention.log | head -8
   for v in bench_gpu $w8; do
-    [ $((SECONDS - t0)) -gt 420 ] && break
+    [ $(left) -lt 150 ] && break
     echo "== ncu PromoteKernel: $v"
     timeout 90 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-count 60 \
       --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,smsp__thread_inst_executed_per_inst_executed.ratio \
@@ -55,19 +59,25 @@ if [ "${PART:-1}" = 1 ]; then
     grep -A6 "(2048, 2, 1)" $OUT/ncu_promote_$v.log | head -7
   done
   stamp ncu
-  if [ $((SECONDS - t0)) -lt 450 ]; then
+  if [ $(left) -gt 120 ]; then
     timeout 110 $B service_hot_bench --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench.log 2>&1
     grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone" $OUT/service_hot_bench.log | head -14
   fi
-else
+fi
+if [ "${PART:-1}" = all ]; then
+  [ $(left) -gt 160 ] && gtests service_gpu_test:150
+  [ $(left) -gt 160 ] && gtests data_plane_gpu_test:150
+  stamp "service tests"
+  [ $(left) -gt 130 ] && TRACE_PATHS="inline_bf16" ROUNDS=1 STEPS=40 timeout $(($(left) - 10)) bash bench/device/trace.sh
+  stamp trace
+elif [ "${PART:-1}" = 2 ]; then
   gtests service_gpu_test:150 data_plane_gpu_test:150
   stamp "service tests"
   bench_vs_sdpa bench_gpu 2 150
   stamp "bench_gpu round 2"
-  left=$((${END:-420} - (SECONDS - t0)))
-  [ $left -gt 100 ] && TRACE_PATHS="inline_bf16" ROUNDS=1 STEPS=60 timeout $left bash bench/device/trace.sh
+  [ $(left) -gt 100 ] && TRACE_PATHS="inline_bf16" ROUNDS=1 STEPS=60 timeout $(left) bash bench/device/trace.sh
   stamp trace
-  [ $((SECONDS - t0)) -lt 480 ] && KERNEL=PromoteKernel SHAPE=1x8192 timeout 100 bash bench/device/sass_counts.sh
+  [ $(left) -gt 100 ] && KERNEL=PromoteKernel SHAPE=1x8192 timeout 100 bash bench/device/sass_counts.sh
 fi
 stamp end
 cd $OUT && tar czf all_${PART:-1}.tgz *.log *.md *.csv *.txt 2>/dev/null
