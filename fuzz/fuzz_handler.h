@@ -35,6 +35,30 @@ inline ServiceOptions FuzzOptions() {
   return o;
 }
 
+// Appends `tokens` tokens to sequence `id` on both layers, every key the
+// bf16 bytes key_byte twice and every value value_byte twice (with token
+// ids *first_id, *first_id + 1, ... where first_id is not null;
+// new_incarnation: the id may be one released before); traps if the
+// handler refuses.
+inline void AppendBothLayers(Handler& h, const std::string& id, int tokens, char key_byte, char value_byte,
+                             const uint32_t* first_id = nullptr, bool new_incarnation = false) {
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    v1::AppendChunk c;
+    c.set_sequence_id(id);
+    c.set_new_incarnation(new_incarnation);
+    c.set_layer(layer);
+    c.set_token_count(tokens);
+    c.set_dtype(v1::DTYPE_BF16);
+    c.set_keys(std::string(tokens * 64 * 2, key_byte));
+    c.set_values(std::string(tokens * 64 * 2, value_byte));
+    if (first_id != nullptr) {
+      for (int i = 0; i < tokens; ++i) c.add_token_ids(*first_id + i);
+    }
+    v1::AppendResponse r;
+    if (!h.Append(c, &r).ok()) __builtin_trap();
+  }
+}
+
 // How many handlers FreshHandler has built: a new one may take the old
 // one's address, so a target tells them apart by this.
 inline int& HandlerGeneration() {
@@ -54,17 +78,7 @@ inline Handler& FreshHandler() {
     absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, metrics.get());
     if (!h.ok()) std::abort();
     handler = *std::move(h);
-    for (uint32_t layer = 0; layer < 2; ++layer) {
-      v1::AppendChunk c;
-      c.set_sequence_id("s");
-      c.set_layer(layer);
-      c.set_token_count(kFuzzTokens);
-      c.set_dtype(v1::DTYPE_BF16);
-      c.set_keys(std::string(kFuzzTokens * 64 * 2, '\x3c'));
-      c.set_values(std::string(kFuzzTokens * 64 * 2, '\x3b'));
-      v1::AppendResponse r;
-      if (!handler->Append(c, &r).ok()) std::abort();
-    }
+    AppendBothLayers(*handler, "s", kFuzzTokens, '\x3c', '\x3b');
   }
   return *handler;
 }
@@ -84,19 +98,7 @@ constexpr int kIdTokens = 48;
 // pages (new_incarnation: the id may be one released before); traps if
 // the handler refuses.
 inline void AppendWithIds(Handler& h, const std::string& id, uint32_t first_id, bool new_incarnation = false) {
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    v1::AppendChunk c;
-    c.set_sequence_id(id);
-    c.set_new_incarnation(new_incarnation);
-    c.set_layer(layer);
-    c.set_token_count(kIdTokens);
-    c.set_dtype(v1::DTYPE_BF16);
-    c.set_keys(std::string(kIdTokens * 64 * 2, '\x3d'));
-    c.set_values(std::string(kIdTokens * 64 * 2, '\x3a'));
-    for (int i = 0; i < kIdTokens; ++i) c.add_token_ids(first_id + i);
-    v1::AppendResponse r;
-    if (!h.Append(c, &r).ok()) __builtin_trap();
-  }
+  AppendBothLayers(h, id, kIdTokens, '\x3d', '\x3a', &first_id, new_incarnation);
 }
 
 // Sequence `id` with token ids 0, 1, ... (AppendWithIds): once for each
