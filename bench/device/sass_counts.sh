@@ -6,7 +6,7 @@
 # (SourceCounters) of one launch at SHAPE (64x8192), as a CSV that
 # docs/hot_tier/sass_profile.py sums by opcode and by how often each
 # instruction ran, then the pipes' utilisation and the stall reasons. BIN
-# (bench_gpu).
+# (bench_gpu); SKIP (3): the launches of KERNEL skipped before the one profiled.
 set -uo pipefail
 . bench/device/gtest.sh
 bin=${BIN:-bench_gpu}
@@ -15,7 +15,7 @@ path=.device/bundle/bin/$bin
 k=${KERNEL:-LevelAttentionKernel}
 cuobjdump -sass "$path" 2>&1 | awk -v k="$k" '/Function : /{p = index($0, k) > 0} p' > $OUT/sass_$bin.txt
 wc -l $OUT/sass_$bin.txt
-timeout 300 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
+timeout 300 ncu --clock-control none --kernel-name regex:$k --launch-skip ${SKIP:-3} --launch-count 1 \
   --section SourceCounters --section InstructionStats --section WarpStateStats --section LaunchStats \
   --section Occupancy --section SpeedOfLight --section ComputeWorkloadAnalysis -o $OUT/prof_$bin \
   $B $bin --encode_tokens=0 --shapes=${SHAPE:-64x8192} --reps=5 > $OUT/ncu_run_$bin.log 2>&1
