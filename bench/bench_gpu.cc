@@ -232,7 +232,7 @@ PromoteParams PromoteAll(const DQuantCodec& codec, const PageLayout& lay, const 
   pp.cold = lay;
   pp.hot_pool_dev = hot_dev;
   pp.hot = hl;
-  SetPromoteCodec(codec, tabs->get<uint64_t>(), &pp);
+  SetPromoteCodec(codec, tabs->get<uint32_t>(), &pp);
   pp.pages = count;
   pp.cold_pages_dev = ids->get<int32_t>();
   pp.hot_pages_dev = ids->get<int32_t>();

@@ -235,7 +235,7 @@ double KernelMs(const DQuantCodec& codec, int sequences, int context, int window
       pp.cold = cl;
       pp.hot_pool_dev = scratch.get<uint8_t>();
       pp.hot = *hl;
-      gpu::SetPromoteCodec(codec, raw_tables.get<uint64_t>(), &pp);
+      gpu::SetPromoteCodec(codec, raw_tables.get<uint32_t>(), &pp);
       pp.pages = static_cast<int>(total);
       pp.cold_pages_dev = batch.page_table_dev;
       pp.hot_pages_dev = scratch_table.get<int32_t>();

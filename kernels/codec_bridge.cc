@@ -20,8 +20,8 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]) {
   }
 }
 
-std::vector<uint64_t> PromoteDecodeTables(const DQuantCodec& codec) {
-  std::vector<uint64_t> t(512);
+std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec) {
+  std::vector<uint32_t> t(512);
   auto entry = [](const RansTable& table, uint32_t z) {
     const DecodeEntry e = table.decode[z];
     return PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e), z);
@@ -97,7 +97,7 @@ std::vector<float> PackTransforms(const TransformSet& set) {
   return out;
 }
 
-void SetPromoteCodec(const DQuantCodec& codec, const uint64_t* tables_dev, PromoteParams* p) {
+void SetPromoteCodec(const DQuantCodec& codec, const uint32_t* tables_dev, PromoteParams* p) {
   p->tables_dev = tables_dev;
   p->key_payload = codec.key_codec().payload_bytes();
   p->value_payload = codec.value_codec().payload_bytes();

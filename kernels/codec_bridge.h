@@ -29,13 +29,13 @@ void PackDecodeTable(const RansTable& table, uint32_t out[256]);
 
 // The promotion's tables (kernels/level_promote.h PromoteParams::tables_dev):
 // the key then the value decode table in kernels/promote_table.h's form,
-// 512 entries.
-std::vector<uint64_t> PromoteDecodeTables(const DQuantCodec& codec);
+// 512 words.
+std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec);
 
 // What a promotion takes from `codec`: its tables, already on the device
-// (PromoteDecodeTables' entries at tables_dev), and both records' payload
+// (PromoteDecodeTables' words at tables_dev), and both records' payload
 // sizes, into p (the rest of p untouched).
-void SetPromoteCodec(const DQuantCodec& codec, const uint64_t* tables_dev, PromoteParams* p);
+void SetPromoteCodec(const DQuantCodec& codec, const uint32_t* tables_dev, PromoteParams* p);
 
 // The device form of kernels/transform.h for every layer of `set`.
 std::vector<float> PackTransforms(const TransformSet& set);

@@ -138,7 +138,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     for (size_t id = 0; id < b.page_tokens.size(); ++id) {
       if (b.page_tokens[id] > 0) ids.push_back(static_cast<int32_t>(id)), toks.push_back(b.page_tokens[id]);
     }
-    const std::vector<uint64_t> tables = PromoteDecodeTables(*codec);
+    const std::vector<uint32_t> tables = PromoteDecodeTables(*codec);
     DeviceBuffer cold, hot, dtab, dids, dtok, dstat;
     ASSERT_TRUE(cold.Upload(c.pool) && dtab.Upload(tables) && dids.Upload(ids) && dtok.Upload(toks) &&
                 dstat.Resize(ids.size() * 4));
@@ -149,7 +149,7 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
     pp.cold = c.layout;
     pp.hot_pool_dev = hot.get<uint8_t>();
     pp.hot = b.hot;
-    SetPromoteCodec(*codec, dtab.get<uint64_t>(), &pp);
+    SetPromoteCodec(*codec, dtab.get<uint32_t>(), &pp);
     pp.pages = static_cast<int>(ids.size());
     pp.cold_pages_dev = dids.get<int32_t>();
     pp.hot_pages_dev = dids.get<int32_t>();

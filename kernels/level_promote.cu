@@ -5,7 +5,7 @@
 // token t's record (rans.h: one 32-bit state, byte renormalisation, the
 // final state must be L) one KV head at a time into shared memory, and the
 // block packs each head's block as soon as its levels are there (one output
-// word per thread at a time, coalesced writes). About 25 KB of shared memory
+// word per thread at a time, coalesced writes). About 17 KB of shared memory
 // a block, so many blocks share an SM and hide the decode's serial latency.
 #include "absl/strings/str_cat.h"
 #include "codec/format_constants.h"
@@ -59,16 +59,15 @@ struct PayloadReader {
 // entries; the at most 4 renormalisation bytes come from one 4-byte window
 // (a predicated byte permute consumes the next one), the levels (each
 // entry's kPromoteLevelByte) permuted into the bytes of the returned word.
-__device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadReader& rd, const uint64_t* table) {
+__device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadReader& rd, const uint32_t* table) {
   const uint32_t win = rd.Window(ptr);
   uint32_t sel = kSelBase, out = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint64_t e = table[x & 255u];
+    const uint32_t e = table[x & 255u];
     // Byte k of out from e's level byte (selector 4 + that byte), the
     // others kept.
-    out = __byte_perm(out, static_cast<uint32_t>(e),
-                      (0x3210u & ~(0xfu << (4 * k))) | ((4u + kPromoteLevelByte) << (4 * k)));
+    out = __byte_perm(out, e, (0x3210u & ~(0xfu << (4 * k))) | ((4u + kPromoteLevelByte) << (4 * k)));
     x = PromoteStateStep(x, e);
     asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %0, 0x800000;\n\t@p prmt.b32 %0, %0, %2, %1;\n\t"
         "@p add.u32 %1, %1, 1;\n\t}"
@@ -88,7 +87,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
-  __shared__ uint64_t table[256];
+  __shared__ uint32_t table[256];
   // One head's block, packed here and written out with 16-byte stores.
   constexpr int kBlockWords = 48 * D / 4;  // the key block; the value block is not larger
   static_assert(
@@ -130,14 +129,8 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   if (has) rd.Start(words, ptr);
   uint32_t* row = reinterpret_cast<uint32_t*>(lv + tid * kRowBytes);
   for (int h = 0; h < hl.kv_heads; ++h) {
-    // One test of `has` a head, not one a Decode4 (every thread of a full
-    // page decodes).
-    if (has) {
 #pragma unroll 4
-      for (int j = 0; j < D / 4; ++j) row[j] = Decode4(x, ptr, rd, table);
-    } else {
-      for (int j = 0; j < D / 4; ++j) row[j] = 0u;
-    }
+    for (int j = 0; j < D / 4; ++j) row[j] = has ? Decode4(x, ptr, rd, table) : 0u;
     __syncthreads();
     if (kind == 0) {
       // 32 lanes x (8 m-tiles x D/64 groups): lane tid % 32 of groups

@@ -20,9 +20,9 @@ struct PromoteParams {
   PageLayout cold;
   uint8_t* hot_pool_dev = nullptr;
   LevelPageLayout hot;
-  // 512 entries: the key then the value decode table, each in
+  // 512 words: the key then the value decode table, each entry in
   // kernels/promote_table.h's form (PromoteDecodeTables).
-  const uint64_t* tables_dev = nullptr;
+  const uint32_t* tables_dev = nullptr;
   int key_payload = 0;    // C of the key records
   int value_payload = 0;  // C of the value records
   int pages = 0;

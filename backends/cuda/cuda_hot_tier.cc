@@ -23,12 +23,11 @@ absl::Status CudaBackend::InitLevelPages() {
   // Without level pages for this shape a hot tier cannot be; the cold
   // launches do without their scratch (hot_layout_.page_bytes stays 0).
   if (!hl.ok()) return hot_pool_ != nullptr ? hl.status() : absl::OkStatus();
-  const std::vector<uint64_t> raw = gpu::PromoteDecodeTables(codec_);
-  const size_t bytes = raw.size() * sizeof(raw[0]);
-  absl::Status st = raw_tables_.Reserve(bytes);
-  if (st.ok()) {
-    st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), bytes, cudaMemcpyHostToDevice), "upload rANS tables");
-  }
+  const std::vector<uint32_t> raw = gpu::PromoteDecodeTables(codec_);
+  absl::Status st = raw_tables_.Reserve(raw.size() * 4);
+  if (st.ok())
+    st = Cuda(cudaMemcpy(raw_tables_.get<void>(), raw.data(), raw.size() * 4, cudaMemcpyHostToDevice),
+              "upload rANS tables");
   if (st.ok()) hot_layout_ = *hl;
   return st;
 }
@@ -190,7 +189,7 @@ gpu::PromoteParams CudaBackend::PromoteBase() const {
   pp.cold = layout_;
   pp.hot_pool_dev = static_cast<uint8_t*>(hot_arena_);
   pp.hot = hot_layout_;
-  gpu::SetPromoteCodec(codec_, raw_tables_.get<uint64_t>(), &pp);
+  gpu::SetPromoteCodec(codec_, raw_tables_.get<uint32_t>(), &pp);
   return pp;
 }
 
