@@ -2,7 +2,7 @@
 # (bench/device/README.md: how to bundle what it runs)
 # The promotion kernel of this build against the build before it
 # (bench_gpu-before) and a variant (bench_gpu-lb, gated by its own
-# level_attention_test-lb): the kernel and backend tests, ROUNDS (3)
+# level_attention_test-lb): the kernel and backend tests (TESTS), ROUNDS (3)
 # promotion rounds in turn, ncu's instruction count and issue rate of one
 # 2048-page launch of each, the SASS profile of this build's
 # (sass_counts.sh), then while END (560 s) leaves room bench_gpu with SDPA
@@ -17,7 +17,7 @@ t0=$SECONDS
 left() { echo $((${END:-560} - (SECONDS - t0))); }
 stamp() { echo "-- $* at $((SECONDS - t0)) s"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all.tgz *.log; exit 1; }
+gtests ${TESTS:-level_attention_test:240 cuda_backend_test:200} || { cd $OUT; tar czf all.tgz *.log; exit 1; }
 grep -h "worst error" $OUT/level_attention_test.log
 lb=bench_gpu-lb
 timeout 100 $B level_attention_test-lb \
@@ -34,6 +34,7 @@ for round in $(seq ${ROUNDS:-3}); do
 done
 stamp promotion
 for v in bench_gpu-before bench_gpu $lb; do
+  [ $(left) -lt 60 ] && break
   echo "== ncu PromoteKernel, one 2048-page launch: $v"
   timeout 60 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-skip 10 --launch-count 1 \
     --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,launch__occupancy_limit_registers,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum \
