@@ -42,7 +42,7 @@ for v in bench_gpu-before bench_gpu $lb; do
   grep -E "\(2048|gpu__time|inst_executed|registers|occupancy|bank|wavefronts|ERR" $OUT/ncu_promote_$v.log | head -9
 done
 stamp ncu
-[ $(left) -gt 200 ] && SKIP=10 KERNEL=PromoteKernel SHAPE=1x8192 timeout 150 bash bench/device/sass_counts.sh
+[ $(left) -gt 200 ] && REPS=3 SKIP=10 KERNEL=PromoteKernel SHAPE=1x8192 timeout 150 bash bench/device/sass_counts.sh
 stamp sass
 [ $(left) -gt 150 ] && bench_vs_sdpa bench_gpu 1 140
 stamp "bench_gpu with SDPA"

@@ -6,7 +6,9 @@
 # (SourceCounters) of one launch at SHAPE (64x8192), as a CSV that
 # docs/hot_tier/sass_profile.py sums by opcode and by how often each
 # instruction ran, then the pipes' utilisation and the stall reasons. BIN
-# (bench_gpu); SKIP (3): the launches of KERNEL skipped before the one profiled.
+# (bench_gpu); SKIP (3): the launches of KERNEL skipped before the one profiled,
+# REPS (5) bench_gpu's --reps (which moves them: with REPS=3 SHAPE=1x8192
+# PromoteKernel's launches from the tenth on promote 2048 pages: SKIP=10).
 set -uo pipefail
 . bench/device/gtest.sh
 bin=${BIN:-bench_gpu}
@@ -18,7 +20,7 @@ wc -l $OUT/sass_$bin.txt
 timeout 300 ncu --clock-control none --kernel-name regex:$k --launch-skip ${SKIP:-3} --launch-count 1 \
   --section SourceCounters --section InstructionStats --section WarpStateStats --section LaunchStats \
   --section Occupancy --section SpeedOfLight --section ComputeWorkloadAnalysis -o $OUT/prof_$bin \
-  $B $bin --encode_tokens=0 --shapes=${SHAPE:-64x8192} --reps=5 > $OUT/ncu_run_$bin.log 2>&1
+  $B $bin --encode_tokens=0 --shapes=${SHAPE:-64x8192} --reps=${REPS:-5} > $OUT/ncu_run_$bin.log 2>&1
 tail -3 $OUT/ncu_run_$bin.log
 ncu -i $OUT/prof_$bin.ncu-rep --page details > $OUT/details_$bin.txt 2>&1
 ncu -i $OUT/prof_$bin.ncu-rep --page source --csv --print-source sass > $OUT/source_$bin.csv 2>&1
