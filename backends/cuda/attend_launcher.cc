@@ -41,7 +41,7 @@ AttendLauncher::AttendLauncher() : plans_(KeptPlanCapacity()), kept_(static_cast
 absl::Status AttendLauncher::Init(const AttendDevice& device, size_t window_cache_bytes, size_t cold_scratch_bytes) {
   dev_ = device;
   absl::Status st = windows_.Init(window_cache_bytes, dev_.layout.n());
-  if (st.ok()) st = cold_levels_.Init(dev_.cold_levels, cold_scratch_bytes);
+  if (st.ok()) st = cold_levels_.Init(dev_.cold_promotion, cold_scratch_bytes);
   if (st.ok() && windows_.enabled()) st = window_upload_.Init(dev_.layout.n(), kWindowPackThreads);
   if (!st.ok()) return st;
   const int d = dev_.layout.head_dim, pages = kWarmTokens / dev_.page_tokens;

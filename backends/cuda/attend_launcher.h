@@ -28,6 +28,7 @@
 #include "backends/page_pool.h"
 #include "codec/level_page.h"
 #include "codec/page_layout.h"
+#include "kernels/level_promote.h"
 
 namespace driftkv {
 namespace cuda_backend {
@@ -80,7 +81,7 @@ struct AttendDevice {
   const float* transforms_dev = nullptr;  // null: the codec's Hadamard
   int transform_layers = 0;
   bool values_folded = false;
-  ColdLevelsDevice cold_levels;  // the promotion of cold launches' pages
+  gpu::PromoteParams cold_promotion;  // of cold launches' pages (ColdLevels)
 };
 
 // The decode batch the launch buffers (and the backend's promotion ids)

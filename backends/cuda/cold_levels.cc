@@ -37,9 +37,9 @@ gpu::AttentionBatch ChunkBatch(const gpu::AttentionBatch& b, const ColdChunk& c,
 
 }  // namespace
 
-absl::Status ColdLevels::Init(const ColdLevelsDevice& device, size_t bytes) {
-  dev_ = device;
-  const size_t page = dev_.promote.hot.page_bytes;
+absl::Status ColdLevels::Init(const gpu::PromoteParams& promote, size_t bytes) {
+  promote_ = promote;
+  const size_t page = promote_.hot.page_bytes;
   capacity_ = page == 0 ? 0 : static_cast<int>(std::min<size_t>(bytes / page, 1 << 24));
   if (capacity_ == 0) return absl::OkStatus();
   absl::Status st = pool_.Reserve(static_cast<size_t>(capacity_) * page);
@@ -84,7 +84,7 @@ absl::Status ColdLevels::Attend(const gpu::DQuantAttentionParams& fused, absl::S
       continue;
     }
     if (c.pages > 0) {
-      gpu::PromoteParams pp = dev_.promote;
+      gpu::PromoteParams pp = promote_;
       pp.hot_pool_dev = pool_.get<uint8_t>();
       pp.pages = c.pages;
       pp.cold_pages_dev = b.page_table_dev + c.first_page;
@@ -98,7 +98,7 @@ absl::Status ColdLevels::Attend(const gpu::DQuantAttentionParams& fused, absl::S
     lp.batch.page_table_dev = iota;
     lp.batch.page_start_dev = starts_.get<int32_t>() + c.first_item;
     lp.pool_dev = pool_.get<uint8_t>();
-    lp.layout = dev_.promote.hot;
+    lp.layout = promote_.hot;
     lp.merge_counters_dev = merge_counters_dev;
     st = gpu::LaunchLevelAttention(lp, stream);
   }

@@ -33,19 +33,13 @@
 namespace driftkv {
 namespace cuda_backend {
 
-// What the promotion reads: the cold arena and its layout, the level
-// layout of the same shape, the codec's rANS decode tables and the
-// records' payload sizes (the backend's promotion parameters; each chunk
-// sets its own pages and writes into the scratch).
-struct ColdLevelsDevice {
-  gpu::PromoteParams promote;
-};
-
 class ColdLevels {
  public:
   // Allocates a scratch of floor(bytes / level page) level pages (0 pages:
-  // off, every cold launch fused).
-  absl::Status Init(const ColdLevelsDevice& device, size_t bytes);
+  // off, every cold launch fused). `promote`: the backend's promotion from
+  // its cold arena (layouts, decode tables, payload sizes); each chunk
+  // names its own pages and writes into the scratch.
+  absl::Status Init(const gpu::PromoteParams& promote, size_t bytes);
   bool enabled() const { return capacity_ > 0; }
   int capacity_pages() const { return capacity_; }
 
@@ -61,7 +55,7 @@ class ColdLevels {
   const std::vector<ColdChunk>& chunks() const { return chunks_; }
 
  private:
-  ColdLevelsDevice dev_;
+  gpu::PromoteParams promote_;
   int capacity_ = 0;
   Scratch pool_;    // capacity_ level pages
   Scratch ids_;     // [capacity_] 0, 1, ...; then [capacity_] full pages' tokens

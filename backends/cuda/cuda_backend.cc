@@ -95,7 +95,7 @@ absl::Status CudaBackend::WarmBuffers() {
     d.transform_layers = transforms_->layers;
   }
   d.values_folded = values_folded_;
-  d.cold_levels.promote = PromoteBase();
+  d.cold_promotion = PromoteBase();
   absl::Status st = launcher_.Init(d, window_cache_bytes_, hot_layout_.page_bytes > 0 ? cold_scratch_bytes_ : 0);
   const size_t pages = cuda_backend::kWarmTokens / pool_.page_tokens();
   if (st.ok() && hot_pool_ != nullptr) st = promote_ids_.Reserve(4 * 6 * cuda_backend::kWarmItems * pages);
