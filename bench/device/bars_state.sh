@@ -19,14 +19,6 @@ t0=$SECONDS
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)
 echo "$gpu"
 stamp() { echo "-- $* at $((SECONDS - t0)) s"; }
-promote_round() {
-  local v
-  for v in bench_gpu $w8; do
-    timeout 60 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_p$1.log 2>&1
-    echo "round $1 $v: $(grep -E '^Promotion' $OUT/${v}_p$1.log | sed 's/.*: //')"
-    grep -E "^Checksums" $OUT/${v}_p$1.log | sed 's/.*promotion (/  checked (/'
-  done
-}
 w8=bench_gpu-w8
 # PART=all: part 1, then what part 2 adds while the call's END (560 s)
 # leaves room, for a session that may get one call only.
@@ -34,13 +26,10 @@ left() { echo $((${END:-560} - (SECONDS - t0))); }
 if [ "${PART:-1}" = 1 ] || [ "${PART:-1}" = all ]; then
   gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all_1.tgz *.log; exit 1; }
   grep -h "worst error" $OUT/level_attention_test.log
-  timeout 100 $B level_attention_test-w8 \
-    --gtest_filter='*Gqa32x8Dim128*:*Gqa8x4Dim64*:*Gqa8x4Dim128AndGqa32x8Dim64*:*LargeAndTiny*' > $OUT/lat_w8.log 2>&1
-  grep -E "PASSED|FAILED" $OUT/lat_w8.log | tail -2
-  grep -q "PASSED" $OUT/lat_w8.log && ! grep -q FAILED $OUT/lat_w8.log || w8=''
+  promotion_gate level_attention_test-w8 || w8=''
   stamp tests
-  promote_round 1
-  promote_round 2
+  promotion_round 1 bench_gpu $w8
+  promotion_round 2 bench_gpu $w8
   stamp promotion
   bench_vs_sdpa bench_gpu 1 150
   grep -E "^(Promotion|Demotion|cold)" $OUT/bench_gpu_1.log | head -8

@@ -1,7 +1,7 @@
 # Sourced by the device scripts: B, the bundle's launcher, and
 # `gtest NAME SECONDS`, which runs a bundled test binary with its log in
 # $OUT/NAME.log and prints its exit status and verdict lines (and
-# gtests, bench_vs_sdpa below).
+# gtests, bench_vs_sdpa, promotion_gate and promotion_round below).
 B=.device/bundle/run
 gtest() {
   echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
@@ -30,4 +30,25 @@ bench_vs_sdpa() {
   timeout $secs python3 bench/sdpa_bench.py --cxx $OUT/${v}_$round.csv --out $OUT/table_${v}_$round.md \
     > $OUT/sdpa_${v}_$round.log 2>&1
   cat $OUT/table_${v}_$round.md
+}
+# `promotion_gate TEST`: four cases of a bundled level_attention_test build
+# (each checks its promotion byte for byte against the CPU's), log
+# $OUT/TEST.log; returns 0 when they passed: a promotion variant's gate.
+promotion_gate() {
+  timeout 100 $B $1 --gtest_filter='*Gqa32x8Dim128*:*Gqa8x4Dim64*:*Gqa8x4Dim128AndGqa32x8Dim64*:*LargeAndTiny*' \
+    > $OUT/$1.log 2>&1
+  grep -E "PASSED|FAILED|worst error" $OUT/$1.log | tail -3
+  grep -q "PASSED" $OUT/$1.log && ! grep -q FAILED $OUT/$1.log
+}
+# `promotion_round ROUND BUILD...`: each bundled bench_gpu build's
+# promotion and checked-promotion lines at 1 x 8K (2048 pages), in turn;
+# logs $OUT/BUILD_pROUND.log.
+promotion_round() {
+  local round=$1 v
+  shift
+  for v in "$@"; do
+    timeout 60 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_p$round.log 2>&1
+    echo "round $round $v: $(grep -E '^Promotion' $OUT/${v}_p$round.log | sed 's/.*: //')"
+    grep -E "^Checksums" $OUT/${v}_p$round.log | sed 's/.*promotion (/  checked (/'
+  done
 }

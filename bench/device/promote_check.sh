@@ -16,15 +16,10 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=c
 gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all.tgz *.log; exit 1; }
 grep -h "worst error" $OUT/level_attention_test.log
 w8=bench_gpu-w8
-timeout 100 $B level_attention_test-w8 --gtest_filter='*Gqa32x8Dim128*:*Gqa8x4Dim64*:*Gqa8x4Dim128AndGqa32x8Dim64*:*LargeAndTiny*' > $OUT/lat_w8.log 2>&1
-grep -E "PASSED|FAILED" $OUT/lat_w8.log | tail -2; grep -q "PASSED" $OUT/lat_w8.log && ! grep -q FAILED $OUT/lat_w8.log || w8=''
+promotion_gate level_attention_test-w8 || w8=''
 echo "tests done at $((SECONDS - t0)) s"
 for round in 1 2; do
-  for v in bench_gpu-before bench_gpu $w8; do
-    timeout 60 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_p$round.log 2>&1
-    echo "round $round $v: $(grep -E '^Promotion' $OUT/${v}_p$round.log | sed 's/.*: //')"
-    grep -E "^Checksums" $OUT/${v}_p$round.log | sed 's/.*promotion (/  checked (/'
-  done
+  promotion_round $round bench_gpu-before bench_gpu $w8
 done
 echo "promotion rounds done at $((SECONDS - t0)) s"
 for v in bench_gpu; do

@@ -20,17 +20,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 gtests ${TESTS:-level_attention_test:240 cuda_backend_test:200} || { cd $OUT; tar czf all.tgz *.log; exit 1; }
 grep -h "worst error" $OUT/level_attention_test.log
 lb=bench_gpu-lb
-timeout 100 $B level_attention_test-lb \
-  --gtest_filter='*Gqa32x8Dim128*:*Gqa8x4Dim64*:*Gqa8x4Dim128AndGqa32x8Dim64*:*LargeAndTiny*' > $OUT/lat_lb.log 2>&1
-grep -E "PASSED|FAILED" $OUT/lat_lb.log | tail -2
-grep -q "PASSED" $OUT/lat_lb.log && ! grep -q FAILED $OUT/lat_lb.log || lb=''
+promotion_gate level_attention_test-lb || lb=''
 stamp tests
 for round in $(seq ${ROUNDS:-3}); do
-  for v in bench_gpu-before bench_gpu $lb; do
-    timeout 60 $B $v --encode_tokens=0 --shapes=1x8192 > $OUT/${v}_p$round.log 2>&1
-    echo "round $round $v: $(grep -E '^Promotion' $OUT/${v}_p$round.log | sed 's/.*: //')"
-    grep -E "^Checksums" $OUT/${v}_p$round.log | sed 's/.*promotion (/  checked (/'
-  done
+  promotion_round $round bench_gpu-before bench_gpu $lb
 done
 stamp promotion
 for v in bench_gpu-before bench_gpu $lb; do
