@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # (bench/device/README.md: how to bundle what it runs)
-# The bars of the hot-tier and data-plane issues for HEAD's build, with a
-# promotion variant beside it (bench_gpu-w8, gated by its own
-# level_attention_test-w8), in two calls on one warm machine:
+# The bars of the hot-tier and data-plane issues for HEAD's build, with
+# promotion variants beside it (VARIANTS, default w8: bench_gpu-V for each
+# V, gated by its own level_attention_test-V), in two calls on one warm
+# machine:
 #   PART=1: the kernel and backend tests of this build, the promotion
 #     rounds in turn, bench_gpu with SDPA right after (hot, cold through
 #     level pages, device-alone columns), ncu of the attention kernel at
@@ -19,17 +20,19 @@ t0=$SECONDS
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)
 echo "$gpu"
 stamp() { echo "-- $* at $((SECONDS - t0)) s"; }
-w8=bench_gpu-w8
+variants=()
 # PART=all: part 1, then what part 2 adds while the call's END (560 s)
 # leaves room, for a session that may get one call only.
 left() { echo $((${END:-560} - (SECONDS - t0))); }
 if [ "${PART:-1}" = 1 ] || [ "${PART:-1}" = all ]; then
   gtests level_attention_test:240 cuda_backend_test:200 || { cd $OUT; tar czf all_1.tgz *.log; exit 1; }
   grep -h "worst error" $OUT/level_attention_test.log
-  promotion_gate level_attention_test-w8 || w8=''
+  for v in ${VARIANTS:-w8}; do
+    promotion_gate level_attention_test-$v && variants+=(bench_gpu-$v)
+  done
   stamp tests
-  promotion_round 1 bench_gpu $w8
-  promotion_round 2 bench_gpu $w8
+  promotion_round 1 bench_gpu "${variants[@]}"
+  promotion_round 2 bench_gpu "${variants[@]}"
   stamp promotion
   bench_vs_sdpa bench_gpu 1 150
   grep -E "^(Promotion|Demotion|cold)" $OUT/bench_gpu_1.log | head -8
@@ -39,7 +42,7 @@ if [ "${PART:-1}" = 1 ] || [ "${PART:-1}" = all ]; then
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.avg.per_cycle_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
     $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_attention.log 2>&1
   grep -E "gpu__time|dram__|sm__inst|smsp__inst|warps_active|==ERR|Error" $OUT/ncu_attention.log | head -8
-  for v in bench_gpu $w8; do
+  for v in bench_gpu "${variants[@]}"; do
     [ $(left) -lt 150 ] && break
     echo "== ncu PromoteKernel: $v"
     timeout 90 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-count 60 \
