@@ -24,7 +24,7 @@ std::vector<uint32_t> PromoteDecodeTables(const DQuantCodec& codec) {
   std::vector<uint32_t> t(512);
   auto entry = [](const RansTable& table, uint32_t z) {
     const DecodeEntry e = table.decode[z];
-    return PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e), z);
+    return PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e));
   };
   for (uint32_t z = 0; z < 256; ++z) {
     t[z] = entry(codec.key_codec().table(), z);

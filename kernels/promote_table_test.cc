@@ -21,7 +21,7 @@ namespace {
 void CheckTable(const RansTable& table, const std::vector<uint32_t>& xs) {
   for (uint32_t z = 0; z < 256; ++z) {
     const DecodeEntry e = table.decode[z];
-    const uint32_t p = PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e), z);
+    const uint32_t p = PromoteTableEntry(EntryFreq(e), EntryBias(e), EntrySymbol(e));
     ASSERT_EQ(PromoteEntryLevel(p), EntrySymbol(e)) << "z " << z;
     for (uint32_t hi : xs) {
       const uint32_t x = (hi << 8) | z;
