@@ -79,12 +79,15 @@ __device__ __forceinline__ uint32_t Decode4(uint32_t& x, uint32_t& ptr, PayloadR
 }
 
 // One block per (page, kind): thread t owns token t's record of that kind.
+// Eight blocks an SM: the compiler would take 72 registers (seven blocks)
+// for the decode loop without the per-Decode4 test of `has`; 64 fit it
+// without spills.
 // Head by head (the stream runs head-major, so the rANS state carries over),
 // the block decodes head_dim symbols per token into shared memory, then
 // packs that head's block of the level page: key groups (3 words) or value
 // k-step groups, one per thread, all index arithmetic constant but a base.
 template <int D>
-__global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
+__global__ void __launch_bounds__(kThreads, 8) PromoteKernel(PromoteParams p) {
   constexpr int kRowBytes = D + 4;  // rows in different banks
   __shared__ __align__(16) uint8_t lv[kLevelPageTokens * kRowBytes];
   __shared__ uint32_t table[256];
@@ -129,8 +132,14 @@ __global__ void __launch_bounds__(kThreads) PromoteKernel(PromoteParams p) {
   if (has) rd.Start(words, ptr);
   uint32_t* row = reinterpret_cast<uint32_t*>(lv + tid * kRowBytes);
   for (int h = 0; h < hl.kv_heads; ++h) {
+    // One test of `has` a head, not one a Decode4 (every thread of a full
+    // page decodes).
+    if (has) {
 #pragma unroll 4
-    for (int j = 0; j < D / 4; ++j) row[j] = has ? Decode4(x, ptr, rd, table) : 0u;
+      for (int j = 0; j < D / 4; ++j) row[j] = Decode4(x, ptr, rd, table);
+    } else {
+      for (int j = 0; j < D / 4; ++j) row[j] = 0u;
+    }
     __syncthreads();
     if (kind == 0) {
       // 32 lanes x (8 m-tiles x D/64 groups): lane tid % 32 of groups
