@@ -53,6 +53,18 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t a[4], const void* smem_row) 
                : "r"(addr));
 }
 
+// Programmatic dependent launch (LaunchDependentKernel in launch.cuh):
+// this block lets the kernel launched after it on the stream start its
+// blocks; no-ops when there is none.
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// Waits until the kernels this one depends on have completed and their
+// writes are visible; returns at once in a kernel launched the usual way.
+__device__ __forceinline__ void WaitPrerequisites() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 __device__ __forceinline__ float WarpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;

@@ -76,6 +76,34 @@ absl::Status LaunchKernel(void (*kernel)(Args), dim3 grid, int threads, size_t s
   return absl::OkStatus();
 }
 
+// LaunchKernel for a kernel that depends on the one launched before it on
+// `stream` (programmatic dependent launch, sm_90): its blocks may start
+// once every block of that kernel has run LaunchDependents() or exited,
+// so they fill the SMs that the earlier kernel's last wave leaves idle.
+// Before it reads anything the earlier kernel writes, each block must run
+// WaitPrerequisites(); what it does before that may read only what was
+// complete before the earlier kernel began.
+template <typename Args>
+absl::Status LaunchDependentKernel(void (*kernel)(Args), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                                   const char* what, const Args& args) {
+  cudaError_t e = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem);
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat("cudaFuncSetAttribute(", what, ")").c_str());
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  e = cudaLaunchKernelEx(&config, kernel, args);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return CudaStatus(e, absl::StrCat(what, " launch").c_str());
+  return absl::OkStatus();
+}
+
 // The merge of the splits' partial states in `ws` into out_dev / lse_dev
 // (the part of MergeParams every launcher fills; a launcher adds the
 // rotation, the transform and the window).

@@ -710,6 +710,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   static_assert(G == 2 || G == 4, "GQA group");
   static_assert(kThreads == kWindowMergeThreads, "the merge in the launch runs on the kernel's block");
   extern __shared__ __align__(128) uint8_t smem[];
+  // Every block has started once all have passed here: the window and
+  // merge kernel (a dependent launch) may take the SMs the last wave frees.
+  LaunchDependents();
   // (Indices are read again after the split's work rather than kept live
   // through it: its registers are all taken.)
   if (args.in_launch && blockIdx.x == args.part.splits - 1) {
@@ -727,8 +730,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) LevelWindowMergeKernel(KernelArgs args) {
   extern __shared__ __align__(16) float scratch[];
+  // The window needs nothing of the split kernel (its slot of the
+  // workspace is this block's alone): computed while that kernel ends.
   WindowState<D, G>(args.merge, args.ws, blockIdx.y, blockIdx.x, scratch);
-  __syncthreads();  // the window's state, written to global memory, for every thread of the block
+  WaitPrerequisites();  // the splits' states
+  __syncthreads();      // the window's state, written to global memory, for every thread of the block
   MergeTail<D, G>(args.merge, blockIdx.y, blockIdx.x, scratch);
 }
 
@@ -785,8 +791,10 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
     if (args.in_launch) return ls;
     if (!window_split) return LaunchMerge(args.merge, stream);
-    return LaunchKernel(LevelWindowMergeKernel<D, G>, dim3(l.kv_heads, b.items), kThreads, scratch, stream,
-                        "level window and merge", args);
+    // A dependent launch unless a probe's event sits between the two.
+    auto launch = p.split_done != nullptr ? LaunchKernel<KernelArgs> : LaunchDependentKernel<KernelArgs>;
+    return launch(LevelWindowMergeKernel<D, G>, dim3(l.kv_heads, b.items), kThreads, scratch, stream,
+                  "level window and merge", args);
   });
 }
 
