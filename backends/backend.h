@@ -13,6 +13,7 @@
 #define DRIFTKV_BACKENDS_BACKEND_H_
 
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -149,6 +150,9 @@ struct ClientRead {
   int dtype = 3;
   int elements = 0;
   float* host = nullptr;
+  // An element of |x| above it is bad, as a non-finite one is (a query's:
+  // kQueryLimit of wire/tensor.h).
+  float limit = std::numeric_limits<float>::max();
   int64_t bad = -1;  // out
 };
 

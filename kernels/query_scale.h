@@ -34,8 +34,9 @@ constexpr int kQueryExponentLimit = 100;
 // them with their other factors of at most 2^+-24 are normal floats. So m
 // in [2^-92, 2^109) gets [256, 512); a smaller m (a zero query included)
 // gets e = 100 and smaller scaled elements; m of 2^110 or more would
-// overflow the split again. m must be finite and >= 0 (the service refuses
-// non-finite queries).
+// overflow the split again. m must be finite and >= 0: the service refuses
+// non-finite queries and query elements above kQueryLimit (2^96,
+// wire/tensor.h), which keeps m below 2^110.
 DRIFTKV_HOST_DEVICE DRIFTKV_INLINE int QueryExponent(float m) {
   uint32_t u;
   memcpy(&u, &m, sizeof u);

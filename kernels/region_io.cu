@@ -82,14 +82,14 @@ __global__ void GatherKernel(GatherParams p) {
         if (per == 8) d[1] = make_float4(x[4], x[5], x[6], x[7]);
       }
       for (int k = per - 1; k >= 0; --k) {
-        if (!isfinite(x[k])) bad = min(bad, c * per + k);
+        if (!(fabsf(x[k]) <= io.limit)) bad = min(bad, c * per + k);
       }
     }
   } else {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < io.elements; i += gridDim.x * blockDim.x) {
       const float x = LoadAsFloat(io.src, i, io.src_dtype);
       if (dst != nullptr) dst[i] = x;
-      if (!isfinite(x)) bad = min(bad, i);
+      if (!(fabsf(x) <= io.limit)) bad = min(bad, i);
     }
   }
   if (p.bad_dev == nullptr) return;

@@ -30,6 +30,9 @@ struct RegionIoItem {
   int src_dtype = kRegionF32;
   int row = 0;       // the item's row of the contiguous array
   int elements = 0;  // of src; at most the launch's stride
+  // An element of |x| above it is bad, as a non-finite one is (a query's:
+  // kQueryLimit of wire/tensor.h).
+  float limit = 3.402823466e38f;
 };
 
 struct GatherParams {
@@ -38,7 +41,8 @@ struct GatherParams {
   int stride = 0;            // elements per row of dst_dev
   float* dst_dev = nullptr;  // rows [row][stride] f32; null: check only
   // [items][kGatherBlocks] int32, optional: block b of item i stores at
-  // [i][b] the lowest index of a non-finite element among those it read
+  // [i][b] the lowest index of a non-finite element, or one of |x| above
+  // the item's limit, among those it read
   // (kNoBadElement: none). Every flag is written by a plain store, so
   // nothing resets them before a launch and they may lie in pinned host
   // memory (the device writes them there directly, no copy back); read

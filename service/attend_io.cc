@@ -112,7 +112,7 @@ absl::Status AttendIo::HostTensor(const v1::AttendItem& item, int index, const c
         io->query_dev = view->data;
         io->query_dtype = dtype;
         *read = static_cast<int>(reads_.size());
-        reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), nullptr});
+        reads_.push_back(ClientRead{view->data, dtype, static_cast<int>(elements), nullptr, kQueryLimit});
         read_bf16_.push_back(nullptr);
       } else {
         out->resize(elements);
@@ -248,7 +248,7 @@ absl::Status AttendIo::ReadClientTensors() {
     return absl::OkStatus();
   }
   for (const HostQuery& q : host_queries_) {
-    const int64_t bad = FirstNonFinite(q.io->query_host, q.io->query_host_dtype, q.elements);
+    const int64_t bad = FirstOutOfRange(q.io->query_host, q.io->query_host_dtype, q.elements, kQueryLimit);
     if (bad >= 0) return QueryError(q.index, *q.io, bad);
   }
   if (reads_.empty()) return absl::OkStatus();
@@ -258,7 +258,9 @@ absl::Status AttendIo::ReadClientTensors() {
     const auto& [index, field] = read_fields_[r];
     const ClientRead& read = reads_[r];
     if (read.bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Field(index, field), "_ref element ", read.bad, " is not finite",
+                       read.limit < std::numeric_limits<float>::max() ? absl::StrCat(" or |x| > ", read.limit) : ""));
     }
     if (read.host != nullptr) {
       if (!CheckValues("", read.host, read.elements, value_limit_).ok()) {
@@ -320,8 +322,12 @@ absl::Status AttendIo::QueryError(int index, const ItemIo& io, int64_t bad) cons
     if (!std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is ", v, "; must be finite"));
     }
+    if (std::fabs(v) > kQueryLimit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " element ", bad, " is ", v, "; |x| must be <= ", kQueryLimit));
+    }
   }
-  return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is not finite"));
+  return absl::InvalidArgumentError(absl::StrCat(field, " element ", bad, " is not finite or |x| > ", kQueryLimit));
 }
 
 void AttendIo::Finish(ItemIo* io, int index, size_t qe, int q_heads, v1::AttendResult* result) {

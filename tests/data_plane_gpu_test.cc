@@ -253,25 +253,31 @@ void CheckReferencesAnswerInline(bool hot, const char* handle, const ChildProces
   // element, and changes nothing: without a decode step the attention
   // launch checks it, with one (applied before attention) it is checked
   // first (queries in host regions by the CPU, which can name the value).
+  // The same for an element above kQueryLimit (-2^100): the device's
+  // check cannot tell the two apart, the host's names the value.
   for (testing::Arena* arena : std::vector<testing::Arena*>{&device, &host}) {
     const std::string prefix = arena == &device ? "d-" : "h-";
     for (bool with_step : {false, true}) {
-      std::vector<ItemSpec> specs = Specs(2);
-      ItemSpec bad = specs[0];  // layer 1, no step
-      bad.query[37] = std::numeric_limits<float>::quiet_NaN();
-      std::vector<ItemSpec> batch = {with_step ? specs.back() : specs[1], bad};
-      arena->Reset();
-      v1::AttendRequest req;
-      for (const ItemSpec& spec : batch) *req.add_items() = testing::ByRef(spec, prefix, *arena);
-      absl::StatusOr<v1::AttendResponse> got = client->Attend(req);
-      const std::string what = absl::StrCat(prefix, with_step ? " with a step" : " without a step");
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << got.status();
-      const std::string want = arena == &device ? "items[1].query_ref element 37 is not finite"
-                                                : "items[1].query_ref element 37 is nan; must be finite";
-      EXPECT_NE(got.status().message().find(want), std::string::npos) << what << ": " << got.status();
-      absl::StatusOr<v1::LengthResponse> len = client->Length(prefix + "s0");
-      ASSERT_TRUE(len.ok()) << len.status();
-      EXPECT_EQ(len->layers(0).tokens(), static_cast<uint64_t>(kPrefill + 2)) << what << ": the step was stored";
+      for (bool finite : {false, true}) {
+        std::vector<ItemSpec> specs = Specs(2);
+        ItemSpec bad = specs[0];  // layer 1, no step
+        bad.query[37] = finite ? -0x1p100f : std::numeric_limits<float>::quiet_NaN();
+        std::vector<ItemSpec> batch = {with_step ? specs.back() : specs[1], bad};
+        arena->Reset();
+        v1::AttendRequest req;
+        for (const ItemSpec& spec : batch) *req.add_items() = testing::ByRef(spec, prefix, *arena);
+        absl::StatusOr<v1::AttendResponse> got = client->Attend(req);
+        const std::string what =
+            absl::StrCat(prefix, with_step ? " with a step" : " without a step", finite ? ", -2^100" : ", nan");
+        EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << got.status();
+        const std::string want = arena == &device ? "items[1].query_ref element 37 is not finite or |x| > 7.92282e+28"
+                                 : finite ? "items[1].query_ref element 37 is -1.26765e+30; |x| must be <= 7.92282e+28"
+                                          : "items[1].query_ref element 37 is nan; must be finite";
+        EXPECT_NE(got.status().message().find(want), std::string::npos) << what << ": " << got.status();
+        absl::StatusOr<v1::LengthResponse> len = client->Length(prefix + "s0");
+        ASSERT_TRUE(len.ok()) << len.status();
+        EXPECT_EQ(len->layers(0).tokens(), static_cast<uint64_t>(kPrefill + 2)) << what << ": the step was stored";
+      }
     }
   }
   EXPECT_TRUE(UnregisterRegion(client.get(), reg->region_id()).ok());

@@ -451,6 +451,9 @@ TEST_F(DataPlaneTest, BadReferencesAreRefusedByNameAndChangeNothing) {
          reinterpret_cast<float*>(arena.At(it.query_ref()))[5] = std::numeric_limits<float>::quiet_NaN();
        },
        C::kInvalidArgument, "items[1].query_ref element 5 is nan; must be finite"},
+      {"a query element above the query limit",
+       [&](v1::AttendItem& it) { reinterpret_cast<float*>(arena.At(it.query_ref()))[6] = -0x1p100f; },
+       C::kInvalidArgument, "items[1].query_ref element 6 is -1.26765e+30; |x| must be <= 7.92282e+28"},
       {"inf in new_key",
        [&](v1::AttendItem& it) {
          reinterpret_cast<float*>(arena.At(it.new_key_ref()))[7] = std::numeric_limits<float>::infinity();
@@ -478,26 +481,31 @@ TEST_F(DataPlaneTest, BadReferencesAreRefusedByNameAndChangeNothing) {
   }
 
   // Without decode steps the backend checks the queries as it reads them:
-  // the same words, by reference and inline, in f32 and bf16.
+  // the same words, by reference and inline, in f32 and bf16, for a
+  // non-finite element and for one above kQueryLimit (-2^100, exact in
+  // both dtypes).
   for (const v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
     for (const bool by_ref : {true, false}) {
-      arena.Reset();
-      ItemSpec plain = good;
-      plain.dtype = dtype;
-      plain.key.clear();
-      plain.value.clear();
-      plain.token_index.reset();
-      ItemSpec spoilt = plain;
-      spoilt.seq = "s1";
-      spoilt.query[9] = -std::numeric_limits<float>::infinity();
-      std::vector<v1::AttendItem> items;
-      for (const ItemSpec& s : {plain, spoilt}) items.push_back(by_ref ? ByRef(s, "", arena) : Inline(s, ""));
-      absl::StatusOr<v1::AttendResponse> r = Attend(*client_, items);
-      EXPECT_EQ(r.status().code(), C::kInvalidArgument) << r.status();
-      EXPECT_EQ(r.status().message(),
-                absl::StrCat("items[1].query", by_ref ? "_ref" : "", " element 9 is -inf; must be finite"))
-          << "dtype " << dtype << (by_ref ? " by reference" : " inline");
-      EXPECT_EQ(StoredState(*client_), stored);
+      for (const bool finite : {false, true}) {
+        arena.Reset();
+        ItemSpec plain = good;
+        plain.dtype = dtype;
+        plain.key.clear();
+        plain.value.clear();
+        plain.token_index.reset();
+        ItemSpec spoilt = plain;
+        spoilt.seq = "s1";
+        spoilt.query[9] = finite ? -0x1p100f : -std::numeric_limits<float>::infinity();
+        std::vector<v1::AttendItem> items;
+        for (const ItemSpec& s : {plain, spoilt}) items.push_back(by_ref ? ByRef(s, "", arena) : Inline(s, ""));
+        absl::StatusOr<v1::AttendResponse> r = Attend(*client_, items);
+        EXPECT_EQ(r.status().code(), C::kInvalidArgument) << r.status();
+        EXPECT_EQ(r.status().message(),
+                  absl::StrCat("items[1].query", by_ref ? "_ref" : "", " element 9 is ",
+                               finite ? "-1.26765e+30; |x| must be <= 7.92282e+28" : "-inf; must be finite"))
+            << "dtype " << dtype << (by_ref ? " by reference" : " inline");
+        EXPECT_EQ(StoredState(*client_), stored);
+      }
     }
   }
 

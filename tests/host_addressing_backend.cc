@@ -45,7 +45,7 @@ class HostAddressingBackend : public Backend {
   void UnpinHostRegion(void*) override { ++g_unpins; }
   absl::Status ReadClientTensors(absl::Span<ClientRead> reads) override {
     for (ClientRead& r : reads) {
-      r.bad = FirstNonFinite(r.src_dev, r.dtype, r.elements);
+      r.bad = FirstOutOfRange(r.src_dev, r.dtype, r.elements, r.limit);
       if (r.host != nullptr) {
         TensorToFloat(absl::string_view(static_cast<const char*>(r.src_dev), r.elements * DTypeBytes(r.dtype)), r.dtype,
                       r.elements, r.host);

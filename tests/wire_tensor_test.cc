@@ -115,5 +115,54 @@ TEST(FirstNonFiniteTest, FindsTheFirstNonFiniteElementInEveryDtype) {
   }
 }
 
+// FirstOutOfRange with kQueryLimit: at every length and position, the
+// first element above the limit or non-finite, in each dtype; the limit
+// itself and the values just below it pass, the next value above fails.
+// (fp16 has no finite value near 2^96: only its non-finite ones fail.)
+TEST(FirstOutOfRangeTest, FindsTheFirstElementAboveTheLimitInEveryDtype) {
+  const float kInf = std::numeric_limits<float>::infinity(), kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float above = std::nextafter(kQueryLimit, kInf);
+  for (size_t n : {1, 8, 31, 64}) {
+    std::vector<float> x(n, kQueryLimit);
+    x[0] = -kQueryLimit;
+    x[n - 1] = std::nextafter(kQueryLimit, 0.0f);
+    EXPECT_EQ(FirstOutOfRange(x.data(), v1::DTYPE_F32, n, kQueryLimit), -1) << n;
+    for (size_t at = 0; at < n; ++at) {
+      for (float bad : {above, -above, 1e38f, kInf, kNaN}) {
+        std::vector<float> y = x;
+        y[at] = bad;
+        if (at + 1 < n) y[n - 1] = bad;
+        EXPECT_EQ(FirstOutOfRange(y.data(), v1::DTYPE_F32, n, kQueryLimit), static_cast<int64_t>(at))
+            << n << " " << at << " " << bad;
+      }
+    }
+  }
+  // bf16: 2^96 is 0x6f80; 0x6f81 is the next value above it.
+  for (size_t n : {1, 15, 16, 17, 33, 100}) {
+    std::vector<uint16_t> x(n, 0x6f80);
+    x[0] = 0xef80;
+    x[n - 1] = 0x6f7f;
+    EXPECT_EQ(FirstOutOfRange(x.data(), v1::DTYPE_BF16, n, kQueryLimit), -1) << n;
+    for (size_t at = 0; at < n; ++at) {
+      for (uint16_t bad : {0x6f81, 0xef81, 0x7f7f, 0x7f80, 0x7fc0}) {
+        std::vector<uint16_t> y = x;
+        y[at] = bad;
+        if (at + 1 < n) y[n - 1] = bad;
+        EXPECT_EQ(FirstOutOfRange(y.data(), v1::DTYPE_BF16, n, kQueryLimit), static_cast<int64_t>(at))
+            << n << " " << at << " " << bad;
+      }
+    }
+    std::vector<uint16_t> h(n, 0x7bff);  // fp16's largest finite value
+    EXPECT_EQ(FirstOutOfRange(h.data(), v1::DTYPE_FP16, n, kQueryLimit), -1) << n;
+    h[n / 2] = 0x7e00;
+    EXPECT_EQ(FirstOutOfRange(h.data(), v1::DTYPE_FP16, n, kQueryLimit), static_cast<int64_t>(n / 2)) << n;
+  }
+  // A limit of float's largest value is FirstNonFinite's check.
+  std::vector<float> big(8, std::numeric_limits<float>::max());
+  EXPECT_EQ(FirstOutOfRange(big.data(), v1::DTYPE_F32, 8, std::numeric_limits<float>::max()), -1);
+  big[3] = kInf;
+  EXPECT_EQ(FirstOutOfRange(big.data(), v1::DTYPE_F32, 8, std::numeric_limits<float>::max()), 3);
+}
+
 }  // namespace
 }  // namespace driftkv

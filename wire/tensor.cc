@@ -222,6 +222,53 @@ int64_t FirstNonFinite(const void* data, int dtype, size_t elements) {
   return -1;
 }
 
+int64_t FirstOutOfRange(const void* data, int dtype, size_t elements, float limit) {
+  if (!(limit < std::numeric_limits<float>::max())) return FirstNonFinite(data, dtype, elements);
+  if (dtype == v1::DTYPE_F32) {
+    if (reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 &&
+        AllWithin(static_cast<const float*>(data), elements, limit)) {
+      return -1;
+    }
+    for (size_t i = 0; i < elements; ++i) {
+      float v;
+      std::memcpy(&v, static_cast<const char*>(data) + 4 * i, 4);
+      if (!(std::fabs(v) <= limit)) return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
+  // A 16-bit float's magnitude orders as its bits with the sign cleared;
+  // NaN and inf sort above every finite value. The bound: the largest
+  // magnitude's bits at most `limit` (fp16's finite values are all below
+  // 65520, so only its non-finite ones fail a limit above that).
+  uint16_t bound;
+  if (dtype == v1::DTYPE_BF16) {
+    uint32_t u;
+    const float l = std::max(limit, 0.0f);
+    std::memcpy(&u, &l, 4);
+    bound = static_cast<uint16_t>(u >> 16);  // rounded down: no value above `limit` passes
+  } else {
+    bound = limit >= 65504.0f ? 0x7bff : 0;  // the largest finite fp16
+    if (bound == 0) {
+      for (size_t i = 0; i < elements; ++i) {
+        uint16_t h;
+        std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
+        float v;
+        TensorToFloat(absl::string_view(reinterpret_cast<const char*>(&h), 2), dtype, 1, &v);
+        if (!(std::fabs(v) <= limit)) return static_cast<int64_t>(i);
+      }
+      return -1;
+    }
+  }
+  const uint16_t* x = static_cast<const uint16_t*>(data);
+  if (reinterpret_cast<uintptr_t>(data) % alignof(uint16_t) == 0 && MaxAbs16(x, elements) <= bound) return -1;
+  for (size_t i = 0; i < elements; ++i) {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
+    if ((h & 0x7fff) > bound) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 absl::Status CheckValues(absl::string_view field, const float* x, size_t elements, float limit) {
   if (limit >= 0.0f && AllWithin(x, elements, std::min(limit, std::numeric_limits<float>::max()))) {
     return absl::OkStatus();

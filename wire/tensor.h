@@ -42,6 +42,20 @@ absl::Status CheckBf16Values(absl::string_view field, const uint16_t* x, size_t 
 // form, without converting them.
 int64_t FirstNonFinite(const void* data, int dtype, size_t elements);
 
+// The largest |x| of a query element the service accepts (2^96, ~7.9e28).
+// The GPU kernels split the rotated (and transformed) query into fp16
+// halves after scaling it by a power of two that they keep within
+// [2^-100, 2^100] (kernels/query_scale.h); a rotated element of 2^110 or
+// more would overflow that split. A query element of at most 2^96 stays
+// below 2^110 after the Hadamard rotation (a gain of at most sqrt(d) = 16
+// for d <= 256) and any query transform of gain below 2^10; every backend
+// refuses the same queries, so CPU and GPU answer alike.
+constexpr float kQueryLimit = 0x1p96f;
+
+// FirstNonFinite, also catching finite values of |x| > limit: the index of
+// the first value that is not finite or exceeds `limit`, or -1.
+int64_t FirstOutOfRange(const void* data, int dtype, size_t elements, float limit);
+
 }  // namespace driftkv
 
 #endif  // DRIFTKV_WIRE_TENSOR_H_

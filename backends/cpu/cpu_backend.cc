@@ -122,7 +122,8 @@ class CpuBackend : public Backend {
   void Attend(absl::Span<AttendJob> jobs) override {
     const int d = codec_.config().head_dim;
     for (AttendJob& j : jobs) {
-      if (j.check_query) j.query_bad = FirstNonFinite(j.query, v1::DTYPE_F32, static_cast<size_t>(j.q_heads) * d);
+      if (j.check_query)
+        j.query_bad = FirstOutOfRange(j.query, v1::DTYPE_F32, static_cast<size_t>(j.q_heads) * d, kQueryLimit);
     }
     struct Part {
       int job = 0;

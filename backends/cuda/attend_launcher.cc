@@ -88,7 +88,7 @@ void AttendLauncher::StageHostQueries(absl::Span<AttendJob> jobs, size_t row_flo
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].query_dev != nullptr) continue;
     std::memcpy(rows + i * row_floats * 4, jobs[i].query, sizeof(float) * row_floats);
-    if (jobs[i].check_query) jobs[i].query_bad = FirstNonFinite(jobs[i].query, v1::DTYPE_F32, row_floats);
+    if (jobs[i].check_query) jobs[i].query_bad = FirstOutOfRange(jobs[i].query, v1::DTYPE_F32, row_floats, kQueryLimit);
   }
 }
 

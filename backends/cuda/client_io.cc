@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "wire/tensor.h"
 
 namespace driftkv {
 namespace cuda_backend {
@@ -59,6 +60,7 @@ absl::Status ClientIo::Plan(absl::Span<const AttendJob> jobs, int stride, Client
       io.src_dtype = jobs[i].query_dtype;
       io.row = static_cast<int>(i);
       io.elements = stride;
+      io.limit = kQueryLimit;
       launch->gather.push_back(io);
       launch->checked.push_back(jobs[i].check_query ? static_cast<int>(i) : -1);
       check = check || jobs[i].check_query;
@@ -146,6 +148,7 @@ absl::Status ClientIo::Read(absl::Span<ClientRead> reads, cudaStream_t stream) {
     io.src_dtype = r.dtype;
     io.row = static_cast<int>(k);
     io.elements = r.elements;
+    io.limit = r.limit;
     items.push_back(io);
   }
   const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
