@@ -21,9 +21,6 @@ CudaBackend::~CudaBackend() {
   cudaFree(hot_arena_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (check_stream_ != nullptr) cudaStreamDestroy(check_stream_);
-  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
-  if (side_fork_ != nullptr) cudaEventDestroy(side_fork_);
-  if (side_join_ != nullptr) cudaEventDestroy(side_join_);
 }
 
 absl::Status CudaBackend::Init() {
@@ -46,9 +43,6 @@ absl::Status CudaBackend::Init() {
   gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
   st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (st.ok()) st = Cuda(cudaStreamCreateWithFlags(&check_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (st.ok()) st = Cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (st.ok()) st = Cuda(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming), "cudaEventCreate");
-  if (st.ok()) st = Cuda(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming), "cudaEventCreate");
   if (st.ok()) st = Cuda(cudaMalloc(&arena_, arena_bytes()), "cudaMalloc (page arena)");
   // The host arena, page-locked: encoded pages are mirrored into it by
   // DMA at full speed (pageable memory goes through a bounce buffer).

@@ -231,12 +231,6 @@ class CudaBackend : public Backend {
   Scratch crc_;  // ChecksumPages: page ids, then their sums
   gpu::EncodeParams encode_;
   cudaStream_t stream_ = nullptr;
-  // A checked promotion sums the cold pages here, beside the promotion on
-  // stream_, which reads the same pages without waiting for their sums
-  // (they are compared on the host afterwards); fork and join order the
-  // two streams. Under mu_.
-  cudaStream_t side_stream_ = nullptr;
-  cudaEvent_t side_fork_ = nullptr, side_join_ = nullptr;
   void* arena_ = nullptr;
   bool host_registered_ = false;            // the host arena is page-locked
   uint8_t* host_mirror_dev_ = nullptr;      // and mapped here (null: not mapped)
