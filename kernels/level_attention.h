@@ -38,7 +38,11 @@ namespace gpu {
 // 1 x 128K 0.0878 against 0.0946), else a second launch (window blocks in
 // the first would take slots from the pages: 64 x 8K 0.3098 against
 // 0.2576, 16 x 32K 0.2743 against 0.2546; docs/hot_tier.md, "The window
-// and the merge"). Without merge_counters_dev always a second launch.
+// and the merge"). The second launch is a dependent launch, whose window
+// work overlaps the first's last wave; since it is, the two places cost
+// about the same for one-wave grids on the H100 (docs/bench_gpu.md, "The
+// window and merge as a dependent launch"). Without merge_counters_dev
+// always a second launch.
 enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch };
 
 // The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
