@@ -193,37 +193,25 @@ uint16_t MaxAbs16(const uint16_t* x, size_t elements) {
   return avx2 ? MaxAbs16Avx2(x, elements) : MaxAbs16V2(x, elements);
 }
 
+// The bits of the largest magnitude of a 16-bit float (bf16 or fp16) at
+// most `limit` (>= 0). A magnitude's bits (sign cleared) order as its
+// values, and NaN and the infinities sort above every finite one, so a
+// value is within `limit` exactly when its bits are at most these.
+uint16_t MagnitudeBound16(int dtype, float limit) {
+  if (dtype == v1::DTYPE_BF16) return static_cast<uint16_t>(FloatBits(limit) >> 16);  // rounded down
+  if (limit >= kHalfMax) return FloatToHalf(kHalfMax);
+  uint16_t h = FloatToHalf(limit);  // rounded to nearest: down if above
+  if (HalfToFloat(h) > limit) --h;
+  return h;
+}
+
 }  // namespace
 
 int64_t FirstNonFinite(const void* data, int dtype, size_t elements) {
-  if (dtype == v1::DTYPE_F32) {
-    const float* x = static_cast<const float*>(data);
-    if (reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 &&
-        AllWithin(x, elements, std::numeric_limits<float>::max())) {
-      return -1;
-    }
-    for (size_t i = 0; i < elements; ++i) {
-      float v;
-      std::memcpy(&v, static_cast<const char*>(data) + 4 * i, 4);
-      if (!std::isfinite(v)) return static_cast<int64_t>(i);
-    }
-    return -1;
-  }
-  const uint16_t exponent = dtype == v1::DTYPE_BF16 ? 0x7f80 : 0x7c00;
-  const uint16_t* x = static_cast<const uint16_t*>(data);
-  // A 16-bit float is non-finite exactly when its magnitude's bits reach
-  // the exponent mask (every exponent bit set).
-  if (reinterpret_cast<uintptr_t>(data) % alignof(uint16_t) == 0 && MaxAbs16(x, elements) < exponent) return -1;
-  for (size_t i = 0; i < elements; ++i) {
-    uint16_t h;
-    std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
-    if ((h & exponent) == exponent) return static_cast<int64_t>(i);
-  }
-  return -1;
+  return FirstOutOfRange(data, dtype, elements, std::numeric_limits<float>::max());
 }
 
 int64_t FirstOutOfRange(const void* data, int dtype, size_t elements, float limit) {
-  if (!(limit < std::numeric_limits<float>::max())) return FirstNonFinite(data, dtype, elements);
   if (dtype == v1::DTYPE_F32) {
     if (reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 &&
         AllWithin(static_cast<const float*>(data), elements, limit)) {
@@ -236,29 +224,7 @@ int64_t FirstOutOfRange(const void* data, int dtype, size_t elements, float limi
     }
     return -1;
   }
-  // A 16-bit float's magnitude orders as its bits with the sign cleared;
-  // NaN and inf sort above every finite value. The bound: the largest
-  // magnitude's bits at most `limit` (fp16's finite values are all below
-  // 65520, so only its non-finite ones fail a limit above that).
-  uint16_t bound;
-  if (dtype == v1::DTYPE_BF16) {
-    uint32_t u;
-    const float l = std::max(limit, 0.0f);
-    std::memcpy(&u, &l, 4);
-    bound = static_cast<uint16_t>(u >> 16);  // rounded down: no value above `limit` passes
-  } else {
-    bound = limit >= 65504.0f ? 0x7bff : 0;  // the largest finite fp16
-    if (bound == 0) {
-      for (size_t i = 0; i < elements; ++i) {
-        uint16_t h;
-        std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
-        float v;
-        TensorToFloat(absl::string_view(reinterpret_cast<const char*>(&h), 2), dtype, 1, &v);
-        if (!(std::fabs(v) <= limit)) return static_cast<int64_t>(i);
-      }
-      return -1;
-    }
-  }
+  const uint16_t bound = MagnitudeBound16(dtype, limit);
   const uint16_t* x = static_cast<const uint16_t*>(data);
   if (reinterpret_cast<uintptr_t>(data) % alignof(uint16_t) == 0 && MaxAbs16(x, elements) <= bound) return -1;
   for (size_t i = 0; i < elements; ++i) {

@@ -52,8 +52,9 @@ int64_t FirstNonFinite(const void* data, int dtype, size_t elements);
 // refuses the same queries, so CPU and GPU answer alike.
 constexpr float kQueryLimit = 0x1p96f;
 
-// FirstNonFinite, also catching finite values of |x| > limit: the index of
-// the first value that is not finite or exceeds `limit`, or -1.
+// FirstNonFinite, also catching finite values of |x| > limit (>= 0): the
+// index of the first value that is not finite or exceeds `limit`, or -1.
+// FirstNonFinite is this with float's largest value as the limit.
 int64_t FirstOutOfRange(const void* data, int dtype, size_t elements, float limit);
 
 }  // namespace driftkv
