@@ -12,6 +12,7 @@
 #ifndef DRIFTKV_KERNELS_REGION_IO_H_
 #define DRIFTKV_KERNELS_REGION_IO_H_
 
+#include <cfloat>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -32,7 +33,7 @@ struct RegionIoItem {
   int elements = 0;  // of src; at most the launch's stride
   // An element of |x| above it is bad, as a non-finite one is (a query's:
   // kQueryLimit of wire/tensor.h).
-  float limit = 3.402823466e38f;
+  float limit = FLT_MAX;
 };
 
 struct GatherParams {
