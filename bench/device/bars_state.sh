@@ -44,11 +44,7 @@ if [ "${PART:-1}" = 1 ] || [ "${PART:-1}" = all ]; then
   grep -E "gpu__time|dram__|sm__inst|smsp__inst|warps_active|==ERR|Error" $OUT/ncu_attention.log | head -8
   for v in bench_gpu "${variants[@]}"; do
     [ $(left) -lt 150 ] && break
-    echo "== ncu PromoteKernel: $v"
-    timeout 90 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-count 60 \
-      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,smsp__thread_inst_executed_per_inst_executed.ratio \
-      $B $v --encode_tokens=0 --shapes=1x8192 --reps=3 > $OUT/ncu_promote_$v.log 2>&1
-    grep -A6 "(2048, 2, 1)" $OUT/ncu_promote_$v.log | head -7
+    ncu_promote $v
   done
   stamp ncu
   # It runs 88-101 s (H100 and H200, 2026-12-07), and a run cut by its

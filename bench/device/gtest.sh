@@ -1,7 +1,8 @@
 # Sourced by the device scripts: B, the bundle's launcher, and
 # `gtest NAME SECONDS`, which runs a bundled test binary with its log in
 # $OUT/NAME.log and prints its exit status and verdict lines (and
-# gtests, bench_vs_sdpa, promotion_gate and promotion_round below).
+# gtests, bench_vs_sdpa, promotion_gate, ncu_promote and promotion_round
+# below).
 B=.device/bundle/run
 gtest() {
   echo "== $1"; timeout $2 $B $1 > $OUT/$1.log 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|skipped|Failure" $OUT/$1.log | tail -6
@@ -39,6 +40,18 @@ promotion_gate() {
     > $OUT/$1.log 2>&1
   grep -E "PASSED|FAILED|worst error" $OUT/$1.log | tail -3
   grep -q "PASSED" $OUT/$1.log && ! grep -q FAILED $OUT/$1.log
+}
+# `ncu_promote BUILD`: ncu's time, instructions, issue rate, registers,
+# occupancy limit and shared-memory wavefronts of one 2048-page
+# PromoteKernel launch of a bundled bench_gpu build (with --reps=3 at
+# 1 x 8K the launches from the tenth on promote 2048 pages); log
+# $OUT/ncu_promote_BUILD.log.
+ncu_promote() {
+  echo "== ncu PromoteKernel, one 2048-page launch: $1"
+  timeout 60 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-skip 10 --launch-count 1 \
+    --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,launch__occupancy_limit_registers,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum \
+    $B $1 --encode_tokens=0 --shapes=1x8192 --reps=3 > $OUT/ncu_promote_$1.log 2>&1
+  grep -E "\(2048|gpu__time|inst_executed|registers|occupancy|bank|wavefronts|ERR" $OUT/ncu_promote_$1.log | head -9
 }
 # `promotion_round ROUND BUILD...`: each bundled bench_gpu build's
 # promotion and checked-promotion lines at 1 x 8K (2048 pages), in turn;

@@ -28,11 +28,7 @@ done
 stamp promotion
 for v in bench_gpu-before bench_gpu $lb; do
   [ $(left) -lt 60 ] && break
-  echo "== ncu PromoteKernel, one 2048-page launch: $v"
-  timeout 60 ncu --clock-control none --kernel-name regex:PromoteKernel --launch-skip 10 --launch-count 1 \
-    --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,launch__occupancy_limit_registers,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum \
-    $B $v --encode_tokens=0 --shapes=1x8192 --reps=3 > $OUT/ncu_promote_$v.log 2>&1
-  grep -E "\(2048|gpu__time|inst_executed|registers|occupancy|bank|wavefronts|ERR" $OUT/ncu_promote_$v.log | head -9
+  ncu_promote $v
 done
 stamp ncu
 [ $(left) -gt 200 ] && REPS=3 SKIP=10 KERNEL=PromoteKernel SHAPE=1x8192 timeout 150 bash bench/device/sass_counts.sh
