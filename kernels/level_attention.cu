@@ -700,10 +700,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
   const bool one_wave = static_cast<int64_t>(b.items) * l.kv_heads * page_splits <= kBlocksPerSm * SmCount();
   const bool counted = window_split && p.merge_counters_dev != nullptr;
   LevelMerge merge = p.merge;
-  if (merge == LevelMerge::kAuto) {
-    merge = one_wave ? LevelMerge::kInLaunch
-                     : (p.split_done != nullptr ? LevelMerge::kSecondLaunch : LevelMerge::kWindowFirst);
-  }
+  if (merge == LevelMerge::kAuto) merge = one_wave ? LevelMerge::kInLaunch : LevelMerge::kSecondLaunch;
   if (!counted) merge = LevelMerge::kSecondLaunch;
   args.window_block = merge == LevelMerge::kInLaunch;
   args.merge_last = merge != LevelMerge::kSecondLaunch;
