@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# The window's own launch first (LevelMerge::kWindowFirst) against HEAD's
-# second launch, one call (bench/device/README.md: bundling):
-#   bench/device/make_bundle.sh bench_gpu-head=COMMIT://bench:bench_gpu \
-#     bench_gpu-w64=BRANCH://bench:bench_gpu \
-#     level_attention_test-w64=BRANCH://kernels:level_attention_test -- \
-#     //bench:bench_gpu //kernels:level_attention_test //kernels:attention_test \
-#     //backends/cuda:cuda_backend_test //tests:service_gpu_test \
-#     //tests:data_plane_gpu_test //bench:service_hot_bench
+# The bf16 window in its own launch before the pages' (LevelMerge::
+# kWindowFirst) against the second launch, one call. Builds (bench/device/
+# README.md: bundling):
+#   bench/device/make_bundle.sh \
+#     bench_gpu-w64=window-first-w64://bench:bench_gpu \
+#     level_attention_test-w64=window-first-w64://kernels:level_attention_test \
+#     bench_gpu-pf=wf-prefetch://bench:bench_gpu \
+#     level_attention_test-pf=wf-prefetch://kernels:level_attention_test \
+#     cuda_backend_test-wf=window-first-auto://backends/cuda:cuda_backend_test \
+#     service_gpu_test-wf=window-first-auto://tests:service_gpu_test \
+#     service_hot_bench-wf=window-first-auto://bench:service_hot_bench -- \
+#     //bench:bench_gpu //kernels:level_attention_test //kernels:attention_test
 #   bash bench/device/window_first_ab.sh
-# The kernel tests gate each build; bench_gpu of each build in turn with
-# SDPA after each run (its columns: in the launch / second launch / window
-# first, and the launcher's pick); the service's GPU tests; then
-# service_hot_bench (bit-equal answers alone, batched, 8 clients; the
-# Handler's p50) until END (560) seconds. Between them, ncu of the two
-# window kernels at 64 x 8K.
+# (window-first-auto: main with kAuto taking the window first for grids
+# of more than one wave; window-first-w64: that, its window kernel bounded
+# to 64 registers; wf-prefetch: window-first-auto with the window's value
+# rows prefetched to L2.)
+# The kernel tests gate each build; bench_gpu of each build in turn, SDPA
+# after each run (columns: in the launch / second launch / window first,
+# and the launcher's pick, which is the window first in the two variants);
+# ncu of the two window kernels at 64 x 8K; the service's GPU tests through
+# the window first; then its service_hot_bench (bit-equal answers alone,
+# batched, 8 clients; first Attend; the Handler's p50) until END (560) s.
 set -uo pipefail
 t0=$SECONDS
-GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu \
-  VARIANTS="${VARIANTS-bench_gpu-head}" GATES="${GATES-bench_gpu-w64=level_attention_test-w64:240}" \
-  ROUNDS="${ROUNDS-1 2}" LIMIT=${LIMIT:-300} TAG=k bash bench/device/variants_ab.sh
+GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu VARIANTS="${VARIANTS-}" \
+  GATES="${GATES-bench_gpu-w64=level_attention_test-w64:240 bench_gpu-pf=level_attention_test-pf:240}" \
+  ROUNDS="${ROUNDS-1 2}" LIMIT=${LIMIT:-330} TAG=k bash bench/device/variants_ab.sh
 . bench/device/gtest.sh
 # The window's kernels alone (ncu runs kernels one at a time): time,
 # instructions, issue rate, registers.
@@ -29,13 +37,13 @@ for k in LevelWindowKernel LevelWindowMergeKernel; do
     $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_$k.log 2>&1
   grep -E "gpu__time|inst_executed|registers|dram__|ERR" $OUT/ncu_$k.log | head -6
 done
-gtests cuda_backend_test:120 service_gpu_test:150 data_plane_gpu_test:150
+gtests cuda_backend_test-wf:120 service_gpu_test-wf:150
 echo "-- service tests done at $((SECONDS - t0)) s"
 left=$((${END:-560} - (SECONDS - t0)))
 if [ $left -gt 60 ]; then
-  timeout $left $B service_hot_bench --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench.log 2>&1
+  timeout $left $B service_hot_bench-wf --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench-wf.log 2>&1
   echo "rc=$?"
-  grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench.log | head -24
+  grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench-wf.log | head -24
 fi
 echo "-- end at $((SECONDS - t0)) s"
 cd $OUT && tar czf all_s.tgz *.log 2>/dev/null
