@@ -24,7 +24,8 @@
 # batched, 8 clients; first Attend; the Handler's p50) until END (560) s.
 set -uo pipefail
 t0=$SECONDS
-GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu VARIANTS="${VARIANTS-}" \
+# (VARIANTS " ": no build measured unless gated; variants_ab.sh's default is bench_gpu.)
+GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu VARIANTS="${VARIANTS- }" \
   GATES="${GATES-bench_gpu-w64=level_attention_test-w64:240 bench_gpu-pf=level_attention_test-pf:240}" \
   ROUNDS="${ROUNDS-1 2}" LIMIT=${LIMIT:-330} TAG=k bash bench/device/variants_ab.sh
 . bench/device/gtest.sh
