@@ -1,51 +1,60 @@
 #!/usr/bin/env bash
 # The bf16 window in its own launch before the pages' (LevelMerge::
-# kWindowFirst) against the second launch, one call. Builds (bench/device/
-# README.md: bundling):
+# kWindowFirst) against the second launch. Builds (bench/device/README.md:
+# bundling):
 #   bench/device/make_bundle.sh \
 #     bench_gpu-w64=window-first-w64://bench:bench_gpu \
 #     level_attention_test-w64=window-first-w64://kernels:level_attention_test \
 #     bench_gpu-pf=wf-prefetch://bench:bench_gpu \
 #     level_attention_test-pf=wf-prefetch://kernels:level_attention_test \
+#     bench_gpu-w64pf=wf-w64-prefetch://bench:bench_gpu \
+#     level_attention_test-w64pf=wf-w64-prefetch://kernels:level_attention_test \
 #     cuda_backend_test-wf=window-first-auto://backends/cuda:cuda_backend_test \
 #     service_gpu_test-wf=window-first-auto://tests:service_gpu_test \
 #     service_hot_bench-wf=window-first-auto://bench:service_hot_bench -- \
 #     //bench:bench_gpu //kernels:level_attention_test //kernels:attention_test
-#   bash bench/device/window_first_ab.sh
-# (window-first-auto: main with kAuto taking the window first for grids
-# of more than one wave; window-first-w64: that, its window kernel bounded
-# to 64 registers; wf-prefetch: window-first-auto with the window's value
-# rows prefetched to L2.)
-# The kernel tests gate each build; bench_gpu of each build in turn, SDPA
-# after each run (columns: in the launch / second launch / window first,
-# and the launcher's pick, which is the window first in the two variants);
-# ncu of the two window kernels at 64 x 8K; the service's GPU tests through
-# the window first; then its service_hot_bench (bit-equal answers alone,
-# batched, 8 clients; first Attend; the Handler's p50) until END (560) s.
+#   bash bench/device/window_first_ab.sh                 # call 1: the kernels
+#   PART=service bash bench/device/window_first_ab.sh    # call 2, warm machine
+# Branches: window-first-auto is main with kAuto taking the window first for
+# grids of more than one wave; window-first-w64 that, with the window kernel
+# bounded to 64 registers; wf-prefetch window-first-auto with every window
+# row prefetched to L2 at the window block's start; wf-w64-prefetch both.
+# PART=kernels: the kernel tests gate each build; bench_gpu of each build in
+# turn, SDPA after each run (columns: in the launch / second launch / window
+# first, and the launcher's pick: the window first in the variants, the
+# second launch in main); ncu of the two window kernels at 64 x 8K.
+# PART=service: the service's GPU tests through the window first, then its
+# service_hot_bench (bit-equal answers alone, batched, 8 clients; first
+# Attend; the Handler's p50) until END (560) seconds.
 set -uo pipefail
 t0=$SECONDS
-# (VARIANTS " ": no build measured unless gated; variants_ab.sh's default is bench_gpu.)
-GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu VARIANTS="${VARIANTS- }" \
-  GATES="${GATES-bench_gpu-w64=level_attention_test-w64:240 bench_gpu-pf=level_attention_test-pf:240}" \
-  ROUNDS="${ROUNDS-1 2}" LIMIT=${LIMIT:-330} TAG=k bash bench/device/variants_ab.sh
-. bench/device/gtest.sh
-# The window's kernels alone (ncu runs kernels one at a time): time,
-# instructions, issue rate, registers.
-for k in LevelWindowKernel LevelWindowMergeKernel; do
-  echo "== ncu $k at 64 x 8K"
-  timeout 60 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
-    --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_$k.log 2>&1
-  grep -E "gpu__time|inst_executed|registers|dram__|ERR" $OUT/ncu_$k.log | head -6
-done
-gtests cuda_backend_test-wf:120 service_gpu_test-wf:150
-echo "-- service tests done at $((SECONDS - t0)) s"
-left=$((${END:-560} - (SECONDS - t0)))
-if [ $left -gt 60 ]; then
-  timeout $left $B service_hot_bench-wf --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench-wf.log 2>&1
-  echo "rc=$?"
-  grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench-wf.log | head -24
+if [ "${PART:-kernels}" = kernels ]; then
+  # (VARIANTS " ": no build measured unless gated; variants_ab.sh's default is bench_gpu.)
+  GATE_TESTS="level_attention_test:240 attention_test:180" GATED=bench_gpu VARIANTS="${VARIANTS- }" \
+    GATES="${GATES-bench_gpu-w64=level_attention_test-w64:240 bench_gpu-pf=level_attention_test-pf:240 bench_gpu-w64pf=level_attention_test-w64pf:240}" \
+    ROUNDS="${ROUNDS-1 2}" LIMIT=${LIMIT:-450} TAG=k bash bench/device/variants_ab.sh
+  . bench/device/gtest.sh
+  # The window's kernels alone (ncu runs kernels one at a time): time,
+  # instructions, issue rate, registers.
+  for k in LevelWindowKernel LevelWindowMergeKernel; do
+    [ $((SECONDS - t0)) -gt ${END:-560} ] && break
+    echo "== ncu $k at 64 x 8K"
+    timeout 60 ncu --clock-control none --kernel-name regex:$k --launch-skip 3 --launch-count 1 \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed.avg.per_cycle_active,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      $B bench_gpu --encode_tokens=0 --shapes=64x8192 --reps=5 > $OUT/ncu_$k.log 2>&1
+    grep -E "gpu__time|inst_executed|registers|dram__|ERR" $OUT/ncu_$k.log | head -6
+  done
+else
+  . bench/device/gtest.sh
+  gtests cuda_backend_test-wf:120 service_gpu_test-wf:150
+  echo "-- service tests done at $((SECONDS - t0)) s"
+  left=$((${END:-560} - (SECONDS - t0)))
+  if [ $left -gt 60 ]; then
+    timeout $left $B service_hot_bench-wf --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench-wf.log 2>&1
+    echo "rc=$?"
+    grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench-wf.log | head -24
+  fi
 fi
 echo "-- end at $((SECONDS - t0)) s"
-cd $OUT && tar czf all_s.tgz *.log 2>/dev/null
+cd $OUT && tar czf all_${PART:-kernels}.tgz *.log 2>/dev/null
 rm -f *.log
