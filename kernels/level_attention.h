@@ -43,9 +43,10 @@ namespace gpu {
 // kAuto: in the launch when the page blocks fit in one wave (a second
 // launch would add its latency to a short kernel: on the H200 1 x 8K took
 // 0.0322 against 0.0360 ms, 1 x 128K 0.0878 against 0.0946), else the
-// second launch (docs/hot_tier.md, "The window and the merge"; the window
-// first is not yet measured on a GPU). Without merge_counters_dev always a
-// second launch.
+// second launch (window blocks in the attention kernel's grid take slots
+// from the pages: 64 x 8K 0.3098 against 0.2576; docs/hot_tier.md, "The
+// window and the merge"; the window first is not yet measured on a GPU).
+// Without merge_counters_dev always a second launch.
 enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch, kWindowFirst };
 
 // The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
