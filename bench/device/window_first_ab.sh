@@ -11,7 +11,10 @@
 #     level_attention_test-w64pf=wf-w64-prefetch://kernels:level_attention_test \
 #     cuda_backend_test-wf=window-first-auto://backends/cuda:cuda_backend_test \
 #     service_gpu_test-wf=window-first-auto://tests:service_gpu_test \
-#     service_hot_bench-wf=window-first-auto://bench:service_hot_bench -- \
+#     service_hot_bench-wf=window-first-auto://bench:service_hot_bench \
+#     cuda_backend_test-ds=deferred-sums://backends/cuda:cuda_backend_test \
+#     service_gpu_test-ds=deferred-sums://tests:service_gpu_test \
+#     service_hot_bench-ds=deferred-sums://bench:service_hot_bench -- \
 #     //bench:bench_gpu //kernels:level_attention_test //kernels:attention_test
 #   bash bench/device/window_first_ab.sh                 # call 1: the kernels
 #   PART=service bash bench/device/window_first_ab.sh    # call 2, warm machine
@@ -23,9 +26,11 @@
 # turn, SDPA after each run (columns: in the launch / second launch / window
 # first, and the launcher's pick: the window first in the variants, the
 # second launch in main); ncu of the two window kernels at 64 x 8K.
-# PART=service: the service's GPU tests through the window first, then its
-# service_hot_bench (bit-equal answers alone, batched, 8 clients; first
-# Attend; the Handler's p50) until END (560) seconds.
+# PART=service: for each of SERVICE_BUILDS (wf: the window first;
+# ds: deferred-sums, the first Attend's level sums on a second stream),
+# the service's GPU tests, then each build's service_hot_bench in turn
+# (bit-equal answers alone, batched, 8 clients; the first Attend against
+# a later one; the Handler's p50) until END (560) seconds.
 set -uo pipefail
 t0=$SECONDS
 if [ "${PART:-kernels}" = kernels ]; then
@@ -46,14 +51,20 @@ if [ "${PART:-kernels}" = kernels ]; then
   done
 else
   . bench/device/gtest.sh
-  gtests cuda_backend_test-wf:120 service_gpu_test-wf:150
-  echo "-- service tests done at $((SECONDS - t0)) s"
-  left=$((${END:-560} - (SECONDS - t0)))
-  if [ $left -gt 60 ]; then
-    timeout $left $B service_hot_bench-wf --sequences=64 --context=8192 --reps=20 --clients=8 > $OUT/service_hot_bench-wf.log 2>&1
+  ok=""
+  for b in ${SERVICE_BUILDS:-wf ds}; do
+    gtests cuda_backend_test-$b:120 service_gpu_test-$b:150 && ok="$ok $b"
+  done
+  echo "-- service tests done at $((SECONDS - t0)) s; measured:$ok"
+  for b in $ok; do
+    left=$((${END:-560} - (SECONDS - t0)))
+    [ $left -gt 60 ] || break
+    echo "== service_hot_bench-$b at $((SECONDS - t0)) s"
+    timeout $left $B service_hot_bench-$b --sequences=64 --context=8192 --reps=20 --clients=8 \
+      > $OUT/service_hot_bench-$b.log 2>&1
     echo "rc=$?"
-    grep -E "first Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench-wf.log | head -24
-  fi
+    grep -E "first Attend|second Attend|^\| (tier|cold|hot) |max \|diff\||alone|Handler|p50" $OUT/service_hot_bench-$b.log | head -24
+  done
 fi
 echo "-- end at $((SECONDS - t0)) s"
 cd $OUT && tar czf all_${PART:-kernels}.tgz *.log 2>/dev/null
