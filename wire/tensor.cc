@@ -251,15 +251,11 @@ absl::Status CheckValues(absl::string_view field, const float* x, size_t element
 }
 
 absl::Status CheckBf16Values(absl::string_view field, const uint16_t* x, size_t elements, float limit) {
-  if (limit >= 0.0f) {
-    // A bf16 magnitude grows with its bits, and a non-finite one has every
-    // exponent bit: |x| <= limit is (bits & 0x7fff) <= the largest bf16
-    // magnitude not above the limit (the limit's top 16 bits).
-    const float capped = std::min(limit, std::numeric_limits<float>::max());
-    uint32_t bits;
-    std::memcpy(&bits, &capped, 4);
-    const uint16_t most = static_cast<uint16_t>(bits >> 16);
-    if (MaxAbs16(x, elements) <= most) return absl::OkStatus();
+  // Capped at float's largest value: an infinite limit's bits would let
+  // infinity pass.
+  if (limit >= 0.0f &&
+      MaxAbs16(x, elements) <= MagnitudeBound16(v1::DTYPE_BF16, std::min(limit, std::numeric_limits<float>::max()))) {
+    return absl::OkStatus();
   }
   std::vector<float> f(elements);
   Bf16ToFloats(x, elements, f.data());
