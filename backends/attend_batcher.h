@@ -62,6 +62,11 @@ class BatchingBackend : public Backend {
                                    PageChecksum* cold_sums, PageChecksum* hot_sums) override {
     return inner_->PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
   }
+  absl::Status PromotePagesCheckedLater(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                        PageChecksum* cold_sums, PageChecksum* hot_sums,
+                                        std::shared_ptr<PendingChecksums>* later) override {
+    return inner_->PromotePagesCheckedLater(moves, cold, hot, cold_sums, hot_sums, later);
+  }
   absl::Status DemotePages(absl::Span<const TierMove> moves) override { return inner_->DemotePages(moves); }
   absl::Status DecodeHotTokens(PageId page, int layer, int first, int count, float* keys, float* values) override {
     return inner_->DecodeHotTokens(page, layer, first, count, keys, values);

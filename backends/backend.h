@@ -24,6 +24,7 @@
 #include "backends/attend_route.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
+#include "backends/pending_checksums.h"
 #include "codec/compressed_attention.h"
 #include "codec/kv_codec.h"
 #include "codec/transform/transforms_file.h"
@@ -199,6 +200,18 @@ class Backend {
     if (st.ok()) st = PromotePages(moves);
     if (st.ok()) st = ChecksumPages(hot, to, hot_sums);
     return st;
+  }
+  // PromotePagesChecked whose level sums may come later: a backend that can
+  // return before it has summed the level pages (they are still summed
+  // from the bytes it holds once the pages are written) sets *later to
+  // them and leaves hot_sums alone; otherwise *later stays null and
+  // hot_sums is filled as PromotePagesChecked fills it. cold_sums and the
+  // status are as PromotePagesChecked's either way.
+  virtual absl::Status PromotePagesCheckedLater(absl::Span<const TierMove> moves, const PagePool& cold,
+                                                const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums,
+                                                std::shared_ptr<PendingChecksums>* later) {
+    later->reset();
+    return PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
   }
   // A hot layer's new pages, encoded straight into the hot pool: jobs[i]'s
   // tokens become level page hot_pages[i] of `hot`, byte for byte the page

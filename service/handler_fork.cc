@@ -103,6 +103,17 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
     LayerReaders layers(source->layers);
     st = CheckPaged(*source, source_id, tokens, p);
     if (!st.ok()) return st;
+    // The hot layers' level sums first (they may still be in the
+    // backend's hands), so that nothing below can fail.
+    std::vector<std::vector<PageChecksum>> hot_sums(source->layers.size());
+    for (size_t i = 0; i < source->layers.size(); ++i) {
+      const LayerState& from = source->layers[i];
+      if (!from.hot) continue;
+      std::vector<PageChecksum> joined;
+      absl::StatusOr<absl::Span<const PageChecksum>> sums = from.hot_sums.View(&joined);
+      if (!sums.ok()) return sums.status();
+      hot_sums[i].assign(sums->begin(), sums->begin() + pages);
+    }
     // The references are taken while the source's layers are held: no
     // tier move or release can free a page meanwhile.
     for (size_t i = 0; i < source->layers.size(); ++i) {
@@ -112,7 +123,7 @@ absl::Status Handler::Fork(const v1::ForkRequest& request, v1::ForkResponse* res
       to.hot = from.hot;
       (from.hot ? *hot_pool_ : *pool_).Retain(to.pages);
       to.page_sums.assign(from.page_sums.begin(), from.page_sums.begin() + pages);
-      if (from.hot) to.hot_sums.assign(from.hot_sums.begin(), from.hot_sums.begin() + pages);
+      if (from.hot) to.hot_sums.Set(std::move(hot_sums[i]));
       const size_t digests = std::min(from.digests.size(), static_cast<size_t>(pages * p));
       to.digests.assign(from.digests.begin(), from.digests.begin() + digests);
       to.length = static_cast<int64_t>(tokens);

@@ -68,6 +68,10 @@ absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<b
       absl::ReaderMutexLock layer_lock(&layer.mu);
       const int64_t paged = static_cast<int64_t>(layer.pages.size()) * p;
       const LayerName name{request.sequence_id(), static_cast<int>(request.layer())};
+      std::vector<PageChecksum> joined;
+      absl::StatusOr<absl::Span<const PageChecksum>> hot_sums =
+          layer.hot ? layer.hot_sums.View(&joined) : absl::Span<const PageChecksum>();
+      if (!hot_sums.ok()) return hot_sums.status();
       for (int64_t t = 0; t < count;) {
         const int64_t tok = static_cast<int64_t>(pos) + t;
         if (tok < paged) {
@@ -77,8 +81,8 @@ absl::Status Handler::Read(const v1::ReadRequest& request, const std::function<b
           // bytes (what DecodeTokens decodes), a hot page's level form as
           // the backend holds it (service/page_verifier.h, WHICH COPY).
           const size_t i = static_cast<size_t>(tok / p);
-          st = layer.hot ? verifier_->VerifyHotPages(absl::MakeConstSpan(&layer.pages[i], 1),
-                                                     absl::MakeConstSpan(&layer.hot_sums[i], 1), i, name, kCheckRead)
+          st = layer.hot ? verifier_->VerifyHotPages(absl::MakeConstSpan(&layer.pages[i], 1), hot_sums->subspan(i, 1),
+                                                     i, name, kCheckRead)
                          : verifier_->VerifyColdPages(absl::MakeConstSpan(&layer.pages[i], 1),
                                                       absl::MakeConstSpan(&layer.page_sums[i], 1), i,
                                                       PageVerifier::Copy::kHost, name, kCheckRead);

@@ -416,7 +416,7 @@ void Handler::CommitSeal(Sealing* s) {
   if (!s->hot.empty()) {
     const size_t first = layer->pages.size();
     layer->pages.insert(layer->pages.end(), s->hot.begin(), s->hot.end());
-    layer->hot_sums.insert(layer->hot_sums.end(), s->hot_sums.begin(), s->hot_sums.end());
+    layer->hot_sums.Append(s->hot_sums);
     if (s->straight.empty()) {
       // Placed from their cold form: those pages are exact copies.
       hot_->KeepPlacedCopies(*layer, first, std::move(s->pages));

@@ -87,7 +87,7 @@ void HotTier::FreeLayer(LayerState* layer) {
   if (copies_ != nullptr) copies_->Drop(layer->id);
   RemoveHot(layer->id);
   layer->hot = false;
-  layer->hot_sums.clear();
+  layer->hot_sums.Clear();
 }
 
 void HotTier::KeepPlacedCopies(const LayerState& layer, size_t first, std::vector<PageId> cold) {
@@ -129,9 +129,10 @@ absl::StatusOr<std::vector<PageId>> HotTier::ReserveHot(int64_t count, const Hel
 }
 
 absl::Status HotTier::PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums,
-                                       PageChecksum* hot_sums) {
+                                       PageChecksum* hot_sums, std::shared_ptr<PendingChecksums>* later) {
   const absl::Time start = absl::Now();
-  absl::Status st = backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums, hot_sums);
+  absl::Status st = later != nullptr ? backend_.PromotePagesCheckedLater(moves, cold_, hot_, cold_sums, hot_sums, later)
+                                     : backend_.PromotePagesChecked(moves, cold_, hot_, cold_sums, hot_sums);
   metrics_->tier_promotion_backend_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   return st;
 }
@@ -212,7 +213,9 @@ bool HotTier::PromoteLayer(const SequencePtr& seq, int layer_index, const absl::
       return false;
     }
     charge->Keep();
-    CommitPromotion(seq, layer_index, *std::move(hot), std::move(sums));
+    HotSums hot_sums;
+    hot_sums.Set(std::move(sums));
+    CommitPromotion(seq, layer_index, *std::move(hot), std::move(hot_sums));
     promoted = true;
   }
   metrics_->tier_promotion_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -344,8 +347,7 @@ void HotTier::CountEncodedHot(int64_t pages) {
   metrics_->tier_pages_encoded_hot->Increment(static_cast<double>(pages));
 }
 
-void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot,
-                              std::vector<PageChecksum> hot_sums) {
+void HotTier::CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot, HotSums hot_sums) {
   LayerState& layer = seq->layers[layer_index];
   const size_t pages = hot.size();
   if (copies_ != nullptr) {
@@ -487,9 +489,12 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
     moving.push_back(&x);
   }
   absl::Status st = fits ? absl::OkStatus() : absl::ResourceExhaustedError("pages added meanwhile");
+  // The level sums may come later (the Attend that asked for these layers
+  // need not wait for them; docs/hot_tier.md, "Limits").
   std::vector<PageChecksum> cold_sums(moves.size()), hot_sums(moves.size());
+  std::shared_ptr<PendingChecksums> later;
   if (st.ok() && !moves.empty()) {
-    st = PromoteOnBackend(moves, cold_sums.data(), hot_sums.data());
+    st = PromoteOnBackend(moves, cold_sums.data(), hot_sums.data(), &later);
   }
   bool done = st.ok();
   if (done) {
@@ -513,9 +518,13 @@ bool HotTier::PromoteTogether(const std::vector<std::pair<SequencePtr, int>>& la
         continue;
       }
       x->charge->Keep();
-      CommitPromotion(
-          layers[x->k].first, x->index, std::move(x->hot),
-          std::vector<PageChecksum>(hot_sums.begin() + x->first_move, hot_sums.begin() + x->first_move + count));
+      HotSums sums;
+      if (later != nullptr) {
+        sums.SetLater(later, x->first_move, count);
+      } else {
+        sums.Set(std::vector<PageChecksum>(hot_sums.begin() + x->first_move, hot_sums.begin() + x->first_move + count));
+      }
+      CommitPromotion(layers[x->k].first, x->index, std::move(x->hot), std::move(sums));
     }
   } else {
     for (Candidate* x : moving) hot_.Free(x->hot);

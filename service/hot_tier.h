@@ -126,8 +126,7 @@ class HotTier {
   // checksums in their place, the layer in the LRU, the counts. The
   // tenant's charge is the caller's. REQUIRES: the layer's mu as a writer
   // and its sequence's.
-  void CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot,
-                       std::vector<PageChecksum> hot_sums);
+  void CommitPromotion(const SequencePtr& seq, int layer_index, std::vector<PageId> hot, HotSums hot_sums);
   // Promotes one layer, making room by demoting layers not in `exclude`.
   // No lock held. False when it stays cold: no room, a page that does not
   // decode, or one failing its checksum (then *corrupt, if given, is the
@@ -290,8 +289,10 @@ class HotTier {
   // ReserveNewPages for one layer.
   absl::Status ReserveNewPagesFor(const NewPagesWanted& w, const Held& held);
   // Backend::PromotePagesChecked of `moves` between the two pools, its
-  // time observed in driftkv_tier_promotion_backend_seconds.
-  absl::Status PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums, PageChecksum* hot_sums);
+  // time observed in driftkv_tier_promotion_backend_seconds; with `later`,
+  // PromotePagesCheckedLater (the level sums may come later).
+  absl::Status PromoteOnBackend(absl::Span<const TierMove> moves, PageChecksum* cold_sums, PageChecksum* hot_sums,
+                                std::shared_ptr<PendingChecksums>* later = nullptr);
   // Each layer's kept cold copies, when their bytes as the backend holds
   // them match the layer's cold checksums; else none (those freed). All
   // layers' copies are summed in one backend call (one launch on cuda).

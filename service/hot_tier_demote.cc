@@ -85,9 +85,11 @@ void HotTier::DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason re
   size_t at = 0;
   for (DemoteJob& j : jobs) {
     const size_t k = j.kept.size(), c = coded(j).size();
-    absl::Status st =
-        verifier_.CheckHotSums(absl::MakeConstSpan(sums).subspan(at, c),
-                               absl::MakeConstSpan(j.layer->hot_sums).subspan(k), k, j.name, kCheckDemote);
+    std::vector<PageChecksum> joined;
+    absl::StatusOr<absl::Span<const PageChecksum>> recorded = j.layer->hot_sums.View(&joined);
+    absl::Status st = recorded.ok() ? verifier_.CheckHotSums(absl::MakeConstSpan(sums).subspan(at, c),
+                                                             recorded->subspan(k), k, j.name, kCheckDemote)
+                                    : recorded.status();
     at += c;
     if (!st.ok()) fail(j, st);
   }
@@ -142,7 +144,7 @@ void HotTier::DemoteTogetherLocked(absl::Span<DemoteJob> jobs, DemotionReason re
     layer->pages = std::move(j.kept);
     j.kept.clear();
     layer->hot = false;
-    layer->hot_sums.clear();
+    layer->hot_sums.Clear();
     RemoveHot(layer->id);
     ++demotions_;
     pages_demoted_ += n;

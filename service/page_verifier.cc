@@ -86,7 +86,12 @@ absl::Status PageVerifier::CheckHotSums(absl::Span<const PageChecksum> computed,
 
 absl::Status PageVerifier::VerifyLayerPages(const LayerState& layer, Copy copy, const LayerName& name,
                                             ChecksumSite site) const {
-  if (layer.hot) return VerifyHotPages(layer.pages, layer.hot_sums, 0, name, site);
+  if (layer.hot) {
+    std::vector<PageChecksum> joined;
+    absl::StatusOr<absl::Span<const PageChecksum>> sums = layer.hot_sums.View(&joined);
+    if (!sums.ok()) return sums.status();
+    return VerifyHotPages(layer.pages, *sums, 0, name, site);
+  }
   return VerifyColdPages(layer.pages, layer.page_sums, 0, copy, name, site);
 }
 

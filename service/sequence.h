@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "backends/page_checksum.h"
 #include "backends/page_pool.h"
+#include "service/hot_sums.h"
 #include "service/page_key.h"
 #include "service/tenant.h"
 
@@ -70,8 +71,9 @@ struct LayerState {
   std::vector<PageChecksum> page_sums;
   // CRC-32C of each page's level form while the layer is hot (parallel to
   // `pages`), recorded at promotion from the bytes the backend holds, after
-  // the cold page was checked; empty while cold.
-  std::vector<PageChecksum> hot_sums;
+  // the cold page was checked (service/hot_sums.h: possibly still being
+  // computed by the backend); empty while cold.
+  HotSums hot_sums;
   std::vector<uint16_t> window_keys;  // bf16 [window tokens][n]
   std::vector<uint16_t> window_values;
   // WindowTokenSum (service/page_verifier.h) of each window token: a token

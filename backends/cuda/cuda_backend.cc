@@ -16,6 +16,16 @@ namespace driftkv {
 namespace cuda_backend {
 
 CudaBackend::~CudaBackend() {
+  {
+    // Whoever holds the last promotion's sums gets them before their
+    // buffer and events go.
+    absl::MutexLock lock(&mu_);
+    if (pending_ != nullptr) pending_->Settle();
+    pending_.reset();
+  }
+  if (sums_stream_ != nullptr) cudaStreamDestroy(sums_stream_);
+  if (sums_promoted_ != nullptr) cudaEventDestroy(sums_promoted_);
+  if (sums_done_ != nullptr) cudaEventDestroy(sums_done_);
   if (host_registered_) cudaHostUnregister(pool_.page(base_));
   cudaFree(arena_);
   cudaFree(hot_arena_);
@@ -43,6 +53,11 @@ absl::Status CudaBackend::Init() {
   gpu::PackDecodeTable(codec_.value_codec().table(), tables.data() + 256);
   st = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (st.ok()) st = Cuda(cudaStreamCreateWithFlags(&check_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (st.ok() && hot_pool_ != nullptr) {
+    st = Cuda(cudaStreamCreateWithFlags(&sums_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st.ok()) st = Cuda(cudaEventCreateWithFlags(&sums_promoted_, cudaEventDisableTiming), "cudaEventCreate");
+    if (st.ok()) st = Cuda(cudaEventCreateWithFlags(&sums_done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
   if (st.ok()) st = Cuda(cudaMalloc(&arena_, arena_bytes()), "cudaMalloc (page arena)");
   // The host arena, page-locked: encoded pages are mirrored into it by
   // DMA at full speed (pageable memory goes through a bounce buffer).

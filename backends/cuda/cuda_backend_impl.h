@@ -28,6 +28,7 @@
 #include "backends/cuda/device_memory.h"
 #include "backends/cuda/host_level_copy.h"
 #include "backends/cuda/ipc_regions.h"
+#include "backends/cuda/pending_level_sums.h"
 #include "backends/page_pool.h"
 #include "codec/dquant_codec.h"
 #include "codec/level_page.h"
@@ -66,6 +67,14 @@ class CudaBackend : public Backend {
   // one download and one synchronisation.
   absl::Status PromotePagesChecked(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
                                    PageChecksum* cold_sums, PageChecksum* hot_sums) override;
+  // The same, returning once the status and the cold sums are back: the
+  // level pages are summed on sums_stream_ beside what stream_ does next
+  // (the Attend that asked for the promotion), their words left in
+  // pending_dev_ for *later (cuda_backend::PendingLevelSums), which the
+  // next such promotion first settles.
+  absl::Status PromotePagesCheckedLater(absl::Span<const TierMove> moves, const PagePool& cold, const PagePool& hot,
+                                        PageChecksum* cold_sums, PageChecksum* hot_sums,
+                                        std::shared_ptr<PendingChecksums>* later) override;
   // The encoding and the checked promotion of PromotePagesChecked queued
   // together: one upload of the tokens and one of the page ids, one
   // synchronisation; the records stay in the reserved cold pages on the
@@ -206,9 +215,12 @@ class CudaBackend : public Backend {
   // Queues on stream_ a checked promotion (PromotePagesChecked): the move
   // words `ids` (MoveIds) uploaded, the cold pages summed, promoted, the
   // level pages summed, and the status, cold sums and hot sums ([count]
-  // each) downloaded into *back. Valid once stream_ is synchronised.
-  absl::Status EnqueueCheckedPromotionLocked(const std::vector<int32_t>& ids, int count, std::vector<int32_t>* back)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // each) downloaded into *back. Valid once stream_ is synchronised. With
+  // `sums_later` the level pages are summed on sums_stream_ into
+  // pending_dev_ instead (sums_done_ recorded after), and *back gets the
+  // status and the cold sums only.
+  absl::Status EnqueueCheckedPromotionLocked(const std::vector<int32_t>& ids, int count, std::vector<int32_t>* back,
+                                             bool sums_later = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DQuantCodec& codec_;
   const PagePool& pool_;
@@ -236,6 +248,14 @@ class CudaBackend : public Backend {
   uint8_t* host_mirror_dev_ = nullptr;      // and mapped here (null: not mapped)
   cuda_backend::HostLevelCopy host_level_;  // under mu_
   absl::Mutex mu_;
+  // PromotePagesCheckedLater's level sums: their stream, the event they
+  // wait for (the promotion on stream_) and the one after them, the hot
+  // ids then the sums ([count] words each), and the promotion whose sums
+  // these are.
+  cudaStream_t sums_stream_ = nullptr;
+  cudaEvent_t sums_promoted_ = nullptr, sums_done_ = nullptr;
+  Scratch pending_dev_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<cuda_backend::PendingLevelSums> pending_ ABSL_GUARDED_BY(mu_);
   Scratch transforms_dev_, tables_, keys_in_, values_in_, pages_, stats_;
   // CheckStaged runs on its own stream under its own lock.
   absl::Mutex check_mu_;

@@ -665,5 +665,67 @@ TEST(CudaBackend, EncodeLevelPagesMatchesCpu) {
   }
 }
 
+// Level sums handed back after the promotion (PromotePagesCheckedLater):
+// the same cold sums as a checked promotion, and level sums, once waited
+// for, equal to its and to ChecksumPages of the level pages; a second such
+// promotion (more pages: the backend's buffer grows) settles the first's
+// before it takes the buffer, and both stay right.
+TEST(CudaBackend, LevelSumsLaterMatchTheCheckedPromotion) {
+  SKIP_WITHOUT_GPU();
+  DQuantConfig cfg;
+  cfg.kv_heads = 8;
+  cfg.head_dim = 128;
+  DQuantCodec c = *DQuantCodec::Create(cfg);
+  const int n = c.n(), P = cfg.mean_window, pages = 6;
+  const LevelPageLayout hl = *MakeLevelPageLayout(c);
+  auto pool = *PagePool::Create(c.page_layout(), 2ull * pages * c.page_layout().page_bytes);
+  auto hot_pool = *PagePool::CreateOpaque(hl.page_bytes, P, 4ull * pages * hl.page_bytes);
+  auto cuda = MakeCudaBackend(&c, pool.get(), 0, nullptr, false, kDefaultWindowCacheBytes, hot_pool.get());
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::mt19937_64 rng(93);
+  std::vector<float> keys, values;
+  gpu::RandomKv(pages * P, cfg.kv_heads, cfg.head_dim, &rng, &keys, &values);
+  const std::vector<PageId> cold = *pool->Reserve(pages);
+  std::vector<EncodeJob> jobs(pages);
+  for (int k = 0; k < pages; ++k) {
+    jobs[k].keys = keys.data() + static_cast<size_t>(k) * P * n;
+    jobs[k].values = values.data() + static_cast<size_t>(k) * P * n;
+    jobs[k].page = cold[k];
+  }
+  ASSERT_TRUE((*cuda)->EncodePages(absl::MakeSpan(jobs)).ok());
+  auto moves_to = [&](const std::vector<PageId>& hot, int count) {
+    std::vector<TierMove> m;
+    for (int k = 0; k < count; ++k) m.push_back(TierMove{cold[k], hot[k], P});
+    return m;
+  };
+  const std::vector<PageId> h1 = *hot_pool->Reserve(pages), h2 = *hot_pool->Reserve(pages),
+                            h3 = *hot_pool->Reserve(pages);
+  std::vector<PageChecksum> cold_want(pages), hot_want(pages);
+  ASSERT_TRUE(
+      (*cuda)->PromotePagesChecked(moves_to(h1, pages), *pool, *hot_pool, cold_want.data(), hot_want.data()).ok());
+  std::vector<PageChecksum> cold2(pages), cold3(pages), unused(pages, 0);
+  std::shared_ptr<PendingChecksums> later2, later3;
+  ASSERT_TRUE(
+      (*cuda)->PromotePagesCheckedLater(moves_to(h2, 2), *pool, *hot_pool, cold2.data(), unused.data(), &later2).ok());
+  ASSERT_NE(later2, nullptr);
+  ASSERT_TRUE(
+      (*cuda)
+          ->PromotePagesCheckedLater(moves_to(h3, pages), *pool, *hot_pool, cold3.data(), unused.data(), &later3)
+          .ok());
+  ASSERT_NE(later3, nullptr);
+  EXPECT_EQ(unused, std::vector<PageChecksum>(pages, 0)) << "hot_sums is left alone";
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(cold2[k], cold_want[k]) << k;
+  EXPECT_EQ(cold3, cold_want);
+  absl::StatusOr<absl::Span<const PageChecksum>> got3 = later3->Wait(), got2 = later2->Wait();
+  ASSERT_TRUE(got3.ok()) << got3.status();
+  ASSERT_TRUE(got2.ok()) << got2.status();
+  EXPECT_EQ(std::vector<PageChecksum>(got3->begin(), got3->end()), hot_want);
+  ASSERT_EQ(got2->size(), 2u);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ((*got2)[k], hot_want[k]) << k;
+  std::vector<PageChecksum> again(pages);
+  ASSERT_TRUE((*cuda)->ChecksumPages(*hot_pool, h3, again.data()).ok());
+  EXPECT_EQ(again, hot_want);
+}
+
 }  // namespace
 }  // namespace driftkv

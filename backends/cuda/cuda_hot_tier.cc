@@ -98,6 +98,39 @@ absl::Status CudaBackend::PromotePagesChecked(absl::Span<const TierMove> moves, 
   return CheckedPromotionResult(moves, back, cold_sums, hot_sums);
 }
 
+absl::Status CudaBackend::PromotePagesCheckedLater(absl::Span<const TierMove> moves, const PagePool& cold,
+                                                   const PagePool& hot, PageChecksum* cold_sums, PageChecksum* hot_sums,
+                                                   std::shared_ptr<PendingChecksums>* later) {
+  later->reset();
+  if (hot_pool_ == nullptr || &cold != &pool_ || &hot != hot_pool_ || sums_stream_ == nullptr) {
+    return PromotePagesChecked(moves, cold, hot, cold_sums, hot_sums);
+  }
+  if (moves.empty()) return absl::OkStatus();
+  const int count = static_cast<int>(moves.size());
+  std::vector<int32_t> ids;  // cold ids, hot ids, tokens
+  if (absl::Status st = MoveIds(moves, /*to_hot=*/true, &ids); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  cudaSetDevice(device_);  // the calling RPC thread's current device
+  // The previous promotion's sums leave pending_dev_ for their owner
+  // first, and this one's words go there only after any earlier sums'
+  // kernel (one whose promotion failed has no owner to settle it).
+  if (pending_ != nullptr) {
+    pending_->Settle();
+    pending_.reset();
+  }
+  absl::Status st = Cuda(cudaStreamWaitEvent(stream_, sums_done_, 0), "wait for earlier level sums");
+  std::vector<int32_t> back;
+  if (st.ok()) st = EnqueueCheckedPromotionLocked(ids, count, &back, /*sums_later=*/true);
+  if (st.ok()) st = Cuda(cudaStreamSynchronize(stream_), "promote");
+  if (!st.ok()) return st;
+  std::memcpy(cold_sums, back.data() + count, 4 * static_cast<size_t>(count));
+  st = PromotionStatus(moves, back.data());
+  if (!st.ok()) return st;
+  pending_ = std::make_shared<PendingLevelSums>(device_, sums_done_, pending_dev_.get<uint32_t>() + count, count);
+  *later = pending_;
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Span<const PageId> hot_pages,
                                            const PagePool& cold, const PagePool& hot, PageChecksum* cold_sums,
                                            PageChecksum* hot_sums) {
@@ -127,7 +160,7 @@ absl::Status CudaBackend::EncodeLevelPages(absl::Span<EncodeJob> jobs, absl::Spa
 }
 
 absl::Status CudaBackend::EnqueueCheckedPromotionLocked(const std::vector<int32_t>& ids, int count,
-                                                        std::vector<int32_t>* back) {
+                                                        std::vector<int32_t>* back, bool sums_later) {
   // Device words: the ids, then what comes back: status, cold sums, hot sums.
   absl::Status st = promote_ids_.Reserve(4 * 6 * static_cast<size_t>(count));
   int32_t* dev = promote_ids_.get<int32_t>();
@@ -152,8 +185,26 @@ absl::Status CudaBackend::EnqueueCheckedPromotionLocked(const std::vector<int32_
   h.pages_dev = dev + count;
   h.pages = count;
   h.sums_dev = reinterpret_cast<uint32_t*>(dev + 5 * count);
-  if (st.ok()) st = gpu::LaunchPageCrc(h, stream_);
-  back->resize(3 * static_cast<size_t>(count));
+  if (sums_later) {
+    // The hot ids copied out of promote_ids_ on stream_ (the next
+    // promotion's upload overwrites it there), then the sums on
+    // sums_stream_ once the promotion is done.
+    if (st.ok()) st = pending_dev_.Reserve(4 * 2 * static_cast<size_t>(count));
+    int32_t* own = pending_dev_.get<int32_t>();
+    if (st.ok()) {
+      st = Cuda(cudaMemcpyAsync(own, dev + count, 4 * static_cast<size_t>(count), cudaMemcpyDeviceToDevice, stream_),
+                "copy hot page ids");
+    }
+    if (st.ok()) st = Cuda(cudaEventRecord(sums_promoted_, stream_), "record promotion");
+    if (st.ok()) st = Cuda(cudaStreamWaitEvent(sums_stream_, sums_promoted_, 0), "wait for promotion");
+    h.pages_dev = own;
+    h.sums_dev = reinterpret_cast<uint32_t*>(own + count);
+    if (st.ok()) st = gpu::LaunchPageCrc(h, sums_stream_);
+    if (st.ok()) st = Cuda(cudaEventRecord(sums_done_, sums_stream_), "record level sums");
+  } else if (st.ok()) {
+    st = gpu::LaunchPageCrc(h, stream_);
+  }
+  back->resize((sums_later ? 2 : 3) * static_cast<size_t>(count));
   if (st.ok()) {
     st = Cuda(cudaMemcpyAsync(back->data(), dev + 3 * count, 4 * back->size(), cudaMemcpyDeviceToHost, stream_),
               "download promotion status and checksums");
