@@ -71,7 +71,7 @@ def main():
             for row in csv.DictReader(f):
                 cxx[(int(row["batch"]), int(row["context"]))] = row
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    lines = ["| batch | context | SDPA ms | SDPA GB/s | hot ms | hot GB/s | SDPA/hot | hot, window and merge in its launch / a 2nd launch / window first, ms "
+    lines = ["| batch | context | SDPA ms | SDPA GB/s | hot ms | hot GB/s | SDPA/hot | hot, window and merge in its launch / a 2nd launch, ms "
              "| cold D-Quant ms | SDPA/cold | bf16 kernel ms | SDPA/bf16 kernel "
              "| device alone: SDPA ms | hot ms | SDPA/hot | cold promoted + hot ms | SDPA/that |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -83,11 +83,10 @@ def main():
             hot, hotb = float(row["hot_ms"]), float(row["hot_bytes"])
             one = float(row.get("hot_in_launch_ms") or "nan")
             two = float(row.get("hot_two_launch_ms") or "nan")
-            first = float(row.get("hot_window_first_ms") or "nan")
             hot_gpu = float(row.get("hot_gpu_ms") or "nan")
             promoted = float(row.get("cold_promoted_ms") or "nan")
             lines.append(f"| {batch} | {context} | {ms:.4f} | {nbytes / ms / 1e6:.0f} | {hot:.4f} | {hotb / hot / 1e6:.0f} | "
-                         f"**{ms / hot:.2f}x** | {one:.4f} / {two:.4f} / {first:.4f} | {dq:.4f} | {ms / dq:.2f}x | {bf:.4f} | "
+                         f"**{ms / hot:.2f}x** | {one:.4f} / {two:.4f} | {dq:.4f} | {ms / dq:.2f}x | {bf:.4f} | "
                          f"{ms / bf:.2f}x | {gpu_ms:.4f} | {hot_gpu:.4f} | {gpu_ms / hot_gpu:.2f}x | "
                          f"{promoted:.4f} | {ms / promoted:.2f}x |")
         else:

@@ -60,12 +60,11 @@ struct KernelArgs {
   PartialLayout part;
   Workspace ws;
   // The merge's parameters; part.splits counts the window's state after
-  // the pages' when the window is attended by kernels/window_merge.cuh.
+  // the pages' when the window is attended by kernels/window_merge.cuh, and
+  // with in_launch the window and the merge run in the attention kernel's
+  // launch.
   MergeParams merge;
-  // window_block: the last split index of the grid is the window's block;
-  // merge_last: the last block of an (item, KV head) in merges.
-  bool window_block = false;
-  bool merge_last = false;
+  bool in_launch = false;
 };
 
 // Value k-step group GR of a page: decodes its triples into fp16 pairs in
@@ -626,8 +625,8 @@ __device__ __forceinline__ void PageSplit(const KernelArgs& args, uint8_t* smem)
 }
 
 // One block per (split, KV head, item); warp w takes pages first + w,
-// first + w + kWarps, ... of the split. With window_block the last split
-// index is the window's block; with merge_last the last block of an (item,
+// first + w + kWarps, ... of the split. With the merge in the launch, the
+// last split index is the window's block, and the last block of an (item,
 // KV head) to finish merges.
 template <int D, int G, int kStages, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(KernelArgs args) {
@@ -639,15 +638,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) LevelAttentionKernel(Ker
   LaunchDependents();
   // (Indices are read again after the split's work rather than kept live
   // through it: its registers are all taken.)
-  if (args.window_block && blockIdx.x == args.part.splits - 1) {
+  if (args.in_launch && blockIdx.x == args.part.splits - 1) {
     WindowState<D, G>(args.merge, args.ws, blockIdx.z, blockIdx.y, StagesOf<D, G>(smem));
   } else {
     PageSplit<D, G, kStages>(args, smem);
   }
-  if (args.merge_last && ArriveLast(args.p.merge_counters_dev + blockIdx.z * gridDim.y + blockIdx.y, gridDim.x)) {
-    // When the window kernel ran first, its state (this kernel is its
-    // dependent launch); otherwise nothing to wait for.
-    WaitPrerequisites();
+  if (args.in_launch && ArriveLast(args.p.merge_counters_dev + blockIdx.z * gridDim.y + blockIdx.y, gridDim.x)) {
     MergeTail<D, G>(args.merge, blockIdx.z, blockIdx.y, StagesOf<D, G>(smem));
   }
 }
@@ -663,15 +659,6 @@ __global__ void __launch_bounds__(kThreads) LevelWindowMergeKernel(KernelArgs ar
   WaitPrerequisites();  // the splits' states
   __syncthreads();      // the window's state, written to global memory, for every thread of the block
   MergeTail<D, G>(args.merge, blockIdx.y, blockIdx.x, scratch);
-}
-
-// The window alone, launched before the attention kernel, which is its
-// dependent launch: its blocks start beside these in the first wave.
-template <int D, int G>
-__global__ void __launch_bounds__(kThreads) LevelWindowKernel(KernelArgs args) {
-  extern __shared__ __align__(16) float scratch[];
-  LaunchDependents();
-  WindowState<D, G>(args.merge, args.ws, blockIdx.y, blockIdx.x, scratch);
 }
 
 }  // namespace
@@ -698,12 +685,8 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
   const bool window_split = b.transforms_dev == nullptr || b.values_folded;
   constexpr int kBlocksPerSm = 4;  // the launch bounds below
   const bool one_wave = static_cast<int64_t>(b.items) * l.kv_heads * page_splits <= kBlocksPerSm * SmCount();
-  const bool counted = window_split && p.merge_counters_dev != nullptr;
-  LevelMerge merge = p.merge;
-  if (merge == LevelMerge::kAuto) merge = one_wave ? LevelMerge::kInLaunch : LevelMerge::kSecondLaunch;
-  if (!counted) merge = LevelMerge::kSecondLaunch;
-  args.window_block = merge == LevelMerge::kInLaunch;
-  args.merge_last = merge != LevelMerge::kSecondLaunch;
+  args.in_launch = window_split && p.merge_counters_dev != nullptr &&
+                   (p.merge == LevelMerge::kInLaunch || (p.merge == LevelMerge::kAuto && one_wave));
   args.part = PartialLayout{b.items, page_splits + (window_split ? 1 : 0), b.q_heads, l.head_dim};
   args.ws = CarveWorkspace(b.workspace_dev, args.part);
   args.merge = PageMergeParams(args.part, args.ws, b, l.kv_heads);  // the window's query: b's, the model domain
@@ -711,7 +694,7 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
       PageQueries(b, l.kv_heads, l.head_dim, args.ws.acc + args.part.count() * l.head_dim, stream);
   if (!q.ok()) return q.status();
   args.p.batch.query_dev = *q;
-  const dim3 grid(args.window_block ? args.part.splits : page_splits, l.kv_heads, b.items);
+  const dim3 grid(args.in_launch ? args.part.splits : page_splits, l.kv_heads, b.items);
   // One stage a warp and four blocks (16 warps) an SM: on the H200 10-20%
   // faster at batch >= 32 than two stages and two blocks (8 warps), where
   // too few warps hid the latency of the decode and the mma chains.
@@ -725,19 +708,11 @@ absl::Status LaunchLevelAttention(const LevelAttentionParams& p, cudaStream_t st
     if (smem > 227 * 1024) {
       return absl::InvalidArgumentError(absl::StrCat("level page too large: ", smem, " B of shared memory"));
     }
-    auto kernel = LevelAttentionKernel<D, G, kStages, kBlocksPerSm>;
-    if (merge == LevelMerge::kWindowFirst) {
-      absl::Status ws = LaunchKernel(LevelWindowKernel<D, G>, dim3(l.kv_heads, b.items), kThreads, scratch, stream,
-                                     "level window", args);
-      if (!ws.ok()) return ws;
-      absl::Status ls = LaunchDependentKernel(kernel, grid, kThreads, smem, stream, "level attention", args);
-      if (ls.ok() && p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
-      return ls;
-    }
-    absl::Status ls = LaunchKernel(kernel, grid, kThreads, smem, stream, "level attention", args);
+    absl::Status ls = LaunchKernel(LevelAttentionKernel<D, G, kStages, kBlocksPerSm>, grid, kThreads, smem, stream,
+                                   "level attention", args);
     if (!ls.ok()) return ls;
     if (p.split_done != nullptr) cudaEventRecord(p.split_done, stream);
-    if (merge == LevelMerge::kInLaunch) return ls;
+    if (args.in_launch) return ls;
     if (!window_split) return LaunchMerge(args.merge, stream);
     // A dependent launch unless a probe's event sits between the two.
     auto launch = p.split_done != nullptr ? LaunchKernel<KernelArgs> : LaunchDependentKernel<KernelArgs>;

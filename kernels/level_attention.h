@@ -31,23 +31,19 @@ namespace driftkv {
 namespace gpu {
 
 // Where the bf16 window and the merge of the splits run
-// (kernels/window_merge.cuh); every place gives the same bits:
-//  - kInLaunch: in the attention kernel's own launch (one more block per
-//    item and KV head attends the window; the last block in merges);
-//  - kSecondLaunch: in a second launch after it, a dependent launch whose
-//    window work overlaps the attention kernel's last wave;
-//  - kWindowFirst: the window in a launch of its own before the attention
-//    kernel, which is its dependent launch (the page blocks start beside
-//    the window's in the first wave), and the last page block of an (item,
-//    KV head) merges.
-// kAuto: in the launch when the page blocks fit in one wave (a second
-// launch would add its latency to a short kernel: on the H200 1 x 8K took
-// 0.0322 against 0.0360 ms, 1 x 128K 0.0878 against 0.0946), else the
-// second launch (window blocks in the attention kernel's grid take slots
-// from the pages: 64 x 8K 0.3098 against 0.2576; docs/hot_tier.md, "The
-// window and the merge"; the window first is not yet measured on a GPU).
-// Without merge_counters_dev always a second launch.
-enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch, kWindowFirst };
+// (kernels/window_merge.cuh): in the attention kernel's own launch, or in a
+// second launch; both give the same bits. kAuto: in the launch when the
+// page blocks fit in one wave (a second launch would then add its latency
+// to a short kernel: on the H200 1 x 8K took 0.0322 against 0.0360 ms,
+// 1 x 128K 0.0878 against 0.0946), else a second launch (window blocks in
+// the first would take slots from the pages: 64 x 8K 0.3098 against
+// 0.2576, 16 x 32K 0.2743 against 0.2546; docs/hot_tier.md, "The window
+// and the merge"). The second launch is a dependent launch, whose window
+// work overlaps the first's last wave; since it is, the two places cost
+// about the same for one-wave grids on the H100 (docs/bench_gpu.md, "The
+// window and merge as a dependent launch"). Without merge_counters_dev
+// always a second launch.
+enum class LevelMerge { kAuto, kInLaunch, kSecondLaunch };
 
 // The hot kernel: `batch` over level pages of `layout` at pool_dev + id *
 // layout.page_bytes (the page ids of the batch's table name level pages).
@@ -62,7 +58,7 @@ struct LevelAttentionParams {
   LevelMerge merge = LevelMerge::kAuto;
   // Recorded on the stream between the split kernel and the merge when set
   // (a timing probe's; null: nothing recorded). With the merge in the
-  // attention kernel's launch, after that kernel.
+  // launch, after the one kernel.
   cudaEvent_t split_done = nullptr;
 };
 

@@ -224,25 +224,19 @@ void RunCase(int kv_heads, int d, int q_heads, const std::vector<int>& tokens, c
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(0, std::memcmp(again.out.data(), all.out.data(), all.out.size() * 4)) << "second run differs";
   EXPECT_EQ(0, std::memcmp(again.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second run lse differs";
-  // The window and the merge as a second launch, and the window in a launch
-  // before the pages' with the last page block merging: the same bits, for
-  // the batch and each item alone (kAuto picks by the batch's size).
-  for (LevelMerge m : {LevelMerge::kSecondLaunch, LevelMerge::kWindowFirst}) {
-    HotRun other;
-    RunLevel(b, pool, 0, items, m, &other);
-    if (::testing::Test::HasFatalFailure()) return;
-    const char* how = m == LevelMerge::kSecondLaunch ? "second launch" : "window first";
-    EXPECT_EQ(0, std::memcmp(other.out.data(), all.out.data(), all.out.size() * 4)) << how << " differs";
-    EXPECT_EQ(0, std::memcmp(other.lse.data(), all.lse.data(), all.lse.size() * 4)) << how << ": lse differs";
-  }
+  // The window and the merge as a second launch: the same bits, for the
+  // batch and each item alone (kAuto picks either by the batch's size).
+  HotRun two;
+  RunLevel(b, pool, 0, items, LevelMerge::kSecondLaunch, &two);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(0, std::memcmp(two.out.data(), all.out.data(), all.out.size() * 4)) << "second launch differs";
+  EXPECT_EQ(0, std::memcmp(two.lse.data(), all.lse.data(), all.lse.size() * 4)) << "second launch: lse differs";
   for (int i = 0; i < items; ++i) {
-    for (LevelMerge m : {LevelMerge::kInLaunch, LevelMerge::kSecondLaunch, LevelMerge::kWindowFirst}) {
+    for (LevelMerge m : {LevelMerge::kInLaunch, LevelMerge::kSecondLaunch}) {
       HotRun one;
       RunLevel(b, pool, i, 1, m, &one);
       if (::testing::Test::HasFatalFailure()) return;
-      const char* how = m == LevelMerge::kInLaunch       ? " (in the launch)"
-                        : m == LevelMerge::kSecondLaunch ? " (second launch)"
-                                                         : " (window first)";
+      const char* how = m == LevelMerge::kInLaunch ? " (in the launch)" : " (second launch)";
       EXPECT_EQ(0, std::memcmp(one.out.data(), all.out.data() + i * qd, qd * 4))
           << "item " << i << " alone differs" << how;
       EXPECT_EQ(0, std::memcmp(one.lse.data(), all.lse.data() + static_cast<size_t>(i) * q_heads, q_heads * 4))
