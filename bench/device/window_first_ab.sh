@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The bf16 window in its own launch before the pages' (LevelMerge::
-# kWindowFirst) against the second launch. Builds (bench/device/README.md:
-# bundling):
+# kWindowFirst) against the second launch: measured on 2026-12-08 and not
+# kept (docs/hot_tier.md, "The window and the merge"; its code is
+# docs/hot_tier/window_first_2026-12-07.patch, the branches below local to
+# the VM that built them). Builds (bench/device/README.md: bundling):
 #   bench/device/make_bundle.sh \
 #     bench_gpu-w64=window-first-w64://bench:bench_gpu \
 #     level_attention_test-w64=window-first-w64://kernels:level_attention_test \
