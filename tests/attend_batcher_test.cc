@@ -98,5 +98,23 @@ TEST(AttendBatcher, IdleCallsRunAloneAndPassThrough) {
   EXPECT_EQ(f->sizes, std::vector<int>({2, 2, 2}));
 }
 
+// Each caller's status is its own: a Status sharing another's reference
+// count would let two callers' threads release it where ThreadSanitizer
+// cannot see the count (Debian's Abseil is uninstrumented).
+TEST(CopyAttendOutcome, CopiesTheStatusUnshared) {
+  AttendJob ran;
+  ran.status = absl::UnavailableError("the device was lost");
+  AttendJob a, b;
+  CopyAttendOutcome(ran, &a);
+  CopyAttendOutcome(ran, &b);
+  EXPECT_EQ(a.status, ran.status);
+  EXPECT_EQ(b.status, ran.status);
+  EXPECT_NE(a.status.message().data(), ran.status.message().data());
+  EXPECT_NE(a.status.message().data(), b.status.message().data());
+  ran.status = absl::OkStatus();
+  CopyAttendOutcome(ran, &a);
+  EXPECT_TRUE(a.status.ok());
+}
+
 }  // namespace
 }  // namespace driftkv
