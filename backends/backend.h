@@ -28,6 +28,7 @@
 #include "codec/compressed_attention.h"
 #include "codec/kv_codec.h"
 #include "codec/transform/transforms_file.h"
+#include "wire/status_handover.h"
 
 namespace driftkv {
 
@@ -136,11 +137,9 @@ struct AttendJob {
 
 // A job's out fields from the copy of it that a backend ran (batching and
 // device-splitting wrappers run copies). The status is copied unshared:
-// the calls of one batch return on different threads, and Debian's Abseil
-// counts a shared Status's references where ThreadSanitizer cannot see
-// them.
+// the calls of one batch return on different threads.
 inline void CopyAttendOutcome(const AttendJob& ran, AttendJob* job) {
-  job->status = ran.status.ok() ? absl::OkStatus() : absl::Status(ran.status.code(), ran.status.message());
+  job->status = UnsharedStatus(ran.status);
   job->query_bad = ran.query_bad;
   job->route = ran.route;
 }

@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "tiers/disk_store_internal.h"
 #include "wire/crc32c.h"
+#include "wire/status_handover.h"
 
 namespace driftkv {
 namespace tiers {
@@ -199,7 +200,7 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch, const std::vecto
       }
     }
     // One Status each, not copies sharing st's: see the hand-over below.
-    for (size_t i = begin; i < end; ++i) status[i] = st.ok() ? st : absl::Status(st.code(), st.message());
+    for (size_t i = begin; i < end; ++i) status[i] = UnsharedStatus(st);
     begin = end;
     ++write_calls;
   }
@@ -240,10 +241,8 @@ void DiskPageStore::WriteBatch(std::vector<PendingWrite> batch, const std::vecto
     }
   }
   SealAll(seal);
-  // Each submitter gets its Status moved, the only reference to its error:
-  // Debian's Abseil counts a Status's references in code ThreadSanitizer
-  // does not see, so a reference dropped here after the hand-over, or one
-  // shared by two submitters, reads to TSan as a free racing the reader.
+  // Each submitter gets its Status moved, the only reference to its error
+  // (wire/status_handover.h says why).
   for (size_t i = 0; i < n; ++i) {
     if (batch[i].done) batch[i].done(std::move(status[i]));
   }
